@@ -1,0 +1,36 @@
+"""Hypothesis profiles and pytest options shared by every generated test.
+
+Profiles (``HYPOTHESIS_PROFILE``; ``ci`` is the default under ``CI=true``,
+``dev`` otherwise):
+
+* ``ci``       -- derandomized (same examples every run), bounded example counts, no deadline,
+                  no database writes: two CI runs give the same findings.
+* ``dev``      -- random, moderate counts, database on: shrunk failures replay first.
+* ``thorough`` -- many examples, for a night run or before a release.
+"""
+
+from __future__ import annotations
+
+import os
+
+from hypothesis import HealthCheck, Phase, settings
+
+_COMMON = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                                       HealthCheck.filter_too_much])
+settings.register_profile("ci", derandomize=True, max_examples=60, database=None, print_blob=True,
+                          stateful_step_count=40, **_COMMON)
+settings.register_profile("dev", max_examples=100, stateful_step_count=50, print_blob=True, **_COMMON)
+settings.register_profile("thorough", max_examples=2000, stateful_step_count=100,
+                          phases=list(Phase), **_COMMON)
+_default = "ci" if os.environ.get("CI", "").lower() in ("1", "true", "yes") else "dev"
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", _default))
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("zerostate")
+    group.addoption("--deepspeed", action="store", default=None, metavar="VERSION",
+                    help="run the deepspeed target against this DeepSpeed release (own cached venv)")
+    group.addoption("--deepspeed-path", action="store", default=None, metavar="DIR",
+                    help="run the deepspeed target against a local DeepSpeed checkout")
+    group.addoption("--world-size", action="store", type=int, default=1,
+                    help="ranks for the deepspeed target (1 or 2)")

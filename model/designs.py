@@ -1,0 +1,100 @@
+"""The design registry: a design is a value pairing a hook-count half with a coordinator half.
+
+Design names are those of the issues: the hook-count eras (``ds-0.18.4``,
+``ds-0.18.5``, ``ds-0.18.7``), the coordinator eras (``ds-0.19.2``,
+``pr-8130``, ``ds-0.19.3``) and ``zerostate``.  A name from one family is
+paired with the other half of the same release, so every design describes a
+whole engine and any DeepSpeed release maps to one design
+(`design_for_release`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .coordinator_null import NULL_COORDINATOR
+from .hook_designs import DS_0_18_4, DS_0_18_5, DS_0_18_7, ZEROSTATE, HookDesign
+
+
+class UnknownDesignError(KeyError):
+    """An unknown design name; the message lists the known ones."""
+
+    def __str__(self) -> str:  # KeyError quotes its message; we want it plain
+        return self.args[0]
+
+
+@dataclass(frozen=True)
+class Design:
+    name: str
+    hooks: HookDesign
+    coordinator: Any
+    summary: str
+    family: str
+    """``hooks`` or ``coordinator``: which half this design is named for."""
+    expected_correct: bool
+    """True for designs every spec should hold on (the fixes); False for known-buggy eras."""
+
+
+_REGISTRY: dict[str, Design] = {}
+
+
+def register(design: Design) -> Design:
+    _REGISTRY[design.name] = design
+    return design
+
+
+def _coordinators() -> dict[str, Any]:
+    try:
+        from .coordinator_designs import COORDINATOR_DESIGNS  # filled in by the coordinator model
+    except ImportError:  # pragma: no cover - coordinator model not present
+        return {}
+    return COORDINATOR_DESIGNS
+
+
+def _build() -> None:
+    coords = _coordinators()
+    old = coords.get("ds-0.19.2", NULL_COORDINATOR)
+    register(Design("ds-0.18.4", DS_0_18_4, old, DS_0_18_4.summary, "hooks", False))
+    register(Design("ds-0.18.5", DS_0_18_5, old, DS_0_18_5.summary, "hooks", False))
+    register(Design("ds-0.18.7", DS_0_18_7, old, DS_0_18_7.summary, "hooks", True))
+    for name, coord in coords.items():
+        if name == "zerostate":
+            continue
+        register(Design(name, DS_0_18_7, coord, coord.summary, "coordinator", name != "ds-0.19.2"))
+    register(Design("zerostate", ZEROSTATE, coords.get("zerostate", NULL_COORDINATOR),
+                    "zerostate: " + ZEROSTATE.summary, "both", True))
+
+
+def designs() -> dict[str, Design]:
+    if not _REGISTRY:
+        _build()
+    return dict(_REGISTRY)
+
+
+def get_design(name: str) -> Design:
+    known = designs()
+    if name not in known:
+        raise UnknownDesignError(f"unknown design {name!r}; known designs: {', '.join(sorted(known))}")
+    return known[name]
+
+
+def _version_tuple(version: str) -> tuple[int, ...]:
+    core = version.split("+")[0].split("rc")[0].split(".dev")[0]
+    return tuple(int(x) for x in core.split(".")[:3])
+
+
+def design_for_release(version: str) -> Design:
+    """The design a DeepSpeed release implements (hook half and coordinator half)."""
+    v = _version_tuple(version)
+    d = designs()
+    if v < (0, 18, 5):
+        return d["ds-0.18.4"]
+    if v < (0, 18, 7):
+        return d["ds-0.18.5"]
+    if v < (0, 19, 3) or "ds-0.19.3" not in d:
+        return d.get("ds-0.19.2", d["ds-0.18.7"])
+    return d["ds-0.19.3"]
+
+
+__all__ = ["Design", "UnknownDesignError", "design_for_release", "designs", "get_design", "register"]

@@ -1,0 +1,169 @@
+"""The one event vocabulary shared by the model, the runtime and the real-DeepSpeed tracer.
+
+Events come in two families:
+
+* **driver events**: what the user and PyTorch do (a forward starts, a graph
+  task starts, a gradient hook fires, a module's backward begins).  The model
+  generates them from a scenario; the tracer observes them in real DeepSpeed.
+* **effect events**: what the design under test does in response (evaluate the
+  expected-hook count, run the epilogue, put a gradient in a bucket, fetch or
+  release a parameter).
+
+Specs read traces of these events only, so one spec judges every target.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from enum import Enum
+from typing import Any, Iterable, Iterator, Mapping
+
+
+class Ev(str, Enum):
+    """Event kinds.  The docstring of each says where it happens in DeepSpeed / PyTorch."""
+
+    # ---- driver: schedule -------------------------------------------------
+    FORWARD_START = "forward_start"
+    """``engine.forward`` entry: ``clear_backward_seen_flag()`` / ``reset_for_new_step()``."""
+    FORWARD_END = "forward_end"
+    EVAL_FORWARD_START = "eval_forward_start"
+    """An eval-mode / ``no_grad`` forward between train steps (no backward follows)."""
+    EVAL_FORWARD_END = "eval_forward_end"
+    USER_BACKWARD_START = "user_backward_start"
+    """The user's backward call; ``note`` is the `BackwardKind` value."""
+    USER_BACKWARD_END = "user_backward_end"
+    """The user's backward call returns (``engine.backward`` then runs its own epilogue)."""
+    STEP = "step"
+    """``engine.step()`` at the gradient accumulation boundary; ``value`` is the train-step index."""
+
+    # ---- driver: autograd -------------------------------------------------
+    TASK_START = "task_start"
+    """An autograd graph task starts. ``task`` is its id, ``value`` its parent task (nested) or None.
+    ``note``: ``outer`` (user backward), ``nested`` (reentrant checkpoint), ``pre`` (backward in forward)."""
+    TASK_END = "task_end"
+    """An autograd graph task finishes; callbacks queued on it run just before."""
+    OUTPUT_HOOK = "output_hook"
+    """The gradient hook DeepSpeed put on the forward outputs fires: the backward prologue."""
+    GRAD_HOOK = "grad_hook"
+    """A trainable parameter's gradient-accumulator hook fires (``param``, ``task``)."""
+    LEAF_HOOK = "leaf_hook"
+    """A z3 leaf module's full backward hook fires (``module``, ``task``)."""
+
+    # ---- driver: module hooks (ZeRO-3 coordinator) ------------------------
+    MODULE_PRE_FORWARD = "module_pre_forward"
+    """Module pre-forward hook; ``phase`` is ``forward``, ``recompute`` or ``eval``."""
+    MODULE_POST_FORWARD = "module_post_forward"
+    MODULE_PRE_BACKWARD = "module_pre_backward"
+    MODULE_POST_BACKWARD = "module_post_backward"
+    RECOMPUTE_START = "recompute_start"
+    """A checkpointed block's forward is re-run during backward (``module`` is the block)."""
+    RECOMPUTE_END = "recompute_end"
+    SAVE_LIVE = "save_live"
+    """Non-reentrant checkpoint's recompute saved a live (undetached) reference to frozen ``param``."""
+    UNPACK = "unpack"
+    """Saved tensors of a checkpointed block are unpacked / metadata-checked (``param``)."""
+
+    # ---- effects: hook-count protocol ---------------------------------------
+    ENTER_BACKWARD = "enter_backward"
+    """``enter_backward()``; ``value`` is the new depth."""
+    EXIT_BACKWARD = "exit_backward"
+    """``exit_backward()``; ``value`` is the new depth."""
+    COUNT = "count"
+    """``count_used_parameters_in_backward`` evaluated in ``task``; ``value`` is what it returned."""
+    CALLBACK_QUEUED = "callback_queued"
+    """A post-backward callback queued on graph task ``task`` (``queue_callback``)."""
+    CALLBACK_RUN = "callback_run"
+    POST_HOOKS = "post_hooks"
+    """``run_grad_acc_post_hooks()`` called; ``note`` says whether it ran or was skipped."""
+    EPILOGUE = "epilogue"
+    """The backward epilogue ran (``_backward_epilogue``: flush and reduce buckets, exit backward)."""
+    BUCKET_ADD = "bucket_add"
+    """A gradient was handled: put into the reduce (ipg) bucket (``param``)."""
+    BUCKET_FLUSH = "bucket_flush"
+    """The buckets were reduced and emptied; ``value`` is how many gradients."""
+    BUCKET_CLEAR = "bucket_clear"
+    """Stale bucket entries dropped without reduction (``_pre_step``); ``value`` is how many."""
+
+    # ---- effects: ZeRO-3 parameter coordinator ----------------------------
+    FETCH = "fetch"
+    """All-gather of ``param`` issued for ``module`` (status becomes INFLIGHT then AVAILABLE)."""
+    PREFETCH = "prefetch"
+    """All-gather of ``param`` issued early from the recorded trace."""
+    RELEASE = "release"
+    """``param`` partitioned (``param.data = empty(0)``): status NOT_AVAILABLE."""
+    TRACE_STATE = "trace_state"
+    """The coordinator's module trace changed state; ``note`` is RECORD / COMPLETE / INVALID."""
+
+
+DRIVER_EVENTS = frozenset({
+    Ev.FORWARD_START, Ev.FORWARD_END, Ev.EVAL_FORWARD_START, Ev.EVAL_FORWARD_END,
+    Ev.USER_BACKWARD_START, Ev.USER_BACKWARD_END, Ev.STEP, Ev.TASK_START, Ev.TASK_END,
+    Ev.OUTPUT_HOOK, Ev.GRAD_HOOK, Ev.LEAF_HOOK, Ev.MODULE_PRE_FORWARD, Ev.MODULE_POST_FORWARD,
+    Ev.MODULE_PRE_BACKWARD, Ev.MODULE_POST_BACKWARD, Ev.RECOMPUTE_START, Ev.RECOMPUTE_END,
+    Ev.UNPACK, Ev.SAVE_LIVE,
+})
+
+
+@dataclass(frozen=True)
+class Event:
+    """One event.  Only the fields that matter for its kind are set."""
+
+    kind: Ev
+    param: str | None = None
+    module: str | None = None
+    task: int | None = None
+    value: int | None = None
+    phase: str | None = None
+    note: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"kind": self.kind.value}
+        for f in fields(self)[1:]:
+            v = getattr(self, f.name)
+            if v is not None:
+                out[f.name] = v
+        return out
+
+    @staticmethod
+    def from_dict(d: Mapping[str, Any]) -> "Event":
+        return Event(Ev(d["kind"]), **{k: v for k, v in d.items() if k != "kind"})
+
+    def __str__(self) -> str:
+        parts = [self.kind.value]
+        for name in ("module", "param", "phase", "task", "value", "note"):
+            v = getattr(self, name)
+            if v is not None:
+                parts.append(f"{name}={v}")
+        return " ".join(parts)
+
+
+def E(kind: Ev, **kw: Any) -> Event:
+    """Shorthand constructor: ``E(Ev.GRAD_HOOK, param="blocks.0.lin.weight", task=0)``."""
+    return Event(kind, **kw)
+
+
+@dataclass(frozen=True)
+class Trace:
+    """The ordered events of one run, plus the final observable state (per-parameter status etc.)."""
+
+    events: tuple[Event, ...]
+    final: Mapping[str, Any] | None = None
+
+    def __iter__(self) -> Iterator[Event]:
+        return iter(self.events)
+
+    def __len__(self) -> int:
+        return len(self.events)
+
+    def of(self, *kinds: Ev) -> list[Event]:
+        return [e for e in self.events if e.kind in kinds]
+
+    def to_list(self) -> list[dict[str, Any]]:
+        return [e.to_dict() for e in self.events]
+
+    @staticmethod
+    def from_events(events: Iterable[Event], final: Mapping[str, Any] | None = None) -> "Trace":
+        return Trace(tuple(events), final)
+
+
+__all__ = ["DRIVER_EVENTS", "E", "Ev", "Event", "Trace"]

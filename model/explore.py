@@ -1,0 +1,182 @@
+"""Running a design over a scenario: one interleaving, or all of them.
+
+`run` drives one interleaving (chosen by a callback, default PyTorch's CPU
+order) and returns the `Trace`.  `state_graph` builds the reachable state
+graph of a scenario and design as a ``networkx.DiGraph`` -- nodes are
+``(segment, done driver nodes, ModelState, monitor states)`` -- and reports, per
+spec, the shortest event sequence that violates it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import networkx as nx
+
+from .designs import Design
+from .driver import segments
+from .events import Event, Trace
+from .machine import ModelState, initial_state, step
+from .network import Network
+from .scenario import Scenario
+
+Chooser = Callable[[list[Event]], int]
+"""Given the enabled driver events, return the index of the one to fire next."""
+
+
+def first_enabled(enabled: list[Event]) -> int:
+    return 0
+
+
+def enabled_nodes(g: nx.DiGraph, done: frozenset[int]) -> list[int]:
+    return sorted(n for n in g.nodes if n not in done and all(p in done for p in g.predecessors(n)))
+
+
+def needs_coordinator(design: Design, scenario: Scenario) -> bool:
+    return scenario.stage == 3 and getattr(design.coordinator, "name", "none") != "none"
+
+
+def run(design: Design, scenario: Scenario, choose: Chooser = first_enabled,
+        coordinator: bool | None = None) -> Trace:
+    """Drive one interleaving; return the full trace (driver and effect events) and the final state."""
+    net = Network(scenario)
+    coord = needs_coordinator(design, scenario) if coordinator is None else coordinator
+    st = initial_state(design, net)
+    events: list[Event] = []
+    for g in segments(scenario, coordinator=coord):
+        done: frozenset[int] = frozenset()
+        while len(done) < g.number_of_nodes():
+            en = enabled_nodes(g, done)
+            n = en[choose([g.nodes[x]["event"] for x in en]) if len(en) > 1 else 0]
+            st, out = step(design, net, st, g.nodes[n]["event"])
+            events += out
+            done = done | {n}
+    return Trace(tuple(events), {"state": st})
+
+
+@dataclass
+class SpecResult:
+    holds: bool = True
+    counterexample: list[Event] | None = None
+    message: str | None = None
+
+
+@dataclass
+class GraphResult:
+    scenario: Scenario
+    design: str
+    states: int
+    transitions: int
+    seconds: float
+    specs: dict[str, SpecResult] = field(default_factory=dict)
+    graph: nx.DiGraph | None = None
+
+
+def _feed(specs: Sequence[Any], monitors: tuple, events: list[Event], base: int,
+          failed: dict[str, tuple[int, str]]) -> tuple:
+    """Advance every (non-failed) monitor over ``events``; note the first failure per spec."""
+    out = []
+    for spec, m in zip(specs, monitors):
+        if m is _DEAD:
+            out.append(m)
+            continue
+        for i, ev in enumerate(events):
+            m = spec.step(m, ev)
+            if getattr(m, "is_violation", False) is True:  # specs.base.fail(...)
+                failed.setdefault(spec.id, (base + i, m.message))
+                m = _DEAD
+                break
+        out.append(m)
+    return tuple(out)
+
+
+class _Dead:
+    def __repr__(self) -> str:
+        return "<violated>"
+
+
+_DEAD = _Dead()
+
+
+def state_graph(design: Design, scenario: Scenario, specs: Sequence[Any], keep_graph: bool = False,
+                coordinator: bool | None = None, max_states: int = 2_000_000) -> GraphResult:
+    """Breadth-first over every interleaving, merging equal states; shortest counterexample per spec."""
+    t0 = time.perf_counter()
+    net = Network(scenario)
+    coord = needs_coordinator(design, scenario) if coordinator is None else coordinator
+    segs = segments(scenario, coordinator=coord)
+    preds = [{n: tuple(g.predecessors(n)) for n in g.nodes} for g in segs]
+    start = (0, frozenset(), initial_state(design, net), tuple(s.init() for s in specs))
+    parent: dict[Any, tuple[Any, list[Event]] | None] = {start: None}
+    graph = nx.DiGraph() if keep_graph else None
+    found: dict[str, tuple[Any, list[Event], int, str]] = {}
+    queue = deque([start])
+    transitions = 0
+    finals: list[Any] = []
+    while queue:
+        node = queue.popleft()
+        seg, done, st, mons = node
+        g = segs[seg]
+        if len(done) == g.number_of_nodes():
+            if seg + 1 < len(segs):
+                succ = [(None, (seg + 1, frozenset(), st, mons), [])]
+            else:
+                finals.append(node)
+                succ = []
+        else:
+            succ = []
+            for n in g.nodes:
+                if n in done or any(p not in done for p in preds[seg][n]):
+                    continue
+                st2, out = step(design, net, st, g.nodes[n]["event"])
+                failed: dict[str, tuple[int, str]] = {}
+                mons2 = _feed(specs, mons, out, 0, failed)
+                for sid, (i, msg) in failed.items():
+                    if sid not in found:
+                        found[sid] = (node, out[: i + 1], i, msg)
+                succ.append((n, (seg, done | {n}, st2, mons2), out))
+        for n, nxt, out in succ:
+            transitions += 1
+            if graph is not None:
+                graph.add_edge(_key(node), _key(nxt), events=[str(e) for e in out])
+            if nxt not in parent:
+                parent[nxt] = (node, out)
+                queue.append(nxt)
+                if len(parent) > max_states:
+                    raise RuntimeError(f"state graph exceeds {max_states} states for {scenario.describe()}")
+    # end-of-run obligations (monitor finish)
+    for node in finals:
+        for spec, m in zip(specs, node[3]):
+            if m is _DEAD or spec.id in found:
+                continue
+            msg = spec.finish(m)
+            if msg:
+                found[spec.id] = (node, [], -1, msg)
+    res = GraphResult(scenario, design.name, len(parent), transitions, time.perf_counter() - t0, graph=graph)
+    for spec in specs:
+        if spec.id in found:
+            node, tail, _, msg = found[spec.id]
+            res.specs[spec.id] = SpecResult(False, _path(parent, node) + tail, msg)
+        else:
+            res.specs[spec.id] = SpecResult(True)
+    return res
+
+
+def _key(node: Any) -> int:
+    return hash(node)
+
+
+def _path(parent: dict, node: Any) -> list[Event]:
+    chunks = []
+    while parent[node] is not None:
+        prev, out = parent[node]
+        chunks.append(out)
+        node = prev
+    return [e for chunk in reversed(chunks) for e in chunk]
+
+
+__all__ = ["GraphResult", "SpecResult", "enabled_nodes", "first_enabled", "needs_coordinator", "run",
+           "state_graph"]

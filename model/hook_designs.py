@@ -1,0 +1,204 @@
+"""Hook-count designs: how each DeepSpeed era decides when the backward epilogue runs.
+
+A design is a *value*: a `HookDesign` record holding one small function per
+driver event it reacts to.  Each is read from the source of the first release
+that has it:
+
+``ds-0.18.4``
+    ``_remaining_grad_acc_hooks`` counter in every gradient hook, re-armed by one
+    ``count_used_parameters_in_backward`` call whenever it reaches 0; the
+    epilogue runs when it hits 0 again.  With reentrant checkpointing the first
+    phase exhausts the counter, so a PyTorch-style backward runs the epilogue
+    after phase 1 and leaves phase 2's gradients in the bucket (seed 000 part 1,
+    fixed by PR #7780).
+``ds-0.18.5``
+    PR #7780: ``BackwardHookStateManager``; the epilogue runs from a callback
+    queued on the autograd engine; ``_pre_step`` clears stale buckets.  But
+    ``count_used_parameters_in_backward`` runs in *every* hook (seed 000 part 2,
+    issues #7882 / #7885).  0.18.6 is the same.
+``ds-0.18.7``
+    PR #7886: ``should_refresh_expected_hook_count`` counts once per phase;
+    ``enter_backward`` resets counters polluted by backward calls made before the
+    user's backward.  Current through 0.19.8.
+``zerostate``
+    What ``zerostate.runtime`` ships.  The epilogue is driven only by the queued
+    callback (PyTorch-style) or by ``engine.backward`` itself, so the expected
+    count is never needed: hooks do O(1) work, ``count_used_parameters_in_backward``
+    is evaluated zero times per backward, and no phase boundary can trigger a
+    premature epilogue.  A hook outside any user backward only buckets its gradient.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
+
+from . import hook_actions as A
+from .events import Ev, Event
+from .hook_state import HookState
+from .network import HEAD_WEIGHT
+
+if TYPE_CHECKING:
+    from .machine import Ctx
+
+Reaction = Callable[[HookState, "Ctx"], tuple[HookState, tuple[Event, ...]]]
+GradHook = Callable[[HookState, "Ctx", tuple[str, ...]], tuple[HookState, tuple[Event, ...]]]
+
+
+@dataclass(frozen=True)
+class HookDesign:
+    name: str
+    release: str
+    """The first DeepSpeed release with this logic (or ``zerostate``)."""
+    summary: str
+    provenance: tuple[str, ...]
+    on_forward_start: Reaction
+    on_prologue: Reaction
+    on_grad_hook: GradHook
+    """Reaction to a gradient hook (one param) or a leaf-module hook (all its params)."""
+    on_callback: Reaction
+    on_engine_backward_return: Reaction
+    on_step: Reaction
+
+    def react(self, hs: HookState, ev: Event, ctx: "Ctx") -> tuple[HookState, tuple[Event, ...]]:
+        """The one transition function of this half: ``(state, event) -> (state, effects)``."""
+        k = ev.kind
+        if k is Ev.FORWARD_START:
+            return self.on_forward_start(hs, ctx)
+        if k is Ev.OUTPUT_HOOK:
+            return self.on_prologue(hs, ctx)
+        if k is Ev.GRAD_HOOK:
+            return self.on_grad_hook(hs, ctx, (ev.param,))
+        if k is Ev.LEAF_HOOK:
+            return self.on_grad_hook(hs, ctx, ctx.leaf_params(ev.module))
+        if k is Ev.CALLBACK_RUN:
+            return self.on_callback(hs, ctx)
+        if k is Ev.USER_BACKWARD_END:
+            return self.on_engine_backward_return(hs, ctx)
+        if k is Ev.STEP:
+            return self.on_step(hs, ctx)
+        return hs, ()
+
+
+# ------------------------------------------------------------------ ds-0.18.4
+def _prologue_0184(hs: HookState, ctx: "Ctx"):
+    return A.enter_backward_plain(hs, ctx)
+
+
+def _grad_hook_0184(hs: HookState, ctx: "Ctx", params: tuple[str, ...]):
+    """stage3.py / stage_1_and_2.py 0.18.4: ``if remaining == 0: remaining = count(...)``."""
+    effects: tuple[Event, ...] = ()
+    if hs.remaining == 0:
+        value, ev = A.count_used(ctx)
+        hs, effects = hs.with_(remaining=value), (ev,)
+    effects += A.process_gradients(params)
+    hs = hs.with_(remaining=hs.remaining - 1)
+    if hs.remaining == 0:
+        hs, more = A.run_post_hooks(hs, ctx)
+        effects += more
+    return hs, effects
+
+
+# ------------------------------------------------------------------ ds-0.18.5
+def _prologue_0185(hs: HookState, ctx: "Ctx"):
+    """engine._backward_prologue 0.18.5+: ``enter_backward()``, ``queue_post_backward_callback()``."""
+    hs, eff = A.enter_backward_mark_seen(hs, ctx)
+    hs, more, _ = A.queue_post_backward_callback(hs, ctx)
+    return hs, eff + more
+
+
+def _grad_hook_0185(hs: HookState, ctx: "Ctx", params: tuple[str, ...]):
+    """0.18.5/0.18.6: reenter, process, ``count_used_parameters_in_backward`` in every hook."""
+    hs, eff = A.reenter_backward_if_needed(hs, ctx)
+    eff += A.process_gradients(params)
+    value, ev = A.count_used(ctx)
+    hs, more = A.update_hook_state_and_maybe_run_epilogue(hs, value, ctx)
+    return hs, eff + (ev,) + more
+
+
+def _callback(hs: HookState, ctx: "Ctx"):
+    """The queued post-backward callback: ``run_grad_acc_post_hooks``."""
+    return A.run_post_hooks(hs, ctx)
+
+
+def _clear_stale_buckets(hs: HookState, ctx: "Ctx"):
+    """stage3 ``_pre_step`` 0.18.5+ (PR #7780): drop params left in ipg buckets."""
+    if ctx.stage == 3 and ctx.bucket:
+        return hs, (Event(Ev.BUCKET_CLEAR, value=len(ctx.bucket)),)
+    return hs, ()
+
+
+# ------------------------------------------------------------------ ds-0.18.7
+def _prologue_0187(hs: HookState, ctx: "Ctx"):
+    hs, eff = A.enter_backward_resetting(hs, ctx)
+    hs, more, _ = A.queue_post_backward_callback(hs, ctx)
+    return hs, eff + more
+
+
+def _grad_hook_0187(hs: HookState, ctx: "Ctx", params: tuple[str, ...]):
+    """0.18.7+: evaluate ``should_refresh`` *before* reentering; count only when it says so."""
+    refresh = A.should_refresh_expected_hook_count(hs)
+    hs, eff = A.reenter_backward_if_needed(hs, ctx)
+    eff += A.process_gradients(params)
+    if refresh:
+        value, ev = A.count_used(ctx)
+        eff += (ev,)
+    else:
+        value = hs.max_expected
+    hs, more = A.update_hook_state_and_maybe_run_epilogue(hs, value, ctx)
+    return hs, eff + more
+
+
+# ------------------------------------------------------------------ zerostate
+def _grad_hook_zerostate(hs: HookState, ctx: "Ctx", params: tuple[str, ...]):
+    """Bucket the gradient; the epilogue belongs to the callback or to engine.backward.
+
+    Outside a user backward (a backward made inside forward) nothing else
+    happens.  Inside one, the callback queued by the prologue is already in
+    place; ``fired`` is kept for observability only.
+    """
+    eff = A.process_gradients(params)
+    if hs.depth == 0:
+        return hs, eff
+    hs, more, _ = A.queue_post_backward_callback(hs, ctx)
+    return hs.with_(fired=hs.fired + 1), eff + more
+
+
+DS_0_18_4 = HookDesign(
+    name="ds-0.18.4", release="0.18.4",
+    summary="remaining-hooks counter re-armed by one count; epilogue when it reaches 0",
+    provenance=("deepspeedai/DeepSpeed#7780 (the bug it fixed)",),
+    on_forward_start=A.keep, on_prologue=_prologue_0184, on_grad_hook=_grad_hook_0184,
+    on_callback=A.keep, on_engine_backward_return=A.epilogue_if_engine_backward, on_step=A.keep,
+)
+
+DS_0_18_5 = HookDesign(
+    name="ds-0.18.5", release="0.18.5",
+    summary="queued post-backward callback; count_used_parameters_in_backward in every hook",
+    provenance=("deepspeedai/DeepSpeed#7780", "deepspeedai/DeepSpeed#7882", "deepspeedai/DeepSpeed#7885"),
+    on_forward_start=A.reset_for_new_step, on_prologue=_prologue_0185, on_grad_hook=_grad_hook_0185,
+    on_callback=_callback, on_engine_backward_return=A.epilogue_if_engine_backward,
+    on_step=_clear_stale_buckets,
+)
+
+DS_0_18_7 = HookDesign(
+    name="ds-0.18.7", release="0.18.7",
+    summary="refresh predicate: count once per phase; reset on first real enter_backward",
+    provenance=("deepspeedai/DeepSpeed#7886",),
+    on_forward_start=A.reset_for_new_step, on_prologue=_prologue_0187, on_grad_hook=_grad_hook_0187,
+    on_callback=_callback, on_engine_backward_return=A.epilogue_if_engine_backward,
+    on_step=_clear_stale_buckets,
+)
+
+ZEROSTATE = HookDesign(
+    name="zerostate", release="zerostate",
+    summary="epilogue only from the queued callback or engine.backward; O(1) hooks, no counting",
+    provenance=("deepspeedai/DeepSpeed#7780", "deepspeedai/DeepSpeed#7886"),
+    on_forward_start=A.reset_for_new_step, on_prologue=_prologue_0187,
+    on_grad_hook=_grad_hook_zerostate, on_callback=_callback,
+    on_engine_backward_return=A.epilogue_if_engine_backward, on_step=_clear_stale_buckets,
+)
+
+HOOK_DESIGNS: dict[str, HookDesign] = {d.name: d for d in (DS_0_18_4, DS_0_18_5, DS_0_18_7, ZEROSTATE)}
+
+__all__ = ["DS_0_18_4", "DS_0_18_5", "DS_0_18_7", "HOOK_DESIGNS", "HookDesign", "ZEROSTATE", "HEAD_WEIGHT"]

@@ -1,0 +1,141 @@
+"""The one place transitions happen: ``step(state, event) -> (state, trace events)``.
+
+`ModelState` is the product of three immutable records:
+
+* `HookState`   -- the hook-count half (what a `HookDesign` owns);
+* a coordinator state -- the ZeRO-3 parameter half (what a coordinator design owns);
+* `EnvState`    -- what PyTorch and the engine hold regardless of design: the
+  stack of autograd graph tasks, callbacks queued on them, the ipg bucket, and
+  which kind of user backward is running.
+
+A driver event goes to the hook half first; the driver event and every hook
+effect then go to the coordinator half (so an epilogue can release
+parameters).  Effects update the environment in order.  ``TASK_END`` first runs
+the callbacks queued on that task, exactly as the autograd engine does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+from .events import E, Ev, Event
+from .hook_state import HookState
+from .network import Network
+from .scenario import BackwardKind
+
+if TYPE_CHECKING:
+    from .designs import Design
+
+
+@dataclass(frozen=True)
+class EnvState:
+    tasks: tuple[tuple[int, frozenset[str]], ...] = ()
+    """Graph-task stack, innermost last: (task id, trainable non-leaf params its graph reaches)."""
+    callbacks: frozenset[int] = frozenset()
+    """Graph tasks with a queued post-backward callback."""
+    bucket: frozenset[str] = frozenset()
+    """Parameters whose gradient sits in the reduce bucket, not yet reduced."""
+    backward_kind: str | None = None
+    """The running user backward's `BackwardKind` value, None outside one."""
+
+
+@dataclass(frozen=True)
+class ModelState:
+    hooks: HookState
+    coord: Any
+    env: EnvState
+
+
+@dataclass(frozen=True)
+class Ctx:
+    """What a design may read about the environment when it reacts to an event."""
+
+    net: Network
+    env: EnvState
+
+    @property
+    def task(self) -> int | None:
+        return self.env.tasks[-1][0] if self.env.tasks else None
+
+    @property
+    def stage(self) -> int:
+        return self.net.scenario.stage
+
+    @property
+    def bucket(self) -> frozenset[str]:
+        return self.env.bucket
+
+    @property
+    def running_engine_backward(self) -> bool:
+        return self.env.backward_kind == BackwardKind.ENGINE.value
+
+    def expected_count(self) -> int:
+        """``count_used_parameters_in_backward`` over the *current* graph task (+ leaf modules)."""
+        reach = self.env.tasks[-1][1] if self.env.tasks else frozenset()
+        return len(reach) + self.net.leaf_module_count
+
+    def leaf_params(self, module: str | None) -> tuple[str, ...]:
+        """Trainable params of leaf block ``module`` (``blocks.{i}``)."""
+        i = int(str(module).split(".")[1])
+        return self.net.hooked_params(i)
+
+
+def initial_state(design: "Design", net: Network) -> ModelState:
+    return ModelState(HookState(), design.coordinator.initial(net), EnvState())
+
+
+def _reach(net: Network, ev: Event) -> frozenset[str]:
+    if ev.note == "outer":
+        return net.reach_of_outer_task()
+    if ev.note == "nested":
+        return net.reach_of_nested_task(int(str(ev.module).split(".")[1]))
+    return net.reach_of_pre_backward()
+
+
+def _apply_effects(env: EnvState, effects: tuple[Event, ...]) -> EnvState:
+    for e in effects:
+        if e.kind is Ev.BUCKET_ADD:
+            env = replace(env, bucket=env.bucket | {e.param})
+        elif e.kind in (Ev.BUCKET_FLUSH, Ev.BUCKET_CLEAR):
+            env = replace(env, bucket=frozenset())
+        elif e.kind is Ev.CALLBACK_QUEUED:
+            env = replace(env, callbacks=env.callbacks | {e.task})
+    return env
+
+
+def _react(design: "Design", net: Network, st: ModelState, ev: Event) -> tuple[ModelState, list[Event]]:
+    hooks, h_eff = design.hooks.react(st.hooks, ev, Ctx(net, st.env))
+    env = _apply_effects(st.env, h_eff)
+    coord, c_eff = st.coord, []
+    for e in (ev, *h_eff):
+        coord, more = design.coordinator.react(coord, e, Ctx(net, env))
+        c_eff += more
+    return ModelState(hooks, coord, env), [*h_eff, *c_eff]
+
+
+def step(design: "Design", net: Network, st: ModelState, ev: Event) -> tuple[ModelState, list[Event]]:
+    """Apply one driver event.  Returns the new state and the events to append to the trace."""
+    out: list[Event] = []
+    env = st.env
+    if ev.kind is Ev.TASK_START:
+        env = replace(env, tasks=env.tasks + ((ev.task, _reach(net, ev)),))
+    elif ev.kind is Ev.USER_BACKWARD_START:
+        env = replace(env, backward_kind=ev.note)
+    elif ev.kind is Ev.TASK_END and ev.task in env.callbacks:
+        cb = E(Ev.CALLBACK_RUN, task=ev.task)
+        st, eff = _react(design, net, replace(st, env=replace(env, callbacks=env.callbacks - {ev.task})), cb)
+        out += [cb, *eff]
+        env = st.env
+    st = replace(st, env=env)
+    st, eff = _react(design, net, st, ev)
+    trace = [*out, ev, *eff]
+    env = st.env
+    if ev.kind is Ev.TASK_END:
+        env = replace(env, tasks=tuple(t for t in env.tasks if t[0] != ev.task))
+    elif ev.kind is Ev.USER_BACKWARD_END:
+        env = replace(env, backward_kind=None)
+    return replace(st, env=env), trace
+
+
+__all__ = ["Ctx", "EnvState", "ModelState", "initial_state", "step"]

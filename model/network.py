@@ -1,0 +1,190 @@
+"""The network a scenario describes: its modules, parameters and autograd reach.
+
+Names follow the real ``torch.nn.Module`` the deepspeed target builds
+(``blocks.{i}.norm.weight``, ``blocks.{i}.lin.bias``, ``head.weight``), so a
+model trace and a real trace name the same things.
+
+Reach is what ``count_used_parameters_in_backward`` sees: which trainable
+parameters' gradient nodes the *current* autograd graph task will execute.
+
+* The user's backward (the outer graph task) reaches the trainable, used
+  parameters of plain and non-reentrant-checkpointed blocks.
+* A reentrant-checkpointed block ran its forward under ``no_grad``; its
+  parameters join only the *nested* graph task that its checkpoint node starts
+  during backward.  So the reach of "the backward" grows across phases.
+* A reentrant block passes ``requires_grad`` only from its input (the
+  parameters are not inputs of ``CheckpointFunction``): if its input does not
+  require grad, nothing reaches its parameters at all.
+* The fused head's weight is reached only by the backward made inside forward.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+from .scenario import (PARAMS_PER_SUBMODULE, SUBMODULES, Checkpoint, ParamKind, Scenario)
+
+HEAD = "head"
+HEAD_WEIGHT = "head.weight"
+
+
+@dataclass(frozen=True)
+class ParamInfo:
+    """One parameter tensor."""
+
+    name: str
+    module: str
+    block: int | None
+    kind: ParamKind
+    numel: int
+    persistent: bool
+    """Below ``stage3_param_persistence_threshold``: never partitioned under ZeRO-3."""
+
+    @property
+    def trainable(self) -> bool:
+        return self.kind is not ParamKind.FROZEN
+
+    @property
+    def frozen(self) -> bool:
+        return self.kind is ParamKind.FROZEN
+
+
+@dataclass(frozen=True)
+class ModuleInfo:
+    """One sub-module (``blocks.{i}.norm``, ``blocks.{i}.lin`` or ``head``)."""
+
+    name: str
+    block: int | None
+    params: tuple[str, ...]
+    used: bool
+    """False when the scenario marks the sub-module unused: forward skips it."""
+
+
+def param_numel(submodule: str, pname: str, width: int) -> int:
+    if submodule == "lin" and pname == "weight":
+        return width * width
+    return width
+
+
+class Network:
+    """Derived facts about a scenario's network.  Cheap to build; cache per scenario."""
+
+    def __init__(self, scenario: Scenario):
+        self.scenario = scenario
+
+    # ------------------------------------------------------------- structure
+    @cached_property
+    def modules(self) -> tuple[ModuleInfo, ...]:
+        out = []
+        for i, block in enumerate(self.scenario.blocks):
+            for sub in SUBMODULES:
+                name = f"blocks.{i}.{sub}"
+                out.append(ModuleInfo(name, i, tuple(f"{name}.{p}" for p in PARAMS_PER_SUBMODULE),
+                                      block.kind_of(sub) is not ParamKind.UNUSED))
+        if self.scenario.fused_head:
+            out.append(ModuleInfo(HEAD, None, (HEAD_WEIGHT,), True))
+        return tuple(out)
+
+    @cached_property
+    def params(self) -> dict[str, ParamInfo]:
+        sc = self.scenario
+        out: dict[str, ParamInfo] = {}
+        for i, block in enumerate(sc.blocks):
+            for sub in SUBMODULES:
+                for p in PARAMS_PER_SUBMODULE:
+                    numel = param_numel(sub, p, sc.width)
+                    name = f"blocks.{i}.{sub}.{p}"
+                    out[name] = ParamInfo(name, f"blocks.{i}.{sub}", i, block.kind_of(sub), numel,
+                                          self.is_persistent(numel))
+        if sc.fused_head:
+            numel = sc.width * sc.width
+            out[HEAD_WEIGHT] = ParamInfo(HEAD_WEIGHT, HEAD, None, ParamKind.TRAINABLE, numel,
+                                         self.is_persistent(numel))
+        return out
+
+    def is_persistent(self, numel: int) -> bool:
+        """ZeRO-3 keeps a parameter whole when ``ds_numel <= stage3_param_persistence_threshold``."""
+        return self.scenario.stage == 3 and numel <= self.scenario.persistence_threshold
+
+    def module(self, name: str) -> ModuleInfo:
+        return self._module_index[name]
+
+    @cached_property
+    def _module_index(self) -> dict[str, ModuleInfo]:
+        return {m.name: m for m in self.modules}
+
+    def block_modules(self, i: int) -> tuple[ModuleInfo, ...]:
+        """The used sub-modules of block i, in forward order."""
+        return tuple(m for m in self.modules if m.block == i and m.used)
+
+    def leaf_blocks(self) -> tuple[int, ...]:
+        """Blocks that are z3 leaf modules (ZeRO-3 only)."""
+        if self.scenario.stage != 3:
+            return ()
+        return tuple(i for i, b in enumerate(self.scenario.blocks) if b.leaf)
+
+    def is_leaf(self, block: int | None) -> bool:
+        return block is not None and block in self.leaf_blocks()
+
+    # ------------------------------------------------------------- autograd
+    @cached_property
+    def output_requires_grad(self) -> tuple[bool, ...]:
+        """``requires_grad`` of each block's output, in block order."""
+        rg = self.scenario.input_requires_grad
+        out = []
+        for i, block in enumerate(self.scenario.blocks):
+            if block.checkpoint is not Checkpoint.REENTRANT:
+                rg = rg or any(self.params[p].kind is ParamKind.TRAINABLE
+                               for m in self.block_modules(i) for p in m.params)
+            out.append(rg)
+        return tuple(out)
+
+    @property
+    def loss_requires_grad(self) -> bool:
+        """The loss (or the fused head's loss, whose only tensor input is the hidden state) requires grad."""
+        return bool(self.output_requires_grad[-1])
+
+    def gradient_reaches_block(self, i: int) -> bool:
+        """The user's backward runs block i's backward (its output requires grad)."""
+        return self.output_requires_grad[i]
+
+    def hooked_params(self, i: int) -> tuple[str, ...]:
+        """Trainable, used parameters of block i that get a gradient in the user's backward."""
+        if not self.gradient_reaches_block(i):
+            return ()
+        return tuple(p for m in self.block_modules(i) for p in m.params
+                     if self.params[p].kind is ParamKind.TRAINABLE)
+
+    @cached_property
+    def trainable_params(self) -> tuple[str, ...]:
+        """Every parameter with ``requires_grad=True`` (the optimizer's, in registration order)."""
+        return tuple(n for n, p in self.params.items() if p.trainable)
+
+    @cached_property
+    def non_leaf_trainable_params(self) -> tuple[str, ...]:
+        return tuple(n for n in self.trainable_params if not self.is_leaf(self.params[n].block))
+
+    def reach_of_outer_task(self) -> frozenset[str]:
+        """Non-leaf trainable params the user's outer graph task will execute."""
+        return frozenset(p for i, b in enumerate(self.scenario.blocks)
+                         if b.checkpoint is not Checkpoint.REENTRANT and not self.is_leaf(i)
+                         for p in self.hooked_params(i))
+
+    def reach_of_nested_task(self, i: int) -> frozenset[str]:
+        """Non-leaf trainable params the nested graph task of reentrant block i executes."""
+        if self.is_leaf(i):
+            return frozenset()
+        return frozenset(self.hooked_params(i))
+
+    def reach_of_pre_backward(self) -> frozenset[str]:
+        """The backward made inside forward by the fused head reaches only the head's weight."""
+        return frozenset({HEAD_WEIGHT}) if self.scenario.fused_head else frozenset()
+
+    @property
+    def leaf_module_count(self) -> int:
+        """ZeRO-3 adds the number of leaf modules to every expected-hook count (stage3.py)."""
+        return len(self.leaf_blocks())
+
+
+__all__ = ["HEAD", "HEAD_WEIGHT", "ModuleInfo", "Network", "ParamInfo", "param_numel"]

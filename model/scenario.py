@@ -1,0 +1,333 @@
+"""Scenario: the one input every target takes.
+
+A scenario is a plain, immutable, JSON-serialisable value with three parts:
+
+* the **network**: a sequence of blocks.  Each block is ``norm -> lin`` (a
+  LayerNorm followed by a Linear, the shape of seed 002's MRE); each of the two
+  sub-modules is trainable, frozen (``requires_grad=False``, as LoRA or a
+  quantized base freezes it) or unused (trainable but skipped by forward).
+  A block is run plain, under reentrant activation checkpointing
+  (``use_reentrant=True``) or non-reentrant checkpointing (the PyTorch and HF
+  default).  Under ZeRO-3 a block may be a *z3 leaf module*.  Optionally the
+  network ends in a *fused head*: a custom autograd Function that calls
+  ``torch.autograd.backward`` inside its forward (the TiledFusedLogitsLoss
+  pattern), i.e. a backward made before the user's backward.
+* the **engine config** knobs: ZeRO stage, persistence threshold, prefetch
+  bucket size, reduce bucket size, gradient accumulation steps.
+* the **schedule**: train steps, each with ``gas`` micro-steps; each micro-step
+  names its backward kind (``engine.backward(loss)``, ``loss.backward()``,
+  ``out.backward(gradient)``), and a step may start with an eval / no_grad
+  forward (which matters to the ZeRO-3 trace).
+
+Parsing (`Scenario.from_json`) validates every field and raises
+`ScenarioError` naming the field, so a malformed scenario file is a clear error.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, replace
+from enum import Enum
+from typing import Any, Iterator, Mapping
+
+
+class ScenarioError(ValueError):
+    """A scenario value or file is malformed.  The message names the field."""
+
+
+class Checkpoint(str, Enum):
+    """How a block is wrapped in ``torch.utils.checkpoint``."""
+
+    NONE = "none"
+    """Plain: activations are stored; the block's backward runs in the outer graph task."""
+    REENTRANT = "reentrant"
+    """``use_reentrant=True``: forward under no_grad; backward re-runs forward and a *nested* backward."""
+    NON_REENTRANT = "non_reentrant"
+    """``use_reentrant=False``: saved-tensor hooks; recompute on first unpack, in the outer graph task."""
+
+
+class ParamKind(str, Enum):
+    """What a sub-module's parameters are to the optimizer and to autograd."""
+
+    TRAINABLE = "trainable"
+    """``requires_grad=True`` and used in forward: one gradient hook per tensor per backward."""
+    FROZEN = "frozen"
+    """``requires_grad=False``: no gradient hook; saved by non-reentrant checkpoint as a live reference."""
+    UNUSED = "unused"
+    """``requires_grad=True`` but skipped by forward: no gradient hook fires, not counted as used."""
+
+
+class BackwardKind(str, Enum):
+    """How the user starts backward for one micro-step."""
+
+    ENGINE = "engine"
+    """``engine.backward(loss)``: the engine runs the epilogue itself after ``loss.backward()`` returns."""
+    TORCH = "torch"
+    """``loss.backward()`` directly (PyTorch-style): the engine only sees it through output hooks."""
+    NONSCALAR = "nonscalar"
+    """``out.backward(gradient=g)`` on a non-scalar output (also PyTorch-style)."""
+
+    @property
+    def pytorch_style(self) -> bool:
+        return self is not BackwardKind.ENGINE
+
+
+SUBMODULES = ("norm", "lin")
+"""The two sub-modules of every block, in forward order."""
+
+PARAMS_PER_SUBMODULE = ("weight", "bias")
+
+
+@dataclass(frozen=True)
+class Block:
+    """One block ``x -> lin(norm(x))`` (a sub-module marked unused is skipped)."""
+
+    checkpoint: Checkpoint = Checkpoint.NONE
+    norm: ParamKind = ParamKind.TRAINABLE
+    lin: ParamKind = ParamKind.TRAINABLE
+    leaf: bool = False
+    """Under ZeRO-3: the block is a z3 leaf module (one fetch, one backward hook for all its params)."""
+
+    def kind_of(self, submodule: str) -> ParamKind:
+        return getattr(self, submodule)
+
+    @property
+    def has_frozen(self) -> bool:
+        return ParamKind.FROZEN in (self.norm, self.lin)
+
+    @property
+    def has_trainable(self) -> bool:
+        return ParamKind.TRAINABLE in (self.norm, self.lin)
+
+
+@dataclass(frozen=True)
+class MicroStep:
+    """One forward and one backward."""
+
+    backward: BackwardKind = BackwardKind.ENGINE
+
+
+@dataclass(frozen=True)
+class TrainStep:
+    """``gas`` micro-steps followed by ``engine.step()``."""
+
+    micro: tuple[MicroStep, ...] = (MicroStep(),)
+    eval_before: bool = False
+    """An eval-mode ``torch.no_grad()`` forward runs before this step's first micro-step."""
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A network, its engine config and a schedule.  See the module docstring."""
+
+    blocks: tuple[Block, ...] = (Block(),)
+    steps: tuple[TrainStep, ...] = (TrainStep(),)
+    stage: int = 3
+    fused_head: bool = False
+    """A final Linear head whose loss is a custom Function calling autograd.backward in forward."""
+    input_requires_grad: bool = True
+    """Whether the network input requires grad (reentrant checkpoint needs it to reach the block's params)."""
+    width: int = 8
+    persistence_threshold: int = 0
+    prefetch_bucket_size: int = 0
+    reduce_bucket_size: int = 500_000_000
+    seed: int = 0
+
+    # ------------------------------------------------------------------ derived
+    @property
+    def gas(self) -> int:
+        """Gradient accumulation steps: the number of micro-steps per train step."""
+        return len(self.steps[0].micro) if self.steps else 1
+
+    @property
+    def num_micro_steps(self) -> int:
+        return sum(len(s.micro) for s in self.steps)
+
+    def micro_steps(self) -> Iterator[tuple[int, int, MicroStep]]:
+        """Yield ``(step_index, micro_index, micro_step)`` in schedule order."""
+        for si, step in enumerate(self.steps):
+            for mi, micro in enumerate(step.micro):
+                yield si, mi, micro
+
+    def with_(self, **changes: Any) -> "Scenario":
+        return replace(self, **changes)
+
+    # -------------------------------------------------------------- validation
+    def validate(self) -> "Scenario":
+        """Raise `ScenarioError` naming the first bad field; return self when valid."""
+        if not self.blocks:
+            raise ScenarioError("blocks: a scenario needs at least one block")
+        if self.stage not in (1, 2, 3):
+            raise ScenarioError(f"stage: ZeRO stage must be 1, 2 or 3, got {self.stage!r}")
+        if not self.steps:
+            raise ScenarioError("steps: a scenario needs at least one train step")
+        gas = len(self.steps[0].micro)
+        for i, step in enumerate(self.steps):
+            if not step.micro:
+                raise ScenarioError(f"steps[{i}].micro: a train step needs at least one micro-step")
+            if len(step.micro) != gas:
+                raise ScenarioError(
+                    f"steps[{i}].micro: every train step must have the same number of micro-steps "
+                    f"(gradient_accumulation_steps={gas}), got {len(step.micro)}")
+        if self.width < 2:
+            raise ScenarioError(f"width: must be at least 2, got {self.width}")
+        for name in ("persistence_threshold", "prefetch_bucket_size", "reduce_bucket_size", "seed"):
+            if getattr(self, name) < 0:
+                raise ScenarioError(f"{name}: must be >= 0, got {getattr(self, name)}")
+        if self.reduce_bucket_size == 0:
+            raise ScenarioError("reduce_bucket_size: must be > 0")
+        return self
+
+    # --------------------------------------------------------------- summaries
+    def describe(self) -> str:
+        """One line per block and step, in words, for reports."""
+        lines = [f"ZeRO-{self.stage}, {len(self.blocks)} block(s), width {self.width}, "
+                 f"gas {self.gas}, {len(self.steps)} train step(s), "
+                 f"persistence threshold {self.persistence_threshold}"
+                 + (", fused head (backward inside forward)" if self.fused_head else "")
+                 + ("" if self.input_requires_grad else ", input does not require grad")]
+        for i, b in enumerate(self.blocks):
+            ck = {"none": "plain", "reentrant": "reentrant checkpoint",
+                  "non_reentrant": "non-reentrant checkpoint"}[b.checkpoint.value]
+            lines.append(f"  block {i}: {ck}; norm {b.norm.value}, lin {b.lin.value}"
+                         + ("; z3 leaf module" if b.leaf else ""))
+        for i, s in enumerate(self.steps):
+            kinds = ", ".join(m.backward.value for m in s.micro)
+            lines.append(f"  step {i}: " + ("eval forward, then " if s.eval_before else "")
+                         + f"backward kinds [{kinds}], then engine.step()")
+        return "\n".join(lines)
+
+    # -------------------------------------------------------------------- JSON
+    def to_dict(self) -> dict[str, Any]:
+        return _plain(asdict(self))
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent, sort_keys=True)
+
+    @staticmethod
+    def from_dict(data: Mapping[str, Any]) -> "Scenario":
+        return _parse_scenario(data)
+
+    @staticmethod
+    def from_json(text: str) -> "Scenario":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ScenarioError(f"not valid JSON: {exc}") from None
+        return _parse_scenario(data)
+
+    @staticmethod
+    def load(path: str) -> "Scenario":
+        """Read a scenario file; errors name the file and the field."""
+        try:
+            with open(path, encoding="utf-8") as fh:
+                text = fh.read()
+        except OSError as exc:
+            raise ScenarioError(f"{path}: cannot read scenario file: {exc.strerror}") from None
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ScenarioError(f"{path}: not valid JSON: {exc}") from None
+        if isinstance(data, dict) and "scenario" in data and "blocks" not in data:
+            data = data["scenario"]  # a finding file: {"check": ..., "scenario": {...}}
+        try:
+            return _parse_scenario(data)
+        except ScenarioError as exc:
+            raise ScenarioError(f"{path}: {exc}") from None
+
+    def save(self, path: str) -> None:
+        with open(path, "w", encoding="utf-8") as fh:
+            fh.write(self.to_json() + "\n")
+
+
+# ---------------------------------------------------------------------- parsing
+def _plain(value: Any) -> Any:
+    if isinstance(value, Enum):
+        return value.value
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _enum(cls: type[Enum], value: Any, where: str) -> Any:
+    try:
+        return cls(value)
+    except ValueError:
+        allowed = ", ".join(repr(m.value) for m in cls)  # type: ignore[attr-defined]
+        raise ScenarioError(f"{where}: expected one of {allowed}, got {value!r}") from None
+
+
+def _obj(value: Any, where: str, allowed: set[str]) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise ScenarioError(f"{where}: expected an object, got {type(value).__name__}")
+    unknown = set(value) - allowed
+    if unknown:
+        raise ScenarioError(f"{where}: unknown field(s) {sorted(unknown)}; known: {sorted(allowed)}")
+    return value
+
+
+def _int(value: Any, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ScenarioError(f"{where}: expected an integer, got {value!r}")
+    return value
+
+
+def _bool(value: Any, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise ScenarioError(f"{where}: expected true or false, got {value!r}")
+    return value
+
+
+def _list(value: Any, where: str) -> list[Any]:
+    if not isinstance(value, list):
+        raise ScenarioError(f"{where}: expected a list, got {type(value).__name__}")
+    return value
+
+
+_BLOCK_FIELDS = {"checkpoint", "norm", "lin", "leaf"}
+_STEP_FIELDS = {"micro", "eval_before"}
+_MICRO_FIELDS = {"backward"}
+_SCENARIO_FIELDS = {f for f in Scenario.__dataclass_fields__}
+
+
+def _parse_block(value: Any, where: str) -> Block:
+    d = _obj(value, where, _BLOCK_FIELDS)
+    return Block(
+        checkpoint=_enum(Checkpoint, d.get("checkpoint", "none"), f"{where}.checkpoint"),
+        norm=_enum(ParamKind, d.get("norm", "trainable"), f"{where}.norm"),
+        lin=_enum(ParamKind, d.get("lin", "trainable"), f"{where}.lin"),
+        leaf=_bool(d.get("leaf", False), f"{where}.leaf"),
+    )
+
+
+def _parse_step(value: Any, where: str) -> TrainStep:
+    d = _obj(value, where, _STEP_FIELDS)
+    micro = tuple(
+        MicroStep(backward=_enum(BackwardKind, _obj(m, f"{where}.micro[{j}]", _MICRO_FIELDS)
+                                 .get("backward", "engine"), f"{where}.micro[{j}].backward"))
+        for j, m in enumerate(_list(d.get("micro", [{}]), f"{where}.micro")))
+    return TrainStep(micro=micro, eval_before=_bool(d.get("eval_before", False), f"{where}.eval_before"))
+
+
+def _parse_scenario(data: Any) -> Scenario:
+    d = _obj(data, "scenario", _SCENARIO_FIELDS)
+    defaults = Scenario()
+    kwargs: dict[str, Any] = {}
+    kwargs["blocks"] = tuple(_parse_block(b, f"blocks[{i}]")
+                             for i, b in enumerate(_list(d.get("blocks", [{}]), "blocks")))
+    kwargs["steps"] = tuple(_parse_step(s, f"steps[{i}]")
+                            for i, s in enumerate(_list(d.get("steps", [{}]), "steps")))
+    for name in ("stage", "width", "persistence_threshold", "prefetch_bucket_size",
+                 "reduce_bucket_size", "seed"):
+        kwargs[name] = _int(d.get(name, getattr(defaults, name)), name)
+    for name in ("fused_head", "input_requires_grad"):
+        kwargs[name] = _bool(d.get(name, getattr(defaults, name)), name)
+    return Scenario(**kwargs).validate()
+
+
+__all__ = [
+    "BackwardKind", "Block", "Checkpoint", "MicroStep", "PARAMS_PER_SUBMODULE", "ParamKind",
+    "SUBMODULES", "Scenario", "ScenarioError", "TrainStep",
+]

@@ -1,0 +1,204 @@
+"""Specs of the gradient-hook / epilogue protocol (ZeRO 1, 2 and 3).
+
+A *user-backward window* opens at ``USER_BACKWARD_START`` and closes at the next
+forward, eval forward, ``engine.step()`` or the end of the run (so the epilogue
+that ``engine.backward`` runs after ``loss.backward()`` returns is inside it).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from zerostate.model.events import Ev, Event
+
+from .base import Spec, fail
+
+_CLOSERS = (Ev.FORWARD_START, Ev.EVAL_FORWARD_START, Ev.STEP)
+_HOOKS = (Ev.GRAD_HOOK, Ev.LEAF_HOOK)
+
+
+# ------------------------------------------------------------- epilogue-once
+class _EpilogueOnce(NamedTuple):
+    open: bool = False
+    epilogues: int = 0
+
+
+def _epilogue_once_step(m: _EpilogueOnce, ev: Event):
+    if ev.kind is Ev.USER_BACKWARD_START:
+        if m.open and m.epilogues == 0:
+            return fail("a user backward started before the previous one ran its epilogue")
+        return _EpilogueOnce(True, 0)
+    if not m.open:
+        return m
+    if ev.kind in _CLOSERS:
+        if m.epilogues == 0:
+            return fail("the user backward finished without running the epilogue")
+        return _EpilogueOnce()
+    if ev.kind is Ev.EPILOGUE:
+        if m.epilogues >= 1:
+            return fail("the epilogue ran a second time in one user backward")
+        return m._replace(epilogues=1)
+    if ev.kind in _HOOKS and m.epilogues:
+        what = ev.param or ev.module
+        return fail(f"gradient hook for {what} fired after the epilogue: the epilogue ran before "
+                    f"the last phase (graph task {ev.task})")
+    return m
+
+
+def _epilogue_once_finish(m: _EpilogueOnce):
+    if m.open and m.epilogues == 0:
+        return "the user backward finished without running the epilogue"
+    return None
+
+
+EPILOGUE_ONCE = Spec(
+    id="epilogue-once",
+    sentence="Each user backward runs the epilogue exactly once, after the last gradient hook of its last phase.",
+    provenance=("seed 000 part 1", "deepspeedai/DeepSpeed#7780"),
+    family="hooks",
+    init=_EpilogueOnce, step=_epilogue_once_step, finish=_epilogue_once_finish,
+    checks="In every user-backward window: exactly one EPILOGUE, and no GRAD_HOOK / LEAF_HOOK after it.",
+)
+
+
+# --------------------------------------------------------- grad-handled-once
+class _Handled(NamedTuple):
+    open: bool = False
+    hooked: frozenset = frozenset()
+    handled: frozenset = frozenset()
+    bucket: frozenset = frozenset()
+
+
+def _bucket(m: _Handled, ev: Event) -> frozenset:
+    if ev.kind is Ev.BUCKET_ADD:
+        return m.bucket | {ev.param}
+    if ev.kind in (Ev.BUCKET_FLUSH, Ev.BUCKET_CLEAR):
+        return frozenset()
+    return m.bucket
+
+
+def _close_handled(m: _Handled):
+    missing = m.hooked - m.handled
+    if missing:
+        return f"gradient hook fired but the gradient was never handled: {sorted(missing)}"
+    if m.bucket:
+        return f"gradients left in the reduce bucket after the backward: {sorted(m.bucket)}"
+    return None
+
+
+def _handled_step(m: _Handled, ev: Event):
+    if ev.kind is Ev.USER_BACKWARD_START:
+        return _Handled(True, frozenset(), frozenset(), m.bucket)
+    if m.open and ev.kind in _CLOSERS:
+        msg = _close_handled(m)
+        return fail(msg) if msg else _Handled(bucket=m.bucket)
+    if ev.kind is Ev.BUCKET_ADD and m.open:
+        if ev.param in m.handled:
+            return fail(f"gradient of {ev.param} handled twice in one backward")
+        return m._replace(handled=m.handled | {ev.param}, bucket=m.bucket | {ev.param})
+    if ev.kind is Ev.GRAD_HOOK and m.open:
+        return m._replace(hooked=m.hooked | {ev.param})
+    nb = _bucket(m, ev)
+    return m if nb is m.bucket else m._replace(bucket=nb)
+
+
+GRAD_HANDLED_ONCE = Spec(
+    id="grad-handled-once",
+    sentence=("Every trainable parameter reached by the backward has its gradient handled exactly once "
+              "per backward; none is left in a bucket."),
+    provenance=("seed 000 part 1", "deepspeedai/DeepSpeed#7780"),
+    family="hooks",
+    init=_Handled, step=_handled_step, finish=lambda m: _close_handled(m) if m.open else None,
+    checks=("In every user-backward window: each GRAD_HOOK param gets one BUCKET_ADD, no param gets two, "
+            "and the bucket is empty when the window closes."),
+)
+
+
+# ------------------------------------------- no-epilogue-before-user-backward
+def _no_early_step(open_: bool, ev: Event):
+    if ev.kind is Ev.USER_BACKWARD_START:
+        return True
+    if ev.kind in _CLOSERS:
+        return False
+    if ev.kind is Ev.EPILOGUE and not open_:
+        return fail("the epilogue ran outside a user backward (a backward made inside forward)")
+    return open_
+
+
+NO_EPILOGUE_BEFORE_USER_BACKWARD = Spec(
+    id="no-epilogue-before-user-backward",
+    sentence="Backward calls made before the user's backward never run the epilogue.",
+    provenance=("deepspeedai/DeepSpeed#7886 (TiledFusedLogitsLoss)",),
+    family="hooks",
+    init=lambda: False, step=_no_early_step, finish=lambda m: None,
+    checks="No EPILOGUE event outside a user-backward window.",
+)
+
+
+# ---------------------------------------------------- count-once-per-phase
+def _count_step(counted: frozenset, ev: Event):
+    if ev.kind is Ev.FORWARD_START:
+        return frozenset()
+    if ev.kind is Ev.COUNT:
+        if ev.task in counted:
+            return fail(f"count_used_parameters_in_backward evaluated again in graph task {ev.task} "
+                        "(once per phase is the bound)")
+        return counted | {ev.task}
+    return counted
+
+
+COUNT_ONCE_PER_PHASE = Spec(
+    id="count-once-per-phase",
+    sentence="count_used_parameters_in_backward is evaluated at most once per backward phase.",
+    provenance=("seed 000 part 2", "deepspeedai/DeepSpeed#7882", "deepspeedai/DeepSpeed#7885",
+                "deepspeedai/DeepSpeed#7886"),
+    family="hooks",
+    init=frozenset, step=_count_step, finish=lambda m: None,
+    checks="At most one COUNT event per autograd graph task (a phase is one graph task).",
+)
+
+
+# ---------------------------------------------------------------- clean-step
+class _Clean(NamedTuple):
+    after_step: bool = False
+    depth: int = 0
+    bucket: frozenset = frozenset()
+
+
+def _clean_problem(m: _Clean):
+    if m.bucket:
+        return f"stale gradients in the reduce bucket survive engine.step(): {sorted(m.bucket)}"
+    if m.depth:
+        return f"backward depth is {m.depth} after engine.step(): a backward never exited"
+    return None
+
+
+def _clean_step(m: _Clean, ev: Event):
+    if ev.kind in (Ev.FORWARD_START, Ev.EVAL_FORWARD_START) and m.after_step:
+        msg = _clean_problem(m)
+        return fail(msg) if msg else m._replace(after_step=False)
+    if ev.kind is Ev.STEP:
+        return m._replace(after_step=True)
+    if ev.kind in (Ev.ENTER_BACKWARD, Ev.EXIT_BACKWARD):
+        return m._replace(depth=ev.value or 0)
+    if ev.kind is Ev.BUCKET_ADD:
+        return m._replace(bucket=m.bucket | {ev.param})
+    if ev.kind in (Ev.BUCKET_FLUSH, Ev.BUCKET_CLEAR):
+        return m._replace(bucket=frozenset())
+    return m
+
+
+CLEAN_STEP = Spec(
+    id="clean-step",
+    sentence="After the optimizer step, no hook state or bucket entry survives into the next forward.",
+    provenance=("seed 000 part 1", "deepspeedai/DeepSpeed#7780"),
+    family="hooks",
+    init=_Clean, step=_clean_step, finish=lambda m: _clean_problem(m) if m.after_step else None,
+    checks="At the first forward after STEP (or the end of the run): the bucket is empty and backward depth is 0.",
+)
+
+HOOK_SPECS = (EPILOGUE_ONCE, GRAD_HANDLED_ONCE, NO_EPILOGUE_BEFORE_USER_BACKWARD, COUNT_ONCE_PER_PHASE,
+              CLEAN_STEP)
+
+__all__ = ["CLEAN_STEP", "COUNT_ONCE_PER_PHASE", "EPILOGUE_ONCE", "GRAD_HANDLED_ONCE", "HOOK_SPECS",
+           "NO_EPILOGUE_BEFORE_USER_BACKWARD"]

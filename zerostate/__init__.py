@@ -1,0 +1,12 @@
+"""zerostate: DeepSpeed ZeRO's hook lifecycle as explicit, checkable state machines.
+
+Import packages:
+
+* ``zerostate.model``   -- scenarios, events, traces and the state-machine designs (pure Python).
+* ``zerostate.specs``   -- the properties every correct design must satisfy.
+* ``zerostate.targets`` -- things that turn a scenario into a trace: the model, the runtime, real DeepSpeed.
+* ``zerostate.runtime`` -- the verified implementation, installable into a live DeepSpeed engine.
+* ``zerostate.cli``     -- the ``zerostate`` command and its reports.
+"""
+
+__version__ = "0.1.0"
