@@ -1,0 +1,115 @@
+"""``zerostate explore``: explore real DeepSpeed (or a model design) and write a report.
+
+Each finding is written to the report as soon as it is found; Ctrl-C keeps them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+from . import targets_api as api
+from .common import DEFAULT_OUT, EXIT_FINDINGS, EXIT_INTERRUPTED, EXIT_OK, check_world_size, design
+from .progress import Progress
+from .repro import repro_for
+
+DEFAULT_EXAMPLES = 200
+
+
+def add_target_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target", choices=("deepspeed", "model"), default="deepspeed",
+                   help="real DeepSpeed (default) or a model design")
+    p.add_argument("--design", metavar="NAME", help="model design to explore (with --target model)")
+    p.add_argument("--deepspeed", metavar="VERSION", help="DeepSpeed release, in its own cached environment")
+    p.add_argument("--deepspeed-path", metavar="DIR", help="local DeepSpeed checkout (e.g. a pull request)")
+    p.add_argument("--world-size", type=int, default=1, metavar="N", help="ranks (1)")
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("explore", help="explore DeepSpeed against the model and the PyTorch oracle",
+                       description="Explore scenarios drawn by Hypothesis on a target; write a report.")
+    add_target_options(p)
+    p.add_argument("--examples", type=int, default=DEFAULT_EXAMPLES, metavar="N",
+                   help=f"examples to run (default {DEFAULT_EXAMPLES})")
+    p.add_argument("--seed", type=int, default=0, metavar="N", help="Hypothesis seed (default 0)")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument("--out", default=DEFAULT_OUT, metavar="DIR", help=f"report folder (default {DEFAULT_OUT}/)")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from zerostate.specs import SPECS
+
+    from .report import FindingRecord, Report
+
+    check_world_size(args.world_size)
+    if args.examples < 1:
+        raise api.CliError(f"--examples {args.examples}: must be at least 1")
+    if args.target == "model" and args.design:
+        design(args.design)
+    target = api.target(args)
+    who = api.describe_target(target)
+    column = f"model:{who['design']}" if args.target == "model" else f"deepspeed {who['deepspeed'] or ''}".strip()
+    report = Report(args.out, "explore", {**who, "examples": args.examples, "seed": args.seed,
+                                          "command_line": "zerostate " + " ".join(sys.argv[1:])},
+                    columns=[column], specs=SPECS, replay_args=_replay_args(args))
+    progress = Progress("explore")
+    findings: list[dict[str, Any]] = []
+    counts = {"examples": 0}
+    t0 = time.monotonic()
+
+    def on_finding(f: Any) -> None:
+        sc = api.f_scenario(f)
+        rec = FindingRecord(check=api.f_check(f), error=api.f_error(f), scenario=sc, events=api.f_events(f),
+                            violation=api.f_violation(f), design=who["design"],
+                            repro=repro_for(sc, api.f_check(f), api.f_error(f), f))
+        report.add_finding(rec, column=column)
+        findings.append({"check": rec.check, "error": rec.error, "blocks": len(sc.blocks),
+                         "steps": len(sc.steps), "scenario": sc.to_dict()})
+        progress.update(counts["examples"], len(findings), force=True)
+
+    def on_progress(examples: int, *_: Any, **__: Any) -> None:
+        counts["examples"] = examples
+        report.data["run"]["examples_run"] = examples
+        progress.update(examples, len(findings))
+
+    status = "complete"
+    try:
+        api.explore(target, args.examples, args.seed, on_finding, on_progress)
+    except KeyboardInterrupt:
+        status = "interrupted"
+    finally:
+        progress.close()
+    for sid in SPECS:
+        if report.data["specs"][sid]["results"][column] == "not checked" and status == "complete":
+            report.set_result(sid, column, "ok")
+    summary = {"target": who["target"], "deepspeed": who["deepspeed"], "examples": counts["examples"] or
+               args.examples, "seconds": round(time.monotonic() - t0, 2), "findings": findings}
+    report.finish(status, summary)
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        print(f"explore {column}: {summary['examples']} example(s), {len(findings)} finding(s), "
+              f"{summary['seconds']:.0f}s{' (interrupted)' if status != 'complete' else ''}. "
+              f"Report: {args.out}/report.md")
+        for i, f in enumerate(findings, 1):
+            print(f"  #{i} {f['check']}: {f['error'].splitlines()[0] if f['error'] else ''}")
+    if status == "interrupted":
+        return EXIT_INTERRUPTED
+    return EXIT_FINDINGS if findings else EXIT_OK
+
+
+def _replay_args(args: argparse.Namespace) -> str:
+    if args.target == "model":
+        return f" --target model --design {args.design or 'zerostate'}"
+    if args.deepspeed:
+        return f" --deepspeed {args.deepspeed}"
+    if args.deepspeed_path:
+        return f" --deepspeed-path {args.deepspeed_path}"
+    return ""
+
+
+__all__ = ["DEFAULT_EXAMPLES", "add_parser", "add_target_options", "run"]

@@ -1,0 +1,42 @@
+"""``zerostate replay SCENARIO.json``: run one saved scenario; say pass or fail, and why."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from . import targets_api as api
+from .cmd_explore import add_target_options
+from .common import EXIT_FINDINGS, EXIT_OK, check_world_size, design, load_scenario
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("replay", help="run one saved scenario (a finding_<n>.json or scenario file)",
+                       description="Run one saved scenario on a target and say pass or fail with the reason.")
+    p.add_argument("scenario", metavar="SCENARIO.json")
+    add_target_options(p)
+    p.add_argument("--json", action="store_true", help="print the outcome as JSON")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    scenario = load_scenario(args.scenario)
+    check_world_size(args.world_size)
+    if args.target == "model" and args.design:
+        design(args.design)
+    target = api.target(args)
+    who = api.describe_target(target)
+    passed, check, error = api.outcome(api.run_scenario(target, scenario))
+    where = f"model design {who['design']}" if args.target == "model" else f"DeepSpeed {who['deepspeed']}"
+    if args.json:
+        print(json.dumps({**who, "scenario": scenario.to_dict(), "passed": passed, "check": check,
+                          "error": error}, indent=2))
+    elif passed:
+        print(f"PASS on {where}: every spec holds and the PyTorch oracle agrees\n{scenario.describe()}")
+    else:
+        print(f"FAIL on {where}: {check}: {error}\n{scenario.describe()}")
+    return EXIT_OK if passed else EXIT_FINDINGS
+
+
+__all__ = ["add_parser", "run"]

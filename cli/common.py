@@ -1,0 +1,52 @@
+"""What every subcommand shares: the one-line error for bad input, and loading its inputs."""
+
+from __future__ import annotations
+
+import importlib
+import os
+from types import ModuleType
+
+from zerostate.model.designs import Design, UnknownDesignError, get_design
+from zerostate.model.scenario import Scenario, ScenarioError
+
+DEFAULT_OUT = "zerostate-report"
+EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+class CliError(Exception):
+    """Bad input or a missing piece: ``main`` prints ``zerostate: <message>`` on stderr, exits 2."""
+
+
+def load_scenario(path: str) -> Scenario:
+    if not os.path.exists(path):
+        raise CliError(f"{path}: no such scenario file")
+    try:
+        return Scenario.load(path)
+    except ScenarioError as exc:  # already names the file and the field
+        raise CliError(str(exc)) from None
+
+
+def design(name: str) -> Design:
+    try:
+        return get_design(name)
+    except UnknownDesignError as exc:
+        raise CliError(str(exc)) from None
+
+
+def need(module: str, what: str) -> ModuleType:
+    """Import a piece another part of zerostate provides, or fail with a message saying which."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise CliError(f"{what} needs {module}, which this installation of zerostate cannot import "
+                       f"({exc})") from None
+
+
+def check_world_size(n: int) -> None:
+    if n != 1:
+        raise CliError(f"--world-size {n}: only world size 1 is supported in this release of zerostate "
+                       f"(2 ranks arrive with the multi-rank target)")
+
+
+__all__ = ["CliError", "DEFAULT_OUT", "EXIT_FINDINGS", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE",
+           "check_world_size", "design", "load_scenario", "need"]

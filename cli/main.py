@@ -1,0 +1,51 @@
+"""``zerostate``: explore real DeepSpeed or the model, check designs, compare them, replay and bisect.
+
+Exit status: 0 ok, 1 findings (or a failing replay), 2 bad input (one line on
+stderr naming the problem), 130 interrupted (the report keeps what was found).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Sequence
+
+from zerostate import __version__
+
+from . import cmd_bisect, cmd_check, cmd_compare, cmd_explore, cmd_replay
+from .common import EXIT_INTERRUPTED, EXIT_USAGE, CliError
+
+COMMANDS = (cmd_explore, cmd_check, cmd_compare, cmd_replay, cmd_bisect)
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2, like every other bad input
+        self.exit(EXIT_USAGE, f"zerostate: {message} (see `{self.prog} --help`)\n")
+
+
+def parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="zerostate", description=__doc__.split("\n\n")[0].split(": ", 1)[1])
+    p.add_argument("--version", action="version", version=f"zerostate {__version__}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+    for cmd in COMMANDS:
+        cmd.add_parser(sub)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except CliError as exc:
+        print(f"zerostate: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("zerostate: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

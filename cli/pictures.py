@@ -1,0 +1,204 @@
+"""Report pictures: the event sequence of a finding, and the state graph of a counterexample.
+
+Event sequence: one lane per module (parameters are drawn in their module's
+lane; schedule and engine events in the ``engine`` lane), time left to right,
+forward / eval / backward / recompute phases shaded, the violating event
+marked in red.  State graph: states in breadth-first layers, the
+counterexample path in red.  Each picture is written as SVG and PNG.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any, Iterable, Sequence
+
+from zerostate.model.events import Ev, Event
+
+from .atomic import replace_file
+from .canvas import Canvas
+
+WINDOW = 120
+"""Most events one picture shows; a longer trace is cut to the window ending just after the violation."""
+
+_GREY, _BLUE, _TEAL, _ORANGE, _GREEN, _BROWN = "#616161", "#1565c0", "#00838f", "#ef6c00", "#2e7d32", "#8d4e2a"
+MARKS: dict[Ev, tuple[str, str]] = {
+    Ev.FORWARD_START: ("F>", _GREY), Ev.FORWARD_END: ("F|", _GREY), Ev.EVAL_FORWARD_START: ("V>", _GREY),
+    Ev.EVAL_FORWARD_END: ("V|", _GREY), Ev.USER_BACKWARD_START: ("B>", _GREY),
+    Ev.USER_BACKWARD_END: ("B|", _GREY), Ev.STEP: ("ST", _GREY),
+    Ev.TASK_START: ("T>", _BLUE), Ev.TASK_END: ("T|", _BLUE), Ev.OUTPUT_HOOK: ("O", _BLUE),
+    Ev.GRAD_HOOK: ("G", _BLUE), Ev.LEAF_HOOK: ("L", _BLUE),
+    Ev.MODULE_PRE_FORWARD: ("f>", _TEAL), Ev.MODULE_POST_FORWARD: ("f|", _TEAL),
+    Ev.MODULE_PRE_BACKWARD: ("b>", _TEAL), Ev.MODULE_POST_BACKWARD: ("b|", _TEAL),
+    Ev.RECOMPUTE_START: ("R>", _TEAL), Ev.RECOMPUTE_END: ("R|", _TEAL), Ev.SAVE_LIVE: ("S", _TEAL),
+    Ev.UNPACK: ("U", _TEAL),
+    Ev.ENTER_BACKWARD: ("E+", _ORANGE), Ev.EXIT_BACKWARD: ("E-", _ORANGE), Ev.COUNT: ("#", _ORANGE),
+    Ev.CALLBACK_QUEUED: ("Q", _ORANGE), Ev.CALLBACK_RUN: ("Q!", _ORANGE), Ev.POST_HOOKS: ("P", _ORANGE),
+    Ev.EPILOGUE: ("EP", _ORANGE), Ev.BUCKET_ADD: ("+", _ORANGE), Ev.BUCKET_FLUSH: ("FL", _ORANGE),
+    Ev.BUCKET_CLEAR: ("CL", _ORANGE),
+    Ev.FETCH: ("AG", _GREEN), Ev.PREFETCH: ("pf", _GREEN), Ev.RELEASE: ("RL", _BROWN),
+    Ev.TRACE_STATE: ("TS", _GREEN),
+}
+PHASES = {"forward": "#dbeafe", "eval": "#eeeeee", "backward": "#ffe8cc", "recompute": "#e9d5ff"}
+_OPEN = {Ev.FORWARD_START: "forward", Ev.EVAL_FORWARD_START: "eval", Ev.USER_BACKWARD_START: "backward",
+         Ev.RECOMPUTE_START: "recompute"}
+_CLOSE = {Ev.FORWARD_END: "forward", Ev.EVAL_FORWARD_END: "eval", Ev.USER_BACKWARD_END: "backward",
+          Ev.RECOMPUTE_END: "recompute"}
+ENGINE = "engine"
+
+
+def lane_of(ev: Event) -> str:
+    if ev.param:
+        return ev.param.rsplit(".", 1)[0] if "." in ev.param else ev.param
+    return ev.module or ENGINE
+
+
+def _lane_key(name: str) -> tuple:
+    if name == ENGINE:
+        return (0,)
+    parts = [int(p) if p.isdigit() else p for p in re.split(r"[.]", name)]
+    sub = {"norm": 1, "lin": 2}
+    return (1, *[(0, p, 0) if isinstance(p, int) else (1, 0, sub.get(p, 9)) for p in parts])
+
+
+def phase_spans(events: Sequence[Event]) -> list[tuple[str, int, int]]:
+    """``(phase, first index, last index)`` for every forward, eval, backward and recompute."""
+    spans, open_at = [], {}
+    for i, ev in enumerate(events):
+        if ev.kind in _OPEN:
+            open_at[_OPEN[ev.kind]] = i
+        elif ev.kind in _CLOSE and _CLOSE[ev.kind] in open_at:
+            spans.append((_CLOSE[ev.kind], open_at.pop(_CLOSE[ev.kind]), i))
+    spans += [(p, i, len(events) - 1) for p, i in open_at.items()]
+    order = list(PHASES)
+    return sorted(spans, key=lambda s: (order.index(s[0]) == 3, s[1]))
+
+
+def window(n: int, violation: int | None, size: int = WINDOW) -> tuple[int, int]:
+    """Half-open index range of the events to show."""
+    if n <= size:
+        return 0, n
+    end = min(n, (violation if violation is not None else n - 1) + 16)
+    return max(0, end - size), end
+
+
+def trace_picture(events: Sequence[Event], violation: int | None, title: str, subtitle: str = "") -> Canvas:
+    lo, hi = window(len(events), violation)
+    shown = list(events[lo:hi])
+    lanes = sorted({lane_of(e) for e in shown} | {ENGINE}, key=_lane_key)
+    col, lane_h, left, top = 22, 30, 170, 92
+    kinds = [k for k in MARKS if any(e.kind is k for e in shown)]
+    legend_rows = (len(kinds) + 5) // 6
+    width = max(left + col * len(shown) + 40, 1100)
+    height = top + lane_h * len(lanes) + 50 + 22 * legend_rows + 36
+    c = Canvas(int(width), int(height))
+    c.text(12, 24, title, size=16, bold=True)
+    if subtitle:
+        c.text(12, 44, subtitle, size=12, color="#333333")
+    x0 = lambda i: left + col * (i - lo)  # noqa: E731
+    y_lanes = top + lane_h * len(lanes)
+    for phase, a, b in phase_spans(events):
+        a, b = max(a, lo), min(b, hi - 1)
+        if a > b:
+            continue
+        y = top if phase != "recompute" else top + 4
+        c.rect(x0(a), y, col * (b - a + 1), y_lanes - y, fill=PHASES[phase])
+        if col * (b - a + 1) >= 7 * len(phase) + 6:
+            c.text(x0(a) + 3, top - 6, phase, size=11, color="#444444")
+    for j, name in enumerate(lanes):
+        y = top + lane_h * j + lane_h / 2
+        c.line(left - 6, y, x0(hi) + 6, y, color="#bdbdbd", width=1)
+        c.text(left - 10, y + 4, name, size=12, anchor="end", bold=name == ENGINE)
+    for i in range(lo, hi, 5):
+        c.text(x0(i) + col / 2, y_lanes + 16, str(i), size=10, anchor="middle", color="#555555")
+    c.text(left - 10, y_lanes + 16, "event #", size=10, anchor="end", color="#555555")
+    if violation is not None and lo <= violation < hi:
+        xv = x0(violation) + col / 2
+        c.line(xv, top - 20, xv, y_lanes + 4, color="#d50000", width=2)
+        c.text(xv + 4, top - 22, "violation", size=11, color="#d50000", bold=True)
+    for i, ev in enumerate(shown, start=lo):
+        label, color = MARKS.get(ev.kind, ("?", _GREY))
+        cx, cy = x0(i) + col / 2, top + lane_h * lanes.index(lane_of(ev)) + lane_h / 2
+        bad = i == violation
+        c.circle(cx, cy, 9.5, fill="#ffffff", stroke="#d50000" if bad else color, width=3 if bad else 1.5)
+        c.text(cx, cy + 3.5, label, size=9, anchor="middle", color="#d50000" if bad else color, bold=True)
+    if violation is None:
+        c.text(x0(hi) - 4, top - 22, "violated at the end of the run", size=11, color="#d50000",
+               anchor="end", bold=True)
+    ly = y_lanes + 44
+    for k, kind in enumerate(kinds):
+        label, color = MARKS[kind]
+        x, y = 20 + 150 * (k % 6), ly + 22 * (k // 6)
+        c.circle(x + 8, y - 4, 9, fill="#ffffff", stroke=color, width=1.5)
+        c.text(x + 8, y - 0.5, label, size=9, anchor="middle", color=color, bold=True)
+        c.text(x + 22, y, kind.value, size=11, color="#333333")
+    c.text(12, height - 12, "phases:", size=11, color="#555555")
+    for k, (phase, fill) in enumerate(PHASES.items()):
+        c.rect(70 + 110 * k, height - 24, 16, 14, fill=fill, stroke="#9e9e9e")
+        c.text(92 + 110 * k, height - 12, phase, size=11, color="#555555")
+    note = "lanes: modules (a parameter's events in its module's lane)"
+    if lo or hi < len(events):
+        note += f"; showing events {lo}..{hi - 1} of {len(events)}"
+    c.text(520, height - 12, note, size=11, color="#555555")
+    return c
+
+
+def graph_picture(graph: Any, path: Iterable[Any] = (), title: str = "", subtitle: str = "") -> Canvas:
+    """Breadth-first layers left to right; ``path`` (node keys in order) drawn in red."""
+    import networkx as nx
+
+    roots = [n for n in graph.nodes if graph.in_degree(n) == 0] or list(graph.nodes)[:1]
+    depth: dict[Any, int] = {}
+    for r in roots:
+        for n, d in nx.single_source_shortest_path_length(graph, r).items():
+            depth[n] = min(d, depth.get(n, d))
+    layers: dict[int, list[Any]] = {}
+    for n, d in sorted(depth.items(), key=lambda kv: kv[1]):
+        layers.setdefault(d, []).append(n)
+    tallest = max((len(v) for v in layers.values()), default=1)
+    dx, dy, left, top = 36, max(6, min(28, 900 // max(tallest, 1))), 40, 80
+    width = max(left * 2 + dx * max(len(layers), 1), 700)
+    height = top + dy * tallest + 60
+    pos = {n: (left + dx * d, top + dy * (i + (tallest - len(layers[d])) / 2))
+           for d, ns in layers.items() for i, n in enumerate(ns)}
+    c = Canvas(int(width), int(height))
+    c.text(12, 24, title, size=16, bold=True)
+    if subtitle:
+        c.text(12, 44, subtitle, size=12, color="#333333")
+    path = list(path)
+    on_path = set(zip(path, path[1:]))
+    for a, b in graph.edges:
+        if a in pos and b in pos and (a, b) not in on_path:
+            c.line(*pos[a], *pos[b], color="#9e9e9e", width=0.6, opacity=0.6)
+    for a, b in on_path:
+        if a in pos and b in pos:
+            c.line(*pos[a], *pos[b], color="#d50000", width=2.5)
+    r = max(2.0, min(5.0, dy / 3))
+    for n, (x, y) in pos.items():
+        c.circle(x, y, r, fill="#d50000" if n in path else "#1565c0")
+    if path and path[-1] in pos:
+        x, y = pos[path[-1]]
+        c.text(x + 8, y - 8, "violation", size=11, color="#d50000", bold=True)
+    c.text(12, height - 12, f"{graph.number_of_nodes()} states, {graph.number_of_edges()} transitions, "
+           f"{len(layers)} layers (breadth-first depth from the initial state); red: the counterexample",
+           size=11, color="#555555")
+    return c
+
+
+def write_picture(canvas: Canvas, base: str) -> dict[str, str]:
+    """Write ``base.svg`` and ``base.png``; return the file names written (PNG only when matplotlib is)."""
+    files = {}
+    replace_file(base + ".svg", canvas.to_svg())
+    files["svg"] = os.path.basename(base + ".svg")
+    try:
+        tmp = base + ".png.tmp"
+        canvas.to_png(tmp)
+        os.replace(tmp, base + ".png")
+        files["png"] = os.path.basename(base + ".png")
+    except ImportError:
+        pass
+    return files
+
+
+__all__ = ["MARKS", "PHASES", "graph_picture", "lane_of", "phase_spans", "trace_picture", "window",
+           "write_picture"]

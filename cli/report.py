@@ -1,0 +1,150 @@
+"""The report folder of one run: report.md, report.json, and per finding its scenario, repro script
+and pictures.
+
+Each finding is written the moment it arrives (`Report.add_finding`), and
+report.md / report.json are rewritten atomically after each one, so an
+interrupted run leaves a complete report of everything found so far.  The
+format is documented in docs/report-format.md.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import glob
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from zerostate import __version__
+from zerostate.model.events import Event
+from zerostate.model.scenario import Scenario
+
+from . import pictures
+from .atomic import replace_file
+from .report_md import render_markdown
+
+FORMAT = 1
+_STALE = ("report.md", "report.json", "repro_*.py", "finding_*.json", "trace_*.svg", "trace_*.png",
+          "graph_*.svg", "graph_*.png")
+AROUND = 8
+"""Events shown before and after the violating one in report.md."""
+
+
+@dataclass
+class FindingRecord:
+    """What the report needs of one finding, whatever produced it."""
+
+    check: str
+    error: str
+    scenario: Scenario
+    events: list[Event] | None = None
+    violation: int | None = None
+    design: str | None = None
+    graph: Any = None
+    graph_path: list[Any] = field(default_factory=list)
+    repro: Callable[[], str] | None = None
+    """Returns the standalone repro script (the deepspeed target's ``repro_script``)."""
+
+
+class Report:
+    def __init__(self, out_dir: str, command: str, run: dict[str, Any], columns: list[str],
+                 specs: dict[str, Any], replay_args: str = ""):
+        self.dir = out_dir
+        os.makedirs(out_dir, exist_ok=True)
+        for pattern in _STALE:
+            for path in glob.glob(os.path.join(out_dir, pattern)):
+                os.unlink(path)
+        self._t0 = time.monotonic()
+        self.data: dict[str, Any] = {
+            "format": FORMAT, "zerostate": __version__, "command": command, "status": "running",
+            "run": {**run, "started": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                    "seconds": 0.0},
+            "columns": columns,
+            "specs": {sid: {"sentence": s.sentence, "family": s.family,
+                            "results": {c: "not checked" for c in columns}, "findings": []}
+                      for sid, s in specs.items()},
+            "findings": [], "summary": {},
+        }
+        self.replay_args = replay_args
+        self.flush()
+
+    # ---------------------------------------------------------------- updates
+    def set_result(self, spec_id: str, column: str, result: str, sentence: str = "") -> None:
+        row = self.data["specs"].setdefault(spec_id, {"sentence": sentence, "family": "oracle",
+                                                      "results": {c: "not checked" for c in
+                                                                  self.data["columns"]},
+                                                      "findings": []})
+        row["results"][column] = result
+
+    def add_finding(self, rec: FindingRecord, column: str | None = None,
+                    replay_args: str | None = None) -> dict[str, Any]:
+        n = len(self.data["findings"]) + 1
+        entry: dict[str, Any] = {
+            "n": n, "check": rec.check, "error": rec.error, "design": rec.design,
+            "blocks": len(rec.scenario.blocks), "steps": len(rec.scenario.steps),
+            "scenario": rec.scenario.to_dict(), "description": rec.scenario.describe(),
+            "violation_event": rec.violation, "events_around": _around(rec.events, rec.violation),
+            "files": {}, "notes": [],
+        }
+        base = os.path.join(self.dir, f"finding_{n}")
+        replace_file(base + ".json", json.dumps({"check": rec.check, "error": rec.error,
+                                                 "scenario": rec.scenario.to_dict()}, indent=2) + "\n")
+        entry["files"]["scenario"] = f"finding_{n}.json"
+        entry["replay"] = f"zerostate replay {os.path.join(self.dir, f'finding_{n}.json')}" + (self.replay_args if replay_args is None else replay_args)
+        self._repro(rec, n, entry)
+        self._pictures(rec, n, entry)
+        self.data["findings"].append(entry)
+        self.set_result(rec.check, column or self.data["columns"][0], "violated")
+        self.data["specs"][rec.check]["findings"].append(n)
+        self.flush()
+        return entry
+
+    def _repro(self, rec: FindingRecord, n: int, entry: dict[str, Any]) -> None:
+        if rec.repro is None:
+            entry["notes"].append("no repro script: the deepspeed target's repro generator is not available")
+            return
+        try:
+            script = rec.repro()
+        except Exception as exc:  # a report must survive a generator bug; say so in it
+            entry["notes"].append(f"repro script not generated: {type(exc).__name__}: {exc}")
+            return
+        replace_file(os.path.join(self.dir, f"repro_{n}.py"), script)
+        entry["files"]["repro"] = f"repro_{n}.py"
+
+    def _pictures(self, rec: FindingRecord, n: int, entry: dict[str, Any]) -> None:
+        who = f" ({rec.design})" if rec.design else ""
+        if rec.events:
+            canvas = pictures.trace_picture(rec.events, rec.violation, f"{rec.check} violated{who}", rec.error)
+            for k, name in pictures.write_picture(canvas, os.path.join(self.dir, f"trace_{n}")).items():
+                entry["files"][f"trace_{k}"] = name
+        if rec.graph is not None:
+            canvas = pictures.graph_picture(rec.graph, rec.graph_path, f"state graph: {rec.check}{who}",
+                                            rec.error)
+            for k, name in pictures.write_picture(canvas, os.path.join(self.dir, f"graph_{n}")).items():
+                entry["files"][f"graph_{k}"] = name
+        if (rec.events or rec.graph is not None) and not any(k.endswith("png") for k in entry["files"]):
+            entry["notes"].append("PNG pictures need matplotlib (pip install matplotlib); SVG written")
+
+    def finish(self, status: str = "complete", summary: dict[str, Any] | None = None) -> None:
+        self.data["status"] = status
+        if summary is not None:
+            self.data["summary"] = summary
+        self.flush()
+
+    def flush(self) -> None:
+        self.data["run"]["seconds"] = round(time.monotonic() - self._t0, 2)
+        replace_file(os.path.join(self.dir, "report.json"), json.dumps(self.data, indent=2) + "\n")
+        replace_file(os.path.join(self.dir, "report.md"), render_markdown(self.data))
+
+
+def _around(events: list[Event] | None, violation: int | None) -> list[dict[str, Any]]:
+    if not events:
+        return []
+    at = violation if violation is not None else len(events) - 1
+    lo, hi = max(0, at - AROUND), min(len(events), at + AROUND + 1)
+    return [{"index": i, "event": str(events[i]), "violation": i == violation} for i in range(lo, hi)]
+
+
+__all__ = ["FORMAT", "FindingRecord", "Report"]

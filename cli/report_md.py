@@ -1,0 +1,65 @@
+"""report.md: the human half of a report, rendered from the same dict as report.json."""
+
+from __future__ import annotations
+
+from typing import Any
+
+_RUN_KEYS = (("target", "target"), ("deepspeed", "DeepSpeed release"), ("design", "design"),
+             ("examples", "budget (examples)"), ("examples_run", "examples run"), ("bound", "bound"),
+             ("seed", "seed"), ("started", "started (UTC)"), ("seconds", "seconds"),
+             ("command_line", "command line"))
+
+
+def render_markdown(d: dict[str, Any]) -> str:
+    run = d["run"]
+    out = [f"# zerostate {d['command']} report", ""]
+    if d["status"] != "complete":
+        out += [f"**Status: {d['status']}** — this report holds every finding found so far.", ""]
+    out += ["| | |", "|---|---|"]
+    out += [f"| {label} | {_cell(run[key])} |" for key, label in _RUN_KEYS if run.get(key) is not None]
+    out += ["", "## Specs", "", "| spec | " + " | ".join(d["columns"]) + " | findings |",
+            "|---" * (len(d["columns"]) + 2) + "|"]
+    for sid, row in d["specs"].items():
+        cells = [_result(row["results"].get(c, "not checked")) for c in d["columns"]]
+        found = ", ".join(f"[#{n}](#finding-{n})" for n in row["findings"]) or "—"
+        out.append(f"| `{sid}` | " + " | ".join(cells) + f" | {found} |")
+    out += [""] + [f"- `{sid}`: {row['sentence']}" for sid, row in d["specs"].items() if row["sentence"]]
+    out += ["", f"## Findings ({len(d['findings'])})", ""]
+    if not d["findings"]:
+        out += ["None.", ""]
+    for f in d["findings"]:
+        out += _finding(f)
+    return "\n".join(out) + "\n"
+
+
+def _finding(f: dict[str, Any]) -> list[str]:
+    n, files = f["n"], f["files"]
+    who = f" on `{f['design']}`" if f.get("design") else ""
+    out = [f'<a id="finding-{n}"></a>', f"### Finding {n}: `{f['check']}`{who}", "",
+           "```text", f["error"], "```", "", "Scenario (shrunk):", "", "```text", f["description"], "```", ""]
+    if f["events_around"]:
+        out += ["Events around the violation (`>>` marks the violating event):", "", "```text"]
+        out += [f"{'>>' if e['violation'] else '  '} {e['index']:4d}  {e['event']}" for e in f["events_around"]]
+        out += ["```", ""]
+    for key, label in (("trace_svg", "event sequence"), ("graph_svg", "state graph")):
+        if key in files:
+            png = files.get(key.replace("svg", "png"))
+            out.append(f"![{label}]({files[key]})" + (f" ([PNG]({png}))" if png else ""))
+    out += ["", "Replay:", "", "```sh", f["replay"], "```", ""]
+    if "repro" in files:
+        out += [f"Standalone repro ([{files['repro']}]({files['repro']})), exits non-zero while the bug is present:",
+                "", "```sh", f"python {files['repro']}                      # CPU",
+                f"deepspeed --num_gpus 1 {files['repro']}      # GPU", "```", ""]
+    out += [f"Note: {note}" for note in f["notes"]]
+    return out + [""]
+
+
+def _result(r: str) -> str:
+    return {"violated": "**violated**"}.get(r, r)
+
+
+def _cell(v: Any) -> str:
+    return f"`{v}`" if isinstance(v, str) and " " in v and v.startswith("zerostate") else str(v)
+
+
+__all__ = ["render_markdown"]
