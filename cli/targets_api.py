@@ -17,7 +17,6 @@ from .common import CliError, need
 
 def target(args: Any) -> Any:
     """The target named by ``--target`` / ``--design`` / ``--deepspeed`` / ``--deepspeed-path``."""
-    base = need("zerostate.targets.base", f"--target {args.target}")
     kw: dict[str, Any] = {}
     if args.target == "model":
         if getattr(args, "deepspeed", None) or getattr(args, "deepspeed_path", None):
@@ -36,6 +35,7 @@ def target(args: Any) -> Any:
         kw.update(version=args.deepspeed, path=args.deepspeed_path)
         if getattr(args, "world_size", 1) != 1:
             kw["world_size"] = args.world_size
+    base = need("zerostate.targets.base", f"--target {args.target}")
     try:
         return base.get_target(args.target, **{k: v for k, v in kw.items() if v is not None})
     except CliError:

@@ -1,0 +1,74 @@
+"""``zerostate check`` run as a subprocess: table, --json keys, report folder, pictures, exit status."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from test_cli_util import FINDING_KEYS, REPORT_KEYS, assert_png, assert_svg, load_report, zs
+
+pytest.importorskip("zerostate.model.checker")
+
+SMALL = ("--max-blocks", "2", "--max-micro-steps", "1", "--jobs", "1")
+
+
+@pytest.fixture(scope="module")
+def buggy(tmp_path_factory):
+    out = tmp_path_factory.mktemp("check")
+    r = zs("check", "--design", "ds-0.18.4", "--design", "ds-0.18.7", *SMALL, "--json", "--out", str(out))
+    return r, out
+
+
+def test_json_has_the_documented_keys_and_exit_status_follows_expected_correct(buggy):
+    r, _ = buggy
+    assert r.returncode == 0, r.stderr  # ds-0.18.7 (expected correct) holds; ds-0.18.4 is known buggy
+    data = json.loads(r.stdout)
+    assert set(data["designs"]) == {"ds-0.18.4", "ds-0.18.7"}
+    for d in data["designs"].values():
+        assert {"specs", "states", "seconds"} <= set(d)
+        assert d["states"] > 0
+        for s in d["specs"].values():
+            assert isinstance(s["holds"], bool)
+            assert (s["counterexample"] is None) == s["holds"]
+    assert not data["designs"]["ds-0.18.4"]["specs"]["epilogue-once"]["holds"]
+    assert data["designs"]["ds-0.18.4"]["specs"]["epilogue-once"]["counterexample"]["blocks"]
+
+
+def test_report_folder_holds_a_finding_per_counterexample_with_pictures(buggy):
+    _, out = buggy
+    rep = load_report(out)
+    assert REPORT_KEYS <= set(rep) and rep["status"] == "complete" and rep["command"] == "check"
+    assert rep["columns"] == ["ds-0.18.4", "ds-0.18.7"]
+    assert rep["specs"]["epilogue-once"]["results"] == {"ds-0.18.4": "violated", "ds-0.18.7": "holds"}
+    assert rep["findings"], "ds-0.18.4 has counterexamples at this bound"
+    for f in rep["findings"]:
+        assert FINDING_KEYS <= set(f)
+        assert f["design"] == "ds-0.18.4"
+        assert (out / f["files"]["scenario"]).exists()
+        assert "--target model --design ds-0.18.4" in f["replay"]
+        assert_svg(out / f["files"]["trace_svg"])
+        assert_png(out / f["files"]["trace_png"])
+        assert_svg(out / f["files"]["graph_svg"])
+        assert_png(out / f["files"]["graph_png"])
+        assert any(e["violation"] for e in f["events_around"]) or f["violation_event"] is None
+    md = (out / "report.md").read_text()
+    assert "| `epilogue-once` | **violated** | holds |" in md
+    assert "### Finding 1: `epilogue-once` on `ds-0.18.4`" in md and "zerostate replay" in md
+
+
+def test_table_names_every_design_and_spec(tmp_path):
+    r = zs("check", "--design", "ds-0.18.5", *SMALL, "--out", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0].split()[:2] == ["design", "expected"] and "count-once-per-phase" in lines[0]
+    row = next(line for line in lines if line.startswith("ds-0.18.5"))
+    assert "VIOLATED" in row and "buggy" in row  # ds-0.18.5 counts in every hook (seed 000 part 2)
+    assert "states" in lines[0] and "seconds" in lines[0]
+
+
+def test_unknown_design_lists_the_known_ones(tmp_path):
+    r = zs("check", "--design", "ds-9.9.9", "--out", str(tmp_path))
+    assert r.returncode == 2
+    assert r.stderr.count("\n") == 1 and "unknown design 'ds-9.9.9'" in r.stderr
+    assert "ds-0.18.7" in r.stderr and "zerostate" in r.stderr
+    assert not (tmp_path / "report.json").exists()

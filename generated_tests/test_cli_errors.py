@@ -1,0 +1,71 @@
+"""Bad input: exit status 2, one line on stderr naming the problem, and no half-written report."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from test_cli_util import zs
+
+
+def _one_line_error(r, *needles):
+    assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
+    assert r.stderr.startswith("zerostate: ") and r.stderr.count("\n") == 1, r.stderr
+    for n in needles:
+        assert n in r.stderr, (n, r.stderr)
+
+
+@pytest.mark.parametrize("content, needles", [
+    ("{not json", ["not valid JSON"]),
+    (json.dumps({"blocks": [{"checkpoint": "sometimes"}]}), ["blocks[0].checkpoint", "'reentrant'"]),
+    (json.dumps({"blocks": [{}], "stage": 4}), ["stage", "1, 2 or 3"]),
+    (json.dumps({"blocks": [], "steps": [{}]}), ["blocks"]),
+    (json.dumps({"check": "epilogue-once", "scenario": {"steps": [{"micro": [{"backward": "sideways"}]}]}}),
+     ["steps[0].micro[0].backward"]),
+    (json.dumps({"blocks": [{"colour": "red"}]}), ["blocks[0]", "colour"]),
+])
+def test_malformed_scenario_names_file_and_field(tmp_path, content, needles):
+    path = tmp_path / "bad.json"
+    path.write_text(content)
+    for cmd in (["replay", str(path)], ["bisect", str(path), "--from", "0.18.4", "--to", "0.18.6"]):
+        _one_line_error(zs(*cmd), str(path), *needles)
+
+
+def test_missing_scenario_file(tmp_path):
+    _one_line_error(zs("replay", str(tmp_path / "nope.json")), "nope.json", "no such scenario file")
+
+
+def test_world_size_two_is_not_supported_yet(tmp_path):
+    _one_line_error(zs("explore", "--world-size", "2", "--out", str(tmp_path)), "--world-size 2")
+    assert not (tmp_path / "report.json").exists()
+
+
+def test_deepspeed_path_that_is_not_a_folder(tmp_path):
+    _one_line_error(zs("explore", "--deepspeed-path", str(tmp_path / "DeepSpeed"), "--out", str(tmp_path)),
+                    "--deepspeed-path", "DeepSpeed checkout")
+
+
+def test_options_that_do_not_fit_together(tmp_path):
+    _one_line_error(zs("explore", "--deepspeed", "0.18.4", "--deepspeed-path", str(tmp_path)), "not both")
+    _one_line_error(zs("explore", "--examples", "0"), "--examples 0")
+
+
+def test_unknown_option_and_command_are_one_line():
+    _one_line_error(zs("explore", "--frobnicate"), "--frobnicate")
+    _one_line_error(zs("frobnicate"), "frobnicate")
+
+
+def test_bisect_range_must_be_releases_in_order(tmp_path):
+    path = tmp_path / "s.json"
+    path.write_text("{}")
+    _one_line_error(zs("bisect", str(path), "--from", "0.19.8", "--to", "0.18.4"), "older release")
+    _one_line_error(zs("bisect", str(path), "--from", "banana", "--to", "0.18.4"), "not a DeepSpeed release")
+
+
+def test_bisect_unknown_release_says_what_exists(tmp_path):
+    path = tmp_path / "s.json"
+    path.write_text("{}")
+    r = zs("bisect", str(path), "--from", "0.18.4", "--to", "0.18.99")
+    if "cannot list DeepSpeed releases" in r.stderr:
+        pytest.skip("package index not reachable")
+    _one_line_error(r, "--to 0.18.99", "unknown DeepSpeed release", "0.18.9")

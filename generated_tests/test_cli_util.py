@@ -1,0 +1,66 @@
+"""Helpers for the CLI tests: run the real ``zerostate`` command, validate SVG and PNG files.
+
+(No tests here; the name keeps it beside the tests it serves.)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+import zlib
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent / "zerostate"
+
+
+def zs(*args: str, timeout: float = 300, env: dict | None = None, cwd: str | None = None,
+       ) -> subprocess.CompletedProcess:
+    """Run the installed console script (``python -m zerostate.cli.main`` if there is none)."""
+    cmd = [str(BIN)] if BIN.exists() else [sys.executable, "-m", "zerostate.cli.main"]
+    full_env = {**os.environ, "CI": "true", **(env or {})}
+    return subprocess.run(cmd + list(args), capture_output=True, text=True, timeout=timeout, env=full_env,
+                          cwd=cwd)
+
+
+def load_report(folder: Path) -> dict:
+    return json.loads((folder / "report.json").read_text())
+
+
+REPORT_KEYS = {"format", "zerostate", "command", "status", "run", "columns", "specs", "findings", "summary"}
+FINDING_KEYS = {"n", "check", "error", "design", "blocks", "steps", "scenario", "description",
+                "violation_event", "events_around", "files", "replay", "notes"}
+
+
+def assert_svg(path: Path) -> None:
+    root = ET.parse(path).getroot()
+    assert root.tag == "{http://www.w3.org/2000/svg}svg", root.tag
+    assert float(root.get("width")) > 100 and float(root.get("height")) > 100
+    assert len(list(root)) > 10, "an SVG with almost nothing drawn"
+
+
+def assert_png(path: Path) -> tuple[int, int]:
+    """Walk the chunks (CRCs checked), inflate the image data; return (width, height)."""
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG signature"
+    pos, idat, size = 8, b"", None
+    while pos < len(data):
+        (length,) = struct.unpack(">I", data[pos:pos + 4])
+        kind, body = data[pos + 4:pos + 8], data[pos + 8:pos + 8 + length]
+        (crc,) = struct.unpack(">I", data[pos + 8 + length:pos + 12 + length])
+        assert zlib.crc32(kind + body) & 0xFFFFFFFF == crc, f"bad CRC in {kind!r}"
+        if kind == b"IHDR":
+            size = struct.unpack(">II", body[:8])
+        elif kind == b"IDAT":
+            idat += body
+        pos += 12 + length
+        if kind == b"IEND":
+            break
+    assert size and size[0] > 100 and size[1] > 100, size
+    raw = zlib.decompress(idat)
+    assert len(raw) >= size[1] * (size[0] + 1), "truncated image data"
+    return size
