@@ -33,7 +33,10 @@ def run(args: argparse.Namespace) -> int:
         if v not in tried:
             t = api.target(SimpleNamespace(target="deepspeed", design=None, deepspeed=v, deepspeed_path=None,
                                            world_size=1))
-            passed, check, error = api.outcome(api.run_scenario(t, scenario))
+            try:
+                passed, check, error = api.outcome(api.run_scenario(t, scenario))
+            finally:
+                api.close(t)
             tried[v] = {"release": v, "passed": passed, "check": check, "error": error}
             if not args.json:
                 print(f"  {v:<8} {'pass' if passed else 'FAIL ' + str(check) + ': ' + _first(error)}", flush=True)

@@ -43,7 +43,7 @@ def add_parser(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from zerostate.specs import SPECS
 
-    from .report import FindingRecord, Report
+    from .report import Report
 
     check_world_size(args.world_size)
     if args.examples < 1:
@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
         design(args.design)
     target = api.target(args)
     who = api.describe_target(target)
-    column = f"model:{who['design']}" if args.target == "model" else f"deepspeed {who['deepspeed'] or ''}".strip()
+    column = column_of(args, who)
     report = Report(args.out, "explore", {**who, "examples": args.examples, "seed": args.seed,
                                           "command_line": "zerostate " + " ".join(sys.argv[1:])},
                     columns=[column], specs=SPECS, replay_args=_replay_args(args))
@@ -62,10 +62,8 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
 
     def on_finding(f: Any) -> None:
-        sc = api.f_scenario(f)
-        rec = FindingRecord(check=api.f_check(f), error=api.f_error(f), scenario=sc, events=api.f_events(f),
-                            violation=api.f_violation(f), design=who["design"],
-                            repro=repro_for(sc, api.f_check(f), api.f_error(f), f))
+        rec = record_of(f, who)
+        sc = rec.scenario
         report.add_finding(rec, column=column)
         findings.append({"check": rec.check, "error": rec.error, "blocks": len(sc.blocks),
                          "steps": len(sc.steps), "scenario": sc.to_dict()})
@@ -83,6 +81,7 @@ def run(args: argparse.Namespace) -> int:
         status = "interrupted"
     finally:
         progress.close()
+        api.close(target)
     for sid in SPECS:
         if report.data["specs"][sid]["results"][column] == "not checked" and status == "complete":
             report.set_result(sid, column, "ok")
@@ -102,6 +101,19 @@ def run(args: argparse.Namespace) -> int:
     return EXIT_FINDINGS if findings else EXIT_OK
 
 
+def record_of(f: Any, who: dict[str, Any]) -> Any:
+    """A target's finding as the report's `FindingRecord` (with its repro script generator)."""
+    from .report import FindingRecord
+    sc = api.f_scenario(f)
+    return FindingRecord(check=api.f_check(f), error=api.f_error(f), scenario=sc, events=api.f_events(f),
+                         violation=api.f_violation(f), design=who["design"],
+                         repro=repro_for(sc, api.f_check(f), api.f_error(f), f))
+
+
+def column_of(args: argparse.Namespace, who: dict[str, Any]) -> str:
+    return f"model:{who['design']}" if args.target == "model" else f"deepspeed {who['deepspeed'] or ''}".strip()
+
+
 def _replay_args(args: argparse.Namespace) -> str:
     if args.target == "model":
         return f" --target model --design {args.design or 'zerostate'}"
@@ -112,4 +124,4 @@ def _replay_args(args: argparse.Namespace) -> str:
     return ""
 
 
-__all__ = ["DEFAULT_EXAMPLES", "add_parser", "add_target_options", "run"]
+__all__ = ["DEFAULT_EXAMPLES", "add_parser", "add_target_options", "column_of", "record_of", "run"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Any
 
 from . import targets_api as api
@@ -17,6 +18,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("scenario", metavar="SCENARIO.json")
     add_target_options(p)
     p.add_argument("--json", action="store_true", help="print the outcome as JSON")
+    p.add_argument("--out", metavar="DIR", help="also write a report folder (with a repro script when it fails)")
     p.set_defaults(run=run)
 
 
@@ -27,7 +29,13 @@ def run(args: argparse.Namespace) -> int:
         design(args.design)
     target = api.target(args)
     who = api.describe_target(target)
-    passed, check, error = api.outcome(api.run_scenario(target, scenario))
+    try:
+        outcome = api.run_scenario(target, scenario)
+    finally:
+        api.close(target)
+    passed, check, error = api.outcome(outcome)
+    if args.out:
+        _report(args, who, outcome)
     where = f"model design {who['design']}" if args.target == "model" else f"DeepSpeed {who['deepspeed']}"
     if args.json:
         print(json.dumps({**who, "scenario": scenario.to_dict(), "passed": passed, "check": check,
@@ -37,6 +45,23 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(f"FAIL on {where}: {check}: {error}\n{scenario.describe()}")
     return EXIT_OK if passed else EXIT_FINDINGS
+
+
+def _report(args: argparse.Namespace, who: dict[str, Any], outcome: Any) -> None:
+    from zerostate.specs import SPECS
+
+    from .cmd_explore import _replay_args, column_of, record_of
+    from .report import Report
+
+    column = column_of(args, who)
+    report = Report(args.out, "replay", {**who, "command_line": "zerostate " + " ".join(sys.argv[1:])},
+                    columns=[column], specs=SPECS, replay_args=_replay_args(args))
+    for f in api.findings(outcome):
+        report.add_finding(record_of(f, who), column=column)
+    for sid in SPECS:
+        if report.data["specs"][sid]["results"][column] == "not checked":
+            report.set_result(sid, column, "ok")
+    report.finish("complete")
 
 
 __all__ = ["add_parser", "run"]

@@ -17,32 +17,34 @@ from .common import CliError, need
 
 def target(args: Any) -> Any:
     """The target named by ``--target`` / ``--design`` / ``--deepspeed`` / ``--deepspeed-path``."""
-    kw: dict[str, Any] = {}
+    kw: dict[str, Any] = {"design": getattr(args, "design", None)}
     if args.target == "model":
         if getattr(args, "deepspeed", None) or getattr(args, "deepspeed_path", None):
             raise CliError("--deepspeed and --deepspeed-path select a DeepSpeed release; "
                            "they do not apply to --target model")
         kw["design"] = args.design or "zerostate"
     else:
-        if getattr(args, "design", None):
-            raise CliError("--design applies to --target model; for --target deepspeed choose a release "
-                           "with --deepspeed VERSION or --deepspeed-path DIR")
         if args.deepspeed and args.deepspeed_path:
             raise CliError("give --deepspeed VERSION or --deepspeed-path DIR, not both")
         if args.deepspeed_path and not os.path.isdir(args.deepspeed_path):
             raise CliError(f"--deepspeed-path {args.deepspeed_path}: no such directory "
                            f"(expected a DeepSpeed checkout, the folder holding deepspeed/)")
-        kw.update(version=args.deepspeed, path=args.deepspeed_path)
-        if getattr(args, "world_size", 1) != 1:
-            kw["world_size"] = args.world_size
+        kw.update(deepspeed=args.deepspeed, deepspeed_path=args.deepspeed_path,
+                  world_size=getattr(args, "world_size", 1))
     base = need("zerostate.targets.base", f"--target {args.target}")
     try:
         return base.get_target(args.target, **{k: v for k, v in kw.items() if v is not None})
     except CliError:
         raise
-    except (KeyError, ValueError, ImportError, RuntimeError) as exc:
+    except (KeyError, ValueError, ImportError, RuntimeError, OSError) as exc:
         msg = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
-        raise CliError(str(msg)) from None
+        raise CliError(" ".join(str(msg).split())) from None
+
+
+def close(t: Any) -> None:
+    closer = getattr(t, "close", None)
+    if closer:
+        closer()
 
 
 def describe_target(t: Any) -> dict[str, Any]:
@@ -91,6 +93,16 @@ def f_violation(f: Any) -> int | None:
     return v if isinstance(v, int) else None
 
 
+def findings(o: Any) -> list[Any]:
+    """An outcome's findings; a run that raised with no finding becomes an ``exception`` finding."""
+    found = list(_get(o, "findings", default=[]) or [])
+    error = _get(o, "error")
+    if not found and error:
+        found.append({"check": "exception", "error": str(error), "scenario": _get(o, "scenario"),
+                      "events": _get(o, "trace")})
+    return found
+
+
 def outcome(o: Any) -> tuple[bool, str | None, str]:
     """``(passed, failing check or None, reason)`` of one run's outcome."""
     bad = _get(o, "findings", "violations", default=None) or []
@@ -110,5 +122,5 @@ def _get(obj: Any, *names: str, default: Any = None) -> Any:
     return default
 
 
-__all__ = ["describe_target", "explore", "f_check", "f_error", "f_events", "f_scenario", "f_violation",
+__all__ = ["close", "describe_target", "explore", "f_check", "f_error", "f_events", "f_scenario", "f_violation", "findings",
            "outcome", "run_scenario", "target"]
