@@ -1,0 +1,25 @@
+"""zerostate.runtime: the verified `zerostate` design, shipped into real DeepSpeed.
+
+* `ZerostateBackwardHookState` -- a drop-in for DeepSpeed's ``BackwardHookStateManager``
+  implementing the model's ``zerostate`` hook design: the epilogue runs only from the
+  post-backward callback queued on the autograd engine or from ``engine.backward``;
+  gradient hooks only bucket, and ``count_used_parameters_in_backward`` is never evaluated.
+* the ZeRO-3 recompute release policy (`release_policy`): a frozen parameter fetched during an
+  activation-checkpoint recompute stays gathered exactly until its module's backward (the last
+  use of the saved tensor), or is released at once when nothing of it was saved.
+* `install(engine)` / `uninstall(engine)`; `patch_deepspeed()` installs into every engine that
+  ``deepspeed.initialize`` builds (HF Trainer / accelerate), `unpatch_deepspeed()` undoes it.
+
+Importing this package imports neither torch nor deepspeed; `install` does.
+"""
+
+from .hook_state import (OBSERVABLE_FIELDS, MissingTorchInternalsError, TorchAutograd,
+                         ZerostateBackwardHookState, observable)
+from .install import (COMPAT, Installation, UnsupportedDeepSpeedError, ZerostateInstallError, install,
+                      installation, is_installed, patch_deepspeed, supported_range, uninstall,
+                      unpatch_deepspeed)
+
+__all__ = ["COMPAT", "Installation", "MissingTorchInternalsError", "OBSERVABLE_FIELDS", "TorchAutograd",
+           "UnsupportedDeepSpeedError", "ZerostateBackwardHookState", "ZerostateInstallError", "install",
+           "installation", "is_installed", "observable", "patch_deepspeed", "supported_range", "uninstall",
+           "unpatch_deepspeed"]

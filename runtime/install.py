@@ -1,0 +1,392 @@
+"""Install the zerostate runtime into a live DeepSpeed engine, and take it out again.
+
+``install(engine)`` changes only that engine's objects:
+
+1. the hook state: ``engine.optimizer._backward_hook_state`` becomes a
+   `ZerostateBackwardHookState` carrying the old manager's post hooks and counters;
+2. on releases whose gradient hooks call ``count_used_parameters_in_backward`` in
+   every hook (0.18.5, 0.18.6), each hook function is replaced *in its hook
+   dictionary* (``param._post_accumulate_grad_hooks`` / ``module._backward_hooks``,
+   same key, same order) by the 0.18.7-shaped closure that asks the hook state
+   whether to count -- and the zerostate hook state never asks;
+3. under ZeRO-3 (0.19.0 on), the recompute release policy (`release_policy`).
+
+Every original is recorded; ``uninstall(engine)`` puts back the identical objects
+(the original manager, the original hook functions under their original keys, the
+instance attributes as they were).  Installing twice is a no-op.  An unsupported
+DeepSpeed release, a missing PyTorch internal, or an engine in the middle of a
+backward is refused with a clear error *before anything is changed*.
+
+All version knowledge lives in `COMPAT` below.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import threading
+import weakref
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+from .hook_state import MissingTorchInternalsError, TorchAutograd, ZerostateBackwardHookState
+from .release_policy import (ReleasePolicyState, check_release_policy_supported, install_release_policy,
+                             uninstall_release_policy)
+
+__all__ = ["COMPAT", "Installation", "UnsupportedDeepSpeedError", "ZerostateInstallError", "install",
+           "installation", "is_installed", "patch_deepspeed", "supported_range", "uninstall",
+           "unpatch_deepspeed"]
+
+
+# ----------------------------------------------------------------- the table
+@dataclass(frozen=True)
+class CompatRow:
+    first: tuple[int, int, int]
+    last: tuple[int, int, int]
+    hook_closures: str
+    """``count-every-hook``: closures call count_used_parameters_in_backward unconditionally and are
+    replaced; ``refresh-gated``: closures ask ``should_refresh_expected_hook_count`` first (kept)."""
+    release_policy: str | None
+    """``plain`` (no recompute attribution), ``owner-attribution`` (PR #8148), or None (not supported)."""
+    note: str
+
+
+COMPAT: tuple[CompatRow, ...] = (
+    CompatRow((0, 18, 5), (0, 18, 6), "count-every-hook", None,
+              "BackwardHookStateManager + queued callback (PR #7780); count in every hook (#7882/#7885)"),
+    CompatRow((0, 18, 7), (0, 18, 9), "refresh-gated", None,
+              "PR #7886: hooks gate the count on should_refresh_expected_hook_count"),
+    CompatRow((0, 19, 0), (0, 19, 2), "refresh-gated", "plain",
+              "coordinator partitions recompute-fetched frozen params (seed 002's CheckpointError)"),
+    CompatRow((0, 19, 3), (0, 19, 8), "refresh-gated", "owner-attribution",
+              "PR #8148: recompute-fetched frozen params attributed to the active backward module"),
+)
+"""The single version-compatibility table.  Releases outside every row are refused."""
+
+
+def supported_range() -> str:
+    return f"{_fmt(COMPAT[0].first)} to {_fmt(COMPAT[-1].last)}"
+
+
+def _fmt(v: tuple[int, ...]) -> str:
+    return ".".join(map(str, v))
+
+
+def parse_version(version: str) -> tuple[int, int, int]:
+    core = version.split("+")[0]
+    for tag in ("rc", "a", "b", ".dev", "dev"):
+        core = core.split(tag)[0]
+    parts = [int(x) for x in core.strip(".").split(".")[:3]]
+    return tuple(parts + [0] * (3 - len(parts)))  # type: ignore[return-value]
+
+
+def compat_row(version: str) -> CompatRow:
+    v = parse_version(version)
+    for row in COMPAT:
+        if row.first <= v <= row.last:
+            return row
+    raise UnsupportedDeepSpeedError(
+        f"zerostate.runtime supports DeepSpeed {supported_range()} (hook state) and "
+        f"{_fmt(next(r.first for r in COMPAT if r.release_policy))} to {_fmt(COMPAT[-1].last)} "
+        f"(ZeRO-3 recompute release policy); the installed DeepSpeed is {version}. Nothing was changed.")
+
+
+class ZerostateInstallError(RuntimeError):
+    """install() refused; nothing was changed."""
+
+
+class UnsupportedDeepSpeedError(ZerostateInstallError):
+    """The DeepSpeed release is outside `COMPAT`."""
+
+
+# ------------------------------------------------------------ the closures
+_HOOK_NAMES = {"grad_handling_hook": "stage12", "reduce_partition_and_remove_grads": "stage3",
+               "reduce_leaf_module_grads": "stage3_leaf"}
+
+
+def _cells(fn: Callable) -> dict[str, Any]:
+    return {name: cell.cell_contents for name, cell in zip(fn.__code__.co_freevars, fn.__closure__ or ())}
+
+
+def _unwrap(fn: Callable) -> Callable:
+    """Strip DeepSpeed's ``instrument_w_nvtx`` wrapper (``wrapped_fn`` closing over ``func``)."""
+    seen = 0
+    while getattr(fn, "__code__", None) is not None and fn.__code__.co_name == "wrapped_fn" and seen < 4:
+        inner = _cells(fn).get("func")
+        if inner is None:
+            break
+        fn, seen = inner, seen + 1
+    return fn
+
+
+def _build_hook(kind: str, cells: dict[str, Any], count: Callable) -> Callable:
+    """The 0.18.7 hook closure (PR #7886 shape) over the original closure's captured values."""
+    opt = cells["self"]
+    if kind == "stage12":
+        param, i, used = cells["param"], cells["i"], cells["all_params_requiring_grad"]
+
+        def grad_handling_hook(*notneeded):
+            st = opt._backward_hook_state
+            refresh = st.should_refresh_expected_hook_count()
+            st.reenter_backward_if_needed()
+            opt.process_gradients(param, i)
+            current = count(used) if refresh else st.max_expected_hooks_seen
+            st.update_hook_state_and_maybe_run_epilogue(current)
+
+        return grad_handling_hook
+    non_leaf, leaf_count = cells["non_leaf_params_requiring_grad"], cells["leaf_module_count"]
+    if kind == "stage3":
+        param = cells["param"]
+
+        def reduce_partition_and_remove_grads(*notneeded):
+            st = opt._backward_hook_state
+            refresh = st.should_refresh_expected_hook_count()
+            st.reenter_backward_if_needed()
+            opt.reduce_ready_partitions_and_remove_grads(param)
+            current = count(non_leaf) + leaf_count if refresh else st.max_expected_hooks_seen
+            st.update_hook_state_and_maybe_run_epilogue(current)
+
+        return reduce_partition_and_remove_grads
+    params = cells["params"]
+
+    def reduce_leaf_module_grads(module, grad_input, grad_output):
+        import torch
+
+        st = opt._backward_hook_state
+        refresh = st.should_refresh_expected_hook_count()
+        st.reenter_backward_if_needed()
+        for param in params:
+            if param.grad is None:
+                param.grad = torch.zeros_like(param)
+            opt.reduce_ready_partitions_and_remove_grads(param)
+        current = count(non_leaf) + leaf_count if refresh else st.max_expected_hooks_seen
+        st.update_hook_state_and_maybe_run_epilogue(current)
+
+    return reduce_leaf_module_grads
+
+
+@dataclass
+class _Swap:
+    hooks: Any
+    """The hook dictionary (``param._post_accumulate_grad_hooks`` or ``module._backward_hooks``)."""
+    key: int
+    original: Callable
+    replacement: Callable
+
+
+def _plan_closure_swaps(opt: Any, row: CompatRow) -> list[_Swap]:
+    """Find every gradient / leaf hook of ``opt``; for count-every-hook releases, plan its replacement.
+
+    Raises `ZerostateInstallError` when the hooks do not have the shape the table promises.
+    """
+    handles = list(getattr(opt, "_grad_acc_hooks", ()) or ()) + list(getattr(opt, "_leaf_module_hooks", ()) or ())
+    swaps: list[_Swap] = []
+    for h in handles:
+        ref = getattr(h, "hooks_dict_ref", None)
+        hooks = ref() if ref is not None else None
+        if hooks is None or h.id not in hooks:
+            raise ZerostateInstallError(f"cannot locate the gradient hook behind handle {h!r}")
+        fn = hooks[h.id]
+        inner = _unwrap(fn)
+        kind = _HOOK_NAMES.get(getattr(getattr(inner, "__code__", None), "co_name", ""))
+        if kind is None:
+            raise ZerostateInstallError(f"unexpected ZeRO gradient hook {inner!r}; is this a modified DeepSpeed?")
+        gated = "should_refresh_expected_hook_count" in inner.__code__.co_names
+        if row.hook_closures == "refresh-gated":
+            if not gated:
+                raise ZerostateInstallError(
+                    f"DeepSpeed's {inner.__code__.co_name} does not consult should_refresh_expected_hook_count, "
+                    f"but the compatibility table says it does for {_fmt(row.first)}-{_fmt(row.last)}")
+            continue
+        count = inner.__globals__.get("count_used_parameters_in_backward")
+        if count is None:
+            raise ZerostateInstallError(f"{inner.__code__.co_name}: count_used_parameters_in_backward not found")
+        swaps.append(_Swap(hooks, h.id, fn, _build_hook(kind, _cells(inner), count)))
+    return swaps
+
+
+# --------------------------------------------------------- the installation
+@dataclass
+class Installation:
+    """What install() changed on one engine (everything uninstall() needs to put back)."""
+
+    version: str
+    row: CompatRow
+    optimizer: Any
+    original_manager: Any
+    manager: ZerostateBackwardHookState
+    swaps: list[_Swap] = field(default_factory=list)
+    release: ReleasePolicyState | None = None
+
+    @property
+    def release_policy(self) -> bool:
+        return self.release is not None
+
+
+_INSTALLED: "weakref.WeakKeyDictionary[Any, Installation]" = weakref.WeakKeyDictionary()
+_LOCK = threading.RLock()
+
+
+def installation(engine: Any) -> Installation | None:
+    return _INSTALLED.get(engine)
+
+
+def is_installed(engine: Any) -> bool:
+    return engine in _INSTALLED
+
+
+def _deepspeed_version() -> str:
+    import deepspeed
+
+    return deepspeed.__version__
+
+
+def install(engine: Any, *, release_policy: bool | None = None) -> Installation:
+    """Install the zerostate hook state (and, under ZeRO-3, the release policy) into ``engine``.
+
+    ``release_policy``: None (default) installs it when the engine is ZeRO-3 and the
+    release supports it; True requires it (error otherwise); False skips it.
+    Returns the `Installation` record; a second call returns the same record.
+    """
+    with _LOCK:
+        done = _INSTALLED.get(engine)
+        if done is not None:
+            return done
+        # ---- every check first; nothing is changed until all pass
+        version = _deepspeed_version()
+        row = compat_row(version)
+        try:
+            autograd = TorchAutograd()
+        except MissingTorchInternalsError as e:
+            raise ZerostateInstallError(str(e)) from None
+        opt = getattr(engine, "optimizer", None)
+        old = getattr(opt, "_backward_hook_state", None)
+        if old is None:
+            raise ZerostateInstallError(
+                "engine.optimizer has no _backward_hook_state: zerostate.runtime installs into ZeRO "
+                f"stage 1, 2 or 3 engines (got optimizer {type(opt).__name__}). Nothing was changed.")
+        if getattr(old, "backward_active_depth", 0):
+            raise ZerostateInstallError("install() called during a backward (backward_active_depth > 0); "
+                                        "install between train steps. Nothing was changed.")
+        swaps = _plan_closure_swaps(opt, row)
+        want_release = release_policy
+        why = check_release_policy_supported(engine) if want_release is not False else "not requested"
+        if want_release is None:
+            want_release = why is None and row.release_policy is not None
+        elif want_release:
+            if row.release_policy is None:
+                raise ZerostateInstallError(
+                    f"the zerostate release policy supports DeepSpeed 0.19.0 to {_fmt(COMPAT[-1].last)}; "
+                    f"installed {version}. Nothing was changed.")
+            if why:
+                raise ZerostateInstallError(f"release policy: {why}. Nothing was changed.")
+        # ---- apply
+        manager = ZerostateBackwardHookState.from_manager(old, autograd)
+        inst = Installation(version, row, opt, old, manager)
+        opt._backward_hook_state = manager
+        for s in swaps:
+            s.hooks[s.key] = s.replacement
+        inst.swaps = swaps
+        if want_release:
+            try:
+                inst.release = install_release_policy(engine)
+            except Exception:
+                _undo(inst)
+                raise
+        _INSTALLED[engine] = inst
+        return inst
+
+
+def _undo(inst: Installation) -> None:
+    if inst.release is not None:
+        uninstall_release_policy(inst.release)
+        inst.release = None
+    for s in reversed(inst.swaps):
+        if s.hooks.get(s.key) is s.replacement:
+            s.hooks[s.key] = s.original
+    if inst.optimizer._backward_hook_state is inst.manager:
+        inst.manager.copy_state_to(inst.original_manager)
+        inst.optimizer._backward_hook_state = inst.original_manager
+
+
+def uninstall(engine: Any) -> bool:
+    """Restore everything install() changed on ``engine``.  Returns False if it was not installed."""
+    with _LOCK:
+        inst = _INSTALLED.pop(engine, None)
+        if inst is None:
+            return False
+        _undo(inst)
+        return True
+
+
+# ------------------------------------------------- before deepspeed.initialize
+class _Patch:
+    def __init__(self, module: Any, original: Callable, kwargs: dict) -> None:
+        self.module, self.original, self.kwargs = module, original, kwargs
+        self.engines: "weakref.WeakSet[Any]" = weakref.WeakSet()
+
+
+_PATCH: _Patch | None = None
+
+
+def _is_zero_engine(engine: Any) -> bool:
+    return getattr(getattr(engine, "optimizer", None), "_backward_hook_state", None) is not None
+
+
+def patch_deepspeed(**install_kwargs: Any) -> "contextlib.AbstractContextManager[None]":
+    """Make every engine ``deepspeed.initialize`` builds get `install` (for trainers that build it).
+
+    Usable as a plain call (``zerostate.runtime.patch_deepspeed()`` before ``Trainer(...)``) or
+    as a context manager (restores ``deepspeed.initialize`` on exit).  Checks the DeepSpeed
+    release first: an unsupported one raises before ``deepspeed.initialize`` is touched.
+    Engines without a ZeRO optimizer are returned untouched.
+    """
+    global _PATCH
+    import deepspeed
+
+    compat_row(deepspeed.__version__)
+    try:
+        TorchAutograd()
+    except MissingTorchInternalsError as e:
+        raise ZerostateInstallError(str(e)) from None
+    with _LOCK:
+        if _PATCH is None:
+            original = deepspeed.initialize
+            patch = _Patch(deepspeed, original, install_kwargs)
+
+            @functools.wraps(original)
+            def initialize(*args, **kwargs):
+                result = original(*args, **kwargs)
+                engine = result[0] if isinstance(result, tuple) else result
+                if _is_zero_engine(engine):
+                    install(engine, **patch.kwargs)
+                    patch.engines.add(engine)
+                return result
+
+            initialize.__zerostate_original__ = original  # type: ignore[attr-defined]
+            deepspeed.initialize = initialize
+            _PATCH = patch
+    return _patch_context()
+
+
+@contextlib.contextmanager
+def _patch_context() -> Iterator[None]:
+    try:
+        yield
+    finally:
+        unpatch_deepspeed()
+
+
+def unpatch_deepspeed(uninstall_engines: bool = False) -> bool:
+    """Restore ``deepspeed.initialize``; optionally uninstall from the engines it built."""
+    global _PATCH
+    with _LOCK:
+        patch = _PATCH
+        if patch is None:
+            return False
+        patch.module.initialize = patch.original
+        _PATCH = None
+        if uninstall_engines:
+            for e in list(patch.engines):
+                uninstall(e)
+        return True

@@ -1,0 +1,245 @@
+"""The `zerostate` release policy for parameters fetched during an activation-checkpoint recompute.
+
+The coordinator decision it ships (ZeRO-3, DeepSpeed 0.19.0 .. 0.19.8):
+
+*  A **frozen** parameter (``requires_grad=False``) gathered by a module ``M`` whose
+   forward hooks fire *inside a backward graph task* (a non-reentrant checkpoint
+   recompute: ``torch._C._current_graph_task_id() != -1``) is not partitioned by
+   ``M``'s post-forward release **if ``M``'s recomputed output requires grad** --
+   the recompute then saved ``M``'s tensors for ``M``'s backward, and
+   non-reentrant checkpoint saves a frozen tensor as a live reference
+   (``x.detach() if x.requires_grad else x``): partitioning it in place would
+   shrink the very tensor the metadata check and ``M``'s backward read
+   (``CheckpointError ... [1024] vs [0]``, seed 002).  It is released at ``M``'s own
+   post-backward: the last use of the saved tensor (module granularity).
+*  If ``M``'s recomputed output does **not** require grad, nothing of ``M`` was
+   saved for backward: its frozen parameters are released by the post-forward
+   release right away, exactly as in a plain forward (their last use).
+*  Trainable parameters are untouched (saved detached, immune).
+*  DeepSpeed 0.19.3+ also *attributes* each recompute-fetched frozen parameter to
+   the backward module being processed (``ds_recompute_parameters``), which keeps it
+   gathered until that owner's backward or the epilogue (PR #8148).  The policy
+   undoes that attribution right after the fetch, so the parameter's lifetime is
+   decided by the rule above, not by an unrelated owner.
+*  Leak guards: a hold whose module never runs its post-backward (its inputs do not
+   require grad, or the backward was aborted) is dropped in the optimizer's
+   backward epilogue and, at the latest, at the next forward's ``reset_step``.
+
+The hold is a sentinel id (`HOLD_ID`) in ``param.ds_active_sub_modules``: DeepSpeed's
+own ``__release_param`` skips any parameter with an active consumer, so no DeepSpeed
+code path can partition a held parameter, and dropping the hold before the owner's
+release lets DeepSpeed's normal release (trace, reuse distance) decide as usual.
+
+Everything is patched on *instances* of one engine (its coordinator, its optimizer,
+forward hooks on its modules); DeepSpeed's classes and files are not changed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+__all__ = ["HOLD_ID", "ReleasePolicyState", "install_release_policy", "uninstall_release_policy"]
+
+HOLD_ID = -0x2E57A7E
+"""Sentinel in ``param.ds_active_sub_modules``: held by the zerostate recompute policy (never a ds_id)."""
+
+_MANGLE = "_PartitionedParameterCoordinator__"
+
+
+def _requires_grad(out: Any, depth: int = 0) -> bool:
+    """Whether any tensor in a (nested) module output requires grad."""
+    import torch
+
+    if isinstance(out, torch.Tensor):
+        return out.requires_grad
+    if depth > 4:
+        return False
+    if isinstance(out, (tuple, list)):
+        return any(_requires_grad(o, depth + 1) for o in out)
+    if isinstance(out, dict):
+        return any(_requires_grad(o, depth + 1) for o in out.values())
+    return False
+
+
+@dataclass
+class ReleasePolicyState:
+    """Per-engine state and the record of every original that `install_release_policy` replaced."""
+
+    coordinator: Any
+    optimizer: Any
+    frozen_of: dict[int, tuple] = field(default_factory=dict)
+    """id(module) -> frozen, partitioned (non-persistent) params the module's fetch gathers."""
+    out_requires_grad: dict[int, bool] = field(default_factory=dict)
+    """id(module) -> whether its last recompute output required grad (set by our forward hook)."""
+    holds: dict[int, tuple[Any, list]] = field(default_factory=dict)
+    """id(module) -> (module, params held for that module's backward)."""
+    patched: list[tuple[Any, str, bool, Any]] = field(default_factory=list)
+    """(object, attribute, had an instance attribute before, its previous value)."""
+    hook_handles: list = field(default_factory=list)
+    stats: dict[str, int] = field(default_factory=lambda: {"held": 0, "released_at_backward": 0,
+                                                           "released_at_drain": 0, "attribution_undone": 0})
+
+    # ------------------------------------------------------------- the rule
+    def drop_holds(self, module_id: int) -> None:
+        entry = self.holds.pop(module_id, None)
+        if entry is None:
+            return
+        for p in entry[1]:
+            p.ds_active_sub_modules.discard(HOLD_ID)
+        self.stats["released_at_backward"] += len(entry[1])
+
+    def drain(self) -> None:
+        """Drop every hold and release what no one else keeps gathered."""
+        if not self.holds:
+            return
+        release = getattr(self.coordinator, _MANGLE + "release_param")
+        from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
+
+        entries = list(self.holds.values())
+        self.holds.clear()
+        for _, params in entries:
+            for p in params:
+                p.ds_active_sub_modules.discard(HOLD_ID)
+                if p.ds_status == ZeroParamStatus.AVAILABLE and not p.ds_active_sub_modules:
+                    release(p)
+                    self.stats["released_at_drain"] += 1
+
+
+def _patch(state: ReleasePolicyState, obj: Any, name: str, new: Any) -> None:
+    had = name in obj.__dict__
+    state.patched.append((obj, name, had, obj.__dict__.get(name)))
+    setattr(obj, name, new)
+
+
+def _collect_frozen(module: Any, out: dict[int, tuple], leaf_fn: Callable[[Any], bool]) -> None:
+    """Frozen, partitioned params of every module DeepSpeed puts fetch/release hooks on."""
+    is_leaf = leaf_fn(module)
+    params = tuple(p for _, p in module.named_parameters(recurse=is_leaf)
+                   if hasattr(p, "ds_id") and not p.requires_grad and not getattr(p, "ds_persist", False))
+    if params:
+        out[id(module)] = params
+    if not is_leaf:
+        for child in module.children():
+            _collect_frozen(child, out, leaf_fn)
+
+
+def check_release_policy_supported(engine: Any) -> str | None:
+    """None when the policy can be installed on ``engine``, else the reason it cannot."""
+    opt = getattr(engine, "optimizer", None)
+    offload = getattr(opt, "parameter_offload", None)
+    if offload is None or not hasattr(offload, "get_param_coordinator"):
+        return "not a ZeRO-3 engine (no parameter_offload coordinator)"
+    coord = offload.get_param_coordinator()
+    for name in ("fetch_sub_module", "release_sub_module", "reset_step", _MANGLE + "release_param"):
+        if not hasattr(coord, name):
+            return f"the parameter coordinator has no {name.replace(_MANGLE, '__')}"
+    if not hasattr(opt, "backward_epilogue"):
+        return "the ZeRO-3 optimizer has no backward_epilogue"
+    return None
+
+
+def install_release_policy(engine: Any) -> ReleasePolicyState:
+    """Patch one ZeRO-3 engine's coordinator with the zerostate recompute release policy."""
+    import torch
+    from deepspeed.utils import z3_leaf_module
+
+    why = check_release_policy_supported(engine)
+    if why:
+        raise RuntimeError(f"zerostate release policy: {why}")
+    opt = engine.optimizer
+    coord = opt.parameter_offload.get_param_coordinator()
+    state = ReleasePolicyState(coordinator=coord, optimizer=opt)
+    _collect_frozen(engine.module, state.frozen_of, z3_leaf_module)
+    task_id = torch._C._current_graph_task_id
+    frozen_of = state.frozen_of
+    out_rg = state.out_requires_grad
+    holds = state.holds
+    active_name = _MANGLE + "active_backward_submodules"  # 0.19.3+: PR #8148's owner map
+
+    orig_fetch = coord.fetch_sub_module
+    orig_release = coord.release_sub_module
+    orig_reset = coord.reset_step
+    orig_epilogue = opt.backward_epilogue
+
+    def fetch_sub_module(current_submodule, forward):
+        frozen = frozen_of.get(id(current_submodule)) if forward else None
+        if not frozen or task_id() == -1:
+            return orig_fetch(current_submodule, forward)
+        # Recompute fetch of a module with frozen params: note PR #8148's attribution target.
+        active = getattr(coord, active_name, None)
+        owner = next(reversed(active.values())) if active else None
+        if owner is None:
+            return orig_fetch(current_submodule, forward)
+        oid = owner.ds_id
+        before = [(p in owner.ds_recompute_parameters, oid in p.ds_active_sub_modules) for p in frozen]
+        try:
+            return orig_fetch(current_submodule, forward)
+        finally:
+            for p, (was_attr, had_id) in zip(frozen, before):
+                if not was_attr and p in owner.ds_recompute_parameters:
+                    owner.ds_recompute_parameters.discard(p)
+                    state.stats["attribution_undone"] += 1
+                if not had_id and oid != current_submodule.ds_id:
+                    p.ds_active_sub_modules.discard(oid)
+
+    def release_sub_module(submodule, forward=False):
+        mid = id(submodule)
+        if forward:
+            frozen = frozen_of.get(mid)
+            if frozen and task_id() != -1 and out_rg.pop(mid, True):
+                from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
+
+                entry = holds.get(mid)
+                if entry is None:
+                    entry = holds[mid] = (submodule, [])
+                for p in frozen:
+                    if p.ds_status == ZeroParamStatus.AVAILABLE and HOLD_ID not in p.ds_active_sub_modules:
+                        p.ds_active_sub_modules.add(HOLD_ID)
+                        entry[1].append(p)
+                        state.stats["held"] += 1
+        elif mid in holds:
+            state.drop_holds(mid)
+        return orig_release(submodule, forward)
+
+    def reset_step(*args, **kwargs):
+        state.drain()
+        return orig_reset(*args, **kwargs)
+
+    def backward_epilogue(*args, **kwargs):
+        try:
+            return orig_epilogue(*args, **kwargs)
+        finally:
+            state.drain()
+
+    def record_output(module, inputs, output):
+        if task_id() != -1:
+            out_rg[id(module)] = _requires_grad(output)
+
+    # Everything validated above; from here on, changes (all recorded for uninstall).
+    _patch(state, coord, "fetch_sub_module", fetch_sub_module)
+    _patch(state, coord, "release_sub_module", release_sub_module)
+    _patch(state, coord, "reset_step", reset_step)
+    _patch(state, opt, "backward_epilogue", backward_epilogue)
+    wanted = set(frozen_of)
+    for m in engine.module.modules():
+        if id(m) in wanted:
+            state.hook_handles.append(m.register_forward_hook(record_output, prepend=True))
+    return state
+
+
+def uninstall_release_policy(state: ReleasePolicyState) -> None:
+    """Drop every hold and restore every patched attribute and hook exactly."""
+    state.drain()
+    for h in state.hook_handles:
+        h.remove()
+    state.hook_handles.clear()
+    for obj, name, had, old in reversed(state.patched):
+        if had:
+            setattr(obj, name, old)
+        else:
+            try:
+                delattr(obj, name)
+            except AttributeError:
+                pass
+    state.patched.clear()
