@@ -38,7 +38,8 @@ def target(args: Any) -> Any:
         raise
     except (KeyError, ValueError, ImportError, RuntimeError, OSError) as exc:
         msg = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
-        raise CliError(" ".join(str(msg).split())) from None
+        lines = [ln.strip() for ln in str(msg).splitlines() if ln.strip()]
+        raise CliError(lines[0] if lines else type(exc).__name__) from None
 
 
 def close(t: Any) -> None:

@@ -1,0 +1,128 @@
+"""``zerostate explore`` and ``zerostate replay`` on the model target (fast: no DeepSpeed runs)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from test_cli_util import BIN, FINDING_KEYS, REPORT_KEYS, assert_png, assert_svg, load_report, zs
+
+pytest.importorskip("zerostate.targets.explorer")
+pytest.importorskip("zerostate.targets.model_target")
+
+BUGGY = ("--target", "model", "--design", "ds-0.18.4")
+
+
+@pytest.fixture(scope="module")
+def buggy_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("explore")
+    r = zs("explore", *BUGGY, "--examples", "40", "--seed", "0", "--json", "--out", str(out))
+    return r, out
+
+
+def test_json_has_the_documented_keys(buggy_run):
+    r, _ = buggy_run
+    assert r.returncode == 1, r.stderr  # findings
+    data = json.loads(r.stdout)
+    assert set(data) >= {"target", "deepspeed", "examples", "seconds", "findings"}
+    assert data["findings"]
+    for f in data["findings"]:
+        assert set(f) >= {"check", "error", "blocks", "steps", "scenario"}
+        assert f["blocks"] == len(f["scenario"]["blocks"])
+
+
+def test_report_has_every_finding_with_its_files(buggy_run):
+    r, out = buggy_run
+    rep = load_report(out)
+    assert REPORT_KEYS <= set(rep) and rep["status"] == "complete" and rep["command"] == "explore"
+    assert rep["run"]["design"] == "ds-0.18.4" and rep["run"]["seed"] == 0 and rep["run"]["examples"] == 40
+    assert len(rep["findings"]) == len(json.loads(r.stdout)["findings"])
+    for f in rep["findings"]:
+        assert FINDING_KEYS <= set(f)
+        assert rep["specs"][f["check"]]["results"][rep["columns"][0]] == "violated"
+        assert (out / f["files"]["scenario"]).exists()
+        if f["files"].get("trace_svg"):
+            assert_svg(out / f["files"]["trace_svg"])
+            assert_png(out / f["files"]["trace_png"])
+        assert "--target model --design ds-0.18.4" in f["replay"]
+    md = (out / "report.md").read_text()
+    assert "| target | model |" in md and "Finding 1" in md and "Scenario (shrunk)" in md
+
+
+def test_replay_says_fail_on_the_buggy_design_and_pass_on_the_fix(buggy_run):
+    _, out = buggy_run
+    finding = out / "finding_1.json"
+    check = json.loads(finding.read_text())["check"]
+    r = zs("replay", str(finding), *BUGGY)
+    assert r.returncode == 1 and r.stdout.startswith("FAIL on model design ds-0.18.4") and check in r.stdout
+    r = zs("replay", str(finding), "--target", "model", "--design", "zerostate")
+    assert r.returncode == 0 and r.stdout.startswith("PASS"), r.stdout + r.stderr
+
+
+def test_a_correct_design_gives_no_finding(tmp_path):
+    r = zs("explore", "--target", "model", "--design", "zerostate", "--examples", "15", "--out", str(tmp_path))
+    assert r.returncode == 0, r.stdout + r.stderr
+    rep = load_report(tmp_path)
+    assert rep["findings"] == [] and rep["status"] == "complete"
+    assert set(rep["specs"]["epilogue-once"]["results"].values()) == {"ok"}
+
+
+def _cmd(*args):
+    return ([str(BIN)] if BIN.exists() else [sys.executable, "-m", "zerostate.cli.main"]) + list(args)
+
+
+def test_ctrl_c_keeps_every_finding_found_so_far(tmp_path):
+    proc = subprocess.Popen(_cmd("explore", *BUGGY, "--examples", "100000", "--out", str(tmp_path)),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "CI": "true"})
+    deadline = time.monotonic() + 120
+    try:
+        while time.monotonic() < deadline:
+            try:
+                if load_report(tmp_path)["findings"]:
+                    break
+            except (OSError, ValueError):
+                pass
+            time.sleep(0.2)
+        else:
+            pytest.fail("no finding written within 120 s")
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, (out, err)
+    rep = load_report(tmp_path)
+    assert rep["status"] == "interrupted" and rep["findings"]
+    for f in rep["findings"]:
+        assert all((tmp_path / name).exists() for name in f["files"].values())
+    assert "Status: interrupted" in (tmp_path / "report.md").read_text()
+
+
+def test_progress_line_on_a_terminal_only(tmp_path):
+    import pty
+    args = ("explore", "--target", "model", "--design", "zerostate", "--examples", "10", "--out", str(tmp_path))
+    master, slave = pty.openpty()
+    env = {k: v for k, v in os.environ.items() if k != "CI"}
+    proc = subprocess.Popen(_cmd(*args), stdout=subprocess.PIPE, stderr=slave, env=env)
+    os.close(slave)
+    chunks = []
+    while True:
+        try:
+            data = os.read(master, 4096)
+        except OSError:
+            break
+        if not data:
+            break
+        chunks.append(data)
+    proc.wait(timeout=120)
+    os.close(master)
+    tty = b"".join(chunks).decode(errors="replace")
+    assert "example(s) run" in tty and "\r" in tty, tty
+    quiet = zs(*args)  # CI=true, pipes: no progress line at all
+    assert quiet.returncode == 0 and "example(s) run" not in quiet.stderr and "\r" not in quiet.stderr
