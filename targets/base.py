@@ -1,0 +1,118 @@
+"""What every target is and returns: `Target`, `Outcome`, `Finding`, and `get_target`.
+
+A *target* turns a `Scenario` into a trace and findings::
+
+    target = get_target("deepspeed", deepspeed="0.18.4")   # or "model", design="ds-0.18.7"
+    outcome = target.run(scenario)        # replay one scenario
+    for f in outcome.findings: print(f.check, f.error)
+    target.close()
+
+``get_target(name, *, design=None, deepspeed=None, deepspeed_path=None, world_size=1)``
+raises `TargetError` (a ``ValueError``) *before anything runs* for an unknown target
+or design, an unsupported or uninstallable DeepSpeed version, or a
+``--deepspeed-path`` that does not import.
+
+`Finding` fields: ``check`` (a spec id, ``oracle``, ``exception``, ``hang``,
+``saved-tensor-intact``, ``model-agreement``, ...), ``error`` (text), ``scenario``,
+``trace`` (events, or None), ``index`` (the violating event's index in ``trace``,
+or None), ``target``, ``deepspeed`` (the release, or None).
+``Finding.to_json_dict()`` gives ``{"check", "error", "blocks", "steps", "scenario"}``.
+
+`Outcome` fields: ``scenario``, ``trace`` (list of events, possibly partial),
+``error`` (text when the run raised, else None), ``findings`` (at most one per check id).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from zerostate.model.events import Event
+from zerostate.model.scenario import Scenario
+
+
+class TargetError(ValueError):
+    """A target cannot be set up (unknown name or design, unsupported or uninstallable release, bad path)."""
+
+
+@dataclass
+class Finding:
+    check: str
+    error: str
+    scenario: Scenario
+    trace: list[Event] | None = None
+    index: int | None = None
+    target: str = ""
+    deepspeed: str | None = None
+
+    def to_json_dict(self) -> dict[str, Any]:
+        return {"check": self.check, "error": self.error, "blocks": len(self.scenario.blocks),
+                "steps": len(self.scenario.steps), "scenario": self.scenario.to_dict()}
+
+    @property
+    def size(self) -> tuple[int, int, int]:
+        """A total order on how small the scenario is (blocks, micro-steps, JSON length)."""
+        return (len(self.scenario.blocks), self.scenario.num_micro_steps, len(self.scenario.to_json(None)))
+
+
+@dataclass
+class Outcome:
+    scenario: Scenario
+    trace: list[Event] = field(default_factory=list)
+    error: str | None = None
+    findings: list[Finding] = field(default_factory=list)
+    seconds: float = 0.0
+    details: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def checks(self) -> list[str]:
+        return [f.check for f in self.findings]
+
+
+@runtime_checkable
+class Target(Protocol):
+    name: str
+    version: str | None
+
+    def run(self, scenario: Scenario) -> Outcome: ...
+
+    def close(self) -> None: ...
+
+
+def spec_findings(events: list[Event], scenario: Scenario, target: str, version: str | None,
+                  skip: frozenset[str] = frozenset()) -> list[Finding]:
+    """Check every spec on a trace; one finding per violated spec."""
+    from zerostate.specs import check_all
+    out = []
+    for sid, v in check_all(events).items():
+        if v is None or sid in skip:
+            continue
+        out.append(Finding(sid, v.message, scenario, list(events), v.index, target, version))
+    return out
+
+
+def get_target(name: str, *, design: str | None = None, deepspeed: str | None = None,
+               deepspeed_path: str | None = None, world_size: int = 1, **options: Any) -> Target:
+    """Build a target; every configuration error is raised here, before any scenario runs."""
+    if name == "model":
+        if deepspeed or deepspeed_path:
+            raise TargetError("--deepspeed / --deepspeed-path apply to the deepspeed target, not the model")
+        from .model_target import ModelTarget
+        return ModelTarget(design or "zerostate")
+    if name == "deepspeed":
+        if deepspeed and deepspeed_path:
+            raise TargetError("give --deepspeed VERSION or --deepspeed-path DIR, not both")
+        if world_size != 1:
+            raise TargetError(f"the deepspeed target runs world size 1 for now (asked for {world_size})")
+        if design is not None:
+            from zerostate.model.designs import UnknownDesignError, get_design
+            try:
+                get_design(design)
+            except UnknownDesignError as exc:
+                raise TargetError(str(exc)) from None
+        from .deepspeed.target import DeepSpeedTarget
+        return DeepSpeedTarget(deepspeed=deepspeed, deepspeed_path=deepspeed_path, design=design, **options)
+    raise TargetError(f"unknown target {name!r}; known targets: model, deepspeed")
+
+
+__all__ = ["Finding", "Outcome", "Target", "TargetError", "get_target", "spec_findings"]

@@ -1,0 +1,126 @@
+"""Every difference between DeepSpeed releases that the tracer depends on, in one place.
+
+Supported releases: **0.18.4 <= version < 0.20** (``SUPPORTED``).  Tested:
+0.18.4, 0.18.5, 0.18.6, 0.18.7, 0.19.0, 0.19.2, 0.19.3, 0.19.8 (``TESTED``).
+Below 0.18.4 the PyTorch-style backward path (output hooks,
+``count_used_parameters_in_backward``) this tracer observes does not exist in
+the form wrapped here; from 0.20 on it is unknown.  Anything outside the range
+fails with `UnsupportedRelease`, naming the version and the range, before any
+scenario runs.
+
+What differs, and how this module papers over it:
+
+* hook-count state: 0.18.4 keeps ``_remaining_grad_acc_hooks`` /
+  ``_backward_active_depth`` on the ZeRO optimizer itself; 0.18.5+ moved it into
+  ``optimizer._backward_hook_state`` (``BackwardHookStateManager``), whose own
+  methods are what the gradient hooks and the queued callback call.
+  `hook_state_owner` returns the object whose methods to wrap.
+* the queued post-backward callback (0.18.5+) is a closure named
+  ``_run_post_backward``; 0.18.4 has none.
+* gradient sinks: ZeRO-3 hooks call ``reduce_ready_partitions_and_remove_grads``,
+  ZeRO-1/2 hooks call ``process_gradients`` (all releases); the hook closures are
+  named in ``PARAM_HOOK_FRAMES`` / ``LEAF_HOOK_FRAMES``.
+* ``count_used_parameters_in_backward`` is imported by name into
+  ``deepspeed.runtime.zero.stage3`` and ``deepspeed.runtime.zero.stage_1_and_2``
+  (all supported releases): the tracer rebinds it there.
+* ZeRO-3 ipg buckets: ``optimizer.ipg_buckets`` (dtype -> bucket with ``.params``).
+"""
+
+from __future__ import annotations
+
+import re
+
+SUPPORTED = ((0, 18, 4), (0, 20, 0))
+SUPPORTED_TEXT = "0.18.4 <= version < 0.20"
+TESTED = ("0.18.4", "0.18.5", "0.18.6", "0.18.7", "0.19.0", "0.19.2", "0.19.3", "0.19.8")
+
+PARAM_HOOK_FRAMES = frozenset({"reduce_partition_and_remove_grads", "grad_handling_hook"})
+LEAF_HOOK_FRAMES = frozenset({"reduce_leaf_module_grads"})
+CALLBACK_FRAMES = frozenset({"_run_post_backward"})
+COUNT_MODULES = ("deepspeed.runtime.zero.stage3", "deepspeed.runtime.zero.stage_1_and_2")
+COUNT_NAME = "count_used_parameters_in_backward"
+
+
+class UnsupportedRelease(RuntimeError):
+    """A DeepSpeed release the tracer does not support; the message names the supported range."""
+
+
+def version_tuple(version: str) -> tuple[int, int, int]:
+    m = re.match(r"^\s*v?(\d+)\.(\d+)\.(\d+)", version or "")
+    if not m:
+        raise UnsupportedRelease(f"cannot read a DeepSpeed version from {version!r}; "
+                                 f"the deepspeed target supports {SUPPORTED_TEXT}")
+    return int(m.group(1)), int(m.group(2)), int(m.group(3))
+
+
+def check_version(version: str) -> None:
+    v = version_tuple(version)
+    if not (SUPPORTED[0] <= v < SUPPORTED[1]):
+        raise UnsupportedRelease(
+            f"DeepSpeed {version} is outside the releases the deepspeed target's tracer supports "
+            f"({SUPPORTED_TEXT}; tested: {', '.join(TESTED)}).  Its ZeRO hook internals differ; "
+            f"see targets/deepspeed/compat.py.")
+
+
+def hook_state_owner(optimizer):
+    """The object whose enter/exit_backward, run_grad_acc_post_hooks, queue_post_backward_callback the
+    hooks actually call."""
+    return getattr(optimizer, "_backward_hook_state", optimizer)
+
+
+def has_queued_callback(owner) -> bool:
+    return hasattr(owner, "queue_post_backward_callback")
+
+
+def callback_queued(owner) -> bool:
+    return bool(getattr(owner, "post_backward_callback_queued", False))
+
+
+def depth(optimizer) -> int:
+    hs = getattr(optimizer, "_backward_hook_state", None)
+    if hs is not None:
+        return int(hs.backward_active_depth)
+    return int(getattr(optimizer, "_backward_active_depth", 0))
+
+
+def grad_sink(stage: int) -> str:
+    return "reduce_ready_partitions_and_remove_grads" if stage == 3 else "process_gradients"
+
+
+def stale_bucket_count(optimizer) -> int:
+    buckets = getattr(optimizer, "ipg_buckets", None)
+    if not isinstance(buckets, dict):
+        return 0
+    return sum(len(getattr(b, "params", ()) or ()) for b in buckets.values())
+
+
+def offload(optimizer):
+    return getattr(optimizer, "parameter_offload", None)
+
+
+def coordinator(optimizer):
+    off = offload(optimizer)
+    return off.get_param_coordinator() if off is not None else None
+
+
+def param_status(p) -> str:
+    st = getattr(p, "ds_status", None)
+    return getattr(st, "name", str(st)) if st is not None else "AVAILABLE"
+
+
+def is_checkpoint_error(exc: BaseException) -> bool:
+    return type(exc).__name__ == "CheckpointError"
+
+
+def clear_globals() -> None:
+    """Drop per-engine global state DeepSpeed keeps between engines (module stack of ZeRO-3)."""
+    try:
+        from deepspeed.runtime.zero import parameter_offload
+        stack = getattr(parameter_offload, "FWD_MODULE_STACK", None)
+        if isinstance(stack, list):
+            stack.clear()
+    except Exception:  # pragma: no cover
+        pass
+
+
+__all__ = ["SUPPORTED", "SUPPORTED_TEXT", "TESTED", "UnsupportedRelease", "check_version", "version_tuple"]

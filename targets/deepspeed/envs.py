@@ -1,0 +1,81 @@
+"""Where each DeepSpeed release lives: a cached ``pip install --no-deps --target`` directory per release.
+
+``ensure_release("0.18.4")`` installs ``deepspeed==0.18.4`` (no dependencies: it runs over the
+project environment's torch and DeepSpeed's small pure-Python deps, identical for every supported
+release) into ``<cache>/deepspeed/0.18.4/site`` on first use and returns that directory; later
+calls return at once.  The cache is ``$ZEROSTATE_CACHE`` or ``~/.cache/zerostate``.  Each release
+(and each local checkout) gets its own ``TORCH_EXTENSIONS_DIR`` so switching releases does not
+rebuild the JIT comm op every time.  A file lock makes concurrent first uses safe.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from . import compat
+
+
+class InstallError(RuntimeError):
+    """pip could not install the requested release."""
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("ZEROSTATE_CACHE") or Path.home() / ".cache" / "zerostate")
+
+
+def release_dir(version: str) -> Path:
+    return cache_root() / "deepspeed" / version
+
+
+def extensions_dir_for(key: str) -> Path:
+    d = cache_root() / "torch_extensions" / key
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def path_key(path: str) -> str:
+    real = os.path.realpath(path)
+    return "path-" + hashlib.sha1(real.encode()).hexdigest()[:12]
+
+
+def ensure_release(version: str, python: str | None = None) -> Path:
+    """The ``site`` directory holding ``deepspeed==version``; installed on first use."""
+    compat.check_version(version)
+    root = release_dir(version)
+    site = root / "site"
+    marker = root / "installed"
+    if marker.exists() and (site / "deepspeed" / "__init__.py").exists():
+        return site
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if marker.exists() and (site / "deepspeed" / "__init__.py").exists():
+            return site
+        tmp = Path(tempfile.mkdtemp(prefix="site-", dir=root))
+        base = [python or sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+                "--no-deps", "--target", str(tmp), f"deepspeed=={version}"]
+        env = dict(os.environ, DS_BUILD_OPS="0", PIP_NO_INPUT="1")
+        errors = []
+        for extra in ([], ["--no-build-isolation"]):
+            proc = subprocess.run(base + extra, capture_output=True, text=True, env=env)
+            if proc.returncode == 0 and (tmp / "deepspeed" / "__init__.py").exists():
+                break
+            errors.append((proc.stderr or proc.stdout).strip()[-1500:])
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir()
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise InstallError(f"cannot install deepspeed=={version} into {site}: "
+                               f"pip failed:\n{errors[-1] if errors else '(no output)'}")
+        if site.exists():
+            shutil.rmtree(site)
+        tmp.rename(site)
+        marker.write_text(version + "\n")
+    return site

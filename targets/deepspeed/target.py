@@ -1,0 +1,262 @@
+"""`DeepSpeedTarget`: real DeepSpeed in a persistent worker process, traced, checked, oracle-compared.
+
+::
+
+    t = DeepSpeedTarget()                         # the installed DeepSpeed
+    t = DeepSpeedTarget(deepspeed="0.18.4")       # cached per-release install, own worker
+    t = DeepSpeedTarget(deepspeed_path="../DeepSpeed")   # a local checkout (a PR under review)
+    outcome = t.run(scenario); t.close()
+
+One worker process (``python -m zerostate.targets.deepspeed.worker``) serves every
+example; it is started with ``PYTHONPATH`` = the release and its own
+``TORCH_EXTENSIONS_DIR``.  Each example has a timeout (``timeout``, default 60 s,
+or ``$ZEROSTATE_EXAMPLE_TIMEOUT``): no answer in time is a ``hang`` finding, and
+the worker is killed and restarted; a worker that dies is a ``crash`` finding.
+
+Findings of one run (at most one per check id):
+
+* ``exception`` -- DeepSpeed raised; ``saved-tensor-intact`` when it was torch's CheckpointError;
+* ``oracle`` -- parameters after a train step differ from plain PyTorch beyond the tolerance;
+* every spec of `zerostate.specs` violated by the real trace (after an exception, only
+  violations at an event; end-of-run obligations of a truncated trace are not judged);
+* ``model-agreement`` -- the model design for this release predicts different observable
+  behaviour (`agreement`); only for runs that finished.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from zerostate.model.events import Event
+from zerostate.model.scenario import Scenario
+
+from ..base import Finding, Outcome, TargetError, spec_findings
+from . import compat, envs
+
+
+class WorkerTimeout(RuntimeError):
+    pass
+
+
+class WorkerDied(RuntimeError):
+    pass
+
+
+def _default_timeout() -> float:
+    return float(os.environ.get("ZEROSTATE_EXAMPLE_TIMEOUT", "60"))
+
+
+class Worker:
+    """One worker process and its JSON-lines pipe."""
+
+    def __init__(self, env: dict[str, str], log_path: Path):
+        self.log_path = log_path
+        self._log = open(log_path, "ab")
+        cwd = envs.cache_root()
+        cwd.mkdir(parents=True, exist_ok=True)
+        self.proc = subprocess.Popen([sys.executable, "-m", "zerostate.targets.deepspeed.worker"],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log,
+                                     env=env, cwd=str(cwd))
+        self._buf = b""
+        self._sel = selectors.DefaultSelector()
+        self._sel.register(self.proc.stdout, selectors.EVENT_READ)
+
+    def log_tail(self, n: int = 3000) -> str:
+        try:
+            data = self.log_path.read_bytes()[-n:]
+        except OSError:
+            return ""
+        return data.decode(errors="replace")
+
+    def request(self, obj: dict, timeout: float) -> dict:
+        try:
+            self.proc.stdin.write((json.dumps(obj) + "\n").encode())
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            raise WorkerDied(f"the worker exited (code {self.proc.poll()})") from None
+        deadline = time.monotonic() + timeout
+        fd = self.proc.stdout.fileno()
+        while b"\n" not in self._buf:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise WorkerTimeout(f"no answer within {timeout:.0f} s")
+            if not self._sel.select(left):
+                continue
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                self.proc.wait(timeout=5)
+                raise WorkerDied(f"the worker exited (code {self.proc.returncode})")
+            self._buf += chunk
+        line, self._buf = self._buf.split(b"\n", 1)
+        return json.loads(line)
+
+    def close(self, kill: bool = False) -> None:
+        if self.proc.poll() is None:
+            if not kill:
+                try:
+                    self.proc.stdin.write(b'{"op": "exit"}\n')
+                    self.proc.stdin.flush()
+                    self.proc.wait(timeout=10)
+                except Exception:
+                    pass
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait()
+        self._sel.close()
+        self._log.close()
+
+
+class DeepSpeedTarget:
+    name = "deepspeed"
+
+    def __init__(self, *, deepspeed: str | None = None, deepspeed_path: str | None = None,
+                 design: str | None = None, timeout: float | None = None, check_model: bool = True,
+                 startup_timeout: float = 900.0):
+        self.requested = deepspeed
+        self.path = deepspeed_path
+        self.timeout = timeout or _default_timeout()
+        self.startup_timeout = startup_timeout
+        self.check_model = check_model
+        env = dict(os.environ)
+        env.setdefault("OMP_NUM_THREADS", "1")
+        env.pop("PYTHONSTARTUP", None)
+        extra = None
+        if deepspeed:
+            try:
+                compat.check_version(deepspeed)
+                extra = str(envs.ensure_release(deepspeed))
+            except (compat.UnsupportedRelease, envs.InstallError) as exc:
+                raise TargetError(str(exc)) from None
+            env["TORCH_EXTENSIONS_DIR"] = str(envs.extensions_dir_for(f"deepspeed-{deepspeed}"))
+        elif deepspeed_path:
+            p = Path(deepspeed_path).expanduser().resolve()
+            if not (p / "deepspeed" / "__init__.py").exists():
+                raise TargetError(f"--deepspeed-path {deepspeed_path}: no deepspeed/__init__.py under {p} "
+                                  "(give the root of a DeepSpeed checkout)")
+            extra = str(p)
+            env["TORCH_EXTENSIONS_DIR"] = str(envs.extensions_dir_for(envs.path_key(str(p))))
+        if extra:
+            env["PYTHONPATH"] = extra + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        self._env = env
+        self._extra = extra
+        key = f"deepspeed-{deepspeed}" if deepspeed else (envs.path_key(deepspeed_path) if deepspeed_path
+                                                          else "installed")
+        logs = envs.cache_root() / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        self._log_path = Path(tempfile.mkstemp(prefix=f"worker-{key}-", suffix=".log", dir=logs)[1])
+        self.worker: Worker | None = None
+        self.hello = self._start()
+        self.version: str = self.hello["deepspeed"]
+        try:
+            compat.check_version(self.version)
+        except compat.UnsupportedRelease as exc:
+            self.close()
+            raise TargetError(str(exc)) from None
+        if extra and not os.path.realpath(self.hello["file"]).startswith(os.path.realpath(extra)):
+            self.close()
+            raise TargetError(f"the worker imported DeepSpeed from {self.hello['file']}, not from {extra}")
+        from zerostate.model.designs import design_for_release, get_design
+        self.design = get_design(design) if design else design_for_release(self.version)
+        self.examples = 0
+        self.restarts = 0
+
+    # ------------------------------------------------------------ worker life
+    def _start(self) -> dict:
+        self.worker = Worker(self._env, self._log_path)
+        try:
+            hello = self.worker.request({"op": "hello"}, self.startup_timeout)
+        except (WorkerTimeout, WorkerDied) as exc:
+            tail = self.worker.log_tail()
+            self.worker.close(kill=True)
+            self.worker = None
+            raise TargetError(f"the DeepSpeed worker did not start ({exc}):\n{tail}") from None
+        if not hello.get("ok"):
+            self.worker.close(kill=True)
+            self.worker = None
+            where = f" from {self._extra}" if self._extra else ""
+            raise TargetError(f"DeepSpeed{where} does not import or initialise: {hello.get('error')}\n"
+                              f"{hello.get('traceback', '')}")
+        return hello
+
+    def _restart(self) -> None:
+        if self.worker is not None:
+            self.worker.close(kill=True)
+        self.restarts += 1
+        self._start()
+
+    def close(self) -> None:
+        if self.worker is not None:
+            self.worker.close()
+            self.worker = None
+
+    def __enter__(self) -> "DeepSpeedTarget":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ------------------------------------------------------------ running
+    def raw(self, scenario: Scenario) -> dict:
+        """The executor's result dict for one scenario (raises WorkerTimeout / WorkerDied)."""
+        if self.worker is None:
+            self._start()
+        return self.worker.request({"op": "run", "scenario": scenario.to_dict()}, self.timeout)
+
+    def run(self, scenario: Scenario) -> Outcome:
+        t0 = time.perf_counter()
+        self.examples += 1
+        mk = lambda check, text, trace=None, index=None: Finding(  # noqa: E731
+            check, text, scenario, trace, index, self.name, self.version)
+        try:
+            resp = self.raw(scenario)
+        except WorkerTimeout as exc:
+            self._restart()
+            f = mk("hang", f"DeepSpeed {self.version}: {exc} (worker killed and restarted)")
+            return Outcome(scenario, [], f.error, [f], time.perf_counter() - t0)
+        except WorkerDied as exc:
+            tail = self.worker.log_tail(1500) if self.worker else ""
+            self._restart()
+            f = mk("crash", f"DeepSpeed {self.version}: {exc}\n{tail}")
+            return Outcome(scenario, [], f.error, [f], time.perf_counter() - t0)
+        if not resp.get("ok"):
+            f = mk("internal", f"zerostate's executor failed: {resp.get('error')}\n{resp.get('traceback', '')}")
+            return Outcome(scenario, [], f.error, [f], time.perf_counter() - t0)
+        res = resp["result"]
+        events = [Event.from_dict(d) for d in res["events"]]
+        findings: list[Finding] = []
+        if res.get("error"):
+            findings.append(mk(res["error_check"], res["error"] + "\n" + (res.get("traceback") or ""), events))
+        if res.get("mismatch"):
+            findings.append(mk("oracle", f"DeepSpeed {self.version} disagrees with PyTorch {res['mismatch']}",
+                               events))
+        for f in spec_findings(events, scenario, self.name, self.version):
+            if res.get("error") and f.index is None:
+                continue  # a truncated trace cannot fulfil end-of-run obligations
+            findings.append(f)
+        if self.check_model and not res.get("error"):
+            msg = self._agreement(scenario, events)
+            if msg:
+                findings.append(mk("model-agreement", msg, events))
+        seen: set[str] = set()
+        unique = [f for f in findings if not (f.check in seen or seen.add(f.check))]
+        return Outcome(scenario, events, res.get("error"), unique, time.perf_counter() - t0,
+                       {"steps": res.get("steps"), "seconds_in_worker": resp.get("seconds")})
+
+    def _agreement(self, scenario: Scenario, events: list[Event]) -> str | None:
+        from zerostate.model.explore import run as model_run
+        from .agreement import compare
+        try:
+            model = model_run(self.design, scenario)
+        except Exception as exc:  # pragma: no cover - the model itself failed
+            return f"the model design {self.design.name} could not run this scenario: {exc}"
+        return compare(list(model.events), events, self.design.name)
+
+
+__all__ = ["DeepSpeedTarget", "WorkerDied", "WorkerTimeout"]

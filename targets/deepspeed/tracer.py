@@ -1,0 +1,371 @@
+"""Observe real DeepSpeed's hook lifecycle and record it as zerostate events, without editing DeepSpeed.
+
+`Tracer.install()` rebinds, on *instances* (the engine, its ZeRO optimizer, the
+hook-state manager, the ZeRO-3 offload object and parameter coordinator) and in
+two modules (``count_used_parameters_in_backward`` as imported by stage3 and
+stage_1_and_2), a thin wrapper around each observed function;
+`Tracer.uninstall()` puts every original back.  Release differences come from
+`compat`.  What each wrapper records (kinds are `zerostate.model.events.Ev` values):
+
+=====================================  ==============================================================
+observed                               events
+=====================================  ==============================================================
+training loop marks (executor)         FORWARD_START/END, EVAL_FORWARD_START/END, USER_BACKWARD_START/END
+                                       (note = backward kind), STEP (value = train step)
+first sight of a graph task            TASK_START (note outer / nested / pre; task ids renumbered 0, 1, ..
+                                       by first sight); TASK_END from a callback queued on that task
+engine._backward_prologue              OUTPUT_HOOK
+hook-state enter/exit_backward         ENTER_BACKWARD / EXIT_BACKWARD (value = depth after)
+queue_post_backward_callback           CALLBACK_QUEUED (when it newly queued)
+run_grad_acc_post_hooks                CALLBACK_RUN (when called from the queued callback), POST_HOOKS
+engine._backward_epilogue              BUCKET_FLUSH (gradients handled since the last flush), EPILOGUE
+gradient sink (reduce / process)       GRAD_HOOK or LEAF_HOOK (by the calling hook closure), BUCKET_ADD
+count_used_parameters_in_backward      COUNT (task, value = result + ZeRO-3 leaf-module count)
+stage3 _pre_step                       BUCKET_CLEAR (value = stale params found in the real ipg buckets)
+ZeRO-3 offload pre/post fwd/bwd        MODULE_PRE/POST_FORWARD (phase forward | recompute | eval),
+                                       MODULE_PRE/POST_BACKWARD, RECOMPUTE_START/END (block hooks in a
+                                       graph task), SAVE_LIVE / UNPACK(check) for frozen params of
+                                       non-reentrant blocks (where torch keeps live references)
+parameter ds_status diffs              FETCH / PREFETCH / RELEASE (polled after every coordinator call,
+                                       epilogue, step and loop mark)
+=====================================  ==============================================================
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import sys
+import threading
+
+import torch
+
+from . import compat
+
+
+class Tracer:
+    def __init__(self, engine, spec: dict):
+        self.engine = engine
+        self.opt = engine.optimizer
+        self.spec = spec
+        self.stage = spec.get("stage", 3)
+        self.events: list[dict] = []
+        self._lock = threading.RLock()
+        self._patches: list[tuple] = []
+        self._tasks: dict[int, int] = {}
+        self._stack: list[int] = []
+        self._pending: list[int] = []
+        self._in_pre = False
+        self._eval = False
+        self._paused = 0
+        self._bucket: set[str] = set()
+        self._leaf_frame = None
+        self._nest = 0
+        self.module = engine.module
+        self.param_names = {id(p): n for n, p in self.module.named_parameters()}
+        self.params = list(self.module.named_parameters())
+        blocks = spec.get("blocks", [{}])
+        self.leaf_blocks = {i for i, b in enumerate(blocks) if b.get("leaf") and self.stage == 3}
+        self.leaf_count = len(self.leaf_blocks) if self.stage == 3 else 0
+        self.mod_names = {id(m): n for n, m in self.module.named_modules()}
+        self._status: dict[str, str] = {}
+
+    # ------------------------------------------------------------ emitting
+    def emit(self, kind: str, **kw) -> None:
+        if self._paused:
+            return
+        ev = {"kind": kind}
+        ev.update({k: v for k, v in kw.items() if v is not None})
+        with self._lock:
+            self.events.append(ev)
+
+    @contextlib.contextmanager
+    def paused(self):
+        self._paused += 1
+        try:
+            yield
+        finally:
+            self._paused -= 1
+            self._resync()
+
+    def _task(self):
+        tid = torch._C._current_graph_task_id()
+        if tid == -1:
+            return None
+        small = self._tasks.get(tid)
+        if small is None:
+            small = len(self._tasks)
+            self._tasks[tid] = small
+            if self._in_pre:
+                note, parent = "pre", None
+            elif self._stack:
+                note, parent = "nested", self._stack[-1]
+            else:
+                note, parent = "outer", None
+            self.emit("task_start", task=small, value=parent, note=note)
+            self._stack.append(small)
+            self._pending.append(small)
+        return small
+
+    def _flush(self) -> None:
+        """Queue TASK_END callbacks for newly seen tasks, after DeepSpeed's own callback."""
+        if self._nest or not self._pending or torch._C._current_graph_task_id() == -1:
+            return
+        eng = torch.autograd.Variable._execution_engine
+        cur = self._tasks.get(torch._C._current_graph_task_id())
+        for small in list(self._pending):
+            if small == cur:
+                eng.queue_callback(lambda s=small: self._task_end(s))
+                self._pending.remove(small)
+
+    def _task_end(self, small: int) -> None:
+        note = "outer"
+        self.emit("task_end", task=small)
+        if small in self._stack:
+            self._stack.remove(small)
+
+    # ------------------------------------------------------------ statuses
+    def _resync(self) -> None:
+        if self.stage == 3:
+            self._status = {n: compat.param_status(p) for n, p in self.params}
+
+    def _poll(self, module: str | None = None) -> None:
+        if self.stage != 3 or self._paused:
+            return
+        for n, p in self.params:
+            new = compat.param_status(p)
+            old = self._status.get(n)
+            if new == old:
+                continue
+            self._status[n] = new
+            owner = n.rsplit(".", 1)[0]
+            if new == "NOT_AVAILABLE":
+                self.emit("release", param=n, module=owner)
+            elif old == "NOT_AVAILABLE":
+                own = module is not None and (owner == module or owner.startswith(module + "."))
+                self.emit("fetch" if own else "prefetch", param=n, module=module if own else owner)
+
+    # ------------------------------------------------------------ patching
+    def _patch(self, obj, attr: str, make) -> None:
+        if obj is None or not hasattr(obj, attr):
+            return
+        orig = getattr(obj, attr)
+        own = attr in getattr(obj, "__dict__", {})
+        inner = make(orig)
+
+        def outer(*a, **k):
+            self._nest += 1
+            try:
+                return inner(*a, **k)
+            finally:
+                self._nest -= 1
+                if not self._nest:
+                    self._flush()
+        outer.__wrapped__ = orig
+        setattr(obj, attr, outer)
+        self._patches.append((obj, attr, orig, own))
+
+    def uninstall(self) -> None:
+        for obj, attr, orig, own in reversed(self._patches):
+            try:
+                if own:
+                    setattr(obj, attr, orig)
+                else:
+                    delattr(obj, attr)
+            except Exception:  # pragma: no cover
+                pass
+        self._patches.clear()
+        self._leaf_frame = None
+        from . import net
+        net.PRE_BACKWARD_OBSERVER = None
+
+    def install(self) -> "Tracer":
+        from . import net
+        net.PRE_BACKWARD_OBSERVER = (self._pre_start, self._pre_end)
+        eng, opt = self.engine, self.opt
+        self._patch(eng, "_backward_prologue", self._w_prologue)
+        self._patch(eng, "_backward_epilogue", self._w_epilogue)
+        owner = compat.hook_state_owner(opt)
+        self._patch(owner, "enter_backward", lambda f: self._w_depth(f, "enter_backward"))
+        self._patch(owner, "exit_backward", lambda f: self._w_depth(f, "exit_backward"))
+        self._patch(owner, "run_grad_acc_post_hooks", self._w_post_hooks)
+        self._patch(owner, "queue_post_backward_callback", self._w_queue)
+        self._patch(opt, compat.grad_sink(self.stage), self._w_sink)
+        for modname in compat.COUNT_MODULES:
+            mod = importlib.import_module(modname)
+            self._patch(mod, compat.COUNT_NAME, self._w_count)
+        if self.stage == 3:
+            self._patch(opt, "_pre_step", self._w_pre_step)
+            off = compat.offload(opt)
+            self._patch(off, "pre_sub_module_forward_function", lambda f: self._w_module(f, "pre_forward"))
+            self._patch(off, "post_sub_module_forward_function", lambda f: self._w_module(f, "post_forward"))
+            self._patch(off, "pre_sub_module_backward_function", lambda f: self._w_module(f, "pre_backward"))
+            self._patch(off, "post_sub_module_backward_function", lambda f: self._w_module(f, "post_backward"))
+        self._resync()
+        return self
+
+    # ------------------------------------------------------------ loop marks
+    def mark(self, what: str, **info) -> None:
+        self._poll()
+        if what == "forward_start":
+            self.emit("forward_start")
+        elif what == "forward_end":
+            self.emit("forward_end")
+        elif what == "eval_start":
+            self._eval = True
+            self.emit("eval_forward_start")
+        elif what == "eval_end":
+            self._eval = False
+            self.emit("eval_forward_end")
+        elif what == "backward_start":
+            self.emit("user_backward_start", note=info.get("kind"))
+        elif what == "backward_end":
+            self.emit("user_backward_end", note=info.get("kind"))
+        elif what == "step":
+            self.emit("step", value=info.get("step"))
+
+    def _pre_start(self) -> None:
+        self._in_pre = True
+
+    def _pre_end(self) -> None:
+        self._in_pre = False
+
+    # ------------------------------------------------------------ wrappers
+    def _w_prologue(self, f):
+        def prologue(*a, **k):
+            self.emit("output_hook", task=self._task())
+            r = f(*a, **k)
+            self._flush()
+            return r
+        return prologue
+
+    def _w_epilogue(self, f):
+        def epilogue(*a, **k):
+            task = self._task()
+            self.emit("bucket_flush", value=len(self._bucket))
+            self._bucket.clear()
+            self.emit("epilogue", task=task)
+            r = f(*a, **k)
+            self._poll()
+            self._flush()
+            return r
+        return epilogue
+
+    def _w_depth(self, f, kind):
+        def wrapped(*a, **k):
+            self._task()
+            r = f(*a, **k)
+            self.emit(kind, value=compat.depth(self.opt))
+            self._flush()
+            return r
+        return wrapped
+
+    def _w_post_hooks(self, f):
+        def post_hooks(*a, **k):
+            task = self._task()
+            if sys._getframe(2).f_code.co_name in compat.CALLBACK_FRAMES:
+                self.emit("callback_run", task=task)
+            if compat.depth(self.opt) == 0:
+                note = "skipped: no active backward"
+            elif getattr(self.engine, "_running_engine_backward", False):
+                note = "deferred to engine.backward"
+            else:
+                note = "ran epilogue"
+            self.emit("post_hooks", note=note)
+            r = f(*a, **k)
+            self._flush()
+            return r
+        return post_hooks
+
+    def _w_queue(self, f):
+        def queue(*a, **k):
+            task = self._task()
+            before = compat.callback_queued(compat.hook_state_owner(self.opt))
+            r = f(*a, **k)
+            if r and not before:
+                self.emit("callback_queued", task=task)
+            self._flush()
+            return r
+        return queue
+
+    def _w_sink(self, f):
+        def sink(param, *a, **k):
+            task = self._task()
+            name = self.param_names.get(id(param), "?")
+            frame = sys._getframe(2)
+            if frame.f_code.co_name in compat.LEAF_HOOK_FRAMES:
+                if frame is not self._leaf_frame:
+                    self._leaf_frame = frame
+                    self.emit("leaf_hook", module=".".join(name.split(".")[:2]), task=task)
+            else:
+                self.emit("grad_hook", param=name, task=task)
+            self.emit("bucket_add", param=name)
+            self._bucket.add(name)
+            r = f(param, *a, **k)
+            self._flush()
+            return r
+        return sink
+
+    def _w_count(self, f):
+        def count(*a, **k):
+            task = self._task()
+            v = f(*a, **k)
+            self.emit("count", task=task, value=int(v) + self.leaf_count)
+            self._flush()
+            return v
+        return count
+
+    def _w_pre_step(self, f):
+        def pre_step(*a, **k):
+            stale = compat.stale_bucket_count(self.opt)
+            r = f(*a, **k)
+            if stale and compat.stale_bucket_count(self.opt) < stale:
+                self.emit("bucket_clear", value=stale)
+                self._bucket.clear()
+            self._poll()
+            return r
+        return pre_step
+
+    def _block_info(self, name: str):
+        parts = name.split(".")
+        if len(parts) >= 2 and parts[0] == "blocks":
+            i = int(parts[1])
+            return i, self.spec.get("blocks", [{}])[i]
+        return None, None
+
+    def _frozen_params(self, module_name: str) -> list[str]:
+        i, b = self._block_info(module_name)
+        if b is None:
+            return []
+        subs = ("norm", "lin") if module_name.count(".") == 1 else (module_name.split(".")[2],)
+        return [f"blocks.{i}.{s}.{p}" for s in subs if b.get(s, "trainable") == "frozen" for p in ("weight", "bias")]
+
+    def _w_module(self, f, what):
+        def wrapped(module, *a, **k):
+            task = self._task()
+            name = self.mod_names.get(id(module))
+            i, b = self._block_info(name or "")
+            is_block = name is not None and i is not None and name.count(".") == 1
+            leaf = is_block and i in self.leaf_blocks
+            tracked = name is not None and (name == "head" or (i is not None and (not is_block or leaf)))
+            phase = None
+            if what in ("pre_forward", "post_forward"):
+                phase = "eval" if self._eval else ("recompute" if task is not None else "forward")
+            nonre = b is not None and b.get("checkpoint") == "non_reentrant"
+            if what == "pre_forward" and is_block and phase == "recompute":
+                self.emit("recompute_start", module=name)
+            if tracked:
+                if what == "post_forward" and phase == "recompute" and nonre:
+                    for p in self._frozen_params(name):
+                        self.emit("save_live", param=p, module=f"blocks.{i}")
+                self.emit("module_" + what, module=name, phase=phase)
+            r = f(module, *a, **k)
+            self._poll(name if tracked else None)
+            if what == "post_forward" and is_block and phase == "recompute":
+                self.emit("recompute_end", module=name)
+                if nonre:
+                    for p in self._frozen_params(name):
+                        self.emit("unpack", param=p, module=name, note="check")
+            self._flush()
+            return r
+        return wrapped
