@@ -106,7 +106,9 @@ def record_of(f: Any, who: dict[str, Any]) -> Any:
     from .report import FindingRecord
     sc = api.f_scenario(f)
     return FindingRecord(check=api.f_check(f), error=api.f_error(f), scenario=sc, events=api.f_events(f),
-                         violation=api.f_violation(f), design=who["design"],
+                         violation=api.f_violation(f),
+                         design=who["design"] if who["target"] == "model" else None,
+                         where=None if who["target"] == "model" else f"DeepSpeed {who['deepspeed']}",
                          repro=repro_for(sc, api.f_check(f), api.f_error(f), f))
 
 

@@ -43,7 +43,10 @@ def run(args: argparse.Namespace) -> int:
     elif passed:
         print(f"PASS on {where}: every spec holds and the PyTorch oracle agrees\n{scenario.describe()}")
     else:
-        print(f"FAIL on {where}: {check}: {error}\n{scenario.describe()}")
+        lines = [ln for ln in error.strip().splitlines() if ln.strip()]
+        print(f"FAIL on {where}: {check}: {lines[0] if lines else ''}\n{scenario.describe()}")
+        if len(lines) > 1:
+            print("details:\n  " + "\n  ".join(lines[1:12]) + ("\n  ..." if len(lines) > 12 else ""))
     return EXIT_OK if passed else EXIT_FINDINGS
 
 

@@ -92,9 +92,7 @@ def trace_picture(events: Sequence[Event], violation: int | None, title: str, su
     width = max(left + col * len(shown) + 40, 1100)
     height = top + lane_h * len(lanes) + 50 + 22 * legend_rows + 36
     c = Canvas(int(width), int(height))
-    c.text(12, 24, title, size=16, bold=True)
-    if subtitle:
-        c.text(12, 44, subtitle, size=12, color="#333333")
+    _titles(c, title, subtitle)
     x0 = lambda i: left + col * (i - lo)  # noqa: E731
     y_lanes = top + lane_h * len(lanes)
     for phase, a, b in phase_spans(events):
@@ -123,7 +121,9 @@ def trace_picture(events: Sequence[Event], violation: int | None, title: str, su
         c.circle(cx, cy, 9.5, fill="#ffffff", stroke="#d50000" if bad else color, width=3 if bad else 1.5)
         c.text(cx, cy + 3.5, label, size=9, anchor="middle", color="#d50000" if bad else color, bold=True)
     if violation is None:
-        c.text(x0(hi) - 4, top - 22, "violated at the end of the run", size=11, color="#d50000",
+        xv = x0(hi) + 2
+        c.line(xv, top - 20, xv, y_lanes + 4, color="#d50000", width=2, dash=True)
+        c.text(xv - 4, top - 22, "violated after the last event", size=11, color="#d50000",
                anchor="end", bold=True)
     ly = y_lanes + 44
     for k, kind in enumerate(kinds):
@@ -162,9 +162,7 @@ def graph_picture(graph: Any, path: Iterable[Any] = (), title: str = "", subtitl
     pos = {n: (left + dx * d, top + dy * (i + (tallest - len(layers[d])) / 2))
            for d, ns in layers.items() for i, n in enumerate(ns)}
     c = Canvas(int(width), int(height))
-    c.text(12, 24, title, size=16, bold=True)
-    if subtitle:
-        c.text(12, 44, subtitle, size=12, color="#333333")
+    _titles(c, title, subtitle)
     path = list(path)
     on_path = set(zip(path, path[1:]))
     for a, b in graph.edges:
@@ -183,6 +181,15 @@ def graph_picture(graph: Any, path: Iterable[Any] = (), title: str = "", subtitl
            f"{len(layers)} layers (breadth-first depth from the initial state); red: the counterexample",
            size=11, color="#555555")
     return c
+
+
+def _titles(c: Canvas, title: str, subtitle: str) -> None:
+    """Title and the first line of the error, cut to the picture's width."""
+    room = max(40, int((c.width - 24) / 6.8))
+    first = next((ln.strip() for ln in subtitle.splitlines() if ln.strip()), "")
+    c.text(12, 24, title, size=16, bold=True)
+    if first:
+        c.text(12, 44, first if len(first) <= room else first[:room - 1] + "…", size=12, color="#333333")
 
 
 def write_picture(canvas: Canvas, base: str) -> dict[str, str]:

@@ -42,6 +42,8 @@ class FindingRecord:
     events: list[Event] | None = None
     violation: int | None = None
     design: str | None = None
+    where: str | None = None
+    """What produced it, for titles when it is not a model design (``DeepSpeed 0.19.2``)."""
     graph: Any = None
     graph_path: list[Any] = field(default_factory=list)
     repro: Callable[[], str] | None = None
@@ -82,7 +84,7 @@ class Report:
                     replay_args: str | None = None) -> dict[str, Any]:
         n = len(self.data["findings"]) + 1
         entry: dict[str, Any] = {
-            "n": n, "check": rec.check, "error": rec.error, "design": rec.design,
+            "n": n, "check": rec.check, "error": rec.error, "design": rec.design, "where": rec.where,
             "blocks": len(rec.scenario.blocks), "steps": len(rec.scenario.steps),
             "scenario": rec.scenario.to_dict(), "description": rec.scenario.describe(),
             "violation_event": rec.violation, "events_around": _around(rec.events, rec.violation),
@@ -114,7 +116,7 @@ class Report:
         entry["files"]["repro"] = f"repro_{n}.py"
 
     def _pictures(self, rec: FindingRecord, n: int, entry: dict[str, Any]) -> None:
-        who = f" ({rec.design})" if rec.design else ""
+        who = f" ({rec.design or rec.where})" if rec.design or rec.where else ""
         if rec.events:
             canvas = pictures.trace_picture(rec.events, rec.violation, f"{rec.check} violated{who}", rec.error)
             for k, name in pictures.write_picture(canvas, os.path.join(self.dir, f"trace_{n}")).items():

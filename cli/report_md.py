@@ -34,9 +34,9 @@ def render_markdown(d: dict[str, Any]) -> str:
 
 def _finding(f: dict[str, Any]) -> list[str]:
     n, files = f["n"], f["files"]
-    who = f" on `{f['design']}`" if f.get("design") else ""
+    who = f" on `{f['design']}`" if f.get("design") else f" on {f['where']}" if f.get("where") else ""
     out = [f'<a id="finding-{n}"></a>', f"### Finding {n}: `{f['check']}`{who}", "",
-           "```text", f["error"], "```", "", "Scenario (shrunk):", "", "```text", f["description"], "```", ""]
+           "```text", f["error"].strip(), "```", "", "Scenario (shrunk):", "", "```text", f["description"], "```", ""]
     if f["events_around"]:
         out += ["Events around the violation (`>>` marks the violating event):", "", "```text"]
         out += [f"{'>>' if e['violation'] else '  '} {e['index']:4d}  {e['event']}" for e in f["events_around"]]

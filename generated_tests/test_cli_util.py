@@ -32,7 +32,7 @@ def load_report(folder: Path) -> dict:
 
 
 REPORT_KEYS = {"format", "zerostate", "command", "status", "run", "columns", "specs", "findings", "summary"}
-FINDING_KEYS = {"n", "check", "error", "design", "blocks", "steps", "scenario", "description",
+FINDING_KEYS = {"n", "check", "error", "design", "where", "blocks", "steps", "scenario", "description",
                 "violation_event", "events_around", "files", "replay", "notes"}
 
 
