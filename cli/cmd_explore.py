@@ -34,7 +34,8 @@ def add_parser(sub: Any) -> None:
     add_target_options(p)
     p.add_argument("--examples", type=int, default=DEFAULT_EXAMPLES, metavar="N",
                    help=f"examples to run (default {DEFAULT_EXAMPLES})")
-    p.add_argument("--seed", type=int, default=0, metavar="N", help="Hypothesis seed (default 0)")
+    p.add_argument("--seed", type=int, default=None, metavar="N",
+                   help="Hypothesis seed (default: derandomized, the same examples as the ci test profile)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument("--out", default=DEFAULT_OUT, metavar="DIR", help=f"report folder (default {DEFAULT_OUT}/)")
     p.set_defaults(run=run)

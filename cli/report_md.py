@@ -17,6 +17,8 @@ def render_markdown(d: dict[str, Any]) -> str:
         out += [f"**Status: {d['status']}** — this report holds every finding found so far.", ""]
     out += ["| | |", "|---|---|"]
     out += [f"| {label} | {_cell(run[key])} |" for key, label in _RUN_KEYS if run.get(key) is not None]
+    if d["command"] == "explore" and run.get("seed") is None:
+        out.insert(-1, "| seed | derandomized (the ci test profile's examples) |")
     out += ["", "## Specs", "", "| spec | " + " | ".join(d["columns"]) + " | findings |",
             "|---" * (len(d["columns"]) + 2) + "|"]
     for sid, row in d["specs"].items():
