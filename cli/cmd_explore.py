@@ -17,6 +17,12 @@ from .progress import Progress
 from .repro import repro_for
 
 DEFAULT_EXAMPLES = 200
+DEFAULT_TIME_BUDGET = 300.0
+
+
+class _OutOfTime(KeyboardInterrupt):
+    """Raised from the progress callback when the time budget is spent: the explorer hands over
+    what it has seen (as on Ctrl-C) and stops."""
 
 
 def add_target_options(p: argparse.ArgumentParser) -> None:
@@ -33,7 +39,9 @@ def add_parser(sub: Any) -> None:
                        description="Explore scenarios drawn by Hypothesis on a target; write a report.")
     add_target_options(p)
     p.add_argument("--examples", type=int, default=DEFAULT_EXAMPLES, metavar="N",
-                   help=f"examples to run (default {DEFAULT_EXAMPLES})")
+                   help=f"examples per search (default {DEFAULT_EXAMPLES})")
+    p.add_argument("--time-budget", type=float, default=DEFAULT_TIME_BUDGET, metavar="SECONDS",
+                   help=f"stop exploring after this long (default {DEFAULT_TIME_BUDGET:.0f}; 0: no limit)")
     p.add_argument("--seed", type=int, default=None, metavar="N",
                    help="Hypothesis seed (default: derandomized, the same examples as the ci test profile)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -55,6 +63,7 @@ def run(args: argparse.Namespace) -> int:
     who = api.describe_target(target)
     column = column_of(args, who)
     report = Report(args.out, "explore", {**who, "examples": args.examples, "seed": args.seed,
+                                          "time_budget": args.time_budget or None,
                                           "command_line": "zerostate " + " ".join(sys.argv[1:])},
                     columns=[column], specs=SPECS, replay_args=_replay_args(args))
     progress = Progress("explore")
@@ -74,10 +83,15 @@ def run(args: argparse.Namespace) -> int:
         counts["examples"] = examples
         report.data["run"]["examples_run"] = examples
         progress.update(examples, len(findings))
+        if args.time_budget and time.monotonic() - t0 > args.time_budget and not counts.get("stop"):
+            counts["stop"] = 1
+            raise _OutOfTime()
 
     status = "complete"
     try:
         api.explore(target, args.examples, args.seed, on_finding, on_progress)
+    except _OutOfTime:
+        report.data["run"]["stopped"] = "time budget spent"
     except KeyboardInterrupt:
         status = "interrupted"
     finally:
@@ -93,7 +107,8 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(summary, indent=2))
     else:
         print(f"explore {column}: {summary['examples']} example(s), {len(findings)} finding(s), "
-              f"{summary['seconds']:.0f}s{' (interrupted)' if status != 'complete' else ''}. "
+              f"{summary['seconds']:.0f}s{' (interrupted)' if status != 'complete' else ''}"
+              f"{' (time budget spent)' if report.data['run'].get('stopped') else ''}. "
               f"Report: {args.out}/report.md")
         for i, f in enumerate(findings, 1):
             print(f"  #{i} {f['check']}: {f['error'].splitlines()[0] if f['error'] else ''}")
