@@ -1,0 +1,196 @@
+"""Hypothesis tests of the gradient-hook / epilogue model (issue 2).
+
+* A stateful machine draws a scenario and a design, then fires one *enabled*
+  driver event at a time (so Hypothesis explores interleavings of the backward
+  DAG), checking every hook spec's monitor after every event.
+* ``find`` searches for the smallest scenario on which a known-buggy era
+  violates its spec, and the test re-checks that counterexample's trace with
+  the spec, so it fails if the design were fixed.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import find, given, note, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from zerostate.model import BackwardKind, Checkpoint, Network, get_design
+from zerostate.model.driver import segments
+from zerostate.model.events import Ev
+from zerostate.model.explore import enabled_nodes, state_graph
+from zerostate.model.machine import initial_state, step
+from zerostate.specs import check_trace
+from zerostate.specs.hook_specs import (CLEAN_STEP, COUNT_ONCE_PER_PHASE, EPILOGUE_ONCE, GRAD_HANDLED_ONCE,
+                                        HOOK_SPECS)
+from zerostate.targets.strategies import scenarios
+
+CORRECT = ("ds-0.18.7", "zerostate")
+hook_scenarios = scenarios(max_blocks=3, max_steps=2, max_gas=2)
+
+
+class HookProtocol(RuleBasedStateMachine):
+    """Fire the driver events of one scenario in a Hypothesis-chosen legal order."""
+
+    @initialize(sc=hook_scenarios, name=st.sampled_from(CORRECT))
+    def setup(self, sc, name):
+        note(sc.describe())
+        self.design = get_design(name)
+        self.net = Network(sc)
+        self.segs = segments(sc, coordinator=False)
+        self.seg, self.done = 0, frozenset()
+        self.state = initial_state(self.design, self.net)
+        self.monitors = [s.init() for s in HOOK_SPECS]
+        self.trace = []
+        self.violation = None
+
+    def _finished(self) -> bool:
+        return self.seg >= len(self.segs)
+
+    @precondition(lambda self: not self._finished())
+    @rule(data=st.data())
+    def fire(self, data):
+        g = self.segs[self.seg]
+        en = enabled_nodes(g, self.done)
+        n = data.draw(st.sampled_from(en), label="event") if len(en) > 1 else en[0]
+        self.state, out = step(self.design, self.net, self.state, g.nodes[n]["event"])
+        self.trace += out
+        for i, (spec, m) in enumerate(zip(HOOK_SPECS, self.monitors)):
+            for ev in out:
+                m = spec.step(m, ev)
+                if getattr(m, "is_violation", False):
+                    self.violation = f"{spec.id}: {m.message} at {ev}"
+                    break
+            self.monitors[i] = m
+        self.done |= {n}
+        if len(self.done) == g.number_of_nodes():
+            self.seg, self.done = self.seg + 1, frozenset()
+
+    @precondition(lambda self: self._finished())
+    @rule()
+    def finished(self):
+        """The run is over; nothing left to fire."""
+
+    @invariant()
+    def every_hook_spec_holds(self):
+        assert self.violation is None, self.violation
+
+    def teardown(self):
+        if getattr(self, "segs", None) is not None and self._finished():
+            for spec in HOOK_SPECS:
+                v = check_trace(spec, self.trace)
+                assert v is None, str(v)
+
+
+TestHookProtocol = HookProtocol.TestCase
+TestHookProtocol.settings = settings(stateful_step_count=200)
+
+
+def _violates(design_name: str, spec, sc) -> bool:
+    """Some interleaving of ``sc`` violates ``spec`` under the design (exhaustive over interleavings)."""
+    return not state_graph(get_design(design_name), sc, [spec], coordinator=False).specs[spec.id].holds
+
+
+def _counterexample(design_name: str, spec, sc):
+    return state_graph(get_design(design_name), sc, [spec], coordinator=False).specs[spec.id].counterexample
+
+
+def test_ds_0_18_4_premature_epilogue_is_found_and_shrunk():
+    """Seed 000 part 1: reentrant checkpoint + PyTorch-style backward loses phase-2 gradients."""
+    found = {}
+
+    def seed_shape(sc) -> bool:
+        """A reentrant block whose parameters the backward reaches, and a PyTorch-style backward."""
+        net = Network(sc)
+        return (any(b.checkpoint is Checkpoint.REENTRANT and net.hooked_params(i)
+                    for i, b in enumerate(sc.blocks))
+                and any(m.backward.pytorch_style for _, _, m in sc.micro_steps()))
+
+    def bad(sc):
+        if not seed_shape(sc):
+            return False
+        for spec in (EPILOGUE_ONCE, GRAD_HANDLED_ONCE):
+            if _violates("ds-0.18.4", spec, sc):
+                found["spec"] = spec
+                return True
+        return False
+
+    sc = find(scenarios(max_blocks=3, max_steps=2, max_gas=2), bad,
+              settings=settings(derandomize=True, max_examples=2000, database=None))
+    assert len(sc.blocks) <= 2 and sc.num_micro_steps <= 2, sc.describe()
+    spec = found["spec"]
+    events = _counterexample("ds-0.18.4", spec, sc)
+    assert check_trace(spec, events) is not None  # the counterexample really violates the spec
+    # ... and the fixed designs run the same scenario cleanly
+    for name in CORRECT:
+        assert not _violates(name, spec, sc)
+
+
+def test_ds_0_18_4_never_ends_a_pytorch_style_backward_that_reaches_no_hook():
+    """A model prediction beyond the seeds: with 0.18.4's counter, the epilogue of a PyTorch-style
+    backward runs only from a gradient hook, so a backward that fires none (every reached parameter
+    frozen) never runs it and never exits the backward context."""
+    from zerostate.model import Block, MicroStep, ParamKind, Scenario, TrainStep
+    frozen = Block(norm=ParamKind.FROZEN, lin=ParamKind.FROZEN)
+    sc = Scenario(blocks=(frozen,), steps=(TrainStep((MicroStep(BackwardKind.TORCH),)),))
+    events = _counterexample("ds-0.18.4", EPILOGUE_ONCE, sc)
+    v = check_trace(EPILOGUE_ONCE, events)
+    assert v is not None and "without running the epilogue" in v.message
+    for name in CORRECT:
+        assert not _violates(name, EPILOGUE_ONCE, sc)
+
+
+def test_ds_0_18_5_counts_in_every_hook():
+    """Seed 000 part 2: count_used_parameters_in_backward in every hook (issues #7882, #7885)."""
+    sc = find(scenarios(max_blocks=3, max_steps=2, max_gas=2),
+              lambda s: _violates("ds-0.18.5", COUNT_ONCE_PER_PHASE, s),
+              settings=settings(derandomize=True, max_examples=500, database=None))
+    events = _counterexample("ds-0.18.5", COUNT_ONCE_PER_PHASE, sc)
+    assert check_trace(COUNT_ONCE_PER_PHASE, events) is not None
+    counts = [e for e in events if e.kind is Ev.COUNT]
+    assert len(counts) >= 2 and len({e.task for e in counts}) < len(counts)
+    assert len(sc.blocks) == 1 and sc.num_micro_steps == 1, sc.describe()
+    for name in CORRECT:
+        assert not _violates(name, COUNT_ONCE_PER_PHASE, sc)
+
+
+def test_stale_bucket_survives_step_in_ds_0_18_4():
+    """clean-step (seed 000 part 1): 0.18.4 has no ``_pre_step`` bucket clear, 0.18.5 on does."""
+    sc = find(scenarios(max_blocks=2, max_steps=2, max_gas=1, stages=(3,)),
+              lambda s: _violates("ds-0.18.4", CLEAN_STEP, s),
+              settings=settings(derandomize=True, max_examples=2000, database=None))
+    assert check_trace(CLEAN_STEP, _counterexample("ds-0.18.4", CLEAN_STEP, sc)) is not None
+
+
+@given(hook_scenarios)
+@settings(max_examples=80)
+def test_count_sees_only_the_current_graph_task(sc):
+    """What count_used_parameters_in_backward returns depends on the current graph task's reach:
+    the outer task sees plain and non-reentrant blocks, a nested task only its reentrant block."""
+    net = Network(sc)
+    from zerostate.model.explore import run
+    trace = run(get_design("ds-0.18.5"), sc, coordinator=False)
+    tasks = {}
+    for e in trace:
+        if e.kind is Ev.TASK_START:
+            tasks[e.task] = e
+        if e.kind is Ev.COUNT:
+            start = tasks[e.task]
+            if start.note == "outer":
+                reach = net.reach_of_outer_task()
+            elif start.note == "nested":
+                reach = net.reach_of_nested_task(int(start.module.split(".")[1]))
+            else:
+                reach = net.reach_of_pre_backward()
+            assert e.value == len(reach) + net.leaf_module_count
+
+
+@pytest.mark.parametrize("kind", list(BackwardKind))
+def test_fixed_designs_hold_on_the_seed_000_shape(kind):
+    """Reentrant block then plain block, two train steps, every backward kind: all specs hold."""
+    from zerostate.model import Block, MicroStep, Scenario, TrainStep
+    sc = Scenario(blocks=(Block(Checkpoint.REENTRANT), Block()),
+                  steps=(TrainStep((MicroStep(kind),)),) * 2)
+    for name in CORRECT:
+        res = state_graph(get_design(name), sc, HOOK_SPECS, coordinator=False)
+        assert all(r.holds for r in res.specs.values()), (name, {k: r.message for k, r in res.specs.items()})

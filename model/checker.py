@@ -1,0 +1,194 @@
+"""Exhaustive model check: every scenario up to a bound, every interleaving, every design.
+
+`Bound` says which scenarios to enumerate (default: 1-3 blocks, every
+checkpoint mode, each block trainable or frozen-norm, with and without a fused
+head, 1-2 micro-steps of every backward kind, ZeRO-3).  Scenarios are
+enumerated smallest first, so the first counterexample found for a spec is a
+smallest one.  For each (design, scenario) the reachable state graph is built
+with the spec monitors inside it (`explore.state_graph`); hook-family specs use
+the driver DAG without module-hook nodes, coordinator-family specs the full one.
+
+Work is spread over processes (``jobs``); results are merged in enumeration order,
+so the answer does not depend on ``jobs``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Sequence
+
+from .designs import Design, get_design
+from .events import Event
+from .explore import state_graph
+from .network import Network
+from .scenario import BackwardKind, Block, Checkpoint, MicroStep, ParamKind, Scenario, TrainStep
+
+BLOCK_KINDS = {
+    "trainable": (ParamKind.TRAINABLE, ParamKind.TRAINABLE),
+    "frozen": (ParamKind.FROZEN, ParamKind.TRAINABLE),  # seed 002's shape: frozen norm, trainable lin
+    "all-frozen": (ParamKind.FROZEN, ParamKind.FROZEN),
+    "unused": (ParamKind.TRAINABLE, ParamKind.UNUSED),
+}
+
+
+@dataclass(frozen=True)
+class Bound:
+    max_blocks: int = 3
+    checkpoints: tuple[Checkpoint, ...] = (Checkpoint.NONE, Checkpoint.REENTRANT, Checkpoint.NON_REENTRANT)
+    block_kinds: tuple[str, ...] = ("trainable", "frozen")
+    backwards: tuple[BackwardKind, ...] = (BackwardKind.ENGINE, BackwardKind.TORCH, BackwardKind.NONSCALAR)
+    max_micro_steps: int = 2
+    fused_head: tuple[bool, ...] = (False, True)
+    stages: tuple[int, ...] = (3,)
+
+    def scenarios(self) -> Iterator[Scenario]:
+        """Smallest first: blocks, then micro-steps, then the rest in declaration order."""
+        for n in range(1, self.max_blocks + 1):
+            for m in range(1, self.max_micro_steps + 1):
+                for stage in self.stages:
+                    for head in self.fused_head:
+                        for combo in itertools.product(self.checkpoints, self.block_kinds, repeat=n):
+                            blocks = tuple(Block(combo[2 * i], *BLOCK_KINDS[combo[2 * i + 1]])
+                                           for i in range(n))
+                            for kinds in itertools.product(self.backwards, repeat=m):
+                                sc = Scenario(blocks=blocks, stage=stage, fused_head=head,
+                                              steps=(TrainStep(tuple(MicroStep(k) for k in kinds)),))
+                                if Network(sc).loss_requires_grad:
+                                    yield sc
+
+
+@dataclass
+class DesignSpecResult:
+    holds: bool = True
+    counterexample: Scenario | None = None
+    events: list[Event] | None = None
+    message: str | None = None
+
+
+@dataclass
+class DesignResult:
+    design: str
+    expected_correct: bool
+    judged: tuple[str, ...]
+    specs: dict[str, DesignSpecResult] = field(default_factory=dict)
+    states: int = 0
+    transitions: int = 0
+    scenarios: int = 0
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        """Holds on every spec it is judged on (its family's)."""
+        return all(self.specs[s].holds for s in self.judged)
+
+
+@dataclass
+class CheckResult:
+    bound: Bound
+    designs: dict[str, DesignResult]
+    seconds: float
+
+    @property
+    def ok(self) -> bool:
+        return all(d.ok for d in self.designs.values() if d.expected_correct)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"designs": {
+            name: {"specs": {sid: {"holds": r.holds,
+                                   "counterexample": r.counterexample.to_dict() if r.counterexample else None,
+                                   **({"message": r.message} if r.message else {})}
+                             for sid, r in d.specs.items()},
+                   "states": d.states, "transitions": d.transitions, "scenarios": d.scenarios,
+                   "seconds": round(d.seconds, 3), "expected_correct": d.expected_correct,
+                   "judged_on": list(d.judged)}
+            for name, d in self.designs.items()},
+            "seconds": round(self.seconds, 3), "ok": self.ok}
+
+
+def _specs_by_family(spec_ids: Sequence[str] | None):
+    from zerostate.specs import SPECS  # noqa: PLC0415 (specs import the model; import lazily)
+    chosen = [SPECS[s] for s in spec_ids] if spec_ids else list(SPECS.values())
+    return ([s for s in chosen if s.family == "hooks"], [s for s in chosen if s.family == "coordinator"])
+
+
+def judged_specs(design: Design) -> tuple[str, ...]:
+    from zerostate.specs import specs_for  # noqa: PLC0415
+    return tuple(s.id for s in specs_for(design.family))
+
+
+def _check_chunk(args: tuple[str, list[Scenario], Sequence[str] | None]) -> list[tuple]:
+    """Worker: state graphs of one design over some scenarios; returns per-scenario summaries."""
+    name, scenarios, spec_ids = args
+    design = get_design(name)
+    hook_specs, coord_specs = _specs_by_family(spec_ids)
+    out = []
+    for sc in scenarios:
+        states = transitions = 0
+        failures: dict[str, tuple[str, list[Event]]] = {}
+        groups = [(hook_specs, False)]
+        if coord_specs and sc.stage == 3 and getattr(design.coordinator, "name", "none") != "none":
+            groups.append((coord_specs, True))
+        for specs, coord in groups:
+            if not specs:
+                continue
+            g = state_graph(design, sc, specs, coordinator=coord)
+            states += g.states
+            transitions += g.transitions
+            for sid, r in g.specs.items():
+                if not r.holds:
+                    failures[sid] = (r.message or "", r.counterexample or [])
+        out.append((states, transitions, failures))
+    return out
+
+
+def check(design_names: Sequence[str], bound: Bound = Bound(), spec_ids: Sequence[str] | None = None,
+          jobs: int | None = None) -> CheckResult:
+    """Check every named design over every scenario of ``bound``.  Unknown names raise first."""
+    designs = [get_design(n) for n in design_names]  # UnknownDesignError before any work
+    hook_specs, coord_specs = _specs_by_family(spec_ids)
+    all_ids = [s.id for s in (*hook_specs, *coord_specs)]
+    scenarios = list(bound.scenarios())
+    jobs = jobs or min(os.cpu_count() or 1, 8)
+    t0 = time.perf_counter()
+    results: dict[str, DesignResult] = {}
+    chunk = max(1, len(scenarios) // (jobs * 8))
+    pieces = [scenarios[i:i + chunk] for i in range(0, len(scenarios), chunk)]
+    pool = ProcessPoolExecutor(jobs) if jobs > 1 else None
+    try:
+        for d in designs:
+            t1 = time.perf_counter()
+            res = DesignResult(d.name, d.expected_correct, tuple(s for s in judged_specs(d) if s in all_ids))
+            res.specs = {sid: DesignSpecResult() for sid in all_ids}
+            args = [(d.name, p, spec_ids) for p in pieces]
+            mapped = pool.map(_check_chunk, args) if pool else map(_check_chunk, args)
+            for piece, summaries in zip(pieces, mapped):
+                for sc, (states, transitions, failures) in zip(piece, summaries):
+                    res.states += states
+                    res.transitions += transitions
+                    res.scenarios += 1
+                    for sid, (msg, events) in failures.items():
+                        if res.specs[sid].holds:
+                            res.specs[sid] = DesignSpecResult(False, sc, events, msg)
+            res.seconds = time.perf_counter() - t1
+            results[d.name] = res
+    finally:
+        if pool:
+            pool.shutdown()
+    return CheckResult(bound, results, time.perf_counter() - t0)
+
+
+def counterexample_graph(design_name: str, scenario: Scenario, spec_id: str):
+    """The reachable state graph (networkx) of one counterexample scenario, for pictures."""
+    from zerostate.specs import SPECS  # noqa: PLC0415
+    spec = SPECS[spec_id]
+    design = get_design(design_name)
+    return state_graph(design, scenario, [spec], keep_graph=True,
+                       coordinator=spec.family == "coordinator").graph
+
+
+__all__ = ["BLOCK_KINDS", "Bound", "CheckResult", "DesignResult", "DesignSpecResult", "check",
+           "counterexample_graph", "judged_specs"]
