@@ -52,9 +52,9 @@ class CompatRow:
 
 
 COMPAT: tuple[CompatRow, ...] = (
-    CompatRow((0, 18, 5), (0, 18, 6), "count-every-hook", None,
+    CompatRow((0, 18, 5), (0, 18, 6), "count-every-hook", "plain",
               "BackwardHookStateManager + queued callback (PR #7780); count in every hook (#7882/#7885)"),
-    CompatRow((0, 18, 7), (0, 18, 9), "refresh-gated", None,
+    CompatRow((0, 18, 7), (0, 18, 9), "refresh-gated", "plain",
               "PR #7886: hooks gate the count on should_refresh_expected_hook_count"),
     CompatRow((0, 19, 0), (0, 19, 2), "refresh-gated", "plain",
               "coordinator partitions recompute-fetched frozen params (seed 002's CheckpointError)"),
@@ -276,7 +276,8 @@ def install(engine: Any, *, release_policy: bool | None = None) -> Installation:
         elif want_release:
             if row.release_policy is None:
                 raise ZerostateInstallError(
-                    f"the zerostate release policy supports DeepSpeed 0.19.0 to {_fmt(COMPAT[-1].last)}; "
+                    f"the zerostate release policy supports DeepSpeed "
+                    f"{_fmt(next(r.first for r in COMPAT if r.release_policy))} to {_fmt(COMPAT[-1].last)}; "
                     f"installed {version}. Nothing was changed.")
             if why:
                 raise ZerostateInstallError(f"release policy: {why}. Nothing was changed.")

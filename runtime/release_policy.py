@@ -1,6 +1,6 @@
 """The `zerostate` release policy for parameters fetched during an activation-checkpoint recompute.
 
-The coordinator decision it ships (ZeRO-3, DeepSpeed 0.19.0 .. 0.19.8):
+The coordinator decision it ships (ZeRO-3, DeepSpeed 0.18.5 .. 0.19.8):
 
 *  A **frozen** parameter (``requires_grad=False``) gathered by a module ``M`` whose
    forward hooks fire *inside a backward graph task* (a non-reentrant checkpoint

@@ -218,7 +218,7 @@ def run_case(name: str, install: bool) -> dict[str, Any]:
                     gathered = [n for n, p in engine.module.named_parameters()
                                 if not p.requires_grad and p.ds_status != ZeroParamStatus.NOT_AVAILABLE]
                     res.setdefault("gathered_after_backward", []).append(gathered)
-            engine.step()
+                engine.step()  # DeepSpeed convention: every micro-batch; it steps at the boundary
         res["counts"] = max(per_backward) if per_backward else 0
         res["phase_violations"] = phase_violations
         if case["stage"] == 3 and case["frozen"]:
