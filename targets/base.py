@@ -15,11 +15,15 @@ or design, an unsupported or uninstallable DeepSpeed version, or a
 `Finding` fields: ``check`` (a spec id, ``oracle``, ``exception``, ``hang``,
 ``saved-tensor-intact``, ``model-agreement``, ...), ``error`` (text), ``scenario``,
 ``trace`` (events, or None), ``index`` (the violating event's index in ``trace``,
-or None), ``target``, ``deepspeed`` (the release, or None).
+or None), ``target``, ``deepspeed`` (the release, or None), ``origin`` (for
+``exception``: ``ExcType@module.function`` of the innermost DeepSpeed frame).
+``Finding.key`` (check id, plus origin for exceptions) is what makes two findings
+the same bug: the explorer reports one per key.
 ``Finding.to_json_dict()`` gives ``{"check", "error", "blocks", "steps", "scenario"}``.
 
 `Outcome` fields: ``scenario``, ``trace`` (list of events, possibly partial),
-``error`` (text when the run raised, else None), ``findings`` (at most one per check id).
+``error`` (text when the run raised, else None), ``findings`` (at most one per key),
+``seconds``, ``details`` (e.g. ``skipped``: why a scenario could not be run at all).
 """
 
 from __future__ import annotations
@@ -44,6 +48,13 @@ class Finding:
     index: int | None = None
     target: str = ""
     deepspeed: str | None = None
+    origin: str | None = None
+    """For ``exception`` findings: ``ExcType@module.function`` where DeepSpeed raised."""
+
+    @property
+    def key(self) -> str:
+        """What makes two findings the same bug: the check id (plus the origin of an exception)."""
+        return f"{self.check}:{self.origin}" if self.origin else self.check
 
     def to_json_dict(self) -> dict[str, Any]:
         return {"check": self.check, "error": self.error, "blocks": len(self.scenario.blocks),

@@ -29,22 +29,36 @@ def blocks(draw, kinds=KINDS, checkpoints=CHECKPOINTS, leaf: bool = True) -> Blo
 
 
 @st.composite
-def train_steps(draw, gas: int, backwards=BACKWARDS, eval_forwards: bool = True) -> TrainStep:
-    micro = tuple(MicroStep(draw(st.sampled_from(backwards))) for _ in range(gas))
-    return TrainStep(micro=micro, eval_before=draw(st.booleans()) if eval_forwards else False)
+def train_steps(draw, gas: int, backwards=BACKWARDS, eval_forwards: bool = True,
+                skippable: tuple[int, ...] = (), reregister: bool = False) -> TrainStep:
+    """``skippable``: blocks with a frozen norm a micro-step's branch may skip (drawn only when given);
+    ``reregister``: also draw whether ZeRO-3's hooks are re-registered before the step."""
+    micro = tuple(MicroStep(draw(st.sampled_from(backwards)),
+                            tuple(sorted(draw(st.sets(st.sampled_from(skippable))))) if skippable else ())
+                  for _ in range(gas))
+    return TrainStep(micro=micro, eval_before=draw(st.booleans()) if eval_forwards else False,
+                     reregister=draw(st.booleans()) if reregister else False)
 
 
 @st.composite
 def scenarios(draw, *, max_blocks: int = 3, max_steps: int = 2, max_gas: int = 2,
               stages=(3, 1, 2), kinds=KINDS, checkpoints=CHECKPOINTS, backwards=BACKWARDS,
               leaf: bool = True, fused_head: bool = True, eval_forwards: bool = True,
-              knobs: bool = True, width: int = 8) -> Scenario:
-    """A trainable scenario: the loss requires grad, so every backward call is legal."""
+              knobs: bool = True, width: int = 8, branches: bool = False,
+              reregister: bool = False) -> Scenario:
+    """A trainable scenario: the loss requires grad, so every backward call is legal.
+
+    ``branches``: micro-steps may skip frozen norms (a different branch: the ZeRO-3 module order
+    changes); ``reregister``: train steps may start by re-registering ZeRO-3's hooks.  Both are off by
+    default so existing draws (and their derandomized examples) are unchanged.
+    """
     stage = draw(st.sampled_from(stages))
     bl = tuple(draw(st.lists(blocks(kinds, checkpoints, leaf and stage == 3), min_size=1,
                              max_size=max_blocks)))
     gas = draw(st.integers(1, max_gas))
-    steps = tuple(draw(st.lists(train_steps(gas, backwards, eval_forwards), min_size=1, max_size=max_steps)))
+    skippable = tuple(i for i, b in enumerate(bl) if b.norm is ParamKind.FROZEN) if branches else ()
+    steps = tuple(draw(st.lists(train_steps(gas, backwards, eval_forwards, skippable, reregister),
+                                min_size=1, max_size=max_steps)))
     sc = Scenario(
         blocks=bl, steps=steps, stage=stage,
         fused_head=draw(st.booleans()) if fused_head else False,

@@ -7,10 +7,13 @@
 ``error_check`` ``"saved-tensor-intact"`` for a torch ``CheckpointError``, ``"exception"`` otherwise;
 ``traceback``   the last lines of the traceback;
 ``mismatch``    the first oracle disagreement (``"after train step i: <param>: ..."``), else None;
-``steps``       train steps compared with the oracle.
+``origin``      ``ExcType@module.function`` of the innermost DeepSpeed frame (distinguishes exceptions);
+``steps``       train steps compared with the oracle;
+``skipped``     a reason when the scenario cannot be trained at all (no trainable parameter).
 
 The engine is torn down after every scenario (tracer uninstalled, ``engine.destroy()``, ZeRO-3's
-module stack cleared, ``gc.collect()``), so one worker process serves every example.
+module stack cleared; reference cycles are collected periodically, see ``GC_EVERY``), so one worker
+process serves every example.
 """
 
 from __future__ import annotations
@@ -21,10 +24,35 @@ import traceback
 from . import compat, net
 from .tracer import Tracer
 
+_RUNS = [0]
+GC_EVERY = 50
+"""Full collections are expensive with torch and DeepSpeed loaded (~0.2-0.5 s): after the first example
+and every ``GC_EVERY`` examples the worker collects once and ``gc.freeze()``s what survives, so the
+collections DeepSpeed itself makes (``defragment``) and the automatic ones only scan new objects."""
+
+
+def origin(exc: BaseException) -> str:
+    """Where an exception was raised, stable across releases: ``ExcType@module.function`` of the
+    innermost DeepSpeed frame (else the innermost frame)."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    pick = None
+    for fr in frames:
+        norm = fr.filename.replace("\\", "/")
+        if "/deepspeed/" in norm:
+            pick = (norm.rsplit("/deepspeed/", 1)[1].removesuffix(".py").replace("/", "."), fr.name)
+    if pick is None and frames:
+        fr = frames[-1]
+        pick = (fr.filename.rsplit("/", 1)[-1].removesuffix(".py"), fr.name)
+    return f"{type(exc).__name__}@{pick[0]}.{pick[1]}" if pick else type(exc).__name__
+
 
 def execute(spec: dict) -> dict:
     res: dict = {"events": [], "error": None, "error_check": None, "traceback": None, "mismatch": None,
                  "steps": 0}
+    if not any(b.get(k, "trainable") != "frozen" for b in spec.get("blocks", [{}]) for k in ("norm", "lin")) \
+            and not spec.get("fused_head", False):
+        res["skipped"] = "no trainable parameter: neither PyTorch nor DeepSpeed can build the optimizer"
+        return res
     try:
         expected = net.oracle_params(spec)
     except Exception as exc:  # the oracle itself failed: the scenario is not trainable in plain PyTorch
@@ -50,6 +78,7 @@ def execute(spec: dict) -> dict:
         res["error"] = f"{type(exc).__name__}: {exc}"
         res["error_check"] = "saved-tensor-intact" if compat.is_checkpoint_error(exc) else "exception"
         res["traceback"] = "".join(traceback.format_exc().splitlines(True)[-12:])
+        res["origin"] = origin(exc)
     finally:
         if tracer is not None:
             res["events"] = tracer.events
@@ -58,5 +87,8 @@ def execute(spec: dict) -> dict:
             backend.close()
         compat.clear_globals()
         del backend, tracer, model
-        gc.collect()
+        _RUNS[0] += 1
+        if _RUNS[0] == 1 or _RUNS[0] % GC_EVERY == 0:
+            gc.collect()
+            gc.freeze()
     return res

@@ -229,10 +229,15 @@ class DeepSpeedTarget:
             f = mk("internal", f"zerostate's executor failed: {resp.get('error')}\n{resp.get('traceback', '')}")
             return Outcome(scenario, [], f.error, [f], time.perf_counter() - t0)
         res = resp["result"]
+        if res.get("skipped"):
+            return Outcome(scenario, [], None, [], time.perf_counter() - t0, {"skipped": res["skipped"]})
         events = [Event.from_dict(d) for d in res["events"]]
         findings: list[Finding] = []
         if res.get("error"):
-            findings.append(mk(res["error_check"], res["error"] + "\n" + (res.get("traceback") or ""), events))
+            f = mk(res["error_check"], res["error"] + "\n" + (res.get("traceback") or ""), events)
+            if f.check == "exception":
+                f.origin = res.get("origin")
+            findings.append(f)
         if res.get("mismatch"):
             findings.append(mk("oracle", f"DeepSpeed {self.version} disagrees with PyTorch {res['mismatch']}",
                                events))
@@ -245,7 +250,7 @@ class DeepSpeedTarget:
             if msg:
                 findings.append(mk("model-agreement", msg, events))
         seen: set[str] = set()
-        unique = [f for f in findings if not (f.check in seen or seen.add(f.check))]
+        unique = [f for f in findings if not (f.key in seen or seen.add(f.key))]
         return Outcome(scenario, events, res.get("error"), unique, time.perf_counter() - t0,
                        {"steps": res.get("steps"), "seconds_in_worker": resp.get("seconds")})
 

@@ -45,6 +45,7 @@ def main() -> int:
         net.setup_distributed()
         import deepspeed
         import torch
+        torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))  # tiny tensors: threads only cost
         from . import executor
         hello = {"ok": True, "deepspeed": deepspeed.__version__, "file": deepspeed.__file__,
                  "torch": torch.__version__, "device": "cuda" if torch.cuda.is_available() else "cpu",

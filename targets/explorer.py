@@ -1,0 +1,143 @@
+"""Explore a target with Hypothesis: find distinct findings, shrink each, hand them over as they are final.
+
+::
+
+    from zerostate.targets.base import get_target
+    from zerostate.targets.explorer import explore
+    res = explore(get_target("deepspeed", deepspeed="0.18.4"), examples=200, seed=None,
+                  on_finding=print, on_progress=lambda n, k, s: None)
+    res.findings, res.examples, res.seconds, res.first_seen
+
+How: a sequence of Hypothesis searches over `targets.strategies.scenarios()` (or
+``strategy``).  Each search fails on the first scenario whose outcome has a
+finding key (`Finding.key`: the check id, plus where DeepSpeed raised for an
+``exception``) not found yet; Hypothesis shrinks that failure (the predicate "has a
+check not found yet" is fixed during the search, so shrinking is sound), the
+shrunk scenario's new findings go to ``on_finding`` at once, and the next search
+starts with those ids known.  Outcomes are memoised by scenario, so a search
+replaying the examples of the previous one costs nothing; ``examples`` bounds
+each search's generated examples, i.e. the explored prefix of one deterministic
+sequence.  The run ends when a search exhausts ``examples`` with nothing new.
+
+Determinism: ``seed=None`` uses Hypothesis' ``derandomize`` (the ci profile's
+behaviour): the same target gives the same findings on every run.  An integer
+seed picks another (equally reproducible) sequence.  No Hypothesis database is
+read or written.
+
+A check seen during shrinking but never the subject of a search of its own
+(rare) is still reported at the end, with the smallest scenario it was seen in.
+On Ctrl-C the findings seen but not yet handed over are handed over (smallest
+scenario so far), then KeyboardInterrupt propagates.
+
+``on_progress(examples_run, findings_so_far, elapsed_seconds)`` is called after
+every distinct target run.  `ExploreResult` has ``findings``, ``examples``
+(distinct target runs, shrinking included), ``seconds``, ``first_seen`` (finding
+key -> the number of distinct runs until it first appeared) and ``generated``
+(examples in the generation phase).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from hypothesis import HealthCheck, Phase, Verbosity, given, settings
+from hypothesis import seed as hseed
+from hypothesis.control import current_build_context
+
+from zerostate.model.scenario import Scenario
+
+from .base import Finding, Outcome, Target
+
+
+@dataclass
+class ExploreResult:
+    findings: list[Finding]
+    examples: int
+    seconds: float
+    first_seen: dict[str, int] = field(default_factory=dict)
+    generated: int = 0
+    interrupted: bool = False
+
+
+class _NewCheck(Exception):
+    pass
+
+
+def explore(target: Target, *, examples: int, seed: int | None = None,
+            on_finding: Callable[[Finding], None] | None = None,
+            on_progress: Callable[[int, int, float], None] | None = None,
+            strategy: Any = None) -> ExploreResult:
+    from .strategies import scenarios
+    strat = strategy if strategy is not None else scenarios()
+    t0 = time.perf_counter()
+    memo: dict[str, Outcome] = {}
+    reported: dict[str, Finding] = {}
+    seen: dict[str, Finding] = {}       # check -> smallest finding seen (for leftovers)
+    first_seen: dict[str, int] = {}
+    stats = {"generated": 0}
+
+    def emit(f: Finding) -> None:
+        reported[f.key] = f
+        if on_finding is not None:
+            on_finding(f)
+
+    def run(sc: Scenario) -> Outcome:
+        key = sc.to_json(None)
+        out = memo.get(key)
+        if out is None:
+            out = target.run(sc)
+            memo[key] = out
+            for f in out.findings:
+                first_seen.setdefault(f.key, len(memo))
+                if f.key not in seen or f.size < seen[f.key].size:
+                    seen[f.key] = f
+            if on_progress is not None:
+                on_progress(len(memo), len(reported), time.perf_counter() - t0)
+        return out
+
+    def search() -> Scenario | None:
+        final: list[Scenario] = []
+        known = frozenset(reported)
+
+        @settings(max_examples=examples, database=None, deadline=None, derandomize=seed is None,
+                  phases=[Phase.generate, Phase.shrink], report_multiple_bugs=False, print_blob=False,
+                  suppress_health_check=list(HealthCheck), verbosity=Verbosity.quiet)
+        @given(strat)
+        def probe(sc: Scenario) -> None:
+            out = run(sc)
+            if current_build_context().is_final:
+                final.append(sc)
+            if any(f.key not in known for f in out.findings):
+                raise _NewCheck(sc)
+
+        if seed is not None:
+            probe = hseed(seed)(probe)
+        try:
+            probe()
+        except _NewCheck:
+            return final[-1] if final else None
+        return None
+
+    try:
+        while True:
+            sc = search()
+            if sc is None:
+                break
+            new = [f for f in memo[sc.to_json(None)].findings if f.key not in reported]
+            if not new:
+                break
+            for f in new:
+                emit(f)
+        for check in sorted(set(seen) - set(reported)):  # seen while shrinking only
+            emit(seen[check])
+    except KeyboardInterrupt:
+        for check in sorted(set(seen) - set(reported)):
+            emit(seen[check])
+        raise
+    return ExploreResult(list(reported.values()), len(memo), time.perf_counter() - t0, first_seen,
+                         stats["generated"])
+
+
+__all__ = ["ExploreResult", "explore"]
