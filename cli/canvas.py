@@ -79,15 +79,30 @@ class Canvas:
         ax.axis("off")
         fig.patch.set_facecolor(self.background)
         pt = 72.0 / dpi  # pixels -> points
-        for z, (kind, a) in enumerate(self.shapes):
+        from matplotlib.collections import LineCollection
+        z, i = 0, 0
+        while i < len(self.shapes):
+            kind, a = self.shapes[i]
+            z += 1
+            if kind == "line":  # a run of equally styled lines is one collection (fast for big graphs)
+                style = (a["color"], a["width"], a["dash"], a["opacity"])
+                segs = []
+                while i < len(self.shapes) and self.shapes[i][0] == "line" and (
+                        self.shapes[i][1]["color"], self.shapes[i][1]["width"], self.shapes[i][1]["dash"],
+                        self.shapes[i][1]["opacity"]) == style:
+                    b = self.shapes[i][1]
+                    segs.append([(b["x1"], b["y1"]), (b["x2"], b["y2"])])
+                    i += 1
+                ax.add_collection(LineCollection(segs, colors=a["color"], linewidths=a["width"] * pt * 1.4,
+                                                 linestyles=(0, (4, 3)) if a["dash"] else "solid",
+                                                 alpha=a["opacity"], zorder=z))
+                continue
+            i += 1
             if kind == "rect":
                 ax.add_patch(patches.Rectangle(
                     (a["x"], a["y"]), a["w"], a["h"], facecolor=a["fill"] if a["fill"] != "none" else "none",
                     edgecolor=a["stroke"] if a["stroke"] != "none" else "none", alpha=a["opacity"],
-                    linewidth=a["width"] * pt * 1.0 if a["stroke"] != "none" else 0, zorder=z))
-            elif kind == "line":
-                ax.plot([a["x1"], a["x2"]], [a["y1"], a["y2"]], color=a["color"], linewidth=a["width"] * pt * 1.4,
-                        linestyle=(0, (4, 3)) if a["dash"] else "-", alpha=a["opacity"], zorder=z)
+                    linewidth=a["width"] * pt if a["stroke"] != "none" else 0, zorder=z))
             elif kind == "circle":
                 ax.add_patch(patches.Circle((a["cx"], a["cy"]), a["r"], facecolor=a["fill"],
                                             edgecolor=a["stroke"] if a["stroke"] != "none" else "none",

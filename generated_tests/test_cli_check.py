@@ -9,7 +9,8 @@ from test_cli_util import FINDING_KEYS, REPORT_KEYS, assert_png, assert_svg, loa
 
 pytest.importorskip("zerostate.model.checker")
 
-SMALL = ("--max-blocks", "2", "--max-micro-steps", "1", "--jobs", "1")
+SMALL = ("--max-blocks", "2", "--max-micro-steps", "1", "--jobs", "1",
+         "--spec", "epilogue-once", "--spec", "count-once-per-phase", "--spec", "clean-step")
 
 
 @pytest.fixture(scope="module")
@@ -72,3 +73,9 @@ def test_unknown_design_lists_the_known_ones(tmp_path):
     assert r.stderr.count("\n") == 1 and "unknown design 'ds-9.9.9'" in r.stderr
     assert "ds-0.18.7" in r.stderr and "zerostate" in r.stderr
     assert not (tmp_path / "report.json").exists()
+
+
+def test_unknown_spec_lists_the_known_ones(tmp_path):
+    r = zs("check", "--spec", "be-nice", "--out", str(tmp_path))
+    assert r.returncode == 2 and r.stderr.count("\n") == 1
+    assert "--spec be-nice" in r.stderr and "epilogue-once" in r.stderr
