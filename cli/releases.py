@@ -33,15 +33,32 @@ def parse(version: str, option: str) -> Version:
         raise CliError(f"{option} {version!r}: not a DeepSpeed release number (expected e.g. 0.18.4)") from None
 
 
+def check_release(version: str, option: str, releases: list[str]) -> None:
+    """``version`` must be a release on the index; the error names the nearest ones."""
+    parse(version, option)
+    if version not in releases:
+        near = sorted(releases, key=lambda r: abs(_num(Version(r)) - _num(Version(version))))[:3]
+        raise CliError(f"{option} {version}: unknown DeepSpeed release; expected a release on the package "
+                       f"index (nearest: {', '.join(sorted(near, key=Version))}; "
+                       f"{releases[0]} to {releases[-1]} exist)")
+
+
+def check_requested(version: str) -> None:
+    """``--deepspeed VERSION``: a release already cached is fine; otherwise it must be on the index."""
+    parse(version, "--deepspeed")
+    try:
+        from zerostate.targets.deepspeed import envs
+        if (envs.release_dir(version) / "installed").exists():
+            return
+    except ImportError:
+        pass
+    check_release(version, "--deepspeed", available_releases())
+
+
 def release_range(lo: str, hi: str, releases: list[str]) -> list[str]:
     """Releases from ``lo`` to ``hi`` inclusive; both must be releases on the index."""
     for v, opt in ((lo, "--from"), (hi, "--to")):
-        parse(v, opt)
-        if v not in releases:
-            near = sorted(releases, key=lambda r: abs(_num(Version(r)) - _num(Version(v))))[:3]
-            raise CliError(f"{opt} {v}: unknown DeepSpeed release; expected a release on the package index "
-                           f"(nearest: {', '.join(sorted(near, key=Version))}; "
-                           f"{releases[0]} to {releases[-1]} exist)")
+        check_release(v, opt, releases)
     a, b = Version(lo), Version(hi)
     if a >= b:
         raise CliError(f"--from {lo} --to {hi}: --from must be an older release than --to")
@@ -53,4 +70,4 @@ def _num(v: Version) -> float:
     return major * 1e6 + minor * 1e3 + micro
 
 
-__all__ = ["available_releases", "parse", "release_range"]
+__all__ = ["available_releases", "check_release", "check_requested", "parse", "release_range"]

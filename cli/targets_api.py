@@ -29,6 +29,9 @@ def target(args: Any) -> Any:
         if args.deepspeed_path and not os.path.isdir(args.deepspeed_path):
             raise CliError(f"--deepspeed-path {args.deepspeed_path}: no such directory "
                            f"(expected a DeepSpeed checkout, the folder holding deepspeed/)")
+        if args.deepspeed and getattr(args, "check_release", True):
+            from .releases import check_requested
+            check_requested(args.deepspeed)
         kw.update(deepspeed=args.deepspeed, deepspeed_path=args.deepspeed_path,
                   world_size=getattr(args, "world_size", 1))
     base = need("zerostate.targets.base", f"--target {args.target}")

@@ -69,3 +69,13 @@ def test_bisect_unknown_release_says_what_exists(tmp_path):
     if "cannot list DeepSpeed releases" in r.stderr:
         pytest.skip("package index not reachable")
     _one_line_error(r, "--to 0.18.99", "unknown DeepSpeed release", "0.18.9")
+
+
+def test_unknown_deepspeed_release_is_named(tmp_path):
+    path = tmp_path / "s.json"
+    path.write_text("{}")
+    r = zs("replay", str(path), "--deepspeed", "0.18.99")
+    if "cannot list DeepSpeed releases" in r.stderr:
+        pytest.skip("package index not reachable")
+    _one_line_error(r, "--deepspeed 0.18.99", "unknown DeepSpeed release")
+    _one_line_error(zs("replay", str(path), "--deepspeed", "latest"), "not a DeepSpeed release number")
