@@ -14,10 +14,19 @@ the user's backward is a real DAG:
   gradient flow on to the block before it;
 * a non-reentrant block recomputes its forward on the first unpack (after the
   pre-backward hook of its last module), saving live references to frozen
-  parameters; the recomputed tensors' metadata is checked right after the
-  recompute, and each module's saved tensors are unpacked again in its backward;
+  parameters; the recompute stops early inside its last module (torch's default
+  early stop), so that module's post-forward hook does not fire; the
+  recomputed tensors' metadata is checked right after the recompute, and each
+  module's saved tensors are unpacked again in its backward;
 * a z3 leaf block (ZeRO-3) has module hooks on the block only and one
-  leaf-module backward hook instead of per-parameter hooks.
+  leaf-module backward hook instead of per-parameter hooks;
+* ZeRO-3 module hooks: the root module (``model``) wraps every forward and
+  backward; a module's pre-backward hook fires only when its output requires
+  grad and its post-backward hook only when its input does (so a module fed an
+  input that does not require grad never runs its post-backward hook).  Hooks
+  of parameter-less containers (the ``Block`` modules) are not modelled;
+* a micro-step may take a branch that skips frozen norms (``MicroStep.skip``),
+  and a train step may start by re-registering ZeRO-3's hooks (REREGISTER).
 
 ``coordinator=False`` drops module-hook, recompute and unpack nodes (keeping
 their ordering), which is all the hook-count half needs and keeps its state
@@ -33,13 +42,13 @@ from typing import Iterator
 import networkx as nx
 
 from .events import E, Ev, Event
-from .network import HEAD, HEAD_WEIGHT, Network
+from .network import HEAD, HEAD_WEIGHT, ROOT, Network
 from .scenario import Checkpoint, ParamKind, Scenario
 
 COORDINATOR_ONLY = frozenset({
     Ev.MODULE_PRE_FORWARD, Ev.MODULE_POST_FORWARD, Ev.MODULE_PRE_BACKWARD,
     Ev.MODULE_POST_BACKWARD, Ev.RECOMPUTE_START, Ev.RECOMPUTE_END, Ev.UNPACK,
-    Ev.EVAL_FORWARD_START, Ev.EVAL_FORWARD_END,
+    Ev.EVAL_FORWARD_START, Ev.EVAL_FORWARD_END, Ev.REREGISTER,
 })
 
 
@@ -68,47 +77,52 @@ def _chain_segment(events: list[Event]) -> nx.DiGraph:
     return b.g
 
 
-def _module_groups(net: Network, i: int) -> list[tuple[str, tuple[str, ...]]]:
-    """(hooked module name, its used params) for block i in forward order.  A leaf block is one module."""
-    mods = net.block_modules(i)
-    if net.is_leaf(i):
-        return [(f"blocks.{i}", tuple(p for m in mods for p in m.params))]
-    return [(m.name, m.params) for m in mods]
-
-
-def forward_events(net: Network, phase: str, block_range: range | None = None) -> list[Event]:
-    """Module pre/post forward hooks of a whole forward (or recompute of some blocks)."""
+def forward_events(net: Network, phase: str, block_range: range | None = None,
+                   skip: frozenset[int] = frozenset()) -> list[Event]:
+    """Module pre/post forward hooks of the blocks of a whole forward (``skip``: blocks whose frozen
+    norm this forward's branch skips)."""
     out: list[Event] = []
     blocks = block_range if block_range is not None else range(len(net.scenario.blocks))
     for i in blocks:
-        for mod, _ in _module_groups(net, i):
-            out += [E(Ev.MODULE_PRE_FORWARD, module=mod, phase=phase),
-                    E(Ev.MODULE_POST_FORWARD, module=mod, phase=phase)]
+        for g in net.hook_groups(i, i in skip):
+            out += [E(Ev.MODULE_PRE_FORWARD, module=g.module, phase=phase),
+                    E(Ev.MODULE_POST_FORWARD, module=g.module, phase=phase)]
     return out
 
 
-def _recompute_events(net: Network, i: int, nonreentrant: bool) -> list[Event]:
+def _recompute_events(net: Network, i: int, nonreentrant: bool, skip: bool) -> list[Event]:
+    """A checkpointed block's forward re-run during backward.
+
+    Non-reentrant: each module's ops save their frozen parameters as live references (SAVE_LIVE), and
+    the recompute *stops early* (``torch.utils.checkpoint``'s default ``set_checkpoint_early_stop(True)``)
+    as soon as the last tensor the backward needs is saved -- inside the block's last module, whose
+    post-forward hook therefore never fires; right after, torch checks every recomputed tensor's
+    metadata (UNPACK note=check).  Reentrant: the whole forward re-runs (every post-forward fires).
+    """
+    groups = net.hook_groups(i, skip)
     out = [E(Ev.RECOMPUTE_START, module=f"blocks.{i}")]
-    for mod, params in _module_groups(net, i):
-        out.append(E(Ev.MODULE_PRE_FORWARD, module=mod, phase="recompute"))
+    for gi, g in enumerate(groups):
+        out.append(E(Ev.MODULE_PRE_FORWARD, module=g.module, phase="recompute"))
         if nonreentrant:
-            out += [E(Ev.SAVE_LIVE, param=p, module=f"blocks.{i}") for p in params
-                    if net.params[p].kind is ParamKind.FROZEN]
-        out.append(E(Ev.MODULE_POST_FORWARD, module=mod, phase="recompute"))
+            out += [E(Ev.SAVE_LIVE, param=p, module=f"blocks.{i}") for p in g.saved_live]
+        if not (nonreentrant and gi == len(groups) - 1):
+            out.append(E(Ev.MODULE_POST_FORWARD, module=g.module, phase="recompute"))
     out.append(E(Ev.RECOMPUTE_END, module=f"blocks.{i}"))
     if nonreentrant:
-        out += [E(Ev.UNPACK, param=p, module=f"blocks.{i}", note="check")
-                for _, params in _module_groups(net, i) for p in params
-                if net.params[p].kind is ParamKind.FROZEN]
+        out += [E(Ev.UNPACK, param=p, module=f"blocks.{i}", note="check") for g in groups for p in g.saved_live]
     return out
 
 
-def backward_dag(net: Network, outer: int, first_nested: int, kind: str) -> nx.DiGraph:
+def backward_dag(net: Network, outer: int, first_nested: int, kind: str,
+                 skip: frozenset[int] = frozenset(), serial: bool = False) -> nx.DiGraph:
     """The DAG of one user backward.  ``outer`` is its graph task id; nested tasks count up from
-    ``first_nested``."""
+    ``first_nested``.  A module's pre-backward hook fires only when its output requires grad, its
+    post-backward hook only when its input does (DeepSpeed hangs them on those tensors).
+    ``serial``: each module's gradient hooks fire right after its backward, before its post-backward
+    hook (one linear extension instead of all of them)."""
     b = _Builder()
     start = b.chain([E(Ev.USER_BACKWARD_START, note=kind), E(Ev.TASK_START, task=outer, note="outer"),
-                     E(Ev.OUTPUT_HOOK, task=outer)])
+                     E(Ev.OUTPUT_HOOK, task=outer), E(Ev.MODULE_PRE_BACKWARD, module=ROOT)])
     frontier = start  # where the gradient currently is
     tails: list[int] = []  # nodes that must finish before the outer task ends
     if net.scenario.fused_head:
@@ -123,49 +137,56 @@ def backward_dag(net: Network, outer: int, first_nested: int, kind: str) -> nx.D
         if ck is Checkpoint.REENTRANT:
             task, nested = nested, nested + 1
             frontier = b.chain([E(Ev.TASK_START, task=task, value=outer, note="nested", module=f"blocks.{i}")]
-                               + _recompute_events(net, i, nonreentrant=False), frontier)
-        groups = list(reversed(_module_groups(net, i)))
+                               + _recompute_events(net, i, nonreentrant=False, skip=i in skip), frontier)
         block_tails: list[int] = []
-        for gi, (mod, params) in enumerate(groups):
-            frontier = (b.add(E(Ev.MODULE_PRE_BACKWARD, module=mod), frontier),)
+        for gi, g in enumerate(reversed(net.hook_groups(i, i in skip))):
+            if g.output_requires_grad:
+                frontier = (b.add(E(Ev.MODULE_PRE_BACKWARD, module=g.module), frontier),)
             if ck is Checkpoint.NON_REENTRANT and gi == 0:
-                frontier = b.chain(_recompute_events(net, i, nonreentrant=True), frontier)
-            frozen = [p for p in params if net.params[p].kind is ParamKind.FROZEN]
-            if ck is Checkpoint.NON_REENTRANT and frozen:
-                frontier = b.chain([E(Ev.UNPACK, param=p, module=f"blocks.{i}", note="use") for p in frozen],
+                frontier = b.chain(_recompute_events(net, i, nonreentrant=True, skip=i in skip), frontier)
+            if ck is Checkpoint.NON_REENTRANT and g.saved_live:
+                frontier = b.chain([E(Ev.UNPACK, param=p, module=f"blocks.{i}", note="use") for p in g.saved_live],
                                    frontier)
-            hooked = [p for p in params if net.params[p].kind is ParamKind.TRAINABLE]
             if net.is_leaf(i):
-                frontier = b.chain([E(Ev.LEAF_HOOK, module=mod, task=task)], frontier)
-            elif hooked:
-                block_tails += list(b.chain([E(Ev.GRAD_HOOK, param=p, task=task) for p in hooked], frontier))
-            frontier = (b.add(E(Ev.MODULE_POST_BACKWARD, module=mod), frontier),)
+                frontier = b.chain([E(Ev.LEAF_HOOK, module=g.module, task=task)], frontier)
+            else:
+                hooked = [p for p in g.params if net.params[p].kind is ParamKind.TRAINABLE]
+                if hooked and serial:
+                    frontier = b.chain([E(Ev.GRAD_HOOK, param=p, task=task) for p in hooked], frontier)
+                elif hooked:
+                    block_tails += list(b.chain([E(Ev.GRAD_HOOK, param=p, task=task) for p in hooked], frontier))
+            if g.input_requires_grad:
+                frontier = (b.add(E(Ev.MODULE_POST_BACKWARD, module=g.module), frontier),)
         if ck is Checkpoint.REENTRANT:
             frontier = (b.add(E(Ev.TASK_END, task=task, module=f"blocks.{i}"), frontier + tuple(block_tails)),)
         else:
             tails += block_tails
+    if net.scenario.input_requires_grad:
+        frontier = (b.add(E(Ev.MODULE_POST_BACKWARD, module=ROOT), frontier),)
     b.chain([E(Ev.TASK_END, task=outer, note="outer"), E(Ev.USER_BACKWARD_END, note=kind)],
             frontier + tuple(tails))
     return b.g
 
 
-def forward_segment(net: Network, pre_task: int) -> list[Event]:
-    out = [E(Ev.FORWARD_START)] + forward_events(net, "forward")
+def forward_segment(net: Network, pre_task: int, skip: frozenset[int] = frozenset()) -> list[Event]:
+    out = [E(Ev.FORWARD_START), E(Ev.MODULE_PRE_FORWARD, module=ROOT, phase="forward")]
+    out += forward_events(net, "forward", skip=skip)
     if net.scenario.fused_head:
         out += [E(Ev.MODULE_PRE_FORWARD, module=HEAD, phase="forward"),
                 E(Ev.TASK_START, task=pre_task, note="pre"),
                 E(Ev.GRAD_HOOK, param=HEAD_WEIGHT, task=pre_task),
                 E(Ev.TASK_END, task=pre_task, note="pre"),
                 E(Ev.MODULE_POST_FORWARD, module=HEAD, phase="forward")]
-    return out + [E(Ev.FORWARD_END)]
+    return out + [E(Ev.MODULE_POST_FORWARD, module=ROOT, phase="forward"), E(Ev.FORWARD_END)]
 
 
 def eval_segment(net: Network) -> list[Event]:
-    ev = [E(Ev.EVAL_FORWARD_START)] + forward_events(net, "eval")
+    ev = [E(Ev.EVAL_FORWARD_START), E(Ev.MODULE_PRE_FORWARD, module=ROOT, phase="eval")]
+    ev += forward_events(net, "eval")
     if net.scenario.fused_head:
         ev += [E(Ev.MODULE_PRE_FORWARD, module=HEAD, phase="eval"),
                E(Ev.MODULE_POST_FORWARD, module=HEAD, phase="eval")]
-    return ev + [E(Ev.EVAL_FORWARD_END)]
+    return ev + [E(Ev.MODULE_POST_FORWARD, module=ROOT, phase="eval"), E(Ev.EVAL_FORWARD_END)]
 
 
 def contract(g: nx.DiGraph, drop: frozenset[Ev]) -> nx.DiGraph:
@@ -184,21 +205,33 @@ def _with_events(h: nx.DiGraph, g: nx.DiGraph) -> nx.DiGraph:
     return h
 
 
-def segments(scenario: Scenario, coordinator: bool = True) -> list[nx.DiGraph]:
-    """The whole run as segments (DAGs of driver events), in schedule order."""
+def segments(scenario: Scenario, coordinator: bool | str = True, serial: bool = False) -> list[nx.DiGraph]:
+    """The whole run as segments (DAGs of driver events), in schedule order.
+
+    ``serial=True`` (or ``coordinator="serial"``) keeps every coordinator event but fires each module's
+    gradient hooks right after its backward: every segment is a chain.  That one interleaving is enough
+    for the coordinator half and its specs whenever the hook half's EPILOGUE does not depend on the order
+    of gradient hooks (true of ds-0.18.7 and zerostate, whose epilogue runs from the callback at the outer
+    task's end or when ``engine.backward`` returns, and of every design whose coordinator ignores EPILOGUE).
+    """
+    if coordinator == "serial":
+        coordinator, serial = True, True
     net = Network(scenario)
     task_ids = itertools.count()
     out: list[nx.DiGraph] = []
     for si, step in enumerate(scenario.steps):
+        if step.reregister:
+            out.append(_chain_segment([E(Ev.REREGISTER)]))
         if step.eval_before:
             out.append(_chain_segment(eval_segment(net)))
         for micro in step.micro:
-            out.append(_chain_segment(forward_segment(net, next(task_ids))))
+            skip = frozenset(micro.skip)
+            out.append(_chain_segment(forward_segment(net, next(task_ids), skip)))
             outer = next(task_ids)
             nested_base = next(task_ids)
             for _ in range(len(scenario.blocks)):
                 next(task_ids)
-            out.append(backward_dag(net, outer, nested_base, micro.backward.value))
+            out.append(backward_dag(net, outer, nested_base, micro.backward.value, skip, serial))
         out.append(_chain_segment([E(Ev.STEP, value=si)]))
     if not coordinator:
         out = [_with_events(contract(g, COORDINATOR_ONLY | {Ev.SAVE_LIVE}), g) for g in out]

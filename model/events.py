@@ -62,6 +62,9 @@ class Ev(str, Enum):
     """Non-reentrant checkpoint's recompute saved a live (undetached) reference to frozen ``param``."""
     UNPACK = "unpack"
     """Saved tensors of a checkpointed block are unpacked / metadata-checked (``param``)."""
+    REREGISTER = "reregister"
+    """ZeRO-3's module hooks were removed and registered again (``_register_deepspeed_module`` on the
+    root, e.g. around generation in TRL's ``unwrap_model_for_generation``)."""
 
     # ---- effects: hook-count protocol ---------------------------------------
     ENTER_BACKWARD = "enter_backward"
@@ -86,13 +89,21 @@ class Ev(str, Enum):
 
     # ---- effects: ZeRO-3 parameter coordinator ----------------------------
     FETCH = "fetch"
-    """All-gather of ``param`` issued for ``module`` (status becomes INFLIGHT then AVAILABLE)."""
+    """``param`` became AVAILABLE for ``module``'s fetch: an all-gather was issued and waited on, or
+    (``note`` ``inflight``) an earlier prefetch was waited on, with no new all-gather."""
     PREFETCH = "prefetch"
     """All-gather of ``param`` issued early from the recorded trace."""
     RELEASE = "release"
     """``param`` partitioned (``param.data = empty(0)``): status NOT_AVAILABLE."""
     TRACE_STATE = "trace_state"
-    """The coordinator's module trace changed state; ``note`` is RECORD / COMPLETE / INVALID."""
+    """The coordinator's module trace changed state; ``note`` is RECORD / COMPLETE / INVALID,
+    ``value`` the coordinator's step id (modules fetched since the root forward) when it changed."""
+    HOLDERS = "holders"
+    """``param.ds_active_sub_modules`` changed: ``module`` was added (``note`` ``+``) or removed (``-``);
+    ``value`` is the number of holders after the change."""
+    PERSISTENT = "persistent"
+    """``param`` is persistent (``ds_persist``: at most ``stage3_param_persistence_threshold`` elements);
+    declared once, before the coordinator's first fetch."""
 
 
 DRIVER_EVENTS = frozenset({
@@ -100,7 +111,7 @@ DRIVER_EVENTS = frozenset({
     Ev.USER_BACKWARD_START, Ev.USER_BACKWARD_END, Ev.STEP, Ev.TASK_START, Ev.TASK_END,
     Ev.OUTPUT_HOOK, Ev.GRAD_HOOK, Ev.LEAF_HOOK, Ev.MODULE_PRE_FORWARD, Ev.MODULE_POST_FORWARD,
     Ev.MODULE_PRE_BACKWARD, Ev.MODULE_POST_BACKWARD, Ev.RECOMPUTE_START, Ev.RECOMPUTE_END,
-    Ev.UNPACK, Ev.SAVE_LIVE,
+    Ev.UNPACK, Ev.SAVE_LIVE, Ev.REREGISTER,
 })
 
 

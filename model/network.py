@@ -27,6 +27,27 @@ from .scenario import (PARAMS_PER_SUBMODULE, SUBMODULES, Checkpoint, ParamKind, 
 
 HEAD = "head"
 HEAD_WEIGHT = "head.weight"
+ROOT = "model"
+"""The root module (``torch`` names it ``""``).  It has no parameters of its own, but ZeRO-3 hooks it
+like any module: its pre-backward opens every backward and, while its post-backward has not fired,
+it sits at the bottom of the coordinator's stack of backward modules in progress."""
+
+
+def params_of_module(name: str) -> tuple[str, ...]:
+    """The parameters ZeRO-3 fetches for hooked module ``name``, from the name alone.
+
+    ``blocks.{i}.norm`` / ``blocks.{i}.lin``: its weight and bias; ``blocks.{i}`` (a z3 leaf block):
+    every parameter under it (``iter_params(recurse=True)``); ``head``: its weight; the root: none.
+    Specs use this to know what a module computes with from a trace alone.
+    """
+    if name == HEAD:
+        return (HEAD_WEIGHT,)
+    parts = name.split(".")
+    if parts[0] != "blocks":
+        return ()
+    if len(parts) == 2:
+        return tuple(f"{name}.{s}.{p}" for s in SUBMODULES for p in PARAMS_PER_SUBMODULE)
+    return tuple(f"{name}.{p}" for p in PARAMS_PER_SUBMODULE)
 
 
 @dataclass(frozen=True)
@@ -127,6 +148,49 @@ class Network:
     def is_leaf(self, block: int | None) -> bool:
         return block is not None and block in self.leaf_blocks()
 
+    def hook_groups(self, i: int, skip_norm: bool = False) -> tuple["HookGroup", ...]:
+        """The modules ZeRO-3 hooks in block i, in forward order (a z3 leaf block is one module).
+
+        ``skip_norm``: this forward takes the branch that skips the block's (frozen) norm.
+        """
+        return self._hook_groups(i, skip_norm)
+
+    def _hook_groups(self, i: int, skip_norm: bool) -> tuple["HookGroup", ...]:
+        key = (i, skip_norm)
+        cache = self.__dict__.setdefault("_hook_group_cache", {})
+        if key not in cache:
+            cache[key] = self._build_hook_groups(i, skip_norm)
+        return cache[key]
+
+    def _build_hook_groups(self, i: int, skip_norm: bool) -> tuple["HookGroup", ...]:
+        rg_in = self.block_input_requires_grad(i)
+        rg = rg_in
+        mods = [m for m in self.block_modules(i) if not (skip_norm and m.name.endswith(".norm"))]
+        live: list[str] = []
+        for m in mods:
+            kind = self.params[m.params[0]].kind
+            if kind is ParamKind.FROZEN and rg:
+                # The op saves its parameters for backward only when its output requires grad, i.e. (the
+                # parameters being frozen) when its input does.  LayerNorm saves weight and bias
+                # themselves; under ZeRO-3 Linear runs LinearFunctionForZeroStage3, which saves weight
+                # and bias themselves too.  Non-reentrant checkpoint keeps those (not requiring grad)
+                # as live references; see `saves_live`.
+                live += m.params
+            rg = rg or kind is ParamKind.TRAINABLE
+        if self.is_leaf(i):
+            block = f"blocks.{i}"
+            return (HookGroup(block, params_of_module(block), rg_in, rg, tuple(live)),)
+        out = []
+        rg = rg_in
+        for m in mods:
+            out_rg = rg or self.params[m.params[0]].kind is ParamKind.TRAINABLE
+            out.append(HookGroup(m.name, m.params, rg, out_rg, tuple(p for p in m.params if p in live)))
+            rg = out_rg
+        return tuple(out)
+
+    def block_input_requires_grad(self, i: int) -> bool:
+        return self.scenario.input_requires_grad if i == 0 else self.output_requires_grad[i - 1]
+
     # ------------------------------------------------------------- autograd
     @cached_property
     def output_requires_grad(self) -> tuple[bool, ...]:
@@ -187,4 +251,21 @@ class Network:
         return len(self.leaf_blocks())
 
 
-__all__ = ["HEAD", "HEAD_WEIGHT", "ModuleInfo", "Network", "ParamInfo", "param_numel"]
+@dataclass(frozen=True)
+class HookGroup:
+    """One module ZeRO-3 hooks (a sub-module, or a whole z3 leaf block) in one forward."""
+
+    module: str
+    params: tuple[str, ...]
+    """What its fetch gathers (a leaf block: every parameter under it)."""
+    input_requires_grad: bool
+    """Its post-backward hook fires only then (DeepSpeed hangs it on the module's inputs)."""
+    output_requires_grad: bool
+    """Its pre-backward hook fires only then (DeepSpeed hangs it on the module's outputs)."""
+    saved_live: tuple[str, ...]
+    """Frozen parameters its ops save for backward as themselves (not detached, not a view): a
+    non-reentrant checkpoint keeps them as live references."""
+
+
+__all__ = ["HEAD", "HEAD_WEIGHT", "HookGroup", "ModuleInfo", "Network", "ParamInfo", "ROOT", "param_numel",
+           "params_of_module"]

@@ -105,6 +105,10 @@ class MicroStep:
     """One forward and one backward."""
 
     backward: BackwardKind = BackwardKind.ENGINE
+    skip: tuple[int, ...] = ()
+    """Blocks whose (frozen) norm this micro-step's forward skips: a data-dependent branch.  The
+    module order differs from other micro-steps (which invalidates the ZeRO-3 trace) while the set
+    of parameters that get gradients does not, so only a frozen norm may be skipped."""
 
 
 @dataclass(frozen=True)
@@ -114,6 +118,9 @@ class TrainStep:
     micro: tuple[MicroStep, ...] = (MicroStep(),)
     eval_before: bool = False
     """An eval-mode ``torch.no_grad()`` forward runs before this step's first micro-step."""
+    reregister: bool = False
+    """ZeRO-3's module hooks are removed and registered again before this step (and before its eval
+    forward), as TRL's ``unwrap_model_for_generation`` does around generation."""
 
 
 @dataclass(frozen=True)
@@ -169,6 +176,18 @@ class Scenario:
                 raise ScenarioError(
                     f"steps[{i}].micro: every train step must have the same number of micro-steps "
                     f"(gradient_accumulation_steps={gas}), got {len(step.micro)}")
+        for i, step in enumerate(self.steps):
+            for j, micro in enumerate(step.micro):
+                for b in micro.skip:
+                    where = f"steps[{i}].micro[{j}].skip"
+                    if not 0 <= b < len(self.blocks):
+                        raise ScenarioError(f"{where}: block {b} does not exist ({len(self.blocks)} block(s))")
+                    if self.blocks[b].norm is not ParamKind.FROZEN:
+                        raise ScenarioError(f"{where}: block {b}'s norm is {self.blocks[b].norm.value}; only a "
+                                            "frozen norm may be skipped (the branch must not change which "
+                                            "parameters get gradients)")
+                if len(set(micro.skip)) != len(micro.skip):
+                    raise ScenarioError(f"steps[{i}].micro[{j}].skip: a block is listed twice")
         if self.width < 2:
             raise ScenarioError(f"width: must be at least 2, got {self.width}")
         for name in ("persistence_threshold", "prefetch_bucket_size", "reduce_bucket_size", "seed"):
@@ -193,13 +212,23 @@ class Scenario:
                          + ("; z3 leaf module" if b.leaf else ""))
         for i, s in enumerate(self.steps):
             kinds = ", ".join(m.backward.value for m in s.micro)
-            lines.append(f"  step {i}: " + ("eval forward, then " if s.eval_before else "")
-                         + f"backward kinds [{kinds}], then engine.step()")
+            skips = "; ".join(f"micro-step {j} skips the norm of block(s) {list(m.skip)}"
+                              for j, m in enumerate(s.micro) if m.skip)
+            lines.append(f"  step {i}: " + ("hooks re-registered, then " if s.reregister else "")
+                         + ("eval forward, then " if s.eval_before else "")
+                         + f"backward kinds [{kinds}], then engine.step()" + (f" ({skips})" if skips else ""))
         return "\n".join(lines)
 
     # -------------------------------------------------------------------- JSON
     def to_dict(self) -> dict[str, Any]:
-        return _plain(asdict(self))
+        d = _plain(asdict(self))
+        for step in d["steps"]:  # fields added later are written only when set, so old files stay identical
+            if not step.get("reregister"):
+                step.pop("reregister", None)
+            for micro in step["micro"]:
+                if not micro.get("skip"):
+                    micro.pop("skip", None)
+        return d
 
     def to_json(self, indent: int | None = 2) -> str:
         return json.dumps(self.to_dict(), indent=indent, sort_keys=True)
@@ -287,8 +316,8 @@ def _list(value: Any, where: str) -> list[Any]:
 
 
 _BLOCK_FIELDS = {"checkpoint", "norm", "lin", "leaf"}
-_STEP_FIELDS = {"micro", "eval_before"}
-_MICRO_FIELDS = {"backward"}
+_STEP_FIELDS = {"micro", "eval_before", "reregister"}
+_MICRO_FIELDS = {"backward", "skip"}
 _SCENARIO_FIELDS = {f for f in Scenario.__dataclass_fields__}
 
 
@@ -302,13 +331,18 @@ def _parse_block(value: Any, where: str) -> Block:
     )
 
 
+def _parse_micro(value: Any, where: str) -> MicroStep:
+    d = _obj(value, where, _MICRO_FIELDS)
+    skip = tuple(_int(b, f"{where}.skip[{k}]") for k, b in enumerate(_list(d.get("skip", []), f"{where}.skip")))
+    return MicroStep(backward=_enum(BackwardKind, d.get("backward", "engine"), f"{where}.backward"), skip=skip)
+
+
 def _parse_step(value: Any, where: str) -> TrainStep:
     d = _obj(value, where, _STEP_FIELDS)
-    micro = tuple(
-        MicroStep(backward=_enum(BackwardKind, _obj(m, f"{where}.micro[{j}]", _MICRO_FIELDS)
-                                 .get("backward", "engine"), f"{where}.micro[{j}].backward"))
-        for j, m in enumerate(_list(d.get("micro", [{}]), f"{where}.micro")))
-    return TrainStep(micro=micro, eval_before=_bool(d.get("eval_before", False), f"{where}.eval_before"))
+    micro = tuple(_parse_micro(m, f"{where}.micro[{j}]")
+                  for j, m in enumerate(_list(d.get("micro", [{}]), f"{where}.micro")))
+    return TrainStep(micro=micro, eval_before=_bool(d.get("eval_before", False), f"{where}.eval_before"),
+                     reregister=_bool(d.get("reregister", False), f"{where}.reregister"))
 
 
 def _parse_scenario(data: Any) -> Scenario:

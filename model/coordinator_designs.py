@@ -1,0 +1,161 @@
+"""Coordinator designs: how each era releases parameters fetched by an activation-checkpoint recompute.
+
+A design is a *value*: a `CoordinatorDesign` record whose flags choose among the named actions of
+``coordinator_actions.py``.  All four share DeepSpeed 0.19.x's fetch / release / trace / prefetch
+machinery and differ only where the source differs:
+
+``ds-0.19.2``
+    The recompute's post-forward hook releases what the recompute fetched, frozen parameters
+    included.  Under a non-reentrant checkpoint a frozen parameter the recompute saved (a live
+    reference) is partitioned before torch checks it: ``CheckpointError ... [1024] vs [0]`` (seed 002).
+``pr-8130``
+    Seed 002's fix, on 0.19.2: a forward release inside a graph task (a recompute) skips frozen
+    parameters; the module's following backward releases them.  (Not merged.)
+``ds-0.19.3``
+    The merged fix (PR #8148, in 0.19.3 through 0.19.8): recompute-fetched frozen parameters are
+    attributed to the innermost backward module in progress (``ds_recompute_parameters``) and released
+    with it; ``backward_epilogue`` drains modules whose post-backward never fired
+    (``release_backward_leftovers``).
+``zerostate``
+    What ``zerostate.runtime`` ships (``runtime/release_policy.py``) on top of 0.19.3: no attribution;
+    a recompute holds a module's frozen parameters only when the module's recomputed output requires
+    grad (then its ops saved them), and releases them at that module's own post-backward -- the last
+    use of what was saved; holds left over are drained at the epilogue and at the next root forward.
+
+Every design reacts to the driver events and to the hook half's EPILOGUE; it emits FETCH / PREFETCH /
+RELEASE / HOLDERS / TRACE_STATE / PERSISTENT effect events (see ``events.py``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from . import coordinator_actions as A
+from .coordinator_state import CoordState, index_for
+from .events import Ev, Event
+
+
+@dataclass(frozen=True)
+class CoordinatorDesign:
+    name: str
+    release: str
+    """The first DeepSpeed release with this logic (or the PR / ``zerostate``)."""
+    summary: str
+    provenance: tuple[str, ...]
+    track_stack: bool = False
+    """0.19.3+: ``__active_backward_submodules`` and ``release_backward_leftovers`` at the epilogue."""
+    attribute: bool = False
+    """0.19.3: recompute-fetched frozen parameters attributed to the innermost backward module."""
+    skip_frozen_in_recompute: bool = False
+    """PR #8130: a forward release inside a graph task skips frozen parameters."""
+    hold_recompute_frozen: bool = False
+    """zerostate: hold frozen parameters a recompute saved until their module's post-backward."""
+
+    def initial(self, net: Any) -> CoordState:
+        return CoordState.initial(index_for(net))
+
+    def react(self, st: CoordState, ev: Event, ctx: Any) -> tuple[CoordState, tuple[Event, ...]]:
+        """The one transition function of this half: ``(state, event) -> (state, effects)``."""
+        handler = _HANDLERS.get(ev.kind)
+        if handler is None or ctx.stage != 3:
+            return st, ()
+        ix = index_for(ctx.net)
+        if ev.module is not None and ev.kind not in _NO_MODULE and ev.module not in ix.midx:
+            return st, ()
+        w = A.Work(st, ix, ctx.net.scenario.prefetch_bucket_size)
+        if not w.declared:
+            A.declare_persistent(w)
+        handler(self, w, ev)
+        return w.freeze(), tuple(w.out)
+
+
+# ------------------------------------------------------------------ handlers
+def _on_root_forward(d: CoordinatorDesign, w: A.Work, ev: Event) -> None:
+    if d.hold_recompute_frozen:
+        A.drain_holds(w)
+    A.reset_step(w)
+
+
+def _on_reregister(d: CoordinatorDesign, w: A.Work, ev: Event) -> None:
+    A.reregister_hooks(w)
+
+
+def _on_pre_forward(d: CoordinatorDesign, w: A.Work, ev: Event) -> None:
+    A.pre_module_hook(w, w.ix.midx[ev.module], True, ev.phase == "recompute",
+                      track_stack=d.track_stack, attribute=d.attribute)
+
+
+def _on_post_forward(d: CoordinatorDesign, w: A.Work, ev: Event) -> None:
+    m = w.ix.midx[ev.module]
+    recompute = ev.phase == "recompute"
+    if d.hold_recompute_frozen and recompute:
+        A.hold_for_backward(w, m)
+    A.release_sub_module(w, m, True, recompute, track_stack=d.track_stack, attribute=d.attribute,
+                         skip_frozen_in_recompute=d.skip_frozen_in_recompute)
+
+
+def _on_pre_backward(d: CoordinatorDesign, w: A.Work, ev: Event) -> None:
+    A.pre_module_hook(w, w.ix.midx[ev.module], False, False, track_stack=d.track_stack, attribute=d.attribute)
+
+
+def _on_post_backward(d: CoordinatorDesign, w: A.Work, ev: Event) -> None:
+    m = w.ix.midx[ev.module]
+    if d.hold_recompute_frozen:
+        A.drop_holds(w, m)
+    A.release_sub_module(w, m, False, False, track_stack=d.track_stack, attribute=d.attribute,
+                         skip_frozen_in_recompute=d.skip_frozen_in_recompute)
+
+
+def _on_epilogue(d: CoordinatorDesign, w: A.Work, ev: Event) -> None:
+    if d.track_stack:
+        A.release_backward_leftovers(w)
+    if d.hold_recompute_frozen:
+        A.drain_holds(w)
+
+
+def _on_step(d: CoordinatorDesign, w: A.Work, ev: Event) -> None:
+    A.release_and_reset_all(w)
+
+
+_HANDLERS: dict[Ev, Callable[[CoordinatorDesign, A.Work, Event], None]] = {
+    Ev.FORWARD_START: _on_root_forward,
+    Ev.EVAL_FORWARD_START: _on_root_forward,
+    Ev.REREGISTER: _on_reregister,
+    Ev.MODULE_PRE_FORWARD: _on_pre_forward,
+    Ev.MODULE_POST_FORWARD: _on_post_forward,
+    Ev.MODULE_PRE_BACKWARD: _on_pre_backward,
+    Ev.MODULE_POST_BACKWARD: _on_post_backward,
+    Ev.EPILOGUE: _on_epilogue,
+    Ev.STEP: _on_step,
+}
+_NO_MODULE = frozenset({Ev.FORWARD_START, Ev.EVAL_FORWARD_START, Ev.REREGISTER, Ev.EPILOGUE, Ev.STEP})
+
+_DS = "deepspeed/runtime/zero/partitioned_param_coordinator.py"
+
+DS_0_19_2 = CoordinatorDesign(
+    "ds-0.19.2", "0.19.2",
+    "recompute post-forward hooks partition frozen params a non-reentrant checkpoint saved (seed 002)",
+    (f"DeepSpeed 0.19.2 {_DS}", "seed 002"))
+PR_8130 = CoordinatorDesign(
+    "pr-8130", "PR #8130",
+    "seed 002's fix: recompute forward releases skip frozen params; their module's backward releases them",
+    ("deepspeedai/DeepSpeed#8130 (not merged)", "seed 002"),
+    skip_frozen_in_recompute=True)
+DS_0_19_3 = CoordinatorDesign(
+    "ds-0.19.3", "0.19.3",
+    "merged fix: recompute-fetched frozen params attributed to the backward module in progress; "
+    "leftovers drained at the epilogue",
+    (f"DeepSpeed 0.19.3 {_DS}", "deepspeedai/DeepSpeed#8148", "seed 002"),
+    track_stack=True, attribute=True)
+ZEROSTATE = CoordinatorDesign(
+    "zerostate", "zerostate",
+    "frozen params a recompute saved are held until their own module's post-backward (last use); "
+    "no attribution; leftovers drained",
+    ("zerostate runtime/release_policy.py", "seed 002", "deepspeedai/DeepSpeed#8148 (xfailed last-use tests)"),
+    track_stack=True, hold_recompute_frozen=True)
+
+COORDINATOR_DESIGNS: dict[str, CoordinatorDesign] = {
+    d.name: d for d in (DS_0_19_2, PR_8130, DS_0_19_3, ZEROSTATE)}
+
+__all__ = ["COORDINATOR_DESIGNS", "CoordinatorDesign", "DS_0_19_2", "DS_0_19_3", "PR_8130", "ZEROSTATE"]

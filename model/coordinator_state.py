@@ -1,0 +1,162 @@
+"""The ZeRO-3 parameter coordinator's state: an immutable record, small and hashable.
+
+Fields mirror ``PartitionedParameterCoordinator`` (``runtime/zero/partitioned_param_coordinator.py``,
+DeepSpeed 0.19.x) and the ``ds_*`` attributes it keeps on parameters and modules.  Everything is
+indexed by position (parameters and hooked modules in `CoordIndex` order), so a state is a handful
+of short tuples: cheap to hash inside the explorer's breadth-first search.
+
+`CoordIndex` holds the static facts of one network (names, sizes, which parameters are frozen or
+persistent, which module fetches which parameters) and the parameter trace derived from a recorded
+module order.  It is built once per `Network` and cached on it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+from .network import HEAD, ROOT, params_of_module
+
+if TYPE_CHECKING:
+    from .network import Network
+
+# ds_status values
+NOT_AVAILABLE, INFLIGHT, AVAILABLE = 0, 1, 2
+STATUS_NAMES = ("NOT_AVAILABLE", "INFLIGHT", "AVAILABLE")
+
+# ZeRoTraceMode values
+INVALID, RECORD, COMPLETE = 0, 1, 2
+MODE_NAMES = ("INVALID", "RECORD", "COMPLETE")
+
+HOLD = -1
+"""Holder id of the zerostate design's hold (the runtime's ``HOLD_ID`` sentinel): never a module index."""
+HOLD_NAME = "zerostate-hold"
+
+NEVER = -1
+"""``__most_recent_step_id_param_fetched_for`` default (DeepSpeed uses -1e10)."""
+
+
+class CoordIndex:
+    """Static facts of one network, by position.  Use `index_for`."""
+
+    def __init__(self, net: "Network"):
+        self.params: tuple[str, ...] = tuple(net.params)
+        self.pidx = {p: i for i, p in enumerate(self.params)}
+        infos = [net.params[p] for p in self.params]
+        self.numel = tuple(i.numel for i in infos)
+        self.persistent = tuple(i.persistent for i in infos)
+        self.frozen = tuple(i.frozen for i in infos)
+        mods = [ROOT]
+        for i in range(len(net.scenario.blocks)):
+            if net.is_leaf(i):
+                mods.append(f"blocks.{i}")
+            else:
+                mods += [m.name for m in net.block_modules(i)]
+        if net.scenario.fused_head:
+            mods.append(HEAD)
+        self.modules: tuple[str, ...] = tuple(mods)
+        self.midx = {m: i for i, m in enumerate(self.modules)}
+        # iter_params(module, recurse=leaf): sorted by ds_id (= registration order) as record_parameters does
+        self.module_params: tuple[tuple[int, ...], ...] = tuple(
+            tuple(sorted(self.pidx[p] for p in params_of_module(m) if p in self.pidx)) for m in self.modules)
+        self.output_requires_grad = tuple(self._out_rg(net, m) for m in self.modules)
+        self.n = len(self.params)
+        self._param_trace: dict[tuple[int, ...], tuple[tuple[int, int], ...]] = {}
+
+    @staticmethod
+    def _out_rg(net: "Network", module: str) -> bool:
+        """Whether the module's (re)computed output requires grad (so its ops saved tensors for backward)."""
+        if module in (ROOT, HEAD):
+            return net.loss_requires_grad
+        i = int(module.split(".")[1])
+        for g in net.hook_groups(i):
+            if g.module == module:
+                return g.output_requires_grad
+        return False
+
+    def param_trace(self, order: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
+        """``construct_parameter_trace_from_module_trace``: ``(param, step_id_last_used_at)`` per recorded
+        module occurrence, each module's parameters sorted by ds_id."""
+        got = self._param_trace.get(order)
+        if got is None:
+            got = tuple((p, step) for step, m in enumerate(order) for p in self.module_params[m])
+            self._param_trace[order] = got
+        return got
+
+
+def index_for(net: "Network") -> CoordIndex:
+    ix = net.__dict__.get("_coord_index")
+    if ix is None:
+        ix = net.__dict__["_coord_index"] = CoordIndex(net)
+    return ix
+
+
+@dataclass(frozen=True)
+class CoordState:
+    """One coordinator state.  See the module docstring; every field names its DeepSpeed counterpart."""
+
+    status: tuple[int, ...]
+    """``param.ds_status`` per parameter."""
+    holders: tuple[frozenset[int], ...]
+    """``param.ds_active_sub_modules`` per parameter (module indices; `HOLD` is the zerostate hold)."""
+    mode: int = INVALID
+    """``__trace_mode`` (INVALID / RECORD / COMPLETE)."""
+    step_id: int = 0
+    """``__step_id``: module fetches since the root forward's ``reset_step``."""
+    order: tuple[int, ...] = ()
+    """``__submodule_order``: the recorded module trace (being recorded while RECORD)."""
+    queue: int = 0
+    """Position in the parameter trace of ``__param_queue`` (its popped prefix)."""
+    fetched_for: tuple[int, ...] = ()
+    """``__most_recent_step_id_param_fetched_for`` per parameter (`NEVER` when unset)."""
+    cache: tuple[tuple[tuple[int, int], frozenset[int]], ...] = ()
+    """``functools.lru_cache`` of ``__params_to_release(module, step_id)``: never cleared in DeepSpeed."""
+    stack: tuple[int, ...] = ()
+    """0.19.3+ ``__active_backward_submodules``: backward modules in progress, in insertion order."""
+    recompute: tuple[tuple[int, frozenset[int]], ...] = ()
+    """0.19.3 ``module.ds_recompute_parameters`` (only modules with some), sorted by module."""
+    held: tuple[tuple[int, frozenset[int]], ...] = ()
+    """zerostate: parameters held for a module's backward (the runtime policy's ``holds``)."""
+    declared: bool = False
+    """Persistent parameters have been declared (PERSISTENT events) to the trace."""
+
+    @staticmethod
+    def initial(ix: CoordIndex) -> "CoordState":
+        """zero.Init partitions every parameter; nothing is held; the trace starts INVALID."""
+        return CoordState(status=(NOT_AVAILABLE,) * ix.n, holders=(frozenset(),) * ix.n,
+                          fetched_for=(NEVER,) * ix.n)
+
+    def with_(self, **changes) -> "CoordState":
+        return replace(self, **changes)
+
+    def observable(self, ix: CoordIndex) -> dict:
+        """DeepSpeed's names for what a traced engine exposes (for refinement tests and reports)."""
+        return {
+            "ds_status": {ix.params[i]: STATUS_NAMES[s] for i, s in enumerate(self.status)},
+            "ds_active_sub_modules": {ix.params[i]: sorted(HOLD_NAME if h == HOLD else ix.modules[h] for h in hs)
+                                      for i, hs in enumerate(self.holders) if hs},
+            "trace_mode": MODE_NAMES[self.mode],
+            "step_id": self.step_id,
+            "submodule_order": [ix.modules[m] for m in self.order],
+            "active_backward_submodules": [ix.modules[m] for m in self.stack],
+        }
+
+
+def lookup(pairs: tuple[tuple[int, frozenset[int]], ...], key: int) -> frozenset[int]:
+    for k, v in pairs:
+        if k == key:
+            return v
+    return frozenset()
+
+
+def assign(pairs: tuple[tuple[int, frozenset[int]], ...], key: int,
+           value: frozenset[int]) -> tuple[tuple[int, frozenset[int]], ...]:
+    """Set ``key`` to ``value`` in a sorted pair tuple (an empty value removes the key)."""
+    rest = [(k, v) for k, v in pairs if k != key]
+    if value:
+        rest.append((key, value))
+    return tuple(sorted(rest, key=lambda kv: kv[0]))
+
+
+__all__ = ["AVAILABLE", "COMPLETE", "CoordIndex", "CoordState", "HOLD", "HOLD_NAME", "INFLIGHT", "INVALID",
+           "MODE_NAMES", "NEVER", "NOT_AVAILABLE", "RECORD", "STATUS_NAMES", "assign", "index_for", "lookup"]

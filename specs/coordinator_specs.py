@@ -1,0 +1,357 @@
+"""Specs of the ZeRO-3 parameter coordinator, and its memory metrics.
+
+Monitors read traces only.  A parameter's status is folded from the effect events: FETCH makes it
+AVAILABLE, PREFETCH INFLIGHT, RELEASE NOT_AVAILABLE; HOLDERS carries the size of its
+``ds_active_sub_modules``; PERSISTENT declares ``ds_persist``.  What a module computes with comes from
+its name (`zerostate.model.network.params_of_module`), so a spec needs no network.
+
+When a module *computes*:
+
+* forward, eval and recompute: right after its pre-forward hook (checked at the next driver event);
+* backward: right after its pre-backward hook once any recompute it triggers is over (checked at the
+  next driver event that is not part of a recompute or an unpack), and again at its post-backward.
+  A block recomputed by a *non-reentrant* checkpoint is the exception: its backward reads the tensors
+  the recompute saved -- trainable parameters as detached copies taken during the recompute (judged
+  when the recompute computed), frozen ones as live references (judged by ``saved-tensor-intact``).
+  A recompute is non-reentrant when a module of its block already ran its pre-backward hook in this
+  backward (a reentrant block recomputes before any of its backward hooks).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, NamedTuple
+
+from zerostate.model.events import DRIVER_EVENTS, Ev, Event
+from zerostate.model.network import params_of_module
+
+from .base import Metric, Spec, fail
+
+_STATUS = (Ev.FETCH, Ev.PREFETCH, Ev.RELEASE)
+_RECOMPUTE_PARTS = frozenset({Ev.RECOMPUTE_START, Ev.MODULE_PRE_FORWARD, Ev.MODULE_POST_FORWARD, Ev.SAVE_LIVE,
+                              Ev.RECOMPUTE_END, Ev.UNPACK})
+_ROOT_FORWARDS = (Ev.FORWARD_START, Ev.EVAL_FORWARD_START)
+
+
+def _status(avail: frozenset, inflight: frozenset, ev: Event) -> tuple[frozenset, frozenset]:
+    """Fold one status event into (AVAILABLE, INFLIGHT) parameter sets."""
+    p = ev.param
+    if ev.kind is Ev.FETCH:
+        return avail | {p}, inflight - {p}
+    if ev.kind is Ev.PREFETCH:
+        return avail - {p}, inflight | {p}
+    return avail - {p}, inflight - {p}
+
+
+def _block_of(module: str | None) -> str | None:
+    if not module or not module.startswith("blocks."):
+        return None
+    return ".".join(module.split(".")[:2])
+
+
+def _missing(module: str, avail: frozenset) -> list[str]:
+    return [p for p in params_of_module(module) if p not in avail]
+
+
+# ---------------------------------------------------------- available-when-used
+class _Used(NamedTuple):
+    avail: frozenset = frozenset()
+    inflight: frozenset = frozenset()
+    fwd: tuple | None = None
+    """(module, phase) whose forward computes at the next driver event."""
+    bwd: str | None = None
+    """Module whose backward computes at the next driver event outside a recompute / unpack."""
+    pre_bwd: frozenset = frozenset()
+    """Blocks with a module whose pre-backward hook ran in this backward."""
+    nonreentrant: frozenset = frozenset()
+    """Blocks recomputed by a non-reentrant checkpoint in this backward."""
+
+
+def _used_fail(module: str, what: str, missing: list[str]):
+    return fail(f"{module} computes ({what}) with {', '.join(missing)} not AVAILABLE (partitioned or still "
+                "in flight): the module would read an empty or incomplete parameter")
+
+
+def _used_step(m: _Used, ev: Event):
+    k = ev.kind
+    if k in _STATUS:
+        a, i = _status(m.avail, m.inflight, ev)
+        return m._replace(avail=a, inflight=i)
+    if k not in DRIVER_EVENTS:
+        return m
+    if m.fwd is not None:  # the module whose pre-forward hook just ran computes now
+        missing = _missing(m.fwd[0], m.avail)
+        if missing:
+            return _used_fail(m.fwd[0], m.fwd[1] or "forward", missing)
+        m = m._replace(fwd=None)
+    if m.bwd is not None and k not in _RECOMPUTE_PARTS:
+        if _block_of(m.bwd) not in m.nonreentrant:
+            missing = _missing(m.bwd, m.avail)
+            if missing:
+                return _used_fail(m.bwd, "backward", missing)
+        m = m._replace(bwd=None)
+    if k is Ev.USER_BACKWARD_START:
+        return m._replace(pre_bwd=frozenset(), nonreentrant=frozenset())
+    if k is Ev.MODULE_PRE_FORWARD:
+        return m._replace(fwd=(ev.module, ev.phase))
+    if k is Ev.MODULE_PRE_BACKWARD:
+        b = _block_of(ev.module)
+        return m._replace(bwd=ev.module, pre_bwd=m.pre_bwd | {b} if b else m.pre_bwd)
+    if k is Ev.RECOMPUTE_START and ev.module in m.pre_bwd:
+        return m._replace(nonreentrant=m.nonreentrant | {ev.module})
+    if k is Ev.MODULE_POST_BACKWARD and _block_of(ev.module) not in m.nonreentrant:
+        missing = _missing(ev.module, m.avail)
+        if missing:
+            return _used_fail(ev.module, "backward", missing)
+    return m
+
+
+AVAILABLE_WHEN_USED = Spec(
+    id="available-when-used",
+    sentence="Whenever a module computes (forward, recompute, backward), all its parameters are AVAILABLE.",
+    provenance=("DeepSpeed parameter_offload.py pre_sub_module_forward/backward_function",
+                "partitioned_param_coordinator.py fetch_sub_module (assert ds_status == AVAILABLE)"),
+    family="coordinator",
+    init=_Used, step=_used_step, finish=lambda m: None,
+    checks=("After every MODULE_PRE_FORWARD (any phase) the module's parameters are AVAILABLE at the next "
+            "driver event; after every MODULE_PRE_BACKWARD they are AVAILABLE at the next driver event outside "
+            "a recompute/unpack and at the module's MODULE_POST_BACKWARD -- except in blocks recomputed by a "
+            "non-reentrant checkpoint, whose backward reads the recompute's saved tensors."),
+)
+
+
+# ---------------------------------------------------------- saved-tensor-intact
+class _Saved(NamedTuple):
+    avail: frozenset = frozenset()
+    inflight: frozenset = frozenset()
+    live: frozenset = frozenset()
+    """Parameters a non-reentrant recompute saved as live references, not yet unpacked for use."""
+    partitioned: frozenset = frozenset()
+    """Live-saved parameters partitioned since they were saved (for the message)."""
+
+
+def _saved_step(m: _Saved, ev: Event):
+    k = ev.kind
+    if k in _STATUS:
+        a, i = _status(m.avail, m.inflight, ev)
+        part = m.partitioned | {ev.param} if k is Ev.RELEASE and ev.param in m.live else m.partitioned
+        return m._replace(avail=a, inflight=i, partitioned=part)
+    if k is Ev.SAVE_LIVE:
+        return m._replace(live=m.live | {ev.param}, partitioned=m.partitioned - {ev.param})
+    if k is Ev.UNPACK:
+        p = ev.param
+        if p not in m.avail:
+            where = ("torch.utils.checkpoint.CheckpointError: recomputed values have different metadata "
+                     f"({p}: saved with its full shape, recomputed shape [0])" if ev.note == "check" else
+                     f"the backward of {ev.module} reads {p} through its live saved reference and finds "
+                     "shape [0]")
+            how = ("partitioned in place after the recompute saved it" if p in m.partitioned
+                   else "not gathered when unpacked")
+            return fail(f"{p} is {how}: {where}")
+        if ev.note == "use":
+            return m._replace(live=m.live - {p}, partitioned=m.partitioned - {p})
+    return m
+
+
+SAVED_TENSOR_INTACT = Spec(
+    id="saved-tensor-intact",
+    sentence=("A parameter referenced by a live saved checkpoint tensor is whole whenever that tensor is "
+              "unpacked: never partitioned since it was saved, or gathered again in place before the unpack."),
+    provenance=("seed 002", "deepspeedai/DeepSpeed#8130", "deepspeedai/DeepSpeed#8148",
+                "torch/utils/checkpoint.py (x.detach() if x.requires_grad else x; check_recomputed_tensors_match)"),
+    family="coordinator",
+    init=_Saved, step=_saved_step, finish=lambda m: None,
+    checks=("At every UNPACK (note=check: torch's metadata check right after the recompute; note=use: the "
+            "module's backward) of a parameter, that parameter is AVAILABLE.  ZeRO-3 swaps param.data in place, "
+            "so a live reference sees whatever param.data is at unpack time: a release in between is harmless "
+            "if a fetch re-gathered it before the unpack (0.19.3 does), fatal otherwise (0.19.2: CheckpointError)."),
+)
+
+
+# ------------------------------------------------------- released-after-backward
+class _Released(NamedTuple):
+    avail: frozenset = frozenset()
+    inflight: frozenset = frozenset()
+    held: frozenset = frozenset()
+    """Parameters with at least one holder (HOLDERS value > 0)."""
+    persistent: frozenset = frozenset()
+    pending: bool = False
+    """A user backward returned; judge at the next driver event (its epilogue has run by then)."""
+
+
+def _released_problem(m: _Released) -> str | None:
+    leaked = sorted((m.avail | m.inflight) - m.persistent)
+    if leaked:
+        return (f"after the backward (and its epilogue) {', '.join(leaked)} "
+                f"{'is' if len(leaked) == 1 else 'are'} still gathered: leaked until engine.step() or beyond")
+    held = sorted(m.held)
+    if held:
+        return f"after the backward {', '.join(held)} still {'has' if len(held) == 1 else 'have'} holders " \
+               "(ds_active_sub_modules not empty): stale bookkeeping"
+    return None
+
+
+def _released_step(m: _Released, ev: Event):
+    k = ev.kind
+    if k in _STATUS:
+        a, i = _status(m.avail, m.inflight, ev)
+        return m._replace(avail=a, inflight=i)
+    if k is Ev.HOLDERS:
+        held = m.held | {ev.param} if (ev.value or 0) > 0 else m.held - {ev.param}
+        return m._replace(held=held)
+    if k is Ev.PERSISTENT:
+        return m._replace(persistent=m.persistent | {ev.param})
+    if k is Ev.USER_BACKWARD_END:
+        return m._replace(pending=True)
+    if m.pending and k in DRIVER_EVENTS:
+        msg = _released_problem(m)
+        return fail(msg) if msg else m._replace(pending=False)
+    return m
+
+
+RELEASED_AFTER_BACKWARD = Spec(
+    id="released-after-backward",
+    sentence=("When a backward completes, every non-persistent parameter is NOT_AVAILABLE and held by no "
+              "module; nothing leaks across steps."),
+    provenance=("deepspeedai/DeepSpeed#8148 (release_backward_leftovers; lifecycle tests)", "seed 002"),
+    family="coordinator",
+    init=_Released, step=_released_step,
+    finish=lambda m: _released_problem(m) if m.pending else None,
+    checks=("At the first driver event after each USER_BACKWARD_END (or the end of the run) -- so after the "
+            "epilogue -- no non-persistent parameter is AVAILABLE or INFLIGHT and no parameter has holders."),
+)
+
+
+# ----------------------------------------------------------------- trace-consistent
+class _TraceMon(NamedTuple):
+    mode: str = "INVALID"
+    order: tuple = ()
+    pos: int = 0
+    expect: tuple = ()
+    """TRACE_STATE notes the current driver event must produce, in order."""
+    why: str = ""
+    inflight: frozenset = frozenset()
+    invalidated: bool = False
+    """An invalidation happened at the current driver event (judge the leftovers at the next one)."""
+    active: bool = False
+    """The trace reports the coordinator's trace mode (a TRACE_STATE was seen).  ZeRO-1/2 traces, and
+    traces that do not report it, are not judged."""
+
+
+def _trace_expectations(m: _TraceMon, ev: Event) -> _TraceMon:
+    k = ev.kind
+    if k in _ROOT_FORWARDS:
+        if m.mode == "RECORD":
+            return m._replace(expect=("COMPLETE",), why="a root forward after a recorded pass", pos=0)
+        if m.mode == "INVALID":
+            return m._replace(expect=("RECORD",), why="a root forward with no valid trace", pos=0, order=())
+        return m._replace(pos=0)
+    if k is Ev.REREGISTER:
+        if m.mode != "INVALID":
+            return m._replace(expect=("INVALID",), why="hooks re-registered")
+        return m
+    if k in (Ev.MODULE_PRE_FORWARD, Ev.MODULE_PRE_BACKWARD):
+        if m.mode == "COMPLETE":
+            if m.pos >= len(m.order):
+                return m._replace(expect=("INVALID",), pos=m.pos + 1,
+                                  why=f"{ev.module} at step {m.pos} is past the trace's {len(m.order)} modules")
+            if m.order[m.pos] != ev.module:
+                return m._replace(expect=("INVALID",), pos=m.pos + 1,
+                                  why=f"{ev.module} at step {m.pos}, where the trace recorded {m.order[m.pos]}")
+        elif m.mode == "RECORD":
+            return m._replace(order=m.order + (ev.module,), pos=m.pos + 1)
+        return m._replace(pos=m.pos + 1)
+    return m
+
+
+def _trace_step(m: _TraceMon, ev: Event):
+    k = ev.kind
+    if k is Ev.TRACE_STATE and not m.active:
+        m = m._replace(active=True)
+    if k is Ev.PREFETCH:
+        if m.mode != "COMPLETE" and m.active:
+            return fail(f"{ev.param} prefetched while the trace is {m.mode}: a prefetch from a stale trace")
+        return m._replace(inflight=m.inflight | {ev.param})
+    if k in (Ev.FETCH, Ev.RELEASE):
+        return m._replace(inflight=m.inflight - {ev.param}) if ev.param in m.inflight else m
+    if k is Ev.TRACE_STATE:
+        if not m.expect or m.expect[0] != ev.note:
+            return fail(f"the trace became {ev.note} though the module order did not call for it")
+        new = m._replace(mode=ev.note, expect=m.expect[1:])
+        if ev.note == "INVALID":
+            new = new._replace(order=(), invalidated=True)
+        return new
+    if k not in DRIVER_EVENTS:
+        return m
+    if m.expect and m.active:
+        return fail(f"the trace was not made {m.expect[0]} after {m.why}")
+    if m.invalidated:
+        if m.inflight:
+            return fail(f"the invalidated trace left {', '.join(sorted(m.inflight))} in flight")
+        m = m._replace(invalidated=False)
+    return _trace_expectations(m, ev)
+
+
+TRACE_CONSISTENT = Spec(
+    id="trace-consistent",
+    sentence=("The trace is invalidated exactly when the module order differs from the recorded one (or hooks "
+              "are re-registered), and an invalidated trace leaves no stale bookkeeping behind."),
+    provenance=("DeepSpeed partitioned_param_coordinator.py trace_prologue / _invalidate_trace / reset_step",
+                "parameter_offload.py _register_deepspeed_module (re-registration invalidates)"),
+    family="coordinator",
+    init=_TraceMon, step=_trace_step,
+    finish=lambda m: f"the trace was not made {m.expect[0]} after {m.why}" if m.expect and m.active else None,
+    checks=("Replays the protocol from the module hooks alone: a root forward turns RECORD into COMPLETE and "
+            "INVALID into RECORD; with a COMPLETE trace the k-th module hook of a pass must be the k-th recorded "
+            "one, else INVALID; REREGISTER invalidates.  The TRACE_STATE events must be exactly these.  After an "
+            "invalidation nothing stays INFLIGHT and nothing is PREFETCHed until a trace is COMPLETE again.  "
+            "Traces that never report a TRACE_STATE (ZeRO-1/2; a tracer that does not record the mode) are not "
+            "judged."),
+)
+
+
+# --------------------------------------------------------------------- metrics
+def _numel(net: Any, p: str) -> int:
+    return net.params[p].numel if p in net.params else 0
+
+
+def gathered_peak(events: Iterable[Event], net: Any) -> float:
+    """Largest number of parameter elements AVAILABLE or INFLIGHT at once over the run."""
+    gathered: set[str] = set()
+    total = peak = 0
+    for ev in events:
+        if ev.kind in (Ev.FETCH, Ev.PREFETCH):
+            if ev.param not in gathered:
+                gathered.add(ev.param)
+                total += _numel(net, ev.param)
+                peak = max(peak, total)
+        elif ev.kind is Ev.RELEASE and ev.param in gathered:
+            gathered.discard(ev.param)
+            total -= _numel(net, ev.param)
+    return float(peak)
+
+
+def allgathers(events: Iterable[Event], net: Any) -> float:
+    """Parameters all-gathered over the run (a fetch that waited on a prefetch is not a new one)."""
+    return float(sum(1 for ev in events
+                     if ev.kind is Ev.PREFETCH or (ev.kind is Ev.FETCH and ev.note != "inflight")))
+
+
+GATHERED_PEAK = Metric(
+    id="gathered-peak",
+    sentence="The largest number of parameter elements AVAILABLE or INFLIGHT at once.",
+    provenance=("seed 002 (the two fixes differ in how long parameters stay gathered)",),
+    measure=gathered_peak,
+)
+
+ALLGATHERS = Metric(
+    id="allgathers",
+    sentence="How many parameters were all-gathered (fetched or prefetched) over the run.",
+    provenance=("seed 002",),
+    measure=allgathers,
+)
+
+COORDINATOR_SPECS = (AVAILABLE_WHEN_USED, SAVED_TENSOR_INTACT, RELEASED_AFTER_BACKWARD, TRACE_CONSISTENT)
+COORDINATOR_METRICS = (GATHERED_PEAK, ALLGATHERS)
+
+__all__ = ["ALLGATHERS", "AVAILABLE_WHEN_USED", "COORDINATOR_METRICS", "COORDINATOR_SPECS", "GATHERED_PEAK",
+           "RELEASED_AFTER_BACKWARD", "SAVED_TENSOR_INTACT", "TRACE_CONSISTENT", "allgathers", "gathered_peak"]
