@@ -91,12 +91,15 @@ class Target(Protocol):
 
 
 def spec_findings(events: list[Event], scenario: Scenario, target: str, version: str | None,
-                  skip: frozenset[str] = frozenset()) -> list[Finding]:
-    """Check every spec on a trace; one finding per violated spec."""
-    from zerostate.specs import check_all
+                  coordinator: bool | None = None) -> list[Finding]:
+    """Check the specs on a trace; one finding per violated spec.  Coordinator-family specs judge
+    ZeRO-3 runs only (``coordinator``; default: ``scenario.stage == 3``), as the model checker does."""
+    from zerostate.specs import SPECS, check_all
+    coord = scenario.stage == 3 if coordinator is None else coordinator
+    chosen = [s for s in SPECS.values() if coord or s.family != "coordinator"]
     out = []
-    for sid, v in check_all(events).items():
-        if v is None or sid in skip:
+    for sid, v in check_all(events, chosen).items():
+        if v is None:
             continue
         out.append(Finding(sid, v.message, scenario, list(events), v.index, target, version))
     return out

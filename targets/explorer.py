@@ -32,8 +32,9 @@ scenario so far), then KeyboardInterrupt propagates.
 ``on_progress(examples_run, findings_so_far, elapsed_seconds)`` is called after
 every distinct target run.  `ExploreResult` has ``findings``, ``examples``
 (distinct target runs, shrinking included), ``seconds``, ``first_seen`` (finding
-key -> the number of distinct runs until it first appeared) and ``generated``
-(examples in the generation phase).
+key -> the number of distinct runs until it first appeared), ``generated_at``
+(finding key -> its example's position in the generation sequence: "found within
+N examples") and ``seconds_to`` (finding key -> seconds until handed over).
 """
 
 from __future__ import annotations
@@ -57,8 +58,10 @@ class ExploreResult:
     examples: int
     seconds: float
     first_seen: dict[str, int] = field(default_factory=dict)
-    generated: int = 0
-    interrupted: bool = False
+    generated_at: dict[str, int] = field(default_factory=dict)
+    """Finding key -> position, in the deterministic generation sequence, of the first example with it."""
+    seconds_to: dict[str, float] = field(default_factory=dict)
+    """Finding key -> seconds from the start until it was handed over (shrunk)."""
 
 
 class _NewCheck(Exception):
@@ -76,10 +79,13 @@ def explore(target: Target, *, examples: int, seed: int | None = None,
     reported: dict[str, Finding] = {}
     seen: dict[str, Finding] = {}       # check -> smallest finding seen (for leftovers)
     first_seen: dict[str, int] = {}
-    stats = {"generated": 0}
+    generated_at: dict[str, int] = {}
+
+    seconds_to: dict[str, float] = {}
 
     def emit(f: Finding) -> None:
         reported[f.key] = f
+        seconds_to[f.key] = time.perf_counter() - t0
         if on_finding is not None:
             on_finding(f)
 
@@ -100,6 +106,7 @@ def explore(target: Target, *, examples: int, seed: int | None = None,
     def search() -> Scenario | None:
         final: list[Scenario] = []
         known = frozenset(reported)
+        calls = {"n": 0, "failed": False}
 
         @settings(max_examples=examples, database=None, deadline=None, derandomize=seed is None,
                   phases=[Phase.generate, Phase.shrink], report_multiple_bugs=False, print_blob=False,
@@ -107,9 +114,16 @@ def explore(target: Target, *, examples: int, seed: int | None = None,
         @given(strat)
         def probe(sc: Scenario) -> None:
             out = run(sc)
+            if not calls["failed"]:
+                calls["n"] += 1
             if current_build_context().is_final:
                 final.append(sc)
             if any(f.key not in known for f in out.findings):
+                if not calls["failed"]:
+                    calls["failed"] = True
+                    for f in out.findings:
+                        if f.key not in known:
+                            generated_at.setdefault(f.key, calls["n"])
                 raise _NewCheck(sc)
 
         if seed is not None:
@@ -137,7 +151,7 @@ def explore(target: Target, *, examples: int, seed: int | None = None,
             emit(seen[check])
         raise
     return ExploreResult(list(reported.values()), len(memo), time.perf_counter() - t0, first_seen,
-                         stats["generated"])
+                         generated_at, seconds_to)
 
 
 __all__ = ["ExploreResult", "explore"]

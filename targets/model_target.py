@@ -29,8 +29,9 @@ class ModelTarget:
     def run(self, scenario: Scenario) -> Outcome:
         from zerostate.model.explore import run as model_run
         t0 = time.perf_counter()
+        from zerostate.model.explore import needs_coordinator
         trace = list(model_run(self.design, scenario).events)
-        findings = spec_findings(trace, scenario, self.name, None)
+        findings = spec_findings(trace, scenario, self.name, None, needs_coordinator(self.design, scenario))
         return Outcome(scenario, trace, None, findings, time.perf_counter() - t0)
 
     def close(self) -> None:

@@ -24,6 +24,10 @@ What differs, and how this module papers over it:
   ``deepspeed.runtime.zero.stage3`` and ``deepspeed.runtime.zero.stage_1_and_2``
   (all supported releases): the tracer rebinds it there.
 * ZeRO-3 ipg buckets: ``optimizer.ipg_buckets`` (dtype -> bucket with ``.params``).
+* ZeRO-3 coordinator: ``optimizer.parameter_offload.get_param_coordinator()``; trace mode via
+  ``is_record_trace`` / ``is_complete_trace``; parameter ``ds_status``, ``ds_active_sub_modules``,
+  ``ds_persist``; offload hooks ``pre/post_sub_module_forward/backward_function`` (all releases).
+* world size 1 on CPU: `skip_shm_comm_op` avoids JIT-building a comm op nobody needs.
 """
 
 from __future__ import annotations
@@ -108,8 +112,38 @@ def param_status(p) -> str:
     return getattr(st, "name", str(st)) if st is not None else "AVAILABLE"
 
 
+def trace_mode(coord) -> str | None:
+    """The coordinator's module-trace mode: RECORD, COMPLETE or INVALID (None without a coordinator)."""
+    if coord is None:
+        return None
+    if coord.is_record_trace():
+        return "RECORD"
+    if coord.is_complete_trace():
+        return "COMPLETE"
+    return "INVALID"
+
+
+def holders(p) -> int:
+    """``len(param.ds_active_sub_modules)``: the modules holding a ZeRO-3 parameter gathered."""
+    return len(getattr(p, "ds_active_sub_modules", ()) or ())
+
+
+def is_persistent(p) -> bool:
+    return bool(getattr(p, "ds_persist", False))
+
+
 def is_checkpoint_error(exc: BaseException) -> bool:
     return type(exc).__name__ == "CheckpointError"
+
+
+def skip_shm_comm_op() -> None:
+    """World size 1 on CPU: do not JIT-build DeepSpeed's shared-memory allreduce op (``deepspeed.comm.torch.
+    build_shm_op``, ~30-90 s per fresh TORCH_EXTENSIONS_DIR); with one rank it has nothing to reduce, and
+    collectives fall back to gloo.  Called by the worker before ``init_distributed``."""
+    import importlib
+    ds_comm_torch = importlib.import_module("deepspeed.comm.torch")
+    if hasattr(ds_comm_torch, "build_shm_op"):
+        ds_comm_torch.build_shm_op = lambda: None
 
 
 def clear_globals() -> None:

@@ -34,6 +34,20 @@ RTOL = 1e-4
 
 # A tracer may set this to a pair of callables (start(), end()) observing the backward made inside forward.
 PRE_BACKWARD_OBSERVER = None
+# ... and this to a pair (enter(block), exit(block)) called around every checkpointed block's forward,
+# including a recompute that torch stops early (non-reentrant checkpoint stops once it has what it needs).
+BLOCK_OBSERVER = None
+
+
+def _call_block(blk, x, skip_norm):
+    obs = BLOCK_OBSERVER
+    if obs is not None:
+        obs[0](blk)
+    try:
+        return blk(x, skip_norm=skip_norm)
+    finally:
+        if obs is not None:
+            obs[1](blk)
 
 
 class Block(nn.Module):
@@ -46,8 +60,8 @@ class Block(nn.Module):
         self.use_norm = norm_kind != "unused"
         self.use_lin = lin_kind != "unused"
 
-    def forward(self, x):
-        if self.use_norm:
+    def forward(self, x, skip_norm=False):
+        if self.use_norm and not skip_norm:
             x = self.norm(x)
         if self.use_lin:
             x = self.lin(x)
@@ -90,15 +104,17 @@ class Net(nn.Module):
         self.ckpt = [b.get("checkpoint", "none") for b in bl]
         self.head = nn.Linear(w, w, bias=False) if spec.get("fused_head", False) else None
 
-    def forward(self, x):
+    def forward(self, x, skip=()):
+        """``skip``: blocks whose (frozen) norm this forward skips, a data-dependent branch."""
         grad = torch.is_grad_enabled()
-        for blk, ck in zip(self.blocks, self.ckpt):
+        for i, (blk, ck) in enumerate(zip(self.blocks, self.ckpt)):
+            s = i in skip
             if grad and ck == "reentrant":
-                x = checkpoint(blk, x, use_reentrant=True)
+                x = checkpoint(_call_block, blk, x, s, use_reentrant=True)
             elif grad and ck == "non_reentrant":
-                x = checkpoint(blk, x, use_reentrant=False)
+                x = checkpoint(_call_block, blk, x, s, use_reentrant=False)
             else:
-                x = blk(x)
+                x = blk(x, skip_norm=s)
         if self.head is not None:
             if grad:
                 return FusedHeadLoss.apply(x, self.head)
@@ -164,8 +180,11 @@ class TorchBackend:
         self.model, self.gas = model, gas_of(spec)
         self.opt = torch.optim.SGD(trainable(model), lr=LR)
 
-    def forward(self, x):
-        return self.model(x)
+    def forward(self, x, skip=()):
+        return self.model(x, skip=tuple(skip)) if skip else self.model(x)
+
+    def reregister(self):
+        pass
 
     def eval_forward(self, x):
         self.model.eval()
@@ -204,10 +223,23 @@ class DeepSpeedBackend:
         self.engine, self.opt, _, _ = deepspeed.initialize(model=model, optimizer=opt, config=ds_config(spec))
         self.names = {id(p): n for n, p in self.engine.module.named_parameters()}
 
-    def forward(self, x):
+    def forward(self, x, skip=()):
         if x.device != self.engine.device:
             x = x.detach().to(self.engine.device).requires_grad_(x.requires_grad)
-        return self.engine(x)
+        return self.engine(x, skip=tuple(skip)) if skip else self.engine(x)
+
+    def reregister(self):
+        """Remove ZeRO-3's module hooks and register them again, as TRL's unwrap_model_for_generation does."""
+        off = getattr(self.engine.optimizer, "parameter_offload", None)
+        if off is None:
+            return
+        for p in self.engine.module.parameters():
+            if hasattr(p, "ds_active_sub_modules"):
+                p.ds_active_sub_modules.clear()
+        for h in off.forward_hooks + off.backward_hooks:
+            h.remove()
+        off.forward_hooks, off.backward_hooks = [], []
+        off._register_deepspeed_module(off.module)
 
     def eval_forward(self, x):
         self.engine.eval()
@@ -256,6 +288,9 @@ def run_schedule(spec, backend, mark=None, after_step=None):
     steps = spec.get("steps", [{}])
     gas = gas_of(spec)
     for si, st in enumerate(steps):
+        if st.get("reregister", False):
+            mark("reregister")
+            backend.reregister()
         if st.get("eval_before", False):
             mark("eval_start")
             backend.eval_forward(batch(spec, si, 0, eval_=True))
@@ -264,7 +299,7 @@ def run_schedule(spec, backend, mark=None, after_step=None):
             kind = m.get("backward", "engine")
             x = batch(spec, si, mi)
             mark("forward_start")
-            out = backend.forward(x)
+            out = backend.forward(x, m.get("skip", ()))
             mark("forward_end")
             loss = out if fused else out.pow(2).mean()
             mark("backward_start", kind=kind)

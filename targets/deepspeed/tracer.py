@@ -42,6 +42,9 @@ import torch
 
 from . import compat
 
+ROOT = "model"
+"""The root module's name in events (torch names it ``""``), as in ``zerostate.model.network``."""
+
 
 class Tracer:
     def __init__(self, engine, spec: dict):
@@ -67,8 +70,13 @@ class Tracer:
         blocks = spec.get("blocks", [{}])
         self.leaf_blocks = {i for i, b in enumerate(blocks) if b.get("leaf") and self.stage == 3}
         self.leaf_count = len(self.leaf_blocks) if self.stage == 3 else 0
-        self.mod_names = {id(m): n for n, m in self.module.named_modules()}
-        self._status: dict[str, str] = {}
+        self.mod_names = {id(m): (n or ROOT) for n, m in self.module.named_modules()}
+        self.coord = compat.coordinator(self.opt) if self.stage == 3 else None
+        self._emitted: dict[str, str] = {}
+        self._holders: dict[str, int] = {}
+        self._mode: str | None = None
+        self._recomputed: set[int] = set()
+        self._declared = False
 
     # ------------------------------------------------------------ emitting
     def emit(self, kind: str, **kw) -> None:
@@ -126,24 +134,54 @@ class Tracer:
 
     # ------------------------------------------------------------ statuses
     def _resync(self) -> None:
-        if self.stage == 3:
-            self._status = {n: compat.param_status(p) for n, p in self.params}
+        """Take DeepSpeed's current parameter state as already reported (after a paused section)."""
+        if self.stage != 3:
+            return
+        for n, p in self.params:
+            st = compat.param_status(p)
+            self._emitted[n] = "AVAILABLE" if st == "AVAILABLE" else ("INFLIGHT" if st == "INFLIGHT" else
+                                                                       "NOT_AVAILABLE")
+            self._holders[n] = compat.holders(p)
+        self._mode = compat.trace_mode(self.coord)
 
     def _poll(self, module: str | None = None) -> None:
+        """Report status and holder changes since the last poll.  ``module``: the hooked module whose
+        fetch / release just ran (its own parameters are fetched, others prefetched)."""
         if self.stage != 3 or self._paused:
             return
         for n, p in self.params:
-            new = compat.param_status(p)
-            old = self._status.get(n)
-            if new == old:
-                continue
-            self._status[n] = new
+            new, em = compat.param_status(p), self._emitted.get(n)
             owner = n.rsplit(".", 1)[0]
-            if new == "NOT_AVAILABLE":
+            own = module is None or owner == module or owner.startswith(module + ".")
+            h_old, h_new = self._holders.get(n, 0), compat.holders(p)
+            if h_new < h_old:
+                self._holders[n] = h_new
+                self.emit("holders", param=n, module=module, value=h_new, note="-")
+            if new == "NOT_AVAILABLE" and em != "NOT_AVAILABLE":
                 self.emit("release", param=n, module=owner)
-            elif old == "NOT_AVAILABLE":
-                own = module is not None and (owner == module or owner.startswith(module + "."))
-                self.emit("fetch" if own else "prefetch", param=n, module=module if own else owner)
+                self._emitted[n] = new
+            elif new != "NOT_AVAILABLE" and em in (None, "NOT_AVAILABLE"):
+                if own:
+                    self.emit("fetch", param=n, module=module)
+                    self._emitted[n] = "AVAILABLE"
+                else:
+                    self.emit("prefetch", param=n, module=owner)
+                    self._emitted[n] = "INFLIGHT"
+            elif em == "INFLIGHT" and new == "AVAILABLE" and own and module is not None:
+                self.emit("fetch", param=n, module=module, note="inflight")
+                self._emitted[n] = "AVAILABLE"
+            if h_new > h_old:
+                self._holders[n] = h_new
+                self.emit("holders", param=n, module=module, value=h_new, note="+")
+        self._poll_trace()
+
+    def _poll_trace(self) -> None:
+        if self.stage != 3 or self._paused:
+            return
+        mode = compat.trace_mode(self.coord)
+        if mode != self._mode:
+            self._mode = mode
+            self.emit("trace_state", note=mode)
 
     # ------------------------------------------------------------ patching
     def _patch(self, obj, attr: str, make) -> None:
@@ -178,10 +216,12 @@ class Tracer:
         self._leaf_frame = None
         from . import net
         net.PRE_BACKWARD_OBSERVER = None
+        net.BLOCK_OBSERVER = None
 
     def install(self) -> "Tracer":
         from . import net
         net.PRE_BACKWARD_OBSERVER = (self._pre_start, self._pre_end)
+        net.BLOCK_OBSERVER = (self._block_enter, self._block_exit)
         eng, opt = self.engine, self.opt
         self._patch(eng, "_backward_prologue", self._w_prologue)
         self._patch(eng, "_backward_epilogue", self._w_epilogue)
@@ -209,20 +249,49 @@ class Tracer:
         self._poll()
         if what == "forward_start":
             self.emit("forward_start")
+            self._declare_persistent()
         elif what == "forward_end":
             self.emit("forward_end")
         elif what == "eval_start":
             self._eval = True
             self.emit("eval_forward_start")
+            self._declare_persistent()
         elif what == "eval_end":
             self._eval = False
             self.emit("eval_forward_end")
         elif what == "backward_start":
+            self._recomputed.clear()
             self.emit("user_backward_start", note=info.get("kind"))
+        elif what == "reregister":
+            self.emit("reregister")
         elif what == "backward_end":
             self.emit("user_backward_end", note=info.get("kind"))
         elif what == "step":
             self.emit("step", value=info.get("step"))
+
+    def _declare_persistent(self) -> None:
+        if self.stage == 3 and not self._declared:
+            self._declared = True
+            for n, p in self.params:
+                if compat.is_persistent(p):
+                    self.emit("persistent", param=n)
+
+    def _block_enter(self, blk) -> None:
+        if self.stage == 3 and torch._C._current_graph_task_id() != -1 and not self._paused:
+            self._task()
+            self.emit("recompute_start", module=self.mod_names.get(id(blk)))
+
+    def _block_exit(self, blk) -> None:
+        if self.stage != 3 or torch._C._current_graph_task_id() == -1 or self._paused:
+            return
+        name = self.mod_names.get(id(blk), "?")
+        i, b = self._block_info(name)
+        self._poll()
+        self.emit("recompute_end", module=name)
+        if b is not None and b.get("checkpoint") == "non_reentrant":
+            self._recomputed.add(i)
+            for p in self._frozen_params(name):
+                self.emit("unpack", param=p, module=name, note="check")
 
     def _pre_start(self) -> None:
         self._in_pre = True
@@ -347,25 +416,21 @@ class Tracer:
             i, b = self._block_info(name or "")
             is_block = name is not None and i is not None and name.count(".") == 1
             leaf = is_block and i in self.leaf_blocks
-            tracked = name is not None and (name == "head" or (i is not None and (not is_block or leaf)))
+            tracked = name in (ROOT, "head") or (i is not None and (not is_block or leaf))
             phase = None
             if what in ("pre_forward", "post_forward"):
                 phase = "eval" if self._eval else ("recompute" if task is not None else "forward")
             nonre = b is not None and b.get("checkpoint") == "non_reentrant"
-            if what == "pre_forward" and is_block and phase == "recompute":
-                self.emit("recompute_start", module=name)
+            self._poll_trace()
             if tracked:
-                if what == "post_forward" and phase == "recompute" and nonre:
-                    for p in self._frozen_params(name):
-                        self.emit("save_live", param=p, module=f"blocks.{i}")
                 self.emit("module_" + what, module=name, phase=phase)
             r = f(module, *a, **k)
             self._poll(name if tracked else None)
-            if what == "post_forward" and is_block and phase == "recompute":
-                self.emit("recompute_end", module=name)
-                if nonre:
-                    for p in self._frozen_params(name):
-                        self.emit("unpack", param=p, module=name, note="check")
-            self._flush()
+            if tracked and nonre and what == "pre_forward" and phase == "recompute":
+                for p in self._frozen_params(name):  # torch keeps live references to these
+                    self.emit("save_live", param=p, module=f"blocks.{i}")
+            if tracked and nonre and what == "pre_backward" and i in self._recomputed:
+                for p in self._frozen_params(name):  # the module's backward unpacks them
+                    self.emit("unpack", param=p, module=f"blocks.{i}", note="use")
             return r
         return wrapped

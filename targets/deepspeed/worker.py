@@ -41,10 +41,14 @@ def main() -> int:
 
     hello = None
     try:
-        from . import net
-        net.setup_distributed()
-        import deepspeed
+        from . import compat, net
         import torch
+        if not torch.cuda.is_available():
+            os.environ.setdefault("DS_ACCELERATOR", "cpu")
+        import deepspeed
+        if int(os.environ.get("WORLD_SIZE", "1")) == 1 and not torch.cuda.is_available():
+            compat.skip_shm_comm_op()
+        net.setup_distributed()
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))  # tiny tensors: threads only cost
         from . import executor
         hello = {"ok": True, "deepspeed": deepspeed.__version__, "file": deepspeed.__file__,
