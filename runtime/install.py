@@ -198,9 +198,13 @@ def _plan_closure_swaps(opt: Any, row: CompatRow) -> list[_Swap]:
                     f"DeepSpeed's {inner.__code__.co_name} does not consult should_refresh_expected_hook_count, "
                     f"but the compatibility table says it does for {_fmt(row.first)}-{_fmt(row.last)}")
             continue
-        count = inner.__globals__.get("count_used_parameters_in_backward")
-        if count is None:
+        g = inner.__globals__
+        if "count_used_parameters_in_backward" not in g:
             raise ZerostateInstallError(f"{inner.__code__.co_name}: count_used_parameters_in_backward not found")
+
+        def count(params, _g=g):  # looked up at call time, as the original closure does
+            return _g["count_used_parameters_in_backward"](params)
+
         swaps.append(_Swap(hooks, h.id, fn, _build_hook(kind, _cells(inner), count)))
     return swaps
 
@@ -334,6 +338,19 @@ def _is_zero_engine(engine: Any) -> bool:
     return getattr(getattr(engine, "optimizer", None), "_backward_hook_state", None) is not None
 
 
+def _log_install(engine: Any, inst: Installation) -> None:
+    """With ``ZEROSTATE_RUNTIME_LOG=<path>``, append one line per engine patch_deepspeed installed into."""
+    import os
+
+    path = os.environ.get("ZEROSTATE_RUNTIME_LOG")
+    if not path:
+        return
+    stage = getattr(getattr(engine, "zero_optimization_stage", None), "__call__", lambda: "?")()
+    with open(path, "a") as f:
+        f.write(f"{os.getpid()} deepspeed={inst.version} stage={stage} release_policy={inst.release_policy} "
+                f"closures_replaced={len(inst.swaps)}\n")
+
+
 def patch_deepspeed(**install_kwargs: Any) -> "contextlib.AbstractContextManager[None]":
     """Make every engine ``deepspeed.initialize`` builds get `install` (for trainers that build it).
 
@@ -360,8 +377,9 @@ def patch_deepspeed(**install_kwargs: Any) -> "contextlib.AbstractContextManager
                 result = original(*args, **kwargs)
                 engine = result[0] if isinstance(result, tuple) else result
                 if _is_zero_engine(engine):
-                    install(engine, **patch.kwargs)
+                    inst = install(engine, **patch.kwargs)
                     patch.engines.add(engine)
+                    _log_install(engine, inst)
                 return result
 
             initialize.__zerostate_original__ = original  # type: ignore[attr-defined]

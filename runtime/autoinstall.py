@@ -1,0 +1,67 @@
+"""Install the runtime into every engine a process builds, without touching its code.
+
+``enable()`` calls `patch_deepspeed` as soon as ``deepspeed`` is imported (at once if it
+already is): every engine ``deepspeed.initialize`` returns then gets `install`.  Meant for
+processes one cannot edit -- DeepSpeed's own unit tests, a launcher's workers, the
+real-DeepSpeed exploration's worker -- through a ``sitecustomize.py`` on ``PYTHONPATH``::
+
+    # sitecustomize.py
+    import os
+    if os.environ.get("ZEROSTATE_RUNTIME") == "1":
+        from zerostate.runtime.autoinstall import enable
+        enable()
+
+``benchmarks/run_deepspeed_unit_tests.sh`` writes exactly that file.  With
+``ZEROSTATE_RUNTIME_LOG=<path>`` each install appends one line
+``<pid> <deepspeed version> <engine class> stage=<n> release_policy=<bool> closures=<n>``,
+so a run can prove the runtime really was in place.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.util
+import os
+import sys
+import threading
+
+__all__ = ["enable"]
+
+_ENABLED = threading.Event()
+
+
+def _patch_now() -> None:
+    importlib.import_module(__package__ + ".install").patch_deepspeed()
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    """Wait for ``import deepspeed`` to finish, then patch ``deepspeed.initialize``."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != "deepspeed":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec("deepspeed")
+        if spec is None or spec.loader is None:
+            return spec
+        loader = spec.loader
+        exec_module = loader.exec_module
+
+        def exec_and_patch(module):
+            exec_module(module)
+            _patch_now()
+
+        loader.exec_module = exec_and_patch  # type: ignore[method-assign]
+        return spec
+
+
+def enable() -> None:
+    """Patch ``deepspeed.initialize`` now, or as soon as ``deepspeed`` has been imported."""
+    if _ENABLED.is_set():
+        return
+    _ENABLED.set()
+    if "deepspeed" in sys.modules:
+        _patch_now()
+    else:
+        sys.meta_path.insert(0, _Finder())
