@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
                 rec = cex.record(name, sid, r.counterexample, r.events or [], r.message or "", repro_for)
                 report.add_finding(rec, column=name, replay_args=f" --target model --design {name}")
     summary = result.to_json()
-    report.finish("complete", summary)
+    report.finish("complete", summary, text=table(result))
     if args.json:
         print(json.dumps(summary, indent=2))
     else:

@@ -1,4 +1,9 @@
-"""``zerostate compare A B``: two designs over the same scenarios, side by side (model/compare.py)."""
+"""``zerostate compare A B``: two designs over the same scenarios, side by side (model/compare.py).
+
+Prints `Comparison.to_text()` (or ``--json``: `Comparison.to_json()`), and writes a report
+whose spec table has one column per design and a finding (trace picture, state graph,
+repro script) for each spec a design violates, on its first counterexample.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +12,9 @@ import json
 import sys
 from typing import Any
 
-from .common import DEFAULT_OUT, EXIT_OK, design, need
+from . import cex
+from .common import DEFAULT_OUT, EXIT_OK, CliError, design, need
+from .repro import repro_for
 
 
 def add_parser(sub: Any) -> None:
@@ -15,6 +22,7 @@ def add_parser(sub: Any) -> None:
                        description="Run two designs over the same scenarios and compare them.")
     p.add_argument("design_a", metavar="DESIGN_A")
     p.add_argument("design_b", metavar="DESIGN_B")
+    p.add_argument("--max-blocks", type=int, default=2, metavar="N", help="largest network compared (2)")
     p.add_argument("--json", action="store_true", help="print the comparison as JSON")
     p.add_argument("--out", default=DEFAULT_OUT, metavar="DIR", help=f"report folder (default {DEFAULT_OUT}/)")
     p.set_defaults(run=run)
@@ -23,46 +31,48 @@ def add_parser(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     design(args.design_a)
     design(args.design_b)
+    if args.max_blocks < 1:
+        raise CliError(f"--max-blocks {args.max_blocks}: must be at least 1")
     mod = need("zerostate.model.compare", "zerostate compare")
+    from zerostate.model.scenario import Scenario
     from zerostate.specs import SPECS
 
     from .report import Report
 
-    result = mod.compare(args.design_a, args.design_b)
-    data = result.to_json() if hasattr(result, "to_json") else result
-    report = Report(args.out, "compare", {"target": "model", "design": f"{args.design_a} vs {args.design_b}",
+    a, b = args.design_a, args.design_b
+    result = mod.compare(a, b, scenarios=mod.default_scenarios(args.max_blocks))
+    data = result.to_json()
+    report = Report(args.out, "compare", {"target": "model", "design": f"{a} vs {b}",
+                                          "bound": f"{data['scenarios']} scenario(s), up to {args.max_blocks} "
+                                                   "block(s)",
                                           "command_line": "zerostate " + " ".join(sys.argv[1:])},
-                    columns=[args.design_a, args.design_b], specs=SPECS)
-    for sid, row in _spec_rows(data, args.design_a, args.design_b).items():
-        for name, holds in row.items():
-            report.set_result(sid, name, "holds" if holds else "violated")
-    report.finish("complete", data)
+                    columns=[a, b], specs=SPECS)
+    for sid, row in data["specs"].items():
+        for name in (a, b):
+            v = row[name]
+            report.set_result(sid, name, "holds" if v["holds"] else "violated")
+            if not v["holds"] and v["counterexample"]:
+                sc = Scenario.from_dict(v["counterexample"])
+                rec = cex.record(name, sid, sc, _events(name, sc, sid), v["message"] or "", repro_for)
+                report.add_finding(rec, column=name, replay_args=f" --target model --design {name}")
+    report.finish("complete", data, text=result.to_text())
     if args.json:
         print(json.dumps(data, indent=2))
     else:
-        print(result.to_text() if hasattr(result, "to_text") else str(result))
+        print(result.to_text())
         print(f"\nReport: {args.out}/report.md")
     return EXIT_OK
 
 
-def _spec_rows(data: Any, a: str, b: str) -> dict[str, dict[str, bool]]:
-    """``{spec: {design: holds}}`` from the comparison's JSON, whichever way round it nests."""
-    rows: dict[str, dict[str, bool]] = {}
-    specs = data.get("specs", {}) if isinstance(data, dict) else {}
-    for sid, v in specs.items():
-        if isinstance(v, dict):
-            rows[sid] = {n: _holds(v[n]) for n in (a, b) if n in v}
-    for n in (a, b):
-        per = (data.get("designs", {}).get(n, {}) or {}).get("specs", {}) if isinstance(data, dict) else {}
-        for sid, v in per.items():
-            rows.setdefault(sid, {})[n] = _holds(v)
-    return rows
-
-
-def _holds(v: Any) -> bool:
-    if isinstance(v, dict):
-        return bool(v.get("holds", True))
-    return v in (True, "holds")
+def _events(design_name: str, scenario: Any, spec_id: str) -> list:
+    """The shortest violating event sequence, as the checker finds it (for the picture)."""
+    from zerostate.model.designs import get_design
+    from zerostate.model.explore import state_graph
+    from zerostate.specs import SPECS
+    spec = SPECS[spec_id]
+    coordinator = "serial" if spec.family == "coordinator" else False
+    r = state_graph(get_design(design_name), scenario, [spec], coordinator=coordinator).specs[spec_id]
+    return list(r.counterexample or [])
 
 
 __all__ = ["add_parser", "run"]

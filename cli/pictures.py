@@ -39,6 +39,16 @@ MARKS: dict[Ev, tuple[str, str]] = {
     Ev.FETCH: ("AG", _GREEN), Ev.PREFETCH: ("pf", _GREEN), Ev.RELEASE: ("RL", _BROWN),
     Ev.TRACE_STATE: ("TS", _GREEN),
 }
+_LATER = {"reregister": ("RR", _TEAL), "holders": ("H", _GREEN), "persistent": ("PS", _GREEN)}
+MARKS.update({Ev(k): v for k, v in _LATER.items() if k in Ev._value2member_map_})
+
+
+def mark(ev: Event) -> tuple[str, str]:
+    """The ringed code and colour of an event (an event kind added later still gets a readable code)."""
+    label, color = MARKS.get(ev.kind, (ev.kind.value[:2].upper(), _GREY))
+    if ev.kind.value == "holders" and ev.note in ("+", "-"):
+        label += ev.note
+    return label, color
 PHASES = {"forward": "#dbeafe", "eval": "#eeeeee", "backward": "#ffe8cc", "recompute": "#e9d5ff"}
 _OPEN = {Ev.FORWARD_START: "forward", Ev.EVAL_FORWARD_START: "eval", Ev.USER_BACKWARD_START: "backward",
          Ev.RECOMPUTE_START: "recompute"}
@@ -87,9 +97,10 @@ def trace_picture(events: Sequence[Event], violation: int | None, title: str, su
     shown = list(events[lo:hi])
     lanes = sorted({lane_of(e) for e in shown} | {ENGINE}, key=_lane_key)
     col, lane_h, left, top = 22, 30, 170, 92
-    kinds = [k for k in MARKS if any(e.kind is k for e in shown)]
+    kinds = list(dict.fromkeys(e.kind for e in shown))
+    kinds.sort(key=lambda k: list(Ev).index(k))
     legend_rows = (len(kinds) + 5) // 6
-    width = max(left + col * len(shown) + 40, 1100)
+    width = max(left + col * len(shown) + 110, 1100)
     height = top + lane_h * len(lanes) + 50 + 22 * legend_rows + 36
     c = Canvas(int(width), int(height))
     _titles(c, title, subtitle)
@@ -113,9 +124,9 @@ def trace_picture(events: Sequence[Event], violation: int | None, title: str, su
     if violation is not None and lo <= violation < hi:
         xv = x0(violation) + col / 2
         c.line(xv, top - 20, xv, y_lanes + 4, color="#d50000", width=2)
-        c.text(xv + 4, top - 22, "violation", size=11, color="#d50000", bold=True)
+        c.text(xv - 4, top - 22, "violation", size=11, color="#d50000", bold=True, anchor="end")
     for i, ev in enumerate(shown, start=lo):
-        label, color = MARKS.get(ev.kind, ("?", _GREY))
+        label, color = mark(ev)
         cx, cy = x0(i) + col / 2, top + lane_h * lanes.index(lane_of(ev)) + lane_h / 2
         bad = i == violation
         c.circle(cx, cy, 9.5, fill="#ffffff", stroke="#d50000" if bad else color, width=3 if bad else 1.5)
@@ -127,8 +138,8 @@ def trace_picture(events: Sequence[Event], violation: int | None, title: str, su
                anchor="end", bold=True)
     ly = y_lanes + 44
     for k, kind in enumerate(kinds):
-        label, color = MARKS[kind]
-        x, y = 20 + 150 * (k % 6), ly + 22 * (k // 6)
+        label, color = MARKS.get(kind, (kind.value[:2].upper(), _GREY))
+        x, y = 20 + 178 * (k % 6), ly + 22 * (k // 6)
         c.circle(x + 8, y - 4, 9, fill="#ffffff", stroke=color, width=1.5)
         c.text(x + 8, y - 0.5, label, size=9, anchor="middle", color=color, bold=True)
         c.text(x + 22, y, kind.value, size=11, color="#333333")

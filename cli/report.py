@@ -129,10 +129,13 @@ class Report:
         if (rec.events or rec.graph is not None) and not any(k.endswith("png") for k in entry["files"]):
             entry["notes"].append("PNG pictures need matplotlib (pip install matplotlib); SVG written")
 
-    def finish(self, status: str = "complete", summary: dict[str, Any] | None = None) -> None:
+    def finish(self, status: str = "complete", summary: dict[str, Any] | None = None,
+               text: str | None = None) -> None:
         self.data["status"] = status
         if summary is not None:
             self.data["summary"] = summary
+        if text is not None:
+            self.data["summary_text"] = text
         self.flush()
 
     def flush(self) -> None:

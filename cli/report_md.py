@@ -27,6 +27,8 @@ def render_markdown(d: dict[str, Any]) -> str:
         found = ", ".join(f"[#{n}](#finding-{n})" for n in row["findings"]) or "—"
         out.append(f"| `{sid}` | " + " | ".join(cells) + f" | {found} |")
     out += [""] + [f"- `{sid}`: {row['sentence']}" for sid, row in d["specs"].items() if row["sentence"]]
+    if d.get("summary_text"):
+        out += ["", "## Summary", "", "```text", d["summary_text"].rstrip(), "```"]
     out += ["", f"## Findings ({len(d['findings'])})", ""]
     if not d["findings"]:
         out += ["None.", ""]

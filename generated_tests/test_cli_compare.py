@@ -1,0 +1,48 @@
+"""``zerostate compare A B`` as a subprocess: side-by-side table, --json keys, report with findings."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from test_cli_util import assert_png, assert_svg, load_report, zs
+
+pytest.importorskip("zerostate.model.compare")
+
+
+@pytest.fixture(scope="module")
+def compared(tmp_path_factory):
+    out = tmp_path_factory.mktemp("compare")
+    r = zs("compare", "ds-0.19.3", "pr-8130", "--max-blocks", "1", "--json", "--out", str(out))
+    return r, out
+
+
+def test_json_has_both_designs_and_the_metrics(compared):
+    r, _ = compared
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    assert data["designs"] == ["ds-0.19.3", "pr-8130"] and data["scenarios"] > 0
+    assert {"specs", "gathered_peak", "allgathers", "per_scenario"} <= set(data)
+    for row in data["specs"].values():
+        assert isinstance(row["ds-0.19.3"]["holds"], bool) and isinstance(row["pr-8130"]["holds"], bool)
+
+
+def test_report_has_a_column_per_design_and_a_finding_per_violation(compared):
+    r, out = compared
+    data, rep = json.loads(r.stdout), load_report(out)
+    assert rep["command"] == "compare" and rep["columns"] == ["ds-0.19.3", "pr-8130"]
+    violated = {(sid, d) for sid, row in data["specs"].items() for d in data["designs"] if not row[d]["holds"]}
+    assert {(f["check"], f["design"]) for f in rep["findings"]} == violated
+    for f in rep["findings"]:
+        assert_svg(out / f["files"]["trace_svg"])
+        assert_png(out / f["files"]["trace_png"])
+    md = (out / "report.md").read_text()
+    assert "## Summary" in md and "gathered-peak" in md
+
+
+def test_text_table_and_unknown_design(tmp_path):
+    r = zs("compare", "ds-0.19.3", "pr-8130", "--max-blocks", "1", "--out", str(tmp_path))
+    assert r.returncode == 0 and r.stdout.startswith("ds-0.19.3 vs pr-8130 over")
+    r = zs("compare", "ds-0.19.3", "pr-9999", "--out", str(tmp_path / "x"))
+    assert r.returncode == 2 and "unknown design 'pr-9999'" in r.stderr and "pr-8130" in r.stderr
+    assert not (tmp_path / "x").exists()
