@@ -1,0 +1,79 @@
+"""The real-DeepSpeed exploration with zerostate.runtime installed finds nothing.
+
+The deepspeed target's worker gets the runtime through ``zerostate.runtime.autoinstall``
+(a ``sitecustomize.py`` on ``PYTHONPATH`` + ``ZEROSTATE_RUNTIME=1``: every engine the worker's
+``deepspeed.initialize`` builds is installed into), and the target judges the traces against
+the ``zerostate`` model design (model-agreement) and every spec, beside the PyTorch oracle.
+
+* CI: the installed release (0.19.8), a short derandomized exploration (``ZEROSTATE_RUNTIME_EXAMPLES``,
+  default 25 examples per search).
+* Opt-in: other releases, ``ZEROSTATE_RUNTIME_RELEASES=0.18.6,0.19.2`` -- releases that fail without
+  the runtime (count-once-per-phase on 0.18.6, CheckpointError on 0.19.2).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+pytestmark = [pytest.mark.deepspeed]
+
+SITECUSTOMIZE = """import os
+if os.environ.get("ZEROSTATE_RUNTIME") == "1":
+    from zerostate.runtime.autoinstall import enable
+    enable()
+"""
+
+
+def _releases() -> list:
+    extra = [v for v in os.environ.get("ZEROSTATE_RUNTIME_RELEASES", "").split(",") if v]
+    return [None] + [pytest.param(v, marks=pytest.mark.slow) for v in extra]
+
+
+def _target(tmp_path, monkeypatch, release):
+    from zerostate.targets.deepspeed.target import DeepSpeedTarget
+
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    log = tmp_path / "installs.log"
+    monkeypatch.setenv("ZEROSTATE_RUNTIME", "1")
+    monkeypatch.setenv("ZEROSTATE_RUNTIME_LOG", str(log))
+    monkeypatch.setenv("PYTHONPATH", str(site) + (os.pathsep + os.environ["PYTHONPATH"]
+                                                  if os.environ.get("PYTHONPATH") else ""))
+    return DeepSpeedTarget(deepspeed=release, design="zerostate"), log
+
+
+@pytest.mark.parametrize("release", _releases())
+def test_exploration_with_runtime_finds_nothing(release, tmp_path, monkeypatch):
+    from zerostate.targets.explorer import explore
+
+    target, log = _target(tmp_path, monkeypatch, release)
+    try:
+        res = explore(target, examples=int(os.environ.get("ZEROSTATE_RUNTIME_EXAMPLES", "25")), seed=None)
+    finally:
+        target.close()
+    installs = log.read_text().splitlines() if log.exists() else []
+    assert installs, "the worker never installed zerostate.runtime"
+    found = {f.key: f"{f.error}\n{f.scenario.describe()}" for f in res.findings}
+    assert not found, f"with zerostate.runtime on DeepSpeed {target.version}: {found}"
+
+
+@pytest.mark.parametrize("release", _releases())
+def test_seed_scenarios_with_runtime(release, tmp_path, monkeypatch):
+    """Seed 000 (reentrant + PyTorch-style backward) and seed 002 (frozen norm, non-reentrant) pass."""
+    from zerostate.model.scenario import BackwardKind, Block, Checkpoint, MicroStep, ParamKind, Scenario, TrainStep
+
+    seed000 = Scenario(blocks=(Block(Checkpoint.REENTRANT), Block()), stage=3,
+                       steps=(TrainStep((MicroStep(BackwardKind.NONSCALAR),)),) * 2).validate()
+    seed002 = Scenario(blocks=(Block(Checkpoint.NON_REENTRANT, norm=ParamKind.FROZEN),) * 2, stage=3,
+                       persistence_threshold=0).validate()
+    target, log = _target(tmp_path, monkeypatch, release)
+    try:
+        for sc in (seed000, seed002):
+            out = target.run(sc)
+            assert not out.findings, [(f.check, f.error) for f in out.findings]
+    finally:
+        target.close()
+    assert log.exists() and log.read_text().count("release_policy=True") >= 1
