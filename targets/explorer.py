@@ -27,7 +27,8 @@ read or written.
 A check seen during shrinking but never the subject of a search of its own
 (rare) is still reported at the end, with the smallest scenario it was seen in.
 On Ctrl-C the findings seen but not yet handed over are handed over (smallest
-scenario so far), then KeyboardInterrupt propagates.
+scenario so far), then KeyboardInterrupt propagates.  ``stop(findings_so_far)``,
+when given, ends the run early once it returns True (tests looking for one bug).
 
 ``on_progress(examples_run, findings_so_far, elapsed_seconds)`` is called after
 every distinct target run.  `ExploreResult` has ``findings``, ``examples``
@@ -71,7 +72,7 @@ class _NewCheck(Exception):
 def explore(target: Target, *, examples: int, seed: int | None = None,
             on_finding: Callable[[Finding], None] | None = None,
             on_progress: Callable[[int, int, float], None] | None = None,
-            strategy: Any = None) -> ExploreResult:
+            strategy: Any = None, stop: Callable[[list[Finding]], bool] | None = None) -> ExploreResult:
     from .strategies import scenarios
     strat = strategy if strategy is not None else scenarios()
     t0 = time.perf_counter()
@@ -144,6 +145,8 @@ def explore(target: Target, *, examples: int, seed: int | None = None,
                 break
             for f in new:
                 emit(f)
+            if stop is not None and stop(list(reported.values())):
+                break
         for check in sorted(set(seen) - set(reported)):  # seen while shrinking only
             emit(seen[check])
     except KeyboardInterrupt:

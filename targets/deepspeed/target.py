@@ -166,6 +166,7 @@ class DeepSpeedTarget:
         self.design = get_design(design) if design else design_for_release(self.version)
         self.examples = 0
         self.restarts = 0
+        self._sleep = 0.0  # tests: make the worker sleep before each run (a simulated hang)
 
     # ------------------------------------------------------------ worker life
     def _start(self) -> dict:
@@ -207,7 +208,10 @@ class DeepSpeedTarget:
         """The executor's result dict for one scenario (raises WorkerTimeout / WorkerDied)."""
         if self.worker is None:
             self._start()
-        return self.worker.request({"op": "run", "scenario": scenario.to_dict()}, self.timeout)
+        req = {"op": "run", "scenario": scenario.to_dict()}
+        if self._sleep:
+            req["sleep"] = self._sleep
+        return self.worker.request(req, self.timeout)
 
     def run(self, scenario: Scenario) -> Outcome:
         t0 = time.perf_counter()

@@ -70,6 +70,8 @@ def main() -> int:
             continue
         if op == "run":
             t0 = time.perf_counter()
+            if req.get("sleep"):  # test hook: simulate a hang
+                time.sleep(float(req["sleep"]))
             try:
                 result = executor.execute(req["scenario"])
                 reply({"ok": True, "result": result, "seconds": time.perf_counter() - t0})

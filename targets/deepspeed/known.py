@@ -1,0 +1,151 @@
+"""Findings on the pinned DeepSpeed (0.19.8) that are *results*: documented, each with its exact scenario.
+
+The generated tests keep each one as a strict expected failure on its exact scenario (so a fix in
+DeepSpeed, or in the model, turns the test red until the entry is retired), and the property tests
+accept a finding only when a `KnownIssue` explains it -- anything else fails the test.  Repro scripts:
+``zerostate replay`` / `repro.repro_script` on the scenario; docs/deepspeed-target.md has the details.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from zerostate.model.network import Network
+from zerostate.model.scenario import Scenario
+
+from ..base import Finding
+from . import compat
+
+
+@dataclass(frozen=True)
+class KnownIssue:
+    id: str
+    title: str
+    owner: str
+    """``deepspeed`` (a DeepSpeed bug) or ``model`` (zerostate's model disagrees with DeepSpeed)."""
+    releases: tuple[tuple[int, int, int], tuple[int, int, int]]
+    """Half-open range of releases observed to have it."""
+    scenario: Scenario
+    checks: tuple[str, ...]
+    explains: Callable[[Finding], bool]
+    detail: str
+
+    def affects(self, version: str | None) -> bool:
+        if not version:
+            return False
+        v = compat.version_tuple(version)
+        return self.releases[0] <= v < self.releases[1]
+
+
+def _leaf_input_without_grad(sc: Scenario) -> bool:
+    net = Network(sc)
+    rg = [sc.input_requires_grad, *net.output_requires_grad[:-1]]
+    return sc.stage == 3 and any(b.leaf and not rg[i] for i, b in enumerate(sc.blocks))
+
+
+def _no_gradient_at_all(sc: Scenario) -> bool:
+    net = Network(sc)
+    return sc.stage in (1, 2) and not sc.fused_head and not any(net.hooked_params(i) for i in range(len(sc.blocks)))
+
+
+def _has_leaf(sc: Scenario) -> bool:
+    return sc.stage == 3 and any(b.leaf for b in sc.blocks)
+
+
+Z3_LEAF_INPUT_NO_GRAD = KnownIssue(
+    id="z3-leaf-input-without-grad",
+    title="ZeRO-3: a z3 leaf module whose input does not require grad reduces its gradients too early",
+    owner="deepspeed",
+    releases=((0, 18, 4), (0, 20, 0)),
+    scenario=Scenario.from_dict({"blocks": [{"leaf": True}], "input_requires_grad": False, "stage": 3,
+                                 "steps": [{"micro": [{"backward": "engine"}]}]}),
+    checks=("exception",),
+    explains=lambda f: f.check in ("exception", "oracle") and _leaf_input_without_grad(f.scenario),
+    detail=("stage3.py registers reduce_leaf_module_grads as the leaf module's full backward hook.  When no "
+            "input of the module requires grad, torch fires a full backward hook as soon as the gradient of "
+            "its *output* is known -- before the module's own backward has produced its parameters' "
+            "gradients.  The hook then sets param.grad = zeros_like(param) on the still-partitioned (size 0) "
+            "parameters and reduces them; the real gradients arrive afterwards and cannot accumulate into the "
+            "size-0 .grad: RuntimeError 'The size of tensor a (0) must match the size of tensor b (8)' "
+            "(engine.backward or loss.backward), or '0 != 8 Cannot reduce scatter gradients' in older "
+            "releases.  Any z3 leaf module fed by data that does not require grad (a first layer) hits it."),
+)
+
+ZERO12_NO_GRADIENT = KnownIssue(
+    id="zero12-backward-without-gradients",
+    title="ZeRO-1/2: a backward in which no parameter receives a gradient crashes the epilogue or step",
+    owner="deepspeed",
+    releases=((0, 18, 4), (0, 20, 0)),
+    scenario=Scenario.from_dict({"blocks": [{"norm": "unused", "lin": "unused"}], "stage": 1,
+                                 "steps": [{"micro": [{"backward": "engine"}]}]}),
+    checks=("exception",),
+    explains=lambda f: _no_gradient_at_all(f.scenario),
+    detail=("stage_1_and_2.py sets up its ipg bucket buffers lazily in process_gradients (the gradient "
+            "hook).  If no hook fires in a backward (every trainable parameter unused; the loss depends on "
+            "the input only), the epilogue's reduce_ipg_grads indexes bucket.buffer[bucket.index] of an "
+            "empty list: IndexError.  With a PyTorch-style backward no epilogue runs at all and step() "
+            "fails in scaled_global_norm with KeyError: 0.  ZeRO-3 handles the same schedule."),
+)
+
+MODEL_LEAF_HOOK = KnownIssue(
+    id="model-z3-leaf-hook-params",
+    title="model: which parameters a z3 leaf module's backward hook handles, and which leaf modules count",
+    owner="model",
+    releases=((0, 18, 4), (0, 20, 0)),
+    scenario=Scenario.from_dict({"blocks": [{"leaf": True, "lin": "unused"}], "stage": 3,
+                                 "steps": [{"micro": [{"backward": "engine"}]}]}),
+    checks=("model-agreement",),
+    explains=lambda f: f.check == "model-agreement" and _has_leaf(f.scenario),
+    detail=("DeepSpeed's reduce_leaf_module_grads handles *every* optimizer parameter of the leaf module "
+            "(unused ones get param.grad = zeros_like(param)), fires whenever the module's backward runs "
+            "(also when no parameter of it is used), and leaf_module_count counts only leaf modules that "
+            "have optimizer parameters (an all-frozen leaf module has no hook and adds nothing to the "
+            "expected count).  zerostate.model handles only the used trainable parameters "
+            "(Ctx.leaf_params / Network.hooked_params) and counts every leaf block "
+            "(Network.leaf_module_count): the real trace handles more parameters, and with 0.18.4's "
+            "countdown the epilogue timing differs."),
+)
+
+def _leaf_without_backward(sc: Scenario) -> bool:
+    net = Network(sc)
+    rg = [sc.input_requires_grad, *net.output_requires_grad[:-1]]
+    return sc.stage == 3 and len(sc.steps) * sc.gas > 1 and any(
+        b.leaf and not rg[i] and not b.has_trainable for i, b in enumerate(sc.blocks))
+
+
+Z3_LEAF_KEPT_GATHERED = KnownIssue(
+    id="z3-leaf-kept-gathered",
+    title="ZeRO-3: with a complete trace, a z3 leaf module's forward release keeps all its parameters gathered",
+    owner="deepspeed",
+    releases=((0, 18, 4), (0, 20, 0)),
+    scenario=Scenario.from_dict({"blocks": [{"leaf": True, "norm": "frozen", "lin": "frozen"}, {}],
+                                 "input_requires_grad": False, "stage": 3,
+                                 "steps": [{"micro": [{"backward": "engine"}]}, {"micro": [{"backward": "engine"}]}]}),
+    checks=("released-after-backward",),
+    explains=lambda f: f.check == "released-after-backward" and _leaf_without_backward(f.scenario),
+    detail=("partitioned_param_coordinator.py __params_to_release (every release from 0.18.4 to 0.19.8) scans "
+            "the modules after the current step for reuse with "
+            "``iter_params(module, recurse=z3_leaf_module(submodule_to_release))``: the leaf-ness of the module "
+            "being *released* decides whether *other* modules are walked recursively.  For a leaf module every "
+            "later module is walked recursively -- including the root, which the trace records at the start "
+            "of backward -- so all of the leaf's parameters look reused and none is released after its "
+            "forward once the trace is COMPLETE (second step on).  A leaf whose backward runs is released at "
+            "its post-backward (memory held across the whole forward, defeating ZeRO-3 for MoE-style leaves); "
+            "one whose backward never runs (frozen, its input does not require grad) stays gathered after "
+            "the backward and the epilogue.  Fix: ``recurse=z3_leaf_module(module)``."),
+)
+
+KNOWN_ISSUES: tuple[KnownIssue, ...] = (Z3_LEAF_INPUT_NO_GRAD, ZERO12_NO_GRADIENT, Z3_LEAF_KEPT_GATHERED,
+                                        MODEL_LEAF_HOOK)
+
+
+def explain(f: Finding) -> KnownIssue | None:
+    """The known issue that explains a finding on the release it was found on, or None."""
+    for k in KNOWN_ISSUES:
+        if k.explains(f) and (f.deepspeed is None or k.affects(f.deepspeed)):
+            return k
+    return None
+
+
+__all__ = ["KNOWN_ISSUES", "KnownIssue", "explain"]
