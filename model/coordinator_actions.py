@@ -321,23 +321,21 @@ def release_and_reset_all(w: Work) -> None:
 
 
 # ------------------------------------------------------ zerostate hold policy
-def hold_for_backward(w: Work, m: int) -> None:
-    """zerostate (``runtime/release_policy.py``): at a recompute's post-forward release, when the module's
-    recomputed output requires grad (so its ops saved their tensors -- frozen ones as live references,
-    seed 002), hold its frozen AVAILABLE parameters for the module's own backward.
+def hold_saved_live(w: Work, p: int) -> None:
+    """zerostate: a non-reentrant recompute just saved frozen ``p`` as a live reference (torch keeps
+    ``x.detach() if x.requires_grad else x``; seed 002): hold it for the backward of the module that
+    computes with it, its last use, so no release can partition it before the metadata check and that
+    backward.  Persistent parameters are held too: while the trace is not COMPLETE (the first step, and
+    after every invalidation) ``release_sub_module`` partitions persistent parameters like any other
+    (verified on DeepSpeed 0.19.8).
 
-    Persistent ones are held too: while the trace is not COMPLETE (the first step, and after every
-    invalidation) ``release_sub_module`` partitions persistent parameters like any other (verified on
-    DeepSpeed 0.19.8), so skipping them would bring seed 002 back whenever the persistence threshold
-    covers the frozen norm (its default, 1e5, usually does)."""
-    if not w.ix.output_requires_grad[m]:
-        return
-    kept = [p for p in w.ix.module_params[m]
-            if w.ix.frozen[p] and w.status[p] == AVAILABLE and HOLD not in w.holders[p]]
-    for p in kept:
+    The runtime learns the same fact from a recompute module's output requiring grad while torch's
+    non-reentrant recomputation saved-tensor hooks are active; a reentrant recompute saves nothing live
+    (its nested backward re-fetches in place), so nothing is held there."""
+    owner = w.ix.owner[p]
+    if HOLD not in w.holders[p]:
         hold(w, p, HOLD)
-    if kept:
-        w.held[m] = w.held.get(m, frozenset()) | set(kept)
+    w.held[owner] = w.held.get(owner, frozenset()) | {p}
 
 
 def drop_holds(w: Work, m: int) -> None:
@@ -360,7 +358,7 @@ def drain_holds(w: Work) -> None:
 
 __all__ = [
     "CoordinatorError", "Work", "all_gather", "attribute_to_backward_module", "clean_inflight_param_registry",
-    "declare_persistent", "drain_holds", "drop", "drop_holds", "fetch_sub_module", "hold", "hold_for_backward",
+    "declare_persistent", "drain_holds", "drop", "drop_holds", "fetch_sub_module", "hold", "hold_saved_live",
     "invalidate_trace", "params_to_release", "pop_own_trace_entries", "pre_module_hook", "prefetch",
     "push_backward_module", "record_module", "release_and_reset_all", "release_backward_leftovers",
     "release_param", "release_sub_module", "reregister_hooks", "reset_step", "trace_prologue", "wait_inflight",

@@ -17,10 +17,16 @@ machinery and differ only where the source differs:
     with it; ``backward_epilogue`` drains modules whose post-backward never fired
     (``release_backward_leftovers``).
 ``zerostate``
-    What ``zerostate.runtime`` ships (``runtime/release_policy.py``) on top of 0.19.3: no attribution;
-    a recompute holds a module's frozen parameters only when the module's recomputed output requires
-    grad (then its ops saved them), and releases them at that module's own post-backward -- the last
-    use of what was saved; holds left over are drained at the epilogue and at the next root forward.
+    Release each recompute-fetched parameter at its last use (DeepSpeed lists this as a known gap:
+    the xfailed "release at last use" lifecycle tests of PR #8148).  On top of 0.19.3's backward map
+    and epilogue drain, without its attribution: a frozen parameter a *non-reentrant* recompute saved
+    as a live reference (SAVE_LIVE) is held until the post-backward of the module that computes with
+    it -- the last use of the saved tensor -- and released there by DeepSpeed's own release; anything
+    else a recompute fetched is released by the recompute's post-forward hook, its last use (a
+    reentrant recompute saves nothing live: its nested backward fetches again in place).  Holds whose
+    module never runs its post-backward are drained at the epilogue and at the next root forward.
+    (``runtime/release_policy.py`` as of this commit holds on "recomputed output requires grad", which
+    also holds in reentrant recomputes and skips persistent parameters; see docs/coordinator.md.)
 
 Every design reacts to the driver events and to the hook half's EPILOGUE; it emits FETCH / PREFETCH /
 RELEASE / HOLDERS / TRACE_STATE / PERSISTENT effect events (see ``events.py``).
@@ -50,7 +56,8 @@ class CoordinatorDesign:
     skip_frozen_in_recompute: bool = False
     """PR #8130: a forward release inside a graph task skips frozen parameters."""
     hold_recompute_frozen: bool = False
-    """zerostate: hold frozen parameters a recompute saved until their module's post-backward."""
+    """zerostate: hold frozen parameters a non-reentrant recompute saved live until their module's
+    post-backward."""
 
     def initial(self, net: Any) -> CoordState:
         return CoordState.initial(index_for(net))
@@ -86,11 +93,14 @@ def _on_pre_forward(d: CoordinatorDesign, w: A.Work, ev: Event) -> None:
                       track_stack=d.track_stack, attribute=d.attribute)
 
 
+def _on_save_live(d: CoordinatorDesign, w: A.Work, ev: Event) -> None:
+    if d.hold_recompute_frozen and ev.param in w.ix.pidx:
+        A.hold_saved_live(w, w.ix.pidx[ev.param])
+
+
 def _on_post_forward(d: CoordinatorDesign, w: A.Work, ev: Event) -> None:
     m = w.ix.midx[ev.module]
     recompute = ev.phase == "recompute"
-    if d.hold_recompute_frozen and recompute:
-        A.hold_for_backward(w, m)
     A.release_sub_module(w, m, True, recompute, track_stack=d.track_stack, attribute=d.attribute,
                          skip_frozen_in_recompute=d.skip_frozen_in_recompute)
 
@@ -128,8 +138,10 @@ _HANDLERS: dict[Ev, Callable[[CoordinatorDesign, A.Work, Event], None]] = {
     Ev.MODULE_POST_BACKWARD: _on_post_backward,
     Ev.EPILOGUE: _on_epilogue,
     Ev.STEP: _on_step,
+    Ev.SAVE_LIVE: _on_save_live,
 }
-_NO_MODULE = frozenset({Ev.FORWARD_START, Ev.EVAL_FORWARD_START, Ev.REREGISTER, Ev.EPILOGUE, Ev.STEP})
+_NO_MODULE = frozenset({Ev.FORWARD_START, Ev.EVAL_FORWARD_START, Ev.REREGISTER, Ev.EPILOGUE, Ev.STEP,
+                        Ev.SAVE_LIVE})
 
 _DS = "deepspeed/runtime/zero/partitioned_param_coordinator.py"
 
@@ -150,8 +162,8 @@ DS_0_19_3 = CoordinatorDesign(
     track_stack=True, attribute=True)
 ZEROSTATE = CoordinatorDesign(
     "zerostate", "zerostate",
-    "frozen params a recompute saved are held until their own module's post-backward (last use); "
-    "no attribution; leftovers drained",
+    "release at last use: frozen params a non-reentrant recompute saved live are held until their own "
+    "module's post-backward; nothing else is held; no attribution; leftovers drained",
     ("zerostate runtime/release_policy.py", "seed 002", "deepspeedai/DeepSpeed#8148 (xfailed last-use tests)"),
     track_stack=True, hold_recompute_frozen=True)
 

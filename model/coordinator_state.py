@@ -61,6 +61,12 @@ class CoordIndex:
             tuple(sorted(self.pidx[p] for p in params_of_module(m) if p in self.pidx)) for m in self.modules)
         self.output_requires_grad = tuple(self._out_rg(net, m) for m in self.modules)
         self.n = len(self.params)
+        owner = [0] * self.n
+        for mi, ps in enumerate(self.module_params):
+            for p in ps:
+                owner[p] = mi
+        self.owner: tuple[int, ...] = tuple(owner)
+        """The hooked module that fetches each parameter (the module that computes with it)."""
         self._param_trace: dict[tuple[int, ...], tuple[tuple[int, int], ...]] = {}
 
     @staticmethod
