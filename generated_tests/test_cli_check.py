@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from test_cli_util import FINDING_KEYS, REPORT_KEYS, assert_png, assert_svg, load_report, zs
+from test_cli_util import FINDING_KEYS, REPORT_KEYS, assert_pictures, load_report, zs
 
 pytest.importorskip("zerostate.model.checker")
 
@@ -47,10 +47,8 @@ def test_report_folder_holds_a_finding_per_counterexample_with_pictures(buggy):
         assert f["design"] == "ds-0.18.4"
         assert (out / f["files"]["scenario"]).exists()
         assert "--target model --design ds-0.18.4" in f["replay"]
-        assert_svg(out / f["files"]["trace_svg"])
-        assert_png(out / f["files"]["trace_png"])
-        assert_svg(out / f["files"]["graph_svg"])
-        assert_png(out / f["files"]["graph_png"])
+        assert_pictures(out, f, "trace")
+        assert_pictures(out, f, "graph")
         assert any(e["violation"] for e in f["events_around"]) or f["violation_event"] is None
     md = (out / "report.md").read_text()
     assert "| `epilogue-once` | **violated** | holds |" in md
@@ -79,3 +77,18 @@ def test_unknown_spec_lists_the_known_ones(tmp_path):
     r = zs("check", "--spec", "be-nice", "--out", str(tmp_path))
     assert r.returncode == 2 and r.stderr.count("\n") == 1
     assert "--spec be-nice" in r.stderr and "epilogue-once" in r.stderr
+
+
+def test_pictures_mark_the_violation_and_png_matches_svg(buggy):
+    import xml.etree.ElementTree as ET
+    _, out = buggy
+    f = load_report(out)["findings"][0]
+    svg = (out / f["files"]["trace_svg"]).read_text()
+    assert 'stroke="#d50000"' in svg and ">violation<" in svg  # the violating event, ringed and lined in red
+    for lane in ("engine", "blocks.0.lin", "blocks.1.lin"):
+        assert f">{lane}</text>" in svg
+    assert ">backward</text>" in svg  # a shaded phase, labelled
+    pytest.importorskip("matplotlib")
+    from test_cli_util import assert_png
+    root = ET.fromstring(svg)
+    assert assert_png(out / f["files"]["trace_png"]) == (int(root.get("width")), int(root.get("height")))

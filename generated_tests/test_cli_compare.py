@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from test_cli_util import assert_png, assert_svg, load_report, zs
+from test_cli_util import assert_pictures, load_report, zs
 
 pytest.importorskip("zerostate.model.compare")
 
@@ -34,8 +34,7 @@ def test_report_has_a_column_per_design_and_a_finding_per_violation(compared):
     violated = {(sid, d) for sid, row in data["specs"].items() for d in data["designs"] if not row[d]["holds"]}
     assert {(f["check"], f["design"]) for f in rep["findings"]} == violated
     for f in rep["findings"]:
-        assert_svg(out / f["files"]["trace_svg"])
-        assert_png(out / f["files"]["trace_png"])
+        assert_pictures(out, f, "trace")
     md = (out / "report.md").read_text()
     assert "## Summary" in md and "gathered-peak" in md
 

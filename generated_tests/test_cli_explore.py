@@ -10,7 +10,7 @@ import sys
 import time
 
 import pytest
-from test_cli_util import BIN, FINDING_KEYS, REPORT_KEYS, assert_png, assert_svg, load_report, zs
+from test_cli_util import BIN, FINDING_KEYS, REPORT_KEYS, assert_pictures, load_report, zs
 
 pytest.importorskip("zerostate.targets.explorer")
 pytest.importorskip("zerostate.targets.model_target")
@@ -47,8 +47,7 @@ def test_report_has_every_finding_with_its_files(buggy_run):
         assert rep["specs"][f["check"]]["results"][rep["columns"][0]] == "violated"
         assert (out / f["files"]["scenario"]).exists()
         if f["files"].get("trace_svg"):
-            assert_svg(out / f["files"]["trace_svg"])
-            assert_png(out / f["files"]["trace_png"])
+            assert_pictures(out, f, "trace")
         assert "--target model --design ds-0.18.4" in f["replay"]
     md = (out / "report.md").read_text()
     assert "| target | model |" in md and "Finding 1" in md and "Scenario (shrunk)" in md

@@ -43,6 +43,20 @@ def assert_svg(path: Path) -> None:
     assert len(list(root)) > 10, "an SVG with almost nothing drawn"
 
 
+def has_matplotlib() -> bool:
+    import importlib.util
+    return importlib.util.find_spec("matplotlib") is not None
+
+
+def assert_pictures(folder: Path, finding: dict, which: str = "trace") -> None:
+    """``<which>_<n>.svg`` always; ``.png`` too where matplotlib is installed (else the finding says why)."""
+    assert_svg(folder / finding["files"][f"{which}_svg"])
+    if has_matplotlib():
+        assert_png(folder / finding["files"][f"{which}_png"])
+    else:
+        assert any("matplotlib" in note for note in finding["notes"]), finding["notes"]
+
+
 def assert_png(path: Path) -> tuple[int, int]:
     """Walk the chunks (CRCs checked), inflate the image data; return (width, height)."""
     data = path.read_bytes()
