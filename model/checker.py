@@ -120,28 +120,50 @@ def judged_specs(design: Design) -> tuple[str, ...]:
     return tuple(s.id for s in specs_for(design.family))
 
 
-def _check_chunk(args: tuple[str, list[Scenario], Sequence[str] | None]) -> list[tuple]:
-    """Worker: state graphs of one design over some scenarios; returns per-scenario summaries."""
-    name, scenarios, spec_ids = args
-    design = get_design(name)
+def canonical(sc: Scenario) -> Scenario:
+    """The representative the checker computes for ``sc``.
+
+    ``out.backward(gradient)`` and ``loss.backward()`` are both PyTorch-style:
+    no design distinguishes them (they differ only in the ``note`` of
+    ``USER_BACKWARD_START``; ``generated_tests/test_checker.py`` checks the traces
+    are otherwise identical), so a non-scalar micro-step is computed as a
+    ``torch`` one and its result reported for both.
+    """
+    steps = tuple(TrainStep(tuple(MicroStep(BackwardKind.TORCH) if m.backward is BackwardKind.NONSCALAR else m
+                                  for m in s.micro), s.eval_before, *_extra(s)) for s in sc.steps)
+    return sc.with_(steps=steps)
+
+
+def _extra(step: TrainStep) -> tuple:
+    """TrainStep fields beyond (micro, eval_before), passed through unchanged."""
+    return tuple(getattr(step, f) for f in step.__dataclass_fields__ if f not in ("micro", "eval_before"))
+
+
+def _check_chunk(args: tuple[tuple[str, ...], list[Scenario], Sequence[str] | None]) -> list[list[tuple]]:
+    """Worker: for each scenario, the state graphs of every design; per-(scenario, design) summaries."""
+    names, scenarios, spec_ids = args
+    designs = [get_design(n) for n in names]
     hook_specs, coord_specs = _specs_by_family(spec_ids)
     out = []
     for sc in scenarios:
-        states = transitions = 0
-        failures: dict[str, tuple[str, list[Event]]] = {}
-        groups = [(hook_specs, False)]
-        if coord_specs and sc.stage == 3 and getattr(design.coordinator, "name", "none") != "none":
-            groups.append((coord_specs, True))
-        for specs, coord in groups:
-            if not specs:
-                continue
-            g = state_graph(design, sc, specs, coordinator=coord)
-            states += g.states
-            transitions += g.transitions
-            for sid, r in g.specs.items():
-                if not r.holds:
-                    failures[sid] = (r.message or "", r.counterexample or [])
-        out.append((states, transitions, failures))
+        row = []
+        for design in designs:
+            states = transitions = 0
+            failures: dict[str, tuple[str, list[Event]]] = {}
+            groups = [(hook_specs, False)]
+            if coord_specs and sc.stage == 3 and getattr(design.coordinator, "name", "none") != "none":
+                groups.append((coord_specs, True))
+            for specs, coord in groups:
+                if not specs:
+                    continue
+                g = state_graph(design, sc, specs, coordinator=coord)
+                states += g.states
+                transitions += g.transitions
+                for sid, r in g.specs.items():
+                    if not r.holds:
+                        failures[sid] = (r.message or "", r.counterexample or [])
+            row.append((states, transitions, failures))
+        out.append(row)
     return out
 
 
@@ -152,33 +174,42 @@ def check(design_names: Sequence[str], bound: Bound = Bound(), spec_ids: Sequenc
     hook_specs, coord_specs = _specs_by_family(spec_ids)
     all_ids = [s.id for s in (*hook_specs, *coord_specs)]
     scenarios = list(bound.scenarios())
+    reps = list(dict.fromkeys(canonical(sc) for sc in scenarios))
     jobs = jobs or min(os.cpu_count() or 1, 8)
     t0 = time.perf_counter()
+    chunk = max(1, len(reps) // (jobs * 8))
+    pieces = [reps[i:i + chunk] for i in range(0, len(reps), chunk)]
+    names = tuple(d.name for d in designs)
+    args = [(names, p, spec_ids) for p in pieces]
+    if jobs > 1:
+        with ProcessPoolExecutor(jobs) as pool:
+            mapped = list(pool.map(_check_chunk, args))
+    else:
+        mapped = [_check_chunk(a) for a in args]
+    by_rep = {sc: row for piece, rows in zip(pieces, mapped) for sc, row in zip(piece, rows)}
+    elapsed = time.perf_counter() - t0
     results: dict[str, DesignResult] = {}
-    chunk = max(1, len(scenarios) // (jobs * 8))
-    pieces = [scenarios[i:i + chunk] for i in range(0, len(scenarios), chunk)]
-    pool = ProcessPoolExecutor(jobs) if jobs > 1 else None
-    try:
-        for d in designs:
-            t1 = time.perf_counter()
-            res = DesignResult(d.name, d.expected_correct, tuple(s for s in judged_specs(d) if s in all_ids))
-            res.specs = {sid: DesignSpecResult() for sid in all_ids}
-            args = [(d.name, p, spec_ids) for p in pieces]
-            mapped = pool.map(_check_chunk, args) if pool else map(_check_chunk, args)
-            for piece, summaries in zip(pieces, mapped):
-                for sc, (states, transitions, failures) in zip(piece, summaries):
-                    res.states += states
-                    res.transitions += transitions
-                    res.scenarios += 1
-                    for sid, (msg, events) in failures.items():
-                        if res.specs[sid].holds:
-                            res.specs[sid] = DesignSpecResult(False, sc, events, msg)
-            res.seconds = time.perf_counter() - t1
-            results[d.name] = res
-    finally:
-        if pool:
-            pool.shutdown()
-    return CheckResult(bound, results, time.perf_counter() - t0)
+    for di, d in enumerate(designs):
+        res = DesignResult(d.name, d.expected_correct, tuple(s for s in judged_specs(d) if s in all_ids))
+        res.specs = {sid: DesignSpecResult() for sid in all_ids}
+        for sc in scenarios:  # smallest first: the first failure recorded is a smallest one
+            states, transitions, failures = by_rep[canonical(sc)][di]
+            res.states += states
+            res.transitions += transitions
+            res.scenarios += 1
+            for sid, (msg, events) in failures.items():
+                if res.specs[sid].holds:
+                    res.specs[sid] = DesignSpecResult(False, sc, events, msg)
+        results[d.name] = res
+    _apportion_seconds(results, elapsed)
+    return CheckResult(bound, results, elapsed)
+
+
+def _apportion_seconds(results: dict[str, DesignResult], elapsed: float) -> None:
+    """Designs are checked interleaved (scenario by scenario); split wall time by states explored."""
+    total = sum(r.states for r in results.values()) or 1
+    for r in results.values():
+        r.seconds = elapsed * r.states / total
 
 
 def counterexample_graph(design_name: str, scenario: Scenario, spec_id: str):

@@ -11,14 +11,16 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import lru_cache
 from typing import Any, Callable, Sequence
 
 import networkx as nx
 
+from .coordinator_null import NULL_COORDINATOR
 from .designs import Design
 from .driver import segments
-from .events import Event, Trace
+from .events import Ev, Event, Trace
 from .machine import ModelState, initial_state, step
 from .network import Network
 from .scenario import Scenario
@@ -102,13 +104,15 @@ _DEAD = _Dead()
 
 
 def state_graph(design: Design, scenario: Scenario, specs: Sequence[Any], keep_graph: bool = False,
-                coordinator: bool | None = None, max_states: int = 2_000_000) -> GraphResult:
+                coordinator: bool | None = None, max_states: int = 2_000_000,
+                reduce: bool = True) -> GraphResult:
     """Breadth-first over every interleaving, merging equal states; shortest counterexample per spec."""
     t0 = time.perf_counter()
     net = Network(scenario)
     coord = needs_coordinator(design, scenario) if coordinator is None else coordinator
-    segs = segments(scenario, coordinator=coord)
-    preds = [{n: tuple(g.predecessors(n)) for n in g.nodes} for g in segs]
+    segs, preds = _prepared_segments(scenario, coord, reduce and not coord)
+    if not coord:  # hook-only graphs carry no module events: keep the coordinator out of the state
+        design = replace(design, coordinator=NULL_COORDINATOR)
     start = (0, frozenset(), initial_state(design, net), tuple(s.init() for s in specs))
     parent: dict[Any, tuple[Any, list[Event]] | None] = {start: None}
     graph = nx.DiGraph() if keep_graph else None
@@ -163,6 +167,42 @@ def state_graph(design: Design, scenario: Scenario, specs: Sequence[Any], keep_g
         else:
             res.specs[spec.id] = SpecResult(True)
     return res
+
+
+_HOOK_KINDS = (Ev.GRAD_HOOK, Ev.LEAF_HOOK)
+
+
+@lru_cache(maxsize=64)
+def _prepared_segments(scenario: Scenario, coordinator: bool, reduce: bool):
+    """Segments (and each node's predecessors) of a scenario, shared by every design checked on it."""
+    segs = segments(scenario, coordinator=coordinator)
+    if reduce:
+        segs = [order_hooks_within_tasks(g) for g in segs]
+    return segs, [{n: tuple(g.predecessors(n)) for n in g.nodes} for g in segs]
+
+
+def order_hooks_within_tasks(g: nx.DiGraph) -> nx.DiGraph:
+    """Partial-order reduction for the hook-count half: chain the gradient hooks of each graph task.
+
+    Every hook design reacts to a gradient hook through counts only (fired, remaining, the task's
+    reach) and files the gradient in a bucket *set*; every hook spec is symmetric in parameter
+    names.  So two hooks of the same graph task commute up to renaming, and one order per task
+    (PyTorch's, the smallest node id first) represents them all.  Interleavings that change the
+    outcome -- hooks against graph-task boundaries, nested tasks and callbacks -- are all kept.
+    The stateful Hypothesis tests fire hooks in every order, unreduced.
+    """
+    order = {n: i for i, n in enumerate(nx.lexicographical_topological_sort(g))}
+    by_task: dict[Any, list[int]] = {}
+    for n, d in g.nodes(data=True):
+        if d["event"].kind in _HOOK_KINDS:
+            by_task.setdefault(d["event"].task, []).append(n)
+    if not any(len(v) > 1 for v in by_task.values()):
+        return g
+    h = g.copy()
+    for nodes in by_task.values():
+        nodes.sort(key=order.__getitem__)
+        h.add_edges_from(zip(nodes, nodes[1:]))  # forward in one topological order: stays acyclic
+    return h
 
 
 def _key(node: Any) -> int:

@@ -16,8 +16,7 @@ the callbacks queued on that task, exactly as the autograd engine does.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .events import E, Ev, Event
 from .hook_state import HookState
@@ -28,8 +27,7 @@ if TYPE_CHECKING:
     from .designs import Design
 
 
-@dataclass(frozen=True)
-class EnvState:
+class EnvState(NamedTuple):
     tasks: tuple[tuple[int, frozenset[str]], ...] = ()
     """Graph-task stack, innermost last: (task id, trainable non-leaf params its graph reaches)."""
     callbacks: frozenset[int] = frozenset()
@@ -40,19 +38,20 @@ class EnvState:
     """The running user backward's `BackwardKind` value, None outside one."""
 
 
-@dataclass(frozen=True)
-class ModelState:
+class ModelState(NamedTuple):
     hooks: HookState
     coord: Any
     env: EnvState
 
 
-@dataclass(frozen=True)
 class Ctx:
     """What a design may read about the environment when it reacts to an event."""
 
-    net: Network
-    env: EnvState
+    __slots__ = ("net", "env")
+
+    def __init__(self, net: Network, env: EnvState):
+        self.net = net
+        self.env = env
 
     @property
     def task(self) -> int | None:
@@ -96,11 +95,11 @@ def _reach(net: Network, ev: Event) -> frozenset[str]:
 def _apply_effects(env: EnvState, effects: tuple[Event, ...]) -> EnvState:
     for e in effects:
         if e.kind is Ev.BUCKET_ADD:
-            env = replace(env, bucket=env.bucket | {e.param})
+            env = env._replace(bucket=env.bucket | {e.param})
         elif e.kind in (Ev.BUCKET_FLUSH, Ev.BUCKET_CLEAR):
-            env = replace(env, bucket=frozenset())
+            env = env._replace(bucket=frozenset())
         elif e.kind is Ev.CALLBACK_QUEUED:
-            env = replace(env, callbacks=env.callbacks | {e.task})
+            env = env._replace(callbacks=env.callbacks | {e.task})
     return env
 
 
@@ -119,23 +118,23 @@ def step(design: "Design", net: Network, st: ModelState, ev: Event) -> tuple[Mod
     out: list[Event] = []
     env = st.env
     if ev.kind is Ev.TASK_START:
-        env = replace(env, tasks=env.tasks + ((ev.task, _reach(net, ev)),))
+        env = env._replace(tasks=env.tasks + ((ev.task, _reach(net, ev)),))
     elif ev.kind is Ev.USER_BACKWARD_START:
-        env = replace(env, backward_kind=ev.note)
+        env = env._replace(backward_kind=ev.note)
     elif ev.kind is Ev.TASK_END and ev.task in env.callbacks:
         cb = E(Ev.CALLBACK_RUN, task=ev.task)
-        st, eff = _react(design, net, replace(st, env=replace(env, callbacks=env.callbacks - {ev.task})), cb)
+        st, eff = _react(design, net, st._replace(env=env._replace(callbacks=env.callbacks - {ev.task})), cb)
         out += [cb, *eff]
         env = st.env
-    st = replace(st, env=env)
+    st = st._replace(env=env)
     st, eff = _react(design, net, st, ev)
     trace = [*out, ev, *eff]
     env = st.env
     if ev.kind is Ev.TASK_END:
-        env = replace(env, tasks=tuple(t for t in env.tasks if t[0] != ev.task))
+        env = env._replace(tasks=tuple(t for t in env.tasks if t[0] != ev.task))
     elif ev.kind is Ev.USER_BACKWARD_END:
-        env = replace(env, backward_kind=None)
-    return replace(st, env=env), trace
+        env = env._replace(backward_kind=None)
+    return st._replace(env=env), trace
 
 
 __all__ = ["Ctx", "EnvState", "ModelState", "initial_state", "step"]
