@@ -49,7 +49,8 @@ def run(args: argparse.Namespace) -> int:
                     columns=names, specs={k: v for k, v in SPECS.items() if not args.spec or k in args.spec})
     for name, d in result.designs.items():
         for sid, r in d.specs.items():
-            report.set_result(sid, name, "holds" if r.holds else "violated")
+            judged = sid in d.judged
+            report.set_result(sid, name, "holds" if r.holds else "violated" if judged else "violated (not judged)")
             if not r.holds and sid in d.judged:
                 rec = cex.record(name, sid, r.counterexample, r.events or [], r.message or "", repro_for)
                 report.add_finding(rec, column=name, replay_args=f" --target model --design {name}")

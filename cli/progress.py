@@ -53,4 +53,12 @@ class Progress:
             self._width = 0
 
 
-__all__ = ["Progress", "interactive"]
+def note(message: str, stream: TextIO | None = None) -> None:
+    """One line on a terminal (``zerostate: message``); nothing in CI logs or pipes."""
+    stream = stream or sys.stderr
+    if interactive(stream):
+        stream.write(f"zerostate: {message}\n")
+        stream.flush()
+
+
+__all__ = ["Progress", "interactive", "note"]

@@ -9,13 +9,16 @@ format is documented in docs/report-format.md.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import glob
 import json
 import os
+import signal
+import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from zerostate import __version__
 from zerostate.model.events import Event
@@ -82,6 +85,10 @@ class Report:
 
     def add_finding(self, rec: FindingRecord, column: str | None = None,
                     replay_args: str | None = None) -> dict[str, Any]:
+        with _sigint_deferred():  # Ctrl-C lands after the finding is on disk, never halfway
+            return self._add_finding(rec, column, replay_args)
+
+    def _add_finding(self, rec: FindingRecord, column: str | None, replay_args: str | None) -> dict[str, Any]:
         n = len(self.data["findings"]) + 1
         entry: dict[str, Any] = {
             "n": n, "check": rec.check, "error": rec.error, "design": rec.design, "where": rec.where,
@@ -142,6 +149,22 @@ class Report:
         self.data["run"]["seconds"] = round(time.monotonic() - self._t0, 2)
         replace_file(os.path.join(self.dir, "report.json"), json.dumps(self.data, indent=2) + "\n")
         replace_file(os.path.join(self.dir, "report.md"), render_markdown(self.data))
+
+
+@contextlib.contextmanager
+def _sigint_deferred() -> Iterator[None]:
+    """Hold a Ctrl-C (SIGINT) until the block is done, then raise it."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if caught:
+        raise KeyboardInterrupt
 
 
 def _around(events: list[Event] | None, violation: int | None) -> list[dict[str, Any]]:

@@ -35,6 +35,12 @@ def target(args: Any) -> Any:
         kw.update(deepspeed=args.deepspeed, deepspeed_path=args.deepspeed_path,
                   world_size=getattr(args, "world_size", 1))
     base = need("zerostate.targets.base", f"--target {args.target}")
+    if args.target == "deepspeed":
+        from .progress import note
+        what = (f"DeepSpeed {args.deepspeed}" if args.deepspeed else
+                f"DeepSpeed from {args.deepspeed_path}" if args.deepspeed_path else "the installed DeepSpeed")
+        note(f"starting {what} on CPU or GPU (a release's first use installs it and builds its comm op: "
+             "a few minutes)")
     try:
         return base.get_target(args.target, **{k: v for k, v in kw.items() if v is not None})
     except CliError:
