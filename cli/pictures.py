@@ -1,17 +1,16 @@
-"""Report pictures: the event sequence of a finding, and the state graph of a counterexample.
+"""Report pictures: the event sequence of a finding (and `write_picture`, shared with graph_picture).
 
 Event sequence: one lane per module (parameters are drawn in their module's
 lane; schedule and engine events in the ``engine`` lane), time left to right,
 forward / eval / backward / recompute phases shaded, the violating event
-marked in red.  State graph: states in breadth-first layers, the
-counterexample path in red.  Each picture is written as SVG and PNG.
+marked in red.  Each picture is written as SVG and PNG.
 """
 
 from __future__ import annotations
 
 import os
 import re
-from typing import Any, Iterable, Sequence
+from typing import Sequence
 
 from zerostate.model.events import Ev, Event
 
@@ -103,7 +102,7 @@ def trace_picture(events: Sequence[Event], violation: int | None, title: str, su
     width = max(left + col * len(shown) + 110, 1100)
     height = top + lane_h * len(lanes) + 50 + 22 * legend_rows + 36
     c = Canvas(int(width), int(height))
-    _titles(c, title, subtitle)
+    titles(c, title, subtitle)
     x0 = lambda i: left + col * (i - lo)  # noqa: E731
     y_lanes = top + lane_h * len(lanes)
     for phase, a, b in phase_spans(events):
@@ -154,47 +153,7 @@ def trace_picture(events: Sequence[Event], violation: int | None, title: str, su
     return c
 
 
-def graph_picture(graph: Any, path: Iterable[Any] = (), title: str = "", subtitle: str = "") -> Canvas:
-    """Breadth-first layers left to right; ``path`` (node keys in order) drawn in red."""
-    import networkx as nx
-
-    roots = [n for n in graph.nodes if graph.in_degree(n) == 0] or list(graph.nodes)[:1]
-    depth: dict[Any, int] = {}
-    for r in roots:
-        for n, d in nx.single_source_shortest_path_length(graph, r).items():
-            depth[n] = min(d, depth.get(n, d))
-    layers: dict[int, list[Any]] = {}
-    for n, d in sorted(depth.items(), key=lambda kv: kv[1]):
-        layers.setdefault(d, []).append(n)
-    tallest = max((len(v) for v in layers.values()), default=1)
-    dx, dy, left, top = 36, max(6, min(28, 900 // max(tallest, 1))), 40, 80
-    width = max(left * 2 + dx * max(len(layers), 1), 700)
-    height = top + dy * tallest + 60
-    pos = {n: (left + dx * d, top + dy * (i + (tallest - len(layers[d])) / 2))
-           for d, ns in layers.items() for i, n in enumerate(ns)}
-    c = Canvas(int(width), int(height))
-    _titles(c, title, subtitle)
-    path = list(path)
-    on_path = set(zip(path, path[1:]))
-    for a, b in graph.edges:
-        if a in pos and b in pos and (a, b) not in on_path:
-            c.line(*pos[a], *pos[b], color="#9e9e9e", width=0.6, opacity=0.6)
-    for a, b in on_path:
-        if a in pos and b in pos:
-            c.line(*pos[a], *pos[b], color="#d50000", width=2.5)
-    r = max(2.0, min(5.0, dy / 3))
-    for n, (x, y) in pos.items():
-        c.circle(x, y, r, fill="#d50000" if n in path else "#1565c0")
-    if path and path[-1] in pos:
-        x, y = pos[path[-1]]
-        c.text(x + 8, y - 8, "violation", size=11, color="#d50000", bold=True)
-    c.text(12, height - 12, f"{graph.number_of_nodes()} states, {graph.number_of_edges()} transitions, "
-           f"{len(layers)} layers (breadth-first depth from the initial state); red: the counterexample",
-           size=11, color="#555555")
-    return c
-
-
-def _titles(c: Canvas, title: str, subtitle: str) -> None:
+def titles(c: Canvas, title: str, subtitle: str) -> None:
     """Title and the first line of the error, cut to the picture's width."""
     room = max(40, int((c.width - 24) / 6.8))
     first = next((ln.strip() for ln in subtitle.splitlines() if ln.strip()), "")
@@ -218,5 +177,5 @@ def write_picture(canvas: Canvas, base: str) -> dict[str, str]:
     return files
 
 
-__all__ = ["MARKS", "PHASES", "graph_picture", "lane_of", "phase_spans", "trace_picture", "window",
+__all__ = ["MARKS", "PHASES", "lane_of", "mark", "phase_spans", "titles", "trace_picture", "window",
            "write_picture"]

@@ -25,6 +25,7 @@ from zerostate.model.events import Event
 from zerostate.model.scenario import Scenario
 
 from . import pictures
+from .graph_picture import graph_picture
 from .atomic import replace_file
 from .report_md import render_markdown
 
@@ -129,7 +130,7 @@ class Report:
             for k, name in pictures.write_picture(canvas, os.path.join(self.dir, f"trace_{n}")).items():
                 entry["files"][f"trace_{k}"] = name
         if rec.graph is not None:
-            canvas = pictures.graph_picture(rec.graph, rec.graph_path, f"state graph: {rec.check}{who}",
+            canvas = graph_picture(rec.graph, rec.graph_path, f"state graph: {rec.check}{who}",
                                             rec.error)
             for k, name in pictures.write_picture(canvas, os.path.join(self.dir, f"graph_{n}")).items():
                 entry["files"][f"graph_{k}"] = name

@@ -1,0 +1,52 @@
+"""The state graph of a counterexample: states in breadth-first layers left to right from the
+initial state, the counterexample path in red, ending at the violation."""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+from .canvas import Canvas
+from .pictures import titles
+
+
+def graph_picture(graph: Any, path: Iterable[Any] = (), title: str = "", subtitle: str = "") -> Canvas:
+    """Breadth-first layers left to right; ``path`` (node keys in order) drawn in red."""
+    import networkx as nx
+
+    roots = [n for n in graph.nodes if graph.in_degree(n) == 0] or list(graph.nodes)[:1]
+    depth: dict[Any, int] = {}
+    for r in roots:
+        for n, d in nx.single_source_shortest_path_length(graph, r).items():
+            depth[n] = min(d, depth.get(n, d))
+    layers: dict[int, list[Any]] = {}
+    for n, d in sorted(depth.items(), key=lambda kv: kv[1]):
+        layers.setdefault(d, []).append(n)
+    tallest = max((len(v) for v in layers.values()), default=1)
+    dx, dy, left, top = 36, max(6, min(28, 900 // max(tallest, 1))), 40, 80
+    width = max(left * 2 + dx * max(len(layers), 1), 700)
+    height = top + dy * tallest + 60
+    pos = {n: (left + dx * d, top + dy * (i + (tallest - len(layers[d])) / 2))
+           for d, ns in layers.items() for i, n in enumerate(ns)}
+    c = Canvas(int(width), int(height))
+    titles(c, title, subtitle)
+    path = list(path)
+    on_path = set(zip(path, path[1:]))
+    for a, b in graph.edges:
+        if a in pos and b in pos and (a, b) not in on_path:
+            c.line(*pos[a], *pos[b], color="#9e9e9e", width=0.6, opacity=0.6)
+    for a, b in on_path:
+        if a in pos and b in pos:
+            c.line(*pos[a], *pos[b], color="#d50000", width=2.5)
+    r = max(2.0, min(5.0, dy / 3))
+    for n, (x, y) in pos.items():
+        c.circle(x, y, r, fill="#d50000" if n in path else "#1565c0")
+    if path and path[-1] in pos:
+        x, y = pos[path[-1]]
+        c.text(x + 8, y - 8, "violation", size=11, color="#d50000", bold=True)
+    c.text(12, height - 12, f"{graph.number_of_nodes()} states, {graph.number_of_edges()} transitions, "
+           f"{len(layers)} layers (breadth-first depth from the initial state); red: the counterexample",
+           size=11, color="#555555")
+    return c
+
+
+__all__ = ["graph_picture"]
