@@ -17,7 +17,9 @@ shrunk scenario's new findings go to ``on_finding`` at once, and the next search
 starts with those ids known.  Outcomes are memoised by scenario, so a search
 replaying the examples of the previous one costs nothing; ``examples`` bounds
 each search's generated examples, i.e. the explored prefix of one deterministic
-sequence.  The run ends when a search exhausts ``examples`` with nothing new.
+sequence.  The run ends when a search exhausts ``examples`` with nothing new, or
+when the distinct target runs (shrinking included) reach ``hard_cap(examples)``
+= 5 x examples + 100.
 
 Determinism: ``seed=None`` uses Hypothesis' ``derandomize`` (the ci profile's
 behaviour): the same target gives the same findings on every run.  An integer
@@ -34,8 +36,9 @@ when given, ends the run early once it returns True (tests looking for one bug).
 every distinct target run.  `ExploreResult` has ``findings``, ``examples``
 (distinct target runs, shrinking included), ``seconds``, ``first_seen`` (finding
 key -> the number of distinct runs until it first appeared), ``generated_at``
-(finding key -> its example's position in the generation sequence: "found within
-N examples") and ``seconds_to`` (finding key -> seconds until handed over).
+(finding key -> the position, in the deterministic generation sequence, of the
+first generated example that has it: "found within N examples"; a key seen only
+while shrinking has none) and ``seconds_to`` (finding key -> seconds until handed over).
 """
 
 from __future__ import annotations
@@ -69,6 +72,15 @@ class _NewCheck(Exception):
     pass
 
 
+class _BudgetSpent(BaseException):
+    """Raised through Hypothesis (a BaseException, so it is not shrunk) when the hard cap is reached."""
+
+
+def hard_cap(examples: int) -> int:
+    """Distinct target runs one exploration may make at most, shrinking included."""
+    return 5 * examples + 100
+
+
 def explore(target: Target, *, examples: int, seed: int | None = None,
             on_finding: Callable[[Finding], None] | None = None,
             on_progress: Callable[[int, int, float], None] | None = None,
@@ -83,6 +95,7 @@ def explore(target: Target, *, examples: int, seed: int | None = None,
     generated_at: dict[str, int] = {}
 
     seconds_to: dict[str, float] = {}
+    cap = hard_cap(examples)
 
     def emit(f: Finding) -> None:
         reported[f.key] = f
@@ -94,6 +107,8 @@ def explore(target: Target, *, examples: int, seed: int | None = None,
         key = sc.to_json(None)
         out = memo.get(key)
         if out is None:
+            if len(memo) >= cap:
+                raise _BudgetSpent()
             out = target.run(sc)
             memo[key] = out
             for f in out.findings:
@@ -117,14 +132,12 @@ def explore(target: Target, *, examples: int, seed: int | None = None,
             out = run(sc)
             if not calls["failed"]:
                 calls["n"] += 1
+                for f in out.findings:  # every search replays the same prefix: keep the first position
+                    generated_at[f.key] = min(generated_at.get(f.key, calls["n"]), calls["n"])
             if current_build_context().is_final:
                 final.append(sc)
             if any(f.key not in known for f in out.findings):
-                if not calls["failed"]:
-                    calls["failed"] = True
-                    for f in out.findings:
-                        if f.key not in known:
-                            generated_at.setdefault(f.key, calls["n"])
+                calls["failed"] = True
                 raise _NewCheck(sc)
 
         if seed is not None:
@@ -137,7 +150,10 @@ def explore(target: Target, *, examples: int, seed: int | None = None,
 
     try:
         while True:
-            sc = search()
+            try:
+                sc = search()
+            except _BudgetSpent:
+                break
             if sc is None:
                 break
             new = [f for f in memo[sc.to_json(None)].findings if f.key not in reported]

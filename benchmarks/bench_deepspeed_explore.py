@@ -1,0 +1,122 @@
+"""Exploring real DeepSpeed: examples per second, and time and examples to each seed bug.
+
+    python benchmarks/bench_deepspeed_explore.py [--examples 200] [--rate-examples 100]
+        [--releases 0.18.4 0.18.6 0.19.2] [--json OUT]
+
+Two measurements, both on CPU (gloo, world size 1, ``OMP_NUM_THREADS=1``):
+
+* **throughput** -- ``--rate-examples`` scenarios drawn (derandomized) from
+  ``targets.strategies.scenarios()`` run one after another through the installed
+  DeepSpeed's persistent worker, findings or not; reported as examples per second
+  (the worker's start-up is excluded, the first example's ZeRO-3 warm-up is not).
+* **time to each seed bug** -- ``zerostate.targets.explorer.explore`` from scratch (no
+  Hypothesis database; the ci profile's derandomized sequence) with ``--examples`` per
+  search, per release, stopping once the seed's finding is handed over: seconds from the
+  start of exploring (target start-up reported separately), the position of the first
+  generated example that has it, distinct target runs until then (shrinking included),
+  and the size of the shrunk scenario.
+
+  ===========  =============================================  =========================================
+  release      seed bug                                       finding key
+  ===========  =============================================  =========================================
+  0.18.4       seed 000 part 1 (reentrant + PyTorch-style      ``exception:RuntimeError@runtime.zero.
+               backward + ZeRO-3)                              stage3.zero_grad`` (CPU's error)
+  0.18.6       seed 000 part 2 (count in every hook)           ``count-once-per-phase``
+  0.19.2       seed 002 (frozen param partitioned during a     ``saved-tensor-intact``
+               non-reentrant recompute)
+  ===========  =============================================  =========================================
+
+Writes JSON (``--json``, default ``zerostate-bench/deepspeed_explore.json``) and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+SEEDS = {
+    "0.18.4": ("seed 000 part 1", "exception:RuntimeError@runtime.zero.stage3.zero_grad"),
+    "0.18.6": ("seed 000 part 2", "count-once-per-phase"),
+    "0.19.2": ("seed 002", "saved-tensor-intact"),
+}
+
+
+def throughput(n: int) -> dict:
+    from hypothesis import HealthCheck, Phase, given, settings
+
+    from zerostate.targets.base import get_target
+    from zerostate.targets.strategies import scenarios
+    t0 = time.perf_counter()
+    target = get_target("deepspeed")
+    startup = time.perf_counter() - t0
+    times: list[float] = []
+
+    @settings(max_examples=n, database=None, derandomize=True, deadline=None, phases=[Phase.generate],
+              suppress_health_check=list(HealthCheck))
+    @given(scenarios())
+    def run(sc):
+        s = time.perf_counter()
+        target.run(sc)
+        times.append(time.perf_counter() - s)
+
+    t1 = time.perf_counter()
+    run()
+    total = time.perf_counter() - t1
+    target.close()
+    times.sort()
+    return {"deepspeed": target.version, "examples": len(times), "seconds": round(total, 2),
+            "examples_per_second": round(len(times) / total, 2), "median_example_s": round(times[len(times) // 2], 4),
+            "max_example_s": round(times[-1], 3), "worker_startup_s": round(startup, 2)}
+
+
+def time_to_seed(version: str, examples: int) -> dict:
+    from zerostate.targets.base import get_target
+    from zerostate.targets.explorer import explore
+    seed, key = SEEDS[version]
+    t0 = time.perf_counter()
+    target = get_target("deepspeed", deepspeed=version)
+    startup = time.perf_counter() - t0
+    runs = {"n": 0}
+    res = explore(target, examples=examples, seed=None,
+                  on_progress=lambda n, k, s: runs.__setitem__("n", n),
+                  stop=lambda found: any(f.key == key for f in found))
+    target.close()
+    hit = next((f for f in res.findings if f.key == key), None)
+    return {"release": version, "seed": seed, "key": key, "found": hit is not None,
+            "seconds": round(res.seconds_to.get(key, float("nan")), 1), "target_startup_s": round(startup, 1),
+            "generated_position": res.generated_at.get(key), "distinct_runs_until_found": res.first_seen.get(key),
+            "blocks": len(hit.scenario.blocks) if hit else None, "steps": len(hit.scenario.steps) if hit else None,
+            "scenario": hit.scenario.to_dict() if hit else None,
+            "other_findings_before": sorted(k for k in res.seconds_to if k != key)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--examples", type=int, default=200)
+    ap.add_argument("--rate-examples", type=int, default=100)
+    ap.add_argument("--releases", nargs="*", default=list(SEEDS))
+    ap.add_argument("--json", default="zerostate-bench/deepspeed_explore.json")
+    args = ap.parse_args(argv)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    out = {"throughput": throughput(args.rate_examples), "seeds": []}
+    tp = out["throughput"]
+    print(f"throughput on DeepSpeed {tp['deepspeed']}: {tp['examples']} examples in {tp['seconds']} s = "
+          f"{tp['examples_per_second']} examples/s (median {tp['median_example_s']} s; worker start-up "
+          f"{tp['worker_startup_s']} s)", flush=True)
+    print(f"{'release':8} {'seed':16} {'found':6} {'seconds':>8} {'position':>9} {'runs':>6} {'size':>10}")
+    for v in args.releases:
+        r = time_to_seed(v, args.examples)
+        out["seeds"].append(r)
+        print(f"{v:8} {r['seed']:16} {str(r['found']):6} {r['seconds']:>8} {str(r['generated_position']):>9} "
+              f"{str(r['distinct_runs_until_found']):>6} {str(r['blocks'])+'b/'+str(r['steps'])+'s':>10}", flush=True)
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
+    return 0 if all(r["found"] for r in out["seeds"]) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
