@@ -9,6 +9,7 @@
 ``mismatch``    the first oracle disagreement (``"after train step i: <param>: ..."``), else None;
 ``origin``      ``ExcType@module.function`` of the innermost DeepSpeed frame (distinguishes exceptions);
 ``steps``       train steps compared with the oracle;
+``max_diff``    the largest |DeepSpeed - PyTorch| over every parameter and compared step;
 ``skipped``     a reason when the scenario cannot be trained at all (no trainable parameter).
 
 The engine is torn down after every scenario (tracer uninstalled, ``engine.destroy()``, ZeRO-3's
@@ -70,6 +71,9 @@ def execute(spec: dict) -> dict:
             with tracer.paused():
                 got = backend.params()
             res["steps"] = i + 1
+            res["max_diff"] = max(res.get("max_diff", 0.0), max(
+                ((got[n].float() - e.float()).abs().max().item() for n, e in expected[i].items()
+                 if n in got and got[n].shape == e.shape), default=0.0))
             msg = net.compare(expected[i], got)
             if msg and res["mismatch"] is None:
                 res["mismatch"] = f"after train step {i}: {msg}"

@@ -256,7 +256,8 @@ class DeepSpeedTarget:
         seen: set[str] = set()
         unique = [f for f in findings if not (f.key in seen or seen.add(f.key))]
         return Outcome(scenario, events, res.get("error"), unique, time.perf_counter() - t0,
-                       {"steps": res.get("steps"), "seconds_in_worker": resp.get("seconds")})
+                       {"steps": res.get("steps"), "seconds_in_worker": resp.get("seconds"),
+                        "max_diff": res.get("max_diff")})
 
     def _agreement(self, scenario: Scenario, events: list[Event]) -> str | None:
         from zerostate.model.explore import run as model_run
