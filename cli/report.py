@@ -50,8 +50,8 @@ class FindingRecord:
     """What produced it, for titles when it is not a model design (``DeepSpeed 0.19.2``)."""
     graph: Any = None
     graph_path: list[Any] = field(default_factory=list)
-    repro: Callable[[], str] | None = None
-    """Returns the standalone repro script (the deepspeed target's ``repro_script``)."""
+    repro: Callable[[int], str] | None = None
+    """``n ->`` the standalone script ``repro_<n>.py`` (the deepspeed target's ``repro_script``)."""
 
 
 class Report:
@@ -116,7 +116,7 @@ class Report:
             entry["notes"].append("no repro script: the deepspeed target's repro generator is not available")
             return
         try:
-            script = rec.repro()
+            script = rec.repro(n)
         except Exception as exc:  # a report must survive a generator bug; say so in it
             entry["notes"].append(f"repro script not generated: {type(exc).__name__}: {exc}")
             return

@@ -8,15 +8,15 @@ from typing import Any, Callable
 from zerostate.model.scenario import Scenario
 
 
-def repro_for(scenario: Scenario, check: str, error: str, finding: Any = None) -> Callable[[], str] | None:
-    """A thunk producing ``repro_<n>.py``'s text, or None when the generator is not installed."""
+def repro_for(scenario: Scenario, check: str, error: str, finding: Any = None) -> Callable[[int], str] | None:
+    """``n -> text of repro_<n>.py``, or None when the generator is not installed."""
     try:
         gen = importlib.import_module("zerostate.targets.deepspeed.repro")
     except ImportError:
         return None
     if finding is None:
         finding = _finding(scenario, check, error)
-    return lambda: gen.repro_script(finding)
+    return lambda n: gen.repro_script(finding, n)
 
 
 def _finding(scenario: Scenario, check: str, error: str) -> Any:

@@ -96,3 +96,7 @@ def test_seed002_repro_passes_on_the_pinned_release(seed002_repro):
 def test_seed002_repro_fails_on_0_19_2(seed002_repro):
     r = run_repro(seed002_repro, "0.19.2")
     assert r.returncode != 0, r.stdout[-2000:] + r.stderr[-3000:]
+
+
+def test_repro_names_itself(hook_repro):
+    assert f"python {hook_repro.name}" in hook_repro.read_text()
