@@ -17,9 +17,12 @@ plus the scenario as JSON and the minimal check for the finding's check id:
   the epilogue (``engine._backward_epilogue``) and the gradient sink each hook calls are wrapped,
   and the order is checked per user backward;
 * ``model-agreement``: the same observations, projected as `agreement.project` does, compared with
-  the model's prediction embedded at generation time.
+  the model's prediction embedded at generation time;
+* ``released-after-backward``: after each user backward (its epilogue included) no non-persistent
+  ZeRO-3 parameter is gathered or held (``ds_status``, ``ds_active_sub_modules``).
 
-Other checks (the coordinator specs) fall back to "the schedule raises"; the script says so.
+Other checks (``available-when-used``, ``trace-consistent``) fall back to "the schedule raises" and
+exit 2 when it does not; the script says so.
 
 Run on CPU with ``python repro_N.py`` (it sets ``DS_ACCELERATOR=cpu``, gloo, ``MASTER_ADDR`` ...
 itself when there is no GPU) or on GPUs with ``deepspeed --num_gpus 1 repro_N.py``.  Exit status:
@@ -35,7 +38,7 @@ import re
 from . import compat, net
 
 WATCHED = {"count-once-per-phase", "epilogue-once", "grad-handled-once", "no-epilogue-before-user-backward",
-           "clean-step", "model-agreement"}
+           "clean-step", "model-agreement", "released-after-backward"}
 RAISES = {"exception", "saved-tensor-intact", "crash", "internal"}
 
 
@@ -114,6 +117,11 @@ class Watch:
         if what in ("forward_start", "eval_start"):
             self.log.append(("state", depth(self.opt), stale_bucket_count(self.opt)))
         self.log.append((what, info.get("kind"), info.get("step")))
+        if what == "backward_end":  # the epilogue has run: nothing non-persistent may stay gathered
+            kept = [n for n, p in self.engine.module.named_parameters() if hasattr(p, "ds_status")
+                    and not is_persistent(p) and (param_status(p) != "NOT_AVAILABLE" or holders(p))]
+            if kept:
+                self.log.append(("kept", kept, None))
 
 
 def project(log):
@@ -196,6 +204,8 @@ def verdict(check, log):
             bucket = set()
         elif what == "clear":
             bucket = set()
+        elif what == "kept" and check == "released-after-backward":
+            return f"after the backward (and its epilogue) {', '.join(a)} still gathered or held"
     return None
 '''
 

@@ -153,7 +153,7 @@ class DeepSpeedTarget:
         self._log_path = Path(tempfile.mkstemp(prefix=f"worker-{key}-", suffix=".log", dir=logs)[1])
         self.worker: Worker | None = None
         self.hello = self._start()
-        self.version: str = self.hello["deepspeed"]
+        self.version: str = str(self.hello["deepspeed"]).strip()
         try:
             compat.check_version(self.version)
         except compat.UnsupportedRelease as exc:
