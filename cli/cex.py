@@ -50,16 +50,18 @@ def graph_path(graph: Any, events: list[Event]) -> list[Any]:
 def record(design: str, spec_id: str, scenario: Scenario, events: list[Event], message: str,
            repro: Callable[[Scenario, str, str], Callable[[int], str] | None]) -> FindingRecord:
     from zerostate.model.checker import counterexample_graph
-    graph, path = None, []
+    graph, path, notes = None, [], []
     try:
         g = counterexample_graph(design, scenario, spec_id)
         if g is not None and g.number_of_nodes() <= MAX_GRAPH_STATES:
             graph, path = g, graph_path(g, events)
-    except Exception:  # the picture is a bonus; the finding stands without it
-        graph = None
+        elif g is not None:
+            notes.append(f"state graph not drawn: {g.number_of_nodes()} states (over {MAX_GRAPH_STATES})")
+    except Exception as exc:  # the picture is a bonus; the finding stands without it
+        notes.append(f"state graph not drawn: {type(exc).__name__}: {exc}")
     return FindingRecord(check=spec_id, error=message, scenario=scenario, events=events,
                          violation=violation_index(spec_id, events), design=design, graph=graph,
-                         graph_path=path, repro=repro(scenario, spec_id, message))
+                         graph_path=path, repro=repro(scenario, spec_id, message), notes=notes)
 
 
 __all__ = ["MAX_GRAPH_STATES", "graph_path", "record", "violation_index"]

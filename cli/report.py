@@ -50,6 +50,7 @@ class FindingRecord:
     """What produced it, for titles when it is not a model design (``DeepSpeed 0.19.2``)."""
     graph: Any = None
     graph_path: list[Any] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
     repro: Callable[[int], str] | None = None
     """``n ->`` the standalone script ``repro_<n>.py`` (the deepspeed target's ``repro_script``)."""
 
@@ -96,7 +97,7 @@ class Report:
             "blocks": len(rec.scenario.blocks), "steps": len(rec.scenario.steps),
             "scenario": rec.scenario.to_dict(), "description": rec.scenario.describe(),
             "violation_event": rec.violation, "events_around": _around(rec.events, rec.violation),
-            "files": {}, "notes": [],
+            "files": {}, "notes": list(rec.notes),
         }
         base = os.path.join(self.dir, f"finding_{n}")
         replace_file(base + ".json", json.dumps({"check": rec.check, "error": rec.error,
