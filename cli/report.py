@@ -14,6 +14,7 @@ import datetime as _dt
 import glob
 import json
 import os
+import re
 import signal
 import threading
 import time
@@ -103,7 +104,10 @@ class Report:
         replace_file(base + ".json", json.dumps({"check": rec.check, "error": rec.error,
                                                  "scenario": rec.scenario.to_dict()}, indent=2) + "\n")
         entry["files"]["scenario"] = f"finding_{n}.json"
-        entry["replay"] = f"zerostate replay {os.path.join(self.dir, f'finding_{n}.json')}" + (self.replay_args if replay_args is None else replay_args)
+        replay = f"zerostate replay {os.path.join(self.dir, f'finding_{n}.json')}"
+        entry["replay"] = replay + (self.replay_args if replay_args is None else replay_args)
+        release = _release_of(rec.design)
+        entry["replay_release"] = f"{replay} --deepspeed {release}" if release else None
         self._repro(rec, n, entry)
         self._pictures(rec, n, entry)
         self.data["findings"].append(entry)
@@ -151,6 +155,12 @@ class Report:
         self.data["run"]["seconds"] = round(time.monotonic() - self._t0, 2)
         replace_file(os.path.join(self.dir, "report.json"), json.dumps(self.data, indent=2) + "\n")
         replace_file(os.path.join(self.dir, "report.md"), render_markdown(self.data))
+
+
+def _release_of(design: str | None) -> str | None:
+    """``ds-0.18.4`` names the release 0.18.4: its finding can be replayed on that release too."""
+    m = re.fullmatch(r"ds-(\d+\.\d+\.\d+)", design or "")
+    return m.group(1) if m else None
 
 
 @contextlib.contextmanager

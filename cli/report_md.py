@@ -50,7 +50,10 @@ def _finding(f: dict[str, Any]) -> list[str]:
         if key in files:
             png = files.get(key.replace("svg", "png"))
             out.append(f"![{label}]({files[key]})" + (f" ([PNG]({png}))" if png else ""))
-    out += ["", "Replay:", "", "```sh", f["replay"], "```", ""]
+    out += ["", "Replay:", "", "```sh", f["replay"]]
+    if f.get("replay_release"):
+        out += [f["replay_release"] + "    # on the real release this design models"]
+    out += ["```", ""]
     if "repro" in files:
         out += [f"Standalone repro ([{files['repro']}]({files['repro']})), exits non-zero while the bug is present:",
                 "", "```sh", f"python {files['repro']}                      # CPU",

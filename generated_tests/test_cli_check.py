@@ -47,6 +47,7 @@ def test_report_folder_holds_a_finding_per_counterexample_with_pictures(buggy):
         assert f["design"] == "ds-0.18.4"
         assert (out / f["files"]["scenario"]).exists()
         assert "--target model --design ds-0.18.4" in f["replay"]
+        assert f["replay_release"].endswith(f"{f['files']['scenario']} --deepspeed 0.18.4")
         assert_pictures(out, f, "trace")
         assert_pictures(out, f, "graph")
         assert any(e["violation"] for e in f["events_around"]) or f["violation_event"] is None

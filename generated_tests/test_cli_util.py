@@ -33,7 +33,7 @@ def load_report(folder: Path) -> dict:
 
 REPORT_KEYS = {"format", "zerostate", "command", "status", "run", "columns", "specs", "findings", "summary"}
 FINDING_KEYS = {"n", "check", "error", "design", "where", "blocks", "steps", "scenario", "description",
-                "violation_event", "events_around", "files", "replay", "notes"}
+                "violation_event", "events_around", "files", "replay", "replay_release", "notes"}
 
 
 def assert_svg(path: Path) -> None:
