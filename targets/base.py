@@ -116,14 +116,18 @@ def get_target(name: str, *, design: str | None = None, deepspeed: str | None = 
     if name == "deepspeed":
         if deepspeed and deepspeed_path:
             raise TargetError("give --deepspeed VERSION or --deepspeed-path DIR, not both")
-        if world_size != 1:
-            raise TargetError(f"the deepspeed target runs world size 1 for now (asked for {world_size})")
+        if world_size not in (1, 2):
+            raise TargetError(f"the deepspeed target runs world size 1 or 2 (asked for {world_size})")
         if design is not None:
             from zerostate.model.designs import UnknownDesignError, get_design
             try:
                 get_design(design)
             except UnknownDesignError as exc:
                 raise TargetError(str(exc)) from None
+        if world_size == 2:
+            from .deepspeed.ranks import DeepSpeedRanksTarget
+            return DeepSpeedRanksTarget(world_size=world_size, deepspeed=deepspeed, deepspeed_path=deepspeed_path,
+                                        design=design, **options)
         from .deepspeed.target import DeepSpeedTarget
         return DeepSpeedTarget(deepspeed=deepspeed, deepspeed_path=deepspeed_path, design=design, **options)
     raise TargetError(f"unknown target {name!r}; known targets: model, deepspeed")

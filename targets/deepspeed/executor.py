@@ -48,7 +48,9 @@ def origin(exc: BaseException) -> str:
     return f"{type(exc).__name__}@{pick[0]}.{pick[1]}" if pick else type(exc).__name__
 
 
-def execute(spec: dict) -> dict:
+def execute(spec: dict, on_step=None) -> dict:
+    """``on_step(i, params)``: called after train step ``i`` with the gathered parameters (the rank pool
+    reports checksums to the parent after every step)."""
     res: dict = {"events": [], "error": None, "error_check": None, "traceback": None, "mismatch": None,
                  "steps": 0}
     if not any(b.get(k, "trainable") != "frozen" for b in spec.get("blocks", [{}]) for k in ("norm", "lin")) \
@@ -77,6 +79,8 @@ def execute(spec: dict) -> dict:
             msg = net.compare(expected[i], got)
             if msg and res["mismatch"] is None:
                 res["mismatch"] = f"after train step {i}: {msg}"
+            if on_step is not None:
+                on_step(i, got)
 
         net.run_schedule(spec, backend, mark=tracer.mark, after_step=after_step)
     except Exception as exc:

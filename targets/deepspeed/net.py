@@ -208,6 +208,19 @@ class TorchBackend:
         return {n: p.detach().clone() for n, p in self.model.named_parameters()}
 
 
+def rank_rows(x):
+    """This rank's rows of the global batch (world size > 1; else ``x``).  The oracle trains on the whole
+    batch; each rank's loss is the mean over its equal share, and data-parallel averaging of the gradients
+    makes the mean of the per-rank means: the gradient of the global batch's mean."""
+    import torch.distributed as dist
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return x
+    ws, rank = dist.get_world_size(), dist.get_rank()
+    if x.shape[0] % ws:
+        raise ValueError(f"batch of {x.shape[0]} rows cannot be split evenly over {ws} ranks")
+    return x.detach().chunk(ws)[rank].clone().requires_grad_(x.requires_grad)
+
+
 class DeepSpeedBackend:
     """The real engine: ``deepspeed.initialize`` with ZeRO 1/2/3 and a client SGD optimizer."""
 
@@ -224,6 +237,7 @@ class DeepSpeedBackend:
         self.names = {id(p): n for n, p in self.engine.module.named_parameters()}
 
     def forward(self, x, skip=()):
+        x = rank_rows(x)
         if x.device != self.engine.device:
             x = x.detach().to(self.engine.device).requires_grad_(x.requires_grad)
         return self.engine(x, skip=tuple(skip)) if skip else self.engine(x)
@@ -244,7 +258,7 @@ class DeepSpeedBackend:
     def eval_forward(self, x):
         self.engine.eval()
         with torch.no_grad():
-            self.engine(x.to(self.engine.device))
+            self.engine(rank_rows(x).to(self.engine.device))
         self.engine.train()
 
     def backward(self, kind, out, loss, fused):

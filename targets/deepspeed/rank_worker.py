@@ -1,0 +1,118 @@
+"""One rank of the rank pool (`ranks.RankPool`): a persistent JSON-lines worker at world size > 1.
+
+Started by the pool as ``python -m zerostate.targets.deepspeed.rank_worker`` with ``RANK``,
+``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT`` set (one rendezvous for the
+pool's lifetime: torch.distributed is initialised once, gloo on CPU, nccl on GPUs), in a session
+of its own, and dies with its parent (``PR_SET_PDEATHSIG``).  ``SIGUSR1`` makes it write the stack
+of every thread to ``$ZEROSTATE_STACKS`` (faulthandler; works while a thread is blocked in a
+collective).  The protocol is `worker`'s, plus one progress line per train step::
+
+    {"op": "hello"}                  -> {"ok": true, "deepspeed": ..., "rank": r, "world_size": n, ...}
+    {"op": "run", "scenario": {...}} -> {"progress": "step", "step": i, "digests": {param: sha1}} per step,
+                                        then {"ok": true, "result": <executor.execute dict>, "seconds": s}
+    {"op": "exit"}                   -> (exits)
+
+A request may carry ``"stall": {"rank": r, "seconds": s}`` (tests): rank ``r`` sleeps ``s`` seconds
+before the run, so the other ranks block in the first collective -- a simulated hang.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import faulthandler
+import hashlib
+import json
+import os
+import signal
+import sys
+import time
+import traceback
+
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """Linux: SIGKILL this process when the process that started it exits, however it exits."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+    except Exception:  # pragma: no cover - not Linux: the parent's atexit and killpg remain
+        pass
+    ppid = os.environ.get("ZEROSTATE_PARENT_PID")
+    if ppid and os.getppid() != int(ppid):  # the parent died before prctl took effect
+        os._exit(1)
+
+
+def digests(params: dict) -> dict[str, str]:
+    """A checksum of each gathered parameter's exact bytes (ranks must agree bit for bit)."""
+    out = {}
+    for n, t in params.items():
+        t = t.detach().float().contiguous().cpu()
+        out[n] = hashlib.sha1(t.numpy().tobytes() + str(tuple(t.shape)).encode()).hexdigest()[:16]
+    return out
+
+
+def main() -> int:
+    die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's: it tears the pool down
+    proto = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    stacks = os.environ.get("ZEROSTATE_STACKS")
+    if stacks:
+        faulthandler.register(signal.SIGUSR1, file=open(stacks, "a"), all_threads=True)
+
+    def reply(obj) -> None:
+        proto.write(json.dumps(obj) + "\n")
+        proto.flush()
+
+    rank = int(os.environ.get("RANK", "0"))
+    try:
+        from . import compat, net
+        import torch
+        if not torch.cuda.is_available():
+            os.environ.setdefault("DS_ACCELERATOR", "cpu")
+        import deepspeed
+        if not torch.cuda.is_available():
+            compat.skip_shm_comm_op()  # the shm op serves inference_all_reduce only; training uses gloo
+        net.setup_distributed()
+        torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+        from . import executor
+        import torch.distributed as dist
+        hello = {"ok": True, "deepspeed": deepspeed.__version__, "file": deepspeed.__file__,
+                 "torch": torch.__version__, "device": "cuda" if torch.cuda.is_available() else "cpu",
+                 "rank": dist.get_rank(), "world_size": dist.get_world_size(), "backend": dist.get_backend()}
+    except BaseException as exc:  # noqa: BLE001
+        hello = {"ok": False, "error": f"rank {rank}: {type(exc).__name__}: {exc}",
+                 "traceback": "".join(traceback.format_exc().splitlines(True)[-15:])}
+    for line in sys.stdin:
+        line = line.strip()
+        if not line:
+            continue
+        req = json.loads(line)
+        op = req.get("op")
+        if op == "exit":
+            break
+        if not hello.get("ok") or op == "hello":
+            reply(hello)
+            continue
+        if op == "run":
+            t0 = time.perf_counter()
+            stall = req.get("stall") or {}
+            if stall and int(stall.get("rank", -1)) == rank:
+                time.sleep(float(stall.get("seconds", 0)))
+
+            def on_step(i, got):
+                reply({"progress": "step", "step": i, "digests": digests(got)})
+            try:
+                result = executor.execute(req["scenario"], on_step=on_step)
+                reply({"ok": True, "result": result, "seconds": time.perf_counter() - t0})
+            except BaseException as exc:  # noqa: BLE001
+                reply({"ok": False, "error": f"rank {rank}: {type(exc).__name__}: {exc}",
+                       "traceback": "".join(traceback.format_exc().splitlines(True)[-15:])})
+        else:
+            reply({"ok": False, "error": f"unknown op {op!r}"})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
