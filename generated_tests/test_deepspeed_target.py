@@ -33,7 +33,8 @@ pytestmark = pytest.mark.deepspeed
 @pytest.fixture(scope="module")
 def ds(request):
     opts = {"deepspeed": request.config.getoption("--deepspeed"),
-            "deepspeed_path": request.config.getoption("--deepspeed-path")}
+            "deepspeed_path": request.config.getoption("--deepspeed-path"),
+            "world_size": request.config.getoption("--world-size")}
     t = get_target("deepspeed", **{k: v for k, v in opts.items() if v})
     yield t
     t.close()

@@ -72,6 +72,10 @@ class _NewCheck(Exception):
     pass
 
 
+class _TargetBroken(BaseException):
+    """Carries an exception of the target itself (not a finding) through Hypothesis, unshrunk."""
+
+
 class _BudgetSpent(BaseException):
     """Raised through Hypothesis (a BaseException, so it is not shrunk) when the hard cap is reached."""
 
@@ -109,7 +113,10 @@ def explore(target: Target, *, examples: int, seed: int | None = None,
         if out is None:
             if len(memo) >= cap:
                 raise _BudgetSpent()
-            out = target.run(sc)
+            try:
+                out = target.run(sc)
+            except Exception as exc:  # the target broke (e.g. its worker cannot restart): stop, loudly
+                raise _TargetBroken(exc) from exc
             memo[key] = out
             for f in out.findings:
                 first_seen.setdefault(f.key, len(memo))
@@ -169,6 +176,10 @@ def explore(target: Target, *, examples: int, seed: int | None = None,
         for check in sorted(set(seen) - set(reported)):
             emit(seen[check])
         raise
+    except _TargetBroken as wrapped:
+        for check in sorted(set(seen) - set(reported)):
+            emit(seen[check])
+        raise wrapped.args[0] from None
     return ExploreResult(list(reported.values()), len(memo), time.perf_counter() - t0, first_seen,
                          generated_at, seconds_to)
 

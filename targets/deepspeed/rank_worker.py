@@ -12,6 +12,7 @@ collective).  The protocol is `worker`'s, plus one progress line per train step:
                                         then {"ok": true, "result": <executor.execute dict>, "seconds": s}
     {"op": "exit"}                   -> (exits)
 
+The pool waits for a warm-up example (imports) before the first request is answered.
 A request may carry ``"stall": {"rank": r, "seconds": s}`` (tests): rank ``r`` sleeps ``s`` seconds
 before the run, so the other ranks block in the first collective -- a simulated hang.
 """
@@ -78,6 +79,11 @@ def main() -> int:
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
         from . import executor
         import torch.distributed as dist
+        if os.environ.get("ZEROSTATE_RANK_WARMUP", "1") != "0":
+            # One tiny ZeRO-3 example on every rank before the pool answers hello: the lazy imports of the
+            # first deepspeed.initialize (seconds) must not count against the first example's step timeout.
+            executor.execute({"blocks": [{"checkpoint": "non_reentrant"}], "stage": 3,
+                              "steps": [{"micro": [{"backward": "engine"}]}]})
         hello = {"ok": True, "deepspeed": deepspeed.__version__, "file": deepspeed.__file__,
                  "torch": torch.__version__, "device": "cuda" if torch.cuda.is_available() else "cpu",
                  "rank": dist.get_rank(), "world_size": dist.get_world_size(), "backend": dist.get_backend()}

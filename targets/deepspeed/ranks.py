@@ -100,23 +100,21 @@ class _Rank:
                 out.append(json.loads(line))
         return out
 
-    def stacks(self) -> str:
-        """Ask for every thread's stack (faulthandler on SIGUSR1) and return what was written."""
+    def signal_stacks(self) -> int | None:
+        """Ask for every thread's stack (faulthandler on SIGUSR1); the offset it will be written at."""
         try:
             start = self.stacks_path.stat().st_size
             os.kill(self.proc.pid, signal.SIGUSR1)
+            return start
         except OSError:
+            return None
+
+    def read_stacks(self, start: int | None) -> str:
+        if start is None:
             return "(process gone)"
-        deadline = time.monotonic() + 3.0
-        text = ""
-        while time.monotonic() < deadline:
-            time.sleep(0.2)
-            with open(self.stacks_path, "rb") as fh:
-                fh.seek(start)
-                text = fh.read().decode(errors="replace")
-            if text and time.monotonic() > deadline - 2.4:
-                break
-        return text.strip() or "(no stack written)"
+        with open(self.stacks_path, "rb") as fh:
+            fh.seek(start)
+            return fh.read().decode(errors="replace").strip() or "(no stack written)"
 
     def kill(self) -> None:
         if self.proc.poll() is None:
@@ -221,8 +219,10 @@ class RankPool:
         who = ", ".join(f"rank {rk.rank} (after {len(steps[rk.rank])} train step(s))" for rk in late)
         done = ", ".join(f"rank {r}" for r in sorted(final)) or "none"
         parts = [f"no report within {timeout:.0f} s from {who}; finished: {done}"]
-        for rk in late:
-            parts.append(f"--- stacks of rank {rk.rank} (pid {rk.proc.pid}) ---\n{_trim(rk.stacks())}")
+        starts = [rk.signal_stacks() for rk in late]
+        time.sleep(1.0)  # faulthandler writes from the signal handler, even inside a blocked collective
+        for rk, start in zip(late, starts):
+            parts.append(f"--- stacks of rank {rk.rank} (pid {rk.proc.pid}) ---\n{_trim(rk.read_stacks(start))}")
         return "\n".join(parts)
 
     def close(self, kill: bool = False) -> None:

@@ -196,6 +196,10 @@ class DeepSpeedTarget:
         if self.worker is not None:
             self.worker.close()
             self.worker = None
+            try:  # the log only matters while the worker runs (errors quote its tail)
+                self._log_path.unlink()
+            except OSError:
+                pass
 
     def __enter__(self) -> "DeepSpeedTarget":
         return self

@@ -23,11 +23,16 @@ gradient sink (reduce / process)       GRAD_HOOK or LEAF_HOOK (by the calling ho
 count_used_parameters_in_backward      COUNT (task, value = result + ZeRO-3 leaf-module count)
 stage3 _pre_step                       BUCKET_CLEAR (value = stale params found in the real ipg buckets)
 ZeRO-3 offload pre/post fwd/bwd        MODULE_PRE/POST_FORWARD (phase forward | recompute | eval),
-                                       MODULE_PRE/POST_BACKWARD, RECOMPUTE_START/END (block hooks in a
-                                       graph task), SAVE_LIVE / UNPACK(check) for frozen params of
-                                       non-reentrant blocks (where torch keeps live references)
-parameter ds_status diffs              FETCH / PREFETCH / RELEASE (polled after every coordinator call,
-                                       epilogue, step and loop mark)
+                                       MODULE_PRE/POST_BACKWARD (root as ``model``, sub-modules, leaf
+                                       blocks, head); SAVE_LIVE at a recompute pre-forward and
+                                       UNPACK(use) at a pre-backward, for frozen params of
+                                       non-reentrant blocks (torch keeps live references to them)
+checkpointed block calls               RECOMPUTE_START/END inside a graph task (``net.BLOCK_OBSERVER``,
+                                       also when torch stops a non-reentrant recompute early),
+                                       UNPACK(check) for frozen params of non-reentrant blocks
+parameter ds_status / holders / mode   FETCH (note ``inflight``: waited on a prefetch) / PREFETCH /
+                                       RELEASE / HOLDERS / PERSISTENT / TRACE_STATE, polled after every
+                                       coordinator call, epilogue, step and loop mark
 =====================================  ==============================================================
 """
 
@@ -127,7 +132,6 @@ class Tracer:
                 self._pending.remove(small)
 
     def _task_end(self, small: int) -> None:
-        note = "outer"
         self.emit("task_end", task=small)
         if small in self._stack:
             self._stack.remove(small)
