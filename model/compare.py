@@ -9,9 +9,10 @@ The pure computation behind the command (the CLI only prints and files it)::
     render_text(data: dict) -> str
     default_scenarios(max_blocks: int = 2) -> list[Scenario]
 
-``scenarios`` defaults to `default_scenarios`: every block of 1-2 blocks plain / reentrant /
-non-reentrant with a trainable or frozen norm (trainable Linear), input requiring grad or not,
-prefetch off or on, two train steps (so the recorded trace is used), ZeRO-3.  Each design is judged
+``scenarios`` defaults to `default_scenarios`: 1-2 blocks, each plain / reentrant / non-reentrant and
+trainable, frozen-norm (seed 002's shape) or all-frozen (a frozen base layer, as LoRA leaves it), the
+input requiring grad or not, prefetch off or on, one train step of two micro-steps (so the recorded
+trace is used), ZeRO-3.  Each design is judged
 on every spec (hook specs over every interleaving of the backward DAG without module hooks;
 coordinator specs on the serial DAG, see `driver.segments`), and measured with the ``gathered-peak``
 and ``allgathers`` metrics on one run of each scenario.
@@ -48,11 +49,12 @@ from .scenario import Block, Checkpoint, MicroStep, ParamKind, Scenario, TrainSt
 def default_scenarios(max_blocks: int = 2) -> list[Scenario]:
     """The scenarios ``zerostate compare`` explores by default (smallest first)."""
     out = []
-    kinds = (ParamKind.TRAINABLE, ParamKind.FROZEN)
+    kinds = ((ParamKind.TRAINABLE, ParamKind.TRAINABLE), (ParamKind.FROZEN, ParamKind.TRAINABLE),
+             (ParamKind.FROZEN, ParamKind.FROZEN))
     cks = (Checkpoint.NONE, Checkpoint.REENTRANT, Checkpoint.NON_REENTRANT)
     for n in range(1, max_blocks + 1):
         for combo in itertools.product(itertools.product(cks, kinds), repeat=n):
-            blocks = tuple(Block(ck, norm, ParamKind.TRAINABLE) for ck, norm in combo)
+            blocks = tuple(Block(ck, *kind) for ck, kind in combo)
             for rg in (True, False):
                 for prefetch in (0, 256):
                     sc = Scenario(blocks=blocks, steps=(TrainStep((MicroStep(), MicroStep())),),
