@@ -31,7 +31,8 @@ def add_target_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--design", metavar="NAME", help="model design to explore (with --target model)")
     p.add_argument("--deepspeed", metavar="VERSION", help="DeepSpeed release, in its own cached environment")
     p.add_argument("--deepspeed-path", metavar="DIR", help="local DeepSpeed checkout (e.g. a pull request)")
-    p.add_argument("--world-size", type=int, default=1, metavar="N", help="ranks (1)")
+    p.add_argument("--world-size", type=int, default=1, metavar="N",
+                   help="ranks: 1 (default) or 2 (a rank pool on one process group; deepspeed target)")
 
 
 def add_parser(sub: Any) -> None:
@@ -135,6 +136,9 @@ def column_of(args: argparse.Namespace, who: dict[str, Any]) -> str:
 def _replay_args(args: argparse.Namespace) -> str:
     if args.target == "model":
         return f" --target model --design {args.design or 'zerostate'}"
+    if getattr(args, "world_size", 1) != 1:
+        args2 = argparse.Namespace(**{**vars(args), "world_size": 1})
+        return _replay_args(args2) + f" --world-size {args.world_size}"
     if args.deepspeed:
         return f" --deepspeed {args.deepspeed}"
     if args.deepspeed_path:

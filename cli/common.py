@@ -43,9 +43,9 @@ def need(module: str, what: str) -> ModuleType:
 
 
 def check_world_size(n: int) -> None:
-    if n != 1:
-        raise CliError(f"--world-size {n}: only world size 1 is supported in this release of zerostate "
-                       f"(2 ranks arrive with the multi-rank target)")
+    """World size 1, or 2 (the deepspeed target's rank pool: ``targets/deepspeed/ranks.py``)."""
+    if n not in (1, 2):
+        raise CliError(f"--world-size {n}: zerostate runs world size 1 or 2")
 
 
 __all__ = ["CliError", "DEFAULT_OUT", "EXIT_FINDINGS", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE",

@@ -35,8 +35,8 @@ def test_missing_scenario_file(tmp_path):
     _one_line_error(zs("replay", str(tmp_path / "nope.json")), "nope.json", "no such scenario file")
 
 
-def test_world_size_two_is_not_supported_yet(tmp_path):
-    _one_line_error(zs("explore", "--world-size", "2", "--out", str(tmp_path)), "--world-size 2")
+def test_world_size_three_is_not_supported(tmp_path):
+    _one_line_error(zs("explore", "--world-size", "3", "--out", str(tmp_path)), "--world-size 3")
     assert not (tmp_path / "report.json").exists()
 
 
