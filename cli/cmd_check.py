@@ -67,17 +67,20 @@ def run(args: argparse.Namespace) -> int:
 
 def _bound_text(b: Any) -> str:
     return (f"up to {b.max_blocks} block(s), {b.max_micro_steps} micro-step(s), ZeRO stage(s) "
-            f"{', '.join(map(str, b.stages))}")
+            f"{', '.join(map(str, b.stages))}; coordinator specs up to "
+            f"{getattr(b, 'coordinator_max_blocks', b.max_blocks)} block(s), "
+            f"{getattr(b, 'coordinator_max_micro_steps', b.max_micro_steps)} micro-step(s); "
+            "each design on the specs of its family ('-': not judged, not checked)")
 
 
 def table(result: Any) -> str:
     names = list(result.designs)
-    spec_ids = list(next(iter(result.designs.values())).specs) if names else []
+    spec_ids = list(dict.fromkeys(s for d in result.designs.values() for s in d.specs))
     header = ["design", "expected"] + spec_ids + ["states", "seconds"]
     rows = []
     for n, d in result.designs.items():
-        cells = ["holds" if d.specs[s].holds else "VIOLATED" if s in d.judged else "violated (not judged)"
-                 for s in spec_ids]
+        cells = ["-" if s not in d.specs else "holds" if d.specs[s].holds
+                 else "VIOLATED" if s in d.judged else "violated (not judged)" for s in spec_ids]
         rows.append([n, "correct" if d.expected_correct else "buggy"] + cells
                     + [str(d.states), f"{d.seconds:.1f}"])
     widths = [max(len(r[i]) for r in [header] + rows) for i in range(len(header))]
