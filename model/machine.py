@@ -92,20 +92,25 @@ def _reach(net: Network, ev: Event) -> frozenset[str]:
     return net.reach_of_pre_backward()
 
 
-def _apply_effects(env: EnvState, effects: tuple[Event, ...]) -> EnvState:
+def _apply_effects(env: EnvState, effects: tuple[Event, ...]) -> tuple[EnvState, tuple[Event, ...]]:
+    """Update the environment with each effect in order.  A flush or clear is stamped here with
+    how many gradients it took from the bucket (a design cannot see adds of its own reaction)."""
+    out = []
     for e in effects:
         if e.kind is Ev.BUCKET_ADD:
             env = env._replace(bucket=env.bucket | {e.param})
         elif e.kind in (Ev.BUCKET_FLUSH, Ev.BUCKET_CLEAR):
+            e = e if e.value == len(env.bucket) else Event(e.kind, value=len(env.bucket))
             env = env._replace(bucket=frozenset())
         elif e.kind is Ev.CALLBACK_QUEUED:
             env = env._replace(callbacks=env.callbacks | {e.task})
-    return env
+        out.append(e)
+    return env, tuple(out)
 
 
 def _react(design: "Design", net: Network, st: ModelState, ev: Event) -> tuple[ModelState, list[Event]]:
     hooks, h_eff = design.hooks.react(st.hooks, ev, Ctx(net, st.env))
-    env = _apply_effects(st.env, h_eff)
+    env, h_eff = _apply_effects(st.env, h_eff)
     coord, c_eff = st.coord, []
     for e in (ev, *h_eff):
         coord, more = design.coordinator.react(coord, e, Ctx(net, env))
