@@ -39,6 +39,12 @@ import logging
 import torch, deepspeed
 torch.set_num_threads(1)
 logging.getLogger("DeepSpeed").setLevel(logging.ERROR)
+try:  # one rank: the shared-memory comm op has nothing to reduce; skip its JIT build (30-90 s)
+    import deepspeed.comm.torch as _ds_comm_torch
+    if hasattr(_ds_comm_torch, "build_shm_op"):
+        _ds_comm_torch.build_shm_op = lambda: None
+except ImportError:
+    pass
 deepspeed.init_distributed(dist_backend="gloo")
 args = json.loads(sys.argv[1])
 out = {"deepspeed": deepspeed.__version__, "file": deepspeed.__file__, "runtime": args["runtime"], "stages": {}}
@@ -65,8 +71,22 @@ for stage in args["stages"]:
     times = []
     for _ in range(args["steps"]):
         t0 = time.perf_counter(); step(); times.append(time.perf_counter() - t0)
-    out["stages"][str(stage)] = {"median": statistics.median(times), "mean": statistics.fmean(times),
-                                 "min": min(times), "times": times}
+    res = {"median": statistics.median(times), "mean": statistics.fmean(times), "min": min(times), "times": times}
+    if args["runtime"] and args.get("paired"):
+        # Paired A/B on the same engine: blocks of steps alternate uninstalled / installed, so load
+        # from other processes hits both alike.
+        from zerostate.runtime import uninstall
+        ab = {"stock": [], "runtime": []}
+        for b in range(2 * args["paired"]):
+            mode = "stock" if b % 2 == 0 else "runtime"
+            (uninstall if mode == "stock" else install)(engine)
+            step()
+            for _ in range(args["steps"] // 2):
+                t0 = time.perf_counter(); step(); ab[mode].append(time.perf_counter() - t0)
+        install(engine)
+        res["paired"] = {m: {"median": statistics.median(v), "min": min(v)} for m, v in ab.items()}
+        res["paired"]["ratio_median"] = res["paired"]["runtime"]["median"] / res["paired"]["stock"]["median"]
+    out["stages"][str(stage)] = res
     engine.destroy()
 print("@@RESULT@@" + json.dumps(out))
 """
@@ -99,7 +119,8 @@ def run_config(python: str, version: str, runtime: bool, site: Path | None, a: a
     env["TORCH_EXTENSIONS_DIR"] = str(cache_dir() / "torch_extensions" / version)
     if site is not None:
         env["PYTHONPATH"] = str(site) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    arg = json.dumps({"runtime": runtime, "stages": list(a.stages), "steps": a.steps, "warmup": a.warmup})
+    arg = json.dumps({"runtime": runtime, "stages": list(a.stages), "steps": a.steps, "warmup": a.warmup,
+                      "paired": a.paired})
     p = subprocess.run([python, "-c", WORKER, arg], capture_output=True, text=True, env=env)
     for line in p.stdout.splitlines():
         if line.startswith("@@RESULT@@"):
@@ -115,6 +136,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--paired", type=int, default=4,
+                    help="runtime configs also time stock vs installed on the same engine, in this many "
+                         "alternating block pairs (0: off)")
     ap.add_argument("--stages", type=int, nargs="+", default=list(STAGES))
     ap.add_argument("--config", nargs="+", default=DEFAULT_CONFIGS,
                     help="NAME=VERSION or NAME=VERSION:runtime; the first is the baseline of the ratios")
@@ -145,7 +169,14 @@ def main(argv: list[str] | None = None) -> int:
             "installed": rounds[name][0].get("installed"),
             "seconds_per_step": {f"zero{s}": statistics.median(x["stages"][str(s)]["median"] for x in rounds[name])
                                  for s in a.stages},
-            "per_round": {f"zero{s}": [x["stages"][str(s)]["median"] for x in rounds[name]] for s in a.stages}}
+            "per_round": {f"zero{s}": [x["stages"][str(s)]["median"] for x in rounds[name]] for s in a.stages},
+            "min_seconds_per_step": {f"zero{s}": min(x["stages"][str(s)]["min"] for x in rounds[name])
+                                     for s in a.stages}}
+        if runtime and a.paired:
+            summary["configs"][name]["paired_same_engine"] = {
+                f"zero{s}": {"runtime_over_stock_median": statistics.median(
+                    x["stages"][str(s)]["paired"]["ratio_median"] for x in rounds[name]),
+                    "per_round": [x["stages"][str(s)]["paired"] for x in rounds[name]]} for s in a.stages}
     base = summary["configs"][configs[0][0]]["seconds_per_step"]
     for name in summary["configs"]:
         sps = summary["configs"][name]["seconds_per_step"]
@@ -158,6 +189,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:18s}" + "".join(f"{c['seconds_per_step'][f'zero{s}']:16.4f}{c['ratio_to_baseline'][f'zero{s}']:8.2f}"
                                       for s in a.stages))
     print(f"(ratios against {configs[0][0]}; median over {a.rounds} rounds of the median of {a.steps} steps)")
+    base_min = summary["configs"][configs[0][0]]["min_seconds_per_step"]
+    print("fastest step:        " + "  ".join(
+        f"{name}: " + ", ".join(f"z{s} {c['min_seconds_per_step'][f'zero{s}']:.4f}s "
+                                f"({c['min_seconds_per_step'][f'zero{s}'] / base_min[f'zero{s}']:.2f})"
+                                for s in a.stages) for name, c in summary["configs"].items()))
+    for name, c in summary["configs"].items():
+        if "paired_same_engine" in c:
+            print(f"paired, same engine ({name}): runtime / stock = " + ", ".join(
+                f"ZeRO-{s} {c['paired_same_engine'][f'zero{s}']['runtime_over_stock_median']:.3f}" for s in a.stages))
     out = Path(a.json)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(summary, indent=1))

@@ -16,14 +16,18 @@
 # sitecustomize.py on PYTHONPATH (zerostate.runtime.autoinstall, enabled by ZEROSTATE_RUNTIME=1),
 # so the processes the tests spawn get it too; ZEROSTATE_RUNTIME_LOG records each install.
 #
-# On CPU: DS_ACCELERATOR=cpu (gloo).  test_zero_user_backward.py is world-size-2 and GPU-only in
-# practice (its tests skip on CPU: "not enough GPUs"); run it where a GPU is lent.
+# On CPU: DS_ACCELERATOR=cpu (gloo).  test_zero_user_backward.py is world-size-2: on CPU its tests
+# skip ("not enough GPUs") unless LOCAL_SIZE=2, and then its DDP reference (device_ids=[rank]) fails
+# on CPU modules; ZEROSTATE_CPU_DDP=1 adds a harness shim that drops device_ids for CPU modules.
+# Example (ZeRO-3 frozen-parameter checkpoint tests, fp32, both modes):
+#   LOCAL_SIZE=2 ZEROSTATE_CPU_DDP=1 benchmarks/run_deepspeed_unit_tests.sh "" both \
+#     unit/v1/zero/test_zero_user_backward.py -k "Frozen and fp32 and 3"
 # Each lifecycle test takes ~35 s on CPU (fresh processes per test).  Results land in
 # ${OUT:-zerostate-unit-tests}/<mode>.xml (JUnit) and <mode>.log.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-REPO="${1:-${DEEPSPEED_REPO:-/work/.mirror/deepspeedai+DeepSpeed/repo}}"
+REPO="${1:-}"; REPO="${REPO:-${DEEPSPEED_REPO:-/work/.mirror/deepspeedai+DeepSpeed/repo}}"
 MODE="${2:-both}"
 shift $(( $# >= 2 ? 2 : $# )) || true
 PY="${PYTHON:-$HERE/.venv/bin/python}"
@@ -45,6 +49,17 @@ import os
 if os.environ.get("ZEROSTATE_RUNTIME") == "1":
     from zerostate.runtime.autoinstall import enable
     enable()
+if os.environ.get("ZEROSTATE_CPU_DDP") == "1":
+    # test_zero_user_backward.py builds its PyTorch reference as DDP(model, device_ids=[rank]),
+    # which torch rejects for CPU modules; on CPU drop device_ids / output_device (harness shim).
+    import torch.nn.parallel as _par
+    _init = _par.DistributedDataParallel.__init__
+    def _cpu_init(self, module, *a, **kw):
+        if not any(p.is_cuda for p in module.parameters()):
+            kw.pop("device_ids", None); kw.pop("output_device", None)
+            a = ()
+        _init(self, module, *a, **kw)
+    _par.DistributedDataParallel.__init__ = _cpu_init
 EOF
 
 export DS_ACCELERATOR=cpu OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" PYTHONWARNINGS=ignore

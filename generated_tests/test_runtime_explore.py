@@ -38,6 +38,8 @@ def _target(tmp_path, monkeypatch, release):
     site.mkdir()
     (site / "sitecustomize.py").write_text(SITECUSTOMIZE)
     log = tmp_path / "installs.log"
+    for k in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(k, raising=False)  # set by an in-process engine of another test: not the worker's
     monkeypatch.setenv("ZEROSTATE_RUNTIME", "1")
     monkeypatch.setenv("ZEROSTATE_RUNTIME_LOG", str(log))
     monkeypatch.setenv("PYTHONPATH", str(site) + (os.pathsep + os.environ["PYTHONPATH"]

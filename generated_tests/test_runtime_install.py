@@ -201,7 +201,9 @@ def test_selfcheck_other_release(other_release, tmp_path):
     from zerostate.targets.deepspeed import envs
 
     site = envs.ensure_release(other_release)
-    env = dict(os.environ, PYTHONPATH=str(site), OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore",
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")}  # this process's
+    env.update(PYTHONPATH=str(site), OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore",
                TORCH_EXTENSIONS_DIR=str(envs.extensions_dir_for(f"deepspeed-{other_release}")))
     out = {}
     for mode in ("install", "stock"):
@@ -209,7 +211,8 @@ def test_selfcheck_other_release(other_release, tmp_path):
         cmd = [sys.executable, "-m", "zerostate.runtime.selfcheck", "--json", str(path)]
         if mode == "stock":
             cmd.append("--no-install")
-        subprocess.run(cmd, env=env, check=True, capture_output=True, timeout=900)
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+        assert proc.returncode == 0, proc.stderr[-3000:]
         out[mode] = {r["case"]: r for r in json.loads(path.read_text())["results"]}
     for name, r in out["install"].items():
         assert "error" not in r, (name, r.get("traceback"))
