@@ -320,6 +320,15 @@ def cross_rank_problems(ranks: list[dict]) -> dict[str, str]:
     return out
 
 
+def _device_for(world_size: int) -> str:
+    """``cuda`` (nccl, one GPU per rank) when there are at least ``world_size`` GPUs, else ``cpu`` (gloo)."""
+    try:
+        import torch
+        return "cuda" if torch.cuda.is_available() and torch.cuda.device_count() >= world_size else "cpu"
+    except Exception:  # pragma: no cover
+        return "cpu"
+
+
 class DeepSpeedRanksTarget(DeepSpeedTarget):
     """`DeepSpeedTarget` on a `RankPool` of ``world_size`` ranks; adds the cross-rank checks.
     ``timeout`` is per train step and rank (default 60 s, ``$ZEROSTATE_EXAMPLE_TIMEOUT``)."""
@@ -333,6 +342,10 @@ class DeepSpeedRanksTarget(DeepSpeedTarget):
         super().__init__(**kw)
 
     def _start(self) -> dict:
+        if "ZEROSTATE_RANKS_DEVICE" not in self._env:
+            self._env["ZEROSTATE_RANKS_DEVICE"] = _device_for(self.world_size)
+            if self._env["ZEROSTATE_RANKS_DEVICE"] == "cpu":
+                self._env["CUDA_VISIBLE_DEVICES"] = ""  # fewer GPUs than ranks: gloo on CPU
         self.worker = RankPool(self._env, self.world_size, self._log_path)
         try:
             hello = self.worker.request({"op": "hello"}, self.startup_timeout)
