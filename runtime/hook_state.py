@@ -204,7 +204,10 @@ class ZerostateBackwardHookState:
         graph_task_id = self._autograd.current_graph_task_id()
         if graph_task_id == -1:
             return False
-        self._autograd.queue_callback(self.run_grad_acc_post_hooks)
+        def _run_post_backward():  # looked up when it runs, as DeepSpeed's closure does
+            self.run_grad_acc_post_hooks()
+
+        self._autograd.queue_callback(_run_post_backward)
         self.post_backward_callback_queued = True
         self.post_backward_callback_graph_task_id = graph_task_id
         return True
