@@ -7,7 +7,11 @@ part of it with at most 2 blocks and 1 micro-step).  Scenarios are
 enumerated smallest first, so the first counterexample found for a spec is a
 smallest one.  For each (design, scenario) the reachable state graph is built
 with the spec monitors inside it (`explore.state_graph`); hook-family specs use
-the driver DAG without module-hook nodes, coordinator-family specs the full one.
+the driver DAG without module-hook nodes (gradient hooks of one graph task in one
+order: `explore.order_hooks_within_tasks`), coordinator-family specs the serial
+DAG (every coordinator event, gradient hooks right after their module's backward:
+`driver.segments`); ``generated_tests/test_checker.py`` and
+``test_coordinator_model.py`` check both reductions against every interleaving.
 
 Work is spread over processes (``jobs``); results are merged in enumeration order,
 so the answer does not depend on ``jobs``.
@@ -45,6 +49,9 @@ class Bound:
     max_micro_steps: int = 2
     fused_head: tuple[bool, ...] = (False, True)
     stages: tuple[int, ...] = (3,)
+    input_requires_grad: tuple[bool, ...] = (True, False)
+    """Whether the network input requires grad: without it a reentrant block's parameters get no
+    gradient, and a module fed such an input never runs its post-backward hook."""
     coordinator_max_blocks: int = 2
     """Coordinator specs track every parameter of every module, so their state graphs are far
     larger: they are checked on the scenarios within this smaller bound (seed 002 needs 1 block)."""
@@ -58,12 +65,13 @@ class Bound:
         for n in range(1, self.max_blocks + 1):
             for m in range(1, self.max_micro_steps + 1):
                 for stage in self.stages:
-                    for head in self.fused_head:
+                    for head, in_rg in itertools.product(self.fused_head, self.input_requires_grad):
                         for combo in itertools.product(self.checkpoints, self.block_kinds, repeat=n):
                             blocks = tuple(Block(combo[2 * i], *BLOCK_KINDS[combo[2 * i + 1]])
                                            for i in range(n))
                             for kinds in itertools.product(self.backwards, repeat=m):
                                 sc = Scenario(blocks=blocks, stage=stage, fused_head=head,
+                                              input_requires_grad=in_rg,
                                               steps=(TrainStep(tuple(MicroStep(k) for k in kinds)),))
                                 if Network(sc).loss_requires_grad:
                                     yield sc
@@ -161,7 +169,7 @@ def _check_chunk(args: tuple) -> list[list[tuple]]:
             groups = [(hook_specs, False)]
             if (coord_specs and sc.stage == 3 and bound.covers_coordinator(sc)
                     and getattr(design.coordinator, "name", "none") != "none"):
-                groups.append((coord_specs, True))
+                groups.append((coord_specs, "serial"))
             for specs, coord in groups:
                 if not specs:
                     continue
@@ -245,7 +253,7 @@ def counterexample_graph(design_name: str, scenario: Scenario, spec_id: str):
     spec = SPECS[spec_id]
     design = get_design(design_name)
     return state_graph(design, scenario, [spec], keep_graph=True,
-                       coordinator=spec.family == "coordinator").graph
+                       coordinator="serial" if spec.family == "coordinator" else False).graph
 
 
 __all__ = ["BLOCK_KINDS", "Bound", "CheckResult", "DesignResult", "DesignSpecResult", "check",

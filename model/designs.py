@@ -38,6 +38,14 @@ class Design:
 
 _REGISTRY: dict[str, Design] = {}
 
+_NOT_CORRECT = {
+    "ds-0.19.2": "partitions frozen params a non-reentrant recompute saved live (seed 002)",
+    "pr-8130": ("fixes seed 002 (saved-tensor-intact holds) but inherits 0.19.2's leak: a module whose "
+                "post-backward hook never fires (its input does not require grad) stays gathered past the "
+                "backward (released-after-backward); 0.19.3 added the epilogue drain for it"),
+}
+"""Coordinator designs the exhaustive check does not expect to hold on every spec, and why."""
+
 
 def register(design: Design) -> Design:
     _REGISTRY[design.name] = design
@@ -61,7 +69,7 @@ def _build() -> None:
     for name, coord in coords.items():
         if name == "zerostate":
             continue
-        register(Design(name, DS_0_18_7, coord, coord.summary, "coordinator", name != "ds-0.19.2"))
+        register(Design(name, DS_0_18_7, coord, coord.summary, "coordinator", name not in _NOT_CORRECT))
     register(Design("zerostate", ZEROSTATE, coords.get("zerostate", NULL_COORDINATOR),
                     "zerostate: " + ZEROSTATE.summary, "both", True))
 
