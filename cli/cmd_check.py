@@ -43,6 +43,8 @@ def run(args: argparse.Namespace) -> int:
     bound_kw = {k: v for k, v in (("max_blocks", args.max_blocks), ("max_micro_steps", args.max_micro_steps))
                 if v is not None}
     bound = checker.Bound(**bound_kw)
+    from .progress import note
+    note(f"checking {len(names)} design(s) over {_bound_text(bound)}; this can take minutes")
     result = checker.check(names, bound, spec_ids=args.spec, jobs=args.jobs)
     report = Report(args.out, "check", {"target": "model", "bound": _bound_text(bound),
                                         "command_line": "zerostate " + " ".join(sys.argv[1:])},
