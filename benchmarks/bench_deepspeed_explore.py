@@ -16,15 +16,12 @@ Two measurements, both on CPU (gloo, world size 1, ``OMP_NUM_THREADS=1``):
   generated example that has it, distinct target runs until then (shrinking included),
   and the size of the shrunk scenario.
 
-  ===========  =============================================  =========================================
-  release      seed bug                                       finding key
-  ===========  =============================================  =========================================
-  0.18.4       seed 000 part 1 (reentrant + PyTorch-style      ``exception:RuntimeError@runtime.zero.
-               backward + ZeRO-3)                              stage3.zero_grad`` (CPU's error)
-  0.18.6       seed 000 part 2 (count in every hook)           ``count-once-per-phase``
-  0.19.2       seed 002 (frozen param partitioned during a     ``saved-tensor-intact``
-               non-reentrant recompute)
-  ===========  =============================================  =========================================
+  The seed bugs and how a finding is recognised as one are ``SEED_BUGS`` in
+  ``targets/deepspeed/known.py``: 0.18.4 -- seed 000 part 1 (a ZeRO-3 scenario with a reentrant
+  block and a PyTorch-style backward whose shrunk finding is the ``unknown parameter type``
+  exception or the epilogue / bucket spec violations); 0.18.6 -- seed 000 part 2
+  (``count-once-per-phase``); 0.19.2 -- seed 002 (``saved-tensor-intact`` on a ZeRO-3 scenario
+  with a non-reentrant block holding a frozen parameter).
 
 Writes JSON (``--json``, default ``zerostate-bench/deepspeed_explore.json``) and prints a table.
 """
@@ -38,11 +35,7 @@ import sys
 import time
 from pathlib import Path
 
-SEEDS = {
-    "0.18.4": ("seed 000 part 1", "exception:RuntimeError@runtime.zero.stage3.zero_grad"),
-    "0.18.6": ("seed 000 part 2", "count-once-per-phase"),
-    "0.19.2": ("seed 002", "saved-tensor-intact"),
-}
+RELEASES = ("0.18.4", "0.18.6", "0.19.2")
 
 
 def throughput(n: int) -> dict:
@@ -75,19 +68,19 @@ def throughput(n: int) -> dict:
 
 def time_to_seed(version: str, examples: int) -> dict:
     from zerostate.targets.base import get_target
+    from zerostate.targets.deepspeed.known import SEED_BUGS
     from zerostate.targets.explorer import explore
-    seed, key = SEEDS[version]
+    seed, is_seed = SEED_BUGS[version]
     t0 = time.perf_counter()
     target = get_target("deepspeed", deepspeed=version)
     startup = time.perf_counter() - t0
-    runs = {"n": 0}
-    res = explore(target, examples=examples, seed=None,
-                  on_progress=lambda n, k, s: runs.__setitem__("n", n),
-                  stop=lambda found: any(f.key == key for f in found))
+    res = explore(target, examples=examples, seed=None, stop=lambda found: any(map(is_seed, found)))
     target.close()
-    hit = next((f for f in res.findings if f.key == key), None)
+    hit = next((f for f in res.findings if is_seed(f)), None)
+    key = hit.key if hit else None
     return {"release": version, "seed": seed, "key": key, "found": hit is not None,
-            "seconds": round(res.seconds_to.get(key, float("nan")), 1), "target_startup_s": round(startup, 1),
+            "seconds": round(res.seconds_to.get(key, float("nan")), 1) if key else None,
+            "target_startup_s": round(startup, 1), "explored_seconds": round(res.seconds, 1),
             "generated_position": res.generated_at.get(key), "distinct_runs_until_found": res.first_seen.get(key),
             "blocks": len(hit.scenario.blocks) if hit else None, "steps": len(hit.scenario.steps) if hit else None,
             "scenario": hit.scenario.to_dict() if hit else None,
@@ -98,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--examples", type=int, default=200)
     ap.add_argument("--rate-examples", type=int, default=100)
-    ap.add_argument("--releases", nargs="*", default=list(SEEDS))
+    ap.add_argument("--releases", nargs="*", default=list(RELEASES))
     ap.add_argument("--json", default="zerostate-bench/deepspeed_explore.json")
     args = ap.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")

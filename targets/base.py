@@ -35,6 +35,21 @@ from zerostate.model.events import Event
 from zerostate.model.scenario import Scenario
 
 
+_SINGLE_KEY = frozenset({"oracle", "model-agreement", "hang", "crash", "internal", "exception"})
+
+
+def message_shape(text: str) -> str:
+    """A spec message with the specifics blanked: parameter and module names, lists, numbers."""
+    import re
+    first = text.strip().splitlines()[0] if text.strip() else ""
+    first = re.sub(r"\[[^\]]*\]", "[...]", first)
+    first = re.sub(r"\b(blocks\.\d+(\.\w+)*|head(\.weight)?|model)\b", "X", first)
+    first = re.sub(r"(X(, )?)+", "X", first)
+    first = re.sub(r"\d+", "N", first)
+    first = re.sub(r"\bare\b", "is", re.sub(r"\bhave\b", "has", first))
+    return first
+
+
 class TargetError(ValueError):
     """A target cannot be set up (unknown name or design, unsupported or uninstallable release, bad path)."""
 
@@ -53,8 +68,14 @@ class Finding:
 
     @property
     def key(self) -> str:
-        """What makes two findings the same bug: the check id (plus the origin of an exception)."""
-        return f"{self.check}:{self.origin}" if self.origin else self.check
+        """What makes two findings the same bug: the check id, plus where an exception was raised, or the
+        shape of a spec's message (its text with parameter / module names and numbers blanked), so that
+        "no epilogue at all" and "a hook after the epilogue" are two findings of ``epilogue-once``."""
+        if self.origin:
+            return f"{self.check}:{self.origin}"
+        if self.check in _SINGLE_KEY or not self.error:
+            return self.check
+        return f"{self.check}:{message_shape(self.error)}"
 
     def to_json_dict(self) -> dict[str, Any]:
         return {"check": self.check, "error": self.error, "blocks": len(self.scenario.blocks),

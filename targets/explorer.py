@@ -26,8 +26,11 @@ behaviour): the same target gives the same findings on every run.  An integer
 seed picks another (equally reproducible) sequence.  No Hypothesis database is
 read or written.
 
-A check seen during shrinking but never the subject of a search of its own
-(rare) is still reported at the end, with the smallest scenario it was seen in.
+A key seen in an example whose search was about another key (several findings
+at once, or a shrink candidate) gets a search of its own right after (failing
+only on that key), so it is shrunk for itself and handed over early; a key such
+a search cannot generate within ``examples`` is handed over at the end with the
+smallest scenario it was seen in.
 On Ctrl-C the findings seen but not yet handed over are handed over (smallest
 scenario so far), then KeyboardInterrupt propagates.  ``stop(findings_so_far)``,
 when given, ends the run early once it returns True (tests looking for one bug).
@@ -126,10 +129,16 @@ def explore(target: Target, *, examples: int, seed: int | None = None,
                 on_progress(len(memo), len(reported), time.perf_counter() - t0)
         return out
 
-    def search() -> Scenario | None:
+    def search(want: str | None = None) -> Scenario | None:
+        """One Hypothesis search: fails on a finding key not reported yet (or on ``want`` only)."""
         final: list[Scenario] = []
         known = frozenset(reported)
         calls = {"n": 0, "failed": False}
+
+        def interesting(out: Outcome) -> bool:
+            if want is not None:
+                return any(f.key == want for f in out.findings)
+            return any(f.key not in known for f in out.findings)
 
         @settings(max_examples=examples, database=None, deadline=None, derandomize=seed is None,
                   phases=[Phase.generate, Phase.shrink], report_multiple_bugs=False, print_blob=False,
@@ -143,7 +152,7 @@ def explore(target: Target, *, examples: int, seed: int | None = None,
                     generated_at[f.key] = min(generated_at.get(f.key, calls["n"]), calls["n"])
             if current_build_context().is_final:
                 final.append(sc)
-            if any(f.key not in known for f in out.findings):
+            if interesting(out):
                 calls["failed"] = True
                 raise _NewCheck(sc)
 
@@ -155,6 +164,8 @@ def explore(target: Target, *, examples: int, seed: int | None = None,
             return final[-1] if final else None
         return None
 
+    unfindable: set[str] = set()
+    budget_spent = False
     try:
         while True:
             try:
@@ -169,6 +180,21 @@ def explore(target: Target, *, examples: int, seed: int | None = None,
             for f in new:
                 emit(f)
             if stop is not None and stop(list(reported.values())):
+                break
+            # keys seen in other examples (several findings at once, or a shrink candidate): a search of
+            # their own, so each is shrunk for itself; one never generated within the budget waits
+            for key in sorted(set(seen) - set(reported) - unfindable):
+                try:
+                    sc2 = search(want=key)
+                except _BudgetSpent:
+                    sc2, budget_spent = None, True
+                    break
+                f2 = next((f for f in memo[sc2.to_json(None)].findings if f.key == key), None) if sc2 else None
+                if f2 is None:
+                    unfindable.add(key)
+                else:
+                    emit(f2)
+            if budget_spent or (stop is not None and stop(list(reported.values()))):
                 break
         for check in sorted(set(seen) - set(reported)):  # seen while shrinking only
             emit(seen[check])

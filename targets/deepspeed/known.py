@@ -148,4 +148,32 @@ def explain(f: Finding) -> KnownIssue | None:
     return None
 
 
-__all__ = ["KNOWN_ISSUES", "KnownIssue", "explain"]
+# ---------------------------------------------------------------- the seed bugs, for acceptance
+def is_seed_000_part1(f: Finding) -> bool:
+    """Seed 000 part 1 (0.18.4): the premature epilogue of a reentrant-checkpointed PyTorch-style backward
+    under ZeRO-3 -- the exception at the next step (CPU: RuntimeError 'unknown parameter type' from zero_grad)
+    or the spec violations it comes with."""
+    sc = f.scenario
+    return (f.check in ("exception", "epilogue-once", "grad-handled-once", "clean-step") and sc.stage == 3
+            and any(b.checkpoint.value == "reentrant" for b in sc.blocks)
+            and any(m.backward.pytorch_style for _, _, m in sc.micro_steps())
+            and (f.check != "exception" or "unknown parameter type" in f.error))
+
+
+def is_seed_000_part2(f: Finding) -> bool:
+    """Seed 000 part 2 (0.18.5, 0.18.6): count_used_parameters_in_backward in every hook."""
+    return f.check == "count-once-per-phase"
+
+
+def is_seed_002(f: Finding) -> bool:
+    """Seed 002 (0.19.2): a frozen parameter partitioned during a non-reentrant recompute."""
+    sc = f.scenario
+    return f.check == "saved-tensor-intact" and sc.stage == 3 and any(
+        b.checkpoint.value == "non_reentrant" and b.has_frozen for b in sc.blocks)
+
+
+SEED_BUGS = {"0.18.4": ("seed 000 part 1", is_seed_000_part1), "0.18.6": ("seed 000 part 2", is_seed_000_part2),
+             "0.19.2": ("seed 002", is_seed_002)}
+
+__all__ = ["KNOWN_ISSUES", "KnownIssue", "SEED_BUGS", "explain", "is_seed_000_part1", "is_seed_000_part2",
+           "is_seed_002"]

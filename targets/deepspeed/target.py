@@ -243,8 +243,7 @@ class DeepSpeedTarget:
         findings: list[Finding] = []
         if res.get("error"):
             f = mk(res["error_check"], res["error"] + "\n" + (res.get("traceback") or ""), events)
-            if f.check == "exception":
-                f.origin = res.get("origin")
+            f.origin = res.get("origin") if f.check == "exception" else (res.get("origin") or "").split("@")[0]
             findings.append(f)
         if res.get("mismatch"):
             findings.append(mk("oracle", f"DeepSpeed {self.version} disagrees with PyTorch {res['mismatch']}",
@@ -257,6 +256,14 @@ class DeepSpeedTarget:
             msg = self._agreement(scenario, events)
             if msg:
                 findings.append(mk("model-agreement", msg, events))
+        # torch's CheckpointError and the saved-tensor-intact spec describe one event: keep the spec's
+        # finding (it points at the event), with the exception's text appended
+        spec_sti = next((f for f in findings if f.check == "saved-tensor-intact" and f.origin is None), None)
+        if spec_sti is not None:
+            exc = [f for f in findings if f.check == "saved-tensor-intact" and f.origin is not None]
+            for f in exc:
+                spec_sti.error += "\n(torch raised) " + f.error
+            findings = [f for f in findings if f not in exc]
         seen: set[str] = set()
         unique = [f for f in findings if not (f.key in seen or seen.add(f.key))]
         return Outcome(scenario, events, res.get("error"), unique, time.perf_counter() - t0,
