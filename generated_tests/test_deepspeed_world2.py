@@ -179,7 +179,7 @@ time.sleep(600)
 def test_no_rank_outlives_a_killed_parent(tmp_path):
     """SIGKILL of the parent (no atexit, no finally): the ranks die with it (PR_SET_PDEATHSIG)."""
     proc = subprocess.Popen([sys.executable, "-c", _PARENT], stdout=subprocess.PIPE, text=True,
-                            env=dict(os.environ, OMP_NUM_THREADS="1"))
+                            env=dict(os.environ, OMP_NUM_THREADS="1", ZEROSTATE_RANK_WARMUP="0"))
     try:
         pids = [int(p) for p in proc.stdout.readline().split()]
         assert len(pids) == 2 and all(_alive(p) for p in pids)
@@ -196,18 +196,22 @@ def test_ctrl_c_of_explore_leaves_no_rank(tmp_path):
     """``zerostate explore --world-size 2`` interrupted by Ctrl-C (SIGINT) exits 130, keeps its report,
     and leaves no rank process behind."""
     out = tmp_path / "rep"
-    proc = subprocess.Popen([sys.executable, "-m", "zerostate", "explore", "--world-size", "2", "--examples", "500",
+    proc = subprocess.Popen([sys.executable, "-m", "zerostate.cli.main", "explore", "--world-size", "2", "--examples", "500",
                              "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=dict(os.environ, OMP_NUM_THREADS="1"))
+                            env=dict(os.environ, OMP_NUM_THREADS="1"),
+                            # a shell's background job ignores SIGINT, and so would its children: restore it
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     me = proc.pid
     pids: list[int] = []
     deadline = time.monotonic() + 180
-    while time.monotonic() < deadline and len(pids) < 2:
+    while time.monotonic() < deadline and len(pids) < 2 and proc.poll() is None:
         time.sleep(0.5)
-        pids = [int(p) for p in Path("/proc").iterdir() if p.name.isdigit() and _ppid(int(p.name)) == me
+        pids = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and _ppid(int(p.name)) == me
                 and "rank_worker" in _cmdline(int(p.name))]
-    assert len(pids) == 2, "the rank pool did not start"
-    time.sleep(8)  # exploring
+    assert len(pids) == 2, f"the rank pool did not start: {proc.poll()} {proc.stderr.read()[-2000:] if proc.poll() is not None else ''}"
+    while time.monotonic() < deadline and not (out / "report.json").exists() and proc.poll() is None:
+        time.sleep(0.2)  # the pool answered hello; exploring has begun
+    time.sleep(3)
     proc.send_signal(signal.SIGINT)
     try:
         proc.wait(timeout=60)
@@ -217,7 +221,7 @@ def test_ctrl_c_of_explore_leaves_no_rank(tmp_path):
     assert proc.returncode == 130, proc.stderr.read()[-2000:]
     assert not any(_alive(p) for p in pids)
     data = json.loads((out / "report.json").read_text())
-    assert data["status"] == "interrupted" if "status" in data else True
+    assert data["status"] == "interrupted"
 
 
 def _ppid(pid: int) -> int:
@@ -261,8 +265,9 @@ def _have_release(version: str) -> bool:
 
 
 def _is_seed_002(f) -> bool:
-    """torch's CheckpointError itself (the spec of the same id, judged on the trace, has another key)."""
-    return f.check == "saved-tensor-intact" and (f.error or "").startswith("CheckpointError")
+    """seed 002: torch's CheckpointError, as an exception or as the saved-tensor-intact spec's finding (the target
+    merges the two when both fire)."""
+    return f.check == "saved-tensor-intact" and "CheckpointError" in (f.error or "")
 
 
 @pytest.mark.slow
@@ -275,13 +280,19 @@ def test_seed_002_found_and_shrunk_at_world_size_2(tmp_path):
     from zerostate.targets.explorer import explore
     t = get_target("deepspeed", deepspeed="0.19.2", world_size=2)
     try:
-        res = explore(t, examples=200, seed=None, stop=lambda fs: any(_is_seed_002(f) for f in fs))
+        # ZeRO-3 only: the derandomized sequence of the full strategy changes with the explorer's own code
+        # (Hypothesis seeds it from the search function), so where seed 002 falls in it is not stable;
+        # the full strategy's figures are in benchmarks/bench_world_size.py.
+        res = explore(t, examples=200, seed=None, strategy=scenarios(stages=(3,)),
+                      stop=lambda fs: any(_is_seed_002(f) for f in fs))
     finally:
         env_path = t._env.get("PYTHONPATH", "")
         ext = t._env.get("TORCH_EXTENSIONS_DIR", "")
         t.close()
     hit = next((f for f in res.findings if _is_seed_002(f)), None)
     assert hit is not None, [f.key for f in res.findings]
+    print(f"seed 002 at world size 2: {res.seconds_to.get(hit.key):.1f} s, generated position "
+          f"{res.generated_at.get(hit.key)}, {res.examples} runs")
     sc = hit.scenario
     assert sc.stage == 3 and any(b.checkpoint.value == "non_reentrant" and b.has_frozen for b in sc.blocks)
     assert len(sc.blocks) == 1 and len(sc.steps) == 1, sc.to_json(None)

@@ -38,7 +38,6 @@ import socket
 import subprocess
 import sys
 import time
-import weakref
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +53,9 @@ MODULE_KINDS = {"module_pre_forward", "module_post_forward", "module_pre_backwar
                 "recompute_start", "recompute_end"}
 PARAM_KINDS = {"fetch", "prefetch", "release"}
 
-_POOLS: "weakref.WeakSet[RankPool]" = weakref.WeakSet()
+_POOLS: "set[RankPool]" = set()
+"""Every pool not closed yet (a strong reference: ``atexit`` must find a pool whose target never finished
+constructing, e.g. Ctrl-C during start-up)."""
 
 
 def _close_all() -> None:
@@ -349,7 +350,11 @@ class DeepSpeedRanksTarget(DeepSpeedTarget):
         self.worker = RankPool(self._env, self.world_size, self._log_path)
         try:
             hello = self.worker.request({"op": "hello"}, self.startup_timeout)
-        except (WorkerTimeout, WorkerDied) as exc:
+        except BaseException as exc:
+            if not isinstance(exc, (WorkerTimeout, WorkerDied)):  # Ctrl-C during start-up: no rank stays
+                self.worker.close(kill=True)
+                self.worker = None
+                raise
             tail = self.worker.log_tail()
             self.worker.close(kill=True)
             self.worker = None
