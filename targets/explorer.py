@@ -21,6 +21,13 @@ sequence.  The run ends when a search exhausts ``examples`` with nothing new, or
 when the distinct target runs (shrinking included) reach ``hard_cap(examples)``
 = 5 x examples + 100.
 
+Polish (``polish=True``): each finding Hypothesis shrank is then simplified greedily
+in the strategies' documented shrink order (fewer blocks and steps, ZeRO-3, plain
+trainable blocks, engine.backward, no extras, default knobs), keeping any one-step
+simplification that keeps its key: Hypothesis minimises the *choice sequence*, and a
+ZeRO-3 scenario draws more choices (leaf flags) than a ZeRO-1 one, so without this a
+ZeRO-3 bug that also shows under ZeRO-1 would be reported on ZeRO-1.
+
 Determinism: ``seed=None`` uses Hypothesis' ``derandomize`` (the ci profile's
 behaviour): the same target gives the same findings on every run.  An integer
 seed picks another (equally reproducible) sequence.  No Hypothesis database is
@@ -88,12 +95,69 @@ def hard_cap(examples: int) -> int:
     return 5 * examples + 100
 
 
+_STAGE_RANK = {3: 0, 1: 1, 2: 2}
+
+
+def _rank(sc: Scenario) -> tuple:
+    """How far a scenario is from the simplest one, in the strategies' documented shrink order: fewer
+    blocks and steps, ZeRO-3, then plain trainable blocks, engine.backward, no extras, default knobs."""
+    d = Scenario()
+    extras = sum((b.checkpoint.value != "none") + (b.norm.value != "trainable") + (b.lin.value != "trainable")
+                 + b.leaf for b in sc.blocks)
+    extras += sum(m.backward.value != "engine" for _, _, m in sc.micro_steps())
+    extras += sum(st.eval_before for st in sc.steps) + sc.fused_head + (not sc.input_requires_grad)
+    extras += sum(getattr(sc, k) != getattr(d, k) for k in ("persistence_threshold", "prefetch_bucket_size",
+                                                           "reduce_bucket_size"))
+    return (len(sc.blocks), len(sc.steps), sc.gas, _STAGE_RANK.get(sc.stage, 3), extras)
+
+
+def _candidates(sc: Scenario):
+    """One-step simplifications of a scenario, most valuable first."""
+    from dataclasses import replace
+
+    from zerostate.model.scenario import BackwardKind, Block, Checkpoint, MicroStep, ParamKind, TrainStep
+    if sc.stage != 3:
+        yield sc.with_(stage=3)
+    for i in range(len(sc.blocks)) if len(sc.blocks) > 1 else ():
+        yield sc.with_(blocks=sc.blocks[:i] + sc.blocks[i + 1:])
+    for i in range(len(sc.steps)) if len(sc.steps) > 1 else ():
+        yield sc.with_(steps=sc.steps[:i] + sc.steps[i + 1:])
+    if sc.gas > 1:
+        for j in range(sc.gas):
+            yield sc.with_(steps=tuple(replace(st, micro=(st.micro[j],)) for st in sc.steps))
+    if sc.stage == 2:
+        yield sc.with_(stage=1)
+    for i, b in enumerate(sc.blocks):
+        for ch in (dict(checkpoint=Checkpoint.NONE), dict(norm=ParamKind.TRAINABLE), dict(lin=ParamKind.TRAINABLE),
+                   dict(leaf=False)):
+            nb = replace(b, **ch)
+            if nb != b:
+                yield sc.with_(blocks=sc.blocks[:i] + (nb,) + sc.blocks[i + 1:])
+    for i, st in enumerate(sc.steps):
+        if st.eval_before:
+            yield sc.with_(steps=sc.steps[:i] + (replace(st, eval_before=False),) + sc.steps[i + 1:])
+        for j, m in enumerate(st.micro):
+            if m.backward is not BackwardKind.ENGINE:
+                nm = st.micro[:j] + (replace(m, backward=BackwardKind.ENGINE),) + st.micro[j + 1:]
+                yield sc.with_(steps=sc.steps[:i] + (replace(st, micro=nm),) + sc.steps[i + 1:])
+    if sc.fused_head:
+        yield sc.with_(fused_head=False)
+    if not sc.input_requires_grad:
+        yield sc.with_(input_requires_grad=True)
+    d = Scenario()
+    for k in ("persistence_threshold", "prefetch_bucket_size", "reduce_bucket_size"):
+        if getattr(sc, k) != getattr(d, k):
+            yield sc.with_(**{k: getattr(d, k)})
+
+
 def explore(target: Target, *, examples: int, seed: int | None = None,
             on_finding: Callable[[Finding], None] | None = None,
             on_progress: Callable[[int, int, float], None] | None = None,
-            strategy: Any = None, stop: Callable[[list[Finding]], bool] | None = None) -> ExploreResult:
+            strategy: Any = None, stop: Callable[[list[Finding]], bool] | None = None,
+            polish: bool = True) -> ExploreResult:
     from .strategies import scenarios
     strat = strategy if strategy is not None else scenarios()
+    do_polish = polish
     t0 = time.perf_counter()
     memo: dict[str, Outcome] = {}
     reported: dict[str, Finding] = {}
@@ -104,7 +168,33 @@ def explore(target: Target, *, examples: int, seed: int | None = None,
     seconds_to: dict[str, float] = {}
     cap = hard_cap(examples)
 
+    def polish(f: Finding) -> Finding:
+        """Greedy, deterministic simplification after Hypothesis: Hypothesis minimises its choice sequence,
+        which need not be the simplest scenario (a ZeRO-3 scenario draws more choices than a ZeRO-1 one);
+        keep any one-step simplification that keeps the finding's key."""
+        from zerostate.model.network import Network
+        best, changed = f, True
+        while changed:
+            changed = False
+            for cand in _candidates(best.scenario):
+                try:
+                    cand.validate()
+                    if not Network(cand).loss_requires_grad or _rank(cand) >= _rank(best.scenario):
+                        continue
+                except Exception:
+                    continue
+                hit = next((g for g in run(cand).findings if g.key == f.key), None)
+                if hit is not None:
+                    best, changed = hit, True
+                    break
+        return best
+
     def emit(f: Finding) -> None:
+        if do_polish:
+            try:
+                f = polish(f)
+            except _BudgetSpent:
+                pass
         reported[f.key] = f
         seconds_to[f.key] = time.perf_counter() - t0
         if on_finding is not None:
