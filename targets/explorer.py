@@ -289,10 +289,12 @@ def explore(target: Target, *, examples: int, seed: int | None = None,
         for check in sorted(set(seen) - set(reported)):  # seen while shrinking only
             emit(seen[check])
     except KeyboardInterrupt:
+        do_polish = False  # hand over what was seen, as it is: no more target runs
         for check in sorted(set(seen) - set(reported)):
             emit(seen[check])
         raise
     except _TargetBroken as wrapped:
+        do_polish = False
         for check in sorted(set(seen) - set(reported)):
             emit(seen[check])
         raise wrapped.args[0] from None
