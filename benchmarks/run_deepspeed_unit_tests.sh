@@ -18,7 +18,8 @@
 #
 # On CPU: DS_ACCELERATOR=cpu (gloo).  test_zero_user_backward.py is world-size-2: on CPU its tests
 # skip ("not enough GPUs") unless LOCAL_SIZE=2, and then its DDP reference (device_ids=[rank]) fails
-# on CPU modules; ZEROSTATE_CPU_DDP=1 adds a harness shim that drops device_ids for CPU modules.
+# on CPU modules; ZEROSTATE_CPU_DDP=1 adds harness shims (DDP without device_ids for CPU modules; the
+# cross-rank "all close" flag gathered on CPU) -- DeepSpeed's test code itself is not changed.
 # Example (ZeRO-3 frozen-parameter checkpoint tests, fp32, both modes):
 #   LOCAL_SIZE=2 ZEROSTATE_CPU_DDP=1 benchmarks/run_deepspeed_unit_tests.sh "" both \
 #     unit/v1/zero/test_zero_user_backward.py -k "Frozen and fp32 and 3"
@@ -60,6 +61,34 @@ if os.environ.get("ZEROSTATE_CPU_DDP") == "1":
             a = ()
         _init(self, module, *a, **kw)
     _par.DistributedDataParallel.__init__ = _cpu_init
+    # unit.common.reduce_boolean_flags builds its flag tensor on get_accelerator().current_device(),
+    # an int on the CPU accelerator (read by torch as a CUDA index): gather the flags on CPU instead.
+    import importlib.abc, importlib.util, sys
+
+    def _cpu_reduce_boolean_flags(flag, op=all):
+        import torch, torch.distributed as tdist
+        if not tdist.is_initialized():
+            return flag
+        mine = torch.tensor([1 if flag else 0], dtype=torch.int)
+        every = [torch.zeros(1, dtype=torch.int) for _ in range(tdist.get_world_size())]
+        tdist.all_gather(every, mine)
+        return op(bool(t.item()) for t in every)
+
+    class _PatchUnitCommon(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            if name != "unit.common":
+                return None
+            sys.meta_path.remove(self)
+            spec = importlib.util.find_spec(name)
+            run = spec.loader.exec_module
+
+            def exec_module(module):
+                run(module)
+                module.reduce_boolean_flags = _cpu_reduce_boolean_flags
+            spec.loader.exec_module = exec_module
+            return spec
+
+    sys.meta_path.insert(0, _PatchUnitCommon())
 EOF
 
 export DS_ACCELERATOR=cpu OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" PYTHONWARNINGS=ignore
