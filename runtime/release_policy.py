@@ -168,7 +168,10 @@ def install_release_policy(engine: Any) -> ReleasePolicyState:
             return orig_fetch(current_submodule, forward)
         # Recompute fetch of a module with frozen params: note PR #8148's attribution target.
         active = getattr(coord, active_name, None)
-        owner = next(reversed(active.values())) if active else None
+        try:
+            owner = next(reversed(active.values())) if active else None
+        except RuntimeError:  # z3 leaf hooks on autograd worker threads changed it: keep DeepSpeed's choice
+            owner = None
         if owner is None:
             return orig_fetch(current_submodule, forward)
         oid = owner.ds_id
