@@ -100,11 +100,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"throughput on DeepSpeed {tp['deepspeed']}: {tp['examples']} examples in {tp['seconds']} s = "
           f"{tp['examples_per_second']} examples/s (median {tp['median_example_s']} s; worker start-up "
           f"{tp['worker_startup_s']} s)", flush=True)
+    fmt = lambda x: '-' if x is None else str(x)
     print(f"{'release':8} {'seed':16} {'found':6} {'seconds':>8} {'position':>9} {'runs':>6} {'size':>10}")
     for v in args.releases:
         r = time_to_seed(v, args.examples)
         out["seeds"].append(r)
-        print(f"{v:8} {r['seed']:16} {str(r['found']):6} {r['seconds']:>8} {str(r['generated_position']):>9} "
+        print(f"{v:8} {r['seed']:16} {str(r['found']):6} {fmt(r['seconds']):>8} {str(r['generated_position']):>9} "
               f"{str(r['distinct_runs_until_found']):>6} {str(r['blocks'])+'b/'+str(r['steps'])+'s':>10}", flush=True)
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
