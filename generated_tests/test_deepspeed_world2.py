@@ -113,6 +113,20 @@ def test_known_issues_at_world_size_2(ds2, request, issue):
     assert not _unexplained(out), _fmt(out.findings)
 
 
+def test_ranks_out_of_step_restart_the_pool(ds2):
+    """A rank that issued one collective more than the other (as when one raises earlier): the pool
+    notices (process-group sequence numbers differ) and restarts before the next example, which is clean."""
+    sc = Scenario.from_dict({"blocks": [{}], "stage": 3})
+    before, ds2.unmatched = ds2.desync_restarts, 1
+    try:
+        out = ds2.run(sc)
+    finally:
+        ds2.unmatched = None
+    assert ds2.desync_restarts == before + 1 and "out of step" in out.details.get("pool_restarted", "")
+    out = ds2.run(sc)
+    assert not out.findings and "pool_restarted" not in out.details, _fmt(out.findings)
+
+
 # ------------------------------------------------------------ cross-rank checks (no processes)
 def _rank(r, events, digests, error=None):
     res = {"events": events, "error": error, "error_check": "exception" if error else None, "steps": len(digests)}

@@ -13,8 +13,11 @@ collective).  The protocol is `worker`'s, plus one progress line per train step:
     {"op": "exit"}                   -> (exits)
 
 The pool waits for a warm-up example (imports) before the first request is answered.
+The final answer also carries ``"sync"``: each process group's collective sequence number, which the
+pool compares across ranks (ranks out of step are restarted before the next example).
 A request may carry ``"stall": {"rank": r, "seconds": s}`` (tests): rank ``r`` sleeps ``s`` seconds
-before the run, so the other ranks block in the first collective -- a simulated hang.
+before the run, so the other ranks block in the first collective -- a simulated hang; and
+``"unmatched": r``: rank ``r`` issues one extra collective after the run (ranks out of step).
 """
 
 from __future__ import annotations
@@ -50,6 +53,24 @@ def digests(params: dict) -> dict[str, str]:
         t = t.detach().float().contiguous().cpu()
         out[n] = hashlib.sha1(t.numpy().tobytes() + str(tuple(t.shape)).encode()).hexdigest()[:16]
     return out
+
+
+def sync_state() -> dict[str, int]:
+    """Each process group's collective sequence number on this rank (by group name).  Ranks that issued
+    different numbers of collectives in an example (one raised before a collective the other issued)
+    are out of step: the next example's collectives would pair wrongly (garbage, not a DeepSpeed bug)."""
+    try:
+        import torch.distributed as dist
+        from torch.distributed import distributed_c10d as c10d
+        out = {}
+        for pg, name in list(c10d._world.pg_names.items()):
+            try:
+                out[str(name)] = int(pg._get_sequence_number_for_group())
+            except Exception:
+                pass
+        return out
+    except Exception:  # pragma: no cover
+        return {}
 
 
 def main() -> int:
@@ -111,7 +132,9 @@ def main() -> int:
                 reply({"progress": "step", "step": i, "digests": digests(got)})
             try:
                 result = executor.execute(req["scenario"], on_step=on_step)
-                reply({"ok": True, "result": result, "seconds": time.perf_counter() - t0})
+                if req.get("unmatched") == rank:  # tests: one collective the other ranks never issue
+                    dist.all_reduce(torch.zeros(1), async_op=True)
+                reply({"ok": True, "result": result, "seconds": time.perf_counter() - t0, "sync": sync_state()})
             except BaseException as exc:  # noqa: BLE001
                 reply({"ok": False, "error": f"rank {rank}: {type(exc).__name__}: {exc}",
                        "traceback": "".join(traceback.format_exc().splitlines(True)[-15:])})

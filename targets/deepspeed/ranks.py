@@ -20,6 +20,12 @@ step, then its trace and result.  The parent (Hypothesis drives it, as at world 
   (rank 0's comparison is the target's; another rank's is reported when rank 0's agrees);
 * everything `DeepSpeedTarget` checks, on rank 0's trace.
 
+Ranks out of step: each rank reports every process group's collective sequence number after an
+example; when they differ (one rank raised before a collective another issued), the next example's
+collectives would pair wrongly and produce garbage, so the pool is restarted first
+(``desync_restarts``; ``details["pool_restarted"]``).  Ranks that both raise at the same point stay in
+step and keep the pool.
+
 Hangs: a rank that sends nothing for ``timeout`` seconds (per train step: every step's report resets
 its clock) is a ``hang`` finding, with the stacks of the stuck ranks (``SIGUSR1`` -> faulthandler);
 the pool is killed and restarted.  No rank outlives the run: each runs in a session of its own and is
@@ -214,6 +220,10 @@ class RankPool:
         bad = [final[r] for r in sorted(final) if not final[r].get("ok")]
         resp = dict(bad[0] if bad else final[0])
         resp["ranks"] = ranks
+        syncs = [final[r].get("sync") for r in sorted(final)]
+        if obj.get("op") == "run" and (bad or any(s != syncs[0] for s in syncs[1:])):
+            resp["desync"] = "; ".join(f"rank {r}: {final[r].get('sync')}" for r in sorted(final)) if not bad else \
+                "a rank failed"
         return resp
 
     def _hang_message(self, late: list[_Rank], final: dict, steps: dict, timeout: float) -> str:
@@ -340,6 +350,8 @@ class DeepSpeedRanksTarget(DeepSpeedTarget):
         self.world_size = world_size
         self._last: dict | None = None
         self.stall: dict | None = None  # tests: {"rank": r, "seconds": s} simulates a rank that never arrives
+        self.desync_restarts = 0
+        self.unmatched: int | None = None  # tests: this rank issues one extra collective after the run
         super().__init__(**kw)
 
     def _start(self) -> dict:
@@ -379,6 +391,8 @@ class DeepSpeedRanksTarget(DeepSpeedTarget):
         req: dict[str, Any] = {"op": "run", "scenario": scenario.to_dict()}
         if self.stall:
             req["stall"] = self.stall
+        if self.unmatched is not None:
+            req["unmatched"] = self.unmatched
         resp = self.worker.request(req, self.timeout)
         self._last = resp
         return resp
@@ -387,6 +401,12 @@ class DeepSpeedRanksTarget(DeepSpeedTarget):
         self._last = None
         out = super().run(scenario)
         last = self._last
+        if last is not None and last.get("desync"):
+            # the ranks issued different numbers of collectives (one raised earlier than the other): the
+            # next example would pair collectives wrongly; start from a fresh process group instead
+            self._restart()
+            self.desync_restarts += 1
+            out.details["pool_restarted"] = f"ranks out of step after this example ({last['desync']})"
         if last is not None and last.get("ranks") and not out.details.get("skipped"):
             problems = cross_rank_problems(last["ranks"])
             have = {f.key for f in out.findings}
