@@ -75,7 +75,20 @@ class Finding:
             return f"{self.check}:{self.origin}"
         if self.check in _SINGLE_KEY or not self.error:
             return self.check
-        return f"{self.check}:{message_shape(self.error)}"
+        return f"{self.check}:{message_shape(self.error)}{self._phase()}"
+
+    def _phase(self) -> str:
+        """`` (in a nested task)`` when the violating event happened in a reentrant checkpoint's nested
+        graph task (a later backward phase): the same message from the outer task is another mechanism."""
+        if not self.trace or self.index is None or not 0 <= self.index < len(self.trace):
+            return ""
+        task = getattr(self.trace[self.index], "task", None)
+        if task is None:
+            return ""
+        for e in self.trace:
+            if getattr(e.kind, "value", e.kind) == "task_start" and e.task == task:
+                return " (in a nested task)" if e.note == "nested" else ""
+        return ""
 
     def to_json_dict(self) -> dict[str, Any]:
         return {"check": self.check, "error": self.error, "blocks": len(self.scenario.blocks),
