@@ -8,7 +8,7 @@ import os
 import pytest
 from test_cli_util import zs
 
-pytest.importorskip("zerostate.targets.deepspeed.target")
+import zerostate.targets.deepspeed.target  # noqa: F401  (a broken import fails, never skips)
 pytestmark = [pytest.mark.deepspeed,
               pytest.mark.skipif(os.environ.get("ZEROSTATE_RELEASE_TESTS") != "1",
                                  reason="installs DeepSpeed releases; set ZEROSTATE_RELEASE_TESTS=1")]

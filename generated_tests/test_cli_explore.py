@@ -12,8 +12,8 @@ import time
 import pytest
 from test_cli_util import BIN, FINDING_KEYS, REPORT_KEYS, assert_pictures, load_report, zs
 
-pytest.importorskip("zerostate.targets.explorer")
-pytest.importorskip("zerostate.targets.model_target")
+import zerostate.targets.explorer  # noqa: F401  (a broken import fails, never skips)
+import zerostate.targets.model_target  # noqa: F401  (a broken import fails, never skips)
 
 BUGGY = ("--target", "model", "--design", "ds-0.18.4")
 
