@@ -290,6 +290,8 @@ def explore(target: Target, *, examples: int, seed: int | None = None,
                     unfindable.add(key)
                 else:
                     emit(f2)
+                    if stop is not None and stop(list(reported.values())):
+                        break
             if budget_spent or (stop is not None and stop(list(reported.values()))):
                 break
         for check in sorted(set(seen) - set(reported)):  # seen while shrinking only
