@@ -44,7 +44,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--time-budget", type=float, default=DEFAULT_TIME_BUDGET, metavar="SECONDS",
                    help=f"stop exploring after this long (default {DEFAULT_TIME_BUDGET:.0f}; 0: no limit)")
     p.add_argument("--seed", type=int, default=None, metavar="N",
-                   help="Hypothesis seed (default: derandomized, the same examples as the ci test profile)")
+                   help="Hypothesis seed (default: a fixed seed, 0: the same examples every run)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument("--out", default=DEFAULT_OUT, metavar="DIR", help=f"report folder (default {DEFAULT_OUT}/)")
     p.set_defaults(run=run)

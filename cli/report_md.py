@@ -19,7 +19,7 @@ def render_markdown(d: dict[str, Any]) -> str:
     out += ["| | |", "|---|---|"]
     out += [f"| {label} | {_cell(run[key])} |" for key, label in _RUN_KEYS if run.get(key) is not None]
     if d["command"] == "explore" and run.get("seed") is None:
-        out.insert(-1, "| seed | derandomized (the ci test profile's examples) |")
+        out.insert(-1, "| seed | fixed default seed (0): the same examples every run |")
     out += ["", "## Specs", "", "| spec | " + " | ".join(d["columns"]) + " | findings |",
             "|---" * (len(d["columns"]) + 2) + "|"]
     for sid, row in d["specs"].items():
