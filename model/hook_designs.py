@@ -36,7 +36,6 @@ from typing import TYPE_CHECKING, Callable
 from . import hook_actions as A
 from .events import Ev, Event
 from .hook_state import HookState
-from .network import HEAD_WEIGHT
 
 if TYPE_CHECKING:
     from .machine import Ctx
@@ -201,4 +200,4 @@ ZEROSTATE = HookDesign(
 
 HOOK_DESIGNS: dict[str, HookDesign] = {d.name: d for d in (DS_0_18_4, DS_0_18_5, DS_0_18_7, ZEROSTATE)}
 
-__all__ = ["DS_0_18_4", "DS_0_18_5", "DS_0_18_7", "HOOK_DESIGNS", "HookDesign", "ZEROSTATE", "HEAD_WEIGHT"]
+__all__ = ["DS_0_18_4", "DS_0_18_5", "DS_0_18_7", "HOOK_DESIGNS", "HookDesign", "ZEROSTATE"]
