@@ -8,7 +8,7 @@ import sys
 from typing import Any
 
 from . import cex
-from .common import DEFAULT_OUT, EXIT_FINDINGS, EXIT_OK, CliError, design, need
+from .common import DEFAULT_OUT, EXIT_FINDINGS, EXIT_OK, CliError, design, need, positive_int
 from .repro import repro_for
 
 
@@ -18,10 +18,10 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--design", action="append", metavar="NAME",
                    help="design to check (repeatable; default: every design)")
     p.add_argument("--spec", action="append", metavar="ID", help="spec to check (repeatable; default: all)")
-    p.add_argument("--max-blocks", type=int, default=None, metavar="N", help="largest network (blocks)")
-    p.add_argument("--max-micro-steps", type=int, default=None, metavar="N",
+    p.add_argument("--max-blocks", type=positive_int, default=None, metavar="N", help="largest network (blocks)")
+    p.add_argument("--max-micro-steps", type=positive_int, default=None, metavar="N",
                    help="most micro-steps (backward calls) per scenario")
-    p.add_argument("--jobs", type=int, default=None, metavar="N", help="worker processes (default: CPUs)")
+    p.add_argument("--jobs", type=positive_int, default=None, metavar="N", help="worker processes (default: CPUs)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument("--out", default=DEFAULT_OUT, metavar="DIR", help=f"report folder (default {DEFAULT_OUT}/)")
     p.set_defaults(run=run)

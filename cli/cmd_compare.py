@@ -13,7 +13,7 @@ import sys
 from typing import Any
 
 from . import cex
-from .common import DEFAULT_OUT, EXIT_OK, CliError, design, need
+from .common import DEFAULT_OUT, EXIT_OK, CliError, design, need, positive_int
 from .repro import repro_for
 
 
@@ -22,7 +22,7 @@ def add_parser(sub: Any) -> None:
                        description="Run two designs over the same scenarios and compare them.")
     p.add_argument("design_a", metavar="DESIGN_A")
     p.add_argument("design_b", metavar="DESIGN_B")
-    p.add_argument("--max-blocks", type=int, default=2, metavar="N", help="largest network compared (2)")
+    p.add_argument("--max-blocks", type=positive_int, default=2, metavar="N", help="largest network compared (2)")
     p.add_argument("--json", action="store_true", help="print the comparison as JSON")
     p.add_argument("--out", default=DEFAULT_OUT, metavar="DIR", help=f"report folder (default {DEFAULT_OUT}/)")
     p.set_defaults(run=run)
@@ -31,8 +31,6 @@ def add_parser(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     design(args.design_a)
     design(args.design_b)
-    if args.max_blocks < 1:
-        raise CliError(f"--max-blocks {args.max_blocks}: must be at least 1")
     mod = need("zerostate.model.compare", "zerostate compare")
     from zerostate.model.scenario import Scenario
     from zerostate.specs import SPECS

@@ -12,7 +12,8 @@ import time
 from typing import Any
 
 from . import targets_api as api
-from .common import DEFAULT_OUT, EXIT_FINDINGS, EXIT_INTERRUPTED, EXIT_OK, check_world_size, design
+from .common import (DEFAULT_OUT, EXIT_FINDINGS, EXIT_INTERRUPTED, EXIT_OK, check_world_size, design,
+                     non_negative_float, positive_int)
 from .progress import Progress
 from .repro import repro_for
 
@@ -39,9 +40,9 @@ def add_parser(sub: Any) -> None:
     p = sub.add_parser("explore", help="explore DeepSpeed against the model and the PyTorch oracle",
                        description="Explore scenarios drawn by Hypothesis on a target; write a report.")
     add_target_options(p)
-    p.add_argument("--examples", type=int, default=DEFAULT_EXAMPLES, metavar="N",
+    p.add_argument("--examples", type=positive_int, default=DEFAULT_EXAMPLES, metavar="N",
                    help=f"examples per search (default {DEFAULT_EXAMPLES})")
-    p.add_argument("--time-budget", type=float, default=DEFAULT_TIME_BUDGET, metavar="SECONDS",
+    p.add_argument("--time-budget", type=non_negative_float, default=DEFAULT_TIME_BUDGET, metavar="SECONDS",
                    help=f"stop exploring after this long (default {DEFAULT_TIME_BUDGET:.0f}; 0: no limit)")
     p.add_argument("--seed", type=int, default=None, metavar="N",
                    help="Hypothesis seed (default: a fixed seed, 0: the same examples every run)")
@@ -56,8 +57,6 @@ def run(args: argparse.Namespace) -> int:
     from .report import Report
 
     check_world_size(args.world_size)
-    if args.examples < 1:
-        raise api.CliError(f"--examples {args.examples}: must be at least 1")
     if args.target == "model" and args.design:
         design(args.design)
     target = api.target(args)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import os
 from types import ModuleType
@@ -42,6 +43,28 @@ def need(module: str, what: str) -> ModuleType:
                        f"({exc})") from None
 
 
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1 (a bound of 0 would explore nothing and report every design as holding)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    """argparse type: a number >= 0 (seconds; 0 means no limit where the option says so)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not value >= 0:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
 def check_world_size(n: int) -> None:
     """World size 1, or 2 (the deepspeed target's rank pool: ``targets/deepspeed/ranks.py``)."""
     if n not in (1, 2):
@@ -49,4 +72,5 @@ def check_world_size(n: int) -> None:
 
 
 __all__ = ["CliError", "DEFAULT_OUT", "EXIT_FINDINGS", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE",
-           "check_world_size", "design", "load_scenario", "need"]
+           "check_world_size", "design", "load_scenario", "need", "non_negative_float",
+           "positive_int"]

@@ -47,7 +47,22 @@ def test_deepspeed_path_that_is_not_a_folder(tmp_path):
 
 def test_options_that_do_not_fit_together(tmp_path):
     _one_line_error(zs("explore", "--deepspeed", "0.18.4", "--deepspeed-path", str(tmp_path)), "not both")
-    _one_line_error(zs("explore", "--examples", "0"), "--examples 0")
+    _one_line_error(zs("explore", "--examples", "0"), "--examples", "at least 1, got 0")
+
+
+@pytest.mark.parametrize("args, needles", [
+    (["check", "--max-blocks", "0"], ["--max-blocks", "at least 1, got 0"]),
+    (["check", "--max-micro-steps", "0"], ["--max-micro-steps", "at least 1, got 0"]),
+    (["check", "--jobs", "0"], ["--jobs", "at least 1, got 0"]),
+    (["check", "--max-blocks", "two"], ["--max-blocks", "expected an integer"]),
+    (["compare", "ds-0.19.3", "zerostate", "--max-blocks", "0"], ["--max-blocks", "at least 1"]),
+    (["explore", "--time-budget", "-1"], ["--time-budget", ">= 0, got -1"]),
+    (["explore", "--time-budget", "nan"], ["--time-budget", ">= 0"]),
+])
+def test_bounds_that_would_explore_nothing_are_refused(tmp_path, args, needles):
+    """A bound of 0 once explored 0 states and reported the buggy ds-0.18.4 as holding every spec, exit 0."""
+    _one_line_error(zs(*args, "--out", str(tmp_path)), *needles)
+    assert not (tmp_path / "report.json").exists()
 
 
 def test_unknown_option_and_command_are_one_line():
