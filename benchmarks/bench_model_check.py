@@ -24,7 +24,7 @@ import sys
 import time
 
 from zerostate.model.checker import Bound, canonical, check
-from zerostate.model.designs import designs, get_design
+from zerostate.model.designs import designs
 from zerostate.model.explore import state_graph
 from zerostate.specs import SPECS
 

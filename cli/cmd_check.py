@@ -76,7 +76,6 @@ def _bound_text(b: Any) -> str:
 
 
 def table(result: Any) -> str:
-    names = list(result.designs)
     spec_ids = list(dict.fromkeys(s for d in result.designs.values() for s in d.specs))
     header = ["design", "expected"] + spec_ids + ["states", "seconds"]
     rows = []

@@ -13,7 +13,7 @@ import sys
 from typing import Any
 
 from . import cex
-from .common import DEFAULT_OUT, EXIT_OK, CliError, design, need, positive_int
+from .common import DEFAULT_OUT, EXIT_OK, design, need, positive_int
 from .repro import repro_for
 
 

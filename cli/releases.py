@@ -46,12 +46,9 @@ def check_release(version: str, option: str, releases: list[str]) -> None:
 def check_requested(version: str) -> None:
     """``--deepspeed VERSION``: a release already cached is fine; otherwise it must be on the index."""
     parse(version, "--deepspeed")
-    try:
-        from zerostate.targets.deepspeed import envs
-        if (envs.release_dir(version) / "installed").exists():
-            return
-    except ImportError:
-        pass
+    from zerostate.targets.deepspeed import envs
+    if (envs.release_dir(version) / "installed").exists():
+        return
     check_release(version, "--deepspeed", available_releases())
 
 

@@ -2,26 +2,18 @@
 
 from __future__ import annotations
 
-import importlib
 from typing import Any, Callable
 
 from zerostate.model.scenario import Scenario
+from zerostate.targets.base import Finding
+from zerostate.targets.deepspeed import repro as generator
 
 
-def repro_for(scenario: Scenario, check: str, error: str, finding: Any = None) -> Callable[[int], str] | None:
-    """``n -> text of repro_<n>.py``, or None when the generator is not installed."""
-    try:
-        gen = importlib.import_module("zerostate.targets.deepspeed.repro")
-    except ImportError:
-        return None
+def repro_for(scenario: Scenario, check: str, error: str, finding: Any = None) -> Callable[[int], str]:
+    """``n -> text of repro_<n>.py`` for a finding (or for a bare scenario, check and message)."""
     if finding is None:
-        finding = _finding(scenario, check, error)
-    return lambda n: gen.repro_script(finding, n)
-
-
-def _finding(scenario: Scenario, check: str, error: str) -> Any:
-    base = importlib.import_module("zerostate.targets.base")
-    return base.Finding(check=check, error=error, scenario=scenario)
+        finding = Finding(check=check, error=error, scenario=scenario)
+    return lambda n: generator.repro_script(finding, n)
 
 
 __all__ = ["repro_for"]

@@ -53,10 +53,7 @@ def register(design: Design) -> Design:
 
 
 def _coordinators() -> dict[str, Any]:
-    try:
-        from .coordinator_designs import COORDINATOR_DESIGNS  # filled in by the coordinator model
-    except ImportError:  # pragma: no cover - coordinator model not present
-        return {}
+    from .coordinator_designs import COORDINATOR_DESIGNS
     return COORDINATOR_DESIGNS
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 from enum import Enum
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any, Iterator, Mapping
 
 
 class Ev(str, Enum):
@@ -166,15 +166,8 @@ class Trace:
     def __len__(self) -> int:
         return len(self.events)
 
-    def of(self, *kinds: Ev) -> list[Event]:
-        return [e for e in self.events if e.kind in kinds]
-
     def to_list(self) -> list[dict[str, Any]]:
         return [e.to_dict() for e in self.events]
-
-    @staticmethod
-    def from_events(events: Iterable[Event], final: Mapping[str, Any] | None = None) -> "Trace":
-        return Trace(tuple(events), final)
 
 
 __all__ = ["DRIVER_EVENTS", "E", "Ev", "Event", "Trace"]

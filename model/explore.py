@@ -21,7 +21,7 @@ from .coordinator_null import NULL_COORDINATOR
 from .designs import Design
 from .driver import segments
 from .events import Ev, Event, Trace
-from .machine import ModelState, initial_state, step
+from .machine import initial_state, step
 from .network import Network
 from .scenario import Scenario
 

@@ -10,24 +10,10 @@ from __future__ import annotations
 from .base import Metric, Spec, Violation, check_trace
 from .hook_specs import HOOK_SPECS
 
-try:  # the coordinator half (issue 3)
-    from .coordinator_specs import COORDINATOR_METRICS, COORDINATOR_SPECS
-except ImportError:  # pragma: no cover
-    COORDINATOR_SPECS, COORDINATOR_METRICS = (), ()
+from .coordinator_specs import COORDINATOR_METRICS, COORDINATOR_SPECS
 
 SPECS: dict[str, Spec] = {s.id: s for s in (*HOOK_SPECS, *COORDINATOR_SPECS)}
 METRICS: dict[str, Metric] = {m.id: m for m in COORDINATOR_METRICS}
-
-
-class UnknownSpecError(KeyError):
-    def __str__(self) -> str:
-        return self.args[0]
-
-
-def get_spec(spec_id: str) -> Spec:
-    if spec_id not in SPECS:
-        raise UnknownSpecError(f"unknown spec {spec_id!r}; known specs: {', '.join(SPECS)}")
-    return SPECS[spec_id]
 
 
 def specs_for(family: str) -> tuple[Spec, ...]:
@@ -40,5 +26,4 @@ def check_all(events, specs=None) -> dict[str, Violation | None]:
     return {s.id: check_trace(s, events) for s in (specs or SPECS.values())}
 
 
-__all__ = ["METRICS", "Metric", "SPECS", "Spec", "UnknownSpecError", "Violation", "check_all",
-           "check_trace", "get_spec", "specs_for"]
+__all__ = ["METRICS", "Metric", "SPECS", "Spec", "Violation", "check_all", "check_trace", "specs_for"]
