@@ -6,14 +6,17 @@ from typing import Any, Callable
 
 from zerostate.model.scenario import Scenario
 from zerostate.targets.base import Finding
-from zerostate.targets.deepspeed import repro as generator
 
 
 def repro_for(scenario: Scenario, check: str, error: str, finding: Any = None) -> Callable[[int], str]:
     """``n -> text of repro_<n>.py`` for a finding (or for a bare scenario, check and message)."""
     if finding is None:
         finding = Finding(check=check, error=error, scenario=scenario)
-    return lambda n: generator.repro_script(finding, n)
+
+    def script(n: int) -> str:
+        from zerostate.targets.deepspeed import repro as generator  # imports torch: only when a script is written
+        return generator.repro_script(finding, n)
+    return script
 
 
 __all__ = ["repro_for"]
