@@ -35,6 +35,7 @@ from zerostate.model.events import DRIVER_EVENTS, Ev, Event
 from zerostate.model.explore import enabled_nodes, run, state_graph
 from zerostate.model.hook_designs import DS_0_18_7
 from zerostate.model.machine import initial_state, step
+from zerostate.model.monitor import is_failure
 from zerostate.model.network import Network
 from zerostate.model.scenario import (Block, Checkpoint, MicroStep, ParamKind, Scenario, ScenarioError,
                                       TrainStep)
@@ -103,11 +104,11 @@ class CoordinatorProtocol(RuleBasedStateMachine):
                 self.folded[self.ix.pidx[ev.param]] = {Ev.FETCH: AVAILABLE, Ev.PREFETCH: INFLIGHT,
                                                        Ev.RELEASE: NOT_AVAILABLE}[ev.kind]
         for i, (spec, m) in enumerate(zip(COORDINATOR_SPECS, self.monitors)):
-            if getattr(m, "is_violation", False):
+            if is_failure(m):
                 continue
             for ev in out:
                 m = spec.step(m, ev)
-                if getattr(m, "is_violation", False):
+                if is_failure(m):
                     self.violation = self.violation or f"{spec.id}: {m.message} at {ev}"
                     break
             self.monitors[i] = m

@@ -19,6 +19,7 @@ from zerostate.model import BackwardKind, Checkpoint, Network, get_design
 from zerostate.model.driver import segments
 from zerostate.model.events import Ev
 from zerostate.model.explore import enabled_nodes, state_graph
+from zerostate.model.monitor import is_failure
 from zerostate.model.machine import initial_state, step
 from zerostate.specs import check_trace
 from zerostate.specs.hook_specs import (CLEAN_STEP, COUNT_ONCE_PER_PHASE, EPILOGUE_ONCE, GRAD_HANDLED_ONCE,
@@ -58,7 +59,7 @@ class HookProtocol(RuleBasedStateMachine):
         for i, (spec, m) in enumerate(zip(HOOK_SPECS, self.monitors)):
             for ev in out:
                 m = spec.step(m, ev)
-                if getattr(m, "is_violation", False):
+                if is_failure(m):
                     self.violation = f"{spec.id}: {m.message} at {ev}"
                     break
             self.monitors[i] = m

@@ -22,6 +22,7 @@ from .designs import Design
 from .driver import segments
 from .events import Ev, Event, Trace
 from .machine import initial_state, step
+from .monitor import is_failure
 from .network import Network
 from .scenario import Scenario
 
@@ -87,7 +88,7 @@ def _feed(specs: Sequence[Any], monitors: tuple, events: list[Event], base: int,
             continue
         for i, ev in enumerate(events):
             m = spec.step(m, ev)
-            if getattr(m, "is_violation", False) is True:  # specs.base.fail(...)
+            if is_failure(m):
                 failed.setdefault(spec.id, (base + i, m.message))
                 m = _DEAD
                 break
@@ -156,9 +157,9 @@ def state_graph(design: Design, scenario: Scenario, specs: Sequence[Any], keep_g
         for spec, m in zip(specs, node[3]):
             if m is _DEAD or spec.id in found:
                 continue
-            msg = spec.finish(m)
-            if msg:
-                found[spec.id] = (node, [], -1, msg)
+            end = spec.finish(m)
+            if end:
+                found[spec.id] = (node, [], -1, end.message if is_failure(end) else end)
     res = GraphResult(scenario, design.name, len(parent), transitions, time.perf_counter() - t0, graph=graph)
     for spec in specs:
         if spec.id in found:

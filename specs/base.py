@@ -6,8 +6,9 @@ exhaustive checker can carry monitors inside the product state graph (as a TLA+
 invariant is checked on each reachable state), while a finished run is checked
 by folding once (`check_trace`).
 
-``step(m, event) -> m`` returns the next monitor state or a `Violation`;
-``finish(m)`` returns a `Violation` or None at the end of the run.
+``step(m, event) -> m`` returns the next monitor state or a `Failure` (`fail(message, code)`);
+``finish(m)`` returns a `Failure` (or a bare message) or None at the end of the run.  A
+`Violation` is what a check reports: spec, code, message and the violating event's index.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 from zerostate.model.events import Event
+from zerostate.model.monitor import Failure, fail, is_failure
 
 
 @dataclass(frozen=True)
@@ -24,6 +26,8 @@ class Violation:
     message: str
     index: int | None = None
     """Index of the violating event in the trace (None: detected at the end)."""
+    code: str = ""
+    """The violation's identity inside its spec (``hook-after-epilogue``); "" when the monitor gives none."""
 
     def __str__(self) -> str:
         where = f" (event #{self.index})" if self.index is not None else " (at end of run)"
@@ -39,7 +43,7 @@ class Spec:
     """``hooks`` (gradient-hook / epilogue protocol) or ``coordinator`` (ZeRO-3 parameters)."""
     init: Callable[[], Any]
     step: Callable[[Any, Event], Any]
-    finish: Callable[[Any], str | None]
+    finish: Callable[[Any], Failure | str | None]
     checks: str = ""
     """What exactly the monitor checks, in words (for reports and README)."""
 
@@ -47,20 +51,11 @@ class Spec:
         return check_trace(self, events)
 
 
-@dataclass(frozen=True)
-class _Failed:
-    message: str
-    is_violation: bool = True
-
-
-def fail(message: str) -> _Failed:
-    """Return this from a monitor step to report a violation at the current event."""
-    return _Failed(message)
-
-
-def is_failure(m: Any) -> bool:
-    """Monitors signal a violation with `fail`; the model's explorer duck-types ``is_violation``."""
-    return getattr(m, "is_violation", False) is True
+def violation(spec_id: str, failed: Failure | str, index: int | None = None) -> Violation:
+    """The `Violation` of a monitor's `Failure` (or of a bare message from a ``finish``)."""
+    if isinstance(failed, Failure):
+        return Violation(spec_id, failed.message, index, failed.code)
+    return Violation(spec_id, failed, index)
 
 
 def check_trace(spec: Spec, events: Iterable[Event]) -> Violation | None:
@@ -68,9 +63,9 @@ def check_trace(spec: Spec, events: Iterable[Event]) -> Violation | None:
     for i, ev in enumerate(events):
         m = spec.step(m, ev)
         if is_failure(m):
-            return Violation(spec.id, m.message, i)
-    msg = spec.finish(m)
-    return Violation(spec.id, msg) if msg else None
+            return violation(spec.id, m, i)
+    end = spec.finish(m)
+    return violation(spec.id, end) if end else None
 
 
 @dataclass(frozen=True)
@@ -82,4 +77,4 @@ class Metric:
     """(events, network) -> value."""
 
 
-__all__ = ["Metric", "Spec", "Violation", "check_trace", "fail", "is_failure"]
+__all__ = ["Failure", "Metric", "Spec", "Violation", "check_trace", "fail", "is_failure", "violation"]

@@ -18,6 +18,9 @@ _HOOKS = (Ev.GRAD_HOOK, Ev.LEAF_HOOK)
 
 
 # ------------------------------------------------------------- epilogue-once
+_NO_EPILOGUE = "the user backward finished without running the epilogue"
+
+
 class _EpilogueOnce(NamedTuple):
     open: bool = False
     epilogues: int = 0
@@ -26,28 +29,28 @@ class _EpilogueOnce(NamedTuple):
 def _epilogue_once_step(m: _EpilogueOnce, ev: Event):
     if ev.kind is Ev.USER_BACKWARD_START:
         if m.open and m.epilogues == 0:
-            return fail("a user backward started before the previous one ran its epilogue")
+            return fail("a user backward started before the previous one ran its epilogue", "overlapping-backward")
         return _EpilogueOnce(True, 0)
     if not m.open:
         return m
     if ev.kind in _CLOSERS:
         if m.epilogues == 0:
-            return fail("the user backward finished without running the epilogue")
+            return fail(_NO_EPILOGUE, "no-epilogue")
         return _EpilogueOnce()
     if ev.kind is Ev.EPILOGUE:
         if m.epilogues >= 1:
-            return fail("the epilogue ran a second time in one user backward")
+            return fail("the epilogue ran a second time in one user backward", "epilogue-twice")
         return m._replace(epilogues=1)
     if ev.kind in _HOOKS and m.epilogues:
         what = ev.param or ev.module
         return fail(f"gradient hook for {what} fired after the epilogue: the epilogue ran before "
-                    f"the last phase (graph task {ev.task})")
+                    f"the last phase (graph task {ev.task})", "hook-after-epilogue")
     return m
 
 
 def _epilogue_once_finish(m: _EpilogueOnce):
     if m.open and m.epilogues == 0:
-        return "the user backward finished without running the epilogue"
+        return fail(_NO_EPILOGUE, "no-epilogue")
     return None
 
 
@@ -80,9 +83,9 @@ def _bucket(m: _Handled, ev: Event) -> frozenset:
 def _close_handled(m: _Handled):
     missing = m.hooked - m.handled
     if missing:
-        return f"gradient hook fired but the gradient was never handled: {sorted(missing)}"
+        return fail(f"gradient hook fired but the gradient was never handled: {sorted(missing)}", "never-handled")
     if m.bucket:
-        return f"gradients left in the reduce bucket after the backward: {sorted(m.bucket)}"
+        return fail(f"gradients left in the reduce bucket after the backward: {sorted(m.bucket)}", "left-in-bucket")
     return None
 
 
@@ -90,11 +93,11 @@ def _handled_step(m: _Handled, ev: Event):
     if ev.kind is Ev.USER_BACKWARD_START:
         return _Handled(True, frozenset(), frozenset(), m.bucket)
     if m.open and ev.kind in _CLOSERS:
-        msg = _close_handled(m)
-        return fail(msg) if msg else _Handled(bucket=m.bucket)
+        failed = _close_handled(m)
+        return failed if failed else _Handled(bucket=m.bucket)
     if ev.kind is Ev.BUCKET_ADD and m.open:
         if ev.param in m.handled:
-            return fail(f"gradient of {ev.param} handled twice in one backward")
+            return fail(f"gradient of {ev.param} handled twice in one backward", "handled-twice")
         return m._replace(handled=m.handled | {ev.param}, bucket=m.bucket | {ev.param})
     if ev.kind is Ev.GRAD_HOOK and m.open:
         return m._replace(hooked=m.hooked | {ev.param})
@@ -121,7 +124,8 @@ def _no_early_step(open_: bool, ev: Event):
     if ev.kind in _CLOSERS:
         return False
     if ev.kind is Ev.EPILOGUE and not open_:
-        return fail("the epilogue ran outside a user backward (a backward made inside forward)")
+        return fail("the epilogue ran outside a user backward (a backward made inside forward)",
+                    "epilogue-outside-user-backward")
     return open_
 
 
@@ -142,7 +146,7 @@ def _count_step(counted: frozenset, ev: Event):
     if ev.kind is Ev.COUNT:
         if ev.task in counted:
             return fail(f"count_used_parameters_in_backward evaluated again in graph task {ev.task} "
-                        "(once per phase is the bound)")
+                        "(once per phase is the bound)", "counted-twice-in-phase")
         return counted | {ev.task}
     return counted
 
@@ -167,16 +171,18 @@ class _Clean(NamedTuple):
 
 def _clean_problem(m: _Clean):
     if m.bucket:
-        return f"stale gradients in the reduce bucket survive engine.step(): {sorted(m.bucket)}"
+        return fail(f"stale gradients in the reduce bucket survive engine.step(): {sorted(m.bucket)}",
+                    "stale-bucket")
     if m.depth:
-        return f"backward depth is {m.depth} after engine.step(): a backward never exited"
+        return fail(f"backward depth is {m.depth} after engine.step(): a backward never exited",
+                    "backward-never-exited")
     return None
 
 
 def _clean_step(m: _Clean, ev: Event):
     if ev.kind in (Ev.FORWARD_START, Ev.EVAL_FORWARD_START) and m.after_step:
-        msg = _clean_problem(m)
-        return fail(msg) if msg else m._replace(after_step=False)
+        failed = _clean_problem(m)
+        return failed if failed else m._replace(after_step=False)
     if ev.kind is Ev.STEP:
         return m._replace(after_step=True)
     if ev.kind in (Ev.ENTER_BACKWARD, Ev.EXIT_BACKWARD):

@@ -17,9 +17,9 @@ or design, an unsupported or uninstallable DeepSpeed version, or a
 ``trace`` (events, or None), ``index`` (the violating event's index in ``trace``,
 or None), ``target``, ``deepspeed`` (the release, or None), ``origin`` (for
 ``exception``: ``ExcType@module.function`` of the innermost DeepSpeed frame).
-``Finding.key`` (check id, plus origin for exceptions) is what makes two findings
+``Finding.key`` (check id, plus origin for exceptions or the spec's violation code) is what makes two findings
 the same bug: the explorer reports one per key.
-``Finding.to_json_dict()`` gives ``{"check", "error", "blocks", "steps", "scenario"}``.
+``Finding.to_json_dict()`` gives ``{"check", "key", "error", "blocks", "steps", "scenario"}``.
 
 `Outcome` fields: ``scenario``, ``trace`` (list of events, possibly partial),
 ``error`` (text when the run raised, else None), ``findings`` (at most one per key),
@@ -65,17 +65,20 @@ class Finding:
     deepspeed: str | None = None
     origin: str | None = None
     """For ``exception`` findings: ``ExcType@module.function`` where DeepSpeed raised."""
+    code: str = ""
+    """For spec findings: the violation's code inside its spec (``hook-after-epilogue``), from the monitor."""
 
     @property
     def key(self) -> str:
         """What makes two findings the same bug: the check id, plus where an exception was raised, or the
-        shape of a spec's message (its text with parameter / module names and numbers blanked), so that
-        "no epilogue at all" and "a hook after the epilogue" are two findings of ``epilogue-once``."""
+        spec's violation code (``epilogue-once:no-epilogue`` and ``epilogue-once:hook-after-epilogue`` are
+        two findings), plus the phase.  A monitor that gives no code falls back to its message's shape
+        (the text with parameter / module names and numbers blanked)."""
         if self.origin:
             return f"{self.check}:{self.origin}"
         if self.check in _SINGLE_KEY or not self.error:
             return self.check
-        return f"{self.check}:{message_shape(self.error)}{self._phase()}"
+        return f"{self.check}:{self.code or message_shape(self.error)}{self._phase()}"
 
     def _phase(self) -> str:
         """`` (in a nested task)`` when the violating event happened in a reentrant checkpoint's nested
@@ -91,7 +94,7 @@ class Finding:
         return ""
 
     def to_json_dict(self) -> dict[str, Any]:
-        return {"check": self.check, "error": self.error, "blocks": len(self.scenario.blocks),
+        return {"check": self.check, "key": self.key, "error": self.error, "blocks": len(self.scenario.blocks),
                 "steps": len(self.scenario.steps), "scenario": self.scenario.to_dict()}
 
     @property
@@ -135,7 +138,7 @@ def spec_findings(events: list[Event], scenario: Scenario, target: str, version:
     for sid, v in check_all(events, chosen).items():
         if v is None:
             continue
-        out.append(Finding(sid, v.message, scenario, list(events), v.index, target, version))
+        out.append(Finding(sid, v.message, scenario, list(events), v.index, target, version, code=v.code))
     return out
 
 
