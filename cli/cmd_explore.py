@@ -11,6 +11,8 @@ import sys
 import time
 from typing import Any
 
+from zerostate.targets.confirm import StopExploring
+
 from . import targets_api as api
 from .common import (DEFAULT_OUT, EXIT_FINDINGS, EXIT_INTERRUPTED, EXIT_OK, check_world_size, design,
                      non_negative_float, positive_int)
@@ -21,9 +23,9 @@ DEFAULT_EXAMPLES = 200
 DEFAULT_TIME_BUDGET = 300.0
 
 
-class _OutOfTime(KeyboardInterrupt):
+class _OutOfTime(StopExploring):
     """Raised from the progress callback when the time budget is spent: the explorer hands over
-    what it has seen (as on Ctrl-C) and stops."""
+    what it has seen (confirmed by replay, unlike Ctrl-C) and stops."""
 
 
 def add_target_options(p: argparse.ArgumentParser) -> None:
@@ -76,7 +78,8 @@ def run(args: argparse.Namespace) -> int:
         sc = rec.scenario
         report.add_finding(rec, column=column)
         findings.append({"check": rec.check, "error": rec.error, "blocks": len(sc.blocks),
-                         "steps": len(sc.steps), "scenario": sc.to_dict()})
+                         "steps": len(sc.steps), "scenario": sc.to_dict(),
+                         "confirmation": (rec.confirmation or {}).get("status")})
         progress.update(counts["examples"], len(findings), force=True)
 
     def on_progress(examples: int, *_: Any, **__: Any) -> None:
@@ -89,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
 
     status = "complete"
     try:
-        api.explore(target, args.examples, args.seed, on_finding, on_progress)
+        api.explore(target, args.examples, args.seed, on_finding, on_progress, on_restart=report.add_restart)
     except _OutOfTime:
         report.data["run"]["stopped"] = "time budget spent"
     except KeyboardInterrupt:
@@ -101,7 +104,8 @@ def run(args: argparse.Namespace) -> int:
         if report.data["specs"][sid]["results"][column] == "not checked" and status == "complete":
             report.set_result(sid, column, "ok")
     summary = {"target": who["target"], "deepspeed": who["deepspeed"], "examples": counts["examples"] or
-               args.examples, "seconds": round(time.monotonic() - t0, 2), "findings": findings}
+               args.examples, "seconds": round(time.monotonic() - t0, 2), "findings": findings,
+               "reliability": report.data["reliability"]}
     report.finish(status, summary)
     if args.json:
         print(json.dumps(summary, indent=2))
@@ -110,6 +114,10 @@ def run(args: argparse.Namespace) -> int:
               f"{summary['seconds']:.0f}s{' (interrupted)' if status != 'complete' else ''}"
               f"{' (time budget spent)' if report.data['run'].get('stopped') else ''}. "
               f"Report: {args.out}/report.md")
+        rel = report.data["reliability"]
+        print(f"reliability: {rel['confirmed']}/{rel['reported']} confirmed by replay in a fresh worker, "
+              f"{rel['order_dependent']} order-dependent, {rel['not_reproduced']} not reproduced, "
+              f"{len(rel['restarts'])} worker restart(s)")
         for i, f in enumerate(findings, 1):
             print(f"  #{i} {f['check']}: {f['error'].splitlines()[0] if f['error'] else ''}")
     if status == "interrupted":
@@ -121,11 +129,15 @@ def record_of(f: Any, who: dict[str, Any]) -> Any:
     """A target's finding as the report's `FindingRecord` (with its repro script generator)."""
     from .report import FindingRecord
     sc = api.f_scenario(f)
+    conf = getattr(f, "confirmation", None)
     return FindingRecord(check=api.f_check(f), error=api.f_error(f), scenario=sc, events=api.f_events(f),
                          violation=api.f_violation(f),
                          design=who["design"] if who["target"] == "model" else None,
                          where=None if who["target"] == "model" else f"DeepSpeed {who['deepspeed']}",
-                         repro=repro_for(sc, api.f_check(f), api.f_error(f), f))
+                         repro=repro_for(sc, api.f_check(f), api.f_error(f), f),
+                         key=f.get("key") if isinstance(f, dict) else getattr(f, "key", None),
+                         confirmation=conf.to_dict() if conf is not None else None,
+                         sequence=list(getattr(conf, "sequence", None) or []))
 
 
 def column_of(args: argparse.Namespace, who: dict[str, Any]) -> str:

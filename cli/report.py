@@ -54,6 +54,12 @@ class FindingRecord:
     notes: list[str] = field(default_factory=list)
     repro: Callable[[int], str] | None = None
     """``n ->`` the standalone script ``repro_<n>.py`` (the deepspeed target's ``repro_script``)."""
+    key: str | None = None
+    """The finding's key (`Finding.key`): what a replay must reproduce to be the same finding."""
+    confirmation: dict[str, Any] | None = None
+    """explore: the replay in a fresh worker before hand-over (`targets.confirm.Confirmation.to_dict`)."""
+    sequence: list[Scenario] = field(default_factory=list)
+    """order-dependent findings: the examples to run first, in a fresh worker (replay and repro do)."""
 
 
 class Report:
@@ -75,6 +81,8 @@ class Report:
                       for sid, s in specs.items()},
             "findings": [], "summary": {},
         }
+        if command == "explore":
+            self.data["reliability"] = _reliability([], [])
         self.replay_args = replay_args
         self.flush()
 
@@ -100,9 +108,16 @@ class Report:
             "violation_event": rec.violation, "events_around": _around(rec.events, rec.violation),
             "files": {}, "notes": list(rec.notes),
         }
+        saved: dict[str, Any] = {"check": rec.check, "error": rec.error, "scenario": rec.scenario.to_dict()}
+        if rec.key:
+            entry["key"] = saved["key"] = rec.key
+        if rec.confirmation is not None:
+            entry["confirmation"] = dict(rec.confirmation)
+        if rec.sequence:  # order-dependent: `zerostate replay` runs these first, in a fresh worker
+            saved["sequence"] = [sc.to_dict() for sc in rec.sequence]
+            entry["sequence"] = [sc.describe() for sc in rec.sequence]
         base = os.path.join(self.dir, f"finding_{n}")
-        replace_file(base + ".json", json.dumps({"check": rec.check, "error": rec.error,
-                                                 "scenario": rec.scenario.to_dict()}, indent=2) + "\n")
+        replace_file(base + ".json", json.dumps(saved, indent=2) + "\n")
         entry["files"]["scenario"] = f"finding_{n}.json"
         replay = f"zerostate replay {os.path.join(self.dir, f'finding_{n}.json')}"
         entry["replay"] = replay + (self.replay_args if replay_args is None else replay_args)
@@ -113,8 +128,16 @@ class Report:
         self.data["findings"].append(entry)
         self.set_result(rec.check, column or self.data["columns"][0], "violated")
         self.data["specs"][rec.check]["findings"].append(n)
+        if "reliability" in self.data:
+            self.data["reliability"] = _reliability(self.data["findings"], self.data["reliability"]["restarts"])
         self.flush()
         return entry
+
+    def add_restart(self, record: dict[str, Any]) -> None:
+        """explore: the worker was restarted after example ``record["example"]`` (``record["why"]``)."""
+        rel = self.data.setdefault("reliability", _reliability([], []))
+        rel["restarts"].append(dict(record))
+        self.flush()
 
     def _repro(self, rec: FindingRecord, n: int, entry: dict[str, Any]) -> None:
         if rec.repro is None:
@@ -155,6 +178,15 @@ class Report:
         self.data["run"]["seconds"] = round(time.monotonic() - self._t0, 2)
         replace_file(os.path.join(self.dir, "report.json"), json.dumps(self.data, indent=2) + "\n")
         replace_file(os.path.join(self.dir, "report.md"), render_markdown(self.data))
+
+
+def _reliability(findings: list[dict[str, Any]], restarts: list[dict[str, Any]]) -> dict[str, Any]:
+    """Findings confirmed by a replay in a fresh worker / reported; order-dependent ones; not reproduced;
+    not checked (run interrupted); the worker restarts and why (issue 15)."""
+    st = [(f.get("confirmation") or {}).get("status", "not-checked") for f in findings]
+    return {"reported": len(findings), "confirmed": st.count("confirmed"),
+            "order_dependent": st.count("order-dependent"), "not_reproduced": st.count("not-reproduced"),
+            "not_checked": st.count("not-checked"), "restarts": list(restarts)}
 
 
 def _release_of(design: str | None) -> str | None:

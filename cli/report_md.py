@@ -20,6 +20,7 @@ def render_markdown(d: dict[str, Any]) -> str:
     out += [f"| {label} | {_cell(run[key])} |" for key, label in _RUN_KEYS if run.get(key) is not None]
     if d["command"] == "explore" and run.get("seed") is None:
         out.insert(-1, "| seed | fixed default seed (0): the same examples every run |")
+    out += _reliability(d.get("reliability"))
     out += ["", "## Specs", "", "| spec | " + " | ".join(d["columns"]) + " | findings |",
             "|---" * (len(d["columns"]) + 2) + "|"]
     for sid, row in d["specs"].items():
@@ -37,11 +38,38 @@ def render_markdown(d: dict[str, Any]) -> str:
     return "\n".join(out) + "\n"
 
 
+_SAY = {"confirmed": "confirmed: replayed alone in a fresh worker, it reproduces",
+        "order-dependent": "order-dependent: it does not reproduce alone in a fresh worker, only after the "
+                           "examples below (the replay command and the repro script run them first)",
+        "not-reproduced": "NOT reproduced: neither alone in a fresh worker nor after the examples that ran "
+                          "before it in the same worker",
+        "not-checked": "not confirmed: the run was interrupted before its replay"}
+
+
+def _reliability(rel: dict[str, Any] | None) -> list[str]:
+    if rel is None:
+        return []
+    out = ["", "## Reliability", "",
+           f"- findings confirmed by a replay in a fresh worker: {rel['confirmed']} / {rel['reported']}",
+           f"- order-dependent (reproduce only after earlier examples, sequence given): {rel['order_dependent']}",
+           f"- not reproduced: {rel['not_reproduced']}; not checked (interrupted): {rel['not_checked']}",
+           f"- worker restarts: {len(rel['restarts'])}"]
+    out += [f"  - after example {r.get('example')}: {r.get('why')}" for r in rel["restarts"][:20]]
+    if len(rel["restarts"]) > 20:
+        out.append(f"  - ... ({len(rel['restarts']) - 20} more in report.json)")
+    return out
+
+
 def _finding(f: dict[str, Any]) -> list[str]:
     n, files = f["n"], f["files"]
     who = f" on `{f['design']}`" if f.get("design") else f" on {f['where']}" if f.get("where") else ""
     out = [f'<a id="finding-{n}"></a>', f"### Finding {n}: `{f['check']}`{who}", "",
            "```text", f["error"].strip(), "```", "", "Scenario (shrunk):", "", "```text", f["description"], "```", ""]
+    if f.get("confirmation"):
+        out += [f"Replay before hand-over: {_SAY.get(f['confirmation']['status'], f['confirmation']['status'])}.", ""]
+    if f.get("sequence"):
+        out += [f"Run first, in order ({len(f['sequence'])}):", "", "```text"]
+        out += [f"[{i}] " + d.replace("\n", "\n    ") for i, d in enumerate(f["sequence"], 1)] + ["```", ""]
     if f["events_around"]:
         out += ["Events around the violation (`>>` marks the violating event):", "", "```text"]
         out += [f"{'>>' if e['violation'] else '  '} {e['index']:4d}  {e['event']}" for e in f["events_around"]]

@@ -64,9 +64,10 @@ def describe_target(t: Any) -> dict[str, Any]:
 
 
 def explore(t: Any, examples: int, seed: int | None, on_finding: Callable[[Any], None],
-            on_progress: Callable[..., None]) -> Any:
+            on_progress: Callable[..., None], **options: Any) -> Any:
+    """``options``: the explorer's other keywords (``on_restart``, ``confirm``)."""
     mod = need("zerostate.targets.explorer", "zerostate explore")
-    return mod.explore(t, examples=examples, seed=seed, on_finding=on_finding, on_progress=on_progress)
+    return mod.explore(t, examples=examples, seed=seed, on_finding=on_finding, on_progress=on_progress, **options)
 
 
 def run_scenario(t: Any, scenario: Scenario) -> Any:

@@ -39,8 +39,18 @@ at once, or a shrink candidate) gets a search of its own right after (failing
 only on that key), so it is shrunk for itself and handed over early; a key such
 a search cannot generate within ``examples`` is handed over at the end with the
 smallest scenario it was seen in.
+Confirmation (``confirm=True``, issue 15): before a finding is handed over it is replayed in a
+fresh worker (`targets.confirm`): alone, then, when it does not reproduce alone, after the examples
+that ran before it in the same worker, cut to the shortest run that still makes it appear.  The
+finding carries ``confirmation`` (a `confirm.Confirmation`: ``confirmed``, ``order-dependent`` with
+its ``sequence``, ``not-reproduced``, or ``not-checked`` after Ctrl-C).  The explorer keeps, for
+every distinct run, the examples run before it since the worker's last (re)start, and counts the
+restarts with their reason (``ExploreResult.restarts``: hang, crash, ranks out of step).
+
 On Ctrl-C the findings seen but not yet handed over are handed over (smallest
-scenario so far), then KeyboardInterrupt propagates.  ``stop(findings_so_far)``,
+scenario so far, not confirmed), then KeyboardInterrupt propagates; `StopExploring` (a
+KeyboardInterrupt an ``on_progress`` raises to end the run, e.g. a time budget) hands them over
+confirmed.  ``on_restart(record)`` is called for each worker restart as it happens.  ``stop(findings_so_far)``,
 when given, ends the run early once it returns True (tests looking for one bug).
 
 ``on_progress(examples_run, findings_so_far, elapsed_seconds)`` is called after
@@ -65,6 +75,7 @@ from hypothesis.control import current_build_context
 from zerostate.model.scenario import Scenario
 
 from .base import Finding, Outcome, Target
+from .confirm import StopExploring
 
 
 @dataclass
@@ -77,6 +88,21 @@ class ExploreResult:
     """Finding key -> position, in the deterministic generation sequence, of the first example with it."""
     seconds_to: dict[str, float] = field(default_factory=dict)
     """Finding key -> seconds from the start until it was handed over (shrunk)."""
+    restarts: list[dict] = field(default_factory=list)
+    """Worker restarts during exploring: ``{"example": n, "why": text}`` (n: the distinct run after which)."""
+
+    @property
+    def reliability(self) -> dict:
+        return reliability(self.findings, self.restarts)
+
+
+def reliability(findings: list[Finding], restarts: list[dict]) -> dict:
+    """The report's reliability figure: findings confirmed by replay / reported, order-dependent ones,
+    not reproduced, and the worker restarts with their reasons."""
+    st = [getattr(getattr(f, "confirmation", None), "status", "not-checked") for f in findings]
+    return {"reported": len(findings), "confirmed": st.count("confirmed"),
+            "order_dependent": st.count("order-dependent"), "not_reproduced": st.count("not-reproduced"),
+            "not_checked": st.count("not-checked"), "restarts": list(restarts)}
 
 
 DEFAULT_SEED = 0
@@ -161,7 +187,9 @@ def explore(target: Target, *, examples: int, seed: int | None = None,
             on_finding: Callable[[Finding], None] | None = None,
             on_progress: Callable[[int, int, float], None] | None = None,
             strategy: Any = None, stop: Callable[[list[Finding]], bool] | None = None,
-            polish: bool = True) -> ExploreResult:
+            polish: bool = True, confirm: bool = True,
+            on_restart: Callable[[dict], None] | None = None) -> ExploreResult:
+    from . import confirm as confirming
     from .strategies import scenarios
     strat = strategy if strategy is not None else scenarios()
     do_polish = polish
@@ -174,6 +202,11 @@ def explore(target: Target, *, examples: int, seed: int | None = None,
 
     seconds_to: dict[str, float] = {}
     cap = hard_cap(examples)
+    runlog: list[Scenario] = []          # every scenario the worker ran, in order
+    epoch = [0]                          # index in runlog of the worker's last (re)start
+    ran_at: dict[str, tuple[int, int]] = {}  # memo key -> (its worker's start, its own index) in runlog
+    restarts: list[dict] = []
+    do_confirm = [confirm]
 
     def polish(f: Finding) -> Finding:
         """Greedy, deterministic simplification after Hypothesis: Hypothesis minimises its choice sequence,
@@ -196,12 +229,30 @@ def explore(target: Target, *, examples: int, seed: int | None = None,
                     break
         return best
 
+    def restarts_of() -> int:
+        return int(getattr(target, "restarts", 0) or 0)
+
+    def confirmed(f: Finding) -> Finding:
+        if not do_confirm[0]:
+            f.confirmation = confirming.Confirmation("not-checked")
+            return f
+        start, idx = ran_at.get(f.scenario.to_json(None), (0, 0))
+        before = restarts_of()
+        c = confirming.confirm(target, f.key, f.scenario, runlog[start:idx])
+        runlog.extend(c.last_run)  # the worker now holds the last try's runs, from a fresh start
+        epoch[0] = len(runlog) - len(c.last_run)
+        if restarts_of() != before:
+            epoch[0] = len(runlog)
+        f.confirmation = c
+        return f
+
     def emit(f: Finding) -> None:
         if do_polish:
             try:
                 f = polish(f)
             except _BudgetSpent:
                 pass
+        f = confirmed(f)
         reported[f.key] = f
         seconds_to[f.key] = time.perf_counter() - t0
         if on_finding is not None:
@@ -213,11 +264,22 @@ def explore(target: Target, *, examples: int, seed: int | None = None,
         if out is None:
             if len(memo) >= cap:
                 raise _BudgetSpent()
+            before = restarts_of()
             try:
                 out = target.run(sc)
             except Exception as exc:  # the target broke (e.g. its worker cannot restart): stop, loudly
                 raise _TargetBroken(exc) from exc
             memo[key] = out
+            runlog.append(sc)
+            ran_at[key] = (epoch[0], len(runlog) - 1)
+            if restarts_of() != before:  # the next example starts in a fresh worker
+                epoch[0] = len(runlog)
+                why = out.details.get("pool_restarted") or next(
+                    (f"{f.check}: {f.error.strip().splitlines()[0][:160]}" for f in out.findings
+                     if f.check in ("hang", "crash")), "the worker was restarted")
+                restarts.append({"example": len(memo), "why": why})
+                if on_restart is not None:
+                    on_restart(restarts[-1])
             for f in out.findings:
                 first_seen.setdefault(f.key, len(memo))
                 if f.key not in seen or f.size < seen[f.key].size:
@@ -300,18 +362,20 @@ def explore(target: Target, *, examples: int, seed: int | None = None,
             do_polish = False  # the caller has what it wanted: hand the rest over as seen
         for check in sorted(set(seen) - set(reported)):  # never generated by a search of their own
             emit(seen[check])
-    except KeyboardInterrupt:
-        do_polish = False  # hand over what was seen, as it is: no more target runs
+    except KeyboardInterrupt as exc:
+        do_polish = False  # hand over what was seen, as it is: no more target runs (but StopExploring confirms)
+        do_confirm[0] = do_confirm[0] and isinstance(exc, StopExploring)
         for check in sorted(set(seen) - set(reported)):
             emit(seen[check])
         raise
     except _TargetBroken as wrapped:
         do_polish = False
+        do_confirm[0] = False
         for check in sorted(set(seen) - set(reported)):
             emit(seen[check])
         raise wrapped.args[0] from None
     return ExploreResult(list(reported.values()), len(memo), time.perf_counter() - t0, first_seen,
-                         generated_at, seconds_to)
+                         generated_at, seconds_to, restarts)
 
 
-__all__ = ["ExploreResult", "explore"]
+__all__ = ["ExploreResult", "StopExploring", "explore", "reliability"]

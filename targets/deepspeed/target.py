@@ -192,6 +192,15 @@ class DeepSpeedTarget:
         self.restarts += 1
         self._start()
 
+    def fresh(self) -> None:
+        """A fresh worker (a fresh rank pool at world size 2) for the next run, nothing carried over from
+        the runs before: the explorer confirms each finding in one (`targets.confirm`, issue 15).  Not
+        counted in ``restarts`` (those are the restarts a hang, a crash or ranks out of step forced)."""
+        if self.worker is not None:
+            self.worker.close(kill=True)
+            self.worker = None
+        self._start()
+
     def close(self) -> None:
         if self.worker is not None:
             self.worker.close()

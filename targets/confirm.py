@@ -1,0 +1,102 @@
+"""Confirm a finding before it is reported: replay it in a fresh worker, alone, then after its history.
+
+A finding is only worth a reviewer's time if its replay command reproduces it (issue 15).  The
+explorer runs every example in one persistent worker (a rank pool at world size 2), so an example can
+inherit state from the examples before it.  `confirm` judges a finding (by its key, `Finding.key`):
+
+* ``confirmed``        -- its scenario, run alone in a fresh worker, has the finding's key;
+* ``order-dependent``  -- it does not alone, but it does after the examples that ran before it in the
+  same worker (its *history*, from the worker's start); the shortest run of them that still makes it
+  appear is found (the shortest suffix of the history, by bisection; then single examples dropped while
+  it still appears) and becomes ``sequence``: the replay command and the repro script run it first;
+* ``not-reproduced``   -- neither alone nor after its whole history (timing, or a worker restarted in
+  between): reported all the same, marked so;
+* ``not-checked``      -- the run was interrupted before it could be replayed.
+
+A target that has no ``fresh()`` (the model target: a pure function) is confirmed by running the
+scenario once more.  Each try costs a fresh worker (seconds; a rank pool's start-up at world size 2).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from zerostate.model.scenario import Scenario
+
+MAX_TRIES = 16
+"""Fresh workers one confirmation may start at most (the alone run and the whole history included)."""
+
+STATUSES = ("confirmed", "order-dependent", "not-reproduced", "not-checked")
+
+
+class StopExploring(KeyboardInterrupt):
+    """Raised by the explorer's ``on_progress`` callback to end a run early (a time budget): the findings
+    seen so far are handed over *confirmed*, then it propagates (a plain Ctrl-C skips the confirmation)."""
+
+
+@dataclass
+class Confirmation:
+    status: str
+    sequence: list[Scenario] = field(default_factory=list)
+    """``order-dependent``: the examples to run first, in order, in a fresh worker."""
+    tries: int = 0
+    seconds: float = 0.0
+    history: int = 0
+    """How many examples had run in the worker before the finding's own run."""
+    last_run: list[Scenario] = field(default_factory=list)
+    """What the worker has run since its last fresh start (the explorer's history goes on from there)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"status": self.status, "sequence_length": len(self.sequence), "tries": self.tries,
+                "seconds": round(self.seconds, 2), "history": self.history}
+
+
+def reproduces(target: Any, key: str, scenario: Scenario, before: list[Scenario]) -> bool:
+    """Does ``scenario`` have a finding with ``key`` when run in a fresh worker after ``before``?"""
+    fresh = getattr(target, "fresh", None)
+    if fresh is not None:
+        fresh()
+    for sc in before:
+        target.run(sc)
+    return any(f.key == key for f in target.run(scenario).findings)
+
+
+def confirm(target: Any, key: str, scenario: Scenario, history: list[Scenario],
+            max_tries: int = MAX_TRIES) -> Confirmation:
+    t0 = time.perf_counter()
+    tries = [0]
+    last: list[list[Scenario]] = [[]]
+
+    def attempt(before: list[Scenario]) -> bool:
+        tries[0] += 1
+        last[0] = list(before) + [scenario]
+        return reproduces(target, key, scenario, before)
+
+    def done(status: str, seq: list[Scenario] | None = None) -> Confirmation:
+        return Confirmation(status, list(seq or []), tries[0], time.perf_counter() - t0, len(history), last[0])
+
+    if attempt([]):
+        return done("confirmed")
+    if getattr(target, "fresh", None) is None or not history or not attempt(history):
+        return done("not-reproduced")
+    lo, hi = 1, len(history)  # the whole history reproduces it: the shortest suffix that still does
+    while lo < hi and tries[0] < max_tries:
+        mid = (lo + hi) // 2
+        if attempt(history[-mid:]):
+            hi = mid
+        else:
+            lo = mid + 1
+    seq = list(history[-hi:])
+    i = 0
+    while i < len(seq) and len(seq) > 1 and tries[0] < max_tries:  # drop single examples that do not matter
+        cand = seq[:i] + seq[i + 1:]
+        if attempt(cand):
+            seq = cand
+        else:
+            i += 1
+    return done("order-dependent", seq)
+
+
+__all__ = ["Confirmation", "StopExploring", "MAX_TRIES", "STATUSES", "confirm", "reproduces"]
