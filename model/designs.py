@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .coordinator_null import NULL_COORDINATOR
+from .eras import ERAS, era_of, parse_release
 from .hook_designs import DS_0_18_4, DS_0_18_5, DS_0_18_7, ZEROSTATE, HookDesign
 
 
@@ -84,22 +85,12 @@ def get_design(name: str) -> Design:
     return known[name]
 
 
-def _version_tuple(version: str) -> tuple[int, ...]:
-    core = version.split("+")[0].split("rc")[0].split(".dev")[0]
-    return tuple(int(x) for x in core.split(".")[:3])
-
-
 def design_for_release(version: str) -> Design:
-    """The design a DeepSpeed release implements (hook half and coordinator half)."""
-    v = _version_tuple(version)
-    d = designs()
-    if v < (0, 18, 5):
-        return d["ds-0.18.4"]
-    if v < (0, 18, 7):
-        return d["ds-0.18.5"]
-    if v < (0, 19, 3) or "ds-0.19.3" not in d:
-        return d.get("ds-0.19.2", d["ds-0.18.7"])
-    return d["ds-0.19.3"]
+    """The design a DeepSpeed release implements (hook half and coordinator half): its row of
+    `zerostate.model.eras.ERAS`; releases before the table take its first row, after it its last."""
+    v = parse_release(version)
+    era = era_of(v) or (ERAS[0] if v < ERAS[0].first else ERAS[-1])
+    return designs()[era.design]
 
 
 __all__ = ["Design", "UnknownDesignError", "design_for_release", "designs", "get_design", "register"]

@@ -1,6 +1,7 @@
 """Every difference between DeepSpeed releases that the tracer depends on, in one place.
 
-Supported releases: **0.18.4 <= version < 0.20** (``SUPPORTED``).  Tested:
+Supported releases: **0.18.4 <= version < 0.20** (``SUPPORTED``: the rows of the era table
+`zerostate.model.eras.ERAS` whose ``tracer`` is set).  Tested:
 0.18.4, 0.18.5, 0.18.6, 0.18.7, 0.19.0, 0.19.2, 0.19.3, 0.19.8 (``TESTED``).
 Below 0.18.4 the PyTorch-style backward path (output hooks,
 ``count_used_parameters_in_backward``) this tracer observes does not exist in
@@ -32,10 +33,11 @@ What differs, and how this module papers over it:
 
 from __future__ import annotations
 
-import re
+from zerostate.model.eras import ERAS, UnknownRelease, parse_release, span
 
-SUPPORTED = ((0, 18, 4), (0, 20, 0))
-SUPPORTED_TEXT = "0.18.4 <= version < 0.20"
+_TRACED = [e for e in ERAS if e.tracer]
+SUPPORTED = (_TRACED[0].first, _TRACED[-1].end)
+SUPPORTED_TEXT = span(_TRACED)
 TESTED = ("0.18.4", "0.18.5", "0.18.6", "0.18.7", "0.19.0", "0.19.2", "0.19.3", "0.19.8")
 
 PARAM_HOOK_FRAMES = frozenset({"reduce_partition_and_remove_grads", "grad_handling_hook"})
@@ -50,11 +52,11 @@ class UnsupportedRelease(RuntimeError):
 
 
 def version_tuple(version: str) -> tuple[int, int, int]:
-    m = re.match(r"^\s*v?(\d+)\.(\d+)\.(\d+)", version or "")
-    if not m:
+    try:
+        return parse_release(version)
+    except UnknownRelease:
         raise UnsupportedRelease(f"cannot read a DeepSpeed version from {version!r}; "
-                                 f"the deepspeed target supports {SUPPORTED_TEXT}")
-    return int(m.group(1)), int(m.group(2)), int(m.group(3))
+                                 f"the deepspeed target supports {SUPPORTED_TEXT}") from None
 
 
 def check_version(version: str) -> None:
