@@ -13,6 +13,10 @@ from typing import Any
 
 from zerostate.targets.confirm import StopExploring
 
+from zerostate.targets.confirm import StopExploring
+
+from zerostate.targets.confirm import StopExploring
+
 from . import targets_api as api
 from .common import (DEFAULT_OUT, EXIT_FINDINGS, EXIT_INTERRUPTED, EXIT_OK, check_world_size, design,
                      non_negative_float, positive_int)
@@ -45,7 +49,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--examples", type=positive_int, default=DEFAULT_EXAMPLES, metavar="N",
                    help=f"examples per search (default {DEFAULT_EXAMPLES})")
     p.add_argument("--time-budget", type=non_negative_float, default=DEFAULT_TIME_BUDGET, metavar="SECONDS",
-                   help=f"stop exploring after this long (default {DEFAULT_TIME_BUDGET:.0f}; 0: no limit)")
+                   help=f"stop exploring after this long (default {DEFAULT_TIME_BUDGET:.0f}; 0: no limit); "
+                        "replaying findings in a fresh worker to confirm them is not counted")
     p.add_argument("--seed", type=int, default=None, metavar="N",
                    help="Hypothesis seed (default: a fixed seed, 0: the same examples every run)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -70,23 +75,32 @@ def run(args: argparse.Namespace) -> int:
                     columns=[column], specs=SPECS, replay_args=_replay_args(args))
     progress = Progress("explore")
     findings: list[dict[str, Any]] = []
-    counts = {"examples": 0}
+    counts = {"examples": 0, "confirming": 0.0}
     t0 = time.monotonic()
 
     def on_finding(f: Any) -> None:
         rec = record_of(f, who)
         sc = rec.scenario
-        report.add_finding(rec, column=column)
+        counts["confirming"] += (rec.confirmation or {}).get("seconds", 0.0)
+        counts["confirming"] += (rec.confirmation or {}).get("seconds", 0.0)
+        entry = report.add_finding(rec, column=column)
+        tags = _annotate(f)  # known issue and root-cause group (targets/grouping.py)
+        if tags:
+            entry.update(tags)
+            report.flush()
         findings.append({"check": rec.check, "error": rec.error, "blocks": len(sc.blocks),
                          "steps": len(sc.steps), "scenario": sc.to_dict(),
-                         "confirmation": (rec.confirmation or {}).get("status")})
+                         "confirmation": (rec.confirmation or {}).get("status"),
+                         "confirmation": (rec.confirmation or {}).get("status"),
+                         "confirmation": (rec.confirmation or {}).get("status"), **tags})
         progress.update(counts["examples"], len(findings), force=True)
 
     def on_progress(examples: int, *_: Any, **__: Any) -> None:
         counts["examples"] = examples
         report.data["run"]["examples_run"] = examples
         progress.update(examples, len(findings))
-        if args.time_budget and time.monotonic() - t0 > args.time_budget and not counts.get("stop"):
+        exploring = time.monotonic() - t0 - counts["confirming"]  # replays confirming findings are extra
+        if args.time_budget and exploring > args.time_budget and not counts.get("stop"):
             counts["stop"] = 1
             raise _OutOfTime()
 
@@ -119,7 +133,8 @@ def run(args: argparse.Namespace) -> int:
               f"{rel['order_dependent']} order-dependent, {rel['not_reproduced']} not reproduced, "
               f"{len(rel['restarts'])} worker restart(s)")
         for i, f in enumerate(findings, 1):
-            print(f"  #{i} {f['check']}: {f['error'].splitlines()[0] if f['error'] else ''}")
+            known = f" [known: {f['known_issue']['id']}]" if f.get("known_issue") else ""
+            print(f"  #{i} {f['check']}: {f['error'].splitlines()[0] if f['error'] else ''}{known}")
     if status == "interrupted":
         return EXIT_INTERRUPTED
     return EXIT_FINDINGS if findings else EXIT_OK
@@ -138,6 +153,15 @@ def record_of(f: Any, who: dict[str, Any]) -> Any:
                          key=f.get("key") if isinstance(f, dict) else getattr(f, "key", None),
                          confirmation=conf.to_dict() if conf is not None else None,
                          sequence=list(getattr(conf, "sequence", None) or []))
+
+
+def _annotate(f: Any) -> dict[str, Any]:
+    """Known-issue label and root-cause group of a target's finding ({} for what is not a `Finding`)."""
+    from zerostate.targets.base import Finding
+    if not isinstance(f, Finding):
+        return {}
+    from zerostate.targets.grouping import annotate
+    return annotate(f)
 
 
 def column_of(args: argparse.Namespace, who: dict[str, Any]) -> str:

@@ -12,10 +12,10 @@ from typing import Sequence
 
 from zerostate import __version__
 
-from . import cmd_bisect, cmd_check, cmd_compare, cmd_explore, cmd_replay
+from . import cmd_bisect, cmd_check, cmd_compare, cmd_diff, cmd_explore, cmd_replay
 from .common import EXIT_INTERRUPTED, EXIT_USAGE, CliError
 
-COMMANDS = (cmd_explore, cmd_check, cmd_compare, cmd_replay, cmd_bisect)
+COMMANDS = (cmd_explore, cmd_check, cmd_compare, cmd_replay, cmd_bisect, cmd_diff)
 
 
 class _Parser(argparse.ArgumentParser):

@@ -30,6 +30,7 @@ def render_markdown(d: dict[str, Any]) -> str:
     out += [""] + [f"- `{sid}`: {row['sentence']}" for sid, row in d["specs"].items() if row["sentence"]]
     if d.get("summary_text"):
         out += ["", "## Summary", "", "```text", d["summary_text"].rstrip(), "```"]
+    out += _groups(d["findings"])
     out += ["", f"## Findings ({len(d['findings'])})", ""]
     if not d["findings"]:
         out += ["None.", ""]
@@ -64,7 +65,7 @@ def _finding(f: dict[str, Any]) -> list[str]:
     n, files = f["n"], f["files"]
     who = f" on `{f['design']}`" if f.get("design") else f" on {f['where']}" if f.get("where") else ""
     out = [f'<a id="finding-{n}"></a>', f"### Finding {n}: `{f['check']}`{who}", "",
-           "```text", f["error"].strip(), "```", "", "Scenario (shrunk):", "", "```text", f["description"], "```", ""]
+           *_known(f), "```text", f["error"].strip(), "```", "", "Scenario (shrunk):", "", "```text", f["description"], "```", ""]
     if f.get("confirmation"):
         out += [f"Replay before hand-over: {_SAY.get(f['confirmation']['status'], f['confirmation']['status'])}.", ""]
     if f.get("sequence"):
@@ -88,6 +89,30 @@ def _finding(f: dict[str, Any]) -> list[str]:
                 f"deepspeed --num_gpus 1 {files['repro']}      # GPU", "```", ""]
     out += [f"Note: {note}" for note in f["notes"]]
     return out + [""]
+
+
+def _groups(findings: list[dict[str, Any]]) -> list[str]:
+    """Findings grouped by root cause (targets/grouping.py), each group with its known issue and count."""
+    from zerostate.targets.grouping import groups
+    gs = groups(findings)
+    if not gs:
+        return []
+    out = ["", f"## Root causes ({len(gs)} for {len(findings)} finding(s))", "",
+           "| root cause | known issue | owner | fixed in | findings | count |", "|---|---|---|---|---|---|"]
+    for g in gs:
+        k = g["known_issue"]
+        out.append(f"| {g['title']} | {'`' + k['id'] + '`' if k else '**new** (no known issue)'} | "
+                   f"{k['owner'] if k else '—'} | {(k.get('fixed_in') or 'not fixed') if k else '—'} | "
+                   + ", ".join(f"[#{n}](#finding-{n})" for n in g["findings"]) + f" | {g['count']} |")
+    return out
+
+
+def _known(f: dict[str, Any]) -> list[str]:
+    k = f.get("known_issue")
+    if k:
+        fixed = f"first fixed in {k['fixed_in']}" if k.get("fixed_in") else "not fixed in any release"
+        return [f"Known issue `{k['id']}` ({k['owner']}; {fixed}): {k['title']}", ""]
+    return ["New: no known issue explains this finding.", ""] if "known_issue" in f else []
 
 
 def _result(r: str) -> str:

@@ -79,3 +79,27 @@ def ensure_release(version: str, python: str | None = None) -> Path:
         tmp.rename(site)
         marker.write_text(version + "\n")
     return site
+
+
+def checkout_version(path: str) -> str | None:
+    """The version a DeepSpeed *checkout* (not pip-installed) declares in its top-level ``version.txt``.
+
+    A plain git checkout has no ``deepspeed/git_version_info_installed.py`` (setup.py writes it), so
+    ``deepspeed/git_version_info.py`` opens the *relative* path ``version.txt`` and reports "0.0.0" unless
+    the process's working directory holds it.  The worker of a ``--deepspeed-path`` target therefore runs
+    in the checkout's root (`worker_cwd`), and this is the version expected of it.  None when the
+    checkout has no readable ``version.txt`` (an installed tree reports its own version)."""
+    f = Path(path).expanduser().resolve() / "version.txt"
+    try:
+        text = f.read_text().strip()
+    except OSError:
+        return None
+    return text.splitlines()[0].strip() if text else None
+
+
+def worker_cwd(path: str | None) -> Path:
+    """Where a worker runs: a checkout's root when it holds ``version.txt`` (see `checkout_version`),
+    otherwise the cache root."""
+    if path and checkout_version(path):
+        return Path(path).expanduser().resolve()
+    return cache_root()

@@ -30,6 +30,10 @@ class KnownIssue:
     checks: tuple[str, ...]
     explains: Callable[[Finding], bool]
     detail: str
+    fixed_in: str | None = None
+    """The first DeepSpeed release without it; None while no release fixes it."""
+    upstream_patch: str | None = None
+    """A proposed fix checked by ``zerostate diff`` (docs/upstream/), when there is one."""
 
     def affects(self, version: str | None) -> bool:
         if not version:
@@ -136,8 +140,10 @@ Z3_LEAF_KEPT_GATHERED = KnownIssue(
             "the backward and the epilogue.  Fix: ``recurse=z3_leaf_module(module)``."),
 )
 
+from .known_setups import SETUP_ISSUES  # noqa: E402  (issue 11's training-setup findings; needs KnownIssue)
+
 KNOWN_ISSUES: tuple[KnownIssue, ...] = (Z3_LEAF_INPUT_NO_GRAD, ZERO12_NO_GRADIENT, Z3_LEAF_KEPT_GATHERED,
-                                        MODEL_LEAF_HOOK)
+                                        MODEL_LEAF_HOOK) + SETUP_ISSUES
 
 
 def explain(f: Finding) -> KnownIssue | None:

@@ -56,10 +56,10 @@ def _default_timeout() -> float:
 class Worker:
     """One worker process and its JSON-lines pipe."""
 
-    def __init__(self, env: dict[str, str], log_path: Path):
+    def __init__(self, env: dict[str, str], log_path: Path, cwd: Path | None = None):
         self.log_path = log_path
         self._log = open(log_path, "ab")
-        cwd = envs.cache_root()
+        cwd = cwd or envs.cache_root()
         cwd.mkdir(parents=True, exist_ok=True)
         self.proc = subprocess.Popen([sys.executable, "-m", "zerostate.targets.deepspeed.worker"],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log,
@@ -154,6 +154,11 @@ class DeepSpeedTarget:
         self.worker: Worker | None = None
         self.hello = self._start()
         self.version: str = str(self.hello["deepspeed"]).strip()
+        if deepspeed_path and self.version.startswith("0.0.0"):
+            self.close()
+            raise TargetError(f"--deepspeed-path {deepspeed_path}: the checkout reports DeepSpeed "
+                              f"{self.version} and has no readable version.txt at its root (a plain git "
+                              "checkout reads its version from there; see envs.checkout_version)")
         try:
             compat.check_version(self.version)
         except compat.UnsupportedRelease as exc:
@@ -170,7 +175,7 @@ class DeepSpeedTarget:
 
     # ------------------------------------------------------------ worker life
     def _start(self) -> dict:
-        self.worker = Worker(self._env, self._log_path)
+        self.worker = Worker(self._env, self._log_path, envs.worker_cwd(self.path))
         try:
             hello = self.worker.request({"op": "hello"}, self.startup_timeout)
         except (WorkerTimeout, WorkerDied) as exc:

@@ -1,0 +1,133 @@
+"""The report of ``zerostate diff``: diff.md (for a pull request), diff.json, and finding_<n>.json per finding.
+
+diff.json is the dict `cmd_diff.run` builds (also printed by ``--json``); diff.md renders it: the verdict,
+the findings by status (fixed / introduced / unchanged) with their known issue and the other build's
+replay, findings grouped by root cause, and gathered-parameter memory and all-gathers per scenario family.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from .atomic import replace_file
+
+
+def write_report(out_dir: str, result: dict[str, Any]) -> None:
+    os.makedirs(out_dir, exist_ok=True)
+    for e in result["findings"]:
+        path = os.path.join(out_dir, f"finding_{e['n']}.json")
+        replace_file(path, json.dumps({"check": e["check"], "error": e["error"], "scenario": e["scenario"]},
+                                      indent=2) + "\n")
+        e["file"] = f"finding_{e['n']}.json"
+    replace_file(os.path.join(out_dir, "diff.json"), json.dumps(result, indent=2) + "\n")
+    replace_file(os.path.join(out_dir, "diff.md"), render(result, out_dir))
+
+
+def _replay_cmd(out_dir: str, e: dict[str, Any], side: dict[str, Any]) -> str:
+    spec = side["spec"]
+    opt = "--deepspeed-path" if os.path.isdir(os.path.expanduser(spec)) else "--deepspeed"
+    return f"zerostate replay {os.path.join(out_dir, e['file'])} {opt} {spec}"
+
+
+def render(r: dict[str, Any], out_dir: str = ".") -> str:
+    b, h, c = r["base"], r["head"], r["counts"]
+    out = [f"# zerostate diff: {b['name']} → {h['name']}", "",
+           f"**{r['verdict']}**: {c['fixed']} fixed, {c['introduced']} introduced, {c['unchanged']} unchanged; "
+           f"{len(r['memory']['regressions'])} gathered-parameter memory regression(s) beyond "
+           f"{r['memory']['tolerance']:.0%}.", "",
+           "| | base | head |", "|---|---|---|",
+           f"| build | {b['name']} | {h['name']} |",
+           f"| exploration | {b['exploration']} | {h['exploration']} |",
+           f"| distinct runs (replays included) | {b['runs']} | {h['runs']} |", "",
+           f"Same exploration on both builds: seed {r['seed'] if r['seed'] is not None else '0 (fixed default)'}, "
+           f"{r['examples']} examples per search, world size {r['world_size']}; {r['seconds']:.0f} s.  "
+           f"Command: `{r['command_line']}`", ""]
+    out += ["## Findings", ""]
+    if not r["findings"]:
+        out += ["None on either build.", ""]
+    else:
+        out += ["| # | status | check | known issue | found on | replay on the other build |", "|---|---|---|---|---|---|"]
+        for e in r["findings"]:
+            other = e.get("replay_on_head") or e.get("replay_on_base")
+            k = e.get("known_issue")
+            out.append(f"| [{e['n']}](#diff-{e['n']}) | **{e['status']}** | `{e['check']}` | "
+                       f"{'`' + k['id'] + '`' if k else 'none (new)'} | {e['found_on']} | {_evidence(other)} |")
+        out += [""] + _groups(r["findings"])
+        for e in r["findings"]:
+            out += _detail(e, r, out_dir)
+    out += _memory(r["memory"])
+    return "\n".join(out) + "\n"
+
+
+def _evidence(rep: dict[str, Any]) -> str:
+    if rep["clean"]:
+        return "clean (no finding)"
+    return "; ".join(f"`{f['check']}`: {f['error'][:80]}" for f in rep["findings"]).replace("|", "\\|")
+
+
+def _groups(entries: list[dict[str, Any]]) -> list[str]:
+    from zerostate.targets.grouping import groups
+    gs = groups(entries)
+    out = [f"Root causes: {len(gs)} for {len(entries)} finding(s).", "",
+           "| root cause | known issue (fixed in) | findings | count |", "|---|---|---|---|"]
+    for g in gs:
+        k = g["known_issue"]
+        ki = f"`{k['id']}` ({k.get('fixed_in') or 'not fixed'})" if k else "none (new)"
+        out.append(f"| {g['title']} | {ki} | " + ", ".join(f"#{n}" for n in g["findings"]) + f" | {g['count']} |")
+    return out + [""]
+
+
+def _detail(e: dict[str, Any], r: dict[str, Any], out_dir: str) -> list[str]:
+    other_side = "head" if e["found_on"] == "base" else "base"
+    rep = e[f"replay_on_{other_side}"]
+    k = e.get("known_issue")
+    out = [f'<a id="diff-{e["n"]}"></a>', f"### {e['n']}. {e['status']}: `{e['check']}` (found on {e['found_on']})", ""]
+    if k:
+        out += [f"Known issue `{k['id']}` ({k['owner']}; "
+                f"{'first fixed in ' + k['fixed_in'] if k.get('fixed_in') else 'not fixed in any release'}): "
+                f"{k['title']}", ""]
+    out += ["```text", e["error"].strip().splitlines()[0] if e["error"].strip() else "", "```", "",
+            "Scenario (shrunk):", "", "```text", e["description"], "```", "",
+            f"Replay on {other_side}: " + ("clean, no finding." if rep["clean"] else
+                                           "; ".join(f"`{f['check']}` {f['error']}" for f in rep["findings"])), "",
+            "```sh", _replay_cmd(out_dir, e, r["base"]) + "    # base", _replay_cmd(out_dir, e, r["head"]) + "    # head",
+            "```", ""]
+    return out
+
+
+def _fmt(x: Any) -> str:
+    if x is None:
+        return "n/a"
+    return f"{x:.2f}" if isinstance(x, float) else str(x)
+
+
+def _memory(m: dict[str, Any]) -> list[str]:
+    out = ["## Gathered-parameter memory and all-gathers (ZeRO-3)", "",
+           "Per scenario family, over the scenarios both explorations ran to the end: real gathered-parameter "
+           "peak (elements) and all-gathers, medians base → head, head/base ratios (median, worst, best).", ""]
+    if not m["families"]:
+        return out + ["No ZeRO-3 scenario ran to the end on both builds.", ""]
+    out += ["| family | scenarios | peak base → head (median) | peak ratio median / worst / best | "
+            "all-gathers base → head (median) | all-gather ratio median / worst / best |",
+            "|---|---|---|---|---|---|"]
+    for f in m["families"]:
+        p, a = f["peak_elements"], f["all_gathers"]
+        out.append(f"| {f['family']} | {f['scenarios']} | {_fmt(p['base_median'])} → {_fmt(p['head_median'])} | "
+                   f"{_fmt(p['median_ratio'])} / {_fmt(p['worst_ratio'])} / {_fmt(p['best_ratio'])} | "
+                   f"{_fmt(a['base_median'])} → {_fmt(a['head_median'])} | "
+                   f"{_fmt(a['median_ratio'])} / {_fmt(a['worst_ratio'])} / {_fmt(a['best_ratio'])} |")
+    out += ["", "Where base and head differ most, per family:", ""]
+    for f in m["families"]:
+        for metric, what in (("peak_elements", "peak"), ("all_gathers", "all-gathers")):
+            d = f[metric]["differ_most"]
+            if d["base"] != d["head"]:
+                out.append(f"- {f['family']}, {what}: {d['base']} → {d['head']} in: {d['description']}")
+    if m["regressions"]:
+        out += ["", f"**Memory regressions** (peak above base × {1 + m['tolerance']:.2f}):", ""]
+        out += [f"- {g['family']}: {g['base']} → {g['head']} elements in: {g['description']}" for g in m["regressions"]]
+    return out + [""]
+
+
+__all__ = ["render", "write_report"]

@@ -1,0 +1,219 @@
+"""``zerostate diff``: classification, memory figures, report, and the command on real DeepSpeed builds.
+
+Default-on: the classification on made-up outcomes, the trace metrics on made-up traces, the labels and
+groups of the pinned release's known issues, and one short real ``diff`` of the installed DeepSpeed
+against itself (as a ``--deepspeed-path`` tree: nothing can be fixed or introduced, every ratio is 1).
+Opt-in (``ZEROSTATE_RELEASE_TESTS=1``, installs releases): the issue's acceptance, 0.19.2 -> 0.19.3 fixes
+seed 002 and 0.18.6 -> 0.18.7 fixes count-once-per-phase, nothing introduced.  Opt-in
+(``ZEROSTATE_PATCHED_DEEPSPEED=DIR``: a 0.19.8 tree with a patch of docs/upstream/ applied): the diff
+against 0.19.8 fixes that patch's known issue and introduces nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from test_cli_util import zs
+
+import deepspeed
+
+from zerostate.cli.cmd_diff import classify
+from zerostate.cli.diff_metrics import compare, metrics
+from zerostate.cli.diff_report import render
+from zerostate.model.events import Event, Ev
+from zerostate.model.scenario import Scenario
+from zerostate.targets.base import Finding, Outcome
+from zerostate.targets.deepspeed import known
+from zerostate.targets.grouping import groups, label, root_key
+
+RELEASES = os.environ.get("ZEROSTATE_RELEASE_TESTS") == "1"
+PATCHED = os.environ.get("ZEROSTATE_PATCHED_DEEPSPEED")
+SITE = str(Path(deepspeed.__file__).resolve().parents[1])
+
+
+# ---------------------------------------------------------------- classification (made-up outcomes)
+class _Fake:
+    """A recorder stand-in: scenario JSON -> the findings a build shows on it."""
+
+    def __init__(self, version, table):
+        self.version, self.table, self.runs = version, table, []
+
+    def run(self, sc):
+        self.runs.append(sc)
+        return Outcome(sc, [], None, [Finding(c, e, sc, target="deepspeed", deepspeed=self.version, origin=o)
+                                      for c, e, o in self.table.get(sc.to_json(None), [])])
+
+
+SC_A = Scenario.from_dict({"blocks": [{}], "stage": 1})
+SC_B = Scenario.from_dict({"blocks": [{}, {}], "stage": 3})
+SC_C = Scenario.from_dict({"blocks": [{"checkpoint": "reentrant"}], "stage": 3})
+
+
+def _fs(ver, sc, check, error="boom", origin=None):
+    return Finding(check, error, sc, target="deepspeed", deepspeed=ver, origin=origin)
+
+
+def test_classify_fixed_introduced_unchanged_with_the_other_sides_replay():
+    a = ("exception", "ValueError: a", "ValueError@x.f")
+    base = _Fake("0.19.8", {SC_A.to_json(None): [a], SC_B.to_json(None): [("clean-step", "stale", None)]})
+    head = _Fake("0.19.8", {SC_B.to_json(None): [("clean-step", "stale", None)],
+                            SC_C.to_json(None): [("oracle", "differs", None)]})
+    entries = classify([_fs("0.19.8", SC_A, *a), _fs("0.19.8", SC_B, "clean-step", "stale")],
+                       [_fs("0.19.8", SC_B, "clean-step", "stale"), _fs("0.19.8", SC_C, "oracle", "differs")],
+                       base, head)
+    status = {e["check"]: e["status"] for e in entries}
+    assert status == {"exception": "fixed", "clean-step": "unchanged", "oracle": "introduced"}
+    assert [e["status"] for e in entries] == ["introduced", "fixed", "unchanged"]
+    fixed = next(e for e in entries if e["status"] == "fixed")
+    assert fixed["replay_on_head"]["clean"] and fixed["found_on"] == "base"
+    new = next(e for e in entries if e["status"] == "introduced")
+    assert new["replay_on_base"]["clean"] and new["found_on"] == "head"
+    assert SC_C in base.runs and SC_A in head.runs  # each finding replayed on the other build
+
+
+def test_a_finding_the_head_exploration_missed_is_unchanged_when_its_replay_shows_it():
+    f = ("exception", "IndexError: list index out of range", "IndexError@s.reduce_ipg_grads")
+    base = _Fake("0.19.8", {SC_A.to_json(None): [f]})
+    head = _Fake("0.19.8", {SC_A.to_json(None): [f]})
+    entries = classify([_fs("0.19.8", SC_A, *f)], [], base, head)
+    assert [e["status"] for e in entries] == ["unchanged"]
+
+
+# ---------------------------------------------------------------- memory figures (made-up traces)
+def _ev(kind, param=None, note=None):
+    return Event(Ev(kind), param=param, note=note)
+
+
+def test_peak_counts_elements_gathered_at_once_and_all_gathers_once_each():
+    sc = Scenario.from_dict({"blocks": [{}, {}], "stage": 3})
+    w = "blocks.0.lin.weight"
+    trace = [_ev("fetch", w), _ev("prefetch", "blocks.1.lin.weight"), _ev("fetch", "blocks.1.lin.weight", "inflight"),
+             _ev("release", w), _ev("release", "blocks.1.lin.weight"), _ev("fetch", w), _ev("release", w)]
+    m = metrics(sc, trace)
+    width = sc.width
+    assert m == {"peak_elements": 2 * width * width, "peak_params": 2, "all_gathers": 3}
+
+
+def test_a_head_peak_beyond_the_tolerance_is_a_regression_and_a_lower_one_is_not():
+    sc = Scenario.from_dict({"blocks": [{"leaf": True}], "stage": 3})
+    base = {"peak_elements": 100, "peak_params": 2, "all_gathers": 4}
+    up = compare([(sc, base, {**base, "peak_elements": 111})], 0.10)
+    assert len(up["regressions"]) == 1 and up["families"][0]["peak_elements"]["worst_ratio"] == pytest.approx(1.11)
+    down = compare([(sc, base, {**base, "peak_elements": 50})], 0.10)
+    assert not down["regressions"] and down["families"][0]["peak_elements"]["differ_most"]["head"] == 50
+    assert not compare([(sc, base, {**base, "peak_elements": 110})], 0.10)["regressions"]
+
+
+# ---------------------------------------------------------------- labels and groups
+def test_the_known_issues_scenarios_are_labelled_and_backward_kinds_share_a_group():
+    for k in known.KNOWN_ISSUES:
+        f = _fs("0.19.8", k.scenario, "model-agreement" if k.owner == "model" else
+                "released-after-backward" if k.id == "z3-leaf-kept-gathered" else "exception")
+        assert label(f)["id"] == k.id
+    eng = _fs(None, SC_A, "exception", "RuntimeError: size of tensor a (0) must match b (8)", "E@engine.backward")
+    tor = _fs(None, SC_A, "exception", "RuntimeError: size of tensor a (0) must match b (16)", "E@stage3.hook")
+    assert eng.key != tor.key and root_key(eng) == root_key(tor)
+    assert label(eng) is None  # no release: not labelled
+    entries = [{"n": 1, "group": "g1", "group_title": "t"}, {"n": 2, "group": "g2"}, {"n": 3, "group": "g1"}]
+    assert [(g["key"], g["count"], g["findings"]) for g in groups(entries)] == [("g1", 2, [1, 3]), ("g2", 1, [2])]
+
+
+def test_seed_bugs_are_labelled_with_their_first_fixed_release_only_on_releases_that_have_them():
+    sc = Scenario.from_dict({"blocks": [{"checkpoint": "non_reentrant", "norm": "frozen"}], "stage": 3})
+    assert label(_fs("0.19.2", sc, "saved-tensor-intact"))["fixed_in"] == "0.19.3"
+    assert label(_fs("0.19.3", sc, "saved-tensor-intact")) is None
+
+
+# ---------------------------------------------------------------- the command on real DeepSpeed
+@pytest.mark.deepspeed
+def test_diff_of_a_build_against_itself_changes_nothing(tmp_path):
+    out = tmp_path / "d"
+    r = zs("diff", "--base", SITE, "--head", SITE, "--examples", "4", "--time-budget", "60", "--out", str(out),
+           "--json", timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    data = json.loads(r.stdout)
+    assert data["counts"]["fixed"] == data["counts"]["introduced"] == 0
+    assert data["base"]["deepspeed"] == data["head"]["deepspeed"] == deepspeed.__version__
+    assert data["memory"]["families"] and not data["memory"]["regressions"]
+    for fam in data["memory"]["families"]:
+        assert fam["peak_elements"]["worst_ratio"] == fam["all_gathers"]["worst_ratio"] == 1.0
+    md = (out / "diff.md").read_text()
+    assert "no regression" in md and "## Gathered-parameter memory" in md
+    assert json.loads((out / "diff.json").read_text())["verdict"] == "no regression"
+
+
+def test_bad_base_is_a_clear_error_before_anything_runs(tmp_path):
+    r = zs("diff", "--base", str(tmp_path / "nope"), "--head", "0.19.8", "--out", str(tmp_path / "o"))
+    assert r.returncode == 2 and "--base" in r.stderr and "no such directory" in r.stderr
+    assert not (tmp_path / "o").exists()
+
+
+def _diff(base, head, tmp_path):
+    r = zs("diff", "--base", base, "--head", head, "--out", str(tmp_path / "d"), "--json", timeout=3000)
+    assert r.returncode in (0, 1), r.stdout + r.stderr
+    return json.loads(r.stdout), r.returncode
+
+
+@pytest.mark.deepspeed
+@pytest.mark.skipif(not RELEASES, reason="installs DeepSpeed releases; set ZEROSTATE_RELEASE_TESTS=1")
+def test_0_19_3_fixes_seed_002_and_introduces_nothing(tmp_path):
+    data, rc = _diff("0.19.2", "0.19.3", tmp_path)
+    fixed = [e for e in data["findings"] if e["status"] == "fixed"]
+    assert any((e["known_issue"] or {}).get("id") == "seed-002" for e in fixed), data["findings"]
+    assert data["counts"]["introduced"] == 0 and rc == (1 if data["memory"]["regressions"] else 0)
+
+
+@pytest.mark.deepspeed
+@pytest.mark.skipif(not RELEASES, reason="installs DeepSpeed releases; set ZEROSTATE_RELEASE_TESTS=1")
+def test_0_18_7_fixes_count_once_per_phase_and_introduces_nothing(tmp_path):
+    data, rc = _diff("0.18.6", "0.18.7", tmp_path)
+    assert any(e["check"] == "count-once-per-phase" for e in data["findings"] if e["status"] == "fixed")
+    assert data["counts"]["introduced"] == 0 and rc == (1 if data["memory"]["regressions"] else 0)
+
+
+@pytest.mark.deepspeed
+@pytest.mark.skipif(not PATCHED, reason="set ZEROSTATE_PATCHED_DEEPSPEED=DIR (0.19.8 + a docs/upstream patch)")
+def test_a_docs_upstream_patch_fixes_its_issue_and_introduces_nothing(tmp_path):
+    data, rc = _diff("0.19.8", PATCHED, tmp_path)
+    assert data["head"]["deepspeed"] == "0.19.8"
+    assert data["counts"]["fixed"] >= 1 and data["counts"]["introduced"] == 0, data["findings"]
+    assert rc == 0
+
+
+# ---------------------------------------------------------------- --deepspeed-path: a plain checkout's version
+def _checkout(tmp_path, version_txt):
+    """A tree shaped like a git checkout of the installed DeepSpeed: no git_version_info_installed.py (so
+    DeepSpeed reads the relative path version.txt), the package's own files symlinked."""
+    root = tmp_path / "DeepSpeed"
+    pkg = root / "deepspeed"
+    pkg.mkdir(parents=True)
+    src = Path(deepspeed.__file__).resolve().parent
+    for entry in src.iterdir():
+        if entry.name in ("git_version_info_installed.py", "__pycache__"):
+            continue
+        if entry.name in ("__init__.py", "git_version_info.py"):
+            (pkg / entry.name).write_text(entry.read_text())
+        else:
+            (pkg / entry.name).symlink_to(entry)
+    if version_txt:
+        (root / "version.txt").write_text(version_txt + "\n")
+    return root
+
+
+@pytest.mark.deepspeed
+def test_a_checkout_reports_the_version_in_its_version_txt(tmp_path):
+    root = _checkout(tmp_path, deepspeed.__version__)
+    (tmp_path / "s.json").write_text(json.dumps({"blocks": [{}], "stage": 1}))
+    r = zs("replay", "--deepspeed-path", str(root), str(tmp_path / "s.json"), timeout=600)
+    assert r.returncode == 0 and f"on DeepSpeed {deepspeed.__version__}" in r.stdout, r.stdout + r.stderr
+
+
+@pytest.mark.deepspeed
+def test_a_checkout_without_version_txt_is_a_clear_error(tmp_path):
+    root = _checkout(tmp_path, None)
+    (tmp_path / "s.json").write_text(json.dumps({"blocks": [{}], "stage": 1}))
+    r = zs("replay", "--deepspeed-path", str(root), str(tmp_path / "s.json"), timeout=600)
+    assert r.returncode == 2 and "version.txt" in r.stderr and "0.0.0" in r.stderr, r.stdout + r.stderr
