@@ -140,10 +140,8 @@ Z3_LEAF_KEPT_GATHERED = KnownIssue(
             "the backward and the epilogue.  Fix: ``recurse=z3_leaf_module(module)``."),
 )
 
-from .known_setups import SETUP_ISSUES  # noqa: E402  (issue 11's training-setup findings; needs KnownIssue)
-
 KNOWN_ISSUES: tuple[KnownIssue, ...] = (Z3_LEAF_INPUT_NO_GRAD, ZERO12_NO_GRADIENT, Z3_LEAF_KEPT_GATHERED,
-                                        MODEL_LEAF_HOOK) + SETUP_ISSUES
+                                        MODEL_LEAF_HOOK)
 
 
 def explain(f: Finding) -> KnownIssue | None:
