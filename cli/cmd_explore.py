@@ -13,6 +13,8 @@ from typing import Any
 
 from zerostate.targets.confirm import StopExploring
 
+from zerostate.targets.confirm import StopExploring
+
 from . import targets_api as api
 from .common import (DEFAULT_OUT, EXIT_FINDINGS, EXIT_INTERRUPTED, EXIT_OK, check_world_size, design,
                      non_negative_float, positive_int)
@@ -45,7 +47,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--examples", type=positive_int, default=DEFAULT_EXAMPLES, metavar="N",
                    help=f"examples per search (default {DEFAULT_EXAMPLES})")
     p.add_argument("--time-budget", type=non_negative_float, default=DEFAULT_TIME_BUDGET, metavar="SECONDS",
-                   help=f"stop exploring after this long (default {DEFAULT_TIME_BUDGET:.0f}; 0: no limit)")
+                   help=f"stop exploring after this long (default {DEFAULT_TIME_BUDGET:.0f}; 0: no limit); "
+                        "replaying findings in a fresh worker to confirm them is not counted")
     p.add_argument("--seed", type=int, default=None, metavar="N",
                    help="Hypothesis seed (default: a fixed seed, 0: the same examples every run)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -70,12 +73,13 @@ def run(args: argparse.Namespace) -> int:
                     columns=[column], specs=SPECS, replay_args=_replay_args(args))
     progress = Progress("explore")
     findings: list[dict[str, Any]] = []
-    counts = {"examples": 0}
+    counts = {"examples": 0, "confirming": 0.0}
     t0 = time.monotonic()
 
     def on_finding(f: Any) -> None:
         rec = record_of(f, who)
         sc = rec.scenario
+        counts["confirming"] += (rec.confirmation or {}).get("seconds", 0.0)
         entry = report.add_finding(rec, column=column)
         tags = _annotate(f)  # known issue and root-cause group (targets/grouping.py)
         if tags:
@@ -83,6 +87,7 @@ def run(args: argparse.Namespace) -> int:
             report.flush()
         findings.append({"check": rec.check, "error": rec.error, "blocks": len(sc.blocks),
                          "steps": len(sc.steps), "scenario": sc.to_dict(),
+                         "confirmation": (rec.confirmation or {}).get("status"),
                          "confirmation": (rec.confirmation or {}).get("status"), **tags})
         progress.update(counts["examples"], len(findings), force=True)
 
@@ -90,7 +95,8 @@ def run(args: argparse.Namespace) -> int:
         counts["examples"] = examples
         report.data["run"]["examples_run"] = examples
         progress.update(examples, len(findings))
-        if args.time_budget and time.monotonic() - t0 > args.time_budget and not counts.get("stop"):
+        exploring = time.monotonic() - t0 - counts["confirming"]  # replays confirming findings are extra
+        if args.time_budget and exploring > args.time_budget and not counts.get("stop"):
             counts["stop"] = 1
             raise _OutOfTime()
 

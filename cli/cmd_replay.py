@@ -1,4 +1,12 @@
-"""``zerostate replay SCENARIO.json``: run one saved scenario; say pass or fail, and why."""
+"""``zerostate replay SCENARIO.json``: run one saved scenario; say pass or fail, and why.
+
+A finding file (``finding_<n>.json``: ``{"check", "key", "error", "scenario", "sequence"?}``) is judged
+on *its* check (issue 15): ``FAIL`` (exit 1) when the replay has a finding with the file's ``check``
+(the same ``key`` or not: the report says which), ``PASS`` (exit 0) when that check holds; any other
+failing check is listed separately and does not change the exit status.  An order-dependent finding's
+``sequence`` (the examples that must run first) is run first, in the target's fresh worker.  A plain
+scenario file (no ``check``) fails on any finding.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +17,9 @@ from typing import Any
 
 from . import targets_api as api
 from .cmd_explore import add_target_options
-from .common import EXIT_FINDINGS, EXIT_OK, check_world_size, design, load_scenario
+from zerostate.model.scenario import Scenario, ScenarioError
+
+from .common import EXIT_FINDINGS, EXIT_OK, CliError, check_world_size, design, load_scenario
 
 
 def add_parser(sub: Any) -> None:
@@ -22,31 +32,88 @@ def add_parser(sub: Any) -> None:
     p.set_defaults(run=run)
 
 
+def _finding_file(path: str) -> tuple[str | None, str | None, list[Scenario]]:
+    """The finding's ``check``, ``key`` and ``sequence`` (none for a plain scenario file)."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except (OSError, ValueError):
+        return None, None, []
+    if not isinstance(data, dict) or "scenario" not in data:
+        return None, None, []
+    seq = data.get("sequence") or []
+    if not isinstance(seq, list):
+        raise CliError(f"{path}: sequence: expected a list of scenarios, got {type(seq).__name__}")
+    out = []
+    for i, d in enumerate(seq):
+        try:
+            out.append(Scenario.from_dict(d))
+        except ScenarioError as exc:
+            raise CliError(f"{path}: sequence[{i}]: {exc}") from None
+    check = data.get("check") if isinstance(data.get("check"), str) else None
+    key = data.get("key") if isinstance(data.get("key"), str) else None
+    return check, key, out
+
+
+def _first(text: str) -> str:
+    lines = [ln for ln in (text or "").strip().splitlines() if ln.strip()]
+    return lines[0] if lines else ""
+
+
 def run(args: argparse.Namespace) -> int:
     scenario = load_scenario(args.scenario)
+    want, key, sequence = _finding_file(args.scenario)
     check_world_size(args.world_size)
     if args.target == "model" and args.design:
         design(args.design)
     target = api.target(args)
     who = api.describe_target(target)
     try:
+        for sc in sequence:  # an order-dependent finding: what ran before it, in this fresh worker
+            api.run_scenario(target, sc)
         outcome = api.run_scenario(target, scenario)
     finally:
         api.close(target)
-    passed, check, error = api.outcome(outcome)
+    found = api.findings(outcome)
+    if want is None:
+        passed, check, error = api.outcome(outcome)
+        this, others = ([found[0]] if found else []), found[1:]
+    else:
+        this = [f for f in found if api.f_check(f) == want]
+        this.sort(key=lambda f: getattr(f, "key", None) != key)  # the same key first
+        others = [f for f in found if api.f_check(f) != want]
+        passed = not this
+        check, error = (want, api.f_error(this[0])) if this else (None, "")
+    same_key = bool(this) and key is not None and getattr(this[0], "key", None) == key
     if args.out:
         _report(args, who, outcome)
     where = f"model design {who['design']}" if args.target == "model" else f"DeepSpeed {who['deepspeed']}"
+    other = [{"check": api.f_check(f), "error": _first(api.f_error(f))} for f in others]
+    ran_first = f" (after the {len(sequence)} example(s) of its sequence)" if sequence else ""
     if args.json:
         print(json.dumps({**who, "scenario": scenario.to_dict(), "passed": passed, "check": check,
-                          "error": error}, indent=2))
+                          "error": error, "finding_check": want, "finding_key": key,
+                          "same_key": same_key if want else None, "sequence": len(sequence),
+                          "other_failing_checks": other}, indent=2))
     elif passed:
-        print(f"PASS on {where}: every spec holds and the PyTorch oracle agrees\n{scenario.describe()}")
+        what = (f"the finding's check {want} holds{ran_first}" if want else
+                "every spec holds and the PyTorch oracle agrees")
+        print(f"PASS on {where}: {what}\n{scenario.describe()}")
     else:
         lines = [ln for ln in error.strip().splitlines() if ln.strip()]
-        print(f"FAIL on {where}: {check}: {lines[0] if lines else ''}\n{scenario.describe()}")
+        tag = ""
+        if want:
+            tag = (" (the finding reproduced" + ("" if same_key or key is None else
+                                                  ", same check but another message shape than the finding's")
+                   + f"){ran_first}")
+        print(f"FAIL on {where}: {check}: {lines[0] if lines else ''}{tag}\n{scenario.describe()}")
         if len(lines) > 1:
             print("details:\n  " + "\n  ".join(lines[1:12]) + ("\n  ..." if len(lines) > 12 else ""))
+    if other and not args.json:
+        print("other failing checks (not the finding's; they do not change the exit status):" if want else
+              "other failing checks:")
+        for o in other:
+            print(f"  {o['check']}: {o['error']}")
     return EXIT_OK if passed else EXIT_FINDINGS
 
 

@@ -127,3 +127,48 @@ def test_progress_line_on_a_terminal_only(tmp_path):
     assert "example(s) run" in tty and "\r" in tty, tty
     quiet = zs(*args)  # CI=true, pipes: no progress line at all
     assert quiet.returncode == 0 and "example(s) run" not in quiet.stderr and "\r" not in quiet.stderr
+
+
+def test_report_has_the_reliability_figure(buggy_run):
+    r, out = buggy_run
+    rel = load_report(out)["reliability"]
+    assert rel["reported"] == len(json.loads(r.stdout)["findings"]) == rel["confirmed"]  # a model: pure
+    assert rel["order_dependent"] == rel["not_reproduced"] == 0 and rel["restarts"] == []
+    assert json.loads(r.stdout)["reliability"] == rel
+    assert all(f["confirmation"]["status"] == "confirmed" for f in load_report(out)["findings"])
+    assert "## Reliability" in (out / "report.md").read_text()
+    assert all("key" in json.loads((out / f"finding_{i}.json").read_text())
+               for i in range(1, rel["reported"] + 1))
+
+
+def test_replay_judges_the_findings_own_check(buggy_run, tmp_path):
+    """Issue 15: the exit status follows the finding's check; other failing checks are listed apart."""
+    from zerostate.model.scenario import Scenario
+    from zerostate.specs import SPECS
+    from zerostate.targets.model_target import ModelTarget
+    _, out = buggy_run
+    saved = json.loads((out / "finding_1.json").read_text())
+    failing = {f.check for f in ModelTarget("ds-0.18.4").run(Scenario.from_dict(saved["scenario"])).findings}
+    holding = next(s for s in SPECS if s not in failing)
+    r = zs("replay", str(out / "finding_1.json"), *BUGGY, "--json")
+    data = json.loads(r.stdout)
+    assert r.returncode == 1 and data["finding_check"] == data["check"] == saved["check"] and data["same_key"]
+    assert {o["check"] for o in data["other_failing_checks"]} == failing - {saved["check"]}
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({**saved, "check": holding, "key": holding}))
+    r = zs("replay", str(other), *BUGGY)
+    assert r.returncode == 0 and r.stdout.startswith(f"PASS on model design ds-0.18.4: the finding's check {holding}")
+    assert "other failing checks" in r.stdout and saved["check"] in r.stdout
+
+
+def test_replay_runs_an_order_dependent_findings_sequence_first(buggy_run, tmp_path):
+    _, out = buggy_run
+    saved = json.loads((out / "finding_1.json").read_text())
+    seq = tmp_path / "seq.json"
+    seq.write_text(json.dumps({**saved, "sequence": [saved["scenario"], saved["scenario"]]}))
+    r = zs("replay", str(seq), *BUGGY, "--json")
+    assert r.returncode == 1 and json.loads(r.stdout)["sequence"] == 2
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({**saved, "sequence": [{"stage": 7}]}))
+    r = zs("replay", str(bad), *BUGGY)
+    assert r.returncode == 2 and "bad.json: sequence[0]" in r.stderr, r.stderr

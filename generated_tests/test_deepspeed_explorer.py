@@ -67,3 +67,84 @@ def test_ctrl_c_hands_over_what_was_seen():
     with pytest.raises(KeyboardInterrupt):
         explore(_Broken(40, KeyboardInterrupt()), examples=200, seed=None, on_finding=got.append)
     assert got
+
+
+# ------------------------------------------------------------------ confirmation before hand-over (issue 15)
+class _Leaky:
+    """A test-only target whose worker leaks state (the knob lives here, not in the production worker):
+    once it has run a ZeRO-1 scenario, every later scenario with two or more train steps gets a
+    ``leaked`` finding, until ``fresh()`` starts a clean worker.  Like a rank pool carrying a collective
+    over, or DeepSpeed carrying state from one engine to the next in one process."""
+
+    name, version = "leaky", None
+
+    def __init__(self):
+        self.inner = get_target("model", design="zerostate")
+        self.poisoned = False
+        self.fresh_starts = 0
+        self.restarts = 0
+
+    def fresh(self) -> None:
+        self.poisoned, self.fresh_starts = False, self.fresh_starts + 1
+
+    def run(self, sc: Scenario) -> Outcome:
+        out = self.inner.run(sc)
+        if self.poisoned and len(sc.steps) >= 2:
+            out.findings.append(Finding("leaked", "state left over by an earlier example", sc, target=self.name))
+        if sc.stage == 1:
+            self.poisoned = True
+        return out
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_finding_that_needs_earlier_examples_is_reported_order_dependent_with_its_sequence():
+    from zerostate.targets.confirm import reproduces
+    runs = [explore(_Leaky(), examples=30, seed=None) for _ in range(2)]
+    leaked = [next(f for f in r.findings if f.check == "leaked") for r in runs]
+    c = leaked[0].confirmation
+    assert c.status == "order-dependent", c
+    # the shortest run that makes it appear: one ZeRO-1 example (what poisons the worker)
+    assert len(c.sequence) == 1 and c.sequence[0].stage == 1, [s.describe() for s in c.sequence]
+    # its replay reproduces it: in a fresh worker after the sequence, and not alone
+    assert reproduces(_Leaky(), leaked[0].key, leaked[0].scenario, c.sequence)
+    assert not reproduces(_Leaky(), leaked[0].key, leaked[0].scenario, [])
+    assert runs[0].reliability["order_dependent"] == 1
+    # the same seed gives the same findings, sequences included
+    same = [sorted((f.key, f.scenario.to_json(None), [s.to_json(None) for s in f.confirmation.sequence])
+                   for f in r.findings) for r in runs]
+    assert same[0] == same[1]
+
+
+def test_findings_that_reproduce_alone_are_confirmed():
+    res = explore(get_target("model", design="ds-0.18.4"), examples=40, seed=None, stop=lambda fs: len(fs) >= 2)
+    assert res.findings and all(f.confirmation.status == "confirmed" for f in res.findings)
+    rel = res.reliability
+    assert rel["confirmed"] == rel["reported"] == len(res.findings) and rel["restarts"] == []
+
+
+class _Restarting(_Leaky):
+    """Restarts its worker after every 7th run (as a hang or ranks out of step would)."""
+
+    def __init__(self):
+        super().__init__()
+        self.n = 0
+
+    def run(self, sc: Scenario) -> Outcome:
+        out = super().run(sc)
+        self.n += 1
+        if self.n % 7 == 0:
+            self.restarts += 1
+            self.poisoned = False
+            out.details["pool_restarted"] = "test: restarted after this example"
+        return out
+
+
+def test_worker_restarts_are_counted_with_their_reason_and_cut_the_history():
+    seen = []
+    res = explore(_Restarting(), examples=40, seed=None, on_restart=seen.append)
+    assert res.restarts and seen == res.restarts
+    assert all(r["why"] == "test: restarted after this example" for r in res.restarts)
+    for f in res.findings:  # a sequence never reaches back over a restart
+        assert len(f.confirmation.sequence) <= 6

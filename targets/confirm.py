@@ -7,8 +7,8 @@ inherit state from the examples before it.  `confirm` judges a finding (by its k
 * ``confirmed``        -- its scenario, run alone in a fresh worker, has the finding's key;
 * ``order-dependent``  -- it does not alone, but it does after the examples that ran before it in the
   same worker (its *history*, from the worker's start); the shortest run of them that still makes it
-  appear is found (the shortest suffix of the history, by bisection; then single examples dropped while
-  it still appears) and becomes ``sequence``: the replay command and the repro script run it first;
+  appear is found (the shortest suffix of the history, by bisection; then its first example alone, else
+  chunks of the rest dropped while it still appears) and becomes ``sequence``: the replay command and the repro script run it first;
 * ``not-reproduced``   -- neither alone nor after its whole history (timing, or a worker restarted in
   between): reported all the same, marked so;
 * ``not-checked``      -- the run was interrupted before it could be replayed.
@@ -89,13 +89,24 @@ def confirm(target: Any, key: str, scenario: Scenario, history: list[Scenario],
         else:
             lo = mid + 1
     seq = list(history[-hi:])
-    i = 0
-    while i < len(seq) and len(seq) > 1 and tries[0] < max_tries:  # drop single examples that do not matter
-        cand = seq[:i] + seq[i + 1:]
-        if attempt(cand):
-            seq = cand
+    # the shortest suffix's first example is needed (without it the suffix is too short): try it alone,
+    # then drop chunks of the rest while the finding still appears (ddmin), within the tries left
+    if len(seq) > 1 and tries[0] < max_tries and attempt(seq[:1]):
+        seq = seq[:1]
+    n = 2
+    while len(seq) > 1 and tries[0] < max_tries:
+        size = -(-(len(seq) - 1) // n)
+        for i in range(1, len(seq), size):
+            if tries[0] >= max_tries:
+                break
+            cand = seq[:i] + seq[i + size:]
+            if attempt(cand):
+                seq, n = cand, max(n - 1, 2)
+                break
         else:
-            i += 1
+            if size <= 1:
+                break
+            n = min(len(seq) - 1, 2 * n)
     return done("order-dependent", seq)
 
 
