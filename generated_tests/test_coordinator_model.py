@@ -32,10 +32,10 @@ from zerostate.model.coordinator_state import AVAILABLE, HOLD, INFLIGHT, NOT_AVA
 from zerostate.model.designs import Design
 from zerostate.model.driver import segments
 from zerostate.model.events import DRIVER_EVENTS, Ev, Event
-from zerostate.model.explore import enabled_nodes, run, state_graph
+from zerostate.model.cursor import Cursor
+from zerostate.model.explore import run, state_graph
 from zerostate.model.hook_designs import DS_0_18_7
-from zerostate.model.machine import initial_state, step
-from zerostate.model.monitor import is_failure
+from zerostate.model.monitor import MonitorBank
 from zerostate.model.network import Network
 from zerostate.model.scenario import (Block, Checkpoint, MicroStep, ParamKind, Scenario, ScenarioError,
                                       TrainStep)
@@ -82,39 +82,31 @@ class CoordinatorProtocol(RuleBasedStateMachine):
         sc = explored(name, sc)
         note(f"{name}\n{sc.describe()}")
         self.design = get_design(name)
-        self.net = Network(sc)
-        self.ix = index_for(self.net)
-        self.segs = segments(sc, coordinator=True)
-        self.seg, self.done = 0, frozenset()
-        self.state = initial_state(self.design, self.net)
-        self.monitors = [s.init() for s in COORDINATOR_SPECS]
-        self.trace: list[Event] = []
+        self.cursor = Cursor(self.design, sc, coordinator=True)
+        self.ix = index_for(self.cursor.net)
+        self.bank = MonitorBank(COORDINATOR_SPECS)
         self.folded = [NOT_AVAILABLE] * self.ix.n
         self.violation = None
 
     def _finished(self) -> bool:
-        return self.seg >= len(self.segs)
+        return self.cursor.finished
+
+    @property
+    def trace(self) -> list[Event]:
+        return self.cursor.events
+
+    @property
+    def state(self):
+        return self.cursor.state
 
     def _fire(self, n) -> None:
-        g = self.segs[self.seg]
-        self.state, out = step(self.design, self.net, self.state, g.nodes[n]["event"])
-        self.trace += out
+        out = self.cursor.fire(n)
         for ev in out:
             if ev.kind in (Ev.FETCH, Ev.PREFETCH, Ev.RELEASE):
                 self.folded[self.ix.pidx[ev.param]] = {Ev.FETCH: AVAILABLE, Ev.PREFETCH: INFLIGHT,
                                                        Ev.RELEASE: NOT_AVAILABLE}[ev.kind]
-        for i, (spec, m) in enumerate(zip(COORDINATOR_SPECS, self.monitors)):
-            if is_failure(m):
-                continue
-            for ev in out:
-                m = spec.step(m, ev)
-                if is_failure(m):
-                    self.violation = self.violation or f"{spec.id}: {m.message} at {ev}"
-                    break
-            self.monitors[i] = m
-        self.done |= {n}
-        if len(self.done) == g.number_of_nodes():
-            self.seg, self.done = self.seg + 1, frozenset()
+        for sid, (i, failure) in self.bank.feed(out).items():
+            self.violation = self.violation or f"{sid}: {failure.message} at {self.trace[i]}"
 
     @rule(data=st.data(), choices=st.integers(1, 12))
     def fire(self, data, choices):
@@ -122,7 +114,7 @@ class CoordinatorProtocol(RuleBasedStateMachine):
         (forced events need no draw); once the run is over there is nothing left to fire.  Monitors judge
         every event as it happens."""
         while not self._finished() and self.violation is None:
-            en = enabled_nodes(self.segs[self.seg], self.done)
+            en = self.cursor.enabled()
             if len(en) > 1:
                 self._fire(data.draw(st.sampled_from(en), label="event"))
                 choices -= 1
@@ -137,7 +129,7 @@ class CoordinatorProtocol(RuleBasedStateMachine):
 
     @invariant()
     def coordinator_state_is_consistent(self):
-        if not hasattr(self, "state"):
+        if not hasattr(self, "cursor"):
             return
         cs = self.state.coord
         # the effect events say everything that changed
@@ -150,9 +142,9 @@ class CoordinatorProtocol(RuleBasedStateMachine):
         assert not cs.stack or self.design.coordinator.track_stack
 
     def teardown(self):
-        if getattr(self, "segs", None) is not None:
+        if getattr(self, "cursor", None) is not None:
             event("run finished" if self._finished() else "run cut short")
-        if getattr(self, "segs", None) is not None and self._finished() and self.violation is None:
+        if getattr(self, "cursor", None) is not None and self._finished() and self.violation is None:
             for spec in COORDINATOR_SPECS:
                 v = check_trace(spec, self.trace)
                 assert v is None, str(v)

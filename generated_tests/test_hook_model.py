@@ -16,11 +16,10 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from zerostate.model import BackwardKind, Checkpoint, Network, get_design
-from zerostate.model.driver import segments
+from zerostate.model.cursor import Cursor
 from zerostate.model.events import Ev
-from zerostate.model.explore import enabled_nodes, state_graph
-from zerostate.model.monitor import is_failure
-from zerostate.model.machine import initial_state, step
+from zerostate.model.explore import state_graph
+from zerostate.model.monitor import MonitorBank
 from zerostate.specs import check_trace
 from zerostate.specs.hook_specs import (CLEAN_STEP, COUNT_ONCE_PER_PHASE, EPILOGUE_ONCE, GRAD_HANDLED_ONCE,
                                         HOOK_SPECS)
@@ -36,36 +35,24 @@ class HookProtocol(RuleBasedStateMachine):
     @initialize(sc=hook_scenarios, name=st.sampled_from(CORRECT))
     def setup(self, sc, name):
         note(sc.describe())
-        self.design = get_design(name)
-        self.net = Network(sc)
-        self.segs = segments(sc, coordinator=False)
-        self.seg, self.done = 0, frozenset()
-        self.state = initial_state(self.design, self.net)
-        self.monitors = [s.init() for s in HOOK_SPECS]
-        self.trace = []
+        self.cursor = Cursor(get_design(name), sc, coordinator=False)
+        self.bank = MonitorBank(HOOK_SPECS)
         self.violation = None
 
     def _finished(self) -> bool:
-        return self.seg >= len(self.segs)
+        return self.cursor.finished
+
+    @property
+    def trace(self):
+        return self.cursor.events
 
     @precondition(lambda self: not self._finished())
     @rule(data=st.data())
     def fire(self, data):
-        g = self.segs[self.seg]
-        en = enabled_nodes(g, self.done)
+        en = self.cursor.enabled()
         n = data.draw(st.sampled_from(en), label="event") if len(en) > 1 else en[0]
-        self.state, out = step(self.design, self.net, self.state, g.nodes[n]["event"])
-        self.trace += out
-        for i, (spec, m) in enumerate(zip(HOOK_SPECS, self.monitors)):
-            for ev in out:
-                m = spec.step(m, ev)
-                if is_failure(m):
-                    self.violation = f"{spec.id}: {m.message} at {ev}"
-                    break
-            self.monitors[i] = m
-        self.done |= {n}
-        if len(self.done) == g.number_of_nodes():
-            self.seg, self.done = self.seg + 1, frozenset()
+        for sid, (i, failure) in self.bank.feed(self.cursor.fire(n)).items():
+            self.violation = self.violation or f"{sid}: {failure.message} at {self.trace[i]}"
 
     @precondition(lambda self: self._finished())
     @rule()
@@ -77,7 +64,7 @@ class HookProtocol(RuleBasedStateMachine):
         assert self.violation is None, self.violation
 
     def teardown(self):
-        if getattr(self, "segs", None) is not None and self._finished():
+        if getattr(self, "cursor", None) is not None and self._finished():
             for spec in HOOK_SPECS:
                 v = check_trace(spec, self.trace)
                 assert v is None, str(v)

@@ -18,11 +18,12 @@ from typing import Any, Callable, Sequence
 import networkx as nx
 
 from .coordinator_null import NULL_COORDINATOR
+from .cursor import Cursor, enabled_at
 from .designs import Design
 from .driver import segments
 from .events import Ev, Event, Trace
 from .machine import initial_state, step
-from .monitor import is_failure
+from .monitor import MonitorBank
 from .network import Network
 from .scenario import Scenario
 
@@ -35,7 +36,7 @@ def first_enabled(enabled: list[Event]) -> int:
 
 
 def enabled_nodes(g: nx.DiGraph, done: frozenset[int]) -> list[int]:
-    return sorted(n for n in g.nodes if n not in done and all(p in done for p in g.predecessors(n)))
+    return enabled_at(g, done)
 
 
 def needs_coordinator(design: Design, scenario: Scenario) -> bool:
@@ -45,19 +46,12 @@ def needs_coordinator(design: Design, scenario: Scenario) -> bool:
 def run(design: Design, scenario: Scenario, choose: Chooser = first_enabled,
         coordinator: bool | None = None) -> Trace:
     """Drive one interleaving; return the full trace (driver and effect events) and the final state."""
-    net = Network(scenario)
     coord = needs_coordinator(design, scenario) if coordinator is None else coordinator
-    st = initial_state(design, net)
-    events: list[Event] = []
-    for g in segments(scenario, coordinator=coord):
-        done: frozenset[int] = frozenset()
-        while len(done) < g.number_of_nodes():
-            en = enabled_nodes(g, done)
-            n = en[choose([g.nodes[x]["event"] for x in en]) if len(en) > 1 else 0]
-            st, out = step(design, net, st, g.nodes[n]["event"])
-            events += out
-            done = done | {n}
-    return Trace(tuple(events), {"state": st})
+    cur = Cursor(design, scenario, coord)
+    while not cur.finished:
+        en = cur.enabled()
+        cur.fire(en[choose([cur.event_of(x) for x in en]) if len(en) > 1 else 0])
+    return Trace(tuple(cur.events), {"state": cur.state})
 
 
 @dataclass
@@ -78,32 +72,6 @@ class GraphResult:
     graph: nx.DiGraph | None = None
 
 
-def _feed(specs: Sequence[Any], monitors: tuple, events: list[Event], base: int,
-          failed: dict[str, tuple[int, str]]) -> tuple:
-    """Advance every (non-failed) monitor over ``events``; note the first failure per spec."""
-    out = []
-    for spec, m in zip(specs, monitors):
-        if m is _DEAD:
-            out.append(m)
-            continue
-        for i, ev in enumerate(events):
-            m = spec.step(m, ev)
-            if is_failure(m):
-                failed.setdefault(spec.id, (base + i, m.message))
-                m = _DEAD
-                break
-        out.append(m)
-    return tuple(out)
-
-
-class _Dead:
-    def __repr__(self) -> str:
-        return "<violated>"
-
-
-_DEAD = _Dead()
-
-
 def state_graph(design: Design, scenario: Scenario, specs: Sequence[Any], keep_graph: bool = False,
                 coordinator: bool | None = None, max_states: int = 2_000_000,
                 reduce: bool = True) -> GraphResult:
@@ -114,7 +82,8 @@ def state_graph(design: Design, scenario: Scenario, specs: Sequence[Any], keep_g
     segs, preds = _prepared_segments(scenario, coord, reduce and not coord)
     if not coord:  # hook-only graphs carry no module events: keep the coordinator out of the state
         design = replace(design, coordinator=NULL_COORDINATOR)
-    start = (0, frozenset(), initial_state(design, net), tuple(s.init() for s in specs))
+    bank = MonitorBank(specs)
+    start = (0, frozenset(), initial_state(design, net), bank.initial())
     parent: dict[Any, tuple[Any, list[Event]] | None] = {start: None}
     graph = nx.DiGraph() if keep_graph else None
     found: dict[str, tuple[Any, list[Event], int, str]] = {}
@@ -133,15 +102,12 @@ def state_graph(design: Design, scenario: Scenario, specs: Sequence[Any], keep_g
                 succ = []
         else:
             succ = []
-            for n in g.nodes:
-                if n in done or any(p not in done for p in preds[seg][n]):
-                    continue
+            for n in enabled_at(g, done, preds[seg]):
                 st2, out = step(design, net, st, g.nodes[n]["event"])
-                failed: dict[str, tuple[int, str]] = {}
-                mons2 = _feed(specs, mons, out, 0, failed)
-                for sid, (i, msg) in failed.items():
+                mons2, failed = bank.advance(mons, out)
+                for sid, (i, failure) in failed.items():
                     if sid not in found:
-                        found[sid] = (node, out[: i + 1], i, msg)
+                        found[sid] = (node, out[: i + 1], i, failure.message)
                 succ.append((n, (seg, done | {n}, st2, mons2), out))
         for n, nxt, out in succ:
             transitions += 1
@@ -154,12 +120,8 @@ def state_graph(design: Design, scenario: Scenario, specs: Sequence[Any], keep_g
                     raise RuntimeError(f"state graph exceeds {max_states} states for {scenario.describe()}")
     # end-of-run obligations (monitor finish)
     for node in finals:
-        for spec, m in zip(specs, node[3]):
-            if m is _DEAD or spec.id in found:
-                continue
-            end = spec.finish(m)
-            if end:
-                found[spec.id] = (node, [], -1, end.message if is_failure(end) else end)
+        for sid, failure in bank.ends(node[3]).items():
+            found.setdefault(sid, (node, [], -1, failure.message))
     res = GraphResult(scenario, design.name, len(parent), transitions, time.perf_counter() - t0, graph=graph)
     for spec in specs:
         if spec.id in found:
