@@ -20,12 +20,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from zerostate.model.coordinator_null import NULL_COORDINATOR
+from zerostate.model.cursor import Cursor
 from zerostate.model.designs import Design
-from zerostate.model.driver import segments
 from zerostate.model.events import Ev, Event
-from zerostate.model.explore import enabled_nodes
 from zerostate.model.hook_designs import ZEROSTATE
-from zerostate.model.machine import initial_state, step
 from zerostate.model.network import Network
 from zerostate.model.scenario import BackwardKind, Scenario
 from zerostate.runtime.hook_state import ZerostateBackwardHookState, observable
@@ -171,27 +169,23 @@ def _runtime_view(eng: FakeEngine) -> dict:
 
 def check_refinement(sc: Scenario, choose, closure: str) -> int:
     """Drive model and runtime with one interleaving; assert equal views after every event."""
-    net = Network(sc)
-    mst = initial_state(HOOKS_ONLY, net)
-    eng = FakeEngine(net, closure)
+    cur = Cursor(HOOKS_ONLY, sc, coordinator=False)
+    eng = FakeEngine(cur.net, closure)
     epilogues = counts = n = 0
     history: list[str] = []
-    for g in segments(sc, coordinator=False):
-        done: frozenset[int] = frozenset()
-        while len(done) < g.number_of_nodes():
-            en = enabled_nodes(g, done)
-            node = en[choose(len(en))]
-            ev = g.nodes[node]["event"]
-            mst, out = step(HOOKS_ONLY, net, mst, ev)
-            epilogues += sum(1 for e in out if e.kind is Ev.EPILOGUE)
-            counts += sum(1 for e in out if e.kind is Ev.COUNT)
-            eng.feed(ev)
-            n += 1
-            history.append(str(ev))
-            want, got = _model_view(mst, epilogues, counts), _runtime_view(eng)
-            assert got == want, (f"runtime diverged from the model after event #{n} {ev}\n"
-                                 f"model:   {want}\nruntime: {got}\nevents: {history}")
-            done = done | {node}
+    while not cur.finished:
+        en = cur.enabled()
+        node = en[choose(len(en))]
+        ev = cur.event_of(node)
+        out = cur.fire(node)
+        epilogues += sum(1 for e in out if e.kind is Ev.EPILOGUE)
+        counts += sum(1 for e in out if e.kind is Ev.COUNT)
+        eng.feed(ev)
+        n += 1
+        history.append(str(ev))
+        want, got = _model_view(cur.state, epilogues, counts), _runtime_view(eng)
+        assert got == want, (f"runtime diverged from the model after event #{n} {ev}\n"
+                             f"model:   {want}\nruntime: {got}\nevents: {history}")
     assert counts == 0 and eng.counts == 0  # the zerostate cost property: never counted
     return n
 
