@@ -10,16 +10,18 @@
 * `install(engine)` / `uninstall(engine)`; `patch_deepspeed()` installs into every engine that
   ``deepspeed.initialize`` builds (HF Trainer / accelerate), `unpatch_deepspeed()` undoes it.
 
-Importing this package imports neither torch nor deepspeed; `install` does.
+Importing this package imports neither torch nor deepspeed (nor the explorer's hypothesis, networkx,
+matplotlib: a runtime user installs only torch + deepspeed); `install` imports them.  Logs go to the
+``zerostate.runtime`` logger: one INFO line per install, one WARNING per engine left stock.
 """
 
 from .hook_state import (OBSERVABLE_FIELDS, MissingTorchInternalsError, TorchAutograd,
                          ZerostateBackwardHookState, observable)
-from .install import (COMPAT, Installation, UnsupportedDeepSpeedError, ZerostateInstallError, install,
-                      installation, is_installed, patch_deepspeed, supported_range, uninstall,
-                      unpatch_deepspeed)
+from .install import (COMPAT, Installation, UnsupportedDeepSpeedError, UnsupportedEngineError, ZerostateInstallError,
+                      engine_support, install, installation, is_installed, patch_deepspeed, supported_range,
+                      uninstall, unpatch_deepspeed)
 
 __all__ = ["COMPAT", "Installation", "MissingTorchInternalsError", "OBSERVABLE_FIELDS", "TorchAutograd",
-           "UnsupportedDeepSpeedError", "ZerostateBackwardHookState", "ZerostateInstallError", "install",
-           "installation", "is_installed", "observable", "patch_deepspeed", "supported_range", "uninstall",
-           "unpatch_deepspeed"]
+           "UnsupportedDeepSpeedError", "UnsupportedEngineError", "ZerostateBackwardHookState",
+           "ZerostateInstallError", "engine_support", "install", "installation", "is_installed", "observable",
+           "patch_deepspeed", "supported_range", "uninstall", "unpatch_deepspeed"]

@@ -32,7 +32,12 @@ _ENABLED = threading.Event()
 
 
 def _patch_now() -> None:
-    importlib.import_module(__package__ + ".install").patch_deepspeed()
+    """Patch; an unsupported DeepSpeed or PyTorch is a warning, never an error from ``import deepspeed``."""
+    install = importlib.import_module(__package__ + ".install")
+    try:
+        install.patch_deepspeed()
+    except install.ZerostateInstallError as e:
+        install.log.warning("zerostate.runtime autoinstall: deepspeed.initialize left stock: %s", e)
 
 
 class _Finder(importlib.abc.MetaPathFinder):

@@ -14,8 +14,25 @@
 Every original is recorded; ``uninstall(engine)`` puts back the identical objects
 (the original manager, the original hook functions under their original keys, the
 instance attributes as they were).  Installing twice is a no-op.  An unsupported
-DeepSpeed release, a missing PyTorch internal, or an engine in the middle of a
-backward is refused with a clear error *before anything is changed*.
+DeepSpeed release, a missing PyTorch internal, an engine the design does not cover
+(`engine_support`: no ZeRO optimizer, ``BF16_Optimizer``, NVMe offload, gradient hooks of
+an unknown shape) or an engine in the middle of a backward is refused with a clear error
+*before anything is changed*; under `patch_deepspeed` such an engine gets one warning and
+stays stock -- ``deepspeed.initialize`` never raises because of the runtime (issue 10).
+
+Supported engines: ZeRO stage 1, 2 and 3 (``DeepSpeedZeroOptimizer``,
+``DeepSpeedZeroOptimizer_Stage3``) in fp32, bf16 or fp16, with or without CPU offload of
+the optimizer state (``offload_optimizer``) and, under ZeRO-3, of the parameters
+(``offload_param``): their gradient hooks are the closures of the table below whatever
+the precision or offload device.
+
+Parameters frozen or unfrozen after install: the release policy's frozen set is
+re-collected (the policy re-installed through its public API) at the first root forward
+after any ``requires_grad`` changed; a parameter made trainable after
+``deepspeed.initialize`` gets a warning -- DeepSpeed registered no gradient hook for it.
+
+Each install logs one INFO line on the ``zerostate.runtime`` logger (release, stage, what
+was changed); each refusal under `patch_deepspeed` one WARNING.
 
 All version knowledge lives in `COMPAT` below.
 """
@@ -24,6 +41,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import threading
 import weakref
 from dataclasses import dataclass, field
@@ -33,9 +51,11 @@ from .hook_state import MissingTorchInternalsError, TorchAutograd, ZerostateBack
 from .release_policy import (ReleasePolicyState, check_release_policy_supported, install_release_policy,
                              uninstall_release_policy)
 
-__all__ = ["COMPAT", "Installation", "UnsupportedDeepSpeedError", "ZerostateInstallError", "install",
-           "installation", "is_installed", "patch_deepspeed", "supported_range", "uninstall",
-           "unpatch_deepspeed"]
+__all__ = ["COMPAT", "Installation", "UnsupportedDeepSpeedError", "UnsupportedEngineError", "ZerostateInstallError",
+           "engine_support", "install", "installation", "is_installed", "patch_deepspeed", "supported_range",
+           "uninstall", "unpatch_deepspeed"]
+
+log = logging.getLogger("zerostate.runtime")
 
 
 # ----------------------------------------------------------------- the table
@@ -97,6 +117,54 @@ class ZerostateInstallError(RuntimeError):
 
 class UnsupportedDeepSpeedError(ZerostateInstallError):
     """The DeepSpeed release is outside `COMPAT`."""
+
+
+class UnsupportedEngineError(ZerostateInstallError):
+    """The engine is one the zerostate design does not cover (see `engine_support`)."""
+
+
+_ZERO_OPTIMIZERS = ("DeepSpeedZeroOptimizer", "DeepSpeedZeroOptimizer_Stage3")
+"""DeepSpeed's ZeRO stage 1/2 and stage 3 optimizers (and subclasses, whose hooks are then checked)."""
+
+
+def _offload_device(cfg: Any) -> str:
+    device = getattr(cfg, "device", None) if cfg is not None else None
+    return str(getattr(device, "value", device) or "none")
+
+
+def engine_support(engine: Any) -> str | None:
+    """None when `install` covers ``engine``, else why not (the text of the refusal).
+
+    Covered: an optimizer that is (a subclass of) DeepSpeed's ZeRO stage 1/2 or stage 3 optimizer,
+    any precision, offload to CPU or none.  Not covered:
+
+    * no ZeRO optimizer (plain DeepSpeed, ZeRO stage 0): no backward hook state to replace;
+    * ``BF16_Optimizer`` (ZeRO-1 + bf16 + fp32 gradient accumulation): it runs its backward epilogue
+      from ``engine.backward`` only and its gradient hooks (``immediate_grad_update``) never consult
+      the backward hook state -- the design has nothing to decide there, and its hooks are not the
+      closures of `COMPAT` (install raised "unexpected ZeRO gradient hook" inside
+      ``deepspeed.initialize`` before issue 10);
+    * NVMe offload (optimizer or parameters): its swap-in / swap-out paths around fetch and release
+      are not verified with the release policy.
+    """
+    opt = getattr(engine, "optimizer", None)
+    names = [c.__name__ for c in type(opt).__mro__]
+    if getattr(opt, "_backward_hook_state", None) is None:
+        return ("engine.optimizer has no _backward_hook_state: zerostate.runtime installs into ZeRO stage 1, 2 "
+                f"or 3 engines (got optimizer {type(opt).__name__})")
+    if "BF16_Optimizer" in names:
+        return ("BF16_Optimizer (ZeRO-1 + bf16 with fp32 gradient accumulation) drives its backward epilogue from "
+                "engine.backward only and its gradient hooks never consult the backward hook state: the zerostate "
+                "design does not apply to it")
+    if not any(n in _ZERO_OPTIMIZERS for n in names):
+        return (f"optimizer {type(opt).__name__} is not one of DeepSpeed's ZeRO optimizers "
+                f"({', '.join(_ZERO_OPTIMIZERS)})")
+    for what, getter in (("optimizer", "zero_offload_optimizer"), ("parameter", "zero_offload_param")):
+        fn = getattr(engine, getter, None)
+        device = _offload_device(fn()) if callable(fn) else "none"
+        if device == "nvme":
+            return f"{what} offload to NVMe is not verified with zerostate.runtime (CPU offload is)"
+    return None
 
 
 # ------------------------------------------------------------ the closures
@@ -190,7 +258,10 @@ def _plan_closure_swaps(opt: Any, row: CompatRow) -> list[_Swap]:
         inner = _unwrap(fn)
         kind = _HOOK_NAMES.get(getattr(getattr(inner, "__code__", None), "co_name", ""))
         if kind is None:
-            raise ZerostateInstallError(f"unexpected ZeRO gradient hook {inner!r}; is this a modified DeepSpeed?")
+            raise UnsupportedEngineError(
+                f"{type(opt).__name__} has a gradient hook zerostate.runtime does not know "
+                f"({getattr(getattr(inner, '__code__', None), 'co_qualname', inner)!r}); the runtime covers the "
+                f"closures of DeepSpeed's ZeRO stage 1/2/3 optimizers (a modified DeepSpeed or a new optimizer?)")
         gated = "should_refresh_expected_hook_count" in inner.__code__.co_names
         if row.hook_closures == "refresh-gated":
             if not gated:
@@ -221,10 +292,30 @@ class Installation:
     manager: ZerostateBackwardHookState
     swaps: list[_Swap] = field(default_factory=list)
     release: ReleasePolicyState | None = None
+    engine_ref: Any = None
+    """weakref to the engine (the frozen-set refresh re-installs the release policy on it)."""
+    requires_grad: tuple[bool, ...] = ()
+    """``requires_grad`` of every module parameter when last checked (install, then each root forward)."""
+    trainable_at_install: frozenset[int] = frozenset()
+    refresh_handle: Any = None
+    refreshes: int = 0
+    """How many times a ``requires_grad`` change re-collected the release policy's frozen set."""
 
     @property
     def release_policy(self) -> bool:
         return self.release is not None
+
+    def describe(self) -> str:
+        """What this installation changed, in one line (the install log line)."""
+        parts = [f"hook state {type(self.manager).__name__} on {type(self.optimizer).__name__}"]
+        if self.swaps:
+            parts.append(f"{len(self.swaps)} gradient-hook closures replaced (count in every hook, #7882)")
+        else:
+            parts.append("DeepSpeed's gradient-hook closures kept")
+        if self.release is not None:
+            parts.append(f"ZeRO-3 recompute release policy on {len(self.release.frozen_of)} modules with frozen "
+                         f"parameters ({self.row.release_policy})")
+        return "; ".join(parts)
 
 
 _INSTALLED: "weakref.WeakKeyDictionary[Any, Installation]" = weakref.WeakKeyDictionary()
@@ -263,12 +354,11 @@ def install(engine: Any, *, release_policy: bool | None = None) -> Installation:
             autograd = TorchAutograd()
         except MissingTorchInternalsError as e:
             raise ZerostateInstallError(str(e)) from None
-        opt = getattr(engine, "optimizer", None)
-        old = getattr(opt, "_backward_hook_state", None)
-        if old is None:
-            raise ZerostateInstallError(
-                "engine.optimizer has no _backward_hook_state: zerostate.runtime installs into ZeRO "
-                f"stage 1, 2 or 3 engines (got optimizer {type(opt).__name__}). Nothing was changed.")
+        why_not = engine_support(engine)
+        if why_not:
+            raise UnsupportedEngineError(f"{why_not}. Nothing was changed.")
+        opt = engine.optimizer
+        old = opt._backward_hook_state
         if getattr(old, "backward_active_depth", 0):
             raise ZerostateInstallError("install() called during a backward (backward_active_depth > 0); "
                                         "install between train steps. Nothing was changed.")
@@ -285,24 +375,74 @@ def install(engine: Any, *, release_policy: bool | None = None) -> Installation:
                     f"installed {version}. Nothing was changed.")
             if why:
                 raise ZerostateInstallError(f"release policy: {why}. Nothing was changed.")
-        # ---- apply
+        module = getattr(engine, "module", None)
+        params = list(module.parameters()) if module is not None else []
+        # ---- apply (all or nothing: any failure puts back what was done so far)
         manager = ZerostateBackwardHookState.from_manager(old, autograd)
-        inst = Installation(version, row, opt, old, manager)
-        opt._backward_hook_state = manager
-        for s in swaps:
-            s.hooks[s.key] = s.replacement
-        inst.swaps = swaps
-        if want_release:
-            try:
+        inst = Installation(version, row, opt, old, manager, engine_ref=weakref.ref(engine),
+                            requires_grad=tuple(p.requires_grad for p in params),
+                            trainable_at_install=frozenset(id(p) for p in params if p.requires_grad))
+        try:
+            opt._backward_hook_state = manager
+            for s in swaps:
+                s.hooks[s.key] = s.replacement
+                inst.swaps.append(s)
+            if want_release:
                 inst.release = install_release_policy(engine)
-            except Exception:
-                _undo(inst)
-                raise
+            if module is not None:
+                inst.refresh_handle = module.register_forward_pre_hook(
+                    functools.partial(_refresh_frozen_set, weakref.ref(inst)), prepend=True)
+        except BaseException:
+            _undo(inst)
+            raise
         _INSTALLED[engine] = inst
+        log.info("zerostate.runtime installed into DeepSpeed %s ZeRO-%s engine: %s", version,
+                 _stage(engine), inst.describe())
         return inst
 
 
+def _stage(engine: Any) -> Any:
+    fn = getattr(engine, "zero_optimization_stage", None)
+    return fn() if callable(fn) else "?"
+
+
+def _refresh_frozen_set(inst_ref: "weakref.ref[Installation]", module: Any, args: Any) -> None:
+    """Root forward pre-hook: when a parameter's ``requires_grad`` changed since the last check,
+    re-collect the release policy's frozen set (uninstall + install through its public API; at a
+    root forward no hold is in flight that the next ``reset_step`` would not drop anyway)."""
+    inst = inst_ref()
+    if inst is None:
+        return
+    params = list(module.parameters())
+    now = tuple(p.requires_grad for p in params)
+    if now == inst.requires_grad:
+        return
+    import torch
+
+    if torch._C._current_graph_task_id() != -1:
+        return  # inside a backward (a recompute): wait for the next root forward
+    with _LOCK:
+        inst.requires_grad = now
+        late = [p for p in params if p.requires_grad and id(p) not in inst.trainable_at_install]
+        if late:
+            log.warning("zerostate.runtime: %d parameter(s) became trainable after install; DeepSpeed's ZeRO "
+                        "optimizer registers gradient hooks and optimizer partitions in deepspeed.initialize only, "
+                        "so DeepSpeed may not train them", len(late))
+            inst.trainable_at_install = inst.trainable_at_install | {id(p) for p in late}
+        engine = inst.engine_ref() if inst.engine_ref is not None else None
+        if inst.release is not None and engine is not None:
+            uninstall_release_policy(inst.release)
+            inst.release = None
+            inst.release = install_release_policy(engine)
+            inst.refreshes += 1
+            log.info("zerostate.runtime: requires_grad changed; release policy frozen set re-collected "
+                     "(%d modules with frozen parameters)", len(inst.release.frozen_of))
+
+
 def _undo(inst: Installation) -> None:
+    if inst.refresh_handle is not None:
+        inst.refresh_handle.remove()
+        inst.refresh_handle = None
     if inst.release is not None:
         uninstall_release_policy(inst.release)
         inst.release = None
@@ -346,9 +486,29 @@ def _log_install(engine: Any, inst: Installation) -> None:
     if not path:
         return
     stage = getattr(getattr(engine, "zero_optimization_stage", None), "__call__", lambda: "?")()
-    with open(path, "a") as f:
-        f.write(f"{os.getpid()} deepspeed={inst.version} stage={stage} release_policy={inst.release_policy} "
-                f"closures_replaced={len(inst.swaps)}\n")
+    try:
+        with open(path, "a") as f:
+            f.write(f"{os.getpid()} deepspeed={inst.version} stage={stage} release_policy={inst.release_policy} "
+                    f"closures_replaced={len(inst.swaps)}\n")
+    except OSError as e:
+        log.warning("zerostate.runtime: cannot append to ZEROSTATE_RUNTIME_LOG=%s: %s", path, e)
+
+
+def _install_or_warn(engine: Any, patch: _Patch) -> Installation | None:
+    """install() for an engine ``deepspeed.initialize`` built: a refusal, or any failure, is a
+    warning and the engine stays stock -- the runtime never breaks the user's ``initialize``."""
+    try:
+        inst = install(engine, **patch.kwargs)
+    except ZerostateInstallError as e:
+        log.warning("zerostate.runtime not installed; this engine runs stock DeepSpeed: %s", e)
+        return None
+    except Exception as e:  # noqa: BLE001 - install() undid its own changes before re-raising
+        log.warning("zerostate.runtime not installed (unexpected %s: %s); this engine runs stock DeepSpeed",
+                    type(e).__name__, e, exc_info=True)
+        return None
+    patch.engines.add(engine)
+    _log_install(engine, inst)
+    return inst
 
 
 def patch_deepspeed(**install_kwargs: Any) -> "contextlib.AbstractContextManager[None]":
@@ -356,8 +516,9 @@ def patch_deepspeed(**install_kwargs: Any) -> "contextlib.AbstractContextManager
 
     Usable as a plain call (``zerostate.runtime.patch_deepspeed()`` before ``Trainer(...)``) or
     as a context manager (restores ``deepspeed.initialize`` on exit).  Checks the DeepSpeed
-    release first: an unsupported one raises before ``deepspeed.initialize`` is touched.
-    Engines without a ZeRO optimizer are returned untouched.
+    release first: an unsupported one raises here, before ``deepspeed.initialize`` is touched.
+    Engines without a ZeRO optimizer are returned untouched; an engine `install` refuses
+    (`engine_support`) gets one warning on the ``zerostate.runtime`` logger and stays stock.
     """
     global _PATCH
     import deepspeed
@@ -377,9 +538,7 @@ def patch_deepspeed(**install_kwargs: Any) -> "contextlib.AbstractContextManager
                 result = original(*args, **kwargs)
                 engine = result[0] if isinstance(result, tuple) else result
                 if _is_zero_engine(engine):
-                    inst = install(engine, **patch.kwargs)
-                    patch.engines.add(engine)
-                    _log_install(engine, inst)
+                    _install_or_warn(engine, patch)
                 return result
 
             initialize.__zerostate_original__ = original  # type: ignore[attr-defined]

@@ -46,6 +46,9 @@ _case("z3-seed002-torch", stage=3, ckpt="non_reentrant", backward="torch", froze
 _case("z3-seed002-frozen-lin", stage=3, ckpt="non_reentrant", backward="engine", frozen="lin", gas=1)
 _case("z3-seed002-noinputgrad", stage=3, ckpt="non_reentrant", backward="engine", frozen=True, gas=1,
       input_grad=False)
+# the norms frozen only after deepspeed.initialize (and install): the release policy must see them (issue 10)
+_case("z3-seed002-frozen-after-init", stage=3, ckpt="non_reentrant", backward="engine", frozen=True, gas=1,
+      freeze_after_init=True)
 
 WIDTH = 16
 BLOCKS = 3
@@ -167,7 +170,8 @@ def run_case(name: str, install: bool) -> dict[str, Any]:
     torch.manual_seed(1)
     inputs = [torch.randn(4, WIDTH) for _ in range(STEPS * gas)]
     ref = _reference(case, inputs)
-    net = _build(case)
+    late = case.get("freeze_after_init", False)
+    net = _build({**case, "frozen": False} if late else case)
     config = {
         "train_micro_batch_size_per_gpu": 4,
         "gradient_accumulation_steps": gas,
@@ -202,6 +206,10 @@ def run_case(name: str, install: bool) -> dict[str, Any]:
             inst = zs_install(engine)
             res["release_policy"] = inst.release_policy
             res["closures_replaced"] = len(inst.swaps)
+        if late:
+            for name, p in net.named_parameters():
+                if ".norm." in name:
+                    p.requires_grad_(False)
         per_backward, phase_violations = [], 0
         for step in range(STEPS):
             for m in range(gas):
@@ -239,6 +247,7 @@ def run_case(name: str, install: bool) -> dict[str, Any]:
         if inst is not None:
             from zerostate.runtime import uninstall
 
+            res["refreshes"] = inst.refreshes
             uninstall(engine)
         try:
             engine.destroy()
