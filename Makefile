@@ -1,28 +1,38 @@
 # Two commands do all the set-up on a fresh machine:
 #   make explore   -- the main job: explore the installed DeepSpeed, write zerostate-report/
 #   make test      -- the tests: pytest generated_tests
-# Both create .venv on first use: torch 2.13.0 (CPU build) first, then zerostate and its pins.
+# Both create .venv on first use: torch 2.13.0 (CPU build) first, then zerostate with the extra each
+# needs (`explore`: DeepSpeed 0.19.8, hypothesis, networkx, matplotlib; `test`: explore + hf + pytest).
+# A runtime user needs neither: `pip install --no-deps zerostate` into the DeepSpeed environment.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.zerostate-installed
+EXPLORE_STAMP := $(VENV)/.zerostate-explore
+
+# `make explore` / `make check` need the explore extra only; `make test` / `make bench` the test extra.
+$(EXPLORE_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -e '.[explore]'
+	touch $(EXPLORE_STAMP)
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet torch==2.13.0
 	$(BIN)/pip install --quiet -e '.[test]'
-	touch $(STAMP)
+	touch $(STAMP) $(EXPLORE_STAMP)
 
 .PHONY: setup explore test check bench
 setup: $(STAMP)
 
-explore: $(STAMP)
+explore: $(EXPLORE_STAMP)
 	$(BIN)/zerostate explore $(ARGS)
 
 test: $(STAMP)
 	CI=$${CI:-} $(BIN)/python -m pytest generated_tests $(ARGS)
 
-check: $(STAMP)
+check: $(EXPLORE_STAMP)
 	$(BIN)/zerostate check $(ARGS)
 
 bench: $(STAMP)
