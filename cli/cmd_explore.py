@@ -126,7 +126,8 @@ def run(args: argparse.Namespace) -> int:
               f"Report: {args.out}/report.md")
         rel = report.data["reliability"]
         print(f"reliability: {rel['confirmed']}/{rel['reported']} confirmed by replay in a fresh worker, "
-              f"{rel['order_dependent']} order-dependent, {rel['not_reproduced']} not reproduced, "
+              f"{rel['order_dependent']} order-dependent, {rel['intermittent']} intermittent, "
+              f"{rel['not_reproduced']} not reproduced, "
               f"{len(rel['restarts'])} worker restart(s)")
         for i, f in enumerate(findings, 1):
             known = f" [known: {f['known_issue']['id']}]" if f.get("known_issue") else ""

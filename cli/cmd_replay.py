@@ -19,7 +19,7 @@ from . import targets_api as api
 from .cmd_explore import add_target_options
 from zerostate.model.scenario import Scenario, ScenarioError
 
-from .common import EXIT_FINDINGS, EXIT_OK, CliError, check_world_size, design, load_scenario
+from .common import EXIT_FINDINGS, EXIT_OK, CliError, check_world_size, design, load_scenario, positive_int
 
 
 def add_parser(sub: Any) -> None:
@@ -27,20 +27,26 @@ def add_parser(sub: Any) -> None:
                        description="Run one saved scenario on a target and say pass or fail with the reason.")
     p.add_argument("scenario", metavar="SCENARIO.json")
     add_target_options(p)
+    p.add_argument("--repeat", type=positive_int, default=None, metavar="N",
+                   help="run the scenario up to N times in one worker, failing on the first run with the "
+                        "finding's check (an intermittent finding's file sets it; default 1)")
     p.add_argument("--json", action="store_true", help="print the outcome as JSON")
     p.add_argument("--out", metavar="DIR", help="also write a report folder (with a repro script when it fails)")
     p.set_defaults(run=run)
 
 
-def _finding_file(path: str) -> tuple[str | None, str | None, list[Scenario]]:
-    """The finding's ``check``, ``key`` and ``sequence`` (none for a plain scenario file)."""
+def _finding_file(path: str) -> tuple[str | None, str | None, list[Scenario], int]:
+    """The finding's ``check``, ``key``, ``sequence`` and ``repeat`` (none for a plain scenario file)."""
     try:
         with open(path, encoding="utf-8") as fh:
             data = json.load(fh)
     except (OSError, ValueError):
-        return None, None, []
+        return None, None, [], 1
     if not isinstance(data, dict) or "scenario" not in data:
-        return None, None, []
+        return None, None, [], 1
+    repeat = data.get("repeat", 1)
+    if not isinstance(repeat, int) or isinstance(repeat, bool) or repeat < 1:
+        raise CliError(f"{path}: repeat: expected a positive integer, got {repeat!r}")
     seq = data.get("sequence") or []
     if not isinstance(seq, list):
         raise CliError(f"{path}: sequence: expected a list of scenarios, got {type(seq).__name__}")
@@ -52,7 +58,7 @@ def _finding_file(path: str) -> tuple[str | None, str | None, list[Scenario]]:
             raise CliError(f"{path}: sequence[{i}]: {exc}") from None
     check = data.get("check") if isinstance(data.get("check"), str) else None
     key = data.get("key") if isinstance(data.get("key"), str) else None
-    return check, key, out
+    return check, key, out, repeat
 
 
 def _first(text: str) -> str:
@@ -62,7 +68,8 @@ def _first(text: str) -> str:
 
 def run(args: argparse.Namespace) -> int:
     scenario = load_scenario(args.scenario)
-    want, key, sequence = _finding_file(args.scenario)
+    want, key, sequence, repeat = _finding_file(args.scenario)
+    repeat = args.repeat or repeat
     check_world_size(args.world_size)
     if args.target == "model" and args.design:
         design(args.design)
@@ -71,7 +78,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         for sc in sequence:  # an order-dependent finding: what ran before it, in this fresh worker
             api.run_scenario(target, sc)
-        outcome = api.run_scenario(target, scenario)
+        for ran in range(1, repeat + 1):  # an intermittent finding (a race): until its check shows
+            outcome = api.run_scenario(target, scenario)
+            if any(api.f_check(f) == want if want else True for f in api.findings(outcome)):
+                break
     finally:
         api.close(target)
     found = api.findings(outcome)
@@ -90,10 +100,12 @@ def run(args: argparse.Namespace) -> int:
     where = f"model design {who['design']}" if args.target == "model" else f"DeepSpeed {who['deepspeed']}"
     other = [{"check": api.f_check(f), "error": _first(api.f_error(f))} for f in others]
     ran_first = f" (after the {len(sequence)} example(s) of its sequence)" if sequence else ""
+    if repeat > 1:
+        ran_first += f" (run {ran} of up to {repeat})"
     if args.json:
         print(json.dumps({**who, "scenario": scenario.to_dict(), "passed": passed, "check": check,
                           "error": error, "finding_check": want, "finding_key": key,
-                          "same_key": same_key if want else None, "sequence": len(sequence),
+                          "same_key": same_key if want else None, "sequence": len(sequence), "runs": ran,
                           "other_failing_checks": other}, indent=2))
     elif passed:
         what = (f"the finding's check {want} holds{ran_first}" if want else

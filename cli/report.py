@@ -113,6 +113,8 @@ class Report:
             entry["key"] = saved["key"] = rec.key
         if rec.confirmation is not None:
             entry["confirmation"] = dict(rec.confirmation)
+            if rec.confirmation.get("status") == "intermittent":  # `zerostate replay` runs it that often
+                saved["repeat"] = rec.confirmation.get("repeat")
         if rec.sequence:  # order-dependent: `zerostate replay` runs these first, in a fresh worker
             saved["sequence"] = [sc.to_dict() for sc in rec.sequence]
             entry["sequence"] = [sc.describe() for sc in rec.sequence]
@@ -185,8 +187,9 @@ def _reliability(findings: list[dict[str, Any]], restarts: list[dict[str, Any]])
     not checked (run interrupted); the worker restarts and why (issue 15)."""
     st = [(f.get("confirmation") or {}).get("status", "not-checked") for f in findings]
     return {"reported": len(findings), "confirmed": st.count("confirmed"),
-            "order_dependent": st.count("order-dependent"), "not_reproduced": st.count("not-reproduced"),
-            "not_checked": st.count("not-checked"), "restarts": list(restarts)}
+            "order_dependent": st.count("order-dependent"), "intermittent": st.count("intermittent"),
+            "not_reproduced": st.count("not-reproduced"), "not_checked": st.count("not-checked"),
+            "restarts": list(restarts)}
 
 
 def _release_of(design: str | None) -> str | None:

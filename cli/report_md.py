@@ -42,6 +42,8 @@ def render_markdown(d: dict[str, Any]) -> str:
 _SAY = {"confirmed": "confirmed: replayed alone in a fresh worker, it reproduces",
         "order-dependent": "order-dependent: it does not reproduce alone in a fresh worker, only after the "
                            "examples below (the replay command and the repro script run them first)",
+        "intermittent": "intermittent: neither alone nor after the examples before it, but in some of "
+                        "several runs of it alone in one fresh worker (a race; the replay command repeats it)",
         "not-reproduced": "NOT reproduced: neither alone in a fresh worker nor after the examples that ran "
                           "before it in the same worker",
         "not-checked": "not confirmed: the run was interrupted before its replay"}
@@ -53,6 +55,7 @@ def _reliability(rel: dict[str, Any] | None) -> list[str]:
     out = ["", "## Reliability", "",
            f"- findings confirmed by a replay in a fresh worker: {rel['confirmed']} / {rel['reported']}",
            f"- order-dependent (reproduce only after earlier examples, sequence given): {rel['order_dependent']}",
+           f"- intermittent (a race: reproduces in some of several runs alone): {rel.get('intermittent', 0)}",
            f"- not reproduced: {rel['not_reproduced']}; not checked (interrupted): {rel['not_checked']}",
            f"- worker restarts: {len(rel['restarts'])}"]
     out += [f"  - after example {r.get('example')}: {r.get('why')}" for r in rel["restarts"][:20]]
@@ -67,7 +70,9 @@ def _finding(f: dict[str, Any]) -> list[str]:
     out = [f'<a id="finding-{n}"></a>', f"### Finding {n}: `{f['check']}`{who}", "",
            *_known(f), "```text", f["error"].strip(), "```", "", "Scenario (shrunk):", "", "```text", f["description"], "```", ""]
     if f.get("confirmation"):
-        out += [f"Replay before hand-over: {_SAY.get(f['confirmation']['status'], f['confirmation']['status'])}.", ""]
+        c = f["confirmation"]
+        rate = f" ({c['hits']} of {c['repeat']} runs)" if c.get("repeat") else ""
+        out += [f"Replay before hand-over: {_SAY.get(c['status'], c['status'])}{rate}.", ""]
     if f.get("sequence"):
         out += [f"Run first, in order ({len(f['sequence'])}):", "", "```text"]
         out += [f"[{i}] " + d.replace("\n", "\n    ") for i, d in enumerate(f["sequence"], 1)] + ["```", ""]

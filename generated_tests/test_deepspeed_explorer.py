@@ -148,3 +148,27 @@ def test_worker_restarts_are_counted_with_their_reason_and_cut_the_history():
     assert all(r["why"] == "test: restarted after this example" for r in res.restarts)
     for f in res.findings:  # a sequence never reaches back over a restart
         assert len(f.confirmation.sequence) <= 6
+
+
+class _Racy(_Leaky):
+    """A race (test-only): every 4th run of a two-step scenario has a ``raced`` finding, whatever ran before."""
+
+    def __init__(self):
+        super().__init__()
+        self.n = 0
+
+    def run(self, sc: Scenario) -> Outcome:
+        out = self.inner.run(sc)
+        if len(sc.steps) >= 2:
+            self.n += 1
+            if self.n % 4 == 0:
+                out.findings.append(Finding("raced", "a race lost", sc, target=self.name))
+        return out
+
+
+def test_a_finding_that_shows_in_some_runs_only_is_reported_intermittent_with_its_rate():
+    from zerostate.targets.confirm import REPEAT
+    res = explore(_Racy(), examples=30, seed=None, stop=lambda fs: any(f.check == "raced" for f in fs))
+    c = next(f for f in res.findings if f.check == "raced").confirmation
+    assert c.status == "intermittent" and c.repeat == REPEAT and 0 < c.hits < REPEAT, c
+    assert res.reliability["intermittent"] == 1

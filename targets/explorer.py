@@ -43,7 +43,7 @@ Confirmation (``confirm=True``, issue 15): before a finding is handed over it is
 fresh worker (`targets.confirm`): alone, then, when it does not reproduce alone, after the examples
 that ran before it in the same worker, cut to the shortest run that still makes it appear.  The
 finding carries ``confirmation`` (a `confirm.Confirmation`: ``confirmed``, ``order-dependent`` with
-its ``sequence``, ``not-reproduced``, or ``not-checked`` after Ctrl-C).  The explorer keeps, for
+its ``sequence``, ``intermittent`` with its rate, ``not-reproduced``, or ``not-checked`` after Ctrl-C).  The explorer keeps, for
 every distinct run, the examples run before it since the worker's last (re)start, and counts the
 restarts with their reason (``ExploreResult.restarts``: hang, crash, ranks out of step).
 
@@ -101,8 +101,9 @@ def reliability(findings: list[Finding], restarts: list[dict]) -> dict:
     not reproduced, and the worker restarts with their reasons."""
     st = [getattr(getattr(f, "confirmation", None), "status", "not-checked") for f in findings]
     return {"reported": len(findings), "confirmed": st.count("confirmed"),
-            "order_dependent": st.count("order-dependent"), "not_reproduced": st.count("not-reproduced"),
-            "not_checked": st.count("not-checked"), "restarts": list(restarts)}
+            "order_dependent": st.count("order-dependent"), "intermittent": st.count("intermittent"),
+            "not_reproduced": st.count("not-reproduced"), "not_checked": st.count("not-checked"),
+            "restarts": list(restarts)}
 
 
 DEFAULT_SEED = 0
