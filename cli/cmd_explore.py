@@ -13,8 +13,6 @@ from typing import Any
 
 from zerostate.targets.confirm import StopExploring
 
-from zerostate.targets.confirm import StopExploring
-
 from . import targets_api as api
 from .common import (DEFAULT_OUT, EXIT_FINDINGS, EXIT_INTERRUPTED, EXIT_OK, check_world_size, design,
                      non_negative_float, positive_int)
@@ -87,7 +85,6 @@ def run(args: argparse.Namespace) -> int:
             report.flush()
         findings.append({"check": rec.check, "error": rec.error, "blocks": len(sc.blocks),
                          "steps": len(sc.steps), "scenario": sc.to_dict(),
-                         "confirmation": (rec.confirmation or {}).get("status"),
                          "confirmation": (rec.confirmation or {}).get("status"), **tags})
         progress.update(counts["examples"], len(findings), force=True)
 
