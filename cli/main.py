@@ -1,4 +1,4 @@
-"""``zerostate``: explore real DeepSpeed or the model, check designs, compare them, replay and bisect.
+"""``zerostate``: explore real DeepSpeed or the model, check designs, compare them, replay and bisect; watch your job.
 
 Exit status: 0 ok, 1 findings (or a failing replay), 2 bad input (one line on
 stderr naming the problem), 130 interrupted (the report keeps what was found).
@@ -12,10 +12,10 @@ from typing import Sequence
 
 from zerostate import __version__
 
-from . import cmd_bisect, cmd_check, cmd_compare, cmd_diff, cmd_explore, cmd_replay
+from . import cmd_bisect, cmd_check, cmd_compare, cmd_diff, cmd_explore, cmd_replay, cmd_watch
 from .common import EXIT_INTERRUPTED, EXIT_USAGE, CliError
 
-COMMANDS = (cmd_explore, cmd_check, cmd_compare, cmd_replay, cmd_bisect, cmd_diff)
+COMMANDS = (cmd_explore, cmd_check, cmd_compare, cmd_replay, cmd_bisect, cmd_diff, cmd_watch)
 
 
 class _Parser(argparse.ArgumentParser):

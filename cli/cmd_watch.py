@@ -1,0 +1,152 @@
+"""``zerostate watch [--out DIR] [--stop-on-violation] [--runtime] -- COMMAND ...``: check a user's own job.
+
+Runs COMMAND (``python train.py``, ``accelerate launch ...``, ``torchrun ...``, ``deepspeed --num_gpus N
+...``) with a ``sitecustomize.py`` first on ``PYTHONPATH``, so every Python process it starts watches
+every engine ``deepspeed.initialize`` builds (`zerostate.targets.deepspeed.watch.enable`); each writes
+``DIR/ranks/rank<r>-<pid>-<n>.json`` as it goes, and this process merges them into ``DIR/report.json``
+and ``report.md`` while the job runs (every 2 s) and at its end.  The exit status is COMMAND's (a
+signal death reads 128+N); the last line printed is ``watch: N violations in M backwards, K steps``.
+Ctrl-C reaches the job (same process group) and the report keeps everything seen; ``"status":
+"interrupted"``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from typing import Any
+
+from . import watch_report
+from .common import DEFAULT_OUT, CliError, non_negative_float
+
+SITECUSTOMIZE = '''\
+"""Written by `zerostate watch`: watch every DeepSpeed engine this process builds, then run the
+sitecustomize this one shadows, if any."""
+import os
+import sys
+
+if os.environ.get("ZEROSTATE_WATCH_DIR"):
+    try:
+        from zerostate.targets.deepspeed.watch import enable
+        enable()
+    except Exception as exc:  # never stop the user's process
+        print(f"zerostate watch: not watching pid {os.getpid()}: {type(exc).__name__}: {exc}", file=sys.stderr)
+
+def _chain():
+    import importlib.machinery
+    import importlib.util
+    here = os.path.dirname(os.path.abspath(__file__))
+    rest = [p for p in sys.path if os.path.abspath(p or ".") != here]
+    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", rest)
+    if spec is not None and spec.loader is not None and spec.origin != os.path.abspath(__file__):
+        spec.loader.exec_module(importlib.util.module_from_spec(spec))
+
+_chain()
+'''
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("watch", help="run your own DeepSpeed job with the specs checked live",
+                       description=("Run COMMAND with zerostate's tracer in every DeepSpeed engine of every rank; "
+                                    "check every hook and coordinator spec on the real events; write a report."),
+                       usage="zerostate watch [--out DIR] [--stop-on-violation] [--runtime] [--hang-after S] "
+                             "-- COMMAND ...")
+    p.add_argument("--out", default=DEFAULT_OUT, metavar="DIR", help=f"report folder (default {DEFAULT_OUT}/)")
+    p.add_argument("--stop-on-violation", action="store_true",
+                   help="stop the job (raise in it) at the end of the engine call that saw the first violation")
+    p.add_argument("--runtime", action="store_true", help="install zerostate.runtime into every engine as well")
+    p.add_argument("--hang-after", type=non_negative_float, default=300.0, metavar="S",
+                   help="write a rank's stack when one engine call lasts longer than S seconds (0: never; default 300)")
+    p.add_argument("job", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
+    p.set_defaults(run=run)
+
+
+def _exit_status(rc: int) -> int:
+    return 128 - rc if rc < 0 else rc
+
+
+def run(args: argparse.Namespace) -> int:
+    job = list(args.job)
+    if job and job[0] == "--":
+        job = job[1:]
+    if not job:
+        raise CliError("watch: no command given (zerostate watch [options] -- COMMAND ...)")
+    if shutil.which(job[0]) is None and not os.path.exists(job[0]):
+        raise CliError(f"watch: {job[0]}: command not found")
+    out = os.path.abspath(args.out)
+    ranks = os.path.join(out, "ranks")
+    site = os.path.join(out, ".site")
+    for d in (ranks, site):
+        if os.path.isdir(d):
+            shutil.rmtree(d)
+        os.makedirs(d)
+    for name in ("report.json", "report.md", "memory.svg"):
+        if os.path.exists(os.path.join(out, name)):
+            os.unlink(os.path.join(out, name))
+    for name in os.listdir(out):
+        if name.startswith(("trace_", "memory_")):
+            os.unlink(os.path.join(out, name))
+    with open(os.path.join(site, "sitecustomize.py"), "w", encoding="utf-8") as fh:
+        fh.write(SITECUSTOMIZE)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([site] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    env.update({"ZEROSTATE_WATCH_DIR": ranks, "ZEROSTATE_WATCH_STOP": "1" if args.stop_on_violation else "0",
+                "ZEROSTATE_WATCH_RUNTIME": "1" if args.runtime else "0",
+                "ZEROSTATE_WATCH_HANG": str(args.hang_after) if args.hang_after else "0"})
+    started, t0 = watch_report.now(), time.monotonic()
+    interrupted = []
+
+    def on_sigint(signum, frame):  # the job got it too (same process group); wait for it to finish
+        interrupted.append(time.monotonic())
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        proc = subprocess.Popen(job, env=env)
+    except OSError as exc:
+        signal.signal(signal.SIGINT, previous)
+        raise CliError(f"watch: cannot run {job[0]}: {exc}") from None
+    forwarded = False
+    stamp = None
+    try:
+        while True:
+            try:
+                rc = proc.wait(timeout=2.0)
+                break
+            except subprocess.TimeoutExpired:
+                pass
+            if interrupted and not forwarded and time.monotonic() - interrupted[0] > 2.0:
+                proc.send_signal(signal.SIGINT)  # Ctrl-C sent to us alone (kill -INT): pass it on once
+                forwarded = True
+            stamp = _merge_if_changed(out, ranks, job, "running", None, started, t0, stamp)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    status = "interrupted" if interrupted else "complete"
+    data = _merge(out, ranks, job, status, _exit_status(rc), started, t0)
+    print(f"watch: {data['summary_text']} (report: {os.path.join(args.out, 'report.md')})", file=sys.stderr)
+    return _exit_status(rc)
+
+
+def _merge(out, ranks, job, status, rc, started, t0) -> dict[str, Any]:
+    data = watch_report.build(watch_report.rank_files(ranks), watch_report.hung_stacks(ranks) if
+                              status != "complete" or rc else [], job, status, rc, started,
+                              time.monotonic() - t0)
+    watch_report.write(out, data)
+    return data
+
+
+def _merge_if_changed(out, ranks, job, status, rc, started, t0, stamp):
+    try:
+        now = tuple(sorted((e.name, e.stat().st_mtime_ns) for e in os.scandir(ranks)))
+    except OSError:
+        return stamp
+    if now != stamp:
+        _merge(out, ranks, job, status, rc, started, t0)
+    return now
+
+
+__all__ = ["add_parser", "run"]

@@ -1,0 +1,132 @@
+"""Small DeepSpeed ZeRO-3 jobs (CPU, gloo, one rank) for test_watch.py, each a user's script as written.
+
+    python generated_tests/watch_jobs.py leaf               # a z3 leaf module fed by an input without grad
+    python generated_tests/watch_jobs.py gathered [--then crash|interrupt|forever] [--steps N]
+    python generated_tests/watch_jobs.py api                # zerostate.watch(engine): prints the handle
+
+``gathered``: a frozen z3 leaf block fed by data that does not require grad, then a trainable block --
+0.18.4-0.19.8 keep the leaf's parameters gathered after the backward from the second step on
+(``released-after-backward``; known issue ``z3-leaf-kept-gathered``).  ``--then crash`` raises after the
+steps, ``interrupt`` sends itself SIGINT (Ctrl-C), ``forever`` keeps training until interrupted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import sys
+import time
+
+
+def _env() -> None:
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    if "MASTER_PORT" not in os.environ:
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        os.environ["MASTER_PORT"] = str(s.getsockname()[1])
+        s.close()
+    for k, v in (("MASTER_ADDR", "127.0.0.1"), ("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0")):
+        os.environ.setdefault(k, v)
+
+
+def build(leaf_frozen: bool, blocks: int):
+    import torch
+    from torch import nn
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm = nn.LayerNorm(8)
+            self.lin = nn.Linear(8, 8)
+
+        def forward(self, x):
+            return self.lin(self.norm(x))
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.blocks = nn.ModuleList(Block() for _ in range(blocks))
+            self.head = nn.Linear(8, 1)
+
+        def forward(self, x):
+            for b in self.blocks:
+                x = b(x)
+            return self.head(x).pow(2).mean()
+
+    torch.manual_seed(0)
+    model = Net()
+    if leaf_frozen:
+        for p in model.blocks[0].parameters():
+            p.requires_grad_(False)
+    return model
+
+
+def engine_for(model):
+    import deepspeed
+    import torch
+    from deepspeed.utils import set_z3_leaf_module
+
+    from zerostate.targets.deepspeed import compat
+    compat.skip_shm_comm_op()
+    deepspeed.init_distributed(dist_backend="gloo")
+    set_z3_leaf_module(model.blocks[0], True)
+    params = [p for p in model.parameters() if p.requires_grad]
+    cfg = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
+           "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
+           "zero_allow_untested_optimizer": True}
+    engine, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.SGD(params, lr=0.1), config=cfg)
+    return engine
+
+
+def train(engine, steps: int) -> list[float]:
+    import torch
+    losses = []
+    for i in range(steps):
+        x = torch.randn(2, 8, generator=torch.Generator().manual_seed(i))  # no grad: a first layer's input
+        loss = engine(x)
+        engine.backward(loss)
+        engine.step()
+        losses.append(float(loss))
+    return losses
+
+
+def main(argv: list[str]) -> int:
+    _env()
+    what = argv[0] if argv else "leaf"
+    then = argv[argv.index("--then") + 1] if "--then" in argv else None
+    steps = int(argv[argv.index("--steps") + 1]) if "--steps" in argv else 2
+    if what == "leaf":
+        engine = engine_for(build(leaf_frozen=False, blocks=1))
+        print(json.dumps({"losses": train(engine, steps)}))
+        return 0
+    if what == "gathered":
+        engine = engine_for(build(leaf_frozen=True, blocks=2))
+        losses = train(engine, steps)
+        print(json.dumps({"losses": losses}), flush=True)
+        if then == "crash":
+            raise RuntimeError("the job crashed after its steps (test_watch)")
+        if then == "interrupt":
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(30)
+        if then == "forever":
+            while True:
+                train(engine, 1)
+                time.sleep(0.05)
+        return 0
+    if what == "api":
+        import zerostate
+        engine = engine_for(build(leaf_frozen=True, blocks=2))
+        handle = zerostate.watch(engine)
+        losses = train(engine, steps)
+        handle.close()
+        print(json.dumps({"losses": losses, "summary": handle.summary(), "steps": handle.steps,
+                          "backwards": handle.backwards, "violations": handle.violations,
+                          "memory": handle.memory}, default=str))
+        return 0
+    raise SystemExit(f"unknown job {what!r}")
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,355 @@
+"""Watch a user's own DeepSpeed engine: the specs checked online on its real events, as it trains.
+
+Three ways in:
+
+* ``zerostate.watch(engine)`` -> `WatchHandle` (``handle.violations``, ``handle.memory``,
+  ``handle.summary()``, ``handle.close()``), for code that builds the engine itself;
+* `zerostate.targets.deepspeed.watch_hf.WatchCallback`, an HF ``TrainerCallback``: every engine ``deepspeed.initialize`` builds from then
+  on (the one ``Trainer`` builds) is watched; ``callback.handles``;
+* ``enable()``, called by the ``sitecustomize.py`` that ``zerostate watch -- COMMAND`` puts on
+  ``PYTHONPATH``: every engine of every rank is watched, settings from the environment
+  (``ZEROSTATE_WATCH_DIR``, ``ZEROSTATE_WATCH_STOP``, ``ZEROSTATE_WATCH_RUNTIME``,
+  ``ZEROSTATE_WATCH_HANG``).
+
+With a folder, each engine writes ``rank<r>-<pid>-<n>.json`` there (atomically, at each new violation,
+each train step and at exit -- so a crash or Ctrl-C keeps every violation seen);
+``zerostate watch`` merges them into one report.  A rank that stays inside one engine call (forward,
+backward, step) longer than the hang limit gets its Python stack written to ``rank<r>-<pid>.stack``
+(``faulthandler``), as the rank pool does for a rank stuck in a collective.
+"""
+
+from __future__ import annotations
+
+import atexit
+import faulthandler
+import importlib.abc
+import importlib.util
+import json
+import os
+import sys
+import threading
+import time
+import traceback
+from typing import Any
+
+ENV_DIR, ENV_STOP, ENV_RUNTIME, ENV_HANG = ("ZEROSTATE_WATCH_DIR", "ZEROSTATE_WATCH_STOP", "ZEROSTATE_WATCH_RUNTIME",
+                                             "ZEROSTATE_WATCH_HANG")
+DEFAULT_HANG_S = 300.0
+
+_HANDLES: list["WatchHandle"] = []
+_ENGINES = [0]
+_LOCK = threading.Lock()
+
+
+class WatchStop(RuntimeError):
+    """Raised in the job at the end of the engine call that saw a violation (``stop_on_violation``)."""
+
+
+def _rank() -> int:
+    try:
+        import torch.distributed as dist
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_rank()
+    except Exception:  # pragma: no cover
+        pass
+    return int(os.environ.get("RANK", "0") or 0)
+
+
+class WatchHandle:
+    """One watched engine.  ``violations``: list of dicts (spec, message, step, backward, rank, explanation,
+    events around); ``memory``: gathered-parameter peak per backward, all-gathers per step, one step's series."""
+
+    def __init__(self, engine, out: str | None = None, stop_on_violation: bool = False,
+                 hang_s: float | None = None, runtime: bool = False):
+        import deepspeed
+
+        from .watch_monitor import OnlineChecker, watch_specs
+        from .watch_tracer import WatchTracer
+        self.engine = engine
+        self.rank = _rank()
+        self.version = deepspeed.__version__
+        self.stop_on_violation = stop_on_violation
+        self.out = out
+        self.runtime = runtime
+        with _LOCK:
+            _ENGINES[0] += 1
+            self.n = _ENGINES[0]
+        self.path = os.path.join(out, f"rank{self.rank}-{os.getpid()}-{self.n}.json") if out else None
+        self.error: dict[str, Any] | None = None
+        self._stop_pending: str | None = None
+        self._broken: str | None = None
+        """The engine call an exception (or Ctrl-C) escaped from, if one did."""
+        self._closed = False
+        self._last_flush = 0.0
+        numels = {n: int(getattr(p, "ds_numel", 0) or p.numel()) for n, p in engine.module.named_parameters()}
+        self.checker = OnlineChecker(lambda n: numels.get(n, 0), on_violation=self._on_violation)
+        self.tracer = WatchTracer(engine, sink=self.checker.feed)
+        self.checker.specs = watch_specs(self.tracer.params_of)
+        self.checker.state = {s.id: s.init() for s in self.checker.specs}
+        self._hang = _HangWatch(out, self.rank, hang_s) if out and hang_s else None
+        self._wrap_calls()
+        self.tracer.install()
+        self.checker.context.update(stage=self.tracer.stage, leaves=sorted(self.tracer.leaves))
+        self.started = time.time()
+        _HANDLES.append(self)
+        self.flush(force=True)
+
+    # ------------------------------------------------------------ what it saw
+    @property
+    def violations(self) -> list[dict[str, Any]]:
+        out = []
+        for v in self.checker.to_dict():
+            v = dict(v, rank=self.rank)
+            v["explanation"] = self._explain(v["spec"], v["message"])
+            out.append(v)
+        if self.error is not None:
+            out.append(dict(self.error, rank=self.rank, explanation=self._explain("exception", self.error["message"])))
+        return out
+
+    @property
+    def memory(self) -> dict[str, Any]:
+        return self.checker.memory()
+
+    @property
+    def steps(self) -> int:
+        return self.tracer.steps
+
+    @property
+    def backwards(self) -> int:
+        return self.tracer.backwards
+
+    def summary(self) -> str:
+        n = len(self.violations)
+        return f"{n} violation{'s' if n != 1 else ''} in {self.backwards} backwards, {self.steps} steps"
+
+    def _explain(self, check: str, message: str) -> dict[str, Any] | None:
+        from .watch_known import explain
+        ctx = dict(self.checker.context, error=message,
+                   leaf_without_grad=any(not g for g in self.tracer.leaf_inputs.values()))
+        e = explain(check, self.version, ctx)
+        return e.to_dict() if e is not None else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rank": self.rank, "pid": os.getpid(), "engine": self.n, "deepspeed": self.version,
+                "stage": self.tracer.stage, "runtime": self.runtime, "runtime_installed": self._runtime_installed(),
+                "steps": self.steps,
+                "backwards": self.backwards, "events": self.checker.events_seen, "closed": self._closed,
+                "broken_in": self._broken,
+                "violations": self.violations, "memory": self.memory,
+                "leaf_modules": {k: {"input_requires_grad": v} for k, v in self.tracer.leaf_inputs.items()}}
+
+    def _runtime_installed(self) -> bool:
+        if "zerostate.runtime.install" not in sys.modules:
+            return False
+        try:
+            return sys.modules["zerostate.runtime.install"].installation(self.engine) is not None
+        except Exception:
+            return False
+
+    # ------------------------------------------------------------ writing
+    def flush(self, force: bool = False) -> None:
+        if not self.path:
+            return
+        now = time.monotonic()
+        if not force and now - self._last_flush < 1.0:
+            return
+        self._last_flush = now
+        from zerostate.cli.atomic import replace_file
+        try:
+            os.makedirs(self.out, exist_ok=True)
+            replace_file(self.path, json.dumps(self.to_dict(), indent=1, default=str) + "\n")
+        except OSError as exc:  # never break the user's job over the report
+            print(f"zerostate watch: cannot write {self.path}: {exc}", file=sys.stderr)
+
+    def _on_violation(self, rec: dict[str, Any]) -> None:
+        if self.stop_on_violation and self._stop_pending is None:
+            self._stop_pending = f"{rec['spec']}: {rec['message']}"
+        self.flush(force=True)
+
+    def close(self) -> None:
+        """Judge the open obligations (end of the run; not after an engine call raised), write the file, take
+        the tracer out."""
+        if self._closed:
+            return
+        if self._broken is None:  # an engine call that raised never completed: its obligations are moot
+            self.checker.finish()
+        self._closed = True
+        self.tracer.uninstall()
+        self._restore_calls()
+        self.flush(force=True)
+        if self in _HANDLES:
+            _HANDLES.remove(self)
+
+    # ------------------------------------------------------------ engine calls: errors, stop, hangs
+    def _wrap_calls(self) -> None:
+        self._orig: dict[str, Any] = {}
+        for name in ("forward", "backward", "step"):
+            orig = getattr(self.engine, name)
+            own = name in self.engine.__dict__
+            self._orig[name] = (orig, own)
+            setattr(self.engine, name, self._guard(name, orig))
+
+    def _restore_calls(self) -> None:
+        for name, (orig, own) in self._orig.items():
+            if own:
+                setattr(self.engine, name, orig)
+            else:
+                self.engine.__dict__.pop(name, None)
+
+    def _guard(self, name: str, orig):
+        def call(*a, **k):
+            if self._closed:
+                return orig(*a, **k)
+            if self._hang is not None:
+                self._hang.arm(name)
+            try:
+                r = orig(*a, **k)
+            except BaseException as exc:
+                self._broken = self._broken or f"engine.{name}"
+                if self.error is None and not isinstance(exc, (WatchStop, KeyboardInterrupt)):
+                    self.error = {"spec": "exception", "message": f"{type(exc).__name__}: {exc}",
+                                  "event": None, "step": self.steps, "backward": self.backwards, "count": 1,
+                                  "in": f"engine.{name}", "traceback": "".join(traceback.format_exc().splitlines(True)[-12:]),
+                                  "events": [(j, str(e)) for j, e in self.checker.recent][-40:],
+                                  "modules": [], "params": []}
+                self.flush(force=True)
+                raise
+            finally:
+                if self._hang is not None:
+                    self._hang.disarm()
+            if name == "step":
+                self.flush()
+            if self._stop_pending is not None:
+                msg, self._stop_pending = self._stop_pending, None
+                self.flush(force=True)
+                raise WatchStop(f"zerostate watch: stopping on the first violation: {msg}")
+            return r
+        return call
+
+
+class _HangWatch:
+    """Dump every thread's stack to ``rank<r>-<pid>.stack`` if one engine call lasts longer than ``seconds``."""
+
+    _file = None
+
+    def __init__(self, out: str, rank: int, seconds: float):
+        self.seconds = seconds
+        if _HangWatch._file is None:
+            os.makedirs(out, exist_ok=True)
+            _HangWatch._file = open(os.path.join(out, f"rank{rank}-{os.getpid()}.stack"), "w")
+
+    def arm(self, what: str) -> None:
+        f = _HangWatch._file
+        f.seek(0)
+        f.truncate()
+        f.write(f"rank {_rank()} pid {os.getpid()}: engine.{what} still running after {self.seconds:g} s\n")
+        f.flush()
+        faulthandler.dump_traceback_later(self.seconds, repeat=False, file=f, exit=False)
+
+    def disarm(self) -> None:
+        faulthandler.cancel_dump_traceback_later()
+        f = _HangWatch._file
+        f.seek(0)
+        f.truncate()
+        f.flush()
+
+
+def watch(engine, out: str | None = None, stop_on_violation: bool = False, hang_s: float | None = None) -> WatchHandle:
+    """Watch ``engine`` (built by ``deepspeed.initialize``): every hook and coordinator spec checked online.
+
+    ``out``: a folder to write ``rank<r>-...json`` into as it goes (``zerostate watch`` merges them);
+    ``stop_on_violation``: raise `WatchStop` at the end of the engine call that saw the first violation;
+    ``hang_s``: dump the stack of an engine call that lasts longer (needs ``out``)."""
+    return WatchHandle(engine, out=out, stop_on_violation=stop_on_violation, hang_s=hang_s)
+
+
+def _close_all() -> None:
+    for h in list(_HANDLES):
+        try:
+            h.close()
+        except Exception as exc:  # pragma: no cover - at exit, say it and keep closing
+            print(f"zerostate watch: closing rank {h.rank}: {type(exc).__name__}: {exc}", file=sys.stderr)
+
+
+atexit.register(_close_all)
+
+
+# ------------------------------------------------------------------ every engine deepspeed.initialize builds
+_PATCHED: dict[str, Any] = {}
+
+
+def patch_initialize(out: str | None = None, stop_on_violation: bool = False, hang_s: float | None = None,
+                     runtime: bool = False, on_handle=None) -> None:
+    """Wrap ``deepspeed.initialize`` so every engine it returns is watched (after the runtime, with
+    ``runtime``, is installed into it: the tracer then observes the runtime's hook state)."""
+    import deepspeed
+    if runtime:
+        from zerostate.runtime.install import patch_deepspeed
+        patch_deepspeed()
+    if "initialize" in _PATCHED:
+        _PATCHED["settings"].update(out=out, stop_on_violation=stop_on_violation, hang_s=hang_s, runtime=runtime)
+        if on_handle is not None:
+            _PATCHED["callbacks"].append(on_handle)
+        return
+    original = deepspeed.initialize
+    settings = {"out": out, "stop_on_violation": stop_on_violation, "hang_s": hang_s, "runtime": runtime}
+    callbacks = [on_handle] if on_handle is not None else []
+
+    def initialize(*a, **k):
+        result = original(*a, **k)
+        engine = result[0] if isinstance(result, tuple) else result
+        if getattr(engine, "optimizer", None) is not None and hasattr(engine, "zero_optimization_stage"):
+            h = WatchHandle(engine, **settings)
+            for cb in callbacks:
+                cb(h)
+        return result
+
+    initialize.__wrapped__ = original
+    deepspeed.initialize = initialize
+    _PATCHED.update(initialize=original, settings=settings, callbacks=callbacks)
+
+
+def unpatch_initialize() -> None:
+    if "initialize" in _PATCHED:
+        import deepspeed
+        deepspeed.initialize = _PATCHED.pop("initialize")
+        _PATCHED.clear()
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    """Patch ``deepspeed.initialize`` right after ``import deepspeed`` finishes (as runtime.autoinstall)."""
+
+    def __init__(self, settings):
+        self.settings = settings
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != "deepspeed":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec("deepspeed")
+        if spec is None or spec.loader is None:
+            return spec
+        exec_module = spec.loader.exec_module
+        settings = self.settings
+
+        def exec_and_patch(module):
+            exec_module(module)
+            patch_initialize(**settings)
+
+        spec.loader.exec_module = exec_and_patch  # type: ignore[method-assign]
+        return spec
+
+
+def enable() -> None:
+    """Watch every engine this process builds, with the settings ``zerostate watch`` put in the environment."""
+    out = os.environ.get(ENV_DIR)
+    settings = {"out": out, "stop_on_violation": os.environ.get(ENV_STOP) == "1",
+                "hang_s": float(os.environ.get(ENV_HANG) or DEFAULT_HANG_S),
+                "runtime": os.environ.get(ENV_RUNTIME) == "1"}
+    if "deepspeed" in sys.modules:
+        patch_initialize(**settings)
+    else:
+        sys.meta_path.insert(0, _Finder(settings))
+
+
+__all__ = ["WatchHandle", "WatchStop", "enable", "patch_initialize", "unpatch_initialize", "watch"]

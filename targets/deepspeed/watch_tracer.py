@@ -1,0 +1,326 @@
+"""The tracer for a user's own model: `Tracer` with the user's module names and torch's checkpoint observed.
+
+`Tracer` was written for zerostate's own network (``blocks.<i>.norm`` / ``.lin`` / ``head``, and a
+checkpoint wrapper that reports its recomputes).  A user's model has other names and calls
+``torch.utils.checkpoint`` itself (Hugging Face ``gradient_checkpointing_enable``), so `WatchTracer`:
+
+* reports the module hooks of *every* module DeepSpeed hooks, under the user's names (the root as
+  ``model``), with the phase (forward / recompute / eval) as `Tracer` does;
+* names a z3 leaf module's gradient hook by the leaf module that owns the parameter;
+* marks the training loop from the engine's own calls: ``engine.forward`` (FORWARD_START/END, or
+  EVAL_FORWARD_* under ``no_grad`` / ``eval()``), ``engine.backward`` (USER_BACKWARD_START/END, kind
+  ``engine``), ``engine.step`` at the accumulation boundary (STEP);
+* observes ``torch.utils.checkpoint``'s non-reentrant machinery (torch/utils/checkpoint.py):
+  the recompute (RECOMPUTE_START/END around ``_run_fn_with_dynamo_disabled(frame.recompute_fn)``),
+  every ZeRO-3 parameter the recompute saves *live* (``_recomputation_hook``'s pack hook keeps
+  ``x`` itself when ``not x.requires_grad``: SAVE_LIVE), torch's metadata check of the recomputed
+  tensors (``_CheckpointFrame.check_recomputed_tensors_match``: UNPACK note=check) and the
+  backward's read of a saved parameter (``_checkpoint_hook``'s unpack hook: UNPACK note=use).
+  This is what seed 002 (DeepSpeed 0.19.2, fixed in 0.19.3 by deepspeedai/DeepSpeed#8130/#8148) breaks:
+  a frozen parameter saved live is partitioned in place before torch checks it.
+
+The checkpoint patches are process-wide (module / class attributes of torch.utils.checkpoint),
+installed with the first `WatchTracer` and removed with the last; each event goes to the tracer
+whose engine owns the parameter.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+
+import torch
+import torch.utils.checkpoint as _ckpt
+
+from . import compat
+from .tracer import ROOT, Tracer
+
+_ACTIVE: list["WatchTracer"] = []
+_CKPT_LOCK = threading.Lock()
+_CKPT_ORIG: dict[str, object] = {}
+
+
+def _owner(t) -> tuple["WatchTracer", str] | None:
+    for tr in _ACTIVE:
+        n = tr.param_names.get(id(t))
+        if n is not None:
+            return tr, n
+    return None
+
+
+def _saved_frozen(t):
+    """The (tracer, name) of ``t`` when it is a frozen ZeRO parameter a checkpoint keeps as itself."""
+    if not isinstance(t, torch.Tensor) or t.requires_grad:
+        return None
+    return _owner(t)
+
+
+def _install_checkpoint_observer() -> None:
+    """Patch torch.utils.checkpoint once (the names are looked up at call time inside the module)."""
+    with _CKPT_LOCK:
+        if _CKPT_ORIG:
+            return
+        needed = ("_recomputation_hook", "_checkpoint_hook", "_CheckpointFrame", "_run_fn_with_dynamo_disabled")
+        if not all(hasattr(_ckpt, n) for n in needed):  # another torch: hooks and coordinator still watched
+            return
+        rec_cls, hook_cls = _ckpt._recomputation_hook, _ckpt._checkpoint_hook
+        run_fn, check = _ckpt._run_fn_with_dynamo_disabled, _ckpt._CheckpointFrame.check_recomputed_tensors_match
+
+        class _WatchedRecomputation(rec_cls):
+            def __init__(self, *a, **k):
+                super().__init__(*a, **k)
+                inner = self.pack_hook
+
+                def pack_hook(x):
+                    hit = _saved_frozen(x)
+                    if hit is not None:
+                        tr, n = hit
+                        tr.on_checkpoint("save_live", n)
+                    return inner(x)
+                self.pack_hook = pack_hook
+
+        class _WatchedCheckpoint(hook_cls):
+            def __init__(self, *a, **k):
+                super().__init__(*a, **k)
+                inner = self.unpack_hook
+
+                def unpack_hook(holder):
+                    ret = inner(holder)
+                    hit = _saved_frozen(ret)
+                    if hit is not None:
+                        tr, n = hit
+                        tr.on_checkpoint("use", n)
+                    return ret
+                self.unpack_hook = unpack_hook
+
+        def run_watched(fn, *a, **k):
+            trs = list(_ACTIVE)
+            for tr in trs:
+                tr.on_recompute(fn, True)
+            try:
+                return run_fn(fn, *a, **k)
+            finally:
+                for tr in trs:
+                    tr.on_recompute(fn, False)
+
+        def check_watched(frame, gid):
+            for t in list(frame.recomputed[gid].values()):
+                hit = _saved_frozen(t)
+                if hit is not None:
+                    tr, n = hit
+                    tr.on_checkpoint("check", n)
+            return check(frame, gid)
+
+        _CKPT_ORIG.update(_recomputation_hook=rec_cls, _checkpoint_hook=hook_cls, _run_fn_with_dynamo_disabled=run_fn,
+                          check=check)
+        _ckpt._recomputation_hook = _WatchedRecomputation
+        _ckpt._checkpoint_hook = _WatchedCheckpoint
+        _ckpt._run_fn_with_dynamo_disabled = run_watched
+        _ckpt._CheckpointFrame.check_recomputed_tensors_match = check_watched
+
+
+def _uninstall_checkpoint_observer() -> None:
+    with _CKPT_LOCK:
+        if not _CKPT_ORIG:
+            return
+        for name in ("_recomputation_hook", "_checkpoint_hook", "_run_fn_with_dynamo_disabled"):
+            setattr(_ckpt, name, _CKPT_ORIG[name])
+        _ckpt._CheckpointFrame.check_recomputed_tensors_match = _CKPT_ORIG["check"]
+        _CKPT_ORIG.clear()
+
+
+def z3_leaf_modules(module) -> dict[str, object]:
+    """The z3 leaf modules of ``module`` (``deepspeed.utils.set_z3_leaf_modules`` sets ``_z3_leaf``)."""
+    return {(n or ROOT): m for n, m in module.named_modules() if getattr(m, "_z3_leaf", False)}
+
+
+class WatchTracer(Tracer):
+    """`Tracer` for any model; ``sink(event)`` receives every event as it happens (no list is kept)."""
+
+    def __init__(self, engine, sink=None):
+        stage = int(engine.zero_optimization_stage()) if hasattr(engine, "zero_optimization_stage") else 0
+        super().__init__(engine, {"stage": stage, "blocks": []})
+        self.sink = sink
+        self.leaves = z3_leaf_modules(self.module) if stage == 3 else {}
+        self.leaf_count = sum(1 for m in self.leaves.values() if any(p.requires_grad for p in m.parameters()))
+        self._leaf_of: dict[str, str] = {}
+        for lname, m in self.leaves.items():
+            prefix = "" if lname == ROOT else lname + "."
+            for pn, _ in m.named_parameters():
+                self._leaf_of.setdefault(prefix + pn, lname)
+        self._own: dict[str, tuple[str, ...]] = {}
+        for mname, m in self.module.named_modules():
+            mname = mname or ROOT
+            prefix = "" if mname == ROOT else mname + "."
+            rec = mname in self.leaves
+            self._own[mname] = tuple(prefix + pn for pn, _ in m.named_parameters(recurse=rec))
+        self.leaf_inputs: dict[str, bool] = {}
+        """z3 leaf module -> whether any tensor input required grad at its last forward."""
+        self._handles: list = []
+        self.steps = 0
+        self.backwards = 0
+        self._recompute_depth = 0
+
+    def params_of(self, module: str) -> tuple[str, ...]:
+        """The parameters ZeRO-3 fetches for ``module``: its own, or all under it for a z3 leaf module."""
+        return self._own.get(module, ())
+
+    # ------------------------------------------------------------ events
+    def emit(self, kind: str, **kw) -> None:
+        if self._paused:
+            return
+        ev = {"kind": kind}
+        ev.update({k: v for k, v in kw.items() if v is not None})
+        if self.sink is not None:
+            with self._lock:
+                self.sink(ev)
+
+    def on_checkpoint(self, what: str, param: str) -> None:
+        """A frozen parameter saved live by a recompute (``save_live``), checked by torch (``check``) or read
+        by the backward (``use``)."""
+        if self.stage != 3:
+            return
+        self._poll()
+        module = param.rsplit(".", 1)[0]
+        if what == "save_live":
+            self.emit("save_live", param=param, module=module)
+        else:
+            self.emit("unpack", param=param, module=module, note=what)
+
+    def on_recompute(self, fn, start: bool) -> None:
+        if self.stage != 3 or torch._C._current_graph_task_id() == -1:
+            return
+        target = getattr(getattr(fn, "func", fn), "__self__", None)
+        name = self.mod_names.get(id(target), "checkpoint")
+        if start:
+            self._task()
+            self._recompute_depth += 1
+            self.emit("recompute_start", module=name)
+        else:
+            self._poll()
+            self._recompute_depth = max(0, self._recompute_depth - 1)
+            self.emit("recompute_end", module=name)
+
+    # ------------------------------------------------------------ install
+    def install(self) -> "WatchTracer":
+        super().install()
+        eng = self.engine
+        self._patch(eng, "forward", self._w_forward)
+        self._patch(eng, "backward", self._w_backward)
+        self._patch(eng, "step", self._w_step)
+        for lname, m in self.leaves.items():
+            self._handles.append(m.register_forward_pre_hook(
+                lambda mod, args, kwargs, n=lname: self._leaf_input(n, args, kwargs), with_kwargs=True))
+        _ACTIVE.append(self)
+        _install_checkpoint_observer()
+        return self
+
+    def uninstall(self) -> None:
+        if self in _ACTIVE:
+            _ACTIVE.remove(self)
+        if not _ACTIVE:
+            _uninstall_checkpoint_observer()
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+        super().uninstall()
+
+    def _leaf_input(self, name, args, kwargs) -> None:
+        ts = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
+        self.leaf_inputs[name] = any(t.requires_grad for t in ts)
+
+    # ------------------------------------------------------------ the loop, from the engine's calls
+    def _w_forward(self, f):
+        def forward(*a, **k):
+            ev = not torch.is_grad_enabled() or not self.module.training
+            self.mark("eval_start" if ev else "forward_start")
+            r = f(*a, **k)
+            self.mark("eval_end" if ev else "forward_end")
+            return r
+        return forward
+
+    def _w_backward(self, f):
+        def backward(*a, **k):
+            self.backwards += 1
+            self.mark("backward_start", kind="engine")
+            r = f(*a, **k)
+            self.mark("backward_end", kind="engine")
+            return r
+        return backward
+
+    def _w_step(self, f):
+        def step(*a, **k):
+            boundary = self.engine.is_gradient_accumulation_boundary()
+            if boundary:
+                self.mark("step", step=self.steps)
+            r = f(*a, **k)
+            if boundary:
+                self.steps += 1
+            return r
+        return step
+
+    # ------------------------------------------------------------ user names
+    def _w_module(self, f, what):
+        def wrapped(module, *a, **k):
+            task = self._task()
+            name = self.mod_names.get(id(module), "?")
+            phase = None
+            if what in ("pre_forward", "post_forward"):
+                phase = "eval" if self._eval else ("recompute" if task is not None else "forward")
+            self._poll_trace()
+            self.emit("module_" + what, module=name, phase=phase)
+            r = f(module, *a, **k)
+            self._poll(name)
+            return r
+        return wrapped
+
+    def _poll(self, module: str | None = None) -> None:
+        """As `Tracer._poll`, but a parameter that became gathered is a PREFETCH only if its all-gather is
+        still in flight (``ds_status`` INFLIGHT), else a FETCH for the hooked module: a user's model fetches
+        parameters outside their owner's hook (peft reads ``lora_A.weight`` in ``Linear.forward``; external
+        parameters), which `Tracer`'s name rule would call prefetches."""
+        if self.stage != 3 or self._paused:
+            return
+        status, holders, emitted, hold = compat.param_status, compat.holders, self._emitted, self._holders
+        for n, p in self.params:
+            new, em = status(p), emitted.get(n)
+            h_old, h_new = hold.get(n, 0), holders(p)
+            if new == em and h_old == h_new:
+                continue
+            if h_new < h_old:
+                hold[n] = h_new
+                self.emit("holders", param=n, module=module, value=h_new, note="-")
+            if new == "NOT_AVAILABLE" and em != "NOT_AVAILABLE":
+                self.emit("release", param=n, module=n.rsplit(".", 1)[0])
+            elif new == "INFLIGHT" and em in (None, "NOT_AVAILABLE"):
+                self.emit("prefetch", param=n, module=n.rsplit(".", 1)[0])
+            elif new == "AVAILABLE" and em in (None, "NOT_AVAILABLE"):
+                self.emit("fetch", param=n, module=module)
+            elif new == "AVAILABLE" and em == "INFLIGHT":
+                self.emit("fetch", param=n, module=module, note="inflight")
+            emitted[n] = new
+            if h_new > h_old:
+                hold[n] = h_new
+                self.emit("holders", param=n, module=module, value=h_new, note="+")
+        self._poll_trace()
+
+    def _w_sink(self, f):
+        def sink(param, *a, **k):
+            task = self._task()
+            name = self.param_names.get(id(param), "?")
+            frame = sys._getframe(2)
+            if frame.f_code.co_name in compat.LEAF_HOOK_FRAMES:
+                if frame is not self._leaf_frame:
+                    self._leaf_frame = frame
+                    self.emit("leaf_hook", module=self._leaf_of.get(name, name.rsplit(".", 1)[0]), task=task)
+            else:
+                self.emit("grad_hook", param=name, task=task)
+            self.emit("bucket_add", param=name)
+            self._bucket.add(name)
+            r = f(param, *a, **k)
+            self._flush()
+            return r
+        return sink
+
+
+__all__ = ["WatchTracer", "z3_leaf_modules"]
