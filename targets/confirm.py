@@ -28,7 +28,7 @@ from typing import Any
 
 from zerostate.model.scenario import Scenario
 
-REPEAT = 40
+REPEAT = 100
 """Runs of the scenario alone, in one fresh worker, before a finding is called not reproduced."""
 
 MAX_TRIES = 16

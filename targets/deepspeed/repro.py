@@ -251,6 +251,7 @@ def main():
             if REPEAT > 1:
                 print(f"(reproduced on run {i + 1} of up to {REPEAT})")
             return rc
+    print(f"OK: {CHECK} not reproduced (fixed?)" + (f" in {REPEAT} runs" if REPEAT > 1 else ""))
     return rc
 
 
@@ -303,7 +304,6 @@ def one():
         print(f"ran without an exception; this script cannot judge {CHECK!r} by itself "
               "(use zerostate replay)")
         return 2
-    print(f"OK: {CHECK} not reproduced (fixed?)")
     return 0
 
 
