@@ -276,7 +276,9 @@ class DeepSpeedBackend:
     def params(self):
         out = {}
         for n, p in self.engine.module.named_parameters():
-            if hasattr(p, "ds_tensor"):  # ZeRO-3: read the (world size 1: whole) partition
+            if hasattr(p, "ds_tensor") and getattr(getattr(p, "ds_status", None), "name", "") == "AVAILABLE":
+                out[n] = p.detach().cpu().clone()  # gathered (persistent): GatheredParameters would partition it
+            elif hasattr(p, "ds_tensor"):  # ZeRO-3: read the (world size 1: whole) partition
                 import deepspeed
                 with deepspeed.zero.GatheredParameters([p]):
                     out[n] = p.detach().cpu().clone()

@@ -94,6 +94,7 @@ class Tracer:
 
     @contextlib.contextmanager
     def paused(self):
+        self._poll()  # report what happened before the pause (e.g. engine.step()'s persistent re-gather)
         self._paused += 1
         try:
             yield
@@ -240,6 +241,9 @@ class Tracer:
             self._patch(mod, compat.COUNT_NAME, self._w_count)
         if self.stage == 3:
             self._patch(opt, "_pre_step", self._w_pre_step)
+            # engine.step() partitions every parameter, then re-gathers the persistent ones: poll after each
+            self._patch(opt, "_partition_all_parameters", self._w_polled)
+            self._patch(opt, "_post_step", self._w_polled)
             off = compat.offload(opt)
             self._patch(off, "pre_sub_module_forward_function", lambda f: self._w_module(f, "pre_forward"))
             self._patch(off, "post_sub_module_forward_function", lambda f: self._w_module(f, "post_forward"))
@@ -398,6 +402,13 @@ class Tracer:
             self._poll()
             return r
         return pre_step
+
+    def _w_polled(self, f):
+        def polled(*a, **k):
+            r = f(*a, **k)
+            self._poll()
+            return r
+        return polled
 
     def _block_info(self, name: str):
         parts = name.split(".")
