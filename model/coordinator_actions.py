@@ -321,21 +321,28 @@ def release_and_reset_all(w: Work) -> None:
 
 
 # ------------------------------------------------------ zerostate hold policy
-def hold_saved_live(w: Work, p: int) -> None:
-    """zerostate: a non-reentrant recompute just saved frozen ``p`` as a live reference (torch keeps
-    ``x.detach() if x.requires_grad else x``; seed 002): hold it for the backward of the module that
-    computes with it, its last use, so no release can partition it before the metadata check and that
+def hold_recomputed_frozen(w: Work, m: int) -> None:
+    """zerostate (``runtime/release_policy.py``'s ``release_sub_module``, forward): at the post-forward of
+    module ``m`` inside a *non-reentrant* recompute whose output requires grad, its ops saved their
+    tensors for backward -- frozen parameters as live references (torch keeps ``x.detach() if
+    x.requires_grad else x``; seed 002).  Hold every frozen parameter of ``m`` that is AVAILABLE for
+    ``m``'s backward, its last use, so no release partitions it before the metadata check and that
     backward.  Persistent parameters are held too: while the trace is not COMPLETE (the first step, and
     after every invalidation) ``release_sub_module`` partitions persistent parameters like any other
-    (verified on DeepSpeed 0.19.8).
+    (DOMAIN.md section 4; at DeepSpeed's default threshold 1e5 this is seed 002 on 0.19.0-0.19.2).
 
-    The runtime learns the same fact from a recompute module's output requiring grad while torch's
-    non-reentrant recomputation saved-tensor hooks are active; a reentrant recompute saves nothing live
+    Module granularity, as the runtime sees it: "its output requires grad" is what a forward hook can
+    observe.  For a frozen sub-module that is exactly "its ops saved its parameters" (SAVE_LIVE); for a
+    z3 leaf block mixing frozen and trainable parameters it may hold a frozen parameter that was not
+    saved (harmless: released at the block's post-backward).  A reentrant recompute saves nothing live
     (its nested backward re-fetches in place), so nothing is held there."""
-    owner = w.ix.owner[p]
-    if HOLD not in w.holders[p]:
-        hold(w, p, HOLD)
-    w.held[owner] = w.held.get(owner, frozenset()) | {p}
+    held = w.held.get(m, frozenset())
+    for p in w.ix.module_params[m]:
+        if w.ix.frozen[p] and w.status[p] == AVAILABLE and HOLD not in w.holders[p]:
+            hold(w, p, HOLD)
+            held = held | {p}
+    if held:
+        w.held[m] = held
 
 
 def drop_holds(w: Work, m: int) -> None:
@@ -358,7 +365,7 @@ def drain_holds(w: Work) -> None:
 
 __all__ = [
     "CoordinatorError", "Work", "all_gather", "attribute_to_backward_module", "clean_inflight_param_registry",
-    "declare_persistent", "drain_holds", "drop", "drop_holds", "fetch_sub_module", "hold", "hold_saved_live",
+    "declare_persistent", "drain_holds", "drop", "drop_holds", "fetch_sub_module", "hold", "hold_recomputed_frozen",
     "invalidate_trace", "params_to_release", "pop_own_trace_entries", "pre_module_hook", "prefetch",
     "push_backward_module", "record_module", "release_and_reset_all", "release_backward_leftovers",
     "release_param", "release_sub_module", "reregister_hooks", "reset_step", "trace_prologue", "wait_inflight",

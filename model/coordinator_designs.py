@@ -19,14 +19,17 @@ machinery and differ only where the source differs:
 ``zerostate``
     Release each recompute-fetched parameter at its last use (DeepSpeed lists this as a known gap:
     the xfailed "release at last use" lifecycle tests of PR #8148).  On top of 0.19.3's backward map
-    and epilogue drain, without its attribution: a frozen parameter a *non-reentrant* recompute saved
-    as a live reference (SAVE_LIVE) is held until the post-backward of the module that computes with
-    it -- the last use of the saved tensor -- and released there by DeepSpeed's own release; anything
-    else a recompute fetched is released by the recompute's post-forward hook, its last use (a
-    reentrant recompute saves nothing live: its nested backward fetches again in place).  Holds whose
-    module never runs its post-backward are drained at the epilogue and at the next root forward.
-    (``runtime/release_policy.py`` as of this commit holds on "recomputed output requires grad", which
-    also holds in reentrant recomputes and skips persistent parameters; see docs/coordinator.md.)
+    and epilogue drain, without its attribution: at the post-forward of a module inside a
+    *non-reentrant* recompute whose output requires grad (its ops saved tensors; frozen parameters
+    as live references), its frozen parameters -- persistent ones too, which DeepSpeed partitions
+    while the trace is not COMPLETE -- are held until the module's own post-backward (the last use of
+    the saved tensor) and released there by DeepSpeed's own release; anything else a recompute
+    fetched is released by the recompute's post-forward hook, its last use (a reentrant recompute
+    saves nothing live: its nested backward fetches again in place).  Holds whose module never runs
+    its post-backward are drained at the epilogue and at the next root forward (persistent ones only
+    dropped).  This is exactly ``runtime/release_policy.py`` (the hold decided at module granularity,
+    from the recomputed output, as a forward hook sees it), checked hook by hook on real DeepSpeed by
+    ``generated_tests/test_runtime_release_refinement.py``.
 
 Every design reacts to the driver events and to the hook half's EPILOGUE; it emits FETCH / PREFETCH /
 RELEASE / HOLDERS / TRACE_STATE / PERSISTENT effect events (see ``events.py``).
@@ -93,14 +96,11 @@ def _on_pre_forward(d: CoordinatorDesign, w: A.Work, ev: Event) -> None:
                       track_stack=d.track_stack, attribute=d.attribute)
 
 
-def _on_save_live(d: CoordinatorDesign, w: A.Work, ev: Event) -> None:
-    if d.hold_recompute_frozen and ev.param in w.ix.pidx:
-        A.hold_saved_live(w, w.ix.pidx[ev.param])
-
-
 def _on_post_forward(d: CoordinatorDesign, w: A.Work, ev: Event) -> None:
     m = w.ix.midx[ev.module]
     recompute = ev.phase == "recompute"
+    if d.hold_recompute_frozen and recompute and w.ix.nonreentrant[m] and w.ix.output_requires_grad[m]:
+        A.hold_recomputed_frozen(w, m)
     A.release_sub_module(w, m, True, recompute, track_stack=d.track_stack, attribute=d.attribute,
                          skip_frozen_in_recompute=d.skip_frozen_in_recompute)
 
@@ -138,10 +138,8 @@ _HANDLERS: dict[Ev, Callable[[CoordinatorDesign, A.Work, Event], None]] = {
     Ev.MODULE_POST_BACKWARD: _on_post_backward,
     Ev.EPILOGUE: _on_epilogue,
     Ev.STEP: _on_step,
-    Ev.SAVE_LIVE: _on_save_live,
 }
-_NO_MODULE = frozenset({Ev.FORWARD_START, Ev.EVAL_FORWARD_START, Ev.REREGISTER, Ev.EPILOGUE, Ev.STEP,
-                        Ev.SAVE_LIVE})
+_NO_MODULE = frozenset({Ev.FORWARD_START, Ev.EVAL_FORWARD_START, Ev.REREGISTER, Ev.EPILOGUE, Ev.STEP})
 
 _DS = "deepspeed/runtime/zero/partitioned_param_coordinator.py"
 

@@ -60,6 +60,8 @@ class CoordIndex:
         self.module_params: tuple[tuple[int, ...], ...] = tuple(
             tuple(sorted(self.pidx[p] for p in params_of_module(m) if p in self.pidx)) for m in self.modules)
         self.output_requires_grad = tuple(self._out_rg(net, m) for m in self.modules)
+        self.nonreentrant = tuple(self._nonreentrant(net, m) for m in self.modules)
+        """Whether the module is inside a block recomputed by a non-reentrant checkpoint."""
         self.n = len(self.params)
         owner = [0] * self.n
         for mi, ps in enumerate(self.module_params):
@@ -79,6 +81,13 @@ class CoordIndex:
             if g.module == module:
                 return g.output_requires_grad
         return False
+
+    @staticmethod
+    def _nonreentrant(net: "Network", module: str) -> bool:
+        parts = module.split(".")
+        if parts[0] != "blocks":
+            return False
+        return net.scenario.blocks[int(parts[1])].checkpoint.value == "non_reentrant"
 
     def param_trace(self, order: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
         """``construct_parameter_trace_from_module_trace``: ``(param, step_id_last_used_at)`` per recorded

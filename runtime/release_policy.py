@@ -1,20 +1,28 @@
 """The `zerostate` release policy for parameters fetched during an activation-checkpoint recompute.
 
-The coordinator decision it ships (ZeRO-3, DeepSpeed 0.18.5 .. 0.19.8):
+The coordinator decision it ships (ZeRO-3, DeepSpeed 0.18.5 .. 0.19.8); it is the model's
+``zerostate`` coordinator design (``model/coordinator_designs.py``), checked hook by hook on real
+DeepSpeed by ``generated_tests/test_runtime_release_refinement.py``:
 
-*  A **frozen** parameter (``requires_grad=False``) gathered by a module ``M`` whose
-   forward hooks fire *inside a backward graph task* (a non-reentrant checkpoint
-   recompute: ``torch._C._current_graph_task_id() != -1``) is not partitioned by
-   ``M``'s post-forward release **if ``M``'s recomputed output requires grad** --
-   the recompute then saved ``M``'s tensors for ``M``'s backward, and
-   non-reentrant checkpoint saves a frozen tensor as a live reference
-   (``x.detach() if x.requires_grad else x``): partitioning it in place would
-   shrink the very tensor the metadata check and ``M``'s backward read
-   (``CheckpointError ... [1024] vs [0]``, seed 002).  It is released at ``M``'s own
-   post-backward: the last use of the saved tensor (module granularity).
-*  If ``M``'s recomputed output does **not** require grad, nothing of ``M`` was
-   saved for backward: its frozen parameters are released by the post-forward
-   release right away, exactly as in a plain forward (their last use).
+*  A **frozen** parameter (``requires_grad=False``) -- persistent (``ds_persist``) or not -- gathered
+   by a module ``M`` whose forward hooks fire inside a **non-reentrant** checkpoint recompute (a
+   graph task is running, ``torch._C._current_graph_task_id() != -1``, and the innermost saved-tensor
+   hooks are torch's ``_recomputation_hook``) is not partitioned by ``M``'s post-forward release **if
+   ``M``'s recomputed output requires grad** -- the recompute then saved ``M``'s tensors for ``M``'s
+   backward, and non-reentrant checkpoint saves a frozen tensor as a live reference
+   (``x.detach() if x.requires_grad else x``): partitioning it in place would shrink the very tensor
+   the metadata check and ``M``'s backward read (``CheckpointError ... [1024] vs [0]``, seed 002).  It
+   is released at ``M``'s own post-backward: the last use of the saved tensor (module granularity).
+*  Persistent parameters are held too: while the trace is not COMPLETE (the first step, and after
+   every invalidation) DeepSpeed's ``release_sub_module`` partitions *every* parameter of the module,
+   persistent ones included -- at DeepSpeed's default ``stage3_param_persistence_threshold`` (1e5)
+   small frozen weights (LayerNorm / RMSNorm) are persistent, and 0.19.0-0.19.2 crash with seed
+   002's CheckpointError there (issue 10).  A persistent hold is only ever dropped, never released by
+   the policy itself: DeepSpeed decides (its trace-driven release skips ``ds_persist``).
+*  If ``M``'s recomputed output does **not** require grad, nothing of ``M`` was saved for backward:
+   its frozen parameters are released by the post-forward release right away, exactly as in a plain
+   forward (their last use).  A **reentrant** recompute saves nothing live (its nested backward
+   gathers again in place): nothing is held there either.
 *  Trainable parameters are untouched (saved detached, immune).
 *  DeepSpeed 0.19.3+ also *attributes* each recompute-fetched frozen parameter to
    the backward module being processed (``ds_recompute_parameters``), which keeps it
@@ -23,7 +31,8 @@ The coordinator decision it ships (ZeRO-3, DeepSpeed 0.18.5 .. 0.19.8):
    decided by the rule above, not by an unrelated owner.
 *  Leak guards: a hold whose module never runs its post-backward (its inputs do not
    require grad, or the backward was aborted) is dropped in the optimizer's
-   backward epilogue and, at the latest, at the next forward's ``reset_step``.
+   backward epilogue and, at the latest, at the next forward's ``reset_step``; the
+   parameter is then released unless it is persistent or another module holds it.
 
 The hold is a sentinel id (`HOLD_ID`) in ``param.ds_active_sub_modules``: DeepSpeed's
 own ``__release_param`` skips any parameter with an active consumer, so no DeepSpeed
@@ -62,6 +71,25 @@ def _requires_grad(out: Any, depth: int = 0) -> bool:
     return False
 
 
+_RECOMPUTE_PACK = "_recomputation_hook.__init__.<locals>.pack_hook"
+
+
+def in_nonreentrant_recompute() -> bool:
+    """Whether torch's non-reentrant checkpoint is recomputing right now: a graph task runs and the
+    innermost saved-tensor hooks are ``torch.utils.checkpoint._recomputation_hook``'s (a reentrant
+    recompute runs under no saved-tensor hooks of its own)."""
+    import torch
+
+    if torch._C._current_graph_task_id() == -1:
+        return False
+    top = torch._C._autograd._top_saved_tensors_default_hooks(True)
+    if not top:
+        return False
+    pack = getattr(top[0], "__wrapped__", top[0])
+    return getattr(pack, "__qualname__", "") == _RECOMPUTE_PACK and \
+        getattr(pack, "__module__", "") == "torch.utils.checkpoint"
+
+
 @dataclass
 class ReleasePolicyState:
     """Per-engine state and the record of every original that `install_release_policy` replaced."""
@@ -69,7 +97,7 @@ class ReleasePolicyState:
     coordinator: Any
     optimizer: Any
     frozen_of: dict[int, tuple] = field(default_factory=dict)
-    """id(module) -> frozen, partitioned (non-persistent) params the module's fetch gathers."""
+    """id(module) -> frozen params (persistent ones too) the module's fetch gathers."""
     out_requires_grad: dict[int, bool] = field(default_factory=dict)
     """id(module) -> whether its last recompute output required grad (set by our forward hook)."""
     holds: dict[int, tuple[Any, list]] = field(default_factory=dict)
@@ -101,6 +129,8 @@ class ReleasePolicyState:
         for _, params in entries:
             for p in params:
                 p.ds_active_sub_modules.discard(HOLD_ID)
+                if getattr(p, "ds_persist", False):
+                    continue  # DeepSpeed keeps persistent params gathered; the hold only kept them whole
                 if p.ds_status == ZeroParamStatus.AVAILABLE and not p.ds_active_sub_modules:
                     release(p)
                     self.stats["released_at_drain"] += 1
@@ -113,10 +143,11 @@ def _patch(state: ReleasePolicyState, obj: Any, name: str, new: Any) -> None:
 
 
 def _collect_frozen(module: Any, out: dict[int, tuple], leaf_fn: Callable[[Any], bool]) -> None:
-    """Frozen, partitioned params of every module DeepSpeed puts fetch/release hooks on."""
+    """Frozen ZeRO-3 params (persistent ones included: DeepSpeed partitions those too while the trace is
+    not COMPLETE) of every module DeepSpeed puts fetch/release hooks on."""
     is_leaf = leaf_fn(module)
     params = tuple(p for _, p in module.named_parameters(recurse=is_leaf)
-                   if hasattr(p, "ds_id") and not p.requires_grad and not getattr(p, "ds_persist", False))
+                   if hasattr(p, "ds_id") and not p.requires_grad)
     if params:
         out[id(module)] = params
     if not is_leaf:
@@ -217,7 +248,8 @@ def install_release_policy(engine: Any) -> ReleasePolicyState:
 
     def record_output(module, inputs, output):
         if task_id() != -1:
-            out_rg[id(module)] = _requires_grad(output)
+            # Held only when a non-reentrant recompute saved the module's tensors (its output requires grad).
+            out_rg[id(module)] = in_nonreentrant_recompute() and _requires_grad(output)
 
     # Everything validated above; from here on, changes (all recorded for uninstall).
     _patch(state, coord, "fetch_sub_module", fetch_sub_module)
