@@ -19,6 +19,16 @@ A scenario is a plain, immutable, JSON-serialisable value with three parts:
   ``out.backward(gradient)``), and a step may start with an eval / no_grad
   forward (which matters to the ZeRO-3 trace).
 
+Training-setup dimensions (issue 11; each written to JSON only when not at its default, so older
+scenario files stay byte-identical and parse): precision (bf16 / fp16, fp32 gradient accumulation),
+gradient clipping, CPU offload (optimizer / parameters), several optimizer parameter groups and
+parameters in no group, ``requires_grad`` changed for one step, a module applied twice (weight tying)
+and a parameter used by a module that does not own it (a ZeRO-3 external parameter), tuple / dict
+outputs and an auxiliary loss, two backwards per micro-step (``retain_graph=True``), a train step with
+no forward or backward (``engine.step()`` without any gradient), and a second network family: tiny
+Hugging Face Llama decoders (optionally wrapped by PEFT LoRA).  `Scenario.beyond_model` names the
+ones zerostate's model does not represent.
+
 Parsing (`Scenario.from_json`) validates every field and raises
 `ScenarioError` naming the field, so a malformed scenario file is a clear error.
 """
@@ -72,6 +82,42 @@ class BackwardKind(str, Enum):
         return self is not BackwardKind.ENGINE
 
 
+class Precision(str, Enum):
+    """The engine's training precision (``fp16`` / ``bf16`` config sections)."""
+
+    FP32 = "fp32"
+    BF16 = "bf16"
+    FP16 = "fp16"
+    """Dynamic loss scaling: an overflow skips the step."""
+
+
+class Offload(str, Enum):
+    """ZeRO CPU offload (``offload_optimizer`` / ``offload_param``; parameters: ZeRO-3 only)."""
+
+    NONE = "none"
+    OPTIMIZER = "optimizer"
+    PARAM = "param"
+    BOTH = "both"
+
+
+class Outputs(str, Enum):
+    """What the network's forward returns: the hidden state, or ``(hidden, aux)`` / ``{"out", "aux"}``."""
+
+    TENSOR = "tensor"
+    TUPLE = "tuple"
+    DICT = "dict"
+
+
+class Family(str, Enum):
+    """Which network the blocks describe."""
+
+    BLOCKS = "blocks"
+    """``LayerNorm -> Linear`` blocks (`Block`), the network zerostate's model represents."""
+    LLAMA = "llama"
+    """A tiny Hugging Face ``LlamaForCausalLM``: one decoder layer per block (the blocks' checkpoint mode
+    is HF's ``gradient_checkpointing_enable(use_reentrant=...)``; the other block fields stay default)."""
+
+
 SUBMODULES = ("norm", "lin")
 """The two sub-modules of every block, in forward order."""
 
@@ -87,6 +133,9 @@ class Block:
     lin: ParamKind = ParamKind.TRAINABLE
     leaf: bool = False
     """Under ZeRO-3: the block is a z3 leaf module (one fetch, one backward hook for all its params)."""
+    in_optimizer: bool = True
+    """False: the block's trainable parameters are in no optimizer parameter group (they still require
+    grad and get gradients; nothing updates them)."""
 
     def kind_of(self, submodule: str) -> ParamKind:
         return getattr(self, submodule)
@@ -109,6 +158,8 @@ class MicroStep:
     """Blocks whose (frozen) norm this micro-step's forward skips: a data-dependent branch.  The
     module order differs from other micro-steps (which invalidates the ZeRO-3 trace) while the set
     of parameters that get gradients does not, so only a frozen norm may be skipped."""
+    retain: bool = False
+    """Two backwards of half the loss each, the first with ``retain_graph=True``."""
 
 
 @dataclass(frozen=True)
@@ -121,6 +172,10 @@ class TrainStep:
     reregister: bool = False
     """ZeRO-3's module hooks are removed and registered again before this step (and before its eval
     forward), as TRL's ``unwrap_model_for_generation`` does around generation."""
+    idle: bool = False
+    """No forward and no backward: only the ``gas`` calls of ``engine.step()`` (a step without gradient)."""
+    frozen: tuple[int, ...] = ()
+    """Blocks whose (trainable) Linear has ``requires_grad=False`` during this step only."""
 
 
 @dataclass(frozen=True)
@@ -139,6 +194,29 @@ class Scenario:
     prefetch_bucket_size: int = 0
     reduce_bucket_size: int = 500_000_000
     seed: int = 0
+    max_reuse_distance: int = 1_000_000_000
+    """ZeRO-3 ``stage3_max_reuse_distance`` (DeepSpeed's default 1e9; written to JSON only when set)."""
+    max_live_parameters: int = 1_000_000_000
+    """ZeRO-3 ``stage3_max_live_parameters`` (DeepSpeed's default 1e9; written to JSON only when set)."""
+    precision: Precision = Precision.FP32
+    gradient_clipping: float = 0.0
+    """Set explicitly (DeepSpeed's default is 1.0 from 0.19.5); 0 disables clipping."""
+    fp32_grad_accum: bool = False
+    """bf16 only: ``data_types.grad_accum_dtype = "fp32"`` (gradients accumulated in fp32)."""
+    offload: Offload = Offload.NONE
+    param_groups: int = 1
+    """Optimizer parameter groups (1-3) with different learning rates; block ``i`` is in group
+    ``i % param_groups`` (the head in group 0)."""
+    tie: bool = False
+    """Block 0's Linear is applied once more after the last block (a shared embedding / LM head)."""
+    external: bool = False
+    """The root module uses block 0's Linear weight itself (``F.linear``): a ZeRO-3 external parameter."""
+    outputs: Outputs = Outputs.TENSOR
+    losses: int = 1
+    """2: an auxiliary loss on the ``aux`` output is added to the main loss."""
+    family: Family = Family.BLOCKS
+    lora: bool = False
+    """Llama family: the model is wrapped by PEFT LoRA (base weights frozen, adapters trainable)."""
 
     # ------------------------------------------------------------------ derived
     @property
@@ -158,6 +236,22 @@ class Scenario:
 
     def with_(self, **changes: Any) -> "Scenario":
         return replace(self, **changes)
+
+    def beyond_model(self) -> list[str]:
+        """The training-setup dimensions this scenario uses that zerostate's model does not represent
+        (its hook and coordinator machines know fp32 ``LayerNorm -> Linear`` blocks, one optimizer group
+        holding every trainable parameter, one backward per micro-step).  Empty: the model covers it."""
+        out = [f"{name}={_plain(getattr(self, name))}" for name, default in _EXTENDED_DEFAULTS.items()
+               if getattr(self, name) != default]
+        if any(not b.in_optimizer for b in self.blocks):
+            out.append("parameters in no optimizer group")
+        if any(s.idle for s in self.steps):
+            out.append("engine.step() without forward or backward")
+        if any(s.frozen for s in self.steps):
+            out.append("requires_grad changed between steps")
+        if any(m.retain for _, _, m in self.micro_steps()):
+            out.append("two backwards per micro-step (retain_graph)")
+        return out
 
     # -------------------------------------------------------------- validation
     def validate(self) -> "Scenario":
@@ -190,12 +284,55 @@ class Scenario:
                     raise ScenarioError(f"steps[{i}].micro[{j}].skip: a block is listed twice")
         if self.width < 2:
             raise ScenarioError(f"width: must be at least 2, got {self.width}")
-        for name in ("persistence_threshold", "prefetch_bucket_size", "reduce_bucket_size", "seed"):
+        for name in ("persistence_threshold", "prefetch_bucket_size", "reduce_bucket_size", "seed",
+                     "max_reuse_distance", "max_live_parameters"):
             if getattr(self, name) < 0:
                 raise ScenarioError(f"{name}: must be >= 0, got {getattr(self, name)}")
         if self.reduce_bucket_size == 0:
             raise ScenarioError("reduce_bucket_size: must be > 0")
+        self._validate_extended()
         return self
+
+    def _validate_extended(self) -> None:
+        if not (isinstance(self.gradient_clipping, (int, float)) and not isinstance(self.gradient_clipping, bool)
+                and 0 <= self.gradient_clipping < float("inf")):
+            raise ScenarioError(f"gradient_clipping: must be a finite number >= 0, got {self.gradient_clipping!r}")
+        if self.fp32_grad_accum and self.precision is not Precision.BF16:
+            raise ScenarioError("fp32_grad_accum: only with precision bf16 (DeepSpeed's grad_accum_dtype)")
+        if self.offload in (Offload.PARAM, Offload.BOTH) and self.stage != 3:
+            raise ScenarioError(f"offload: parameter offload needs ZeRO-3, got stage {self.stage}")
+        if not 1 <= self.param_groups <= 3:
+            raise ScenarioError(f"param_groups: must be 1, 2 or 3, got {self.param_groups}")
+        if self.losses not in (1, 2):
+            raise ScenarioError(f"losses: must be 1 or 2, got {self.losses}")
+        for i, step in enumerate(self.steps):
+            for b in step.frozen:
+                if not 0 <= b < len(self.blocks) or self.blocks[b].lin is not ParamKind.TRAINABLE:
+                    raise ScenarioError(f"steps[{i}].frozen: block {b} has no trainable Linear to freeze")
+            if len(set(step.frozen)) != len(step.frozen):
+                raise ScenarioError(f"steps[{i}].frozen: a block is listed twice")
+            if step.idle and (step.frozen or step.eval_before or any(m.skip or m.retain for m in step.micro)):
+                raise ScenarioError(f"steps[{i}].idle: an idle step has no forward, so nothing to skip, "
+                                    "freeze, retain or evaluate")
+        if (self.tie or self.external) and self.family is Family.BLOCKS and self.blocks[0].lin is ParamKind.UNUSED:
+            raise ScenarioError("tie/external: block 0's Linear is unused; tying or sharing needs it in forward")
+        if self.lora and self.family is not Family.LLAMA:
+            raise ScenarioError("lora: only for family llama")
+        if self.family is Family.LLAMA:
+            if self.width % 4:
+                raise ScenarioError(f"width: the llama family needs a multiple of 4 (2 heads), got {self.width}")
+            plain = [Block(checkpoint=self.blocks[0].checkpoint)] * len(self.blocks)
+            if list(self.blocks) != plain:
+                raise ScenarioError("blocks: in the llama family a block is one decoder layer; only the "
+                                    "checkpoint mode may be set, the same for every block")
+            bad = [n for n in ("fused_head", "external") if getattr(self, n)]
+            bad += ["outputs"] * (self.outputs is not Outputs.TENSOR) + ["losses"] * (self.losses != 1)
+            bad += ["param_groups"] * (self.param_groups != 1)
+            if bad:
+                raise ScenarioError(f"{bad[0]}: not available in the llama family")
+            for i, step in enumerate(self.steps):
+                if step.frozen or any(m.skip or m.backward is BackwardKind.NONSCALAR for m in step.micro):
+                    raise ScenarioError(f"steps[{i}]: the llama family has no skip/frozen/nonscalar backward")
 
     # --------------------------------------------------------------- summaries
     def describe(self) -> str:
@@ -205,6 +342,8 @@ class Scenario:
                  f"persistence threshold {self.persistence_threshold}"
                  + (", fused head (backward inside forward)" if self.fused_head else "")
                  + ("" if self.input_requires_grad else ", input does not require grad")]
+        if self.beyond_model():
+            lines.append("  setup: " + ", ".join(self.beyond_model()))
         for i, b in enumerate(self.blocks):
             ck = {"none": "plain", "reentrant": "reentrant checkpoint",
                   "non_reentrant": "non-reentrant checkpoint"}[b.checkpoint.value]
@@ -222,12 +361,23 @@ class Scenario:
     # -------------------------------------------------------------------- JSON
     def to_dict(self) -> dict[str, Any]:
         d = _plain(asdict(self))
+        for k in ("max_reuse_distance", "max_live_parameters"):  # DeepSpeed's defaults: old files stay identical
+            if d.get(k) == 1_000_000_000:
+                d.pop(k)
         for step in d["steps"]:  # fields added later are written only when set, so old files stay identical
-            if not step.get("reregister"):
-                step.pop("reregister", None)
+            for k in ("reregister", "idle", "frozen"):
+                if not step.get(k):
+                    step.pop(k, None)
             for micro in step["micro"]:
-                if not micro.get("skip"):
-                    micro.pop("skip", None)
+                for k in ("skip", "retain"):
+                    if not micro.get(k):
+                        micro.pop(k, None)
+        for block in d["blocks"]:
+            if block.get("in_optimizer", True):
+                block.pop("in_optimizer", None)
+        for name, default in _EXTENDED_DEFAULTS.items():
+            if getattr(self, name) == default:
+                d.pop(name, None)
         return d
 
     def to_json(self, indent: int | None = 2) -> str:
@@ -315,9 +465,14 @@ def _list(value: Any, where: str) -> list[Any]:
     return value
 
 
-_BLOCK_FIELDS = {"checkpoint", "norm", "lin", "leaf"}
-_STEP_FIELDS = {"micro", "eval_before", "reregister"}
-_MICRO_FIELDS = {"backward", "skip"}
+_BLOCK_FIELDS = {"checkpoint", "norm", "lin", "leaf", "in_optimizer"}
+_STEP_FIELDS = {"micro", "eval_before", "reregister", "idle", "frozen"}
+_MICRO_FIELDS = {"backward", "skip", "retain"}
+_EXTENDED_DEFAULTS: dict[str, Any] = {
+    "precision": Precision.FP32, "gradient_clipping": 0.0, "fp32_grad_accum": False, "offload": Offload.NONE,
+    "param_groups": 1, "tie": False, "external": False, "outputs": Outputs.TENSOR, "losses": 1,
+    "family": Family.BLOCKS, "lora": False}
+"""Scenario fields added for issue 11, with their defaults: written to JSON only when not at the default."""
 _SCENARIO_FIELDS = {f for f in Scenario.__dataclass_fields__}
 
 
@@ -328,13 +483,15 @@ def _parse_block(value: Any, where: str) -> Block:
         norm=_enum(ParamKind, d.get("norm", "trainable"), f"{where}.norm"),
         lin=_enum(ParamKind, d.get("lin", "trainable"), f"{where}.lin"),
         leaf=_bool(d.get("leaf", False), f"{where}.leaf"),
+        in_optimizer=_bool(d.get("in_optimizer", True), f"{where}.in_optimizer"),
     )
 
 
 def _parse_micro(value: Any, where: str) -> MicroStep:
     d = _obj(value, where, _MICRO_FIELDS)
     skip = tuple(_int(b, f"{where}.skip[{k}]") for k, b in enumerate(_list(d.get("skip", []), f"{where}.skip")))
-    return MicroStep(backward=_enum(BackwardKind, d.get("backward", "engine"), f"{where}.backward"), skip=skip)
+    return MicroStep(backward=_enum(BackwardKind, d.get("backward", "engine"), f"{where}.backward"), skip=skip,
+                     retain=_bool(d.get("retain", False), f"{where}.retain"))
 
 
 def _parse_step(value: Any, where: str) -> TrainStep:
@@ -342,7 +499,10 @@ def _parse_step(value: Any, where: str) -> TrainStep:
     micro = tuple(_parse_micro(m, f"{where}.micro[{j}]")
                   for j, m in enumerate(_list(d.get("micro", [{}]), f"{where}.micro")))
     return TrainStep(micro=micro, eval_before=_bool(d.get("eval_before", False), f"{where}.eval_before"),
-                     reregister=_bool(d.get("reregister", False), f"{where}.reregister"))
+                     reregister=_bool(d.get("reregister", False), f"{where}.reregister"),
+                     idle=_bool(d.get("idle", False), f"{where}.idle"),
+                     frozen=tuple(_int(b, f"{where}.frozen[{k}]")
+                                  for k, b in enumerate(_list(d.get("frozen", []), f"{where}.frozen"))))
 
 
 def _parse_scenario(data: Any) -> Scenario:
@@ -354,14 +514,23 @@ def _parse_scenario(data: Any) -> Scenario:
     kwargs["steps"] = tuple(_parse_step(s, f"steps[{i}]")
                             for i, s in enumerate(_list(d.get("steps", [{}]), "steps")))
     for name in ("stage", "width", "persistence_threshold", "prefetch_bucket_size",
-                 "reduce_bucket_size", "seed"):
+                 "reduce_bucket_size", "seed", "max_reuse_distance", "max_live_parameters"):
         kwargs[name] = _int(d.get(name, getattr(defaults, name)), name)
-    for name in ("fused_head", "input_requires_grad"):
+    for name in ("fused_head", "input_requires_grad", "fp32_grad_accum", "tie", "external", "lora"):
         kwargs[name] = _bool(d.get(name, getattr(defaults, name)), name)
+    for name in ("param_groups", "losses"):
+        kwargs[name] = _int(d.get(name, getattr(defaults, name)), name)
+    for name, cls in (("precision", Precision), ("offload", Offload), ("outputs", Outputs), ("family", Family)):
+        kwargs[name] = _enum(cls, d.get(name, getattr(defaults, name).value), name)
+    clip = d.get("gradient_clipping", 0.0)
+    if isinstance(clip, bool) or not isinstance(clip, (int, float)):
+        raise ScenarioError(f"gradient_clipping: expected a number, got {clip!r}")
+    kwargs["gradient_clipping"] = float(clip)
     return Scenario(**kwargs).validate()
 
 
 __all__ = [
-    "BackwardKind", "Block", "Checkpoint", "MicroStep", "PARAMS_PER_SUBMODULE", "ParamKind",
+    "BackwardKind", "Block", "Checkpoint", "Family", "MicroStep", "Offload", "Outputs", "PARAMS_PER_SUBMODULE",
+    "ParamKind", "Precision",
     "SUBMODULES", "Scenario", "ScenarioError", "TrainStep",
 ]

@@ -2,7 +2,12 @@
 ``zerostate explore`` draw from, so the command explores exactly what the tests do.
 
 Shrinking goes towards fewer blocks, fewer steps, plain blocks, trainable
-parameters, ``engine.backward`` and ZeRO-3 (the first value of each choice).
+parameters, ``engine.backward`` and ZeRO-3 (the first value of each choice), and for the
+training-setup dimensions (`setups`, issue 11) towards fp32, no clipping, no offload, one parameter
+group, no tying / external parameter, a tensor output, one loss, one backward per micro-step, the
+blocks family.  The setup dimensions are drawn *after* everything else, and the ones that make every
+run fail on the pinned release (`RARE`: two backwards per micro-step, a step without gradient) only in
+one draw in eight, so they do not hide other findings.
 """
 
 from __future__ import annotations
@@ -10,12 +15,25 @@ from __future__ import annotations
 from hypothesis import strategies as st
 
 from zerostate.model.network import Network
-from zerostate.model.scenario import (BackwardKind, Block, Checkpoint, MicroStep, ParamKind, Scenario,
-                                      TrainStep)
+from zerostate.model.scenario import (BackwardKind, Block, Checkpoint, Family, MicroStep, Offload, Outputs,
+                                      ParamKind, Precision, Scenario, TrainStep)
 
 CHECKPOINTS = (Checkpoint.NONE, Checkpoint.REENTRANT, Checkpoint.NON_REENTRANT)
 BACKWARDS = (BackwardKind.ENGINE, BackwardKind.TORCH, BackwardKind.NONSCALAR)
 KINDS = (ParamKind.TRAINABLE, ParamKind.FROZEN, ParamKind.UNUSED)
+DS_PERSISTENCE_THRESHOLD = 100_000
+"""DeepSpeed's defaults (0.18.4 .. 0.19.8): ``stage3_param_persistence_threshold``, ``stage3_prefetch_bucket_size``,
+``stage3_max_reuse_distance``, ``stage3_max_live_parameters``."""
+DS_PREFETCH_BUCKET_SIZE = 50_000_000
+DS_MAX_REUSE_DISTANCE = 1_000_000_000
+DS_MAX_LIVE_PARAMETERS = 1_000_000_000
+PRECISIONS = (Precision.FP32, Precision.FP32, Precision.BF16, Precision.FP16)
+"""fp32 twice: half of the draws stay fp32 (fp16 is skipped on an accelerator without it, e.g. most CPUs)."""
+CLIPPING = (0.0, 1.0, 0.05)
+"""Off, DeepSpeed's default from 0.19.5 (rarely reached by these small gradients), and one that clips."""
+RARE = st.sampled_from((False,) * 7 + (True,))
+"""True in one draw of eight; shrinks to False."""
+QUARTER = st.sampled_from((False,) * 3 + (True,))
 
 
 @st.composite
@@ -41,16 +59,75 @@ def train_steps(draw, gas: int, backwards=BACKWARDS, eval_forwards: bool = True,
 
 
 @st.composite
+def setups(draw, sc: Scenario, llama: bool = True) -> Scenario:
+    """The training-setup dimensions of issue 11 drawn onto a drawn scenario (each shrinks to plain)."""
+    if llama and draw(st.sampled_from((False,) * 15 + (True,))):
+        sc = _llama(draw, sc)
+    precision = draw(st.sampled_from(PRECISIONS))
+    offloads = (Offload.NONE, Offload.OPTIMIZER) + ((Offload.PARAM, Offload.BOTH) if sc.stage == 3 else ())
+    changes = dict(
+        precision=precision,
+        fp32_grad_accum=precision is Precision.BF16 and draw(st.booleans()),
+        gradient_clipping=draw(st.sampled_from(CLIPPING)),
+        offload=draw(st.sampled_from(offloads)),
+        tie=draw(st.booleans()) and sc.blocks[0].lin is not ParamKind.UNUSED,
+    )
+    steps = sc.steps
+    if sc.family is Family.BLOCKS:
+        # draws of a fixed shape whatever the number of blocks (index modulo it), so deleting a block while
+        # shrinking leaves the rest of the draw in place
+        out = (draw(st.integers(0, 2)) % len(sc.blocks),) if draw(QUARTER) else ()
+        changes.update(
+            param_groups=draw(st.integers(1, 3)),
+            blocks=tuple(b if i not in out else Block(b.checkpoint, b.norm, b.lin, b.leaf, in_optimizer=False)
+                         for i, b in enumerate(sc.blocks)),
+            external=draw(st.booleans()) and sc.blocks[0].lin is not ParamKind.UNUSED,
+            outputs=draw(st.sampled_from((Outputs.TENSOR, Outputs.TUPLE, Outputs.DICT))),
+            losses=draw(st.integers(1, 2)))
+        freezable = [i for i, b in enumerate(sc.blocks) if b.lin is ParamKind.TRAINABLE and Network(sc.with_(
+            blocks=sc.blocks[:i] + (Block(b.checkpoint, b.norm, ParamKind.FROZEN, b.leaf),) + sc.blocks[i + 1:])
+        ).loss_requires_grad]  # freezing it for a step leaves the loss requiring grad
+        steps = tuple(TrainStep(s.micro, s.eval_before, s.reregister,
+                                frozen=_pick(draw(QUARTER), draw(st.integers(0, 2)), freezable))
+                      for s in steps)
+    steps = tuple(TrainStep(tuple(MicroStep(m.backward, m.skip, retain=draw(RARE)) for m in s.micro),
+                            s.eval_before, s.reregister, frozen=s.frozen) for s in steps)
+    if len(steps) > 1 and draw(RARE):  # one step runs no forward or backward, only engine.step()
+        i = draw(st.integers(0, len(steps) - 1))
+        steps = steps[:i] + (TrainStep(tuple(MicroStep() for _ in range(sc.gas)), idle=True),) + steps[i + 1:]
+    return sc.with_(steps=steps, **changes)
+
+
+def _pick(take: bool, k: int, among: list[int]) -> tuple[int, ...]:
+    return (among[k % len(among)],) if take and among else ()
+
+
+def _llama(draw, sc: Scenario) -> Scenario:
+    """The same draw on the llama family: one decoder layer per block, HF checkpointing from block 0."""
+    ck = sc.blocks[0].checkpoint
+    steps = tuple(TrainStep(tuple(MicroStep(m.backward if m.backward is not BackwardKind.NONSCALAR
+                                            else BackwardKind.TORCH) for m in s.micro),
+                            s.eval_before, s.reregister) for s in sc.steps)
+    return Scenario(blocks=(Block(ck),) * min(len(sc.blocks), 2), steps=steps, stage=sc.stage, width=8,
+                    family=Family.LLAMA, lora=draw(st.booleans()),
+                    persistence_threshold=sc.persistence_threshold, prefetch_bucket_size=sc.prefetch_bucket_size,
+                    reduce_bucket_size=sc.reduce_bucket_size)
+
+
+@st.composite
 def scenarios(draw, *, max_blocks: int = 3, max_steps: int = 2, max_gas: int = 2,
               stages=(3, 1, 2), kinds=KINDS, checkpoints=CHECKPOINTS, backwards=BACKWARDS,
               leaf: bool = True, fused_head: bool = True, eval_forwards: bool = True,
-              knobs: bool = True, width: int = 8, branches: bool = False,
-              reregister: bool = False) -> Scenario:
+              knobs: bool = True, width: int = 8, branches: bool = True,
+              reregister: bool = True, setup: bool = True, llama: bool = True) -> Scenario:
     """A trainable scenario: the loss requires grad, so every backward call is legal.
 
     ``branches``: micro-steps may skip frozen norms (a different branch: the ZeRO-3 module order
-    changes); ``reregister``: train steps may start by re-registering ZeRO-3's hooks.  Both are off by
-    default so existing draws (and their derandomized examples) are unchanged.
+    changes); ``reregister``: train steps may start by re-registering ZeRO-3's hooks (TRL's generation);
+    ``setup``: the training-setup dimensions (`setups`: precision, clipping, offload, parameter groups,
+    tying, external parameters, outputs, losses, retain_graph, steps without gradient, requires_grad
+    changes, a width of 7 -- not divisible by world size 2 -- and, with ``llama``, the Hugging Face
+    Llama family).  All on by default: ``zerostate explore`` draws every dimension.
     """
     stage = draw(st.sampled_from(stages))
     bl = tuple(draw(st.lists(blocks(kinds, checkpoints, leaf and stage == 3), min_size=1,
@@ -63,9 +140,14 @@ def scenarios(draw, *, max_blocks: int = 3, max_steps: int = 2, max_gas: int = 2
         blocks=bl, steps=steps, stage=stage,
         fused_head=draw(st.booleans()) if fused_head else False,
         input_requires_grad=not draw(st.booleans()) if knobs else True,
-        width=width,
-        persistence_threshold=draw(st.sampled_from((0, width))) if knobs else 0,
-        prefetch_bucket_size=draw(st.sampled_from((0, 4 * width * width))) if knobs else 0,
+        width=width if not setup else draw(st.sampled_from((width, width - 1))),
+        # each ZeRO-3 knob: 0 / a value between these parameters' sizes / DeepSpeed's default (issue 10)
+        persistence_threshold=draw(st.sampled_from((0, width, DS_PERSISTENCE_THRESHOLD))) if knobs else 0,
+        prefetch_bucket_size=draw(st.sampled_from((0, 4 * width * width, DS_PREFETCH_BUCKET_SIZE))) if knobs else 0,
+        max_reuse_distance=draw(st.sampled_from((DS_MAX_REUSE_DISTANCE, 0, 2 * width * width))) if knobs
+        else DS_MAX_REUSE_DISTANCE,
+        max_live_parameters=draw(st.sampled_from((DS_MAX_LIVE_PARAMETERS, width * width))) if knobs
+        else DS_MAX_LIVE_PARAMETERS,
         reduce_bucket_size=draw(st.sampled_from((500_000_000, 2 * width * width))) if knobs else 500_000_000,
     )
     if not Network(sc).loss_requires_grad:
@@ -73,7 +155,10 @@ def scenarios(draw, *, max_blocks: int = 3, max_steps: int = 2, max_gas: int = 2
         # Make the last block's Linear trainable and plain instead of discarding the example.
         last = bl[-1]
         sc = sc.with_(blocks=bl[:-1] + (Block(Checkpoint.NONE, last.norm, ParamKind.TRAINABLE, last.leaf),))
+    if setup:
+        sc = draw(setups(sc, llama))
     return sc.validate()
 
 
-__all__ = ["BACKWARDS", "CHECKPOINTS", "KINDS", "blocks", "scenarios", "train_steps"]
+__all__ = ["BACKWARDS", "CHECKPOINTS", "CLIPPING", "KINDS", "PRECISIONS", "blocks", "scenarios", "setups",
+           "train_steps"]

@@ -10,7 +10,8 @@
 ``origin``      ``ExcType@module.function`` of the innermost DeepSpeed frame (distinguishes exceptions);
 ``steps``       train steps compared with the oracle;
 ``max_diff``    the largest |DeepSpeed - PyTorch| over every parameter and compared step;
-``skipped``     a reason when the scenario cannot be trained at all (no trainable parameter).
+``skipped``     a reason when the scenario cannot be trained at all (no trainable parameter, no parameter
+                in the optimizer) or not here (fp16 on an accelerator without fp16).
 
 The engine is torn down after every scenario (tracer uninstalled, ``engine.destroy()``, ZeRO-3's
 module stack cleared, a full ``gc.collect()``; see ``_RUNS``), so one worker
@@ -48,6 +49,20 @@ def origin(exc: BaseException) -> str:
     return f"{type(exc).__name__}@{pick[0]}.{pick[1]}" if pick else type(exc).__name__
 
 
+def unrunnable(spec: dict) -> str | None:
+    """Why this scenario cannot run here, or None."""
+    if spec.get("precision") == "fp16":
+        from deepspeed.accelerator import get_accelerator
+        acc = get_accelerator()
+        if not acc.is_fp16_supported():
+            return f"fp16 is not supported by DeepSpeed's {acc.device_name()} accelerator on this machine"
+    if spec.get("family", "blocks") == "blocks" and not spec.get("fused_head", False) and all(
+            not b.get("in_optimizer", True) or all(b.get(k, "trainable") == "frozen" for k in ("norm", "lin"))
+            for b in spec.get("blocks", [{}])):
+        return "no parameter in any optimizer group: neither PyTorch nor DeepSpeed can build the optimizer"
+    return None
+
+
 def execute(spec: dict, on_step=None) -> dict:
     """``on_step(i, params)``: called after train step ``i`` with the gathered parameters (the rank pool
     reports checksums to the parent after every step)."""
@@ -56,6 +71,10 @@ def execute(spec: dict, on_step=None) -> dict:
     if not any(b.get(k, "trainable") != "frozen" for b in spec.get("blocks", [{}]) for k in ("norm", "lin")) \
             and not spec.get("fused_head", False):
         res["skipped"] = "no trainable parameter: neither PyTorch nor DeepSpeed can build the optimizer"
+        return res
+    reason = unrunnable(spec)
+    if reason:
+        res["skipped"] = reason
         return res
     try:
         expected = net.oracle_params(spec)
@@ -76,7 +95,7 @@ def execute(spec: dict, on_step=None) -> dict:
             res["max_diff"] = max(res.get("max_diff", 0.0), max(
                 ((got[n].float() - e.float()).abs().max().item() for n, e in expected[i].items()
                  if n in got and got[n].shape == e.shape), default=0.0))
-            msg = net.compare(expected[i], got)
+            msg = net.compare(expected[i], got, *net.tolerance(spec))
             if msg and res["mismatch"] is None:
                 res["mismatch"] = f"after train step {i}: {msg}"
             if on_step is not None:

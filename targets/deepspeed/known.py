@@ -140,8 +140,12 @@ Z3_LEAF_KEPT_GATHERED = KnownIssue(
             "the backward and the epilogue.  Fix: ``recurse=z3_leaf_module(module)``."),
 )
 
+from .known_setups import SETUP_ISSUE_FIELDS  # noqa: E402  (issue 11's training-setup findings)
+
+SETUP_ISSUES: tuple[KnownIssue, ...] = tuple(KnownIssue(**f) for f in SETUP_ISSUE_FIELDS)
+
 KNOWN_ISSUES: tuple[KnownIssue, ...] = (Z3_LEAF_INPUT_NO_GRAD, ZERO12_NO_GRADIENT, Z3_LEAF_KEPT_GATHERED,
-                                        MODEL_LEAF_HOOK)
+                                        MODEL_LEAF_HOOK) + SETUP_ISSUES
 
 
 def explain(f: Finding) -> KnownIssue | None:

@@ -11,8 +11,18 @@ executor ran.  A *spec* here is the plain dict of ``Scenario.to_dict()``.
   pattern: ``torch.autograd.backward`` inside a custom Function's forward, with
   ``head.weight`` not an input tensor of the Function).  Parameter names are
   ``blocks.{i}.norm.weight`` ... ``head.weight``, as in ``zerostate.model.network``.
+  Training-setup options (issue 11): ``tie`` (block 0's Linear applied again after the last block),
+  ``external`` (the root module uses block 0's Linear weight itself: a ZeRO-3 external parameter),
+  ``outputs`` (tuple / dict) and ``losses`` (an auxiliary loss on the ``aux`` output).
+* `build_llama` -- the second family: a tiny Hugging Face ``LlamaForCausalLM`` (one decoder layer per
+  block, ``tie_word_embeddings`` = ``tie``, HF's own ``gradient_checkpointing_enable``, optional PEFT
+  LoRA on ``q_proj``/``v_proj``), called as HF Trainer does: ``model(input_ids=..., labels=...)``.
 * `ds_config` -- the DeepSpeed config: every numerics-relevant key is explicit
-  (fp32, ``gradient_clipping: 0.0``, SGD passed as a client optimizer).
+  (precision, ``gradient_clipping`` -- default 1.0 from 0.19.5, so always written --, offload, SGD
+  passed as a client optimizer in `param_groups`).
+* `tolerance` -- the oracle's tolerance: exact-ish (``ATOL``/``RTOL``) in fp32, offload included;
+  ``BF16_ATOL``/``BF16_RTOL`` for bf16 (bf16 parameters have an 8-bit mantissa: one rounding is a
+  relative 2**-8 = 0.4 %, a few steps of SGD accumulate a few of them) and fp16.
 * `run_schedule` -- the one training loop, parameterised by a `Backend`: the
   DeepSpeed engine (`DeepSpeedBackend`) or plain PyTorch (`TorchBackend`, the
   oracle).  DeepSpeed divides by ``gradient_accumulation_steps`` itself
@@ -31,6 +41,10 @@ BATCH = 2
 LR = 0.05
 ATOL = 1e-5
 RTOL = 1e-4
+BF16_ATOL = 2e-2
+BF16_RTOL = 2e-2
+VOCAB = 32
+SEQ = 4
 
 # A tracer may set this to a pair of callables (start(), end()) observing the backward made inside forward.
 PRE_BACKWARD_OBSERVER = None
@@ -61,6 +75,7 @@ class Block(nn.Module):
         self.use_lin = lin_kind != "unused"
 
     def forward(self, x, skip_norm=False):
+        self.norm_skipped = skip_norm  # the tracer reads it: a skipped norm's parameters are not saved
         if self.use_norm and not skip_norm:
             x = self.norm(x)
         if self.use_lin:
@@ -103,6 +118,9 @@ class Net(nn.Module):
         self.blocks = nn.ModuleList(Block(w, b.get("norm", "trainable"), b.get("lin", "trainable")) for b in bl)
         self.ckpt = [b.get("checkpoint", "none") for b in bl]
         self.head = nn.Linear(w, w, bias=False) if spec.get("fused_head", False) else None
+        self.tie = spec.get("tie", False)
+        self.external = spec.get("external", False)
+        self.outputs = spec.get("outputs", "tensor")
 
     def forward(self, x, skip=()):
         """``skip``: blocks whose (frozen) norm this forward skips, a data-dependent branch."""
@@ -115,15 +133,53 @@ class Net(nn.Module):
                 x = checkpoint(_call_block, blk, x, s, use_reentrant=False)
             else:
                 x = blk(x, skip_norm=s)
+        if self.tie:  # the same Linear module a second time in one forward (a tied embedding / LM head)
+            x = self.blocks[0].lin(x)
+        if self.external:  # the root module computes with a parameter block 0's Linear owns
+            x = x + 0.5 * torch.nn.functional.linear(x, self.blocks[0].lin.weight)
+        aux = x.mean(-1)
         if self.head is not None:
-            if grad:
-                return FusedHeadLoss.apply(x, self.head)
-            return self.head(x).pow(2).mean()
+            x = FusedHeadLoss.apply(x, self.head) if grad else self.head(x).pow(2).mean()
+        if self.outputs == "tuple":
+            return x, aux
+        if self.outputs == "dict":
+            return {"out": x, "aux": aux}
         return x
+
+
+def build_llama(spec):
+    """A tiny HF Llama (hidden = width, 2 heads, one decoder layer per block), seeded; HF gradient
+    checkpointing when the blocks ask for it; wrapped by PEFT LoRA when ``lora``."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    torch.manual_seed(spec.get("seed", 0))
+    w, bl = spec.get("width", 8), spec.get("blocks", [{}])
+    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=w, intermediate_size=2 * w, num_hidden_layers=len(bl),
+                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=2 * SEQ,
+                      tie_word_embeddings=spec.get("tie", False), attn_implementation="eager")
+    model = LlamaForCausalLM(cfg)
+    ck = bl[0].get("checkpoint", "none")
+    if ck != "none":
+        kw = {"use_reentrant": ck == "reentrant"}
+        if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x's name
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs=kw)
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kw)
+    if spec.get("lora", False):
+        from peft import LoraConfig, get_peft_model
+        model = get_peft_model(model, LoraConfig(r=2, lora_alpha=4, lora_dropout=0.0,
+                                                 target_modules=["q_proj", "v_proj"]))
+        with torch.no_grad():  # LoRA's B starts at zero; non-zero makes A's gradient non-zero from step 0
+            for n, p in model.named_parameters():
+                if "lora_B" in n:
+                    p.normal_(0.0, 0.1)
+    model.train()
+    return model
 
 
 def build_model(spec):
     """The network with seeded, non-trivial initial values; frozen parameters have requires_grad False."""
+    if spec.get("family", "blocks") == "llama":
+        return build_llama(spec)
     torch.manual_seed(spec.get("seed", 0))
     net = Net(spec)
     with torch.no_grad():
@@ -144,6 +200,8 @@ def gas_of(spec):
 
 def batch(spec, step, micro, eval_=False):
     g = torch.Generator().manual_seed(1000003 * spec.get("seed", 0) + 1009 * step + 2 * micro + int(eval_))
+    if spec.get("family", "blocks") == "llama":
+        return torch.randint(0, VOCAB, (BATCH, SEQ), generator=g)
     x = torch.randn(BATCH, spec.get("width", 8), generator=g)
     if spec.get("input_requires_grad", True) and not eval_:
         x.requires_grad_(True)
@@ -156,17 +214,66 @@ def ds_config(spec):
     if zero["stage"] == 3:
         zero["stage3_param_persistence_threshold"] = spec.get("persistence_threshold", 0)
         zero["stage3_prefetch_bucket_size"] = spec.get("prefetch_bucket_size", 0)
-    return {
+        zero["stage3_max_reuse_distance"] = spec.get("max_reuse_distance", 1_000_000_000)
+        zero["stage3_max_live_parameters"] = spec.get("max_live_parameters", 1_000_000_000)
+    offload = spec.get("offload", "none")
+    if offload in ("optimizer", "both"):
+        zero["offload_optimizer"] = {"device": "cpu"}
+    if offload in ("param", "both"):
+        zero["offload_param"] = {"device": "cpu"}
+    prec = spec.get("precision", "fp32")
+    cfg = {
         "train_micro_batch_size_per_gpu": BATCH,
         "gradient_accumulation_steps": gas_of(spec),
-        "gradient_clipping": 0.0,
-        "fp16": {"enabled": False},
-        "bf16": {"enabled": False},
+        "gradient_clipping": float(spec.get("gradient_clipping", 0.0)),
+        "fp16": {"enabled": prec == "fp16"},
+        "bf16": {"enabled": prec == "bf16"},
         "zero_optimization": zero,
         "steps_per_print": 1 << 30,
         "wall_clock_breakdown": False,
         "zero_allow_untested_optimizer": True,
     }
+    if prec == "fp16":  # dynamic loss scaling from 2**8: an overflow skips the step and halves the scale
+        cfg["fp16"].update(loss_scale=0, initial_scale_power=8, loss_scale_window=2, hysteresis=1,
+                           min_loss_scale=1)
+    if spec.get("fp32_grad_accum", False):
+        cfg["data_types"] = {"grad_accum_dtype": "fp32"}
+    if offload != "none":
+        cfg["zero_force_ds_cpu_optimizer"] = False  # offload with the client SGD, not DeepSpeedCPUAdam
+    return cfg
+
+
+def tolerance(spec):
+    """``(atol, rtol)`` of the oracle comparison: fp32 (offload too: the same fp32 arithmetic on the
+    CPU) is compared tightly; bf16 / fp16 parameters are rounded to an 8 / 11-bit mantissa."""
+    if spec.get("precision", "fp32") != "fp32":
+        return BF16_ATOL, BF16_RTOL
+    return ATOL, RTOL
+
+
+def param_groups(spec, model):
+    """The client optimizer's parameter groups: block ``i`` in group ``i % param_groups`` with learning
+    rate ``LR * (1 + group) / 2**group``, the rest (head, Llama) in group 0; blocks with
+    ``in_optimizer: false`` in no group (their parameters still require grad)."""
+    n = spec.get("param_groups", 1)
+    if spec.get("family", "blocks") == "llama":
+        return [{"params": trainable(model), "lr": LR}]
+    groups = [[] for _ in range(n)]
+    out_of = set()
+    for i, b in enumerate(spec.get("blocks", [{}])):
+        ps = [p for p in model.blocks[i].parameters() if p.requires_grad]
+        if not b.get("in_optimizer", True):
+            out_of.update(id(p) for p in ps)
+        else:
+            groups[i % n].extend(ps)
+    seen = {id(p) for g in groups for p in g} | out_of
+    groups[0].extend(p for p in trainable(model) if id(p) not in seen)
+    return [{"params": g, "lr": LR * (1 + k) / 2 ** k} for k, g in enumerate(groups) if g]
+
+
+def optimized(spec, model):
+    """The parameters the optimizer holds (what gradient clipping's norm is taken over)."""
+    return [p for g in param_groups(spec, model) for p in g["params"]]
 
 
 def trainable(model):
@@ -178,9 +285,13 @@ class TorchBackend:
 
     def __init__(self, spec, model):
         self.model, self.gas = model, gas_of(spec)
-        self.opt = torch.optim.SGD(trainable(model), lr=LR)
+        self.clip = float(spec.get("gradient_clipping", 0.0))
+        self.opt = torch.optim.SGD(param_groups(spec, model), lr=LR)
+        self.llama = spec.get("family", "blocks") == "llama"
 
     def forward(self, x, skip=()):
+        if self.llama:
+            return self.model(input_ids=x, labels=x)
         return self.model(x, skip=tuple(skip)) if skip else self.model(x)
 
     def reregister(self):
@@ -189,18 +300,21 @@ class TorchBackend:
     def eval_forward(self, x):
         self.model.eval()
         with torch.no_grad():
-            self.model(x)
+            self.model(input_ids=x) if self.llama else self.model(x)
         self.model.train()
 
-    def backward(self, kind, out, loss, fused):
+    def backward(self, kind, out, loss, fused, part=1.0, keep=False):
+        """``part``: the share of the loss this backward takes; ``keep``: retain_graph (two backwards)."""
         if kind == "nonscalar":
             g = torch.ones_like(loss) if fused else (2 * out / out.numel()).detach()
-            (loss if fused else out).backward(gradient=g / self.gas)
+            (loss if fused else out).backward(gradient=part * g / self.gas, retain_graph=keep)
         else:
-            (loss / self.gas).backward()
+            (part * loss / self.gas).backward(retain_graph=keep)
 
     def micro_done(self, boundary):
         if boundary:
+            if self.clip > 0:
+                torch.nn.utils.clip_grad_norm_([p for g in self.opt.param_groups for p in g["params"]], self.clip)
             self.opt.step()
             self.opt.zero_grad(set_to_none=True)
 
@@ -232,14 +346,24 @@ class DeepSpeedBackend:
             for i, b in enumerate(spec.get("blocks", [{}])):
                 if b.get("leaf", False):
                     set_z3_leaf_module(model.blocks[i], True)
-        opt = torch.optim.SGD(trainable(model), lr=LR)
+        opt = torch.optim.SGD(param_groups(spec, model), lr=LR)
         self.engine, self.opt, _, _ = deepspeed.initialize(model=model, optimizer=opt, config=ds_config(spec))
         self.names = {id(p): n for n, p in self.engine.module.named_parameters()}
+        self.llama = spec.get("family", "blocks") == "llama"
+        self.dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(spec.get("precision", "fp32"))
 
-    def forward(self, x, skip=()):
+    def _input(self, x):
         x = rank_rows(x)
+        if self.dtype is not None and x.is_floating_point():  # the engine casts the module, not its input
+            x = x.detach().to(self.dtype).requires_grad_(x.requires_grad)
         if x.device != self.engine.device:
             x = x.detach().to(self.engine.device).requires_grad_(x.requires_grad)
+        return x
+
+    def forward(self, x, skip=()):
+        x = self._input(x)
+        if self.llama:
+            return self.engine(input_ids=x, labels=x)
         return self.engine(x, skip=tuple(skip)) if skip else self.engine(x)
 
     def reregister(self):
@@ -258,17 +382,21 @@ class DeepSpeedBackend:
     def eval_forward(self, x):
         self.engine.eval()
         with torch.no_grad():
-            self.engine(rank_rows(x).to(self.engine.device))
+            x = self._input(x)
+            self.engine(input_ids=x) if self.llama else self.engine(x)
         self.engine.train()
 
-    def backward(self, kind, out, loss, fused):
+    def backward(self, kind, out, loss, fused, part=1.0, keep=False):
         if kind == "engine":
-            self.engine.backward(loss)
+            if keep:
+                self.engine.backward(part * loss, retain_graph=True)
+            else:
+                self.engine.backward(loss if part == 1.0 else part * loss)
         elif kind == "torch":
-            loss.backward()
+            (loss if part == 1.0 else part * loss).backward(retain_graph=keep)
         else:
             g = torch.ones_like(loss) if fused else (2 * out / out.numel()).detach()
-            (loss if fused else out).backward(gradient=g)
+            (loss if fused else out).backward(gradient=g if part == 1.0 else part * g, retain_graph=keep)
 
     def micro_done(self, boundary):
         self.engine.step()  # DeepSpeed's loop: step() after every micro-step; it updates at the boundary
@@ -303,6 +431,7 @@ def run_schedule(spec, backend, mark=None, after_step=None):
     fused = spec.get("fused_head", False)
     steps = spec.get("steps", [{}])
     gas = gas_of(spec)
+    llama = spec.get("family", "blocks") == "llama"
     for si, st in enumerate(steps):
         if st.get("reregister", False):
             mark("reregister")
@@ -311,22 +440,45 @@ def run_schedule(spec, backend, mark=None, after_step=None):
             mark("eval_start")
             backend.eval_forward(batch(spec, si, 0, eval_=True))
             mark("eval_end")
+        frozen = [p for b in st.get("frozen", ()) for p in backend_blocks(backend)[b].lin.parameters()]
+        for p in frozen:  # requires_grad changed for this step only
+            p.requires_grad_(False)
         for mi, m in enumerate(st.get("micro", [{}])):
+            boundary = mi == gas - 1
+            if st.get("idle", False):  # engine.step() without any forward or backward
+                if boundary:
+                    mark("step", step=si)
+                backend.micro_done(boundary)
+                continue
             kind = m.get("backward", "engine")
             x = batch(spec, si, mi)
             mark("forward_start")
-            out = backend.forward(x, m.get("skip", ()))
+            res = backend.forward(x, m.get("skip", ()))
             mark("forward_end")
-            loss = out if fused else out.pow(2).mean()
-            mark("backward_start", kind=kind)
-            backend.backward(kind, out, loss, fused)
-            mark("backward_end", kind=kind)
-            boundary = mi == gas - 1
+            if llama:
+                out = loss = res.loss
+            else:
+                out, aux = (res["out"], res["aux"]) if isinstance(res, dict) else \
+                    res if isinstance(res, tuple) else (res, None)
+                loss = out if fused else out.pow(2).mean()
+                if spec.get("losses", 1) == 2:  # an auxiliary loss (on the hidden state's own output if none)
+                    loss = loss + 0.1 * (out if aux is None else aux).pow(2).mean()
+            for part, keep in (((0.5, True), (0.5, False)) if m.get("retain", False) else ((1.0, False),)):
+                mark("backward_start", kind=kind)
+                backend.backward(kind, out, loss, fused, part, keep)
+                mark("backward_end", kind=kind)
             if boundary:
                 mark("step", step=si)
             backend.micro_done(boundary)
+        for p in frozen:
+            p.requires_grad_(True)
         if after_step is not None:
             after_step(si)
+
+
+def backend_blocks(backend):
+    """The blocks of the module a backend trains (the DeepSpeed engine wraps it)."""
+    return (backend.engine.module if hasattr(backend, "engine") else backend.model).blocks
 
 
 def compare(expected, actual, atol=ATOL, rtol=RTOL):

@@ -271,7 +271,7 @@ def one():
 
     def after_step(i):
         if expected is not None:
-            msg = compare(expected[i], backend.params())
+            msg = compare(expected[i], backend.params(), *tolerance(SPEC))
             if msg:
                 problems.append(f"after train step {i}: {msg}")
 

@@ -20,7 +20,10 @@ Findings of one run (at most one per check id):
 * every spec of `zerostate.specs` violated by the real trace (after an exception, only
   violations at an event; end-of-run obligations of a truncated trace are not judged);
 * ``model-agreement`` -- the model design for this release predicts different observable
-  behaviour (`agreement`); only for runs that finished.
+  behaviour (`agreement`); only for runs that finished, and only for scenarios the model represents:
+  for one using a training-setup dimension it does not (`Scenario.beyond_model`: bf16, offload,
+  parameter groups, retain_graph, the llama family ...) the outcome's ``details["agreement"]`` says
+  which, and the specs and the PyTorch oracle judge the run alone.
 """
 
 from __future__ import annotations
@@ -266,7 +269,8 @@ class DeepSpeedTarget:
             if res.get("error") and f.index is None:
                 continue  # a truncated trace cannot fulfil end-of-run obligations
             findings.append(f)
-        if self.check_model and not res.get("error"):
+        beyond = scenario.beyond_model()
+        if self.check_model and not res.get("error") and not beyond:
             msg = self._agreement(scenario, events)
             if msg:
                 findings.append(mk("model-agreement", msg, events))
@@ -282,7 +286,9 @@ class DeepSpeedTarget:
         unique = [f for f in findings if not (f.key in seen or seen.add(f.key))]
         return Outcome(scenario, events, res.get("error"), unique, time.perf_counter() - t0,
                        {"steps": res.get("steps"), "seconds_in_worker": resp.get("seconds"),
-                        "max_diff": res.get("max_diff")})
+                        "max_diff": res.get("max_diff"),
+                        **({"agreement": "not checked: the model does not represent " + ", ".join(beyond)}
+                           if beyond and self.check_model else {})})
 
     def _agreement(self, scenario: Scenario, events: list[Event]) -> str | None:
         from zerostate.model.explore import run as model_run

@@ -298,8 +298,10 @@ class Tracer:
         self.emit("recompute_end", module=name)
         if b is not None and b.get("checkpoint") == "non_reentrant":
             self._recomputed.add(i)
+            skipped = f"{name}.norm." if getattr(blk, "norm_skipped", False) else None  # a branch: norm not run
             for p in self._frozen_params(name):
-                self.emit("unpack", param=p, module=name, note="check")
+                if skipped is None or not p.startswith(skipped):
+                    self.emit("unpack", param=p, module=name, note="check")
 
     def _pre_start(self) -> None:
         self._in_pre = True

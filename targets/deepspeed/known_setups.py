@@ -1,0 +1,203 @@
+"""Findings on the pinned DeepSpeed (0.19.8) in the training-setup dimensions of issue 11.
+
+Found by ``zerostate explore`` once the default strategy drew these dimensions; each becomes a
+`known.KnownIssue` (``known.SETUP_ISSUES``; look them up by id there) with its exact (shrunk) scenario, kept as a strict expected failure by
+``generated_tests/test_deepspeed_setups.py`` and ``test_deepspeed_target.py::test_known_issue``.
+docs/deepspeed-target.md has the details.
+"""
+
+from __future__ import annotations
+
+from zerostate.model.scenario import Family, Outputs, Scenario
+
+
+
+def KnownIssue(**fields):  # noqa: N802 -- the fields of known.KnownIssue; known.py builds the instances
+    """``known.py`` imports this module to build its `KnownIssue` list, so this one cannot import ``known``
+    (a cycle when this module is imported first): it keeps each issue's fields, known.py makes them issues."""
+    return fields
+
+
+def _retains(sc: Scenario) -> bool:
+    return any(m.retain for _, _, m in sc.micro_steps())
+
+
+def _nested_outputs_pytorch_backward(sc: Scenario) -> bool:
+    nested = sc.family is Family.LLAMA or (sc.outputs is not Outputs.TENSOR and sc.losses == 2 and not sc.fused_head)
+    return sc.stage in (1, 2) and sc.gas > 1 and nested and any(
+        m.backward.value == "torch" for _, _, m in sc.micro_steps())
+
+
+def _frozen_step_without_gradient(sc: Scenario) -> bool:
+    """ZeRO-1/2 and a step whose requires_grad change leaves no parameter a gradient (the known
+    zero12-backward-without-gradients, reached through ``TrainStep.frozen``)."""
+    from zerostate.model.network import Network
+    from zerostate.model.scenario import Block, ParamKind
+    if sc.stage not in (1, 2) or sc.fused_head:
+        return False
+    out = [i for i, b in enumerate(sc.blocks) if not b.in_optimizer]  # no group: no hook either
+    if out:
+        bl = tuple(Block(b.checkpoint, _frz(b.norm), _frz(b.lin), b.leaf) if i in out else b
+                   for i, b in enumerate(sc.blocks))
+        net = Network(sc.with_(blocks=bl))
+        if not any(net.hooked_params(i) for i in range(len(bl))):
+            return True
+    for s in sc.steps:
+        if s.frozen:
+            bl = tuple(Block(b.checkpoint, b.norm, ParamKind.FROZEN, b.leaf) if i in s.frozen else b
+                       for i, b in enumerate(sc.blocks))
+            net = Network(sc.with_(blocks=bl))
+            if not any(net.hooked_params(i) for i in range(len(bl))):
+                return True
+    return False
+
+
+def _frz(kind):
+    from zerostate.model.scenario import ParamKind
+    return ParamKind.FROZEN if kind is ParamKind.TRAINABLE else kind
+
+
+def _tied_into_leaf(sc: Scenario) -> bool:
+    return sc.stage == 3 and (sc.external or (sc.tie and sc.blocks[0].leaf))
+
+
+def _shared_across_reentrant(sc: Scenario) -> bool:
+    from zerostate.model.scenario import Checkpoint, ParamKind
+    return (sc.tie or sc.external) and sc.blocks[0].checkpoint is Checkpoint.REENTRANT and \
+        sc.blocks[0].lin is ParamKind.TRAINABLE
+
+
+SHARED_ACROSS_REENTRANT = KnownIssue(
+    id="param-shared-across-reentrant-checkpoint",
+    title="A parameter used inside a reentrant-checkpointed block and again outside it (tied weights): "
+          "its gradient hook fires twice in one backward; ZeRO-2/3 assert",
+    owner="deepspeed",
+    releases=((0, 19, 8), (0, 20, 0)),
+    scenario=Scenario.from_dict({"blocks": [{"checkpoint": "reentrant"}], "stage": 2, "tie": True,
+                                 "steps": [{"micro": [{"backward": "engine"}]}]}),
+    checks=("exception", "grad-handled-once"),
+    explains=lambda f: _shared_across_reentrant(f.scenario) and f.check in (
+        "exception", "grad-handled-once", "epilogue-once", "clean-step", "released-after-backward",
+        "trace-consistent", "oracle"),
+    detail=("Block 0 runs under torch.utils.checkpoint(use_reentrant=True) and its Linear is applied again after "
+            "the blocks (a tied embedding / LM head with HF gradient checkpointing's reentrant mode) or its weight "
+            "is used by the root.  The reentrant checkpoint's nested backward accumulates the weight's gradient "
+            "and fires its AccumulateGrad hook; the outer backward accumulates the other use and fires it again. "
+            "ZeRO-2: AssertionError 'The parameter blocks.0.lin.weight has already been reduced' "
+            "(stage_1_and_2.py reduce_independent_p_g_buckets_and_remove_grads); ZeRO-3: AssertionError in "
+            "stage3.py __reduce_and_partition_ipg_grads (the parameter is in the bucket twice); ZeRO-1 handles "
+            "it twice but the values agree with PyTorch.  Non-reentrant checkpointing has one AccumulateGrad call "
+            "and is clean."),
+)
+
+
+TRACER_ONDEMAND_FETCH = KnownIssue(
+    id="tracer-on-demand-fetch-as-prefetch",
+    title="tracer: a parameter gathered on demand (a ZeRO-3 external parameter, or a Linear inside a z3 leaf "
+          "block applied again) is recorded as a prefetch",
+    owner="model",
+    releases=((0, 19, 8), (0, 20, 0)),
+    scenario=Scenario.from_dict({"blocks": [{}], "stage": 3, "external": True,
+                                 "steps": [{"micro": [{"backward": "engine"}]}]}),
+    checks=("trace-consistent",),
+    explains=lambda f: f.check == "trace-consistent" and _tied_into_leaf(f.scenario),
+    detail=("The root module uses block 0's Linear weight itself (external), or block 0 is a z3 leaf module so "
+            "its Linear has no ZeRO-3 hooks of its own and is applied again after the blocks (tie): DeepSpeed "
+            "gathers the weight on access (ZeROOrderedDict.__getitem__ -> register_external_parameter + all_gather). "
+            "The tracer (targets/deepspeed/tracer.py Tracer._poll) sees the parameter become available at a "
+            "poll for another module and records PREFETCH (or leaves it INFLIGHT), which the coordinator spec "
+            "trace-consistent then rejects as a prefetch from a stale trace.  DeepSpeed computes the right "
+            "values (the oracle agrees); the tracer needs an on-demand-fetch event.  Not yet confirmed against "
+            "DeepSpeed's coordinator source beyond this reading."),
+)
+
+
+TWO_BACKWARDS_PER_FORWARD = KnownIssue(
+    id="two-backwards-per-forward",
+    title="Two backwards of one forward (retain_graph=True): ZeRO-1/2 keep only the last one's gradients, "
+          "ZeRO-3 raises",
+    owner="deepspeed",
+    releases=((0, 19, 8), (0, 20, 0)),  # observed on the pinned release; older ones not explored yet
+    scenario=Scenario.from_dict({"stage": 1, "steps": [{"micro": [{"backward": "engine", "retain": True}]}]}),
+    checks=("oracle",),
+    explains=lambda f: _retains(f.scenario),
+    detail=("engine.backward(0.5 * loss, retain_graph=True) then engine.backward(0.5 * loss) (or loss.backward "
+            "twice) in one micro-step.  ZeRO-1/2: the gradients are copied, not accumulated, into the partition "
+            "while micro_step_id is 0 (stage_1_and_2.py: accumulate only `if self.micro_step_id > 0`; the id "
+            "advances per micro-step, not per backward), so the second backward overwrites the first: the step "
+            "applies half the gradient (PyTorch accumulates both).  ZeRO-3: the second backward accumulates into "
+            "the partitioned (size 0) parameter: RuntimeError 'The size of tensor a (0) must match the size of "
+            "tensor b (8)'.  stage3.py defers micro_step_id to the next forward on purpose (copy semantics within "
+            "one backward, for reentrant checkpointing's phases), which makes any second backward of the same "
+            "forward a copy too.  Under ZeRO-3 the broken state then shows up in many ways (also "
+            "'active_backward_submodules is empty', an epilogue outside a user backward, parameters left "
+            "gathered; under ZeRO-1/2 epilogues outside the user backward it is attributed to): every finding of "
+            "a scenario with two backwards per forward is attributed to it."),
+)
+
+STEP_WITHOUT_GRADIENT = KnownIssue(
+    id="step-without-gradient",
+    title="engine.step() at a boundary with no backward since the last step crashes (every stage)",
+    owner="deepspeed",
+    releases=((0, 19, 8), (0, 20, 0)),  # observed on the pinned release; older ones not explored yet
+    scenario=Scenario.from_dict({"stage": 3, "steps": [{"micro": [{"backward": "engine"}]},
+                                                       {"idle": True, "micro": [{"backward": "engine"}]}]}),
+    checks=("exception",),
+    explains=lambda f: f.check in ("exception", "clean-step", "epilogue-once", "oracle") and (
+        any(s.idle for s in f.scenario.steps) or _frozen_step_without_gradient(f.scenario)),
+    detail=("A train step that skips its batches (no forward, no backward: a data-dependent skip, an empty "
+            "batch) still calls engine.step().  ZeRO-3: KeyError: 0 in stage3.py _get_norm_groups "
+            "(self.averaged_gradients[i] is filled only by a backward); ZeRO-1/2: TypeError: 'NoneType' object is "
+            "not iterable in stage_1_and_2.py get_grad_norm_direct (averaged_gradients[i] reset to None after the "
+            "previous step), or KeyError: 0 in scaled_global_norm when no backward ever ran.  With optimizer "
+            "offload (ZeRO-1/2) it does not crash but is silently wrong: the previous step's gradients, still in "
+            "the CPU buffer, are applied a second time (oracle mismatch).  PyTorch's optimizer skips parameters "
+            "without gradient.  ZeRO-1/2 steps whose requires_grad change leaves no gradient at all are the "
+            "same bug reached through zero12-backward-without-gradients' path."),
+)
+
+NESTED_OUTPUTS_SCALED_TWICE = KnownIssue(
+    id="zero12-nested-outputs-scaled-twice",
+    title="ZeRO-1/2, loss.backward() with gradient accumulation: an output computed from another output "
+          "(HF's loss from its logits) is divided by gradient_accumulation_steps twice",
+    owner="deepspeed",
+    releases=((0, 19, 8), (0, 20, 0)),  # observed on the pinned release; older ones not explored yet
+    scenario=Scenario.from_dict({"stage": 1, "outputs": "tuple", "losses": 2,
+                                 "steps": [{"micro": [{"backward": "torch"}, {"backward": "torch"}]}]}),
+    checks=("oracle",),
+    explains=lambda f: f.check == "oracle" and _nested_outputs_pytorch_backward(f.scenario),
+    detail=("engine.forward registers register_output_backward_hooks on *every* tensor of the output "
+            "structure (runtime/utils.py OutputBackwardHookManager._traverse_and_register_hooks), and each "
+            "hook divides its gradient by gradient_accumulation_steps (engine._backward_prologue_per_tensor).  "
+            "When one output is computed from another -- a Hugging Face CausalLMOutput's loss from its logits, "
+            "or (hidden, aux = hidden.mean(-1)) with a loss on both -- the gradient passes two hooks and is "
+            "divided by gas twice: with gas 2 the update is half what PyTorch (and engine.backward) gives.  "
+            "Observed on ZeRO-1/2 only; ZeRO-3 agrees with the oracle on the same scenarios.  HF Trainer "
+            "calls engine.backward, so it is not affected; PyTorch-style loops (accelerate without the "
+            "DeepSpeed plugin's backward, custom loops) are."),
+)
+
+Z3_UNGROUPED_NOT_GATHERED = KnownIssue(
+    id="z3-ungrouped-param-not-gathered-for-backward",
+    title="ZeRO-3: a module whose parameters require grad but are in no optimizer group runs its backward "
+          "with them partitioned",
+    owner="deepspeed",
+    releases=((0, 19, 8), (0, 20, 0)),
+    scenario=Scenario.from_dict({"blocks": [{"in_optimizer": False}, {}], "stage": 3, "input_requires_grad": False,
+                                 "steps": [{"micro": [{"backward": "torch"}]}]}),
+    checks=("available-when-used",),
+    explains=lambda f: f.check == "available-when-used" and f.scenario.stage == 3 and any(
+        not b.in_optimizer for b in f.scenario.blocks),
+    detail=("Block 0's parameters require grad but the client optimizer was given only block 1's (a common "
+            "pattern: freeze by leaving out of the optimizer instead of requires_grad=False).  In the first "
+            "backward, blocks.0.norm's backward starts while its weight and bias are NOT_AVAILABLE (never "
+            "fetched by a pre-backward hook); with the same parameters in the optimizer they are fetched.  "
+            "The values agree with PyTorch here only because LayerNorm's backward does not read its weight "
+            "when its input needs no gradient (the network input does not require grad), and the ungrouped "
+            "parameters are never updated.  Observed, not yet traced to the coordinator line."),
+)
+
+SETUP_ISSUE_FIELDS: tuple[dict, ...] = (Z3_UNGROUPED_NOT_GATHERED, TWO_BACKWARDS_PER_FORWARD, STEP_WITHOUT_GRADIENT, NESTED_OUTPUTS_SCALED_TWICE,
+                                        SHARED_ACROSS_REENTRANT, TRACER_ONDEMAND_FETCH)
+
+__all__ = ["SETUP_ISSUE_FIELDS"]
