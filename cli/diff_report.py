@@ -100,6 +100,8 @@ def _detail(e: dict[str, Any], r: dict[str, Any], out_dir: str) -> list[str]:
 def _fmt(x: Any) -> str:
     if x is None:
         return "n/a"
+    if isinstance(x, float) and x.is_integer() and x > 5:
+        return str(int(x))
     return f"{x:.2f}" if isinstance(x, float) else str(x)
 
 
