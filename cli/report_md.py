@@ -116,7 +116,8 @@ def _known(f: dict[str, Any]) -> list[str]:
     k = f.get("known_issue")
     if k:
         fixed = f"first fixed in {k['fixed_in']}" if k.get("fixed_in") else "not fixed in any release"
-        return [f"Known issue `{k['id']}` ({k['owner']}; {fixed}): {k['title']}", ""]
+        patch = f" Proposed fix: {k['upstream_patch']}" if k.get("upstream_patch") else ""
+        return [f"Known issue `{k['id']}` ({k['owner']}; {fixed}): {k['title']}.{patch}", ""]
     return ["New: no known issue explains this finding.", ""] if "known_issue" in f else []
 
 

@@ -43,7 +43,8 @@ def label(f: Finding) -> dict[str, Any] | None:
     from .deepspeed import compat, known
     k = known.explain(f)
     if k is not None:
-        return {"id": k.id, "title": k.title, "owner": k.owner, "fixed_in": getattr(k, "fixed_in", None)}
+        return {"id": k.id, "title": k.title, "owner": k.owner, "fixed_in": getattr(k, "fixed_in", None),
+                "upstream_patch": getattr(k, "upstream_patch", None)}
     try:
         v = compat.version_tuple(f.deepspeed)
     except compat.UnsupportedRelease:

@@ -65,6 +65,7 @@ Z3_LEAF_INPUT_NO_GRAD = KnownIssue(
     scenario=Scenario.from_dict({"blocks": [{"leaf": True}], "input_requires_grad": False, "stage": 3,
                                  "steps": [{"micro": [{"backward": "engine"}]}]}),
     checks=("exception",),
+    upstream_patch="docs/upstream/z3-leaf-input-without-grad/",
     explains=lambda f: f.check in ("exception", "oracle") and _leaf_input_without_grad(f.scenario),
     detail=("stage3.py registers reduce_leaf_module_grads as the leaf module's full backward hook.  When no "
             "input of the module requires grad, torch fires a full backward hook as soon as the gradient of "
@@ -84,6 +85,7 @@ ZERO12_NO_GRADIENT = KnownIssue(
     scenario=Scenario.from_dict({"blocks": [{"norm": "unused", "lin": "unused"}], "stage": 1,
                                  "steps": [{"micro": [{"backward": "engine"}]}]}),
     checks=("exception",),
+    upstream_patch="docs/upstream/zero12-backward-without-gradients/",
     explains=lambda f: _no_gradient_at_all(f.scenario),
     detail=("stage_1_and_2.py sets up its ipg bucket buffers lazily in process_gradients (the gradient "
             "hook).  If no hook fires in a backward (every trainable parameter unused; the loss depends on "
@@ -127,6 +129,7 @@ Z3_LEAF_KEPT_GATHERED = KnownIssue(
                                  "input_requires_grad": False, "stage": 3,
                                  "steps": [{"micro": [{"backward": "engine"}]}, {"micro": [{"backward": "engine"}]}]}),
     checks=("released-after-backward",),
+    upstream_patch="docs/upstream/z3-leaf-kept-gathered/",
     explains=lambda f: f.check == "released-after-backward" and _leaf_without_backward(f.scenario),
     detail=("partitioned_param_coordinator.py __params_to_release (every release from 0.18.4 to 0.19.8) scans "
             "the modules after the current step for reuse with "
