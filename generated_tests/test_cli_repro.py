@@ -98,3 +98,32 @@ def test_seed002_repro_fails_on_0_19_2(seed002_repro):
 
 def test_repro_names_itself(hook_repro):
     assert f"python {hook_repro.name}" in hook_repro.read_text()
+
+
+def _scripts_namespace(text: str) -> dict:
+    """The script's module-level names, without running ``main()`` (no DeepSpeed run)."""
+    ns: dict = {"__name__": "repro_under_test"}
+    exec(compile(text, "repro.py", "exec"), ns)  # noqa: S102 - our own generated script
+    return ns
+
+
+def test_an_order_dependent_findings_repro_runs_its_sequence_first():
+    """Issue 15: the sequence the explorer found goes into the script (BEFORE, run first in the same
+    process, each engine destroyed before the next), and an intermittent finding's rate into REPEAT."""
+    from zerostate.model.scenario import Scenario
+    from zerostate.targets.base import Finding
+    from zerostate.targets.confirm import Confirmation
+    from zerostate.targets.deepspeed.repro import repro_script
+    sc = Scenario.from_dict(SEED_002)
+    before = [Scenario.from_dict({"blocks": [{}], "stage": 1}), Scenario.from_dict({"blocks": [{"leaf": True}]})]
+    f = Finding("oracle", "after train step 0: ...", sc, deepspeed="0.19.2")
+    f.confirmation = Confirmation("order-dependent", sequence=before)
+    ns = _scripts_namespace(repro_script(f, 3))
+    assert ns["BEFORE"] == [s.to_dict() for s in before] and ns["REPEAT"] == 1
+    assert "Order-dependent: the finding appears only after 2 other example(s)" in ns["__doc__"]
+    f.confirmation = Confirmation("intermittent", repeat=100, hits=3)
+    ns = _scripts_namespace(repro_script(f, 3))
+    assert ns["BEFORE"] == [] and ns["REPEAT"] == 100 and "Intermittent (a race)" in ns["__doc__"]
+    f.confirmation = Confirmation("confirmed")
+    ns = _scripts_namespace(repro_script(f, 3))
+    assert ns["BEFORE"] == [] and ns["REPEAT"] == 1
