@@ -10,7 +10,7 @@ inherit state from the examples before it.  `confirm` judges a finding (by its k
   appear is found (the shortest suffix of the history, by bisection; then its first example alone, else
   chunks of the rest dropped while it still appears) and becomes ``sequence``: the replay command and the repro script run it first;
 * ``intermittent``     -- neither alone nor after its whole history, but in some of ``REPEAT`` runs of
-  the scenario alone in one fresh worker (a race: DeepSpeed 0.19.2's ZeRO-3 at world size 2 on gloo,
+  the scenario alone in one fresh worker (fewer when they take over ``REPEAT_SECONDS``) (a race: DeepSpeed 0.19.2's ZeRO-3 at world size 2 on gloo,
   persistent parameters and a fused head, about 2-5 % of runs; docs/world-size-2.md): ``hits`` of
   ``repeat`` runs; the replay runs the scenario up to ``repeat`` times (``zerostate replay --repeat``);
 * ``not-reproduced``   -- none of these: reported all the same, marked so;
@@ -76,12 +76,22 @@ def reproduces(target: Any, key: str, scenario: Scenario, before: list[Scenario]
     return any(f.key == key for f in target.run(scenario).findings)
 
 
-def hits_alone(target: Any, key: str, scenario: Scenario, repeat: int) -> int:
-    """In how many of ``repeat`` runs of ``scenario``, one after another in one fresh worker, it has ``key``."""
+REPEAT_SECONDS = 180.0
+"""...and at most this long (a hang costs its timeout per run): fewer runs are made, and said."""
+
+
+def hits_alone(target: Any, key: str, scenario: Scenario, repeat: int,
+               max_seconds: float | None = None) -> tuple[int, int]:
+    """``(hits, runs)``: in how many of ``runs`` runs of ``scenario``, one after another in one fresh worker,
+    it has ``key``; ``runs`` is ``repeat``, or fewer when ``max_seconds`` ran out first."""
     fresh = getattr(target, "fresh", None)
     if fresh is not None:
         fresh()
-    return sum(any(f.key == key for f in target.run(scenario).findings) for _ in range(repeat))
+    t0, hits, runs = time.perf_counter(), 0, 0
+    while runs < repeat and (max_seconds is None or runs == 0 or time.perf_counter() - t0 < max_seconds):
+        hits += any(f.key == key for f in target.run(scenario).findings)
+        runs += 1
+    return hits, runs
 
 
 def confirm(target: Any, key: str, scenario: Scenario, history: list[Scenario],
@@ -104,10 +114,10 @@ def confirm(target: Any, key: str, scenario: Scenario, history: list[Scenario],
         return done("not-reproduced")
     if not history or not attempt(history):
         tries[0] += 1
-        last[0] = [scenario] * repeat
-        hits = hits_alone(target, key, scenario, repeat)
+        hits, runs = hits_alone(target, key, scenario, repeat, REPEAT_SECONDS)
+        last[0] = [scenario] * runs
         c = done("intermittent" if hits else "not-reproduced")
-        c.repeat, c.hits = repeat, hits
+        c.repeat, c.hits = runs, hits
         return c
     lo, hi = 1, len(history)  # the whole history reproduces it: the shortest suffix that still does
     while lo < hi and tries[0] < max_tries:
