@@ -218,3 +218,30 @@ def test_a_checkout_without_version_txt_is_a_clear_error(tmp_path):
     (tmp_path / "s.json").write_text(json.dumps({"blocks": [{}], "stage": 1}))
     r = zs("replay", "--deepspeed-path", str(root), str(tmp_path / "s.json"), timeout=600)
     assert r.returncode == 2 and "version.txt" in r.stderr and "0.0.0" in r.stderr, r.stdout + r.stderr
+
+
+# ---------------------------------------------------------------- docs/upstream: the patches still apply
+UPSTREAM = Path(__file__).resolve().parents[1] / "docs" / "upstream"
+
+
+@pytest.mark.parametrize("issue", ["z3-leaf-kept-gathered", "zero12-backward-without-gradients",
+                                   "z3-leaf-input-without-grad"])
+def test_each_upstream_patch_applies_to_the_pinned_release(issue, tmp_path):
+    import shutil
+    import subprocess
+    if shutil.which("patch") is None:
+        pytest.skip("no `patch` program")
+    k = next(k for k in known.KNOWN_ISSUES if k.id == issue)
+    assert k.upstream_patch == f"docs/upstream/{issue}/" and k.affects(deepspeed.__version__)
+    fix = (UPSTREAM / issue / "fix.patch").read_text()
+    site = Path(deepspeed.__file__).resolve().parents[1]
+    for line in fix.splitlines():  # the files it touches, copied from the installed release
+        if line.startswith("+++ b/"):
+            rel = line[len("+++ b/"):].split("\t")[0]
+            (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(site / rel, tmp_path / rel)
+    r = subprocess.run(["patch", "-p1", "--dry-run", "-d", str(tmp_path), "-i", str(UPSTREAM / issue / "fix.patch")],
+                       capture_output=True, text=True)
+    assert r.returncode == 0 and "FAILED" not in r.stdout and "offset" not in r.stdout, r.stdout + r.stderr
+    for name in ("README.md", "fix.patch"):
+        assert (UPSTREAM / issue / name).exists()
