@@ -156,8 +156,8 @@ def _entry(status: str, f: Any, side: str, other: Any) -> dict[str, Any]:
 
 
 def _replay_summary(out: Any) -> dict[str, Any]:
-    return {"clean": not out.findings, "error": (out.error or "").strip().splitlines()[-1:] and
-            (out.error or "").strip().splitlines()[-1][:300] or None,
+    lines = (out.error or "").strip().splitlines()
+    return {"clean": not out.findings, "error": lines[-1][:300] if lines else None,
             "findings": [{"check": g.check, "key": g.key, "error": _first(g.error)} for g in out.findings]}
 
 
