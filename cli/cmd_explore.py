@@ -150,9 +150,10 @@ def record_of(f: Any, who: dict[str, Any]) -> Any:
 
 
 def _annotate(f: Any) -> dict[str, Any]:
-    """Known-issue label and root-cause group of a target's finding ({} for what is not a `Finding`)."""
+    """Known-issue label and root-cause group of a real DeepSpeed finding ({} for a model design's: known.py
+    describes DeepSpeed releases)."""
     from zerostate.targets.base import Finding
-    if not isinstance(f, Finding):
+    if not isinstance(f, Finding) or not f.deepspeed:
         return {}
     from zerostate.targets.grouping import annotate
     return annotate(f)
