@@ -8,6 +8,10 @@ other build:
 * **fixed**: found on base; the head replay does not show it (same finding key, or same root cause:
   `targets.grouping.group_key`);
 * **introduced**: found on head; the base replay does not show it;
+* **unmasked**: found on head; the base replay does not show it because it stopped earlier (DeepSpeed
+  raised), and a known issue affecting the base release explains it -- an existing bug that a fix of the
+  crash lets the run reach (e.g. fixing ``z3-leaf-input-without-grad`` reveals ``z3-leaf-kept-gathered``);
+  reported, not counted as introduced;
 * **unchanged**: both show it (whichever exploration found it).
 
 Each keeps the other side's replay as evidence.  The scenarios both explorations ran to the end are
@@ -140,12 +144,21 @@ def classify(base_found: list[Any], head_found: list[Any], base: Recorder, head:
             continue
         out = base.run(fh.scenario)
         same = [g for g in out.findings if g.key == fh.key or group_key(g) == group_key(fh)]
-        entries.append(_entry("unchanged" if same else "introduced", fh, "head", out))
-    order = {"introduced": 0, "fixed": 1, "unchanged": 2}
+        status = "unchanged" if same else "unmasked" if _known_on(fh, base.version) and out.error else "introduced"
+        entries.append(_entry(status, fh, "head", out))
+    order = {"introduced": 0, "fixed": 1, "unmasked": 2, "unchanged": 3}
     entries.sort(key=lambda e: order[e["status"]])
     for n, e in enumerate(entries, 1):
         e["n"] = n
     return entries
+
+
+def _known_on(f: Any, version: str | None) -> bool:
+    """A known issue explains ``f`` as it would be on ``version`` (the base release)."""
+    from dataclasses import replace
+
+    from zerostate.targets.grouping import label
+    return bool(version) and label(replace(f, deepspeed=version)) is not None
 
 
 def _entry(status: str, f: Any, side: str, other: Any) -> dict[str, Any]:
@@ -191,7 +204,7 @@ def run(args: argparse.Namespace) -> int:
     from zerostate.model.scenario import Scenario
     pairs = [(Scenario.from_json(k), base.measured[k], head.measured[k]) for k in common]
     memory = compare(pairs, args.memory_tolerance)
-    counts = {s: sum(e["status"] == s for e in entries) for s in ("fixed", "introduced", "unchanged")}
+    counts = {s: sum(e["status"] == s for e in entries) for s in ("fixed", "introduced", "unmasked", "unchanged")}
     result = {"base": {"spec": args.base, "name": base_name, "deepspeed": base.version, "runs": len(base.outcomes),
                        "exploration": st_b},
               "head": {"spec": args.head, "name": head_name, "deepspeed": head.version, "runs": len(head.outcomes),
@@ -208,7 +221,7 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(result, indent=2))
     else:
         print(f"diff {base_name} -> {head_name}: {counts['fixed']} fixed, {counts['introduced']} introduced, "
-              f"{counts['unchanged']} unchanged; {len(pairs)} ZeRO-3 scenario(s) compared, "
+              f"{counts['unmasked']} unmasked, {counts['unchanged']} unchanged; {len(pairs)} ZeRO-3 scenario(s) compared, "
               f"{len(memory['regressions'])} memory regression(s) beyond {args.memory_tolerance:.0%}; "
               f"{result['seconds']:.0f}s. Report: {args.out}/diff.md")
         for e in entries:

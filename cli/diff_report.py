@@ -34,7 +34,8 @@ def _replay_cmd(out_dir: str, e: dict[str, Any], side: dict[str, Any]) -> str:
 def render(r: dict[str, Any], out_dir: str = ".") -> str:
     b, h, c = r["base"], r["head"], r["counts"]
     out = [f"# zerostate diff: {b['name']} → {h['name']}", "",
-           f"**{r['verdict']}**: {c['fixed']} fixed, {c['introduced']} introduced, {c['unchanged']} unchanged; "
+           f"**{r['verdict']}**: {c['fixed']} fixed, {c['introduced']} introduced, {c.get('unmasked', 0)} unmasked "
+           f"(a known bug of base that base's run stopped before), {c['unchanged']} unchanged; "
            f"{len(r['memory']['regressions'])} gathered-parameter memory regression(s) beyond "
            f"{r['memory']['tolerance']:.0%}.", "",
            "| | base | head |", "|---|---|---|",

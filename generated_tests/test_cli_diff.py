@@ -43,8 +43,9 @@ class _Fake:
 
     def run(self, sc):
         self.runs.append(sc)
-        return Outcome(sc, [], None, [Finding(c, e, sc, target="deepspeed", deepspeed=self.version, origin=o)
-                                      for c, e, o in self.table.get(sc.to_json(None), [])])
+        found = [Finding(c, e, sc, target="deepspeed", deepspeed=self.version, origin=o)
+                 for c, e, o in self.table.get(sc.to_json(None), [])]
+        return Outcome(sc, [], next((f.error for f in found if f.check == "exception"), None), found)
 
 
 SC_A = Scenario.from_dict({"blocks": [{}], "stage": 1})
@@ -80,6 +81,23 @@ def test_a_finding_the_head_exploration_missed_is_unchanged_when_its_replay_show
     head = _Fake("0.19.8", {SC_A.to_json(None): [f]})
     entries = classify([_fs("0.19.8", SC_A, *f)], [], base, head)
     assert [e["status"] for e in entries] == ["unchanged"]
+
+
+def test_a_known_bug_of_base_that_a_crash_hid_is_unmasked_not_introduced():
+    sc = known.Z3_LEAF_KEPT_GATHERED.scenario
+    kept = ("released-after-backward", "after the backward (and its epilogue) X are still gathered", None)
+    crash = ("exception", "RuntimeError: The size of tensor a (0) must match", "RuntimeError@stage3.hook")
+    head = _Fake("0.19.8", {sc.to_json(None): [kept]})
+    entries = classify([], [_fs("0.19.8", sc, *kept[:2])], _Fake("0.19.8", {sc.to_json(None): [crash]}), head)
+    assert [e["status"] for e in entries] == ["unmasked"]
+    # the same finding where base ran to the end without it is introduced
+    entries = classify([], [_fs("0.19.8", sc, *kept[:2])], _Fake("0.19.8", {}), head)
+    assert [e["status"] for e in entries] == ["introduced"]
+    # and a finding no known issue explains is introduced even behind a crash
+    other = ("clean-step", "stale gradients survive engine.step()", None)
+    entries = classify([], [_fs("0.19.8", SC_A, *other[:2])], _Fake("0.19.8", {SC_A.to_json(None): [crash]}),
+                       _Fake("0.19.8", {SC_A.to_json(None): [other]}))
+    assert [e["status"] for e in entries] == ["introduced"]
 
 
 # ---------------------------------------------------------------- memory figures (made-up traces)
