@@ -1,14 +1,24 @@
-"""Refinement of the release policy: real DeepSpeed with the runtime releases frozen parameters exactly
-where the model's ``zerostate`` coordinator design does.
+"""Refinement of the release policy: real DeepSpeed with the runtime fetches, releases and holds every
+parameter exactly where the model's ``zerostate`` coordinator design does.
 
-Hypothesis draws ZeRO-3 scenarios with frozen parameters and plain / non-reentrant-checkpointed blocks.
+Hypothesis draws ZeRO-3 scenarios from the full scenario strategy (`targets.strategies.scenarios`: plain /
+reentrant / non-reentrant blocks, trainable / frozen / unused parameters, z3 leaf blocks, the fused head,
+inputs with and without grad, eval forwards, branches, hook re-registration, gas 1-2, at least two train
+steps, and the ZeRO-3 knobs at 0, between the parameter sizes and at DeepSpeed's defaults: persistence
+threshold 0 / 8 / 1e5, ``stage3_max_reuse_distance`` 1e9 / 0 / 128, ``stage3_max_live_parameters``).
 Each runs (a) in the model, design ``zerostate``, PyTorch's CPU order, and (b) on the installed
-DeepSpeed with ``zerostate.runtime`` installed in the deepspeed target's worker, traced.  Both traces
-are projected, per frozen parameter, onto its FETCH / PREFETCH / RELEASE events, each anchored at the
-module hook it happened in (``module_post_backward:blocks.0.norm`` ...): the two projections must be
-equal -- the runtime gathers and releases every frozen parameter at the same hook as the model.
+DeepSpeed with ``zerostate.runtime`` installed in the deepspeed target's worker, traced.  Both traces are
+projected, per parameter, onto its FETCH / PREFETCH / RELEASE events and its holder count, each anchored
+at the module hook it happened in (``module_post_backward:blocks.0.norm`` ...): the two projections must
+be equal.
 
-CI: ``ZEROSTATE_RUNTIME_RELEASE_EXAMPLES`` (default 12) examples on the installed release.
+Not covered: ``stage3_prefetch_bucket_size`` > 0 is drawn as 0 here -- DeepSpeed also runs fetch (and so
+prefetch) in the hooks of parameter-less containers (the ``Block`` modules), which the model does not
+have, so prefetches land one hook earlier in real DeepSpeed (docs/coordinator.md); the training-setup
+dimensions the model does not represent (`Scenario.beyond_model`) are not drawn; runs that raise in
+DeepSpeed itself are accepted only when a known DeepSpeed issue explains them.
+
+CI: ``ZEROSTATE_RUNTIME_RELEASE_EXAMPLES`` (default 25) examples on the installed release.
 
 Seed 002 at DeepSpeed's DEFAULT ``stage3_param_persistence_threshold`` (1e5, issue 10): the small frozen
 norms are persistent, and while the trace is not COMPLETE ``release_sub_module`` partitions persistent
@@ -37,18 +47,35 @@ pytestmark = [pytest.mark.deepspeed]
 
 _MOD = (Ev.MODULE_PRE_FORWARD, Ev.MODULE_POST_FORWARD, Ev.MODULE_PRE_BACKWARD, Ev.MODULE_POST_BACKWARD)
 _PARAM = (Ev.FETCH, Ev.PREFETCH, Ev.RELEASE)
+_MARKS = (Ev.USER_BACKWARD_START, Ev.STEP, Ev.FORWARD_START, Ev.EVAL_FORWARD_START, Ev.EPILOGUE)
 
 
-def project(events, params) -> dict:
+def project(events, params, holders: bool = False) -> dict:
+    """Per parameter: ``(FETCH | PREFETCH | RELEASE, anchor)`` in order, anchor = the last module hook or
+    schedule mark before it.  An in-flight gather completing (FETCH note=inflight) is left out: the model
+    reports it, the tracer sees it only when the owner's own hook polls.  ``holders``: also the holder
+    count (``ds_active_sub_modules``, the zerostate hold included) at the end of each anchor where it
+    changed."""
     out: dict = {p: [] for p in params}
+    count: dict = {p: 0 for p in params}
+    shown: dict = dict(count)
     anchor = "start"
+
+    def flush():
+        for p in params:
+            if holders and count[p] != shown[p]:
+                out[p].append(("holders", count[p], anchor))
+                shown[p] = count[p]
+
     for e in events:
-        if e.kind in _MOD:
-            anchor = f"{e.kind.value}:{e.module}:{e.phase or ''}"
-        elif e.kind in (Ev.USER_BACKWARD_START, Ev.STEP, Ev.FORWARD_START, Ev.EPILOGUE):
-            anchor = e.kind.value
-        elif e.kind in _PARAM and e.param in out:
+        if e.kind in _MOD or e.kind in _MARKS:
+            flush()
+            anchor = f"{e.kind.value}:{e.module}:{e.phase or ''}" if e.kind in _MOD else e.kind.value
+        elif e.kind in _PARAM and e.param in out and not (e.kind is Ev.FETCH and e.note == "inflight"):
             out[e.param].append((e.kind.value, anchor))
+        elif e.kind is Ev.HOLDERS and e.param in out:
+            count[e.param] = e.value
+    flush()
     return out
 
 
@@ -87,38 +114,36 @@ def runtime_target(tmp_path_factory):
     target.close()
 
 
-# One train step: from the second step on (COMPLETE trace) real DeepSpeed keeps a parameter whose next
-# use is near (reuse distance: the last module of forward is the first of backward), which the
-# coordinator model does not do yet -- for stock 0.19.8 vs the ds-0.19.3 design alike, so it is a model
-# gap, not the runtime's; widen to max_steps=2 once the model has it.
-_STRATEGY = scenarios(max_blocks=3, max_steps=1, max_gas=1, stages=(3,),
-                      kinds=(ParamKind.TRAINABLE, ParamKind.FROZEN),
-                      checkpoints=(Checkpoint.NON_REENTRANT, Checkpoint.NONE),
-                      leaf=False, fused_head=False, eval_forwards=False, knobs=False,
-                      **{k: False for k in ("setup", "llama") if k in inspect.signature(scenarios).parameters})
+_STRATEGY = scenarios(stages=(3,), **{k: False for k in ("setup", "llama")
+                                        if k in inspect.signature(scenarios).parameters}).map(
+    lambda sc: sc.with_(prefetch_bucket_size=0,
+                        steps=sc.steps if len(sc.steps) >= 2 else sc.steps * 2))
 
 
-@settings(max_examples=int(os.environ.get("ZEROSTATE_RUNTIME_RELEASE_EXAMPLES", "12")), deadline=None,
+@settings(max_examples=int(os.environ.get("ZEROSTATE_RUNTIME_RELEASE_EXAMPLES", "25")), deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(sc=_STRATEGY)
 def test_real_release_points_match_the_zerostate_model(runtime_target, sc):
     if getattr(sc, "beyond_model", lambda: ())():
         return  # a training-setup dimension the model does not represent
     net = Network(sc)
-    frozen = [n for n, p in net.params.items() if p.frozen and not p.persistent]
-    if not frozen:
-        return
     if not any(p.trainable and p.kind is not ParamKind.UNUSED for p in net.params.values()):
         return  # no optimizer can be built (the target skips it)
     model = run(get_design("zerostate"), sc)
     out = runtime_target.run(sc)
     if out.details.get("skipped"):
         return
-    assert out.error is None, out.error
-    got, want = project(out.trace, frozen), project(model.events, frozen)
-    for p in frozen:
+    if out.error is not None:
+        from zerostate.targets.deepspeed.known import explain
+
+        crashes = [f for f in out.findings if f.check in ("exception", "oracle", "saved-tensor-intact")]
+        assert crashes and all(explain(f) and explain(f).owner == "deepspeed" for f in crashes), out.error
+        return  # a DeepSpeed bug the runtime does not touch, on a truncated trace
+    params = list(net.params)
+    got, want = project(out.trace, params, holders=True), project(model.events, params, holders=True)
+    for p in params:
         assert got[p] == want[p], (f"{p}: real DeepSpeed + runtime and the zerostate model differ\n"
-                                   f"real:  {got[p]}\nmodel: {want[p]}\n{sc.describe()}")
+                                   f"real:  {got[p]}\nmodel: {want[p]}\n{sc.describe()}\n{sc.to_json(None)}")
 
 
 # ----------------------------------------------------- seed 002 at DeepSpeed's default persistence threshold

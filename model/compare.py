@@ -57,8 +57,10 @@ def default_scenarios(max_blocks: int = 2) -> list[Scenario]:
             blocks = tuple(Block(ck, *kind) for ck, kind in combo)
             for rg in (True, False):
                 for prefetch in (0, 256):
+                    # stage3_max_reuse_distance 0: at DeepSpeed's default (1e9) a COMPLETE trace keeps every
+                    # parameter used again gathered, and the designs' release decisions barely show
                     sc = Scenario(blocks=blocks, steps=(TrainStep((MicroStep(), MicroStep())),),
-                                  input_requires_grad=rg, prefetch_bucket_size=prefetch)
+                                  input_requires_grad=rg, prefetch_bucket_size=prefetch, max_reuse_distance=0)
                     if Network(sc).loss_requires_grad:
                         out.append(sc)
     return out

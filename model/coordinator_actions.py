@@ -27,7 +27,7 @@ class Work:
     """A mutable scratch copy of one `CoordState`, plus the effect events of the reaction so far."""
 
     __slots__ = ("ix", "status", "holders", "mode", "step_id", "order", "queue", "fetched_for", "cache",
-                 "stack", "recompute", "held", "declared", "out", "prefetch_bucket")
+                 "stack", "recompute", "held", "declared", "out", "prefetch_bucket", "live")
 
     def __init__(self, st: CoordState, ix: CoordIndex, prefetch_bucket: int = 0):
         self.ix = ix
@@ -43,13 +43,15 @@ class Work:
         self.recompute = dict(st.recompute)
         self.held = dict(st.held)
         self.declared = st.declared
+        self.live = st.live
         self.out: list[Event] = []
         self.prefetch_bucket = prefetch_bucket
 
     def freeze(self) -> CoordState:
         return CoordState(tuple(self.status), tuple(self.holders), self.mode, self.step_id, self.order,
                           self.queue, tuple(self.fetched_for), self.cache, tuple(self.stack),
-                          tuple(sorted(self.recompute.items())), tuple(sorted(self.held.items())), self.declared)
+                          tuple(sorted(self.recompute.items())), tuple(sorted(self.held.items())), self.declared,
+                          self.live)
 
     # names for events
     def p(self, i: int) -> str:
@@ -89,6 +91,7 @@ def release_param(w: Work, p: int, m: int | None) -> None:
     ``__params_to_release`` skips them; the RECORD/INVALID path and ``release_and_reset_all`` do not)."""
     if w.status[p] == AVAILABLE and not w.holders[p]:
         w.status[p] = NOT_AVAILABLE
+        w.live -= w.ix.numel[p]
         w.out.append(E(Ev.RELEASE, param=w.p(p), module=w.m(m)))
 
 
@@ -99,11 +102,14 @@ def wait_inflight(w: Work, p: int, m: int | None) -> None:
         w.out.append(E(Ev.FETCH, param=w.p(p), module=w.m(m), note="inflight"))
 
 
-def all_gather(w: Work, params: Iterable[int], m: int, prefetch: bool = False) -> None:
+def all_gather(w: Work, params: Iterable[int], m: int, prefetch: bool = False, counted: bool = True) -> None:
     """PPC ``__all_gather_params``: gather the NOT_AVAILABLE ones.  A fetch waits on them right away
-    (FETCH: AVAILABLE); a prefetch leaves them INFLIGHT (PREFETCH)."""
+    (FETCH: AVAILABLE); a prefetch leaves them INFLIGHT (PREFETCH).  ``counted``: through the coordinator
+    (``__n_available_params`` grows), not ``param.all_gather`` called by the optimizer."""
     for p in params:
         if w.status[p] == NOT_AVAILABLE:
+            if counted:
+                w.live += w.ix.numel[p]
             w.status[p] = INFLIGHT if prefetch else AVAILABLE
             w.out.append(E(Ev.PREFETCH if prefetch else Ev.FETCH, param=w.p(p), module=w.m(m)))
 
@@ -147,6 +153,7 @@ def reset_step(w: Work) -> None:
     w.queue = 0
     w.fetched_for = [NEVER] * w.ix.n
     w.step_id = 0
+    w.live = 0
 
 
 def trace_prologue(w: Work, m: int) -> None:
@@ -209,13 +216,15 @@ def prefetch(w: Work, m: int) -> None:
     until a bucket's worth of NOT_AVAILABLE parameters is found and all-gather them (INFLIGHT).  Entries
     skipped because the parameter is already gathered still mark its next use
     (``__most_recent_step_id_param_fetched_for``), which stops its release before that use.
-    ``stage3_max_live_parameters`` is taken as unbounded (its default, 1e9, never binds here)."""
+    The bucket is capped by ``stage3_max_live_parameters`` minus the elements the coordinator holds
+    gathered (``__n_available_params``): at or above it nothing is prefetched."""
     if w.prefetch_bucket <= 0:
         return
     trace = w.ix.param_trace(w.order)
     chosen: list[int] = []
     numel = 0
-    while w.queue < len(trace) and numel < w.prefetch_bucket:
+    budget = min(w.ix.max_live_parameters - w.live, w.prefetch_bucket)
+    while w.queue < len(trace) and numel < budget:
         p, s = trace[w.queue]
         w.queue += 1
         go = w.status[p] == NOT_AVAILABLE and p not in chosen
@@ -259,14 +268,28 @@ def pre_module_hook(w: Work, m: int, forward: bool, in_recompute: bool, *, track
 # -------------------------------------------------------------------- release
 def params_to_release(w: Work, m: int) -> frozenset[int]:
     """PPC ``__params_to_release(module, step_id)`` (COMPLETE only): the module's non-persistent parameters
-    except those whose next use a prefetch already walked past (``stage3_max_reuse_distance`` taken as 0).
-    Memoised by ``functools.lru_cache`` on (module, step_id) for the coordinator's lifetime."""
+    except those whose next use a prefetch already walked past, and those used again by a module recorded
+    within ``stage3_max_reuse_distance`` elements after this step (the walk over ``__submodule_order[step_id:]``
+    stops once the elements traversed reach the distance; default 1e9: any later use keeps it gathered).
+    The walk reads each later module's ``iter_params(recurse=z3_leaf_module(m))``: the leaf-ness of the
+    module *being released* decides, so a leaf module sees every parameter under the root (known issue
+    ``z3-leaf-kept-gathered``).  Memoised by ``functools.lru_cache`` on (module, step_id) for the
+    coordinator's lifetime."""
     key = (m, w.step_id)
     for k, v in w.cache:
         if k == key:
             return v
-    got = frozenset(p for p in w.ix.module_params[m]
-                    if not w.ix.persistent[p] and not w.fetched_for[p] > w.step_id)
+    ix = w.ix
+    keep = {p for p in ix.module_params[m] if ix.persistent[p] or w.fetched_for[p] > w.step_id}
+    walk = ix.iter_params[m in ix.leaf_modules]
+    traversed = 0
+    for later in w.order[w.step_id:]:
+        if traversed >= ix.max_reuse_distance:
+            break
+        for p in walk[later]:
+            keep.add(p)
+            traversed += ix.numel[p]
+    got = frozenset(p for p in ix.module_params[m] if p not in keep)
     w.cache = w.cache + ((key, got),)
     return got
 
@@ -317,7 +340,8 @@ def release_and_reset_all(w: Work) -> None:
         for h in sorted(w.holders[p]):
             drop(w, p, h)
         release_param(w, p, None)
-    all_gather(w, [p for p in range(w.ix.n) if w.ix.persistent[p]], None)  # type: ignore[arg-type]
+    all_gather(w, [p for p in range(w.ix.n) if w.ix.persistent[p]], None,  # type: ignore[arg-type]
+               counted=False)  # stage3 _post_step: param.all_gather, not the coordinator's
 
 
 # ------------------------------------------------------ zerostate hold policy

@@ -33,6 +33,11 @@ HOLD = -1
 HOLD_NAME = "zerostate-hold"
 
 NEVER = -1
+
+DS_DEFAULT_MAX_REUSE_DISTANCE = 1_000_000_000
+"""``stage3_max_reuse_distance``'s default (DeepSpeed 0.18.4 .. 0.19.8, ``zero/config.py``)."""
+DS_DEFAULT_MAX_LIVE_PARAMETERS = 1_000_000_000
+"""``stage3_max_live_parameters``'s default."""
 """``__most_recent_step_id_param_fetched_for`` default (DeepSpeed uses -1e10)."""
 
 
@@ -70,6 +75,21 @@ class CoordIndex:
         self.owner: tuple[int, ...] = tuple(owner)
         """The hooked module that fetches each parameter (the module that computes with it)."""
         self._param_trace: dict[tuple[int, ...], tuple[tuple[int, int], ...]] = {}
+        sc = net.scenario
+        self.max_reuse_distance: int = getattr(sc, "max_reuse_distance", DS_DEFAULT_MAX_REUSE_DISTANCE)
+        """``stage3_max_reuse_distance`` (DeepSpeed's default 1e9)."""
+        self.max_live_parameters: int = getattr(sc, "max_live_parameters", DS_DEFAULT_MAX_LIVE_PARAMETERS)
+        """``stage3_max_live_parameters`` (DeepSpeed's default 1e9)."""
+        root = self.midx[ROOT]
+        everything = tuple(range(self.n))
+        leafs = {self.midx[f"blocks.{i}"] for i in range(len(sc.blocks)) if net.is_leaf(i)}
+        # iter_params(module, recurse) per module: the root and a z3 leaf *block* (a container) own no
+        # parameter directly; recursively the root has every parameter and a leaf block all of its own.
+        self.iter_params: tuple[tuple[tuple[int, ...], ...], tuple[tuple[int, ...], ...]] = (
+            tuple(() if (mi == root or mi in leafs) else ps for mi, ps in enumerate(self.module_params)),
+            tuple(everything if mi == root else ps for mi, ps in enumerate(self.module_params)))
+        """``iter_params(module, recurse=False / True)`` per module index (``[recurse][module]``)."""
+        self.leaf_modules = frozenset(leafs)
 
     @staticmethod
     def _out_rg(net: "Network", module: str) -> bool:
@@ -134,6 +154,10 @@ class CoordState:
     """zerostate: parameters held for a module's backward (the runtime policy's ``holds``)."""
     declared: bool = False
     """Persistent parameters have been declared (PERSISTENT events) to the trace."""
+    live: int = 0
+    """``__n_available_params``: elements the coordinator gathered minus those it released since the last
+    ``reset_step`` (it may drift below 0: persistent parameters re-gathered by ``engine.step()`` are not
+    counted, their releases are).  Bounds prefetch by ``stage3_max_live_parameters``."""
 
     @staticmethod
     def initial(ix: CoordIndex) -> "CoordState":
@@ -173,5 +197,5 @@ def assign(pairs: tuple[tuple[int, frozenset[int]], ...], key: int,
     return tuple(sorted(rest, key=lambda kv: kv[0]))
 
 
-__all__ = ["AVAILABLE", "COMPLETE", "CoordIndex", "CoordState", "HOLD", "HOLD_NAME", "INFLIGHT", "INVALID",
+__all__ = ["AVAILABLE", "COMPLETE", "DS_DEFAULT_MAX_LIVE_PARAMETERS", "DS_DEFAULT_MAX_REUSE_DISTANCE", "CoordIndex", "CoordState", "HOLD", "HOLD_NAME", "INFLIGHT", "INVALID",
            "MODE_NAMES", "NEVER", "NOT_AVAILABLE", "RECORD", "STATUS_NAMES", "assign", "index_for", "lookup"]

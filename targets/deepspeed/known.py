@@ -102,7 +102,9 @@ MODEL_LEAF_HOOK = KnownIssue(
     scenario=Scenario.from_dict({"blocks": [{"leaf": True, "lin": "unused"}], "stage": 3,
                                  "steps": [{"micro": [{"backward": "engine"}]}]}),
     checks=("model-agreement",),
-    explains=lambda f: f.check == "model-agreement" and _has_leaf(f.scenario),
+    # the hook half only: a coordinator disagreement ("coordinator: ...") is never this gap
+    explains=lambda f: f.check == "model-agreement" and _has_leaf(f.scenario) and not f.error.startswith(
+        "coordinator:"),
     detail=("DeepSpeed's reduce_leaf_module_grads handles *every* optimizer parameter of the leaf module "
             "(unused ones get param.grad = zeros_like(param)), fires whenever the module's backward runs "
             "(also when no parameter of it is used), and leaf_module_count counts only leaf modules that "
