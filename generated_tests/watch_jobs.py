@@ -7,7 +7,8 @@
 ``gathered``: a frozen z3 leaf block fed by data that does not require grad, then a trainable block --
 0.18.4-0.19.8 keep the leaf's parameters gathered after the backward from the second step on
 (``released-after-backward``; known issue ``z3-leaf-kept-gathered``).  ``--then crash`` raises after the
-steps, ``interrupt`` sends itself SIGINT (Ctrl-C), ``forever`` keeps training until interrupted.
+steps, ``interrupt`` sends itself SIGINT (Ctrl-C), ``forever`` keeps training until interrupted, ``hang``
+never returns from the next ``engine.forward``.
 """
 
 from __future__ import annotations
@@ -110,6 +111,11 @@ def main(argv: list[str]) -> int:
         if then == "interrupt":
             os.kill(os.getpid(), signal.SIGINT)
             time.sleep(30)
+        if then == "hang":  # an engine.forward that never returns (as a rank stuck in a collective)
+            def stuck_in_forward(*_):
+                time.sleep(3600)
+            engine.module.head.register_forward_pre_hook(stuck_in_forward)
+            train(engine, 1)
         if then == "forever":
             while True:
                 train(engine, 1)

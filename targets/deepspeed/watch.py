@@ -202,8 +202,10 @@ class WatchHandle:
                 return orig(*a, **k)
             if self._hang is not None:
                 self._hang.arm(name)
+            returned = False
             try:
                 r = orig(*a, **k)
+                returned = True
             except BaseException as exc:
                 self._broken = self._broken or f"engine.{name}"
                 if self.error is None and not isinstance(exc, (WatchStop, KeyboardInterrupt)):
@@ -216,7 +218,7 @@ class WatchHandle:
                 raise
             finally:
                 if self._hang is not None:
-                    self._hang.disarm()
+                    self._hang.disarm(returned)
             if name == "step":
                 self.flush()
             if self._stop_pending is not None:
@@ -228,27 +230,41 @@ class WatchHandle:
 
 
 class _HangWatch:
-    """Dump every thread's stack to ``rank<r>-<pid>.stack`` if one engine call lasts longer than ``seconds``."""
+    """Dump every thread's stack to ``rank<r>-<pid>.stack`` if one engine call lasts longer than ``seconds``.
+
+    A call that returns normally wipes the file (it was slow, not stuck); one that raises after the dump
+    (Ctrl-C on a hung job, a collective's timeout) keeps it, and nothing is armed after that."""
 
     _file = None
 
     def __init__(self, out: str, rank: int, seconds: float):
         self.seconds = seconds
+        self.kept = False
+        self._header = 0
         if _HangWatch._file is None:
             os.makedirs(out, exist_ok=True)
             _HangWatch._file = open(os.path.join(out, f"rank{rank}-{os.getpid()}.stack"), "w")
 
     def arm(self, what: str) -> None:
+        if self.kept:
+            return
         f = _HangWatch._file
         f.seek(0)
         f.truncate()
         f.write(f"rank {_rank()} pid {os.getpid()}: engine.{what} still running after {self.seconds:g} s\n")
         f.flush()
+        self._header = f.tell()
         faulthandler.dump_traceback_later(self.seconds, repeat=False, file=f, exit=False)
 
-    def disarm(self) -> None:
+    def disarm(self, returned: bool) -> None:
+        if self.kept:
+            return
         faulthandler.cancel_dump_traceback_later()
         f = _HangWatch._file
+        dumped = os.fstat(f.fileno()).st_size > self._header
+        if dumped and not returned:
+            self.kept = True
+            return
         f.seek(0)
         f.truncate()
         f.flush()

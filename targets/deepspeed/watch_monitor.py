@@ -22,8 +22,11 @@ from typing import Any, Callable, NamedTuple
 
 from zerostate.model.events import DRIVER_EVENTS, Ev, Event
 from zerostate.specs import SPECS
-from zerostate.specs.base import Spec, is_failure
+from zerostate.specs.base import Spec, fail
 from zerostate.specs.coordinator_specs import _RECOMPUTE_PARTS, _STATUS, _status, _used_fail
+
+_FAILURE = type(fail("-"))
+"""What a monitor step returns on a violation (`zerostate.specs.base.fail`); compared by class, per event."""
 
 BEFORE = 120
 """Events kept before a violation (the trace picture's window)."""
@@ -127,21 +130,25 @@ class OnlineChecker:
         i = self.index
         self.index += 1
         self.events_seen += 1
-        for rec in list(self._filling):
-            rec["events"].append((i, str(ev)))
-            rec["_after"] -= 1
-            if rec["_after"] <= 0:
-                self._filling.remove(rec)
+        if self._filling:
+            for rec in list(self._filling):
+                rec["events"].append((i, str(ev)))
+                rec["_after"] -= 1
+                if rec["_after"] <= 0:
+                    self._filling.remove(rec)
         self.recent.append((i, ev))
+        state = self.state
         for s in self.specs:
-            m = s.step(self.state[s.id], ev)
-            if is_failure(m):  # keep the state before the failing event, so the check goes on in step
+            m = s.step(state[s.id], ev)
+            if m.__class__ is _FAILURE:
+                # keep the state before the failing event, so the check goes on in step with DeepSpeed
                 if self._failing.get(s.id) != m.message:
                     self._violated(s.id, m.message, i)
                 self._failing[s.id] = m.message
                 continue
-            self._failing.pop(s.id, None)
-            self.state[s.id] = m
+            if self._failing:
+                self._failing.pop(s.id, None)
+            state[s.id] = m
         self._memory(i, ev)
 
     def finish(self) -> None:

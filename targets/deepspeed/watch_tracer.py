@@ -35,6 +35,9 @@ import torch.utils.checkpoint as _ckpt
 from . import compat
 from .tracer import ROOT, Tracer
 
+_GATHER = "_PartitionedParameterCoordinator__all_gather_params"
+"""partitioned_param_coordinator.py ``__all_gather_params(params, forward)`` (0.18.4-0.19.8): every fetch and
+prefetch all-gathers through it."""
 _ACTIVE: list["WatchTracer"] = []
 _CKPT_LOCK = threading.Lock()
 _CKPT_ORIG: dict[str, object] = {}
@@ -157,6 +160,11 @@ class WatchTracer(Tracer):
         self.leaf_inputs: dict[str, bool] = {}
         """z3 leaf module -> whether any tensor input required grad at its last forward."""
         self._handles: list = []
+        self._by_name = dict(self.params)
+        self._order = {n: i for i, (n, _) in enumerate(self.params)}
+        self._dirty: set[str] = set()
+        self._gather_seen = False
+        """The coordinator's all-gather is wrapped (else every module hook scans every parameter)."""
         self.steps = 0
         self.backwards = 0
         self._recompute_depth = 0
@@ -180,8 +188,8 @@ class WatchTracer(Tracer):
         by the backward (``use``)."""
         if self.stage != 3:
             return
-        self._poll()
         module = param.rsplit(".", 1)[0]
+        self._poll_module(module, (param,))
         if what == "save_live":
             self.emit("save_live", param=param, module=module)
         else:
@@ -197,7 +205,7 @@ class WatchTracer(Tracer):
             self._recompute_depth += 1
             self.emit("recompute_start", module=name)
         else:
-            self._poll()
+            self._poll_module(None)
             self._recompute_depth = max(0, self._recompute_depth - 1)
             self.emit("recompute_end", module=name)
 
@@ -208,6 +216,9 @@ class WatchTracer(Tracer):
         self._patch(eng, "forward", self._w_forward)
         self._patch(eng, "backward", self._w_backward)
         self._patch(eng, "step", self._w_step)
+        if self.coord is not None and hasattr(self.coord, _GATHER):
+            self._patch(self.coord, _GATHER, self._w_all_gather)
+            self._gather_seen = True
         for lname, m in self.leaves.items():
             self._handles.append(m.register_forward_pre_hook(
                 lambda mod, args, kwargs, n=lname: self._leaf_input(n, args, kwargs), with_kwargs=True))
@@ -270,7 +281,7 @@ class WatchTracer(Tracer):
             self._poll_trace()
             self.emit("module_" + what, module=name, phase=phase)
             r = f(module, *a, **k)
-            self._poll(name)
+            self._poll_module(name)
             return r
         return wrapped
 
@@ -278,11 +289,30 @@ class WatchTracer(Tracer):
         """As `Tracer._poll`, but a parameter that became gathered is a PREFETCH only if its all-gather is
         still in flight (``ds_status`` INFLIGHT), else a FETCH for the hooked module: a user's model fetches
         parameters outside their owner's hook (peft reads ``lora_A.weight`` in ``Linear.forward``; external
-        parameters), which `Tracer`'s name rule would call prefetches."""
+        parameters), which `Tracer`'s name rule would call prefetches.  Scans every parameter."""
         if self.stage != 3 or self._paused:
             return
+        self._dirty.clear()
+        self._scan(self.params, module)
+
+    def _poll_module(self, module: str | None, extra=()) -> None:
+        """After a module hook: only the module's own parameters (what its fetch / release touches) and those
+        all-gathered since the last poll (prefetches, external parameters) can have changed -- DeepSpeed's
+        other releases (``release_and_reset_all``) run in the epilogue and step, where `_poll` scans all.
+        Scanning all ~P parameters after each of ~M module hooks made watching O(M x P) per step."""
+        if self.stage != 3 or self._paused:
+            return
+        if not self._gather_seen:
+            self._poll(module)
+            return
+        names = set(self._own.get(module, ())) | self._dirty | set(extra)
+        self._dirty.clear()
+        self._scan([(n, self._by_name[n]) for n in sorted(names, key=self._order.__getitem__)
+                    if n in self._by_name], module)
+
+    def _scan(self, items, module: str | None) -> None:
         status, holders, emitted, hold = compat.param_status, compat.holders, self._emitted, self._holders
-        for n, p in self.params:
+        for n, p in items:
             new, em = status(p), emitted.get(n)
             h_old, h_new = hold.get(n, 0), holders(p)
             if new == em and h_old == h_new:
@@ -303,6 +333,13 @@ class WatchTracer(Tracer):
                 hold[n] = h_new
                 self.emit("holders", param=n, module=module, value=h_new, note="+")
         self._poll_trace()
+
+    def _w_all_gather(self, f):
+        def all_gather(params, *a, **k):
+            names = self.param_names
+            self._dirty.update(names[id(p)] for p in params if id(p) in names)
+            return f(params, *a, **k)
+        return all_gather
 
     def _w_sink(self, f):
         def sink(param, *a, **k):
