@@ -31,8 +31,8 @@ from types import SimpleNamespace
 from typing import Any
 
 from . import targets_api as api
-from .common import EXIT_FINDINGS, EXIT_INTERRUPTED, EXIT_OK, CliError, check_world_size, non_negative_float, \
-    positive_int
+from .common import EXIT_FINDINGS, EXIT_INTERRUPTED, EXIT_OK, CliError, check_world_size, load_scenario, \
+    non_negative_float, positive_int
 from .progress import Progress
 
 DEFAULT_OUT = "zerostate-diff"
@@ -58,6 +58,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--memory-tolerance", type=non_negative_float, default=DEFAULT_TOLERANCE, metavar="FRACTION",
                    help="a head gathered-parameter peak above base x (1 + FRACTION) in any scenario is a "
                         f"regression (default {DEFAULT_TOLERANCE})")
+    p.add_argument("--scenario", action="append", default=[], metavar="FILE",
+                   help="a scenario file (or finding_<n>.json) run on both builds besides the exploration, its "
+                        "findings classified the same way (repeatable): e.g. the bug a pull request fixes")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument("--out", default=DEFAULT_OUT, metavar="DIR", help=f"report folder (default {DEFAULT_OUT}/)")
     p.set_defaults(run=run)
@@ -182,6 +185,7 @@ def run(args: argparse.Namespace) -> int:
     from .diff_metrics import compare
     from .diff_report import write_report
     check_world_size(args.world_size)
+    extra = [load_scenario(path) for path in args.scenario]  # bad files fail before any build starts
     t0 = time.monotonic()
     base_t, base_name = build(args.base, "--base", args.world_size)
     try:
@@ -194,6 +198,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         base_found, st_b = explore_side(base, "base", args)
         head_found, st_h = explore_side(head, "head", args)
+        for sc in extra:  # the given scenarios: every finding of theirs joins its side's (asked for by name)
+            base_found += base.run(sc).findings
+            head_found += head.run(sc).findings
         entries = classify(base_found, head_found, base, head)
     except KeyboardInterrupt:
         status, entries, st_b, st_h = "interrupted", [], "interrupted", "interrupted"
@@ -209,7 +216,7 @@ def run(args: argparse.Namespace) -> int:
                        "exploration": st_b},
               "head": {"spec": args.head, "name": head_name, "deepspeed": head.version, "runs": len(head.outcomes),
                        "exploration": st_h},
-              "status": status, "examples": args.examples, "seed": args.seed, "world_size": args.world_size,
+              "status": status, "examples": args.examples, "scenarios": list(args.scenario), "seed": args.seed, "world_size": args.world_size,
               "seconds": round(time.monotonic() - t0, 1), "counts": counts, "findings": entries,
               "memory": memory, "command_line": "zerostate " + " ".join(sys.argv[1:])}
     regress = bool(memory["regressions"])

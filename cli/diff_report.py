@@ -43,7 +43,8 @@ def render(r: dict[str, Any], out_dir: str = ".") -> str:
            f"| exploration | {b['exploration']} | {h['exploration']} |",
            f"| distinct runs (replays included) | {b['runs']} | {h['runs']} |", "",
            f"Same exploration on both builds: seed {r['seed'] if r['seed'] is not None else '0 (fixed default)'}, "
-           f"{r['examples']} examples per search, world size {r['world_size']}; {r['seconds']:.0f} s.  "
+           f"{r['examples']} examples per search, world size {r['world_size']}"
+           f"{', plus the scenario(s) ' + ', '.join(r['scenarios']) if r.get('scenarios') else ''}; {r['seconds']:.0f} s.  "
            f"Command: `{r['command_line']}`", ""]
     out += ["## Findings", ""]
     if not r["findings"]:

@@ -32,6 +32,7 @@ from zerostate.targets.grouping import groups, label, root_key
 RELEASES = os.environ.get("ZEROSTATE_RELEASE_TESTS") == "1"
 PATCHED = os.environ.get("ZEROSTATE_PATCHED_DEEPSPEED")
 SITE = str(Path(deepspeed.__file__).resolve().parents[1])
+UPSTREAM = Path(__file__).resolve().parents[1] / "docs" / "upstream"
 
 
 # ---------------------------------------------------------------- classification (made-up outcomes)
@@ -150,11 +151,15 @@ def test_seed_bugs_are_labelled_with_their_first_fixed_release_only_on_releases_
 @pytest.mark.deepspeed
 def test_diff_of_a_build_against_itself_changes_nothing(tmp_path):
     out = tmp_path / "d"
+    kept = str(UPSTREAM / "z3-leaf-kept-gathered" / "scenario.json")
     r = zs("diff", "--base", SITE, "--head", SITE, "--examples", "4", "--time-budget", "60", "--out", str(out),
-           "--json", timeout=600)
+           "--scenario", kept, "--json", timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
     data = json.loads(r.stdout)
     assert data["counts"]["fixed"] == data["counts"]["introduced"] == 0
+    # the given scenario ran on both builds: its known bug is there, unchanged
+    assert any(e["status"] == "unchanged" and (e["known_issue"] or {}).get("id") == "z3-leaf-kept-gathered"
+               for e in data["findings"]), data["findings"]
     assert data["base"]["deepspeed"] == data["head"]["deepspeed"] == deepspeed.__version__
     assert data["memory"]["families"] and not data["memory"]["regressions"]
     for fam in data["memory"]["families"]:
@@ -170,8 +175,8 @@ def test_bad_base_is_a_clear_error_before_anything_runs(tmp_path):
     assert not (tmp_path / "o").exists()
 
 
-def _diff(base, head, tmp_path):
-    r = zs("diff", "--base", base, "--head", head, "--out", str(tmp_path / "d"), "--json", timeout=3000)
+def _diff(base, head, tmp_path, *extra):
+    r = zs("diff", "--base", base, "--head", head, "--out", str(tmp_path / "d"), "--json", *extra, timeout=3000)
     assert r.returncode in (0, 1), r.stdout + r.stderr
     return json.loads(r.stdout), r.returncode
 
@@ -196,7 +201,8 @@ def test_0_18_7_fixes_count_once_per_phase_and_introduces_nothing(tmp_path):
 @pytest.mark.deepspeed
 @pytest.mark.skipif(not PATCHED, reason="set ZEROSTATE_PATCHED_DEEPSPEED=DIR (0.19.8 + a docs/upstream patch)")
 def test_a_docs_upstream_patch_fixes_its_issue_and_introduces_nothing(tmp_path):
-    data, rc = _diff("0.19.8", PATCHED, tmp_path)
+    scenarios = sorted(UPSTREAM.glob("*/scenario*.json"))  # each bug's shrunk scenario, besides the exploration
+    data, rc = _diff("0.19.8", PATCHED, tmp_path, *[a for sc in scenarios for a in ("--scenario", str(sc))])
     assert data["head"]["deepspeed"] == "0.19.8"
     assert data["counts"]["fixed"] >= 1 and data["counts"]["introduced"] == 0, data["findings"]
     assert rc == 0
@@ -239,7 +245,6 @@ def test_a_checkout_without_version_txt_is_a_clear_error(tmp_path):
 
 
 # ---------------------------------------------------------------- docs/upstream: the patches still apply
-UPSTREAM = Path(__file__).resolve().parents[1] / "docs" / "upstream"
 
 
 @pytest.mark.parametrize("issue", ["z3-leaf-kept-gathered", "zero12-backward-without-gradients",
