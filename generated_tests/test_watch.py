@@ -1,6 +1,7 @@
 """``zerostate watch`` / ``zerostate.watch(engine)``: the specs checked online on a user's own job.
 
-Default-on (about 2 min on 2 idle cores; crash and hang tests need ``ZEROSTATE_WATCH_ALL=1``): the online checker on hand-made events; the report merge;
+Default-on (about 2 min on 2 idle cores; the crash, hang and two-rank ``torchrun`` tests need
+``ZEROSTATE_WATCH_ALL=1``): the online checker on hand-made events; the report merge;
 the CLI's errors and exit status; on the installed DeepSpeed (0.19.8) a z3 leaf module fed without grad
 (explained as the known leaf issue), a job that crashes or is Ctrl-C'd after a violation (the report
 keeps it), the Python API, and the tiny HF Llama + LoRA + non-reentrant checkpointing job
@@ -201,6 +202,24 @@ def test_hung_rank_is_reported_with_its_stack(tmp_path):
     assert rep["hung"] and rep["hung"][0]["rank"] == 0
     assert "stuck_in_forward" in rep["hung"][0]["stack"] and "engine.forward still running" in rep["hung"][0]["stack"]
     assert "did not return from an engine call" in (out / "report.md").read_text()
+
+
+@pytest.mark.deepspeed
+def test_two_ranks_one_report_tagged_by_rank(tmp_path):
+    _all()
+    import shutil
+    torchrun = shutil.which("torchrun") or os.path.join(os.path.dirname(sys.executable), "torchrun")
+    import socket
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = str(sock.getsockname()[1])
+    proc, rep, _ = _watch(tmp_path, torchrun, "--nproc_per_node", "2", "--master_port", port, JOBS, "gathered",
+                          "--steps", "2", timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert rep["run"]["ranks"] == [0, 1] and set(rep["memory"]) == {"rank 0", "rank 1"}
+    got = _finding(rep, "released-after-backward")
+    assert sorted(f["rank"] for f in got) == [0, 1], [(f["rank"], f["check"]) for f in rep["findings"]]
+    assert all(f["explanation"]["id"] == "z3-leaf-kept-gathered" for f in got)
 
 
 @pytest.mark.deepspeed
