@@ -9,6 +9,9 @@ Two measurements, both on CPU (gloo, world size 1, ``OMP_NUM_THREADS=1``):
   ``targets.strategies.scenarios()`` run one after another through the installed
   DeepSpeed's persistent worker, findings or not; reported as examples per second
   (the worker's start-up is excluded, the first example's ZeRO-3 warm-up is not).
+  Since issue 11 the default strategy draws the training-setup dimensions too (bf16, offload,
+  parameter groups, the HF Llama family ...); on a CPU without fp16 the fp16 draws (about one
+  in four) are skipped by the executor in about a millisecond and still count as examples.
 * **time to each seed bug** -- ``zerostate.targets.explorer.explore`` from scratch (no
   Hypothesis database; the ci profile's derandomized sequence) with ``--examples`` per
   search, per release, stopping once the seed's finding is handed over: seconds from the

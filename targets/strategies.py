@@ -7,10 +7,10 @@ training-setup dimensions (`setups`, issue 11) towards fp32, no clipping, no off
 group, no tying / external parameter, a tensor output, one loss, one backward per micro-step, the
 blocks family.  The setup dimensions are drawn *after* everything else, and the ones that make every
 run fail on the pinned release (`RARE`: two backwards per micro-step, a step without gradient) only in
-one draw in eight, and tying / the external parameter (each the way into a known finding when block 0
-is reentrant-checkpointed, or under ZeRO-3) in one draw in four, so they do not hide other findings:
-every finding of a new key is shrunk before the exploration goes on, so frequent ones cost the seed
-bugs time (seed 002 on 0.19.2 took ~460 s per exploration with them drawn in one in two, under load 10).
+one draw in eight, so they do not hide other findings.  Which draw rates keep each seed bug within the
+default budget is a property of the whole derandomized sequence, not of one rate: drawing tying and the
+external parameter in one draw in four instead of two lost seed 002 on 0.19.2 within 200 examples
+(measured), so they stay at one in two.
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ def setups(draw, sc: Scenario, llama: bool = True) -> Scenario:
         fp32_grad_accum=precision is Precision.BF16 and draw(st.booleans()),
         gradient_clipping=draw(st.sampled_from(CLIPPING)),
         offload=draw(st.sampled_from(offloads)),
-        tie=draw(QUARTER) and sc.blocks[0].lin is not ParamKind.UNUSED,
+        tie=draw(st.booleans()) and sc.blocks[0].lin is not ParamKind.UNUSED,
     )
     steps = sc.steps
     if sc.family is Family.BLOCKS:
@@ -84,7 +84,7 @@ def setups(draw, sc: Scenario, llama: bool = True) -> Scenario:
             param_groups=draw(st.integers(1, 3)),
             blocks=tuple(b if i not in out else Block(b.checkpoint, b.norm, b.lin, b.leaf, in_optimizer=False)
                          for i, b in enumerate(sc.blocks)),
-            external=draw(QUARTER) and sc.blocks[0].lin is not ParamKind.UNUSED,
+            external=draw(st.booleans()) and sc.blocks[0].lin is not ParamKind.UNUSED,
             outputs=draw(st.sampled_from((Outputs.TENSOR, Outputs.TUPLE, Outputs.DICT))),
             losses=draw(st.integers(1, 2)))
         freezable = [i for i, b in enumerate(sc.blocks) if b.lin is ParamKind.TRAINABLE and Network(sc.with_(
