@@ -149,7 +149,36 @@ from .known_setups import SETUP_ISSUE_FIELDS  # noqa: E402  (issue 11's training
 
 SETUP_ISSUES: tuple[KnownIssue, ...] = tuple(KnownIssue(**f) for f in SETUP_ISSUE_FIELDS)
 
-KNOWN_ISSUES: tuple[KnownIssue, ...] = (Z3_LEAF_INPUT_NO_GRAD, ZERO12_NO_GRADIENT, Z3_LEAF_KEPT_GATHERED,
+def _kept_then_branch(sc: Scenario) -> bool:
+    """An eval forward with a COMPLETE trace keeps parameters for a later use (reuse distance or a
+    prefetch's mark), then the train forward takes another branch."""
+    return sc.stage == 3 and (sc.max_reuse_distance > 0 or sc.prefetch_bucket_size > 0) and any(
+        st.eval_before and any(m.skip for m in st.micro) for st in sc.steps)
+
+
+Z3_KEPT_FOR_REUSE_THEN_BRANCH = KnownIssue(
+    id="z3-kept-for-reuse-then-branch",
+    title="ZeRO-3: parameters kept gathered for a recorded later use stay gathered when a branch skips that use",
+    owner="deepspeed",
+    releases=((0, 19, 2), (0, 20, 0)),
+    scenario=Scenario.from_dict({"blocks": [{"norm": "frozen"}], "stage": 3,
+                                 "steps": [{"micro": [{"backward": "engine"}]},
+                                           {"micro": [{"backward": "engine", "skip": [0]}], "eval_before": True}]}),
+    checks=("released-after-backward",),
+    explains=lambda f: f.check == "released-after-backward" and _kept_then_branch(f.scenario),
+    detail=("partitioned_param_coordinator.py (0.19.2 and 0.19.8 source; measured on 0.19.8): with a COMPLETE "
+            "trace, __params_to_release keeps a parameter whose module is recorded again within "
+            "stage3_max_reuse_distance (default 1e9: anywhere later in the iteration) or whose next use a "
+            "prefetch already walked past.  An eval forward fetches the frozen norm and keeps it for the "
+            "backward use the trace recorded; the train forward then takes a branch that skips the norm, "
+            "which invalidates the trace (_invalidate_trace releases only in-flight parameters) -- the "
+            "kept norm is never used again and nothing releases it until engine.step()'s "
+            "release_and_reset_all: gathered past the backward and its epilogue (0.19.3's "
+            "release_backward_leftovers only drains modules whose pre-backward ran).  zerostate's model "
+            "predicts it at DeepSpeed's default reuse distance (issue 10)."),
+)
+
+KNOWN_ISSUES: tuple[KnownIssue, ...] = (Z3_KEPT_FOR_REUSE_THEN_BRANCH, Z3_LEAF_INPUT_NO_GRAD, ZERO12_NO_GRADIENT, Z3_LEAF_KEPT_GATHERED,
                                         MODEL_LEAF_HOOK) + SETUP_ISSUES
 
 
