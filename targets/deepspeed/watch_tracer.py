@@ -26,6 +26,7 @@ whose engine owns the parameter.
 
 from __future__ import annotations
 
+import functools
 import sys
 import threading
 
@@ -74,6 +75,7 @@ def _install_checkpoint_observer() -> None:
                 super().__init__(*a, **k)
                 inner = self.pack_hook
 
+                @functools.wraps(inner)  # __wrapped__: the runtime's release policy recognises torch's pack hook
                 def pack_hook(x):
                     hit = _saved_frozen(x)
                     if hit is not None:
@@ -87,6 +89,7 @@ def _install_checkpoint_observer() -> None:
                 super().__init__(*a, **k)
                 inner = self.unpack_hook
 
+                @functools.wraps(inner)
                 def unpack_hook(holder):
                     ret = inner(holder)
                     hit = _saved_frozen(ret)
