@@ -10,6 +10,10 @@
    ``zerostate watch -- python -m zerostate.targets.hf_job``; seconds of each ``training_step``
    (forward + backward + step) as the job measures them, the first two dropped.
 
+``--only paired``: seed 000's model on one engine, blocks of 5 steps alternately plain and watched
+(``zerostate.watch`` / ``handle.close()``), the median of the per-pair ratios: robust to a shared
+machine's drift, which the subprocess figures are not.
+
 Each configuration runs in its own subprocess; ``--rounds`` rounds run every configuration once each,
 so drift on a shared machine hits both alike; the figure is the median over rounds of each round's
 median.  Target (issue 12): watched <= 1.3x plain on the HF job.
@@ -47,6 +51,27 @@ for stage in a["stages"]:
            "zero_optimization": {"stage": stage}}
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
     handle = None
+    if a.get("paired"):  # one engine, blocks of steps alternately plain and watched: drift hits both alike
+        import zerostate
+        x = torch.randn(8, 64)
+        def block(n):
+            ts = []
+            for _ in range(n):
+                t0 = time.perf_counter()
+                loss = engine(x).pow(2).mean(); engine.backward(loss); engine.step()
+                ts.append(time.perf_counter() - t0)
+            return statistics.median(ts)
+        block(a["warmup"])
+        ratios = []
+        for _ in range(a["pairs"]):
+            p = block(5)
+            h = zerostate.watch(engine)
+            w = block(5)
+            h.close()
+            ratios.append(w / p)
+        out[stage] = {"median_ratio": statistics.median(ratios), "ratios": ratios}
+        engine.destroy()
+        continue
     if a["watch"]:
         import zerostate
         handle = zerostate.watch(engine)
@@ -77,6 +102,16 @@ def _seed000(watch: bool, a) -> dict:
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
+def _paired(a) -> dict:
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    arg = json.dumps({"watch": False, "paired": True, "pairs": a.pairs, "stages": [2, 3], "steps": 0,
+                      "warmup": a.warmup})
+    p = subprocess.run([sys.executable, "-c", WORKER, arg], capture_output=True, text=True, env=env, timeout=900)
+    if p.returncode:
+        raise SystemExit(f"paired worker failed:\n{p.stderr[-3000:]}")
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
 def _hf(watch: bool, a) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS="1")
     job = [sys.executable, "-m", "zerostate.targets.hf_job", "--ckpt", "non_reentrant", "--steps", str(a.hf_steps)]
@@ -100,9 +135,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--hf-steps", type=int, default=8)
-    ap.add_argument("--only", choices=["seed000", "hf"], default=None, help="one of the two jobs")
+    ap.add_argument("--only", choices=["seed000", "hf", "paired"], default=None, help="one of the jobs")
+    ap.add_argument("--pairs", type=int, default=10, help="paired: plain/watched blocks of 5 steps on one engine")
     ap.add_argument("--json", default="zerostate-bench/watch.json")
     a = ap.parse_args(argv)
+    if a.only == "paired":
+        res = _paired(a)
+        for stage, r in res.items():
+            print(f"seed000-zero{stage} paired on one engine: watched/plain median ratio {r['median_ratio']:.2f} "
+                  f"over {len(r['ratios'])} pairs")
+        os.makedirs(os.path.dirname(a.json) or ".", exist_ok=True)
+        with open(a.json, "w") as fh:
+            json.dump({"paired": res, "args": vars(a)}, fh, indent=2)
+        return 0
     rounds: dict[str, list[float]] = {}
     viol: dict[str, object] = {}
     for _ in range(a.rounds):
