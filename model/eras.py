@@ -18,13 +18,14 @@ Adding a DeepSpeed release is one row (or widening one).  Pure data: no torch, n
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from typing import NamedTuple
 
 Release = tuple[int, int, int]
 
 
-@dataclass(frozen=True)
-class Era:
+class Era(NamedTuple):
+    """One row (a NamedTuple, not a dataclass: repro scripts embed this file and may run under any module name)."""
+
     first: Release
     end: Release
     """Exclusive."""
