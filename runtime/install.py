@@ -34,7 +34,8 @@ after any ``requires_grad`` changed; a parameter made trainable after
 Each install logs one INFO line on the ``zerostate.runtime`` logger (release, stage, what
 was changed); each refusal under `patch_deepspeed` one WARNING.
 
-All version knowledge lives in `COMPAT` below.
+All version knowledge lives in `COMPAT` below: the rows of the project's one era table
+(`zerostate.model.eras.ERAS`) that the runtime supports.
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ import threading
 import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
+
+from zerostate.model.eras import ERAS, UnknownRelease, parse_release
 
 from .hook_state import MissingTorchInternalsError, TorchAutograd, ZerostateBackwardHookState
 from .release_policy import (ReleasePolicyState, check_release_policy_supported, install_release_policy,
@@ -62,7 +65,8 @@ log = logging.getLogger("zerostate.runtime")
 @dataclass(frozen=True)
 class CompatRow:
     first: tuple[int, int, int]
-    last: tuple[int, int, int]
+    end: tuple[int, int, int]
+    """Exclusive."""
     hook_closures: str
     """``count-every-hook``: closures call count_used_parameters_in_backward unconditionally and are
     replaced; ``refresh-gated``: closures ask ``should_refresh_expected_hook_count`` first (kept)."""
@@ -71,21 +75,17 @@ class CompatRow:
     note: str
 
 
-COMPAT: tuple[CompatRow, ...] = (
-    CompatRow((0, 18, 5), (0, 18, 6), "count-every-hook", "plain",
-              "BackwardHookStateManager + queued callback (PR #7780); count in every hook (#7882/#7885)"),
-    CompatRow((0, 18, 7), (0, 18, 9), "refresh-gated", "plain",
-              "PR #7886: hooks gate the count on should_refresh_expected_hook_count"),
-    CompatRow((0, 19, 0), (0, 19, 2), "refresh-gated", "plain",
-              "coordinator partitions recompute-fetched frozen params (seed 002's CheckpointError)"),
-    CompatRow((0, 19, 3), (0, 19, 8), "refresh-gated", "owner-attribution",
-              "PR #8148: recompute-fetched frozen params attributed to the active backward module"),
-)
-"""The single version-compatibility table.  Releases outside every row are refused."""
+COMPAT: tuple[CompatRow, ...] = tuple(
+    CompatRow(e.first, e.end, e.runtime_hooks, e.runtime_release_policy, e.note) for e in ERAS if e.runtime_hooks)
+"""The runtime's rows of the era table (0.18.5 <= version < 0.19.9).  Releases outside every row are refused."""
 
 
 def supported_range() -> str:
-    return f"{_fmt(COMPAT[0].first)} to {_fmt(COMPAT[-1].last)}"
+    return f"{_fmt(COMPAT[0].first)} <= version < {_fmt(COMPAT[-1].end)}"
+
+
+def _release_policy_range() -> str:
+    return f"{_fmt(next(r.first for r in COMPAT if r.release_policy))} <= version < {_fmt(COMPAT[-1].end)}"
 
 
 def _fmt(v: tuple[int, ...]) -> str:
@@ -93,21 +93,20 @@ def _fmt(v: tuple[int, ...]) -> str:
 
 
 def parse_version(version: str) -> tuple[int, int, int]:
-    core = version.split("+")[0]
-    for tag in ("rc", "a", "b", ".dev", "dev"):
-        core = core.split(tag)[0]
-    parts = [int(x) for x in core.strip(".").split(".")[:3]]
-    return tuple(parts + [0] * (3 - len(parts)))  # type: ignore[return-value]
+    try:
+        return parse_release(version)
+    except UnknownRelease as exc:
+        raise UnsupportedDeepSpeedError(f"{exc}; zerostate.runtime supports DeepSpeed {supported_range()}. "
+                                        "Nothing was changed.") from None
 
 
 def compat_row(version: str) -> CompatRow:
     v = parse_version(version)
     for row in COMPAT:
-        if row.first <= v <= row.last:
+        if row.first <= v < row.end:
             return row
     raise UnsupportedDeepSpeedError(
-        f"zerostate.runtime supports DeepSpeed {supported_range()} (hook state) and "
-        f"{_fmt(next(r.first for r in COMPAT if r.release_policy))} to {_fmt(COMPAT[-1].last)} "
+        f"zerostate.runtime supports DeepSpeed {supported_range()} (hook state) and {_release_policy_range()} "
         f"(ZeRO-3 recompute release policy); the installed DeepSpeed is {version}. Nothing was changed.")
 
 
@@ -267,7 +266,7 @@ def _plan_closure_swaps(opt: Any, row: CompatRow) -> list[_Swap]:
             if not gated:
                 raise ZerostateInstallError(
                     f"DeepSpeed's {inner.__code__.co_name} does not consult should_refresh_expected_hook_count, "
-                    f"but the compatibility table says it does for {_fmt(row.first)}-{_fmt(row.last)}")
+                    f"but the compatibility table says it does for {_fmt(row.first)} <= version < {_fmt(row.end)}")
             continue
         g = inner.__globals__
         if "count_used_parameters_in_backward" not in g:
@@ -370,8 +369,7 @@ def install(engine: Any, *, release_policy: bool | None = None) -> Installation:
         elif want_release:
             if row.release_policy is None:
                 raise ZerostateInstallError(
-                    f"the zerostate release policy supports DeepSpeed "
-                    f"{_fmt(next(r.first for r in COMPAT if r.release_policy))} to {_fmt(COMPAT[-1].last)}; "
+                    f"the zerostate release policy supports DeepSpeed {_release_policy_range()}; "
                     f"installed {version}. Nothing was changed.")
             if why:
                 raise ZerostateInstallError(f"release policy: {why}. Nothing was changed.")
