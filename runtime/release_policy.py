@@ -48,6 +48,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from .patcher import Patcher
+
 __all__ = ["HOLD_ID", "ReleasePolicyState", "install_release_policy", "uninstall_release_policy"]
 
 HOLD_ID = -0x2E57A7E
@@ -102,8 +104,8 @@ class ReleasePolicyState:
     """id(module) -> whether its last recompute output required grad (set by our forward hook)."""
     holds: dict[int, tuple[Any, list]] = field(default_factory=dict)
     """id(module) -> (module, params held for that module's backward)."""
-    patched: list[tuple[Any, str, bool, Any]] = field(default_factory=list)
-    """(object, attribute, had an instance attribute before, its previous value)."""
+    patched: Patcher = field(default_factory=Patcher)
+    """Every attribute the policy replaced, undone exactly by `uninstall_release_policy`."""
     hook_handles: list = field(default_factory=list)
     stats: dict[str, int] = field(default_factory=lambda: {"held": 0, "released_at_backward": 0,
                                                            "released_at_drain": 0, "attribution_undone": 0})
@@ -134,12 +136,6 @@ class ReleasePolicyState:
                 if p.ds_status == ZeroParamStatus.AVAILABLE and not p.ds_active_sub_modules:
                     release(p)
                     self.stats["released_at_drain"] += 1
-
-
-def _patch(state: ReleasePolicyState, obj: Any, name: str, new: Any) -> None:
-    had = name in obj.__dict__
-    state.patched.append((obj, name, had, obj.__dict__.get(name)))
-    setattr(obj, name, new)
 
 
 def _collect_frozen(module: Any, out: dict[int, tuple], leaf_fn: Callable[[Any], bool]) -> None:
@@ -252,10 +248,10 @@ def install_release_policy(engine: Any) -> ReleasePolicyState:
             out_rg[id(module)] = in_nonreentrant_recompute() and _requires_grad(output)
 
     # Everything validated above; from here on, changes (all recorded for uninstall).
-    _patch(state, coord, "fetch_sub_module", fetch_sub_module)
-    _patch(state, coord, "release_sub_module", release_sub_module)
-    _patch(state, coord, "reset_step", reset_step)
-    _patch(state, opt, "backward_epilogue", backward_epilogue)
+    state.patched.set(coord, "fetch_sub_module", fetch_sub_module)
+    state.patched.set(coord, "release_sub_module", release_sub_module)
+    state.patched.set(coord, "reset_step", reset_step)
+    state.patched.set(opt, "backward_epilogue", backward_epilogue)
     wanted = set(frozen_of)
     for m in engine.module.modules():
         if id(m) in wanted:
@@ -269,12 +265,4 @@ def uninstall_release_policy(state: ReleasePolicyState) -> None:
     for h in state.hook_handles:
         h.remove()
     state.hook_handles.clear()
-    for obj, name, had, old in reversed(state.patched):
-        if had:
-            setattr(obj, name, old)
-        else:
-            try:
-                delattr(obj, name)
-            except AttributeError:
-                pass
-    state.patched.clear()
+    state.patched.undo()
