@@ -45,6 +45,8 @@ import threading
 
 import torch
 
+from zerostate.runtime.patcher import Patcher
+
 from . import compat
 
 ROOT = "model"
@@ -59,7 +61,7 @@ class Tracer:
         self.stage = spec.get("stage", 3)
         self.events: list[dict] = []
         self._lock = threading.RLock()
-        self._patches: list[tuple] = []
+        self._patcher = Patcher()
         self._tasks: dict[int, int] = {}
         self._stack: list[int] = []
         self._pending: list[int] = []
@@ -190,34 +192,25 @@ class Tracer:
 
     # ------------------------------------------------------------ patching
     def _patch(self, obj, attr: str, make) -> None:
-        if obj is None or not hasattr(obj, attr):
-            return
-        orig = getattr(obj, attr)
-        own = attr in getattr(obj, "__dict__", {})
-        inner = make(orig)
+        """Wrap ``obj.attr`` with ``make(original)``; events emitted inside are flushed when the outermost
+        wrapped call returns.  Nothing happens when ``obj`` is None or lacks ``attr`` (another release)."""
+        def wrapper(orig):
+            inner = make(orig)
 
-        def outer(*a, **k):
-            self._nest += 1
-            try:
-                return inner(*a, **k)
-            finally:
-                self._nest -= 1
-                if not self._nest:
-                    self._flush()
-        outer.__wrapped__ = orig
-        setattr(obj, attr, outer)
-        self._patches.append((obj, attr, orig, own))
+            def outer(*a, **k):
+                self._nest += 1
+                try:
+                    return inner(*a, **k)
+                finally:
+                    self._nest -= 1
+                    if not self._nest:
+                        self._flush()
+            outer.__wrapped__ = orig
+            return outer
+        self._patcher.wrap(obj, attr, wrapper)
 
     def uninstall(self) -> None:
-        for obj, attr, orig, own in reversed(self._patches):
-            try:
-                if own:
-                    setattr(obj, attr, orig)
-                else:
-                    delattr(obj, attr)
-            except Exception:  # pragma: no cover
-                pass
-        self._patches.clear()
+        self._patcher.undo()
         self._leaf_frame = None
         from . import net
         net.PRE_BACKWARD_OBSERVER = None
