@@ -23,7 +23,7 @@ import random
 import sys
 import time
 
-from zerostate.model.checker import Bound, canonical, check
+from zerostate.analysis.checker import Bound, canonical, check
 from zerostate.model.designs import designs
 from zerostate.model.explore import state_graph
 from zerostate.specs import SPECS

@@ -49,7 +49,7 @@ def graph_path(graph: Any, events: list[Event]) -> list[Any]:
 
 def record(design: str, spec_id: str, scenario: Scenario, events: list[Event], message: str,
            repro: Callable[[Scenario, str, str], Callable[[int], str] | None]) -> FindingRecord:
-    from zerostate.model.checker import counterexample_graph
+    from zerostate.analysis.checker import counterexample_graph
     graph, path, notes = None, [], []
     try:
         g = counterexample_graph(design, scenario, spec_id)

@@ -28,7 +28,7 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    checker = need("zerostate.model.checker", "zerostate check")
+    checker = need("zerostate.analysis.checker", "zerostate check")
     from zerostate.model.designs import designs
     from zerostate.specs import SPECS
 

@@ -15,7 +15,7 @@ import dataclasses
 from hypothesis import given, settings
 
 from zerostate.model import BackwardKind, get_design
-from zerostate.model.checker import Bound, canonical, check
+from zerostate.analysis.checker import Bound, canonical, check
 from zerostate.model.events import Ev
 from zerostate.model.explore import run, state_graph
 from zerostate.specs.hook_specs import HOOK_SPECS

@@ -7,7 +7,7 @@ import json
 import pytest
 from test_cli_util import FINDING_KEYS, REPORT_KEYS, assert_pictures, load_report, zs
 
-import zerostate.model.checker  # noqa: F401  (a broken import fails, never skips)
+import zerostate.analysis.checker  # noqa: F401  (a broken import fails, never skips)
 
 SMALL = ("--max-blocks", "2", "--max-micro-steps", "1", "--jobs", "1",
          "--spec", "epilogue-once", "--spec", "count-once-per-phase", "--spec", "clean-step")

@@ -7,7 +7,7 @@ import json
 import pytest
 from test_cli_util import assert_pictures, load_report, zs
 
-import zerostate.model.compare  # noqa: F401  (a broken import fails, never skips)
+import zerostate.analysis.compare  # noqa: F401  (a broken import fails, never skips)
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ import pytest
 from test_cli_util import load_report, zs
 
 import zerostate.targets.deepspeed.repro  # noqa: F401  (a broken import fails, never skips)
-import zerostate.model.checker  # noqa: F401  (a broken import fails, never skips)
+import zerostate.analysis.checker  # noqa: F401  (a broken import fails, never skips)
 
 RELEASES = pytest.mark.skipif(os.environ.get("ZEROSTATE_RELEASE_TESTS") != "1",
                               reason="installs DeepSpeed releases; set ZEROSTATE_RELEASE_TESTS=1")

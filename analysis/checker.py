@@ -26,11 +26,12 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
-from .designs import Design, get_design
-from .events import Event
-from .explore import state_graph
-from .network import Network
-from .scenario import BackwardKind, Block, Checkpoint, MicroStep, ParamKind, Scenario, TrainStep
+from zerostate.model.designs import Design, get_design
+from zerostate.model.events import Event
+from zerostate.model.explore import state_graph
+from zerostate.model.network import Network
+from zerostate.model.scenario import BackwardKind, Block, Checkpoint, MicroStep, ParamKind, Scenario, TrainStep
+from zerostate.specs import SPECS, specs_for
 
 BLOCK_KINDS = {
     "trainable": (ParamKind.TRAINABLE, ParamKind.TRAINABLE),
@@ -126,13 +127,11 @@ class CheckResult:
 
 
 def _specs_by_family(spec_ids: Sequence[str] | None):
-    from zerostate.specs import SPECS  # noqa: PLC0415 (specs import the model; import lazily)
     chosen = [SPECS[s] for s in spec_ids] if spec_ids else list(SPECS.values())
     return ([s for s in chosen if s.family == "hooks"], [s for s in chosen if s.family == "coordinator"])
 
 
 def judged_specs(design: Design) -> tuple[str, ...]:
-    from zerostate.specs import specs_for  # noqa: PLC0415
     return tuple(s.id for s in specs_for(design.family))
 
 
@@ -249,7 +248,6 @@ def _apportion_seconds(results: dict[str, DesignResult], elapsed: float) -> None
 
 def counterexample_graph(design_name: str, scenario: Scenario, spec_id: str):
     """The reachable state graph (networkx) of one counterexample scenario, for pictures."""
-    from zerostate.specs import SPECS  # noqa: PLC0415
     spec = SPECS[spec_id]
     design = get_design(design_name)
     return state_graph(design, scenario, [spec], keep_graph=True,

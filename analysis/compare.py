@@ -40,10 +40,11 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
-from .designs import get_design
-from .explore import run, state_graph
-from .network import Network
-from .scenario import Block, Checkpoint, MicroStep, ParamKind, Scenario, TrainStep
+from zerostate.model.designs import get_design
+from zerostate.model.explore import run, state_graph
+from zerostate.model.network import Network
+from zerostate.model.scenario import Block, Checkpoint, MicroStep, ParamKind, Scenario, TrainStep
+from zerostate.specs.coordinator_specs import allgathers, gathered_peak
 
 
 def default_scenarios(max_blocks: int = 2) -> list[Scenario]:
@@ -74,7 +75,6 @@ class _Side:
 
 
 def _judge(design_name: str, sc: Scenario, specs: Sequence[Any]) -> _Side:
-    from zerostate.specs.coordinator_specs import allgathers, gathered_peak
     d = get_design(design_name)
     hook = [s for s in specs if s.family == "hooks"]
     coord = [s for s in specs if s.family == "coordinator"]
