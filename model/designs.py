@@ -16,6 +16,7 @@ from typing import Any
 from .coordinator_null import NULL_COORDINATOR
 from .eras import ERAS, era_of, parse_release
 from .hook_designs import DS_0_18_4, DS_0_18_5, DS_0_18_7, ZEROSTATE, HookDesign
+from .protocols import CoordinatorHalf
 
 
 class UnknownDesignError(KeyError):
@@ -29,7 +30,7 @@ class UnknownDesignError(KeyError):
 class Design:
     name: str
     hooks: HookDesign
-    coordinator: Any
+    coordinator: CoordinatorHalf
     summary: str
     family: str
     """``hooks`` or ``coordinator``: which half this design is named for."""

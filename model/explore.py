@@ -40,7 +40,7 @@ def enabled_nodes(g: nx.DiGraph, done: frozenset[int]) -> list[int]:
 
 
 def needs_coordinator(design: Design, scenario: Scenario) -> bool:
-    return scenario.stage == 3 and getattr(design.coordinator, "name", "none") != "none"
+    return scenario.stage == 3 and design.coordinator.name != "none"
 
 
 def run(design: Design, scenario: Scenario, choose: Chooser = first_enabled,
