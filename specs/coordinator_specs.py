@@ -24,7 +24,7 @@ from typing import Any, Iterable, NamedTuple
 from zerostate.model.events import DRIVER_EVENTS, Ev, Event
 from zerostate.model.network import params_of_module
 
-from .base import Metric, Spec, fail
+from .base import Failure, Metric, Spec, fail
 
 _STATUS = (Ev.FETCH, Ev.PREFETCH, Ev.RELEASE)
 _RECOMPUTE_PARTS = frozenset({Ev.RECOMPUTE_START, Ev.MODULE_PRE_FORWARD, Ev.MODULE_POST_FORWARD, Ev.SAVE_LIVE,
@@ -68,7 +68,8 @@ class _Used(NamedTuple):
 
 def _used_fail(module: str, what: str, missing: list[str]):
     return fail(f"{module} computes ({what}) with {', '.join(missing)} not AVAILABLE (partitioned or still "
-                "in flight): the module would read an empty or incomplete parameter")
+                "in flight): the module would read an empty or incomplete parameter",
+                f"unavailable-in-{what.split()[0]}")
 
 
 def _used_step(m: _Used, ev: Event):
@@ -146,7 +147,8 @@ def _saved_step(m: _Saved, ev: Event):
                      "shape [0]")
             how = ("partitioned in place after the recompute saved it" if p in m.partitioned
                    else "not gathered when unpacked")
-            return fail(f"{p} is {how}: {where}")
+            return fail(f"{p} is {how}: {where}", ("partitioned" if p in m.partitioned else "not-gathered")
+                        + ("-at-check" if ev.note == "check" else "-at-use"))
         if ev.note == "use":
             return m._replace(live=m.live - {p}, partitioned=m.partitioned - {p})
     return m
@@ -178,15 +180,16 @@ class _Released(NamedTuple):
     """A user backward returned; judge at the next driver event (its epilogue has run by then)."""
 
 
-def _released_problem(m: _Released) -> str | None:
+def _released_problem(m: _Released) -> Failure | None:
     leaked = sorted((m.avail | m.inflight) - m.persistent)
     if leaked:
-        return (f"after the backward (and its epilogue) {', '.join(leaked)} "
-                f"{'is' if len(leaked) == 1 else 'are'} still gathered: leaked until engine.step() or beyond")
+        return fail(f"after the backward (and its epilogue) {', '.join(leaked)} "
+                    f"{'is' if len(leaked) == 1 else 'are'} still gathered: leaked until engine.step() or beyond",
+                    "still-gathered")
     held = sorted(m.held)
     if held:
-        return f"after the backward {', '.join(held)} still {'has' if len(held) == 1 else 'have'} holders " \
-               "(ds_active_sub_modules not empty): stale bookkeeping"
+        return fail(f"after the backward {', '.join(held)} still {'has' if len(held) == 1 else 'have'} holders "
+                    "(ds_active_sub_modules not empty): stale bookkeeping", "stale-holders")
     return None
 
 
@@ -203,8 +206,8 @@ def _released_step(m: _Released, ev: Event):
     if k is Ev.USER_BACKWARD_END:
         return m._replace(pending=True)
     if m.pending and k in DRIVER_EVENTS:
-        msg = _released_problem(m)
-        return fail(msg) if msg else m._replace(pending=False)
+        failed = _released_problem(m)
+        return failed if failed else m._replace(pending=False)
     return m
 
 
@@ -269,13 +272,15 @@ def _trace_step(m: _TraceMon, ev: Event):
         m = m._replace(active=True)
     if k is Ev.PREFETCH:
         if m.mode != "COMPLETE" and m.active:
-            return fail(f"{ev.param} prefetched while the trace is {m.mode}: a prefetch from a stale trace")
+            return fail(f"{ev.param} prefetched while the trace is {m.mode}: a prefetch from a stale trace",
+                        "prefetch-from-stale-trace")
         return m._replace(inflight=m.inflight | {ev.param})
     if k in (Ev.FETCH, Ev.RELEASE):
         return m._replace(inflight=m.inflight - {ev.param}) if ev.param in m.inflight else m
     if k is Ev.TRACE_STATE:
         if not m.expect or m.expect[0] != ev.note:
-            return fail(f"the trace became {ev.note} though the module order did not call for it")
+            return fail(f"the trace became {ev.note} though the module order did not call for it",
+                        f"uncalled-for-{str(ev.note).lower()}")
         new = m._replace(mode=ev.note, expect=m.expect[1:])
         if ev.note == "INVALID":
             new = new._replace(order=(), invalidated=True)
@@ -283,10 +288,10 @@ def _trace_step(m: _TraceMon, ev: Event):
     if k not in DRIVER_EVENTS:
         return m
     if m.expect and m.active:
-        return fail(f"the trace was not made {m.expect[0]} after {m.why}")
+        return fail(f"the trace was not made {m.expect[0]} after {m.why}", f"not-made-{str(m.expect[0]).lower()}")
     if m.invalidated:
         if m.inflight:
-            return fail(f"the invalidated trace left {', '.join(sorted(m.inflight))} in flight")
+            return fail(f"the invalidated trace left {', '.join(sorted(m.inflight))} in flight", "left-in-flight")
         m = m._replace(invalidated=False)
     return _trace_expectations(m, ev)
 
@@ -299,7 +304,8 @@ TRACE_CONSISTENT = Spec(
                 "parameter_offload.py _register_deepspeed_module (re-registration invalidates)"),
     family="coordinator",
     init=_TraceMon, step=_trace_step,
-    finish=lambda m: f"the trace was not made {m.expect[0]} after {m.why}" if m.expect and m.active else None,
+    finish=lambda m: (fail(f"the trace was not made {m.expect[0]} after {m.why}", f"not-made-{str(m.expect[0]).lower()}")
+                      if m.expect and m.active else None),
     checks=("Replays the protocol from the module hooks alone: a root forward turns RECORD into COMPLETE and "
             "INVALID into RECORD; with a COMPLETE trace the k-th module hook of a pass must be the k-th recorded "
             "one, else INVALID; REREGISTER invalidates.  The TRACE_STATE events must be exactly these.  After an "
