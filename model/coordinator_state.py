@@ -13,6 +13,7 @@ module order.  It is built once per `Network` and cached on it.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from enum import IntEnum
 from typing import TYPE_CHECKING
 
 from .network import HEAD, ROOT, params_of_module
@@ -20,19 +21,40 @@ from .network import HEAD, ROOT, params_of_module
 if TYPE_CHECKING:
     from .network import Network
 
-# ds_status values
-NOT_AVAILABLE, INFLIGHT, AVAILABLE = 0, 1, 2
-STATUS_NAMES = ("NOT_AVAILABLE", "INFLIGHT", "AVAILABLE")
+class ParamStatus(IntEnum):
+    """A ZeRO-3 parameter's ``ds_status`` (``ZeroParamStatus``), and what it means for memory."""
 
-# ZeRoTraceMode values
-INVALID, RECORD, COMPLETE = 0, 1, 2
-MODE_NAMES = ("INVALID", "RECORD", "COMPLETE")
+    NOT_AVAILABLE = 0
+    """Partitioned: ``param.data`` is an empty tensor; the rank keeps only its shard (``ds_tensor``)."""
+    INFLIGHT = 1
+    """An all-gather was issued (a prefetch): the full tensor's memory is allocated, not yet usable."""
+    AVAILABLE = 2
+    """Gathered: the full tensor is in memory and usable; it stays until released (or forever if persistent)."""
 
-HOLD = -1
-"""Holder id of the zerostate design's hold (the runtime's ``HOLD_ID`` sentinel): never a module index."""
+
+class TraceMode(IntEnum):
+    """The coordinator's module trace (``ZeRoTraceMode``): whether prefetch may follow a recorded order."""
+
+    INVALID = 0
+    """No usable trace: every parameter is released at its module's post-hook; no prefetch."""
+    RECORD = 1
+    """The first step records the module order; releases are still per module, no prefetch."""
+    COMPLETE = 2
+    """The order is known: prefetch ahead of it, keep a parameter whose next use is within the reuse distance."""
+
+
+NOT_AVAILABLE, INFLIGHT, AVAILABLE = ParamStatus.NOT_AVAILABLE, ParamStatus.INFLIGHT, ParamStatus.AVAILABLE
+STATUS_NAMES = tuple(s.name for s in ParamStatus)
+INVALID, RECORD, COMPLETE = TraceMode.INVALID, TraceMode.RECORD, TraceMode.COMPLETE
+MODE_NAMES = tuple(m.name for m in TraceMode)
+
+HOLD = -2
+"""Holder id of the zerostate design's hold (the runtime's ``HOLD_ID`` sentinel) in a parameter's holders
+(module indices, all >= 0)."""
 HOLD_NAME = "zerostate-hold"
 
 NEVER = -1
+"""``fetched_for`` of a parameter never fetched yet (a step id; step ids are >= 0)."""
 
 DS_DEFAULT_MAX_REUSE_DISTANCE = 1_000_000_000
 """``stage3_max_reuse_distance``'s default (DeepSpeed 0.18.4 .. 0.19.8, ``zero/config.py``)."""
@@ -197,5 +219,5 @@ def assign(pairs: tuple[tuple[int, frozenset[int]], ...], key: int,
     return tuple(sorted(rest, key=lambda kv: kv[0]))
 
 
-__all__ = ["AVAILABLE", "COMPLETE", "DS_DEFAULT_MAX_LIVE_PARAMETERS", "DS_DEFAULT_MAX_REUSE_DISTANCE", "CoordIndex", "CoordState", "HOLD", "HOLD_NAME", "INFLIGHT", "INVALID",
+__all__ = ["AVAILABLE", "COMPLETE", "ParamStatus", "TraceMode", "DS_DEFAULT_MAX_LIVE_PARAMETERS", "DS_DEFAULT_MAX_REUSE_DISTANCE", "CoordIndex", "CoordState", "HOLD", "HOLD_NAME", "INFLIGHT", "INVALID",
            "MODE_NAMES", "NEVER", "NOT_AVAILABLE", "RECORD", "STATUS_NAMES", "assign", "index_for", "lookup"]
