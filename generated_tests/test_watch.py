@@ -9,8 +9,8 @@ keeps it), the Python API, and the tiny HF Llama + LoRA + non-reentrant checkpoi
 
 Opt-in (``ZEROSTATE_RELEASES=0.19.2``, installs that release on first use): the same HF job on 0.19.2
 names ``saved-tensor-intact``, explained as seed 002 (fixed in 0.19.3, prevented by the runtime);
-under ``--runtime`` it completes without it -- but its report is not clean (strict xfail below:
-``released-after-backward`` on the frozen embedding, not yet attributed).
+under ``--runtime`` it completes and its report is clean (the runtime also drains the backward
+leftovers 0.19.2 leaves, as 0.19.3 does).
 """
 
 from __future__ import annotations
@@ -303,13 +303,12 @@ def test_hf_job_on_0_19_2_names_seed_002_and_runtime_prevents_it(tmp_path):
 
 @pytest.mark.deepspeed
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason=(
-    "found by watch (2026-11-30): on 0.19.2 under --runtime, after each backward "
-    "base_model.model.model.embed_tokens.weight (frozen, its backward never runs) still has holders "
-    "(ds_active_sub_modules not empty): released-after-backward.  Not yet attributed to the runtime's "
-    "release policy or to stock 0.19.2 (stock crashes first, with seed 002).  Repro: ZEROSTATE_RELEASES=0.19.2, "
-    "zerostate watch --runtime -- python -m zerostate.targets.hf_job --ckpt non_reentrant --steps 3"))
 def test_hf_job_on_0_19_2_under_runtime_report_is_clean(tmp_path):
+    """Found by watch (2026-11-30): on 0.19.2 under --runtime, after each backward the frozen
+    ``embed_tokens.weight`` kept holders (released-after-backward): its pre-backward fetched it (HF makes the
+    embedding output require grad for gradient checkpointing) but its post-backward never fires (token ids
+    do not require grad), and 0.19.2 has no epilogue drain (0.19.3's ``release_backward_leftovers``).  The
+    runtime now drains such leftovers on releases without it, as the `zerostate` design does."""
     if not _release_enabled("0.19.2"):
         pytest.skip("set ZEROSTATE_RELEASES=0.19.2 (or 1) to watch the HF job on DeepSpeed 0.19.2")
     proc, rep, res = _hf(tmp_path, opts=("--runtime",), env=_release_env("0.19.2"))

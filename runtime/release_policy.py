@@ -33,6 +33,11 @@ DeepSpeed by ``generated_tests/test_runtime_release_refinement.py``:
    require grad, or the backward was aborted) is dropped in the optimizer's
    backward epilogue and, at the latest, at the next forward's ``reset_step``; the
    parameter is then released unless it is persistent or another module holds it.
+*  Backward leftovers (releases before 0.19.3): a module whose pre-backward fetched its
+   parameters but whose post-backward never fires keeps them gathered past the backward;
+   0.19.3 drains those in the epilogue (PR #8148, ``release_backward_leftovers``), and the
+   `zerostate` design includes that drain, so on earlier releases the policy does it too
+   (found by ``zerostate watch --runtime`` on 0.19.2: an HF embedding fed token ids).
 
 The hold is a sentinel id (`HOLD_ID`) in ``param.ds_active_sub_modules``: DeepSpeed's
 own ``__release_param`` skips any parameter with an active consumer, so no DeepSpeed
@@ -107,8 +112,12 @@ class ReleasePolicyState:
     patched: Patcher = field(default_factory=Patcher)
     """Every attribute the policy replaced, undone exactly by `uninstall_release_policy`."""
     hook_handles: list = field(default_factory=list)
+    leftovers: dict[int, Any] | None = None
+    """id(module) -> module whose backward fetch has not been followed by its post-backward release yet;
+    None on releases whose coordinator drains these itself (0.19.3+, ``release_backward_leftovers``)."""
     stats: dict[str, int] = field(default_factory=lambda: {"held": 0, "released_at_backward": 0,
-                                                           "released_at_drain": 0, "attribution_undone": 0})
+                                                           "released_at_drain": 0, "attribution_undone": 0,
+                                                           "released_leftover": 0})
 
     # ------------------------------------------------------------- the rule
     def drop_holds(self, module_id: int) -> None:
@@ -118,6 +127,29 @@ class ReleasePolicyState:
         for p in entry[1]:
             p.ds_active_sub_modules.discard(HOLD_ID)
         self.stats["released_at_backward"] += len(entry[1])
+
+    def release_backward_leftovers(self) -> None:
+        """The epilogue drain DeepSpeed 0.19.3 added (PR #8148, ``release_backward_leftovers``), for releases
+        without it: a module whose pre-backward fetched its parameters but whose post-backward never fired
+        (its input does not require grad -- an embedding fed token ids whose output HF makes require grad
+        for gradient checkpointing) keeps them gathered and held past the backward (released-after-backward,
+        the model's ds-0.19.2 / pr-8130 leak).  Drop the module as a holder and release what is neither
+        persistent nor external, as the missing post-backward would have; the `zerostate` design has it."""
+        if not self.leftovers:
+            return
+        from deepspeed.runtime.zero.partitioned_param_coordinator import iter_params
+        from deepspeed.utils import z3_leaf_module
+
+        release = getattr(self.coordinator, _MANGLE + "release_param")
+        modules = list(self.leftovers.values())
+        self.leftovers.clear()
+        for module in reversed(modules):  # DeepSpeed pops its map last-in first-out
+            for p in set(iter_params(module, recurse=z3_leaf_module(module))):
+                p.ds_active_sub_modules.discard(module.ds_id)
+                if not getattr(p, "ds_persist", False) and not getattr(p, "is_external_param", False):
+                    before = p.ds_status
+                    release(p)
+                    self.stats["released_leftover"] += p.ds_status != before
 
     def drain(self) -> None:
         """Drop every hold and release what no one else keeps gathered."""
@@ -189,7 +221,13 @@ def install_release_policy(engine: Any) -> ReleasePolicyState:
     orig_reset = coord.reset_step
     orig_epilogue = opt.backward_epilogue
 
+    if not hasattr(coord, active_name):  # before 0.19.3: no epilogue drain of its own
+        state.leftovers = {}
+    leftovers = state.leftovers
+
     def fetch_sub_module(current_submodule, forward):
+        if not forward and leftovers is not None:
+            leftovers[id(current_submodule)] = current_submodule
         frozen = frozen_of.get(id(current_submodule)) if forward else None
         if not frozen or task_id() == -1:
             return orig_fetch(current_submodule, forward)
@@ -228,8 +266,11 @@ def install_release_policy(engine: Any) -> ReleasePolicyState:
                         p.ds_active_sub_modules.add(HOLD_ID)
                         entry[1].append(p)
                         state.stats["held"] += 1
-        elif mid in holds:
-            state.drop_holds(mid)
+        else:
+            if leftovers is not None:
+                leftovers.pop(mid, None)
+            if mid in holds:
+                state.drop_holds(mid)
         return orig_release(submodule, forward)
 
     def reset_step(*args, **kwargs):
@@ -241,6 +282,7 @@ def install_release_policy(engine: Any) -> ReleasePolicyState:
             return orig_epilogue(*args, **kwargs)
         finally:
             state.drain()
+            state.release_backward_leftovers()
 
     def record_output(module, inputs, output):
         if task_id() != -1:
