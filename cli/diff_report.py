@@ -11,7 +11,7 @@ import json
 import os
 from typing import Any
 
-from .atomic import replace_file
+from zerostate.atomic import replace_file
 
 
 def write_report(out_dir: str, result: dict[str, Any]) -> None:

@@ -14,7 +14,7 @@ from typing import Sequence
 
 from zerostate.model.events import Ev, Event
 
-from .atomic import replace_file
+from zerostate.atomic import replace_file
 from .canvas import Canvas
 
 WINDOW = 120

@@ -27,7 +27,7 @@ from zerostate.model.scenario import Scenario
 
 from . import pictures
 from .graph_picture import graph_picture
-from .atomic import replace_file
+from zerostate.atomic import replace_file
 from .report_md import render_markdown
 
 FORMAT = 1

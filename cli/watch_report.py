@@ -20,7 +20,7 @@ from zerostate import __version__
 from zerostate.model.events import Event
 from zerostate.specs import SPECS
 
-from .atomic import replace_file
+from zerostate.atomic import replace_file
 
 FORMAT = 1
 

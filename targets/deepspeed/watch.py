@@ -154,7 +154,7 @@ class WatchHandle:
         if not force and now - self._last_flush < 1.0:
             return
         self._last_flush = now
-        from zerostate.cli.atomic import replace_file
+        from zerostate.atomic import replace_file
         try:
             os.makedirs(self.out, exist_ok=True)
             replace_file(self.path, json.dumps(self.to_dict(), indent=1, default=str) + "\n")
