@@ -267,6 +267,11 @@ def test_hf_lora_checkpointing_job_clean_on_pinned_release_and_losses_unchanged(
     assert (tmp_path / "report" / "memory.svg").exists()
     _, _, plain = _hf(tmp_path, watched=False)
     assert res["losses"] == plain["losses"] and res["weights_sha256"] == plain["weights_sha256"]
+    # the same job with zerostate.WatchCallback in the Trainer: one engine watched, clean, losses unchanged
+    _, _, cb = _hf(tmp_path, "--watch-callback", watched=False)
+    assert cb["watch"] == {"engines": 1, "violations": [], "backwards": 3, "steps": 3,
+                           "summary": "0 violations in 3 backwards, 3 steps"}, cb.get("watch")
+    assert cb["losses"] == plain["losses"] and cb["weights_sha256"] == plain["weights_sha256"]
 
 
 def _release_enabled(version: str) -> bool:

@@ -167,8 +167,10 @@ def _weights_digest(engine: Any) -> str:
 
 
 def run(ckpt: str = "non_reentrant", runtime: bool = False, steps: int = 5, zero: dict | None = None,
-        measure: bool = False, device: str = "cpu", dtype: str = "fp32", out_dir: str | None = None) -> dict:
-    """Train the job in this process; returns the result record (error included, never raised)."""
+        measure: bool = False, device: str = "cpu", dtype: str = "fp32", out_dir: str | None = None,
+        callbacks: list | None = None) -> dict:
+    """Train the job in this process; returns the result record (error included, never raised).
+    ``callbacks``: HF ``TrainerCallback`` objects given to the ``Trainer`` (e.g. `zerostate.WatchCallback`)."""
     _setup_env(device)
     import tempfile
 
@@ -219,7 +221,7 @@ def run(ckpt: str = "non_reentrant", runtime: bool = False, steps: int = 5, zero
         max_steps=steps, learning_rate=1e-2, lr_scheduler_type="constant", warmup_steps=0, logging_steps=1,
         report_to=[], save_strategy="no", seed=0, data_seed=0, dataloader_num_workers=0, disable_tqdm=True,
         use_cpu=device == "cpu", bf16=dtype == "bf16", deepspeed=ds_config(zero, dtype))
-    trainer = _Trainer(model=model, args=args, train_dataset=_Tokens(steps * BATCH))
+    trainer = _Trainer(model=model, args=args, train_dataset=_Tokens(steps * BATCH), callbacks=callbacks)
     try:
         trainer.train()
         result["weights_sha256"] = _weights_digest(trainer.model_wrapped)
@@ -257,11 +259,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--measure", action="store_true", help="count frozen gathers / peak gathered elements")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     ap.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
+    ap.add_argument("--watch-callback", action="store_true",
+                    help="train with zerostate.WatchCallback() in the Trainer; its violations go into the result")
     ap.add_argument("--json", default=None, help="write the result here too")
     a = ap.parse_args(argv)
     if a.steps < 1:
         ap.error("--steps must be >= 1")
-    result = run(a.ckpt, a.runtime, a.steps, _parse_zero(a.zero), a.measure, a.device, a.dtype)
+    callbacks = None
+    if a.watch_callback:
+        from zerostate.targets.deepspeed.watch_hf import WatchCallback
+        callbacks = [WatchCallback()]
+    result = run(a.ckpt, a.runtime, a.steps, _parse_zero(a.zero), a.measure, a.device, a.dtype, callbacks=callbacks)
+    if callbacks:
+        cb = callbacks[0]
+        result["watch"] = {"engines": len(cb.handles), "violations": [v["spec"] for v in cb.violations],
+                           "backwards": sum(h.backwards for h in cb.handles),
+                           "steps": sum(h.steps for h in cb.handles), "summary": cb.summary()}
     text = json.dumps(result)
     if a.json:
         with open(a.json, "w") as f:
