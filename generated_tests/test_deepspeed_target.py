@@ -204,3 +204,18 @@ def test_repro_script_exits_1_while_the_bug_is_present(ds, tmp_path):
                           cwd=tmp_path)
     assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "BUG PRESENT (exception): IndexError" in proc.stdout
+
+
+@pytest.mark.deepspeed
+@pytest.mark.parametrize("steps", [
+    [{"eval_before": True, "micro": [{"backward": "engine", "skip": [0]}]}],
+    [{"micro": [{"backward": "engine"}, {"backward": "engine", "skip": [0]}]}],
+], ids=["after-eval", "gas2"])
+def test_branch_invalidation_at_an_untraced_container_is_called_for(ds, steps):
+    """A branch skipping blocks.0.norm: DeepSpeed invalidates its trace at the blocks.1 container's hook (not in
+    the event vocabulary), one hook before blocks.1.norm.  trace-consistent called that uncalled for (the retired
+    known issue spec-branch-after-eval-invalidates-trace); it must now hold -- and the invalidation must be there."""
+    sc = Scenario.from_dict({"blocks": [{"norm": "frozen", "lin": "unused"}, {}, {}], "stage": 3, "steps": steps})
+    out = ds.run(sc)
+    assert not [f for f in out.findings if f.check == "trace-consistent"], _fmt(out.findings)
+    assert any(getattr(e.kind, "value", e.kind) == "trace_state" and e.note == "INVALID" for e in out.trace)

@@ -197,25 +197,7 @@ Z3_UNGROUPED_NOT_GATHERED = KnownIssue(
             "parameters are never updated.  Observed, not yet traced to the coordinator line."),
 )
 
-SPEC_BRANCH_AFTER_EVAL = KnownIssue(
-    id="spec-branch-after-eval-invalidates-trace",
-    title="coordinator spec: a branch (skipped module) after an eval forward legitimately invalidates the ZeRO-3 "
-          "trace, but trace-consistent says the module order did not call for it",
-    owner="model",
-    releases=((0, 19, 8), (0, 20, 0)),
-    scenario=Scenario.from_dict({"blocks": [{"norm": "frozen", "lin": "unused"}, {}, {}], "stage": 3,
-                                 "steps": [{"eval_before": True, "micro": [{"backward": "engine", "skip": [0]}]}]}),
-    checks=("trace-consistent",),
-    explains=lambda f: f.check == "trace-consistent" and "did not call for it" in (f.error or "") and any(
-        m.skip for _, _, m in f.scenario.micro_steps()) and any(s.eval_before for s in f.scenario.steps),
-    detail=("The eval forward runs block 0's norm; the train forward's branch skips it, so DeepSpeed's recorded "
-            "module order no longer matches and it invalidates the trace -- correct behaviour.  The "
-            "trace-consistent spec (specs/coordinator_specs.py) does not count the eval forward's order as the "
-            "order to compare with, and reports the invalidation as uncalled for.  Found once `branches` was "
-            "drawn by default (issue 11); values agree with PyTorch.  To fix in the spec."),
-)
-
-SETUP_ISSUE_FIELDS: tuple[dict, ...] = (SPEC_BRANCH_AFTER_EVAL, Z3_UNGROUPED_NOT_GATHERED, TWO_BACKWARDS_PER_FORWARD, STEP_WITHOUT_GRADIENT, NESTED_OUTPUTS_SCALED_TWICE,
+SETUP_ISSUE_FIELDS: tuple[dict, ...] = (Z3_UNGROUPED_NOT_GATHERED, TWO_BACKWARDS_PER_FORWARD, STEP_WITHOUT_GRADIENT, NESTED_OUTPUTS_SCALED_TWICE,
                                         SHARED_ACROSS_REENTRANT, TRACER_ONDEMAND_FETCH)
 
 __all__ = ["SETUP_ISSUE_FIELDS"]
