@@ -58,6 +58,7 @@ def test_exploration_with_runtime_finds_nothing_new(release, tmp_path, monkeypat
     """
     from zerostate.targets.deepspeed.target import DeepSpeedTarget
     from zerostate.targets.explorer import explore
+    from zerostate.targets.grouping import group_key
 
     target, log = _target(tmp_path, monkeypatch, release)
     try:
@@ -71,8 +72,17 @@ def test_exploration_with_runtime_finds_nothing_new(release, tmp_path, monkeypat
     new, preexisting = {}, {}
     try:
         for f in res.findings:
-            keys = {g.key for g in stock.run(f.scenario).findings}
-            (preexisting if f.key in keys else new)[f.key] = f"{f.error.splitlines()[0]}\n{f.scenario.describe()}"
+            found = stock.run(f.scenario).findings
+            # Same finding: the same key, or the same root cause (`grouping.group_key`: the known DeepSpeed issue
+            # explaining both, else the exception and its message).  Where DeepSpeed raises "has already been
+            # reduced" depends on the engines an earlier example built in the same process (an order-dependent
+            # finding, issue 15); and on a known DeepSpeed bug the runtime may change the symptom -- two backwards
+            # of one forward on ZeRO-1/2 (two-backwards-per-forward): stock skips the first backward's epilogue and
+            # trains silently wrong, the runtime runs it and DeepSpeed then asserts "already been reduced".
+            same = f.key in {g.key for g in found} or group_key(f) in {group_key(g) for g in found}
+            (preexisting if same else new)[f.key] = (f"{f.error.splitlines()[0]}\n{f.scenario.describe()}\n"
+                                                     f"scenario: {f.scenario.to_json(None)}\n"
+                                                     f"stock: {sorted(g.key for g in found)}")
     finally:
         stock.close()
     print(f"DeepSpeed {target.version} with zerostate.runtime: {res.examples} runs, "
