@@ -41,42 +41,15 @@ from zerostate.model.events import Ev
 from zerostate.model.explore import run
 from zerostate.model.network import Network
 from zerostate.model.scenario import Checkpoint, ParamKind
+from zerostate.targets.deepspeed.agreement import coordinator_project
 from zerostate.targets.strategies import scenarios
 
 pytestmark = [pytest.mark.deepspeed]
 
-_MOD = (Ev.MODULE_PRE_FORWARD, Ev.MODULE_POST_FORWARD, Ev.MODULE_PRE_BACKWARD, Ev.MODULE_POST_BACKWARD)
-_PARAM = (Ev.FETCH, Ev.PREFETCH, Ev.RELEASE)
-_MARKS = (Ev.USER_BACKWARD_START, Ev.STEP, Ev.FORWARD_START, Ev.EVAL_FORWARD_START, Ev.EPILOGUE)
-
-
 def project(events, params, holders: bool = False) -> dict:
-    """Per parameter: ``(FETCH | PREFETCH | RELEASE, anchor)`` in order, anchor = the last module hook or
-    schedule mark before it.  An in-flight gather completing (FETCH note=inflight) is left out: the model
-    reports it, the tracer sees it only when the owner's own hook polls.  ``holders``: also the holder
-    count (``ds_active_sub_modules``, the zerostate hold included) at the end of each anchor where it
-    changed."""
-    out: dict = {p: [] for p in params}
-    count: dict = {p: 0 for p in params}
-    shown: dict = dict(count)
-    anchor = "start"
-
-    def flush():
-        for p in params:
-            if holders and count[p] != shown[p]:
-                out[p].append(("holders", count[p], anchor))
-                shown[p] = count[p]
-
-    for e in events:
-        if e.kind in _MOD or e.kind in _MARKS:
-            flush()
-            anchor = f"{e.kind.value}:{e.module}:{e.phase or ''}" if e.kind in _MOD else e.kind.value
-        elif e.kind in _PARAM and e.param in out and not (e.kind is Ev.FETCH and e.note == "inflight"):
-            out[e.param].append((e.kind.value, anchor))
-        elif e.kind is Ev.HOLDERS and e.param in out:
-            count[e.param] = e.value
-    flush()
-    return out
+    """Per parameter: (FETCH | PREFETCH | RELEASE, anchor) and, with ``holders``, the holder count where it
+    changed -- the model-agreement projection of the coordinator half (`agreement.coordinator_project`)."""
+    return coordinator_project(events, params, holders)
 
 
 def _runtime_target(site, release=None, runtime=True):
