@@ -360,6 +360,10 @@ class Tracer:
             return r
         return queue
 
+    def _leaf_module_of(self, param_name: str) -> str:
+        """The z3 leaf module whose backward hook handles ``param_name`` (the scenario's ``blocks.<i>``)."""
+        return ".".join(param_name.split(".")[:2])
+
     def _w_sink(self, f):
         def sink(param, *a, **k):
             task = self._task()
@@ -368,7 +372,7 @@ class Tracer:
             if frame.f_code.co_name in compat.LEAF_HOOK_FRAMES:
                 if frame is not self._leaf_frame:
                     self._leaf_frame = frame
-                    self.emit("leaf_hook", module=".".join(name.split(".")[:2]), task=task)
+                    self.emit("leaf_hook", module=self._leaf_module_of(name), task=task)
             else:
                 self.emit("grad_hook", param=name, task=task)
             self.emit("bucket_add", param=name)

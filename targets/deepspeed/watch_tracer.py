@@ -27,7 +27,6 @@ whose engine owns the parameter.
 from __future__ import annotations
 
 import functools
-import sys
 import threading
 
 import torch
@@ -344,23 +343,9 @@ class WatchTracer(Tracer):
             return f(params, *a, **k)
         return all_gather
 
-    def _w_sink(self, f):
-        def sink(param, *a, **k):
-            task = self._task()
-            name = self.param_names.get(id(param), "?")
-            frame = sys._getframe(2)
-            if frame.f_code.co_name in compat.LEAF_HOOK_FRAMES:
-                if frame is not self._leaf_frame:
-                    self._leaf_frame = frame
-                    self.emit("leaf_hook", module=self._leaf_of.get(name, name.rsplit(".", 1)[0]), task=task)
-            else:
-                self.emit("grad_hook", param=name, task=task)
-            self.emit("bucket_add", param=name)
-            self._bucket.add(name)
-            r = f(param, *a, **k)
-            self._flush()
-            return r
-        return sink
+    def _leaf_module_of(self, param_name: str) -> str:
+        """The user's z3 leaf module holding ``param_name`` (any depth), else the parameter's own module."""
+        return self._leaf_of.get(param_name, param_name.rsplit(".", 1)[0])
 
 
 __all__ = ["WatchTracer", "z3_leaf_modules"]
