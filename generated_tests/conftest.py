@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 
+import pytest
 from hypothesis import HealthCheck, Phase, settings
 
 _COMMON = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
@@ -34,3 +35,13 @@ def pytest_addoption(parser):
                     help="run the deepspeed target against a local DeepSpeed checkout")
     group.addoption("--world-size", action="store", type=int, default=1,
                     help="ranks for the deepspeed target (1 or 2)")
+
+
+@pytest.fixture
+def no_inherited_rendezvous(monkeypatch):
+    """For tests that launch DeepSpeed jobs as subprocesses (test_watch, test_hf_trainer): the jobs pick their own
+    free rendezvous port -- unless MASTER_PORT is set, and an earlier test that ran DeepSpeed inside this pytest
+    process (test_runtime_install) set it to the port its live process group still listens on: the job then fails
+    with EADDRINUSE.  Launch every job without it."""
+    for name in ("MASTER_PORT", "MASTER_ADDR", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)

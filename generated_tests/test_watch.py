@@ -26,16 +26,9 @@ import pytest
 
 from zerostate.model.events import E, Ev
 from zerostate.targets.deepspeed.watch_known import explain
-
-
-@pytest.fixture(autouse=True)
-def _no_inherited_rendezvous(monkeypatch):
-    """The jobs these tests launch pick their own free rendezvous port -- unless MASTER_PORT is set, and an
-    earlier test that ran DeepSpeed inside this pytest process (test_runtime_install) set it to the port its
-    live process group still listens on: the job then fails with EADDRINUSE.  Launch every job without it."""
-    for name in ("MASTER_PORT", "MASTER_ADDR", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
-        monkeypatch.delenv(name, raising=False)
 from zerostate.targets.deepspeed.watch_monitor import OnlineChecker
+
+pytestmark = pytest.mark.usefixtures("no_inherited_rendezvous")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 JOBS = os.path.join(HERE, "watch_jobs.py")
