@@ -1,11 +1,12 @@
-"""One rank of the rank pool (`ranks.RankPool`): a persistent JSON-lines worker at world size > 1.
+"""One rank of the rank pool (`rank_pool.RankPool`): a persistent JSON-lines worker at world size > 1.
 
 Started by the pool as ``python -m zerostate.targets.deepspeed.rank_worker`` with ``RANK``,
 ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT`` set (one rendezvous for the
 pool's lifetime: torch.distributed is initialised once, gloo on CPU, nccl on GPUs), in a session
 of its own, and dies with its parent (``PR_SET_PDEATHSIG``).  ``SIGUSR1`` makes it write the stack
 of every thread to ``$ZEROSTATE_STACKS`` (faulthandler; works while a thread is blocked in a
-collective).  The protocol is `worker`'s, plus one progress line per train step::
+collective).  The loop and the start-up are `worker_loop`'s; the protocol is `worker`'s, plus one
+progress line per train step::
 
     {"op": "hello"}                  -> {"ok": true, "deepspeed": ..., "rank": r, "world_size": n, ...}
     {"op": "run", "scenario": {...}} -> {"progress": "step", "step": i, "digests": {param: sha1}} per step,
@@ -25,12 +26,12 @@ from __future__ import annotations
 import ctypes
 import faulthandler
 import hashlib
-import json
 import os
 import signal
 import sys
 import time
-import traceback
+
+from .worker_loop import failure, open_protocol, serve, start_deepspeed
 
 PR_SET_PDEATHSIG = 1
 
@@ -60,7 +61,6 @@ def sync_state() -> dict[str, int]:
     different numbers of collectives in an example (one raised before a collective the other issued)
     are out of step: the next example's collectives would pair wrongly (garbage, not a DeepSpeed bug)."""
     try:
-        import torch.distributed as dist
         from torch.distributed import distributed_c10d as c10d
         out = {}
         for pg, name in list(c10d._world.pg_names.items()):
@@ -76,71 +76,39 @@ def sync_state() -> dict[str, int]:
 def main() -> int:
     die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's: it tears the pool down
-    proto = os.fdopen(os.dup(1), "w", buffering=1)
-    os.dup2(2, 1)
-    sys.stdout = sys.stderr
+    reply = open_protocol()
     stacks = os.environ.get("ZEROSTATE_STACKS")
     if stacks:
         faulthandler.register(signal.SIGUSR1, file=open(stacks, "a"), all_threads=True)
-
-    def reply(obj) -> None:
-        proto.write(json.dumps(obj) + "\n")
-        proto.flush()
-
     rank = int(os.environ.get("RANK", "0"))
     try:
-        from . import compat, net
-        import torch
-        if not torch.cuda.is_available():
-            os.environ.setdefault("DS_ACCELERATOR", "cpu")
-        import deepspeed
-        if not torch.cuda.is_available():
-            compat.skip_shm_comm_op()  # the shm op serves inference_all_reduce only; training uses gloo
-        net.setup_distributed()
-        torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+        hello = start_deepspeed(skip_shm_comm=True)
         from . import executor
+        import torch
         import torch.distributed as dist
         if os.environ.get("ZEROSTATE_RANK_WARMUP", "1") != "0":
             # One tiny ZeRO-3 example on every rank before the pool answers hello: the lazy imports of the
             # first deepspeed.initialize (seconds) must not count against the first example's step timeout.
             executor.execute({"blocks": [{"checkpoint": "non_reentrant"}], "stage": 3,
                               "steps": [{"micro": [{"backward": "engine"}]}]})
-        hello = {"ok": True, "deepspeed": deepspeed.__version__, "file": deepspeed.__file__,
-                 "torch": torch.__version__, "device": "cuda" if torch.cuda.is_available() else "cpu",
-                 "rank": dist.get_rank(), "world_size": dist.get_world_size(), "backend": dist.get_backend()}
+        hello.update(rank=dist.get_rank(), world_size=dist.get_world_size(), backend=dist.get_backend())
     except BaseException as exc:  # noqa: BLE001
-        hello = {"ok": False, "error": f"rank {rank}: {type(exc).__name__}: {exc}",
-                 "traceback": "".join(traceback.format_exc().splitlines(True)[-15:])}
-    for line in sys.stdin:
-        line = line.strip()
-        if not line:
-            continue
-        req = json.loads(line)
-        op = req.get("op")
-        if op == "exit":
-            break
-        if not hello.get("ok") or op == "hello":
-            reply(hello)
-            continue
-        if op == "run":
-            t0 = time.perf_counter()
-            stall = req.get("stall") or {}
-            if stall and int(stall.get("rank", -1)) == rank:
-                time.sleep(float(stall.get("seconds", 0)))
+        hello = failure(exc, f"rank {rank}: ")
 
-            def on_step(i, got):
-                reply({"progress": "step", "step": i, "digests": digests(got)})
-            try:
-                result = executor.execute(req["scenario"], on_step=on_step)
-                if req.get("unmatched") == rank:  # tests: one collective the other ranks never issue
-                    dist.all_reduce(torch.zeros(1), async_op=True)
-                reply({"ok": True, "result": result, "seconds": time.perf_counter() - t0, "sync": sync_state()})
-            except BaseException as exc:  # noqa: BLE001
-                reply({"ok": False, "error": f"rank {rank}: {type(exc).__name__}: {exc}",
-                       "traceback": "".join(traceback.format_exc().splitlines(True)[-15:])})
-        else:
-            reply({"ok": False, "error": f"unknown op {op!r}"})
-    return 0
+    def run(req: dict, reply) -> dict:
+        t0 = time.perf_counter()
+        stall = req.get("stall") or {}
+        if stall and int(stall.get("rank", -1)) == rank:
+            time.sleep(float(stall.get("seconds", 0)))
+
+        def on_step(i, got):
+            reply({"progress": "step", "step": i, "digests": digests(got)})
+        result = executor.execute(req["scenario"], on_step=on_step)
+        if req.get("unmatched") == rank:  # tests: one collective the other ranks never issue
+            dist.all_reduce(torch.zeros(1), async_op=True)
+        return {"ok": True, "result": result, "seconds": time.perf_counter() - t0, "sync": sync_state()}
+
+    return serve(hello, run, reply, error_prefix=f"rank {rank}: ")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,96 @@
+"""The JSON-lines worker loop and DeepSpeed start-up, shared by both worker processes.
+
+`worker` (world size 1, one process per target) and `rank_worker` (one process per rank of the rank
+pool) are the same program around this loop: they differ only in how they start (the rank worker dies
+with its parent, warms up, answers with its process group's rank) and in what a ``run`` request does
+besides ``executor.execute`` (the rank worker reports a checksum line per train step and its collective
+sequence numbers).  The protocol::
+
+    {"op": "hello"}                  -> the start-up answer (``{"ok": true, "deepspeed": ..., ...}``), or
+                                        ``{"ok": false, "error": ..., "traceback": ...}`` when DeepSpeed did
+                                        not import or initialise (that answer is given to every request)
+    {"op": "run", "scenario": {...}} -> ``run(request, reply)``'s answer (plus any lines it sends itself)
+    {"op": "exit"}                   -> (the loop returns)
+    anything else                    -> {"ok": false, "error": "unknown op ..."}
+
+One request per line on stdin, one answer per line on the protocol stream: the process's original
+stdout.  `open_protocol` moves file descriptor 1 onto stderr first, so everything DeepSpeed prints goes
+to the worker's log, never into the protocol.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+from typing import Any, Callable
+
+Reply = Callable[[dict], None]
+
+
+def open_protocol() -> Reply:
+    """Keep the original stdout as the protocol stream; send fd 1 (and ``sys.stdout``) to stderr.
+    Returns ``reply(obj)``: one JSON line on the protocol stream."""
+    proto = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)  # DeepSpeed's prints and logs go to stderr, never into the protocol
+    sys.stdout = sys.stderr
+
+    def reply(obj: dict) -> None:
+        proto.write(json.dumps(obj) + "\n")
+        proto.flush()
+    return reply
+
+
+def failure(exc: BaseException, prefix: str = "") -> dict:
+    """The answer for an exception: ``{"ok": false, "error": "<prefix>Type: message", "traceback": ...}``."""
+    return {"ok": False, "error": f"{prefix}{type(exc).__name__}: {exc}",
+            "traceback": "".join(traceback.format_exc().splitlines(True)[-15:])}
+
+
+def start_deepspeed(skip_shm_comm: bool) -> dict:
+    """Import DeepSpeed on CPU or CUDA and initialise torch.distributed once (gloo on CPU, nccl on CUDA)
+    from ``RANK`` / ``WORLD_SIZE`` / ``MASTER_ADDR`` / ``MASTER_PORT``.  Returns the hello fields every
+    worker sends: ``deepspeed``, ``file``, ``torch``, ``device``.  ``skip_shm_comm``: on CPU, skip building
+    DeepSpeed's shm communication op (it serves ``inference_all_reduce`` only; training uses gloo).
+    Raises whatever the import or the initialisation raised."""
+    from . import compat, net
+    import torch
+    if not torch.cuda.is_available():
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    import deepspeed
+    if skip_shm_comm and not torch.cuda.is_available():
+        compat.skip_shm_comm_op()
+    net.setup_distributed()
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))  # tiny tensors: threads only cost
+    return {"ok": True, "deepspeed": deepspeed.__version__, "file": deepspeed.__file__,
+            "torch": torch.__version__, "device": "cuda" if torch.cuda.is_available() else "cpu"}
+
+
+def serve(hello: dict, run: Callable[[dict, Reply], dict], reply: Reply, error_prefix: str = "") -> int:
+    """Answer requests from stdin until ``exit`` or end of input.  ``run(request, reply)`` returns the
+    answer to a ``run`` request; an exception it raises is answered as a failure (``error_prefix`` first:
+    the rank worker names its rank)."""
+    for line in sys.stdin:
+        line = line.strip()
+        if not line:
+            continue
+        req: dict[str, Any] = json.loads(line)
+        op = req.get("op")
+        if op == "exit":
+            break
+        if not hello.get("ok") or op == "hello":
+            reply(hello)
+            continue
+        if op == "run":
+            try:
+                answer = run(req, reply)
+            except BaseException as exc:  # noqa: BLE001 - report anything; the worker serves on
+                answer = failure(exc, error_prefix)
+            reply(answer)
+        else:
+            reply({"ok": False, "error": f"unknown op {op!r}"})
+    return 0
+
+
+__all__ = ["Reply", "failure", "open_protocol", "serve", "start_deepspeed"]
