@@ -29,7 +29,7 @@ from hypothesis import given, settings
 from zerostate.model.scenario import Scenario
 from zerostate.targets.base import get_target
 from zerostate.targets.deepspeed.known import KNOWN_ISSUES, explain
-from zerostate.targets.deepspeed.ranks import cross_rank_problems, per_step
+from zerostate.targets.deepspeed.cross_rank_checks import cross_rank_problems, per_step
 from zerostate.targets.strategies import scenarios
 
 pytestmark = pytest.mark.deepspeed

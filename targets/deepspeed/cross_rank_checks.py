@@ -1,0 +1,81 @@
+"""The cross-rank checks: what must agree between the ranks of one example (`cross_rank_problems`).
+
+Every rank runs the same scenario on its share of the global batch and reports its trace, its result
+and a checksum of every gathered parameter after each train step.  Compared with rank 0:
+
+* ``ranks-trace``   -- the same module trace (ZeRO-3 module hooks and recompute blocks, with their
+  phase) and the same parameter order (fetch / prefetch / release), train step by train step
+  (`per_step`);
+* ``ranks-params``  -- the gathered parameters agree, bit for bit, after every step;
+* ``ranks-outcome`` -- every rank finished, or every rank raised the same exception (check and origin);
+* ``oracle``        -- another rank's parameters differ from plain PyTorch while rank 0's agree.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+CROSS_CHECKS = ("ranks-trace", "ranks-params", "ranks-outcome")
+MODULE_KINDS = {"module_pre_forward", "module_post_forward", "module_pre_backward", "module_post_backward",
+                "recompute_start", "recompute_end"}
+PARAM_KINDS = {"fetch", "prefetch", "release"}
+
+
+def per_step(events: list[dict]) -> list[dict[str, list]]:
+    """Each train step's module trace and parameter order (the events up to and including its STEP)."""
+    out: list[dict[str, list]] = [{"modules": [], "params": []}]
+    for e in events:
+        k = e.get("kind")
+        if k in MODULE_KINDS:
+            out[-1]["modules"].append(f"{k} {e.get('module')} {e.get('phase') or ''}".strip())
+        elif k in PARAM_KINDS:
+            out[-1]["params"].append(f"{k} {e.get('param')}")
+        elif k == "step":
+            out.append({"modules": [], "params": []})
+    return out
+
+
+def _first_diff(a: list, b: list) -> tuple[int, Any, Any] | None:
+    for i in range(max(len(a), len(b))):
+        x = a[i] if i < len(a) else "(nothing)"
+        y = b[i] if i < len(b) else "(nothing)"
+        if x != y:
+            return i, x, y
+    return None
+
+
+def cross_rank_problems(ranks: list[dict]) -> dict[str, str]:
+    """Cross-rank check id -> what differs, comparing every rank with rank 0."""
+    out: dict[str, str] = {}
+    r0 = ranks[0]
+    res0 = r0.get("result") or {}
+    for rk in ranks[1:]:
+        res = rk.get("result") or {}
+        r = rk["rank"]
+        e0 = (res0.get("error_check"), res0.get("origin")) if res0.get("error") else None
+        e1 = (res.get("error_check"), res.get("origin")) if res.get("error") else None
+        if e0 != e1 and "ranks-outcome" not in out:
+            say = lambda e, x: (f"raised {x.get('error', '').splitlines()[0][:200]}" if e else  # noqa: E731
+                                f"finished {x.get('steps', 0)} train step(s)")
+            out["ranks-outcome"] = f"rank 0 {say(e0, res0)}; rank {r} {say(e1, res)}"
+        if "ranks-trace" not in out:
+            s0, s1 = per_step(res0.get("events") or []), per_step(res.get("events") or [])
+            for i in range(min(len(s0), len(s1))):
+                for what, label in (("modules", "module trace"), ("params", "parameter order")):
+                    d = _first_diff(s0[i][what], s1[i][what])
+                    if d is not None and "ranks-trace" not in out:
+                        out["ranks-trace"] = (f"train step {i}: the {label} differs at position {d[0]}: rank 0 "
+                                              f"saw {d[1]!r}, rank {r} saw {d[2]!r}")
+        if "ranks-params" not in out:
+            for i, (d0, d1) in enumerate(zip(r0.get("steps") or [], rk.get("steps") or [])):
+                bad = [n for n in d0 if d0.get(n) != d1.get(n)] + [n for n in d1 if n not in d0]
+                if bad:
+                    out["ranks-params"] = (f"after train step {i}: the gathered parameters differ between rank 0 "
+                                           f"and rank {r}: {', '.join(bad[:4])}{' ...' if len(bad) > 4 else ''}")
+                    break
+        if res.get("mismatch") and not res0.get("mismatch") and "oracle" not in out:
+            out["oracle"] = f"rank {r}: {res['mismatch']}"
+    return out
+
+
+__all__ = ["CROSS_CHECKS", "cross_rank_problems", "per_step"]

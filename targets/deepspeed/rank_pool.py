@@ -1,0 +1,246 @@
+"""The rank pool: ``world_size`` persistent rank processes sharing one torch.distributed process group.
+
+`RankPool` starts ``world_size`` rank processes (`rank_worker`) once per target, with one rendezvous
+(``MASTER_ADDR=127.0.0.1``, a free ``MASTER_PORT``; gloo on CPU, nccl on GPUs) that lives as long as the
+pool.  `RankPool.request` sends the *same* request to every rank and collects every rank's answer, with
+the per-train-step progress lines (parameter checksums) in between; it duck-types `target.Worker`, so
+`ranks.DeepSpeedRanksTarget` drives it as `DeepSpeedTarget` drives one worker.
+
+Hangs: a rank that sends nothing for ``timeout`` seconds (per train step: every step's report resets
+its clock) raises `RankTimeout`, whose message holds the stacks of the stuck ranks (``SIGUSR1`` ->
+faulthandler).  No rank outlives the run: each runs in a session of its own and is killed by process
+group (``killpg``) on close, on restart and at exit (``atexit``), and dies with its parent by
+``PR_SET_PDEATHSIG`` when the parent is killed outright.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from . import envs
+from .target import WorkerDied, WorkerTimeout
+
+_POOLS: "set[RankPool]" = set()
+"""Every pool not closed yet (a strong reference: ``atexit`` must find a pool whose target never finished
+constructing, e.g. Ctrl-C during start-up)."""
+
+
+def _close_all() -> None:
+    for pool in list(_POOLS):
+        pool.close(kill=True)
+
+
+atexit.register(_close_all)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class RankTimeout(WorkerTimeout):
+    """No report from a rank within the step timeout; the message holds the stuck ranks' stacks."""
+
+
+class _Rank:
+    def __init__(self, rank: int, env: dict[str, str], log_path: Path, stacks_path: Path, cwd: str):
+        self.rank, self.log_path, self.stacks_path = rank, log_path, stacks_path
+        self._log = open(log_path, "ab")
+        stacks_path.write_text("")
+        self.proc = subprocess.Popen([sys.executable, "-m", "zerostate.targets.deepspeed.rank_worker"],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, env=env,
+                                     cwd=cwd, start_new_session=True)
+        self.buf = b""
+
+    def send(self, obj: dict) -> None:
+        try:
+            self.proc.stdin.write((json.dumps(obj) + "\n").encode())
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            raise WorkerDied(f"rank {self.rank} exited (code {self.proc.poll()})") from None
+
+    def lines(self) -> list[dict]:
+        out = []
+        while b"\n" in self.buf:
+            line, self.buf = self.buf.split(b"\n", 1)
+            if line.strip():
+                out.append(json.loads(line))
+        return out
+
+    def signal_stacks(self) -> int | None:
+        """Ask for every thread's stack (faulthandler on SIGUSR1); the offset it will be written at."""
+        try:
+            start = self.stacks_path.stat().st_size
+            os.kill(self.proc.pid, signal.SIGUSR1)
+            return start
+        except OSError:
+            return None
+
+    def read_stacks(self, start: int | None) -> str:
+        if start is None:
+            return "(process gone)"
+        with open(self.stacks_path, "rb") as fh:
+            fh.seek(start)
+            return fh.read().decode(errors="replace").strip() or "(no stack written)"
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)  # the rank and anything it started
+            except OSError:
+                self.proc.kill()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:  # pragma: no cover
+            pass
+
+    def close_files(self) -> None:
+        for f in (self.proc.stdin, self.proc.stdout, self._log):
+            try:
+                f.close()
+            except Exception:
+                pass
+
+
+class RankPool:
+    """``world_size`` rank processes sharing one process group; duck-types `target.Worker`."""
+
+    def __init__(self, env: dict[str, str], world_size: int, log_path: Path):
+        self.world_size = world_size
+        self.log_path = log_path
+        cwd = envs.cache_root()
+        cwd.mkdir(parents=True, exist_ok=True)
+        port = str(free_port())
+        self.ranks: list[_Rank] = []
+        self._sel = selectors.DefaultSelector()
+        _POOLS.add(self)
+        try:
+            for r in range(world_size):
+                e = dict(env, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(world_size),
+                         LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=port,
+                         ZEROSTATE_PARENT_PID=str(os.getpid()),
+                         ZEROSTATE_STACKS=str(log_path.with_suffix(f".rank{r}.stacks")))
+                rk = _Rank(r, e, log_path.with_suffix(f".rank{r}.log"), log_path.with_suffix(f".rank{r}.stacks"),
+                           str(cwd))
+                self.ranks.append(rk)
+                self._sel.register(rk.proc.stdout, selectors.EVENT_READ, rk)
+        except BaseException:
+            self.close(kill=True)
+            raise
+
+    @property
+    def pids(self) -> list[int]:
+        return [rk.proc.pid for rk in self.ranks]
+
+    def log_tail(self, n: int = 3000) -> str:
+        parts = []
+        for rk in self.ranks:
+            try:
+                data = rk.log_path.read_bytes()[-max(n // self.world_size, 200):]
+            except OSError:
+                data = b""
+            parts.append(f"--- rank {rk.rank} log ---\n{data.decode(errors='replace')}")
+        return "\n".join(parts)
+
+    def request(self, obj: dict, timeout: float) -> dict:
+        """Send ``obj`` to every rank; wait for each rank's answer, allowing ``timeout`` seconds between
+        two reports of one rank.  Returns rank 0's answer (or the first failing rank's) with
+        ``"ranks": [{"rank", "ok", "result", "steps": [digests per step], "error"}, ...]``."""
+        for rk in self.ranks:
+            rk.send(obj)
+        now = time.monotonic()
+        last = {rk.rank: now for rk in self.ranks}
+        final: dict[int, dict] = {}
+        steps: dict[int, list[dict]] = {rk.rank: [] for rk in self.ranks}
+        while len(final) < len(self.ranks):
+            now = time.monotonic()
+            late = [rk for rk in self.ranks if rk.rank not in final and now - last[rk.rank] > timeout]
+            if late:
+                raise RankTimeout(self._hang_message(late, final, steps, timeout))
+            wait = min(timeout - (now - last[rk.rank]) for rk in self.ranks if rk.rank not in final)
+            for key, _ in self._sel.select(max(wait, 0.01)):
+                rk: _Rank = key.data
+                chunk = os.read(rk.proc.stdout.fileno(), 1 << 20)
+                if not chunk:
+                    try:
+                        rk.proc.wait(timeout=5)
+                    except subprocess.TimeoutExpired:
+                        pass
+                    raise WorkerDied(f"rank {rk.rank} exited (code {rk.proc.returncode}) while "
+                                     f"{len(final)} of {self.world_size} ranks had answered")
+                rk.buf += chunk
+                last[rk.rank] = time.monotonic()
+                for msg in rk.lines():
+                    if msg.get("progress") == "step":
+                        steps[rk.rank].append(msg.get("digests", {}))
+                    else:
+                        final[rk.rank] = msg
+        ranks = [{"rank": r, "ok": final[r].get("ok"), "result": final[r].get("result"), "steps": steps[r],
+                  "error": final[r].get("error")} for r in sorted(final)]
+        bad = [final[r] for r in sorted(final) if not final[r].get("ok")]
+        resp = dict(bad[0] if bad else final[0])
+        resp["ranks"] = ranks
+        syncs = [final[r].get("sync") for r in sorted(final)]
+        if obj.get("op") == "run" and (bad or any(s != syncs[0] for s in syncs[1:])):
+            resp["desync"] = "; ".join(f"rank {r}: {final[r].get('sync')}" for r in sorted(final)) if not bad else \
+                "a rank failed"
+        return resp
+
+    def _hang_message(self, late: list[_Rank], final: dict, steps: dict, timeout: float) -> str:
+        who = ", ".join(f"rank {rk.rank} (after {len(steps[rk.rank])} train step(s))" for rk in late)
+        done = ", ".join(f"rank {r}" for r in sorted(final)) or "none"
+        parts = [f"no report within {timeout:.0f} s from {who}; finished: {done}"]
+        starts = [rk.signal_stacks() for rk in late]
+        time.sleep(1.0)  # faulthandler writes from the signal handler, even inside a blocked collective
+        for rk, start in zip(late, starts):
+            parts.append(f"--- stacks of rank {rk.rank} (pid {rk.proc.pid}) ---\n{_trim(rk.read_stacks(start))}")
+        return "\n".join(parts)
+
+    def close(self, kill: bool = False) -> None:
+        if not kill:
+            for rk in self.ranks:
+                if rk.proc.poll() is None:
+                    try:
+                        rk.send({"op": "exit"})
+                    except WorkerDied:
+                        pass
+            deadline = time.monotonic() + 10
+            for rk in self.ranks:
+                try:
+                    rk.proc.wait(timeout=max(deadline - time.monotonic(), 0.1))
+                except subprocess.TimeoutExpired:
+                    pass
+        for rk in self.ranks:
+            rk.kill()
+            rk.close_files()
+        try:
+            self._sel.close()
+        except Exception:
+            pass
+        self.ranks = []
+        _POOLS.discard(self)
+
+
+def _trim(stack: str, keep: int = 30) -> str:
+    """faulthandler's dump, with zerostate's own thread frames first; at most ``keep`` lines per thread."""
+    out, n = [], 0
+    for ln in stack.splitlines():
+        if ln.startswith(("Thread", "Current thread")):
+            n = 0
+        n += 1
+        if n <= keep:
+            out.append(ln)
+    return "\n".join(out)
+
+
+__all__ = ["RankPool", "RankTimeout", "free_port"]
