@@ -49,3 +49,31 @@ def test_no_torch_or_deepspeed_below_the_targets():
 def test_designs_and_specs_implement_their_protocols():
     assert all(isinstance(d.coordinator, CoordinatorHalf) for d in designs().values())
     assert all(isinstance(s, Monitor) for s in SPECS.values())
+
+
+def test_target_kinds_register_themselves_and_base_imports_none_of_them():
+    import subprocess
+    import sys
+    base = ROOT / "targets" / "base.py"
+    local = {node.module for node in ast.walk(ast.parse(base.read_text()))
+             if isinstance(node, ast.ImportFrom) and node.level > 0}
+    assert not local, f"targets/base.py imports its kinds: {local}"
+    code = ("import sys, zerostate.targets.base as b; print(','.join(b.target_kinds())); "
+            "print(sorted(m for m in ('torch', 'deepspeed') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split("\n")
+    assert out[0].split(",") == ["model", "deepspeed"]
+    assert out[1] == "[]", "importing zerostate.targets imported torch or deepspeed"
+
+
+def test_get_target_checks_the_kind_and_its_options_before_building():
+    import pytest
+    from zerostate.targets.base import TargetError, get_target
+    for name, kw, match in (("nope", {}, "known targets: model, deepspeed"),
+                            ("model", {"deepspeed": "0.19.8"}, "apply to the deepspeed target"),
+                            ("model", {"design": "nope"}, "unknown design"),
+                            ("deepspeed", {"world_size": 3}, "world size 1 or 2"),
+                            ("deepspeed", {"design": "nope"}, "unknown design")):
+        with pytest.raises(TargetError, match=match):
+            get_target(name, **kw)
+    assert get_target("model").design_name == "zerostate"
+    assert get_target("model", design="ds-0.18.4").design_name == "ds-0.18.4"

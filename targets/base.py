@@ -10,7 +10,11 @@ A *target* turns a `Scenario` into a trace and findings::
 ``get_target(name, *, design=None, deepspeed=None, deepspeed_path=None, world_size=1)``
 raises `TargetError` (a ``ValueError``) *before anything runs* for an unknown target
 or design, an unsupported or uninstallable DeepSpeed version, or a
-``--deepspeed-path`` that does not import.
+``--deepspeed-path`` that does not import.  Target kinds are a registry: each kind's
+module calls `register(name, factory, validate)` (``model_target.py``: ``model``;
+``deepspeed/kind.py``: ``deepspeed``), ``zerostate.targets`` imports those modules
+(cheaply: no torch, no DeepSpeed), and `get_target` runs the kind's ``validate`` and
+then its ``factory``.  This module imports none of its kinds.
 
 `Finding` fields: ``check`` (a spec id, ``oracle``, ``exception``, ``hang``,
 ``saved-tensor-intact``, ``model-agreement``, ...), ``error`` (text), ``scenario``,
@@ -29,7 +33,7 @@ the same bug: the explorer reports one per key.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Callable, Protocol, runtime_checkable
 
 from zerostate.model.events import Event
 from zerostate.model.scenario import Scenario
@@ -142,32 +146,50 @@ def spec_findings(events: list[Event], scenario: Scenario, target: str, version:
     return out
 
 
-def get_target(name: str, *, design: str | None = None, deepspeed: str | None = None,
-               deepspeed_path: str | None = None, world_size: int = 1, **options: Any) -> Target:
-    """Build a target; every configuration error is raised here, before any scenario runs."""
-    if name == "model":
-        if deepspeed or deepspeed_path:
-            raise TargetError("--deepspeed / --deepspeed-path apply to the deepspeed target, not the model")
-        from .model_target import ModelTarget
-        return ModelTarget(design or "zerostate")
-    if name == "deepspeed":
-        if deepspeed and deepspeed_path:
-            raise TargetError("give --deepspeed VERSION or --deepspeed-path DIR, not both")
-        if world_size not in (1, 2):
-            raise TargetError(f"the deepspeed target runs world size 1 or 2 (asked for {world_size})")
-        if design is not None:
-            from zerostate.model.designs import UnknownDesignError, get_design
-            try:
-                get_design(design)
-            except UnknownDesignError as exc:
-                raise TargetError(str(exc)) from None
-        if world_size == 2:
-            from .deepspeed.ranks import DeepSpeedRanksTarget
-            return DeepSpeedRanksTarget(world_size=world_size, deepspeed=deepspeed, deepspeed_path=deepspeed_path,
-                                        design=design, **options)
-        from .deepspeed.target import DeepSpeedTarget
-        return DeepSpeedTarget(deepspeed=deepspeed, deepspeed_path=deepspeed_path, design=design, **options)
-    raise TargetError(f"unknown target {name!r}; known targets: model, deepspeed")
+@dataclass(frozen=True)
+class TargetKind:
+    """One kind of target in the registry: its ``name``, a ``validate(**options)`` that raises
+    `TargetError` for a bad configuration without starting anything, and the ``factory(**options)``
+    that builds it (it may import heavy modules: it runs only after ``validate`` passed)."""
+
+    name: str
+    factory: Callable[..., Target]
+    validate: Callable[..., None]
 
 
-__all__ = ["Finding", "Outcome", "Target", "TargetError", "get_target", "spec_findings"]
+_KINDS: dict[str, TargetKind] = {}
+
+
+def register(name: str, factory: Callable[..., Target], validate: Callable[..., None]) -> None:
+    """Add a target kind (each kind's module registers itself; ``zerostate.targets`` imports them)."""
+    _KINDS[name] = TargetKind(name, factory, validate)
+
+
+def target_kinds() -> tuple[str, ...]:
+    return tuple(_KINDS)
+
+
+def known_design(design: str) -> None:
+    """`TargetError` unless ``design`` names a model design."""
+    from zerostate.model.designs import UnknownDesignError, get_design
+    try:
+        get_design(design)
+    except UnknownDesignError as exc:
+        raise TargetError(str(exc)) from None
+
+
+def get_target(name: str, **options: Any) -> Target:
+    """Build a target; every configuration error is raised here, before any scenario runs.
+
+    ``options``: ``design``, ``deepspeed``, ``deepspeed_path``, ``world_size`` and the kind's own
+    keywords; options left at None are not passed on."""
+    kind = _KINDS.get(name)
+    if kind is None:
+        raise TargetError(f"unknown target {name!r}; known targets: {', '.join(_KINDS)}")
+    options = {k: v for k, v in options.items() if v is not None}
+    kind.validate(**options)
+    return kind.factory(**options)
+
+
+__all__ = ["Finding", "Outcome", "Target", "TargetError", "TargetKind", "get_target", "register", "spec_findings",
+           "target_kinds"]

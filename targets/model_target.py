@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import time
 
+from typing import Any
+
 from zerostate.model.designs import UnknownDesignError, get_design
 from zerostate.model.scenario import Scenario
 
-from .base import Outcome, TargetError, spec_findings
+from .base import Outcome, TargetError, known_design, register, spec_findings
 
 
 class ModelTarget:
@@ -38,4 +40,19 @@ class ModelTarget:
         pass
 
 
-__all__ = ["ModelTarget"]
+def validate(*, deepspeed: str | None = None, deepspeed_path: str | None = None, design: str | None = None,
+             **_: Any) -> None:
+    """The model kind's options: a design; no DeepSpeed release (``world_size`` is ignored)."""
+    if deepspeed or deepspeed_path:
+        raise TargetError("--deepspeed / --deepspeed-path apply to the deepspeed target, not the model")
+    if design is not None:
+        known_design(design)
+
+
+def build(*, design: str = "zerostate", **_: Any) -> ModelTarget:
+    return ModelTarget(design)
+
+
+register("model", build, validate)
+
+__all__ = ["ModelTarget", "build", "validate"]
