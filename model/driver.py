@@ -145,7 +145,8 @@ def backward_dag(net: Network, outer: int, first_nested: int, kind: str,
                 frontier = b.chain([E(Ev.UNPACK, param=p, module=f"blocks.{i}", note="use") for p in g.saved_live],
                                    frontier)
             if net.is_leaf(i):
-                frontier = b.chain([E(Ev.LEAF_HOOK, module=g.module, task=task)], frontier)
+                if net.leaf_hook_params(i):  # DeepSpeed hooks only leaf modules with optimizer parameters
+                    frontier = b.chain([E(Ev.LEAF_HOOK, module=g.module, task=task)], frontier)
             else:
                 hooked = [p for p in g.params if net.params[p].kind is ParamKind.TRAINABLE]
                 if hooked and serial:

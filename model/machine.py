@@ -75,9 +75,9 @@ class Ctx:
         return len(reach) + self.net.leaf_module_count
 
     def leaf_params(self, module: str | None) -> tuple[str, ...]:
-        """Trainable params of leaf block ``module`` (``blocks.{i}``)."""
+        """The parameters leaf block ``module``'s (``blocks.{i}``) backward hook handles."""
         i = int(str(module).split(".")[1])
-        return self.net.hooked_params(i)
+        return self.net.leaf_hook_params(i)
 
 
 def initial_state(design: "Design", net: Network) -> ModelState:

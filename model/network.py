@@ -245,10 +245,22 @@ class Network:
         """The backward made inside forward by the fused head reaches only the head's weight."""
         return frozenset({HEAD_WEIGHT}) if self.scenario.fused_head else frozenset()
 
+    def leaf_hook_params(self, i: int) -> tuple[str, ...]:
+        """What z3 leaf block i's backward hook (stage3.py ``reduce_leaf_module_grads``) handles: every
+        optimizer parameter under the block -- ``requires_grad`` and in a parameter group
+        (``self.leaf_parameters[module]``) -- used or not (an unused one gets ``param.grad =
+        zeros_like(param)``).  Empty: the block has no optimizer parameter, so DeepSpeed registers no
+        hook for it and does not count it."""
+        if not self.is_leaf(i) or not self.scenario.blocks[i].in_optimizer:
+            return ()
+        return tuple(p for sub in SUBMODULES for p in self.module(f"blocks.{i}.{sub}").params
+                     if self.params[p].kind is not ParamKind.FROZEN)
+
     @property
     def leaf_module_count(self) -> int:
-        """ZeRO-3 adds the number of leaf modules to every expected-hook count (stage3.py)."""
-        return len(self.leaf_blocks())
+        """ZeRO-3 adds ``len(self.leaf_parameters)`` to every expected-hook count (stage3.py): the z3 leaf
+        modules that have optimizer parameters (an all-frozen leaf block has no hook and adds nothing)."""
+        return sum(1 for i in self.leaf_blocks() if self.leaf_hook_params(i))
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,10 @@ from ..base import Finding
 from . import compat
 
 
+PINNED = "0.19.8"
+"""The release the ``explore`` extra pins; each issue's `KnownIssue.keys` were measured on it."""
+
+
 @dataclass(frozen=True)
 class KnownIssue:
     id: str
@@ -34,6 +38,9 @@ class KnownIssue:
     """The first DeepSpeed release without it; None while no release fixes it."""
     upstream_patch: str | None = None
     """A proposed fix checked by ``zerostate diff`` (docs/upstream/), when there is one."""
+    keys: tuple[str, ...] = ()
+    """The finding keys (`Finding.key`) its scenario gives on the pinned release (`PINNED`):
+    ``test_known_issue`` requires exactly these there (other releases word exceptions differently)."""
 
     def affects(self, version: str | None) -> bool:
         if not version:
@@ -53,10 +60,6 @@ def _no_gradient_at_all(sc: Scenario) -> bool:
     return sc.stage in (1, 2) and not sc.fused_head and not any(net.hooked_params(i) for i in range(len(sc.blocks)))
 
 
-def _has_leaf(sc: Scenario) -> bool:
-    return sc.stage == 3 and any(b.leaf for b in sc.blocks)
-
-
 Z3_LEAF_INPUT_NO_GRAD = KnownIssue(
     id="z3-leaf-input-without-grad",
     title="ZeRO-3: a z3 leaf module whose input does not require grad reduces its gradients too early",
@@ -65,6 +68,7 @@ Z3_LEAF_INPUT_NO_GRAD = KnownIssue(
     scenario=Scenario.from_dict({"blocks": [{"leaf": True}], "input_requires_grad": False, "stage": 3,
                                  "steps": [{"micro": [{"backward": "engine"}]}]}),
     checks=("exception",),
+    keys=("exception:RuntimeError@runtime.engine.backward",),
     upstream_patch="docs/upstream/z3-leaf-input-without-grad/",
     explains=lambda f: f.check in ("exception", "oracle") and _leaf_input_without_grad(f.scenario),
     detail=("stage3.py registers reduce_leaf_module_grads as the leaf module's full backward hook.  When no "
@@ -85,34 +89,16 @@ ZERO12_NO_GRADIENT = KnownIssue(
     scenario=Scenario.from_dict({"blocks": [{"norm": "unused", "lin": "unused"}], "stage": 1,
                                  "steps": [{"micro": [{"backward": "engine"}]}]}),
     checks=("exception",),
+    keys=("exception:IndexError@runtime.zero.stage_1_and_2.reduce_ipg_grads",),
     upstream_patch="docs/upstream/zero12-backward-without-gradients/",
-    explains=lambda f: _no_gradient_at_all(f.scenario),
+    # the epilogue's IndexError (engine.backward, or a PyTorch-style backward's hook) or step()'s KeyError
+    explains=lambda f: f.check == "exception" and _no_gradient_at_all(f.scenario) and (
+        "IndexError" in f.error or "KeyError" in f.error),
     detail=("stage_1_and_2.py sets up its ipg bucket buffers lazily in process_gradients (the gradient "
             "hook).  If no hook fires in a backward (every trainable parameter unused; the loss depends on "
             "the input only), the epilogue's reduce_ipg_grads indexes bucket.buffer[bucket.index] of an "
             "empty list: IndexError.  With a PyTorch-style backward no epilogue runs at all and step() "
             "fails in scaled_global_norm with KeyError: 0.  ZeRO-3 handles the same schedule."),
-)
-
-MODEL_LEAF_HOOK = KnownIssue(
-    id="model-z3-leaf-hook-params",
-    title="model: which parameters a z3 leaf module's backward hook handles, and which leaf modules count",
-    owner="model",
-    releases=((0, 18, 4), (0, 20, 0)),
-    scenario=Scenario.from_dict({"blocks": [{"leaf": True, "lin": "unused"}], "stage": 3,
-                                 "steps": [{"micro": [{"backward": "engine"}]}]}),
-    checks=("model-agreement",),
-    # the hook half only: a coordinator disagreement ("coordinator: ...") is never this gap
-    explains=lambda f: f.check == "model-agreement" and _has_leaf(f.scenario) and not f.error.startswith(
-        "coordinator:"),
-    detail=("DeepSpeed's reduce_leaf_module_grads handles *every* optimizer parameter of the leaf module "
-            "(unused ones get param.grad = zeros_like(param)), fires whenever the module's backward runs "
-            "(also when no parameter of it is used), and leaf_module_count counts only leaf modules that "
-            "have optimizer parameters (an all-frozen leaf module has no hook and adds nothing to the "
-            "expected count).  zerostate.model handles only the used trainable parameters "
-            "(Ctx.leaf_params / Network.hooked_params) and counts every leaf block "
-            "(Network.leaf_module_count): the real trace handles more parameters, and with 0.18.4's "
-            "countdown the epilogue timing differs."),
 )
 
 def _leaf_without_backward(sc: Scenario) -> bool:
@@ -131,6 +117,7 @@ Z3_LEAF_KEPT_GATHERED = KnownIssue(
                                  "input_requires_grad": False, "stage": 3,
                                  "steps": [{"micro": [{"backward": "engine"}]}, {"micro": [{"backward": "engine"}]}]}),
     checks=("released-after-backward",),
+    keys=("released-after-backward:still-gathered",),
     upstream_patch="docs/upstream/z3-leaf-kept-gathered/",
     explains=lambda f: f.check == "released-after-backward" and _leaf_without_backward(f.scenario),
     detail=("partitioned_param_coordinator.py __params_to_release (every release from 0.18.4 to 0.19.8) scans "
@@ -165,6 +152,7 @@ Z3_KEPT_FOR_REUSE_THEN_BRANCH = KnownIssue(
                                  "steps": [{"micro": [{"backward": "engine"}]},
                                            {"micro": [{"backward": "engine", "skip": [0]}], "eval_before": True}]}),
     checks=("released-after-backward",),
+    keys=("released-after-backward:still-gathered",),
     explains=lambda f: f.check == "released-after-backward" and _kept_then_branch(f.scenario),
     detail=("partitioned_param_coordinator.py (0.19.2 and 0.19.8 source; measured on 0.19.8): with a COMPLETE "
             "trace, __params_to_release keeps a parameter whose module is recorded again within "
@@ -178,8 +166,11 @@ Z3_KEPT_FOR_REUSE_THEN_BRANCH = KnownIssue(
             "predicts it at DeepSpeed's default reuse distance (issue 10)."),
 )
 
-KNOWN_ISSUES: tuple[KnownIssue, ...] = (Z3_KEPT_FOR_REUSE_THEN_BRANCH, Z3_LEAF_INPUT_NO_GRAD, ZERO12_NO_GRADIENT, Z3_LEAF_KEPT_GATHERED,
-                                        MODEL_LEAF_HOOK) + SETUP_ISSUES
+KNOWN_ISSUES: tuple[KnownIssue, ...] = (Z3_KEPT_FOR_REUSE_THEN_BRANCH, Z3_LEAF_INPUT_NO_GRAD, ZERO12_NO_GRADIENT,
+                                        Z3_LEAF_KEPT_GATHERED) + SETUP_ISSUES
+# Retired: ``model-z3-leaf-hook-params`` (the model's leaf-hook gap, issue 10): the model now handles every
+# optimizer parameter of a z3 leaf module in its hook and counts only leaf modules with optimizer
+# parameters (`Network.leaf_hook_params`), as stage3.py's ``reduce_leaf_module_grads`` does.
 
 
 def explain(f: Finding) -> KnownIssue | None:
@@ -217,5 +208,5 @@ def is_seed_002(f: Finding) -> bool:
 SEED_BUGS = {"0.18.4": ("seed 000 part 1", is_seed_000_part1), "0.18.6": ("seed 000 part 2", is_seed_000_part2),
              "0.19.2": ("seed 002", is_seed_002)}
 
-__all__ = ["KNOWN_ISSUES", "KnownIssue", "SEED_BUGS", "explain", "is_seed_000_part1", "is_seed_000_part2",
+__all__ = ["KNOWN_ISSUES", "KnownIssue", "PINNED", "SEED_BUGS", "explain", "is_seed_000_part1", "is_seed_000_part2",
            "is_seed_002"]

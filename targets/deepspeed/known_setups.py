@@ -76,6 +76,7 @@ SHARED_ACROSS_REENTRANT = KnownIssue(
     scenario=Scenario.from_dict({"blocks": [{"checkpoint": "reentrant"}], "stage": 2, "tie": True,
                                  "steps": [{"micro": [{"backward": "engine"}]}]}),
     checks=("exception", "grad-handled-once"),
+    keys=("exception:AssertionError@runtime.zero.stage_1_and_2.reduce_ipg_grads", "grad-handled-once:handled-twice"),
     explains=lambda f: _shared_across_reentrant(f.scenario) and f.check in (
         "exception", "grad-handled-once", "epilogue-once", "clean-step", "released-after-backward",
         "trace-consistent", "oracle"),
@@ -100,6 +101,7 @@ TRACER_ONDEMAND_FETCH = KnownIssue(
     scenario=Scenario.from_dict({"blocks": [{}], "stage": 3, "external": True,
                                  "steps": [{"micro": [{"backward": "engine"}]}]}),
     checks=("trace-consistent",),
+    keys=("trace-consistent:prefetch-from-stale-trace",),
     explains=lambda f: f.check == "trace-consistent" and _tied_into_leaf(f.scenario),
     detail=("The root module uses block 0's Linear weight itself (external), or block 0 is a z3 leaf module so "
             "its Linear has no ZeRO-3 hooks of its own and is applied again after the blocks (tie): DeepSpeed "
@@ -120,6 +122,7 @@ TWO_BACKWARDS_PER_FORWARD = KnownIssue(
     releases=((0, 19, 8), (0, 20, 0)),  # observed on the pinned release; older ones not explored yet
     scenario=Scenario.from_dict({"stage": 1, "steps": [{"micro": [{"backward": "engine", "retain": True}]}]}),
     checks=("oracle",),
+    keys=("oracle",),
     explains=lambda f: _retains(f.scenario),
     detail=("engine.backward(0.5 * loss, retain_graph=True) then engine.backward(0.5 * loss) (or loss.backward "
             "twice) in one micro-step.  ZeRO-1/2: the gradients are copied, not accumulated, into the partition "
@@ -143,6 +146,7 @@ STEP_WITHOUT_GRADIENT = KnownIssue(
     scenario=Scenario.from_dict({"stage": 3, "steps": [{"micro": [{"backward": "engine"}]},
                                                        {"idle": True, "micro": [{"backward": "engine"}]}]}),
     checks=("exception",),
+    keys=("exception:TypeError@runtime.zero.stage3.get_grad_norm_direct",),
     explains=lambda f: f.check in ("exception", "clean-step", "epilogue-once", "oracle") and (
         any(s.idle for s in f.scenario.steps) or _frozen_step_without_gradient(f.scenario)),
     detail=("A train step that skips its batches (no forward, no backward: a data-dependent skip, an empty "
@@ -165,6 +169,7 @@ NESTED_OUTPUTS_SCALED_TWICE = KnownIssue(
     scenario=Scenario.from_dict({"stage": 1, "outputs": "tuple", "losses": 2,
                                  "steps": [{"micro": [{"backward": "torch"}, {"backward": "torch"}]}]}),
     checks=("oracle",),
+    keys=("oracle",),
     explains=lambda f: f.check == "oracle" and _nested_outputs_pytorch_backward(f.scenario),
     detail=("engine.forward registers register_output_backward_hooks on *every* tensor of the output "
             "structure (runtime/utils.py OutputBackwardHookManager._traverse_and_register_hooks), and each "
@@ -186,6 +191,7 @@ Z3_UNGROUPED_NOT_GATHERED = KnownIssue(
     scenario=Scenario.from_dict({"blocks": [{"in_optimizer": False}, {}], "stage": 3, "input_requires_grad": False,
                                  "steps": [{"micro": [{"backward": "torch"}]}]}),
     checks=("available-when-used",),
+    keys=("available-when-used:unavailable-in-backward",),
     explains=lambda f: f.check == "available-when-used" and f.scenario.stage == 3 and any(
         not b.in_optimizer for b in f.scenario.blocks),
     detail=("Block 0's parameters require grad but the client optimizer was given only block 1's (a common "
