@@ -90,11 +90,11 @@ def run(args: argparse.Namespace) -> int:
         this, others = ([found[0]] if found else []), found[1:]
     else:
         this = [f for f in found if api.f_check(f) == want]
-        this.sort(key=lambda f: getattr(f, "key", None) != key)  # the same key first
+        this.sort(key=lambda f: f.key != key)  # the same key first
         others = [f for f in found if api.f_check(f) != want]
         passed = not this
         check, error = (want, api.f_error(this[0])) if this else (None, "")
-    same_key = bool(this) and key is not None and getattr(this[0], "key", None) == key
+    same_key = bool(this) and key is not None and this[0].key == key
     if args.out:
         _report(args, who, outcome)
     where = f"model design {who['design']}" if args.target == "model" else f"DeepSpeed {who['deepspeed']}"

@@ -11,11 +11,12 @@ from typing import Any, Callable
 
 from zerostate.model.events import Event
 from zerostate.model.scenario import Scenario
+from zerostate.targets.base import Finding, Outcome, Target, get_target
 
 from .common import CliError, need
 
 
-def target(args: Any) -> Any:
+def target(args: Any) -> Target:
     """The target named by ``--target`` / ``--design`` / ``--deepspeed`` / ``--deepspeed-path``."""
     kw: dict[str, Any] = {"design": getattr(args, "design", None)}
     if args.target == "model":
@@ -34,7 +35,6 @@ def target(args: Any) -> Any:
             check_requested(args.deepspeed)
         kw.update(deepspeed=args.deepspeed, deepspeed_path=args.deepspeed_path,
                   world_size=getattr(args, "world_size", 1))
-    base = need("zerostate.targets.base", f"--target {args.target}")
     if args.target == "deepspeed":
         from .progress import note
         what = (f"DeepSpeed {args.deepspeed}" if args.deepspeed else
@@ -42,7 +42,7 @@ def target(args: Any) -> Any:
         note(f"starting {what} on CPU or GPU (a release's first use installs it and builds its comm op: "
              "a few minutes)")
     try:
-        return base.get_target(args.target, **{k: v for k, v in kw.items() if v is not None})
+        return get_target(args.target, **{k: v for k, v in kw.items() if v is not None})
     except CliError:
         raise
     except (KeyError, ValueError, ImportError, RuntimeError, OSError) as exc:
@@ -51,86 +51,62 @@ def target(args: Any) -> Any:
         raise CliError(lines[0] if lines else type(exc).__name__) from None
 
 
-def close(t: Any) -> None:
-    closer = getattr(t, "close", None)
-    if closer:
-        closer()
+def close(t: Target) -> None:
+    t.close()
 
 
-def describe_target(t: Any) -> dict[str, Any]:
-    return {"target": getattr(t, "name", type(t).__name__),
-            "deepspeed": getattr(t, "version", None) or getattr(t, "deepspeed_version", None),
-            "design": getattr(t, "design_name", None) or getattr(getattr(t, "design", None), "name", None)}
+def describe_target(t: Target) -> dict[str, Any]:
+    """What a report says of the target: its kind, the DeepSpeed release (None for the model), the design."""
+    return {"target": t.name, "deepspeed": t.version, "design": t.design.name}
 
 
-def explore(t: Any, examples: int, seed: int | None, on_finding: Callable[[Any], None],
+def explore(t: Target, examples: int, seed: int | None, on_finding: Callable[[Finding], None],
             on_progress: Callable[..., None], **options: Any) -> Any:
     """``options``: the explorer's other keywords (``on_restart``, ``confirm``)."""
     mod = need("zerostate.targets.explorer", "zerostate explore")
     return mod.explore(t, examples=examples, seed=seed, on_finding=on_finding, on_progress=on_progress, **options)
 
 
-def run_scenario(t: Any, scenario: Scenario) -> Any:
-    """One scenario on one target: an outcome with ``ok`` / ``check`` / ``error``."""
+def run_scenario(t: Target, scenario: Scenario) -> Outcome:
+    """One scenario on one target."""
     return t.run(scenario)
 
 
 # ------------------------------------------------------------------ findings
-def f_check(f: Any) -> str:
-    return str(_get(f, "check", "spec", default="?"))
+def f_check(f: Finding) -> str:
+    return f.check
 
 
-def f_error(f: Any) -> str:
-    return str(_get(f, "error", "message", default=""))
+def f_error(f: Finding) -> str:
+    return f.error
 
 
-def f_scenario(f: Any) -> Scenario:
-    sc = _get(f, "scenario")
-    return sc if isinstance(sc, Scenario) else Scenario.from_dict(sc)
+def f_scenario(f: Finding) -> Scenario:
+    return f.scenario
 
 
-def f_events(f: Any) -> list[Event] | None:
-    ev = _get(f, "events")
-    if ev is None:
-        trace = _get(f, "trace")
-        ev = getattr(trace, "events", trace)
-    if ev is None:
-        return None
-    return [e if isinstance(e, Event) else Event.from_dict(e) for e in ev]
+def f_events(f: Finding) -> list[Event] | None:
+    return f.trace
 
 
-def f_violation(f: Any) -> int | None:
-    v = _get(f, "index", "event_index", "violation_index")
-    return v if isinstance(v, int) else None
+def f_violation(f: Finding) -> int | None:
+    return f.index
 
 
-def findings(o: Any) -> list[Any]:
+def findings(o: Outcome) -> list[Finding]:
     """An outcome's findings; a run that raised with no finding becomes an ``exception`` finding."""
-    found = list(_get(o, "findings", default=[]) or [])
-    error = _get(o, "error")
-    if not found and error:
-        found.append({"check": "exception", "error": str(error), "scenario": _get(o, "scenario"),
-                      "events": _get(o, "trace")})
+    found = list(o.findings)
+    if not found and o.error:
+        found.append(Finding("exception", str(o.error), o.scenario, list(o.trace)))
     return found
 
 
-def outcome(o: Any) -> tuple[bool, str | None, str]:
+def outcome(o: Outcome) -> tuple[bool, str | None, str]:
     """``(passed, failing check or None, reason)`` of one run's outcome."""
-    bad = _get(o, "findings", "violations", default=None) or []
-    first = bad[0] if bad else None
-    check = _get(o, "check") or (f_check(first) if first is not None else None)
-    error = _get(o, "error", "message") or (f_error(first) if first is not None else "")
-    ok = _get(o, "ok", "passed")
-    passed = bool(ok) if ok is not None else not (bad or check or error)
-    return passed, (None if passed else check), str(error or "")
-
-
-def _get(obj: Any, *names: str, default: Any = None) -> Any:
-    for n in names:
-        v = obj.get(n) if isinstance(obj, dict) else getattr(obj, n, None)
-        if v is not None:
-            return v
-    return default
+    first = o.findings[0] if o.findings else None
+    error = o.error or (first.error if first is not None else "")
+    passed = first is None and not error
+    return passed, (None if passed else first.check if first is not None else None), str(error or "")
 
 
 __all__ = ["close", "describe_target", "explore", "f_check", "f_error", "f_events", "f_scenario", "f_violation", "findings",

@@ -33,10 +33,14 @@ the same bug: the explorer reports one per key.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Callable, Protocol, runtime_checkable
 
+from zerostate.model.designs import Design
 from zerostate.model.events import Event
 from zerostate.model.scenario import Scenario
+
+if TYPE_CHECKING:
+    from .confirm import Confirmation
 
 
 _SINGLE_KEY = frozenset({"oracle", "model-agreement", "hang", "crash", "internal", "exception"})
@@ -71,6 +75,8 @@ class Finding:
     """For ``exception`` findings: ``ExcType@module.function`` where DeepSpeed raised."""
     code: str = ""
     """For spec findings: the violation's code inside its spec (``hook-after-epilogue``), from the monitor."""
+    confirmation: Confirmation | None = None
+    """explore: its replay in a fresh worker before hand-over (`targets.confirm`); None until then."""
 
     @property
     def key(self) -> str:
@@ -124,7 +130,11 @@ class Outcome:
 @runtime_checkable
 class Target(Protocol):
     name: str
+    """The kind: ``model`` or ``deepspeed``."""
     version: str | None
+    """The DeepSpeed release it runs (None for the model)."""
+    design: Design
+    """The model design: the one run (model target) or the one its traces are compared with (deepspeed)."""
 
     def run(self, scenario: Scenario) -> Outcome: ...
 
