@@ -1,12 +1,17 @@
 """``zerostate explore``: explore real DeepSpeed (or a model design) and write a report.
 
-Each finding is written to the report as soon as it is found; Ctrl-C keeps them.
+Each finding is written to the report as soon as it is found, unshrunk (the first example with its
+key), then rewritten under the same number with its shrunk, confirmed scenario; Ctrl-C keeps them.
+The default budget is examples only (repeatable: the same command finds the same findings on every
+run); ``--time-budget`` is opt-in and a run it cuts says so (it is not repeatable).  ``--jobs N``
+runs the examples on N workers (rank pools at world size 2) at once; the findings do not depend on N.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from typing import Any
@@ -20,7 +25,8 @@ from .progress import Progress
 from .repro import repro_for
 
 DEFAULT_EXAMPLES = 200
-DEFAULT_TIME_BUDGET = 300.0
+DEFAULT_TIME_BUDGET = 0.0
+"""No time budget by default: a run cut by the clock stops at a clock-dependent example (issue 15)."""
 
 
 class _OutOfTime(StopExploring):
@@ -45,8 +51,12 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--examples", type=positive_int, default=DEFAULT_EXAMPLES, metavar="N",
                    help=f"examples per search (default {DEFAULT_EXAMPLES})")
     p.add_argument("--time-budget", type=non_negative_float, default=DEFAULT_TIME_BUDGET, metavar="SECONDS",
-                   help=f"stop exploring after this long (default {DEFAULT_TIME_BUDGET:.0f}; 0: no limit); "
-                        "replaying findings in a fresh worker to confirm them is not counted")
+                   help="stop exploring after this long (default: none, the examples alone bound the run, "
+                        "which makes it repeatable; a run the clock cuts is not); replaying findings in a "
+                        "fresh worker to confirm them is not counted")
+    p.add_argument("--jobs", type=positive_int, default=None, metavar="N",
+                   help="workers at once (rank pools at world size 2; default: the CPUs there are); "
+                        "the findings are the same whatever N")
     p.add_argument("--seed", type=int, default=None, metavar="N",
                    help="Hypothesis seed (default: a fixed seed, 0: the same examples every run)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -63,10 +73,13 @@ def run(args: argparse.Namespace) -> int:
     if args.target == "model" and args.design:
         design(args.design)
     target = api.target(args)
+    jobs = args.jobs or os.cpu_count() or 1
+    if args.target == "model":
+        jobs = 1  # a pure function in this process: workers would only share its one interpreter
     who = api.describe_target(target)
     column = column_of(args, who)
     report = Report(args.out, "explore", {**who, "examples": args.examples, "seed": args.seed,
-                                          "time_budget": args.time_budget or None,
+                                          "time_budget": args.time_budget or None, "jobs": jobs,
                                           "command_line": "zerostate " + " ".join(sys.argv[1:])},
                     columns=[column], specs=SPECS, replay_args=_replay_args(args))
     progress = Progress("explore")
@@ -74,19 +87,36 @@ def run(args: argparse.Namespace) -> int:
     counts = {"examples": 0, "confirming": 0.0}
     t0 = time.monotonic()
 
-    def on_finding(f: Any) -> None:
+    number: dict[str, int] = {}  # finding key -> its number in the report
+
+    def on_finding(f: Any, update: bool = False) -> None:
+        key = f.get("key") if isinstance(f, dict) else getattr(f, "key", None)
+        unshrunk = getattr(f, "shrunk", True) is False and not update
         rec = record_of(f, who)
+        if unshrunk:
+            rec.confirmation = None  # handed over at once: shrinking and the replay in a fresh worker follow
         sc = rec.scenario
         counts["confirming"] += (rec.confirmation or {}).get("seconds", 0.0)
-        entry = report.add_finding(rec, column=column)
+        n = number.get(key) if update else None
+        entry = report.add_finding(rec, column=column, replace=n)
+        entry["shrunk"] = getattr(f, "shrunk", True)
+        if entry["shrunk"] is False:
+            entry["stage"] = "unshrunk" if unshrunk else "as seen"
         tags = _annotate(f)  # known issue and root-cause group (targets/grouping.py)
-        if tags:
-            entry.update(tags)
-            report.flush()
-        findings.append({"check": rec.check, "error": rec.error, "blocks": len(sc.blocks),
-                         "steps": len(sc.steps), "scenario": sc.to_dict(),
-                         "confirmation": (rec.confirmation or {}).get("status"), **tags})
+        entry.update(tags)
+        report.flush()
+        summary = {"check": rec.check, "error": rec.error, "blocks": len(sc.blocks),
+                   "steps": len(sc.steps), "scenario": sc.to_dict(), "shrunk": entry["shrunk"],
+                   "confirmation": (rec.confirmation or {}).get("status"), **tags}
+        if n:
+            findings[n - 1] = summary
+        else:
+            findings.append(summary)
+            number[key] = len(findings)
         progress.update(counts["examples"], len(findings), force=True)
+
+    def on_update(f: Any) -> None:
+        on_finding(f, update=True)
 
     def on_progress(examples: int, *_: Any, **__: Any) -> None:
         counts["examples"] = examples
@@ -99,9 +129,12 @@ def run(args: argparse.Namespace) -> int:
 
     status = "complete"
     try:
-        api.explore(target, args.examples, args.seed, on_finding, on_progress, on_restart=report.add_restart)
+        spawn = (lambda: api.target(args)) if jobs > 1 else None
+        api.explore(target, args.examples, args.seed, on_finding, on_progress, on_restart=report.add_restart,
+                    on_update=on_update, jobs=jobs, spawn=spawn)
     except _OutOfTime:
-        report.data["run"]["stopped"] = "time budget spent"
+        report.data["run"]["stopped"] = ("time budget spent: the clock chose the last example, so this run is "
+                                         "not repeatable")
     except KeyboardInterrupt:
         status = "interrupted"
     finally:
@@ -121,6 +154,10 @@ def run(args: argparse.Namespace) -> int:
               f"{summary['seconds']:.0f}s{' (interrupted)' if status != 'complete' else ''}"
               f"{' (time budget spent)' if report.data['run'].get('stopped') else ''}. "
               f"Report: {args.out}/report.md")
+        if report.data["run"].get("stopped"):
+            print(f"the time budget ({args.time_budget:g} s) cut this run: which examples ran depends on the "
+                  "clock, so another run may find other findings (without --time-budget the examples "
+                  "alone bound the run)")
         rel = report.data["reliability"]
         print(f"reliability: {rel['confirmed']}/{rel['reported']} confirmed by replay in a fresh worker, "
               f"{rel['order_dependent']} order-dependent, {rel['intermittent']} intermittent, "

@@ -95,12 +95,15 @@ class Report:
         row["results"][column] = result
 
     def add_finding(self, rec: FindingRecord, column: str | None = None,
-                    replay_args: str | None = None) -> dict[str, Any]:
+                    replay_args: str | None = None, replace: int | None = None) -> dict[str, Any]:
+        """Write a finding; ``replace=n`` rewrites finding ``n`` instead (explore hands a finding over
+        unshrunk at once, then its shrunk, confirmed scenario under the same number)."""
         with _sigint_deferred():  # Ctrl-C lands after the finding is on disk, never halfway
-            return self._add_finding(rec, column, replay_args)
+            return self._add_finding(rec, column, replay_args, replace)
 
-    def _add_finding(self, rec: FindingRecord, column: str | None, replay_args: str | None) -> dict[str, Any]:
-        n = len(self.data["findings"]) + 1
+    def _add_finding(self, rec: FindingRecord, column: str | None, replay_args: str | None,
+                     replace: int | None = None) -> dict[str, Any]:
+        n = replace or len(self.data["findings"]) + 1
         entry: dict[str, Any] = {
             "n": n, "check": rec.check, "error": rec.error, "design": rec.design, "where": rec.where,
             "blocks": len(rec.scenario.blocks), "steps": len(rec.scenario.steps),
@@ -127,9 +130,16 @@ class Report:
         entry["replay_release"] = f"{replay} --deepspeed {release}" if release else None
         self._repro(rec, n, entry)
         self._pictures(rec, n, entry)
-        self.data["findings"].append(entry)
+        if replace:
+            for name in set(self.data["findings"][n - 1]["files"].values()) - set(entry["files"].values()):
+                with contextlib.suppress(OSError):
+                    os.unlink(os.path.join(self.dir, name))
+            self.data["findings"][n - 1] = entry
+        else:
+            self.data["findings"].append(entry)
         self.set_result(rec.check, column or self.data["columns"][0], "violated")
-        self.data["specs"][rec.check]["findings"].append(n)
+        if n not in self.data["specs"][rec.check]["findings"]:
+            self.data["specs"][rec.check]["findings"].append(n)
         if "reliability" in self.data:
             self.data["reliability"] = _reliability(self.data["findings"], self.data["reliability"]["restarts"])
         self.flush()

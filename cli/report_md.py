@@ -64,11 +64,20 @@ def _reliability(rel: dict[str, Any] | None) -> list[str]:
     return out
 
 
+def _scenario_title(f: dict[str, Any]) -> str:
+    """explore hands a finding over unshrunk first (``shrunk: false``), then rewrites it shrunk; a finding
+    the budget or a stop left as seen says so."""
+    if f.get("shrunk") is False:
+        return ("Scenario (unshrunk: the first example found; shrinking and confirming follow):"
+                if f.get("stage") == "unshrunk" else "Scenario (as seen, not shrunk: the run ended first):")
+    return "Scenario (shrunk):"
+
+
 def _finding(f: dict[str, Any]) -> list[str]:
     n, files = f["n"], f["files"]
     who = f" on `{f['design']}`" if f.get("design") else f" on {f['where']}" if f.get("where") else ""
     out = [f'<a id="finding-{n}"></a>', f"### Finding {n}: `{f['check']}`{who}", "",
-           *_known(f), "```text", f["error"].strip(), "```", "", "Scenario (shrunk):", "", "```text", f["description"], "```", ""]
+           *_known(f), "```text", f["error"].strip(), "```", "", _scenario_title(f), "", "```text", f["description"], "```", ""]
     if f.get("confirmation"):
         c = f["confirmation"]
         rate = f" ({c['hits']} of {c['repeat']} runs)" if c.get("repeat") else ""

@@ -64,9 +64,11 @@ while shrinking has none) and ``seconds_to`` (finding key -> seconds until hande
 
 from __future__ import annotations
 
+import queue
+import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from hypothesis import HealthCheck, Phase, Verbosity, given, settings
 from hypothesis import seed as hseed
@@ -87,9 +89,11 @@ class ExploreResult:
     generated_at: dict[str, int] = field(default_factory=dict)
     """Finding key -> position, in the deterministic generation sequence, of the first example with it."""
     seconds_to: dict[str, float] = field(default_factory=dict)
-    """Finding key -> seconds from the start until it was handed over (shrunk)."""
+    """Finding key -> seconds from the start until it was first handed over (unshrunk)."""
     restarts: list[dict] = field(default_factory=list)
     """Worker restarts during exploring: ``{"example": n, "why": text}`` (n: the distinct run after which)."""
+    seconds_final: dict[str, float] = field(default_factory=dict)
+    """Finding key -> seconds from the start until its final (shrunk, confirmed) finding was handed over."""
 
     @property
     def reliability(self) -> dict:
@@ -184,32 +188,258 @@ def _candidates(sc: Scenario):
             yield sc.with_(**{k: getattr(d, k)})
 
 
+LANE = 50
+"""Generated examples per lane: the generated sequence is cut into lanes of this many distinct scenarios,
+each run in order in a worker started fresh for it, whatever ``jobs`` is -- so every example runs after
+the same examples, and an example whose outcome depends on what ran before it in the worker (state
+carried over, issue 15) has the same outcome with one job or eight."""
+
+
+class _Abort(BaseException):
+    """Ends the drawing thread of `generated` (a BaseException: Hypothesis re-raises it at once)."""
+
+
+def generated(strategy: Any, examples: int, seed: int | None) -> Iterator[Scenario]:
+    """The first ``examples`` scenarios of the deterministic generation sequence of ``seed`` (duplicates
+    included, in order): what every search of `explore` replays.  Drawing runs no target: a test that never
+    fails makes Hypothesis generate exactly the sequence a failing search generates up to its failure.
+    Drawn in a thread, a little ahead of the consumer (so ``examples`` may be huge); closing the iterator
+    ends the drawing."""
+    q: queue.Queue = queue.Queue(maxsize=2 * LANE)
+    halt = threading.Event()
+    done = object()
+
+    def put(item: Any) -> None:
+        while not halt.is_set():
+            try:
+                q.put(item, timeout=0.2)
+                return
+            except queue.Full:
+                continue
+        raise _Abort()
+
+    @settings(max_examples=examples, database=None, deadline=None, derandomize=False, phases=[Phase.generate],
+              suppress_health_check=list(HealthCheck), verbosity=Verbosity.quiet)
+    @given(strategy)
+    def draw(sc: Scenario) -> None:
+        put(sc)
+
+    def produce() -> None:
+        try:
+            hseed(DEFAULT_SEED if seed is None else seed)(draw)()
+            put(done)
+        except _Abort:
+            pass
+        except BaseException as exc:  # noqa: BLE001 - handed to the consumer
+            try:
+                put(exc)
+            except _Abort:
+                pass
+
+    th = threading.Thread(target=produce, daemon=True, name="explore-draw")
+    th.start()
+    try:
+        while True:
+            try:
+                item = q.get(timeout=0.5)
+            except queue.Empty:
+                if not th.is_alive():
+                    return
+                continue
+            if item is done:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        halt.set()
+        th.join(timeout=10)
+
+
+def _lanes(workers: list, lanes: Iterator[list[Scenario]], stop_flag: threading.Event, fresh_first: list[bool]):
+    """Run ``lanes`` on ``workers``: each lane in order, in a worker started fresh for it; yields
+    ``(worker index, scenario, outcome or exception, the worker's restart count after it)`` in the order
+    the runs end, and ``(worker index, None, "fresh", count)`` when a worker starts a lane.  One worker: inline, in
+    the caller's thread (Ctrl-C lands between runs as before); several: one thread per worker."""
+    def fresh(wid: int) -> None:
+        if fresh_first[wid]:
+            f = getattr(workers[wid], "fresh", None)
+            if f is not None:
+                f()
+        fresh_first[wid] = True
+
+    def count(wid: int) -> int:
+        return int(getattr(workers[wid], "restarts", 0) or 0)
+
+    if len(workers) == 1:
+        for lane in lanes:
+            if stop_flag.is_set():
+                return
+            fresh(0)
+            yield 0, None, "fresh", count(0)
+            for sc in lane:
+                if stop_flag.is_set():
+                    return
+                try:
+                    out: Any = workers[0].run(sc)
+                except Exception as exc:
+                    out = exc
+                yield 0, sc, out, count(0)
+        return
+    take = threading.Lock()
+    results: queue.Queue = queue.Queue()
+
+    def work(wid: int) -> None:
+        try:
+            while not stop_flag.is_set():
+                with take:  # lanes are handed out in order
+                    lane = next(lanes, None)
+                if lane is None:
+                    return
+                try:
+                    fresh(wid)
+                except Exception as exc:
+                    results.put((wid, None, exc, 0))
+                    return
+                results.put((wid, None, "fresh", count(wid)))
+                for sc in lane:
+                    if stop_flag.is_set():
+                        return
+                    try:
+                        out = workers[wid].run(sc)
+                    except Exception as exc:
+                        results.put((wid, sc, exc, 0))
+                        return
+                    results.put((wid, sc, out, count(wid)))
+        finally:
+            results.put((wid, None, None, 0))  # this worker is done
+
+    threads = [threading.Thread(target=work, args=(w,), daemon=True, name=f"explore-job-{w}")
+               for w in range(len(workers))]
+    for t in threads:
+        t.start()
+    live = len(threads)
+    try:
+        while live:
+            try:
+                item = results.get(timeout=0.5)
+            except queue.Empty:
+                continue
+            if item[2] is None:
+                live -= 1
+                continue
+            yield item
+    finally:
+        stop_flag.set()
+        for t in threads:
+            t.join()
+
+
 def explore(target: Target, *, examples: int, seed: int | None = None,
             on_finding: Callable[[Finding], None] | None = None,
             on_progress: Callable[[int, int, float], None] | None = None,
             strategy: Any = None, stop: Callable[[list[Finding]], bool] | None = None,
             polish: bool = True, confirm: bool = True,
-            on_restart: Callable[[dict], None] | None = None) -> ExploreResult:
+            on_restart: Callable[[dict], None] | None = None,
+            on_update: Callable[[Finding], None] | None = None,
+            jobs: int = 1, spawn: Callable[[], Target] | None = None) -> ExploreResult:
     from . import confirm as confirming
     from .strategies import scenarios
     strat = strategy if strategy is not None else scenarios()
     do_polish = polish
     t0 = time.perf_counter()
     memo: dict[str, Outcome] = {}
-    reported: dict[str, Finding] = {}
-    seen: dict[str, Finding] = {}       # check -> smallest finding seen (for leftovers)
+    handed: dict[str, Finding] = {}      # key -> the finding as handed over (unshrunk, then final)
+    final: set[str] = set()              # keys whose finding is final (shrunk, confirmed)
+    seen: dict[str, Finding] = {}        # key -> smallest finding seen
     first_seen: dict[str, int] = {}
     generated_at: dict[str, int] = {}
-
     seconds_to: dict[str, float] = {}
+    seconds_final: dict[str, float] = {}
     cap = hard_cap(examples)
-    runlog: list[Scenario] = []          # every scenario the worker ran, in order
-    epoch = [0]                          # index in runlog of the worker's last (re)start
-    ran_at: dict[str, tuple[int, int]] = {}  # memo key -> (its worker's start, its own index) in runlog
     restarts: list[dict] = []
     do_confirm = [confirm]
+    queue_keys: list[str] = []           # keys to shrink, in order
 
-    def polish(f: Finding) -> Finding:
+    workers: list[Any] = [target]
+    extra: list[Any] = []
+    if jobs > 1 and spawn is not None:
+        made: list[Any] = [None] * (jobs - 1)
+        errors: list[BaseException] = []
+
+        def make(i: int) -> None:
+            try:
+                made[i] = spawn()
+            except BaseException as exc:  # noqa: BLE001 - re-raised below
+                errors.append(exc)
+        ths = [threading.Thread(target=make, args=(i,), daemon=True) for i in range(jobs - 1)]
+        for th in ths:
+            th.start()
+        for th in ths:
+            th.join()
+        extra = [m for m in made if m is not None]
+        if errors:
+            for m in extra:
+                _close(m)
+            raise errors[0]
+        workers += extra
+
+    def close_extra() -> None:
+        while len(workers) > 1:
+            _close(workers.pop())
+
+    logs: list[list[Scenario]] = [[] for _ in workers]   # per worker: every scenario it ran, in order
+    starts = [0] * len(workers)                          # per worker: index in its log of its last fresh start
+    ran_at: dict[str, tuple[int, int, int]] = {}         # memo key -> (worker, its start, its index)
+
+    def restarts_of(w: Any) -> int:
+        return int(getattr(w, "restarts", 0) or 0)
+
+    def record(wid: int, sc: Scenario, out: Outcome, restarted: bool) -> None:
+        """A distinct run's outcome: memoised, logged in its worker's history, its new keys handed over at once."""
+        key = sc.to_json(None)
+        memo[key] = out
+        logs[wid].append(sc)
+        ran_at[key] = (wid, starts[wid], len(logs[wid]) - 1)
+        if restarted:  # the next example in this worker starts in a fresh one
+            starts[wid] = len(logs[wid])
+            why = out.details.get("pool_restarted") or next(
+                (f"{f.check}: {f.error.strip().splitlines()[0][:160]}" for f in out.findings
+                 if f.check in ("hang", "crash")), "the worker was restarted")
+            restarts.append({"example": len(memo), "why": why})
+            if on_restart is not None:
+                on_restart(restarts[-1])
+        for f in out.findings:
+            first_seen.setdefault(f.key, len(memo))
+            if f.key not in seen or f.size < seen[f.key].size:
+                seen[f.key] = f
+            if f.key not in handed:  # new: hand it over now, unshrunk; shrinking and confirming follow
+                f.shrunk = False
+                f.confirmation = confirming.Confirmation("not-checked")
+                handed[f.key] = f
+                queue_keys.append(f.key)
+                seconds_to[f.key] = time.perf_counter() - t0
+                if on_finding is not None:
+                    on_finding(f)
+        if on_progress is not None:
+            on_progress(len(memo), len(handed), time.perf_counter() - t0)
+
+    def run(sc: Scenario) -> Outcome:
+        """One scenario on worker 0 (shrinking, polishing), memoised."""
+        key = sc.to_json(None)
+        out = memo.get(key)
+        if out is None:
+            if len(memo) >= cap:
+                raise _BudgetSpent()
+            before = restarts_of(workers[0])
+            try:
+                out = workers[0].run(sc)
+            except Exception as exc:  # the target broke (e.g. its worker cannot restart): stop, loudly
+                raise _TargetBroken(exc) from exc
+            record(0, sc, out, restarts_of(workers[0]) != before)
+        return out
+
+    def polished(f: Finding) -> Finding:
         """Greedy, deterministic simplification after Hypothesis: Hypothesis minimises its choice sequence,
         which need not be the simplest scenario (a ZeRO-3 scenario draws more choices than a ZeRO-1 one);
         keep any one-step simplification that keeps the finding's key."""
@@ -230,75 +460,39 @@ def explore(target: Target, *, examples: int, seed: int | None = None,
                     break
         return best
 
-    def restarts_of() -> int:
-        return int(getattr(target, "restarts", 0) or 0)
-
     def confirmed(f: Finding) -> Finding:
         if not do_confirm[0]:
             f.confirmation = confirming.Confirmation("not-checked")
             return f
-        start, idx = ran_at.get(f.scenario.to_json(None), (0, 0))
-        before = restarts_of()
-        c = confirming.confirm(target, f.key, f.scenario, runlog[start:idx])
-        runlog.extend(c.last_run)  # the worker now holds the last try's runs, from a fresh start
-        epoch[0] = len(runlog) - len(c.last_run)
-        if restarts_of() != before:
-            epoch[0] = len(runlog)
+        wid, start, idx = ran_at.get(f.scenario.to_json(None), (0, 0, 0))
+        before = restarts_of(workers[0])
+        c = confirming.confirm(workers[0], f.key, f.scenario, logs[wid][start:idx])
+        logs[0].extend(c.last_run)  # worker 0 now holds the last try's runs, from a fresh start
+        starts[0] = len(logs[0]) - len(c.last_run)
+        if restarts_of(workers[0]) != before:
+            starts[0] = len(logs[0])
         f.confirmation = c
         return f
 
-    def emit(f: Finding) -> None:
-        if do_polish:
+    def finalise(f: Finding, shrink: bool) -> None:
+        """The final finding of its key: polished (when ``shrink``), confirmed, handed over as an update."""
+        if shrink and do_polish:
             try:
-                f = polish(f)
+                f = polished(f)
             except _BudgetSpent:
                 pass
         f = confirmed(f)
-        reported[f.key] = f
-        seconds_to[f.key] = time.perf_counter() - t0
-        if on_finding is not None:
-            on_finding(f)
+        f.shrunk = shrink
+        handed[f.key] = f
+        final.add(f.key)
+        seconds_final[f.key] = time.perf_counter() - t0
+        if on_update is not None:
+            on_update(f)
 
-    def run(sc: Scenario) -> Outcome:
-        key = sc.to_json(None)
-        out = memo.get(key)
-        if out is None:
-            if len(memo) >= cap:
-                raise _BudgetSpent()
-            before = restarts_of()
-            try:
-                out = target.run(sc)
-            except Exception as exc:  # the target broke (e.g. its worker cannot restart): stop, loudly
-                raise _TargetBroken(exc) from exc
-            memo[key] = out
-            runlog.append(sc)
-            ran_at[key] = (epoch[0], len(runlog) - 1)
-            if restarts_of() != before:  # the next example starts in a fresh worker
-                epoch[0] = len(runlog)
-                why = out.details.get("pool_restarted") or next(
-                    (f"{f.check}: {f.error.strip().splitlines()[0][:160]}" for f in out.findings
-                     if f.check in ("hang", "crash")), "the worker was restarted")
-                restarts.append({"example": len(memo), "why": why})
-                if on_restart is not None:
-                    on_restart(restarts[-1])
-            for f in out.findings:
-                first_seen.setdefault(f.key, len(memo))
-                if f.key not in seen or f.size < seen[f.key].size:
-                    seen[f.key] = f
-            if on_progress is not None:
-                on_progress(len(memo), len(reported), time.perf_counter() - t0)
-        return out
-
-    def search(want: str | None = None) -> Scenario | None:
-        """One Hypothesis search: fails on a finding key not reported yet (or on ``want`` only)."""
-        final: list[Scenario] = []
-        known = frozenset(reported)
-        calls = {"n": 0, "failed": False}
-
-        def interesting(out: Outcome) -> bool:
-            if want is not None:
-                return any(f.key == want for f in out.findings)
-            return any(f.key not in known for f in out.findings)
+    def search(want: str) -> Scenario | None:
+        """One Hypothesis search replaying the generation sequence (memoised: free) up to the first
+        example with ``want``, then shrinking it on worker 0."""
+        final_sc: list[Scenario] = []
 
         @settings(max_examples=examples, database=None, deadline=None, derandomize=False,
                   phases=[Phase.generate, Phase.shrink], report_multiple_bugs=False, print_blob=False,
@@ -306,77 +500,117 @@ def explore(target: Target, *, examples: int, seed: int | None = None,
         @given(strat)
         def probe(sc: Scenario) -> None:
             out = run(sc)
-            if not calls["failed"]:
-                calls["n"] += 1
-                for f in out.findings:  # every search replays the same prefix: keep the first position
-                    generated_at[f.key] = min(generated_at.get(f.key, calls["n"]), calls["n"])
             if current_build_context().is_final:
-                final.append(sc)
-            if interesting(out):
-                calls["failed"] = True
+                final_sc.append(sc)
+            if any(f.key == want for f in out.findings):
                 raise _NewCheck(sc)
 
         probe = hseed(DEFAULT_SEED if seed is None else seed)(probe)
         try:
             probe()
         except _NewCheck:
-            return final[-1] if final else None
+            return final_sc[-1] if final_sc else None
         return None
 
-    unfindable: set[str] = set()
-    budget_spent = stopped = False
+    stopped = False
+    stop_flag = threading.Event()
     try:
-        while True:
+        try:
+            # ---- 1. generate: the deterministic sequence, run in lanes on the workers, new keys handed over
+            position: dict[str, int] = {}  # scenario -> its first position in the generated sequence
+            stream = generated(strat, examples, seed)
+
+            def lanes_of() -> Iterator[list[Scenario]]:
+                lane: list[Scenario] = []
+                for i, sc in enumerate(stream, 1):
+                    k = sc.to_json(None)
+                    if k in position:
+                        continue
+                    position[k] = i
+                    lane.append(sc)
+                    if len(lane) == LANE:
+                        yield lane
+                        lane = []
+                if lane:
+                    yield lane
+
+            lanes = lanes_of()
+            fresh_first = [bool(getattr(w, "examples", 0)) for w in workers]
+            before = [restarts_of(w) for w in workers]
+            gen = _lanes(workers, lanes, stop_flag, fresh_first)
             try:
-                sc = search()
-            except _BudgetSpent:
-                break
-            if sc is None:
-                break
-            new = [f for f in memo[sc.to_json(None)].findings if f.key not in reported]
-            if not new:
-                break
-            for f in new:
-                emit(f)
-            if stop is not None and stop(list(reported.values())):
-                stopped = True
-                break
-            # keys seen in other examples (several findings at once, or a shrink candidate): a search of
-            # their own, so each is shrunk for itself; one never generated within the budget waits
-            for key in sorted(set(seen) - set(reported) - unfindable):
-                try:
-                    sc2 = search(want=key)
-                except _BudgetSpent:
-                    sc2, budget_spent = None, True
-                    break
-                f2 = next((f for f in memo[sc2.to_json(None)].findings if f.key == key), None) if sc2 else None
-                if f2 is None:
-                    unfindable.add(key)
-                else:
-                    emit(f2)
-                    if stop is not None and stop(list(reported.values())):
+                for wid, sc, out, now in gen:
+                    if isinstance(out, BaseException):
+                        raise _TargetBroken(out) from out
+                    if sc is None:  # the worker started fresh for a lane
+                        starts[wid] = len(logs[wid])
+                        before[wid] = now
+                        continue
+                    record(wid, sc, out, now != before[wid])
+                    before[wid] = now
+                    for f in out.findings:
+                        generated_at[f.key] = min(generated_at.get(f.key, position[sc.to_json(None)]),
+                                                  position[sc.to_json(None)])
+                    if stop is not None and stop(list(handed.values())):
                         stopped = True
                         break
-            if budget_spent or stopped:
-                break
-        if stopped:
-            do_polish = False  # the caller has what it wanted: hand the rest over as seen
-        for check in sorted(set(seen) - set(reported)):  # never generated by a search of their own
-            emit(seen[check])
-    except KeyboardInterrupt as exc:
-        do_polish = False  # hand over what was seen, as it is: no more target runs (but StopExploring confirms)
-        do_confirm[0] = do_confirm[0] and isinstance(exc, StopExploring)
-        for check in sorted(set(seen) - set(reported)):
-            emit(seen[check])
-        raise
-    except _TargetBroken as wrapped:
-        do_polish = False
-        do_confirm[0] = False
-        for check in sorted(set(seen) - set(reported)):
-            emit(seen[check])
-        raise wrapped.args[0] from None
-    return ExploreResult(list(reported.values()), len(memo), time.perf_counter() - t0, first_seen,
-                         generated_at, seconds_to, restarts)
+            finally:
+                stop_flag.set()
+                gen.close()
+                stream.close()
+            close_extra()  # shrinking runs on worker 0 alone, started fresh: the same whatever jobs is
+            if logs[0][starts[0]:] and getattr(workers[0], "fresh", None) is not None:
+                workers[0].fresh()
+                starts[0] = len(logs[0])
+            # ---- 2. shrink: each key, in the order of its first generated example, then the ones seen later
+            order = lambda k: (generated_at.get(k, examples + 1), first_seen.get(k, 0))  # noqa: E731
+            if stopped and stop is not None:  # the caller wants these: shrink them first
+                wanted = [k for k in queue_keys if stop([handed[k]])]
+                queue_keys.sort(key=lambda k: (k not in wanted, order(k)))
+            else:
+                queue_keys.sort(key=order)
+            budget_spent = False
+            while True:
+                todo = [k for k in queue_keys if k not in final]
+                if not todo or budget_spent:
+                    break
+                key = todo[0]
+                try:
+                    sc2 = search(key)
+                except _BudgetSpent:
+                    budget_spent = True
+                    break
+                f2 = next((f for f in memo[sc2.to_json(None)].findings if f.key == key), None) if sc2 else None
+                finalise(f2 if f2 is not None else seen[key], shrink=True)
+                if stop is not None and stop([handed[k] for k in final]):
+                    stopped = True
+                    break
+            # stopped (the caller has what it wanted) or budget spent: the rest as seen (smallest), confirmed
+            for key in [k for k in queue_keys if k not in final]:
+                finalise(seen[key], shrink=False)
+        except KeyboardInterrupt as exc:
+            # Ctrl-C: what was seen is handed over already (unshrunk); a StopExploring (a time budget) confirms it
+            do_confirm[0] = do_confirm[0] and isinstance(exc, StopExploring)
+            if do_confirm[0]:
+                for key in [k for k in handed if k not in final]:
+                    finalise(seen[key], shrink=False)
+            raise
+        except _TargetBroken as wrapped:
+            raise wrapped.args[0] from None
+    finally:
+        close_extra()
+    findings = [handed[k] for k in handed]
+    return ExploreResult(findings, len(memo), time.perf_counter() - t0, first_seen, generated_at, seconds_to,
+                         restarts, seconds_final)
 
 
-__all__ = ["ExploreResult", "StopExploring", "explore", "reliability"]
+def _close(t: Any) -> None:
+    closer = getattr(t, "close", None)
+    if closer is not None:
+        try:
+            closer()
+        except Exception:
+            pass
+
+
+__all__ = ["ExploreResult", "LANE", "StopExploring", "explore", "generated", "reliability"]
