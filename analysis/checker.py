@@ -29,6 +29,7 @@ from typing import Any, Iterator, Sequence
 from zerostate.model.designs import Design, get_design
 from zerostate.model.events import Event
 from zerostate.model.explore import state_graph
+from zerostate.model.monitor import Violation
 from zerostate.model.network import Network
 from zerostate.model.scenario import BackwardKind, Block, Checkpoint, MicroStep, ParamKind, Scenario, TrainStep
 from zerostate.specs import SPECS, specs_for
@@ -79,28 +80,28 @@ class Bound:
 
 
 @dataclass
-class DesignSpecResult:
-    holds: bool = True
-    counterexample: Scenario | None = None
-    events: list[Event] | None = None
-    message: str | None = None
-
-
-@dataclass
 class DesignResult:
+    """One design over the bound: the specs ``checked``, and per violated spec its first (smallest)
+    counterexample -- the scenario, the event sequence and the monitor's `Violation` on it."""
+
     design: str
     expected_correct: bool
     judged: tuple[str, ...]
-    specs: dict[str, DesignSpecResult] = field(default_factory=dict)
+    checked: tuple[str, ...] = ()
+    violations: dict[str, Violation] = field(default_factory=dict)
+    counterexamples: dict[str, tuple[Scenario, list[Event]]] = field(default_factory=dict)
     states: int = 0
     transitions: int = 0
     scenarios: int = 0
     seconds: float = 0.0
 
+    def holds(self, spec_id: str) -> bool:
+        return spec_id not in self.violations
+
     @property
     def ok(self) -> bool:
         """Holds on every spec it is judged on (its family's)."""
-        return all(self.specs[s].holds for s in self.judged)
+        return all(self.holds(s) for s in self.judged)
 
 
 @dataclass
@@ -115,10 +116,11 @@ class CheckResult:
 
     def to_json(self) -> dict[str, Any]:
         return {"designs": {
-            name: {"specs": {sid: {"holds": r.holds,
-                                   "counterexample": r.counterexample.to_dict() if r.counterexample else None,
-                                   **({"message": r.message} if r.message else {})}
-                             for sid, r in d.specs.items()},
+            name: {"specs": {sid: {"holds": d.holds(sid),
+                                   "counterexample": d.counterexamples[sid][0].to_dict() if sid in d.violations
+                                   else None,
+                                   **({"message": d.violations[sid].message} if sid in d.violations else {})}
+                             for sid in d.checked},
                    "states": d.states, "transitions": d.transitions, "scenarios": d.scenarios,
                    "seconds": round(d.seconds, 3), "expected_correct": d.expected_correct,
                    "judged_on": list(d.judged)}
@@ -164,7 +166,7 @@ def _check_chunk(args: tuple) -> list[list[tuple]]:
         row = []
         for design, (hook_specs, coord_specs) in zip(designs, by_family):
             states = transitions = 0
-            failures: dict[str, tuple[str, list[Event]]] = {}
+            failures: dict[str, tuple[Violation, list[Event]]] = {}
             groups = [(hook_specs, False)]
             if (coord_specs and sc.stage == 3 and bound.covers_coordinator(sc)
                     and getattr(design.coordinator, "name", "none") != "none"):
@@ -175,9 +177,8 @@ def _check_chunk(args: tuple) -> list[list[tuple]]:
                 g = state_graph(design, sc, specs, coordinator=coord)
                 states += g.states
                 transitions += g.transitions
-                for sid, r in g.specs.items():
-                    if not r.holds:
-                        failures[sid] = (r.message or "", r.counterexample or [])
+                for sid, v in g.violations.items():
+                    failures[sid] = (v, g.counterexamples[sid])
             row.append((states, transitions, failures))
         out.append(row)
     return out
@@ -200,10 +201,8 @@ def check(design_names: Sequence[str], bound: Bound = Bound(), spec_ids: Sequenc
     jobs = jobs or min(os.cpu_count() or 1, 8)
     t0 = time.perf_counter()
     results = {d.name: DesignResult(d.name, d.expected_correct,
-                                    tuple(s for s in judged_specs(d) if s in per_design_ids[i]))
+                                    tuple(s for s in judged_specs(d) if s in per_design_ids[i]), per_design_ids[i])
                for i, d in enumerate(designs)}
-    for i, d in enumerate(designs):
-        results[d.name].specs = {sid: DesignSpecResult() for sid in per_design_ids[i]}
     names = tuple(d.name for d in designs)
     pool = ProcessPoolExecutor(jobs) if jobs > 1 else None
     try:
@@ -211,7 +210,7 @@ def check(design_names: Sequence[str], bound: Bound = Bound(), spec_ids: Sequenc
         # scenarios (the first counterexample is a smallest one), so later waves drop it.
         for _, wave in itertools.groupby(scenarios, key=lambda sc: (len(sc.blocks), sc.num_micro_steps)):
             wave = list(wave)
-            open_ids = tuple(tuple(sid for sid in per_design_ids[i] if results[n].specs[sid].holds)
+            open_ids = tuple(tuple(sid for sid in per_design_ids[i] if results[n].holds(sid))
                              for i, n in enumerate(names))
             if not any(open_ids):
                 break
@@ -228,9 +227,10 @@ def check(design_names: Sequence[str], bound: Bound = Bound(), spec_ids: Sequenc
                     res.states += states
                     res.transitions += transitions
                     res.scenarios += 1
-                    for sid, (msg, events) in failures.items():
-                        if res.specs[sid].holds:
-                            res.specs[sid] = DesignSpecResult(False, sc, events, msg)
+                    for sid, (v, events) in failures.items():
+                        if res.holds(sid):
+                            res.violations[sid] = v
+                            res.counterexamples[sid] = (sc, events)
     finally:
         if pool:
             pool.shutdown()
@@ -254,5 +254,5 @@ def counterexample_graph(design_name: str, scenario: Scenario, spec_id: str):
                        coordinator="serial" if spec.family == "coordinator" else False).graph
 
 
-__all__ = ["BLOCK_KINDS", "Bound", "CheckResult", "DesignResult", "DesignSpecResult", "check",
+__all__ = ["BLOCK_KINDS", "Bound", "CheckResult", "DesignResult", "check",
            "counterexample_graph", "judged_specs"]

@@ -41,7 +41,9 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
 from zerostate.model.designs import get_design
+from zerostate.model.events import Event
 from zerostate.model.explore import run, state_graph
+from zerostate.model.monitor import Violation
 from zerostate.model.network import Network
 from zerostate.model.scenario import Block, Checkpoint, MicroStep, ParamKind, Scenario, TrainStep
 from zerostate.specs.coordinator_specs import allgathers, gathered_peak
@@ -68,25 +70,26 @@ def default_scenarios(max_blocks: int = 2) -> list[Scenario]:
 
 
 @dataclass
-class _Side:
+class Side:
+    """One design on one scenario: its metrics, and per violated spec the state graph's `Violation` with
+    the event sequence it is on (``counterexamples[spec]``)."""
+
     peak: float
     allgathers: float
-    violated: dict[str, str] = field(default_factory=dict)
+    violations: dict[str, Violation] = field(default_factory=dict)
+    counterexamples: dict[str, list[Event]] = field(default_factory=dict)
 
 
-def _judge(design_name: str, sc: Scenario, specs: Sequence[Any]) -> _Side:
+def _judge(design_name: str, sc: Scenario, specs: Sequence[Any]) -> Side:
     d = get_design(design_name)
     hook = [s for s in specs if s.family == "hooks"]
     coord = [s for s in specs if s.family == "coordinator"]
-    side = _Side(0.0, 0.0)
-    if hook:
-        for sid, r in state_graph(d, sc, hook, coordinator=False).specs.items():
-            if not r.holds:
-                side.violated[sid] = r.message or ""
-    if coord:
-        for sid, r in state_graph(d, sc, coord, coordinator="serial").specs.items():
-            if not r.holds:
-                side.violated[sid] = r.message or ""
+    side = Side(0.0, 0.0)
+    for chosen, mode in ((hook, False), (coord, "serial")):
+        if chosen:
+            g = state_graph(d, sc, chosen, coordinator=mode)
+            side.violations.update(g.violations)
+            side.counterexamples.update(g.counterexamples)
     events = run(d, sc, coordinator="serial").events
     net = Network(sc)
     side.peak = gathered_peak(events, net)
@@ -107,8 +110,16 @@ class Comparison:
     a: str
     b: str
     scenarios: list[Scenario]
-    sides: list[tuple[_Side, _Side]]
+    sides: list[tuple[Side, Side]]
     spec_ids: list[str]
+
+    def first_violation(self, design: str, spec_id: str) -> tuple[Scenario, Violation, list[Event]] | None:
+        """The first scenario on which ``design`` violates ``spec_id``: it, the violation, and its events."""
+        k = (self.a, self.b).index(design)
+        for sc, s in zip(self.scenarios, self.sides):
+            if spec_id in s[k].violations:
+                return sc, s[k].violations[spec_id], s[k].counterexamples[spec_id]
+        return None
 
     def to_json(self) -> dict[str, Any]:
         a, b = self.a, self.b
@@ -116,7 +127,8 @@ class Comparison:
         for sid in self.spec_ids:
             specs[sid] = {}
             for k, name in ((0, a), (1, b)):
-                bad = [(sc, s[k].violated[sid]) for sc, s in zip(self.scenarios, self.sides) if sid in s[k].violated]
+                bad = [(sc, s[k].violations[sid].message) for sc, s in zip(self.scenarios, self.sides)
+                       if sid in s[k].violations]
                 specs[sid][name] = {"holds": not bad, "violations": len(bad),
                                     "message": bad[0][1] if bad else None,
                                     "counterexample": bad[0][0].to_dict() if bad else None}
@@ -138,9 +150,9 @@ class Comparison:
                            "ratio": _ratios(ags)},
             "per_scenario": [{"scenario": sc.to_dict(),
                               a: {"gathered_peak": s[0].peak, "allgathers": s[0].allgathers,
-                                  "violated": sorted(s[0].violated)},
+                                  "violated": sorted(s[0].violations)},
                               b: {"gathered_peak": s[1].peak, "allgathers": s[1].allgathers,
-                                  "violated": sorted(s[1].violated)}}
+                                  "violated": sorted(s[1].violations)}}
                              for sc, s in zip(self.scenarios, self.sides)],
         }
 

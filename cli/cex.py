@@ -5,7 +5,9 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from zerostate.model.events import Event
+from zerostate.model.monitor import Violation
 from zerostate.model.scenario import Scenario
+from zerostate.targets.base import Finding
 
 from .report import FindingRecord
 
@@ -13,10 +15,10 @@ MAX_GRAPH_STATES = 4000
 """Larger state graphs are not drawn (the picture would be a smear)."""
 
 
-def violation_index(spec_id: str, events: list[Event]) -> int | None:
-    from zerostate.specs import SPECS, check_trace
-    v = check_trace(SPECS[spec_id], events) if spec_id in SPECS else None
-    return v.index if v else None
+def finding(v: Violation, scenario: Scenario, events: list[Event]) -> Finding:
+    """A model counterexample (the scenario, the event sequence, the monitor's `Violation` on it) as a
+    `Finding` of the model target."""
+    return Finding(v.spec, v.message, scenario, list(events), v.index, "model", code=v.code)
 
 
 def graph_path(graph: Any, events: list[Event]) -> list[Any]:
@@ -47,21 +49,21 @@ def graph_path(graph: Any, events: list[Event]) -> list[Any]:
     return []
 
 
-def record(design: str, spec_id: str, scenario: Scenario, events: list[Event], message: str,
-           repro: Callable[[Scenario, str, str], Callable[[int], str] | None]) -> FindingRecord:
+def record(design: str, f: Finding,
+           repro: Callable[[Scenario, str, str, Finding], Callable[[int], str] | None]) -> FindingRecord:
     from zerostate.analysis.checker import counterexample_graph
     graph, path, notes = None, [], []
     try:
-        g = counterexample_graph(design, scenario, spec_id)
+        g = counterexample_graph(design, f.scenario, f.check)
         if g is not None and g.number_of_nodes() <= MAX_GRAPH_STATES:
-            graph, path = g, graph_path(g, events)
+            graph, path = g, graph_path(g, f.trace or [])
         elif g is not None:
             notes.append(f"state graph not drawn: {g.number_of_nodes()} states (over {MAX_GRAPH_STATES})")
     except Exception as exc:  # the picture is a bonus; the finding stands without it
         notes.append(f"state graph not drawn: {type(exc).__name__}: {exc}")
-    return FindingRecord(check=spec_id, error=message, scenario=scenario, events=events,
-                         violation=violation_index(spec_id, events), design=design, graph=graph,
-                         graph_path=path, repro=repro(scenario, spec_id, message), notes=notes)
+    return FindingRecord(check=f.check, error=f.error, scenario=f.scenario, events=f.trace,
+                         violation=f.index, design=design, graph=graph, key=f.key,
+                         graph_path=path, repro=repro(f.scenario, f.check, f.error, f), notes=notes)
 
 
-__all__ = ["MAX_GRAPH_STATES", "graph_path", "record", "violation_index"]
+__all__ = ["MAX_GRAPH_STATES", "finding", "graph_path", "record"]

@@ -50,11 +50,11 @@ def run(args: argparse.Namespace) -> int:
                                         "command_line": "zerostate " + " ".join(sys.argv[1:])},
                     columns=names, specs={k: v for k, v in SPECS.items() if not args.spec or k in args.spec})
     for name, d in result.designs.items():
-        for sid, r in d.specs.items():
+        for sid in d.checked:
             judged = sid in d.judged
-            report.set_result(sid, name, "holds" if r.holds else "violated" if judged else "violated (not judged)")
-            if not r.holds and sid in d.judged:
-                rec = cex.record(name, sid, r.counterexample, r.events or [], r.message or "", repro_for)
+            report.set_result(sid, name, "holds" if d.holds(sid) else "violated" if judged else "violated (not judged)")
+            if not d.holds(sid) and judged:
+                rec = cex.record(name, cex.finding(d.violations[sid], *d.counterexamples[sid]), repro_for)
                 report.add_finding(rec, column=name, replay_args=f" --target model --design {name}")
     summary = result.to_json()
     report.finish("complete", summary, text=table(result))
@@ -76,11 +76,11 @@ def _bound_text(b: Any) -> str:
 
 
 def table(result: Any) -> str:
-    spec_ids = list(dict.fromkeys(s for d in result.designs.values() for s in d.specs))
+    spec_ids = list(dict.fromkeys(s for d in result.designs.values() for s in d.checked))
     header = ["design", "expected"] + spec_ids + ["states", "seconds"]
     rows = []
     for n, d in result.designs.items():
-        cells = ["-" if s not in d.specs else "holds" if d.specs[s].holds
+        cells = ["-" if s not in d.checked else "holds" if d.holds(s)
                  else "VIOLATED" if s in d.judged else "violated (not judged)" for s in spec_ids]
         rows.append([n, "correct" if d.expected_correct else "buggy"] + cells
                     + [str(d.states), f"{d.seconds:.1f}"])

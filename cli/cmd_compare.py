@@ -32,7 +32,6 @@ def run(args: argparse.Namespace) -> int:
     design(args.design_a)
     design(args.design_b)
     mod = need("zerostate.analysis.compare", "zerostate compare")
-    from zerostate.model.scenario import Scenario
     from zerostate.specs import SPECS
 
     from .report import Report
@@ -47,11 +46,11 @@ def run(args: argparse.Namespace) -> int:
                     columns=[a, b], specs=SPECS)
     for sid, row in data["specs"].items():
         for name in (a, b):
-            v = row[name]
-            report.set_result(sid, name, "holds" if v["holds"] else "violated")
-            if not v["holds"] and v["counterexample"]:
-                sc = Scenario.from_dict(v["counterexample"])
-                rec = cex.record(name, sid, sc, _events(name, sc, sid), v["message"] or "", repro_for)
+            report.set_result(sid, name, "holds" if row[name]["holds"] else "violated")
+            first = result.first_violation(name, sid)
+            if first is not None:
+                sc, v, events = first
+                rec = cex.record(name, cex.finding(v, sc, events), repro_for)
                 report.add_finding(rec, column=name, replay_args=f" --target model --design {name}")
     report.finish("complete", data, text=result.to_text())
     if args.json:
@@ -60,17 +59,6 @@ def run(args: argparse.Namespace) -> int:
         print(result.to_text())
         print(f"\nReport: {args.out}/report.md")
     return EXIT_OK
-
-
-def _events(design_name: str, scenario: Any, spec_id: str) -> list:
-    """The shortest violating event sequence, as the checker finds it (for the picture)."""
-    from zerostate.model.designs import get_design
-    from zerostate.model.explore import state_graph
-    from zerostate.specs import SPECS
-    spec = SPECS[spec_id]
-    coordinator = "serial" if spec.family == "coordinator" else False
-    r = state_graph(get_design(design_name), scenario, [spec], coordinator=coordinator).specs[spec_id]
-    return list(r.counterexample or [])
 
 
 __all__ = ["add_parser", "run"]

@@ -69,7 +69,7 @@ def explored(name: str, sc: Scenario) -> Scenario:
 
 
 def violates(name: str, spec, sc: Scenario, mode="serial") -> bool:
-    return not state_graph(get_design(name), sc, [spec], coordinator=mode).specs[spec.id].holds
+    return not state_graph(get_design(name), sc, [spec], coordinator=mode).holds(spec.id)
 
 
 def coordinator_view(events) -> list[Event]:
@@ -173,7 +173,7 @@ def test_ds_0_19_2_breaks_saved_tensor_intact_on_a_frozen_param_in_a_non_reentra
     assert len(sc.blocks) <= 2 and len(sc.steps) == 1 and sc.num_micro_steps == 1, sc.describe()
     assert any(b.checkpoint is NR and b.norm is F for b in sc.blocks), sc.describe()
     events = state_graph(get_design("ds-0.19.2"), sc, [SAVED_TENSOR_INTACT],
-                         coordinator=True).specs[SAVED_TENSOR_INTACT.id].counterexample
+                         coordinator=True).counterexamples.get(SAVED_TENSOR_INTACT.id)
     v = check_trace(SAVED_TENSOR_INTACT, events)
     assert v is not None and "CheckpointError" in v.message, v
     bad = events[v.index]
@@ -188,12 +188,12 @@ def test_seed_002_mre_crashes_0_19_2_and_not_the_fixes():
     """The MRE itself: 2 blocks of frozen LayerNorm + trainable Linear, non-reentrant checkpoint, threshold 0."""
     sc = Scenario(blocks=(Block(NR, F, T),) * 2, width=1024)
     assert violates("ds-0.19.2", SAVED_TENSOR_INTACT, sc)
-    msg = state_graph(get_design("ds-0.19.2"), sc, [SAVED_TENSOR_INTACT], coordinator="serial").specs[
+    msg = state_graph(get_design("ds-0.19.2"), sc, [SAVED_TENSOR_INTACT], coordinator="serial").violations[
         SAVED_TENSOR_INTACT.id].message
     assert "blocks.1.norm" in msg and "CheckpointError" in msg
     for name in CORRECT:
         res = state_graph(get_design(name), sc, COORDINATOR_SPECS, coordinator=True)
-        assert all(r.holds for r in res.specs.values()), (name, {k: r.message for k, r in res.specs.items()})
+        assert not res.violations, (name, {k: v.message for k, v in res.violations.items()})
 
 
 # --------------------------------------------------- no frozen params: identical
@@ -339,7 +339,7 @@ def test_the_serial_dag_gives_the_same_verdicts_as_every_interleaving(sc):
         d = get_design(name)
         full = state_graph(d, sc, COORDINATOR_SPECS, coordinator=True)
         serial = state_graph(d, sc, COORDINATOR_SPECS, coordinator="serial")
-        assert {k: r.holds for k, r in full.specs.items()} == {k: r.holds for k, r in serial.specs.items()}
+        assert full.checked == serial.checked and set(full.violations) == set(serial.violations)
         assert serial.states <= full.states
 
 

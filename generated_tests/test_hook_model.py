@@ -76,11 +76,11 @@ TestHookProtocol.settings = settings(stateful_step_count=200)
 
 def _violates(design_name: str, spec, sc) -> bool:
     """Some interleaving of ``sc`` violates ``spec`` under the design (exhaustive over interleavings)."""
-    return not state_graph(get_design(design_name), sc, [spec], coordinator=False).specs[spec.id].holds
+    return not state_graph(get_design(design_name), sc, [spec], coordinator=False).holds(spec.id)
 
 
 def _counterexample(design_name: str, spec, sc):
-    return state_graph(get_design(design_name), sc, [spec], coordinator=False).specs[spec.id].counterexample
+    return state_graph(get_design(design_name), sc, [spec], coordinator=False).counterexamples.get(spec.id)
 
 
 def test_ds_0_18_4_premature_epilogue_is_found_and_shrunk():
@@ -181,4 +181,4 @@ def test_fixed_designs_hold_on_the_seed_000_shape(kind):
                   steps=(TrainStep((MicroStep(kind),)),) * 2)
     for name in CORRECT:
         res = state_graph(get_design(name), sc, HOOK_SPECS, coordinator=False)
-        assert all(r.holds for r in res.specs.values()), (name, {k: r.message for k, r in res.specs.items()})
+        assert not res.violations, (name, {k: v.message for k, v in res.violations.items()})

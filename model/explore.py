@@ -23,7 +23,7 @@ from .designs import Design
 from .driver import segments
 from .events import Ev, Event, Trace
 from .machine import initial_state, step
-from .monitor import MonitorBank
+from .monitor import Failure, MonitorBank, Violation, violation
 from .network import Network
 from .scenario import Scenario
 
@@ -55,21 +55,25 @@ def run(design: Design, scenario: Scenario, choose: Chooser = first_enabled,
 
 
 @dataclass
-class SpecResult:
-    holds: bool = True
-    counterexample: list[Event] | None = None
-    message: str | None = None
-
-
-@dataclass
 class GraphResult:
+    """The state graph of one (design, scenario) with the given specs' monitors inside it.
+
+    ``violations``: per violated spec, its `Violation` on the shortest event sequence that reaches it,
+    ``counterexamples[spec]`` (``index`` counts in it; None: an end-of-run obligation).  A spec
+    checked and not in ``violations`` holds on every interleaving."""
+
     scenario: Scenario
     design: str
     states: int
     transitions: int
     seconds: float
-    specs: dict[str, SpecResult] = field(default_factory=dict)
+    checked: tuple[str, ...] = ()
+    violations: dict[str, Violation] = field(default_factory=dict)
+    counterexamples: dict[str, list[Event]] = field(default_factory=dict)
     graph: nx.DiGraph | None = None
+
+    def holds(self, spec_id: str) -> bool:
+        return spec_id not in self.violations
 
 
 def state_graph(design: Design, scenario: Scenario, specs: Sequence[Any], keep_graph: bool = False,
@@ -86,7 +90,7 @@ def state_graph(design: Design, scenario: Scenario, specs: Sequence[Any], keep_g
     start = (0, frozenset(), initial_state(design, net), bank.initial())
     parent: dict[Any, tuple[Any, list[Event]] | None] = {start: None}
     graph = nx.DiGraph() if keep_graph else None
-    found: dict[str, tuple[Any, list[Event], int, str]] = {}
+    found: dict[str, tuple[Any, list[Event], int | None, Failure]] = {}
     queue = deque([start])
     transitions = 0
     finals: list[Any] = []
@@ -107,7 +111,7 @@ def state_graph(design: Design, scenario: Scenario, specs: Sequence[Any], keep_g
                 mons2, failed = bank.advance(mons, out)
                 for sid, (i, failure) in failed.items():
                     if sid not in found:
-                        found[sid] = (node, out[: i + 1], i, failure.message)
+                        found[sid] = (node, out[: i + 1], i, failure)
                 succ.append((n, (seg, done | {n}, st2, mons2), out))
         for n, nxt, out in succ:
             transitions += 1
@@ -121,14 +125,15 @@ def state_graph(design: Design, scenario: Scenario, specs: Sequence[Any], keep_g
     # end-of-run obligations (monitor finish)
     for node in finals:
         for sid, failure in bank.ends(node[3]).items():
-            found.setdefault(sid, (node, [], -1, failure.message))
-    res = GraphResult(scenario, design.name, len(parent), transitions, time.perf_counter() - t0, graph=graph)
+            found.setdefault(sid, (node, [], None, failure))
+    res = GraphResult(scenario, design.name, len(parent), transitions, time.perf_counter() - t0,
+                      tuple(s.id for s in specs), graph=graph)
     for spec in specs:
         if spec.id in found:
-            node, tail, _, msg = found[spec.id]
-            res.specs[spec.id] = SpecResult(False, _path(parent, node) + tail, msg)
-        else:
-            res.specs[spec.id] = SpecResult(True)
+            node, tail, i, failure = found[spec.id]
+            path = _path(parent, node)
+            res.counterexamples[spec.id] = path + tail
+            res.violations[spec.id] = violation(spec.id, failure, None if i is None else len(path) + i)
     return res
 
 
@@ -181,5 +186,5 @@ def _path(parent: dict, node: Any) -> list[Event]:
     return [e for chunk in reversed(chunks) for e in chunk]
 
 
-__all__ = ["GraphResult", "SpecResult", "enabled_nodes", "first_enabled", "needs_coordinator", "run",
+__all__ = ["GraphResult", "enabled_nodes", "first_enabled", "needs_coordinator", "run",
            "state_graph"]

@@ -22,6 +22,33 @@ class Failure:
     code: str = ""
 
 
+@dataclass(frozen=True)
+class Violation:
+    """What a check reports: the spec, its `Failure`'s message and code, and where in the judged events.
+
+    The one violation type from the monitor to the report: `MonitorBank` folds give (index, `Failure`),
+    `zerostate.specs.check_trace` and the state graph (`explore.state_graph`) give `Violation`, and a
+    target's ``Finding`` (``targets/base.py``) carries its message, index and code on a scenario."""
+
+    spec: str
+    message: str
+    index: int | None = None
+    """Index of the violating event in the judged events (None: detected at the end)."""
+    code: str = ""
+    """The violation's identity inside its spec (``hook-after-epilogue``); "" when the monitor gives none."""
+
+    def __str__(self) -> str:
+        where = f" (event #{self.index})" if self.index is not None else " (at end of run)"
+        return f"{self.spec}: {self.message}{where}"
+
+
+def violation(spec_id: str, failed: Failure | str, index: int | None = None) -> Violation:
+    """The `Violation` of a monitor's `Failure` (or of a bare message from a ``finish``)."""
+    if isinstance(failed, Failure):
+        return Violation(spec_id, failed.message, index, failed.code)
+    return Violation(spec_id, failed, index)
+
+
 def fail(message: str, code: str = "") -> Failure:
     """Return this from a monitor step (or finish) to report a violation at the current event."""
     return Failure(message, code)
@@ -100,4 +127,4 @@ class _Dead:
 
 
 DEAD = _Dead()
-__all__ = ["DEAD", "Failure", "MonitorBank", "fail", "is_failure"]
+__all__ = ["DEAD", "Failure", "MonitorBank", "Violation", "fail", "is_failure", "violation"]

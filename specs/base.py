@@ -17,21 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 from zerostate.model.events import Event
-from zerostate.model.monitor import Failure, fail, is_failure
-
-
-@dataclass(frozen=True)
-class Violation:
-    spec: str
-    message: str
-    index: int | None = None
-    """Index of the violating event in the trace (None: detected at the end)."""
-    code: str = ""
-    """The violation's identity inside its spec (``hook-after-epilogue``); "" when the monitor gives none."""
-
-    def __str__(self) -> str:
-        where = f" (event #{self.index})" if self.index is not None else " (at end of run)"
-        return f"{self.spec}: {self.message}{where}"
+from zerostate.model.monitor import Failure, Violation, fail, is_failure, violation
 
 
 @dataclass(frozen=True)
@@ -49,13 +35,6 @@ class Spec:
 
     def check(self, events: Iterable[Event]) -> Violation | None:
         return check_trace(self, events)
-
-
-def violation(spec_id: str, failed: Failure | str, index: int | None = None) -> Violation:
-    """The `Violation` of a monitor's `Failure` (or of a bare message from a ``finish``)."""
-    if isinstance(failed, Failure):
-        return Violation(spec_id, failed.message, index, failed.code)
-    return Violation(spec_id, failed, index)
 
 
 def check_trace(spec: Spec, events: Iterable[Event]) -> Violation | None:
