@@ -1,6 +1,6 @@
 """Exploring real DeepSpeed: examples per second, and time and examples to each seed bug.
 
-    python benchmarks/bench_deepspeed_explore.py [--examples 200] [--rate-examples 100]
+    python benchmarks/bench_deepspeed_explore.py [--examples 200] [--rate-examples 100] [--jobs 1 2]
         [--releases 0.18.4 0.18.6 0.19.2] [--json OUT]
 
 Two measurements, both on CPU (gloo, world size 1, ``OMP_NUM_THREADS=1``):
@@ -8,16 +8,20 @@ Two measurements, both on CPU (gloo, world size 1, ``OMP_NUM_THREADS=1``):
 * **throughput** -- ``--rate-examples`` scenarios drawn (derandomized) from
   ``targets.strategies.scenarios()`` run one after another through the installed
   DeepSpeed's persistent worker, findings or not; reported as examples per second
-  (the worker's start-up is excluded, the first example's ZeRO-3 warm-up is not).
+  (the worker's start-up is excluded, the first example's ZeRO-3 warm-up is not).  With ``--jobs``
+  N > 1 the same scenarios run as `zerostate explore --jobs N` runs them (the explorer's lanes of
+  ``LANE`` examples, each in a worker started fresh for it, N workers at once; start-ups excluded,
+  the fresh starts between lanes included).
   Since issue 11 the default strategy draws the training-setup dimensions too (bf16, offload,
   parameter groups, the HF Llama family ...); on a CPU without fp16 the fp16 draws (about one
   in four) are skipped by the executor in about a millisecond and still count as examples.
 * **time to each seed bug** -- ``zerostate.targets.explorer.explore`` from scratch (no
   Hypothesis database; the ci profile's derandomized sequence) with ``--examples`` per
-  search, per release, stopping once the seed's finding is handed over: seconds from the
-  start of exploring (target start-up reported separately), the position of the first
-  generated example that has it, distinct target runs until then (shrinking included),
-  and the size of the shrunk scenario.
+  search, per release, stopping once the seed's finding is final: seconds from the start of
+  exploring (target start-up reported separately) until it is first handed over (unshrunk, the
+  first generated example with its key: ``seconds``) and until its shrunk, confirmed finding is
+  (``seconds_shrunk``), the position of the first generated example that has it, distinct target
+  runs until then, and the size of the shrunk scenario.
 
   The seed bugs and how a finding is recognised as one are ``SEED_BUGS`` in
   ``targets/deepspeed/known.py``: 0.18.4 -- seed 000 part 1 (a ZeRO-3 scenario with a reentrant
@@ -39,6 +43,30 @@ import time
 from pathlib import Path
 
 RELEASES = ("0.18.4", "0.18.6", "0.19.2")
+
+
+def throughput_jobs(n: int, jobs: int) -> dict:
+    """``n`` scenarios of the explorer's own generated sequence, in its lanes, on ``jobs`` workers."""
+    import threading
+
+    from zerostate.targets.base import get_target
+    from zerostate.targets.explorer import LANE, _lanes, generated
+    from zerostate.targets.strategies import scenarios
+    t0 = time.perf_counter()
+    workers = [get_target("deepspeed") for _ in range(jobs)]
+    startup = time.perf_counter() - t0
+    seen: set[str] = set()
+    unique = [sc for sc in generated(scenarios(), n, None)
+              if not (sc.to_json(None) in seen or seen.add(sc.to_json(None)))]
+    lanes = iter([unique[i:i + LANE] for i in range(0, len(unique), LANE)])
+    t1 = time.perf_counter()
+    ran = sum(1 for _, sc, _, _ in _lanes(workers, lanes, threading.Event(), [False] * jobs) if sc is not None)
+    total = time.perf_counter() - t1
+    version = workers[0].version
+    for w in workers:
+        w.close()
+    return {"deepspeed": version, "jobs": jobs, "examples": ran, "seconds": round(total, 2),
+            "examples_per_second": round(ran / total, 2), "worker_startup_s": round(startup, 2)}
 
 
 def throughput(n: int) -> dict:
@@ -83,6 +111,7 @@ def time_to_seed(version: str, examples: int) -> dict:
     key = hit.key if hit else None
     return {"release": version, "seed": seed, "key": key, "found": hit is not None,
             "seconds": round(res.seconds_to.get(key, float("nan")), 1) if key else None,
+            "seconds_shrunk": round(res.seconds_final.get(key, float("nan")), 1) if key else None,
             "target_startup_s": round(startup, 1), "explored_seconds": round(res.seconds, 1),
             "generated_position": res.generated_at.get(key), "distinct_runs_until_found": res.first_seen.get(key),
             "blocks": len(hit.scenario.blocks) if hit else None, "steps": len(hit.scenario.steps) if hit else None,
@@ -95,20 +124,30 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--examples", type=int, default=200)
     ap.add_argument("--rate-examples", type=int, default=100)
     ap.add_argument("--releases", nargs="*", default=list(RELEASES))
+    ap.add_argument("--jobs", nargs="*", type=int, default=[1], help="throughput with these many workers")
     ap.add_argument("--json", default="zerostate-bench/deepspeed_explore.json")
     args = ap.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    out = {"throughput": throughput(args.rate_examples), "seeds": []}
-    tp = out["throughput"]
-    print(f"throughput on DeepSpeed {tp['deepspeed']}: {tp['examples']} examples in {tp['seconds']} s = "
-          f"{tp['examples_per_second']} examples/s (median {tp['median_example_s']} s; worker start-up "
-          f"{tp['worker_startup_s']} s)", flush=True)
+    out: dict = {"seeds": []}
+    if args.rate_examples:
+        out["throughput"] = tp = throughput(args.rate_examples)
+        print(f"throughput on DeepSpeed {tp['deepspeed']}: {tp['examples']} examples in {tp['seconds']} s = "
+              f"{tp['examples_per_second']} examples/s (median {tp['median_example_s']} s; worker start-up "
+              f"{tp['worker_startup_s']} s)", flush=True)
+        out["throughput_jobs"] = []
+        for j in [j for j in args.jobs if j > 1]:
+            tj = throughput_jobs(args.rate_examples, j)
+            out["throughput_jobs"].append(tj)
+            print(f"throughput with --jobs {j}: {tj['examples']} examples in {tj['seconds']} s = "
+                  f"{tj['examples_per_second']} examples/s (start-up {tj['worker_startup_s']} s)", flush=True)
     fmt = lambda x: '-' if x is None else str(x)
-    print(f"{'release':8} {'seed':16} {'found':6} {'seconds':>8} {'position':>9} {'runs':>6} {'size':>10}")
+    print(f"{'release':8} {'seed':16} {'found':6} {'seconds':>8} {'shrunk':>8} {'position':>9} {'runs':>6} "
+          f"{'size':>10}")
     for v in args.releases:
         r = time_to_seed(v, args.examples)
         out["seeds"].append(r)
-        print(f"{v:8} {r['seed']:16} {str(r['found']):6} {fmt(r['seconds']):>8} {str(r['generated_position']):>9} "
+        print(f"{v:8} {r['seed']:16} {str(r['found']):6} {fmt(r['seconds']):>8} {fmt(r['seconds_shrunk']):>8} "
+              f"{str(r['generated_position']):>9} "
               f"{str(r['distinct_runs_until_found']):>6} {str(r['blocks'])+'b/'+str(r['steps'])+'s':>10}", flush=True)
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(out, indent=2) + "\n")

@@ -172,3 +172,26 @@ def test_replay_runs_an_order_dependent_findings_sequence_first(buggy_run, tmp_p
     bad.write_text(json.dumps({**saved, "sequence": [{"stage": 7}]}))
     r = zs("replay", str(bad), *BUGGY)
     assert r.returncode == 2 and "bad.json: sequence[0]" in r.stderr, r.stderr
+
+
+def test_findings_end_shrunk_under_the_number_they_were_handed_over_with(buggy_run):
+    """explore writes each new finding at once, unshrunk, then rewrites it shrunk and confirmed under the
+    same number: at the end every finding is shrunk, numbered 1..n, each file written once."""
+    _, out = buggy_run
+    rep = load_report(out)
+    assert [f["n"] for f in rep["findings"]] == list(range(1, len(rep["findings"]) + 1))
+    assert all(f["shrunk"] is True for f in rep["findings"])
+    assert "unshrunk" not in (out / "report.md").read_text()
+    for f in rep["findings"]:
+        saved = json.loads((out / f["files"]["scenario"]).read_text())
+        assert saved["scenario"] == f["scenario"] and saved["key"] == f["key"]
+    assert rep["run"]["time_budget"] is None and not rep["run"].get("stopped")
+
+
+def test_a_time_budget_is_opt_in_and_a_run_it_cuts_says_it_is_not_repeatable(tmp_path):
+    r = zs("explore", *BUGGY, "--examples", "100000", "--time-budget", "3", "--out", str(tmp_path))
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "(time budget spent)" in r.stdout and "another run may find other findings" in r.stdout, r.stdout
+    rep = load_report(tmp_path)
+    assert "not repeatable" in rep["run"]["stopped"] and rep["findings"]
+    assert rep["reliability"]["confirmed"] == len(rep["findings"])  # a time budget still confirms

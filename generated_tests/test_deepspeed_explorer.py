@@ -176,3 +176,51 @@ def test_a_finding_that_shows_in_some_runs_only_is_reported_intermittent_with_it
     c = confirm(t, Finding("raced", "a race lost", two).key, two, [one])
     assert c.status == "intermittent" and c.repeat == REPEAT and c.hits == REPEAT // 5, c
     assert c.to_dict()["hits"] == c.hits
+
+
+# ------------------------------------------------------------------ hand-over unshrunk, jobs (issues 11, 15)
+def test_each_new_key_is_handed_over_unshrunk_at_once_then_updated_shrunk():
+    """The first generated example of each new key is handed over as it runs (unshrunk); its shrunk,
+    confirmed finding follows as an update with the same key, and only updates are final."""
+    got, updates, progress = [], [], []
+    res = explore(get_target("model", design="ds-0.18.4"), examples=60, seed=None, on_finding=got.append,
+                  on_update=updates.append, on_progress=lambda n, k, s: progress.append(n))
+    assert got and all(f.shrunk is False for f in got)
+    assert [f.key for f in got] == [f.key for f in res.findings]  # one hand-over per key, in order
+    assert sorted(f.key for f in updates) == sorted(f.key for f in got)
+    assert all(f.confirmation.status == "confirmed" for f in updates)
+    # handed over during generation: the first key after fewer distinct runs than the whole generation took
+    assert min(res.first_seen.values()) < progress[-1]
+    for f in res.findings:
+        assert res.seconds_to[f.key] <= res.seconds_final[f.key]
+        u = next(g for g in updates if g.key == f.key)
+        assert f is u and f.size <= next(g for g in got if g.key == f.key).size
+
+
+def _keys(res):
+    return sorted((f.key, f.scenario.to_json(None), f.confirmation.status,
+                   [s.to_json(None) for s in f.confirmation.sequence]) for f in res.findings)
+
+
+def test_the_same_findings_whatever_the_number_of_jobs():
+    one = explore(get_target("model", design="ds-0.18.5"), examples=60, seed=None, jobs=1)
+    two = explore(get_target("model", design="ds-0.18.5"), examples=60, seed=None, jobs=2,
+                  spawn=lambda: get_target("model", design="ds-0.18.5"))
+    assert _keys(one) and _keys(one) == _keys(two)
+    assert one.generated_at == two.generated_at
+
+
+def test_carried_state_gives_the_same_findings_whatever_the_number_of_jobs():
+    """An order-dependent finding depends on what ran before it in its worker: each lane of generated
+    examples runs in a worker started fresh for it, so its history is the same with 1, 2 or 3 jobs."""
+    from zerostate.targets.explorer import LANE
+    made = []
+
+    def spawn():
+        made.append(_Leaky())
+        return made[-1]
+
+    runs = [explore(_Leaky(), examples=2 * LANE + 10, seed=None, jobs=j, spawn=spawn) for j in (1, 2, 3)]
+    assert any(f.check == "leaked" for f in runs[0].findings)
+    assert _keys(runs[0]) == _keys(runs[1]) == _keys(runs[2])
+    assert len(made) == 3  # jobs 2 and 3 made one and two more workers
