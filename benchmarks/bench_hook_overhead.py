@@ -30,66 +30,8 @@ from pathlib import Path
 DEFAULT_CONFIGS = ["stock-0.19.8=0.19.8", "runtime-0.19.8=0.19.8:runtime", "stock-0.18.6=0.18.6"]
 STAGES = (2, 3)
 
-WORKER = r"""
-import json, os, socket, statistics, sys, time
-os.environ.setdefault("DS_ACCELERATOR", "cpu")
-s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()
-os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
-import logging
-import torch, deepspeed
-torch.set_num_threads(1)
-logging.getLogger("DeepSpeed").setLevel(logging.ERROR)
-try:  # one rank: the shared-memory comm op has nothing to reduce; skip its JIT build (30-90 s)
-    import deepspeed.comm.torch as _ds_comm_torch
-    if hasattr(_ds_comm_torch, "build_shm_op"):
-        _ds_comm_torch.build_shm_op = lambda: None
-except ImportError:
-    pass
-deepspeed.init_distributed(dist_backend="gloo")
-args = json.loads(sys.argv[1])
-out = {"deepspeed": deepspeed.__version__, "file": deepspeed.__file__, "runtime": args["runtime"], "stages": {}}
-for stage in args["stages"]:
-    torch.manual_seed(0)
-    layers = [torch.nn.Linear(64, 64) for _ in range(73)] + [torch.nn.LayerNorm(64)]
-    model = torch.nn.Sequential(*layers)
-    assert sum(1 for _ in model.parameters()) == 148
-    cfg = {"train_micro_batch_size_per_gpu": 8, "gradient_accumulation_steps": 1, "gradient_clipping": 0.0,
-           "optimizer": {"type": "Adam", "params": {"lr": 1e-4, "torch_adam": True}},
-           "zero_optimization": {"stage": stage}, "wall_clock_breakdown": False}
-    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
-    if args["runtime"]:
-        from zerostate.runtime import install
-        inst = install(engine)
-        out["installed"] = {"release_policy": inst.release_policy, "closures_replaced": len(inst.swaps)}
-    x = torch.randn(8, 64)
-    def step():
-        loss = engine(x).float().pow(2).mean()
-        engine.backward(loss)
-        engine.step()
-    for _ in range(args["warmup"]):
-        step()
-    times = []
-    for _ in range(args["steps"]):
-        t0 = time.perf_counter(); step(); times.append(time.perf_counter() - t0)
-    res = {"median": statistics.median(times), "mean": statistics.fmean(times), "min": min(times), "times": times}
-    if args["runtime"] and args.get("paired"):
-        # Paired A/B on the same engine: blocks of steps alternate uninstalled / installed, so load
-        # from other processes hits both alike.
-        from zerostate.runtime import uninstall
-        ab = {"stock": [], "runtime": []}
-        for b in range(2 * args["paired"]):
-            mode = "stock" if b % 2 == 0 else "runtime"
-            (uninstall if mode == "stock" else install)(engine)
-            step()
-            for _ in range(args["steps"] // 2):
-                t0 = time.perf_counter(); step(); ab[mode].append(time.perf_counter() - t0)
-        install(engine)
-        res["paired"] = {m: {"median": statistics.median(v), "min": min(v)} for m, v in ab.items()}
-        res["paired"]["ratio_median"] = res["paired"]["runtime"]["median"] / res["paired"]["stock"]["median"]
-    out["stages"][str(stage)] = res
-    engine.destroy()
-print("@@RESULT@@" + json.dumps(out))
-"""
+WORKER = Path(__file__).with_name("seed000_worker.py")
+"""The timing loop (shared with bench_watch.py)."""
 
 
 def cache_dir() -> Path:
@@ -119,9 +61,9 @@ def run_config(python: str, version: str, runtime: bool, site: Path | None, a: a
     env["TORCH_EXTENSIONS_DIR"] = str(cache_dir() / "torch_extensions" / version)
     if site is not None:
         env["PYTHONPATH"] = str(site) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    arg = json.dumps({"runtime": runtime, "stages": list(a.stages), "steps": a.steps, "warmup": a.warmup,
-                      "paired": a.paired})
-    p = subprocess.run([python, "-c", WORKER, arg], capture_output=True, text=True, env=env)
+    arg = json.dumps({"with": "runtime" if runtime else None, "stages": list(a.stages), "steps": a.steps,
+                      "warmup": a.warmup, "paired": a.paired if runtime else 0, "block": a.steps // 2})
+    p = subprocess.run([python, str(WORKER), arg], capture_output=True, text=True, env=env)
     for line in p.stdout.splitlines():
         if line.startswith("@@RESULT@@"):
             res = json.loads(line[len("@@RESULT@@"):])
@@ -166,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, version, runtime in configs:
         summary["configs"][name] = {
             "deepspeed": version, "runtime": runtime,
-            "installed": rounds[name][0].get("installed"),
+            "installed": rounds[name][0]["stages"][str(a.stages[0])]["with"] or None,
             "seconds_per_step": {f"zero{s}": statistics.median(x["stages"][str(s)]["median"] for x in rounds[name])
                                  for s in a.stages},
             "per_round": {f"zero{s}": [x["stages"][str(s)]["median"] for x in rounds[name]] for s in a.stages},

@@ -1,6 +1,7 @@
 """Overhead of ``zerostate watch``: seconds per train step, watched vs plain, on the installed DeepSpeed.
 
-    python benchmarks/bench_watch.py [--steps 20] [--warmup 3] [--rounds 2] [--hf-steps 8] [--json OUT]
+    python benchmarks/bench_watch.py [--steps 20] [--warmup 3] [--rounds 2] [--hf-steps 8] [--pairs 10]
+        [--block 5] [--only seed000|hf|paired|hf-paired] [--json OUT]
 
 1. Seed 000's model (as benchmarks/bench_hook_overhead.py: 73 ``Linear(64, 64)`` + ``LayerNorm``, 148
    parameter tensors, batch 8, fp32, ``engine.backward``, ``OMP_NUM_THREADS=1``), ZeRO-2 and ZeRO-3;
@@ -10,13 +11,17 @@
    ``zerostate watch -- python -m zerostate.targets.hf_job``; seconds of each ``training_step``
    (forward + backward + step) as the job measures them, the first two dropped.
 
-``--only paired``: seed 000's model on one engine, blocks of 5 steps alternately plain and watched
-(``zerostate.watch`` / ``handle.close()``), the median of the per-pair ratios: robust to a shared
-machine's drift, which the subprocess figures are not.
+Paired (the figures to trust on a shared machine; run by default after the above, or alone with
+``--only paired`` / ``--only hf-paired``): one process, one engine, ``--pairs`` pairs of ``--block`` steps,
+one block plain then one watched (``zerostate.watch`` / ``handle.close()``; the HF job toggles it from a
+``TrainerCallback``), the first step of each block untimed; per pair the ratio of the blocks' median step
+times; the figure is the median of those ratios, on the wall clock and on process CPU time.  Drift and
+other processes hit both blocks of a pair alike.  The seed-000 timing loop is benchmarks/seed000_worker.py
+(shared with bench_hook_overhead.py).
 
-Each configuration runs in its own subprocess; ``--rounds`` rounds run every configuration once each,
-so drift on a shared machine hits both alike; the figure is the median over rounds of each round's
-median.  Target (issue 12): watched <= 1.3x plain on the HF job.
+Each unpaired configuration runs in its own subprocess; ``--rounds`` rounds run every configuration once
+each; the figure is the median over rounds of each round's median.  Target (issue 12): watched <= 1.3x
+plain.
 """
 
 from __future__ import annotations
@@ -28,88 +33,99 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from pathlib import Path
 
-WORKER = r"""
-import json, os, socket, statistics, sys, time
-os.environ.setdefault("DS_ACCELERATOR", "cpu")
-s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()
-os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
-import logging
-import torch, deepspeed
-from zerostate.targets.deepspeed import compat
-torch.set_num_threads(1)
-logging.getLogger("DeepSpeed").setLevel(logging.ERROR)
-compat.skip_shm_comm_op()
-deepspeed.init_distributed(dist_backend="gloo")
-a = json.loads(sys.argv[1])
-out = {}
-for stage in a["stages"]:
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(73)], torch.nn.LayerNorm(64))
-    cfg = {"train_micro_batch_size_per_gpu": 8, "gradient_accumulation_steps": 1, "gradient_clipping": 0.0,
-           "optimizer": {"type": "Adam", "params": {"lr": 1e-4, "torch_adam": True}},
-           "zero_optimization": {"stage": stage}}
-    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
-    handle = None
-    if a.get("paired"):  # one engine, blocks of steps alternately plain and watched: drift hits both alike
-        import zerostate
-        x = torch.randn(8, 64)
-        def block(n):
-            ts = []
-            for _ in range(n):
-                t0 = time.perf_counter()
-                loss = engine(x).pow(2).mean(); engine.backward(loss); engine.step()
-                ts.append(time.perf_counter() - t0)
-            return statistics.median(ts)
-        block(a["warmup"])
-        ratios = []
-        for _ in range(a["pairs"]):
-            p = block(5)
-            h = zerostate.watch(engine)
-            w = block(5)
-            h.close()
-            ratios.append(w / p)
-        out[stage] = {"median_ratio": statistics.median(ratios), "ratios": ratios}
-        engine.destroy()
-        continue
-    if a["watch"]:
-        import zerostate
-        handle = zerostate.watch(engine)
-    x = torch.randn(8, 64)
-    times = []
-    for i in range(a["warmup"] + a["steps"]):
-        t0 = time.perf_counter()
-        loss = engine(x).pow(2).mean()
-        engine.backward(loss)
-        engine.step()
-        if i >= a["warmup"]:
-            times.append(time.perf_counter() - t0)
-    out[stage] = {"median": statistics.median(times),
-                  "violations": len(handle.violations) if handle else None}
-    if handle:
-        handle.close()
-    engine.destroy()
-print(json.dumps(out))
-"""
+WORKER = Path(__file__).with_name("seed000_worker.py")
+"""The timing loop (shared with bench_hook_overhead.py)."""
+
+
+def _worker(arg: dict) -> dict:
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    p = subprocess.run([sys.executable, str(WORKER), json.dumps(arg)], capture_output=True, text=True, env=env,
+                       timeout=1800)
+    for line in p.stdout.splitlines():
+        if line.startswith("@@RESULT@@"):
+            return json.loads(line[len("@@RESULT@@"):])["stages"]
+    raise SystemExit(f"seed-000 worker failed:\n{p.stderr[-3000:]}")
 
 
 def _seed000(watch: bool, a) -> dict:
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    arg = json.dumps({"watch": watch, "stages": [2, 3], "steps": a.steps, "warmup": a.warmup})
-    p = subprocess.run([sys.executable, "-c", WORKER, arg], capture_output=True, text=True, env=env, timeout=900)
-    if p.returncode:
-        raise SystemExit(f"seed-000 worker failed:\n{p.stderr[-3000:]}")
-    return json.loads(p.stdout.strip().splitlines()[-1])
+    res = _worker({"with": "watch" if watch else None, "stages": [2, 3], "steps": a.steps, "warmup": a.warmup})
+    return {int(st): {"median": r["median"], "cpu_median": r["cpu_median"],
+                      "violations": r["with"].get("violations")} for st, r in res.items()}
 
 
 def _paired(a) -> dict:
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    arg = json.dumps({"watch": False, "paired": True, "pairs": a.pairs, "stages": [2, 3], "steps": 0,
-                      "warmup": a.warmup})
-    p = subprocess.run([sys.executable, "-c", WORKER, arg], capture_output=True, text=True, env=env, timeout=900)
-    if p.returncode:
-        raise SystemExit(f"paired worker failed:\n{p.stderr[-3000:]}")
-    return json.loads(p.stdout.strip().splitlines()[-1])
+    res = _worker({"with": "watch", "stages": [2, 3], "steps": a.steps, "warmup": a.warmup, "paired": a.pairs,
+                   "block": a.block})
+    return {int(st): dict(r["paired"], violations=r["with"].get("violations")) for st, r in res.items()}
+
+
+HF_PAIRED = r"""
+import json, statistics, sys
+import deepspeed
+from transformers import TrainerCallback
+import zerostate
+from zerostate.targets import hf_job
+a = json.loads(sys.argv[1])
+engines = []
+original = deepspeed.initialize
+def initialize(*x, **k):
+    r = original(*x, **k)
+    engines.append(r[0])
+    return r
+deepspeed.initialize = initialize
+modes, counts = [], {"violations": 0}
+class Toggle(TrainerCallback):  # blocks of a["block"] steps, alternately plain and watched, on one engine
+    handle = None
+    def on_step_begin(self, args, state, control, **kw):
+        on = (state.global_step // a["block"]) % 2 == 1
+        if on and self.handle is None:
+            self.handle = zerostate.watch(engines[-1])
+        elif not on and self.handle is not None:
+            self._close()
+        modes.append("on" if on else "off")
+    def _close(self):
+        counts["violations"] += len(self.handle.violations)
+        self.handle.close()
+        self.handle = None
+    def on_train_end(self, args, state, control, **kw):
+        if self.handle is not None:
+            self._close()
+res = hf_job.run(ckpt="non_reentrant", steps=a["steps"], callbacks=[Toggle()])
+if "error" in res:
+    raise SystemExit(f"HF job failed: {res['error']['type']}: {res['error']['message'][:500]}")
+rows = res["per_step"]
+ratios, cpu_ratios, by = [], [], {"on": [], "off": []}
+b = a["block"]
+for i in range(0, len(rows) - 2 * b + 1, 2 * b):  # a pair: b plain steps, then b watched (the first of each untimed)
+    off, on = rows[i + 1:i + b], rows[i + b + 1:i + 2 * b]
+    if i == 0:
+        off = off[1:]  # the job's first steps build and warm up
+    ratios.append(statistics.median(r["seconds"] for r in on) / statistics.median(r["seconds"] for r in off))
+    cpu_ratios.append(statistics.median(r["cpu_seconds"] for r in on) /
+                      statistics.median(r["cpu_seconds"] for r in off))
+    by["off"] += [r["seconds"] for r in off]
+    by["on"] += [r["seconds"] for r in on]
+assert modes[:2 * b] == ["off"] * b + ["on"] * b, modes
+print("@@RESULT@@" + json.dumps({"ratios": ratios, "cpu_ratios": cpu_ratios, "ratio_median": statistics.median(ratios),
+                                 "cpu_ratio_median": statistics.median(cpu_ratios),
+                                 "plain_median": statistics.median(by["off"]), "watch_median": statistics.median(by["on"]),
+                                 "violations": counts["violations"], "losses": res["losses"]}))
+"""
+
+
+def _hf_paired(a) -> dict:
+    """The HF job once, its steps in blocks alternately plain and watched (``zerostate.watch`` / ``close``
+    from a ``TrainerCallback``) on the one engine the Trainer builds."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    steps = 2 * a.block * a.pairs
+    p = subprocess.run([sys.executable, "-c", HF_PAIRED, json.dumps({"steps": steps, "block": a.block})],
+                       capture_output=True, text=True, env=env, timeout=3600)
+    for line in p.stdout.splitlines():
+        if line.startswith("@@RESULT@@"):
+            return json.loads(line[len("@@RESULT@@"):])
+    raise SystemExit(f"HF paired worker failed:\n{p.stderr[-3000:]}")
 
 
 def _hf(watch: bool, a) -> dict:
@@ -135,18 +151,26 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--hf-steps", type=int, default=8)
-    ap.add_argument("--only", choices=["seed000", "hf", "paired"], default=None, help="one of the jobs")
-    ap.add_argument("--pairs", type=int, default=10, help="paired: plain/watched blocks of 5 steps on one engine")
+    ap.add_argument("--only", choices=["seed000", "hf", "paired", "hf-paired"], default=None,
+                    help="one of the measurements (default: seed000 and hf in subprocesses, then both paired)")
+    ap.add_argument("--pairs", type=int, default=10, help="paired: plain/watched block pairs on one engine")
+    ap.add_argument("--block", type=int, default=5, help="paired: steps per block")
     ap.add_argument("--json", default="zerostate-bench/watch.json")
     a = ap.parse_args(argv)
-    if a.only == "paired":
-        res = _paired(a)
-        for stage, r in res.items():
-            print(f"seed000-zero{stage} paired on one engine: watched/plain median ratio {r['median_ratio']:.2f} "
-                  f"over {len(r['ratios'])} pairs")
+    paired: dict[str, dict] = {}
+    if a.only in (None, "paired"):
+        for stage, r in _paired(a).items():
+            paired[f"seed000-zero{stage}"] = r
+    if a.only in (None, "hf-paired"):
+        paired["hf-lora-zero3"] = _hf_paired(a)
+    for job, r in paired.items():
+        print(f"{job:<16} paired on one engine: watched/plain median ratio {r['ratio_median']:.2f} wall, "
+              f"{r['cpu_ratio_median']:.2f} CPU time, over {len(r['ratios'])} pairs of {a.block} steps "
+              f"(wall ratios {', '.join(f'{x:.2f}' for x in r['ratios'])}); violations {r['violations']}")
+    if a.only in ("paired", "hf-paired"):
         os.makedirs(os.path.dirname(a.json) or ".", exist_ok=True)
         with open(a.json, "w") as fh:
-            json.dump({"paired": res, "args": vars(a)}, fh, indent=2)
+            json.dump({"paired": paired, "args": vars(a)}, fh, indent=2)
         return 0
     rounds: dict[str, list[float]] = {}
     viol: dict[str, object] = {}
@@ -172,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{job:<22} {p:13.4f} {w:13.4f} {w / p:7.2f}  {viol[f'{job}-watch']}")
     os.makedirs(os.path.dirname(a.json) or ".", exist_ok=True)
     with open(a.json, "w") as fh:
-        json.dump({"rows": rows, "rounds": rounds, "args": vars(a)}, fh, indent=2)
+        json.dump({"rows": rows, "rounds": rounds, "paired": paired, "args": vars(a)}, fh, indent=2)
     return 0
 
 

@@ -32,6 +32,10 @@ class Spec:
     finish: Callable[[Any], Failure | str | None]
     checks: str = ""
     """What exactly the monitor checks, in words (for reports and README)."""
+    reacts_to: frozenset | None = None
+    """The event kinds ``step`` can change the monitor on or fail at; for every other kind ``step(m, ev)``
+    returns ``m`` itself, so a fold may skip them (``zerostate watch``'s online checker dispatches by kind).
+    None: every kind.  Stated by each spec, checked on model traces by test_watch."""
 
     def check(self, events: Iterable[Event]) -> Violation | None:
         return check_trace(self, events)

@@ -19,7 +19,7 @@ When a module *computes*:
 
 from __future__ import annotations
 
-from typing import Any, Iterable, NamedTuple
+from typing import Any, Callable, Iterable, NamedTuple
 
 from zerostate.model.events import DRIVER_EVENTS, Ev, Event
 from zerostate.model.network import params_of_module
@@ -35,11 +35,11 @@ _ROOT_FORWARDS = (Ev.FORWARD_START, Ev.EVAL_FORWARD_START)
 def _status(avail: frozenset, inflight: frozenset, ev: Event) -> tuple[frozenset, frozenset]:
     """Fold one status event into (AVAILABLE, INFLIGHT) parameter sets."""
     p = ev.param
-    if ev.kind is Ev.FETCH:
-        return avail | {p}, inflight - {p}
+    if ev.kind is Ev.FETCH:  # the same sets (no copy) where nothing changes: an event per parameter, per hook
+        return (avail if p in avail else avail | {p}), (inflight - {p} if p in inflight else inflight)
     if ev.kind is Ev.PREFETCH:
-        return avail - {p}, inflight | {p}
-    return avail - {p}, inflight - {p}
+        return (avail - {p} if p in avail else avail), (inflight if p in inflight else inflight | {p})
+    return (avail - {p} if p in avail else avail), (inflight - {p} if p in inflight else inflight)
 
 
 def _block_of(module: str | None) -> str | None:
@@ -48,8 +48,19 @@ def _block_of(module: str | None) -> str | None:
     return ".".join(module.split(".")[:2])
 
 
-def _missing(module: str, avail: frozenset) -> list[str]:
-    return [p for p in params_of_module(module) if p not in avail]
+def _block_regions(module: str | None) -> tuple[str, ...]:
+    """The checkpointed region a module of zerostate's network belongs to: its block (``blocks.<i>``)."""
+    b = _block_of(module)
+    return (b,) if b else ()
+
+
+def ancestor_regions(module: str | None) -> tuple[str, ...]:
+    """Every dotted prefix of ``module`` and itself (``a``, ``a.b``, ``a.b.c``): the regions a user's module may
+    be recomputed in, whichever of its ancestors a checkpoint wraps (``zerostate watch``)."""
+    if not module:
+        return ()
+    parts = module.split(".")
+    return tuple(".".join(parts[:i]) for i in range(1, len(parts) + 1))
 
 
 # ---------------------------------------------------------- available-when-used
@@ -61,9 +72,9 @@ class _Used(NamedTuple):
     bwd: str | None = None
     """Module whose backward computes at the next driver event outside a recompute / unpack."""
     pre_bwd: frozenset = frozenset()
-    """Blocks with a module whose pre-backward hook ran in this backward."""
+    """Regions (blocks) with a module whose pre-backward hook ran in this backward."""
     nonreentrant: frozenset = frozenset()
-    """Blocks recomputed by a non-reentrant checkpoint in this backward."""
+    """Regions (blocks) recomputed by a non-reentrant checkpoint in this backward."""
 
 
 def _used_fail(module: str, what: str, missing: list[str]):
@@ -72,52 +83,78 @@ def _used_fail(module: str, what: str, missing: list[str]):
                 f"unavailable-in-{what.split()[0]}")
 
 
-def _used_step(m: _Used, ev: Event):
-    k = ev.kind
-    if k in _STATUS:
-        a, i = _status(m.avail, m.inflight, ev)
-        return m._replace(avail=a, inflight=i)
-    if k not in DRIVER_EVENTS:
+def used_step(params_of: Callable[[str], Iterable[str]] = params_of_module,
+              regions_of: Callable[[str | None], tuple[str, ...]] = _block_regions):
+    """The ``available-when-used`` monitor step for a model whose module -> parameters map is ``params_of``
+    (what ZeRO-3 fetches for the module) and whose modules lie in the checkpointed regions ``regions_of``
+    (a RECOMPUTE_START names its region).  Defaults: zerostate's network (`params_of_module`, blocks)."""
+
+    def missing(module: str, avail: frozenset) -> list[str]:
+        return [p for p in params_of(module) if p not in avail]
+
+    def exempt(module: str, nonreentrant: frozenset) -> bool:
+        return bool(nonreentrant) and any(r in nonreentrant for r in regions_of(module))
+
+    def step(m: _Used, ev: Event):
+        k = ev.kind
+        if k in _STATUS:
+            a, i = _status(m.avail, m.inflight, ev)
+            return m if a is m.avail and i is m.inflight else _Used(a, i, *m[2:])
+        if k not in DRIVER_EVENTS:
+            return m
+        if m.fwd is not None:  # the module whose pre-forward hook just ran computes now
+            miss = missing(m.fwd[0], m.avail)
+            if miss:
+                return _used_fail(m.fwd[0], m.fwd[1] or "forward", miss)
+            m = _Used(m.avail, m.inflight, None, *m[3:])  # (positional: this runs per module hook)
+        if m.bwd is not None and k not in _RECOMPUTE_PARTS:
+            if not exempt(m.bwd, m.nonreentrant):
+                miss = missing(m.bwd, m.avail)
+                if miss:
+                    return _used_fail(m.bwd, "backward", miss)
+            m = _Used(m.avail, m.inflight, m.fwd, None, m.pre_bwd, m.nonreentrant)
+        if k is Ev.USER_BACKWARD_START:
+            return m._replace(pre_bwd=frozenset(), nonreentrant=frozenset())
+        if k is Ev.MODULE_PRE_FORWARD:
+            return _Used(m.avail, m.inflight, (ev.module, ev.phase), *m[3:])
+        if k is Ev.MODULE_PRE_BACKWARD:
+            rs = regions_of(ev.module)
+            return _Used(m.avail, m.inflight, m.fwd, ev.module, m.pre_bwd.union(rs) if rs else m.pre_bwd,
+                         m.nonreentrant)
+        if k is Ev.RECOMPUTE_START and ev.module in m.pre_bwd:
+            return m._replace(nonreentrant=m.nonreentrant | {ev.module})
+        if k is Ev.MODULE_POST_BACKWARD and not exempt(ev.module, m.nonreentrant):
+            miss = missing(ev.module, m.avail)
+            if miss:
+                return _used_fail(ev.module, "backward", miss)
         return m
-    if m.fwd is not None:  # the module whose pre-forward hook just ran computes now
-        missing = _missing(m.fwd[0], m.avail)
-        if missing:
-            return _used_fail(m.fwd[0], m.fwd[1] or "forward", missing)
-        m = m._replace(fwd=None)
-    if m.bwd is not None and k not in _RECOMPUTE_PARTS:
-        if _block_of(m.bwd) not in m.nonreentrant:
-            missing = _missing(m.bwd, m.avail)
-            if missing:
-                return _used_fail(m.bwd, "backward", missing)
-        m = m._replace(bwd=None)
-    if k is Ev.USER_BACKWARD_START:
-        return m._replace(pre_bwd=frozenset(), nonreentrant=frozenset())
-    if k is Ev.MODULE_PRE_FORWARD:
-        return m._replace(fwd=(ev.module, ev.phase))
-    if k is Ev.MODULE_PRE_BACKWARD:
-        b = _block_of(ev.module)
-        return m._replace(bwd=ev.module, pre_bwd=m.pre_bwd | {b} if b else m.pre_bwd)
-    if k is Ev.RECOMPUTE_START and ev.module in m.pre_bwd:
-        return m._replace(nonreentrant=m.nonreentrant | {ev.module})
-    if k is Ev.MODULE_POST_BACKWARD and _block_of(ev.module) not in m.nonreentrant:
-        missing = _missing(ev.module, m.avail)
-        if missing:
-            return _used_fail(ev.module, "backward", missing)
-    return m
+
+    return step
 
 
-AVAILABLE_WHEN_USED = Spec(
-    id="available-when-used",
-    sentence="Whenever a module computes (forward, recompute, backward), all its parameters are AVAILABLE.",
-    provenance=("DeepSpeed parameter_offload.py pre_sub_module_forward/backward_function",
-                "partitioned_param_coordinator.py fetch_sub_module (assert ds_status == AVAILABLE)"),
-    family="coordinator",
-    init=_Used, step=_used_step, finish=lambda m: None,
-    checks=("After every MODULE_PRE_FORWARD (any phase) the module's parameters are AVAILABLE at the next "
-            "driver event; after every MODULE_PRE_BACKWARD they are AVAILABLE at the next driver event outside "
-            "a recompute/unpack and at the module's MODULE_POST_BACKWARD -- except in blocks recomputed by a "
-            "non-reentrant checkpoint, whose backward reads the recompute's saved tensors."),
-)
+_used_step = used_step()
+
+
+def available_when_used(params_of: Callable[[str], Iterable[str]] = params_of_module,
+                        regions_of: Callable[[str | None], tuple[str, ...]] = _block_regions) -> Spec:
+    """``available-when-used`` with `used_step` (``params_of``, ``regions_of``); the defaults give the spec
+    zerostate's own network is judged on, ``zerostate watch`` passes the user's model."""
+    return Spec(
+        id="available-when-used",
+        sentence="Whenever a module computes (forward, recompute, backward), all its parameters are AVAILABLE.",
+        provenance=("DeepSpeed parameter_offload.py pre_sub_module_forward/backward_function",
+                    "partitioned_param_coordinator.py fetch_sub_module (assert ds_status == AVAILABLE)"),
+        family="coordinator",
+        init=_Used, step=used_step(params_of, regions_of), finish=lambda m: None,
+        checks=("After every MODULE_PRE_FORWARD (any phase) the module's parameters are AVAILABLE at the next "
+                "driver event; after every MODULE_PRE_BACKWARD they are AVAILABLE at the next driver event outside "
+                "a recompute/unpack and at the module's MODULE_POST_BACKWARD -- except in blocks recomputed by a "
+                "non-reentrant checkpoint, whose backward reads the recompute's saved tensors."),
+        reacts_to=frozenset({*_STATUS, *DRIVER_EVENTS}),
+    )
+
+
+AVAILABLE_WHEN_USED = available_when_used()
 
 
 # ---------------------------------------------------------- saved-tensor-intact
@@ -135,7 +172,7 @@ def _saved_step(m: _Saved, ev: Event):
     if k in _STATUS:
         a, i = _status(m.avail, m.inflight, ev)
         part = m.partitioned | {ev.param} if k is Ev.RELEASE and ev.param in m.live else m.partitioned
-        return m._replace(avail=a, inflight=i, partitioned=part)
+        return m if a is m.avail and i is m.inflight and part is m.partitioned else _Saved(a, i, m.live, part)
     if k is Ev.SAVE_LIVE:
         return m._replace(live=m.live | {ev.param}, partitioned=m.partitioned - {ev.param})
     if k is Ev.UNPACK:
@@ -166,6 +203,7 @@ SAVED_TENSOR_INTACT = Spec(
             "module's backward) of a parameter, that parameter is AVAILABLE.  ZeRO-3 swaps param.data in place, "
             "so a live reference sees whatever param.data is at unpack time: a release in between is harmless "
             "if a fetch re-gathered it before the unpack (0.19.3 does), fatal otherwise (0.19.2: CheckpointError)."),
+    reacts_to=frozenset({*_STATUS, Ev.SAVE_LIVE, Ev.UNPACK}),
 )
 
 
@@ -197,10 +235,12 @@ def _released_step(m: _Released, ev: Event):
     k = ev.kind
     if k in _STATUS:
         a, i = _status(m.avail, m.inflight, ev)
-        return m._replace(avail=a, inflight=i)
+        return m if a is m.avail and i is m.inflight else _Released(a, i, *m[2:])
     if k is Ev.HOLDERS:
-        held = m.held | {ev.param} if (ev.value or 0) > 0 else m.held - {ev.param}
-        return m._replace(held=held)
+        p = ev.param
+        if (ev.value or 0) > 0:
+            return m if p in m.held else _Released(m.avail, m.inflight, m.held | {p}, m.persistent, m.pending)
+        return _Released(m.avail, m.inflight, m.held - {p}, m.persistent, m.pending) if p in m.held else m
     if k is Ev.PERSISTENT:
         return m._replace(persistent=m.persistent | {ev.param})
     if k is Ev.USER_BACKWARD_END:
@@ -221,6 +261,7 @@ RELEASED_AFTER_BACKWARD = Spec(
     finish=lambda m: _released_problem(m) if m.pending else None,
     checks=("At the first driver event after each USER_BACKWARD_END (or the end of the run) -- so after the "
             "epilogue -- no non-persistent parameter is AVAILABLE or INFLIGHT and no parameter has holders."),
+    reacts_to=frozenset({*_STATUS, Ev.HOLDERS, Ev.PERSISTENT, *DRIVER_EVENTS}),
 )
 
 
@@ -273,7 +314,7 @@ def _trace_expectations(m: _TraceMon, ev: Event) -> _TraceMon:
                                   why=f"{ev.module} at step {m.pos}, where the trace recorded {m.order[m.pos]}")
         elif m.mode == "RECORD":
             return m._replace(order=m.order + (ev.module,), pos=m.pos + 1)
-        return m._replace(pos=m.pos + 1)
+        return _TraceMon(m.mode, m.order, m.pos + 1, *m[3:])  # (positional: this runs per module hook)
     return m
 
 
@@ -333,6 +374,7 @@ TRACE_CONSISTENT = Spec(
             "invalidation nothing stays INFLIGHT and nothing is PREFETCHed until a trace is COMPLETE again.  "
             "Traces that never report a TRACE_STATE (ZeRO-1/2; a tracer that does not record the mode) are not "
             "judged."),
+    reacts_to=frozenset({*_STATUS, Ev.TRACE_STATE, *DRIVER_EVENTS}),
 )
 
 
@@ -381,4 +423,5 @@ COORDINATOR_SPECS = (AVAILABLE_WHEN_USED, SAVED_TENSOR_INTACT, RELEASED_AFTER_BA
 COORDINATOR_METRICS = (GATHERED_PEAK, ALLGATHERS)
 
 __all__ = ["ALLGATHERS", "AVAILABLE_WHEN_USED", "COORDINATOR_METRICS", "COORDINATOR_SPECS", "GATHERED_PEAK",
-           "RELEASED_AFTER_BACKWARD", "SAVED_TENSOR_INTACT", "TRACE_CONSISTENT", "allgathers", "gathered_peak"]
+           "RELEASED_AFTER_BACKWARD", "SAVED_TENSOR_INTACT", "TRACE_CONSISTENT", "allgathers", "ancestor_regions",
+           "available_when_used", "gathered_peak", "used_step"]

@@ -61,6 +61,7 @@ EPILOGUE_ONCE = Spec(
     family="hooks",
     init=_EpilogueOnce, step=_epilogue_once_step, finish=_epilogue_once_finish,
     checks="In every user-backward window: exactly one EPILOGUE, and no GRAD_HOOK / LEAF_HOOK after it.",
+    reacts_to=frozenset({Ev.USER_BACKWARD_START, *_CLOSERS, Ev.EPILOGUE, *_HOOKS}),
 )
 
 
@@ -98,9 +99,9 @@ def _handled_step(m: _Handled, ev: Event):
     if ev.kind is Ev.BUCKET_ADD and m.open:
         if ev.param in m.handled:
             return fail(f"gradient of {ev.param} handled twice in one backward", "handled-twice")
-        return m._replace(handled=m.handled | {ev.param}, bucket=m.bucket | {ev.param})
+        return _Handled(m.open, m.hooked, m.handled | {ev.param}, m.bucket | {ev.param})
     if ev.kind is Ev.GRAD_HOOK and m.open:
-        return m._replace(hooked=m.hooked | {ev.param})
+        return _Handled(m.open, m.hooked | {ev.param}, m.handled, m.bucket)
     nb = _bucket(m, ev)
     return m if nb is m.bucket else m._replace(bucket=nb)
 
@@ -114,6 +115,8 @@ GRAD_HANDLED_ONCE = Spec(
     init=_Handled, step=_handled_step, finish=lambda m: _close_handled(m) if m.open else None,
     checks=("In every user-backward window: each GRAD_HOOK param gets one BUCKET_ADD, no param gets two, "
             "and the bucket is empty when the window closes."),
+    reacts_to=frozenset({Ev.USER_BACKWARD_START, *_CLOSERS, Ev.BUCKET_ADD, Ev.GRAD_HOOK, Ev.BUCKET_FLUSH,
+                         Ev.BUCKET_CLEAR}),
 )
 
 
@@ -136,6 +139,7 @@ NO_EPILOGUE_BEFORE_USER_BACKWARD = Spec(
     family="hooks",
     init=lambda: False, step=_no_early_step, finish=lambda m: None,
     checks="No EPILOGUE event outside a user-backward window.",
+    reacts_to=frozenset({Ev.USER_BACKWARD_START, *_CLOSERS, Ev.EPILOGUE}),
 )
 
 
@@ -159,6 +163,7 @@ COUNT_ONCE_PER_PHASE = Spec(
     family="hooks",
     init=frozenset, step=_count_step, finish=lambda m: None,
     checks="At most one COUNT event per autograd graph task (a phase is one graph task).",
+    reacts_to=frozenset({Ev.FORWARD_START, Ev.COUNT}),
 )
 
 
@@ -188,7 +193,7 @@ def _clean_step(m: _Clean, ev: Event):
     if ev.kind in (Ev.ENTER_BACKWARD, Ev.EXIT_BACKWARD):
         return m._replace(depth=ev.value or 0)
     if ev.kind is Ev.BUCKET_ADD:
-        return m._replace(bucket=m.bucket | {ev.param})
+        return m if ev.param in m.bucket else _Clean(m.after_step, m.depth, m.bucket | {ev.param})
     if ev.kind in (Ev.BUCKET_FLUSH, Ev.BUCKET_CLEAR):
         return m._replace(bucket=frozenset())
     return m
@@ -201,6 +206,8 @@ CLEAN_STEP = Spec(
     family="hooks",
     init=_Clean, step=_clean_step, finish=lambda m: _clean_problem(m) if m.after_step else None,
     checks="At the first forward after STEP (or the end of the run): the bucket is empty and backward depth is 0.",
+    reacts_to=frozenset({Ev.FORWARD_START, Ev.EVAL_FORWARD_START, Ev.STEP, Ev.ENTER_BACKWARD, Ev.EXIT_BACKWARD,
+                         Ev.BUCKET_ADD, Ev.BUCKET_FLUSH, Ev.BUCKET_CLEAR}),
 )
 
 HOOK_SPECS = (EPILOGUE_ONCE, GRAD_HANDLED_ONCE, NO_EPILOGUE_BEFORE_USER_BACKWARD, COUNT_ONCE_PER_PHASE,

@@ -84,8 +84,7 @@ class WatchHandle:
         numels = {n: int(getattr(p, "ds_numel", 0) or p.numel()) for n, p in engine.module.named_parameters()}
         self.checker = OnlineChecker(lambda n: numels.get(n, 0), on_violation=self._on_violation)
         self.tracer = WatchTracer(engine, sink=self.checker.feed)
-        self.checker.specs = watch_specs(self.tracer.params_of)
-        self.checker.state = {s.id: s.init() for s in self.checker.specs}
+        self.checker.set_specs(watch_specs(self.tracer.params_of))
         self._hang = _HangWatch(out, self.rank, hang_s) if out and hang_s else None
         self._wrap_calls()
         self.tracer.install()

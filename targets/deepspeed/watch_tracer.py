@@ -32,6 +32,8 @@ import threading
 import torch
 import torch.utils.checkpoint as _ckpt
 
+from zerostate.model.events import Ev, Event
+
 from . import compat
 from .tracer import ROOT, Tracer
 
@@ -39,6 +41,9 @@ _GATHER = "_PartitionedParameterCoordinator__all_gather_params"
 """partitioned_param_coordinator.py ``__all_gather_params(params, forward)`` (0.18.4-0.19.8): every fetch and
 prefetch all-gathers through it."""
 _ACTIVE: list["WatchTracer"] = []
+_EVENTS: dict[tuple, Event] = {}
+"""(kind, param, module, task, value, phase, note) -> the one `Event` with those fields."""
+_EVENTS_MAX = 200_000
 _CKPT_LOCK = threading.Lock()
 _CKPT_ORIG: dict[str, object] = {}
 
@@ -134,6 +139,28 @@ def _uninstall_checkpoint_observer() -> None:
         _CKPT_ORIG.clear()
 
 
+def _checkpointed_module(fn):
+    """The module a non-reentrant checkpoint recomputes: torch hands `_run_fn_with_dynamo_disabled` its
+    ``recompute_fn`` closure over the user's ``fn`` (torch/utils/checkpoint.py
+    ``_checkpoint_without_reentrant_generator``); HF's ``GradientCheckpointingLayer`` passes
+    ``partial(super().__call__)``, bound to the layer.  None when it is not a module's call (a plain function:
+    RECOMPUTE_START then names no region, and ``available-when-used`` exempts nothing in it)."""
+    for _ in range(4):
+        target = getattr(getattr(fn, "func", fn), "__self__", None)
+        if isinstance(target, torch.nn.Module):
+            return target
+        if isinstance(fn, torch.nn.Module):
+            return fn
+        code, cells = getattr(fn, "__code__", None), getattr(fn, "__closure__", None)
+        if code is None or not cells or "fn" not in code.co_freevars:
+            return None
+        try:
+            fn = cells[code.co_freevars.index("fn")].cell_contents
+        except ValueError:  # an empty cell
+            return None
+    return None
+
+
 def z3_leaf_modules(module) -> dict[str, object]:
     """The z3 leaf modules of ``module`` (``deepspeed.utils.set_z3_leaf_modules`` sets ``_z3_leaf``)."""
     return {(n or ROOT): m for n, m in module.named_modules() if getattr(m, "_z3_leaf", False)}
@@ -163,6 +190,9 @@ class WatchTracer(Tracer):
         """z3 leaf module -> whether any tensor input required grad at its last forward."""
         self._handles: list = []
         self._by_name = dict(self.params)
+        self._own_items = {m: [(n, self._by_name[n]) for n in ns if n in self._by_name] for m, ns in self._own.items()}
+        """module -> its own (name, parameter) pairs in parameter order (`_poll_module`'s usual scan)."""
+        self._own_sets = {m: frozenset(ns) for m, ns in self._own.items()}
         self._order = {n: i for i, (n, _) in enumerate(self.params)}
         self._dirty: set[str] = set()
         self._gather_seen = False
@@ -176,14 +206,20 @@ class WatchTracer(Tracer):
         return self._own.get(module, ())
 
     # ------------------------------------------------------------ events
-    def emit(self, kind: str, **kw) -> None:
-        if self._paused:
+    def emit(self, kind: str, param=None, module=None, task=None, value=None, phase=None, note=None) -> None:
+        """Hand ``sink`` the `Event` (not a dict: no ``Event.from_dict`` per event).  Events are immutable and a
+        job repeats the same ones every step (a parameter's fetch, holders, release...), so equal events are
+        one shared object from `_EVENTS`."""
+        if self._paused or self.sink is None:
             return
-        ev = {"kind": kind}
-        ev.update({k: v for k, v in kw.items() if v is not None})
-        if self.sink is not None:
-            with self._lock:
-                self.sink(ev)
+        key = (kind, param, module, task, value, phase, note)
+        ev = _EVENTS.get(key)
+        if ev is None:
+            if len(_EVENTS) >= _EVENTS_MAX:
+                _EVENTS.clear()
+            ev = _EVENTS[key] = Event(Ev(kind), param, module, task, value, phase, note)
+        with self._lock:
+            self.sink(ev)
 
     def on_checkpoint(self, what: str, param: str) -> None:
         """A frozen parameter saved live by a recompute (``save_live``), checked by torch (``check``) or read
@@ -200,8 +236,7 @@ class WatchTracer(Tracer):
     def on_recompute(self, fn, start: bool) -> None:
         if self.stage != 3 or torch._C._current_graph_task_id() == -1:
             return
-        target = getattr(getattr(fn, "func", fn), "__self__", None)
-        name = self.mod_names.get(id(target), "checkpoint")
+        name = self.mod_names.get(id(_checkpointed_module(fn)), "checkpoint")
         if start:
             self._task()
             self._recompute_depth += 1
@@ -214,6 +249,7 @@ class WatchTracer(Tracer):
     # ------------------------------------------------------------ install
     def install(self) -> "WatchTracer":
         super().install()
+        self._report_gathered()
         eng = self.engine
         self._patch(eng, "forward", self._w_forward)
         self._patch(eng, "backward", self._w_backward)
@@ -227,6 +263,22 @@ class WatchTracer(Tracer):
         _ACTIVE.append(self)
         _install_checkpoint_observer()
         return self
+
+    def _report_gathered(self) -> None:
+        """An engine watched after it has run: the parameters DeepSpeed holds gathered now (persistent ones
+        after a step) are reported as fetched / prefetched with their holders, so the specs start from
+        DeepSpeed's state (`Tracer._resync` takes it as already reported; ``available-when-used`` would then
+        see a module compute with parameters it never saw fetched)."""
+        if self.stage != 3:
+            return
+        for n, _ in self.params:
+            st = self._emitted.get(n)
+            if st == "AVAILABLE":
+                self.emit("fetch", param=n)
+            elif st == "INFLIGHT":
+                self.emit("prefetch", param=n, module=n.rsplit(".", 1)[0])
+            if self._holders.get(n, 0):
+                self.emit("holders", param=n, value=self._holders[n], note="+")
 
     def uninstall(self) -> None:
         if self in _ACTIVE:
@@ -307,8 +359,14 @@ class WatchTracer(Tracer):
         if not self._gather_seen:
             self._poll(module)
             return
-        names = set(self._own.get(module, ())) | self._dirty | set(extra)
-        self._dirty.clear()
+        dirty = self._dirty
+        own = self._own_items.get(module, ())
+        if not extra and (not dirty or dirty.issubset(self._own_sets[module] if own else ())):
+            dirty.clear()  # the usual hook: only the module's own parameters were all-gathered
+            self._scan(own, module)
+            return
+        names = set(self._own.get(module, ())) | dirty | set(extra)
+        dirty.clear()
         self._scan([(n, self._by_name[n]) for n in sorted(names, key=self._order.__getitem__)
                     if n in self._by_name], module)
 
@@ -317,7 +375,7 @@ class WatchTracer(Tracer):
         for n, p in items:
             new, em = status(p), emitted.get(n)
             h_old, h_new = hold.get(n, 0), holders(p)
-            if new == em and h_old == h_new:
+            if h_old == h_new and new == em:
                 continue
             if h_new < h_old:
                 hold[n] = h_new
