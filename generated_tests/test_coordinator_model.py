@@ -390,3 +390,30 @@ def test_compare_reports_both_designs_side_by_side():
     assert data["allgathers"]["ds-0.19.3"]["total"] > data["allgathers"]["pr-8130"]["total"]
     text = c.to_text()
     assert "pr-8130" in text and "ds-0.19.3" in text and "gathered-peak" in text and "VIOLATED" in text
+
+
+# ----------------------------------------------------------------- Block containers (issue 10)
+def test_block_containers_are_traced_and_prefetch_like_any_module():
+    """DeepSpeed hooks each non-leaf ``Block`` like any module: it is recorded in the trace (a step of its
+    own) and, with a COMPLETE trace, its pre-forward pops the queue and prefetches.  With a one-element
+    bucket every fetching hook prefetches one parameter, so some prefetch lands in a container's hook;
+    a leaf block is one hooked module (no container)."""
+    sc = Scenario(blocks=(Block(), Block(leaf=True), Block()), stage=3, prefetch_bucket_size=1,
+                  steps=(TrainStep(),) * 2).validate()
+    events = run(get_design("ds-0.19.3"), sc).events
+    boxes = {e.module for e in events if e.kind is Ev.CONTAINER_HOOK}
+    assert boxes == {"blocks.0", "blocks.2"}
+    complete = next(e for e in events if e.kind is Ev.TRACE_STATE and e.note == "COMPLETE")
+    per_pass = 1 + 2 * 3 + 1  # root, 2 containers with 2 sub-modules each, the leaf block
+    assert complete.value == 2 * per_pass  # the forward and the backward, containers included
+    after_box = [events[i + 1] for i, e in enumerate(events[:-1])
+                 if e.kind is Ev.CONTAINER_HOOK and e.note in ("pre_forward", "pre_backward")]
+    assert any(e.kind is Ev.PREFETCH for e in after_box)
+    # and nothing else: a container owns no parameter, so it never fetches, holds or releases one
+    effects, inside = [], False
+    for e in events:
+        if e.kind is Ev.CONTAINER_HOOK or e.kind in DRIVER_EVENTS:
+            inside = e.kind is Ev.CONTAINER_HOOK
+        elif inside:
+            effects.append(e)
+    assert effects and all(e.kind in (Ev.PREFETCH, Ev.TRACE_STATE) for e in effects), effects

@@ -5,18 +5,18 @@ Hypothesis draws ZeRO-3 scenarios from the full scenario strategy (`targets.stra
 reentrant / non-reentrant blocks, trainable / frozen / unused parameters, z3 leaf blocks, the fused head,
 inputs with and without grad, eval forwards, branches, hook re-registration, gas 1-2, at least two train
 steps, and the ZeRO-3 knobs at 0, between the parameter sizes and at DeepSpeed's defaults: persistence
-threshold 0 / 8 / 1e5, ``stage3_max_reuse_distance`` 1e9 / 0 / 128, ``stage3_max_live_parameters``).
+threshold 0 / 8 / 1e5, ``stage3_max_reuse_distance`` 1e9 / 0 / 128, ``stage3_prefetch_bucket_size`` 0 / 1 /
+256 / DeepSpeed's default 5e7 and ``stage3_max_live_parameters`` 0 / 64 / the default 1e9).
 Each runs (a) in the model, design ``zerostate``, PyTorch's CPU order, and (b) on the installed
 DeepSpeed with ``zerostate.runtime`` installed in the deepspeed target's worker, traced.  Both traces are
 projected, per parameter, onto its FETCH / PREFETCH / RELEASE events and its holder count, each anchored
 at the module hook it happened in (``module_post_backward:blocks.0.norm`` ...): the two projections must
 be equal.
 
-Not covered: ``stage3_prefetch_bucket_size`` > 0 is drawn as 0 here -- DeepSpeed also runs fetch (and so
-prefetch) in the hooks of parameter-less containers (the ``Block`` modules), which the model does not
-have, so prefetches land one hook earlier in real DeepSpeed (docs/coordinator.md); the training-setup
-dimensions the model does not represent (`Scenario.beyond_model`) are not drawn; runs that raise in
-DeepSpeed itself are accepted only when a known DeepSpeed issue explains them.
+Prefetch is compared like everything else: DeepSpeed also fetches (and so prefetches) in the hooks of the
+parameter-less ``Block`` containers, and so does the model (``CONTAINER_HOOK``, docs/coordinator.md).
+Not covered: the training-setup dimensions the model does not represent (`Scenario.beyond_model`) are not
+drawn; runs that raise in DeepSpeed itself are accepted only when a known DeepSpeed issue explains them.
 
 CI: ``ZEROSTATE_RUNTIME_RELEASE_EXAMPLES`` (default 25) examples on the installed release.
 
@@ -35,6 +35,7 @@ import os
 
 import pytest
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from zerostate.model.designs import get_design
 from zerostate.model.events import Ev
@@ -87,10 +88,16 @@ def runtime_target(tmp_path_factory):
     target.close()
 
 
-_STRATEGY = scenarios(stages=(3,), **{k: False for k in ("setup", "llama")
-                                        if k in inspect.signature(scenarios).parameters}).map(
-    lambda sc: sc.with_(prefetch_bucket_size=0,
-                        steps=sc.steps if len(sc.steps) >= 2 else sc.steps * 2))
+PREFETCH_BUCKETS = (0, 1, 256, 50_000_000)
+"""``stage3_prefetch_bucket_size``: off, one parameter at a time, a few parameters, DeepSpeed's default."""
+MAX_LIVE = (1_000_000_000, 64, 0)
+"""``stage3_max_live_parameters``: DeepSpeed's default, one Linear weight (width 8), nothing to prefetch."""
+
+_STRATEGY = st.tuples(
+    scenarios(stages=(3,), **{k: False for k in ("setup", "llama") if k in inspect.signature(scenarios).parameters}),
+    st.sampled_from(PREFETCH_BUCKETS), st.sampled_from(MAX_LIVE)).map(
+    lambda t: t[0].with_(prefetch_bucket_size=t[1], max_live_parameters=t[2],
+                         steps=t[0].steps if len(t[0].steps) >= 2 else t[0].steps * 2))
 
 
 @settings(max_examples=int(os.environ.get("ZEROSTATE_RUNTIME_RELEASE_EXAMPLES", "25")), deadline=None,

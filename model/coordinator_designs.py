@@ -128,7 +128,20 @@ def _on_step(d: CoordinatorDesign, w: A.Work, ev: Event) -> None:
     A.release_and_reset_all(w)
 
 
+def _on_container(d: CoordinatorDesign, w: A.Work, ev: Event) -> None:
+    """A ``Block`` container's hook: the same DeepSpeed functions as any module's (it owns no parameter,
+    so it fetches and releases nothing, but it is traced, counts a step and, with a COMPLETE trace,
+    pops the queue and prefetches)."""
+    _CONTAINER_HANDLERS[ev.note](d, w, ev)
+
+
+_CONTAINER_HANDLERS: dict[str | None, Callable[[CoordinatorDesign, A.Work, Event], None]] = {
+    "pre_forward": _on_pre_forward, "post_forward": _on_post_forward,
+    "pre_backward": _on_pre_backward, "post_backward": _on_post_backward,
+}
+
 _HANDLERS: dict[Ev, Callable[[CoordinatorDesign, A.Work, Event], None]] = {
+    Ev.CONTAINER_HOOK: _on_container,
     Ev.FORWARD_START: _on_root_forward,
     Ev.EVAL_FORWARD_START: _on_root_forward,
     Ev.REREGISTER: _on_reregister,

@@ -74,18 +74,24 @@ class CoordIndex:
         self.persistent = tuple(i.persistent for i in infos)
         self.frozen = tuple(i.frozen for i in infos)
         mods = [ROOT]
+        boxes = []  # the parameter-less Block containers of non-leaf blocks (also hooked by ZeRO-3)
         for i in range(len(net.scenario.blocks)):
-            if net.is_leaf(i):
-                mods.append(f"blocks.{i}")
-            else:
+            mods.append(f"blocks.{i}")
+            if not net.is_leaf(i):
+                boxes.append(len(mods) - 1)
                 mods += [m.name for m in net.block_modules(i)]
         if net.scenario.fused_head:
             mods.append(HEAD)
         self.modules: tuple[str, ...] = tuple(mods)
         self.midx = {m: i for i, m in enumerate(self.modules)}
         # iter_params(module, recurse=leaf): sorted by ds_id (= registration order) as record_parameters does
+        subtree = tuple(tuple(sorted(self.pidx[p] for p in params_of_module(m) if p in self.pidx))
+                        for m in self.modules)
+        self.containers = frozenset(boxes)
+        """Module indices of the ``Block`` containers: they own no parameter (``iter_params(recurse=False)``
+        is empty), but each recursively holds its block's."""
         self.module_params: tuple[tuple[int, ...], ...] = tuple(
-            tuple(sorted(self.pidx[p] for p in params_of_module(m) if p in self.pidx)) for m in self.modules)
+            () if mi in self.containers else ps for mi, ps in enumerate(subtree))
         self.output_requires_grad = tuple(self._out_rg(net, m) for m in self.modules)
         self.nonreentrant = tuple(self._nonreentrant(net, m) for m in self.modules)
         """Whether the module is inside a block recomputed by a non-reentrant checkpoint."""
@@ -105,11 +111,11 @@ class CoordIndex:
         root = self.midx[ROOT]
         everything = tuple(range(self.n))
         leafs = {self.midx[f"blocks.{i}"] for i in range(len(sc.blocks)) if net.is_leaf(i)}
-        # iter_params(module, recurse) per module: the root and a z3 leaf *block* (a container) own no
-        # parameter directly; recursively the root has every parameter and a leaf block all of its own.
+        # iter_params(module, recurse) per module: the root, a z3 leaf *block* and a Block container own no
+        # parameter directly; recursively the root has every parameter and a block all of its own.
         self.iter_params: tuple[tuple[tuple[int, ...], ...], tuple[tuple[int, ...], ...]] = (
             tuple(() if (mi == root or mi in leafs) else ps for mi, ps in enumerate(self.module_params)),
-            tuple(everything if mi == root else ps for mi, ps in enumerate(self.module_params)))
+            tuple(everything if mi == root else ps for mi, ps in enumerate(subtree)))
         """``iter_params(module, recurse=False / True)`` per module index (``[recurse][module]``)."""
         self.leaf_modules = frozenset(leafs)
 

@@ -23,8 +23,14 @@ the user's backward is a real DAG:
 * ZeRO-3 module hooks: the root module (``model``) wraps every forward and
   backward; a module's pre-backward hook fires only when its output requires
   grad and its post-backward hook only when its input does (so a module fed an
-  input that does not require grad never runs its post-backward hook).  Hooks
-  of parameter-less containers (the ``Block`` modules) are not modelled;
+  input that does not require grad never runs its post-backward hook).  The
+  parameter-less container of a non-leaf block (``blocks.{i}``, the ``Block``
+  module) is hooked too (``CONTAINER_HOOK``): its pre-forward before its
+  sub-modules', its post-forward after theirs (not in a non-reentrant
+  recompute, which stops early inside the block), its pre-backward before
+  theirs where the block's output requires grad (a reentrant block: in the
+  nested task, after the recompute) and its post-backward after theirs where
+  the block's input requires grad;
 * a micro-step may take a branch that skips frozen norms (``MicroStep.skip``),
   and a train step may start by re-registering ZeRO-3's hooks (REREGISTER).
 
@@ -46,7 +52,7 @@ from .network import HEAD, HEAD_WEIGHT, ROOT, Network
 from .scenario import Checkpoint, ParamKind, Scenario
 
 COORDINATOR_ONLY = frozenset({
-    Ev.MODULE_PRE_FORWARD, Ev.MODULE_POST_FORWARD, Ev.MODULE_PRE_BACKWARD,
+    Ev.CONTAINER_HOOK, Ev.MODULE_PRE_FORWARD, Ev.MODULE_POST_FORWARD, Ev.MODULE_PRE_BACKWARD,
     Ev.MODULE_POST_BACKWARD, Ev.RECOMPUTE_START, Ev.RECOMPUTE_END, Ev.UNPACK,
     Ev.EVAL_FORWARD_START, Ev.EVAL_FORWARD_END, Ev.REREGISTER,
 })
@@ -77,16 +83,31 @@ def _chain_segment(events: list[Event]) -> nx.DiGraph:
     return b.g
 
 
+def has_container(net: Network, i: int) -> bool:
+    """ZeRO-3 hooks block i's ``Block`` module as a parameter-less container (not when the block is a z3
+    leaf module: then the block itself is the one hooked module)."""
+    return net.scenario.stage == 3 and not net.is_leaf(i)
+
+
+def _container(i: int, hook: str, phase: str | None = None) -> Event:
+    return E(Ev.CONTAINER_HOOK, module=f"blocks.{i}", phase=phase, note=hook)
+
+
 def forward_events(net: Network, phase: str, block_range: range | None = None,
                    skip: frozenset[int] = frozenset()) -> list[Event]:
     """Module pre/post forward hooks of the blocks of a whole forward (``skip``: blocks whose frozen
-    norm this forward's branch skips)."""
+    norm this forward's branch skips), each non-leaf block's inside its container's."""
     out: list[Event] = []
     blocks = block_range if block_range is not None else range(len(net.scenario.blocks))
     for i in blocks:
+        box = has_container(net, i)
+        if box:
+            out.append(_container(i, "pre_forward", phase))
         for g in net.hook_groups(i, i in skip):
             out += [E(Ev.MODULE_PRE_FORWARD, module=g.module, phase=phase),
                     E(Ev.MODULE_POST_FORWARD, module=g.module, phase=phase)]
+        if box:
+            out.append(_container(i, "post_forward", phase))
     return out
 
 
@@ -100,13 +121,18 @@ def _recompute_events(net: Network, i: int, nonreentrant: bool, skip: bool) -> l
     metadata (UNPACK note=check).  Reentrant: the whole forward re-runs (every post-forward fires).
     """
     groups = net.hook_groups(i, skip)
+    box = has_container(net, i)
     out = [E(Ev.RECOMPUTE_START, module=f"blocks.{i}")]
+    if box:
+        out.append(_container(i, "pre_forward", "recompute"))
     for gi, g in enumerate(groups):
         out.append(E(Ev.MODULE_PRE_FORWARD, module=g.module, phase="recompute"))
         if nonreentrant:
             out += [E(Ev.SAVE_LIVE, param=p, module=f"blocks.{i}") for p in g.saved_live]
         if not (nonreentrant and gi == len(groups) - 1):
             out.append(E(Ev.MODULE_POST_FORWARD, module=g.module, phase="recompute"))
+    if box and not nonreentrant:  # the early stop leaves the Block's forward too
+        out.append(_container(i, "post_forward", "recompute"))
     out.append(E(Ev.RECOMPUTE_END, module=f"blocks.{i}"))
     if nonreentrant:
         out += [E(Ev.UNPACK, param=p, module=f"blocks.{i}", note="check") for g in groups for p in g.saved_live]
@@ -136,6 +162,9 @@ def backward_dag(net: Network, outer: int, first_nested: int, kind: str,
             frontier = b.chain([E(Ev.TASK_START, task=task, value=outer, note="nested", module=f"blocks.{i}")]
                                + _recompute_events(net, i, nonreentrant=False, skip=i in skip), frontier)
         block_tails: list[int] = []
+        box = has_container(net, i)
+        if box:  # on the Block's output: before its sub-modules' (reentrant: in the nested task)
+            frontier = (b.add(_container(i, "pre_backward"), frontier),)
         for gi, g in enumerate(reversed(net.hook_groups(i, i in skip))):
             if g.output_requires_grad:
                 frontier = (b.add(E(Ev.MODULE_PRE_BACKWARD, module=g.module), frontier),)
@@ -155,6 +184,8 @@ def backward_dag(net: Network, outer: int, first_nested: int, kind: str,
                     block_tails += list(b.chain([E(Ev.GRAD_HOOK, param=p, task=task) for p in hooked], frontier))
             if g.input_requires_grad:
                 frontier = (b.add(E(Ev.MODULE_POST_BACKWARD, module=g.module), frontier),)
+        if box and net.block_input_requires_grad(i):  # on the Block's input: after its sub-modules'
+            frontier = (b.add(_container(i, "post_backward"), frontier),)
         if ck is Checkpoint.REENTRANT:
             frontier = (b.add(E(Ev.TASK_END, task=task, module=f"blocks.{i}"), frontier + tuple(block_tails)),)
         else:
@@ -246,5 +277,5 @@ def default_order(g: nx.DiGraph) -> list[Event]:
     return [g.nodes[n]["event"] for n in nx.lexicographical_topological_sort(g)]
 
 
-__all__ = ["COORDINATOR_ONLY", "backward_dag", "contract", "default_order", "eval_segment",
+__all__ = ["COORDINATOR_ONLY", "backward_dag", "has_container", "contract", "default_order", "eval_segment",
            "forward_events", "forward_segment", "segments"]

@@ -18,10 +18,11 @@ The coordinator half (ZeRO-3, issue 10) is projected per parameter: each FETCH /
 RELEASE and the parameter's holder count (``ds_active_sub_modules``) at the end of every module
 hook where it changed, each anchored at the module hook (or schedule mark) it happened in
 (`coordinator_project`).  A wrong coordinator design -- what a recompute releases, what the trace
-keeps for reuse, what persistence exempts -- differs there.  One gap is left out on purpose: when
-*both* traces prefetch, the prefetches are not compared, because DeepSpeed also fetches (and so
-prefetches) in the hooks of parameter-less containers, which the model does not have, so its
-prefetches land a hook earlier (docs/coordinator.md); the coordinator projection is then skipped.
+keeps for reuse, what persistence exempts, what prefetch gathers ahead under
+``stage3_prefetch_bucket_size`` and ``stage3_max_live_parameters`` -- differs there.  The model's
+``Block`` containers (``CONTAINER_HOOK``, which DeepSpeed hooks, traces and prefetches in like any
+module) are never anchors: the tracer reports no container hook, so what happens in one is anchored at
+the module hook before it on both sides.
 """
 
 from __future__ import annotations
@@ -86,12 +87,24 @@ _MARKS = (Ev.USER_BACKWARD_START, Ev.STEP, Ev.FORWARD_START, Ev.EVAL_FORWARD_STA
 _PARAM = (Ev.FETCH, Ev.PREFETCH, Ev.RELEASE)
 
 
+_FORWARD_STARTS = (Ev.FORWARD_START.value, Ev.EVAL_FORWARD_START.value)
+_STATUS_AFTER = {Ev.FETCH: "AVAILABLE", Ev.PREFETCH: "INFLIGHT", Ev.RELEASE: "NOT_AVAILABLE"}
+
+
 def coordinator_project(events: Iterable[Event], params: Iterable[str] | None = None,
                         holders: bool = True) -> dict[str, list[tuple]]:
     """Per parameter: ``(fetch | prefetch | release, anchor)`` in order, anchor = the last module hook
     (``module_post_backward:blocks.0.norm:``) or schedule mark before it, and with ``holders`` the
-    holder count at the end of each anchor where it changed.  An in-flight gather completing (FETCH
-    note=inflight) is left out: the model reports it, the tracer sees it only in the owner's own hook.
+    holder count at the end of each anchor where it changed.
+
+    What is compared is each parameter's *net* status change over an anchor (NOT_AVAILABLE ->
+    AVAILABLE: fetch, -> INFLIGHT: prefetch, -> NOT_AVAILABLE: release; an in-flight gather completing
+    is left out), because that is all the tracer can see: it polls statuses after each hook, so a
+    release and a fetch again inside one hook (an invalidated trace's in-flight cleanup, then the
+    module's own fetch) reach it as no change or as an in-flight gather completing.  For the same reason a
+    forward start and the root module's pre-forward hook are one anchor: ``reset_step`` (which waits and
+    releases what is still in flight) runs in the root's first forward pre-hook, before its pre-forward
+    fetch, and the tracer polls statuses only after that.
     ``params``: the parameters to project (default: every one the events name)."""
     events = list(events)
     if params is None:
@@ -100,20 +113,28 @@ def coordinator_project(events: Iterable[Event], params: Iterable[str] | None = 
     out: dict[str, list[tuple]] = {p: [] for p in params}
     count = {p: 0 for p in params}
     shown = dict(count)
+    status = {p: "NOT_AVAILABLE" for p in params}
+    before = dict(status)
     anchor = "start"
 
     def flush() -> None:
         for p in params:
+            was, now = before[p], status[p]
+            if was != now and not (was == "INFLIGHT" and now == "AVAILABLE"):
+                kind = "release" if now == "NOT_AVAILABLE" else "prefetch" if now == "INFLIGHT" else "fetch"
+                out[p].append((kind, anchor))
+            before[p] = now
             if holders and count[p] != shown[p]:
                 out[p].append(("holders", count[p], anchor))
                 shown[p] = count[p]
 
     for e in events:
         if e.kind in _MOD or e.kind in _MARKS:
-            flush()
+            if not (e.kind is Ev.MODULE_PRE_FORWARD and anchor in _FORWARD_STARTS):
+                flush()
             anchor = f"{e.kind.value}:{e.module}:{e.phase or ''}" if e.kind in _MOD else e.kind.value
-        elif e.kind in _PARAM and e.param in out and not (e.kind is Ev.FETCH and e.note == "inflight"):
-            out[e.param].append((e.kind.value, anchor))
+        elif e.kind in _PARAM and e.param in out:
+            status[e.param] = _STATUS_AFTER[e.kind]
         elif e.kind is Ev.HOLDERS and e.param in out:
             count[e.param] = e.value
     flush()
@@ -121,12 +142,10 @@ def coordinator_project(events: Iterable[Event], params: Iterable[str] | None = 
 
 
 def compare_coordinator(model_events: Iterable[Event], real_events: Iterable[Event], design: str) -> str | None:
-    """None when the coordinator projections agree (or both traces prefetch: not compared, see above)."""
+    """None when the coordinator projections agree."""
     model_events, real_events = list(model_events), list(real_events)
     if not any(e.kind in _MOD for e in real_events):
         return None  # ZeRO-1/2: no coordinator
-    if any(e.kind is Ev.PREFETCH for e in model_events) and any(e.kind is Ev.PREFETCH for e in real_events):
-        return None
     m, r = coordinator_project(model_events), coordinator_project(real_events)
     for p in sorted(m.keys() | r.keys()):
         mv, rv = m.get(p, []), r.get(p, [])

@@ -70,7 +70,11 @@ Z3_LEAF_INPUT_NO_GRAD = KnownIssue(
     checks=("exception",),
     keys=("exception:RuntimeError@runtime.engine.backward",),
     upstream_patch="docs/upstream/z3-leaf-input-without-grad/",
-    explains=lambda f: f.check in ("exception", "oracle") and _leaf_input_without_grad(f.scenario),
+    # and its side effect on the spec: the hook fired before the leaf's pre-backward, so the next driver
+    # event after that pre-backward is the task's end, after the epilogue drained the leaf
+    explains=lambda f: (f.check in ("exception", "oracle") or (
+        f.check == "available-when-used" and f.code == "unavailable-in-backward")) and _leaf_input_without_grad(
+        f.scenario),
     detail=("stage3.py registers reduce_leaf_module_grads as the leaf module's full backward hook.  When no "
             "input of the module requires grad, torch fires a full backward hook as soon as the gradient of "
             "its *output* is known -- before the module's own backward has produced its parameters' "
@@ -102,10 +106,12 @@ ZERO12_NO_GRADIENT = KnownIssue(
 )
 
 def _leaf_without_backward(sc: Scenario) -> bool:
+    """A z3 leaf block whose backward never runs (its output does not require grad: frozen or unused and
+    fed an input without grad, or reentrant-checkpointed and fed an input without grad), in a run long
+    enough for a COMPLETE trace."""
     net = Network(sc)
-    rg = [sc.input_requires_grad, *net.output_requires_grad[:-1]]
     return sc.stage == 3 and len(sc.steps) * sc.gas > 1 and any(
-        b.leaf and not rg[i] and not b.has_trainable for i, b in enumerate(sc.blocks))
+        b.leaf and not net.output_requires_grad[i] for i, b in enumerate(sc.blocks))
 
 
 Z3_LEAF_KEPT_GATHERED = KnownIssue(
@@ -128,7 +134,7 @@ Z3_LEAF_KEPT_GATHERED = KnownIssue(
             "of backward -- so all of the leaf's parameters look reused and none is released after its "
             "forward once the trace is COMPLETE (second step on).  A leaf whose backward runs is released at "
             "its post-backward (memory held across the whole forward, defeating ZeRO-3 for MoE-style leaves); "
-            "one whose backward never runs (frozen, its input does not require grad) stays gathered after "
+            "one whose backward never runs (frozen, or reentrant-checkpointed, and its input does not require grad) stays gathered after "
             "the backward and the epilogue.  Fix: ``recurse=z3_leaf_module(module)``."),
 )
 

@@ -168,7 +168,9 @@ class Tracer:
                 self.emit("release", param=n, module=owner)
                 self._emitted[n] = new
             elif new != "NOT_AVAILABLE" and em in (None, "NOT_AVAILABLE"):
-                if own:
+                # still in flight: a prefetch (a fetch waits on its own), e.g. one issued by an untraced
+                # Block container's hook (module None), which would otherwise read as a fetch
+                if own and new != "INFLIGHT":
                     self.emit("fetch", param=n, module=module)
                     self._emitted[n] = "AVAILABLE"
                 else:
