@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
 from zerostate.model.events import Event
 from zerostate.model.monitor import Violation
 from zerostate.model.scenario import Scenario
 from zerostate.targets.base import Finding
 
-from .report import FindingRecord
+from .repro import repro_for
 
 MAX_GRAPH_STATES = 4000
 """Larger state graphs are not drawn (the picture would be a smear)."""
@@ -49,8 +49,9 @@ def graph_path(graph: Any, events: list[Event]) -> list[Any]:
     return []
 
 
-def record(design: str, f: Finding,
-           repro: Callable[[Scenario, str, str, Finding], Callable[[int], str] | None]) -> FindingRecord:
+def shown(design: str, f: Finding) -> dict[str, Any]:
+    """How the report shows a model counterexample (`report.Shown`'s fields): the design, its state graph
+    with the path of ``f.trace`` through it (when small enough to draw), the repro script."""
     from zerostate.analysis.checker import counterexample_graph
     graph, path, notes = None, [], []
     try:
@@ -61,9 +62,8 @@ def record(design: str, f: Finding,
             notes.append(f"state graph not drawn: {g.number_of_nodes()} states (over {MAX_GRAPH_STATES})")
     except Exception as exc:  # the picture is a bonus; the finding stands without it
         notes.append(f"state graph not drawn: {type(exc).__name__}: {exc}")
-    return FindingRecord(check=f.check, error=f.error, scenario=f.scenario, events=f.trace,
-                         violation=f.index, design=design, graph=graph, key=f.key,
-                         graph_path=path, repro=repro(f.scenario, f.check, f.error, f), notes=notes)
+    return {"design": design, "graph": graph, "graph_path": path, "notes": notes,
+            "repro": repro_for(f.scenario, f.check, f.error, f)}
 
 
-__all__ = ["MAX_GRAPH_STATES", "finding", "graph_path", "record"]
+__all__ = ["MAX_GRAPH_STATES", "finding", "graph_path", "shown"]

@@ -9,7 +9,6 @@ from typing import Any
 
 from . import cex
 from .common import DEFAULT_OUT, EXIT_FINDINGS, EXIT_OK, CliError, design, need, positive_int
-from .repro import repro_for
 
 
 def add_parser(sub: Any) -> None:
@@ -54,8 +53,9 @@ def run(args: argparse.Namespace) -> int:
             judged = sid in d.judged
             report.set_result(sid, name, "holds" if d.holds(sid) else "violated" if judged else "violated (not judged)")
             if not d.holds(sid) and judged:
-                rec = cex.record(name, cex.finding(d.violations[sid], *d.counterexamples[sid]), repro_for)
-                report.add_finding(rec, column=name, replay_args=f" --target model --design {name}")
+                f = cex.finding(d.violations[sid], *d.counterexamples[sid])
+                report.add_finding(f, column=name, replay_args=f" --target model --design {name}",
+                                   **cex.shown(name, f))
     summary = result.to_json()
     report.finish("complete", summary, text=table(result))
     if args.json:

@@ -14,7 +14,6 @@ from typing import Any
 
 from . import cex
 from .common import DEFAULT_OUT, EXIT_OK, design, need, positive_int
-from .repro import repro_for
 
 
 def add_parser(sub: Any) -> None:
@@ -50,8 +49,9 @@ def run(args: argparse.Namespace) -> int:
             first = result.first_violation(name, sid)
             if first is not None:
                 sc, v, events = first
-                rec = cex.record(name, cex.finding(v, sc, events), repro_for)
-                report.add_finding(rec, column=name, replay_args=f" --target model --design {name}")
+                f = cex.finding(v, sc, events)
+                report.add_finding(f, column=name, replay_args=f" --target model --design {name}",
+                                   **cex.shown(name, f))
     report.finish("complete", data, text=result.to_text())
     if args.json:
         print(json.dumps(data, indent=2))

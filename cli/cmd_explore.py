@@ -16,6 +16,7 @@ import sys
 import time
 from typing import Any
 
+from zerostate.targets.base import Finding
 from zerostate.targets.confirm import StopExploring
 
 from . import targets_api as api
@@ -89,25 +90,24 @@ def run(args: argparse.Namespace) -> int:
 
     number: dict[str, int] = {}  # finding key -> its number in the report
 
-    def on_finding(f: Any, update: bool = False) -> None:
-        key = f.get("key") if isinstance(f, dict) else getattr(f, "key", None)
-        unshrunk = getattr(f, "shrunk", True) is False and not update
-        rec = record_of(f, who)
-        if unshrunk:
-            rec.confirmation = None  # handed over at once: shrinking and the replay in a fresh worker follow
-        sc = rec.scenario
-        counts["confirming"] += (rec.confirmation or {}).get("seconds", 0.0)
+    def on_finding(f: Finding, update: bool = False) -> None:
+        key = f.key
+        unshrunk = not f.shrunk and not update
+        # handed over at once (unshrunk): shrinking and the replay in a fresh worker follow
+        conf = None if unshrunk else f.confirmation
+        sc = f.scenario
+        counts["confirming"] += conf.seconds if conf is not None else 0.0
         n = number.get(key) if update else None
-        entry = report.add_finding(rec, column=column, replace=n)
-        entry["shrunk"] = getattr(f, "shrunk", True)
+        entry = report.add_finding(f, column=column, replace=n, with_confirmation=not unshrunk, **shown(f, who))
+        entry["shrunk"] = f.shrunk
         if entry["shrunk"] is False:
             entry["stage"] = "unshrunk" if unshrunk else "as seen"
         tags = _annotate(f)  # known issue and root-cause group (targets/grouping.py)
         entry.update(tags)
         report.flush()
-        summary = {"check": rec.check, "error": rec.error, "blocks": len(sc.blocks),
+        summary = {"check": f.check, "error": f.error, "blocks": len(sc.blocks),
                    "steps": len(sc.steps), "scenario": sc.to_dict(), "shrunk": entry["shrunk"],
-                   "confirmation": (rec.confirmation or {}).get("status"), **tags}
+                   "confirmation": conf.status if conf is not None else None, **tags}
         if n:
             findings[n - 1] = summary
         else:
@@ -115,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
             number[key] = len(findings)
         progress.update(counts["examples"], len(findings), force=True)
 
-    def on_update(f: Any) -> None:
+    def on_update(f: Finding) -> None:
         on_finding(f, update=True)
 
     def on_progress(examples: int, *_: Any, **__: Any) -> None:
@@ -171,26 +171,17 @@ def run(args: argparse.Namespace) -> int:
     return EXIT_FINDINGS if findings else EXIT_OK
 
 
-def record_of(f: Any, who: dict[str, Any]) -> Any:
-    """A target's finding as the report's `FindingRecord` (with its repro script generator)."""
-    from .report import FindingRecord
-    sc = api.f_scenario(f)
-    conf = f.confirmation
-    return FindingRecord(check=api.f_check(f), error=api.f_error(f), scenario=sc, events=api.f_events(f),
-                         violation=api.f_violation(f),
-                         design=who["design"] if who["target"] == "model" else None,
-                         where=None if who["target"] == "model" else f"DeepSpeed {who['deepspeed']}",
-                         repro=repro_for(sc, api.f_check(f), api.f_error(f), f),
-                         key=f.key,
-                         confirmation=conf.to_dict() if conf is not None else None,
-                         sequence=list(getattr(conf, "sequence", None) or []))
+def shown(f: Finding, who: dict[str, Any]) -> dict[str, Any]:
+    """How the report shows a target's finding (`report.Shown`'s fields): who produced it, its repro script."""
+    return {"design": who["design"] if who["target"] == "model" else None,
+            "where": None if who["target"] == "model" else f"DeepSpeed {who['deepspeed']}",
+            "repro": repro_for(f.scenario, f.check, f.error, f)}
 
 
-def _annotate(f: Any) -> dict[str, Any]:
+def _annotate(f: Finding) -> dict[str, Any]:
     """Known-issue label and root-cause group of a real DeepSpeed finding ({} for a model design's: known.py
     describes DeepSpeed releases)."""
-    from zerostate.targets.base import Finding
-    if not isinstance(f, Finding) or not f.deepspeed:
+    if not f.deepspeed:
         return {}
     from zerostate.targets.grouping import annotate
     return annotate(f)
@@ -213,4 +204,4 @@ def _replay_args(args: argparse.Namespace) -> str:
     return ""
 
 
-__all__ = ["DEFAULT_EXAMPLES", "add_parser", "add_target_options", "column_of", "record_of", "run"]
+__all__ = ["DEFAULT_EXAMPLES", "add_parser", "add_target_options", "column_of", "run", "shown"]

@@ -132,14 +132,14 @@ def run(args: argparse.Namespace) -> int:
 def _report(args: argparse.Namespace, who: dict[str, Any], outcome: Any) -> None:
     from zerostate.specs import SPECS
 
-    from .cmd_explore import _replay_args, column_of, record_of
+    from .cmd_explore import _replay_args, column_of, shown
     from .report import Report
 
     column = column_of(args, who)
     report = Report(args.out, "replay", {**who, "command_line": "zerostate " + " ".join(sys.argv[1:])},
                     columns=[column], specs=SPECS, replay_args=_replay_args(args))
     for f in api.findings(outcome):
-        report.add_finding(record_of(f, who), column=column)
+        report.add_finding(f, column=column, **shown(f, who))
     for sid in SPECS:
         if report.data["specs"][sid]["results"][column] == "not checked":
             report.set_result(sid, column, "ok")

@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterator
 
 from zerostate import __version__
 from zerostate.model.events import Event
-from zerostate.model.scenario import Scenario
+from zerostate.targets.base import Finding
 
 from . import pictures
 from .graph_picture import graph_picture
@@ -38,28 +38,22 @@ AROUND = 8
 
 
 @dataclass
-class FindingRecord:
-    """What the report needs of one finding, whatever produced it."""
+class Shown:
+    """How a report presents a `Finding` -- nothing of the violation itself, which the report reads from the
+    finding: who produced it, the pictures and the repro script to write beside it, notes."""
 
-    check: str
-    error: str
-    scenario: Scenario
-    events: list[Event] | None = None
-    violation: int | None = None
     design: str | None = None
+    """The model design that produced it (check, compare, explore --target model)."""
     where: str | None = None
-    """What produced it, for titles when it is not a model design (``DeepSpeed 0.19.2``)."""
-    graph: Any = None
-    graph_path: list[Any] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
+    """What produced it otherwise, for titles (``DeepSpeed 0.19.2``)."""
     repro: Callable[[int], str] | None = None
     """``n ->`` the standalone script ``repro_<n>.py`` (the deepspeed target's ``repro_script``)."""
-    key: str | None = None
-    """The finding's key (`Finding.key`): what a replay must reproduce to be the same finding."""
-    confirmation: dict[str, Any] | None = None
-    """explore: the replay in a fresh worker before hand-over (`targets.confirm.Confirmation.to_dict`)."""
-    sequence: list[Scenario] = field(default_factory=list)
-    """order-dependent findings: the examples to run first, in a fresh worker (replay and repro do)."""
+    graph: Any = None
+    """The counterexample's state graph (check, compare), drawn with ``graph_path`` highlighted."""
+    graph_path: list[Any] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    with_confirmation: bool = True
+    """False: handed over before its replay in a fresh worker (explore, unshrunk): no confirmation yet."""
 
 
 class Report:
@@ -94,42 +88,43 @@ class Report:
                                                       "findings": []})
         row["results"][column] = result
 
-    def add_finding(self, rec: FindingRecord, column: str | None = None,
-                    replay_args: str | None = None, replace: int | None = None) -> dict[str, Any]:
+    def add_finding(self, f: Finding, column: str | None = None, replay_args: str | None = None,
+                    replace: int | None = None, **shown: Any) -> dict[str, Any]:
         """Write a finding; ``replace=n`` rewrites finding ``n`` instead (explore hands a finding over
-        unshrunk at once, then its shrunk, confirmed scenario under the same number)."""
+        unshrunk at once, then its shrunk, confirmed scenario under the same number).  ``shown``: how
+        the report presents it (`Shown`'s fields)."""
         with _sigint_deferred():  # Ctrl-C lands after the finding is on disk, never halfway
-            return self._add_finding(rec, column, replay_args, replace)
+            return self._add_finding(f, Shown(**shown), column, replay_args, replace)
 
-    def _add_finding(self, rec: FindingRecord, column: str | None, replay_args: str | None,
+    def _add_finding(self, f: Finding, shown: Shown, column: str | None, replay_args: str | None,
                      replace: int | None = None) -> dict[str, Any]:
         n = replace or len(self.data["findings"]) + 1
         entry: dict[str, Any] = {
-            "n": n, "check": rec.check, "error": rec.error, "design": rec.design, "where": rec.where,
-            "blocks": len(rec.scenario.blocks), "steps": len(rec.scenario.steps),
-            "scenario": rec.scenario.to_dict(), "description": rec.scenario.describe(),
-            "violation_event": rec.violation, "events_around": _around(rec.events, rec.violation),
-            "files": {}, "notes": list(rec.notes),
+            "n": n, "check": f.check, "error": f.error, "design": shown.design, "where": shown.where,
+            "blocks": len(f.scenario.blocks), "steps": len(f.scenario.steps),
+            "scenario": f.scenario.to_dict(), "description": f.scenario.describe(),
+            "violation_event": f.index, "events_around": _around(f.trace, f.index),
+            "files": {}, "notes": list(shown.notes),
         }
-        saved: dict[str, Any] = {"check": rec.check, "error": rec.error, "scenario": rec.scenario.to_dict()}
-        if rec.key:
-            entry["key"] = saved["key"] = rec.key
-        if rec.confirmation is not None:
-            entry["confirmation"] = dict(rec.confirmation)
-            if rec.confirmation.get("status") == "intermittent":  # `zerostate replay` runs it that often
-                saved["repeat"] = rec.confirmation.get("repeat")
-        if rec.sequence:  # order-dependent: `zerostate replay` runs these first, in a fresh worker
-            saved["sequence"] = [sc.to_dict() for sc in rec.sequence]
-            entry["sequence"] = [sc.describe() for sc in rec.sequence]
+        saved: dict[str, Any] = {"check": f.check, "error": f.error, "scenario": f.scenario.to_dict()}
+        entry["key"] = saved["key"] = f.key
+        conf = f.confirmation if shown.with_confirmation else None
+        if conf is not None:
+            entry["confirmation"] = conf.to_dict()
+            if conf.status == "intermittent":  # `zerostate replay` runs it that often
+                saved["repeat"] = conf.repeat
+        if conf is not None and conf.sequence:  # order-dependent: `zerostate replay` runs these first
+            saved["sequence"] = [sc.to_dict() for sc in conf.sequence]
+            entry["sequence"] = [sc.describe() for sc in conf.sequence]
         base = os.path.join(self.dir, f"finding_{n}")
         replace_file(base + ".json", json.dumps(saved, indent=2) + "\n")
         entry["files"]["scenario"] = f"finding_{n}.json"
         replay = f"zerostate replay {os.path.join(self.dir, f'finding_{n}.json')}"
         entry["replay"] = replay + (self.replay_args if replay_args is None else replay_args)
-        release = _release_of(rec.design)
+        release = _release_of(shown.design)
         entry["replay_release"] = f"{replay} --deepspeed {release}" if release else None
-        self._repro(rec, n, entry)
-        self._pictures(rec, n, entry)
+        self._repro(shown, n, entry)
+        self._pictures(f, shown, n, entry)
         if replace:
             for name in set(self.data["findings"][n - 1]["files"].values()) - set(entry["files"].values()):
                 with contextlib.suppress(OSError):
@@ -137,9 +132,9 @@ class Report:
             self.data["findings"][n - 1] = entry
         else:
             self.data["findings"].append(entry)
-        self.set_result(rec.check, column or self.data["columns"][0], "violated")
-        if n not in self.data["specs"][rec.check]["findings"]:
-            self.data["specs"][rec.check]["findings"].append(n)
+        self.set_result(f.check, column or self.data["columns"][0], "violated")
+        if n not in self.data["specs"][f.check]["findings"]:
+            self.data["specs"][f.check]["findings"].append(n)
         if "reliability" in self.data:
             self.data["reliability"] = _reliability(self.data["findings"], self.data["reliability"]["restarts"])
         self.flush()
@@ -151,30 +146,29 @@ class Report:
         rel["restarts"].append(dict(record))
         self.flush()
 
-    def _repro(self, rec: FindingRecord, n: int, entry: dict[str, Any]) -> None:
-        if rec.repro is None:
+    def _repro(self, shown: Shown, n: int, entry: dict[str, Any]) -> None:
+        if shown.repro is None:
             entry["notes"].append("no repro script: the deepspeed target's repro generator is not available")
             return
         try:
-            script = rec.repro(n)
+            script = shown.repro(n)
         except Exception as exc:  # a report must survive a generator bug; say so in it
             entry["notes"].append(f"repro script not generated: {type(exc).__name__}: {exc}")
             return
         replace_file(os.path.join(self.dir, f"repro_{n}.py"), script)
         entry["files"]["repro"] = f"repro_{n}.py"
 
-    def _pictures(self, rec: FindingRecord, n: int, entry: dict[str, Any]) -> None:
-        who = f" ({rec.design or rec.where})" if rec.design or rec.where else ""
-        if rec.events:
-            canvas = pictures.trace_picture(rec.events, rec.violation, f"{rec.check} violated{who}", rec.error)
+    def _pictures(self, f: Finding, shown: Shown, n: int, entry: dict[str, Any]) -> None:
+        who = f" ({shown.design or shown.where})" if shown.design or shown.where else ""
+        if f.trace:
+            canvas = pictures.trace_picture(f.trace, f.index, f"{f.check} violated{who}", f.error)
             for k, name in pictures.write_picture(canvas, os.path.join(self.dir, f"trace_{n}")).items():
                 entry["files"][f"trace_{k}"] = name
-        if rec.graph is not None:
-            canvas = graph_picture(rec.graph, rec.graph_path, f"state graph: {rec.check}{who}",
-                                            rec.error)
+        if shown.graph is not None:
+            canvas = graph_picture(shown.graph, shown.graph_path, f"state graph: {f.check}{who}", f.error)
             for k, name in pictures.write_picture(canvas, os.path.join(self.dir, f"graph_{n}")).items():
                 entry["files"][f"graph_{k}"] = name
-        if (rec.events or rec.graph is not None) and not any(k.endswith("png") for k in entry["files"]):
+        if (f.trace or shown.graph is not None) and not any(k.endswith("png") for k in entry["files"]):
             entry["notes"].append("PNG pictures need matplotlib (pip install matplotlib); SVG written")
 
     def finish(self, status: str = "complete", summary: dict[str, Any] | None = None,
@@ -232,4 +226,4 @@ def _around(events: list[Event] | None, violation: int | None) -> list[dict[str,
     return [{"index": i, "event": str(events[i]), "violation": i == violation} for i in range(lo, hi)]
 
 
-__all__ = ["FORMAT", "FindingRecord", "Report"]
+__all__ = ["FORMAT", "Report", "Shown"]

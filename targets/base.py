@@ -77,6 +77,8 @@ class Finding:
     """For spec findings: the violation's code inside its spec (``hook-after-epilogue``), from the monitor."""
     confirmation: Confirmation | None = None
     """explore: its replay in a fresh worker before hand-over (`targets.confirm`); None until then."""
+    shrunk: bool = True
+    """explore: False while handed over at once, before it is shrunk (its final finding follows)."""
 
     @property
     def key(self) -> str:
