@@ -322,6 +322,23 @@ def test_python_api_handle(tmp_path):
     assert min(d["memory"]["gathered_peak_per_backward"]) > 0
 
 
+@pytest.mark.deepspeed
+@pytest.mark.parametrize("stage,late", [(3, 1), (2, 0)])
+def test_plain_loss_backward_opens_a_backward_window(stage, late):
+    """``loss.backward()`` outside ``engine.backward`` (DeepSpeed >= 0.18 runs the epilogue from its
+    post-backward callback) is a user backward to watch: counted, its epilogue inside the window (else
+    ``no-epilogue-before-user-backward`` would report an epilogue outside any user backward), clean.  ZeRO-3
+    watched after a step already run (the parameters it holds gathered are reported as fetched)."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [os.path.dirname(HERE), os.environ.get("PYTHONPATH")])))
+    proc = subprocess.run([sys.executable, JOBS, "plain", "--stage", str(stage), "--late", str(late), "--steps", "3"],
+                          capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    d = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert d["violations"] == [] and d["steps"] == 3 and d["backwards"] == 3, d["violations"]
+    if stage == 3:
+        assert len(d["memory"]["gathered_peak_per_backward"]) == 3 and min(d["memory"]["gathered_peak_per_backward"]) > 0
+
+
 # ---------------------------------------------------------------- the HF job
 def _need_hf_job():
     import importlib.util

@@ -3,6 +3,8 @@
     python generated_tests/watch_jobs.py leaf               # a z3 leaf module fed by an input without grad
     python generated_tests/watch_jobs.py gathered [--then crash|interrupt|forever] [--steps N]
     python generated_tests/watch_jobs.py api                # zerostate.watch(engine): prints the handle
+    python generated_tests/watch_jobs.py plain [--stage 2|3] [--late N] [--steps N]
+                                                            # loss.backward(), no leaf; watched after N steps
 
 ``gathered``: a frozen z3 leaf block fed by data that does not require grad, then a trainable block --
 0.18.4-0.19.8 keep the leaf's parameters gathered after the backward from the second step on
@@ -64,7 +66,7 @@ def build(leaf_frozen: bool, blocks: int):
     return model
 
 
-def engine_for(model):
+def engine_for(model, stage: int = 3, leaf: bool = True):
     import deepspeed
     import torch
     from deepspeed.utils import set_z3_leaf_module
@@ -72,22 +74,28 @@ def engine_for(model):
     from zerostate.targets.deepspeed import compat
     compat.skip_shm_comm_op()
     deepspeed.init_distributed(dist_backend="gloo")
-    set_z3_leaf_module(model.blocks[0], True)
+    if leaf:
+        set_z3_leaf_module(model.blocks[0], True)
     params = [p for p in model.parameters() if p.requires_grad]
     cfg = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
-           "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
+           "zero_optimization": {"stage": stage, "stage3_param_persistence_threshold": 0},
            "zero_allow_untested_optimizer": True}
     engine, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.SGD(params, lr=0.1), config=cfg)
     return engine
 
 
-def train(engine, steps: int) -> list[float]:
+def train(engine, steps: int, plain: bool = False) -> list[float]:
+    """``plain``: ``loss.backward()`` as in PyTorch (DeepSpeed >= 0.18 runs its epilogue from a post-backward
+    callback), not ``engine.backward(loss)``."""
     import torch
     losses = []
     for i in range(steps):
         x = torch.randn(2, 8, generator=torch.Generator().manual_seed(i))  # no grad: a first layer's input
         loss = engine(x)
-        engine.backward(loss)
+        if plain:
+            loss.backward()
+        else:
+            engine.backward(loss)
         engine.step()
         losses.append(float(loss))
     return losses
@@ -120,6 +128,18 @@ def main(argv: list[str]) -> int:
             while True:
                 train(engine, 1)
                 time.sleep(0.05)
+        return 0
+    if what == "plain":  # loss.backward(), watched from the start or after --late unwatched steps
+        import zerostate
+        stage = int(argv[argv.index("--stage") + 1]) if "--stage" in argv else 3
+        late = int(argv[argv.index("--late") + 1]) if "--late" in argv else 0
+        engine = engine_for(build(leaf_frozen=False, blocks=2), stage=stage, leaf=False)
+        train(engine, late, plain=True)
+        handle = zerostate.watch(engine)
+        losses = train(engine, steps, plain=True)
+        handle.close()
+        print(json.dumps({"losses": losses, "steps": handle.steps, "backwards": handle.backwards,
+                          "violations": handle.violations, "memory": handle.memory}, default=str))
         return 0
     if what == "api":
         import zerostate

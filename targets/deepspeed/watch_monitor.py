@@ -86,6 +86,14 @@ class OnlineChecker:
         """kind -> (spec id, step) of the specs that react to it, in spec order."""
         self._ids_by_kind = {k: frozenset(sid for sid, _ in v) for k, v in self._by_kind.items()}
 
+    def restart(self, spec_id: str) -> None:
+        """Start ``spec_id``'s monitor again from its initial state (the tracer has just synchronised with what
+        it observes: `WatchTracer._poll_trace`)."""
+        for s in self.specs:
+            if s.id == spec_id:
+                self.state[spec_id] = s.init()
+                self._failing.pop(spec_id, None)
+
     # ------------------------------------------------------------ feeding
     def feed(self, ev: Event | dict[str, Any]) -> None:
         if ev.__class__ is not Event:

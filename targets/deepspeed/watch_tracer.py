@@ -46,6 +46,7 @@ _EVENTS: dict[tuple, Event] = {}
 _EVENTS_MAX = 200_000
 _CKPT_LOCK = threading.Lock()
 _CKPT_ORIG: dict[str, object] = {}
+_BWD_ORIG: dict[str, object] = {}
 
 
 def _owner(t) -> tuple["WatchTracer", str] | None:
@@ -129,6 +130,47 @@ def _install_checkpoint_observer() -> None:
         _ckpt._CheckpointFrame.check_recomputed_tensors_match = check_watched
 
 
+def _backward_kind(tensors, grad_tensors) -> str:
+    t = tensors[0] if isinstance(tensors, (tuple, list)) and tensors else tensors
+    scalar = isinstance(t, torch.Tensor) and t.numel() == 1
+    return "torch" if scalar or grad_tensors is None else "nonscalar"
+
+
+def _install_backward_observer() -> None:
+    """Patch ``torch.autograd.backward`` (``Tensor.backward`` calls it) once: a backward the user starts
+    outside any watched engine's forward or backward, and outside a running backward (a reentrant
+    checkpoint's), is a PyTorch-style user backward (DeepSpeed >= 0.18 runs its epilogue from a post-backward
+    callback).  Each engine it reaches opens its window at its first graph task (`WatchTracer._task`) and
+    closes it when the call returns."""
+    with _CKPT_LOCK:
+        if "backward" in _BWD_ORIG:
+            return
+        original = torch.autograd.backward
+
+        @functools.wraps(original)
+        def backward(tensors, grad_tensors=None, *a, **k):
+            trs = []
+            if torch._C._current_graph_task_id() == -1 and not any(tr._engine_calls for tr in _ACTIVE):
+                trs = list(_ACTIVE)
+                kind = _backward_kind(tensors, grad_tensors)
+                for tr in trs:
+                    tr._plain = kind
+            try:
+                return original(tensors, grad_tensors, *a, **k)
+            finally:
+                for tr in trs:
+                    tr._plain_backward_end()
+
+        _BWD_ORIG["backward"] = original
+        torch.autograd.backward = backward
+
+
+def _uninstall_backward_observer() -> None:
+    with _CKPT_LOCK:
+        if "backward" in _BWD_ORIG:
+            torch.autograd.backward = _BWD_ORIG.pop("backward")
+
+
 def _uninstall_checkpoint_observer() -> None:
     with _CKPT_LOCK:
         if not _CKPT_ORIG:
@@ -200,6 +242,16 @@ class WatchTracer(Tracer):
         self.steps = 0
         self.backwards = 0
         self._recompute_depth = 0
+        self._engine_calls = 0
+        """engine.forward / engine.backward calls in progress (a backward made there is not the user's own)."""
+        self._plain: str | None = None
+        """The kind (``torch`` / ``nonscalar``) of a PyTorch-style backward in progress whose window is not open yet."""
+        self._plain_open: str | None = None
+        """The kind of the PyTorch-style backward whose window is open."""
+        self._trace_synced = True
+        """The trace mode is reported (TRACE_STATE): from the start, or for an engine watched after its trace was
+        recorded, from DeepSpeed's next invalidation (`_poll_trace`)."""
+        self.on_trace_sync = None
 
     def params_of(self, module: str) -> tuple[str, ...]:
         """The parameters ZeRO-3 fetches for ``module``: its own, or all under it for a z3 leaf module."""
@@ -262,6 +314,8 @@ class WatchTracer(Tracer):
                 lambda mod, args, kwargs, n=lname: self._leaf_input(n, args, kwargs), with_kwargs=True))
         _ACTIVE.append(self)
         _install_checkpoint_observer()
+        _install_backward_observer()
+        self._trace_synced = self._mode in (None, "INVALID")
         return self
 
     def _report_gathered(self) -> None:
@@ -285,6 +339,7 @@ class WatchTracer(Tracer):
             _ACTIVE.remove(self)
         if not _ACTIVE:
             _uninstall_checkpoint_observer()
+            _uninstall_backward_observer()
         for h in self._handles:
             h.remove()
         self._handles.clear()
@@ -299,7 +354,11 @@ class WatchTracer(Tracer):
         def forward(*a, **k):
             ev = not torch.is_grad_enabled() or not self.module.training
             self.mark("eval_start" if ev else "forward_start")
-            r = f(*a, **k)
+            self._engine_calls += 1
+            try:
+                r = f(*a, **k)
+            finally:
+                self._engine_calls -= 1
             self.mark("eval_end" if ev else "forward_end")
             return r
         return forward
@@ -308,10 +367,49 @@ class WatchTracer(Tracer):
         def backward(*a, **k):
             self.backwards += 1
             self.mark("backward_start", kind="engine")
-            r = f(*a, **k)
+            self._engine_calls += 1
+            try:
+                r = f(*a, **k)
+            finally:
+                self._engine_calls -= 1
             self.mark("backward_end", kind="engine")
             return r
         return backward
+
+    # ------------------------------------------------------------ PyTorch-style backward (loss.backward())
+    def _task(self):
+        """As `Tracer._task`; the first graph task of a PyTorch-style backward that reaches this engine opens
+        its user-backward window first (USER_BACKWARD_START, note ``torch`` / ``nonscalar``): the window opens
+        only for the engines the backward reaches."""
+        if self._plain is not None and torch._C._current_graph_task_id() != -1:
+            kind, self._plain = self._plain, None
+            self._plain_open = kind
+            self.backwards += 1
+            self.mark("backward_start", kind=kind)
+        return super()._task()
+
+    def _plain_backward_end(self) -> None:
+        self._plain = None
+        if self._plain_open is not None:
+            kind, self._plain_open = self._plain_open, None
+            self.mark("backward_end", kind=kind)
+
+    def _poll_trace(self) -> None:
+        """As `Tracer._poll_trace`.  An engine watched after DeepSpeed recorded its module trace: the recorded
+        order is unknown, so TRACE_STATE is reported (and ``trace-consistent`` judged, from its initial state)
+        only from DeepSpeed's next invalidation on -- before, the trace is not reported, as for a target that
+        does not report it."""
+        if self.stage != 3 or self._paused:
+            return
+        mode = compat.trace_mode(self.coord)
+        if mode != self._mode:
+            self._mode = mode
+            if self._trace_synced:
+                self.emit("trace_state", note=mode)
+            elif mode == "INVALID":
+                self._trace_synced = True
+                if self.on_trace_sync is not None:
+                    self.on_trace_sync()
 
     def _w_step(self, f):
         def step(*a, **k):
