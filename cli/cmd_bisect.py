@@ -46,7 +46,7 @@ def outcome_of(findings: list[Any]) -> str:
     """``pass`` or the failure kinds of one run, e.g. ``crash + violation``."""
     kinds = set()
     for f in findings:
-        check = api.f_check(f)
+        check = f.check
         if check == "model-agreement":
             continue
         kinds.add("crash" if check in _CRASH else "oracle difference" if check == "oracle" else "violation")
@@ -109,10 +109,10 @@ def run(args: argparse.Namespace) -> int:
             finally:
                 api.close(t)
             res = outcome_of(found)
-            first = next((f for f in found if api.f_check(f) != "model-agreement"), None)
+            first = next((f for f in found if f.check != "model-agreement"), None)
             tried[v] = {"release": v, "outcome": res, "passed": res == PASS,
-                        "check": api.f_check(first) if first is not None else None,
-                        "error": api.f_error(first) if first is not None else ""}
+                        "check": first.check if first is not None else None,
+                        "error": first.error if first is not None else ""}
             if not args.json:
                 print(f"  {v:<8} {'pass' if res == PASS else 'FAIL ' + res + ' (' + str(tried[v]['check']) + '): '}"
                       f"{'' if res == PASS else _first(tried[v]['error'])}", flush=True)

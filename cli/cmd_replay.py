@@ -80,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
             api.run_scenario(target, sc)
         for ran in range(1, repeat + 1):  # an intermittent finding (a race): until its check shows
             outcome = api.run_scenario(target, scenario)
-            if any(api.f_check(f) == want if want else True for f in api.findings(outcome)):
+            if any(f.check == want if want else True for f in api.findings(outcome)):
                 break
     finally:
         api.close(target)
@@ -89,16 +89,16 @@ def run(args: argparse.Namespace) -> int:
         passed, check, error = api.outcome(outcome)
         this, others = ([found[0]] if found else []), found[1:]
     else:
-        this = [f for f in found if api.f_check(f) == want]
+        this = [f for f in found if f.check == want]
         this.sort(key=lambda f: f.key != key)  # the same key first
-        others = [f for f in found if api.f_check(f) != want]
+        others = [f for f in found if f.check != want]
         passed = not this
-        check, error = (want, api.f_error(this[0])) if this else (None, "")
+        check, error = (want, this[0].error) if this else (None, "")
     same_key = bool(this) and key is not None and this[0].key == key
     if args.out:
         _report(args, who, outcome)
     where = f"model design {who['design']}" if args.target == "model" else f"DeepSpeed {who['deepspeed']}"
-    other = [{"check": api.f_check(f), "error": _first(api.f_error(f))} for f in others]
+    other = [{"check": f.check, "error": _first(f.error)} for f in others]
     ran_first = f" (after the {len(sequence)} example(s) of its sequence)" if sequence else ""
     if repeat > 1:
         ran_first += f" (run {ran} of up to {repeat})"

@@ -1,7 +1,8 @@
 """The one place the CLI meets the targets package (targets/base.py, targets/explorer.py).
 
-Everything the CLI needs of a target or a finding goes through here, so a
-change of the targets API is one edit, and a missing piece is a clear error.
+The CLI builds, describes, runs and closes targets through here (options checked, errors as `CliError`),
+and reads the one typed shape the targets produce -- `Finding` and `Outcome` (targets/base.py) -- by
+their fields, with no fallbacks.
 """
 
 from __future__ import annotations
@@ -9,7 +10,6 @@ from __future__ import annotations
 import os
 from typing import Any, Callable
 
-from zerostate.model.events import Event
 from zerostate.model.scenario import Scenario
 from zerostate.targets.base import Finding, Outcome, Target, get_target
 
@@ -73,26 +73,6 @@ def run_scenario(t: Target, scenario: Scenario) -> Outcome:
 
 
 # ------------------------------------------------------------------ findings
-def f_check(f: Finding) -> str:
-    return f.check
-
-
-def f_error(f: Finding) -> str:
-    return f.error
-
-
-def f_scenario(f: Finding) -> Scenario:
-    return f.scenario
-
-
-def f_events(f: Finding) -> list[Event] | None:
-    return f.trace
-
-
-def f_violation(f: Finding) -> int | None:
-    return f.index
-
-
 def findings(o: Outcome) -> list[Finding]:
     """An outcome's findings; a run that raised with no finding becomes an ``exception`` finding."""
     found = list(o.findings)
@@ -109,5 +89,4 @@ def outcome(o: Outcome) -> tuple[bool, str | None, str]:
     return passed, (None if passed else first.check if first is not None else None), str(error or "")
 
 
-__all__ = ["close", "describe_target", "explore", "f_check", "f_error", "f_events", "f_scenario", "f_violation", "findings",
-           "outcome", "run_scenario", "target"]
+__all__ = ["close", "describe_target", "explore", "findings", "outcome", "run_scenario", "target"]
