@@ -92,9 +92,9 @@ class CoordinatorProtocol(RuleBasedStateMachine):
         note(f"{name}\n{sc.describe()}")
         self.design = get_design(name)
         self.cursor = Cursor(self.design, sc, coordinator=True)
-        self.ix = index_for(self.cursor.net)
+        self.index = index_for(self.cursor.net)
         self.bank = MonitorBank(COORDINATOR_SPECS)
-        self.folded = [NOT_AVAILABLE] * self.ix.n
+        self.folded = [NOT_AVAILABLE] * self.index.n
         self.violation = None
 
     def _finished(self) -> bool:
@@ -112,7 +112,7 @@ class CoordinatorProtocol(RuleBasedStateMachine):
         out = self.cursor.fire(n)
         for ev in out:
             if ev.kind in (Ev.FETCH, Ev.PREFETCH, Ev.RELEASE):
-                self.folded[self.ix.pidx[ev.param]] = {Ev.FETCH: AVAILABLE, Ev.PREFETCH: INFLIGHT,
+                self.folded[self.index.pidx[ev.param]] = {Ev.FETCH: AVAILABLE, Ev.PREFETCH: INFLIGHT,
                                                        Ev.RELEASE: NOT_AVAILABLE}[ev.kind]
         for sid, (i, failure) in self.bank.feed(out).items():
             self.violation = self.violation or f"{sid}: {failure.message} at {self.trace[i]}"
@@ -145,7 +145,7 @@ class CoordinatorProtocol(RuleBasedStateMachine):
         assert list(cs.status) == self.folded, "FETCH/PREFETCH/RELEASE events disagree with ds_status"
         for p, holders in enumerate(cs.holders):
             # a held parameter is gathered: fetch gathers before holding, release only drops the last holder
-            assert not holders or cs.status[p] == AVAILABLE, (self.ix.params[p], holders)
+            assert not holders or cs.status[p] == AVAILABLE, (self.index.params[p], holders)
             assert HOLD not in holders or self.design.name == "zerostate"
         assert len(set(cs.stack)) == len(cs.stack)
         assert not cs.stack or self.design.coordinator.track_stack

@@ -1,7 +1,7 @@
 """The named actions of the ZeRO-3 parameter coordinator, one per DeepSpeed method.
 
 An action works on a `Work`: a scratch copy of one `CoordState` for the duration of a single
-reaction, which collects the effect events it causes.  ``Work(state, ix) -> actions ->
+reaction, which collects the effect events it causes.  ``Work(state, index) -> actions ->
 work.freeze()`` is a pure function of the state and the event: nothing outside the scratch copy
 is touched.  Designs (``coordinator_designs.py``) choose which actions run for which event.
 
@@ -26,11 +26,11 @@ class CoordinatorError(RuntimeError):
 class Work:
     """A mutable scratch copy of one `CoordState`, plus the effect events of the reaction so far."""
 
-    __slots__ = ("ix", "status", "holders", "mode", "step_id", "order", "queue", "fetched_for", "cache",
+    __slots__ = ("index", "status", "holders", "mode", "step_id", "order", "queue", "fetched_for", "cache",
                  "stack", "recompute", "held", "declared", "out", "prefetch_bucket", "live")
 
-    def __init__(self, st: CoordState, ix: CoordIndex, prefetch_bucket: int = 0):
-        self.ix = ix
+    def __init__(self, st: CoordState, index: CoordIndex, prefetch_bucket: int = 0):
+        self.index = index
         self.status = list(st.status)
         self.holders = list(st.holders)
         self.mode = st.mode
@@ -54,13 +54,13 @@ class Work:
                           self.live)
 
     # names for events
-    def p(self, i: int) -> str:
-        return self.ix.params[i]
+    def param_name(self, i: int) -> str:
+        return self.index.params[i]
 
-    def m(self, i: int | None) -> str | None:
+    def module_name(self, i: int | None) -> str | None:
         if i is None:
             return None
-        return HOLD_NAME if i == HOLD else self.ix.modules[i]
+        return HOLD_NAME if i == HOLD else self.index.modules[i]
 
 
 # ----------------------------------------------------------------- primitives
@@ -68,21 +68,21 @@ def declare_persistent(w: Work) -> None:
     """``mark_persistent_parameters`` (parameter_offload.py): parameters of at most
     ``stage3_param_persistence_threshold`` elements get ``ds_persist``; said once to the trace."""
     w.declared = True
-    w.out += [E(Ev.PERSISTENT, param=w.p(i)) for i in range(w.ix.n) if w.ix.persistent[i]]
+    w.out += [E(Ev.PERSISTENT, param=w.param_name(i)) for i in range(w.index.n) if w.index.persistent[i]]
 
 
 def hold(w: Work, p: int, m: int) -> None:
     """``param.ds_active_sub_modules.add(module.ds_id)``."""
     if m not in w.holders[p]:
         w.holders[p] = w.holders[p] | {m}
-        w.out.append(E(Ev.HOLDERS, param=w.p(p), module=w.m(m), value=len(w.holders[p]), note="+"))
+        w.out.append(E(Ev.HOLDERS, param=w.param_name(p), module=w.module_name(m), value=len(w.holders[p]), note="+"))
 
 
 def drop(w: Work, p: int, m: int) -> None:
     """``param.ds_active_sub_modules.discard(module.ds_id)``."""
     if m in w.holders[p]:
         w.holders[p] = w.holders[p] - {m}
-        w.out.append(E(Ev.HOLDERS, param=w.p(p), module=w.m(m), value=len(w.holders[p]), note="-"))
+        w.out.append(E(Ev.HOLDERS, param=w.param_name(p), module=w.module_name(m), value=len(w.holders[p]), note="-"))
 
 
 def release_param(w: Work, p: int, m: int | None) -> None:
@@ -91,15 +91,15 @@ def release_param(w: Work, p: int, m: int | None) -> None:
     ``__params_to_release`` skips them; the RECORD/INVALID path and ``release_and_reset_all`` do not)."""
     if w.status[p] == AVAILABLE and not w.holders[p]:
         w.status[p] = NOT_AVAILABLE
-        w.live -= w.ix.numel[p]
-        w.out.append(E(Ev.RELEASE, param=w.p(p), module=w.m(m)))
+        w.live -= w.index.numel[p]
+        w.out.append(E(Ev.RELEASE, param=w.param_name(p), module=w.module_name(m)))
 
 
 def wait_inflight(w: Work, p: int, m: int | None) -> None:
     """``__inflight_param_registry.pop(param).wait()``: an in-flight all-gather completes."""
     if w.status[p] == INFLIGHT:
         w.status[p] = AVAILABLE
-        w.out.append(E(Ev.FETCH, param=w.p(p), module=w.m(m), note="inflight"))
+        w.out.append(E(Ev.FETCH, param=w.param_name(p), module=w.module_name(m), note="inflight"))
 
 
 def all_gather(w: Work, params: Iterable[int], m: int, prefetch: bool = False, counted: bool = True) -> None:
@@ -109,9 +109,9 @@ def all_gather(w: Work, params: Iterable[int], m: int, prefetch: bool = False, c
     for p in params:
         if w.status[p] == NOT_AVAILABLE:
             if counted:
-                w.live += w.ix.numel[p]
+                w.live += w.index.numel[p]
             w.status[p] = INFLIGHT if prefetch else AVAILABLE
-            w.out.append(E(Ev.PREFETCH if prefetch else Ev.FETCH, param=w.p(p), module=w.m(m)))
+            w.out.append(E(Ev.PREFETCH if prefetch else Ev.FETCH, param=w.param_name(p), module=w.module_name(m)))
 
 
 def set_mode(w: Work, mode: int, value: int | None) -> None:
@@ -122,7 +122,7 @@ def set_mode(w: Work, mode: int, value: int | None) -> None:
 # ---------------------------------------------------------------------- trace
 def clean_inflight_param_registry(w: Work) -> None:
     """PPC ``_clean_inflight_param_registry``: wait every in-flight all-gather, then ``__release_param``."""
-    for p in range(w.ix.n):
+    for p in range(w.index.n):
         if w.status[p] == INFLIGHT:
             wait_inflight(w, p, None)
             release_param(w, p, None)
@@ -135,7 +135,7 @@ def invalidate_trace(w: Work) -> None:
     set_mode(w, INVALID, w.step_id)
     w.order = ()
     w.queue = 0
-    w.fetched_for = [NEVER] * w.ix.n
+    w.fetched_for = [NEVER] * w.index.n
     clean_inflight_param_registry(w)
 
 
@@ -151,7 +151,7 @@ def reset_step(w: Work) -> None:
         w.order = ()
         set_mode(w, RECORD, None)
     w.queue = 0
-    w.fetched_for = [NEVER] * w.ix.n
+    w.fetched_for = [NEVER] * w.index.n
     w.step_id = 0
     w.live = 0
 
@@ -188,7 +188,7 @@ def attribute_to_backward_module(w: Work, p: int) -> None:
     """0.19.3 ``update_recompute_parameters`` (PR #8148): a frozen parameter fetched by a forward hook
     inside a graph task (a checkpoint recompute) while some backward module is in progress is added to
     the innermost one's ``ds_recompute_parameters`` and held by it."""
-    if w.stack and w.ix.frozen[p]:
+    if w.stack and w.index.frozen[p]:
         top = w.stack[-1]
         w.recompute[top] = w.recompute.get(top, frozenset()) | {p}
         hold(w, p, top)
@@ -197,7 +197,7 @@ def attribute_to_backward_module(w: Work, p: int) -> None:
 def pop_own_trace_entries(w: Work, m: int, params: tuple[int, ...]) -> None:
     """PPC ``_fetch_sub_module_impl`` (COMPLETE): pop this module's parameters off the fetch queue,
     noting the step each was recorded at; a mismatch is DeepSpeed's "tracing error"."""
-    trace = w.ix.param_trace(w.order)
+    trace = w.index.param_trace(w.order)
     wanted = {p for p in params if w.fetched_for[p] < w.step_id}
     got: set[int] = set()
     while w.queue < len(trace) and len(got) < len(wanted):
@@ -206,9 +206,9 @@ def pop_own_trace_entries(w: Work, m: int, params: tuple[int, ...]) -> None:
         w.fetched_for[p] = s
         got.add(p)
     if got != wanted:
-        raise CoordinatorError(f"tracing error at step {w.step_id}: module {w.m(m)} expected "
-                               f"{sorted(w.p(p) for p in wanted)} next in the fetch queue, got "
-                               f"{sorted(w.p(p) for p in got)}")
+        raise CoordinatorError(f"tracing error at step {w.step_id}: module {w.module_name(m)} expected "
+                               f"{sorted(w.param_name(p) for p in wanted)} next in the fetch queue, got "
+                               f"{sorted(w.param_name(p) for p in got)}")
 
 
 def prefetch(w: Work, m: int) -> None:
@@ -220,10 +220,10 @@ def prefetch(w: Work, m: int) -> None:
     gathered (``__n_available_params``): at or above it nothing is prefetched."""
     if w.prefetch_bucket <= 0:
         return
-    trace = w.ix.param_trace(w.order)
+    trace = w.index.param_trace(w.order)
     chosen: list[int] = []
     numel = 0
-    budget = min(w.ix.max_live_parameters - w.live, w.prefetch_bucket)
+    budget = min(w.index.max_live_parameters - w.live, w.prefetch_bucket)
     while w.queue < len(trace) and numel < budget:
         p, s = trace[w.queue]
         w.queue += 1
@@ -231,7 +231,7 @@ def prefetch(w: Work, m: int) -> None:
         w.fetched_for[p] = max(w.fetched_for[p], s)
         if go:
             chosen.append(p)
-            numel += w.ix.numel[p]
+            numel += w.index.numel[p]
     all_gather(w, chosen, m, prefetch=True)
 
 
@@ -243,7 +243,7 @@ def fetch_sub_module(w: Work, m: int, forward: bool, in_recompute: bool, *, trac
     backward-module map and recompute attribution."""
     if not forward and track_stack:
         push_backward_module(w, m)
-    params = w.ix.module_params[m]
+    params = w.index.module_params[m]
     all_gather(w, params, m)
     for p in params:
         hold(w, p, m)
@@ -279,17 +279,17 @@ def params_to_release(w: Work, m: int) -> frozenset[int]:
     for k, v in w.cache:
         if k == key:
             return v
-    ix = w.ix
-    keep = {p for p in ix.module_params[m] if ix.persistent[p] or w.fetched_for[p] > w.step_id}
-    walk = ix.iter_params[m in ix.leaf_modules]
+    index = w.index
+    keep = {p for p in index.module_params[m] if index.persistent[p] or w.fetched_for[p] > w.step_id}
+    walk = index.iter_params[m in index.leaf_modules]
     traversed = 0
     for later in w.order[w.step_id:]:
-        if traversed >= ix.max_reuse_distance:
+        if traversed >= index.max_reuse_distance:
             break
         for p in walk[later]:
             keep.add(p)
-            traversed += ix.numel[p]
-    got = frozenset(p for p in ix.module_params[m] if p not in keep)
+            traversed += index.numel[p]
+    got = frozenset(p for p in index.module_params[m] if p not in keep)
     w.cache = w.cache + ((key, got),)
     return got
 
@@ -301,11 +301,11 @@ def release_sub_module(w: Work, m: int, forward: bool, in_recompute: bool, *, tr
     every parameter of the module is meant for release, persistent ones included.  0.19.3 (backward):
     also the module's ``ds_recompute_parameters`` (non-persistent), and the module leaves the backward map.
     PR #8130 (``skip_frozen_in_recompute``): a forward release inside a graph task skips frozen params."""
-    ptr = params_to_release(w, m) if w.mode == COMPLETE else frozenset(w.ix.module_params[m])
-    params = set(w.ix.module_params[m])
+    ptr = params_to_release(w, m) if w.mode == COMPLETE else frozenset(w.index.module_params[m])
+    params = set(w.index.module_params[m])
     if not forward and attribute:
         extra = w.recompute.pop(m, frozenset())
-        ptr = ptr | {p for p in extra if not w.ix.persistent[p]}
+        ptr = ptr | {p for p in extra if not w.index.persistent[p]}
         params |= extra
     if not forward and track_stack and m in w.stack:
         w.stack.remove(m)
@@ -313,7 +313,7 @@ def release_sub_module(w: Work, m: int, forward: bool, in_recompute: bool, *, tr
         drop(w, p, m)
         if p not in ptr:
             continue
-        if skip_frozen_in_recompute and forward and in_recompute and w.ix.frozen[p]:
+        if skip_frozen_in_recompute and forward and in_recompute and w.index.frozen[p]:
             continue
         release_param(w, p, m)
 
@@ -324,9 +324,9 @@ def release_backward_leftovers(w: Work) -> None:
     missing post-backward hook would have (persistent ones skipped)."""
     while w.stack:
         m = w.stack.pop()
-        for p in sorted(set(w.ix.module_params[m]) | w.recompute.pop(m, frozenset())):
+        for p in sorted(set(w.index.module_params[m]) | w.recompute.pop(m, frozenset())):
             drop(w, p, m)
-            if not w.ix.persistent[p]:
+            if not w.index.persistent[p]:
                 release_param(w, p, m)
 
 
@@ -335,12 +335,12 @@ def release_and_reset_all(w: Work) -> None:
     ``release_and_reset_all``: wait in-flight all-gathers, clear every parameter's holders and partition
     it (persistent ones too); then ``_post_step`` all-gathers the persistent parameters again.  The
     0.19.3 backward map and recompute sets are left as they are."""
-    for p in range(w.ix.n):
+    for p in range(w.index.n):
         wait_inflight(w, p, None)
         for h in sorted(w.holders[p]):
             drop(w, p, h)
         release_param(w, p, None)
-    all_gather(w, [p for p in range(w.ix.n) if w.ix.persistent[p]], None,  # type: ignore[arg-type]
+    all_gather(w, [p for p in range(w.index.n) if w.index.persistent[p]], None,  # type: ignore[arg-type]
                counted=False)  # stage3 _post_step: param.all_gather, not the coordinator's
 
 
@@ -361,8 +361,8 @@ def hold_recomputed_frozen(w: Work, m: int) -> None:
     saved (harmless: released at the block's post-backward).  A reentrant recompute saves nothing live
     (its nested backward re-fetches in place), so nothing is held there."""
     held = w.held.get(m, frozenset())
-    for p in w.ix.module_params[m]:
-        if w.ix.frozen[p] and w.status[p] == AVAILABLE and HOLD not in w.holders[p]:
+    for p in w.index.module_params[m]:
+        if w.index.frozen[p] and w.status[p] == AVAILABLE and HOLD not in w.holders[p]:
             hold(w, p, HOLD)
             held = held | {p}
     if held:
@@ -382,7 +382,7 @@ def drain_holds(w: Work) -> None:
     for m in sorted(w.held):
         for p in sorted(w.held[m]):
             drop(w, p, HOLD)
-            if not w.ix.persistent[p]:
+            if not w.index.persistent[p]:
                 release_param(w, p, m)
     w.held = {}
 

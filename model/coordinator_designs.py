@@ -70,10 +70,10 @@ class CoordinatorDesign:
         handler = _HANDLERS.get(ev.kind)
         if handler is None or ctx.stage != 3:
             return st, ()
-        ix = index_for(ctx.net)
-        if ev.module is not None and ev.kind not in _NO_MODULE and ev.module not in ix.midx:
+        index = index_for(ctx.net)
+        if ev.module is not None and ev.kind not in _NO_MODULE and ev.module not in index.midx:
             return st, ()
-        w = A.Work(st, ix, ctx.net.scenario.prefetch_bucket_size)
+        w = A.Work(st, index, ctx.net.scenario.prefetch_bucket_size)
         if not w.declared:
             A.declare_persistent(w)
         handler(self, w, ev)
@@ -92,25 +92,25 @@ def _on_reregister(d: CoordinatorDesign, w: A.Work, ev: Event) -> None:
 
 
 def _on_pre_forward(d: CoordinatorDesign, w: A.Work, ev: Event) -> None:
-    A.pre_module_hook(w, w.ix.midx[ev.module], True, ev.phase == "recompute",
+    A.pre_module_hook(w, w.index.midx[ev.module], True, ev.phase == "recompute",
                       track_stack=d.track_stack, attribute=d.attribute)
 
 
 def _on_post_forward(d: CoordinatorDesign, w: A.Work, ev: Event) -> None:
-    m = w.ix.midx[ev.module]
+    m = w.index.midx[ev.module]
     recompute = ev.phase == "recompute"
-    if d.hold_recompute_frozen and recompute and w.ix.nonreentrant[m] and w.ix.output_requires_grad[m]:
+    if d.hold_recompute_frozen and recompute and w.index.nonreentrant[m] and w.index.output_requires_grad[m]:
         A.hold_recomputed_frozen(w, m)
     A.release_sub_module(w, m, True, recompute, track_stack=d.track_stack, attribute=d.attribute,
                          skip_frozen_in_recompute=d.skip_frozen_in_recompute)
 
 
 def _on_pre_backward(d: CoordinatorDesign, w: A.Work, ev: Event) -> None:
-    A.pre_module_hook(w, w.ix.midx[ev.module], False, False, track_stack=d.track_stack, attribute=d.attribute)
+    A.pre_module_hook(w, w.index.midx[ev.module], False, False, track_stack=d.track_stack, attribute=d.attribute)
 
 
 def _on_post_backward(d: CoordinatorDesign, w: A.Work, ev: Event) -> None:
-    m = w.ix.midx[ev.module]
+    m = w.index.midx[ev.module]
     if d.hold_recompute_frozen:
         A.drop_holds(w, m)
     A.release_sub_module(w, m, False, False, track_stack=d.track_stack, attribute=d.attribute,

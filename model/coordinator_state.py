@@ -148,10 +148,10 @@ class CoordIndex:
 
 
 def index_for(net: "Network") -> CoordIndex:
-    ix = net.__dict__.get("_coord_index")
-    if ix is None:
-        ix = net.__dict__["_coord_index"] = CoordIndex(net)
-    return ix
+    index = net.__dict__.get("_coord_index")
+    if index is None:
+        index = net.__dict__["_coord_index"] = CoordIndex(net)
+    return index
 
 
 @dataclass(frozen=True)
@@ -188,24 +188,24 @@ class CoordState:
     counted, their releases are).  Bounds prefetch by ``stage3_max_live_parameters``."""
 
     @staticmethod
-    def initial(ix: CoordIndex) -> "CoordState":
+    def initial(index: CoordIndex) -> "CoordState":
         """zero.Init partitions every parameter; nothing is held; the trace starts INVALID."""
-        return CoordState(status=(NOT_AVAILABLE,) * ix.n, holders=(frozenset(),) * ix.n,
-                          fetched_for=(NEVER,) * ix.n)
+        return CoordState(status=(NOT_AVAILABLE,) * index.n, holders=(frozenset(),) * index.n,
+                          fetched_for=(NEVER,) * index.n)
 
     def with_(self, **changes) -> "CoordState":
         return replace(self, **changes)
 
-    def observable(self, ix: CoordIndex) -> dict:
+    def observable(self, index: CoordIndex) -> dict:
         """DeepSpeed's names for what a traced engine exposes (for refinement tests and reports)."""
         return {
-            "ds_status": {ix.params[i]: STATUS_NAMES[s] for i, s in enumerate(self.status)},
-            "ds_active_sub_modules": {ix.params[i]: sorted(HOLD_NAME if h == HOLD else ix.modules[h] for h in hs)
+            "ds_status": {index.params[i]: STATUS_NAMES[s] for i, s in enumerate(self.status)},
+            "ds_active_sub_modules": {index.params[i]: sorted(HOLD_NAME if h == HOLD else index.modules[h] for h in hs)
                                       for i, hs in enumerate(self.holders) if hs},
             "trace_mode": MODE_NAMES[self.mode],
             "step_id": self.step_id,
-            "submodule_order": [ix.modules[m] for m in self.order],
-            "active_backward_submodules": [ix.modules[m] for m in self.stack],
+            "submodule_order": [index.modules[m] for m in self.order],
+            "active_backward_submodules": [index.modules[m] for m in self.stack],
         }
 
 

@@ -163,29 +163,30 @@ class Network:
         return cache[key]
 
     def _build_hook_groups(self, i: int, skip_norm: bool) -> tuple["HookGroup", ...]:
-        rg_in = self.block_input_requires_grad(i)
-        rg = rg_in
+        input_needs_grad = self.block_input_requires_grad(i)
+        needs_grad = input_needs_grad
         mods = [m for m in self.block_modules(i) if not (skip_norm and m.name.endswith(".norm"))]
         live: list[str] = []
         for m in mods:
             kind = self.params[m.params[0]].kind
-            if kind is ParamKind.FROZEN and rg:
+            if kind is ParamKind.FROZEN and needs_grad:
                 # The op saves its parameters for backward only when its output requires grad, i.e. (the
                 # parameters being frozen) when its input does.  LayerNorm saves weight and bias
                 # themselves; under ZeRO-3 Linear runs LinearFunctionForZeroStage3, which saves weight
                 # and bias themselves too.  Non-reentrant checkpoint keeps those (not requiring grad)
                 # as live references; see `saves_live`.
                 live += m.params
-            rg = rg or kind is ParamKind.TRAINABLE
+            needs_grad = needs_grad or kind is ParamKind.TRAINABLE
         if self.is_leaf(i):
             block = f"blocks.{i}"
-            return (HookGroup(block, params_of_module(block), rg_in, rg, tuple(live)),)
+            return (HookGroup(block, params_of_module(block), input_needs_grad, needs_grad, tuple(live)),)
         out = []
-        rg = rg_in
+        needs_grad = input_needs_grad
         for m in mods:
-            out_rg = rg or self.params[m.params[0]].kind is ParamKind.TRAINABLE
-            out.append(HookGroup(m.name, m.params, rg, out_rg, tuple(p for p in m.params if p in live)))
-            rg = out_rg
+            output_needs_grad = needs_grad or self.params[m.params[0]].kind is ParamKind.TRAINABLE
+            out.append(HookGroup(m.name, m.params, needs_grad, output_needs_grad,
+                                 tuple(p for p in m.params if p in live)))
+            needs_grad = output_needs_grad
         return tuple(out)
 
     def block_input_requires_grad(self, i: int) -> bool:
@@ -195,13 +196,13 @@ class Network:
     @cached_property
     def output_requires_grad(self) -> tuple[bool, ...]:
         """``requires_grad`` of each block's output, in block order."""
-        rg = self.scenario.input_requires_grad
+        needs_grad = self.scenario.input_requires_grad
         out = []
         for i, block in enumerate(self.scenario.blocks):
             if block.checkpoint is not Checkpoint.REENTRANT:
-                rg = rg or any(self.params[p].kind is ParamKind.TRAINABLE
-                               for m in self.block_modules(i) for p in m.params)
-            out.append(rg)
+                needs_grad = needs_grad or any(self.params[p].kind is ParamKind.TRAINABLE
+                                               for m in self.block_modules(i) for p in m.params)
+            out.append(needs_grad)
         return tuple(out)
 
     @property

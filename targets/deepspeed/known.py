@@ -51,8 +51,7 @@ class KnownIssue:
 
 def _leaf_input_without_grad(sc: Scenario) -> bool:
     net = Network(sc)
-    rg = [sc.input_requires_grad, *net.output_requires_grad[:-1]]
-    return sc.stage == 3 and any(b.leaf and not rg[i] for i, b in enumerate(sc.blocks))
+    return sc.stage == 3 and any(b.leaf and not net.block_input_requires_grad(i) for i, b in enumerate(sc.blocks))
 
 
 def _no_gradient_at_all(sc: Scenario) -> bool:
@@ -134,7 +133,8 @@ Z3_LEAF_KEPT_GATHERED = KnownIssue(
             "of backward -- so all of the leaf's parameters look reused and none is released after its "
             "forward once the trace is COMPLETE (second step on).  A leaf whose backward runs is released at "
             "its post-backward (memory held across the whole forward, defeating ZeRO-3 for MoE-style leaves); "
-            "one whose backward never runs (frozen, or reentrant-checkpointed, and its input does not require grad) stays gathered after "
+            "one whose backward never runs (frozen, or reentrant-checkpointed, and its input does not require grad) "
+            "stays gathered after "
             "the backward and the epilogue.  Fix: ``recurse=z3_leaf_module(module)``."),
 )
 
