@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from test_cli_util import FINDING_KEYS, REPORT_KEYS, assert_pictures, load_report, zs
@@ -51,6 +52,9 @@ def test_report_folder_holds_a_finding_per_counterexample_with_pictures(buggy):
         assert_pictures(out, f, "trace")
         assert_pictures(out, f, "graph")
         assert any(e["violation"] for e in f["events_around"]) or f["violation_event"] is None
+        # the finding's key is spec + the monitor's code (kebab-case), never a shape of its message
+        assert re.fullmatch(re.escape(f["check"]) + r":[a-z0-9-]+( \(in a nested task\))?", f["key"]), f["key"]
+        assert json.loads((out / f["files"]["scenario"]).read_text())["key"] == f["key"]
     md = (out / "report.md").read_text()
     assert "| `epilogue-once` | **violated** | holds |" in md
     assert "### Finding 1: `epilogue-once` on `ds-0.18.4`" in md and "zerostate replay" in md

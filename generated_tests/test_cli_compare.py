@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from test_cli_util import assert_pictures, load_report, zs
@@ -35,6 +36,8 @@ def test_report_has_a_column_per_design_and_a_finding_per_violation(compared):
     assert {(f["check"], f["design"]) for f in rep["findings"]} == violated
     for f in rep["findings"]:
         assert_pictures(out, f, "trace")
+        assert re.fullmatch(re.escape(f["check"]) + r":[a-z0-9-]+( \(in a nested task\))?", f["key"]), f["key"]
+        assert f["violation_event"] is None or any(e["violation"] for e in f["events_around"])
     md = (out / "report.md").read_text()
     assert "## Summary" in md and "gathered-peak" in md
 
