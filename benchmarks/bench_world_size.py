@@ -12,7 +12,9 @@ size 2 (`ranks.DeepSpeedRanksTarget`, a pool of two rank processes on one proces
   first ``deepspeed.initialize`` of a process imports for seconds; the rank pool warms up before hello).
 * **time to seed 002** -- ``explore`` from scratch on ``--release`` (default 0.19.2), stopping once
   ``saved-tensor-intact`` is handed over (shrunk): seconds from the start of exploring, target
-  start-up separately, the generated position, distinct runs until then, the shrunk scenario's size.
+  start-up separately (``seconds``: until its first example is handed over, unshrunk; ``seconds_shrunk``:
+  until its shrunk, confirmed finding is), the generated position, distinct runs until then, the shrunk
+  scenario's size.
 
 Writes JSON and prints a table.  On a 2-core machine the two ranks share the two cores with the
 parent; numbers in docs/world-size-2.md.
@@ -81,7 +83,8 @@ def time_to_seed(world_size: int, version: str, examples: int, stages: tuple[int
     hit = next((f for f in res.findings if is_seed_002(f)), None)
     key = hit.key if hit else KEY
     return {"world_size": world_size, "release": version, "stages": stages or "all", "key": key, "found": hit is not None,
-            "seconds": round(res.seconds_to.get(key, float("nan")), 1), "target_startup_s": round(startup, 1),
+            "seconds": round(res.seconds_to.get(key, float("nan")), 1),
+            "seconds_shrunk": round(res.seconds_final.get(key, float("nan")), 1), "target_startup_s": round(startup, 1),
             "generated_position": res.generated_at.get(key), "distinct_runs_until_found": res.first_seen.get(key),
             "runs": res.examples, "blocks": len(hit.scenario.blocks) if hit else None,
             "steps": len(hit.scenario.steps) if hit else None, "scenario": hit.scenario.to_dict() if hit else None,
@@ -115,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
             r = time_to_seed(ws, args.release, args.examples, tuple(args.stages) if args.stages else None)
             out["seed002"].append(r)
             print(f"world size {ws}, DeepSpeed {args.release}, stages {r['stages']}: {KEY} found={r['found']} in {r['seconds']} s "
+                  f"(unshrunk; shrunk and confirmed at {r['seconds_shrunk']} s) "
                   f"(start-up {r['target_startup_s']} s), generated position {r['generated_position']}, "
                   f"{r['distinct_runs_until_found']} runs until seen, shrunk to {r['blocks']} block(s) / "
                   f"{r['steps']} step(s): {json.dumps(r['scenario'])}", flush=True)

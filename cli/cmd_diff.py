@@ -37,7 +37,8 @@ from .progress import Progress
 
 DEFAULT_OUT = "zerostate-diff"
 DEFAULT_EXAMPLES = 200
-DEFAULT_TIME_BUDGET = 300.0
+DEFAULT_TIME_BUDGET = 0.0
+"""No time budget by default (as explore): the examples alone bound each side, so the diff is repeatable."""
 DEFAULT_TOLERANCE = 0.10
 
 
@@ -53,7 +54,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--examples", type=positive_int, default=DEFAULT_EXAMPLES, metavar="N",
                    help=f"examples per search, on each build (default {DEFAULT_EXAMPLES})")
     p.add_argument("--time-budget", type=non_negative_float, default=DEFAULT_TIME_BUDGET, metavar="SECONDS",
-                   help=f"stop each build's exploration after this long (default {DEFAULT_TIME_BUDGET:.0f}; 0: none)")
+                   help="stop each build's exploration after this long (default: none, the examples alone "
+                        "bound it, which makes the diff repeatable; a side the clock cuts is not)")
     p.add_argument("--seed", type=int, default=None, metavar="N", help="Hypothesis seed (default: the fixed seed 0)")
     p.add_argument("--memory-tolerance", type=non_negative_float, default=DEFAULT_TOLERANCE, metavar="FRACTION",
                    help="a head gathered-parameter peak above base x (1 + FRACTION) in any scenario is a "
@@ -113,6 +115,16 @@ def build(spec: str, option: str, world_size: int) -> tuple[Any, str]:
 def explore_side(rec: Recorder, label: str, args: argparse.Namespace) -> tuple[list[Any], str]:
     progress = Progress(f"diff {label}")
     found: list[Any] = []
+    by_key: dict[str, int] = {}
+
+    def keep(f: Any) -> None:
+        """explore hands each finding over unshrunk first, then its final (shrunk) finding: keep the last."""
+        key = getattr(f, "key", None)
+        if key in by_key:
+            found[by_key[key]] = f
+        else:
+            by_key[key] = len(found)
+            found.append(f)
     t0 = time.monotonic()
     stop = {"done": False}
 
@@ -124,7 +136,7 @@ def explore_side(rec: Recorder, label: str, args: argparse.Namespace) -> tuple[l
 
     status = "complete"
     try:
-        api.explore(rec, args.examples, args.seed, found.append, on_progress)
+        api.explore(rec, args.examples, args.seed, keep, on_progress, on_update=keep)
     except _OutOfTime:
         status = "time budget spent"
     finally:

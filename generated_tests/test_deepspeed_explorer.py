@@ -119,10 +119,22 @@ def test_a_finding_that_needs_earlier_examples_is_reported_order_dependent_with_
 
 
 def test_findings_that_reproduce_alone_are_confirmed():
-    res = explore(get_target("model", design="ds-0.18.4"), examples=40, seed=None, stop=lambda fs: len(fs) >= 2)
+    res = explore(get_target("model", design="ds-0.18.4"), examples=40, seed=None)
     assert res.findings and all(f.confirmation.status == "confirmed" for f in res.findings)
     rel = res.reliability
     assert rel["confirmed"] == rel["reported"] == len(res.findings) and rel["restarts"] == []
+
+
+def test_a_stop_leaves_the_findings_after_it_as_seen_and_unconfirmed():
+    """``stop``: the caller has what it wanted -- the findings it stopped on are shrunk and confirmed, the
+    others stay as handed over (unshrunk, not checked), and the reliability figure says so."""
+    res = explore(get_target("model", design="ds-0.18.4"), examples=40, seed=None, stop=lambda fs: len(fs) >= 2)
+    done = [f for f in res.findings if f.shrunk]
+    assert len(done) == 2 and all(f.confirmation.status == "confirmed" for f in done)
+    rest = [f for f in res.findings if not f.shrunk]
+    assert rest and all(f.confirmation.status == "not-checked" for f in rest)
+    rel = res.reliability
+    assert rel["confirmed"] == 2 and rel["not_checked"] == len(rest)
 
 
 class _Restarting(_Leaky):
@@ -180,21 +192,22 @@ def test_a_finding_that_shows_in_some_runs_only_is_reported_intermittent_with_it
 
 # ------------------------------------------------------------------ hand-over unshrunk, jobs (issues 11, 15)
 def test_each_new_key_is_handed_over_unshrunk_at_once_then_updated_shrunk():
-    """The first generated example of each new key is handed over as it runs (unshrunk); its shrunk,
-    confirmed finding follows as an update with the same key, and only updates are final."""
+    """The first generated example of each new key is handed over as it runs (unshrunk); its shrunk
+    finding follows as an update with the same key (confirmation pending), then the confirmed one."""
     got, updates, progress = [], [], []
     res = explore(get_target("model", design="ds-0.18.4"), examples=60, seed=None, on_finding=got.append,
-                  on_update=updates.append, on_progress=lambda n, k, s: progress.append(n))
+                  on_update=lambda f: updates.append((f.key, f.confirmation and f.confirmation.status, f)),
+                  on_progress=lambda n, k, s: progress.append(n))
     assert got and all(f.shrunk is False for f in got)
     assert [f.key for f in got] == [f.key for f in res.findings]  # one hand-over per key, in order
-    assert sorted(f.key for f in updates) == sorted(f.key for f in got)
-    assert all(f.confirmation.status == "confirmed" for f in updates)
+    for f in res.findings:
+        mine = [(status, g) for key, status, g in updates if key == f.key]
+        assert [status for status, _ in mine] == [None, "confirmed"], mine  # shrunk, then confirmed
+        assert mine[-1][1] is f and f.shrunk is True
+        assert f.size <= next(g for g in got if g.key == f.key).size
+        assert res.seconds_to[f.key] <= res.seconds_final[f.key]
     # handed over during generation: the first key after fewer distinct runs than the whole generation took
     assert min(res.first_seen.values()) < progress[-1]
-    for f in res.findings:
-        assert res.seconds_to[f.key] <= res.seconds_final[f.key]
-        u = next(g for g in updates if g.key == f.key)
-        assert f is u and f.size <= next(g for g in got if g.key == f.key).size
 
 
 def _keys(res):

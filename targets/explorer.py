@@ -350,7 +350,8 @@ def explore(target: Target, *, examples: int, seed: int | None = None,
     t0 = time.perf_counter()
     memo: dict[str, Outcome] = {}
     handed: dict[str, Finding] = {}      # key -> the finding as handed over (unshrunk, then final)
-    final: set[str] = set()              # keys whose finding is final (shrunk, confirmed)
+    done: set[str] = set()               # keys whose last scenario is known (shrunk, or as seen)
+    final: set[str] = set()              # ... and confirmed: final
     seen: dict[str, Finding] = {}        # key -> smallest finding seen
     first_seen: dict[str, int] = {}
     generated_at: dict[str, int] = {}
@@ -460,34 +461,94 @@ def explore(target: Target, *, examples: int, seed: int | None = None,
                     break
         return best
 
-    def confirmed(f: Finding) -> Finding:
-        if not do_confirm[0]:
-            f.confirmation = confirming.Confirmation("not-checked")
-            return f
-        wid, start, idx = ran_at.get(f.scenario.to_json(None), (0, 0, 0))
-        before = restarts_of(workers[0])
-        c = confirming.confirm(workers[0], f.key, f.scenario, logs[wid][start:idx])
-        logs[0].extend(c.last_run)  # worker 0 now holds the last try's runs, from a fresh start
-        starts[0] = len(logs[0]) - len(c.last_run)
-        if restarts_of(workers[0]) != before:
-            starts[0] = len(logs[0])
-        f.confirmation = c
-        return f
+    # ---- confirmation (issue 15): with several jobs, the other workers replay each shrunk finding in a
+    # fresh worker while worker 0 shrinks the next; with one job, worker 0 confirms them after shrinking
+    # (so the shrinking runs after the same examples whatever jobs is)
+    conf_jobs: queue.Queue = queue.Queue()
+    conf_done: queue.Queue = queue.Queue()
+    helpers: list[threading.Thread] = []
+    pending: list[tuple[Finding, list[Scenario]]] = []
+    outstanding = [0]
 
-    def finalise(f: Finding, shrink: bool) -> None:
-        """The final finding of its key: polished (when ``shrink``), confirmed, handed over as an update."""
-        if shrink and do_polish:
+    def history_of(f: Finding) -> list[Scenario]:
+        wid, start, idx = ran_at.get(f.scenario.to_json(None), (0, 0, 0))
+        return list(logs[wid][start:idx])
+
+    def helper(w: Any) -> None:
+        while True:
+            item = conf_jobs.get()
+            if item is None:
+                return
+            f, hist = item
             try:
-                f = polished(f)
-            except _BudgetSpent:
-                pass
-        f = confirmed(f)
-        f.shrunk = shrink
+                c: Any = confirming.confirm(w, f.key, f.scenario, hist)
+            except BaseException as exc:  # noqa: BLE001 - the worker broke: re-raised in the main thread
+                c = exc
+            conf_done.put((f, c))
+
+    def land(f: Finding) -> None:
         handed[f.key] = f
         final.add(f.key)
         seconds_final[f.key] = time.perf_counter() - t0
         if on_update is not None:
             on_update(f)
+
+    def submit(f: Finding) -> None:
+        """``f`` is its key's last scenario: confirm it (now, on a helper, or after shrinking), then land it."""
+        if not do_confirm[0]:
+            f.confirmation = confirming.Confirmation("not-checked")
+            land(f)
+            return
+        outstanding[0] += 1
+        if helpers:
+            conf_jobs.put((f, history_of(f)))
+        else:
+            pending.append((f, history_of(f)))
+
+    def drain(block: bool) -> None:
+        """Land the confirmations that are done (``block``: all of them)."""
+        while outstanding[0]:
+            if helpers:
+                try:
+                    f, c = conf_done.get(timeout=0.5) if block else conf_done.get_nowait()
+                except queue.Empty:
+                    if block:
+                        continue
+                    return
+                if isinstance(c, BaseException):
+                    raise _TargetBroken(c) from c
+            elif block:
+                f, hist = pending.pop(0)
+                before = restarts_of(workers[0])
+                try:
+                    c = confirming.confirm(workers[0], f.key, f.scenario, hist)
+                except Exception as exc:
+                    raise _TargetBroken(exc) from exc
+                logs[0].extend(c.last_run)  # worker 0 now holds the last try's runs, from a fresh start
+                starts[0] = len(logs[0]) - len(c.last_run)
+                if restarts_of(workers[0]) != before:
+                    starts[0] = len(logs[0])
+            else:
+                return
+            outstanding[0] -= 1
+            f.confirmation = c
+            land(f)
+
+    def shrunk(f: Finding, shrink: bool) -> None:
+        """Its key's last scenario: polished (when ``shrink``), handed over as an update (confirmation
+        pending: ``confirmation`` None), then confirmed."""
+        if shrink and do_polish:
+            try:
+                f = polished(f)
+            except _BudgetSpent:
+                pass
+        f.shrunk = shrink
+        f.confirmation = None
+        handed[f.key] = f
+        done.add(f.key)
+        if on_update is not None:
+            on_update(f)
+        submit(f)
 
     def search(want: str) -> Scenario | None:
         """One Hypothesis search replaying the generation sequence (memoised: free) up to the first
@@ -558,7 +619,10 @@ def explore(target: Target, *, examples: int, seed: int | None = None,
                 stop_flag.set()
                 gen.close()
                 stream.close()
-            close_extra()  # shrinking runs on worker 0 alone, started fresh: the same whatever jobs is
+            # shrinking runs on worker 0 alone, started fresh: the same whatever jobs is; the others confirm
+            for w in workers[1:]:
+                helpers.append(threading.Thread(target=helper, args=(w,), daemon=True, name="explore-confirm"))
+                helpers[-1].start()
             if logs[0][starts[0]:] and getattr(workers[0], "fresh", None) is not None:
                 workers[0].fresh()
                 starts[0] = len(logs[0])
@@ -569,36 +633,42 @@ def explore(target: Target, *, examples: int, seed: int | None = None,
                 queue_keys.sort(key=lambda k: (k not in wanted, order(k)))
             else:
                 queue_keys.sort(key=order)
-            budget_spent = False
+            stopped = False
             while True:
-                todo = [k for k in queue_keys if k not in final]
-                if not todo or budget_spent:
+                todo = [k for k in queue_keys if k not in done]
+                if not todo:
                     break
                 key = todo[0]
                 try:
                     sc2 = search(key)
                 except _BudgetSpent:
-                    budget_spent = True
                     break
                 f2 = next((f for f in memo[sc2.to_json(None)].findings if f.key == key), None) if sc2 else None
-                finalise(f2 if f2 is not None else seen[key], shrink=True)
-                if stop is not None and stop([handed[k] for k in final]):
-                    stopped = True
+                shrunk(f2 if f2 is not None else seen[key], shrink=True)
+                drain(block=False)
+                if stop is not None and stop([handed[k] for k in done]):
+                    stopped = True  # the caller has what it wanted: the rest stay as handed over, unconfirmed
                     break
-            # stopped (the caller has what it wanted) or budget spent: the rest as seen (smallest), confirmed
-            for key in [k for k in queue_keys if k not in final]:
-                finalise(seen[key], shrink=False)
+            if not stopped:  # budget spent: the rest as seen (the smallest scenario), confirmed
+                for key in [k for k in queue_keys if k not in done]:
+                    shrunk(seen[key], shrink=False)
+            drain(block=True)
         except KeyboardInterrupt as exc:
             # Ctrl-C: what was seen is handed over already (unshrunk); a StopExploring (a time budget) confirms it
             do_confirm[0] = do_confirm[0] and isinstance(exc, StopExploring)
             if do_confirm[0]:
-                for key in [k for k in handed if k not in final]:
-                    finalise(seen[key], shrink=False)
+                for key in [k for k in handed if k not in done]:
+                    shrunk(seen[key], shrink=False)
+                drain(block=True)
             raise
         except _TargetBroken as wrapped:
             raise wrapped.args[0] from None
     finally:
-        close_extra()
+        for _ in helpers:
+            conf_jobs.put(None)
+        close_extra()  # a helper in the middle of a replay fails at once: its worker is gone
+        for th in helpers:
+            th.join(timeout=30)
     findings = [handed[k] for k in handed]
     return ExploreResult(findings, len(memo), time.perf_counter() - t0, first_seen, generated_at, seconds_to,
                          restarts, seconds_final)
