@@ -26,9 +26,12 @@ import os
 import sys
 import threading
 
-__all__ = ["enable"]
+__all__ = ["after_deepspeed_import", "enable"]
 
 _ENABLED = threading.Event()
+_PENDING: list = []
+"""Callbacks waiting for ``import deepspeed`` to finish (`after_deepspeed_import`)."""
+_LOCK = threading.Lock()
 
 
 def _patch_now() -> None:
@@ -41,7 +44,7 @@ def _patch_now() -> None:
 
 
 class _Finder(importlib.abc.MetaPathFinder):
-    """Wait for ``import deepspeed`` to finish, then patch ``deepspeed.initialize``."""
+    """Wait for ``import deepspeed`` to finish, then run the pending callbacks."""
 
     def find_spec(self, fullname, path=None, target=None):
         if fullname != "deepspeed":
@@ -53,12 +56,30 @@ class _Finder(importlib.abc.MetaPathFinder):
         loader = spec.loader
         exec_module = loader.exec_module
 
-        def exec_and_patch(module):
+        def exec_and_run(module):
             exec_module(module)
-            _patch_now()
+            with _LOCK:
+                callbacks = list(_PENDING)
+                _PENDING.clear()
+            for cb in callbacks:
+                cb()
 
-        loader.exec_module = exec_and_patch  # type: ignore[method-assign]
+        loader.exec_module = exec_and_run  # type: ignore[method-assign]
         return spec
+
+
+def after_deepspeed_import(callback) -> None:
+    """Run ``callback()`` now if ``deepspeed`` is imported, else right after ``import deepspeed`` finishes (one
+    import hook for every caller: the runtime's `enable`, ``zerostate watch``'s
+    `zerostate.targets.deepspeed.watch.enable`)."""
+    if "deepspeed" in sys.modules:
+        callback()
+        return
+    with _LOCK:
+        first = not _PENDING
+        _PENDING.append(callback)
+        if first:
+            sys.meta_path.insert(0, _Finder())
 
 
 def enable() -> None:
@@ -66,7 +87,4 @@ def enable() -> None:
     if _ENABLED.is_set():
         return
     _ENABLED.set()
-    if "deepspeed" in sys.modules:
-        _patch_now()
-    else:
-        sys.meta_path.insert(0, _Finder())
+    after_deepspeed_import(_patch_now)

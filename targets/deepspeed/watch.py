@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import atexit
 import faulthandler
-import importlib.abc
-import importlib.util
 import json
 import os
 import sys
@@ -332,40 +330,14 @@ def unpatch_initialize() -> None:
         _PATCHED.clear()
 
 
-class _Finder(importlib.abc.MetaPathFinder):
-    """Patch ``deepspeed.initialize`` right after ``import deepspeed`` finishes (as runtime.autoinstall)."""
-
-    def __init__(self, settings):
-        self.settings = settings
-
-    def find_spec(self, fullname, path=None, target=None):
-        if fullname != "deepspeed":
-            return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec("deepspeed")
-        if spec is None or spec.loader is None:
-            return spec
-        exec_module = spec.loader.exec_module
-        settings = self.settings
-
-        def exec_and_patch(module):
-            exec_module(module)
-            patch_initialize(**settings)
-
-        spec.loader.exec_module = exec_and_patch  # type: ignore[method-assign]
-        return spec
-
-
 def enable() -> None:
     """Watch every engine this process builds, with the settings ``zerostate watch`` put in the environment."""
     out = os.environ.get(ENV_DIR)
     settings = {"out": out, "stop_on_violation": os.environ.get(ENV_STOP) == "1",
                 "hang_s": float(os.environ.get(ENV_HANG) or DEFAULT_HANG_S),
                 "runtime": os.environ.get(ENV_RUNTIME) == "1"}
-    if "deepspeed" in sys.modules:
-        patch_initialize(**settings)
-    else:
-        sys.meta_path.insert(0, _Finder(settings))
+    from zerostate.runtime.autoinstall import after_deepspeed_import
+    after_deepspeed_import(lambda: patch_initialize(**settings))
 
 
 __all__ = ["WatchHandle", "WatchStop", "enable", "patch_initialize", "unpatch_initialize", "watch"]
