@@ -34,7 +34,7 @@ import inspect
 import os
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from zerostate.model.designs import get_design
@@ -121,6 +121,7 @@ def test_real_release_points_match_the_zerostate_model(runtime_target, sc):
         return  # a DeepSpeed bug the runtime does not touch, on a truncated trace
     params = list(net.params)
     got, want = project(out.trace, params, holders=True), project(model.events, params, holders=True)
+    event("compared" + (", prefetching" if any(e[0] == "prefetch" for v in want.values() for e in v) else ""))
     for p in params:
         assert got[p] == want[p], (f"{p}: real DeepSpeed + runtime and the zerostate model differ\n"
                                    f"real:  {got[p]}\nmodel: {want[p]}\n{sc.describe()}\n{sc.to_json(None)}")
