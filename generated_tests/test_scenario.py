@@ -122,6 +122,7 @@ DRAWN = {
     "branches": lambda s: any(m.skip for _, _, m in s.micro_steps()),
     "llama": lambda s: s.family.value == "llama",
     "llama + lora + checkpoint": lambda s: s.lora and s.blocks[0].checkpoint.value != "none",
+    "engines before it in the process": lambda s: bool(s.engines_before),
 }
 
 
@@ -139,3 +140,34 @@ def test_default_strategy_draws_every_dimension():
 
     draw()
     assert seen == set(DRAWN), sorted(set(DRAWN) - seen)
+
+
+# ------------------------------------------------- several engines in one process (issue 15)
+def test_engines_before_is_written_only_when_set():
+    plain = Scenario.from_dict({"stage": 2})
+    assert "engines_before" not in plain.to_dict() and plain.engines_before == ()
+    sc = Scenario.from_dict({"stage": 2, "engines_before": [3, 1]})
+    assert sc.engines_before == (3, 1) and sc.to_dict()["engines_before"] == [3, 1]
+    assert Scenario.from_json(sc.to_json()) == sc
+    assert "engines before it in the process: ZeRO-3, ZeRO-1" in sc.beyond_model()
+    assert "ZeRO-3, ZeRO-1" in sc.describe()
+
+
+@pytest.mark.parametrize("value, field", [([4], "engines_before"), ([3, 3, 3, 3], "engines_before"),
+                                          (["3"], "engines_before[0]"), (3, "engines_before")])
+def test_malformed_engines_before_names_the_field(value, field):
+    with pytest.raises(ScenarioError) as err:
+        Scenario.from_dict({"engines_before": value})
+    assert str(err.value).startswith(field), str(err.value)
+
+
+def test_engines_before_is_drawn_and_shrinks_to_one_zero3_engine():
+    """The strategy draws the dimension (one draw in eight) and a scenario that needs it shrinks to a single
+    ZeRO-3 engine before an otherwise plain scenario; one that does not need it shrinks it away."""
+    from hypothesis import find, settings
+    cfg = settings(database=None, max_examples=2000, derandomize=True)
+    sc = find(scenarios(), lambda s: bool(s.engines_before), settings=cfg)
+    assert sc.engines_before == (3,)
+    assert sc.with_(stage=3) == Scenario(engines_before=(3,)), sc.to_json(None)  # plain but for the stage
+    plain = find(scenarios(), lambda s: s.stage == 2, settings=cfg)
+    assert plain.engines_before == ()

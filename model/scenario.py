@@ -26,7 +26,9 @@ parameters in no group, ``requires_grad`` changed for one step, a module applied
 and a parameter used by a module that does not own it (a ZeRO-3 external parameter), tuple / dict
 outputs and an auxiliary loss, two backwards per micro-step (``retain_graph=True``), a train step with
 no forward or backward (``engine.step()`` without any gradient), and a second network family: tiny
-Hugging Face Llama decoders (optionally wrapped by PEFT LoRA).  `Scenario.beyond_model` names the
+Hugging Face Llama decoders (optionally wrapped by PEFT LoRA).  Issue 15 adds ``engines_before``: other
+engines built, trained and destroyed in the same process before the scenario's own (TRL's policy,
+reference and reward models), the place where DeepSpeed state carried between engines shows.  `Scenario.beyond_model` names the
 ones zerostate's model does not represent.
 
 Parsing (`Scenario.from_json`) validates every field and raises
@@ -217,6 +219,12 @@ class Scenario:
     family: Family = Family.BLOCKS
     lora: bool = False
     """Llama family: the model is wrapped by PEFT LoRA (base weights frozen, adapters trainable)."""
+    engines_before: tuple[int, ...] = ()
+    """ZeRO stages of other engines that run first, in this process, one after another: each is built on a
+    fresh copy of this scenario's network (z3 leaf flags cleared) with that stage, trained one plain train
+    step (``gas`` x ``engine.backward``) and destroyed; then the scenario's own engine runs.  Empty (the
+    default, written to JSON only when set): the scenario's engine is the only one.  The PyTorch oracle is
+    unchanged (it trains the same model)."""
 
     # ------------------------------------------------------------------ derived
     @property
@@ -251,6 +259,9 @@ class Scenario:
             out.append("requires_grad changed between steps")
         if any(m.retain for _, _, m in self.micro_steps()):
             out.append("two backwards per micro-step (retain_graph)")
+        if self.engines_before:
+            out.append("engines before it in the process: "
+                       + ", ".join(f"ZeRO-{k}" for k in self.engines_before))
         return out
 
     # -------------------------------------------------------------- validation
@@ -318,6 +329,8 @@ class Scenario:
             raise ScenarioError("tie/external: block 0's Linear is unused; tying or sharing needs it in forward")
         if self.lora and self.family is not Family.LLAMA:
             raise ScenarioError("lora: only for family llama")
+        if len(self.engines_before) > 3 or any(k not in (1, 2, 3) for k in self.engines_before):
+            raise ScenarioError(f"engines_before: at most 3 ZeRO stages (1, 2 or 3), got {list(self.engines_before)}")
         if self.family is Family.LLAMA:
             if self.width % 4:
                 raise ScenarioError(f"width: the llama family needs a multiple of 4 (2 heads), got {self.width}")
@@ -378,6 +391,8 @@ class Scenario:
         for name, default in _EXTENDED_DEFAULTS.items():
             if getattr(self, name) == default:
                 d.pop(name, None)
+        if not self.engines_before:  # issue 15: written only when set
+            d.pop("engines_before", None)
         return d
 
     def to_json(self, indent: int | None = 2) -> str:
@@ -526,6 +541,8 @@ def _parse_scenario(data: Any) -> Scenario:
     if isinstance(clip, bool) or not isinstance(clip, (int, float)):
         raise ScenarioError(f"gradient_clipping: expected a number, got {clip!r}")
     kwargs["gradient_clipping"] = float(clip)
+    kwargs["engines_before"] = tuple(_int(k, f"engines_before[{i}]")
+                                     for i, k in enumerate(_list(d.get("engines_before", []), "engines_before")))
     return Scenario(**kwargs).validate()
 
 

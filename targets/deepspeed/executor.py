@@ -12,10 +12,17 @@
 ``max_diff``    the largest |DeepSpeed - PyTorch| over every parameter and compared step;
 ``skipped``     a reason when the scenario cannot be trained at all (no trainable parameter, no parameter
                 in the optimizer) or not here (fp16 on an accelerator without fp16).
+``engines_before`` one line per engine run before the scenario's own (``"ZeRO-3: ok"`` or its exception);
+``carried_state`` process-wide state an earlier engine left that this engine runs with (`net.carried_state`);
+``torch_linear_replaced`` True when, after the run, ``torch.nn.functional.linear`` was DeepSpeed's
+                ``zero3_linear_wrap`` (a ZeRO-3 engine ran: the scenario's own or one of ``engines_before``);
+                put back before the next example.
 
 The engine is torn down after every scenario (tracer uninstalled, ``engine.destroy()``, ZeRO-3's
-module stack cleared, a full ``gc.collect()``; see ``_RUNS``), so one worker
-process serves every example.
+module stack cleared, ``torch.nn.functional.linear`` put back (`restore_torch_linear`), a full
+``gc.collect()``; see ``_RUNS``), so one worker process serves every example.  A scenario that wants
+engines before its own in the process says so (``engines_before``, issue 15): `net.DeepSpeedBackend`
+runs them.
 """
 
 from __future__ import annotations
@@ -23,8 +30,31 @@ from __future__ import annotations
 import gc
 import traceback
 
+import torch
+
 from . import compat, net
 from .tracer import Tracer
+
+_TORCH_LINEAR = torch.nn.functional.linear
+"""torch's own ``F.linear``, taken when the worker imports this module (before any engine).  A ZeRO-3
+engine replaces ``torch.nn.functional.linear`` process-wide by DeepSpeed's ``zero3_linear_wrap`` and
+never puts it back (known issue ``z3-linear-override-outlives-engine``), so every later example -- its
+oracle and its engine, ZeRO-1/2 included -- would run each ``nn.Linear`` through
+``LinearFunctionForZeroStage3``: the gradient-hook order changes, and with it which check a finding
+hits (an order-dependent finding on 0.19.8).  The worker restores it after every example, so examples
+stay independent; ``engines_before`` makes the carried state a scenario dimension instead."""
+
+
+def restore_torch_linear() -> bool:
+    """Put torch's ``F.linear`` back if DeepSpeed replaced it; True when it had."""
+    orig = _TORCH_LINEAR
+    if "deepspeed" in getattr(orig, "__module__", ""):  # imported after an engine already replaced it
+        from deepspeed.runtime.zero.partition_parameters import InsertPostInitMethodToModuleSubClasses as cls
+        orig = getattr(cls, "linear_bk", orig)
+    if torch.nn.functional.linear is orig:
+        return False
+    torch.nn.functional.linear = orig
+    return True
 
 _RUNS = [0]
 """Examples run by this worker.  After the first one (imports done, DeepSpeed warmed up) the worker
@@ -86,6 +116,10 @@ def execute(spec: dict, on_step=None) -> dict:
     backend = tracer = None
     try:
         backend = net.DeepSpeedBackend(spec, model)
+        if backend.engines_before:
+            res["engines_before"] = backend.engines_before
+        if backend.carried:
+            res["carried_state"] = backend.carried
         tracer = Tracer(backend.engine, spec).install()
 
         def after_step(i: int) -> None:
@@ -114,6 +148,8 @@ def execute(spec: dict, on_step=None) -> dict:
         if backend is not None:
             backend.close()
         compat.clear_globals()
+        if restore_torch_linear():  # a ZeRO-3 engine (this scenario's, or one of its engines_before) ran
+            res["torch_linear_replaced"] = True
         del backend, tracer, model
         _RUNS[0] += 1
         gc.collect()

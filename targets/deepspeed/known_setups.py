@@ -203,7 +203,38 @@ Z3_UNGROUPED_NOT_GATHERED = KnownIssue(
             "parameters are never updated.  Observed, not yet traced to the coordinator line."),
 )
 
+Z3_LINEAR_OVERRIDE_OUTLIVES_ENGINE = KnownIssue(
+    id="z3-linear-override-outlives-engine",
+    title="A ZeRO-3 engine replaces torch.nn.functional.linear process-wide and destroy() does not put it back: "
+          "every later engine (and plain PyTorch) in the process runs nn.Linear through zero3_linear_wrap",
+    owner="deepspeed",
+    releases=((0, 18, 4), (0, 20, 0)),  # the same code in 0.18.4, 0.19.2 and 0.19.8 (read); measured on 0.19.8
+    scenario=Scenario.from_dict({"stage": 2, "blocks": [{}, {}], "engines_before": [3],
+                                 "steps": [{"micro": [{"backward": "engine"}]}]}),
+    checks=("carried-state",),
+    keys=("carried-state:torch-linear-replaced",),
+    explains=lambda f: f.check == "carried-state" and 3 in f.scenario.engines_before,
+    detail=("Several engines in one process (TRL: policy, reference, reward model; issue 15's engines_before). "
+            "A ZeRO-3 engine's DeepSpeedZeRoOffload._convert_to_zero_parameters (runtime/zero/parameter_offload.py "
+            "line 270 in 0.19.8) builds zero.Init(module=...); Init.__init__ (runtime/zero/partition_parameters.py "
+            "line 1090-1091) calls _enable_mem_efficient_linear, which sets torch.nn.functional.linear = "
+            "zero3_linear_wrap (line 419; its own log line says 'This will persist unless manually reset'). "
+            "engine.destroy() and the Init context's unpatch_init_and_builtins never restore it, so after the first "
+            "ZeRO-3 engine every nn.Linear in the process -- a later ZeRO-1/2 engine's, a PyTorch reference "
+            "model's -- runs through LinearFunctionForZeroStage3, one autograd node for input, weight and bias "
+            "gradients: the values agree with PyTorch here, but the gradient hooks fire in another order (weight "
+            "and bias swap; test_deepspeed_setups.py shows it in the trace), which moves ZeRO-1/2's bucket flushes "
+            "and so which assertion a double reduction hits: the order-dependent 0.19.8 finding (ZeRO-2 bf16, tied "
+            "weights, two backwards, after a ZeRO-3 engine in the same worker: 'already been reduced' in "
+            "reduce_independent_p_g_buckets_and_remove_grads instead of reduce_ipg_grads).  The zerostate worker "
+            "puts torch's F.linear back after every example (executor.restore_torch_linear), so examples stay "
+            "independent; the finding (check carried-state) is raised when a ZeRO-1/2 engine runs with DeepSpeed's "
+            "F.linear left by an engine before it.  Fix: restore linear_bk when the engine that patched it is "
+            "destroyed (or patch only inside the Init context)."),
+)
+
 SETUP_ISSUE_FIELDS: tuple[dict, ...] = (Z3_UNGROUPED_NOT_GATHERED, TWO_BACKWARDS_PER_FORWARD, STEP_WITHOUT_GRADIENT, NESTED_OUTPUTS_SCALED_TWICE,
-                                        SHARED_ACROSS_REENTRANT, TRACER_ONDEMAND_FETCH)
+                                        SHARED_ACROSS_REENTRANT, TRACER_ONDEMAND_FETCH,
+                                        Z3_LINEAR_OVERRIDE_OUTLIVES_ENGINE)
 
 __all__ = ["SETUP_ISSUE_FIELDS"]

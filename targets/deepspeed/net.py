@@ -23,6 +23,10 @@ executor ran.  A *spec* here is the plain dict of ``Scenario.to_dict()``.
 * `tolerance` -- the oracle's tolerance: exact-ish (``ATOL``/``RTOL``) in fp32, offload included;
   ``BF16_ATOL``/``BF16_RTOL`` for bf16 (bf16 parameters have an 8-bit mantissa: one rounding is a
   relative 2**-8 = 0.4 %, a few steps of SGD accumulate a few of them) and fp16.
+* `run_engines_before` -- several engines in one process (issue 15, ``engines_before``): before the
+  scenario's own engine, `DeepSpeedBackend` builds, trains (one plain train step) and destroys one engine
+  per listed ZeRO stage, each on a fresh copy of the network, as TRL builds policy, reference and reward
+  models in one process.  Whatever DeepSpeed keeps between engines reaches the scenario's engine.
 * `run_schedule` -- the one training loop, parameterised by a `Backend`: the
   DeepSpeed engine (`DeepSpeedBackend`) or plain PyTorch (`TorchBackend`, the
   oracle).  DeepSpeed divides by ``gradient_accumulation_steps`` itself
@@ -335,12 +339,60 @@ def rank_rows(x):
     return x.detach().chunk(ws)[rank].clone().requires_grad_(x.requires_grad)
 
 
+def engine_before_spec(spec, stage):
+    """The spec of an engine that runs before the scenario's own (``engines_before``): the same network
+    (z3 leaf flags cleared) and setup with ZeRO ``stage``, one plain train step of ``gas`` engine.backward
+    calls, no engines before it."""
+    sub = {k: v for k, v in spec.items() if k != "engines_before"}
+    sub["stage"] = stage
+    sub["blocks"] = [{k: v for k, v in b.items() if k != "leaf"} for b in spec.get("blocks", [{}])]
+    sub["steps"] = [{"micro": [{"backward": "engine"} for _ in range(gas_of(spec))]}]
+    if stage != 3 and sub.get("offload") in ("param", "both"):
+        sub["offload"] = "optimizer" if sub["offload"] == "both" else "none"
+    return sub
+
+
+def run_engines_before(spec):
+    """Build, train one plain step and destroy one engine per stage of ``spec["engines_before"]``, in order,
+    in this process.  Returns one line per engine: ``"ZeRO-k: ok"`` or ``"ZeRO-k: ExcType: message"`` -- an
+    engine before that raises is part of the process's history like any other (its own bug is found when
+    its scenario is explored as the main one), so the next engine still runs."""
+    done = []
+    for stage in spec.get("engines_before", ()):
+        sub = engine_before_spec(spec, stage)
+        backend = None
+        try:
+            backend = DeepSpeedBackend(sub, build_model(sub))
+            run_schedule(sub, backend)
+            done.append(f"ZeRO-{stage}: ok")
+        except Exception as exc:
+            done.append(f"ZeRO-{stage}: {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}")
+        finally:
+            if backend is not None:
+                backend.close()
+    return done
+
+
+def carried_state(stage):
+    """Process-wide state an earlier engine left that this (not ZeRO-3) engine runs with, as a sentence, or
+    None.  A ZeRO-3 engine replaces ``torch.nn.functional.linear`` by ``zero3_linear_wrap``
+    (partition_parameters.py ``_enable_mem_efficient_linear``) and ``destroy()`` does not put it back."""
+    fn = torch.nn.functional.linear
+    if stage != 3 and "deepspeed" in getattr(fn, "__module__", ""):
+        return (f"torch.nn.functional.linear is DeepSpeed's {getattr(fn, '__name__', fn)} while this ZeRO-{stage} "
+                "engine runs: left in place by a ZeRO-3 engine destroyed before it in this process")
+    return None
+
+
 class DeepSpeedBackend:
-    """The real engine: ``deepspeed.initialize`` with ZeRO 1/2/3 and a client SGD optimizer."""
+    """The real engine: ``deepspeed.initialize`` with ZeRO 1/2/3 and a client SGD optimizer.  With
+    ``engines_before`` in the spec, those engines run first (`run_engines_before`)."""
 
     def __init__(self, spec, model):
         import deepspeed
         self.spec = spec
+        self.engines_before = run_engines_before(spec)
+        self.carried = carried_state(spec.get("stage", 3))
         if spec.get("stage", 3) == 3:
             from deepspeed.utils import set_z3_leaf_module
             for i, b in enumerate(spec.get("blocks", [{}])):

@@ -265,6 +265,10 @@ class DeepSpeedTarget:
         if res.get("mismatch"):
             findings.append(mk("oracle", f"DeepSpeed {self.version} disagrees with PyTorch {res['mismatch']}",
                                events))
+        if res.get("carried_state"):  # issue 15: process state an engine before it (engines_before) left
+            f = mk("carried-state", f"DeepSpeed {self.version}: {res['carried_state']}", events)
+            f.code = "torch-linear-replaced"
+            findings.append(f)
         for f in spec_findings(events, scenario, self.name, self.version):
             if res.get("error") and f.index is None:
                 continue  # a truncated trace cannot fulfil end-of-run obligations
@@ -287,6 +291,8 @@ class DeepSpeedTarget:
         return Outcome(scenario, events, res.get("error"), unique, time.perf_counter() - t0,
                        {"steps": res.get("steps"), "seconds_in_worker": resp.get("seconds"),
                         "max_diff": res.get("max_diff"),
+                        **({"torch_linear_replaced": True} if res.get("torch_linear_replaced") else {}),
+                        **({"engines_before": res["engines_before"]} if res.get("engines_before") else {}),
                         **({"agreement": "not checked: the model does not represent " + ", ".join(beyond)}
                            if beyond and self.check_model else {})})
 
