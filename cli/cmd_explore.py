@@ -56,7 +56,8 @@ def add_parser(sub: Any) -> None:
                         "which makes it repeatable; a run the clock cuts is not); replaying findings in a "
                         "fresh worker to confirm them is not counted")
     p.add_argument("--jobs", type=positive_int, default=None, metavar="N",
-                   help="workers at once (rank pools at world size 2; default: the CPUs there are); "
+                   help="workers at once (rank pools at world size 2; default: the CPUs there are, "
+                        "divided by the world size); "
                         "the findings are the same whatever N")
     p.add_argument("--seed", type=int, default=None, metavar="N",
                    help="Hypothesis seed (default: a fixed seed, 0: the same examples every run)")
@@ -74,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     if args.target == "model" and args.design:
         design(args.design)
     target = api.target(args)
-    jobs = args.jobs or os.cpu_count() or 1
+    jobs = args.jobs or max(1, (os.cpu_count() or 1) // max(1, args.world_size))  # a job at ws 2: two ranks
     if args.target == "model":
         jobs = 1  # a pure function in this process: workers would only share its one interpreter
     who = api.describe_target(target)

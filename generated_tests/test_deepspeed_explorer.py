@@ -216,9 +216,9 @@ def _keys(res):
 
 
 def test_the_same_findings_whatever_the_number_of_jobs():
-    one = explore(get_target("model", design="ds-0.18.5"), examples=60, seed=None, jobs=1)
+    one = explore(get_target("model", design="ds-0.18.5"), examples=60, seed=None, jobs=1, lane=20)
     two = explore(get_target("model", design="ds-0.18.5"), examples=60, seed=None, jobs=2,
-                  spawn=lambda: get_target("model", design="ds-0.18.5"))
+                  spawn=lambda: get_target("model", design="ds-0.18.5"), lane=20)
     assert _keys(one) and _keys(one) == _keys(two)
     assert one.generated_at == two.generated_at
 
@@ -226,14 +226,13 @@ def test_the_same_findings_whatever_the_number_of_jobs():
 def test_carried_state_gives_the_same_findings_whatever_the_number_of_jobs():
     """An order-dependent finding depends on what ran before it in its worker: each lane of generated
     examples runs in a worker started fresh for it, so its history is the same with 1, 2 or 3 jobs."""
-    from zerostate.targets.explorer import LANE
     made = []
 
     def spawn():
         made.append(_Leaky())
         return made[-1]
 
-    runs = [explore(_Leaky(), examples=2 * LANE + 10, seed=None, jobs=j, spawn=spawn) for j in (1, 2, 3)]
+    runs = [explore(_Leaky(), examples=50, seed=None, jobs=j, spawn=spawn, lane=20) for j in (1, 2, 3)]
     assert any(f.check == "leaked" for f in runs[0].findings)
     assert _keys(runs[0]) == _keys(runs[1]) == _keys(runs[2])
     assert len(made) == 3  # jobs 2 and 3 made one and two more workers

@@ -1,4 +1,4 @@
-"""Explore a target with Hypothesis: find distinct findings, shrink each, hand them over as they are final.
+"""Explore a target with Hypothesis: hand each distinct finding over at once, then shrink and confirm it.
 
 ::
 
@@ -8,18 +8,29 @@
                   on_finding=print, on_progress=lambda n, k, s: None)
     res.findings, res.examples, res.seconds, res.first_seen
 
-How: a sequence of Hypothesis searches over `targets.strategies.scenarios()` (or
-``strategy``).  Each search fails on the first scenario whose outcome has a
-finding key (`Finding.key`: the check id, plus where DeepSpeed raised for an
-``exception``) not found yet; Hypothesis shrinks that failure (the predicate "has a
-check not found yet" is fixed during the search, so shrinking is sound), the
-shrunk scenario's new findings go to ``on_finding`` at once, and the next search
-starts with those ids known.  Outcomes are memoised by scenario, so a search
-replaying the examples of the previous one costs nothing; ``examples`` bounds
-each search's generated examples, i.e. the explored prefix of one deterministic
-sequence.  The run ends when a search exhausts ``examples`` with nothing new, or
-when the distinct target runs (shrinking included) reach ``hard_cap(examples)``
-= 5 x examples + 100.
+How, in two phases (issue 11: time to each bug matters more than the number of findings):
+
+1. **Generate.**  The first ``examples`` scenarios of one deterministic Hypothesis sequence over
+   `targets.strategies.scenarios()` (or ``strategy``) -- `generated`, drawn without running anything --
+   run in *lanes* of ``lane`` (`LANE`) distinct scenarios, each lane in order in a worker started fresh
+   for it, on ``jobs`` workers at once (``spawn()`` makes the others: a DeepSpeed worker, a rank pool at
+   world size 2).  The first example with a finding key (`Finding.key`) not seen yet is handed over at
+   once, unshrunk (``on_finding``; ``finding.shrunk`` False): its scenario already replays it.
+2. **Shrink.**  Then, on the first worker alone (started fresh), each key in the order of its first
+   generated example gets a Hypothesis search of its own: it replays the generated sequence (outcomes are
+   memoised by scenario, so that costs nothing) up to the first example with the key and shrinks it (the
+   predicate "has this key" is fixed, so shrinking is sound); the shrunk finding goes to ``on_update``
+   (confirmation pending), then is confirmed (below) and goes to ``on_update`` again.  A key first seen
+   while shrinking is handed over unshrunk at once too, and shrunk in its turn (a key the generated
+   sequence never shows keeps the smallest scenario it was seen in).
+
+The run ends when every key is shrunk and confirmed, or when the distinct target runs (shrinking
+included) reach ``hard_cap(examples)`` = 5 x examples + 100: the keys not shrunk yet keep the smallest
+scenario they were seen in (``shrunk`` False), confirmed.  Every example runs after the same examples
+whatever ``jobs`` is (its lane's, from a fresh start; shrinking's, from a fresh start), so an outcome
+that depends on what ran before it in the worker (state carried over) is the same with one job or
+eight: the findings do not depend on ``jobs``; with several jobs only the order in which they are first
+handed over may differ.
 
 Polish (``polish=True``): each finding Hypothesis shrank is then simplified greedily
 in the strategies' documented shrink order (fewer blocks and steps, ZeRO-3, plain
@@ -34,24 +45,23 @@ every run, and unlike it the sequence does not change when this module's source
 does.  An integer seed picks another (equally reproducible) sequence.  No
 Hypothesis database is read or written.
 
-A key seen in an example whose search was about another key (several findings
-at once, or a shrink candidate) gets a search of its own right after (failing
-only on that key), so it is shrunk for itself and handed over early; a key such
-a search cannot generate within ``examples`` is handed over at the end with the
-smallest scenario it was seen in.
-Confirmation (``confirm=True``, issue 15): before a finding is handed over it is replayed in a
-fresh worker (`targets.confirm`): alone, then, when it does not reproduce alone, after the examples
+Confirmation (``confirm=True``, issue 15): before a shrunk finding is final it is replayed in a
+fresh worker -- on the other workers while the first shrinks the next key (``jobs`` > 1), or on the
+first after all shrinking (one job, so that shrinking runs after the same examples either way) (`targets.confirm`): alone, then, when it does not reproduce alone, after the examples
 that ran before it in the same worker, cut to the shortest run that still makes it appear.  The
 finding carries ``confirmation`` (a `confirm.Confirmation`: ``confirmed``, ``order-dependent`` with
 its ``sequence``, ``intermittent`` with its rate, ``not-reproduced``, or ``not-checked`` after Ctrl-C).  The explorer keeps, for
 every distinct run, the examples run before it since the worker's last (re)start, and counts the
 restarts with their reason (``ExploreResult.restarts``: hang, crash, ranks out of step).
 
-On Ctrl-C the findings seen but not yet handed over are handed over (smallest
-scenario so far, not confirmed), then KeyboardInterrupt propagates; `StopExploring` (a
-KeyboardInterrupt an ``on_progress`` raises to end the run, e.g. a time budget) hands them over
-confirmed.  ``on_restart(record)`` is called for each worker restart as it happens.  ``stop(findings_so_far)``,
-when given, ends the run early once it returns True (tests looking for one bug).
+On Ctrl-C every finding seen is already handed over (unshrunk where it is not shrunk yet, not
+confirmed), and KeyboardInterrupt propagates; `StopExploring` (a KeyboardInterrupt an ``on_progress``
+raises to end the run, e.g. a time budget) first confirms the ones not final yet, as seen.
+``on_restart(record)`` is called for each worker restart as it happens.  ``stop(findings)``, when given,
+is asked after each hand-over during generation (unshrunk findings) and after each shrunk one: once it
+returns True during generation, generation ends and the keys it was true for are shrunk first; once it
+returns True on the shrunk findings, the run ends, and the findings not shrunk yet stay as handed over
+(unshrunk, ``not-checked``): tests and benchmarks looking for one bug.
 
 ``on_progress(examples_run, findings_so_far, elapsed_seconds)`` is called after
 every distinct target run.  `ExploreResult` has ``findings``, ``examples``
@@ -59,7 +69,8 @@ every distinct target run.  `ExploreResult` has ``findings``, ``examples``
 key -> the number of distinct runs until it first appeared), ``generated_at``
 (finding key -> the position, in the deterministic generation sequence, of the
 first generated example that has it: "found within N examples"; a key seen only
-while shrinking has none) and ``seconds_to`` (finding key -> seconds until handed over).
+while shrinking has none), ``seconds_to`` (finding key -> seconds until first handed over, unshrunk)
+and ``seconds_final`` (-> seconds until its final finding: shrunk and confirmed).
 """
 
 from __future__ import annotations
@@ -188,11 +199,12 @@ def _candidates(sc: Scenario):
             yield sc.with_(**{k: getattr(d, k)})
 
 
-LANE = 50
+LANE = 100
 """Generated examples per lane: the generated sequence is cut into lanes of this many distinct scenarios,
 each run in order in a worker started fresh for it, whatever ``jobs`` is -- so every example runs after
 the same examples, and an example whose outcome depends on what ran before it in the worker (state
-carried over, issue 15) has the same outcome with one job or eight."""
+carried over, issue 15) has the same outcome with one job or eight.  Each lane costs a worker start (a
+few seconds; a rank pool's at world size 2), so lanes are long: the default 200 examples are two."""
 
 
 class _Abort(BaseException):
@@ -342,7 +354,7 @@ def explore(target: Target, *, examples: int, seed: int | None = None,
             polish: bool = True, confirm: bool = True,
             on_restart: Callable[[dict], None] | None = None,
             on_update: Callable[[Finding], None] | None = None,
-            jobs: int = 1, spawn: Callable[[], Target] | None = None) -> ExploreResult:
+            jobs: int = 1, spawn: Callable[[], Target] | None = None, lane: int = LANE) -> ExploreResult:
     from . import confirm as confirming
     from .strategies import scenarios
     strat = strategy if strategy is not None else scenarios()
@@ -582,18 +594,18 @@ def explore(target: Target, *, examples: int, seed: int | None = None,
             stream = generated(strat, examples, seed)
 
             def lanes_of() -> Iterator[list[Scenario]]:
-                lane: list[Scenario] = []
+                batch: list[Scenario] = []
                 for i, sc in enumerate(stream, 1):
                     k = sc.to_json(None)
                     if k in position:
                         continue
                     position[k] = i
-                    lane.append(sc)
-                    if len(lane) == LANE:
-                        yield lane
-                        lane = []
-                if lane:
-                    yield lane
+                    batch.append(sc)
+                    if len(batch) == lane:
+                        yield batch
+                        batch = []
+                if batch:
+                    yield batch
 
             lanes = lanes_of()
             fresh_first = [bool(getattr(w, "examples", 0)) for w in workers]
