@@ -33,13 +33,29 @@ _ROOT_FORWARDS = (Ev.FORWARD_START, Ev.EVAL_FORWARD_START)
 
 
 def _status(avail: frozenset, inflight: frozenset, ev: Event) -> tuple[frozenset, frozenset]:
-    """Fold one status event into (AVAILABLE, INFLIGHT) parameter sets."""
+    """Fold one status event into (AVAILABLE, INFLIGHT) parameter sets.
+
+    Three specs fold the same status events from the same initial sets, so the result for the last
+    (avail, inflight, event) -- compared by identity -- is kept and handed to the next spec as is: they then
+    share one pair of sets, and a ZeRO-3 job's ~100-parameter AVAILABLE set is copied once per event, not
+    once per spec.  (A pure function's cache: a miss only recomputes.)"""
+    last = _LAST_STATUS[0]
+    if last is not None and last[0] is ev and last[1] is avail and last[2] is inflight:
+        return last[3]
     p = ev.param
-    if ev.kind is Ev.FETCH:  # the same sets (no copy) where nothing changes: an event per parameter, per hook
-        return (avail if p in avail else avail | {p}), (inflight - {p} if p in inflight else inflight)
-    if ev.kind is Ev.PREFETCH:
-        return (avail - {p} if p in avail else avail), (inflight if p in inflight else inflight | {p})
-    return (avail - {p} if p in avail else avail), (inflight - {p} if p in inflight else inflight)
+    if ev.kind is Ev.FETCH:  # the same sets (no copy) where nothing changes
+        out = (avail if p in avail else avail | {p}), (inflight - {p} if p in inflight else inflight)
+    elif ev.kind is Ev.PREFETCH:
+        out = (avail - {p} if p in avail else avail), (inflight if p in inflight else inflight | {p})
+    else:
+        out = (avail - {p} if p in avail else avail), (inflight - {p} if p in inflight else inflight)
+    _LAST_STATUS[0] = (ev, avail, inflight, out)
+    return out
+
+
+_LAST_STATUS: list = [None]
+_EMPTY: frozenset = frozenset()
+"""The one empty set the status-folding specs start from (so `_status`'s cache sees the same objects)."""
 
 
 def _block_of(module: str | None) -> str | None:
@@ -65,8 +81,8 @@ def ancestor_regions(module: str | None) -> tuple[str, ...]:
 
 # ---------------------------------------------------------- available-when-used
 class _Used(NamedTuple):
-    avail: frozenset = frozenset()
-    inflight: frozenset = frozenset()
+    avail: frozenset = _EMPTY
+    inflight: frozenset = _EMPTY
     fwd: tuple | None = None
     """(module, phase) whose forward computes at the next driver event."""
     bwd: str | None = None
@@ -159,8 +175,8 @@ AVAILABLE_WHEN_USED = available_when_used()
 
 # ---------------------------------------------------------- saved-tensor-intact
 class _Saved(NamedTuple):
-    avail: frozenset = frozenset()
-    inflight: frozenset = frozenset()
+    avail: frozenset = _EMPTY
+    inflight: frozenset = _EMPTY
     live: frozenset = frozenset()
     """Parameters a non-reentrant recompute saved as live references, not yet unpacked for use."""
     partitioned: frozenset = frozenset()
@@ -209,8 +225,8 @@ SAVED_TENSOR_INTACT = Spec(
 
 # ------------------------------------------------------- released-after-backward
 class _Released(NamedTuple):
-    avail: frozenset = frozenset()
-    inflight: frozenset = frozenset()
+    avail: frozenset = _EMPTY
+    inflight: frozenset = _EMPTY
     held: frozenset = frozenset()
     """Parameters with at least one holder (HOLDERS value > 0)."""
     persistent: frozenset = frozenset()

@@ -82,7 +82,7 @@ class WatchHandle:
         numels = {n: int(getattr(p, "ds_numel", 0) or p.numel()) for n, p in engine.module.named_parameters()}
         self.checker = OnlineChecker(lambda n: numels.get(n, 0), on_violation=self._on_violation)
         self.tracer = WatchTracer(engine, sink=self.checker.feed)
-        self.checker.set_specs(watch_specs(self.tracer.params_of))
+        self.checker.set_specs(watch_specs(self.tracer.params_of, self.tracer.stage))
         self.tracer.on_trace_sync = lambda: self.checker.restart("trace-consistent")
         self._hang = _HangWatch(out, self.rank, hang_s) if out and hang_s else None
         self._wrap_calls()

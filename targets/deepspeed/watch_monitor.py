@@ -196,11 +196,17 @@ class OnlineChecker:
         return [{k: v for k, v in rec.items() if not k.startswith("_")} for rec in self.violations]
 
 
-def watch_specs(params_of: Callable[[str], tuple]) -> list[Spec]:
+def watch_specs(params_of: Callable[[str], tuple], stage: int = 3) -> list[Spec]:
     """Every spec, ``available-when-used`` reading the user's model: what a module computes with is
     ``params_of(module)`` (its own parameters, every parameter under a z3 leaf module -- what ZeRO-3 fetches
     for it), not zerostate's network naming, and a checkpoint may wrap any of a module's ancestors
-    (`zerostate.specs.coordinator_specs.ancestor_regions`)."""
+    (`zerostate.specs.coordinator_specs.ancestor_regions`).
+
+    ZeRO-1/2 (``stage`` < 3) have no parameter coordinator: the tracer emits none of the events a coordinator
+    spec can fail on (FETCH / PREFETCH / RELEASE / HOLDERS / TRACE_STATE / module hooks / UNPACK), so those
+    specs could only pass -- the hook specs alone are folded."""
+    if stage != 3:
+        return [s for s in SPECS.values() if s.family == "hooks"]
     return [available_when_used(params_of, ancestor_regions) if s.id == "available-when-used" else s
             for s in SPECS.values()]
 
