@@ -6,19 +6,32 @@ and a checksum of every gathered parameter after each train step.  Compared with
 * ``ranks-trace``   -- the same module trace (ZeRO-3 module hooks and recompute blocks, with their
   phase) and the same parameter order (fetch / prefetch / release), train step by train step
   (`per_step`);
-* ``ranks-params``  -- the gathered parameters agree, bit for bit, after every step;
+* ``ranks-params``  -- the gathered parameters agree, bit for bit, after every step (`digests`);
 * ``ranks-outcome`` -- every rank finished, or every rank raised the same exception (check and origin);
 * ``oracle``        -- another rank's parameters differ from plain PyTorch while rank 0's agree.
+
+Used by the rank pool's target (`ranks`) and by world-size-2 repro scripts (`repro`, which embed this
+file: it imports nothing but the standard library, and torch only through the tensors it is given).
 """
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 CROSS_CHECKS = ("ranks-trace", "ranks-params", "ranks-outcome")
 MODULE_KINDS = {"module_pre_forward", "module_post_forward", "module_pre_backward", "module_post_backward",
                 "recompute_start", "recompute_end"}
 PARAM_KINDS = {"fetch", "prefetch", "release"}
+
+
+def digests(params: dict) -> dict[str, str]:
+    """A checksum of each gathered parameter's exact bytes (ranks must agree bit for bit)."""
+    out = {}
+    for n, t in params.items():
+        t = t.detach().float().contiguous().cpu()
+        out[n] = hashlib.sha1(t.numpy().tobytes() + str(tuple(t.shape)).encode()).hexdigest()[:16]
+    return out
 
 
 def per_step(events: list[dict]) -> list[dict[str, list]]:
@@ -78,4 +91,4 @@ def cross_rank_problems(ranks: list[dict]) -> dict[str, str]:
     return out
 
 
-__all__ = ["CROSS_CHECKS", "cross_rank_problems", "per_step"]
+__all__ = ["CROSS_CHECKS", "cross_rank_problems", "digests", "per_step"]

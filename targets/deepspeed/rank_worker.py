@@ -25,12 +25,12 @@ from __future__ import annotations
 
 import ctypes
 import faulthandler
-import hashlib
 import os
 import signal
 import sys
 import time
 
+from .cross_rank_checks import digests
 from .worker_loop import failure, open_protocol, serve, start_deepspeed
 
 PR_SET_PDEATHSIG = 1
@@ -45,15 +45,6 @@ def die_with_parent() -> None:
     ppid = os.environ.get("ZEROSTATE_PARENT_PID")
     if ppid and os.getppid() != int(ppid):  # the parent died before prctl took effect
         os._exit(1)
-
-
-def digests(params: dict) -> dict[str, str]:
-    """A checksum of each gathered parameter's exact bytes (ranks must agree bit for bit)."""
-    out = {}
-    for n, t in params.items():
-        t = t.detach().float().contiguous().cpu()
-        out[n] = hashlib.sha1(t.numpy().tobytes() + str(tuple(t.shape)).encode()).hexdigest()[:16]
-    return out
 
 
 def sync_state() -> dict[str, int]:
