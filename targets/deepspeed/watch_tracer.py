@@ -469,10 +469,14 @@ class WatchTracer(Tracer):
                     if n in self._by_name], module)
 
     def _scan(self, items, module: str | None) -> None:
-        status, holders, emitted, hold = compat.param_status, compat.holders, self._emitted, self._holders
+        status, emitted, hold = compat.param_status, self._emitted, self._holders
         for n, p in items:
-            new, em = status(p), emitted.get(n)
-            h_old, h_new = hold.get(n, 0), holders(p)
+            # compat.param_status / compat.holders, inlined (this loop runs per parameter, per module hook):
+            # ZeroParamStatus's member name read as the plain attribute ``_name_`` (``.name`` is a property)
+            st = getattr(p, "ds_status", None)
+            new = "AVAILABLE" if st is None else (getattr(st, "_name_", None) or status(p))
+            em = emitted.get(n)
+            h_old, h_new = hold.get(n, 0), len(getattr(p, "ds_active_sub_modules", None) or ())
             if h_old == h_new and new == em:
                 continue
             if h_new < h_old:
