@@ -21,7 +21,11 @@ Two measurements, both on CPU (gloo, world size 1, ``OMP_NUM_THREADS=1``):
   exploring (target start-up reported separately) until it is first handed over (unshrunk, the
   first generated example with its key: ``seconds``) and until its shrunk, confirmed finding is
   (``seconds_shrunk``), the position of the first generated example that has it, distinct target
-  runs until then, and the size of the shrunk scenario.
+  runs until then, and the size of the shrunk scenario.  The seed predicate judges a finding's
+  scenario too (seed 000 part 1: ZeRO-3, a reentrant block, a PyTorch-style backward): the first
+  example with a new key need not have the seed's shape, so the benchmark also gives when an example
+  with a seed-shaped finding first ran (``first_seed_shaped_run_s``) and when its key was first
+  handed over (``key_handed_over_s``, with whichever example first had that key).
 
   The seed bugs and how a finding is recognised as one are ``SEED_BUGS`` in
   ``targets/deepspeed/known.py``: 0.18.4 -- seed 000 part 1 (a ZeRO-3 scenario with a reentrant
@@ -105,13 +109,33 @@ def time_to_seed(version: str, examples: int) -> dict:
     t0 = time.perf_counter()
     target = get_target("deepspeed", deepspeed=version)
     startup = time.perf_counter() - t0
-    res = explore(target, examples=examples, seed=None, stop=lambda found: any(map(is_seed, found)))
+    first_run: dict[str, float] = {}  # the first run of an example with a seed-shaped finding
+    plain_run = target.run
+
+    def run(sc):
+        out = plain_run(sc)
+        hit = next((f for f in out.findings if is_seed(f)), None)
+        if hit is not None and not first_run:
+            first_run.update(seconds=time.perf_counter() - t0 - startup, key=hit.key)
+        return out
+
+    target.run = run
+
+    def say(what: str):
+        return lambda f: print(f"  {time.perf_counter() - t0 - startup:6.1f}s {what} {f.key}", file=sys.stderr,
+                               flush=True)
+
+    res = explore(target, examples=examples, seed=None, stop=lambda found: any(map(is_seed, found)),
+                  on_finding=say("found"), on_update=say("updated"))
     target.close()
     hit = next((f for f in res.findings if is_seed(f)), None)
     key = hit.key if hit else None
     return {"release": version, "seed": seed, "key": key, "found": hit is not None,
             "seconds": round(res.seconds_to.get(key, float("nan")), 1) if key else None,
             "seconds_shrunk": round(res.seconds_final.get(key, float("nan")), 1) if key else None,
+            "first_seed_shaped_run_s": round(first_run["seconds"], 1) if first_run else None,
+            "first_seed_shaped_key": first_run.get("key"),
+            "key_handed_over_s": round(res.seconds_to.get(first_run.get("key"), float("nan")), 1) if first_run else None,
             "target_startup_s": round(startup, 1), "explored_seconds": round(res.seconds, 1),
             "generated_position": res.generated_at.get(key), "distinct_runs_until_found": res.first_seen.get(key),
             "blocks": len(hit.scenario.blocks) if hit else None, "steps": len(hit.scenario.steps) if hit else None,
