@@ -81,6 +81,8 @@ class Finding:
     """explore: its replay in a fresh worker before hand-over (`targets.confirm`); None until then."""
     shrunk: bool = True
     """explore: False while handed over at once, before it is shrunk (its final finding follows)."""
+    world_size: int = 1
+    """The ranks it ran on (set by the rank pool target, ranks.py; its repro script runs under torchrun)."""
 
     @property
     def key(self) -> str:

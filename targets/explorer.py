@@ -114,7 +114,7 @@ class ExploreResult:
 def reliability(findings: list[Finding], restarts: list[dict]) -> dict:
     """The report's reliability figure: findings confirmed by replay / reported, order-dependent ones,
     not reproduced, and the worker restarts with their reasons."""
-    st = [getattr(getattr(f, "confirmation", None), "status", "not-checked") for f in findings]
+    st = [f.confirmation.status if f.confirmation is not None else "not-checked" for f in findings]
     return {"reported": len(findings), "confirmed": st.count("confirmed"),
             "order_dependent": st.count("order-dependent"), "intermittent": st.count("intermittent"),
             "not_reproduced": st.count("not-reproduced"), "not_checked": st.count("not-checked"),

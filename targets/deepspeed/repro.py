@@ -30,6 +30,10 @@ import importlib
 import importlib.util
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..base import Finding
 
 
 ROOTS = ("zerostate.targets.deepspeed.executor", "zerostate.targets.deepspeed.run_checks",
@@ -250,20 +254,20 @@ def _repeat_text(repeat: int) -> str:
             "bug is present when any run shows it.\n") if repeat > 1 else ""
 
 
-def repro_script(finding, n: int | None = None) -> str:
+def repro_script(finding: Finding, n: int | None = None) -> str:
     """A standalone script reproducing ``finding`` (a `Finding`); exits 1 while the bug is present."""
     sc = finding.scenario
     spec = json.dumps(sc.to_dict(), indent=1, sort_keys=True)
-    conf = getattr(finding, "confirmation", None)  # targets/confirm.py: an order-dependent finding's sequence
-    before = [s.to_dict() for s in (getattr(conf, "sequence", None) or [])]
-    repeat = int(getattr(conf, "repeat", 0) or 1) if getattr(conf, "status", "") == "intermittent" else 1
+    conf = finding.confirmation  # targets/confirm.py: an order-dependent finding's sequence
+    before = [s.to_dict() for s in (conf.sequence if conf is not None else [])]
+    repeat = (conf.repeat or 1) if conf is not None and conf.status == "intermittent" else 1
     first = (finding.error or "").strip().splitlines()[0] if finding.error else ""
-    where = f"DeepSpeed {finding.deepspeed}" if getattr(finding, "deepspeed", None) else "DeepSpeed"
+    where = f"DeepSpeed {finding.deepspeed}" if finding.deepspeed else "DeepSpeed"
     name = f"repro_{n}.py" if n is not None else "repro.py"
     desc = "\n".join("    " + ln for ln in sc.describe().splitlines())
     design, model_events = _expected(finding)
-    detail = getattr(finding, "origin", None) or getattr(finding, "code", "") or ""
-    ws = int(getattr(finding, "world_size", 1) or 1)  # set by the rank pool (ranks.py) on its findings
+    detail = finding.origin or finding.code
+    ws = finding.world_size  # set by the rank pool (ranks.py) on its findings
     if ws > 1:
         run = (f"Run:  torchrun --nproc-per-node {ws} {name}   (CPU: gloo; each rank trains on its share of the\n"
                f"                                          global batch, the oracle on all of it)\n"
