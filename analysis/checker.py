@@ -169,7 +169,7 @@ def _check_chunk(args: tuple) -> list[list[tuple]]:
             failures: dict[str, tuple[Violation, list[Event]]] = {}
             groups = [(hook_specs, False)]
             if (coord_specs and sc.stage == 3 and bound.covers_coordinator(sc)
-                    and getattr(design.coordinator, "name", "none") != "none"):
+                    and design.coordinator.name != "none"):
                 groups.append((coord_specs, "serial"))
             for specs, coord in groups:
                 if not specs:

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Protocol, runtime_checkable
 
 from zerostate.model.designs import Design
-from zerostate.model.events import Event
+from zerostate.model.events import Ev, Event
 from zerostate.model.scenario import Scenario
 
 if TYPE_CHECKING:
@@ -101,11 +101,11 @@ class Finding:
         graph task (a later backward phase): the same message from the outer task is another mechanism."""
         if not self.trace or self.index is None or not 0 <= self.index < len(self.trace):
             return ""
-        task = getattr(self.trace[self.index], "task", None)
+        task = self.trace[self.index].task
         if task is None:
             return ""
         for e in self.trace:
-            if getattr(e.kind, "value", e.kind) == "task_start" and e.task == task:
+            if e.kind is Ev.TASK_START and e.task == task:
                 return " (in a nested task)" if e.note == "nested" else ""
         return ""
 
