@@ -24,7 +24,7 @@ from zerostate.runtime import (UnsupportedDeepSpeedError, UnsupportedEngineError
                                ZerostateBackwardHookState, ZerostateInstallError, engine_support, install,
                                installation, is_installed, patch_deepspeed, uninstall, unpatch_deepspeed)
 from zerostate.runtime import selfcheck  # noqa: E402
-from zerostate.runtime.install import COMPAT, compat_row, parse_version  # noqa: E402
+from zerostate.runtime.compat_table import COMPAT, compat_row, parse_version  # noqa: E402
 from zerostate.runtime.release_policy import HOLD_ID  # noqa: E402
 
 
@@ -57,6 +57,8 @@ def _snapshot(engine):
     if off is not None:
         snap["coord_dict"] = dict(off.get_param_coordinator().__dict__)
     snap["module_hooks"] = {id(m): dict(m._forward_hooks) for m in engine.module.modules()}
+    snap["module_pre_hooks"] = {id(m): dict(m._forward_pre_hooks) for m in engine.module.modules()}
+    snap["initialize"] = deepspeed.initialize
     return snap
 
 
@@ -84,6 +86,61 @@ def test_install_twice_then_uninstall_restores_every_object_identically(stage):
     assert uninstall(engine) is True and uninstall(engine) is False
     assert _diff(before, _snapshot(engine)) == []
     engine.destroy()
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_every_change_of_install_is_recorded_in_its_patcher(stage):
+    """Issue 14: install routes every change through one Patcher -- the hook state, each closure swap,
+    the release policy, the refresh pre-hook -- and uninstall is that record undone, leaving it empty."""
+    engine = _engine(stage, frozen=stage == 3)
+    inst = install(engine)
+    expected = 2 + len(inst.swaps) + (1 if inst.release is not None else 0) + 1  # state + hand-back, swaps, ...
+    assert len(inst.patcher) == expected, (len(inst.patcher), expected)
+    assert inst.refresh_handle.id in engine.module._forward_pre_hooks
+    uninstall(engine)
+    assert not inst.patcher and inst.release is None
+    assert inst.refresh_handle.id not in engine.module._forward_pre_hooks
+    engine.destroy()
+
+
+_SWAP_UNDO = """
+import sys
+sys.path.insert(0, {tests!r})
+import deepspeed
+import test_runtime_install as t
+from zerostate.runtime import install, uninstall
+t.selfcheck._setup_dist()
+for stage in (2, 3):
+    engine = t._engine(stage, frozen=stage == 3)
+    before = t._snapshot(engine)
+    inst = install(engine)
+    assert inst.swaps, "no closure replaced on " + deepspeed.__version__
+    assert t._diff(before["hooks"], t._snapshot(engine)["hooks"]), "the swaps changed no hook?"
+    uninstall(engine)
+    assert t._diff(before, t._snapshot(engine)) == [], t._diff(before, t._snapshot(engine))
+    print("stage", stage, "swaps", len(inst.swaps), "restored")
+    engine.destroy()
+"""
+
+
+@pytest.mark.slow
+def test_uninstall_restores_swapped_closures_exactly(other_release, tmp_path):
+    """On a count-every-hook release (0.18.5, 0.18.6) install replaces every gradient-hook closure in its
+    hook dictionary; uninstall puts each original back, by identity, under its key (opt-in, as above)."""
+    from zerostate.runtime.compat_table import compat_row
+    from zerostate.targets.deepspeed import envs
+
+    if compat_row(other_release).hook_closures != "count-every-hook":
+        pytest.skip(f"{other_release} keeps DeepSpeed's closures (nothing swapped)")
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env.update(PYTHONPATH=str(envs.ensure_release(other_release)), OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore",
+               TORCH_EXTENSIONS_DIR=str(envs.extensions_dir_for(f"deepspeed-{other_release}")))
+    code = _SWAP_UNDO.format(tests=os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600,
+                          cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert proc.stdout.count("restored") == 2, proc.stdout
 
 
 @pytest.mark.parametrize("stage", [2, 3])
@@ -424,7 +481,9 @@ def test_autoinstall_on_unsupported_release_warns_instead_of_raising(monkeypatch
 def test_runtime_import_pulls_no_explorer_dependency():
     """`import zerostate.runtime` (and its modules) imports neither the explorer's dependencies nor torch/deepspeed."""
     code = ("import sys, zerostate.runtime, zerostate.runtime.install, zerostate.runtime.autoinstall, "
-            "zerostate.runtime.release_policy, zerostate.runtime.hook_state, zerostate.runtime.selfcheck\n"
+            "zerostate.runtime.release_policy, zerostate.runtime.hook_state, zerostate.runtime.selfcheck, "
+            "zerostate.runtime.compat_table, zerostate.runtime.engine_support, zerostate.runtime.errors, "
+            "zerostate.runtime.hook_closures, zerostate.runtime.initialize_patch, zerostate.runtime.patcher\n"
             "bad = sorted({m.split('.')[0] for m in sys.modules} & "
             "{'hypothesis', 'networkx', 'matplotlib', 'transformers', 'torch', 'deepspeed'})\n"
             "print(bad)\n")

@@ -27,7 +27,7 @@ from zerostate.model.hook_designs import ZEROSTATE
 from zerostate.model.network import Network
 from zerostate.model.scenario import BackwardKind, Scenario
 from zerostate.runtime.hook_state import ZerostateBackwardHookState, observable
-from zerostate.runtime.install import _build_hook
+from zerostate.runtime.hook_closures import build_hook as _build_hook
 from zerostate.targets.strategies import scenarios
 
 HOOKS_ONLY = Design("zerostate-hooks", ZEROSTATE, NULL_COORDINATOR, ZEROSTATE.summary, "hooks", True)

@@ -10,6 +10,11 @@
 * `install(engine)` / `uninstall(engine)`; `patch_deepspeed()` installs into every engine that
   ``deepspeed.initialize`` builds (HF Trainer / accelerate), `unpatch_deepspeed()` undoes it.
 
+Files: `install` (install / uninstall, every change through one `patcher.Patcher`), `initialize_patch`
+(`patch_deepspeed`), `compat_table` (supported releases), `engine_support`, `hook_closures` (the
+gradient-hook closures of 0.18.5 / 0.18.6 and their replacement), `hook_state`, `release_policy`,
+`errors`, `autoinstall`, `selfcheck`.
+
 Importing this package imports neither torch nor deepspeed (nor the explorer's hypothesis, networkx,
 matplotlib: a runtime user installs only torch + deepspeed); `install` imports them.  Logs go to the
 ``zerostate.runtime`` logger: one INFO line per install, one WARNING per engine left stock.
@@ -17,9 +22,11 @@ matplotlib: a runtime user installs only torch + deepspeed); `install` imports t
 
 from .hook_state import (OBSERVABLE_FIELDS, MissingTorchInternalsError, TorchAutograd,
                          ZerostateBackwardHookState, observable)
-from .install import (COMPAT, Installation, UnsupportedDeepSpeedError, UnsupportedEngineError, ZerostateInstallError,
-                      engine_support, install, installation, is_installed, patch_deepspeed, supported_range,
-                      uninstall, unpatch_deepspeed)
+from .compat_table import COMPAT, supported_range
+from .engine_support import engine_support
+from .errors import UnsupportedDeepSpeedError, UnsupportedEngineError, ZerostateInstallError
+from .initialize_patch import patch_deepspeed, unpatch_deepspeed
+from .install import Installation, install, installation, is_installed, uninstall
 
 __all__ = ["COMPAT", "Installation", "MissingTorchInternalsError", "OBSERVABLE_FIELDS", "TorchAutograd",
            "UnsupportedDeepSpeedError", "UnsupportedEngineError", "ZerostateBackwardHookState",

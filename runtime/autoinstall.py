@@ -36,11 +36,11 @@ _LOCK = threading.Lock()
 
 def _patch_now() -> None:
     """Patch; an unsupported DeepSpeed or PyTorch is a warning, never an error from ``import deepspeed``."""
-    install = importlib.import_module(__package__ + ".install")
+    patch = importlib.import_module(__package__ + ".initialize_patch")
     try:
-        install.patch_deepspeed()
-    except install.ZerostateInstallError as e:
-        install.log.warning("zerostate.runtime autoinstall: deepspeed.initialize left stock: %s", e)
+        patch.patch_deepspeed()
+    except patch.ZerostateInstallError as e:
+        patch.log.warning("zerostate.runtime autoinstall: deepspeed.initialize left stock: %s", e)
 
 
 class _Finder(importlib.abc.MetaPathFinder):

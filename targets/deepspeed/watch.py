@@ -298,7 +298,7 @@ def patch_initialize(out: str | None = None, stop_on_violation: bool = False, ha
     ``runtime``, is installed into it: the tracer then observes the runtime's hook state)."""
     import deepspeed
     if runtime:
-        from zerostate.runtime.install import patch_deepspeed
+        from zerostate.runtime.initialize_patch import patch_deepspeed
         patch_deepspeed()
     if "initialize" in _PATCHED:
         _PATCHED["settings"].update(out=out, stop_on_violation=stop_on_violation, hang_s=hang_s, runtime=runtime)
