@@ -180,6 +180,7 @@ def main(argv: list[str] | None = None) -> int:
             if a.only in (None, "seed000"):
                 for stage, r in _seed000(watch, a).items():
                     rounds.setdefault(f"seed000-zero{stage}-{tag}", []).append(r["median"])
+                    rounds.setdefault(f"seed000-zero{stage}-{tag}-cpu", []).append(r["cpu_median"])
                     viol[f"seed000-zero{stage}-{tag}"] = r["violations"]
             if a.only in (None, "hf"):
                 r = _hf(watch, a)
@@ -192,8 +193,11 @@ def main(argv: list[str] | None = None) -> int:
         if f"{job}-plain" not in med:
             continue
         p, w = med[f"{job}-plain"], med[f"{job}-watch"]
-        rows.append({"job": job, "plain": p, "watch": w, "ratio": w / p, "violations": viol[f"{job}-watch"]})
-        print(f"{job:<22} {p:13.4f} {w:13.4f} {w / p:7.2f}  {viol[f'{job}-watch']}")
+        cpu = (med[f"{job}-watch-cpu"] / med[f"{job}-plain-cpu"]) if f"{job}-plain-cpu" in med else None
+        rows.append({"job": job, "plain": p, "watch": w, "ratio": w / p, "cpu_ratio": cpu,
+                     "violations": viol[f"{job}-watch"]})
+        print(f"{job:<22} {p:13.4f} {w:13.4f} {w / p:7.2f}  {viol[f'{job}-watch']}"
+              + (f"  (CPU time ratio {cpu:.2f})" if cpu else ""))
     os.makedirs(os.path.dirname(a.json) or ".", exist_ok=True)
     with open(a.json, "w") as fh:
         json.dump({"rows": rows, "rounds": rounds, "paired": paired, "args": vars(a)}, fh, indent=2)
