@@ -12,6 +12,9 @@ Configurations are measured side by side: ``--rounds`` rounds, each running ever
 configuration once, so drift on a shared machine hits all of them alike; the reported
 figure is the median over rounds of each round's median step time.
 
+The timing loop is benchmarks/seed000_worker.py (shared with bench_watch.py); ``--paired`` runs its
+same-engine A/B for runtime configurations (blocks of ``steps // 2`` steps, median of the per-pair ratios).
+
 Prints a table of seconds per step and ratios against stock 0.19.8, for ZeRO-2 and ZeRO-3,
 and writes JSON (``--json``, default ``zerostate-bench/hook_overhead.json``).
 """
