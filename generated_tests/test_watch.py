@@ -78,6 +78,14 @@ def test_online_checker_clean_trace_and_memory_figures():
     assert [k for _, _, k in m["series"]][:2] == ["forward_start", "fetch"]
 
 
+def test_parameters_gathered_before_watching_count_as_gathered_not_as_all_gathers():
+    p, q = "blocks.0.lin.weight", "blocks.0.lin.bias"
+    evs = [E(Ev.FETCH, param=p, note="watch-start"), E(Ev.FORWARD_START), E(Ev.FETCH, param=q),
+           E(Ev.FORWARD_END), E(Ev.USER_BACKWARD_START), E(Ev.USER_BACKWARD_END), E(Ev.STEP, value=0)]
+    m = _feed(evs).memory()
+    assert m["allgathers_per_step"] == [1] and m["gathered_peak_per_backward"] == [20]
+
+
 def test_online_checker_end_of_run_obligation():
     c = _feed([E(Ev.USER_BACKWARD_START)])
     c.finish()

@@ -171,8 +171,8 @@ class OnlineChecker:
             self._series_now = []
             self.steps += 1
         if k in (Ev.FETCH, Ev.PREFETCH):
-            if k is Ev.PREFETCH or ev.note != "inflight":
-                self._ag += 1
+            if ev.note != "watch-start" and (k is Ev.PREFETCH or ev.note != "inflight"):
+                self._ag += 1  # (watch-start: gathered before watching began, `WatchTracer._report_gathered`)
             if ev.param not in self.gathered:
                 self.gathered.add(ev.param)
                 self.total += self.numel(ev.param)

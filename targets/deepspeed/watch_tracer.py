@@ -44,6 +44,8 @@ _ACTIVE: list["WatchTracer"] = []
 _EVENTS: dict[tuple, Event] = {}
 """(kind, param, module, task, value, phase, note) -> the one `Event` with those fields."""
 _EVENTS_MAX = 200_000
+WATCH_START = "watch-start"
+"""The note of the FETCH / PREFETCH events that report what was gathered when watching began."""
 _CKPT_LOCK = threading.Lock()
 _CKPT_ORIG: dict[str, object] = {}
 _BWD_ORIG: dict[str, object] = {}
@@ -327,10 +329,10 @@ class WatchTracer(Tracer):
             return
         for n, _ in self.params:
             st = self._emitted.get(n)
-            if st == "AVAILABLE":
-                self.emit("fetch", param=n)
+            if st == "AVAILABLE":  # note: not an all-gather of this run (the memory figures skip it)
+                self.emit("fetch", param=n, note=WATCH_START)
             elif st == "INFLIGHT":
-                self.emit("prefetch", param=n, module=n.rsplit(".", 1)[0])
+                self.emit("prefetch", param=n, module=n.rsplit(".", 1)[0], note=WATCH_START)
             if self._holders.get(n, 0):
                 self.emit("holders", param=n, value=self._holders[n], note="+")
 
@@ -508,4 +510,4 @@ class WatchTracer(Tracer):
         return self._leaf_of.get(param_name, param_name.rsplit(".", 1)[0])
 
 
-__all__ = ["WatchTracer", "z3_leaf_modules"]
+__all__ = ["WATCH_START", "WatchTracer", "z3_leaf_modules"]
