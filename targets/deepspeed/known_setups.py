@@ -57,10 +57,6 @@ def _frz(kind):
     return ParamKind.FROZEN if kind is ParamKind.TRAINABLE else kind
 
 
-def _tied_into_leaf(sc: Scenario) -> bool:
-    return sc.stage == 3 and (sc.external or (sc.tie and sc.blocks[0].leaf))
-
-
 def _shared_across_reentrant(sc: Scenario) -> bool:
     from zerostate.model.scenario import Checkpoint, ParamKind
     return (sc.tie or sc.external) and sc.blocks[0].checkpoint is Checkpoint.REENTRANT and \
@@ -92,26 +88,9 @@ SHARED_ACROSS_REENTRANT = KnownIssue(
 )
 
 
-TRACER_ONDEMAND_FETCH = KnownIssue(
-    id="tracer-on-demand-fetch-as-prefetch",
-    title="tracer: a parameter gathered on demand (a ZeRO-3 external parameter, or a Linear inside a z3 leaf "
-          "block applied again) is recorded as a prefetch",
-    owner="model",
-    releases=((0, 19, 8), (0, 20, 0)),
-    scenario=Scenario.from_dict({"blocks": [{}], "stage": 3, "external": True,
-                                 "steps": [{"micro": [{"backward": "engine"}]}]}),
-    checks=("trace-consistent",),
-    keys=("trace-consistent:prefetch-from-stale-trace",),
-    explains=lambda f: f.check == "trace-consistent" and _tied_into_leaf(f.scenario),
-    detail=("The root module uses block 0's Linear weight itself (external), or block 0 is a z3 leaf module so "
-            "its Linear has no ZeRO-3 hooks of its own and is applied again after the blocks (tie): DeepSpeed "
-            "gathers the weight on access (ZeROOrderedDict.__getitem__ -> register_external_parameter + all_gather). "
-            "The tracer (targets/deepspeed/tracer.py Tracer._poll) sees the parameter become available at a "
-            "poll for another module and records PREFETCH (or leaves it INFLIGHT), which the coordinator spec "
-            "trace-consistent then rejects as a prefetch from a stale trace.  DeepSpeed computes the right "
-            "values (the oracle agrees); the tracer needs an on-demand-fetch event.  Not yet confirmed against "
-            "DeepSpeed's coordinator source beyond this reading."),
-)
+# Retired (issue 10): ``tracer-on-demand-fetch-as-prefetch`` -- the tracer named a parameter gathered on demand
+# (a ZeRO-3 external parameter, a Linear inside a z3 leaf block applied again) a prefetch because another
+# module owned it; it now names a status change by the status (gathered: FETCH, in flight: PREFETCH).
 
 
 TWO_BACKWARDS_PER_FORWARD = KnownIssue(
@@ -234,7 +213,6 @@ Z3_LINEAR_OVERRIDE_OUTLIVES_ENGINE = KnownIssue(
 )
 
 SETUP_ISSUE_FIELDS: tuple[dict, ...] = (Z3_UNGROUPED_NOT_GATHERED, TWO_BACKWARDS_PER_FORWARD, STEP_WITHOUT_GRADIENT, NESTED_OUTPUTS_SCALED_TWICE,
-                                        SHARED_ACROSS_REENTRANT, TRACER_ONDEMAND_FETCH,
-                                        Z3_LINEAR_OVERRIDE_OUTLIVES_ENGINE)
+                                        SHARED_ACROSS_REENTRANT, Z3_LINEAR_OVERRIDE_OUTLIVES_ENGINE)
 
 __all__ = ["SETUP_ISSUE_FIELDS"]

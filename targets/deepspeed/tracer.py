@@ -153,13 +153,13 @@ class Tracer:
 
     def _poll(self, module: str | None = None) -> None:
         """Report status and holder changes since the last poll.  ``module``: the hooked module whose
-        fetch / release just ran (its own parameters are fetched, others prefetched)."""
+        fetch / release just ran.  A parameter that became gathered is a FETCH, one still in flight a
+        PREFETCH, whichever module owns it."""
         if self.stage != 3 or self._paused:
             return
         for n, p in self.params:
             new, em = compat.param_status(p), self._emitted.get(n)
             owner = n.rsplit(".", 1)[0]
-            own = module is None or owner == module or owner.startswith(module + ".")
             h_old, h_new = self._holders.get(n, 0), compat.holders(p)
             if h_new < h_old:
                 self._holders[n] = h_new
@@ -168,15 +168,17 @@ class Tracer:
                 self.emit("release", param=n, module=owner)
                 self._emitted[n] = new
             elif new != "NOT_AVAILABLE" and em in (None, "NOT_AVAILABLE"):
-                # still in flight: a prefetch (a fetch waits on its own), e.g. one issued by an untraced
-                # Block container's hook (module None), which would otherwise read as a fetch
-                if own and new != "INFLIGHT":
+                # the status says which: still in flight is a prefetch (also one issued by an untraced Block
+                # container's hook, module None); gathered is a fetch, also of a parameter another module
+                # owns (an on-demand gather: a ZeRO-3 external parameter, a Linear inside a z3 leaf block)
+                if new != "INFLIGHT":
                     self.emit("fetch", param=n, module=module)
                     self._emitted[n] = "AVAILABLE"
                 else:
                     self.emit("prefetch", param=n, module=owner)
                     self._emitted[n] = "INFLIGHT"
-            elif em == "INFLIGHT" and new == "AVAILABLE" and own and module is not None:
+            elif em == "INFLIGHT" and new == "AVAILABLE":  # waited on: by its owner, an untraced module's
+                # hook, or an invalidation's in-flight cleanup (kept because someone holds it)
                 self.emit("fetch", param=n, module=module, note="inflight")
                 self._emitted[n] = "AVAILABLE"
             if h_new > h_old:
