@@ -9,7 +9,8 @@ Two measurements, both on CPU (gloo, world size 1, ``OMP_NUM_THREADS=1``):
   ``targets.strategies.scenarios()`` run one after another through the installed
   DeepSpeed's persistent worker, findings or not; reported as examples per second
   (the worker's start-up is excluded, the first example's ZeRO-3 warm-up is not).  With ``--jobs``
-  N > 1 the same scenarios run as `zerostate explore --jobs N` runs them (the explorer's lanes of
+  N the explorer's own generated sequence (its first ``--rate-examples``, duplicates dropped) runs as
+  `zerostate explore --jobs N` runs it (the explorer's lanes of
   ``LANE`` examples, each in a worker started fresh for it, N workers at once; start-ups excluded,
   the fresh starts between lanes included).
   Since issue 11 the default strategy draws the training-setup dimensions too (bf16, offload,
@@ -20,7 +21,7 @@ Two measurements, both on CPU (gloo, world size 1, ``OMP_NUM_THREADS=1``):
   search, per release, stopping once the seed's finding is final: seconds from the start of
   exploring (target start-up reported separately) until it is first handed over (unshrunk, the
   first generated example with its key: ``seconds``) and until its shrunk, confirmed finding is
-  (``seconds_shrunk``), the position of the first generated example that has it, distinct target
+  (``seconds_shrunk``; ``seconds_confirmed``: once replayed in a fresh worker), the position of the first generated example that has it, distinct target
   runs until then, and the size of the shrunk scenario.  The seed predicate judges a finding's
   scenario too (seed 000 part 1: ZeRO-3, a reentrant block, a PyTorch-style backward): the first
   example with a new key need not have the seed's shape, so the benchmark also gives when an example
@@ -121,9 +122,15 @@ def time_to_seed(version: str, examples: int) -> dict:
 
     target.run = run
 
+    shrunk_at: dict[str, float] = {}  # key -> seconds until its shrunk finding (before its confirmation)
+
     def say(what: str):
-        return lambda f: print(f"  {time.perf_counter() - t0 - startup:6.1f}s {what} {f.key}", file=sys.stderr,
-                               flush=True)
+        def show(f):
+            s = time.perf_counter() - t0 - startup
+            if what == "updated" and f.confirmation is None:
+                shrunk_at.setdefault(f.key, s)
+            print(f"  {s:6.1f}s {what} {f.key}", file=sys.stderr, flush=True)
+        return show
 
     res = explore(target, examples=examples, seed=None, stop=lambda found: any(map(is_seed, found)),
                   on_finding=say("found"), on_update=say("updated"))
@@ -132,7 +139,8 @@ def time_to_seed(version: str, examples: int) -> dict:
     key = hit.key if hit else None
     return {"release": version, "seed": seed, "key": key, "found": hit is not None,
             "seconds": round(res.seconds_to.get(key, float("nan")), 1) if key else None,
-            "seconds_shrunk": round(res.seconds_final.get(key, float("nan")), 1) if key else None,
+            "seconds_shrunk": round(shrunk_at[key], 1) if key in shrunk_at else None,
+            "seconds_confirmed": round(res.seconds_final.get(key, float("nan")), 1) if key else None,
             "first_seed_shaped_run_s": round(first_run["seconds"], 1) if first_run else None,
             "first_seed_shaped_key": first_run.get("key"),
             "key_handed_over_s": round(res.seconds_to.get(first_run.get("key"), float("nan")), 1) if first_run else None,
@@ -148,7 +156,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--examples", type=int, default=200)
     ap.add_argument("--rate-examples", type=int, default=100)
     ap.add_argument("--releases", nargs="*", default=list(RELEASES))
-    ap.add_argument("--jobs", nargs="*", type=int, default=[1], help="throughput with these many workers")
+    ap.add_argument("--jobs", nargs="*", type=int, default=[1, 2],
+                    help="also the explorer's own generated sequence (``--rate-examples`` of it, in its lanes) "
+                         "with these many workers")
     ap.add_argument("--json", default="zerostate-bench/deepspeed_explore.json")
     args = ap.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -159,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{tp['examples_per_second']} examples/s (median {tp['median_example_s']} s; worker start-up "
               f"{tp['worker_startup_s']} s)", flush=True)
         out["throughput_jobs"] = []
-        for j in [j for j in args.jobs if j > 1]:
+        for j in args.jobs:
             tj = throughput_jobs(args.rate_examples, j)
             out["throughput_jobs"].append(tj)
             print(f"throughput with --jobs {j}: {tj['examples']} examples in {tj['seconds']} s = "
