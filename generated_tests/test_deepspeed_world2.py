@@ -145,13 +145,29 @@ def test_cross_rank_checks_detect_each_disagreement():
     assert len(per_step(EV)) == 3 and per_step(EV)[1]["params"] == ["fetch blocks.0.lin.weight"]
     other = EV[:4] + [{"kind": "fetch", "param": "blocks.0.norm.weight"}] + EV[5:]
     p = cross_rank_problems([_rank(0, EV, d), _rank(1, other, d)])
-    assert set(p) == {"ranks-trace"} and "train step 1" in p["ranks-trace"] and "parameter order" in p["ranks-trace"]
+    assert set(p) == {"ranks-trace"} and "train step 1" in p["ranks-trace"][0] and "parameter order" in p["ranks-trace"][0]
+    assert p["ranks-trace"][1] == "parameter-order"
     p = cross_rank_problems([_rank(0, EV, d), _rank(1, EV[1:], d)])
-    assert "module trace" in p["ranks-trace"] and "train step 0" in p["ranks-trace"]
+    assert "module trace" in p["ranks-trace"][0] and "train step 0" in p["ranks-trace"][0]
+    assert p["ranks-trace"][1] == "module-trace"
     p = cross_rank_problems([_rank(0, EV, d), _rank(1, EV, [d[0], {"blocks.0.lin.weight": "c"}])])
-    assert set(p) == {"ranks-params"} and "after train step 1" in p["ranks-params"]
+    assert set(p) == {"ranks-params"} and "after train step 1" in p["ranks-params"][0]
+    assert p["ranks-params"][1] == "gathered-params-differ"
     p = cross_rank_problems([_rank(0, EV, d), _rank(1, EV, d, error="RuntimeError: boom")])
-    assert "ranks-outcome" in p and "rank 1 raised RuntimeError: boom" in p["ranks-outcome"]
+    assert "ranks-outcome" in p and "rank 1 raised RuntimeError: boom" in p["ranks-outcome"][0]
+    assert p["ranks-outcome"][1] == "one-rank-raised"
+
+
+def test_cross_rank_findings_are_keyed_by_code_not_by_their_message():
+    """Two parameter-order differences at other positions and parameters are one finding (issue 14)."""
+    from zerostate.targets.base import Finding
+    d = [{"blocks.0.lin.weight": "a"}, {"blocks.0.lin.weight": "b"}]
+    keys = set()
+    for param in ("blocks.0.norm.weight", "blocks.3.lin.bias"):
+        other = EV[:4] + [{"kind": "fetch", "param": param}] + EV[5:]
+        text, code = cross_rank_problems([_rank(0, EV, d), _rank(1, other, d)])["ranks-trace"]
+        keys.add(Finding("ranks-trace", text, None, [], None, "deepspeed", "0.19.8", code=code).key)
+    assert keys == {"ranks-trace:parameter-order"}
 
 
 # ------------------------------------------------------------ hangs and process lifetime

@@ -78,3 +78,15 @@ def test_get_target_checks_the_kind_and_its_options_before_building():
             get_target(name, **kw)
     assert get_target("model").design_name == "zerostate"
     assert get_target("model", design="ds-0.18.4").design_name == "ds-0.18.4"
+
+
+def test_a_findings_key_is_its_check_and_code_never_its_message():
+    """Issue 14: rewording a message changes no finding's identity; two codes are two findings."""
+    from zerostate.targets.base import Finding
+    a = Finding("epilogue-once", "no epilogue after blocks.0.lin.weight", None, code="no-epilogue")
+    b = Finding("epilogue-once", "the epilogue never ran (3 hooks)", None, code="no-epilogue")
+    c = Finding("epilogue-once", "no epilogue after blocks.0.lin.weight", None, code="hook-after-epilogue")
+    assert a.key == b.key == "epilogue-once:no-epilogue" and c.key != a.key
+    assert Finding("oracle-error", "oracle: ValueError: x", None).key == \
+        Finding("oracle-error", "oracle: KeyError: 7", None).key == "oracle-error"
+    assert Finding("exception", "boom", None, origin="KeyError@runtime.x").key == "exception:KeyError@runtime.x"

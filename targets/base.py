@@ -88,13 +88,13 @@ class Finding:
     def key(self) -> str:
         """What makes two findings the same bug: the check id, plus where an exception was raised, or the
         spec's violation code (``epilogue-once:no-epilogue`` and ``epilogue-once:hook-after-epilogue`` are
-        two findings), plus the phase.  A monitor that gives no code falls back to its message's shape
-        (the text with parameter / module names and numbers blanked)."""
+        two findings), plus the phase.  Never the message: rewording a message changes no finding's
+        identity (every spec monitor and the cross-rank checks give a code; a check without one is one key)."""
         if self.origin:
             return f"{self.check}:{self.origin}"
-        if self.check in _SINGLE_KEY or not self.error:
+        if self.check in _SINGLE_KEY or not self.code:
             return self.check
-        return f"{self.check}:{self.code or message_shape(self.error)}{self._phase()}"
+        return f"{self.check}:{self.code}{self._phase()}"
 
     def _phase(self) -> str:
         """`` (in a nested task)`` when the violating event happened in a reentrant checkpoint's nested

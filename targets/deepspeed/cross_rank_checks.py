@@ -57,9 +57,13 @@ def _first_diff(a: list, b: list) -> tuple[int, Any, Any] | None:
     return None
 
 
-def cross_rank_problems(ranks: list[dict]) -> dict[str, str]:
-    """Cross-rank check id -> what differs, comparing every rank with rank 0."""
-    out: dict[str, str] = {}
+def cross_rank_problems(ranks: list[dict]) -> dict[str, tuple[str, str]]:
+    """Cross-rank check id -> (what differs, its code), comparing every rank with rank 0.
+
+    The code is the finding's identity (``Finding.key`` is check:code, never the message): ``ranks-outcome``
+    ``one-rank-raised`` / ``different-exceptions``; ``ranks-trace`` ``module-trace`` / ``parameter-order``;
+    ``ranks-params`` ``gathered-params-differ``; ``oracle`` ``other-rank-off``."""
+    out: dict[str, tuple[str, str]] = {}
     r0 = ranks[0]
     res0 = r0.get("result") or {}
     for rk in ranks[1:]:
@@ -70,7 +74,8 @@ def cross_rank_problems(ranks: list[dict]) -> dict[str, str]:
         if e0 != e1 and "ranks-outcome" not in out:
             say = lambda e, x: (f"raised {x.get('error', '').splitlines()[0][:200]}" if e else  # noqa: E731
                                 f"finished {x.get('steps', 0)} train step(s)")
-            out["ranks-outcome"] = f"rank 0 {say(e0, res0)}; rank {r} {say(e1, res)}"
+            out["ranks-outcome"] = (f"rank 0 {say(e0, res0)}; rank {r} {say(e1, res)}",
+                                    "different-exceptions" if e0 and e1 else "one-rank-raised")
         if "ranks-trace" not in out:
             s0, s1 = per_step(res0.get("events") or []), per_step(res.get("events") or [])
             for i in range(min(len(s0), len(s1))):
@@ -78,16 +83,17 @@ def cross_rank_problems(ranks: list[dict]) -> dict[str, str]:
                     d = _first_diff(s0[i][what], s1[i][what])
                     if d is not None and "ranks-trace" not in out:
                         out["ranks-trace"] = (f"train step {i}: the {label} differs at position {d[0]}: rank 0 "
-                                              f"saw {d[1]!r}, rank {r} saw {d[2]!r}")
+                                              f"saw {d[1]!r}, rank {r} saw {d[2]!r}", label.replace(" ", "-"))
         if "ranks-params" not in out:
             for i, (d0, d1) in enumerate(zip(r0.get("steps") or [], rk.get("steps") or [])):
                 bad = [n for n in d0 if d0.get(n) != d1.get(n)] + [n for n in d1 if n not in d0]
                 if bad:
                     out["ranks-params"] = (f"after train step {i}: the gathered parameters differ between rank 0 "
-                                           f"and rank {r}: {', '.join(bad[:4])}{' ...' if len(bad) > 4 else ''}")
+                                           f"and rank {r}: {', '.join(bad[:4])}{' ...' if len(bad) > 4 else ''}",
+                                           "gathered-params-differ")
                     break
         if res.get("mismatch") and not res0.get("mismatch") and "oracle" not in out:
-            out["oracle"] = f"rank {r}: {res['mismatch']}"
+            out["oracle"] = (f"rank {r}: {res['mismatch']}", "other-rank-off")
     return out
 
 

@@ -123,11 +123,11 @@ class DeepSpeedRanksTarget(DeepSpeedTarget):
         if last is not None and last.get("ranks") and not out.details.get("skipped"):
             problems = cross_rank_problems(last["ranks"])
             have = {f.key for f in out.findings}
-            for check, text in problems.items():
+            for check, (text, code) in problems.items():
                 if check in have:
                     continue
                 out.findings.append(Finding(check, f"DeepSpeed {self.version}, {self.world_size} ranks: {text}",
-                                            scenario, list(out.trace), None, self.name, self.version))
+                                            scenario, list(out.trace), None, self.name, self.version, code=code))
             out.details["ranks"] = [{"rank": rk["rank"], "steps": len(rk.get("steps") or []),
                                      "error": (rk.get("result") or {}).get("error") or rk.get("error")}
                                     for rk in last["ranks"]]

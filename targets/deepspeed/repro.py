@@ -155,8 +155,8 @@ def judge(executor, failed_checks, cross_rank_checks):
         dist.all_gather_object(ranks, {"rank": dist.get_rank(), "ok": True, "result": res, "steps": steps})
         mine = failed
         failed = failed_checks(ranks[0]["result"], SPEC.get("stage", 3), model_events, DESIGN)  # rank 0's, as the pool
-        for check, text in cross_rank_checks.cross_rank_problems(ranks).items():
-            failed.setdefault(check, (text, ""))
+        for check, problem in cross_rank_checks.cross_rank_problems(ranks).items():
+            failed.setdefault(check, problem)
         if mine.keys() - failed.keys():
             print(f"(rank {dist.get_rank()} also fails: {sorted(mine.keys() - failed.keys())})")
     return failed, res
