@@ -67,11 +67,12 @@ class Ev(str, Enum):
     root, e.g. around generation in TRL's ``unwrap_model_for_generation``)."""
     CONTAINER_HOOK = "container_hook"
     """A ZeRO-3 module hook of a parameter-less container (``blocks.{i}``, the ``Block`` holding ``norm``
-    and ``lin``; model only): DeepSpeed traces and "fetches" it like any module (nothing to gather, but
-    its place in the trace, its prefetch and its step count are real).  ``note`` is the hook
-    (``pre_forward``, ``post_forward``, ``pre_backward``, ``post_backward``), ``phase`` as for module
-    hooks.  Not a driver event the specs judge, and never an anchor of the coordinator projection: the
-    real-DeepSpeed tracer reports no container hooks."""
+    and ``lin``): DeepSpeed traces and "fetches" it like any module (nothing to gather, but its place
+    in the trace, its prefetch and its step count are real).  ``note`` is the hook (``pre_forward``,
+    ``post_forward``, ``pre_backward``, ``post_backward``), ``phase`` as for module hooks.  The model
+    and the real-DeepSpeed tracer both report it; not in `DRIVER_EVENTS` (only ``trace-consistent``
+    reads it: its pre-hooks are steps of the trace), and never an anchor of the coordinator
+    projection."""
 
     # ---- effects: hook-count protocol ---------------------------------------
     ENTER_BACKWARD = "enter_backward"

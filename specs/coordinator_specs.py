@@ -302,6 +302,12 @@ class _TraceMon(NamedTuple):
     ``blocks.0.norm`` invalidates at the ``blocks.1`` container's hook, one hook before ``blocks.1.norm``."""
 
 
+def _container_pre_hook(ev: Event) -> bool:
+    """A ``Block`` container's pre-forward / pre-backward hook (CONTAINER_HOOK, where the trace reports
+    them): DeepSpeed's trace protocol counts it like any module's."""
+    return ev.kind is Ev.CONTAINER_HOOK and ev.note in ("pre_forward", "pre_backward")
+
+
 def _trace_expectations(m: _TraceMon, ev: Event) -> _TraceMon:
     k = ev.kind
     if k in _ROOT_FORWARDS:
@@ -314,7 +320,7 @@ def _trace_expectations(m: _TraceMon, ev: Event) -> _TraceMon:
         if m.mode != "INVALID":
             return m._replace(expect=("INVALID",), why="hooks re-registered")
         return m
-    if k in (Ev.MODULE_PRE_FORWARD, Ev.MODULE_PRE_BACKWARD):
+    if k in (Ev.MODULE_PRE_FORWARD, Ev.MODULE_PRE_BACKWARD) or _container_pre_hook(ev):
         if m.owed:
             order, pos = m.owed
             if pos < len(order) and order[pos] == ev.module:
@@ -356,10 +362,10 @@ def _trace_step(m: _TraceMon, ev: Event):
         if ev.note == "INVALID":
             new = new._replace(order=(), invalidated=True)
         return new
-    if k not in DRIVER_EVENTS:
+    if k not in DRIVER_EVENTS and k is not Ev.CONTAINER_HOOK:
         return m
     if m.owed and k not in (Ev.MODULE_PRE_FORWARD, Ev.MODULE_PRE_BACKWARD, Ev.MODULE_POST_FORWARD,
-                            Ev.MODULE_POST_BACKWARD):
+                            Ev.MODULE_POST_BACKWARD, Ev.CONTAINER_HOOK):
         return fail("the trace became INVALID though the module order did not call for it", "uncalled-for-invalid")
     if m.expect and m.active:
         return fail(f"the trace was not made {m.expect[0]} after {m.why}", f"not-made-{str(m.expect[0]).lower()}")
@@ -390,7 +396,7 @@ TRACE_CONSISTENT = Spec(
             "invalidation nothing stays INFLIGHT and nothing is PREFETCHed until a trace is COMPLETE again.  "
             "Traces that never report a TRACE_STATE (ZeRO-1/2; a tracer that does not record the mode) are not "
             "judged."),
-    reacts_to=frozenset({*_STATUS, Ev.TRACE_STATE, *DRIVER_EVENTS}),
+    reacts_to=frozenset({*_STATUS, Ev.TRACE_STATE, Ev.CONTAINER_HOOK, *DRIVER_EVENTS}),
 )
 
 

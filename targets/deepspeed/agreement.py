@@ -21,8 +21,8 @@ hook where it changed, each anchored at the module hook (or schedule mark) it ha
 keeps for reuse, what persistence exempts, what prefetch gathers ahead under
 ``stage3_prefetch_bucket_size`` and ``stage3_max_live_parameters`` -- differs there.  The model's
 ``Block`` containers (``CONTAINER_HOOK``, which DeepSpeed hooks, traces and prefetches in like any
-module) are never anchors: the tracer reports no container hook, so what happens in one is anchored at
-the module hook before it on both sides.
+module) are never anchors: what happens in one is anchored at the module hook before it on both
+sides (traces that do not report containers, e.g. ``zerostate watch``'s, compare the same way).
 """
 
 from __future__ import annotations

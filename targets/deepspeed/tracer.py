@@ -442,6 +442,8 @@ class Tracer:
             self._poll_trace()
             if tracked:
                 self.emit("module_" + what, module=name, phase=phase)
+            elif is_block:  # a non-leaf Block: a parameter-less container DeepSpeed traces like any module
+                self.emit("container_hook", module=name, phase=phase, note=what)
             r = f(module, *a, **k)
             self._poll(name if tracked else None)
             if tracked and nonre and what == "pre_forward" and phase == "recompute":
