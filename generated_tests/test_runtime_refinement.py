@@ -139,7 +139,8 @@ class FakeEngine:
         elif k is Ev.GRAD_HOOK:
             self.grad_hook((ev.param,))
         elif k is Ev.LEAF_HOOK:
-            self.grad_hook(self.net.hooked_params(int(str(ev.module).split(".")[1])), leaf=True)
+            # stage3.py reduce_leaf_module_grads: every optimizer parameter under the leaf, used or not
+            self.grad_hook(self.net.leaf_hook_params(int(str(ev.module).split(".")[1])), leaf=True)
         elif k is Ev.TASK_END:
             for cb in self.autograd.callbacks.pop(ev.task, []):
                 cb()
