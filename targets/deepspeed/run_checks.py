@@ -42,6 +42,8 @@ def failed_checks(result: dict, stage: int, model_events: Iterable[Event] | None
         out[result["error_check"]] = Failed(error, result.get("origin") or "")
     if result.get("mismatch"):
         out["oracle"] = Failed(result["mismatch"])
+    if result.get("carried_state"):  # issue 15: process state an engine before it (engines_before) left
+        out["carried-state"] = Failed(result["carried_state"], "torch-linear-replaced")
     for spec in SPECS.values():
         if spec.family == "coordinator" and stage != 3:
             continue
