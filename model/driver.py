@@ -139,6 +139,13 @@ def _recompute_events(net: Network, i: int, nonreentrant: bool, skip: bool) -> l
     return out
 
 
+def _computes(net: Network, i: int, skip: bool) -> bool:
+    """Block i runs some sub-module in this pass.  A non-reentrant checkpoint recomputes on the first
+    unpack of a tensor the block saved: a block that runs none (its norm skipped, its Linear unused: it
+    returns its input) saved nothing and is never recomputed -- also when it is one z3 leaf module."""
+    return any(not (skip and m.name.endswith(".norm")) for m in net.block_modules(i))
+
+
 def backward_dag(net: Network, outer: int, first_nested: int, kind: str,
                  skip: frozenset[int] = frozenset(), serial: bool = False) -> nx.DiGraph:
     """The DAG of one user backward.  ``outer`` is its graph task id; nested tasks count up from
@@ -168,7 +175,7 @@ def backward_dag(net: Network, outer: int, first_nested: int, kind: str,
         for gi, g in enumerate(reversed(net.hook_groups(i, i in skip))):
             if g.output_requires_grad:
                 frontier = (b.add(E(Ev.MODULE_PRE_BACKWARD, module=g.module), frontier),)
-            if ck is Checkpoint.NON_REENTRANT and gi == 0:
+            if ck is Checkpoint.NON_REENTRANT and gi == 0 and _computes(net, i, i in skip):
                 frontier = b.chain(_recompute_events(net, i, nonreentrant=True, skip=i in skip), frontier)
             if ck is Checkpoint.NON_REENTRANT and g.saved_live:
                 frontier = b.chain([E(Ev.UNPACK, param=p, module=f"blocks.{i}", note="use") for p in g.saved_live],

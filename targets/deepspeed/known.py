@@ -143,10 +143,17 @@ from .known_setups import SETUP_ISSUE_FIELDS  # noqa: E402  (issue 11's training
 SETUP_ISSUES: tuple[KnownIssue, ...] = tuple(KnownIssue(**f) for f in SETUP_ISSUE_FIELDS)
 
 def _kept_then_branch(sc: Scenario) -> bool:
-    """An eval forward with a COMPLETE trace keeps parameters for a later use (reuse distance or a
-    prefetch's mark), then the train forward takes another branch."""
-    return sc.stage == 3 and (sc.max_reuse_distance > 0 or sc.prefetch_bucket_size > 0) and any(
-        st.eval_before and any(m.skip for m in st.micro) for st in sc.steps)
+    """With a COMPLETE trace parameters are kept for a recorded later use (reuse distance or a prefetch's
+    mark) that a branch then skips: an eval forward keeps them for the backward and the train forward
+    takes another branch; or, after the first pass, a branch empties a non-reentrant block (its norm
+    skipped, its Linear unused), whose recorded recompute then never runs."""
+    if sc.stage != 3 or not (sc.max_reuse_distance > 0 or sc.prefetch_bucket_size > 0):
+        return False
+    if any(st.eval_before and any(m.skip for m in st.micro) for st in sc.steps):
+        return True
+    later = [m for k, (_, _, m) in enumerate(sc.micro_steps()) if k > 0]
+    return any(sc.blocks[i].checkpoint.value == "non_reentrant" and sc.blocks[i].lin.value == "unused"
+               for m in later for i in m.skip)
 
 
 Z3_KEPT_FOR_REUSE_THEN_BRANCH = KnownIssue(
@@ -169,7 +176,10 @@ Z3_KEPT_FOR_REUSE_THEN_BRANCH = KnownIssue(
             "kept norm is never used again and nothing releases it until engine.step()'s "
             "release_and_reset_all: gathered past the backward and its epilogue (0.19.3's "
             "release_backward_leftovers only drains modules whose pre-backward ran).  zerostate's model "
-            "predicts it at DeepSpeed's default reuse distance (issue 10)."),
+            "predicts it at DeepSpeed's default reuse distance (issue 10).  A second route (found by the "
+            "release refinement test): a branch that leaves a non-reentrant block computing nothing (its "
+            "norm skipped, its Linear unused) skips the block's recompute the trace recorded, so its "
+            "post-backward keeps every parameter for that recompute."),
 )
 
 KNOWN_ISSUES: tuple[KnownIssue, ...] = (Z3_KEPT_FOR_REUSE_THEN_BRANCH, Z3_LEAF_INPUT_NO_GRAD, ZERO12_NO_GRADIENT,
