@@ -206,13 +206,26 @@ def test_seed002_at_default_persistence_threshold_other_release(release, tmp_pat
         [(f.check, f.error.splitlines()[0]) for f in out.findings]
 
 
-def test_runtime_holds_persistent_frozen_params_itself_at_default_threshold(no_inherited_rendezvous):
+@pytest.fixture
+def rendezvous_restored():
+    """The rendezvous variables as they were before the test: an in-process DeepSpeed sets them
+    (``selfcheck._setup_dist``) to the port its live process group keeps listening on, and a later test's
+    worker inheriting MASTER_PORT dies of EADDRINUSE."""
+    names = ("MASTER_PORT", "MASTER_ADDR", "RANK", "WORLD_SIZE", "LOCAL_RANK")
+    saved = {k: os.environ.get(k) for k in names}
+    yield
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+def test_runtime_holds_persistent_frozen_params_itself_at_default_threshold(rendezvous_restored):
     """The mechanism 0.19.0-0.19.2 need, checked on the installed release: at DeepSpeed's default
     threshold a frozen norm recomputed by a non-reentrant checkpoint is kept whole by the runtime's own
     hold (``HOLD_ID``) through its recompute post-forward -- not by 0.19.3+'s attribution to the backward
     module in progress, which 0.19.2 does not have (before issue 10's fix only that attribution kept it)."""
-    # no_inherited_rendezvous: the rendezvous variables this in-process DeepSpeed sets are gone after the test,
-    # so later tests' workers pick their own port, not this live process group's (EADDRINUSE otherwise)
     import torch
 
     import deepspeed
