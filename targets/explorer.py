@@ -164,7 +164,7 @@ def _candidates(sc: Scenario):
     """One-step simplifications of a scenario, most valuable first."""
     from dataclasses import replace
 
-    from zerostate.model.scenario import BackwardKind, Block, Checkpoint, MicroStep, ParamKind, TrainStep
+    from zerostate.model.scenario import BackwardKind, Checkpoint, ParamKind
     if sc.stage != 3:
         yield sc.with_(stage=3)
     for i in range(len(sc.blocks)) if len(sc.blocks) > 1 else ():
