@@ -104,6 +104,18 @@ def test_known_issue(ds, request, issue):
     assert not out.findings, _fmt(out.findings)
 
 
+def test_zero12_pytorch_style_backward_without_gradients_is_its_known_issue(ds):
+    """The PyTorch-style route of zero12-backward-without-gradients: no hook fires, so no epilogue is queued
+    (``epilogue-once:no-epilogue``) and step() raises; both findings are that issue's, no other one's."""
+    sc = Scenario.from_dict({"blocks": [{"norm": "unused", "lin": "unused"}], "stage": 1,
+                             "steps": [{"micro": [{"backward": "torch"}]}]})
+    out = ds.run(sc)
+    keys = {f.key for f in out.findings}
+    assert "epilogue-once:no-epilogue" in keys, _fmt(out.findings)
+    assert {explain(f).id if explain(f) else None for f in out.findings} == {"zero12-backward-without-gradients"}, \
+        _fmt(out.findings)
+
+
 # ------------------------------------------------------------ the tracer
 def test_tracer_sees_the_lifecycle(ds):
     sc = Scenario.from_dict({"blocks": [{"checkpoint": "reentrant"}, {"checkpoint": "non_reentrant", "norm": "frozen"}],

@@ -96,7 +96,9 @@ ZERO12_NO_GRADIENT = KnownIssue(
     upstream_patch="docs/upstream/zero12-backward-without-gradients/",
     # an exception in the epilogue or step(): the IndexError of the epilogue, step()'s KeyError, or with bf16
     # and fp32 gradient accumulation (BF16_Optimizer) step()'s "stack expects a non-empty TensorList"
-    explains=lambda f: f.check == "exception" and _no_gradient_at_all(f.scenario),
+    # ... and, with a PyTorch-style backward, the epilogue that never runs (no hook queues it)
+    explains=lambda f: _no_gradient_at_all(f.scenario) and (f.check == "exception" or (
+        f.key == "epilogue-once:no-epilogue" and any(m.backward.pytorch_style for _, _, m in f.scenario.micro_steps()))),
     detail=("stage_1_and_2.py sets up its ipg bucket buffers lazily in process_gradients (the gradient "
             "hook).  If no hook fires in a backward (every trainable parameter unused; the loss depends on "
             "the input only), the epilogue's reduce_ipg_grads indexes bucket.buffer[bucket.index] of an "
