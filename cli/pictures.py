@@ -12,7 +12,7 @@ import os
 import re
 from typing import Sequence
 
-from zerostate.model.events import Ev, Event
+from zerostate.model.events import EventKind, Event
 
 from zerostate.atomic import replace_file
 from .canvas import Canvas
@@ -21,25 +21,25 @@ WINDOW = 120
 """Most events one picture shows; a longer trace is cut to the window ending just after the violation."""
 
 _GREY, _BLUE, _TEAL, _ORANGE, _GREEN, _BROWN = "#616161", "#1565c0", "#00838f", "#ef6c00", "#2e7d32", "#8d4e2a"
-MARKS: dict[Ev, tuple[str, str]] = {
-    Ev.FORWARD_START: ("F>", _GREY), Ev.FORWARD_END: ("F|", _GREY), Ev.EVAL_FORWARD_START: ("V>", _GREY),
-    Ev.EVAL_FORWARD_END: ("V|", _GREY), Ev.USER_BACKWARD_START: ("B>", _GREY),
-    Ev.USER_BACKWARD_END: ("B|", _GREY), Ev.STEP: ("ST", _GREY),
-    Ev.TASK_START: ("T>", _BLUE), Ev.TASK_END: ("T|", _BLUE), Ev.OUTPUT_HOOK: ("O", _BLUE),
-    Ev.GRAD_HOOK: ("G", _BLUE), Ev.LEAF_HOOK: ("L", _BLUE),
-    Ev.MODULE_PRE_FORWARD: ("f>", _TEAL), Ev.MODULE_POST_FORWARD: ("f|", _TEAL),
-    Ev.MODULE_PRE_BACKWARD: ("b>", _TEAL), Ev.MODULE_POST_BACKWARD: ("b|", _TEAL),
-    Ev.RECOMPUTE_START: ("R>", _TEAL), Ev.RECOMPUTE_END: ("R|", _TEAL), Ev.SAVE_LIVE: ("S", _TEAL),
-    Ev.UNPACK: ("U", _TEAL),
-    Ev.ENTER_BACKWARD: ("E+", _ORANGE), Ev.EXIT_BACKWARD: ("E-", _ORANGE), Ev.COUNT: ("#", _ORANGE),
-    Ev.CALLBACK_QUEUED: ("Q", _ORANGE), Ev.CALLBACK_RUN: ("Q!", _ORANGE), Ev.POST_HOOKS: ("P", _ORANGE),
-    Ev.EPILOGUE: ("EP", _ORANGE), Ev.BUCKET_ADD: ("+", _ORANGE), Ev.BUCKET_FLUSH: ("FL", _ORANGE),
-    Ev.BUCKET_CLEAR: ("CL", _ORANGE),
-    Ev.FETCH: ("AG", _GREEN), Ev.PREFETCH: ("pf", _GREEN), Ev.RELEASE: ("RL", _BROWN),
-    Ev.TRACE_STATE: ("TS", _GREEN),
+MARKS: dict[EventKind, tuple[str, str]] = {
+    EventKind.FORWARD_START: ("F>", _GREY), EventKind.FORWARD_END: ("F|", _GREY), EventKind.EVAL_FORWARD_START: ("V>", _GREY),
+    EventKind.EVAL_FORWARD_END: ("V|", _GREY), EventKind.USER_BACKWARD_START: ("B>", _GREY),
+    EventKind.USER_BACKWARD_END: ("B|", _GREY), EventKind.STEP: ("ST", _GREY),
+    EventKind.TASK_START: ("T>", _BLUE), EventKind.TASK_END: ("T|", _BLUE), EventKind.OUTPUT_HOOK: ("O", _BLUE),
+    EventKind.GRAD_HOOK: ("G", _BLUE), EventKind.LEAF_HOOK: ("L", _BLUE),
+    EventKind.MODULE_PRE_FORWARD: ("f>", _TEAL), EventKind.MODULE_POST_FORWARD: ("f|", _TEAL),
+    EventKind.MODULE_PRE_BACKWARD: ("b>", _TEAL), EventKind.MODULE_POST_BACKWARD: ("b|", _TEAL),
+    EventKind.RECOMPUTE_START: ("R>", _TEAL), EventKind.RECOMPUTE_END: ("R|", _TEAL), EventKind.SAVE_LIVE: ("S", _TEAL),
+    EventKind.UNPACK: ("U", _TEAL),
+    EventKind.ENTER_BACKWARD: ("E+", _ORANGE), EventKind.EXIT_BACKWARD: ("E-", _ORANGE), EventKind.COUNT: ("#", _ORANGE),
+    EventKind.CALLBACK_QUEUED: ("Q", _ORANGE), EventKind.CALLBACK_RUN: ("Q!", _ORANGE), EventKind.POST_HOOKS: ("P", _ORANGE),
+    EventKind.EPILOGUE: ("EP", _ORANGE), EventKind.BUCKET_ADD: ("+", _ORANGE), EventKind.BUCKET_FLUSH: ("FL", _ORANGE),
+    EventKind.BUCKET_CLEAR: ("CL", _ORANGE),
+    EventKind.FETCH: ("AG", _GREEN), EventKind.PREFETCH: ("pf", _GREEN), EventKind.RELEASE: ("RL", _BROWN),
+    EventKind.TRACE_STATE: ("TS", _GREEN),
 }
 _LATER = {"reregister": ("RR", _TEAL), "holders": ("H", _GREEN), "persistent": ("PS", _GREEN)}
-MARKS.update({Ev(k): v for k, v in _LATER.items() if k in Ev._value2member_map_})
+MARKS.update({EventKind(k): v for k, v in _LATER.items() if k in EventKind._value2member_map_})
 
 
 def mark(ev: Event) -> tuple[str, str]:
@@ -49,10 +49,10 @@ def mark(ev: Event) -> tuple[str, str]:
         label += ev.note
     return label, color
 PHASES = {"forward": "#dbeafe", "eval": "#eeeeee", "backward": "#ffe8cc", "recompute": "#e9d5ff"}
-_OPEN = {Ev.FORWARD_START: "forward", Ev.EVAL_FORWARD_START: "eval", Ev.USER_BACKWARD_START: "backward",
-         Ev.RECOMPUTE_START: "recompute"}
-_CLOSE = {Ev.FORWARD_END: "forward", Ev.EVAL_FORWARD_END: "eval", Ev.USER_BACKWARD_END: "backward",
-          Ev.RECOMPUTE_END: "recompute"}
+_OPEN = {EventKind.FORWARD_START: "forward", EventKind.EVAL_FORWARD_START: "eval", EventKind.USER_BACKWARD_START: "backward",
+         EventKind.RECOMPUTE_START: "recompute"}
+_CLOSE = {EventKind.FORWARD_END: "forward", EventKind.EVAL_FORWARD_END: "eval", EventKind.USER_BACKWARD_END: "backward",
+          EventKind.RECOMPUTE_END: "recompute"}
 ENGINE = "engine"
 
 
@@ -97,7 +97,7 @@ def trace_picture(events: Sequence[Event], violation: int | None, title: str, su
     lanes = sorted({lane_of(e) for e in shown} | {ENGINE}, key=_lane_key)
     col, lane_h, left, top = 22, 30, 170, 92
     kinds = list(dict.fromkeys(e.kind for e in shown))
-    kinds.sort(key=lambda k: list(Ev).index(k))
+    kinds.sort(key=lambda k: list(EventKind).index(k))
     legend_rows = (len(kinds) + 5) // 6
     width = max(left + col * len(shown) + 110, 1100)
     height = top + lane_h * len(lanes) + 50 + 22 * legend_rows + 36

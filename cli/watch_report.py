@@ -141,14 +141,14 @@ def _pictures(out_dir: str, data: dict[str, Any]) -> None:
 
 def _parse(s: str) -> Event | None:
     """An event back from its ``str()`` (``kind k=v ...``; names hold no spaces)."""
-    from zerostate.model.events import Ev
+    from zerostate.model.events import EventKind
     parts = s.split()
     try:
         kw: dict[str, Any] = {}
         for p in parts[1:]:
             k, v = p.split("=", 1)
             kw[k] = int(v) if k in ("task", "value") and v.lstrip("-").isdigit() else v
-        return Event(Ev(parts[0]), **kw)
+        return Event(EventKind(parts[0]), **kw)
     except (ValueError, TypeError, IndexError):
         return None
 

@@ -23,7 +23,7 @@ import deepspeed
 from zerostate.cli.cmd_diff import classify
 from zerostate.cli.diff_metrics import compare, metrics
 from zerostate.cli.diff_report import render
-from zerostate.model.events import Event, Ev
+from zerostate.model.events import Event, EventKind
 from zerostate.model.scenario import Scenario
 from zerostate.targets.base import Finding, Outcome
 from zerostate.targets.deepspeed import known
@@ -103,7 +103,7 @@ def test_a_known_bug_of_base_that_a_crash_hid_is_unmasked_not_introduced():
 
 # ---------------------------------------------------------------- memory figures (made-up traces)
 def _ev(kind, param=None, note=None):
-    return Event(Ev(kind), param=param, note=note)
+    return Event(EventKind(kind), param=param, note=note)
 
 
 def test_peak_counts_elements_gathered_at_once_and_all_gathers_once_each():

@@ -32,7 +32,7 @@ from zerostate.model.coordinator_designs import COORDINATOR_DESIGNS
 from zerostate.model.coordinator_state import AVAILABLE, HOLD, INFLIGHT, NOT_AVAILABLE, index_for
 from zerostate.model.designs import Design
 from zerostate.model.driver import segments
-from zerostate.model.events import DRIVER_EVENTS, Ev, Event
+from zerostate.model.events import DRIVER_EVENTS, EventKind, Event
 from zerostate.model.cursor import Cursor
 from zerostate.model.explore import run, state_graph
 from zerostate.model.hook_designs import DS_0_18_7
@@ -47,7 +47,7 @@ from zerostate.targets.strategies import scenarios
 
 ALL = ("ds-0.19.2", "pr-8130", "ds-0.19.3", "zerostate")
 CORRECT = ("pr-8130", "ds-0.19.3", "zerostate")
-COORD_EFFECTS = frozenset({Ev.FETCH, Ev.PREFETCH, Ev.RELEASE, Ev.HOLDERS, Ev.TRACE_STATE, Ev.PERSISTENT})
+COORD_EFFECTS = frozenset({EventKind.FETCH, EventKind.PREFETCH, EventKind.RELEASE, EventKind.HOLDERS, EventKind.TRACE_STATE, EventKind.PERSISTENT})
 F, T, U = ParamKind.FROZEN, ParamKind.TRAINABLE, ParamKind.UNUSED
 NR, RE, PLAIN = Checkpoint.NON_REENTRANT, Checkpoint.REENTRANT, Checkpoint.NONE
 
@@ -111,9 +111,9 @@ class CoordinatorProtocol(RuleBasedStateMachine):
     def _fire(self, n) -> None:
         out = self.cursor.fire(n)
         for ev in out:
-            if ev.kind in (Ev.FETCH, Ev.PREFETCH, Ev.RELEASE):
-                self.folded[self.index.pidx[ev.param]] = {Ev.FETCH: AVAILABLE, Ev.PREFETCH: INFLIGHT,
-                                                       Ev.RELEASE: NOT_AVAILABLE}[ev.kind]
+            if ev.kind in (EventKind.FETCH, EventKind.PREFETCH, EventKind.RELEASE):
+                self.folded[self.index.pidx[ev.param]] = {EventKind.FETCH: AVAILABLE, EventKind.PREFETCH: INFLIGHT,
+                                                       EventKind.RELEASE: NOT_AVAILABLE}[ev.kind]
         for sid, (i, failure) in self.bank.feed(out).items():
             self.violation = self.violation or f"{sid}: {failure.message} at {self.trace[i]}"
 
@@ -177,9 +177,9 @@ def test_ds_0_19_2_breaks_saved_tensor_intact_on_a_frozen_param_in_a_non_reentra
     v = check_trace(SAVED_TENSOR_INTACT, events)
     assert v is not None and "CheckpointError" in v.message, v
     bad = events[v.index]
-    assert bad.kind is Ev.UNPACK and bad.note == "check"
-    assert any(e.kind is Ev.RELEASE and e.param == bad.param for e in events[:v.index])  # partitioned in place
-    assert any(e.kind is Ev.SAVE_LIVE and e.param == bad.param for e in events[:v.index])
+    assert bad.kind is EventKind.UNPACK and bad.note == "check"
+    assert any(e.kind is EventKind.RELEASE and e.param == bad.param for e in events[:v.index])  # partitioned in place
+    assert any(e.kind is EventKind.SAVE_LIVE and e.param == bad.param for e in events[:v.index])
     for name in CORRECT:  # each fix keeps the saved tensor whole on that very scenario
         assert not violates(name, SAVED_TENSOR_INTACT, sc, mode=True), name
 
@@ -240,8 +240,8 @@ def test_an_input_that_does_not_require_grad_leaks_in_0_19_2_and_pr_8130_only():
     for name in ("ds-0.19.3", "zerostate"):
         events = run(get_design(name), sc).events
         assert check_trace(RELEASED_AFTER_BACKWARD, events) is None, name
-        epi = next(i for i, e in enumerate(events) if e.kind is Ev.EPILOGUE)
-        assert any(e.kind is Ev.RELEASE and e.param == "blocks.0.norm.weight" for e in events[epi:])
+        epi = next(i for i, e in enumerate(events) if e.kind is EventKind.EPILOGUE)
+        assert any(e.kind is EventKind.RELEASE and e.param == "blocks.0.norm.weight" for e in events[epi:])
 
 
 # ------------------------------------------------------------ gathered-peak
@@ -301,23 +301,23 @@ def test_each_coordinator_spec_rejects_a_broken_trace():
     events = list(run(get_design("zerostate"), sc).events)
     for spec in COORDINATOR_SPECS:
         assert check_trace(spec, events) is None, spec.id
-    no_fetch = _without(events, lambda e: e.kind is Ev.FETCH and e.param == "blocks.0.lin.weight")
+    no_fetch = _without(events, lambda e: e.kind is EventKind.FETCH and e.param == "blocks.0.lin.weight")
     assert check_trace(AVAILABLE_WHEN_USED, no_fetch) is not None
-    end = next(i for i, e in enumerate(events) if e.kind is Ev.USER_BACKWARD_END)
-    last = max(i for i, e in enumerate(events[:end]) if e.kind is Ev.RELEASE and e.param == "blocks.0.norm.bias")
+    end = next(i for i, e in enumerate(events) if e.kind is EventKind.USER_BACKWARD_END)
+    last = max(i for i, e in enumerate(events[:end]) if e.kind is EventKind.RELEASE and e.param == "blocks.0.norm.bias")
     no_release = events[:last] + events[last + 1:]
     v = check_trace(RELEASED_AFTER_BACKWARD, no_release)
     assert v is not None and "blocks.0.norm.bias" in v.message
-    r = next(i for i, e in enumerate(events) if e.kind is Ev.RECOMPUTE_START)
-    f = next(i for i, e in enumerate(events) if i > r and e.kind is Ev.FETCH and e.param == "blocks.0.norm.weight")
+    r = next(i for i, e in enumerate(events) if e.kind is EventKind.RECOMPUTE_START)
+    f = next(i for i, e in enumerate(events) if i > r and e.kind is EventKind.FETCH and e.param == "blocks.0.norm.weight")
     not_gathered = events[:f] + events[f + 1:]  # the recompute ran on a partitioned norm
     assert check_trace(SAVED_TENSOR_INTACT, not_gathered) is not None
     assert check_trace(AVAILABLE_WHEN_USED, not_gathered) is not None
-    assert any(e.kind is Ev.TRACE_STATE and e.note == "INVALID" for e in events)  # the branch invalidated it
-    no_invalid = _without(events, lambda e: e.kind is Ev.TRACE_STATE and e.note == "INVALID")
+    assert any(e.kind is EventKind.TRACE_STATE and e.note == "INVALID" for e in events)  # the branch invalidated it
+    no_invalid = _without(events, lambda e: e.kind is EventKind.TRACE_STATE and e.note == "INVALID")
     assert check_trace(TRACE_CONSISTENT, no_invalid) is not None
-    i = next(i for i, e in enumerate(events) if e.kind is Ev.MODULE_PRE_FORWARD)
-    spurious = events[:i + 1] + [Event(Ev.TRACE_STATE, note="INVALID")] + events[i + 1:]
+    i = next(i for i, e in enumerate(events) if e.kind is EventKind.MODULE_PRE_FORWARD)
+    spurious = events[:i + 1] + [Event(EventKind.TRACE_STATE, note="INVALID")] + events[i + 1:]
     assert check_trace(TRACE_CONSISTENT, spurious) is not None
 
 
@@ -325,7 +325,7 @@ def test_reregistered_hooks_invalidate_the_trace():
     sc = Scenario(blocks=(Block(NR, F, T),), steps=(TrainStep(), TrainStep(), TrainStep(reregister=True)))
     for name in ALL:
         events = run(get_design(name), sc).events
-        states = [e.note for e in events if e.kind is Ev.TRACE_STATE]
+        states = [e.note for e in events if e.kind is EventKind.TRACE_STATE]
         assert states == ["RECORD", "COMPLETE", "INVALID", "RECORD"], (name, states)
         assert check_trace(TRACE_CONSISTENT, events) is None
 
@@ -349,16 +349,16 @@ def test_driver_models_early_stop_root_hooks_and_no_grad_inputs():
     ev = [g.nodes[n]["event"] for g in segments(sc) for n in g.nodes]
     kinds = [(e.kind, e.module, e.phase) for e in ev]
     # the non-reentrant recompute stops inside its last module: no post-forward for blocks.0.lin
-    assert (Ev.MODULE_PRE_FORWARD, "blocks.0.lin", "recompute") in kinds
-    assert (Ev.MODULE_POST_FORWARD, "blocks.0.lin", "recompute") not in kinds
-    assert (Ev.MODULE_POST_FORWARD, "blocks.0.norm", "recompute") in kinds
+    assert (EventKind.MODULE_PRE_FORWARD, "blocks.0.lin", "recompute") in kinds
+    assert (EventKind.MODULE_POST_FORWARD, "blocks.0.lin", "recompute") not in kinds
+    assert (EventKind.MODULE_POST_FORWARD, "blocks.0.norm", "recompute") in kinds
     # frozen norm fed an input without grad: its op saves nothing, no backward hook fires for it
-    assert not any(e.kind in (Ev.SAVE_LIVE, Ev.UNPACK) for e in ev)
-    assert (Ev.MODULE_PRE_BACKWARD, "blocks.0.norm", None) not in kinds
-    assert (Ev.MODULE_POST_BACKWARD, "blocks.0.lin", None) not in kinds
-    assert (Ev.MODULE_PRE_BACKWARD, "model", None) in kinds and (Ev.MODULE_POST_BACKWARD, "model", None) not in kinds
+    assert not any(e.kind in (EventKind.SAVE_LIVE, EventKind.UNPACK) for e in ev)
+    assert (EventKind.MODULE_PRE_BACKWARD, "blocks.0.norm", None) not in kinds
+    assert (EventKind.MODULE_POST_BACKWARD, "blocks.0.lin", None) not in kinds
+    assert (EventKind.MODULE_PRE_BACKWARD, "model", None) in kinds and (EventKind.MODULE_POST_BACKWARD, "model", None) not in kinds
     # the hook half's view is unchanged by module hooks
-    assert not any(g.nodes[n]["event"].kind in (Ev.MODULE_PRE_BACKWARD, Ev.SAVE_LIVE)
+    assert not any(g.nodes[n]["event"].kind in (EventKind.MODULE_PRE_BACKWARD, EventKind.SAVE_LIVE)
                    for g in segments(sc, coordinator=False) for n in g.nodes)
 
 
@@ -401,19 +401,19 @@ def test_block_containers_are_traced_and_prefetch_like_any_module():
     sc = Scenario(blocks=(Block(), Block(leaf=True), Block()), stage=3, prefetch_bucket_size=1,
                   steps=(TrainStep(),) * 2).validate()
     events = run(get_design("ds-0.19.3"), sc).events
-    boxes = {e.module for e in events if e.kind is Ev.CONTAINER_HOOK}
+    boxes = {e.module for e in events if e.kind is EventKind.CONTAINER_HOOK}
     assert boxes == {"blocks.0", "blocks.2"}
-    complete = next(e for e in events if e.kind is Ev.TRACE_STATE and e.note == "COMPLETE")
+    complete = next(e for e in events if e.kind is EventKind.TRACE_STATE and e.note == "COMPLETE")
     per_pass = 1 + 2 * 3 + 1  # root, 2 containers with 2 sub-modules each, the leaf block
     assert complete.value == 2 * per_pass  # the forward and the backward, containers included
     after_box = [events[i + 1] for i, e in enumerate(events[:-1])
-                 if e.kind is Ev.CONTAINER_HOOK and e.note in ("pre_forward", "pre_backward")]
-    assert any(e.kind is Ev.PREFETCH for e in after_box)
+                 if e.kind is EventKind.CONTAINER_HOOK and e.note in ("pre_forward", "pre_backward")]
+    assert any(e.kind is EventKind.PREFETCH for e in after_box)
     # and nothing else: a container owns no parameter, so it never fetches, holds or releases one
     effects, inside = [], False
     for e in events:
-        if e.kind is Ev.CONTAINER_HOOK or e.kind in DRIVER_EVENTS:
-            inside = e.kind is Ev.CONTAINER_HOOK
+        if e.kind is EventKind.CONTAINER_HOOK or e.kind in DRIVER_EVENTS:
+            inside = e.kind is EventKind.CONTAINER_HOOK
         elif inside:
             effects.append(e)
-    assert effects and all(e.kind in (Ev.PREFETCH, Ev.TRACE_STATE) for e in effects), effects
+    assert effects and all(e.kind in (EventKind.PREFETCH, EventKind.TRACE_STATE) for e in effects), effects

@@ -21,7 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from zerostate.model.events import Ev
+from zerostate.model.events import EventKind
 from zerostate.model.scenario import BackwardKind, MicroStep, Scenario, TrainStep
 from zerostate.targets.base import TargetError, get_target
 from zerostate.targets.deepspeed.known import KNOWN_ISSUES, PINNED, explain
@@ -123,14 +123,14 @@ def test_tracer_sees_the_lifecycle(ds):
                              "steps": [{"micro": [{"backward": "torch"}]}]})
     out = ds.run(sc)
     kinds = {e.kind for e in out.trace}
-    for k in (Ev.FORWARD_START, Ev.USER_BACKWARD_START, Ev.TASK_START, Ev.TASK_END, Ev.OUTPUT_HOOK, Ev.GRAD_HOOK,
-              Ev.BUCKET_ADD, Ev.COUNT, Ev.EPILOGUE, Ev.STEP, Ev.ENTER_BACKWARD, Ev.EXIT_BACKWARD, Ev.FETCH,
-              Ev.RELEASE, Ev.MODULE_PRE_FORWARD, Ev.MODULE_PRE_BACKWARD, Ev.RECOMPUTE_START, Ev.RECOMPUTE_END,
-              Ev.SAVE_LIVE, Ev.UNPACK, Ev.TRACE_STATE, Ev.PERSISTENT, Ev.HOLDERS):
+    for k in (EventKind.FORWARD_START, EventKind.USER_BACKWARD_START, EventKind.TASK_START, EventKind.TASK_END, EventKind.OUTPUT_HOOK, EventKind.GRAD_HOOK,
+              EventKind.BUCKET_ADD, EventKind.COUNT, EventKind.EPILOGUE, EventKind.STEP, EventKind.ENTER_BACKWARD, EventKind.EXIT_BACKWARD, EventKind.FETCH,
+              EventKind.RELEASE, EventKind.MODULE_PRE_FORWARD, EventKind.MODULE_PRE_BACKWARD, EventKind.RECOMPUTE_START, EventKind.RECOMPUTE_END,
+              EventKind.SAVE_LIVE, EventKind.UNPACK, EventKind.TRACE_STATE, EventKind.PERSISTENT, EventKind.HOLDERS):
         assert k in kinds, f"the tracer never emitted {k.value}"
-    notes = {e.note for e in out.trace if e.kind is Ev.TASK_START}
+    notes = {e.note for e in out.trace if e.kind is EventKind.TASK_START}
     assert {"outer", "nested", "pre"} <= notes
-    phases = {e.phase for e in out.trace if e.kind is Ev.MODULE_PRE_FORWARD}
+    phases = {e.phase for e in out.trace if e.kind is EventKind.MODULE_PRE_FORWARD}
     assert {"forward", "recompute"} <= phases
 
 

@@ -17,7 +17,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from zerostate.model import BackwardKind, Checkpoint, Network, get_design
 from zerostate.model.cursor import Cursor
-from zerostate.model.events import Ev
+from zerostate.model.events import EventKind
 from zerostate.model.explore import state_graph
 from zerostate.model.monitor import MonitorBank
 from zerostate.specs import check_trace
@@ -135,7 +135,7 @@ def test_ds_0_18_5_counts_in_every_hook():
               settings=settings(derandomize=True, max_examples=500, database=None))
     events = _counterexample("ds-0.18.5", COUNT_ONCE_PER_PHASE, sc)
     assert check_trace(COUNT_ONCE_PER_PHASE, events) is not None
-    counts = [e for e in events if e.kind is Ev.COUNT]
+    counts = [e for e in events if e.kind is EventKind.COUNT]
     assert len(counts) >= 2 and len({e.task for e in counts}) < len(counts)
     assert len(sc.blocks) == 1 and sc.num_micro_steps == 1, sc.describe()
     for name in CORRECT:
@@ -160,9 +160,9 @@ def test_count_sees_only_the_current_graph_task(sc):
     trace = run(get_design("ds-0.18.5"), sc, coordinator=False)
     tasks = {}
     for e in trace:
-        if e.kind is Ev.TASK_START:
+        if e.kind is EventKind.TASK_START:
             tasks[e.task] = e
-        if e.kind is Ev.COUNT:
+        if e.kind is EventKind.COUNT:
             start = tasks[e.task]
             if start.note == "outer":
                 reach = net.reach_of_outer_task()

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from zerostate.model.coordinator_null import NULL_COORDINATOR
 from zerostate.model.cursor import Cursor
 from zerostate.model.designs import Design
-from zerostate.model.events import Ev, Event
+from zerostate.model.events import EventKind, Event
 from zerostate.model.hook_designs import ZEROSTATE
 from zerostate.model.network import Network
 from zerostate.model.scenario import BackwardKind, Scenario
@@ -128,28 +128,28 @@ class FakeEngine:
     # -- one driver event
     def feed(self, ev: Event) -> None:
         k = ev.kind
-        if k is Ev.FORWARD_START:
+        if k is EventKind.FORWARD_START:
             self.mgr.reset_for_new_step()  # engine.forward: clear_backward_seen_flag()
-        elif k is Ev.USER_BACKWARD_START:
+        elif k is EventKind.USER_BACKWARD_START:
             self.running_engine_backward = ev.note == BackwardKind.ENGINE.value
-        elif k is Ev.TASK_START:
+        elif k is EventKind.TASK_START:
             self.autograd.stack.append(ev.task)
-        elif k is Ev.OUTPUT_HOOK:
+        elif k is EventKind.OUTPUT_HOOK:
             self._backward_prologue()
-        elif k is Ev.GRAD_HOOK:
+        elif k is EventKind.GRAD_HOOK:
             self.grad_hook((ev.param,))
-        elif k is Ev.LEAF_HOOK:
+        elif k is EventKind.LEAF_HOOK:
             # stage3.py reduce_leaf_module_grads: every optimizer parameter under the leaf, used or not
             self.grad_hook(self.net.leaf_hook_params(int(str(ev.module).split(".")[1])), leaf=True)
-        elif k is Ev.TASK_END:
+        elif k is EventKind.TASK_END:
             for cb in self.autograd.callbacks.pop(ev.task, []):
                 cb()
             self.autograd.stack.remove(ev.task)
-        elif k is Ev.USER_BACKWARD_END:
+        elif k is EventKind.USER_BACKWARD_END:
             if self.running_engine_backward:
                 self._backward_epilogue()
             self.running_engine_backward = False
-        elif k is Ev.STEP:
+        elif k is EventKind.STEP:
             if self.net.scenario.stage == 3:
                 self.bucket.clear()  # stage3 _pre_step drops stale bucket entries
 
@@ -179,8 +179,8 @@ def check_refinement(sc: Scenario, choose, closure: str) -> int:
         node = en[choose(len(en))]
         ev = cur.event_of(node)
         out = cur.fire(node)
-        epilogues += sum(1 for e in out if e.kind is Ev.EPILOGUE)
-        counts += sum(1 for e in out if e.kind is Ev.COUNT)
+        epilogues += sum(1 for e in out if e.kind is EventKind.EPILOGUE)
+        counts += sum(1 for e in out if e.kind is EventKind.COUNT)
         eng.feed(ev)
         n += 1
         history.append(str(ev))

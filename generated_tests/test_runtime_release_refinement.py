@@ -38,7 +38,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from zerostate.model.designs import get_design
-from zerostate.model.events import Ev
+from zerostate.model.events import EventKind
 from zerostate.model.explore import run
 from zerostate.model.network import Network
 from zerostate.model.scenario import Checkpoint, ParamKind
@@ -145,11 +145,11 @@ def released_between_recompute_and_check(events, params) -> list[str]:
     check of that block (UNPACK note=check): what seed 002's CheckpointError is made of."""
     bad, open_ = [], set()
     for e in events:
-        if e.kind is Ev.RECOMPUTE_START:
+        if e.kind is EventKind.RECOMPUTE_START:
             open_ |= {p for p in params if p.startswith((e.module or "") + ".")}
-        elif e.kind is Ev.RELEASE and e.param in open_:
+        elif e.kind is EventKind.RELEASE and e.param in open_:
             bad.append(f"{e.param} released at {e.module}")
-        elif e.kind is Ev.UNPACK and e.note == "check":
+        elif e.kind is EventKind.UNPACK and e.note == "check":
             open_.discard(e.param)
     return bad
 

@@ -30,7 +30,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from zerostate.model.designs import designs, get_design
-from zerostate.model.events import E, Ev
+from zerostate.model.events import Event, EventKind
 from zerostate.model.explore import run
 from zerostate.model.monitor import is_failure
 from zerostate.model.network import params_of_module
@@ -54,8 +54,8 @@ def _feed(events):
 
 # ---------------------------------------------------------------- the online checker, no DeepSpeed
 def test_online_checker_records_a_violation_with_its_context_and_keeps_checking():
-    evs = [E(Ev.FORWARD_START), E(Ev.FORWARD_END), E(Ev.USER_BACKWARD_START), E(Ev.EPILOGUE), E(Ev.EPILOGUE),
-           E(Ev.USER_BACKWARD_END), E(Ev.STEP, value=0)]
+    evs = [Event(EventKind.FORWARD_START), Event(EventKind.FORWARD_END), Event(EventKind.USER_BACKWARD_START), Event(EventKind.EPILOGUE), Event(EventKind.EPILOGUE),
+           Event(EventKind.USER_BACKWARD_END), Event(EventKind.STEP, value=0)]
     c = _feed(evs * 2)
     got = [v for v in c.to_dict() if v["spec"] == "epilogue-once"]
     assert len(got) == 1 and got[0]["count"] == 2, got  # same message twice: one record, counted
@@ -67,9 +67,9 @@ def test_online_checker_records_a_violation_with_its_context_and_keeps_checking(
 
 def test_online_checker_clean_trace_and_memory_figures():
     p = "blocks.0.lin.weight"
-    evs = [E(Ev.FORWARD_START), E(Ev.FETCH, param=p), E(Ev.RELEASE, param=p), E(Ev.FORWARD_END),
-           E(Ev.USER_BACKWARD_START), E(Ev.PREFETCH, param=p), E(Ev.FETCH, param=p, note="inflight"),
-           E(Ev.EPILOGUE), E(Ev.RELEASE, param=p), E(Ev.USER_BACKWARD_END), E(Ev.STEP, value=0)]
+    evs = [Event(EventKind.FORWARD_START), Event(EventKind.FETCH, param=p), Event(EventKind.RELEASE, param=p), Event(EventKind.FORWARD_END),
+           Event(EventKind.USER_BACKWARD_START), Event(EventKind.PREFETCH, param=p), Event(EventKind.FETCH, param=p, note="inflight"),
+           Event(EventKind.EPILOGUE), Event(EventKind.RELEASE, param=p), Event(EventKind.USER_BACKWARD_END), Event(EventKind.STEP, value=0)]
     c = _feed(evs)
     c.finish()
     assert c.to_dict() == []
@@ -80,14 +80,14 @@ def test_online_checker_clean_trace_and_memory_figures():
 
 def test_parameters_gathered_before_watching_count_as_gathered_not_as_all_gathers():
     p, q = "blocks.0.lin.weight", "blocks.0.lin.bias"
-    evs = [E(Ev.FETCH, param=p, note="watch-start"), E(Ev.FORWARD_START), E(Ev.FETCH, param=q),
-           E(Ev.FORWARD_END), E(Ev.USER_BACKWARD_START), E(Ev.USER_BACKWARD_END), E(Ev.STEP, value=0)]
+    evs = [Event(EventKind.FETCH, param=p, note="watch-start"), Event(EventKind.FORWARD_START), Event(EventKind.FETCH, param=q),
+           Event(EventKind.FORWARD_END), Event(EventKind.USER_BACKWARD_START), Event(EventKind.USER_BACKWARD_END), Event(EventKind.STEP, value=0)]
     m = _feed(evs).memory()
     assert m["allgathers_per_step"] == [1] and m["gathered_peak_per_backward"] == [20]
 
 
 def test_online_checker_end_of_run_obligation():
-    c = _feed([E(Ev.USER_BACKWARD_START)])
+    c = _feed([Event(EventKind.USER_BACKWARD_START)])
     c.finish()
     assert [v["spec"] for v in c.to_dict()] == ["epilogue-once"] and c.to_dict()[0]["event"] is None
 

@@ -14,11 +14,11 @@ Imports neither torch nor deepspeed.  The pieces:
 """
 
 from .designs import Design, UnknownDesignError, design_for_release, designs, get_design
-from .events import E, Ev, Event, Trace
+from .events import Event, EventKind, Trace
 from .network import Network
 from .scenario import (BackwardKind, Block, Checkpoint, MicroStep, ParamKind, Scenario, ScenarioError,
                        TrainStep)
 
-__all__ = ["BackwardKind", "Block", "Checkpoint", "Design", "E", "Ev", "Event", "MicroStep", "Network",
+__all__ = ["BackwardKind", "Block", "Checkpoint", "Design", "Event", "EventKind", "MicroStep", "Network",
            "ParamKind", "Scenario", "ScenarioError", "Trace", "TrainStep", "UnknownDesignError",
            "design_for_release", "designs", "get_design"]

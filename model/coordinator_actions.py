@@ -16,7 +16,7 @@ from typing import Iterable
 
 from .coordinator_state import (AVAILABLE, COMPLETE, HOLD, HOLD_NAME, INFLIGHT, INVALID, MODE_NAMES, NEVER,
                                 NOT_AVAILABLE, RECORD, CoordIndex, CoordState)
-from .events import E, Ev, Event
+from .events import Event, EventKind
 
 
 class CoordinatorError(RuntimeError):
@@ -68,21 +68,21 @@ def declare_persistent(w: Work) -> None:
     """``mark_persistent_parameters`` (parameter_offload.py): parameters of at most
     ``stage3_param_persistence_threshold`` elements get ``ds_persist``; said once to the trace."""
     w.declared = True
-    w.out += [E(Ev.PERSISTENT, param=w.param_name(i)) for i in range(w.index.n) if w.index.persistent[i]]
+    w.out += [Event(EventKind.PERSISTENT, param=w.param_name(i)) for i in range(w.index.n) if w.index.persistent[i]]
 
 
 def hold(w: Work, p: int, m: int) -> None:
     """``param.ds_active_sub_modules.add(module.ds_id)``."""
     if m not in w.holders[p]:
         w.holders[p] = w.holders[p] | {m}
-        w.out.append(E(Ev.HOLDERS, param=w.param_name(p), module=w.module_name(m), value=len(w.holders[p]), note="+"))
+        w.out.append(Event(EventKind.HOLDERS, param=w.param_name(p), module=w.module_name(m), value=len(w.holders[p]), note="+"))
 
 
 def drop(w: Work, p: int, m: int) -> None:
     """``param.ds_active_sub_modules.discard(module.ds_id)``."""
     if m in w.holders[p]:
         w.holders[p] = w.holders[p] - {m}
-        w.out.append(E(Ev.HOLDERS, param=w.param_name(p), module=w.module_name(m), value=len(w.holders[p]), note="-"))
+        w.out.append(Event(EventKind.HOLDERS, param=w.param_name(p), module=w.module_name(m), value=len(w.holders[p]), note="-"))
 
 
 def release_param(w: Work, p: int, m: int | None) -> None:
@@ -92,14 +92,14 @@ def release_param(w: Work, p: int, m: int | None) -> None:
     if w.status[p] == AVAILABLE and not w.holders[p]:
         w.status[p] = NOT_AVAILABLE
         w.live -= w.index.numel[p]
-        w.out.append(E(Ev.RELEASE, param=w.param_name(p), module=w.module_name(m)))
+        w.out.append(Event(EventKind.RELEASE, param=w.param_name(p), module=w.module_name(m)))
 
 
 def wait_inflight(w: Work, p: int, m: int | None) -> None:
     """``__inflight_param_registry.pop(param).wait()``: an in-flight all-gather completes."""
     if w.status[p] == INFLIGHT:
         w.status[p] = AVAILABLE
-        w.out.append(E(Ev.FETCH, param=w.param_name(p), module=w.module_name(m), note="inflight"))
+        w.out.append(Event(EventKind.FETCH, param=w.param_name(p), module=w.module_name(m), note="inflight"))
 
 
 def all_gather(w: Work, params: Iterable[int], m: int, prefetch: bool = False, counted: bool = True) -> None:
@@ -111,12 +111,12 @@ def all_gather(w: Work, params: Iterable[int], m: int, prefetch: bool = False, c
             if counted:
                 w.live += w.index.numel[p]
             w.status[p] = INFLIGHT if prefetch else AVAILABLE
-            w.out.append(E(Ev.PREFETCH if prefetch else Ev.FETCH, param=w.param_name(p), module=w.module_name(m)))
+            w.out.append(Event(EventKind.PREFETCH if prefetch else EventKind.FETCH, param=w.param_name(p), module=w.module_name(m)))
 
 
 def set_mode(w: Work, mode: int, value: int | None) -> None:
     w.mode = mode
-    w.out.append(E(Ev.TRACE_STATE, note=MODE_NAMES[mode], value=value))
+    w.out.append(Event(EventKind.TRACE_STATE, note=MODE_NAMES[mode], value=value))
 
 
 # ---------------------------------------------------------------------- trace

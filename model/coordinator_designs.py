@@ -40,9 +40,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from . import coordinator_actions as A
+from . import coordinator_actions
 from .coordinator_state import CoordState, index_for
-from .events import Ev, Event
+from .events import EventKind, Event
 
 
 @dataclass(frozen=True)
@@ -73,86 +73,86 @@ class CoordinatorDesign:
         index = index_for(ctx.net)
         if ev.module is not None and ev.kind not in _NO_MODULE and ev.module not in index.midx:
             return st, ()
-        w = A.Work(st, index, ctx.net.scenario.prefetch_bucket_size)
+        w = coordinator_actions.Work(st, index, ctx.net.scenario.prefetch_bucket_size)
         if not w.declared:
-            A.declare_persistent(w)
+            coordinator_actions.declare_persistent(w)
         handler(self, w, ev)
         return w.freeze(), tuple(w.out)
 
 
 # ------------------------------------------------------------------ handlers
-def _on_root_forward(d: CoordinatorDesign, w: A.Work, ev: Event) -> None:
+def _on_root_forward(d: CoordinatorDesign, w: coordinator_actions.Work, ev: Event) -> None:
     if d.hold_recompute_frozen:
-        A.drain_holds(w)
-    A.reset_step(w)
+        coordinator_actions.drain_holds(w)
+    coordinator_actions.reset_step(w)
 
 
-def _on_reregister(d: CoordinatorDesign, w: A.Work, ev: Event) -> None:
-    A.reregister_hooks(w)
+def _on_reregister(d: CoordinatorDesign, w: coordinator_actions.Work, ev: Event) -> None:
+    coordinator_actions.reregister_hooks(w)
 
 
-def _on_pre_forward(d: CoordinatorDesign, w: A.Work, ev: Event) -> None:
-    A.pre_module_hook(w, w.index.midx[ev.module], True, ev.phase == "recompute",
+def _on_pre_forward(d: CoordinatorDesign, w: coordinator_actions.Work, ev: Event) -> None:
+    coordinator_actions.pre_module_hook(w, w.index.midx[ev.module], True, ev.phase == "recompute",
                       track_stack=d.track_stack, attribute=d.attribute)
 
 
-def _on_post_forward(d: CoordinatorDesign, w: A.Work, ev: Event) -> None:
+def _on_post_forward(d: CoordinatorDesign, w: coordinator_actions.Work, ev: Event) -> None:
     m = w.index.midx[ev.module]
     recompute = ev.phase == "recompute"
     if d.hold_recompute_frozen and recompute and w.index.nonreentrant[m] and w.index.output_requires_grad[m]:
-        A.hold_recomputed_frozen(w, m)
-    A.release_sub_module(w, m, True, recompute, track_stack=d.track_stack, attribute=d.attribute,
+        coordinator_actions.hold_recomputed_frozen(w, m)
+    coordinator_actions.release_sub_module(w, m, True, recompute, track_stack=d.track_stack, attribute=d.attribute,
                          skip_frozen_in_recompute=d.skip_frozen_in_recompute)
 
 
-def _on_pre_backward(d: CoordinatorDesign, w: A.Work, ev: Event) -> None:
-    A.pre_module_hook(w, w.index.midx[ev.module], False, False, track_stack=d.track_stack, attribute=d.attribute)
+def _on_pre_backward(d: CoordinatorDesign, w: coordinator_actions.Work, ev: Event) -> None:
+    coordinator_actions.pre_module_hook(w, w.index.midx[ev.module], False, False, track_stack=d.track_stack, attribute=d.attribute)
 
 
-def _on_post_backward(d: CoordinatorDesign, w: A.Work, ev: Event) -> None:
+def _on_post_backward(d: CoordinatorDesign, w: coordinator_actions.Work, ev: Event) -> None:
     m = w.index.midx[ev.module]
     if d.hold_recompute_frozen:
-        A.drop_holds(w, m)
-    A.release_sub_module(w, m, False, False, track_stack=d.track_stack, attribute=d.attribute,
+        coordinator_actions.drop_holds(w, m)
+    coordinator_actions.release_sub_module(w, m, False, False, track_stack=d.track_stack, attribute=d.attribute,
                          skip_frozen_in_recompute=d.skip_frozen_in_recompute)
 
 
-def _on_epilogue(d: CoordinatorDesign, w: A.Work, ev: Event) -> None:
+def _on_epilogue(d: CoordinatorDesign, w: coordinator_actions.Work, ev: Event) -> None:
     if d.track_stack:
-        A.release_backward_leftovers(w)
+        coordinator_actions.release_backward_leftovers(w)
     if d.hold_recompute_frozen:
-        A.drain_holds(w)
+        coordinator_actions.drain_holds(w)
 
 
-def _on_step(d: CoordinatorDesign, w: A.Work, ev: Event) -> None:
-    A.release_and_reset_all(w)
+def _on_step(d: CoordinatorDesign, w: coordinator_actions.Work, ev: Event) -> None:
+    coordinator_actions.release_and_reset_all(w)
 
 
-def _on_container(d: CoordinatorDesign, w: A.Work, ev: Event) -> None:
+def _on_container(d: CoordinatorDesign, w: coordinator_actions.Work, ev: Event) -> None:
     """A ``Block`` container's hook: the same DeepSpeed functions as any module's (it owns no parameter,
     so it fetches and releases nothing, but it is traced, counts a step and, with a COMPLETE trace,
     pops the queue and prefetches)."""
     _CONTAINER_HANDLERS[ev.note](d, w, ev)
 
 
-_CONTAINER_HANDLERS: dict[str | None, Callable[[CoordinatorDesign, A.Work, Event], None]] = {
+_CONTAINER_HANDLERS: dict[str | None, Callable[[CoordinatorDesign, coordinator_actions.Work, Event], None]] = {
     "pre_forward": _on_pre_forward, "post_forward": _on_post_forward,
     "pre_backward": _on_pre_backward, "post_backward": _on_post_backward,
 }
 
-_HANDLERS: dict[Ev, Callable[[CoordinatorDesign, A.Work, Event], None]] = {
-    Ev.CONTAINER_HOOK: _on_container,
-    Ev.FORWARD_START: _on_root_forward,
-    Ev.EVAL_FORWARD_START: _on_root_forward,
-    Ev.REREGISTER: _on_reregister,
-    Ev.MODULE_PRE_FORWARD: _on_pre_forward,
-    Ev.MODULE_POST_FORWARD: _on_post_forward,
-    Ev.MODULE_PRE_BACKWARD: _on_pre_backward,
-    Ev.MODULE_POST_BACKWARD: _on_post_backward,
-    Ev.EPILOGUE: _on_epilogue,
-    Ev.STEP: _on_step,
+_HANDLERS: dict[EventKind, Callable[[CoordinatorDesign, coordinator_actions.Work, Event], None]] = {
+    EventKind.CONTAINER_HOOK: _on_container,
+    EventKind.FORWARD_START: _on_root_forward,
+    EventKind.EVAL_FORWARD_START: _on_root_forward,
+    EventKind.REREGISTER: _on_reregister,
+    EventKind.MODULE_PRE_FORWARD: _on_pre_forward,
+    EventKind.MODULE_POST_FORWARD: _on_post_forward,
+    EventKind.MODULE_PRE_BACKWARD: _on_pre_backward,
+    EventKind.MODULE_POST_BACKWARD: _on_post_backward,
+    EventKind.EPILOGUE: _on_epilogue,
+    EventKind.STEP: _on_step,
 }
-_NO_MODULE = frozenset({Ev.FORWARD_START, Ev.EVAL_FORWARD_START, Ev.REREGISTER, Ev.EPILOGUE, Ev.STEP})
+_NO_MODULE = frozenset({EventKind.FORWARD_START, EventKind.EVAL_FORWARD_START, EventKind.REREGISTER, EventKind.EPILOGUE, EventKind.STEP})
 
 _DS = "deepspeed/runtime/zero/partitioned_param_coordinator.py"
 

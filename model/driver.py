@@ -47,14 +47,14 @@ from typing import Iterator
 
 import networkx as nx
 
-from .events import E, Ev, Event
+from .events import Event, EventKind
 from .network import HEAD, HEAD_WEIGHT, ROOT, Network
 from .scenario import Checkpoint, ParamKind, Scenario
 
 COORDINATOR_ONLY = frozenset({
-    Ev.CONTAINER_HOOK, Ev.MODULE_PRE_FORWARD, Ev.MODULE_POST_FORWARD, Ev.MODULE_PRE_BACKWARD,
-    Ev.MODULE_POST_BACKWARD, Ev.RECOMPUTE_START, Ev.RECOMPUTE_END, Ev.UNPACK,
-    Ev.EVAL_FORWARD_START, Ev.EVAL_FORWARD_END, Ev.REREGISTER,
+    EventKind.CONTAINER_HOOK, EventKind.MODULE_PRE_FORWARD, EventKind.MODULE_POST_FORWARD, EventKind.MODULE_PRE_BACKWARD,
+    EventKind.MODULE_POST_BACKWARD, EventKind.RECOMPUTE_START, EventKind.RECOMPUTE_END, EventKind.UNPACK,
+    EventKind.EVAL_FORWARD_START, EventKind.EVAL_FORWARD_END, EventKind.REREGISTER,
 })
 
 
@@ -90,7 +90,7 @@ def has_container(net: Network, i: int) -> bool:
 
 
 def _container(i: int, hook: str, phase: str | None = None) -> Event:
-    return E(Ev.CONTAINER_HOOK, module=f"blocks.{i}", phase=phase, note=hook)
+    return Event(EventKind.CONTAINER_HOOK, module=f"blocks.{i}", phase=phase, note=hook)
 
 
 def forward_events(net: Network, phase: str, block_range: range | None = None,
@@ -104,8 +104,8 @@ def forward_events(net: Network, phase: str, block_range: range | None = None,
         if box:
             out.append(_container(i, "pre_forward", phase))
         for g in net.hook_groups(i, i in skip):
-            out += [E(Ev.MODULE_PRE_FORWARD, module=g.module, phase=phase),
-                    E(Ev.MODULE_POST_FORWARD, module=g.module, phase=phase)]
+            out += [Event(EventKind.MODULE_PRE_FORWARD, module=g.module, phase=phase),
+                    Event(EventKind.MODULE_POST_FORWARD, module=g.module, phase=phase)]
         if box:
             out.append(_container(i, "post_forward", phase))
     return out
@@ -122,20 +122,20 @@ def _recompute_events(net: Network, i: int, nonreentrant: bool, skip: bool) -> l
     """
     groups = net.hook_groups(i, skip)
     box = has_container(net, i)
-    out = [E(Ev.RECOMPUTE_START, module=f"blocks.{i}")]
+    out = [Event(EventKind.RECOMPUTE_START, module=f"blocks.{i}")]
     if box:
         out.append(_container(i, "pre_forward", "recompute"))
     for gi, g in enumerate(groups):
-        out.append(E(Ev.MODULE_PRE_FORWARD, module=g.module, phase="recompute"))
+        out.append(Event(EventKind.MODULE_PRE_FORWARD, module=g.module, phase="recompute"))
         if nonreentrant:
-            out += [E(Ev.SAVE_LIVE, param=p, module=f"blocks.{i}") for p in g.saved_live]
+            out += [Event(EventKind.SAVE_LIVE, param=p, module=f"blocks.{i}") for p in g.saved_live]
         if not (nonreentrant and gi == len(groups) - 1):
-            out.append(E(Ev.MODULE_POST_FORWARD, module=g.module, phase="recompute"))
+            out.append(Event(EventKind.MODULE_POST_FORWARD, module=g.module, phase="recompute"))
     if box and not nonreentrant:  # the early stop leaves the Block's forward too
         out.append(_container(i, "post_forward", "recompute"))
-    out.append(E(Ev.RECOMPUTE_END, module=f"blocks.{i}"))
+    out.append(Event(EventKind.RECOMPUTE_END, module=f"blocks.{i}"))
     if nonreentrant:
-        out += [E(Ev.UNPACK, param=p, module=f"blocks.{i}", note="check") for g in groups for p in g.saved_live]
+        out += [Event(EventKind.UNPACK, param=p, module=f"blocks.{i}", note="check") for g in groups for p in g.saved_live]
     return out
 
 
@@ -154,8 +154,8 @@ def backward_dag(net: Network, outer: int, first_nested: int, kind: str,
     ``serial``: each module's gradient hooks fire right after its backward, before its post-backward
     hook (one linear extension instead of all of them)."""
     b = _Builder()
-    start = b.chain([E(Ev.USER_BACKWARD_START, note=kind), E(Ev.TASK_START, task=outer, note="outer"),
-                     E(Ev.OUTPUT_HOOK, task=outer), E(Ev.MODULE_PRE_BACKWARD, module=ROOT)])
+    start = b.chain([Event(EventKind.USER_BACKWARD_START, note=kind), Event(EventKind.TASK_START, task=outer, note="outer"),
+                     Event(EventKind.OUTPUT_HOOK, task=outer), Event(EventKind.MODULE_PRE_BACKWARD, module=ROOT)])
     frontier = start  # where the gradient currently is
     tails: list[int] = []  # nodes that must finish before the outer task ends
     nested = first_nested
@@ -166,7 +166,7 @@ def backward_dag(net: Network, outer: int, first_nested: int, kind: str,
         task = outer
         if ck is Checkpoint.REENTRANT:
             task, nested = nested, nested + 1
-            frontier = b.chain([E(Ev.TASK_START, task=task, value=outer, note="nested", module=f"blocks.{i}")]
+            frontier = b.chain([Event(EventKind.TASK_START, task=task, value=outer, note="nested", module=f"blocks.{i}")]
                                + _recompute_events(net, i, nonreentrant=False, skip=i in skip), frontier)
         block_tails: list[int] = []
         box = has_container(net, i)
@@ -174,62 +174,62 @@ def backward_dag(net: Network, outer: int, first_nested: int, kind: str,
             frontier = (b.add(_container(i, "pre_backward"), frontier),)
         for gi, g in enumerate(reversed(net.hook_groups(i, i in skip))):
             if g.output_requires_grad:
-                frontier = (b.add(E(Ev.MODULE_PRE_BACKWARD, module=g.module), frontier),)
+                frontier = (b.add(Event(EventKind.MODULE_PRE_BACKWARD, module=g.module), frontier),)
             if ck is Checkpoint.NON_REENTRANT and gi == 0 and _computes(net, i, i in skip):
                 frontier = b.chain(_recompute_events(net, i, nonreentrant=True, skip=i in skip), frontier)
             if ck is Checkpoint.NON_REENTRANT and g.saved_live:
-                frontier = b.chain([E(Ev.UNPACK, param=p, module=f"blocks.{i}", note="use") for p in g.saved_live],
+                frontier = b.chain([Event(EventKind.UNPACK, param=p, module=f"blocks.{i}", note="use") for p in g.saved_live],
                                    frontier)
             if net.is_leaf(i):
                 if net.leaf_hook_params(i):  # DeepSpeed hooks only leaf modules with optimizer parameters
-                    frontier = b.chain([E(Ev.LEAF_HOOK, module=g.module, task=task)], frontier)
+                    frontier = b.chain([Event(EventKind.LEAF_HOOK, module=g.module, task=task)], frontier)
             else:
                 hooked = [p for p in g.params if net.params[p].kind is ParamKind.TRAINABLE]
                 if hooked and serial:
-                    frontier = b.chain([E(Ev.GRAD_HOOK, param=p, task=task) for p in hooked], frontier)
+                    frontier = b.chain([Event(EventKind.GRAD_HOOK, param=p, task=task) for p in hooked], frontier)
                 elif hooked:
-                    block_tails += list(b.chain([E(Ev.GRAD_HOOK, param=p, task=task) for p in hooked], frontier))
+                    block_tails += list(b.chain([Event(EventKind.GRAD_HOOK, param=p, task=task) for p in hooked], frontier))
             if g.input_requires_grad:
-                frontier = (b.add(E(Ev.MODULE_POST_BACKWARD, module=g.module), frontier),)
+                frontier = (b.add(Event(EventKind.MODULE_POST_BACKWARD, module=g.module), frontier),)
         if box and net.block_input_requires_grad(i):  # on the Block's input: after its sub-modules'
             frontier = (b.add(_container(i, "post_backward"), frontier),)
         if ck is Checkpoint.REENTRANT:
-            frontier = (b.add(E(Ev.TASK_END, task=task, module=f"blocks.{i}"), frontier + tuple(block_tails)),)
+            frontier = (b.add(Event(EventKind.TASK_END, task=task, module=f"blocks.{i}"), frontier + tuple(block_tails)),)
         else:
             tails += block_tails
     if net.scenario.input_requires_grad:
-        frontier = (b.add(E(Ev.MODULE_POST_BACKWARD, module=ROOT), frontier),)
-    b.chain([E(Ev.TASK_END, task=outer, note="outer"), E(Ev.USER_BACKWARD_END, note=kind)],
+        frontier = (b.add(Event(EventKind.MODULE_POST_BACKWARD, module=ROOT), frontier),)
+    b.chain([Event(EventKind.TASK_END, task=outer, note="outer"), Event(EventKind.USER_BACKWARD_END, note=kind)],
             frontier + tuple(tails))
     return b.g
 
 
 def forward_segment(net: Network, pre_task: int, skip: frozenset[int] = frozenset()) -> list[Event]:
-    out = [E(Ev.FORWARD_START), E(Ev.MODULE_PRE_FORWARD, module=ROOT, phase="forward")]
+    out = [Event(EventKind.FORWARD_START), Event(EventKind.MODULE_PRE_FORWARD, module=ROOT, phase="forward")]
     out += forward_events(net, "forward", skip=skip)
     if net.scenario.fused_head:
         # the head's loss Function runs autograd.backward after the head's forward: its module backward
         # hooks fire there, inside forward, and never in the user's backward (measured, DeepSpeed 0.19.8)
-        out += [E(Ev.MODULE_PRE_FORWARD, module=HEAD, phase="forward"),
-                E(Ev.MODULE_POST_FORWARD, module=HEAD, phase="forward"),
-                E(Ev.TASK_START, task=pre_task, note="pre"),
-                E(Ev.MODULE_PRE_BACKWARD, module=HEAD),
-                E(Ev.GRAD_HOOK, param=HEAD_WEIGHT, task=pre_task),
-                E(Ev.MODULE_POST_BACKWARD, module=HEAD),
-                E(Ev.TASK_END, task=pre_task, note="pre")]
-    return out + [E(Ev.MODULE_POST_FORWARD, module=ROOT, phase="forward"), E(Ev.FORWARD_END)]
+        out += [Event(EventKind.MODULE_PRE_FORWARD, module=HEAD, phase="forward"),
+                Event(EventKind.MODULE_POST_FORWARD, module=HEAD, phase="forward"),
+                Event(EventKind.TASK_START, task=pre_task, note="pre"),
+                Event(EventKind.MODULE_PRE_BACKWARD, module=HEAD),
+                Event(EventKind.GRAD_HOOK, param=HEAD_WEIGHT, task=pre_task),
+                Event(EventKind.MODULE_POST_BACKWARD, module=HEAD),
+                Event(EventKind.TASK_END, task=pre_task, note="pre")]
+    return out + [Event(EventKind.MODULE_POST_FORWARD, module=ROOT, phase="forward"), Event(EventKind.FORWARD_END)]
 
 
 def eval_segment(net: Network) -> list[Event]:
-    ev = [E(Ev.EVAL_FORWARD_START), E(Ev.MODULE_PRE_FORWARD, module=ROOT, phase="eval")]
+    ev = [Event(EventKind.EVAL_FORWARD_START), Event(EventKind.MODULE_PRE_FORWARD, module=ROOT, phase="eval")]
     ev += forward_events(net, "eval")
     if net.scenario.fused_head:
-        ev += [E(Ev.MODULE_PRE_FORWARD, module=HEAD, phase="eval"),
-               E(Ev.MODULE_POST_FORWARD, module=HEAD, phase="eval")]
-    return ev + [E(Ev.MODULE_POST_FORWARD, module=ROOT, phase="eval"), E(Ev.EVAL_FORWARD_END)]
+        ev += [Event(EventKind.MODULE_PRE_FORWARD, module=HEAD, phase="eval"),
+               Event(EventKind.MODULE_POST_FORWARD, module=HEAD, phase="eval")]
+    return ev + [Event(EventKind.MODULE_POST_FORWARD, module=ROOT, phase="eval"), Event(EventKind.EVAL_FORWARD_END)]
 
 
-def contract(g: nx.DiGraph, drop: frozenset[Ev]) -> nx.DiGraph:
+def contract(g: nx.DiGraph, drop: frozenset[EventKind]) -> nx.DiGraph:
     """Remove nodes whose event kind is in ``drop``, keeping the order they implied."""
     h = g.copy()
     for n in [n for n, d in g.nodes(data=True) if d["event"].kind in drop]:
@@ -261,7 +261,7 @@ def segments(scenario: Scenario, coordinator: bool | str = True, serial: bool = 
     out: list[nx.DiGraph] = []
     for si, step in enumerate(scenario.steps):
         if step.reregister:
-            out.append(_chain_segment([E(Ev.REREGISTER)]))
+            out.append(_chain_segment([Event(EventKind.REREGISTER)]))
         if step.eval_before:
             out.append(_chain_segment(eval_segment(net)))
         for micro in step.micro:
@@ -272,9 +272,9 @@ def segments(scenario: Scenario, coordinator: bool | str = True, serial: bool = 
             for _ in range(len(scenario.blocks)):
                 next(task_ids)
             out.append(backward_dag(net, outer, nested_base, micro.backward.value, skip, serial))
-        out.append(_chain_segment([E(Ev.STEP, value=si)]))
+        out.append(_chain_segment([Event(EventKind.STEP, value=si)]))
     if not coordinator:
-        out = [_with_events(contract(g, COORDINATOR_ONLY | {Ev.SAVE_LIVE}), g) for g in out]
+        out = [_with_events(contract(g, COORDINATOR_ONLY | {EventKind.SAVE_LIVE}), g) for g in out]
         out = [g for g in out if g.number_of_nodes()]
     return out
 

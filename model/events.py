@@ -19,7 +19,7 @@ from enum import Enum
 from typing import Any, Iterator, Mapping
 
 
-class Ev(str, Enum):
+class EventKind(str, Enum):
     """Event kinds.  The docstring of each says where it happens in DeepSpeed / PyTorch."""
 
     # ---- driver: schedule -------------------------------------------------
@@ -115,11 +115,11 @@ class Ev(str, Enum):
 
 
 DRIVER_EVENTS = frozenset({
-    Ev.FORWARD_START, Ev.FORWARD_END, Ev.EVAL_FORWARD_START, Ev.EVAL_FORWARD_END,
-    Ev.USER_BACKWARD_START, Ev.USER_BACKWARD_END, Ev.STEP, Ev.TASK_START, Ev.TASK_END,
-    Ev.OUTPUT_HOOK, Ev.GRAD_HOOK, Ev.LEAF_HOOK, Ev.MODULE_PRE_FORWARD, Ev.MODULE_POST_FORWARD,
-    Ev.MODULE_PRE_BACKWARD, Ev.MODULE_POST_BACKWARD, Ev.RECOMPUTE_START, Ev.RECOMPUTE_END,
-    Ev.UNPACK, Ev.SAVE_LIVE, Ev.REREGISTER,
+    EventKind.FORWARD_START, EventKind.FORWARD_END, EventKind.EVAL_FORWARD_START, EventKind.EVAL_FORWARD_END,
+    EventKind.USER_BACKWARD_START, EventKind.USER_BACKWARD_END, EventKind.STEP, EventKind.TASK_START, EventKind.TASK_END,
+    EventKind.OUTPUT_HOOK, EventKind.GRAD_HOOK, EventKind.LEAF_HOOK, EventKind.MODULE_PRE_FORWARD, EventKind.MODULE_POST_FORWARD,
+    EventKind.MODULE_PRE_BACKWARD, EventKind.MODULE_POST_BACKWARD, EventKind.RECOMPUTE_START, EventKind.RECOMPUTE_END,
+    EventKind.UNPACK, EventKind.SAVE_LIVE, EventKind.REREGISTER,
 })
 
 
@@ -127,7 +127,7 @@ DRIVER_EVENTS = frozenset({
 class Event:
     """One event.  Only the fields that matter for its kind are set."""
 
-    kind: Ev
+    kind: EventKind
     param: str | None = None
     module: str | None = None
     task: int | None = None
@@ -145,7 +145,7 @@ class Event:
 
     @staticmethod
     def from_dict(d: Mapping[str, Any]) -> "Event":
-        return Event(Ev(d["kind"]), **{k: v for k, v in d.items() if k != "kind"})
+        return Event(EventKind(d["kind"]), **{k: v for k, v in d.items() if k != "kind"})
 
     def __str__(self) -> str:
         parts = [self.kind.value]
@@ -154,11 +154,6 @@ class Event:
             if v is not None:
                 parts.append(f"{name}={v}")
         return " ".join(parts)
-
-
-def E(kind: Ev, **kw: Any) -> Event:
-    """Shorthand constructor: ``E(Ev.GRAD_HOOK, param="blocks.0.lin.weight", task=0)``."""
-    return Event(kind, **kw)
 
 
 @dataclass(frozen=True)
@@ -178,4 +173,4 @@ class Trace:
         return [e.to_dict() for e in self.events]
 
 
-__all__ = ["DRIVER_EVENTS", "E", "Ev", "Event", "Trace"]
+__all__ = ["DRIVER_EVENTS", "Event", "EventKind", "Trace"]

@@ -21,7 +21,7 @@ from .coordinator_null import NULL_COORDINATOR
 from .cursor import Cursor, enabled_at
 from .designs import Design
 from .driver import segments
-from .events import Ev, Event, Trace
+from .events import EventKind, Event, Trace
 from .machine import initial_state, step
 from .monitor import Failure, MonitorBank, Violation, violation
 from .network import Network
@@ -137,7 +137,7 @@ def state_graph(design: Design, scenario: Scenario, specs: Sequence[Any], keep_g
     return res
 
 
-_HOOK_KINDS = (Ev.GRAD_HOOK, Ev.LEAF_HOOK)
+_HOOK_KINDS = (EventKind.GRAD_HOOK, EventKind.LEAF_HOOK)
 
 
 @lru_cache(maxsize=64)

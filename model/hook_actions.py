@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .events import E, Ev, Event
+from .events import Event, EventKind
 from .hook_state import HookState
 
 if TYPE_CHECKING:
@@ -23,13 +23,13 @@ Result = tuple[HookState, Effects]
 def enter_backward_plain(hs: HookState, ctx: "Ctx") -> Result:
     """0.18.4 ``ZeROOptimizer.enter_backward``: depth + 1."""
     hs = hs.with_(depth=hs.depth + 1)
-    return hs, (E(Ev.ENTER_BACKWARD, value=hs.depth),)
+    return hs, (Event(EventKind.ENTER_BACKWARD, value=hs.depth),)
 
 
 def enter_backward_mark_seen(hs: HookState, ctx: "Ctx") -> Result:
     """0.18.5 ``BackwardHookStateManager.enter_backward``: depth + 1, remember a backward was seen."""
     hs = hs.with_(depth=hs.depth + 1, seen=True)
-    return hs, (E(Ev.ENTER_BACKWARD, value=hs.depth),)
+    return hs, (Event(EventKind.ENTER_BACKWARD, value=hs.depth),)
 
 
 def enter_backward_resetting(hs: HookState, ctx: "Ctx") -> Result:
@@ -45,7 +45,7 @@ def exit_backward(hs: HookState, ctx: "Ctx") -> Result:
     """``exit_backward``: depth - 1, never below 0."""
     if hs.depth > 0:
         hs = hs.with_(depth=hs.depth - 1)
-    return hs, (E(Ev.EXIT_BACKWARD, value=hs.depth),)
+    return hs, (Event(EventKind.EXIT_BACKWARD, value=hs.depth),)
 
 
 def reset_for_new_step(hs: HookState, ctx: "Ctx") -> Result:
@@ -62,7 +62,7 @@ def keep(hs: HookState, ctx: "Ctx") -> Result:
 # -------------------------------------------------------------- the epilogue
 def backward_epilogue(hs: HookState, ctx: "Ctx") -> Result:
     """``engine._backward_epilogue``: reduce and flush the buckets, then ``exit_backward``."""
-    effects = (E(Ev.BUCKET_FLUSH, value=len(ctx.bucket)), E(Ev.EPILOGUE, task=ctx.task))
+    effects = (Event(EventKind.BUCKET_FLUSH, value=len(ctx.bucket)), Event(EventKind.EPILOGUE, task=ctx.task))
     hs, ex = exit_backward(hs.with_(epilogue_ran=True), ctx)
     return hs, effects + ex
 
@@ -76,11 +76,11 @@ def run_post_hooks(hs: HookState, ctx: "Ctx") -> Result:
     PyTorch-style backward) it runs the epilogue now.
     """
     if hs.depth == 0:
-        return hs, (E(Ev.POST_HOOKS, note="skipped: no active backward"),)
+        return hs, (Event(EventKind.POST_HOOKS, note="skipped: no active backward"),)
     if ctx.running_engine_backward:
-        return hs, (E(Ev.POST_HOOKS, note="deferred to engine.backward"),)
+        return hs, (Event(EventKind.POST_HOOKS, note="deferred to engine.backward"),)
     hs, eff = backward_epilogue(hs, ctx)
-    return hs, (E(Ev.POST_HOOKS, note="ran epilogue"),) + eff
+    return hs, (Event(EventKind.POST_HOOKS, note="ran epilogue"),) + eff
 
 
 def epilogue_if_engine_backward(hs: HookState, ctx: "Ctx") -> Result:
@@ -93,13 +93,13 @@ def epilogue_if_engine_backward(hs: HookState, ctx: "Ctx") -> Result:
 # ---------------------------------------------------------- gradient handling
 def process_gradients(params: tuple[str, ...]) -> Effects:
     """``process_gradients`` / ``reduce_ready_partitions_and_remove_grads``: into the ipg bucket."""
-    return tuple(E(Ev.BUCKET_ADD, param=p) for p in params)
+    return tuple(Event(EventKind.BUCKET_ADD, param=p) for p in params)
 
 
 def count_used(ctx: "Ctx") -> tuple[int, Event]:
     """``count_used_parameters_in_backward(...) (+ leaf_module_count under ZeRO-3)``."""
     value = ctx.expected_count()
-    return value, E(Ev.COUNT, task=ctx.task, value=value)
+    return value, Event(EventKind.COUNT, task=ctx.task, value=value)
 
 
 def queue_post_backward_callback(hs: HookState, ctx: "Ctx") -> tuple[HookState, Effects, bool]:
@@ -109,7 +109,7 @@ def queue_post_backward_callback(hs: HookState, ctx: "Ctx") -> tuple[HookState, 
     if hs.depth == 0 or ctx.task is None:
         return hs, (), False
     hs = hs.with_(cb_queued=True, cb_task=ctx.task)
-    return hs, (E(Ev.CALLBACK_QUEUED, task=ctx.task),), True
+    return hs, (Event(EventKind.CALLBACK_QUEUED, task=ctx.task),), True
 
 
 def reenter_backward_if_needed(hs: HookState, ctx: "Ctx") -> Result:

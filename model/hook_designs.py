@@ -33,8 +33,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
-from . import hook_actions as A
-from .events import Ev, Event
+from . import hook_actions
+from .events import EventKind, Event
 from .hook_state import HookState
 
 if TYPE_CHECKING:
@@ -62,38 +62,38 @@ class HookDesign:
     def react(self, hs: HookState, ev: Event, ctx: "Ctx") -> tuple[HookState, tuple[Event, ...]]:
         """The one transition function of this half: ``(state, event) -> (state, effects)``."""
         k = ev.kind
-        if k is Ev.FORWARD_START:
+        if k is EventKind.FORWARD_START:
             return self.on_forward_start(hs, ctx)
-        if k is Ev.OUTPUT_HOOK:
+        if k is EventKind.OUTPUT_HOOK:
             return self.on_prologue(hs, ctx)
-        if k is Ev.GRAD_HOOK:
+        if k is EventKind.GRAD_HOOK:
             return self.on_grad_hook(hs, ctx, (ev.param,))
-        if k is Ev.LEAF_HOOK:
+        if k is EventKind.LEAF_HOOK:
             return self.on_grad_hook(hs, ctx, ctx.leaf_params(ev.module))
-        if k is Ev.CALLBACK_RUN:
+        if k is EventKind.CALLBACK_RUN:
             return self.on_callback(hs, ctx)
-        if k is Ev.USER_BACKWARD_END:
+        if k is EventKind.USER_BACKWARD_END:
             return self.on_engine_backward_return(hs, ctx)
-        if k is Ev.STEP:
+        if k is EventKind.STEP:
             return self.on_step(hs, ctx)
         return hs, ()
 
 
 # ------------------------------------------------------------------ ds-0.18.4
 def _prologue_0184(hs: HookState, ctx: "Ctx"):
-    return A.enter_backward_plain(hs, ctx)
+    return hook_actions.enter_backward_plain(hs, ctx)
 
 
 def _grad_hook_0184(hs: HookState, ctx: "Ctx", params: tuple[str, ...]):
     """stage3.py / stage_1_and_2.py 0.18.4: ``if remaining == 0: remaining = count(...)``."""
     effects: tuple[Event, ...] = ()
     if hs.remaining == 0:
-        value, ev = A.count_used(ctx)
+        value, ev = hook_actions.count_used(ctx)
         hs, effects = hs.with_(remaining=value), (ev,)
-    effects += A.process_gradients(params)
+    effects += hook_actions.process_gradients(params)
     hs = hs.with_(remaining=hs.remaining - 1)
     if hs.remaining == 0:
-        hs, more = A.run_post_hooks(hs, ctx)
+        hs, more = hook_actions.run_post_hooks(hs, ctx)
         effects += more
     return hs, effects
 
@@ -101,50 +101,50 @@ def _grad_hook_0184(hs: HookState, ctx: "Ctx", params: tuple[str, ...]):
 # ------------------------------------------------------------------ ds-0.18.5
 def _prologue_0185(hs: HookState, ctx: "Ctx"):
     """engine._backward_prologue 0.18.5+: ``enter_backward()``, ``queue_post_backward_callback()``."""
-    hs, eff = A.enter_backward_mark_seen(hs, ctx)
-    hs, more, _ = A.queue_post_backward_callback(hs, ctx)
+    hs, eff = hook_actions.enter_backward_mark_seen(hs, ctx)
+    hs, more, _ = hook_actions.queue_post_backward_callback(hs, ctx)
     return hs, eff + more
 
 
 def _grad_hook_0185(hs: HookState, ctx: "Ctx", params: tuple[str, ...]):
     """0.18.5/0.18.6: reenter, process, ``count_used_parameters_in_backward`` in every hook."""
-    hs, eff = A.reenter_backward_if_needed(hs, ctx)
-    eff += A.process_gradients(params)
-    value, ev = A.count_used(ctx)
-    hs, more = A.update_hook_state_and_maybe_run_epilogue(hs, value, ctx)
+    hs, eff = hook_actions.reenter_backward_if_needed(hs, ctx)
+    eff += hook_actions.process_gradients(params)
+    value, ev = hook_actions.count_used(ctx)
+    hs, more = hook_actions.update_hook_state_and_maybe_run_epilogue(hs, value, ctx)
     return hs, eff + (ev,) + more
 
 
 def _callback(hs: HookState, ctx: "Ctx"):
     """The queued post-backward callback: ``run_grad_acc_post_hooks``."""
-    return A.run_post_hooks(hs, ctx)
+    return hook_actions.run_post_hooks(hs, ctx)
 
 
 def _clear_stale_buckets(hs: HookState, ctx: "Ctx"):
     """stage3 ``_pre_step`` 0.18.5+ (PR #7780): drop params left in ipg buckets."""
     if ctx.stage == 3 and ctx.bucket:
-        return hs, (Event(Ev.BUCKET_CLEAR, value=len(ctx.bucket)),)
+        return hs, (Event(EventKind.BUCKET_CLEAR, value=len(ctx.bucket)),)
     return hs, ()
 
 
 # ------------------------------------------------------------------ ds-0.18.7
 def _prologue_0187(hs: HookState, ctx: "Ctx"):
-    hs, eff = A.enter_backward_resetting(hs, ctx)
-    hs, more, _ = A.queue_post_backward_callback(hs, ctx)
+    hs, eff = hook_actions.enter_backward_resetting(hs, ctx)
+    hs, more, _ = hook_actions.queue_post_backward_callback(hs, ctx)
     return hs, eff + more
 
 
 def _grad_hook_0187(hs: HookState, ctx: "Ctx", params: tuple[str, ...]):
     """0.18.7+: evaluate ``should_refresh`` *before* reentering; count only when it says so."""
-    refresh = A.should_refresh_expected_hook_count(hs)
-    hs, eff = A.reenter_backward_if_needed(hs, ctx)
-    eff += A.process_gradients(params)
+    refresh = hook_actions.should_refresh_expected_hook_count(hs)
+    hs, eff = hook_actions.reenter_backward_if_needed(hs, ctx)
+    eff += hook_actions.process_gradients(params)
     if refresh:
-        value, ev = A.count_used(ctx)
+        value, ev = hook_actions.count_used(ctx)
         eff += (ev,)
     else:
         value = hs.max_expected
-    hs, more = A.update_hook_state_and_maybe_run_epilogue(hs, value, ctx)
+    hs, more = hook_actions.update_hook_state_and_maybe_run_epilogue(hs, value, ctx)
     return hs, eff + more
 
 
@@ -156,10 +156,10 @@ def _grad_hook_zerostate(hs: HookState, ctx: "Ctx", params: tuple[str, ...]):
     happens.  Inside one, the callback queued by the prologue is already in
     place; ``fired`` is kept for observability only.
     """
-    eff = A.process_gradients(params)
+    eff = hook_actions.process_gradients(params)
     if hs.depth == 0:
         return hs, eff
-    hs, more, _ = A.queue_post_backward_callback(hs, ctx)
+    hs, more, _ = hook_actions.queue_post_backward_callback(hs, ctx)
     return hs.with_(fired=hs.fired + 1), eff + more
 
 
@@ -167,16 +167,16 @@ DS_0_18_4 = HookDesign(
     name="ds-0.18.4", release="0.18.4",
     summary="remaining-hooks counter re-armed by one count; epilogue when it reaches 0",
     provenance=("deepspeedai/DeepSpeed#7780 (the bug it fixed)",),
-    on_forward_start=A.keep, on_prologue=_prologue_0184, on_grad_hook=_grad_hook_0184,
-    on_callback=A.keep, on_engine_backward_return=A.epilogue_if_engine_backward, on_step=A.keep,
+    on_forward_start=hook_actions.keep, on_prologue=_prologue_0184, on_grad_hook=_grad_hook_0184,
+    on_callback=hook_actions.keep, on_engine_backward_return=hook_actions.epilogue_if_engine_backward, on_step=hook_actions.keep,
 )
 
 DS_0_18_5 = HookDesign(
     name="ds-0.18.5", release="0.18.5",
     summary="queued post-backward callback; count_used_parameters_in_backward in every hook",
     provenance=("deepspeedai/DeepSpeed#7780", "deepspeedai/DeepSpeed#7882", "deepspeedai/DeepSpeed#7885"),
-    on_forward_start=A.reset_for_new_step, on_prologue=_prologue_0185, on_grad_hook=_grad_hook_0185,
-    on_callback=_callback, on_engine_backward_return=A.epilogue_if_engine_backward,
+    on_forward_start=hook_actions.reset_for_new_step, on_prologue=_prologue_0185, on_grad_hook=_grad_hook_0185,
+    on_callback=_callback, on_engine_backward_return=hook_actions.epilogue_if_engine_backward,
     on_step=_clear_stale_buckets,
 )
 
@@ -184,8 +184,8 @@ DS_0_18_7 = HookDesign(
     name="ds-0.18.7", release="0.18.7",
     summary="refresh predicate: count once per phase; reset on first real enter_backward",
     provenance=("deepspeedai/DeepSpeed#7886",),
-    on_forward_start=A.reset_for_new_step, on_prologue=_prologue_0187, on_grad_hook=_grad_hook_0187,
-    on_callback=_callback, on_engine_backward_return=A.epilogue_if_engine_backward,
+    on_forward_start=hook_actions.reset_for_new_step, on_prologue=_prologue_0187, on_grad_hook=_grad_hook_0187,
+    on_callback=_callback, on_engine_backward_return=hook_actions.epilogue_if_engine_backward,
     on_step=_clear_stale_buckets,
 )
 
@@ -193,9 +193,9 @@ ZEROSTATE = HookDesign(
     name="zerostate", release="zerostate",
     summary="epilogue only from the queued callback or engine.backward; O(1) hooks, no counting",
     provenance=("deepspeedai/DeepSpeed#7780", "deepspeedai/DeepSpeed#7886"),
-    on_forward_start=A.reset_for_new_step, on_prologue=_prologue_0187,
+    on_forward_start=hook_actions.reset_for_new_step, on_prologue=_prologue_0187,
     on_grad_hook=_grad_hook_zerostate, on_callback=_callback,
-    on_engine_backward_return=A.epilogue_if_engine_backward, on_step=_clear_stale_buckets,
+    on_engine_backward_return=hook_actions.epilogue_if_engine_backward, on_step=_clear_stale_buckets,
 )
 
 HOOK_DESIGNS: dict[str, HookDesign] = {d.name: d for d in (DS_0_18_4, DS_0_18_5, DS_0_18_7, ZEROSTATE)}

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from .events import E, Ev, Event
+from .events import Event, EventKind
 from .hook_state import HookState
 from .network import Network
 from .scenario import BackwardKind
@@ -97,12 +97,12 @@ def _apply_effects(env: EnvState, effects: tuple[Event, ...]) -> tuple[EnvState,
     how many gradients it took from the bucket (a design cannot see adds of its own reaction)."""
     out = []
     for e in effects:
-        if e.kind is Ev.BUCKET_ADD:
+        if e.kind is EventKind.BUCKET_ADD:
             env = env._replace(bucket=env.bucket | {e.param})
-        elif e.kind in (Ev.BUCKET_FLUSH, Ev.BUCKET_CLEAR):
+        elif e.kind in (EventKind.BUCKET_FLUSH, EventKind.BUCKET_CLEAR):
             e = e if e.value == len(env.bucket) else Event(e.kind, value=len(env.bucket))
             env = env._replace(bucket=frozenset())
-        elif e.kind is Ev.CALLBACK_QUEUED:
+        elif e.kind is EventKind.CALLBACK_QUEUED:
             env = env._replace(callbacks=env.callbacks | {e.task})
         out.append(e)
     return env, tuple(out)
@@ -122,12 +122,12 @@ def step(design: "Design", net: Network, st: ModelState, ev: Event) -> tuple[Mod
     """Apply one driver event.  Returns the new state and the events to append to the trace."""
     out: list[Event] = []
     env = st.env
-    if ev.kind is Ev.TASK_START:
+    if ev.kind is EventKind.TASK_START:
         env = env._replace(tasks=env.tasks + ((ev.task, _reach(net, ev)),))
-    elif ev.kind is Ev.USER_BACKWARD_START:
+    elif ev.kind is EventKind.USER_BACKWARD_START:
         env = env._replace(backward_kind=ev.note)
-    elif ev.kind is Ev.TASK_END and ev.task in env.callbacks:
-        cb = E(Ev.CALLBACK_RUN, task=ev.task)
+    elif ev.kind is EventKind.TASK_END and ev.task in env.callbacks:
+        cb = Event(EventKind.CALLBACK_RUN, task=ev.task)
         st, eff = _react(design, net, st._replace(env=env._replace(callbacks=env.callbacks - {ev.task})), cb)
         out += [cb, *eff]
         env = st.env
@@ -135,9 +135,9 @@ def step(design: "Design", net: Network, st: ModelState, ev: Event) -> tuple[Mod
     st, eff = _react(design, net, st, ev)
     trace = [*out, ev, *eff]
     env = st.env
-    if ev.kind is Ev.TASK_END:
+    if ev.kind is EventKind.TASK_END:
         env = env._replace(tasks=tuple(t for t in env.tasks if t[0] != ev.task))
-    elif ev.kind is Ev.USER_BACKWARD_END:
+    elif ev.kind is EventKind.USER_BACKWARD_END:
         env = env._replace(backward_kind=None)
     return st._replace(env=env), trace
 

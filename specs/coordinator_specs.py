@@ -21,15 +21,15 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterable, NamedTuple
 
-from zerostate.model.events import DRIVER_EVENTS, Ev, Event
+from zerostate.model.events import DRIVER_EVENTS, EventKind, Event
 from zerostate.model.network import params_of_module
 
 from .base import Failure, Metric, Spec, fail
 
-_STATUS = (Ev.FETCH, Ev.PREFETCH, Ev.RELEASE)
-_RECOMPUTE_PARTS = frozenset({Ev.RECOMPUTE_START, Ev.MODULE_PRE_FORWARD, Ev.MODULE_POST_FORWARD, Ev.SAVE_LIVE,
-                              Ev.RECOMPUTE_END, Ev.UNPACK})
-_ROOT_FORWARDS = (Ev.FORWARD_START, Ev.EVAL_FORWARD_START)
+_STATUS = (EventKind.FETCH, EventKind.PREFETCH, EventKind.RELEASE)
+_RECOMPUTE_PARTS = frozenset({EventKind.RECOMPUTE_START, EventKind.MODULE_PRE_FORWARD, EventKind.MODULE_POST_FORWARD, EventKind.SAVE_LIVE,
+                              EventKind.RECOMPUTE_END, EventKind.UNPACK})
+_ROOT_FORWARDS = (EventKind.FORWARD_START, EventKind.EVAL_FORWARD_START)
 
 
 def _status(avail: frozenset, inflight: frozenset, ev: Event) -> tuple[frozenset, frozenset]:
@@ -43,9 +43,9 @@ def _status(avail: frozenset, inflight: frozenset, ev: Event) -> tuple[frozenset
     if last is not None and last[0] is ev and last[1] is avail and last[2] is inflight:
         return last[3]
     p = ev.param
-    if ev.kind is Ev.FETCH:  # the same sets (no copy) where nothing changes
+    if ev.kind is EventKind.FETCH:  # the same sets (no copy) where nothing changes
         out = (avail if p in avail else avail | {p}), (inflight - {p} if p in inflight else inflight)
-    elif ev.kind is Ev.PREFETCH:
+    elif ev.kind is EventKind.PREFETCH:
         out = (avail - {p} if p in avail else avail), (inflight if p in inflight else inflight | {p})
     else:
         out = (avail - {p} if p in avail else avail), (inflight - {p} if p in inflight else inflight)
@@ -129,17 +129,17 @@ def used_step(params_of: Callable[[str], Iterable[str]] = params_of_module,
                 if miss:
                     return _used_fail(m.bwd, "backward", miss)
             m = _Used(m.avail, m.inflight, m.fwd, None, m.pre_bwd, m.nonreentrant)
-        if k is Ev.USER_BACKWARD_START:
+        if k is EventKind.USER_BACKWARD_START:
             return m._replace(pre_bwd=frozenset(), nonreentrant=frozenset())
-        if k is Ev.MODULE_PRE_FORWARD:
+        if k is EventKind.MODULE_PRE_FORWARD:
             return _Used(m.avail, m.inflight, (ev.module, ev.phase), *m[3:])
-        if k is Ev.MODULE_PRE_BACKWARD:
+        if k is EventKind.MODULE_PRE_BACKWARD:
             rs = regions_of(ev.module)
             return _Used(m.avail, m.inflight, m.fwd, ev.module, m.pre_bwd.union(rs) if rs else m.pre_bwd,
                          m.nonreentrant)
-        if k is Ev.RECOMPUTE_START and ev.module in m.pre_bwd:
+        if k is EventKind.RECOMPUTE_START and ev.module in m.pre_bwd:
             return m._replace(nonreentrant=m.nonreentrant | {ev.module})
-        if k is Ev.MODULE_POST_BACKWARD and not exempt(ev.module, m.nonreentrant):
+        if k is EventKind.MODULE_POST_BACKWARD and not exempt(ev.module, m.nonreentrant):
             miss = missing(ev.module, m.avail)
             if miss:
                 return _used_fail(ev.module, "backward", miss)
@@ -187,11 +187,11 @@ def _saved_step(m: _Saved, ev: Event):
     k = ev.kind
     if k in _STATUS:
         a, i = _status(m.avail, m.inflight, ev)
-        part = m.partitioned | {ev.param} if k is Ev.RELEASE and ev.param in m.live else m.partitioned
+        part = m.partitioned | {ev.param} if k is EventKind.RELEASE and ev.param in m.live else m.partitioned
         return m if a is m.avail and i is m.inflight and part is m.partitioned else _Saved(a, i, m.live, part)
-    if k is Ev.SAVE_LIVE:
+    if k is EventKind.SAVE_LIVE:
         return m._replace(live=m.live | {ev.param}, partitioned=m.partitioned - {ev.param})
-    if k is Ev.UNPACK:
+    if k is EventKind.UNPACK:
         p = ev.param
         if p not in m.avail:
             where = ("torch.utils.checkpoint.CheckpointError: recomputed values have different metadata "
@@ -219,7 +219,7 @@ SAVED_TENSOR_INTACT = Spec(
             "module's backward) of a parameter, that parameter is AVAILABLE.  ZeRO-3 swaps param.data in place, "
             "so a live reference sees whatever param.data is at unpack time: a release in between is harmless "
             "if a fetch re-gathered it before the unpack (0.19.3 does), fatal otherwise (0.19.2: CheckpointError)."),
-    reacts_to=frozenset({*_STATUS, Ev.SAVE_LIVE, Ev.UNPACK}),
+    reacts_to=frozenset({*_STATUS, EventKind.SAVE_LIVE, EventKind.UNPACK}),
 )
 
 
@@ -252,14 +252,14 @@ def _released_step(m: _Released, ev: Event):
     if k in _STATUS:
         a, i = _status(m.avail, m.inflight, ev)
         return m if a is m.avail and i is m.inflight else _Released(a, i, *m[2:])
-    if k is Ev.HOLDERS:
+    if k is EventKind.HOLDERS:
         p = ev.param
         if (ev.value or 0) > 0:
             return m if p in m.held else _Released(m.avail, m.inflight, m.held | {p}, m.persistent, m.pending)
         return _Released(m.avail, m.inflight, m.held - {p}, m.persistent, m.pending) if p in m.held else m
-    if k is Ev.PERSISTENT:
+    if k is EventKind.PERSISTENT:
         return m._replace(persistent=m.persistent | {ev.param})
-    if k is Ev.USER_BACKWARD_END:
+    if k is EventKind.USER_BACKWARD_END:
         return m._replace(pending=True)
     if m.pending and k in DRIVER_EVENTS:
         failed = _released_problem(m)
@@ -277,7 +277,7 @@ RELEASED_AFTER_BACKWARD = Spec(
     finish=lambda m: _released_problem(m) if m.pending else None,
     checks=("At the first driver event after each USER_BACKWARD_END (or the end of the run) -- so after the "
             "epilogue -- no non-persistent parameter is AVAILABLE or INFLIGHT and no parameter has holders."),
-    reacts_to=frozenset({*_STATUS, Ev.HOLDERS, Ev.PERSISTENT, *DRIVER_EVENTS}),
+    reacts_to=frozenset({*_STATUS, EventKind.HOLDERS, EventKind.PERSISTENT, *DRIVER_EVENTS}),
 )
 
 
@@ -305,7 +305,7 @@ class _TraceMon(NamedTuple):
 def _container_pre_hook(ev: Event) -> bool:
     """A ``Block`` container's pre-forward / pre-backward hook (CONTAINER_HOOK, where the trace reports
     them): DeepSpeed's trace protocol counts it like any module's."""
-    return ev.kind is Ev.CONTAINER_HOOK and ev.note in ("pre_forward", "pre_backward")
+    return ev.kind is EventKind.CONTAINER_HOOK and ev.note in ("pre_forward", "pre_backward")
 
 
 def _trace_expectations(m: _TraceMon, ev: Event) -> _TraceMon:
@@ -316,11 +316,11 @@ def _trace_expectations(m: _TraceMon, ev: Event) -> _TraceMon:
         if m.mode == "INVALID":
             return m._replace(expect=("RECORD",), why="a root forward with no valid trace", pos=0, order=())
         return m._replace(pos=0)
-    if k is Ev.REREGISTER:
+    if k is EventKind.REREGISTER:
         if m.mode != "INVALID":
             return m._replace(expect=("INVALID",), why="hooks re-registered")
         return m
-    if k in (Ev.MODULE_PRE_FORWARD, Ev.MODULE_PRE_BACKWARD) or _container_pre_hook(ev):
+    if k in (EventKind.MODULE_PRE_FORWARD, EventKind.MODULE_PRE_BACKWARD) or _container_pre_hook(ev):
         if m.owed:
             order, pos = m.owed
             if pos < len(order) and order[pos] == ev.module:
@@ -342,16 +342,16 @@ def _trace_expectations(m: _TraceMon, ev: Event) -> _TraceMon:
 
 def _trace_step(m: _TraceMon, ev: Event):
     k = ev.kind
-    if k is Ev.TRACE_STATE and not m.active:
+    if k is EventKind.TRACE_STATE and not m.active:
         m = m._replace(active=True)
-    if k is Ev.PREFETCH:
+    if k is EventKind.PREFETCH:
         if m.mode != "COMPLETE" and m.active:
             return fail(f"{ev.param} prefetched while the trace is {m.mode}: a prefetch from a stale trace",
                         "prefetch-from-stale-trace")
         return m._replace(inflight=m.inflight | {ev.param})
-    if k in (Ev.FETCH, Ev.RELEASE):
+    if k in (EventKind.FETCH, EventKind.RELEASE):
         return m._replace(inflight=m.inflight - {ev.param}) if ev.param in m.inflight else m
-    if k is Ev.TRACE_STATE:
+    if k is EventKind.TRACE_STATE:
         if not m.expect and ev.note == "INVALID" and m.mode == "COMPLETE" and not m.owed:
             # possibly called for by an untraced container module: the next module hook must show it
             return m._replace(mode="INVALID", owed=(m.order, m.pos), order=(), invalidated=True)
@@ -362,10 +362,10 @@ def _trace_step(m: _TraceMon, ev: Event):
         if ev.note == "INVALID":
             new = new._replace(order=(), invalidated=True)
         return new
-    if k not in DRIVER_EVENTS and k is not Ev.CONTAINER_HOOK:
+    if k not in DRIVER_EVENTS and k is not EventKind.CONTAINER_HOOK:
         return m
-    if m.owed and k not in (Ev.MODULE_PRE_FORWARD, Ev.MODULE_PRE_BACKWARD, Ev.MODULE_POST_FORWARD,
-                            Ev.MODULE_POST_BACKWARD, Ev.CONTAINER_HOOK):
+    if m.owed and k not in (EventKind.MODULE_PRE_FORWARD, EventKind.MODULE_PRE_BACKWARD, EventKind.MODULE_POST_FORWARD,
+                            EventKind.MODULE_POST_BACKWARD, EventKind.CONTAINER_HOOK):
         return fail("the trace became INVALID though the module order did not call for it", "uncalled-for-invalid")
     if m.expect and m.active:
         return fail(f"the trace was not made {m.expect[0]} after {m.why}", f"not-made-{str(m.expect[0]).lower()}")
@@ -396,7 +396,7 @@ TRACE_CONSISTENT = Spec(
             "invalidation nothing stays INFLIGHT and nothing is PREFETCHed until a trace is COMPLETE again.  "
             "Traces that never report a TRACE_STATE (ZeRO-1/2; a tracer that does not record the mode) are not "
             "judged."),
-    reacts_to=frozenset({*_STATUS, Ev.TRACE_STATE, Ev.CONTAINER_HOOK, *DRIVER_EVENTS}),
+    reacts_to=frozenset({*_STATUS, EventKind.TRACE_STATE, EventKind.CONTAINER_HOOK, *DRIVER_EVENTS}),
 )
 
 
@@ -410,12 +410,12 @@ def gathered_peak(events: Iterable[Event], net: Any) -> float:
     gathered: set[str] = set()
     total = peak = 0
     for ev in events:
-        if ev.kind in (Ev.FETCH, Ev.PREFETCH):
+        if ev.kind in (EventKind.FETCH, EventKind.PREFETCH):
             if ev.param not in gathered:
                 gathered.add(ev.param)
                 total += _numel(net, ev.param)
                 peak = max(peak, total)
-        elif ev.kind is Ev.RELEASE and ev.param in gathered:
+        elif ev.kind is EventKind.RELEASE and ev.param in gathered:
             gathered.discard(ev.param)
             total -= _numel(net, ev.param)
     return float(peak)
@@ -424,7 +424,7 @@ def gathered_peak(events: Iterable[Event], net: Any) -> float:
 def allgathers(events: Iterable[Event], net: Any) -> float:
     """Parameters all-gathered over the run (a fetch that waited on a prefetch is not a new one)."""
     return float(sum(1 for ev in events
-                     if ev.kind is Ev.PREFETCH or (ev.kind is Ev.FETCH and ev.note != "inflight")))
+                     if ev.kind is EventKind.PREFETCH or (ev.kind is EventKind.FETCH and ev.note != "inflight")))
 
 
 GATHERED_PEAK = Metric(

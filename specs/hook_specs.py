@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from zerostate.model.events import Ev, Event
+from zerostate.model.events import EventKind, Event
 
 from .base import Spec, fail
 
-_CLOSERS = (Ev.FORWARD_START, Ev.EVAL_FORWARD_START, Ev.STEP)
-_HOOKS = (Ev.GRAD_HOOK, Ev.LEAF_HOOK)
+_CLOSERS = (EventKind.FORWARD_START, EventKind.EVAL_FORWARD_START, EventKind.STEP)
+_HOOKS = (EventKind.GRAD_HOOK, EventKind.LEAF_HOOK)
 
 
 # ------------------------------------------------------------- epilogue-once
@@ -27,7 +27,7 @@ class _EpilogueOnce(NamedTuple):
 
 
 def _epilogue_once_step(m: _EpilogueOnce, ev: Event):
-    if ev.kind is Ev.USER_BACKWARD_START:
+    if ev.kind is EventKind.USER_BACKWARD_START:
         if m.open and m.epilogues == 0:
             return fail("a user backward started before the previous one ran its epilogue", "overlapping-backward")
         return _EpilogueOnce(True, 0)
@@ -37,7 +37,7 @@ def _epilogue_once_step(m: _EpilogueOnce, ev: Event):
         if m.epilogues == 0:
             return fail(_NO_EPILOGUE, "no-epilogue")
         return _EpilogueOnce()
-    if ev.kind is Ev.EPILOGUE:
+    if ev.kind is EventKind.EPILOGUE:
         if m.epilogues >= 1:
             return fail("the epilogue ran a second time in one user backward", "epilogue-twice")
         return m._replace(epilogues=1)
@@ -61,7 +61,7 @@ EPILOGUE_ONCE = Spec(
     family="hooks",
     init=_EpilogueOnce, step=_epilogue_once_step, finish=_epilogue_once_finish,
     checks="In every user-backward window: exactly one EPILOGUE, and no GRAD_HOOK / LEAF_HOOK after it.",
-    reacts_to=frozenset({Ev.USER_BACKWARD_START, *_CLOSERS, Ev.EPILOGUE, *_HOOKS}),
+    reacts_to=frozenset({EventKind.USER_BACKWARD_START, *_CLOSERS, EventKind.EPILOGUE, *_HOOKS}),
 )
 
 
@@ -74,9 +74,9 @@ class _Handled(NamedTuple):
 
 
 def _bucket(m: _Handled, ev: Event) -> frozenset:
-    if ev.kind is Ev.BUCKET_ADD:
+    if ev.kind is EventKind.BUCKET_ADD:
         return m.bucket | {ev.param}
-    if ev.kind in (Ev.BUCKET_FLUSH, Ev.BUCKET_CLEAR):
+    if ev.kind in (EventKind.BUCKET_FLUSH, EventKind.BUCKET_CLEAR):
         return frozenset()
     return m.bucket
 
@@ -91,16 +91,16 @@ def _close_handled(m: _Handled):
 
 
 def _handled_step(m: _Handled, ev: Event):
-    if ev.kind is Ev.USER_BACKWARD_START:
+    if ev.kind is EventKind.USER_BACKWARD_START:
         return _Handled(True, frozenset(), frozenset(), m.bucket)
     if m.open and ev.kind in _CLOSERS:
         failed = _close_handled(m)
         return failed if failed else _Handled(bucket=m.bucket)
-    if ev.kind is Ev.BUCKET_ADD and m.open:
+    if ev.kind is EventKind.BUCKET_ADD and m.open:
         if ev.param in m.handled:
             return fail(f"gradient of {ev.param} handled twice in one backward", "handled-twice")
         return _Handled(m.open, m.hooked, m.handled | {ev.param}, m.bucket | {ev.param})
-    if ev.kind is Ev.GRAD_HOOK and m.open:
+    if ev.kind is EventKind.GRAD_HOOK and m.open:
         return _Handled(m.open, m.hooked | {ev.param}, m.handled, m.bucket)
     nb = _bucket(m, ev)
     return m if nb is m.bucket else m._replace(bucket=nb)
@@ -115,18 +115,18 @@ GRAD_HANDLED_ONCE = Spec(
     init=_Handled, step=_handled_step, finish=lambda m: _close_handled(m) if m.open else None,
     checks=("In every user-backward window: each GRAD_HOOK param gets one BUCKET_ADD, no param gets two, "
             "and the bucket is empty when the window closes."),
-    reacts_to=frozenset({Ev.USER_BACKWARD_START, *_CLOSERS, Ev.BUCKET_ADD, Ev.GRAD_HOOK, Ev.BUCKET_FLUSH,
-                         Ev.BUCKET_CLEAR}),
+    reacts_to=frozenset({EventKind.USER_BACKWARD_START, *_CLOSERS, EventKind.BUCKET_ADD, EventKind.GRAD_HOOK, EventKind.BUCKET_FLUSH,
+                         EventKind.BUCKET_CLEAR}),
 )
 
 
 # ------------------------------------------- no-epilogue-before-user-backward
 def _no_early_step(open_: bool, ev: Event):
-    if ev.kind is Ev.USER_BACKWARD_START:
+    if ev.kind is EventKind.USER_BACKWARD_START:
         return True
     if ev.kind in _CLOSERS:
         return False
-    if ev.kind is Ev.EPILOGUE and not open_:
+    if ev.kind is EventKind.EPILOGUE and not open_:
         return fail("the epilogue ran outside a user backward (a backward made inside forward)",
                     "epilogue-outside-user-backward")
     return open_
@@ -139,15 +139,15 @@ NO_EPILOGUE_BEFORE_USER_BACKWARD = Spec(
     family="hooks",
     init=lambda: False, step=_no_early_step, finish=lambda m: None,
     checks="No EPILOGUE event outside a user-backward window.",
-    reacts_to=frozenset({Ev.USER_BACKWARD_START, *_CLOSERS, Ev.EPILOGUE}),
+    reacts_to=frozenset({EventKind.USER_BACKWARD_START, *_CLOSERS, EventKind.EPILOGUE}),
 )
 
 
 # ---------------------------------------------------- count-once-per-phase
 def _count_step(counted: frozenset, ev: Event):
-    if ev.kind is Ev.FORWARD_START:
+    if ev.kind is EventKind.FORWARD_START:
         return frozenset()
-    if ev.kind is Ev.COUNT:
+    if ev.kind is EventKind.COUNT:
         if ev.task in counted:
             return fail(f"count_used_parameters_in_backward evaluated again in graph task {ev.task} "
                         "(once per phase is the bound)", "counted-twice-in-phase")
@@ -163,7 +163,7 @@ COUNT_ONCE_PER_PHASE = Spec(
     family="hooks",
     init=frozenset, step=_count_step, finish=lambda m: None,
     checks="At most one COUNT event per autograd graph task (a phase is one graph task).",
-    reacts_to=frozenset({Ev.FORWARD_START, Ev.COUNT}),
+    reacts_to=frozenset({EventKind.FORWARD_START, EventKind.COUNT}),
 )
 
 
@@ -185,16 +185,16 @@ def _clean_problem(m: _Clean):
 
 
 def _clean_step(m: _Clean, ev: Event):
-    if ev.kind in (Ev.FORWARD_START, Ev.EVAL_FORWARD_START) and m.after_step:
+    if ev.kind in (EventKind.FORWARD_START, EventKind.EVAL_FORWARD_START) and m.after_step:
         failed = _clean_problem(m)
         return failed if failed else m._replace(after_step=False)
-    if ev.kind is Ev.STEP:
+    if ev.kind is EventKind.STEP:
         return m._replace(after_step=True)
-    if ev.kind in (Ev.ENTER_BACKWARD, Ev.EXIT_BACKWARD):
+    if ev.kind in (EventKind.ENTER_BACKWARD, EventKind.EXIT_BACKWARD):
         return m._replace(depth=ev.value or 0)
-    if ev.kind is Ev.BUCKET_ADD:
+    if ev.kind is EventKind.BUCKET_ADD:
         return m if ev.param in m.bucket else _Clean(m.after_step, m.depth, m.bucket | {ev.param})
-    if ev.kind in (Ev.BUCKET_FLUSH, Ev.BUCKET_CLEAR):
+    if ev.kind in (EventKind.BUCKET_FLUSH, EventKind.BUCKET_CLEAR):
         return m._replace(bucket=frozenset())
     return m
 
@@ -206,8 +206,8 @@ CLEAN_STEP = Spec(
     family="hooks",
     init=_Clean, step=_clean_step, finish=lambda m: _clean_problem(m) if m.after_step else None,
     checks="At the first forward after STEP (or the end of the run): the bucket is empty and backward depth is 0.",
-    reacts_to=frozenset({Ev.FORWARD_START, Ev.EVAL_FORWARD_START, Ev.STEP, Ev.ENTER_BACKWARD, Ev.EXIT_BACKWARD,
-                         Ev.BUCKET_ADD, Ev.BUCKET_FLUSH, Ev.BUCKET_CLEAR}),
+    reacts_to=frozenset({EventKind.FORWARD_START, EventKind.EVAL_FORWARD_START, EventKind.STEP, EventKind.ENTER_BACKWARD, EventKind.EXIT_BACKWARD,
+                         EventKind.BUCKET_ADD, EventKind.BUCKET_FLUSH, EventKind.BUCKET_CLEAR}),
 )
 
 HOOK_SPECS = (EPILOGUE_ONCE, GRAD_HANDLED_ONCE, NO_EPILOGUE_BEFORE_USER_BACKWARD, COUNT_ONCE_PER_PHASE,

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Protocol, runtime_checkable
 
 from zerostate.model.designs import Design
-from zerostate.model.events import Ev, Event
+from zerostate.model.events import EventKind, Event
 from zerostate.model.scenario import Scenario
 
 if TYPE_CHECKING:
@@ -105,7 +105,7 @@ class Finding:
         if task is None:
             return ""
         for e in self.trace:
-            if e.kind is Ev.TASK_START and e.task == task:
+            if e.kind is EventKind.TASK_START and e.task == task:
                 return " (in a nested task)" if e.note == "nested" else ""
         return ""
 

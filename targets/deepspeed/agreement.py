@@ -29,9 +29,9 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-from zerostate.model.events import Ev, Event
+from zerostate.model.events import EventKind, Event
 
-_CLOSERS = (Ev.FORWARD_START, Ev.EVAL_FORWARD_START, Ev.STEP)
+_CLOSERS = (EventKind.FORWARD_START, EventKind.EVAL_FORWARD_START, EventKind.STEP)
 
 
 def project(events: Iterable[Event]) -> list[tuple[str, dict[str, Any]]]:
@@ -51,44 +51,44 @@ def project(events: Iterable[Event]) -> list[tuple[str, dict[str, Any]]]:
         k = e.kind
         if k in _CLOSERS:
             close()
-        if k is Ev.FORWARD_START:
+        if k is EventKind.FORWARD_START:
             fwd = {"where": f"forward #{n_fwd}", "counts": 0, "epilogues": 0}
             n_fwd += 1
-        elif k is Ev.FORWARD_END and fwd is not None:
+        elif k is EventKind.FORWARD_END and fwd is not None:
             out.append((fwd.pop("where"), fwd))
             fwd = None
-        elif k is Ev.USER_BACKWARD_START:
+        elif k is EventKind.USER_BACKWARD_START:
             close()
             cur = {"where": f"user backward #{n_bwd} ({e.note})", "epilogues": 0, "late_hook": False,
                    "counts": 0, "handled": set()}
             n_bwd += 1
-        elif k is Ev.STEP:
+        elif k is EventKind.STEP:
             out.append((f"engine.step() #{n_step}", {"stale_cleared": False}))
             n_step += 1
-        elif k is Ev.BUCKET_CLEAR and out and out[-1][0].startswith("engine.step()"):
+        elif k is EventKind.BUCKET_CLEAR and out and out[-1][0].startswith("engine.step()"):
             out[-1][1]["stale_cleared"] = bool(e.value)
         target = fwd if fwd is not None else cur
         if target is None:
             continue
-        if k is Ev.EPILOGUE:
+        if k is EventKind.EPILOGUE:
             target["epilogues"] += 1
-        elif k is Ev.COUNT:
+        elif k is EventKind.COUNT:
             target["counts"] += 1
-        elif target is cur and k in (Ev.GRAD_HOOK, Ev.LEAF_HOOK) and cur["epilogues"]:
+        elif target is cur and k in (EventKind.GRAD_HOOK, EventKind.LEAF_HOOK) and cur["epilogues"]:
             cur["late_hook"] = True
-        elif target is cur and k is Ev.BUCKET_ADD:
+        elif target is cur and k is EventKind.BUCKET_ADD:
             cur["handled"].add(e.param)
     close()
     return out
 
 
-_MOD = (Ev.MODULE_PRE_FORWARD, Ev.MODULE_POST_FORWARD, Ev.MODULE_PRE_BACKWARD, Ev.MODULE_POST_BACKWARD)
-_MARKS = (Ev.USER_BACKWARD_START, Ev.STEP, Ev.FORWARD_START, Ev.EVAL_FORWARD_START, Ev.EPILOGUE)
-_PARAM = (Ev.FETCH, Ev.PREFETCH, Ev.RELEASE)
+_MOD = (EventKind.MODULE_PRE_FORWARD, EventKind.MODULE_POST_FORWARD, EventKind.MODULE_PRE_BACKWARD, EventKind.MODULE_POST_BACKWARD)
+_MARKS = (EventKind.USER_BACKWARD_START, EventKind.STEP, EventKind.FORWARD_START, EventKind.EVAL_FORWARD_START, EventKind.EPILOGUE)
+_PARAM = (EventKind.FETCH, EventKind.PREFETCH, EventKind.RELEASE)
 
 
-_FORWARD_STARTS = (Ev.FORWARD_START.value, Ev.EVAL_FORWARD_START.value)
-_STATUS_AFTER = {Ev.FETCH: "AVAILABLE", Ev.PREFETCH: "INFLIGHT", Ev.RELEASE: "NOT_AVAILABLE"}
+_FORWARD_STARTS = (EventKind.FORWARD_START.value, EventKind.EVAL_FORWARD_START.value)
+_STATUS_AFTER = {EventKind.FETCH: "AVAILABLE", EventKind.PREFETCH: "INFLIGHT", EventKind.RELEASE: "NOT_AVAILABLE"}
 
 
 def coordinator_project(events: Iterable[Event], params: Iterable[str] | None = None,
@@ -108,7 +108,7 @@ def coordinator_project(events: Iterable[Event], params: Iterable[str] | None = 
     ``params``: the parameters to project (default: every one the events name)."""
     events = list(events)
     if params is None:
-        params = sorted({e.param for e in events if e.param and e.kind in (*_PARAM, Ev.HOLDERS)})
+        params = sorted({e.param for e in events if e.param and e.kind in (*_PARAM, EventKind.HOLDERS)})
     params = list(params)
     out: dict[str, list[tuple]] = {p: [] for p in params}
     count = {p: 0 for p in params}
@@ -130,12 +130,12 @@ def coordinator_project(events: Iterable[Event], params: Iterable[str] | None = 
 
     for e in events:
         if e.kind in _MOD or e.kind in _MARKS:
-            if not (e.kind is Ev.MODULE_PRE_FORWARD and anchor in _FORWARD_STARTS):
+            if not (e.kind is EventKind.MODULE_PRE_FORWARD and anchor in _FORWARD_STARTS):
                 flush()
             anchor = f"{e.kind.value}:{e.module}:{e.phase or ''}" if e.kind in _MOD else e.kind.value
         elif e.kind in _PARAM and e.param in out:
             status[e.param] = _STATUS_AFTER[e.kind]
-        elif e.kind is Ev.HOLDERS and e.param in out:
+        elif e.kind is EventKind.HOLDERS and e.param in out:
             count[e.param] = e.value
     flush()
     return out

@@ -5,7 +5,7 @@ hook-state manager, the ZeRO-3 offload object and parameter coordinator) and in
 two modules (``count_used_parameters_in_backward`` as imported by stage3 and
 stage_1_and_2), a thin wrapper around each observed function;
 `Tracer.uninstall()` puts every original back.  Release differences come from
-`compat`.  What each wrapper records (kinds are `zerostate.model.events.Ev` values):
+`compat`.  What each wrapper records (kinds are `zerostate.model.events.EventKind` values):
 
 =====================================  ==============================================================
 observed                               events

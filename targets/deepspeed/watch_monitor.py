@@ -20,7 +20,7 @@ from __future__ import annotations
 import collections
 from typing import Any, Callable, Iterable
 
-from zerostate.model.events import Ev, Event
+from zerostate.model.events import EventKind, Event
 from zerostate.specs import SPECS
 from zerostate.specs.base import Spec, fail
 from zerostate.specs.coordinator_specs import ancestor_regions, available_when_used
@@ -35,7 +35,7 @@ AROUND = 8
 KEEP = 50
 """Distinct violations kept per spec (more are only counted)."""
 SERIES_STEP = 1
-_MEMORY_KINDS = frozenset({Ev.USER_BACKWARD_START, Ev.USER_BACKWARD_END, Ev.STEP, Ev.FETCH, Ev.PREFETCH, Ev.RELEASE})
+_MEMORY_KINDS = frozenset({EventKind.USER_BACKWARD_START, EventKind.USER_BACKWARD_END, EventKind.STEP, EventKind.FETCH, EventKind.PREFETCH, EventKind.RELEASE})
 """The kinds `OnlineChecker._memory` counts with (the others only extend a peak or the series)."""
 
 
@@ -82,7 +82,7 @@ class OnlineChecker:
         self.specs = list(specs)
         self.state = {s.id: s.init() for s in self.specs}
         self._by_kind = {k: tuple((s.id, s.step) for s in self.specs if s.reacts_to is None or k in s.reacts_to)
-                         for k in Ev}
+                         for k in EventKind}
         """kind -> (spec id, step) of the specs that react to it, in spec order."""
         self._ids_by_kind = {k: frozenset(sid for sid, _ in v) for k, v in self._by_kind.items()}
 
@@ -157,32 +157,32 @@ class OnlineChecker:
     # ------------------------------------------------------------ memory
     def _memory(self, i: int, ev: Event) -> None:
         k = ev.kind
-        if k is Ev.USER_BACKWARD_START:
+        if k is EventKind.USER_BACKWARD_START:
             self.backwards += 1
             self._peak = self.total
-        elif k is Ev.USER_BACKWARD_END and self._peak is not None:
+        elif k is EventKind.USER_BACKWARD_END and self._peak is not None:
             self.peaks.append(self._peak)
             self._peak = None
-        elif k is Ev.STEP:
+        elif k is EventKind.STEP:
             self.allgathers.append(self._ag)
             self._ag = 0
             if self.steps <= SERIES_STEP:
                 self.series = self._series_now
             self._series_now = []
             self.steps += 1
-        if k in (Ev.FETCH, Ev.PREFETCH):
-            if ev.note != "watch-start" and (k is Ev.PREFETCH or ev.note != "inflight"):
+        if k in (EventKind.FETCH, EventKind.PREFETCH):
+            if ev.note != "watch-start" and (k is EventKind.PREFETCH or ev.note != "inflight"):
                 self._ag += 1  # (watch-start: gathered before watching began, `WatchTracer._report_gathered`)
             if ev.param not in self.gathered:
                 self.gathered.add(ev.param)
                 self.total += self.numel(ev.param)
-        elif k is Ev.RELEASE and ev.param in self.gathered:
+        elif k is EventKind.RELEASE and ev.param in self.gathered:
             self.gathered.discard(ev.param)
             self.total -= self.numel(ev.param)
         if self._peak is not None:
             self._peak = max(self._peak, self.total)
-        if self.steps <= SERIES_STEP and (k in (Ev.FETCH, Ev.PREFETCH, Ev.RELEASE, Ev.FORWARD_START,
-                                                  Ev.USER_BACKWARD_START, Ev.STEP, Ev.RECOMPUTE_START)):
+        if self.steps <= SERIES_STEP and (k in (EventKind.FETCH, EventKind.PREFETCH, EventKind.RELEASE, EventKind.FORWARD_START,
+                                                  EventKind.USER_BACKWARD_START, EventKind.STEP, EventKind.RECOMPUTE_START)):
             self._series_now.append((i, self.total, k.value))
 
     def memory(self) -> dict[str, Any]:

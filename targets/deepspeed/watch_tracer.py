@@ -32,7 +32,7 @@ import threading
 import torch
 import torch.utils.checkpoint as _ckpt
 
-from zerostate.model.events import Ev, Event
+from zerostate.model.events import EventKind, Event
 
 from . import compat
 from .tracer import ROOT, Tracer
@@ -271,7 +271,7 @@ class WatchTracer(Tracer):
         if ev is None:
             if len(_EVENTS) >= _EVENTS_MAX:
                 _EVENTS.clear()
-            ev = _EVENTS[key] = Event(Ev(kind), param, module, task, value, phase, note)
+            ev = _EVENTS[key] = Event(EventKind(kind), param, module, task, value, phase, note)
         with self._lock:
             self.sink(ev)
 
