@@ -101,6 +101,24 @@ def test_a_known_bug_of_base_that_a_crash_hid_is_unmasked_not_introduced():
     assert [e["status"] for e in entries] == ["introduced"]
 
 
+def test_a_known_bug_of_base_that_another_bug_hid_is_unmasked_not_introduced():
+    """0.19.2 -> 0.19.3 (measured): 0.19.3 releases a z3 leaf's backward leftovers, so the leaf fed no grad
+    computes its backward with unavailable parameters (z3-leaf-input-without-grad, on both releases); on
+    0.19.2 the still-gathered leak kept them gathered and the replay shows that finding instead."""
+    sc = Scenario.from_dict({"blocks": [{"leaf": True, "norm": "frozen"}], "input_requires_grad": False, "stage": 3,
+                             "steps": [{"micro": [{"backward": "engine"}, {"backward": "engine"}]}]})
+    unavailable = Finding("available-when-used", "blocks.0 computes (backward) with X not AVAILABLE", sc,
+                          target="deepspeed", deepspeed="0.19.3", code="unavailable-in-backward")
+    head = _Fake("0.19.3", {})
+    leak = _Fake("0.19.2", {sc.to_json(None): [("released-after-backward", "X are still gathered", None)]})
+    assert [e["status"] for e in classify([], [unavailable], leak, head)] == ["unmasked"]
+    # base ran clean: introduced; and a finding no known issue explains is introduced behind another bug
+    assert [e["status"] for e in classify([], [unavailable], _Fake("0.19.2", {}), head)] == ["introduced"]
+    other = _fs("0.19.3", SC_A, "clean-step", "stale gradients survive engine.step()")
+    leak_a = _Fake("0.19.2", {SC_A.to_json(None): [("released-after-backward", "X are still gathered", None)]})
+    assert [e["status"] for e in classify([], [other], leak_a, head)] == ["introduced"]
+
+
 # ---------------------------------------------------------------- memory figures (made-up traces)
 def _ev(kind, param=None, note=None):
     return Event(EventKind(kind), param=param, note=note)
