@@ -97,15 +97,7 @@ class _FullFold(OnlineChecker):
     ``reacts_to`` must equal)."""
 
     def feed(self, ev):
-        i = self.index
-        self.index += 1
-        if self._filling:
-            for rec in list(self._filling):
-                rec["events"].append((i, str(ev)))
-                rec["_after"] -= 1
-                if rec["_after"] <= 0:
-                    self._filling.remove(rec)
-        self.recent.append((i, ev))
+        i = self._record(ev)
         for s in self.specs:
             m = s.step(self.state[s.id], ev)
             if is_failure(m):

@@ -95,9 +95,9 @@ class OnlineChecker:
                 self._failing.pop(spec_id, None)
 
     # ------------------------------------------------------------ feeding
-    def feed(self, ev: Event | dict[str, Any]) -> None:
-        if ev.__class__ is not Event:
-            ev = Event.from_dict(ev)
+    def _record(self, ev: Event) -> int:
+        """Number the event, add it to the violations still collecting the events after them, and to the
+        recent window; returns its index."""
         i = self.index
         self.index = i + 1
         if self._filling:
@@ -107,6 +107,12 @@ class OnlineChecker:
                 if rec["_after"] <= 0:
                     self._filling.remove(rec)
         self.recent.append((i, ev))
+        return i
+
+    def feed(self, ev: Event | dict[str, Any]) -> None:
+        if ev.__class__ is not Event:
+            ev = Event.from_dict(ev)
+        i = self._record(ev)
         state = self.state
         failing = self._failing
         k = ev.kind
