@@ -514,7 +514,11 @@ def run_schedule(spec, backend, mark=None, after_step=None):
                     res if isinstance(res, tuple) else (res, None)
                 loss = out if fused else out.pow(2).mean()
                 if spec.get("losses", 1) == 2:  # an auxiliary loss (on the hidden state's own output if none)
-                    loss = loss + 0.1 * (out if aux is None else aux).pow(2).mean()
+                    # a fused head's output is already its scalar loss: the auxiliary term on it is linear,
+                    # since the square of one rank's mean is not the mean over the ranks (the oracle trains
+                    # on the global batch, data parallelism averages the ranks' gradients: issue 15, ws 2)
+                    loss = loss + (0.1 * out if fused and aux is None else
+                                   0.1 * (out if aux is None else aux).pow(2).mean())
             for part, keep in (((0.5, True), (0.5, False)) if m.get("retain", False) else ((1.0, False),)):
                 mark("backward_start", kind=kind)
                 backend.backward(kind, out, loss, fused, part, keep)
