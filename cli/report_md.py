@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 _RUN_KEYS = (("target", "target"), ("deepspeed", "DeepSpeed release"), ("design", "design"),
-             ("examples", "budget (examples)"), ("examples_run", "examples run"),
+             ("examples", "budget (examples)"), ("examples_run", "distinct runs (the examples, then shrinking)"),
              ("time_budget", "time budget (s)"), ("stopped", "stopped"), ("bound", "bound"),
              ("seed", "seed"), ("started", "started (UTC)"), ("seconds", "seconds"),
              ("command_line", "command line"))
