@@ -223,6 +223,13 @@ class OnlineChecker:
         if k in _MEMORY_KINDS or self.steps <= SERIES_STEP:
             self._memory(i, ev)
 
+    def feed_many(self, queue: collections.deque) -> None:
+        """`feed` the events of ``queue``, taking them from its left until it is empty (one at a time: an
+        exception -- Ctrl-C -- inside a step leaves the events after it queued)."""
+        feed, pop = self.feed, queue.popleft
+        while queue:
+            feed(pop())
+
     def finish(self) -> None:
         """The end of the job: the obligations still open (a backward whose epilogue never ran...)."""
         for s in self.specs:

@@ -26,6 +26,7 @@ whose engine owns the parameter.
 
 from __future__ import annotations
 
+import collections
 import functools
 import threading
 
@@ -44,6 +45,8 @@ _ACTIVE: list["WatchTracer"] = []
 _EVENTS: dict[tuple, Event] = {}
 """(kind, param, module, task, value, phase, note) -> the one `Event` with those fields."""
 _EVENTS_MAX = 200_000
+BATCH = 256
+"""Events a tracer holds before it hands them to its sink (`WatchTracer.deliver`)."""
 WATCH_START = "watch-start"
 """The note of the FETCH / PREFETCH events that report what was gathered when watching began."""
 _CKPT_LOCK = threading.Lock()
@@ -211,12 +214,19 @@ def z3_leaf_modules(module) -> dict[str, object]:
 
 
 class WatchTracer(Tracer):
-    """`Tracer` for any model; ``sink(event)`` receives every event as it happens (no list is kept)."""
+    """`Tracer` for any model.  ``sink(queue)`` receives every event, in order: `emit` queues the event (a
+    ``deque``; the sink takes events from its left until it is empty) and `deliver` hands over what is queued -- when `BATCH` events are queued, and whenever the owner
+    asks (`zerostate.targets.deepspeed.watch.WatchHandle` does at the end of every engine call and before it
+    reads or writes what the checker found).  Folding a few hundred events in one go costs a watched ZeRO-3
+    step a few ms less than folding each between DeepSpeed's hooks (benchmarks/bench_watch.py).  No list of
+    the run's events is kept."""
 
     def __init__(self, engine, sink=None):
         stage = int(engine.zero_optimization_stage()) if hasattr(engine, "zero_optimization_stage") else 0
         super().__init__(engine, {"stage": stage, "blocks": []})
         self.sink = sink
+        self._queue: collections.deque = collections.deque()
+        self._delivering = False
         self.leaves = z3_leaf_modules(self.module) if stage == 3 else {}
         self.leaf_count = sum(1 for m in self.leaves.values() if any(p.requires_grad for p in m.parameters()))
         self._leaf_of: dict[str, str] = {}
@@ -261,9 +271,9 @@ class WatchTracer(Tracer):
 
     # ------------------------------------------------------------ events
     def emit(self, kind: str, param=None, module=None, task=None, value=None, phase=None, note=None) -> None:
-        """Hand ``sink`` the `Event` (not a dict: no ``Event.from_dict`` per event).  Events are immutable and a
-        job repeats the same ones every step (a parameter's fetch, holders, release...), so equal events are
-        one shared object from `_EVENTS`."""
+        """Queue the `Event` for ``sink`` (not a dict: no ``Event.from_dict`` per event).  Events are immutable
+        and a job repeats the same ones every step (a parameter's fetch, holders, release...), so equal events
+        are one shared object from `_EVENTS` (the online checker's transition memo keys on it)."""
         if self._paused or self.sink is None:
             return
         key = (kind, param, module, task, value, phase, note)
@@ -272,8 +282,24 @@ class WatchTracer(Tracer):
             if len(_EVENTS) >= _EVENTS_MAX:
                 _EVENTS.clear()
             ev = _EVENTS[key] = Event(EventKind(kind), param, module, task, value, phase, note)
+        q = self._queue
+        q.append(ev)  # (a deque: appends from another thread while `deliver` runs are neither lost nor reordered)
+        if len(q) >= BATCH:
+            self.deliver()
+
+    def deliver(self) -> None:
+        """Hand ``sink`` every queued event, in order.  A call made while the sink runs (the checker reporting a
+        violation writes the report, which asks for delivery) returns at once: the outer call goes on."""
+        if self._delivering or self.sink is None:
+            return
         with self._lock:
-            self.sink(ev)
+            if self._delivering:
+                return
+            self._delivering = True
+            try:
+                self.sink(self._queue)  # it takes them from the left (an interrupted fold leaves the rest queued)
+            finally:
+                self._delivering = False
 
     def on_checkpoint(self, what: str, param: str) -> None:
         """A frozen parameter saved live by a recompute (``save_live``), checked by torch (``check``) or read
