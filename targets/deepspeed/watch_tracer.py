@@ -38,6 +38,10 @@ from zerostate.model.events import EventKind, Event
 from . import compat
 from .tracer import ROOT, Tracer
 
+_TRACE_MODE = "_PartitionedParameterCoordinator__trace_mode"
+"""partitioned_param_coordinator.py ``self.__trace_mode`` (a ``ZeRoTraceMode``), what ``is_record_trace()`` /
+``is_complete_trace()`` compare (0.18.4-0.19.8): `WatchTracer._poll_trace` reads it once per module hook instead
+of calling both."""
 _GATHER = "_PartitionedParameterCoordinator__all_gather_params"
 """partitioned_param_coordinator.py ``__all_gather_params(params, forward)`` (0.18.4-0.19.8): every fetch and
 prefetch all-gathers through it."""
@@ -264,6 +268,13 @@ class WatchTracer(Tracer):
         """The trace mode is reported (TRACE_STATE): from the start, or for an engine watched after its trace was
         recorded, from DeepSpeed's next invalidation (`_poll_trace`)."""
         self.on_trace_sync = None
+        self._raw_trace = self.coord is not None and hasattr(self.coord, _TRACE_MODE)
+        self._mode_raw = None
+        """The coordinator's ``__trace_mode`` object at the last poll (`_poll_trace`)."""
+
+    def _resync(self) -> None:
+        super()._resync()
+        self._mode_raw = None  # `_mode` was set from DeepSpeed: the next poll compares again
 
     def params_of(self, module: str) -> tuple[str, ...]:
         """The parameters ZeRO-3 fetches for ``module``: its own, or all under it for a z3 leaf module."""
@@ -414,7 +425,11 @@ class WatchTracer(Tracer):
             self._plain_open = kind
             self.backwards += 1
             self.mark("backward_start", kind=kind)
-        return super()._task()
+        tid = torch._C._current_graph_task_id()  # (`Tracer._task`'s usual case, inlined: a task already seen)
+        if tid == -1:
+            return None
+        small = self._tasks.get(tid)
+        return small if small is not None else super()._task()
 
     def _plain_backward_end(self) -> None:
         self._plain = None
@@ -429,7 +444,15 @@ class WatchTracer(Tracer):
         does not report it."""
         if self.stage != 3 or self._paused:
             return
-        mode = compat.trace_mode(self.coord)
+        if self._raw_trace:
+            raw = getattr(self.coord, _TRACE_MODE)
+            if raw is self._mode_raw:  # unchanged since the last poll (the usual case)
+                return
+            self._mode_raw = raw
+            name = raw.name
+            mode = name if name in ("RECORD", "COMPLETE") else "INVALID"  # as compat.trace_mode
+        else:
+            mode = compat.trace_mode(self.coord)
         if mode != self._mode:
             self._mode = mode
             if self._trace_synced:
@@ -452,14 +475,18 @@ class WatchTracer(Tracer):
 
     # ------------------------------------------------------------ user names
     def _w_module(self, f, what):
+        kind = "module_" + what
+        forward = what in ("pre_forward", "post_forward")
+        names = self.mod_names
+
         def wrapped(module, *a, **k):
             task = self._task()
-            name = self.mod_names.get(id(module), "?")
+            name = names.get(id(module), "?")
             phase = None
-            if what in ("pre_forward", "post_forward"):
+            if forward:
                 phase = "eval" if self._eval else ("recompute" if task is not None else "forward")
             self._poll_trace()
-            self.emit("module_" + what, module=name, phase=phase)
+            self.emit(kind, None, name, None, None, phase)
             r = f(module, *a, **k)
             self._poll_module(name)
             return r
