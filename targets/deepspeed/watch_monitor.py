@@ -171,30 +171,53 @@ class OnlineChecker:
         return i
 
     def feed(self, ev: Event | dict[str, Any]) -> None:
+        """Fold one event (an `Event` or its dict)."""
         if ev.__class__ is not Event:
             ev = Event.from_dict(ev)
-        i = self._record(ev)
+        self.feed_many(collections.deque((ev,)))
+
+    def feed_many(self, queue: collections.deque) -> None:
+        """Fold the `Event` s of ``queue``, taking them from its left until it is empty (one at a time: an
+        exception -- Ctrl-C -- inside a step leaves the events after it queued).  The memo's hits are folded
+        here; every other event by `_fold`."""
+        pop = queue.popleft
+        state, failing, direct, recent = self.state, self._failing, self._direct, self.recent
+        while queue:
+            ev = pop()
+            if self._filling:
+                i = self._record(ev)
+            else:  # `_record`, inlined: no violation is collecting the events after it
+                i = self.index
+                self.index = i + 1
+                recent.append((i, ev))
+            k = ev.kind
+            pid = self._pid
+            key_ev = ev if ev.task is None else self._task_free(ev)
+            if not failing and pid is not None:
+                hit = self._memo.get((pid, id(key_ev)))
+                if hit is not None and hit[0] is key_ev:  # this product state has seen this event: no spec fails
+                    self._pid = hit[1]
+                    for sid, m in hit[2]:
+                        state[sid] = m
+                    for sid, step in direct[k]:
+                        m = step(state[sid], ev)
+                        if m.__class__ is _FAILURE:
+                            self._violated(sid, m.message, i)
+                            failing[sid] = m.message
+                        else:
+                            state[sid] = m
+                    if k in _MEMORY_KINDS or self.steps <= SERIES_STEP:
+                        self._memory(i, ev)
+                    continue
+            self._fold(ev, i, key_ev)
+
+    def _fold(self, ev: Event, i: int, key_ev: Event) -> None:
+        """Event ``i`` spec by spec (a memo miss, or a check is failing); files the transition in the memo
+        when no memoized spec fails or was failing."""
         state = self.state
         failing = self._failing
         k = ev.kind
         pid = self._pid
-        key_ev = ev if ev.task is None else self._task_free(ev)
-        if not failing and pid is not None:
-            hit = self._memo.get((pid, id(key_ev)))
-            if hit is not None and hit[0] is key_ev:  # this product state has seen this event: no spec fails on it
-                self._pid = hit[1]
-                for sid, m in hit[2]:
-                    state[sid] = m
-                for sid, step in self._direct[k]:
-                    m = step(state[sid], ev)
-                    if m.__class__ is _FAILURE:
-                        self._violated(sid, m.message, i)
-                        failing[sid] = m.message
-                    else:
-                        state[sid] = m
-                if k in _MEMORY_KINDS or self.steps <= SERIES_STEP:
-                    self._memory(i, ev)
-                return
         memo = pid is not None and not failing
         if memo:
             before = [state[sid] for sid in self._memo_ids]
@@ -222,13 +245,6 @@ class OnlineChecker:
                 self._memo[(pid, id(key_ev))] = (key_ev, new, changed)
         if k in _MEMORY_KINDS or self.steps <= SERIES_STEP:
             self._memory(i, ev)
-
-    def feed_many(self, queue: collections.deque) -> None:
-        """`feed` the events of ``queue``, taking them from its left until it is empty (one at a time: an
-        exception -- Ctrl-C -- inside a step leaves the events after it queued)."""
-        feed, pop = self.feed, queue.popleft
-        while queue:
-            feed(pop())
 
     def finish(self) -> None:
         """The end of the job: the obligations still open (a backward whose epilogue never ran...)."""
