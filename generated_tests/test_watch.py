@@ -15,6 +15,7 @@ leftovers 0.19.2 leaves, as 0.19.3 does).
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import signal
@@ -211,6 +212,38 @@ def test_transition_memo_gives_the_full_folds_states_and_violations(case):
             if is_failure(nxt):
                 break
             m = nxt
+
+
+@pytest.mark.parametrize("full_up", ["starts-again", "switched-off"])
+def test_transition_memo_starting_again_or_switched_off_gives_the_full_fold(monkeypatch, full_up):
+    """A memo that fills up starts again empty (after it answered more events than it missed: ten train steps of
+    one design, then other designs' traces), or is switched off (it answered fewer: a cap of 3 product states):
+    the same states, violations and memory figures as the full fold either way."""
+    import zerostate.targets.deepspeed.watch_monitor as wm
+    from zerostate.model.scenario import Block, Scenario, TrainStep
+    shared: dict = {}  # one object per distinct event, as the tracer hands them out
+    traces = []
+    for name in sorted(designs()):  # (a design that crashes on the scenario gives nothing)
+        try:
+            trace = run(get_design(name), Scenario(blocks=(Block(),) * 3, steps=(TrainStep(),) * 10),
+                        choose=lambda en: 0)
+        except Exception:
+            continue
+        traces.append([shared.setdefault(e, e) for e in trace.events])
+    assert len(traces) >= 2
+    first = OnlineChecker(lambda n: 3)
+    first.feed_many(collections.deque(traces[0]))
+    monkeypatch.setattr(wm, "MEMO_STATES", first._next_pid + 5 if full_up == "starts-again" else 3)
+    fed = [e for t in traces for e in t]
+    fast, full = OnlineChecker(lambda n: 3), _FullFold(lambda n: 3)
+    for e in fed:
+        fast.feed(e)
+        full.feed(e)
+    assert fast.state == full.state and fast.to_dict() == full.to_dict() and fast.memory() == full.memory()
+    if full_up == "switched-off":
+        assert fast._memo is None
+    else:
+        assert fast._memo is not None and fast._since > 0, "started again (and kept) at least once"
 
 
 def test_explanations_follow_release_and_context():

@@ -38,8 +38,12 @@ SERIES_STEP = 1
 UNMEMOIZED = frozenset({"count-once-per-phase"})
 """Specs the transition memo leaves out (`OnlineChecker.feed`): their state holds graph task ids, new every
 backward, so product states holding it would never repeat.  (Leaving a spec out is only slower, never wrong.)"""
-MEMO_MAX = 200_000
-"""Entries of the transition memo (and product states) before it starts again empty."""
+MEMO_MAX = 100_000
+"""Transitions the memo holds before it starts again empty."""
+MEMO_STATES = 20_000
+"""Product states it holds (each keeps its monitor states alive: sets of up to one entry per parameter) before it
+starts again empty.  A job that repeats itself needs about as many as it has events per step; when the memo
+fills up having answered fewer events than it missed, it is switched off (each spec folded, as without it)."""
 _MEMORY_KINDS = frozenset({EventKind.USER_BACKWARD_START, EventKind.USER_BACKWARD_END, EventKind.STEP, EventKind.FETCH, EventKind.PREFETCH, EventKind.RELEASE})
 """The kinds `OnlineChecker._memory` counts with (the others only extend a peak or the series)."""
 
@@ -121,6 +125,10 @@ class OnlineChecker:
         self._pids: dict[tuple, int] = {}
         """Product state (the memoized specs' states, in ``_memo_ids`` order) -> its id."""
         self._next_pid = 0
+        self._misses = 0
+        """Transitions folded spec by spec since the memo last started empty."""
+        self._since = getattr(self, "index", 0)
+        """The event index at which it last started empty."""
         self._pid: int | None = None
         self._pid = self._intern()
 
@@ -147,10 +155,16 @@ class OnlineChecker:
             self._memo = None
             return None
         if pid is None:
-            if len(self._pids) >= MEMO_MAX or len(self._memo) >= MEMO_MAX:
+            if len(self._pids) >= MEMO_STATES or len(self._memo) >= MEMO_MAX:
+                if self.index - self._since - self._misses < self._misses:  # more misses than hits: not worth it
+                    self._memo = None
+                    self._pids.clear()
+                    self._twins.clear()
+                    return None
                 self._pids.clear()
                 self._memo.clear()
                 self._twins.clear()
+                self._misses, self._since = 0, self.index
             pid = self._pids[prod] = self._next_pid  # never reused: an entry filed under a cleared id stays unmatched
             self._next_pid += 1
         return pid
@@ -220,6 +234,7 @@ class OnlineChecker:
         pid = self._pid
         memo = pid is not None and not failing
         if memo:
+            self._misses += 1
             before = [state[sid] for sid in self._memo_ids]
         if failing:  # a spec that ignores this kind passes it: it is no longer failing (as in the full fold)
             reacting = self._ids_by_kind[k]
