@@ -172,6 +172,32 @@ Z3_NO_POST_BACKWARD_NO_DRAIN = KnownIssue(
 )
 
 
+def _reregistered_z3(sc: Scenario) -> bool:
+    return sc.stage == 3 and any(st.reregister for st in sc.steps)
+
+
+Z3_REREGISTER_WHILE_RECORDING = KnownIssue(
+    id="z3-reregister-while-recording",
+    title="ZeRO-3 before 0.19.2: hooks re-registered between train steps (TRL's generation) while the trace "
+          "is still recording crash the next forward (IndexError: pop from an empty deque)",
+    owner="deepspeed",
+    releases=((0, 18, 4), (0, 19, 2)),  # measured on 0.18.4 and 0.18.7 (present) and 0.19.2 (gone)
+    fixed_in="0.19.2",
+    scenario=Scenario.from_dict({"stage": 3, "steps": [{"micro": [{"backward": "engine"}]},
+                                                       {"micro": [{"backward": "engine"}], "reregister": True}]}),
+    checks=("exception", "trace-consistent"),
+    keys=("exception:IndexError@runtime.zero.partitioned_param_coordinator.record_parameters",
+          "trace-consistent:not-made-invalid"),  # measured on 0.18.4 and 0.18.7
+    explains=lambda f: f.check in ("exception", "trace-consistent") and _reregistered_z3(f.scenario),
+    detail=("Re-registering ZeRO-3's module hooks (TRL's unwrap_model_for_generation removes and re-adds them) "
+            "gives the modules new ds_ids while the coordinator's trace is still RECORD; the trace is not made "
+            "INVALID (``trace-consistent``), so the next forward's reset_step -> record_parameters pops an "
+            "empty deque: IndexError.  Fixed in 0.19.2 (DeepSpeed PR #8043).  Reached by the default "
+            "exploration (``reregister``); found by docs/bug-coverage.md's survey and checked with "
+            "``zerostate replay`` on 0.18.4, 0.18.7 and 0.19.2."),
+)
+
+
 def _persistent_race_ws2(f: Finding) -> bool:
     sc = f.scenario
     return (f.check in ("oracle", "ranks-params") and (f.world_size or 1) > 1 and sc.stage == 3
@@ -247,7 +273,7 @@ Z3_KEPT_FOR_REUSE_THEN_BRANCH = KnownIssue(
 
 KNOWN_ISSUES: tuple[KnownIssue, ...] = (Z3_KEPT_FOR_REUSE_THEN_BRANCH, Z3_LEAF_INPUT_NO_GRAD, ZERO12_NO_GRADIENT,
                                         Z3_LEAF_KEPT_GATHERED) + SETUP_ISSUES + (
-    Z3_NO_POST_BACKWARD_NO_DRAIN, Z3_PERSISTENT_PARAM_RACE_WS2)
+    Z3_NO_POST_BACKWARD_NO_DRAIN, Z3_PERSISTENT_PARAM_RACE_WS2, Z3_REREGISTER_WHILE_RECORDING)
 # Retired: ``model-z3-leaf-hook-params`` (the model's leaf-hook gap, issue 10): the model now handles every
 # optimizer parameter of a z3 leaf module in its hook and counts only leaf modules with optimizer
 # parameters (`Network.leaf_hook_params`), as stage3.py's ``reduce_leaf_module_grads`` does.
