@@ -98,19 +98,10 @@ def run(args: argparse.Namespace) -> int:
         unshrunk = not f.shrunk and not update
         # handed over at once (unshrunk): shrinking and the replay in a fresh worker follow
         conf = None if unshrunk else f.confirmation
-        sc = f.scenario
         counts["confirming"] += conf.seconds if conf is not None else 0.0
         n = number.get(key) if update else None
-        entry = report.add_finding(f, column=column, replace=n, with_confirmation=not unshrunk, **shown(f, who))
-        entry["shrunk"] = f.shrunk
-        if entry["shrunk"] is False:
-            entry["stage"] = "unshrunk" if unshrunk else "as seen"
-        tags = _annotate(f)  # known issue and root-cause group (targets/grouping.py)
-        entry.update(tags)
+        summary = _write(report, f, not unshrunk, column, who, replace=n)
         report.flush()
-        summary = {"check": f.check, "error": f.error, "blocks": len(sc.blocks),
-                   "steps": len(sc.steps), "scenario": sc.to_dict(), "shrunk": entry["shrunk"],
-                   "confirmation": conf.status if conf is not None else None, **tags}
         if n:
             findings[n - 1] = summary
         else:
@@ -191,18 +182,27 @@ def _renumber(report: Any, findings: list[dict[str, Any]], number: dict[str, int
     number.clear()
     for key in keys:
         f, confirmed = final[key]
-        entry = report.add_finding(f, column=column, with_confirmation=confirmed, **shown(f, who))
-        entry["shrunk"] = f.shrunk
-        if entry["shrunk"] is False:
-            entry["stage"] = "as seen"
-        tags = _annotate(f)
-        entry.update(tags)
-        sc, conf = f.scenario, f.confirmation if confirmed else None
-        findings.append({"check": f.check, "error": f.error, "blocks": len(sc.blocks), "steps": len(sc.steps),
-                         "scenario": sc.to_dict(), "shrunk": entry["shrunk"],
-                         "confirmation": conf.status if conf is not None else None, **tags})
+        findings.append(_write(report, f, confirmed, column, who))
         number[key] = len(findings)
     report.flush()
+
+
+def _write(report: Any, f: Finding, confirmed: bool, column: str, who: dict[str, Any],
+           replace: int | None = None) -> dict[str, Any]:
+    """Write one finding into the report (as finding ``replace``, or as the next one) with its known-issue
+    and root-cause tags; return its line of the JSON summary.  ``confirmed``: it is past the hand-over
+    (shrunk, or as seen), so its confirmation is shown; before, it is ``unshrunk``."""
+    conf = f.confirmation if confirmed else None
+    entry = report.add_finding(f, column=column, replace=replace, with_confirmation=confirmed, **shown(f, who))
+    entry["shrunk"] = f.shrunk
+    if entry["shrunk"] is False:
+        entry["stage"] = "as seen" if confirmed else "unshrunk"
+    tags = _annotate(f)  # known issue and root-cause group (targets/grouping.py)
+    entry.update(tags)
+    sc = f.scenario
+    return {"check": f.check, "error": f.error, "blocks": len(sc.blocks), "steps": len(sc.steps),
+            "scenario": sc.to_dict(), "shrunk": entry["shrunk"],
+            "confirmation": conf.status if conf is not None else None, **tags}
 
 
 def shown(f: Finding, who: dict[str, Any]) -> dict[str, Any]:
