@@ -112,6 +112,7 @@ def execute(spec: dict, on_step=None) -> dict:
         return res
     reason = unrunnable(spec)
     if reason:
+        net.restore_fp16_support()
         res["skipped"] = reason
         return res
     try:
@@ -165,6 +166,7 @@ def execute(spec: dict, on_step=None) -> dict:
         if backend is not None:
             backend.close()
         compat.clear_globals()
+        net.restore_fp16_support()  # fp16 on the CPU accelerator: for this example only
         if restore_torch_linear():  # a ZeRO-3 engine (this scenario's, or one of its engines_before) ran
             res["torch_linear_replaced"] = True
         del backend, tracer, model

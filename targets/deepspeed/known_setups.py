@@ -139,7 +139,10 @@ STEP_WITHOUT_GRADIENT = KnownIssue(
             "offload (ZeRO-1/2) it does not crash but is silently wrong: the previous step's gradients, still in "
             "the CPU buffer, are applied a second time (oracle mismatch).  PyTorch's optimizer skips parameters "
             "without gradient.  ZeRO-1/2 steps whose requires_grad change leaves no gradient at all are the "
-            "same bug reached through zero12-backward-without-gradients' path."),
+            "same bug reached through zero12-backward-without-gradients' path.  fp16 (ZeRO-1/2, issue 11): the "
+            "loss scaler's overflow check reads the same missing gradients first -- KeyError: 0 in "
+            "stage_1_and_2.py has_overflow_partitioned_grads_serial (``self.averaged_gradients[i]``, line 3232 "
+            "on 0.19.8) where fp32 fails in scaled_global_norm."),
 )
 
 NESTED_OUTPUTS_SCALED_TWICE = KnownIssue(

@@ -471,7 +471,9 @@ def allow_fp16_on_cpu():
     fp16 path under test -- the loss scaler, the overflow check, ZeRO's fp16 parameters and fp32 master
     partitions -- is device-independent Python.  So the accelerator instance is told fp16 is supported
     (``is_fp16_supported`` and ``supported_dtypes``); nothing else of DeepSpeed changes.  Returns True when it
-    made the change (False on a GPU, or on a CPU that has fp16)."""
+    made the change (False on a GPU, or on a CPU that has fp16).  `restore_fp16_support` undoes it: the
+    executor does after every example, so no other scenario runs with it (zero.Init's default dtype, for
+    one, follows ``is_fp16_supported``)."""
     from deepspeed.accelerator import get_accelerator
     acc = get_accelerator()
     if acc.device_name() != "cpu" or acc.is_fp16_supported():
@@ -480,6 +482,21 @@ def allow_fp16_on_cpu():
     acc.is_fp16_supported = lambda: True
     acc.supported_dtypes = lambda: list(dtypes()) + [torch.float16]
     return True
+
+
+def restore_fp16_support():
+    """Undo `allow_fp16_on_cpu` (the class's own methods again); True when there was something to undo."""
+    import sys
+    if "deepspeed" not in sys.modules:
+        return False
+    from deepspeed.accelerator import get_accelerator
+    acc = get_accelerator()
+    changed = False
+    for name in ("is_fp16_supported", "supported_dtypes"):
+        if name in vars(acc):
+            delattr(acc, name)
+            changed = True
+    return changed
 
 
 class DeepSpeedBackend:
