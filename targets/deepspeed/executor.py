@@ -14,7 +14,9 @@
                 oracle's ``oracle_skipped`` (train steps skipped for an overflow) and ``oracle_scales``;
                 a different number of skipped steps is an oracle ``mismatch``;
 ``skipped``     a reason when the scenario cannot be trained at all (no trainable parameter, no parameter
-                in the optimizer) or not here (fp16 on an accelerator without fp16).
+                in the optimizer) or not here (fp16 on a GPU accelerator without fp16 -- DeepSpeed's CPU
+                accelerator is told it has fp16 for the example, `net.allow_fp16_on_cpu` -- or fp16 with a
+                non-scalar backward, which DeepSpeed's loss scaler has no form for).
 ``engines_before`` one line per engine run before the scenario's own (``"ZeRO-3: ok"`` or its exception);
 ``carried_state`` process-wide state an earlier engine left that this engine runs with (`net.carried_state`);
 ``torch_linear_replaced`` True when, after the run, ``torch.nn.functional.linear`` was DeepSpeed's
