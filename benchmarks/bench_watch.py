@@ -145,6 +145,14 @@ def _hf(watch: bool, a) -> dict:
     return {"median": statistics.median(secs), "violations": viol}
 
 
+def _load() -> str:
+    """The 1-minute load average (the machine is often shared: say it beside every figure)."""
+    try:
+        return f"{os.getloadavg()[0]:.1f}"
+    except OSError:  # pragma: no cover
+        return "?"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--steps", type=int, default=20)
@@ -158,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", default="zerostate-bench/watch.json")
     a = ap.parse_args(argv)
     paired: dict[str, dict] = {}
+    load = [_load()]
     if a.only in (None, "paired"):
         for stage, r in _paired(a).items():
             paired[f"seed000-zero{stage}"] = r
@@ -166,11 +175,14 @@ def main(argv: list[str] | None = None) -> int:
     for job, r in paired.items():
         print(f"{job:<16} paired on one engine: watched/plain median ratio {r['ratio_median']:.2f} wall, "
               f"{r['cpu_ratio_median']:.2f} CPU time, over {len(r['ratios'])} pairs of {a.block} steps "
-              f"(wall ratios {', '.join(f'{x:.2f}' for x in r['ratios'])}); violations {r['violations']}")
+              f"(wall ratios {', '.join(f'{x:.2f}' for x in r['ratios'])}; CPU time ratios "
+              f"{', '.join(f'{x:.2f}' for x in r['cpu_ratios'])}); violations {r['violations']}")
+    if paired:
+        print(f"load average before / after: {load[0]} / {_load()}")
     if a.only in ("paired", "hf-paired"):
         os.makedirs(os.path.dirname(a.json) or ".", exist_ok=True)
         with open(a.json, "w") as fh:
-            json.dump({"paired": paired, "args": vars(a)}, fh, indent=2)
+            json.dump({"paired": paired, "args": vars(a), "load": [load[0], _load()]}, fh, indent=2)
         return 0
     rounds: dict[str, list[float]] = {}
     viol: dict[str, object] = {}

@@ -78,7 +78,7 @@ class AddOn:
             from zerostate.runtime import uninstall
             uninstall(self.engine)
         elif self.kind == "watch" and self.handle is not None:
-            self.info = {"violations": len(self.handle.violations), "events": self.handle.checker.events_seen}
+            self.info = {"violations": len(self.handle.violations), "events": self.handle.events}
             self.handle.close()
             self.handle = None
 

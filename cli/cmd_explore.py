@@ -90,9 +90,11 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
 
     number: dict[str, int] = {}  # finding key -> its number in the report
+    final: dict[str, tuple[Finding, bool]] = {}  # finding key -> its latest finding, with its confirmation?
 
     def on_finding(f: Finding, update: bool = False) -> None:
         key = f.key
+        final[key] = (f, update or bool(f.shrunk))
         unshrunk = not f.shrunk and not update
         # handed over at once (unshrunk): shrinking and the replay in a fresh worker follow
         conf = None if unshrunk else f.confirmation
@@ -131,8 +133,9 @@ def run(args: argparse.Namespace) -> int:
     status = "complete"
     try:
         spawn = (lambda: api.target(args)) if jobs > 1 else None
-        api.explore(target, args.examples, args.seed, on_finding, on_progress, on_restart=report.add_restart,
-                    on_update=on_update, jobs=jobs, spawn=spawn)
+        res = api.explore(target, args.examples, args.seed, on_finding, on_progress,
+                          on_restart=report.add_restart, on_update=on_update, jobs=jobs, spawn=spawn)
+        _renumber(report, findings, number, final, getattr(res, "generated_at", {}) or {}, column, who)
     except _OutOfTime:
         report.data["run"]["stopped"] = ("time budget spent: the clock chose the last example, so this run is "
                                          "not repeatable")
@@ -170,6 +173,36 @@ def run(args: argparse.Namespace) -> int:
     if status == "interrupted":
         return EXIT_INTERRUPTED
     return EXIT_FINDINGS if findings else EXIT_OK
+
+
+def _renumber(report: Any, findings: list[dict[str, Any]], number: dict[str, int],
+              final: dict[str, tuple[Finding, bool]], generated_at: dict[str, int], column: str,
+              who: dict[str, Any]) -> None:
+    """A complete run's findings are numbered in the order the generated sequence first meets them (then,
+    for keys seen only while shrinking, by key), whatever order the workers handed them over in: with
+    ``--jobs`` > 1 the hand-over order follows the lanes' timing, so the same run could number the same
+    findings differently (issue 15: two runs of one command give the same report).  Rewrites the report
+    only when the order differs."""
+    keys = sorted(number, key=lambda k: (generated_at.get(k, float("inf")), k))
+    if keys == sorted(number, key=number.get):
+        return
+    report.clear_findings()
+    findings.clear()
+    number.clear()
+    for key in keys:
+        f, confirmed = final[key]
+        entry = report.add_finding(f, column=column, with_confirmation=confirmed, **shown(f, who))
+        entry["shrunk"] = f.shrunk
+        if entry["shrunk"] is False:
+            entry["stage"] = "as seen"
+        tags = _annotate(f)
+        entry.update(tags)
+        sc, conf = f.scenario, f.confirmation if confirmed else None
+        findings.append({"check": f.check, "error": f.error, "blocks": len(sc.blocks), "steps": len(sc.steps),
+                         "scenario": sc.to_dict(), "shrunk": entry["shrunk"],
+                         "confirmation": conf.status if conf is not None else None, **tags})
+        number[key] = len(findings)
+    report.flush()
 
 
 def shown(f: Finding, who: dict[str, Any]) -> dict[str, Any]:

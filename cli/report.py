@@ -140,6 +140,19 @@ class Report:
         self.flush()
         return entry
 
+    def clear_findings(self) -> None:
+        """Forget every finding and delete its files (explore renumbers a complete run's findings)."""
+        for entry in self.data["findings"]:
+            for name in entry["files"].values():
+                with contextlib.suppress(OSError):
+                    os.unlink(os.path.join(self.dir, name))
+        self.data["findings"] = []
+        for row in self.data["specs"].values():
+            row["findings"] = []
+            row["results"] = {c: ("not checked" if r == "violated" else r) for c, r in row["results"].items()}
+        if "reliability" in self.data:
+            self.data["reliability"] = _reliability([], self.data["reliability"]["restarts"])
+
     def add_restart(self, record: dict[str, Any]) -> None:
         """explore: the worker was restarted after example ``record["example"]`` (``record["why"]``)."""
         rel = self.data.setdefault("reliability", _reliability([], []))

@@ -55,7 +55,10 @@ def _reliability(rel: dict[str, Any] | None) -> list[str]:
     out = ["", "## Reliability", "",
            f"- findings confirmed by a replay in a fresh worker: {rel['confirmed']} / {rel['reported']}",
            f"- order-dependent (reproduce only after earlier examples, sequence given): {rel['order_dependent']}",
-           f"- intermittent (a race: reproduces in some of several runs alone): {rel.get('intermittent', 0)}",
+           f"- intermittent (a race: reproduces in some of several runs alone): {rel.get('intermittent', 0)}"
+           + (" -- another run of the same command meets each of these only at about its rate, and a finding "
+              "hidden under the same key (check and code) in this run may take its place there; every other "
+              "finding is the same in every run" if rel.get("intermittent") else ""),
            f"- not reproduced: {rel['not_reproduced']}; not checked (interrupted): {rel['not_checked']}",
            f"- worker restarts: {len(rel['restarts'])}"]
     out += [f"  - after example {r.get('example')}: {r.get('why')}" for r in rel["restarts"][:20]]

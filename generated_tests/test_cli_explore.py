@@ -202,3 +202,39 @@ def test_a_time_budget_is_opt_in_and_a_run_it_cuts_says_it_is_not_repeatable(tmp
     rep = load_report(tmp_path)
     assert "not repeatable" in rep["run"]["stopped"] and rep["findings"]
     assert rep["reliability"]["confirmed"] == len(rep["findings"])  # a time budget still confirms
+
+
+def test_a_complete_run_numbers_its_findings_in_generation_order(tmp_path):
+    """Whatever order the workers handed the findings over in (with --jobs > 1 the lanes' timing decides
+    it), a complete run ends with them numbered in the order the generated sequence first met them, files
+    and replay commands renamed with them (issue 15: the same command, the same report)."""
+    from zerostate.cli.cmd_explore import _renumber, shown
+    from zerostate.cli.report import Report
+    from zerostate.model.scenario import Scenario
+    from zerostate.specs import SPECS
+    from zerostate.targets.base import Finding
+
+    who = {"target": "model", "design": "ds-0.18.4", "deepspeed": None}
+    sc = lambda n: Scenario.from_dict({"blocks": [{}] * n, "steps": [{"micro": [{"backward": "torch"}]}]})  # noqa: E731
+    late = Finding("epilogue-once", "late", sc(2), [], None, "model", None, code="b")
+    early = Finding("grad-handled-once", "early", sc(1), [], None, "model", None, code="a")
+    report = Report(str(tmp_path), "explore", {"target": "model"}, columns=["model:ds-0.18.4"], specs=SPECS)
+    findings, number, final = [], {}, {}
+    for f in (late, early):  # handed over in this order
+        report.add_finding(f, column="model:ds-0.18.4", **shown(f, who))
+        findings.append({"check": f.check})
+        number[f.key] = len(findings)
+        final[f.key] = (f, True)
+    _renumber(report, findings, number, final, {early.key: 3, late.key: 17}, "model:ds-0.18.4", who)
+    data = json.loads((tmp_path / "report.json").read_text())
+    assert [e["key"] for e in data["findings"]] == [early.key, late.key]
+    assert [e["n"] for e in data["findings"]] == [1, 2]
+    assert json.loads((tmp_path / "finding_1.json").read_text())["key"] == early.key
+    assert json.loads((tmp_path / "finding_2.json").read_text())["key"] == late.key
+    assert data["findings"][0]["replay"].split()[2].endswith("finding_1.json")
+    assert number == {early.key: 1, late.key: 2} and [f["check"] for f in findings] == [early.check, late.check]
+    assert data["specs"]["grad-handled-once"]["findings"] == [1]
+    assert data["specs"]["epilogue-once"]["findings"] == [2]
+    before = sorted(os.listdir(tmp_path))
+    _renumber(report, findings, number, final, {early.key: 3, late.key: 17}, "model:ds-0.18.4", who)
+    assert sorted(os.listdir(tmp_path)) == before  # already in order: nothing rewritten or lost

@@ -87,13 +87,15 @@ class KnownIssuePresent(Exception):
 def test_known_issue(ds, request, issue):
     """Each documented finding, on its exact scenario: an expected failure while the release has it --
     and only *its own* finding (one of its checks, explained by this issue and no other one): any other
-    finding, or none, fails the test instead of satisfying the xfail (issue 10)."""
-    if issue.affects(ds.version):
+    finding, or none, fails the test instead of satisfying the xfail (issue 10).  An issue that needs more
+    ranks (`KnownIssue.world_size`) must give no finding here, at world size 1."""
+    present = issue.affects(ds.version) and issue.world_size == 1
+    if present:
         request.applymarker(pytest.mark.xfail(strict=True, raises=KnownIssuePresent,
                                               reason=f"{issue.id} ({issue.owner}): {issue.title}. "
                                               f"Scenario: {issue.scenario.to_json(None)}"))
     out = ds.run(issue.scenario)
-    if issue.affects(ds.version):
+    if present:
         own = [f for f in out.findings if f.check in issue.checks and explain(f) is issue]
         assert own, f"{issue.id}: its own finding {issue.checks} is not there: {_fmt(out.findings)}"
         if ds.version == PINNED:  # and exactly its own keys (other releases word exceptions differently)
@@ -101,7 +103,9 @@ def test_known_issue(ds, request, issue):
         others = [f for f in out.findings if f not in own]
         assert not others, f"{issue.id}: findings it does not explain: {_fmt(others)}"
         raise KnownIssuePresent(f"{issue.id}: {sorted({f.key for f in own})}")
-    assert not out.findings, _fmt(out.findings)
+    # a release without it (or too few ranks): none of its checks, nothing unexplained (another issue of
+    # that release, e.g. 0.19.2's z3-released-late-input-without-grad, may show on the same scenario)
+    assert not [f for f in out.findings if f.check in issue.checks or explain(f) is None], _fmt(out.findings)
 
 
 def test_zero12_pytorch_style_backward_without_gradients_is_its_known_issue(ds):

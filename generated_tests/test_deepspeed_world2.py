@@ -125,6 +125,20 @@ def test_a_fused_heads_auxiliary_loss_agrees_with_the_oracle_at_world_size_2(ds2
     assert out.details["max_diff"] < 1e-5
 
 
+def test_state_an_earlier_engine_left_is_reported_at_world_size_2(ds2):
+    """Several engines in one rank process (issue 15's engines_before): the ZeRO-3 engine before leaves
+    ``F.linear`` replaced on every rank; the ranks' own check reports it as at world size 1
+    (``carried-state``, known issue z3-linear-override-outlives-engine on 0.19.8)."""
+    issue = next(k for k in KNOWN_ISSUES if k.id == "z3-linear-override-outlives-engine")
+    out = ds2.run(issue.scenario)
+    if not issue.affects(ds2.version):
+        assert "carried-state:torch-linear-replaced" not in {f.key for f in out.findings}, _fmt(out.findings)
+        return
+    assert [f.key for f in out.findings] == ["carried-state:torch-linear-replaced"], _fmt(out.findings)
+    assert explain(out.findings[0]) is issue
+    assert out.details["engines_before"] == ["ZeRO-3: ok"]
+
+
 def test_ranks_out_of_step_restart_the_pool(ds2):
     """A rank that issued one collective more than the other (as when one raises earlier): the pool
     notices (process-group sequence numbers differ) and restarts before the next example, which is clean."""

@@ -15,6 +15,7 @@ leftovers 0.19.2 leaves, as 0.19.3 does).
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import signal
@@ -36,7 +37,7 @@ from zerostate.model.monitor import is_failure
 from zerostate.model.network import params_of_module
 from zerostate.specs import SPECS, check_trace
 from zerostate.targets.deepspeed.watch_known import explain
-from zerostate.targets.deepspeed.watch_monitor import OnlineChecker, watch_specs
+from zerostate.targets.deepspeed.watch_monitor import UNMEMOIZED, OnlineChecker, watch_specs
 from zerostate.targets.strategies import scenarios
 
 pytestmark = pytest.mark.usefixtures("no_inherited_rendezvous")
@@ -114,6 +115,16 @@ _model_traces = st.tuples(st.sampled_from(sorted(designs())), scenarios(max_bloc
                           st.integers(0, 2 ** 16))
 
 
+def _same_violations_memory_and_end(fast, full):
+    """The fast checker and the full fold agree on the violations and memory figures so far, and after
+    judging the end-of-run obligations."""
+    assert fast.to_dict() == full.to_dict()
+    assert fast.memory() == full.memory()
+    fast.finish()
+    full.finish()
+    assert fast.to_dict() == full.to_dict()
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
 @given(_model_traces)
 def test_dispatch_by_kind_gives_the_full_folds_states_and_violations(case):
@@ -127,7 +138,7 @@ def test_dispatch_by_kind_gives_the_full_folds_states_and_violations(case):
     rnd = random.Random(seed)
     try:
         trace = run(get_design(name), sc, choose=lambda en: rnd.randrange(len(en)))
-    except Exception as exc:  # a design that crashes on the scenario (its own bug): nothing to fold
+    except Exception:  # a design that crashes on the scenario (its own bug): nothing to fold
         assume(False)
     events = list(trace.events)
     fast, full = OnlineChecker(lambda n: 3), _FullFold(lambda n: 3)
@@ -135,11 +146,7 @@ def test_dispatch_by_kind_gives_the_full_folds_states_and_violations(case):
         fast.feed(e)
         full.feed(e)
     assert fast.state == full.state
-    assert fast.to_dict() == full.to_dict()
-    assert fast.memory() == full.memory()
-    fast.finish()
-    full.finish()
-    assert fast.to_dict() == full.to_dict()
+    _same_violations_memory_and_end(fast, full)
     for spec in SPECS.values():
         m = spec.init()
         for e in events:
@@ -151,6 +158,94 @@ def test_dispatch_by_kind_gives_the_full_folds_states_and_violations(case):
             m = nxt
     watch_used = next(s for s in watch_specs(params_of_module) if s.id == "available-when-used")
     assert check_trace(watch_used, events) == check_trace(SPECS["available-when-used"], events)
+
+
+class _CountingMemo(dict):
+    hits = 0
+
+    def get(self, key, default=None):
+        v = super().get(key, default)
+        if v is not None:
+            _CountingMemo.hits += 1
+        return v
+
+
+def _task_shifted(events, by: int):
+    """The same events as new objects, graph tasks renumbered (as each real backward's tasks are new ids)."""
+    return [Event(e.kind, e.param, e.module, None if e.task is None else e.task + by, e.value, e.phase, e.note)
+            for e in events]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(_model_traces)
+def test_transition_memo_gives_the_full_folds_states_and_violations(case):
+    """The online checker's transition memo (product state, event -> next states, `OnlineChecker.feed`) on a
+    model trace fed again and again (the same event objects, as the tracer shares them, and copies with new
+    graph task ids, as a job's next backward brings): the same states, violations and memory figures as folding
+    every spec over every event, and the memo is used.  Each memoized spec's next state does not depend on
+    the event's graph task where it does not fail (the memo files events without their task)."""
+    name, sc, seed = case
+    rnd = random.Random(seed)
+    try:
+        trace = run(get_design(name), sc, choose=lambda en: rnd.randrange(len(en)))
+    except Exception:
+        assume(False)
+    events = list(trace.events)
+    fed = events + events + _task_shifted(events, 100) + events + _task_shifted(events, 200)
+    fast, full = OnlineChecker(lambda n: 3), _FullFold(lambda n: 3)
+    fast._memo = _CountingMemo(fast._memo)
+    hits = _CountingMemo.hits
+    for e in fed:
+        fast.feed(e)
+        full.feed(e)
+        assert fast.state == full.state
+    _same_violations_memory_and_end(fast, full)
+    if not any(v["spec"] != "count-once-per-phase" for v in full.to_dict()):  # a clean trace repeats: memo hits
+        assert _CountingMemo.hits > hits
+    for spec in SPECS.values():
+        if spec.id in UNMEMOIZED:
+            continue
+        m = spec.init()
+        for e in fed:
+            nxt = spec.step(m, e)
+            if e.task is not None:
+                twin = spec.step(m, Event(e.kind, e.param, e.module, None, e.value, e.phase, e.note))
+                assert is_failure(twin) == is_failure(nxt) and (is_failure(nxt) or twin == nxt), (spec.id, e)
+            if is_failure(nxt):
+                break
+            m = nxt
+
+
+@pytest.mark.parametrize("full_up", ["starts-again", "switched-off"])
+def test_transition_memo_starting_again_or_switched_off_gives_the_full_fold(monkeypatch, full_up):
+    """A memo that fills up starts again empty (after it answered more events than it missed: ten train steps of
+    one design, then other designs' traces), or is switched off (it answered fewer: a cap of 3 product states):
+    the same states, violations and memory figures as the full fold either way."""
+    import zerostate.targets.deepspeed.watch_monitor as wm
+    from zerostate.model.scenario import Block, Scenario, TrainStep
+    shared: dict = {}  # one object per distinct event, as the tracer hands them out
+    traces = []
+    for name in sorted(designs()):  # (a design that crashes on the scenario gives nothing)
+        try:
+            trace = run(get_design(name), Scenario(blocks=(Block(),) * 3, steps=(TrainStep(),) * 10),
+                        choose=lambda en: 0)
+        except Exception:
+            continue
+        traces.append([shared.setdefault(e, e) for e in trace.events])
+    assert len(traces) >= 2
+    first = OnlineChecker(lambda n: 3)
+    first.feed_many(collections.deque(traces[0]))
+    monkeypatch.setattr(wm, "MEMO_STATES", first._next_pid + 5 if full_up == "starts-again" else 3)
+    fed = [e for t in traces for e in t]
+    fast, full = OnlineChecker(lambda n: 3), _FullFold(lambda n: 3)
+    for e in fed:
+        fast.feed(e)
+        full.feed(e)
+    assert fast.state == full.state and fast.to_dict() == full.to_dict() and fast.memory() == full.memory()
+    if full_up == "switched-off":
+        assert fast._memo is None
+    else:
+        assert fast._memo is not None and fast._since > 0, "started again (and kept) at least once"
 
 
 def test_explanations_follow_release_and_context():

@@ -38,8 +38,11 @@ class KnownIssue:
     """The first DeepSpeed release without it; None while no release fixes it."""
     upstream_patch: str | None = None
     """A proposed fix checked by ``zerostate diff`` (docs/upstream/), when there is one."""
+    world_size: int = 1
+    """The smallest world size it shows at; at a smaller one its scenario must give no finding."""
     keys: tuple[str, ...] = ()
-    """The finding keys (`Finding.key`) its scenario gives on the pinned release (`PINNED`):
+    """The finding keys (`Finding.key`) its scenario gives on the pinned release (`PINNED`), or, for an issue
+    the pinned release does not have, on the releases it affects:
     ``test_known_issue`` requires exactly these there (other releases word exceptions differently)."""
 
     def affects(self, version: str | None) -> bool:
@@ -140,6 +143,90 @@ Z3_LEAF_KEPT_GATHERED = KnownIssue(
             "the backward and the epilogue.  Fix: ``recurse=z3_leaf_module(module)``."),
 )
 
+def _input_without_grad_z3(sc: Scenario) -> bool:
+    net = Network(sc)
+    return sc.stage == 3 and any(not net.block_input_requires_grad(i) for i in range(len(sc.blocks)))
+
+
+Z3_NO_POST_BACKWARD_NO_DRAIN = KnownIssue(
+    id="z3-released-late-input-without-grad",
+    title="ZeRO-3 before 0.19.3: a module whose input does not require grad keeps its parameters gathered "
+          "after the backward (its post-backward hook never fires and nothing drains it)",
+    owner="deepspeed",
+    releases=((0, 18, 4), (0, 19, 3)),  # measured on 0.18.4, 0.18.6, 0.19.2 (present), 0.19.3 and 0.19.8 (gone)
+    fixed_in="0.19.3",
+    scenario=Scenario.from_dict({"stage": 3, "input_requires_grad": False,
+                                 "steps": [{"micro": [{"backward": "engine"}]}]}),
+    checks=("released-after-backward",),
+    keys=("released-after-backward:still-gathered",),  # measured on 0.18.4, 0.18.6 and 0.19.2
+    explains=lambda f: f.check == "released-after-backward" and _input_without_grad_z3(f.scenario),
+    detail=("The first block's LayerNorm gets an input that does not require grad, so torch never calls the "
+            "module's backward hook on its inputs: DeepSpeed's post-backward hook (release of its parameters, "
+            "parameter_offload.py) never fires.  The pre-backward fetched them (its output requires grad), so "
+            "they stay gathered after the backward and its epilogue until engine.step()'s "
+            "release_and_reset_all (``released-after-backward``: still gathered, or 'still have holders').  "
+            "0.19.3 (PR #8148) added release_backward_leftovers to the epilogue, which drains the modules "
+            "whose pre-backward ran and post-backward did not.  zerostate's design ds-0.19.2 predicts it; "
+            "found by ``zerostate explore --deepspeed 0.19.2`` (ws 1 and 2) and ``zerostate diff --base 0.19.2 "
+            "--head 0.19.3`` (fixed)."),
+)
+
+
+def _reregistered_z3(sc: Scenario) -> bool:
+    return sc.stage == 3 and any(st.reregister for st in sc.steps)
+
+
+Z3_REREGISTER_WHILE_RECORDING = KnownIssue(
+    id="z3-reregister-while-recording",
+    title="ZeRO-3 before 0.19.2: hooks re-registered between train steps (TRL's generation) while the trace "
+          "is still recording crash the next forward (IndexError: pop from an empty deque)",
+    owner="deepspeed",
+    releases=((0, 18, 4), (0, 19, 2)),  # measured on 0.18.4 and 0.18.7 (present) and 0.19.2 (gone)
+    fixed_in="0.19.2",
+    scenario=Scenario.from_dict({"stage": 3, "steps": [{"micro": [{"backward": "engine"}]},
+                                                       {"micro": [{"backward": "engine"}], "reregister": True}]}),
+    checks=("exception", "trace-consistent"),
+    keys=("exception:IndexError@runtime.zero.partitioned_param_coordinator.record_parameters",
+          "trace-consistent:not-made-invalid"),  # measured on 0.18.4 and 0.18.7
+    explains=lambda f: f.check in ("exception", "trace-consistent") and _reregistered_z3(f.scenario),
+    detail=("Re-registering ZeRO-3's module hooks (TRL's unwrap_model_for_generation removes and re-adds them) "
+            "gives the modules new ds_ids while the coordinator's trace is still RECORD; the trace is not made "
+            "INVALID (``trace-consistent``), so the next forward's reset_step -> record_parameters pops an "
+            "empty deque: IndexError.  Fixed in 0.19.2 (DeepSpeed PR #8043).  Reached by the default "
+            "exploration (``reregister``); found by docs/bug-coverage.md's survey and checked with "
+            "``zerostate replay`` on 0.18.4, 0.18.7 and 0.19.2."),
+)
+
+
+def _persistent_race_ws2(f: Finding) -> bool:
+    sc = f.scenario
+    return (f.check in ("oracle", "ranks-params") and (f.world_size or 1) > 1 and sc.stage == 3
+            and sc.persistence_threshold > 0)
+
+
+Z3_PERSISTENT_PARAM_RACE_WS2 = KnownIssue(
+    id="z3-persistent-param-race-ws2",
+    title="ZeRO-3 on 0.19.2 at world size 2: one rank sometimes ends a step with a wrong (at times garbage) "
+          "persistent parameter",
+    owner="deepspeed",
+    releases=((0, 19, 2), (0, 19, 3)),  # observed on 0.19.2 only (0/100 on 0.19.8; 0.19.3 not measured)
+    scenario=Scenario.from_dict({"blocks": [{"norm": "trainable", "lin": "unused"}], "stage": 3,
+                                 "fused_head": True, "input_requires_grad": False, "persistence_threshold": 8,
+                                 "steps": [{"micro": [{"backward": "engine"}], "eval_before": True}]}),
+    checks=("oracle", "ranks-params"),
+    keys=("oracle", "ranks-params:gathered-params-differ"),  # measured on 0.19.2 at world size 2, in the runs that show it
+    explains=_persistent_race_ws2,
+    world_size=2,
+    detail=("Intermittent (2-5 % of the engines built one after another in one rank pool; confirmation reports "
+            "it ``intermittent`` with its rate): after a ZeRO-3 train step one rank's persistent LayerNorm "
+            "parameter differs from PyTorch by 0.2 to 1e21 while the other rank's agrees, so the gathered "
+            "parameters differ between the ranks.  Needs world size 2 and a persistence threshold that makes "
+            "the LayerNorm persistent; never at world size 1 (0/100) nor on 0.19.8 (0/100).  The mechanism is "
+            "not traced to a DeepSpeed line; docs/world-size-2.md has the measurements.  Its scenario shows it "
+            "only in some runs, so a world-size-1 run of it (test_known_issue) finds nothing."),
+)
+
+
 from .known_setups import SETUP_ISSUE_FIELDS  # noqa: E402  (issue 11's training-setup findings)
 
 SETUP_ISSUES: tuple[KnownIssue, ...] = tuple(KnownIssue(**f) for f in SETUP_ISSUE_FIELDS)
@@ -162,7 +249,7 @@ Z3_KEPT_FOR_REUSE_THEN_BRANCH = KnownIssue(
     id="z3-kept-for-reuse-then-branch",
     title="ZeRO-3: parameters kept gathered for a recorded later use stay gathered when a branch skips that use",
     owner="deepspeed",
-    releases=((0, 19, 2), (0, 20, 0)),
+    releases=((0, 18, 4), (0, 20, 0)),  # its scenario's finding measured on 0.18.4, 0.19.2 and 0.19.8
     scenario=Scenario.from_dict({"blocks": [{"norm": "frozen"}], "stage": 3,
                                  "steps": [{"micro": [{"backward": "engine"}]},
                                            {"micro": [{"backward": "engine", "skip": [0]}], "eval_before": True}]}),
@@ -185,7 +272,8 @@ Z3_KEPT_FOR_REUSE_THEN_BRANCH = KnownIssue(
 )
 
 KNOWN_ISSUES: tuple[KnownIssue, ...] = (Z3_KEPT_FOR_REUSE_THEN_BRANCH, Z3_LEAF_INPUT_NO_GRAD, ZERO12_NO_GRADIENT,
-                                        Z3_LEAF_KEPT_GATHERED) + SETUP_ISSUES
+                                        Z3_LEAF_KEPT_GATHERED) + SETUP_ISSUES + (
+    Z3_NO_POST_BACKWARD_NO_DRAIN, Z3_PERSISTENT_PARAM_RACE_WS2, Z3_REREGISTER_WHILE_RECORDING)
 # Retired: ``model-z3-leaf-hook-params`` (the model's leaf-hook gap, issue 10): the model now handles every
 # optimizer parameter of a z3 leaf module in its hook and counts only leaf modules with optimizer
 # parameters (`Network.leaf_hook_params`), as stage3.py's ``reduce_leaf_module_grads`` does.

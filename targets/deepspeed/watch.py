@@ -81,9 +81,9 @@ class WatchHandle:
         self._last_flush = 0.0
         numels = {n: int(getattr(p, "ds_numel", 0) or p.numel()) for n, p in engine.module.named_parameters()}
         self.checker = OnlineChecker(lambda n: numels.get(n, 0), on_violation=self._on_violation)
-        self.tracer = WatchTracer(engine, sink=self.checker.feed)
+        self.tracer = WatchTracer(engine, sink=self.checker.feed_many)
         self.checker.set_specs(watch_specs(self.tracer.params_of, self.tracer.stage))
-        self.tracer.on_trace_sync = lambda: self.checker.restart("trace-consistent")
+        self.tracer.on_trace_sync = self._trace_synced
         self._hang = _HangWatch(out, self.rank, hang_s) if out and hang_s else None
         self._wrap_calls()
         self.tracer.install()
@@ -92,9 +92,14 @@ class WatchHandle:
         _HANDLES.append(self)
         self.flush(force=True)
 
+    def _trace_synced(self) -> None:
+        self.tracer.deliver()  # the events before the synchronisation are judged from the old state
+        self.checker.restart("trace-consistent")
+
     # ------------------------------------------------------------ what it saw
     @property
     def violations(self) -> list[dict[str, Any]]:
+        self.tracer.deliver()  # the events the tracer still holds are checked first
         out = []
         for v in self.checker.to_dict():
             v = dict(v, rank=self.rank)
@@ -106,7 +111,14 @@ class WatchHandle:
 
     @property
     def memory(self) -> dict[str, Any]:
+        self.tracer.deliver()
         return self.checker.memory()
+
+    @property
+    def events(self) -> int:
+        """Events checked so far."""
+        self.tracer.deliver()
+        return self.checker.events_seen
 
     @property
     def steps(self) -> int:
@@ -128,6 +140,7 @@ class WatchHandle:
         return e.to_dict() if e is not None else None
 
     def to_dict(self) -> dict[str, Any]:
+        self.tracer.deliver()
         return {"rank": self.rank, "pid": os.getpid(), "engine": self.n, "deepspeed": self.version,
                 "stage": self.tracer.stage, "runtime": self.runtime, "runtime_installed": self._runtime_installed(),
                 "steps": self.steps,
@@ -169,6 +182,7 @@ class WatchHandle:
         the tracer out."""
         if self._closed:
             return
+        self.tracer.deliver()
         if self._broken is None:  # an engine call that raised never completed: its obligations are moot
             self.checker.finish()
         self._closed = True
@@ -205,6 +219,7 @@ class WatchHandle:
                 r = orig(*a, **k)
                 returned = True
             except BaseException as exc:
+                self.tracer.deliver()  # every event up to the exception is checked and kept
                 self._broken = self._broken or f"engine.{name}"
                 if self.error is None and not isinstance(exc, (WatchStop, KeyboardInterrupt)):
                     self.error = {"spec": "exception", "message": f"{type(exc).__name__}: {exc}",
@@ -217,6 +232,7 @@ class WatchHandle:
             finally:
                 if self._hang is not None:
                     self._hang.disarm(returned)
+            self.tracer.deliver()  # the call's events are checked before it returns (and stops, with stop_on_violation)
             if name == "step":
                 self.flush()
             if self._stop_pending is not None:

@@ -35,6 +35,15 @@ AROUND = 8
 KEEP = 50
 """Distinct violations kept per spec (more are only counted)."""
 SERIES_STEP = 1
+UNMEMOIZED = frozenset({"count-once-per-phase"})
+"""Specs the transition memo leaves out (`OnlineChecker.feed`): their state holds graph task ids, new every
+backward, so product states holding it would never repeat.  (Leaving a spec out is only slower, never wrong.)"""
+MEMO_MAX = 100_000
+"""Transitions the memo holds before it starts again empty."""
+MEMO_STATES = 20_000
+"""Product states it holds (each keeps its monitor states alive: sets of up to one entry per parameter) before it
+starts again empty.  A job that repeats itself needs about as many as it has events per step; when the memo
+fills up having answered fewer events than it missed, it is switched off (each spec folded, as without it)."""
 _MEMORY_KINDS = frozenset({EventKind.USER_BACKWARD_START, EventKind.USER_BACKWARD_END, EventKind.STEP, EventKind.FETCH, EventKind.PREFETCH, EventKind.RELEASE})
 """The kinds `OnlineChecker._memory` counts with (the others only extend a peak or the series)."""
 
@@ -44,7 +53,15 @@ class OnlineChecker:
     (for every other kind a spec's step returns its state unchanged, `zerostate.specs.base.Spec.reacts_to`):
     the same states and violations as folding every spec over every event (compared on model traces by
     test_watch), at a fraction of the cost -- HOLDERS, a third of a ZeRO-3 job's events,
-    concerns one spec."""
+    concerns one spec.
+
+    A training job repeats itself: every step brings the same events (the tracer hands out one shared `Event`
+    per distinct event) in the same monitor states.  So ``feed`` memoizes the specs' transitions: the states
+    of the memoized specs (all but `UNMEMOIZED`) are one product state with an id, and (product id, event) ->
+    (next product id, the states that change) is filed the first time it is folded without a failure; the
+    next time it is one dict lookup instead of ~2.5 spec steps (monitor steps are pure functions of (state,
+    event), `zerostate.specs.base`).  Events that fail a memoized spec, and every event while a check is
+    failing, are folded spec by spec as before.  test_watch compares the result with the full fold."""
 
     def __init__(self, numel: Callable[[str], int], specs=None, on_violation=None):
         self.set_specs(specs or SPECS.values())
@@ -85,6 +102,10 @@ class OnlineChecker:
                          for k in EventKind}
         """kind -> (spec id, step) of the specs that react to it, in spec order."""
         self._ids_by_kind = {k: frozenset(sid for sid, _ in v) for k, v in self._by_kind.items()}
+        self._memo_ids = tuple(s.id for s in self.specs if s.id not in UNMEMOIZED)
+        self._direct = {k: tuple((sid, step) for sid, step in v if sid in UNMEMOIZED) for k, v in self._by_kind.items()}
+        """kind -> (spec id, step) of the reacting specs the transition memo leaves out (run on every event)."""
+        self._memo_reset()
 
     def restart(self, spec_id: str) -> None:
         """Start ``spec_id``'s monitor again from its initial state (the tracer has just synchronised with what
@@ -93,6 +114,60 @@ class OnlineChecker:
             if s.id == spec_id:
                 self.state[spec_id] = s.init()
                 self._failing.pop(spec_id, None)
+        self._pid = self._intern()
+
+    # ------------------------------------------------------------ the transition memo
+    def _memo_reset(self) -> None:
+        self._memo: dict[tuple[int, int], tuple] | None = {}
+        """(product id, id(event)) -> (event, next product id, ((spec id, next state), ...) for the states that
+        change).  The event is kept in the value: its id stays its own while the entry lives."""
+        self._twins: dict[tuple, Event] = {}
+        self._pids: dict[tuple, int] = {}
+        """Product state (the memoized specs' states, in ``_memo_ids`` order) -> its id."""
+        self._next_pid = 0
+        self._misses = 0
+        """Transitions folded spec by spec since the memo last started empty."""
+        self._since = getattr(self, "index", 0)
+        """The event index at which it last started empty."""
+        self._pid: int | None = None
+        self._pid = self._intern()
+
+    def _task_free(self, ev: Event) -> Event:
+        """``ev`` without its graph task: the key the memo files it under.  Each backward's tasks are new ids, so
+        keyed with them a job's gradient hooks would never repeat; the memoized specs' next states do not depend
+        on the task (only ``count-once-per-phase``, left out, keeps tasks; ``epilogue-once`` names one in a
+        message, and failing transitions are not memoized) -- checked by test_watch."""
+        key = (ev.kind, ev.param, ev.module, ev.value, ev.phase, ev.note)
+        twin = self._twins.get(key)
+        if twin is None:
+            twin = self._twins[key] = Event(ev.kind, ev.param, ev.module, None, ev.value, ev.phase, ev.note)
+        return twin
+
+    def _intern(self) -> int | None:
+        """The id of the current product state (None: the memo is off -- an unhashable state)."""
+        if self._memo is None:
+            return None
+        state = self.state
+        prod = tuple(state[sid] for sid in self._memo_ids)
+        try:
+            pid = self._pids.get(prod)
+        except TypeError:  # a spec whose state is not hashable: fold without the memo
+            self._memo = None
+            return None
+        if pid is None:
+            if len(self._pids) >= MEMO_STATES or len(self._memo) >= MEMO_MAX:
+                if self.index - self._since - self._misses < self._misses:  # more misses than hits: not worth it
+                    self._memo = None
+                    self._pids.clear()
+                    self._twins.clear()
+                    return None
+                self._pids.clear()
+                self._memo.clear()
+                self._twins.clear()
+                self._misses, self._since = 0, self.index
+            pid = self._pids[prod] = self._next_pid  # never reused: an entry filed under a cleared id stays unmatched
+            self._next_pid += 1
+        return pid
 
     # ------------------------------------------------------------ feeding
     def _record(self, ev: Event) -> int:
@@ -110,12 +185,57 @@ class OnlineChecker:
         return i
 
     def feed(self, ev: Event | dict[str, Any]) -> None:
+        """Fold one event (an `Event` or its dict)."""
         if ev.__class__ is not Event:
             ev = Event.from_dict(ev)
-        i = self._record(ev)
+        self.feed_many(collections.deque((ev,)))
+
+    def feed_many(self, queue: collections.deque) -> None:
+        """Fold the `Event` s of ``queue``, taking them from its left until it is empty (one at a time: an
+        exception -- Ctrl-C -- inside a step leaves the events after it queued).  The memo's hits are folded
+        here; every other event by `_fold`."""
+        pop = queue.popleft
+        state, failing, direct, recent = self.state, self._failing, self._direct, self.recent
+        while queue:
+            ev = pop()
+            if self._filling:
+                i = self._record(ev)
+            else:  # `_record`, inlined: no violation is collecting the events after it
+                i = self.index
+                self.index = i + 1
+                recent.append((i, ev))
+            k = ev.kind
+            pid = self._pid
+            key_ev = ev if ev.task is None else self._task_free(ev)
+            if not failing and pid is not None:
+                hit = self._memo.get((pid, id(key_ev)))
+                if hit is not None and hit[0] is key_ev:  # this product state has seen this event: no spec fails
+                    self._pid = hit[1]
+                    for sid, m in hit[2]:
+                        state[sid] = m
+                    for sid, step in direct[k]:
+                        m = step(state[sid], ev)
+                        if m.__class__ is _FAILURE:
+                            self._violated(sid, m.message, i)
+                            failing[sid] = m.message
+                        else:
+                            state[sid] = m
+                    if k in _MEMORY_KINDS or self.steps <= SERIES_STEP:
+                        self._memory(i, ev)
+                    continue
+            self._fold(ev, i, key_ev)
+
+    def _fold(self, ev: Event, i: int, key_ev: Event) -> None:
+        """Event ``i`` spec by spec (a memo miss, or a check is failing); files the transition in the memo
+        when no memoized spec fails or was failing."""
         state = self.state
         failing = self._failing
         k = ev.kind
+        pid = self._pid
+        memo = pid is not None and not failing
+        if memo:
+            self._misses += 1
+            before = [state[sid] for sid in self._memo_ids]
         if failing:  # a spec that ignores this kind passes it: it is no longer failing (as in the full fold)
             reacting = self._ids_by_kind[k]
             for sid in [sid for sid in failing if sid not in reacting]:
@@ -127,10 +247,17 @@ class OnlineChecker:
                 if failing.get(sid) != m.message:
                     self._violated(sid, m.message, i)
                 failing[sid] = m.message
+                if sid not in UNMEMOIZED:
+                    memo = False
                 continue
             if failing:
                 failing.pop(sid, None)
             state[sid] = m
+        if self._memo is not None:
+            new = self._pid = self._intern()
+            if memo and new is not None:  # no memoized spec failed, none was failing: file the transition
+                changed = tuple((sid, state[sid]) for sid, old in zip(self._memo_ids, before) if state[sid] is not old)
+                self._memo[(pid, id(key_ev))] = (key_ev, new, changed)
         if k in _MEMORY_KINDS or self.steps <= SERIES_STEP:
             self._memory(i, ev)
 
@@ -141,6 +268,7 @@ class OnlineChecker:
             if msg:  # a `Failure` or a bare message
                 self._violated(s.id, getattr(msg, "message", msg), None)
             self.state[s.id] = s.init()
+        self._pid = self._intern()
 
     def _violated(self, spec: str, message: str, i: int | None) -> None:
         key = (spec, message)

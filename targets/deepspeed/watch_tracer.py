@@ -26,6 +26,7 @@ whose engine owns the parameter.
 
 from __future__ import annotations
 
+import collections
 import functools
 import threading
 
@@ -37,6 +38,10 @@ from zerostate.model.events import EventKind, Event
 from . import compat
 from .tracer import ROOT, Tracer
 
+_TRACE_MODE = "_PartitionedParameterCoordinator__trace_mode"
+"""partitioned_param_coordinator.py ``self.__trace_mode`` (a ``ZeRoTraceMode``), what ``is_record_trace()`` /
+``is_complete_trace()`` compare (0.18.4-0.19.8): `WatchTracer._poll_trace` reads it once per module hook instead
+of calling both."""
 _GATHER = "_PartitionedParameterCoordinator__all_gather_params"
 """partitioned_param_coordinator.py ``__all_gather_params(params, forward)`` (0.18.4-0.19.8): every fetch and
 prefetch all-gathers through it."""
@@ -44,6 +49,8 @@ _ACTIVE: list["WatchTracer"] = []
 _EVENTS: dict[tuple, Event] = {}
 """(kind, param, module, task, value, phase, note) -> the one `Event` with those fields."""
 _EVENTS_MAX = 200_000
+BATCH = 256
+"""Events a tracer holds before it hands them to its sink (`WatchTracer.deliver`)."""
 WATCH_START = "watch-start"
 """The note of the FETCH / PREFETCH events that report what was gathered when watching began."""
 _CKPT_LOCK = threading.Lock()
@@ -211,12 +218,19 @@ def z3_leaf_modules(module) -> dict[str, object]:
 
 
 class WatchTracer(Tracer):
-    """`Tracer` for any model; ``sink(event)`` receives every event as it happens (no list is kept)."""
+    """`Tracer` for any model.  ``sink(queue)`` receives every event, in order: `emit` queues the event (a
+    ``deque``; the sink takes events from its left until it is empty) and `deliver` hands over what is queued -- when `BATCH` events are queued, and whenever the owner
+    asks (`zerostate.targets.deepspeed.watch.WatchHandle` does at the end of every engine call and before it
+    reads or writes what the checker found).  Folding a few hundred events in one go costs a watched ZeRO-3
+    step a few ms less than folding each between DeepSpeed's hooks (benchmarks/bench_watch.py).  No list of
+    the run's events is kept."""
 
     def __init__(self, engine, sink=None):
         stage = int(engine.zero_optimization_stage()) if hasattr(engine, "zero_optimization_stage") else 0
         super().__init__(engine, {"stage": stage, "blocks": []})
         self.sink = sink
+        self._queue: collections.deque = collections.deque()
+        self._delivering = False
         self.leaves = z3_leaf_modules(self.module) if stage == 3 else {}
         self.leaf_count = sum(1 for m in self.leaves.values() if any(p.requires_grad for p in m.parameters()))
         self._leaf_of: dict[str, str] = {}
@@ -254,6 +268,13 @@ class WatchTracer(Tracer):
         """The trace mode is reported (TRACE_STATE): from the start, or for an engine watched after its trace was
         recorded, from DeepSpeed's next invalidation (`_poll_trace`)."""
         self.on_trace_sync = None
+        self._raw_trace = self.coord is not None and hasattr(self.coord, _TRACE_MODE)
+        self._mode_raw = None
+        """The coordinator's ``__trace_mode`` object at the last poll (`_poll_trace`)."""
+
+    def _resync(self) -> None:
+        super()._resync()
+        self._mode_raw = None  # `_mode` was set from DeepSpeed: the next poll compares again
 
     def params_of(self, module: str) -> tuple[str, ...]:
         """The parameters ZeRO-3 fetches for ``module``: its own, or all under it for a z3 leaf module."""
@@ -261,9 +282,9 @@ class WatchTracer(Tracer):
 
     # ------------------------------------------------------------ events
     def emit(self, kind: str, param=None, module=None, task=None, value=None, phase=None, note=None) -> None:
-        """Hand ``sink`` the `Event` (not a dict: no ``Event.from_dict`` per event).  Events are immutable and a
-        job repeats the same ones every step (a parameter's fetch, holders, release...), so equal events are
-        one shared object from `_EVENTS`."""
+        """Queue the `Event` for ``sink`` (not a dict: no ``Event.from_dict`` per event).  Events are immutable
+        and a job repeats the same ones every step (a parameter's fetch, holders, release...), so equal events
+        are one shared object from `_EVENTS` (the online checker's transition memo keys on it)."""
         if self._paused or self.sink is None:
             return
         key = (kind, param, module, task, value, phase, note)
@@ -272,8 +293,24 @@ class WatchTracer(Tracer):
             if len(_EVENTS) >= _EVENTS_MAX:
                 _EVENTS.clear()
             ev = _EVENTS[key] = Event(EventKind(kind), param, module, task, value, phase, note)
+        q = self._queue
+        q.append(ev)  # (a deque: appends from another thread while `deliver` runs are neither lost nor reordered)
+        if len(q) >= BATCH:
+            self.deliver()
+
+    def deliver(self) -> None:
+        """Hand ``sink`` every queued event, in order.  A call made while the sink runs (the checker reporting a
+        violation writes the report, which asks for delivery) returns at once: the outer call goes on."""
+        if self._delivering or self.sink is None:
+            return
         with self._lock:
-            self.sink(ev)
+            if self._delivering:
+                return
+            self._delivering = True
+            try:
+                self.sink(self._queue)  # it takes them from the left (an interrupted fold leaves the rest queued)
+            finally:
+                self._delivering = False
 
     def on_checkpoint(self, what: str, param: str) -> None:
         """A frozen parameter saved live by a recompute (``save_live``), checked by torch (``check``) or read
@@ -388,7 +425,11 @@ class WatchTracer(Tracer):
             self._plain_open = kind
             self.backwards += 1
             self.mark("backward_start", kind=kind)
-        return super()._task()
+        tid = torch._C._current_graph_task_id()  # (`Tracer._task`'s usual case, inlined: a task already seen)
+        if tid == -1:
+            return None
+        small = self._tasks.get(tid)
+        return small if small is not None else super()._task()
 
     def _plain_backward_end(self) -> None:
         self._plain = None
@@ -403,7 +444,15 @@ class WatchTracer(Tracer):
         does not report it."""
         if self.stage != 3 or self._paused:
             return
-        mode = compat.trace_mode(self.coord)
+        if self._raw_trace:
+            raw = getattr(self.coord, _TRACE_MODE)
+            if raw is self._mode_raw:  # unchanged since the last poll (the usual case)
+                return
+            self._mode_raw = raw
+            name = raw.name
+            mode = name if name in ("RECORD", "COMPLETE") else "INVALID"  # as compat.trace_mode
+        else:
+            mode = compat.trace_mode(self.coord)
         if mode != self._mode:
             self._mode = mode
             if self._trace_synced:
@@ -426,14 +475,18 @@ class WatchTracer(Tracer):
 
     # ------------------------------------------------------------ user names
     def _w_module(self, f, what):
+        kind = "module_" + what
+        forward = what in ("pre_forward", "post_forward")
+        names = self.mod_names
+
         def wrapped(module, *a, **k):
             task = self._task()
-            name = self.mod_names.get(id(module), "?")
+            name = names.get(id(module), "?")
             phase = None
-            if what in ("pre_forward", "post_forward"):
+            if forward:
                 phase = "eval" if self._eval else ("recompute" if task is not None else "forward")
             self._poll_trace()
-            self.emit("module_" + what, module=name, phase=phase)
+            self.emit(kind, None, name, None, None, phase)
             r = f(module, *a, **k)
             self._poll_module(name)
             return r
