@@ -14,8 +14,9 @@ Two measurements, both on CPU (gloo, world size 1, ``OMP_NUM_THREADS=1``):
   ``LANE`` examples, each in a worker started fresh for it, N workers at once; start-ups excluded,
   the fresh starts between lanes included).
   Since issue 11 the default strategy draws the training-setup dimensions too (bf16, offload,
-  parameter groups, the HF Llama family ...); on a CPU without fp16 the fp16 draws (about one
-  in four) are skipped by the executor in about a millisecond and still count as examples.
+  parameter groups, the HF Llama family ...); the fp16 draws (about one in four) run on DeepSpeed's CPU
+  accelerator too since issue 11 (`net.allow_fp16_on_cpu`; before, they were skipped in about a millisecond
+  and still counted as examples).
 * **time to each seed bug** -- ``zerostate.targets.explorer.explore`` from scratch (no
   Hypothesis database; the ci profile's derandomized sequence) with ``--examples`` per
   search, per release, stopping once the seed's finding is final: seconds from the start of

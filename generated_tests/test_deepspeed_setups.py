@@ -99,14 +99,56 @@ def test_precision_reaches_deepspeed(ds, prec):
         assert out.details["max_diff"] <= 1e-6, out.details  # fp32: only the clipping norm's summation order
 
 
-def test_fp16_runs_or_says_why(ds):
-    """fp16 (dynamic loss scaling) needs an accelerator with fp16: on most CPUs the example is skipped with
-    the reason, never reported as a finding."""
-    out = ds.run(Scenario.from_dict({"stage": 2, "precision": "fp16", "steps": TWO}))
-    if out.details.get("skipped"):
-        assert "fp16 is not supported" in out.details["skipped"]
-    else:
-        assert not out.findings, [f.key for f in out.findings]
+FP16_STEPS = [{"micro": [{"backward": "engine"}, {"backward": "torch"}]}] * 2
+
+
+@pytest.mark.parametrize("stage,offload", [(1, "none"), (2, "optimizer"), (3, "none"), (3, "both")])
+def test_fp16_reaches_deepspeed(ds, stage, offload):
+    """fp16 runs on DeepSpeed's CPU accelerator (zerostate tells it fp16 is supported: net.allow_fp16_on_cpu),
+    engine.backward and a PyTorch-style backward through ``engine.scale(loss)``, with a fused head whose
+    backward inside forward applies the loss scale itself: not skipped, no finding, DeepSpeed's loss scaler
+    ran (2**8, no overflow) like the oracle's, and the fp16 rounding shows within the stated tolerance."""
+    sc = Scenario.from_dict({"stage": stage, "precision": "fp16", "offload": offload, "fused_head": True,
+                             "blocks": [{"checkpoint": "reentrant" if stage == 3 else "none"}, {}],
+                             "steps": FP16_STEPS})
+    out = ds.run(sc)
+    assert not out.details.get("skipped"), out.details
+    assert not out.findings, "\n".join(f"{f.key}: {f.error[:300]}" for f in out.findings)
+    assert out.details["steps"] == 2, out.details
+    fp16 = out.details["fp16"]
+    assert fp16["skipped_steps"] == 0 and fp16["oracle_skipped"] == [] and fp16["loss_scale"] == 256.0, fp16
+    atol, rtol = net.tolerance(sc.to_dict())
+    assert 0 < out.details["max_diff"] <= atol + rtol * 3, out.details
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_fp16_overflow_skips_the_step_in_deepspeed_and_the_oracle(ds, stage):
+    """DeepSpeed's default initial scale 2**16: the first step's scaled gradients overflow fp16, DeepSpeed
+    skips the step and halves the scale, the oracle's loss scaler (net.LossScale) predicts the same on its
+    own (step 0 skipped, step 1 trained at 2**15), the parameters after each step agree (after step 0: the
+    initial ones), and every hook and bucket spec holds after the skipped step (no finding)."""
+    sc = Scenario.from_dict({"stage": stage, "precision": "fp16", "loss_scale_power": 16,
+                             "blocks": [{}, {}], "steps": [{"micro": [{"backward": "engine"}]}] * 2})
+    info: dict = {}
+    expected = net.oracle_params(sc.to_dict(), info)
+    assert info["skipped"] == [0] and info["scales"] == [2.0 ** 16, 2.0 ** 15], info
+    initial = net.build_model(sc.to_dict())
+    assert all((expected[0][n] - p.detach()).abs().max().item() == 0 for n, p in initial.named_parameters())
+    assert any((expected[1][n] - p.detach()).abs().max().item() > 0 for n, p in initial.named_parameters())
+    out = ds.run(sc)
+    assert not out.findings, "\n".join(f"{f.key}: {f.error[:300]}" for f in out.findings)
+    fp16 = out.details["fp16"]
+    assert fp16["skipped_steps"] == 1 and fp16["loss_scale"] == 2.0 ** 15, fp16
+    assert out.details["steps"] == 2
+
+
+def test_fp16_nonscalar_backward_is_skipped_with_its_reason(ds):
+    """DeepSpeed requires the loss scaler on every fp16 backward and ``engine.scale`` takes a scalar loss:
+    a non-scalar backward has no fp16 form (the strategy draws a PyTorch-style one instead)."""
+    out = ds.run(Scenario.from_dict({"stage": 2, "precision": "fp16",
+                                     "steps": [{"micro": [{"backward": "nonscalar"}]}]}))
+    assert "non-scalar backward" in out.details.get("skipped", ""), out.details
+    assert not out.findings
 
 
 # ------------------------------------------------- several engines in one process (issue 15)

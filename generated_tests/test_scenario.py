@@ -63,7 +63,7 @@ def test_setup_fields_are_written_only_when_set():
     plain = Scenario.from_dict({"blocks": [{}], "steps": [{"micro": [{"backward": "torch"}]}]})
     keys = set(plain.to_dict()) | {k for b in plain.to_dict()["blocks"] for k in b} | \
         {k for s in plain.to_dict()["steps"] for k in s} | {k for s in plain.to_dict()["steps"] for m in s["micro"] for k in m}
-    new = {"precision", "gradient_clipping", "fp32_grad_accum", "offload", "param_groups", "tie", "external", "outputs",
+    new = {"precision", "gradient_clipping", "loss_scale_power", "fp32_grad_accum", "offload", "param_groups", "tie", "external", "outputs",
            "losses", "family", "lora", "in_optimizer", "idle", "frozen", "retain"}
     assert not keys & new, keys & new
     assert plain.beyond_model() == []
@@ -73,6 +73,9 @@ def test_setup_fields_are_written_only_when_set():
                                "steps": [{"frozen": [0], "micro": [{"retain": True}]}, {"idle": True}]})
     assert Scenario.from_json(full.to_json()) == full
     assert len(full.beyond_model()) == 13, full.beyond_model()
+    fp16 = Scenario.from_dict({"precision": "fp16", "loss_scale_power": 16})
+    assert fp16.to_dict()["loss_scale_power"] == 16 and Scenario.from_json(fp16.to_json()) == fp16
+    assert "loss_scale_power" not in Scenario.from_dict({"precision": "fp16"}).to_dict()
 
 
 @pytest.mark.parametrize("data, field", [
@@ -80,6 +83,9 @@ def test_setup_fields_are_written_only_when_set():
     ({"offload": "param", "stage": 2}, "offload"),
     ({"offload": "disk"}, "offload"),
     ({"fp32_grad_accum": True}, "fp32_grad_accum"),
+    ({"loss_scale_power": 16}, "loss_scale_power"),
+    ({"precision": "fp16", "loss_scale_power": 25}, "loss_scale_power"),
+    ({"precision": "fp16", "loss_scale_power": "16"}, "loss_scale_power"),
     ({"gradient_clipping": -1}, "gradient_clipping"),
     ({"gradient_clipping": "1.0"}, "gradient_clipping"),
     ({"param_groups": 4}, "param_groups"),
@@ -105,6 +111,9 @@ def test_malformed_setup_fields_name_the_field(data, field):
 DRAWN = {
     "bf16": lambda s: s.precision.value == "bf16" and s.fp32_grad_accum,
     "fp16": lambda s: s.precision.value == "fp16",
+    "fp16 from DeepSpeed's default scale 2**16": lambda s: s.precision.value == "fp16" and s.loss_scale_power == 16,
+    "prefetch bucket 1": lambda s: s.stage == 3 and s.prefetch_bucket_size == 1,
+    "max live parameters 0": lambda s: s.stage == 3 and s.max_live_parameters == 0,
     "clipping": lambda s: s.gradient_clipping > 0,
     "optimizer offload": lambda s: s.offload.value == "optimizer",
     "parameter offload": lambda s: s.offload.value in ("param", "both"),

@@ -203,6 +203,10 @@ class Scenario:
     precision: Precision = Precision.FP32
     gradient_clipping: float = 0.0
     """Set explicitly (DeepSpeed's default is 1.0 from 0.19.5); 0 disables clipping."""
+    loss_scale_power: int = 8
+    """fp16 only: DeepSpeed's ``fp16.initial_scale_power`` (dynamic loss scaling from 2**power; 16 is
+    DeepSpeed's default, whose scaled gradients overflow fp16 in some scenarios: the step is skipped and
+    the scale halves).  Written to JSON only when not 8."""
     fp32_grad_accum: bool = False
     """bf16 only: ``data_types.grad_accum_dtype = "fp32"`` (gradients accumulated in fp32)."""
     offload: Offload = Offload.NONE
@@ -310,6 +314,8 @@ class Scenario:
             raise ScenarioError(f"gradient_clipping: must be a finite number >= 0, got {self.gradient_clipping!r}")
         if self.fp32_grad_accum and self.precision is not Precision.BF16:
             raise ScenarioError("fp32_grad_accum: only with precision bf16 (DeepSpeed's grad_accum_dtype)")
+        if self.loss_scale_power != 8 and (self.precision is not Precision.FP16 or not 0 <= self.loss_scale_power <= 24):
+            raise ScenarioError(f"loss_scale_power: only with precision fp16, 0..24, got {self.loss_scale_power}")
         if self.offload in (Offload.PARAM, Offload.BOTH) and self.stage != 3:
             raise ScenarioError(f"offload: parameter offload needs ZeRO-3, got stage {self.stage}")
         if not 1 <= self.param_groups <= 3:
@@ -484,7 +490,8 @@ _BLOCK_FIELDS = {"checkpoint", "norm", "lin", "leaf", "in_optimizer"}
 _STEP_FIELDS = {"micro", "eval_before", "reregister", "idle", "frozen"}
 _MICRO_FIELDS = {"backward", "skip", "retain"}
 _EXTENDED_DEFAULTS: dict[str, Any] = {
-    "precision": Precision.FP32, "gradient_clipping": 0.0, "fp32_grad_accum": False, "offload": Offload.NONE,
+    "precision": Precision.FP32, "gradient_clipping": 0.0, "loss_scale_power": 8, "fp32_grad_accum": False,
+    "offload": Offload.NONE,
     "param_groups": 1, "tie": False, "external": False, "outputs": Outputs.TENSOR, "losses": 1,
     "family": Family.BLOCKS, "lora": False}
 """Scenario fields added for issue 11, with their defaults: written to JSON only when not at the default."""
@@ -533,7 +540,7 @@ def _parse_scenario(data: Any) -> Scenario:
         kwargs[name] = _int(d.get(name, getattr(defaults, name)), name)
     for name in ("fused_head", "input_requires_grad", "fp32_grad_accum", "tie", "external", "lora"):
         kwargs[name] = _bool(d.get(name, getattr(defaults, name)), name)
-    for name in ("param_groups", "losses"):
+    for name in ("param_groups", "losses", "loss_scale_power"):
         kwargs[name] = _int(d.get(name, getattr(defaults, name)), name)
     for name, cls in (("precision", Precision), ("offload", Offload), ("outputs", Outputs), ("family", Family)):
         kwargs[name] = _enum(cls, d.get(name, getattr(defaults, name).value), name)

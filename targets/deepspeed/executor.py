@@ -10,8 +10,13 @@
 ``origin``      ``ExcType@module.function`` of the innermost DeepSpeed frame (distinguishes exceptions);
 ``steps``       train steps compared with the oracle;
 ``max_diff``    the largest |DeepSpeed - PyTorch| over every parameter and compared step;
+``fp16``        fp16 only: ``skipped_steps`` and ``loss_scale`` of DeepSpeed's loss scaler at the end, the
+                oracle's ``oracle_skipped`` (train steps skipped for an overflow) and ``oracle_scales``;
+                a different number of skipped steps is an oracle ``mismatch``;
 ``skipped``     a reason when the scenario cannot be trained at all (no trainable parameter, no parameter
-                in the optimizer) or not here (fp16 on an accelerator without fp16).
+                in the optimizer) or not here (fp16 on a GPU accelerator without fp16 -- DeepSpeed's CPU
+                accelerator is told it has fp16 for the example, `net.allow_fp16_on_cpu` -- or fp16 with a
+                non-scalar backward, which DeepSpeed's loss scaler has no form for).
 ``engines_before`` one line per engine run before the scenario's own (``"ZeRO-3: ok"`` or its exception);
 ``carried_state`` process-wide state an earlier engine left that this engine runs with (`net.carried_state`);
 ``torch_linear_replaced`` True when, after the run, ``torch.nn.functional.linear`` was DeepSpeed's
@@ -83,9 +88,14 @@ def unrunnable(spec: dict) -> str | None:
     """Why this scenario cannot run here, or None."""
     if spec.get("precision") == "fp16":
         from deepspeed.accelerator import get_accelerator
+        net.allow_fp16_on_cpu()  # DeepSpeed's CPU accelerator is told fp16 is supported (torch computes it)
         acc = get_accelerator()
         if not acc.is_fp16_supported():
             return f"fp16 is not supported by DeepSpeed's {acc.device_name()} accelerator on this machine"
+        if any(m.get("backward") == "nonscalar" for s in spec.get("steps", [{}]) for m in s.get("micro", [{}])):
+            return ("fp16 with a non-scalar backward: DeepSpeed requires the loss scaler on every backward "
+                    "(engine.backward(loss) or engine.scale(loss).backward(), engine.py _backward_post_hook) and "
+                    "engine.scale takes a scalar loss, so a non-scalar backward has no fp16 form to test")
     if spec.get("family", "blocks") == "blocks" and not spec.get("fused_head", False) and all(
             not b.get("in_optimizer", True) or all(b.get(k, "trainable") == "frozen" for k in ("norm", "lin"))
             for b in spec.get("blocks", [{}])):
@@ -104,10 +114,12 @@ def execute(spec: dict, on_step=None) -> dict:
         return res
     reason = unrunnable(spec)
     if reason:
+        net.restore_fp16_support()
         res["skipped"] = reason
         return res
     try:
-        expected = net.oracle_params(spec)
+        oracle_fp16: dict = {}
+        expected = net.oracle_params(spec, oracle_fp16)
     except Exception as exc:  # the oracle itself failed: the scenario is not trainable in plain PyTorch
         res.update(error=f"oracle: {type(exc).__name__}: {exc}", error_check="oracle-error",
                    traceback="".join(traceback.format_exc().splitlines(True)[-8:]))
@@ -136,6 +148,14 @@ def execute(spec: dict, on_step=None) -> dict:
                 on_step(i, got)
 
         net.run_schedule(spec, backend, mark=tracer.mark, after_step=after_step)
+        fp16 = backend.fp16_state()
+        if fp16 is not None:  # the loss scaler: the steps skipped for an overflow and the scale, both sides
+            fp16.update(oracle_skipped=oracle_fp16.get("skipped"), oracle_scales=oracle_fp16.get("scales"))
+            res["fp16"] = fp16
+            if res["mismatch"] is None and (fp16["skipped_steps"] != len(oracle_fp16["skipped"])):
+                res["mismatch"] = (f"loss scaling: DeepSpeed skipped {fp16['skipped_steps']} step(s) for an overflow, "
+                                   f"PyTorch's loss scaler {len(oracle_fp16['skipped'])} (steps "
+                                   f"{oracle_fp16['skipped']}, scales {oracle_fp16['scales']})")
     except Exception as exc:
         res["error"] = f"{type(exc).__name__}: {exc}"
         res["error_check"] = "saved-tensor-intact" if compat.is_checkpoint_error(exc) else "exception"
@@ -148,6 +168,7 @@ def execute(spec: dict, on_step=None) -> dict:
         if backend is not None:
             backend.close()
         compat.clear_globals()
+        net.restore_fp16_support()  # fp16 on the CPU accelerator: for this example only
         if restore_torch_linear():  # a ZeRO-3 engine (this scenario's, or one of its engines_before) ran
             res["torch_linear_replaced"] = True
         del backend, tracer, model

@@ -144,7 +144,10 @@ STEP_WITHOUT_GRADIENT = KnownIssue(
             "offload (ZeRO-1/2) it does not crash but is silently wrong: the previous step's gradients, still in "
             "the CPU buffer, are applied a second time (oracle mismatch).  PyTorch's optimizer skips parameters "
             "without gradient.  ZeRO-1/2 steps whose requires_grad change leaves no gradient at all are the "
-            "same bug reached through zero12-backward-without-gradients' path."),
+            "same bug reached through zero12-backward-without-gradients' path.  fp16 (ZeRO-1/2, issue 11): the "
+            "loss scaler's overflow check reads the same missing gradients first -- KeyError: 0 in "
+            "stage_1_and_2.py has_overflow_partitioned_grads_serial (``self.averaged_gradients[i]``, line 3232 "
+            "on 0.19.8) where fp32 fails in scaled_global_norm."),
 )
 
 NESTED_OUTPUTS_SCALED_TWICE = KnownIssue(
@@ -226,7 +229,35 @@ Z3_LINEAR_OVERRIDE_OUTLIVES_ENGINE = KnownIssue(
             "destroyed (or patch only inside the Init context)."),
 )
 
+FP16_SCALE_INCREASE_HALVES_STEP = KnownIssue(
+    id="fp16-scale-increase-halves-step",
+    title="fp16 dynamic loss scaling: on a step where the loss scale grows, ZeRO unscales the gradients by the "
+          "new (doubled) scale, so that step's update is half what it should be",
+    owner="deepspeed",
+    releases=((0, 18, 4), (0, 20, 0)),  # measured on 0.18.4, 0.19.2 and 0.19.8 (ZeRO-1, 2 and 3 on 0.19.8)
+    scenario=Scenario.from_dict({"stage": 3, "precision": "fp16", "blocks": [{}, {}], "steps": [{}, {}, {}]}),
+    checks=("oracle",),
+    keys=("oracle",),
+    explains=lambda f: f.check == "oracle" and f.scenario.precision.value == "fp16" and len(f.scenario.steps) >= 3,
+    detail=("Found by the fp16 oracle (issue 11: fp16 on the CPU accelerator, net.LossScale).  With "
+            "loss_scale_window 2 the scale doubles after the third clean step (2**8 -> 2**9).  The ZeRO optimizers "
+            "update the scale before unscaling: stage3.py step() calls _loss_scale_update_and_overflow_cleanup "
+            "(line 2891 on 0.19.8, loss_scaler.update_scale) and only then unscale_and_clip_grads (line 2918), "
+            "which divides the fp32 gradient partition by self.loss_scale -- already the new scale; "
+            "stage_1_and_2.py the same (_update_scale line 3047, unscale_and_clip_grads line 3080 with "
+            "combined_scale = self.loss_scale, line 3198, while the reported norm uses prev_scale, line 3071).  "
+            "The gradients were computed with the old scale, so the update of every step on which the scale grows "
+            "is exactly half (measured: DeepSpeed/PyTorch update ratio 0.500 at step 2, 1.000 at step 1, ZeRO-1, "
+            "2 and 3).  torch.cuda.amp.GradScaler and apex update the scale after the step.  It cancels when "
+            "gradient clipping binds (the clip factor is computed from the same new scale).  With DeepSpeed's "
+            "default window of 1000 steps it halves one update in a thousand.  The default exploration (at most "
+            "2 train steps) does not reach it; the stateful test (3 steps) did.  The same ordering was measured "
+            "for FP16_Optimizer, and read (not run) in ZeRO-1/2, in a comment on deepspeedai/DeepSpeed PR #8588 "
+            "(open).  Fix: unscale with prev_scale (or update the scale after the step)."),
+)
+
 SETUP_ISSUE_FIELDS: tuple[dict, ...] = (Z3_UNGROUPED_NOT_GATHERED, TWO_BACKWARDS_PER_FORWARD, STEP_WITHOUT_GRADIENT, NESTED_OUTPUTS_SCALED_TWICE,
-                                        SHARED_ACROSS_REENTRANT, Z3_LINEAR_OVERRIDE_OUTLIVES_ENGINE)
+                                        SHARED_ACROSS_REENTRANT, Z3_LINEAR_OVERRIDE_OUTLIVES_ENGINE,
+                                        FP16_SCALE_INCREASE_HALVES_STEP)
 
 __all__ = ["SETUP_ISSUE_FIELDS"]

@@ -22,7 +22,9 @@ executor ran.  A *spec* here is the plain dict of ``Scenario.to_dict()``.
   passed as a client optimizer in `param_groups`).
 * `tolerance` -- the oracle's tolerance: exact-ish (``ATOL``/``RTOL``) in fp32, offload included;
   ``BF16_ATOL``/``BF16_RTOL`` for bf16 (bf16 parameters have an 8-bit mantissa: one rounding is a
-  relative 2**-8 = 0.4 %, a few steps of SGD accumulate a few of them) and fp16.
+  relative 2**-8 = 0.4 %, a few steps of SGD accumulate a few of them); ``FP16_ATOL``/``FP16_RTOL`` for
+  fp16, whose oracle is mixed precision itself (`TorchBackend` with `LossScale`: fp16 forward/backward,
+  fp32 master parameters, DeepSpeed's dynamic loss scaling, so an overflow skips the same step).
 * `run_engines_before` -- several engines in one process (issue 15, ``engines_before``): before the
   scenario's own engine, `DeepSpeedBackend` builds, trains (one plain train step) and destroys one engine
   per listed ZeRO stage, each on a fresh copy of the network, as TRL builds policy, reference and reward
@@ -47,9 +49,14 @@ ATOL = 1e-5
 RTOL = 1e-4
 BF16_ATOL = 2e-2
 BF16_RTOL = 2e-2
+FP16_ATOL = 5e-3
+FP16_RTOL = 5e-3
 VOCAB = 32
 SEQ = 4
 
+# fp16: the current loss scale (a callable) of the backend that runs, which the fused head's backward inside
+# forward must apply itself, as any user code calling backward outside the engine must (None: 1).
+LOSS_SCALE = None
 # A tracer may set this to a pair of callables (start(), end()) observing the backward made inside forward.
 PRE_BACKWARD_OBSERVER = None
 # ... and this to a pair (enter(block), exit(block)) called around every checkpointed block's forward,
@@ -96,16 +103,17 @@ class FusedHeadLoss(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hidden, head):
+        scale = LOSS_SCALE() if LOSS_SCALE is not None else 1.0  # fp16: the head's gradient is loss-scaled
         with torch.enable_grad():
             h = hidden.detach().requires_grad_(True)
             loss = head(h).pow(2).mean()
             obs = PRE_BACKWARD_OBSERVER
             if obs is not None:
                 obs[0]()
-            torch.autograd.backward(loss)
+            torch.autograd.backward(loss * scale if scale != 1.0 else loss)
             if obs is not None:
                 obs[1]()
-        ctx.save_for_backward(h.grad)
+        ctx.save_for_backward(h.grad if scale == 1.0 else h.grad / scale)
         return loss.detach()
 
     @staticmethod
@@ -237,9 +245,10 @@ def ds_config(spec):
         "wall_clock_breakdown": False,
         "zero_allow_untested_optimizer": True,
     }
-    if prec == "fp16":  # dynamic loss scaling from 2**8: an overflow skips the step and halves the scale
-        cfg["fp16"].update(loss_scale=0, initial_scale_power=8, loss_scale_window=2, hysteresis=1,
-                           min_loss_scale=1)
+    if prec == "fp16":  # dynamic loss scaling from 2**loss_scale_power (default 8): an overflow skips the step
+        # and halves the scale; two steps without overflow double it
+        cfg["fp16"].update(loss_scale=0, initial_scale_power=spec.get("loss_scale_power", 8),
+                           loss_scale_window=2, hysteresis=1, min_loss_scale=1)
     if spec.get("fp32_grad_accum", False):
         cfg["data_types"] = {"grad_accum_dtype": "fp32"}
     if offload != "none":
@@ -249,8 +258,13 @@ def ds_config(spec):
 
 def tolerance(spec):
     """``(atol, rtol)`` of the oracle comparison: fp32 (offload too: the same fp32 arithmetic on the
-    CPU) is compared tightly; bf16 / fp16 parameters are rounded to an 8 / 11-bit mantissa."""
-    if spec.get("precision", "fp32") != "fp32":
+    CPU) is compared tightly; bf16 parameters are rounded to an 8-bit mantissa (against an fp32 oracle);
+    fp16 ones to an 11-bit mantissa (one rounding: a relative 2**-11 = 0.05 %), against an oracle that
+    runs the same fp16 forward and backward (only the order of DeepSpeed's sums differs): 5e-3."""
+    prec = spec.get("precision", "fp32")
+    if prec == "fp16":
+        return FP16_ATOL, FP16_RTOL
+    if prec == "bf16":
         return BF16_ATOL, BF16_RTOL
     return ATOL, RTOL
 
@@ -284,16 +298,63 @@ def trainable(model):
     return [p for p in model.parameters() if p.requires_grad]
 
 
+class LossScale:
+    """DeepSpeed's dynamic loss scaler (runtime/fp16/loss_scaler.py ``DynamicLossScaler.update_scale``) for
+    the config `ds_config` writes: ``hysteresis`` 1, factor 2, ``consecutive_hysteresis`` off.  An overflow
+    (a non-finite gradient) skips the step and halves the scale (not below ``min_loss_scale``); after
+    ``loss_scale_window`` steps without overflow it doubles."""
+
+    def __init__(self, cfg):
+        self.scale = float(2 ** cfg["initial_scale_power"])
+        self.window, self.min = cfg["loss_scale_window"], cfg["min_loss_scale"]
+        self.iter, self.last_overflow = 0, -1
+        self.skipped = []  # the train steps skipped for an overflow
+        self.scales = []  # the scale each train step ran with
+
+    def update(self, overflow, step):
+        self.scales.append(self.scale)
+        if overflow:
+            self.skipped.append(step)
+            self.scale = max(self.scale / 2, self.min)
+            self.last_overflow = self.iter
+        else:
+            stable = self.iter - self.last_overflow - 1
+            if stable > 0 and stable % self.window == 0:
+                self.scale *= 2
+        self.iter += 1
+
+
 class TorchBackend:
-    """The oracle: the same network and schedule with plain PyTorch and the same optimizer."""
+    """The oracle: the same network and schedule with plain PyTorch and the same optimizer.
+
+    fp16 (mixed precision as DeepSpeed does it, with its dynamic loss scaling, `LossScale`): ``model`` is
+    the fp32 master copy the optimizer updates and `params` returns; forward and backward run on an fp16
+    copy of it with the loss multiplied by the current scale; at the step boundary a non-finite fp16
+    gradient skips the step (the scale halves), otherwise the gradients are unscaled into fp32, clipped,
+    the master parameters stepped and copied back into the fp16 copy."""
 
     def __init__(self, spec, model):
-        self.model, self.gas = model, gas_of(spec)
+        self.master, self.gas = model, gas_of(spec)
         self.clip = float(spec.get("gradient_clipping", 0.0))
         self.opt = torch.optim.SGD(param_groups(spec, model), lr=LR)
         self.llama = spec.get("family", "blocks") == "llama"
+        self.scaler = None
+        self.model = model
+        self.steps = 0
+        if spec.get("precision", "fp32") == "fp16":
+            import copy
+            global LOSS_SCALE
+            self.model = copy.deepcopy(model).half()
+            self.scaler = LossScale(ds_config(spec)["fp16"])
+            LOSS_SCALE = lambda: self.scaler.scale  # noqa: E731
+
+    def _input(self, x):
+        if self.scaler is not None and x.is_floating_point():
+            x = x.detach().half().requires_grad_(x.requires_grad)
+        return x
 
     def forward(self, x, skip=()):
+        x = self._input(x)
         if self.llama:
             return self.model(input_ids=x, labels=x)
         return self.model(x, skip=tuple(skip)) if skip else self.model(x)
@@ -304,26 +365,43 @@ class TorchBackend:
     def eval_forward(self, x):
         self.model.eval()
         with torch.no_grad():
+            x = self._input(x)
             self.model(input_ids=x) if self.llama else self.model(x)
         self.model.train()
 
     def backward(self, kind, out, loss, fused, part=1.0, keep=False):
         """``part``: the share of the loss this backward takes; ``keep``: retain_graph (two backwards)."""
+        scale = self.scaler.scale if self.scaler is not None else 1.0
         if kind == "nonscalar":
             g = torch.ones_like(loss) if fused else (2 * out / out.numel()).detach()
-            (loss if fused else out).backward(gradient=part * g / self.gas, retain_graph=keep)
+            (loss if fused else out).backward(gradient=part * g / self.gas * scale, retain_graph=keep)
         else:
-            (part * loss / self.gas).backward(retain_graph=keep)
+            (part * loss / self.gas * scale if scale != 1.0 else part * loss / self.gas).backward(retain_graph=keep)
 
     def micro_done(self, boundary):
-        if boundary:
-            if self.clip > 0:
-                torch.nn.utils.clip_grad_norm_([p for g in self.opt.param_groups for p in g["params"]], self.clip)
-            self.opt.step()
-            self.opt.zero_grad(set_to_none=True)
+        if not boundary:
+            return
+        if self.scaler is not None:
+            grads = {n: p.grad for n, p in self.model.named_parameters() if p.grad is not None}
+            overflow = any(not torch.isfinite(g).all() for g in grads.values())
+            for n, p in self.master.named_parameters():
+                p.grad = None if overflow or n not in grads else grads[n].float() / self.scaler.scale
+            self.model.zero_grad(set_to_none=True)
+            self.scaler.update(overflow, self.steps)
+            self.steps += 1
+            if overflow:  # the step is skipped
+                return
+        if self.clip > 0:
+            torch.nn.utils.clip_grad_norm_([p for g in self.opt.param_groups for p in g["params"]], self.clip)
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        if self.scaler is not None:
+            with torch.no_grad():
+                for p, q in zip(self.master.parameters(), self.model.parameters()):
+                    q.copy_(p)
 
     def params(self):
-        return {n: p.detach().clone() for n, p in self.model.named_parameters()}
+        return {n: p.detach().clone() for n, p in self.master.named_parameters()}
 
 
 def rank_rows(x):
@@ -384,6 +462,43 @@ def carried_state(stage):
     return None
 
 
+def allow_fp16_on_cpu():
+    """zerostate's one change to DeepSpeed, made only for an fp16 scenario on DeepSpeed's CPU accelerator:
+    that accelerator says fp16 is supported only when oneDNN has AVX512-FP16
+    (``torch.ops.mkldnn._is_mkldnn_fp16_supported()``, accelerator/cpu_accelerator.py ``is_fp16_supported``),
+    and ``deepspeed.initialize`` refuses fp16 otherwise (engine.py: "fp16 is not supported on this
+    accelerator").  That is a speed statement: torch computes float16 on any CPU (emulated, slower), and the
+    fp16 path under test -- the loss scaler, the overflow check, ZeRO's fp16 parameters and fp32 master
+    partitions -- is device-independent Python.  So the accelerator instance is told fp16 is supported
+    (``is_fp16_supported`` and ``supported_dtypes``); nothing else of DeepSpeed changes.  Returns True when it
+    made the change (False on a GPU, or on a CPU that has fp16).  `restore_fp16_support` undoes it: the
+    executor does after every example, so no other scenario runs with it (zero.Init's default dtype, for
+    one, follows ``is_fp16_supported``)."""
+    from deepspeed.accelerator import get_accelerator
+    acc = get_accelerator()
+    if acc.device_name() != "cpu" or acc.is_fp16_supported():
+        return False
+    dtypes = acc.supported_dtypes
+    acc.is_fp16_supported = lambda: True
+    acc.supported_dtypes = lambda: list(dtypes()) + [torch.float16]
+    return True
+
+
+def restore_fp16_support():
+    """Undo `allow_fp16_on_cpu` (the class's own methods again); True when there was something to undo."""
+    import sys
+    if "deepspeed" not in sys.modules:
+        return False
+    from deepspeed.accelerator import get_accelerator
+    acc = get_accelerator()
+    changed = False
+    for name in ("is_fp16_supported", "supported_dtypes"):
+        if name in vars(acc):
+            delattr(acc, name)
+            changed = True
+    return changed
+
+
 class DeepSpeedBackend:
     """The real engine: ``deepspeed.initialize`` with ZeRO 1/2/3 and a client SGD optimizer.  With
     ``engines_before`` in the spec, those engines run first (`run_engines_before`)."""
@@ -391,6 +506,8 @@ class DeepSpeedBackend:
     def __init__(self, spec, model):
         import deepspeed
         self.spec = spec
+        if spec.get("precision", "fp32") == "fp16":
+            allow_fp16_on_cpu()
         self.engines_before = run_engines_before(spec)
         self.carried = carried_state(spec.get("stage", 3))
         if spec.get("stage", 3) == 3:
@@ -400,6 +517,9 @@ class DeepSpeedBackend:
                     set_z3_leaf_module(model.blocks[i], True)
         opt = torch.optim.SGD(param_groups(spec, model), lr=LR)
         self.engine, self.opt, _, _ = deepspeed.initialize(model=model, optimizer=opt, config=ds_config(spec))
+        if spec.get("precision", "fp32") == "fp16":
+            global LOSS_SCALE
+            LOSS_SCALE = lambda: float(self.engine.optimizer.loss_scale)  # noqa: E731
         self.names = {id(p): n for n, p in self.engine.module.named_parameters()}
         self.llama = spec.get("family", "blocks") == "llama"
         self.dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(spec.get("precision", "fp32"))
@@ -445,7 +565,10 @@ class DeepSpeedBackend:
             else:
                 self.engine.backward(loss if part == 1.0 else part * loss)
         elif kind == "torch":
-            (loss if part == 1.0 else part * loss).backward(retain_graph=keep)
+            loss = loss if part == 1.0 else part * loss
+            if self.dtype is torch.float16:  # DeepSpeed's API for a PyTorch-style backward with a loss scaler
+                loss = self.engine.scale(loss)
+            loss.backward(retain_graph=keep)
         else:
             g = torch.ones_like(loss) if fused else (2 * out / out.numel()).detach()
             (loss if fused else out).backward(gradient=g if part == 1.0 else part * g, retain_graph=keep)
@@ -466,7 +589,15 @@ class DeepSpeedBackend:
                 out[n] = p.detach().cpu().clone()
         return out
 
+    def fp16_state(self):
+        """fp16: the train steps DeepSpeed skipped so far and its current loss scale, else None."""
+        if self.dtype is not torch.float16 or self.engine is None:
+            return None
+        return {"skipped_steps": int(self.engine.skipped_steps), "loss_scale": float(self.engine.optimizer.loss_scale)}
+
     def close(self):
+        global LOSS_SCALE
+        LOSS_SCALE = None
         eng = getattr(self, "engine", None)
         if eng is not None and hasattr(eng, "destroy"):
             try:
@@ -553,12 +684,19 @@ def compare(expected, actual, atol=ATOL, rtol=RTOL):
     return None
 
 
-def oracle_params(spec):
-    """Parameters after each train step, trained with plain PyTorch."""
+def oracle_params(spec, info=None):
+    """Parameters after each train step, trained with plain PyTorch.  ``info`` (a dict), fp16: filled with
+    ``skipped`` (the train steps the loss scaler skipped) and ``scales`` (the scale each step ran with)."""
+    global LOSS_SCALE
     model = build_model(spec)
-    be = TorchBackend(spec, model)
-    out = []
-    run_schedule(spec, be, after_step=lambda i: out.append(be.params()))
+    try:
+        be = TorchBackend(spec, model)
+        out = []
+        run_schedule(spec, be, after_step=lambda i: out.append(be.params()))
+    finally:
+        LOSS_SCALE = None
+    if info is not None and be.scaler is not None:
+        info.update(skipped=be.scaler.skipped, scales=be.scaler.scales)
     return out
 
 

@@ -292,6 +292,7 @@ class DeepSpeedTarget:
                        {"steps": res.get("steps"), "seconds_in_worker": resp.get("seconds"),
                         "max_diff": res.get("max_diff"),
                         **({"torch_linear_replaced": True} if res.get("torch_linear_replaced") else {}),
+                        **({"fp16": res["fp16"]} if res.get("fp16") else {}),
                         **({"engines_before": res["engines_before"]} if res.get("engines_before") else {}),
                         **({"agreement": "not checked: the model does not represent " + ", ".join(beyond)}
                            if beyond and self.check_model else {})})
