@@ -83,6 +83,10 @@ class Finding:
     """explore: False while handed over at once, before it is shrunk (its final finding follows)."""
     world_size: int = 1
     """The ranks it ran on (set by the rank pool target, ranks.py; its repro script runs under torchrun)."""
+    known: str = ""
+    """For ``oracle`` findings: the id of the documented known issue that explains it (`known.tag_oracle`),
+    "" when none does.  Part of the key, so a documented oracle bug never hides an unexplained one behind
+    the one key ``oracle`` (the explorer keeps one finding per key)."""
 
     @property
     def key(self) -> str:
@@ -92,6 +96,8 @@ class Finding:
         identity (every spec monitor and the cross-rank checks give a code; a check without one is one key)."""
         if self.origin:
             return f"{self.check}:{self.origin}"
+        if self.known:
+            return f"{self.check}:{self.known}"
         if self.check in _SINGLE_KEY or not self.code:
             return self.check
         return f"{self.check}:{self.code}{self._phase()}"

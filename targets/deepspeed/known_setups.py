@@ -104,7 +104,7 @@ TWO_BACKWARDS_PER_FORWARD = KnownIssue(
     releases=((0, 18, 4), (0, 20, 0)),  # its scenario's oracle finding measured on 0.18.4 too
     scenario=Scenario.from_dict({"stage": 1, "steps": [{"micro": [{"backward": "engine", "retain": True}]}]}),
     checks=("oracle",),
-    keys=("oracle",),
+    keys=("oracle:two-backwards-per-forward",),
     explains=lambda f: _retains(f.scenario),
     detail=("engine.backward(0.5 * loss, retain_graph=True) then engine.backward(0.5 * loss) (or loss.backward "
             "twice) in one micro-step.  ZeRO-1/2: the gradients are copied, not accumulated, into the partition "
@@ -159,7 +159,7 @@ NESTED_OUTPUTS_SCALED_TWICE = KnownIssue(
     scenario=Scenario.from_dict({"stage": 1, "outputs": "tuple", "losses": 2,
                                  "steps": [{"micro": [{"backward": "torch"}, {"backward": "torch"}]}]}),
     checks=("oracle",),
-    keys=("oracle",),
+    keys=("oracle:zero12-nested-outputs-scaled-twice",),
     explains=lambda f: f.check == "oracle" and _nested_outputs_pytorch_backward(f.scenario),
     detail=("engine.forward registers register_output_backward_hooks on *every* tensor of the output "
             "structure (runtime/utils.py OutputBackwardHookManager._traverse_and_register_hooks), and each "
@@ -237,7 +237,7 @@ FP16_SCALE_INCREASE_HALVES_STEP = KnownIssue(
     releases=((0, 18, 4), (0, 20, 0)),  # measured on 0.18.4, 0.19.2 and 0.19.8 (ZeRO-1, 2 and 3 on 0.19.8)
     scenario=Scenario.from_dict({"stage": 3, "precision": "fp16", "blocks": [{}, {}], "steps": [{}, {}, {}]}),
     checks=("oracle",),
-    keys=("oracle",),
+    keys=("oracle:fp16-scale-increase-halves-step",),
     explains=lambda f: f.check == "oracle" and f.scenario.precision.value == "fp16" and len(f.scenario.steps) >= 3,
     detail=("Found by the fp16 oracle (issue 11: fp16 on the CPU accelerator, net.LossScale).  With "
             "loss_scale_window 2 the scale doubles after the third clean step (2**8 -> 2**9).  The ZeRO optimizers "

@@ -40,6 +40,7 @@ from zerostate.model.scenario import Scenario
 
 from ..base import Finding, Outcome, TargetError
 from .cross_rank_checks import cross_rank_problems
+from .known import tag_oracle
 from .rank_pool import RankPool
 from .target import DeepSpeedTarget, WorkerDied, WorkerTimeout
 
@@ -122,7 +123,7 @@ class DeepSpeedRanksTarget(DeepSpeedTarget):
             out.details["pool_restarted"] = f"ranks out of step after this example ({last['desync']})"
         if last is not None and last.get("ranks") and not out.details.get("skipped"):
             problems = cross_rank_problems(last["ranks"])
-            have = {f.key for f in out.findings}
+            have = {f.key for f in out.findings} | {f.check for f in out.findings}  # one oracle finding
             for check, (text, code) in problems.items():
                 if check in have:
                     continue
@@ -134,6 +135,7 @@ class DeepSpeedRanksTarget(DeepSpeedTarget):
         out.details["world_size"] = self.world_size
         for f in out.findings:
             f.world_size = self.world_size  # read by repro.repro_script (torchrun / deepspeed launcher lines)
+        tag_oracle(out.findings)  # again, at this world size (some known issues show at world size 2 only)
         return out
 
 

@@ -286,6 +286,8 @@ class DeepSpeedTarget:
             for f in exc:
                 spec_sti.error += "\n(torch raised) " + f.error
             findings = [f for f in findings if f not in exc]
+        from .known import tag_oracle
+        tag_oracle(findings)
         seen: set[str] = set()
         unique = [f for f in findings if not (f.key in seen or seen.add(f.key))]
         return Outcome(scenario, events, res.get("error"), unique, time.perf_counter() - t0,
