@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given
 
 from zerostate.model import Scenario, ScenarioError
+from zerostate.model.scenario import Block
 from zerostate.targets.strategies import scenarios
 
 
@@ -132,6 +133,19 @@ DRAWN = {
     "llama": lambda s: s.family.value == "llama",
     "llama + lora + checkpoint": lambda s: s.lora and s.blocks[0].checkpoint.value != "none",
     "engines before it in the process": lambda s: bool(s.engines_before),
+    "llama + lora + modules_to_save": lambda s: s.modules_to_save,
+    "ZeRO-3 + modules_to_save": lambda s: s.modules_to_save and s.stage == 3,
+    "gas 3": lambda s: s.gas == 3,
+    "ZeRO-1/2 + optimizer offload + gas 3": lambda s: s.gas == 3 and s.stage in (1, 2) and s.offload.value == "optimizer",
+    "manual boundary": lambda s: s.manual_boundary,
+    "ZeRO-1/2 + optimizer offload + manual boundary": lambda s: s.manual_boundary and s.stage in (1, 2)
+    and s.offload.value == "optimizer",
+    "contiguous_gradients off": lambda s: not s.contiguous_gradients,
+    "overlap_comm on at ZeRO-1/2": lambda s: s.overlap_comm is True and s.stage in (1, 2),
+    "overlap_comm off at ZeRO-3": lambda s: s.overlap_comm is False and s.stage == 3,
+    "all-reduce fetch": lambda s: s.all_reduce_fetch,
+    "all-reduce fetch, width 7": lambda s: s.all_reduce_fetch and s.width == 7,
+    "late module at ZeRO-3": lambda s: s.late_module and s.stage == 3,
 }
 
 
@@ -180,3 +194,47 @@ def test_engines_before_is_drawn_and_shrinks_to_one_zero3_engine():
     assert sc.with_(stage=3) == Scenario(engines_before=(3,)), sc.to_json(None)  # plain but for the stage
     plain = find(scenarios(), lambda s: s.stage == 2, settings=cfg)
     assert plain.engines_before == ()
+
+
+# ------------------------------------------------- engine and loop options (issue 11, strategies.EXTRAS)
+def test_options_are_written_only_when_set_and_round_trip():
+    plain = Scenario.from_dict({"stage": 2})
+    for k in ("modules_to_save", "manual_boundary", "contiguous_gradients", "overlap_comm", "all_reduce_fetch",
+              "late_module"):
+        assert k not in plain.to_dict()
+    sc = Scenario.from_dict({"stage": 3, "manual_boundary": True, "contiguous_gradients": False,
+                             "overlap_comm": False, "all_reduce_fetch": True, "late_module": True,
+                             "steps": [{"micro": [{}, {}]}]})
+    assert Scenario.from_json(sc.to_json()) == sc
+    assert {"manual_boundary=True", "contiguous_gradients=False", "overlap_comm=False", "all_reduce_fetch=True",
+            "late_module=True"} <= set(sc.beyond_model())
+    llama = Scenario.from_dict({"family": "llama", "lora": True, "modules_to_save": True})
+    assert Scenario.from_json(llama.to_json()) == llama and llama.to_dict()["modules_to_save"] is True
+
+
+@pytest.mark.parametrize("data, field", [
+    ({"stage": 2, "all_reduce_fetch": True}, "all_reduce_fetch"),
+    ({"family": "llama", "modules_to_save": True}, "modules_to_save"),
+    ({"family": "llama", "late_module": True}, "late_module"),
+    ({"overlap_comm": "yes"}, "overlap_comm"),
+    ({"manual_boundary": 1}, "manual_boundary"),
+    ({"contiguous_gradients": None}, "contiguous_gradients")])
+def test_malformed_options_name_the_field(data, field):
+    with pytest.raises(ScenarioError) as err:
+        Scenario.from_dict(data)
+    assert str(err.value).startswith(field), str(err.value)
+
+
+@pytest.mark.parametrize("option", ["gas3", "manual_boundary", "late_module"])
+def test_each_option_shrinks_to_its_plain_case(option):
+    """A scenario that needs the option keeps it and shrinks everything else to plain; one that does not
+    need it shrinks the option away."""
+    from hypothesis import find, settings
+    need = {"gas3": lambda s: s.gas == 3, "manual_boundary": lambda s: s.manual_boundary,
+            "late_module": lambda s: s.late_module}[option]
+    cfg = settings(database=None, max_examples=3000, derandomize=True)
+    sc = find(scenarios(), need, settings=cfg)
+    assert sc.beyond_model() in ([], ["manual_boundary=True"], ["late_module=True"]), sc.to_json(None)
+    assert len(sc.blocks) == 1 and sc.blocks[0] == Block(), sc.to_json(None)
+    plain = find(scenarios(), lambda s: s.stage == 2, settings=cfg)
+    assert not plain.manual_boundary and not plain.late_module and plain.gas == 1

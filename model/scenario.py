@@ -26,7 +26,9 @@ parameters in no group, ``requires_grad`` changed for one step, a module applied
 and a parameter used by a module that does not own it (a ZeRO-3 external parameter), tuple / dict
 outputs and an auxiliary loss, two backwards per micro-step (``retain_graph=True``), a train step with
 no forward or backward (``engine.step()`` without any gradient), and a second network family: tiny
-Hugging Face Llama decoders (optionally wrapped by PEFT LoRA).  Issue 15 adds ``engines_before``: other
+Hugging Face Llama decoders (optionally wrapped by PEFT LoRA, with ``modules_to_save``), the ZeRO knobs
+``contiguous_gradients``, ``overlap_comm`` and ZeRO-3's all-reduce fetch, a manually marked accumulation
+boundary (``set_gradient_accumulation_boundary``), and a module attached after ``deepspeed.initialize``.  Issue 15 adds ``engines_before``: other
 engines built, trained and destroyed in the same process before the scenario's own (TRL's policy,
 reference and reward models), the place where DeepSpeed state carried between engines shows.  `Scenario.beyond_model` names the
 ones zerostate's model does not represent.
@@ -223,6 +225,25 @@ class Scenario:
     family: Family = Family.BLOCKS
     lora: bool = False
     """Llama family: the model is wrapped by PEFT LoRA (base weights frozen, adapters trainable)."""
+    modules_to_save: bool = False
+    """Llama family with LoRA: ``LoraConfig(modules_to_save=["lm_head"])`` -- PEFT wraps the head in a
+    ``ModulesToSaveWrapper`` holding a trainable copy (DeepSpeed #8144: ZeRO-3 found hook attributes on the
+    wrapper through PEFT's attribute delegation)."""
+    manual_boundary: bool = False
+    """DeepSpeed's ``gradient_accumulation_steps`` is 1 and the loop marks the boundary itself:
+    ``engine.set_gradient_accumulation_boundary(micro == gas - 1)`` before each micro-step's backward (each
+    loss divided by ``gas`` by the loop), ``engine.step()`` once per train step (the API of DeepSpeed #7665;
+    #7981 fixed its ZeRO-1/2 optimizer-offload path).  The oracle is unchanged: ``gas`` micro-steps averaged."""
+    contiguous_gradients: bool = True
+    """ZeRO ``contiguous_gradients`` (DeepSpeed's default true; false takes ZeRO-1/2's
+    ``buffered_reduce_fallback`` path, fixed for CPU tensors in 0.19.8)."""
+    overlap_comm: bool | None = None
+    """ZeRO ``overlap_comm``; None: DeepSpeed's default (on for ZeRO-3, off for ZeRO-1/2)."""
+    all_reduce_fetch: bool = False
+    """ZeRO-3 ``stage3_use_all_reduce_for_fetch_params`` (DeepSpeed #8158 fixed its padding in 0.19.4)."""
+    late_module: bool = False
+    """Blocks family: a parameterless module (``nn.Identity``) is attached to the model *after*
+    ``deepspeed.initialize`` and applied to the output (an adapter or wrapper added late; DeepSpeed #8009)."""
     engines_before: tuple[int, ...] = ()
     """ZeRO stages of other engines that run first, in this process, one after another: each is built on a
     fresh copy of this scenario's network (z3 leaf flags cleared) with that stage, trained one plain train
@@ -335,6 +356,14 @@ class Scenario:
             raise ScenarioError("tie/external: block 0's Linear is unused; tying or sharing needs it in forward")
         if self.lora and self.family is not Family.LLAMA:
             raise ScenarioError("lora: only for family llama")
+        if self.modules_to_save and not self.lora:
+            raise ScenarioError("modules_to_save: only with lora (family llama)")
+        if self.all_reduce_fetch and self.stage != 3:
+            raise ScenarioError(f"all_reduce_fetch: a ZeRO-3 option, got stage {self.stage}")
+        if self.late_module and self.family is not Family.BLOCKS:
+            raise ScenarioError("late_module: only for family blocks")
+        if self.overlap_comm is not None and not isinstance(self.overlap_comm, bool):
+            raise ScenarioError(f"overlap_comm: expected true, false or absent, got {self.overlap_comm!r}")
         if len(self.engines_before) > 3 or any(k not in (1, 2, 3) for k in self.engines_before):
             raise ScenarioError(f"engines_before: at most 3 ZeRO stages (1, 2 or 3), got {list(self.engines_before)}")
         if self.family is Family.LLAMA:
@@ -493,7 +522,8 @@ _EXTENDED_DEFAULTS: dict[str, Any] = {
     "precision": Precision.FP32, "gradient_clipping": 0.0, "loss_scale_power": 8, "fp32_grad_accum": False,
     "offload": Offload.NONE,
     "param_groups": 1, "tie": False, "external": False, "outputs": Outputs.TENSOR, "losses": 1,
-    "family": Family.BLOCKS, "lora": False}
+    "family": Family.BLOCKS, "lora": False, "modules_to_save": False, "manual_boundary": False,
+    "contiguous_gradients": True, "overlap_comm": None, "all_reduce_fetch": False, "late_module": False}
 """Scenario fields added for issue 11, with their defaults: written to JSON only when not at the default."""
 _SCENARIO_FIELDS = {f for f in Scenario.__dataclass_fields__}
 
@@ -538,12 +568,15 @@ def _parse_scenario(data: Any) -> Scenario:
     for name in ("stage", "width", "persistence_threshold", "prefetch_bucket_size",
                  "reduce_bucket_size", "seed", "max_reuse_distance", "max_live_parameters"):
         kwargs[name] = _int(d.get(name, getattr(defaults, name)), name)
-    for name in ("fused_head", "input_requires_grad", "fp32_grad_accum", "tie", "external", "lora"):
+    for name in ("fused_head", "input_requires_grad", "fp32_grad_accum", "tie", "external", "lora",
+                 "modules_to_save", "manual_boundary", "contiguous_gradients", "all_reduce_fetch", "late_module"):
         kwargs[name] = _bool(d.get(name, getattr(defaults, name)), name)
     for name in ("param_groups", "losses", "loss_scale_power"):
         kwargs[name] = _int(d.get(name, getattr(defaults, name)), name)
     for name, cls in (("precision", Precision), ("offload", Offload), ("outputs", Outputs), ("family", Family)):
         kwargs[name] = _enum(cls, d.get(name, getattr(defaults, name).value), name)
+    if d.get("overlap_comm") is not None:
+        kwargs["overlap_comm"] = _bool(d["overlap_comm"], "overlap_comm")
     clip = d.get("gradient_clipping", 0.0)
     if isinstance(clip, bool) or not isinstance(clip, (int, float)):
         raise ScenarioError(f"gradient_clipping: expected a number, got {clip!r}")

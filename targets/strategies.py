@@ -15,6 +15,11 @@ external parameter in one draw in four instead of two lost seed 002 on 0.19.2 wi
 Several engines in one process (issue 15, `engines_before`): in one draw in eight a scenario first runs one
 or two other engines (ZeRO-3 first in shrink order) in the same process; drawn last of all, it shrinks to
 the plain single engine.
+
+Engine and loop options (issue 11, `extras`): drawn after everything else, one option at most per example
+(gas 3, a manual accumulation boundary, ``contiguous_gradients`` off, ``overlap_comm`` flipped, ZeRO-3's
+all-reduce fetch, a module attached after initialize), none in half of the draws; the llama family's LoRA
+also draws PEFT's ``modules_to_save``.
 """
 
 from __future__ import annotations
@@ -130,9 +135,48 @@ def _llama(draw, sc: Scenario) -> Scenario:
                                             else BackwardKind.TORCH) for m in s.micro),
                             s.eval_before, s.reregister) for s in sc.steps)
     return Scenario(blocks=(Block(ck),) * min(len(sc.blocks), 2), steps=steps, stage=sc.stage, width=8,
-                    family=Family.LLAMA, lora=draw(st.booleans()),
+                    family=Family.LLAMA, **LORA[draw(st.sampled_from(range(len(LORA))))],
                     persistence_threshold=sc.persistence_threshold, prefetch_bucket_size=sc.prefetch_bucket_size,
                     reduce_bucket_size=sc.reduce_bucket_size)
+
+
+LORA = ({"lora": False}, {"lora": True}, {"lora": True, "modules_to_save": True})
+"""The llama family's PEFT wrapping, in shrink order: none, LoRA, LoRA with ``modules_to_save=["lm_head"]``."""
+
+EXTRAS = ("gas3", "manual_boundary", "contiguous_gradients", "overlap_comm", "all_reduce_fetch", "late_module")
+"""Engine and loop options users set, one per example at most (`extras`), in shrink order:
+
+* ``gas3`` -- three micro-steps per train step (the last one repeated): DeepSpeed #7967 needs gas >= 3;
+* ``manual_boundary`` -- ``set_gradient_accumulation_boundary`` with engine gas 1 (two micro-steps at least;
+  DeepSpeed #7981);
+* ``contiguous_gradients`` -- off (DeepSpeed's default is on; the 0.19.8 CPU reduce fix);
+* ``overlap_comm`` -- the opposite of the stage's default (on at ZeRO-1/2, off at ZeRO-3);
+* ``all_reduce_fetch`` -- ZeRO-3's ``stage3_use_all_reduce_for_fetch_params`` (DeepSpeed #8158);
+* ``late_module`` -- a module attached after ``deepspeed.initialize`` (blocks family; DeepSpeed #8009).
+
+An option that does not apply to the drawn scenario (all-reduce fetch at ZeRO-1/2, a late module on the llama
+family) leaves it plain."""
+
+
+def extras(draw, sc: Scenario) -> Scenario:
+    """One draw (a ``sampled_from``: no option in half of the draws, else one of `EXTRAS`), applied last of
+    all, so the dimension shifts the rest of the derandomized sequence as little as one draw can; it shrinks
+    to no option."""
+    opt = draw(st.sampled_from((None,) * len(EXTRAS) + EXTRAS))
+    if opt in ("gas3", "manual_boundary"):
+        gas = 3 if opt == "gas3" else max(sc.gas, 2)
+        steps = tuple(TrainStep(s.micro + (s.micro[-1],) * (gas - len(s.micro)), s.eval_before, s.reregister,
+                                s.idle, s.frozen) for s in sc.steps)
+        return sc.with_(steps=steps, manual_boundary=opt == "manual_boundary")
+    if opt == "contiguous_gradients":
+        return sc.with_(contiguous_gradients=False)
+    if opt == "overlap_comm":
+        return sc.with_(overlap_comm=sc.stage != 3)
+    if opt == "all_reduce_fetch" and sc.stage == 3:
+        return sc.with_(all_reduce_fetch=True)
+    if opt == "late_module" and sc.family is Family.BLOCKS:
+        return sc.with_(late_module=True)
+    return sc
 
 
 ENGINES_BEFORE = ((3,), (1,), (2,), (3, 3), (3, 1), (3, 2), (1, 3), (2, 3))
@@ -166,7 +210,7 @@ def scenarios(draw, *, max_blocks: int = 3, max_steps: int = 2, max_gas: int = 2
               leaf: bool = True, fused_head: bool = True, eval_forwards: bool = True,
               knobs: bool = True, width: int = 8, branches: bool = True,
               reregister: bool = True, setup: bool = True, llama: bool = True,
-              several_engines: bool = True) -> Scenario:
+              several_engines: bool = True, options: bool = True) -> Scenario:
     """A trainable scenario: the loss requires grad, so every backward call is legal.
 
     ``branches``: micro-steps may skip frozen norms (a different branch: the ZeRO-3 module order
@@ -174,7 +218,9 @@ def scenarios(draw, *, max_blocks: int = 3, max_steps: int = 2, max_gas: int = 2
     ``setup``: the training-setup dimensions (`setups`: precision, clipping, offload, parameter groups,
     tying, external parameters, outputs, losses, retain_graph, steps without gradient, requires_grad
     changes, a width of 7 -- not divisible by world size 2 -- and, with ``llama``, the Hugging Face
-    Llama family); ``several_engines`` (with ``setup``): other engines run first in the same process
+    Llama family, with LoRA and ``modules_to_save``); ``options`` (with ``setup``): one of `EXTRAS` (gas 3,
+    a manual accumulation boundary, ZeRO knobs, a module attached late); ``several_engines`` (with ``setup``):
+    other engines run first in the same process
     (`engines_before`).  All on by default: ``zerostate explore`` draws every dimension.
     """
     stage = draw(st.sampled_from(stages))
@@ -211,8 +257,10 @@ def scenarios(draw, *, max_blocks: int = 3, max_steps: int = 2, max_gas: int = 2
         sc = draw(setups(sc, llama))
         if several_engines:
             sc = sc.with_(engines_before=engines_before(draw))
+        if options:
+            sc = extras(draw, sc)
     return sc.validate()
 
 
-__all__ = ["BACKWARDS", "CHECKPOINTS", "CLIPPING", "ENGINES_BEFORE", "KINDS", "PRECISIONS", "blocks",
+__all__ = ["BACKWARDS", "CHECKPOINTS", "CLIPPING", "ENGINES_BEFORE", "EXTRAS", "LORA", "extras", "KINDS", "PRECISIONS", "blocks",
            "engines_before", "scenarios", "setups", "train_steps"]

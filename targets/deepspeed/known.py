@@ -230,6 +230,9 @@ Z3_PERSISTENT_PARAM_RACE_WS2 = KnownIssue(
 from .known_setups import SETUP_ISSUE_FIELDS  # noqa: E402  (issue 11's training-setup findings)
 
 SETUP_ISSUES: tuple[KnownIssue, ...] = tuple(KnownIssue(**f) for f in SETUP_ISSUE_FIELDS)
+from .known_fixed import FIXED_ISSUE_FIELDS  # noqa: E402  (older releases' bugs that issue 11's options reach)
+
+FIXED_ISSUES: tuple[KnownIssue, ...] = tuple(KnownIssue(**f) for f in FIXED_ISSUE_FIELDS)
 
 def _kept_then_branch(sc: Scenario) -> bool:
     """With a COMPLETE trace parameters are kept for a recorded later use (reuse distance or a prefetch's
@@ -273,7 +276,7 @@ Z3_KEPT_FOR_REUSE_THEN_BRANCH = KnownIssue(
 
 KNOWN_ISSUES: tuple[KnownIssue, ...] = (Z3_KEPT_FOR_REUSE_THEN_BRANCH, Z3_LEAF_INPUT_NO_GRAD, ZERO12_NO_GRADIENT,
                                         Z3_LEAF_KEPT_GATHERED) + SETUP_ISSUES + (
-    Z3_NO_POST_BACKWARD_NO_DRAIN, Z3_PERSISTENT_PARAM_RACE_WS2, Z3_REREGISTER_WHILE_RECORDING)
+    Z3_NO_POST_BACKWARD_NO_DRAIN, Z3_PERSISTENT_PARAM_RACE_WS2, Z3_REREGISTER_WHILE_RECORDING) + FIXED_ISSUES
 # Retired: ``model-z3-leaf-hook-params`` (the model's leaf-hook gap, issue 10): the model now handles every
 # optimizer parameter of a z3 leaf module in its hook and counts only leaf modules with optimizer
 # parameters (`Network.leaf_hook_params`), as stage3.py's ``reduce_leaf_module_grads`` does.

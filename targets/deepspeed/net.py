@@ -149,6 +149,8 @@ class Net(nn.Module):
             x = self.blocks[0].lin(x)
         if self.external:  # the root module computes with a parameter block 0's Linear owns
             x = x + 0.5 * torch.nn.functional.linear(x, self.blocks[0].lin.weight)
+        if "late" in self._modules:  # attached after deepspeed.initialize (`attach_late_module`)
+            x = self.late(x)
         aux = x.mean(-1)
         if self.head is not None:
             x = FusedHeadLoss.apply(x, self.head) if grad else self.head(x).pow(2).mean()
@@ -157,6 +159,15 @@ class Net(nn.Module):
         if self.outputs == "dict":
             return {"out": x, "aux": aux}
         return x
+
+
+def attach_late_module(spec, module):
+    """``late_module``: attach a parameterless module to the network after ``deepspeed.initialize`` (both
+    backends call it once the model is built or wrapped; the oracle's is a no-op).  DeepSpeed #8009: before
+    0.19.1 ZeRO-3's forward hooks meet its plain-dict ``_parameters`` (``'dict' object has no attribute
+    '_in_forward'``)."""
+    if spec.get("late_module", False):
+        module.late = nn.Identity()
 
 
 def build_llama(spec):
@@ -178,8 +189,9 @@ def build_llama(spec):
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kw)
     if spec.get("lora", False):
         from peft import LoraConfig, get_peft_model
+        save = ["lm_head"] if spec.get("modules_to_save", False) else None  # DeepSpeed #8144
         model = get_peft_model(model, LoraConfig(r=2, lora_alpha=4, lora_dropout=0.0,
-                                                 target_modules=["q_proj", "v_proj"]))
+                                                 target_modules=["q_proj", "v_proj"], modules_to_save=save))
         with torch.no_grad():  # LoRA's B starts at zero; non-zero makes A's gradient non-zero from step 0
             for n, p in model.named_parameters():
                 if "lora_B" in n:
@@ -228,6 +240,12 @@ def ds_config(spec):
         zero["stage3_prefetch_bucket_size"] = spec.get("prefetch_bucket_size", 0)
         zero["stage3_max_reuse_distance"] = spec.get("max_reuse_distance", 1_000_000_000)
         zero["stage3_max_live_parameters"] = spec.get("max_live_parameters", 1_000_000_000)
+        if spec.get("all_reduce_fetch", False):
+            zero["stage3_use_all_reduce_for_fetch_params"] = True
+    if not spec.get("contiguous_gradients", True):
+        zero["contiguous_gradients"] = False
+    if spec.get("overlap_comm") is not None:
+        zero["overlap_comm"] = bool(spec["overlap_comm"])
     offload = spec.get("offload", "none")
     if offload in ("optimizer", "both"):
         zero["offload_optimizer"] = {"device": "cpu"}
@@ -236,7 +254,7 @@ def ds_config(spec):
     prec = spec.get("precision", "fp32")
     cfg = {
         "train_micro_batch_size_per_gpu": BATCH,
-        "gradient_accumulation_steps": gas_of(spec),
+        "gradient_accumulation_steps": 1 if spec.get("manual_boundary", False) else gas_of(spec),
         "gradient_clipping": float(spec.get("gradient_clipping", 0.0)),
         "fp16": {"enabled": prec == "fp16"},
         "bf16": {"enabled": prec == "bf16"},
@@ -347,6 +365,7 @@ class TorchBackend:
             self.model = copy.deepcopy(model).half()
             self.scaler = LossScale(ds_config(spec)["fp16"])
             LOSS_SCALE = lambda: self.scaler.scale  # noqa: E731
+        attach_late_module(spec, self.model)
 
     def _input(self, x):
         if self.scaler is not None and x.is_floating_point():
@@ -377,6 +396,9 @@ class TorchBackend:
             (loss if fused else out).backward(gradient=part * g / self.gas * scale, retain_graph=keep)
         else:
             (part * loss / self.gas * scale if scale != 1.0 else part * loss / self.gas).backward(retain_graph=keep)
+
+    def boundary(self, boundary):
+        pass  # plain PyTorch: the step boundary is where the loop calls the optimizer
 
     def micro_done(self, boundary):
         if not boundary:
@@ -520,9 +542,14 @@ class DeepSpeedBackend:
         if spec.get("precision", "fp32") == "fp16":
             global LOSS_SCALE
             LOSS_SCALE = lambda: float(self.engine.optimizer.loss_scale)  # noqa: E731
+        attach_late_module(spec, self.engine.module)
         self.names = {id(p): n for n, p in self.engine.module.named_parameters()}
         self.llama = spec.get("family", "blocks") == "llama"
         self.dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(spec.get("precision", "fp32"))
+        self.manual = bool(spec.get("manual_boundary", False))
+        self.share = 1.0 / gas_of(spec) if self.manual else 1.0
+        """``manual_boundary``: the engine's gradient_accumulation_steps is 1, so the loop divides each loss
+        by ``gas`` itself (what the engine does at gas > 1)."""
 
     def _input(self, x):
         x = rank_rows(x)
@@ -558,7 +585,13 @@ class DeepSpeedBackend:
             self.engine(input_ids=x) if self.llama else self.engine(x)
         self.engine.train()
 
+    def boundary(self, boundary):
+        """Before a micro-step's backward: ``manual_boundary`` tells the engine whether it is the last one."""
+        if self.manual:
+            self.engine.set_gradient_accumulation_boundary(boundary)
+
     def backward(self, kind, out, loss, fused, part=1.0, keep=False):
+        part *= self.share
         if kind == "engine":
             if keep:
                 self.engine.backward(part * loss, retain_graph=True)
@@ -574,6 +607,8 @@ class DeepSpeedBackend:
             (loss if fused else out).backward(gradient=g if part == 1.0 else part * g, retain_graph=keep)
 
     def micro_done(self, boundary):
+        if self.manual and not boundary:
+            return  # manual boundary: one engine.step() per train step, after the last backward
         self.engine.step()  # DeepSpeed's loop: step() after every micro-step; it updates at the boundary
 
     def params(self):
@@ -629,6 +664,7 @@ def run_schedule(spec, backend, mark=None, after_step=None):
         for mi, m in enumerate(st.get("micro", [{}])):
             boundary = mi == gas - 1
             if st.get("idle", False):  # engine.step() without any forward or backward
+                backend.boundary(boundary)
                 if boundary:
                     mark("step", step=si)
                 backend.micro_done(boundary)
@@ -650,6 +686,7 @@ def run_schedule(spec, backend, mark=None, after_step=None):
                     # on the global batch, data parallelism averages the ranks' gradients: issue 15, ws 2)
                     loss = loss + (0.1 * out if fused and aux is None else
                                    0.1 * (out if aux is None else aux).pow(2).mean())
+            backend.boundary(boundary)
             for part, keep in (((0.5, True), (0.5, False)) if m.get("retain", False) else ((1.0, False),)):
                 mark("backward_start", kind=kind)
                 backend.backward(kind, out, loss, fused, part, keep)

@@ -1,0 +1,102 @@
+"""DeepSpeed bugs of releases before the pinned one, fixed since, that issue 11's engine and loop options reach.
+
+docs/bug-coverage.md surveyed DeepSpeed's fixes from 0.17 to 0.19.8 and found these outside the scenario space
+of the time; `strategies.EXTRAS` and `strategies.LORA` now draw what each one needs.  Each is a
+`known.KnownIssue` (``known.FIXED_ISSUES``) with the release range where its scenario was measured to fail and
+the release that fixed it, so ``zerostate explore --deepspeed <buggy release>`` labels the finding, and
+``test_known_issue --deepspeed <release>`` checks the range: a strict expected failure on a buggy release,
+nothing on a fixed one (the pinned 0.19.8 included).  The ranges were measured with ``zerostate replay`` on
+the cached releases 0.18.4, 0.18.7, 0.19.2 and 0.19.3; the upper bound is the fixing release of the PR.
+"""
+
+from __future__ import annotations
+
+from zerostate.model.scenario import Family, Offload, Scenario
+
+from .known_setups import KnownIssue
+
+
+def _offload_zero12(sc: Scenario) -> bool:
+    return sc.stage in (1, 2) and sc.offload is Offload.OPTIMIZER
+
+
+ZERO12_OFFLOAD_GAS3 = KnownIssue(
+    id="zero12-offload-drops-middle-micro-steps",
+    title="ZeRO-1/2 with optimizer offload before 0.19.0: at gas >= 3 the micro-steps between the first and "
+          "the last are dropped from the update and the norm",
+    owner="deepspeed",
+    releases=((0, 18, 4), (0, 19, 0)),
+    fixed_in="0.19.0",
+    scenario=Scenario.from_dict({"stage": 2, "offload": "optimizer", "steps": [{"micro": [{}, {}, {}]}]}),
+    checks=("oracle",),
+    keys=("oracle:zero12-offload-drops-middle-micro-steps",),  # measured on 0.18.4 and 0.18.7
+    explains=lambda f: f.check == "oracle" and _offload_zero12(f.scenario) and f.scenario.gas >= 3
+    and not f.scenario.manual_boundary,
+    detail=("stage_1_and_2.py's CPU-offload accumulation (async_accumulate_grad_in_cpu_via_gpu) copied a "
+            "gradient into the CPU accumulator only at micro-step 0 and added it only at the boundary, so "
+            "micro-steps 1 .. gas-2 never reach the update or the gradient norm.  Introduced by #6550, fixed in "
+            "0.19.0 by DeepSpeed PR #7967.  gas 2 is one micro-step short of it (zerostate drew gas <= 2 "
+            "until issue 11's `gas3` option)."),
+)
+
+ZERO12_OFFLOAD_MANUAL_BOUNDARY = KnownIssue(
+    id="zero12-offload-manual-boundary-drops-backwards",
+    title="ZeRO-1/2 with optimizer offload before 0.19.0: with engine gas 1 and a manual accumulation "
+          "boundary (set_gradient_accumulation_boundary), every backward but the last is dropped",
+    owner="deepspeed",
+    releases=((0, 18, 4), (0, 19, 0)),
+    fixed_in="0.19.0",
+    scenario=Scenario.from_dict({"stage": 2, "offload": "optimizer", "manual_boundary": True,
+                                 "steps": [{"micro": [{}, {}]}, {"micro": [{}, {}]}]}),
+    checks=("oracle",),
+    keys=("oracle:zero12-offload-manual-boundary-drops-backwards",),  # measured on 0.18.4 and 0.18.7
+    explains=lambda f: f.check == "oracle" and _offload_zero12(f.scenario) and f.scenario.manual_boundary,
+    detail=("With gradient_accumulation_steps 1 the CPU-offload path of stage_1_and_2.py accumulated across "
+            "backwards only when gas > 1, so the backwards made under set_gradient_accumulation_boundary(False) "
+            "(the API of #7665) were overwritten by the last one.  Fixed in 0.19.0 by DeepSpeed PR #7981."),
+)
+
+PEFT_MODULES_TO_SAVE = KnownIssue(
+    id="z3-peft-modules-to-save",
+    title="ZeRO-3 before 0.19.3: a PEFT model with modules_to_save crashes the first forward "
+          "(AttributeError: 'Linear' object has no attribute 'ds_grads_remaining')",
+    owner="deepspeed",
+    releases=((0, 18, 4), (0, 19, 3)),
+    fixed_in="0.19.3",
+    scenario=Scenario.from_dict({"family": "llama", "lora": True, "modules_to_save": True, "stage": 3,
+                                 "steps": [{}, {}]}),
+    checks=("exception",),
+    keys=("exception:AttributeError@runtime.zero.parameter_offload.forward",  # measured on 0.18.4 and 0.18.7
+          "exception:AttributeError@runtime.zero.parameter_offload.setup_context"),  # on 0.19.2
+    explains=lambda f: f.check == "exception" and f.scenario.modules_to_save and f.scenario.stage == 3
+    and "ds_grads_remaining" in f.error,
+    detail=("PEFT's ModulesToSaveWrapper forwards attribute lookups to the module it wraps, so ZeRO-3's hook "
+            "registration found hook state on the wrapper that belongs to the wrapped Linear, and the hook "
+            "function ZeRO-3 wraps the module's forward in (a torch.autograd.Function: its forward, or its "
+            "setup_context from 0.19) looked up ds_grads_remaining on a module that never got it.  Issue #7615, "
+            "fixed in 0.19.3 by DeepSpeed PR #8144.  Reached by the llama family's LoRA draw "
+            "(`strategies.LORA`: modules_to_save=['lm_head'])."),
+)
+
+LATE_MODULE = KnownIssue(
+    id="z3-module-attached-after-initialize",
+    title="ZeRO-3 before 0.19.1: a module attached after deepspeed.initialize crashes the forward "
+          "(AttributeError: 'dict' object has no attribute '_in_forward')",
+    owner="deepspeed",
+    releases=((0, 18, 4), (0, 19, 1)),
+    fixed_in="0.19.1",
+    scenario=Scenario.from_dict({"stage": 3, "late_module": True, "steps": [{}, {}]}),
+    checks=("exception",),
+    keys=("exception:AttributeError@runtime.engine._forward_prologue",),  # measured on 0.18.4 and 0.18.7
+    explains=lambda f: f.check == "exception" and f.scenario.late_module and f.scenario.stage == 3
+    and f.scenario.family is Family.BLOCKS and "_in_forward" in f.error,
+    detail=("ZeRO-3's forward hooks treat a module's _parameters as DeepSpeed's ZeROOrderedDict; a module "
+            "attached after initialize keeps torch's plain dict (torch >= 2.5), so the engine's forward "
+            "prologue, marking every module's parameters _in_forward, raises.  Fixed in 0.19.1 by DeepSpeed PR #8009 (a late module *with* "
+            "parameters is still not partitioned, as the PR says; zerostate's late module has none)."),
+)
+
+FIXED_ISSUE_FIELDS: tuple[dict, ...] = (ZERO12_OFFLOAD_GAS3, ZERO12_OFFLOAD_MANUAL_BOUNDARY, PEFT_MODULES_TO_SAVE,
+                                        LATE_MODULE)
+
+__all__ = ["FIXED_ISSUE_FIELDS"]
