@@ -19,6 +19,9 @@
                 non-scalar backward, which DeepSpeed's loss scaler has no form for).
 ``engines_before`` one line per engine run before the scenario's own (``"ZeRO-3: ok"`` or its exception);
 ``carried_state`` process-wide state an earlier engine left that this engine runs with (`net.carried_state`);
+``engine``      what the built engine reports of the settings a scenario chooses (`net.engine_settings`:
+                gas, contiguous gradients, overlap_comm, ZeRO-3's all-reduce fetch, the late module), so a
+                test can tell that a scenario option reached DeepSpeed;
 ``torch_linear_replaced`` True when, after the run, ``torch.nn.functional.linear`` was DeepSpeed's
                 ``zero3_linear_wrap`` (a ZeRO-3 engine ran: the scenario's own or one of ``engines_before``);
                 put back before the next example.
@@ -132,6 +135,7 @@ def execute(spec: dict, on_step=None) -> dict:
             res["engines_before"] = backend.engines_before
         if backend.carried:
             res["carried_state"] = backend.carried
+        res["engine"] = net.engine_settings(backend.engine)
         tracer = Tracer(backend.engine, spec).install()
 
         def after_step(i: int) -> None:

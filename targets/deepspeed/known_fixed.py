@@ -96,7 +96,27 @@ LATE_MODULE = KnownIssue(
             "parameters is still not partitioned, as the PR says; zerostate's late module has none)."),
 )
 
+ZERO12_UNREDUCED_WITHOUT_CONTIGUOUS = KnownIssue(
+    id="zero12-cpu-no-reduce-without-contiguous-gradients",
+    title="ZeRO-1/2 with contiguous_gradients off before 0.19.8: on CPU no gradient is averaged across ranks",
+    owner="deepspeed",
+    releases=((0, 18, 4), (0, 19, 8)),
+    fixed_in="0.19.8",
+    world_size=2,
+    scenario=Scenario.from_dict({"stage": 2, "contiguous_gradients": False, "steps": [{}]}),
+    checks=("oracle",),
+    keys=("oracle:zero12-cpu-no-reduce-without-contiguous-gradients",),  # measured at ws 2 on 0.18.4, 0.19.3
+    explains=lambda f: f.check == "oracle" and (f.world_size or 1) > 1 and f.scenario.stage in (1, 2)
+    and not f.scenario.contiguous_gradients,
+    detail=("Without contiguous gradients stage_1_and_2.py reduces through buffered_reduce_fallback, whose "
+            "split_half_float_double groups tensors by legacy type strings (torch.cuda.FloatTensor, ...); a CPU "
+            "tensor's type string matches none of them, so every bucket is dropped and each rank steps on its "
+            "own gradient.  0.19.8 matches CPU tensors too.  Shows at world size 2 (the oracle trains on the "
+            "global batch): max |DeepSpeed - PyTorch| 0.0115 on 0.18.4 and 0.19.3, agreement on 0.19.8 "
+            "(`zerostate replay ... --world-size 2`); also ZeRO-1."),
+)
+
 FIXED_ISSUE_FIELDS: tuple[dict, ...] = (ZERO12_OFFLOAD_GAS3, ZERO12_OFFLOAD_MANUAL_BOUNDARY, PEFT_MODULES_TO_SAVE,
-                                        LATE_MODULE)
+                                        LATE_MODULE, ZERO12_UNREDUCED_WITHOUT_CONTIGUOUS)
 
 __all__ = ["FIXED_ISSUE_FIELDS"]

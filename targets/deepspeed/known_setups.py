@@ -256,8 +256,29 @@ FP16_SCALE_INCREASE_HALVES_STEP = KnownIssue(
             "(open).  Fix: unscale with prev_scale (or update the scale after the step)."),
 )
 
+Z3_LATE_MODULE_REREGISTERED = KnownIssue(
+    id="z3-late-module-after-reregister",
+    title="ZeRO-3: after the hooks are re-registered (TRL's generation), a module attached after "
+          "deepspeed.initialize crashes the forward (AttributeError: ... no attribute 'ds_external_parameters')",
+    owner="deepspeed",
+    releases=((0, 19, 1), (0, 20, 0)),  # measured on 0.19.2 and 0.19.8; before 0.19.1 the late module fails
+    # earlier, in the forward prologue (z3-module-attached-after-initialize, known_fixed.py)
+    scenario=Scenario.from_dict({"stage": 3, "late_module": True, "steps": [{}, {"reregister": True}]}),
+    checks=("exception",),
+    keys=("exception:AttributeError@runtime.zero.partitioned_param_coordinator.get_all_parameters",),
+    explains=lambda f: f.check == "exception" and f.scenario.late_module and f.scenario.stage == 3
+    and "ds_external_parameters" in f.error,
+    detail=("Found by the default exploration once issue 11's options drew a late module (0.19.8).  A module "
+            "attached after initialize has no ZeRO-3 hooks, and since #8009 (0.19.1) its forward runs.  "
+            "Re-registering the hooks (``_register_deepspeed_module``, what TRL's unwrap_model_for_generation "
+            "does around generation) now hooks it too, but it never got the ``ds_external_parameters`` method "
+            "that zero.Init gives every module it converts, so the next forward's pre-forward hook "
+            "(partitioned_param_coordinator.get_all_parameters) raises.  Realistic when an adapter is loaded "
+            "after initialize and generation runs between train steps."),
+)
+
 SETUP_ISSUE_FIELDS: tuple[dict, ...] = (Z3_UNGROUPED_NOT_GATHERED, TWO_BACKWARDS_PER_FORWARD, STEP_WITHOUT_GRADIENT, NESTED_OUTPUTS_SCALED_TWICE,
                                         SHARED_ACROSS_REENTRANT, Z3_LINEAR_OVERRIDE_OUTLIVES_ENGINE,
-                                        FP16_SCALE_INCREASE_HALVES_STEP)
+                                        FP16_SCALE_INCREASE_HALVES_STEP, Z3_LATE_MODULE_REREGISTERED)
 
 __all__ = ["SETUP_ISSUE_FIELDS"]

@@ -170,6 +170,26 @@ def attach_late_module(spec, module):
         module.late = nn.Identity()
 
 
+def engine_settings(engine):
+    """What the engine itself reports of the settings a scenario chooses (the executor returns it as
+    ``engine``): DeepSpeed's own accessors, and for ZeRO-3's all-reduce fetch the flag of the ``zero.Init``
+    that converted the parameters (held by each parameter's bound ``all_gather_coalesced``), None if absent."""
+    out = {"gradient_accumulation_steps": engine.gradient_accumulation_steps(),
+           "contiguous_gradients": bool(engine.zero_contiguous_gradients()),
+           "overlap_comm": bool(engine.zero_overlap_comm()),
+           "late_module": "late" in engine.module._modules}
+    p = next(iter(engine.module.parameters()), None)
+    init, fns = None, [getattr(p, "all_gather_coalesced", None)]
+    for _ in range(3):  # a closure (inside DeepSpeed's instrument_w_nvtx wrapper) that captured the zero.Init
+        cells = [c.cell_contents for fn in fns for c in (getattr(fn, "__closure__", None) or ())]
+        init = next((c for c in cells if hasattr(c, "use_all_reduce_for_fetch_params")), None)
+        if init is not None:
+            break
+        fns = [c for c in cells if callable(c)]
+    out["all_reduce_fetch"] = getattr(init, "use_all_reduce_for_fetch_params", None)
+    return out
+
+
 def build_llama(spec):
     """A tiny HF Llama (hidden = width, 2 heads, one decoder layer per block), seeded; HF gradient
     checkpointing when the blocks ask for it; wrapped by PEFT LoRA when ``lora``."""
@@ -405,7 +425,11 @@ class TorchBackend:
             return
         if self.scaler is not None:
             grads = {n: p.grad for n, p in self.model.named_parameters() if p.grad is not None}
-            overflow = any(not torch.isfinite(g).all() for g in grads.values())
+            # DeepSpeed checks the gradients of the parameters its optimizer holds: a parameter in no group
+            # (``in_optimizer: false``) may overflow without skipping the step
+            held = {id(q) for g in self.opt.param_groups for q in g["params"]}
+            overflow = any(not torch.isfinite(grads[n]).all() for n, p in self.master.named_parameters()
+                           if id(p) in held and n in grads)
             for n, p in self.master.named_parameters():
                 p.grad = None if overflow or n not in grads else grads[n].float() / self.scaler.scale
             self.model.zero_grad(set_to_none=True)

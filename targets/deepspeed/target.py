@@ -292,7 +292,7 @@ class DeepSpeedTarget:
         unique = [f for f in findings if not (f.key in seen or seen.add(f.key))]
         return Outcome(scenario, events, res.get("error"), unique, time.perf_counter() - t0,
                        {"steps": res.get("steps"), "seconds_in_worker": resp.get("seconds"),
-                        "max_diff": res.get("max_diff"),
+                        "max_diff": res.get("max_diff"), "engine": res.get("engine"),
                         **({"torch_linear_replaced": True} if res.get("torch_linear_replaced") else {}),
                         **({"fp16": res["fp16"]} if res.get("fp16") else {}),
                         **({"engines_before": res["engines_before"]} if res.get("engines_before") else {}),
