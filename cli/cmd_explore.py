@@ -10,11 +10,14 @@ runs the examples on N workers (rank pools at world size 2) at once; the finding
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import signal
 import sys
+import threading
 import time
-from typing import Any
+from typing import Any, Iterator
 
 from zerostate.targets.base import Finding
 from zerostate.targets.confirm import StopExploring
@@ -122,26 +125,33 @@ def run(args: argparse.Namespace) -> int:
             raise _OutOfTime()
 
     status = "complete"
-    try:
-        spawn = (lambda: api.target(args)) if jobs > 1 else None
-        res = api.explore(target, args.examples, args.seed, on_finding, on_progress,
-                          on_restart=report.add_restart, on_update=on_update, jobs=jobs, spawn=spawn)
-        _renumber(report, findings, number, final, getattr(res, "generated_at", {}) or {}, column, who)
-    except _OutOfTime:
-        report.data["run"]["stopped"] = ("time budget spent: the clock chose the last example, so this run is "
-                                         "not repeatable")
-    except KeyboardInterrupt:
-        status = "interrupted"
-    finally:
-        progress.close()
-        api.close(target)
-    for sid in SPECS:
-        if report.data["specs"][sid]["results"][column] == "not checked" and status == "complete":
-            report.set_result(sid, column, "ok")
-    summary = {"target": who["target"], "deepspeed": who["deepspeed"], "examples": counts["examples"] or
-               args.examples, "seconds": round(time.monotonic() - t0, 2), "findings": findings,
-               "reliability": report.data["reliability"]}
-    report.finish(status, summary)
+    with _ctrl_c_kept() as ctrl_c:
+        try:
+            spawn = (lambda: api.target(args)) if jobs > 1 else None
+            res = api.explore(target, args.examples, args.seed, on_finding, _kept(ctrl_c, on_progress),
+                              on_restart=report.add_restart, on_update=on_update, jobs=jobs, spawn=spawn)
+            _renumber(report, findings, number, final, getattr(res, "generated_at", {}) or {}, column, who)
+        except _OutOfTime:
+            report.data["run"]["stopped"] = ("time budget spent: the clock chose the last example, so this run "
+                                             "is not repeatable")
+        except KeyboardInterrupt:
+            status = "interrupted"
+        finally:
+            progress.close()
+            try:
+                api.close(target)
+            except KeyboardInterrupt:  # a second Ctrl-C while closing: the report is still finished
+                status = "interrupted"
+        if ctrl_c.is_set():
+            status = "interrupted"
+        ctrl_c.hold()  # from here on a Ctrl-C is only noted: the final report is written whole
+        for sid in SPECS:
+            if report.data["specs"][sid]["results"][column] == "not checked" and status == "complete":
+                report.set_result(sid, column, "ok")
+        summary = {"target": who["target"], "deepspeed": who["deepspeed"], "examples": counts["examples"] or
+                   args.examples, "seconds": round(time.monotonic() - t0, 2), "findings": findings,
+                   "reliability": report.data["reliability"]}
+        report.finish(status, summary)
     if args.json:
         print(json.dumps(summary, indent=2))
     else:
@@ -164,6 +174,51 @@ def run(args: argparse.Namespace) -> int:
     if status == "interrupted":
         return EXIT_INTERRUPTED
     return EXIT_FINDINGS if findings else EXIT_OK
+
+
+class _CtrlC(threading.Event):
+    """Set by the first Ctrl-C (SIGINT) of a run and never cleared; ``hold()``: later ones are only noted."""
+
+    raising = True
+
+    def hold(self) -> None:
+        self.raising = False
+
+
+@contextlib.contextmanager
+def _ctrl_c_kept() -> Iterator[_CtrlC]:
+    """A Ctrl-C is never lost.  Python raises KeyboardInterrupt wherever the main thread happens to be when the
+    signal is handled, and where that is a garbage-collector callback (Hypothesis keeps one in ``gc.callbacks``
+    to time collections), a ``__del__`` or a weakref callback, the interpreter prints "Exception ignored in
+    ..." and drops it: the run went on exploring as if nothing had happened (the intermittent Ctrl-C hang of
+    the CI test).  So SIGINT also sets an event, and `_kept` raises KeyboardInterrupt again from the next
+    ``on_progress`` (called after every distinct run) while it is set.  A SIGINT the process ignores (a
+    background job started by a shell) stays ignored; off the main thread nothing is installed."""
+    seen = _CtrlC()
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
+        yield seen
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        seen.set()
+        if seen.raising:
+            raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        yield seen
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _kept(ctrl_c: _CtrlC, on_progress: Any) -> Any:
+    """``on_progress`` that first raises KeyboardInterrupt when a Ctrl-C came and was swallowed (`_ctrl_c_kept`)."""
+    def checked(*a: Any, **k: Any) -> None:
+        if ctrl_c.is_set():
+            raise KeyboardInterrupt
+        on_progress(*a, **k)
+    return checked
 
 
 def _renumber(report: Any, findings: list[dict[str, Any]], number: dict[str, int],

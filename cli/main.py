@@ -7,6 +7,8 @@ stderr naming the problem), 130 interrupted (the report keeps what was found).
 from __future__ import annotations
 
 import argparse
+import faulthandler
+import signal
 import sys
 from typing import Sequence
 
@@ -33,8 +35,20 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def dump_stacks_on_sigusr1() -> None:
+    """``kill -USR1 <pid>`` writes every thread's Python stack to stderr and the run goes on: how to see where
+    a run that seems stuck is (README, Troubleshooting).  Quietly skipped where stderr has no file
+    descriptor (an embedding that replaced it) or the platform has no SIGUSR1."""
+    stream = sys.__stderr__ or sys.stderr
+    try:
+        faulthandler.register(signal.SIGUSR1, file=stream, all_threads=True)
+    except (AttributeError, OSError, ValueError, RuntimeError):
+        pass
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    dump_stacks_on_sigusr1()
     try:
         return args.run(args)
     except CliError as exc:

@@ -217,18 +217,24 @@ def _release_of(design: str | None) -> str | None:
 
 @contextlib.contextmanager
 def _sigint_deferred() -> Iterator[None]:
-    """Hold a Ctrl-C (SIGINT) until the block is done, then raise it."""
+    """Hold a Ctrl-C (SIGINT) until the block is done, then hand it to the handler the block replaced (which
+    raises KeyboardInterrupt; explore's also notes it, so that it is never lost).  Where SIGINT is ignored or
+    not handled by Python, or off the main thread, nothing is held."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    previous = signal.getsignal(signal.SIGINT)
+    if not callable(previous):  # SIG_IGN, SIG_DFL, or set outside Python: leave it as it is
+        yield
+        return
     caught: list[int] = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+    signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
     try:
         yield
     finally:
         signal.signal(signal.SIGINT, previous)
-    if caught:
-        raise KeyboardInterrupt
+        if caught:
+            previous(signal.SIGINT, None)
 
 
 def _around(events: list[Event] | None, violation: int | None) -> list[dict[str, Any]]:

@@ -76,6 +76,7 @@ and ``seconds_final`` (-> seconds until its final finding: shrunk and confirmed)
 from __future__ import annotations
 
 import queue
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -211,12 +212,25 @@ class _Abort(BaseException):
     """Ends the drawing thread of `generated` (a BaseException: Hypothesis re-raises it at once)."""
 
 
+def _import_what_hypothesis_peeks_at() -> None:
+    """Import numpy (when installed) before drawing starts in a thread of its own.  While it draws, Hypothesis
+    looks numpy up in ``sys.modules`` (``sampled_from`` checks for ``numpy.ndarray``); if the main thread is
+    importing numpy at that moment (the report's first PNG imports matplotlib, which imports numpy; a target
+    may import torch), the drawing thread finds it half-initialised, fails with "partially initialized module
+    'numpy' has no attribute 'ndarray'", and the run ends with that error (seen under load in the Ctrl-C CI
+    test).  Imported once here, it is whole before the drawing thread starts."""
+    import importlib.util
+    if "numpy" not in sys.modules and importlib.util.find_spec("numpy") is not None:
+        import numpy  # noqa: F401
+
+
 def generated(strategy: Any, examples: int, seed: int | None) -> Iterator[Scenario]:
     """The first ``examples`` scenarios of the deterministic generation sequence of ``seed`` (duplicates
     included, in order): what every search of `explore` replays.  Drawing runs no target: a test that never
     fails makes Hypothesis generate exactly the sequence a failing search generates up to its failure.
     Drawn in a thread, a little ahead of the consumer (so ``examples`` may be huge); closing the iterator
     ends the drawing."""
+    _import_what_hypothesis_peeks_at()
     q: queue.Queue = queue.Queue(maxsize=2 * LANE)
     halt = threading.Event()
     done = object()
