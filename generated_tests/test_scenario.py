@@ -146,6 +146,8 @@ DRAWN = {
     "all-reduce fetch": lambda s: s.all_reduce_fetch,
     "all-reduce fetch, width 7": lambda s: s.all_reduce_fetch and s.width == 7,
     "late module at ZeRO-3": lambda s: s.late_module and s.stage == 3,
+    "ZeRO-0": lambda s: s.stage == 0,
+    "ZeRO-0 + bf16": lambda s: s.stage == 0 and s.precision.value == "bf16",
 }
 
 

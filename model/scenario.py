@@ -284,6 +284,8 @@ class Scenario:
             out.append("requires_grad changed between steps")
         if any(m.retain for _, _, m in self.micro_steps()):
             out.append("two backwards per micro-step (retain_graph)")
+        if self.stage == 0:
+            out.append("ZeRO stage 0 (no ZeRO optimizer, no hook manager: the specs do not apply)")
         if self.engines_before:
             out.append("engines before it in the process: "
                        + ", ".join(f"ZeRO-{k}" for k in self.engines_before))
@@ -294,8 +296,8 @@ class Scenario:
         """Raise `ScenarioError` naming the first bad field; return self when valid."""
         if not self.blocks:
             raise ScenarioError("blocks: a scenario needs at least one block")
-        if self.stage not in (1, 2, 3):
-            raise ScenarioError(f"stage: ZeRO stage must be 1, 2 or 3, got {self.stage!r}")
+        if self.stage not in (0, 1, 2, 3):
+            raise ScenarioError(f"stage: ZeRO stage must be 0, 1, 2 or 3, got {self.stage!r}")
         if not self.steps:
             raise ScenarioError("steps: a scenario needs at least one train step")
         gas = len(self.steps[0].micro)
@@ -337,6 +339,8 @@ class Scenario:
             raise ScenarioError("fp32_grad_accum: only with precision bf16 (DeepSpeed's grad_accum_dtype)")
         if self.loss_scale_power != 8 and (self.precision is not Precision.FP16 or not 0 <= self.loss_scale_power <= 24):
             raise ScenarioError(f"loss_scale_power: only with precision fp16, 0..24, got {self.loss_scale_power}")
+        if self.stage == 0 and self.offload is not Offload.NONE:
+            raise ScenarioError("offload: ZeRO stage 0 has no offload")
         if self.offload in (Offload.PARAM, Offload.BOTH) and self.stage != 3:
             raise ScenarioError(f"offload: parameter offload needs ZeRO-3, got stage {self.stage}")
         if not 1 <= self.param_groups <= 3:

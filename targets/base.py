@@ -158,6 +158,8 @@ def spec_findings(events: list[Event], scenario: Scenario, target: str, version:
     """Check the specs on a trace; one finding per violated spec.  Coordinator-family specs judge
     ZeRO-3 runs only (``coordinator``; default: ``scenario.stage == 3``), as the model checker does."""
     from zerostate.specs import SPECS, check_all
+    if scenario.stage == 0:  # no ZeRO optimizer and no hook manager: the oracle and exceptions judge alone
+        return []
     coord = scenario.stage == 3 if coordinator is None else coordinator
     chosen = [s for s in SPECS.values() if coord or s.family != "coordinator"]
     out = []

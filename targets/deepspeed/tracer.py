@@ -225,6 +225,9 @@ class Tracer:
         net.PRE_BACKWARD_OBSERVER = (self._pre_start, self._pre_end)
         net.BLOCK_OBSERVER = (self._block_enter, self._block_exit)
         eng, opt = self.engine, self.opt
+        if self.stage == 0:  # no ZeRO optimizer and no hook manager: the loop's marks only
+            self._resync()
+            return self
         self._patch(eng, "_backward_prologue", self._w_prologue)
         self._patch(eng, "_backward_epilogue", self._w_epilogue)
         owner = compat.hook_state_owner(opt)
