@@ -130,7 +130,8 @@ def run(args: argparse.Namespace) -> int:
             spawn = (lambda: api.target(args)) if jobs > 1 else None
             res = api.explore(target, args.examples, args.seed, on_finding, _kept(ctrl_c, on_progress),
                               on_restart=report.add_restart, on_update=on_update, jobs=jobs, spawn=spawn)
-            _renumber(report, findings, number, final, getattr(res, "generated_at", {}) or {}, column, who)
+            with ctrl_c.held():  # renumbering rewrites every finding: never leave it halfway
+                _renumber(report, findings, number, final, getattr(res, "generated_at", {}) or {}, column, who)
         except _OutOfTime:
             report.data["run"]["stopped"] = ("time budget spent: the clock chose the last example, so this run "
                                              "is not repeatable")
@@ -183,6 +184,17 @@ class _CtrlC(threading.Event):
 
     def hold(self) -> None:
         self.raising = False
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        """Only note a Ctrl-C during the block; raise KeyboardInterrupt after it if one came."""
+        self.raising = False
+        try:
+            yield
+        finally:
+            self.raising = True
+        if self.is_set():
+            raise KeyboardInterrupt
 
 
 @contextlib.contextmanager
