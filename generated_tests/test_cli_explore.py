@@ -160,6 +160,22 @@ def test_a_ctrl_c_python_swallows_still_stops_the_run(tmp_path):
     assert all((tmp_path / name).exists() for f in rep["findings"] for name in f["files"].values())
 
 
+def test_a_ctrl_c_during_the_final_renumbering_lands_after_it():
+    """A complete run's renumbering rewrites every finding; a Ctrl-C in the middle waits for its end (else the
+    report would keep only the findings rewritten so far), then ends the run as interrupted."""
+    from zerostate.cli.cmd_explore import _ctrl_c_kept
+    done = []
+    with _ctrl_c_kept() as ctrl_c:
+        with pytest.raises(KeyboardInterrupt):
+            with ctrl_c.held():
+                signal.raise_signal(signal.SIGINT)
+                done.append("rest of the block")
+        assert ctrl_c.is_set()
+        with pytest.raises(KeyboardInterrupt):  # outside the block a Ctrl-C is raised at once again
+            signal.raise_signal(signal.SIGINT)
+    assert done == ["rest of the block"]
+
+
 HALF_IMPORTED_NUMPY = """
 import importlib.abc, importlib.machinery, sys, threading, time
 
