@@ -136,6 +136,8 @@ def execute(spec: dict, on_step=None) -> dict:
         if backend.carried:
             res["carried_state"] = backend.carried
         res["engine"] = net.engine_settings(backend.engine)
+        eps = {"bf16": 2.0 ** -8, "fp16": 2.0 ** -11}.get(spec.get("precision", "fp32"))
+        initial_ds = backend.params() if eps else None  # mixed precision: the update's norm (compare_update)
         tracer = Tracer(backend.engine, spec).install()
 
         def after_step(i: int) -> None:
@@ -146,6 +148,8 @@ def execute(spec: dict, on_step=None) -> dict:
                 ((got[n].float() - e.float()).abs().max().item() for n, e in expected[i].items()
                  if n in got and got[n].shape == e.shape), default=0.0))
             msg = net.compare(expected[i], got, *net.tolerance(spec))
+            if not msg and eps:
+                msg = net.compare_update(oracle_fp16["initial"], expected[i], initial_ds, got, eps)
             if msg and res["mismatch"] is None:
                 res["mismatch"] = f"after train step {i}: {msg}"
             if on_step is not None:

@@ -116,7 +116,27 @@ ZERO12_UNREDUCED_WITHOUT_CONTIGUOUS = KnownIssue(
             "(`zerostate replay ... --world-size 2`); also ZeRO-1."),
 )
 
+ZERO0_BF16_UPDATE_LOST = KnownIssue(
+    id="zero0-bf16-update-lost",
+    title="ZeRO stage 0 with bf16 before 0.18.6: the optimizer divides by a loss scale that was never applied, "
+          "so the update is lost",
+    owner="deepspeed",
+    releases=((0, 18, 4), (0, 18, 6)),
+    fixed_in="0.18.6",
+    scenario=Scenario.from_dict({"stage": 0, "precision": "bf16", "steps": [{}, {}]}),
+    checks=("oracle",),
+    keys=("oracle:zero0-bf16-update-lost",),  # measured on 0.18.4 (0.18.6: agrees)
+    explains=lambda f: f.check == "oracle" and f.scenario.stage == 0 and f.scenario.precision.value == "bf16",
+    detail=("With bf16 and no ZeRO the engine wrapped the client optimizer in FP16_UnfusedOptimizer, which "
+            "unscales the gradients by its dynamic loss scale (65536) although bf16 never scales the loss, and "
+            "skipped zero_grad: the update is about 1/65536 of PyTorch's, below bf16's resolution of the "
+            "parameters (the module's bf16 parameters do not move at all here).  Issue #7837, fixed in 0.18.6 "
+            "by DeepSpeed PR #7839.  The oracle's per-element bf16 tolerance hides a lost update of this size "
+            "on these small networks; `net.compare_update` (the update's norm) shows it: ratio 0 on 0.18.4."),
+)
+
 FIXED_ISSUE_FIELDS: tuple[dict, ...] = (ZERO12_OFFLOAD_GAS3, ZERO12_OFFLOAD_MANUAL_BOUNDARY, PEFT_MODULES_TO_SAVE,
-                                        LATE_MODULE, ZERO12_UNREDUCED_WITHOUT_CONTIGUOUS)
+                                        LATE_MODULE, ZERO12_UNREDUCED_WITHOUT_CONTIGUOUS,
+                                        ZERO0_BF16_UPDATE_LOST)
 
 __all__ = ["FIXED_ISSUE_FIELDS"]
