@@ -236,3 +236,21 @@ def test_carried_state_gives_the_same_findings_whatever_the_number_of_jobs():
     assert any(f.check == "leaked" for f in runs[0].findings)
     assert _keys(runs[0]) == _keys(runs[1]) == _keys(runs[2])
     assert len(made) == 3  # jobs 2 and 3 made one and two more workers
+
+
+def test_first_shrinks_the_chosen_keys_before_the_others():
+    """``first`` (explore: the findings no known issue explains): those keys are shrunk before every other
+    key, whatever the order their first generated examples came in; without it, generation order."""
+    plain: list[str] = []
+    res = explore(get_target("model", design="ds-0.18.4"), examples=40, seed=None, confirm=False,
+                  on_update=lambda f: plain.append(f.key))
+    keys = list(dict.fromkeys(plain))
+    generated = sorted(res.generated_at, key=res.generated_at.get)  # the keys the generated sequence shows
+    assert len(generated) >= 3, res.generated_at
+    chosen = generated[-1]  # the last of them to be shrunk in generation order
+    assert keys.index(chosen) > 0, keys
+    got: list[str] = []
+    explore(get_target("model", design="ds-0.18.4"), examples=40, seed=None, confirm=False,
+            on_update=lambda f: got.append(f.key), first=lambda f: f.key == chosen)
+    assert list(dict.fromkeys(got))[0] == chosen, (keys, got)
+    assert sorted(set(got)) == sorted(set(keys))
