@@ -75,11 +75,17 @@ def _cmd(*args):
     return ([str(BIN)] if BIN.exists() else [sys.executable, "-m", "zerostate.cli.main"]) + list(args)
 
 
+def _sigint_as_a_terminal_gives_it():
+    """A shell's background job (``make test &``) ignores SIGINT, and so would the command it starts: restore
+    the default, which Python turns into KeyboardInterrupt."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _start_until_first_finding(out_dir):
     """``zerostate explore`` on the buggy design with a huge budget, once its first finding is in the report."""
     proc = subprocess.Popen(_cmd("explore", *BUGGY, "--examples", "100000", "--out", str(out_dir)),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "CI": "true"})
+                            env={**os.environ, "CI": "true"}, preexec_fn=_sigint_as_a_terminal_gives_it)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         try:
@@ -152,7 +158,7 @@ def test_a_ctrl_c_python_swallows_still_stops_the_run(tmp_path):
     Hypothesis keeps one) is not lost: the run stops at its next example, interrupted, report kept.
     Before the fix the run went on to the end of its budget (the CI test's Ctrl-C "hang")."""
     r = subprocess.run([sys.executable, "-c", SWALLOWED_CTRL_C, str(tmp_path)], capture_output=True, text=True,
-                       timeout=900, env={**os.environ, "CI": "true"})
+                       timeout=900, env={**os.environ, "CI": "true"}, preexec_fn=_sigint_as_a_terminal_gives_it)
     assert "Exception ignored in" in r.stderr and "KeyboardInterrupt" in r.stderr, r.stderr  # it was swallowed
     assert r.returncode == 130, (r.stdout, r.stderr)
     rep = load_report(tmp_path)
