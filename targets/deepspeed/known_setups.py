@@ -277,8 +277,30 @@ Z3_LATE_MODULE_REREGISTERED = KnownIssue(
             "after initialize and generation runs between train steps."),
 )
 
+OFFLOAD_STALE_GRAD_AFTER_FREEZE = KnownIssue(
+    id="offload-stale-grad-after-freeze",
+    title="Optimizer offload (ZeRO-2/3): a parameter whose requires_grad is off for a step gets the previous "
+          "step's gradient applied again",
+    owner="deepspeed",
+    releases=((0, 18, 4), (0, 20, 0)),  # measured on 0.18.4, 0.19.2 and 0.19.8 (ZeRO-3; ZeRO-2 on 0.19.8)
+    scenario=Scenario.from_dict({"stage": 3, "offload": "optimizer", "steps": [{}, {"frozen": [0]}]}),
+    checks=("oracle",),
+    keys=("oracle:offload-stale-grad-after-freeze",),
+    explains=lambda f: f.check == "oracle" and f.scenario.offload.value in ("optimizer", "both")
+    and any(s.frozen for s in f.scenario.steps),
+    detail=("Found by the default exploration on 0.19.8 (issue 11's requires_grad change drawn with optimizer "
+            "offload).  Step 0 trains block 0's Linear; step 1 runs with its requires_grad False (progressive "
+            "freezing, a LoRA base frozen after warm-up).  PyTorch's optimizer skips a parameter without "
+            "gradient; with offload_optimizer the CPU gradient partition of that parameter still holds step 0's "
+            "gradient, and the CPU optimizer steps it again: after step 1 the Linear has moved exactly twice "
+            "step 0's update (measured ratio 2.000 for weight and bias, 1.000 for the parameters that did get "
+            "a gradient).  ZeRO-2 and ZeRO-3 with optimizer offload; parameter offload alone is correct.  The "
+            "ZeRO-1/2 step with no gradient at all (step-without-gradient) is the whole-model form of it."),
+)
+
 SETUP_ISSUE_FIELDS: tuple[dict, ...] = (Z3_UNGROUPED_NOT_GATHERED, TWO_BACKWARDS_PER_FORWARD, STEP_WITHOUT_GRADIENT, NESTED_OUTPUTS_SCALED_TWICE,
                                         SHARED_ACROSS_REENTRANT, Z3_LINEAR_OVERRIDE_OUTLIVES_ENGINE,
-                                        FP16_SCALE_INCREASE_HALVES_STEP, Z3_LATE_MODULE_REREGISTERED)
+                                        FP16_SCALE_INCREASE_HALVES_STEP, Z3_LATE_MODULE_REREGISTERED,
+                                        OFFLOAD_STALE_GRAD_AFTER_FREEZE)
 
 __all__ = ["SETUP_ISSUE_FIELDS"]
