@@ -35,6 +35,7 @@ from typing import Any
 from . import targets_api as api
 from .common import EXIT_FINDINGS, EXIT_INTERRUPTED, EXIT_OK, CliError, check_world_size, load_scenario, \
     non_negative_float, positive_int
+from .cmd_explore import _ctrl_c_kept, _kept
 from .progress import Progress
 
 DEFAULT_OUT = "zerostate-diff"
@@ -114,7 +115,7 @@ def build(spec: str, option: str, world_size: int) -> tuple[Any, str]:
     return t, (f"{spec} (DeepSpeed {t.version})" if path else f"DeepSpeed {t.version}")
 
 
-def explore_side(rec: Recorder, label: str, args: argparse.Namespace) -> tuple[list[Any], str]:
+def explore_side(rec: Recorder, label: str, args: argparse.Namespace, ctrl_c: Any) -> tuple[list[Any], str]:
     progress = Progress(f"diff {label}")
     found: list[Any] = []
     by_key: dict[str, int] = {}
@@ -138,7 +139,7 @@ def explore_side(rec: Recorder, label: str, args: argparse.Namespace) -> tuple[l
 
     status = "complete"
     try:
-        api.explore(rec, args.examples, args.seed, keep, on_progress, on_update=keep)
+        api.explore(rec, args.examples, args.seed, keep, _kept(ctrl_c, on_progress), on_update=keep)
     except _OutOfTime:
         status = "time budget spent"
     finally:
@@ -211,12 +212,13 @@ def run(args: argparse.Namespace) -> int:
     base, head = Recorder(base_t), Recorder(head_t)
     status = "complete"
     try:
-        base_found, st_b = explore_side(base, "base", args)
-        head_found, st_h = explore_side(head, "head", args)
-        for sc in extra:  # the given scenarios: every finding of theirs joins its side's (asked for by name)
-            base_found += base.run(sc).findings
-            head_found += head.run(sc).findings
-        entries = classify(base_found, head_found, base, head)
+        with _ctrl_c_kept() as ctrl_c:  # a Ctrl-C Python drops inside a gc callback still stops the run
+            base_found, st_b = explore_side(base, "base", args, ctrl_c)
+            head_found, st_h = explore_side(head, "head", args, ctrl_c)
+            for sc in extra:  # the given scenarios: every finding of theirs joins its side's (asked for by name)
+                base_found += base.run(sc).findings
+                head_found += head.run(sc).findings
+            entries = classify(base_found, head_found, base, head)
     except KeyboardInterrupt:
         status, entries, st_b, st_h = "interrupted", [], "interrupted", "interrupted"
     finally:
