@@ -26,7 +26,7 @@ from zerostate.specs.hook_specs import (CLEAN_STEP, COUNT_ONCE_PER_PHASE, EPILOG
 from zerostate.targets.strategies import scenarios
 
 CORRECT = ("ds-0.18.7", "zerostate")
-hook_scenarios = scenarios(max_blocks=3, max_steps=2, max_gas=2)
+hook_scenarios = scenarios(max_blocks=3, max_steps=2, max_gas=2, zero0=False)
 
 
 class HookProtocol(RuleBasedStateMachine):
@@ -103,7 +103,7 @@ def test_ds_0_18_4_premature_epilogue_is_found_and_shrunk():
                 return True
         return False
 
-    sc = find(scenarios(max_blocks=3, max_steps=2, max_gas=2), bad,
+    sc = find(scenarios(max_blocks=3, max_steps=2, max_gas=2, zero0=False), bad,
               settings=settings(derandomize=True, max_examples=2000, database=None))
     assert len(sc.blocks) <= 2 and sc.num_micro_steps <= 2, sc.describe()
     spec = found["spec"]
@@ -130,7 +130,7 @@ def test_ds_0_18_4_never_ends_a_pytorch_style_backward_that_reaches_no_hook():
 
 def test_ds_0_18_5_counts_in_every_hook():
     """Seed 000 part 2: count_used_parameters_in_backward in every hook (issues #7882, #7885)."""
-    sc = find(scenarios(max_blocks=3, max_steps=2, max_gas=2),
+    sc = find(scenarios(max_blocks=3, max_steps=2, max_gas=2, zero0=False),
               lambda s: _violates("ds-0.18.5", COUNT_ONCE_PER_PHASE, s),
               settings=settings(derandomize=True, max_examples=500, database=None))
     events = _counterexample("ds-0.18.5", COUNT_ONCE_PER_PHASE, sc)

@@ -167,13 +167,13 @@ An option that does not apply to the drawn scenario (all-reduce fetch at ZeRO-1/
 family) leaves it plain."""
 
 
-def extras(draw, sc: Scenario) -> Scenario:
+def extras(draw, sc: Scenario, zero0: bool = True) -> Scenario:
     """Each option of `EXTRAS` drawn on its own, in one draw of four (several may combine), applied last of
     all; each shrinks to off.  (A single ``sampled_from`` over the options, one per example, drew too few of
     the combinations the bugs need in the default 200 examples: no manual boundary with optimizer offload
     at ZeRO-1/2, two late modules at ZeRO-3 -- measured on the explorer's own sequence.)"""
     on = {opt for opt in EXTRAS if draw(QUARTER)}
-    if "stage0" in on and sc.stage in (1, 2):
+    if "stage0" in on and sc.stage in (1, 2) and zero0:
         steps = tuple(TrainStep(tuple(MicroStep(BackwardKind.ENGINE, m.skip, m.retain) for m in s.micro),
                                 s.eval_before, s.reregister, s.idle, s.frozen) for s in sc.steps)
         sc = sc.with_(stage=0, steps=steps, offload=Offload.NONE, fp32_grad_accum=False,
@@ -226,7 +226,7 @@ def scenarios(draw, *, max_blocks: int = 3, max_steps: int = 2, max_gas: int = 2
               leaf: bool = True, fused_head: bool = True, eval_forwards: bool = True,
               knobs: bool = True, width: int = 8, branches: bool = True,
               reregister: bool = True, setup: bool = True, llama: bool = True,
-              several_engines: bool = True, options: bool = True) -> Scenario:
+              several_engines: bool = True, options: bool = True, zero0: bool = True) -> Scenario:
     """A trainable scenario: the loss requires grad, so every backward call is legal.
 
     ``branches``: micro-steps may skip frozen norms (a different branch: the ZeRO-3 module order
@@ -236,7 +236,8 @@ def scenarios(draw, *, max_blocks: int = 3, max_steps: int = 2, max_gas: int = 2
     changes, a width of 7 -- not divisible by world size 2 -- and, with ``llama``, the Hugging Face
     Llama family, with LoRA and ``modules_to_save``); ``options`` (with ``setup``): one of `EXTRAS` (gas 3,
     a manual accumulation boundary, ZeRO knobs, a module attached late); ``several_engines`` (with ``setup``):
-    other engines run first in the same process
+    other engines run first in the same process; ``zero0``: the ``stage0`` option may apply (the model-based
+    tests turn it off: stage 0 has no hook manager, and the model's hook machine is ZeRO-1/2/3's)
     (`engines_before`).  All on by default: ``zerostate explore`` draws every dimension.
     """
     stage = draw(st.sampled_from(stages))
@@ -274,7 +275,7 @@ def scenarios(draw, *, max_blocks: int = 3, max_steps: int = 2, max_gas: int = 2
         if several_engines:
             sc = sc.with_(engines_before=engines_before(draw))
         if options:
-            sc = extras(draw, sc)
+            sc = extras(draw, sc, zero0)
     return sc.validate()
 
 
