@@ -154,7 +154,8 @@ _STAGE_RANK = {3: 0, 1: 1, 2: 2}
 
 def _rank(sc: Scenario) -> tuple:
     """How far a scenario is from the simplest one, in the strategies' documented shrink order: fewer
-    blocks and steps, ZeRO-3, then plain trainable blocks, engine.backward, no extras, default knobs."""
+    blocks and steps, ZeRO-3, then plain trainable blocks, engine.backward, no extras, default knobs, no
+    training-setup dimension."""
     d = Scenario()
     extras = sum((b.checkpoint.value != "none") + (b.norm.value != "trainable") + (b.lin.value != "trainable")
                  + b.leaf for b in sc.blocks)
@@ -162,6 +163,9 @@ def _rank(sc: Scenario) -> tuple:
     extras += sum(st.eval_before for st in sc.steps) + sc.fused_head + (not sc.input_requires_grad)
     extras += sum(getattr(sc, k) != getattr(d, k) for k in ("persistence_threshold", "prefetch_bucket_size",
                                                            "reduce_bucket_size"))
+    # the training-setup dimensions (issue 11: precision, offload, options, ...), re-registrations, branches
+    extras += len(sc.beyond_model()) + sum(st.reregister for st in sc.steps) + sum(
+        bool(m.skip) for _, _, m in sc.micro_steps())
     return (len(sc.blocks), len(sc.steps), sc.gas, _STAGE_RANK.get(sc.stage, 3), extras)
 
 
@@ -202,6 +206,39 @@ def _candidates(sc: Scenario):
     for k in ("persistence_threshold", "prefetch_bucket_size", "reduce_bucket_size"):
         if getattr(sc, k) != getattr(d, k):
             yield sc.with_(**{k: getattr(d, k)})
+    yield from _setup_candidates(sc, d)
+
+
+def _setup_candidates(sc: Scenario, d: Scenario):
+    """The training-setup dimensions (issue 11) back to their plain value, one at a time (a key first seen
+    while shrinking another keeps the scenario it was seen in, setup dimensions and all, so polish is
+    what simplifies it)."""
+    from dataclasses import replace
+
+    from zerostate.model.scenario import _EXTENDED_DEFAULTS, Precision
+    for k, v in _EXTENDED_DEFAULTS.items():
+        if k in ("family", "fp32_grad_accum", "loss_scale_power") or getattr(sc, k) == v:
+            continue
+        if k == "precision":
+            yield sc.with_(precision=Precision.FP32, fp32_grad_accum=False, loss_scale_power=8)
+        elif k == "lora":
+            yield sc.with_(lora=False, modules_to_save=False)
+        else:
+            yield sc.with_(**{k: v})
+    if sc.fp32_grad_accum:
+        yield sc.with_(fp32_grad_accum=False)
+    if sc.engines_before:
+        yield sc.with_(engines_before=())
+    for k in ("max_reuse_distance", "max_live_parameters", "width"):
+        if getattr(sc, k) != getattr(d, k):
+            yield sc.with_(**{k: getattr(d, k)})
+    if any(not b.in_optimizer for b in sc.blocks):
+        yield sc.with_(blocks=tuple(replace(b, in_optimizer=True) for b in sc.blocks))
+    for i, st in enumerate(sc.steps):
+        plain = replace(st, reregister=False, frozen=(),
+                        micro=tuple(replace(m, retain=False, skip=()) for m in st.micro))
+        if plain != st and not st.idle:
+            yield sc.with_(steps=sc.steps[:i] + (plain,) + sc.steps[i + 1:])
 
 
 LANE = 100
