@@ -171,14 +171,20 @@ def test_a_ctrl_c_during_the_final_renumbering_lands_after_it():
     report would keep only the findings rewritten so far), then ends the run as interrupted."""
     from zerostate.cli.cmd_explore import _ctrl_c_kept
     done = []
-    with _ctrl_c_kept() as ctrl_c:
-        with pytest.raises(KeyboardInterrupt):
-            with ctrl_c.held():
+    # Python's own Ctrl-C handling, whatever this test process inherited (pytest started as a shell's
+    # background job ignores SIGINT, and _ctrl_c_kept then rightly leaves it ignored)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with _ctrl_c_kept() as ctrl_c:
+            with pytest.raises(KeyboardInterrupt):
+                with ctrl_c.held():
+                    signal.raise_signal(signal.SIGINT)
+                    done.append("rest of the block")
+            assert ctrl_c.is_set()
+            with pytest.raises(KeyboardInterrupt):  # outside the block a Ctrl-C is raised at once again
                 signal.raise_signal(signal.SIGINT)
-                done.append("rest of the block")
-        assert ctrl_c.is_set()
-        with pytest.raises(KeyboardInterrupt):  # outside the block a Ctrl-C is raised at once again
-            signal.raise_signal(signal.SIGINT)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert done == ["rest of the block"]
 
 
