@@ -170,6 +170,8 @@ class ScheduleMachine(RuleBasedStateMachine):
     def add_step(self, kinds, eval_before):
         if len(self.sc.steps) >= 3:
             return
+        if self.sc.stage == 0:  # stage 0 takes engine.backward only (Scenario.validate)
+            kinds = [BackwardKind.ENGINE]
         micro = tuple(MicroStep(kinds[i % len(kinds)]) for i in range(self.sc.gas))
         self.sc = self.sc.with_(steps=self.sc.steps + (TrainStep(micro, eval_before),))
 

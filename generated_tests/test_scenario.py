@@ -220,7 +220,9 @@ def test_options_are_written_only_when_set_and_round_trip():
     ({"family": "llama", "late_module": True}, "late_module"),
     ({"overlap_comm": "yes"}, "overlap_comm"),
     ({"manual_boundary": 1}, "manual_boundary"),
-    ({"contiguous_gradients": None}, "contiguous_gradients")])
+    ({"contiguous_gradients": None}, "contiguous_gradients"),
+    ({"stage": 0, "offload": "optimizer"}, "offload"),
+    ({"stage": 0, "steps": [{"micro": [{"backward": "torch"}]}]}, "steps")])
 def test_malformed_options_name_the_field(data, field):
     with pytest.raises(ScenarioError) as err:
         Scenario.from_dict(data)

@@ -341,6 +341,9 @@ class Scenario:
             raise ScenarioError(f"loss_scale_power: only with precision fp16, 0..24, got {self.loss_scale_power}")
         if self.stage == 0 and self.offload is not Offload.NONE:
             raise ScenarioError("offload: ZeRO stage 0 has no offload")
+        if self.stage == 0 and any(m.backward is not BackwardKind.ENGINE for _, _, m in self.micro_steps()):
+            raise ScenarioError("steps: ZeRO stage 0 takes engine.backward only (DeepSpeed refuses a PyTorch-style "
+                                "backward there: 'Direct calls to tensor.backward() are not supported')")
         if self.offload in (Offload.PARAM, Offload.BOTH) and self.stage != 3:
             raise ScenarioError(f"offload: parameter offload needs ZeRO-3, got stage {self.stage}")
         if not 1 <= self.param_groups <= 3:
