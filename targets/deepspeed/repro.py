@@ -237,8 +237,22 @@ def install_embedded():
     sys.meta_path.insert(0, _EmbeddedFinder())
 
 
+def leave_process_group():
+    """Destroy the process group before the interpreter exits: left to interpreter shutdown, gloo's threads
+    were once torn down under a rank (C++ 'terminate called without an active exception', SIGABRT) after
+    it had printed its verdict, and torchrun then failed the run."""
+    try:
+        import torch.distributed as dist
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+    except Exception:
+        pass
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    leave_process_group()
+    sys.exit(code)
 '''
 
 
