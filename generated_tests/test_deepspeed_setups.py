@@ -10,6 +10,7 @@ groups, a requires_grad change, tying ...), or DeepSpeed's own numbers show it (
 from __future__ import annotations
 
 import pytest
+import torch
 
 from zerostate.model.scenario import Scenario
 from zerostate.targets.base import get_target
@@ -258,6 +259,9 @@ def test_modules_to_save_reaches_deepspeed(ds):
     model = net.build_model(sc.to_dict())
     names = [n for n, p in model.named_parameters() if p.requires_grad and "modules_to_save" in n]
     assert names, [n for n, _ in model.named_parameters()]
+    before = dict(model.named_parameters())
+    after = net.oracle_params(sc.to_dict())[-1]  # the copy trains, so agreeing with the oracle means it moved
+    assert any(not torch.equal(after[n], before[n].detach()) for n in names), names
     out = ds.run(sc)
     from zerostate.targets.deepspeed.known import explain
     assert all(explain(f) is not None for f in out.findings), [(f.key, f.error[:200]) for f in out.findings]

@@ -21,9 +21,17 @@ def specs_for(family: str) -> tuple[Spec, ...]:
     return tuple(s for s in SPECS.values() if family == "both" or s.family == family)
 
 
+def specs_for_stage(stage: int) -> tuple[Spec, ...]:
+    """Specs that judge a real run at ZeRO ``stage``: all at 3, the hook specs at 1 and 2 (the coordinator is
+    ZeRO-3's), none at 0 (no ZeRO optimizer and no hook manager: the oracle and exceptions judge alone)."""
+    return specs_for("both") if stage == 3 else specs_for("hooks") if stage in (1, 2) else ()
+
+
 def check_all(events, specs=None) -> dict[str, Violation | None]:
+    """``specs``: None for every spec (an empty collection checks none)."""
     events = list(events)
-    return {s.id: check_trace(s, events) for s in (specs or SPECS.values())}
+    return {s.id: check_trace(s, events) for s in (SPECS.values() if specs is None else specs)}
 
 
-__all__ = ["METRICS", "Metric", "SPECS", "Spec", "Violation", "check_all", "check_trace", "specs_for"]
+__all__ = ["METRICS", "Metric", "SPECS", "Spec", "Violation", "check_all", "check_trace", "specs_for",
+           "specs_for_stage"]

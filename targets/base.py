@@ -155,13 +155,13 @@ class Target(Protocol):
 
 def spec_findings(events: list[Event], scenario: Scenario, target: str, version: str | None,
                   coordinator: bool | None = None) -> list[Finding]:
-    """Check the specs on a trace; one finding per violated spec.  Coordinator-family specs judge
-    ZeRO-3 runs only (``coordinator``; default: ``scenario.stage == 3``), as the model checker does."""
-    from zerostate.specs import SPECS, check_all
-    if scenario.stage == 0:  # no ZeRO optimizer and no hook manager: the oracle and exceptions judge alone
-        return []
-    coord = scenario.stage == 3 if coordinator is None else coordinator
-    chosen = [s for s in SPECS.values() if coord or s.family != "coordinator"]
+    """Check the specs on a trace; one finding per violated spec: those of `specs_for_stage` (none at stage
+    0; coordinator-family specs at ZeRO-3 only, as the model checker does), or, with ``coordinator`` given,
+    the hook specs and the coordinator's when it is True."""
+    from zerostate.specs import check_all, specs_for, specs_for_stage
+    chosen = specs_for_stage(scenario.stage)
+    if coordinator is not None and chosen:  # the model target says whether its design has a coordinator
+        chosen = specs_for("both" if coordinator else "hooks")
     out = []
     for sid, v in check_all(events, chosen).items():
         if v is None:

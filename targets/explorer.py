@@ -708,7 +708,7 @@ def explore(target: Target, *, examples: int, seed: int | None = None,
                     break
                 # ``first``: keys whose finding it holds for are shrunk before the others (explore: the ones no
                 # known issue explains, so the hard cap falls on documented bugs, not on a new one)
-                key = min(todo, key=lambda k: (not first(handed[k]), 0)) if first is not None else todo[0]
+                key = min(todo, key=lambda k: not first(handed[k])) if first is not None else todo[0]
                 try:
                     sc2 = search(key)
                 except _BudgetSpent:

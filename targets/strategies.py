@@ -234,11 +234,12 @@ def scenarios(draw, *, max_blocks: int = 3, max_steps: int = 2, max_gas: int = 2
     ``setup``: the training-setup dimensions (`setups`: precision, clipping, offload, parameter groups,
     tying, external parameters, outputs, losses, retain_graph, steps without gradient, requires_grad
     changes, a width of 7 -- not divisible by world size 2 -- and, with ``llama``, the Hugging Face
-    Llama family, with LoRA and ``modules_to_save``); ``options`` (with ``setup``): one of `EXTRAS` (gas 3,
-    a manual accumulation boundary, ZeRO knobs, a module attached late); ``several_engines`` (with ``setup``):
-    other engines run first in the same process; ``zero0``: the ``stage0`` option may apply (the model-based
-    tests turn it off: stage 0 has no hook manager, and the model's hook machine is ZeRO-1/2/3's)
-    (`engines_before`).  All on by default: ``zerostate explore`` draws every dimension.
+    Llama family, with LoRA and ``modules_to_save``); ``several_engines`` (with ``setup``): other engines
+    run first in the same process (`engines_before`); ``options`` (with ``setup``): the options of `EXTRAS`,
+    each on its own (gas 3, a manual accumulation boundary, ZeRO knobs, a module attached late, stage 0);
+    ``zero0``: the ``stage0`` option may apply (the model-based tests turn it off: stage 0 has no hook
+    manager, and the model's hook machine is ZeRO-1/2/3's).  All on by default: ``zerostate explore``
+    draws every dimension.
     """
     stage = draw(st.sampled_from(stages))
     bl = tuple(draw(st.lists(blocks(kinds, checkpoints, leaf and stage == 3), min_size=1,

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from zerostate.model.scenario import Family, Offload, Scenario
 
-from .known_setups import KnownIssue
+from .known_setups import KnownIssue, nested_outputs_zero12
 
 
 def _offload_zero12(sc: Scenario) -> bool:
@@ -136,10 +136,7 @@ ZERO0_BF16_UPDATE_LOST = KnownIssue(
 )
 
 def _engine_backward_nested_outputs(sc: Scenario) -> bool:
-    from zerostate.model.scenario import Outputs
-    nested = sc.family is Family.LLAMA or (sc.outputs is not Outputs.TENSOR and sc.losses == 2 and not sc.fused_head)
-    return (sc.stage in (1, 2) and sc.gas > 1 and nested
-            and all(m.backward.value == "engine" for _, _, m in sc.micro_steps()))
+    return nested_outputs_zero12(sc) and all(m.backward.value == "engine" for _, _, m in sc.micro_steps())
 
 
 ZERO12_NESTED_OUTPUTS_ENGINE_BACKWARD = KnownIssue(

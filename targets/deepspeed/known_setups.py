@@ -22,10 +22,15 @@ def _retains(sc: Scenario) -> bool:
     return any(m.retain for _, _, m in sc.micro_steps())
 
 
-def _nested_outputs_pytorch_backward(sc: Scenario) -> bool:
+def nested_outputs_zero12(sc: Scenario) -> bool:
+    """ZeRO-1/2 with gas > 1 and a loss on an output computed from another output (HF's loss from its logits,
+    or ``(hidden, hidden.mean(-1))`` with a loss on both): the shape of the nested-outputs issues."""
     nested = sc.family is Family.LLAMA or (sc.outputs is not Outputs.TENSOR and sc.losses == 2 and not sc.fused_head)
-    return sc.stage in (1, 2) and sc.gas > 1 and nested and any(
-        m.backward.value == "torch" for _, _, m in sc.micro_steps())
+    return sc.stage in (1, 2) and sc.gas > 1 and nested
+
+
+def _nested_outputs_pytorch_backward(sc: Scenario) -> bool:
+    return nested_outputs_zero12(sc) and any(m.backward.value == "torch" for _, _, m in sc.micro_steps())
 
 
 def _frozen_step_without_gradient(sc: Scenario) -> bool:

@@ -741,7 +741,8 @@ def compare_update(initial_pt, expected, initial_ds, actual, eps):
     passes it; the update's norm over all parameters is not hidden that way.  Checked when PyTorch's update
     is above twice the bound on the rounding noise of DeepSpeed's parameters at both ends (``eps * |params|``,
     ``eps`` half a unit in the last place: the noise's norm is about 0.8 of it);
-    None when the ratio is inside `UPDATE_RATIO` (measured on correct releases: 0.9-1.1)."""
+    None when the ratio is inside `UPDATE_RATIO` (measured on 0.19.8, six bf16 / fp16 scenarios at ZeRO 0-3,
+    llama + LoRA among them: 0.999-1.040)."""
     import math
     num = den = noise = 0.0
     for n, e in expected.items():

@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Iterable, NamedTuple
 
 from zerostate.model.events import Event
-from zerostate.specs import SPECS, check_trace
+from zerostate.specs import check_trace, specs_for_stage
 
 from .agreement import compare
 
@@ -44,9 +44,7 @@ def failed_checks(result: dict, stage: int, model_events: Iterable[Event] | None
         out["oracle"] = Failed(result["mismatch"])
     if result.get("carried_state"):  # issue 15: process state an engine before it (engines_before) left
         out["carried-state"] = Failed(result["carried_state"], "torch-linear-replaced")
-    for spec in SPECS.values() if stage != 0 else ():  # ZeRO-0: no hook manager, the specs do not apply
-        if spec.family == "coordinator" and stage != 3:
-            continue
+    for spec in specs_for_stage(stage):  # as DeepSpeedTarget.run judges (targets.base.spec_findings)
         v = check_trace(spec, events)
         if v is not None and not (error and v.index is None):
             out[spec.id] = Failed(v.message, v.code)  # saved-tensor-intact: the spec's finding is kept
