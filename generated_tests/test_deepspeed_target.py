@@ -277,3 +277,35 @@ def test_prefetch_and_max_live_are_checked_against_the_model(ds, request, bucket
     assert (prefetched > 0) == (max_live > 0), prefetched
     elsewhere = run(ds.design, sc.with_(**other))
     assert compare_coordinator(elsewhere.events, out.trace, ds.design.name) is not None
+
+
+def test_fresh_takes_the_spare_worker_started_ahead():
+    """`DeepSpeedTarget.fresh` keeps one worker started ahead from its first call on (the explorer's lanes and
+    confirmations call it dozens of times; each start-up cost seconds): the next fresh start takes that
+    spare process, one that has run nothing; a spare that died while waiting is replaced; ``close`` leaves no
+    process.  A target that is never made fresh (a replay) starts no spare."""
+    sc = Scenario.from_dict({"blocks": [{}], "stage": 3})
+    t = get_target("deepspeed")
+    procs = []
+    try:
+        assert not t.run(sc).findings and t._spare is None
+        procs.append(t.worker.proc)
+        t.fresh()
+        assert t._spare is not None and t.worker.proc.pid != procs[0].pid and procs[0].poll() is not None
+        spare = t._spare.proc
+        procs += [t.worker.proc, spare]
+        assert not t.run(sc).findings
+        t.fresh()
+        assert t.worker.proc is spare and t._spare is not None and t._spare.proc is not spare
+        assert not t.run(sc).findings
+        dying = t._spare.proc
+        dying.kill()
+        dying.wait()
+        t.fresh()  # the dead spare is dropped and a new worker started
+        assert t.worker.proc is not dying and t.worker.proc.poll() is None
+        procs += [t.worker.proc, t._spare.proc]
+        assert not t.run(sc).findings
+    finally:
+        t.close()
+    assert all(p.poll() is not None for p in procs)
+    assert not t._log_path.exists() and not t._spare_log_path.exists()

@@ -154,7 +154,10 @@ class DeepSpeedTarget:
         logs = envs.cache_root() / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         self._log_path = Path(tempfile.mkstemp(prefix=f"worker-{key}-", suffix=".log", dir=logs)[1])
+        self._spare_log_path = self._log_path.with_suffix(".spare.log")
         self.worker: Worker | None = None
+        self._spare: Worker | None = None
+        self._keep_spare = False  # from the first fresh(): a worker started ahead for the next fresh start
         self.hello = self._start()
         self.version: str = str(self.hello["deepspeed"]).strip()
         if deepspeed_path and self.version.startswith("0.0.0"):
@@ -177,8 +180,22 @@ class DeepSpeedTarget:
         self._sleep = 0.0  # tests: make the worker sleep before each run (a simulated hang)
 
     # ------------------------------------------------------------ worker life
+    def _new_worker(self) -> Worker:
+        """A worker process, started now; it imports DeepSpeed and initialises while the caller goes on.
+        Its log is the one of the two log files the current worker does not write."""
+        busy = self.worker.log_path if self.worker is not None else None
+        log = self._spare_log_path if busy == self._log_path else self._log_path
+        return Worker(self._env, log, envs.worker_cwd(self.path))
+
+    def _take_spare(self) -> Worker | None:
+        spare, self._spare = self._spare, None
+        if spare is not None and spare.proc.poll() is not None:  # it died while waiting: start afresh
+            spare.close(kill=True)
+            spare = None
+        return spare
+
     def _start(self) -> dict:
-        self.worker = Worker(self._env, self._log_path, envs.worker_cwd(self.path))
+        self.worker = self._take_spare() or self._new_worker()
         try:
             hello = self.worker.request({"op": "hello"}, self.startup_timeout)
         except (WorkerTimeout, WorkerDied) as exc:
@@ -192,6 +209,8 @@ class DeepSpeedTarget:
             where = f" from {self._extra}" if self._extra else ""
             raise TargetError(f"DeepSpeed{where} does not import or initialise: {hello.get('error')}\n"
                               f"{hello.get('traceback', '')}")
+        if self._keep_spare and self._spare is None:
+            self._spare = self._new_worker()
         return hello
 
     def _restart(self) -> None:
@@ -203,18 +222,28 @@ class DeepSpeedTarget:
     def fresh(self) -> None:
         """A fresh worker (a fresh rank pool at world size 2) for the next run, nothing carried over from
         the runs before: the explorer confirms each finding in one (`targets.confirm`, issue 15).  Not
-        counted in ``restarts`` (those are the restarts a hang, a crash or ranks out of step forced)."""
+        counted in ``restarts`` (those are the restarts a hang, a crash or ranks out of step forced).
+
+        From the first call on, one more worker is kept started ahead (a *spare*: a new process that has
+        imported DeepSpeed and run nothing), so the next fresh start costs no start-up.  A spare is a fresh
+        worker like any other: nothing has run in it."""
+        self._keep_spare = True
         if self.worker is not None:
             self.worker.close(kill=True)
             self.worker = None
         self._start()
 
     def close(self) -> None:
+        self._keep_spare = False
+        if self._spare is not None:
+            self._spare.close(kill=True)
+            self._spare = None
         if self.worker is not None:
             self.worker.close()
             self.worker = None
-            try:  # the log only matters while the worker runs (errors quote its tail)
-                self._log_path.unlink()
+        for log in (self._log_path, self._spare_log_path):  # the logs only matter while a worker runs
+            try:  # (errors quote their tail)
+                log.unlink()
             except OSError:
                 pass
 
