@@ -309,3 +309,25 @@ def test_fresh_takes_the_spare_worker_started_ahead():
         t.close()
     assert all(p.poll() is not None for p in procs)
     assert not t._log_path.exists() and not t._spare_log_path.exists()
+
+
+def test_a_world_size_2_scenario_runs_on_a_rank_pool_of_its_own():
+    """``Scenario.world_size`` 2 on a world-size-1 target (what the default exploration draws): the target
+    starts a rank pool for it, the engine DeepSpeed builds there reports two ranks, both ranks train, the
+    cross-rank checks and the oracle judge it; a world-size-1 scenario still runs in the target's own worker;
+    ``fresh`` and ``close`` stop the pool."""
+    t = get_target("deepspeed")
+    try:
+        two = t.run(Scenario.from_dict({"stage": 3, "width": 7, "world_size": 2}))
+        assert not two.findings, _fmt(two.findings)
+        assert two.details["engine"]["world_size"] == 2 and len(two.details["ranks"]) == 2
+        assert two.details["world_size"] == 2 and set(t._wider) == {2}
+        one = t.run(Scenario.from_dict({"stage": 3, "width": 7}))
+        assert not one.findings and one.details["engine"]["world_size"] == 1 and "ranks" not in one.details
+        pool = t._wider[2]
+        t.fresh()
+        assert not t._wider and pool.worker is None
+        assert t.run(Scenario.from_dict({"stage": 2, "world_size": 2})).details["engine"]["world_size"] == 2
+    finally:
+        t.close()
+    assert not t._wider

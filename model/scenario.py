@@ -250,6 +250,14 @@ class Scenario:
     step (``gas`` x ``engine.backward``) and destroyed; then the scenario's own engine runs.  Empty (the
     default, written to JSON only when set): the scenario's engine is the only one.  The PyTorch oracle is
     unchanged (it trains the same model)."""
+    world_size: int = 1
+    """The ranks this scenario runs on, at least (1 or 2; written to JSON only when 2).  A world-size-1
+    DeepSpeed target runs a world-size-2 scenario on a rank pool of its own (`targets.deepspeed.ranks`), so
+    the default exploration reaches what only several ranks show: gradient averaging across ranks
+    (DeepSpeed's 0.19.8 CPU reduce fix), all-gathers of mixed dtypes (#8072/#8073), partition padding
+    (#8158).  Each rank trains on its own rows of the batch; the oracle trains on the whole batch.  The model
+    is per rank, so the field changes nothing it checks; a target at a larger world size runs the scenario
+    at its own."""
 
     # ------------------------------------------------------------------ derived
     @property
@@ -275,7 +283,7 @@ class Scenario:
         (its hook and coordinator machines know fp32 ``LayerNorm -> Linear`` blocks, one optimizer group
         holding every trainable parameter, one backward per micro-step).  Empty: the model covers it."""
         out = [f"{name}={_plain(getattr(self, name))}" for name, default in _EXTENDED_DEFAULTS.items()
-               if getattr(self, name) != default]
+               if getattr(self, name) != default and name != "world_size"]  # the model is per rank
         if any(not b.in_optimizer for b in self.blocks):
             out.append("parameters in no optimizer group")
         if any(s.idle for s in self.steps):
@@ -371,6 +379,8 @@ class Scenario:
             raise ScenarioError("late_module: only for family blocks")
         if self.overlap_comm is not None and not isinstance(self.overlap_comm, bool):
             raise ScenarioError(f"overlap_comm: expected true, false or absent, got {self.overlap_comm!r}")
+        if self.world_size not in (1, 2):
+            raise ScenarioError(f"world_size: 1 or 2, got {self.world_size!r}")
         if len(self.engines_before) > 3 or any(k not in (1, 2, 3) for k in self.engines_before):
             raise ScenarioError(f"engines_before: at most 3 ZeRO stages (1, 2 or 3), got {list(self.engines_before)}")
         if self.family is Family.LLAMA:
@@ -395,6 +405,7 @@ class Scenario:
         lines = [f"ZeRO-{self.stage}, {len(self.blocks)} block(s), width {self.width}, "
                  f"gas {self.gas}, {len(self.steps)} train step(s), "
                  f"persistence threshold {self.persistence_threshold}"
+                 + (f", world size {self.world_size}" if self.world_size > 1 else "")
                  + (", fused head (backward inside forward)" if self.fused_head else "")
                  + ("" if self.input_requires_grad else ", input does not require grad")]
         if self.beyond_model():
@@ -530,7 +541,8 @@ _EXTENDED_DEFAULTS: dict[str, Any] = {
     "offload": Offload.NONE,
     "param_groups": 1, "tie": False, "external": False, "outputs": Outputs.TENSOR, "losses": 1,
     "family": Family.BLOCKS, "lora": False, "modules_to_save": False, "manual_boundary": False,
-    "contiguous_gradients": True, "overlap_comm": None, "all_reduce_fetch": False, "late_module": False}
+    "contiguous_gradients": True, "overlap_comm": None, "all_reduce_fetch": False, "late_module": False,
+    "world_size": 1}
 """Scenario fields added for issue 11, with their defaults: written to JSON only when not at the default."""
 _SCENARIO_FIELDS = {f for f in Scenario.__dataclass_fields__}
 
@@ -573,7 +585,7 @@ def _parse_scenario(data: Any) -> Scenario:
     kwargs["steps"] = tuple(_parse_step(s, f"steps[{i}]")
                             for i, s in enumerate(_list(d.get("steps", [{}]), "steps")))
     for name in ("stage", "width", "persistence_threshold", "prefetch_bucket_size",
-                 "reduce_bucket_size", "seed", "max_reuse_distance", "max_live_parameters"):
+                 "reduce_bucket_size", "seed", "max_reuse_distance", "max_live_parameters", "world_size"):
         kwargs[name] = _int(d.get(name, getattr(defaults, name)), name)
     for name in ("fused_head", "input_requires_grad", "fp32_grad_accum", "tie", "external", "lora",
                  "modules_to_save", "manual_boundary", "contiguous_gradients", "all_reduce_fetch", "late_module"):

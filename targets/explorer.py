@@ -165,7 +165,7 @@ def _rank(sc: Scenario) -> tuple:
                                                            "reduce_bucket_size"))
     # the training-setup dimensions (issue 11: precision, offload, options, ...), re-registrations, branches
     extras += len(sc.beyond_model()) + sum(st.reregister for st in sc.steps) + sum(
-        bool(m.skip) for _, _, m in sc.micro_steps())
+        bool(m.skip) for _, _, m in sc.micro_steps()) + (sc.world_size > 1)
     return (len(sc.blocks), len(sc.steps), sc.gas, _STAGE_RANK.get(sc.stage, 3), extras)
 
 

@@ -53,6 +53,7 @@ CLIPPING = (0.0, 1.0, 0.05)
 RARE = st.sampled_from((False,) * 7 + (True,))
 """True in one draw of eight; shrinks to False."""
 QUARTER = st.sampled_from((False,) * 3 + (True,))
+EIGHTH = st.sampled_from((False,) * 7 + (True,))
 
 
 @st.composite
@@ -226,7 +227,8 @@ def scenarios(draw, *, max_blocks: int = 3, max_steps: int = 2, max_gas: int = 2
               leaf: bool = True, fused_head: bool = True, eval_forwards: bool = True,
               knobs: bool = True, width: int = 8, branches: bool = True,
               reregister: bool = True, setup: bool = True, llama: bool = True,
-              several_engines: bool = True, options: bool = True, zero0: bool = True) -> Scenario:
+              several_engines: bool = True, options: bool = True, zero0: bool = True,
+              world2: bool = True) -> Scenario:
     """A trainable scenario: the loss requires grad, so every backward call is legal.
 
     ``branches``: micro-steps may skip frozen norms (a different branch: the ZeRO-3 module order
@@ -238,8 +240,11 @@ def scenarios(draw, *, max_blocks: int = 3, max_steps: int = 2, max_gas: int = 2
     run first in the same process (`engines_before`); ``options`` (with ``setup``): the options of `EXTRAS`,
     each on its own (gas 3, a manual accumulation boundary, ZeRO knobs, a module attached late, stage 0);
     ``zero0``: the ``stage0`` option may apply (the model-based tests turn it off: stage 0 has no hook
-    manager, and the model's hook machine is ZeRO-1/2/3's).  All on by default: ``zerostate explore``
-    draws every dimension.
+    manager, and the model's hook machine is ZeRO-1/2/3's); ``world2`` (with ``options``): world size 2 in
+    one draw of eight, drawn last of all (shrinks to 1; a world-size-1 target runs it on a rank pool of its
+    own: what only several ranks show -- gradient averaging, all-gathers across ranks -- is reached by the
+    default exploration, at about twice the cost of a world-size-1 example).  All on by default:
+    ``zerostate explore`` draws every dimension.
     """
     stage = draw(st.sampled_from(stages))
     bl = tuple(draw(st.lists(blocks(kinds, checkpoints, leaf and stage == 3), min_size=1,
@@ -277,6 +282,8 @@ def scenarios(draw, *, max_blocks: int = 3, max_steps: int = 2, max_gas: int = 2
             sc = sc.with_(engines_before=engines_before(draw))
         if options:
             sc = extras(draw, sc, zero0)
+            if world2 and draw(EIGHTH):
+                sc = sc.with_(world_size=2)
     return sc.validate()
 
 

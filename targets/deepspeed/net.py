@@ -177,7 +177,7 @@ def engine_settings(engine):
     out = {"gradient_accumulation_steps": engine.gradient_accumulation_steps(),
            "contiguous_gradients": bool(engine.zero_contiguous_gradients()),
            "overlap_comm": bool(engine.zero_overlap_comm()),
-           "late_module": "late" in engine.module._modules}
+           "late_module": "late" in engine.module._modules, "world_size": int(engine.world_size)}
     p = next(iter(engine.module.parameters()), None)
     init, fns = None, [getattr(p, "all_gather_coalesced", None)]
     for _ in range(3):  # a closure (inside DeepSpeed's instrument_w_nvtx wrapper) that captured the zero.Init

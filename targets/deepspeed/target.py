@@ -36,6 +36,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from zerostate.model.events import Event
 from zerostate.model.scenario import Scenario
@@ -118,12 +119,16 @@ class Worker:
 
 class DeepSpeedTarget:
     name = "deepspeed"
+    world_size = 1
 
     def __init__(self, *, deepspeed: str | None = None, deepspeed_path: str | None = None,
                  design: str | None = None, timeout: float | None = None, check_model: bool = True,
                  startup_timeout: float = 900.0):
         self.requested = deepspeed
         self.path = deepspeed_path
+        self._options = {"deepspeed": deepspeed, "deepspeed_path": deepspeed_path, "design": design,
+                         "timeout": timeout, "check_model": check_model, "startup_timeout": startup_timeout}
+        self._wider: dict[int, Any] = {}  # world size -> the rank-pool target of the scenarios that ask for it
         self.timeout = timeout or _default_timeout()
         self.startup_timeout = startup_timeout
         self.check_model = check_model
@@ -228,12 +233,29 @@ class DeepSpeedTarget:
         imported DeepSpeed and run nothing), so the next fresh start costs no start-up.  A spare is a fresh
         worker like any other: nothing has run in it."""
         self._keep_spare = True
+        self._close_wider()
         if self.worker is not None:
             self.worker.close(kill=True)
             self.worker = None
         self._start()
 
+    def _close_wider(self) -> None:
+        while self._wider:
+            self._wider.popitem()[1].close()
+
+    def _target_for(self, scenario: Scenario) -> "DeepSpeedTarget":
+        """This target, or -- for a scenario that asks for more ranks than it has (``world_size``) -- a
+        rank-pool target of that size, built like this one and started on first use (`ranks`)."""
+        ws = scenario.world_size
+        if ws <= self.world_size:
+            return self
+        if ws not in self._wider:
+            from .ranks import DeepSpeedRanksTarget
+            self._wider[ws] = DeepSpeedRanksTarget(world_size=ws, **self._options)
+        return self._wider[ws]
+
     def close(self) -> None:
+        self._close_wider()
         self._keep_spare = False
         if self._spare is not None:
             self._spare.close(kill=True)
@@ -266,6 +288,13 @@ class DeepSpeedTarget:
     def run(self, scenario: Scenario) -> Outcome:
         t0 = time.perf_counter()
         self.examples += 1
+        wider = self._target_for(scenario)
+        if wider is not self:  # its restarts are this target's (the explorer reads them)
+            before = wider.restarts
+            try:
+                return wider.run(scenario)
+            finally:
+                self.restarts += wider.restarts - before
         mk = lambda check, text, trace=None, index=None: Finding(  # noqa: E731
             check, text, scenario, trace, index, self.name, self.version)
         try:
