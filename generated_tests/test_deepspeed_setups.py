@@ -233,6 +233,14 @@ OPTIONS = {
                             {"all_reduce_fetch": True}),
     "late-module-z3": ({"stage": 3, "late_module": True, "steps": GAS2}, {"late_module": True}),
     "late-module-z2": ({"stage": 2, "late_module": True, "steps": GAS2}, {"late_module": True}),
+    # zero.Init had partitioned the parameters before deepspeed.initialize (HF's from_pretrained under ZeRO-3):
+    # the blocks' 4, the Llama base's 12 (LoRA's adapters are made afterwards, outside zero.Init)
+    "zero-init-z3": ({"stage": 3, "zero_init": True, "blocks": [{"checkpoint": "non_reentrant"}], "steps": GAS2},
+                     {"built_partitioned": 4}),
+    "zero-init-llama-lora-bf16-z3": ({"stage": 3, "zero_init": True, "family": "llama", "lora": True,
+                                      "precision": "bf16", "steps": [{}, {}]}, {"built_partitioned": 12}),
+    "plain-z3": ({"stage": 3, "steps": GAS2}, {"built_partitioned": 0}),
+    "world-size-2-z2": ({"stage": 2, "world_size": 2, "steps": GAS2}, {"world_size": 2}),
 }
 
 

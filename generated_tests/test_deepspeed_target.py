@@ -100,7 +100,10 @@ def test_known_issue(ds, request, issue):
         assert own, f"{issue.id}: its own finding {issue.checks} is not there: {_fmt(out.findings)}"
         if ds.version == PINNED:  # and exactly its own keys (other releases word exceptions differently)
             assert sorted({f.key for f in own}) == sorted(issue.keys), f"{issue.id}: keys {_fmt(own)}"
-        others = [f for f in out.findings if f not in own]
+        # another finding fails the test unless another documented bug of this release explains it (0.19.2's
+        # z3-released-late-input-without-grad shows on every llama + LoRA scenario at ZeRO-3, this one's too)
+        others = [f for f in out.findings if f not in own and not ((e := explain(f)) is not None and e is not issue
+                                                                   and e.affects(ds.version))]
         assert not others, f"{issue.id}: findings it does not explain: {_fmt(others)}"
         raise KnownIssuePresent(f"{issue.id}: {sorted({f.key for f in own})}")
     # a release without it (or too few ranks): nothing it would explain, nothing unexplained (another issue

@@ -250,6 +250,11 @@ class Scenario:
     step (``gas`` x ``engine.backward``) and destroyed; then the scenario's own engine runs.  Empty (the
     default, written to JSON only when set): the scenario's engine is the only one.  The PyTorch oracle is
     unchanged (it trains the same model)."""
+    zero_init: bool = False
+    """ZeRO-3: the model is built as Hugging Face's ``from_pretrained`` builds it when ZeRO-3 is configured --
+    inside ``deepspeed.zero.Init`` (parameters partitioned and cast to the precision's dtype as they are
+    made), weights loaded under ``GatheredParameters``; PEFT's LoRA adapters made afterwards stay fp32
+    (the mixed dtypes of DeepSpeed #8072/#8073)."""
     world_size: int = 1
     """The ranks this scenario runs on, at least (1 or 2; written to JSON only when 2).  A world-size-1
     DeepSpeed target runs a world-size-2 scenario on a rank pool of its own (`targets.deepspeed.ranks`), so
@@ -379,6 +384,8 @@ class Scenario:
             raise ScenarioError("late_module: only for family blocks")
         if self.overlap_comm is not None and not isinstance(self.overlap_comm, bool):
             raise ScenarioError(f"overlap_comm: expected true, false or absent, got {self.overlap_comm!r}")
+        if self.zero_init and self.stage != 3:
+            raise ScenarioError(f"zero_init: a ZeRO-3 option, got stage {self.stage}")
         if self.world_size not in (1, 2):
             raise ScenarioError(f"world_size: 1 or 2, got {self.world_size!r}")
         if len(self.engines_before) > 3 or any(k not in (1, 2, 3) for k in self.engines_before):
@@ -542,7 +549,7 @@ _EXTENDED_DEFAULTS: dict[str, Any] = {
     "param_groups": 1, "tie": False, "external": False, "outputs": Outputs.TENSOR, "losses": 1,
     "family": Family.BLOCKS, "lora": False, "modules_to_save": False, "manual_boundary": False,
     "contiguous_gradients": True, "overlap_comm": None, "all_reduce_fetch": False, "late_module": False,
-    "world_size": 1}
+    "world_size": 1, "zero_init": False}
 """Scenario fields added for issue 11, with their defaults: written to JSON only when not at the default."""
 _SCENARIO_FIELDS = {f for f in Scenario.__dataclass_fields__}
 
@@ -588,7 +595,7 @@ def _parse_scenario(data: Any) -> Scenario:
                  "reduce_bucket_size", "seed", "max_reuse_distance", "max_live_parameters", "world_size"):
         kwargs[name] = _int(d.get(name, getattr(defaults, name)), name)
     for name in ("fused_head", "input_requires_grad", "fp32_grad_accum", "tie", "external", "lora",
-                 "modules_to_save", "manual_boundary", "contiguous_gradients", "all_reduce_fetch", "late_module"):
+                 "modules_to_save", "manual_boundary", "contiguous_gradients", "all_reduce_fetch", "late_module", "zero_init"):
         kwargs[name] = _bool(d.get(name, getattr(defaults, name)), name)
     for name in ("param_groups", "losses", "loss_scale_power"):
         kwargs[name] = _int(d.get(name, getattr(defaults, name)), name)

@@ -148,7 +148,7 @@ LORA = ({"lora": False}, {"lora": True}, {"lora": True, "modules_to_save": True}
 """The llama family's PEFT wrapping, in shrink order: none, LoRA, LoRA with ``modules_to_save=["lm_head"]``."""
 
 EXTRAS = ("gas3", "manual_boundary", "contiguous_gradients", "overlap_comm", "all_reduce_fetch", "late_module",
-          "stage0")
+          "stage0", "zero_init")
 """Engine and loop options users set (`extras`: each drawn on its own), in draw order:
 
 * ``gas3`` -- three micro-steps per train step (the last one repeated): DeepSpeed #7967 needs gas >= 3;
@@ -162,7 +162,9 @@ EXTRAS = ("gas3", "manual_boundary", "contiguous_gradients", "overlap_comm", "al
   DeepSpeed #7839), with what stage 0 refuses by design taken out: ``engine.backward`` only (DeepSpeed raises
   "Direct calls to tensor.backward() are not supported ... ZeRO stage 0"), no offload, no fp32 gradient
   accumulation with bf16 ("unsupported mix"), and bf16 for fp16 (fp16 at stage 0 on the CPU accelerator
-  applies about 1% of the update: not investigated, possibly an effect of zerostate's fp16-on-CPU switch).
+  applies about 1% of the update: not investigated, possibly an effect of zerostate's fp16-on-CPU switch);
+* ``zero_init`` -- ZeRO-3: the model built inside ``deepspeed.zero.Init`` as Hugging Face's ``from_pretrained``
+  builds it under ZeRO-3, LoRA adapters made afterwards (DeepSpeed #8072 at world size 2).
 
 An option that does not apply to the drawn scenario (all-reduce fetch at ZeRO-1/2, a late module on the llama
 family) leaves it plain."""
@@ -193,6 +195,8 @@ def extras(draw, sc: Scenario, zero0: bool = True) -> Scenario:
         sc = sc.with_(all_reduce_fetch=True)
     if "late_module" in on and sc.family is Family.BLOCKS:
         sc = sc.with_(late_module=True)
+    if "zero_init" in on and sc.stage == 3:
+        sc = sc.with_(zero_init=True)
     return sc
 
 

@@ -127,15 +127,17 @@ def execute(spec: dict, on_step=None) -> dict:
         res.update(error=f"oracle: {type(exc).__name__}: {exc}", error_check="oracle-error",
                    traceback="".join(traceback.format_exc().splitlines(True)[-8:]))
         return res
-    model = net.build_model(spec)
-    backend = tracer = None
+    backend = tracer = model = None
     try:
+        model = net.build_engine_model(spec)
+        built_partitioned = sum(hasattr(p, "ds_id") for p in model.parameters())  # zero_init: by zero.Init
         backend = net.DeepSpeedBackend(spec, model)
         if backend.engines_before:
             res["engines_before"] = backend.engines_before
         if backend.carried:
             res["carried_state"] = backend.carried
         res["engine"] = net.engine_settings(backend.engine)
+        res["engine"]["built_partitioned"] = built_partitioned  # parameters zero.Init had partitioned before
         eps = {"bf16": 2.0 ** -8, "fp16": 2.0 ** -11}.get(spec.get("precision", "fp32"))
         initial_ds = backend.params() if eps else None  # mixed precision: the update's norm (compare_update)
         tracer = Tracer(backend.engine, spec).install()

@@ -102,8 +102,7 @@ ZERO12_UNREDUCED_WITHOUT_CONTIGUOUS = KnownIssue(
     owner="deepspeed",
     releases=((0, 18, 4), (0, 19, 8)),
     fixed_in="0.19.8",
-    world_size=2,
-    scenario=Scenario.from_dict({"stage": 2, "contiguous_gradients": False, "steps": [{}]}),
+    scenario=Scenario.from_dict({"stage": 2, "contiguous_gradients": False, "steps": [{}], "world_size": 2}),
     checks=("oracle",),
     keys=("oracle:zero12-cpu-no-reduce-without-contiguous-gradients",),  # measured at ws 2 on 0.18.4, 0.19.3
     explains=lambda f: f.check == "oracle" and (f.world_size or 1) > 1 and f.scenario.stage in (1, 2)
@@ -163,8 +162,33 @@ ZERO12_NESTED_OUTPUTS_ENGINE_BACKWARD = KnownIssue(
             "is named."),
 )
 
+Z3_ZERO_INIT_MIXED_DTYPES = KnownIssue(
+    id="z3-zero-init-mixed-dtype-allgather",
+    title="ZeRO-3 on 0.19.2: a model built under zero.Init in bf16 with fp32 PEFT LoRA adapters fails the first "
+          "step's all-gather of persistent parameters (output tensor of the first parameter's dtype)",
+    owner="deepspeed",
+    releases=((0, 19, 2), (0, 19, 3)),
+    fixed_in="0.19.3",
+    scenario=Scenario.from_dict({"stage": 3, "family": "llama", "lora": True, "precision": "bf16", "zero_init": True,
+                                 "persistence_threshold": 100000, "world_size": 2}),
+    checks=("exception",),
+    keys=("exception:RuntimeError@comm.torch.all_gather_into_tensor",),  # measured on 0.19.2 at world size 2
+    explains=lambda f: f.check == "exception" and f.scenario.zero_init and f.scenario.stage == 3
+    and ("invalid tensor type" in f.error or "must have the same type" in f.error),
+    detail=("partition_parameters._allgather_params_coalesced allocated every output buffer with the dtype of the "
+            "first parameter in the list.  Before 0.19.2 the engine cast the whole module to bf16, so the "
+            "persistent parameters shared one dtype; 0.19.2's per-policy cast (#8066) kept the fp32 LoRA adapters "
+            "PEFT makes outside zero.Init (autocast_adapter_dtype), and the post-step all-gather of persistent "
+            "parameters (DeepSpeed's default persistence threshold holds them all here) fails on gloo with "
+            "'invalid tensor type' (NCCL: 'output tensor must have the same type as input tensor').  Issue #8072 "
+            "(TRL SFT with PEFT, ZeRO-3 and bf16), fixed in 0.19.3 by DeepSpeed PR #8073.  Needs two ranks "
+            "(measured: world size 1 trains on 0.19.2) and `zero_init` (without it the adapters are cast: "
+            "measured).  Agrees on 0.18.7, 0.19.3 and 0.19.8."),
+)
+
 FIXED_ISSUE_FIELDS: tuple[dict, ...] = (ZERO12_OFFLOAD_GAS3, ZERO12_OFFLOAD_MANUAL_BOUNDARY, PEFT_MODULES_TO_SAVE,
                                         LATE_MODULE, ZERO12_UNREDUCED_WITHOUT_CONTIGUOUS,
-                                        ZERO0_BF16_UPDATE_LOST, ZERO12_NESTED_OUTPUTS_ENGINE_BACKWARD)
+                                        ZERO0_BF16_UPDATE_LOST, ZERO12_NESTED_OUTPUTS_ENGINE_BACKWARD,
+                                        Z3_ZERO_INIT_MIXED_DTYPES)
 
 __all__ = ["FIXED_ISSUE_FIELDS"]

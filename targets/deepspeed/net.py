@@ -207,15 +207,53 @@ def build_llama(spec):
             model.activation_checkpointing_enable(activation_checkpointing_kwargs=kw)
         else:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kw)
-    if spec.get("lora", False):
-        from peft import LoraConfig, get_peft_model
-        save = ["lm_head"] if spec.get("modules_to_save", False) else None  # DeepSpeed #8144
-        model = get_peft_model(model, LoraConfig(r=2, lora_alpha=4, lora_dropout=0.0,
-                                                 target_modules=["q_proj", "v_proj"], modules_to_save=save))
-        with torch.no_grad():  # LoRA's B starts at zero; non-zero makes A's gradient non-zero from step 0
-            for n, p in model.named_parameters():
-                if "lora_B" in n:
-                    p.normal_(0.0, 0.1)
+    model = apply_lora(spec, model)
+    model.train()
+    return model
+
+
+def apply_lora(spec, model):
+    """PEFT LoRA on q/v projections when ``lora`` (``modules_to_save``: the head too); B drawn non-zero."""
+    if not spec.get("lora", False):
+        return model
+    from peft import LoraConfig, get_peft_model
+    save = ["lm_head"] if spec.get("modules_to_save", False) else None  # DeepSpeed #8144
+    model = get_peft_model(model, LoraConfig(r=2, lora_alpha=4, lora_dropout=0.0,
+                                             target_modules=["q_proj", "v_proj"], modules_to_save=save))
+    with torch.no_grad():  # LoRA's B starts at zero; non-zero makes A's gradient non-zero from step 0
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0.0, 0.1)
+    return model
+
+
+def build_engine_model(spec):
+    """The network DeepSpeed trains: `build_model`'s, or with ``zero_init`` (ZeRO-3) built the way Hugging
+    Face's ``from_pretrained`` builds it when ZeRO-3 is configured (`build_zero_init`)."""
+    if spec.get("zero_init", False) and spec.get("stage", 3) == 3:
+        return build_zero_init(spec)
+    return build_model(spec)
+
+
+def build_zero_init(spec):
+    """HF ``from_pretrained`` under ZeRO-3 (``HfDeepSpeedConfig`` / accelerate's ``zero3_init_flag``): the
+    modules are constructed inside ``deepspeed.zero.Init(config_dict_or_path=config)`` -- no ``dtype``, as HF
+    passes none: the config's bf16/fp16 decides it (an explicit ``dtype`` is ignored on an accelerator
+    without fp16, such as the CPU one: ``_set_dtype``'s ``dtype or torch.float16 if ... else torch.bfloat16``
+    parses as ``(dtype or fp16) if fp16_supported else bf16``, measured on 0.19.8) -- so each parameter is
+    partitioned (and cast) as it is made; the weights are then loaded into the partitioned
+    parameters under ``GatheredParameters(modifier_rank=0)``; PEFT's LoRA wraps the model afterwards, so
+    its adapters are made outside ``zero.Init`` and stay fp32 (PEFT's ``autocast_adapter_dtype``) while the
+    base is bf16/fp16 -- the mix of DeepSpeed #8072/#8073.  The values are `build_model`'s (the oracle's)."""
+    import deepspeed
+    ref = dict(build_model(spec).named_parameters())
+    base = dict(spec, lora=False, modules_to_save=False)
+    with deepspeed.zero.Init(config_dict_or_path=ds_config(spec)):
+        model = build_model(base)
+    model = apply_lora(spec, model)
+    for name, p in model.named_parameters():
+        with deepspeed.zero.GatheredParameters([p], modifier_rank=0), torch.no_grad():
+            p.data.copy_(ref[name].data)
     model.train()
     return model
 
@@ -486,7 +524,7 @@ def run_engines_before(spec):
         sub = engine_before_spec(spec, stage)
         backend = None
         try:
-            backend = DeepSpeedBackend(sub, build_model(sub))
+            backend = DeepSpeedBackend(sub, build_engine_model(sub))
             run_schedule(sub, backend)
             done.append(f"ZeRO-{stage}: ok")
         except Exception as exc:
