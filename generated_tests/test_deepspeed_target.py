@@ -318,7 +318,8 @@ def test_a_world_size_2_scenario_runs_on_a_rank_pool_of_its_own():
     """``Scenario.world_size`` 2 on a world-size-1 target (what the default exploration draws): the target
     starts a rank pool for it, the engine DeepSpeed builds there reports two ranks, both ranks train, the
     cross-rank checks and the oracle judge it; a world-size-1 scenario still runs in the target's own worker;
-    ``fresh`` and ``close`` stop the pool."""
+    ``fresh`` stops the pool (the next world-size-2 scenario runs in a new one: the spare pool started ahead
+    when it is ready) and ``close`` leaves no rank process."""
     t = get_target("deepspeed")
     try:
         two = t.run(Scenario.from_dict({"stage": 3, "width": 7, "world_size": 2}))
@@ -327,10 +328,13 @@ def test_a_world_size_2_scenario_runs_on_a_rank_pool_of_its_own():
         assert two.details["world_size"] == 2 and set(t._wider) == {2}
         one = t.run(Scenario.from_dict({"stage": 3, "width": 7}))
         assert not one.findings and one.details["engine"]["world_size"] == 1 and "ranks" not in one.details
-        pool = t._wider[2]
+        wider = t._wider[2]
+        first = wider.worker
         t.fresh()
-        assert not t._wider and pool.worker is None
+        assert t._wider[2] is wider and wider.worker is None and not first.alive()
         assert t.run(Scenario.from_dict({"stage": 2, "world_size": 2})).details["engine"]["world_size"] == 2
+        assert wider.worker is not first and wider.worker.alive() and wider._spare is not None
+        pools = [wider.worker, wider._spare]
     finally:
         t.close()
-    assert not t._wider
+    assert not t._wider and not any(p.alive() for p in pools)

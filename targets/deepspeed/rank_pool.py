@@ -142,6 +142,9 @@ class RankPool:
     def pids(self) -> list[int]:
         return [rk.proc.pid for rk in self.ranks]
 
+    def alive(self) -> bool:
+        return bool(self.ranks) and all(rk.proc.poll() is None for rk in self.ranks)
+
     def log_tail(self, n: int = 3000) -> str:
         parts = []
         for rk in self.ranks:

@@ -73,7 +73,7 @@ class DeepSpeedRanksTarget(DeepSpeedTarget):
             self._env["ZEROSTATE_RANKS_DEVICE"] = _device_for(self.world_size)
             if self._env["ZEROSTATE_RANKS_DEVICE"] == "cpu":
                 self._env["CUDA_VISIBLE_DEVICES"] = ""  # fewer GPUs than ranks: gloo on CPU
-        self.worker = RankPool(self._env, self.world_size, self._log_path)
+        self.worker = self._take_spare() or self._new_worker()
         try:
             hello = self.worker.request({"op": "hello"}, self.startup_timeout)
         except BaseException as exc:
@@ -97,7 +97,16 @@ class DeepSpeedRanksTarget(DeepSpeedTarget):
             self.worker = None
             raise TargetError(f"the rank pool initialised world size {hello.get('world_size')}, "
                               f"not {self.world_size}")
+        if self._keep_spare and self._spare is None:
+            self._spare = self._new_worker()
         return hello
+
+    def _new_worker(self) -> RankPool:
+        """A rank pool, started now (its ranks rendezvous and import DeepSpeed while the caller goes on); its
+        logs are the ones the current pool does not write."""
+        busy = self.worker.log_path if self.worker is not None else None
+        return RankPool(self._env, self.world_size,
+                        self._spare_log_path if busy == self._log_path else self._log_path)
 
     def raw(self, scenario: Scenario) -> dict:
         if self.worker is None:

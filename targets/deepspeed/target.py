@@ -72,6 +72,9 @@ class Worker:
         self._sel = selectors.DefaultSelector()
         self._sel.register(self.proc.stdout, selectors.EVENT_READ)
 
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
     def log_tail(self, n: int = 3000) -> str:
         try:
             data = self.log_path.read_bytes()[-n:]
@@ -192,9 +195,9 @@ class DeepSpeedTarget:
         log = self._spare_log_path if busy == self._log_path else self._log_path
         return Worker(self._env, log, envs.worker_cwd(self.path))
 
-    def _take_spare(self) -> Worker | None:
+    def _take_spare(self) -> Any:
         spare, self._spare = self._spare, None
-        if spare is not None and spare.proc.poll() is not None:  # it died while waiting: start afresh
+        if spare is not None and not spare.alive():  # it died while waiting: start afresh
             spare.close(kill=True)
             spare = None
         return spare
@@ -233,11 +236,18 @@ class DeepSpeedTarget:
         imported DeepSpeed and run nothing), so the next fresh start costs no start-up.  A spare is a fresh
         worker like any other: nothing has run in it."""
         self._keep_spare = True
-        self._close_wider()
+        for wider in self._wider.values():  # stopped now, started again (from its spare) when next used
+            wider._keep_spare = True
+            wider._drop_worker()
         if self.worker is not None:
             self.worker.close(kill=True)
             self.worker = None
         self._start()
+
+    def _drop_worker(self) -> None:
+        if self.worker is not None:
+            self.worker.close(kill=True)
+            self.worker = None
 
     def _close_wider(self) -> None:
         while self._wider:
