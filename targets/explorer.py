@@ -166,6 +166,7 @@ def _rank(sc: Scenario) -> tuple:
     # the training-setup dimensions (issue 11: precision, offload, options, ...), re-registrations, branches
     extras += len(sc.beyond_model()) + sum(st.reregister for st in sc.steps) + sum(
         bool(m.skip) for _, _, m in sc.micro_steps())
+    extras += sc.optimizer != d.optimizer  # a setup dimension the model represents (not in beyond_model)
     return (len(sc.blocks), len(sc.steps), sc.gas, _STAGE_RANK.get(sc.stage, 3), extras)
 
 
