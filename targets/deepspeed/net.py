@@ -68,7 +68,8 @@ bit-identical to the oracle's; 4 at world size 2), so the margin is a precaution
 eps 1e-3 or 1e-8): half the draws keep the client SGD.  ``weight_decay`` 0 is HF Trainer's default (set explicitly:
 torch's AdamW would otherwise decay by 0.01, DeepSpeed's FusedAdam by 0); decay would also differ by design on
 parameters without a gradient (ZeRO's flat partitions step them with a zero gradient, PyTorch skips them), on
-every unused sub-module of every draw."""
+every unused sub-module of every draw (measured with decay 0.01: an unused LayerNorm's weight 2.4e-4 apart after
+two steps, ZeRO-2 and 3)."""
 
 # fp16: the current loss scale (a callable) of the backend that runs, which the fused head's backward inside
 # forward must apply itself, as any user code calling backward outside the engine must (None: 1).
