@@ -611,6 +611,9 @@ def explore(target: Target, *, examples: int, seed: int | None = None,
                 f = polished(f)
             except _BudgetSpent:
                 pass
+        from dataclasses import replace
+        f = replace(f)  # a copy: the finding may be the very object handed over unshrunk (when Hypothesis and
+        # polish keep the scenario it was seen in), which must stay as handed over (``shrunk`` False)
         f.shrunk = shrink
         f.confirmation = None
         handed[f.key] = f
