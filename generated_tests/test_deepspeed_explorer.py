@@ -277,3 +277,16 @@ def test_polish_takes_out_training_setup_dimensions_the_finding_does_not_need():
     for f in res.findings:
         assert f.scenario.gradient_clipping == 0.0 and not any(st.reregister for st in f.scenario.steps), \
             f.scenario.to_json(None)
+
+
+def test_polish_takes_out_the_config_optimizer_the_finding_does_not_need():
+    """``optimizer`` is not a `Scenario.beyond_model` dimension, yet polish counts it (explorer ``_rank``) and
+    puts the client SGD back when the finding does not need DeepSpeed's config Adam (the model ignores it)."""
+    from zerostate.model.scenario import Optimizer
+    from zerostate.targets.strategies import scenarios
+    strat = scenarios(max_blocks=2, max_steps=2, max_gas=2, setup=False).map(
+        lambda s: s.with_(optimizer=Optimizer.CONFIG_ADAM))
+    res = explore(get_target("model", design="ds-0.18.4"), examples=30, seed=None, strategy=strat, confirm=False)
+    assert res.findings
+    for f in res.findings:
+        assert f.scenario.optimizer is Optimizer.SGD, f.scenario.to_json(None)

@@ -122,6 +122,17 @@ class Family(str, Enum):
     is HF's ``gradient_checkpointing_enable(use_reentrant=...)``; the other block fields stay default)."""
 
 
+class Optimizer(str, Enum):
+    """Who builds the optimizer, and which one."""
+
+    SGD = "sgd"
+    """A client ``torch.optim.SGD`` passed to ``deepspeed.initialize(optimizer=...)`` (the default)."""
+    CONFIG_ADAM = "config-adam"
+    """DeepSpeed builds it from the config (``"optimizer": {"type": "AdamW", "params": {..., "torch_adam":
+    true}}``, as HF Trainer writes it), from the parameter groups passed as ``model_parameters``: torch's
+    ``AdamW`` (no JIT-built op)."""
+
+
 SUBMODULES = ("norm", "lin")
 """The two sub-modules of every block, in forward order."""
 
@@ -263,6 +274,13 @@ class Scenario:
     (#8158).  Each rank trains on its own rows of the batch; the oracle trains on the whole batch.  The model
     is per rank, so the field changes nothing it checks; a target at a larger world size runs the scenario
     at its own."""
+    optimizer: Optimizer = Optimizer.SGD
+    """Who builds the optimizer (`Optimizer`): a client SGD, or DeepSpeed from its config (``config-adam``).
+    Not in `beyond_model`: the hook and coordinator events the model checks happen in backward and at the
+    boundary, before the optimizer's ``step()`` on ZeRO's flat fp32 partitions, and which update rule that step
+    applies (or who constructed it) changes none of them -- the same scenario with SGD and with config Adam gives
+    the same trace (test_deepspeed_setups.py ``test_config_adam_leaves_the_trace_unchanged``), so the model's
+    agreement check still applies."""
 
     # ------------------------------------------------------------------ derived
     @property
@@ -288,7 +306,7 @@ class Scenario:
         (its hook and coordinator machines know fp32 ``LayerNorm -> Linear`` blocks, one optimizer group
         holding every trainable parameter, one backward per micro-step).  Empty: the model covers it."""
         out = [f"{name}={_plain(getattr(self, name))}" for name, default in _EXTENDED_DEFAULTS.items()
-               if getattr(self, name) != default and name != "world_size"]  # the model is per rank
+               if getattr(self, name) != default and name not in _MODEL_NEUTRAL]
         if any(not b.in_optimizer for b in self.blocks):
             out.append("parameters in no optimizer group")
         if any(s.idle for s in self.steps):
@@ -388,6 +406,8 @@ class Scenario:
             raise ScenarioError(f"zero_init: a ZeRO-3 option, got stage {self.stage}")
         if self.world_size not in (1, 2):
             raise ScenarioError(f"world_size: 1 or 2, got {self.world_size!r}")
+        if not isinstance(self.optimizer, Optimizer):
+            raise ScenarioError(f"optimizer: expected one of {[o.value for o in Optimizer]}, got {self.optimizer!r}")
         if len(self.engines_before) > 3 or any(k not in (1, 2, 3) for k in self.engines_before):
             raise ScenarioError(f"engines_before: at most 3 ZeRO stages (1, 2 or 3), got {list(self.engines_before)}")
         if self.family is Family.LLAMA:
@@ -417,6 +437,8 @@ class Scenario:
                  + ("" if self.input_requires_grad else ", input does not require grad")]
         if self.beyond_model():
             lines.append("  setup: " + ", ".join(self.beyond_model()))
+        if self.optimizer is not Optimizer.SGD:
+            lines.append(f"  optimizer: {self.optimizer.value} (DeepSpeed builds torch AdamW from its config)")
         for i, b in enumerate(self.blocks):
             ck = {"none": "plain", "reentrant": "reentrant checkpoint",
                   "non_reentrant": "non-reentrant checkpoint"}[b.checkpoint.value]
@@ -549,8 +571,10 @@ _EXTENDED_DEFAULTS: dict[str, Any] = {
     "param_groups": 1, "tie": False, "external": False, "outputs": Outputs.TENSOR, "losses": 1,
     "family": Family.BLOCKS, "lora": False, "modules_to_save": False, "manual_boundary": False,
     "contiguous_gradients": True, "overlap_comm": None, "all_reduce_fetch": False, "late_module": False,
-    "world_size": 1, "zero_init": False}
+    "world_size": 1, "zero_init": False, "optimizer": Optimizer.SGD}
 """Scenario fields added for issue 11, with their defaults: written to JSON only when not at the default."""
+_MODEL_NEUTRAL = ("optimizer", "world_size")
+"""Fields of `_EXTENDED_DEFAULTS` that leave the model's events unchanged (not listed by `beyond_model`)."""
 _SCENARIO_FIELDS = {f for f in Scenario.__dataclass_fields__}
 
 
@@ -609,11 +633,12 @@ def _parse_scenario(data: Any) -> Scenario:
     kwargs["gradient_clipping"] = float(clip)
     kwargs["engines_before"] = tuple(_int(k, f"engines_before[{i}]")
                                      for i, k in enumerate(_list(d.get("engines_before", []), "engines_before")))
+    kwargs["optimizer"] = _enum(Optimizer, d.get("optimizer", defaults.optimizer.value), "optimizer")
     return Scenario(**kwargs).validate()
 
 
 __all__ = [
     "BackwardKind", "Block", "Checkpoint", "Family", "MicroStep", "Offload", "Outputs", "PARAMS_PER_SUBMODULE",
-    "ParamKind", "Precision",
+    "ParamKind", "Precision", "Optimizer",
     "SUBMODULES", "Scenario", "ScenarioError", "TrainStep",
 ]

@@ -166,6 +166,7 @@ def _rank(sc: Scenario) -> tuple:
     # the training-setup dimensions (issue 11: precision, offload, options, ...), re-registrations, branches
     extras += len(sc.beyond_model()) + sum(st.reregister for st in sc.steps) + sum(
         bool(m.skip) for _, _, m in sc.micro_steps()) + (sc.world_size > 1)
+    extras += sc.optimizer != d.optimizer  # a setup dimension the model represents (not in beyond_model)
     return (len(sc.blocks), len(sc.steps), sc.gas, _STAGE_RANK.get(sc.stage, 3), extras)
 
 
@@ -610,6 +611,9 @@ def explore(target: Target, *, examples: int, seed: int | None = None,
                 f = polished(f)
             except _BudgetSpent:
                 pass
+        from dataclasses import replace
+        f = replace(f)  # a copy: the finding may be the very object handed over unshrunk (when Hypothesis and
+        # polish keep the scenario it was seen in), which must stay as handed over (``shrunk`` False)
         f.shrunk = shrink
         f.confirmation = None
         handed[f.key] = f

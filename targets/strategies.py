@@ -18,7 +18,7 @@ the plain single engine.
 
 Engine and loop options (issue 11, `extras`): drawn after everything else, each on its own in one draw
 of four (gas 3, a manual accumulation boundary, ``contiguous_gradients`` off, ``overlap_comm`` flipped,
-ZeRO-3's all-reduce fetch, a module attached after initialize, ZeRO stage 0); the llama family's LoRA also
+ZeRO-3's all-reduce fetch, a module attached after initialize, ZeRO stage 0, a DeepSpeed-built AdamW); the llama family's LoRA also
 draws PEFT's ``modules_to_save``.
 """
 
@@ -27,8 +27,8 @@ from __future__ import annotations
 from hypothesis import strategies as st
 
 from zerostate.model.network import Network
-from zerostate.model.scenario import (BackwardKind, Block, Checkpoint, Family, MicroStep, Offload, Outputs,
-                                      ParamKind, Precision, Scenario, TrainStep)
+from zerostate.model.scenario import (BackwardKind, Block, Checkpoint, Family, MicroStep, Offload, Optimizer,
+                                      Outputs, ParamKind, Precision, Scenario, TrainStep)
 
 CHECKPOINTS = (Checkpoint.NONE, Checkpoint.REENTRANT, Checkpoint.NON_REENTRANT)
 BACKWARDS = (BackwardKind.ENGINE, BackwardKind.TORCH, BackwardKind.NONSCALAR)
@@ -148,7 +148,7 @@ LORA = ({"lora": False}, {"lora": True}, {"lora": True, "modules_to_save": True}
 """The llama family's PEFT wrapping, in shrink order: none, LoRA, LoRA with ``modules_to_save=["lm_head"]``."""
 
 EXTRAS = ("gas3", "manual_boundary", "contiguous_gradients", "overlap_comm", "all_reduce_fetch", "late_module",
-          "stage0", "zero_init")
+          "stage0", "zero_init", "config_adam")
 """Engine and loop options users set (`extras`: each drawn on its own), in draw order:
 
 * ``gas3`` -- three micro-steps per train step (the last one repeated): DeepSpeed #7967 needs gas >= 3;
@@ -165,17 +165,28 @@ EXTRAS = ("gas3", "manual_boundary", "contiguous_gradients", "overlap_comm", "al
   update it lost is DeepSpeed's unscaled stage-0 fp16 loss, known issue ``zero0-fp16-loss-not-scaled``);
 * ``zero_init`` -- ZeRO-3: the model built inside ``deepspeed.zero.Init`` as Hugging Face's ``from_pretrained``
   builds it under ZeRO-3, LoRA adapters made afterwards (DeepSpeed #8072 at world size 2).
+* ``config_adam`` (one draw in two, `EXTRA_RATE`) -- DeepSpeed builds the optimizer from its config (``"optimizer": {"type": "AdamW", ...,
+  "torch_adam": true}``, as HF Trainer's integration writes it) over the scenario's parameter groups, instead of
+  the client SGD (``Scenario.optimizer``; Adam state under offload / mixed precision, DeepSpeed #7948's path).
 
 An option that does not apply to the drawn scenario (all-reduce fetch at ZeRO-1/2, a late module on the llama
 family) leaves it plain."""
 
 
+EXTRA_RATE = {"config_adam": st.booleans()}
+"""Options of `EXTRAS` drawn at another rate than one in four.  ``config_adam`` is drawn in one of two: the
+appended draw shifts the explorer's whole generated sequence, and at one in four its default 200 examples
+lost ZeRO-1/2 + optimizer offload + manual boundary (DeepSpeed #7981), at one in eight ZeRO-0 + bf16 (#7839);
+at one in two every combination of ``test_default_explore_sequence_draws_each_combination`` is there
+(measured; fewest: ZeRO-0 + bf16, 2 of 200).  Half the draws keep the client SGD."""
+
+
 def extras(draw, sc: Scenario, zero0: bool = True) -> Scenario:
-    """Each option of `EXTRAS` drawn on its own, in one draw of four (several may combine), applied last of
+    """Each option of `EXTRAS` drawn on its own, in one draw of four (`EXTRA_RATE`: another rate; several may combine), applied last of
     all; each shrinks to off.  (A single ``sampled_from`` over the options, one per example, drew too few of
     the combinations the bugs need in the default 200 examples: no manual boundary with optimizer offload
     at ZeRO-1/2, two late modules at ZeRO-3 -- measured on the explorer's own sequence.)"""
-    on = {opt for opt in EXTRAS if draw(QUARTER)}
+    on = {opt for opt in EXTRAS if draw(EXTRA_RATE.get(opt, QUARTER))}
     if "stage0" in on and sc.stage in (1, 2) and zero0:
         steps = tuple(TrainStep(tuple(MicroStep(BackwardKind.ENGINE, m.skip, m.retain) for m in s.micro),
                                 s.eval_before, s.reregister, s.idle, s.frozen) for s in sc.steps)
@@ -195,6 +206,8 @@ def extras(draw, sc: Scenario, zero0: bool = True) -> Scenario:
         sc = sc.with_(late_module=True)
     if "zero_init" in on and sc.stage == 3:
         sc = sc.with_(zero_init=True)
+    if "config_adam" in on:
+        sc = sc.with_(optimizer=Optimizer.CONFIG_ADAM)
     return sc
 
 

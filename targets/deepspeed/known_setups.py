@@ -326,9 +326,44 @@ ZERO0_FP16_LOSS_NOT_SCALED = KnownIssue(
             "ZeRO-0 through FP16_Optimizer.backward, which scales the loss."),
 )
 
+def _adam_frozen_in_group(sc: Scenario) -> bool:
+    """A DeepSpeed-built Adam (``optimizer: config-adam``) at ZeRO-1/2/3 and a step that turns off
+    ``requires_grad`` of a Linear the optimizer holds."""
+    return (sc.optimizer.value == "config-adam" and sc.stage in (1, 2, 3)
+            and any(sc.blocks[b].in_optimizer for s in sc.steps for b in s.frozen))
+
+
+ZERO_ADAM_STEPS_FROZEN_PARAM = KnownIssue(
+    id="zero-adam-steps-frozen-param",
+    title="ZeRO-1/2/3 with Adam: a parameter whose requires_grad is off for a step is stepped as if its gradient "
+          "were zero (Adam's momentum moves it; its step count advances)",
+    owner="deepspeed",
+    releases=((0, 18, 4), (0, 20, 0)),  # measured on 0.18.4, 0.18.7, 0.19.2 and 0.19.8 (ZeRO-1/2/3)
+    scenario=Scenario.from_dict({"optimizer": "config-adam", "stage": 3, "steps": [{}, {"frozen": [0]}]}),
+    checks=("oracle",),
+    keys=("oracle:zero-adam-steps-frozen-param",),
+    explains=lambda f: f.check == "oracle" and _adam_frozen_in_group(f.scenario),
+    detail=("Found by exploring with issue 11's DeepSpeed-built optimizer (config AdamW, torch_adam) and its "
+            "requires_grad change between steps.  PyTorch's optimizers skip a parameter whose grad is None "
+            "(torch.optim.AdamW: no update, no state change).  ZeRO keeps one flat fp32 partition per parameter "
+            "group and steps it as one tensor: a parameter that got no gradient in this step has zeros in the "
+            "flat gradient (ZeRO-3: stage3.py independent_gradient_partition_epilogue takes "
+            "``torch.zeros_like(param.ds_tensor)`` when ``not param.requires_grad``; ZeRO-1/2: the group's flat "
+            "gradient partition covers every parameter of the group, zeros where none arrived), so AdamW decays its "
+            "moments and applies lr * m_hat / (sqrt(v_hat) + eps) from the earlier steps' momentum: after step 1 "
+            "block 0's Linear has moved by 0.0067 where PyTorch leaves it (scenario above; 0.0026 when the Linear "
+            "is frozen in step 0 and trained in step 1 instead: the flat group's shared step count gives it "
+            "step 2's bias correction).  ZeRO stage 0 (torch's AdamW on the parameters themselves) agrees; "
+            "client SGD hides it (a zero gradient moves nothing without momentum or decay).  With weight decay "
+            "it also decays every parameter without a gradient.  DeepSpeed's flat partitions cannot skip one "
+            "parameter; DeepSpeed #2615 / #2653 keep parameters frozen at initialize out of the groups, not "
+            "ones frozen later (progressive freezing / unfreezing).  With optimizer offload the stale gradient of "
+            "offload-stale-grad-after-freeze comes first."),
+)
+
 SETUP_ISSUE_FIELDS: tuple[dict, ...] = (ZERO0_FP16_LOSS_NOT_SCALED, Z3_UNGROUPED_NOT_GATHERED, TWO_BACKWARDS_PER_FORWARD, STEP_WITHOUT_GRADIENT, NESTED_OUTPUTS_SCALED_TWICE,
                                         SHARED_ACROSS_REENTRANT, Z3_LINEAR_OVERRIDE_OUTLIVES_ENGINE,
                                         FP16_SCALE_INCREASE_HALVES_STEP, Z3_LATE_MODULE_REREGISTERED,
-                                        OFFLOAD_STALE_GRAD_AFTER_FREEZE)
+                                        OFFLOAD_STALE_GRAD_AFTER_FREEZE, ZERO_ADAM_STEPS_FROZEN_PARAM)
 
 __all__ = ["SETUP_ISSUE_FIELDS"]

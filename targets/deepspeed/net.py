@@ -19,7 +19,8 @@ executor ran.  A *spec* here is the plain dict of ``Scenario.to_dict()``.
   LoRA on ``q_proj``/``v_proj``), called as HF Trainer does: ``model(input_ids=..., labels=...)``.
 * `ds_config` -- the DeepSpeed config: every numerics-relevant key is explicit
   (precision, ``gradient_clipping`` -- default 1.0 from 0.19.5, so always written --, offload, SGD
-  passed as a client optimizer in `param_groups`).
+  passed as a client optimizer in `param_groups`, or, ``optimizer: config-adam``, an ``optimizer`` section
+  DeepSpeed builds torch's AdamW from, with `param_groups` as ``model_parameters``).
 * `tolerance` -- the oracle's tolerance: exact-ish (``ATOL``/``RTOL``) in fp32, offload included;
   ``BF16_ATOL``/``BF16_RTOL`` for bf16 (bf16 parameters have an 8-bit mantissa: one rounding is a
   relative 2**-8 = 0.4 %, a few steps of SGD accumulate a few of them); ``FP16_ATOL``/``FP16_RTOL`` for
@@ -53,6 +54,22 @@ FP16_ATOL = 5e-3
 FP16_RTOL = 5e-3
 VOCAB = 32
 SEQ = 4
+ADAM = {"lr": 0.01, "betas": (0.9, 0.999), "eps": 1e-3, "weight_decay": 0.0}
+"""``optimizer: config-adam``: the hyper-parameters DeepSpeed's config and the oracle's ``torch.optim.AdamW`` share.
+Adam divides by ``sqrt(v) + eps``: on its first step the update is ``lr * g / (|g| + eps)``, whose sensitivity to a
+gradient's rounding error is at most ``lr / eps``.  With Adam's usual eps 1e-8 a gradient that is zero in exact
+arithmetic but +-1e-8 after rounding (DeepSpeed and PyTorch sum in different orders, at world size 2) would move
+by +-lr.  eps 1e-3 with lr 1e-2 bounds that amplification to 10, while a step's update (about lr per element) stays
+far above the fp32 tolerance: a lost or repeated micro-step still shows (DeepSpeed #7967 on 0.18.7: 0.0195).
+Measured: eps 1e-8 gave no false mismatch either (98 drawn fp32 scenarios at world size 1, whose gradients are
+bit-identical to the oracle's; 4 at world size 2), so the margin is a precaution.  The gradients here (median
+0.06-0.09, 10th percentile 0.01, plain 1- and 3-block networks) are well above eps, so Adam's step is close to
+``lr * sign(g)`` and hides bugs that only scale gradients (`fp16-scale-increase-halves-step` is not seen with it,
+eps 1e-3 or 1e-8): half the draws keep the client SGD.  ``weight_decay`` 0 is HF Trainer's default (set explicitly:
+torch's AdamW would otherwise decay by 0.01, DeepSpeed's FusedAdam by 0); decay would also differ by design on
+parameters without a gradient (ZeRO's flat partitions step them with a zero gradient, PyTorch skips them), on
+every unused sub-module of every draw (measured with decay 0.01: an unused LayerNorm's weight 2.4e-4 apart after
+two steps, ZeRO-2 and 3)."""
 
 # fp16: the current loss scale (a callable) of the backend that runs, which the fused head's backward inside
 # forward must apply itself, as any user code calling backward outside the engine must (None: 1).
@@ -170,6 +187,16 @@ def attach_late_module(spec, module):
         module.late = nn.Identity()
 
 
+def optimizer_built(engine):
+    """Which optimizer the engine holds under its ZeRO / precision wrapper (``engine.basic_optimizer``), and
+    whether DeepSpeed built it from the config (no client optimizer was passed)."""
+    opt = getattr(engine, "basic_optimizer", None)
+    return {"class": f"{type(opt).__module__}.{type(opt).__name__}" if opt is not None else None,
+            "from_config": getattr(engine, "client_optimizer", None) is None,
+            "groups": [{k: v for k, v in g.items() if k in ("lr", "eps", "betas", "weight_decay")}
+                       for g in getattr(opt, "param_groups", [])]}
+
+
 def engine_settings(engine):
     """What the engine itself reports of the settings a scenario chooses (the executor returns it as
     ``engine``): DeepSpeed's own accessors, and for ZeRO-3's all-reduce fetch the flag of the ``zero.Init``
@@ -177,7 +204,8 @@ def engine_settings(engine):
     out = {"gradient_accumulation_steps": engine.gradient_accumulation_steps(),
            "contiguous_gradients": bool(engine.zero_contiguous_gradients()),
            "overlap_comm": bool(engine.zero_overlap_comm()),
-           "late_module": "late" in engine.module._modules, "world_size": int(engine.world_size)}
+           "late_module": "late" in engine.module._modules, "world_size": int(engine.world_size),
+           "optimizer": optimizer_built(engine)}
     p = next(iter(engine.module.parameters()), None)
     init, fns = None, [getattr(p, "all_gather_coalesced", None)]
     for _ in range(3):  # a closure (inside DeepSpeed's instrument_w_nvtx wrapper) that captured the zero.Init
@@ -329,7 +357,21 @@ def ds_config(spec):
         cfg["data_types"] = {"grad_accum_dtype": "fp32"}
     if offload != "none":
         cfg["zero_force_ds_cpu_optimizer"] = False  # offload with the client SGD, not DeepSpeedCPUAdam
+    if spec.get("optimizer", "sgd") == "config-adam":  # DeepSpeed builds torch's AdamW (torch_adam: no JIT op)
+        cfg["optimizer"] = {"type": "AdamW", "params": {**ADAM, "betas": list(ADAM["betas"]), "torch_adam": True}}
     return cfg
+
+
+def base_lr(spec):
+    """The learning rate of parameter group 0: `LR` for SGD, Adam's for ``config-adam``."""
+    return ADAM["lr"] if spec.get("optimizer", "sgd") == "config-adam" else LR
+
+
+def make_optimizer(spec, groups):
+    """The oracle's optimizer over ``groups``: what `DeepSpeedBackend` gives DeepSpeed or has it build."""
+    if spec.get("optimizer", "sgd") == "config-adam":
+        return torch.optim.AdamW(groups, **ADAM)
+    return torch.optim.SGD(groups, lr=LR)
 
 
 def tolerance(spec):
@@ -347,11 +389,11 @@ def tolerance(spec):
 
 def param_groups(spec, model):
     """The client optimizer's parameter groups: block ``i`` in group ``i % param_groups`` with learning
-    rate ``LR * (1 + group) / 2**group``, the rest (head, Llama) in group 0; blocks with
+    rate ``base_lr * (1 + group) / 2**group``, the rest (head, Llama) in group 0; blocks with
     ``in_optimizer: false`` in no group (their parameters still require grad)."""
-    n = spec.get("param_groups", 1)
+    n, lr = spec.get("param_groups", 1), base_lr(spec)
     if spec.get("family", "blocks") == "llama":
-        return [{"params": trainable(model), "lr": LR}]
+        return [{"params": trainable(model), "lr": lr}]
     groups = [[] for _ in range(n)]
     out_of = set()
     for i, b in enumerate(spec.get("blocks", [{}])):
@@ -362,7 +404,7 @@ def param_groups(spec, model):
             groups[i % n].extend(ps)
     seen = {id(p) for g in groups for p in g} | out_of
     groups[0].extend(p for p in trainable(model) if id(p) not in seen)
-    return [{"params": g, "lr": LR * (1 + k) / 2 ** k} for k, g in enumerate(groups) if g]
+    return [{"params": g, "lr": lr * (1 + k) / 2 ** k} for k, g in enumerate(groups) if g]
 
 
 def optimized(spec, model):
@@ -412,7 +454,7 @@ class TorchBackend:
     def __init__(self, spec, model):
         self.master, self.gas = model, gas_of(spec)
         self.clip = float(spec.get("gradient_clipping", 0.0))
-        self.opt = torch.optim.SGD(param_groups(spec, model), lr=LR)
+        self.opt = make_optimizer(spec, param_groups(spec, model))
         self.llama = spec.get("family", "blocks") == "llama"
         self.scaler = None
         self.model = model
@@ -584,7 +626,8 @@ def restore_fp16_support():
 
 
 class DeepSpeedBackend:
-    """The real engine: ``deepspeed.initialize`` with ZeRO 1/2/3 and a client SGD optimizer.  With
+    """The real engine: ``deepspeed.initialize`` with ZeRO 1/2/3 and a client SGD optimizer (or, ``config-adam``,
+    the optimizer DeepSpeed builds from the config over the same groups).  With
     ``engines_before`` in the spec, those engines run first (`run_engines_before`)."""
 
     def __init__(self, spec, model):
@@ -599,8 +642,12 @@ class DeepSpeedBackend:
             for i, b in enumerate(spec.get("blocks", [{}])):
                 if b.get("leaf", False):
                     set_z3_leaf_module(model.blocks[i], True)
-        opt = torch.optim.SGD(param_groups(spec, model), lr=LR)
-        self.engine, self.opt, _, _ = deepspeed.initialize(model=model, optimizer=opt, config=ds_config(spec))
+        if spec.get("optimizer", "sgd") == "config-adam":  # DeepSpeed builds it from the config, over these groups
+            self.engine, self.opt, _, _ = deepspeed.initialize(model=model, model_parameters=param_groups(spec, model),
+                                                               config=ds_config(spec))
+        else:
+            opt = torch.optim.SGD(param_groups(spec, model), lr=LR)
+            self.engine, self.opt, _, _ = deepspeed.initialize(model=model, optimizer=opt, config=ds_config(spec))
         if spec.get("precision", "fp32") == "fp16":
             global LOSS_SCALE
             LOSS_SCALE = lambda: float(self.engine.optimizer.loss_scale)  # noqa: E731
