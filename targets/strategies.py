@@ -54,6 +54,9 @@ RARE = st.sampled_from((False,) * 7 + (True,))
 """True in one draw of eight; shrinks to False."""
 QUARTER = st.sampled_from((False,) * 3 + (True,))
 EIGHTH = st.sampled_from((False,) * 7 + (True,))
+WORLD2_RATE = EIGHTH
+"""How often ``world_size`` 2 is drawn (`scenarios`, ``world2``): a world-size-2 example costs about two of world
+size 1 (a rank pool), so one in eight."""
 
 
 @st.composite
@@ -297,7 +300,7 @@ def scenarios(draw, *, max_blocks: int = 3, max_steps: int = 2, max_gas: int = 2
             sc = sc.with_(engines_before=engines_before(draw))
         if options:
             sc = extras(draw, sc, zero0)
-            if world2 and draw(EIGHTH):
+            if world2 and draw(WORLD2_RATE):
                 sc = sc.with_(world_size=2)
     return sc.validate()
 
