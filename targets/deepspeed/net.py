@@ -262,6 +262,8 @@ def ds_config(spec):
         zero["stage3_max_live_parameters"] = spec.get("max_live_parameters", 1_000_000_000)
         if spec.get("all_reduce_fetch", False):
             zero["stage3_use_all_reduce_for_fetch_params"] = True
+        if any(st.get("save_load", False) for st in spec.get("steps", [{}])):  # what HF Trainer saves at ZeRO-3
+            zero["stage3_gather_16bit_weights_on_model_save"] = True
     if not spec.get("contiguous_gradients", True):
         zero["contiguous_gradients"] = False
     if spec.get("overlap_comm") is not None:
@@ -401,6 +403,9 @@ class TorchBackend:
     def reregister(self):
         pass
 
+    def save_load(self, step):
+        return None  # the oracle is unchanged: a checkpoint round trip must not change training
+
     def eval_forward(self, x):
         self.model.eval()
         with torch.no_grad():
@@ -448,6 +453,28 @@ class TorchBackend:
 
     def params(self):
         return {n: p.detach().clone() for n, p in self.master.named_parameters()}
+
+
+def rank_of():
+    import torch.distributed as dist
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def barrier():
+    import torch.distributed as dist
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
+
+
+def shared_tmpdir():
+    """A temporary directory every rank uses (rank 0 makes it and sends its path): a DeepSpeed checkpoint
+    is one directory, rank 0's model states read by every rank at load."""
+    import tempfile
+    import torch.distributed as dist
+    path = [tempfile.mkdtemp(prefix="zerostate-ckpt-") if not rank_of() else None]
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.broadcast_object_list(path, src=0)
+    return path[0]
 
 
 def rank_rows(x):
@@ -648,6 +675,39 @@ class DeepSpeedBackend:
                 out[n] = p.detach().cpu().clone()
         return out
 
+    def save_load(self, step):
+        """``save_load``: what HF Trainer does every ``save_steps`` and on ``--resume_from_checkpoint``, into
+        the same engine.  At ZeRO-3 first the consolidated 16-bit state dict
+        (``engine._zero3_consolidated_16bit_state_dict()``, what Accelerate's ``get_state_dict`` -- HF
+        Trainer's model save -- calls: a ``GatheredParameters`` per module), then
+        ``engine.save_checkpoint(dir)`` and ``engine.load_checkpoint(dir)``; the directory is shared by the
+        ranks and removed.  Returns a record for `compare_save_load`: the parameters before and after, the
+        16-bit state dict, the files written, the loaded path, the engine's step counters and loss scale."""
+        import shutil
+        rec = {"step": step, "before": self.params(), "counters": [self._counters()]}
+        if getattr(self.engine, "zero_optimization_partition_weights", lambda: False)():
+            rec["state16"] = {k: v.detach().cpu().clone()
+                              for k, v in self.engine._zero3_consolidated_16bit_state_dict().items()}
+        path = shared_tmpdir()
+        try:
+            self.engine.save_checkpoint(path)
+            rec["files"] = sorted(os.path.relpath(os.path.join(d, f), path)
+                                  for d, _, fs in os.walk(path) for f in fs)
+            rec["loaded"], _ = self.engine.load_checkpoint(path)
+        finally:
+            barrier()
+            if not rank_of():
+                shutil.rmtree(path, ignore_errors=True)
+        rec["after"] = self.params()
+        rec["counters"].append(self._counters())
+        return rec
+
+    def _counters(self):
+        """The engine state a checkpoint round trip must keep: global / skipped steps, fp16's loss scale."""
+        scale = getattr(self.engine.optimizer, "loss_scale", None) if self.dtype is torch.float16 else None
+        return {"global_steps": int(self.engine.global_steps), "skipped_steps": int(self.engine.skipped_steps),
+                "loss_scale": None if scale is None else float(scale)}
+
     def fp16_state(self):
         """fp16: the train steps DeepSpeed skipped so far and its current loss scale, else None."""
         if self.dtype is not torch.float16 or self.engine is None:
@@ -675,6 +735,10 @@ def run_schedule(spec, backend, mark=None, after_step=None):
     gas = gas_of(spec)
     llama = spec.get("family", "blocks") == "llama"
     for si, st in enumerate(steps):
+        if st.get("save_load", False):  # a checkpoint saved and loaded after the previous step (HF Trainer)
+            mark("save_load_start", step=si)
+            record = backend.save_load(si)
+            mark("save_load_end", step=si, record=record)
         if st.get("reregister", False):
             mark("reregister")
             backend.reregister()
@@ -775,6 +839,30 @@ def compare(expected, actual, atol=ATOL, rtol=RTOL):
             worst = (n, err, lim)
     if worst:
         return f"{worst[0]}: max |DeepSpeed - PyTorch| = {worst[1]:.3g} > tolerance {worst[2]:.3g}"
+    return None
+
+
+def compare_save_load(rec, expected, tol):
+    """A checkpoint round trip (`DeepSpeedBackend.save_load`) against the oracle: None, or a sentence.
+    ``expected``: the oracle's parameters at that point (before the step).  The 16-bit state dict is
+    compared with the oracle (``tol``) and with the engine's own parameters exactly (it is a copy of
+    them); after the load, the parameters and the engine's step counters and loss scale are exactly what
+    they were (a round trip must not change training); a save that wrote nothing or a load that found
+    nothing is a failure too."""
+    where = f"checkpoint before train step {rec['step']}"
+    if not rec.get("files"):
+        return f"{where}: save_checkpoint wrote no file"
+    if not rec.get("loaded"):
+        return f"{where}: load_checkpoint loaded nothing (returned {rec.get('loaded')!r})"
+    if "state16" in rec:
+        msg = compare(expected, rec["state16"], *tol) or compare(rec["before"], rec["state16"], 0.0, 0.0)
+        if msg:
+            return f"{where}: the consolidated 16-bit state dict: {msg}"
+    msg = compare(rec["before"], rec["after"], 0.0, 0.0)
+    if msg:
+        return f"{where}: the parameters after load_checkpoint, against before save_checkpoint: {msg}"
+    if rec["counters"][0] != rec["counters"][1]:
+        return f"{where}: the engine's counters before save / after load: {rec['counters'][0]} / {rec['counters'][1]}"
     return None
 
 

@@ -296,6 +296,7 @@ class DeepSpeedTarget:
                         **({"torch_linear_replaced": True} if res.get("torch_linear_replaced") else {}),
                         **({"fp16": res["fp16"]} if res.get("fp16") else {}),
                         **({"engines_before": res["engines_before"]} if res.get("engines_before") else {}),
+                        **({"save_load": res["save_load"]} if res.get("save_load") else {}),
                         **({"agreement": "not checked: the model does not represent " + ", ".join(beyond)}
                            if beyond and self.check_model else {})})
 
