@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 
 from zerostate.model import Scenario, ScenarioError
-from zerostate.model.scenario import Block
+from zerostate.model.scenario import Block, TrainStep
 from zerostate.targets.strategies import scenarios
 
 
@@ -148,16 +148,20 @@ DRAWN = {
     "late module at ZeRO-3": lambda s: s.late_module and s.stage == 3,
     "ZeRO-0": lambda s: s.stage == 0,
     "ZeRO-0 + bf16": lambda s: s.stage == 0 and s.precision.value == "bf16",
+    "ZeRO-0 + bf16 + save_load": lambda s: s.stage == 0 and s.precision.value == "bf16"
+    and any(st.save_load for st in s.steps),
+    "ZeRO-3 + save_load": lambda s: s.stage == 3 and any(st.save_load for st in s.steps),
 }
 
 
 def test_default_strategy_draws_every_dimension():
-    """``zerostate explore``'s default strategy reaches each dimension within 400 derandomized draws (no
-    DeepSpeed needed)."""
+    """``zerostate explore``'s default strategy reaches each dimension within 450 derandomized draws (no
+    DeepSpeed needed).  400 until the ``save_load`` draw: with it, ZeRO-3 + modules_to_save (about one draw
+    in 70) was not among the first 400 at any rate of that draw tried (one in eight to three in four)."""
     from hypothesis import HealthCheck, Phase, given, settings
     seen: set[str] = set()
 
-    @settings(max_examples=400, database=None, derandomize=True, phases=[Phase.generate],
+    @settings(max_examples=450, database=None, derandomize=True, phases=[Phase.generate],
               suppress_health_check=list(HealthCheck))
     @given(scenarios())
     def draw(sc):
@@ -265,6 +269,10 @@ EXPLORED = {
     "ZeRO-3 + all-reduce fetch": lambda s: s.all_reduce_fetch,
     "fp16": lambda s: s.precision.value == "fp16",
     "engines before it": lambda s: bool(s.engines_before),
+    "ZeRO-0 + bf16 + save_load": lambda s: s.stage == 0 and s.precision.value == "bf16"
+    and any(st.save_load for st in s.steps),
+    "ZeRO-3 + save_load": lambda s: s.stage == 3 and any(st.save_load for st in s.steps),
+    "ZeRO-1/2 + save_load": lambda s: s.stage in (1, 2) and any(st.save_load for st in s.steps),
 }
 
 
@@ -274,3 +282,26 @@ def test_default_explore_sequence_draws_each_combination():
     for sc in generated(scenarios(), 200, None):
         seen.update(name for name, pred in EXPLORED.items() if pred(sc))
     assert seen == set(EXPLORED), sorted(set(EXPLORED) - seen)
+
+
+# ------------------------------------------------- checkpoint save/load between steps (issue 11)
+def test_save_load_is_written_only_when_set_and_parsed_back():
+    plain = Scenario.from_dict({"stage": 3, "steps": [{}, {}]})
+    assert all("save_load" not in st for st in plain.to_dict()["steps"])
+    sc = Scenario.from_dict({"stage": 3, "steps": [{}, {"save_load": True}]})
+    assert [st.save_load for st in sc.steps] == [False, True]
+    assert [("save_load" in st) for st in sc.to_dict()["steps"]] == [False, True]
+    assert Scenario.from_json(sc.to_json()) == sc and Scenario.from_json(sc.to_json()) != plain
+    assert "before step 1: checkpoint saved and loaded" in sc.describe()
+    # beyond the model at ZeRO-3 only (its checkpoint prologue / epilogue move parameters); ZeRO-1/2: inside
+    assert any(d.startswith("ZeRO-3 checkpoint save/load before step(s) 1") for d in sc.beyond_model())
+    assert Scenario.from_dict({"stage": 2, "steps": [{"save_load": True}]}).beyond_model() == []
+
+
+@pytest.mark.parametrize("bad", [1, "yes", None])
+def test_save_load_must_be_a_boolean(bad):
+    with pytest.raises(ScenarioError, match=r"steps\[1\]\.save_load: expected true or false"):
+        Scenario.from_dict({"steps": [{}, {"save_load": bad}]})
+    sc = Scenario(steps=(TrainStep(), TrainStep(save_load=bad)))
+    with pytest.raises(ScenarioError, match=r"steps\[1\]\.save_load"):
+        sc.validate()

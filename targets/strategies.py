@@ -24,6 +24,8 @@ draws PEFT's ``modules_to_save``.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from hypothesis import strategies as st
 
 from zerostate.model.network import Network
@@ -147,7 +149,7 @@ LORA = ({"lora": False}, {"lora": True}, {"lora": True, "modules_to_save": True}
 """The llama family's PEFT wrapping, in shrink order: none, LoRA, LoRA with ``modules_to_save=["lm_head"]``."""
 
 EXTRAS = ("gas3", "manual_boundary", "contiguous_gradients", "overlap_comm", "all_reduce_fetch", "late_module",
-          "stage0")
+          "stage0", "save_load")
 """Engine and loop options users set (`extras`: each drawn on its own), in draw order:
 
 * ``gas3`` -- three micro-steps per train step (the last one repeated): DeepSpeed #7967 needs gas >= 3;
@@ -162,9 +164,20 @@ EXTRAS = ("gas3", "manual_boundary", "contiguous_gradients", "overlap_comm", "al
   "Direct calls to tensor.backward() are not supported ... ZeRO stage 0"), no offload, no fp32 gradient
   accumulation with bf16 ("unsupported mix"), and bf16 for fp16 (fp16 at stage 0 on the CPU accelerator
   applies about 1% of the update: not investigated, possibly an effect of zerostate's fp16-on-CPU switch).
+* ``save_load`` -- a DeepSpeed checkpoint saved and loaded into the same engine before the last train step
+  (with one step: before it, the untrained model), as HF Trainer saves every ``save_steps`` and resumes; at
+  ZeRO-3 with the consolidated 16-bit state dict (DeepSpeed #7786: ZeRO-0 bf16 on 0.18.4).
 
 An option that does not apply to the drawn scenario (all-reduce fetch at ZeRO-1/2, a late module on the llama
 family) leaves it plain."""
+
+
+RATES = {"save_load": st.booleans()}
+"""Options of `EXTRAS` drawn at another rate than `QUARTER` (one draw in two; shrinks to off).  ``save_load``:
+at one in four the explorer's own first 200 examples lost ZeRO-1/2 + optimizer offload + manual boundary
+(DeepSpeed #7981), at one in three, five, six or eight other combinations too; at one in two every combination
+of `test_default_explore_sequence_draws_each_combination` is drawn (measured).  A checkpoint is cheap here:
+about 4 ms per example (76 examples with one, against the same without: 11.40 s / 11.14 s, 0.19.8)."""
 
 
 def extras(draw, sc: Scenario, zero0: bool = True) -> Scenario:
@@ -172,7 +185,7 @@ def extras(draw, sc: Scenario, zero0: bool = True) -> Scenario:
     all; each shrinks to off.  (A single ``sampled_from`` over the options, one per example, drew too few of
     the combinations the bugs need in the default 200 examples: no manual boundary with optimizer offload
     at ZeRO-1/2, two late modules at ZeRO-3 -- measured on the explorer's own sequence.)"""
-    on = {opt for opt in EXTRAS if draw(QUARTER)}
+    on = {opt for opt in EXTRAS if draw(RATES.get(opt, QUARTER))}
     if "stage0" in on and sc.stage in (1, 2) and zero0:
         steps = tuple(TrainStep(tuple(MicroStep(BackwardKind.ENGINE, m.skip, m.retain) for m in s.micro),
                                 s.eval_before, s.reregister, s.idle, s.frozen) for s in sc.steps)
@@ -192,6 +205,8 @@ def extras(draw, sc: Scenario, zero0: bool = True) -> Scenario:
         sc = sc.with_(all_reduce_fetch=True)
     if "late_module" in on and sc.family is Family.BLOCKS:
         sc = sc.with_(late_module=True)
+    if "save_load" in on:
+        sc = sc.with_(steps=sc.steps[:-1] + (replace(sc.steps[-1], save_load=True),))
     return sc
 
 
