@@ -303,9 +303,34 @@ OFFLOAD_STALE_GRAD_AFTER_FREEZE = KnownIssue(
             "ZeRO-1/2 step with no gradient at all (step-without-gradient) is the whole-model form of it."),
 )
 
+ZERO_TO_FP32_DROPS_UNGROUPED = KnownIssue(
+    id="zero-to-fp32-drops-param-in-no-group",
+    title="ZeRO-1/2/3 checkpoint: zero_to_fp32 leaves out a parameter that requires grad but is in no "
+          "optimizer group",
+    owner="deepspeed",
+    releases=((0, 18, 4), (0, 20, 0)),  # measured on 0.18.4, 0.19.2, 0.19.7 and 0.19.8, ZeRO-1, 2 and 3
+    scenario=Scenario.from_dict({"stage": 2, "blocks": [{}, {"in_optimizer": False}],
+                                 "steps": [{}, {"save_load": True}]}),
+    checks=("checkpoint",),
+    keys=("checkpoint:zero-to-fp32",),
+    explains=lambda f: f.check == "checkpoint" and f.code == "zero-to-fp32" and "vs None in DeepSpeed" in f.error
+    and any(not b.in_optimizer for b in f.scenario.blocks),
+    detail=("Found by issue 11's checkpoint round trip (save_load), which also rebuilds the fp32 weights with "
+            "deepspeed.utils.zero_to_fp32.get_fp32_state_dict_from_zero_checkpoint, as users convert a ZeRO "
+            "checkpoint.  Block 1's parameters require grad but the client optimizer was given only block 0's "
+            "(freezing by leaving parameters out of the optimizer).  The checkpoint stores the optimizer's "
+            "flat groups (param_shapes) and, as frozen_param_shapes / fragments, the parameters the optimizer "
+            "does not own -- selected by requires_grad=False before 0.19.8 and by is_optimized_parameter "
+            "(requires_grad and numel > 0) in 0.19.8: either way a trainable parameter outside every group is "
+            "in neither, and the rebuilt state dict has no key for it (load_state_dict(strict=True) fails; "
+            "strict=False leaves it at its initial value silently).  load_checkpoint into the engine is "
+            "correct (the module state dict has it at ZeRO-1/2, the ZeRO-3 partitions are restored), and so "
+            "is ZeRO-3's 16-bit state dict."),
+)
+
 SETUP_ISSUE_FIELDS: tuple[dict, ...] = (Z3_UNGROUPED_NOT_GATHERED, TWO_BACKWARDS_PER_FORWARD, STEP_WITHOUT_GRADIENT, NESTED_OUTPUTS_SCALED_TWICE,
                                         SHARED_ACROSS_REENTRANT, Z3_LINEAR_OVERRIDE_OUTLIVES_ENGINE,
                                         FP16_SCALE_INCREASE_HALVES_STEP, Z3_LATE_MODULE_REREGISTERED,
-                                        OFFLOAD_STALE_GRAD_AFTER_FREEZE)
+                                        OFFLOAD_STALE_GRAD_AFTER_FREEZE, ZERO_TO_FP32_DROPS_UNGROUPED)
 
 __all__ = ["SETUP_ISSUE_FIELDS"]

@@ -477,6 +477,18 @@ def shared_tmpdir():
     return path[0]
 
 
+def fp32_from_zero_checkpoint(path):
+    """The fp32 weights DeepSpeed's ``zero_to_fp32`` rebuilds from a ZeRO checkpoint
+    (``get_fp32_state_dict_from_zero_checkpoint``, what users convert a checkpoint with); its prints are
+    silenced.  The 0.19.8 engine saves the shapes of parameters the optimizer does not own (a parameter in
+    no group, a zero-element one) with the frozen ones: before, only ``requires_grad=False`` ones."""
+    import contextlib
+    import io
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+    with contextlib.redirect_stdout(io.StringIO()):
+        return {k: v.detach().cpu().clone() for k, v in get_fp32_state_dict_from_zero_checkpoint(path).items()}
+
+
 def rank_rows(x):
     """This rank's rows of the global batch (world size > 1; else ``x``).  The oracle trains on the whole
     batch; each rank's loss is the mean over its equal share, and data-parallel averaging of the gradients
@@ -691,8 +703,11 @@ class DeepSpeedBackend:
         path = shared_tmpdir()
         try:
             self.engine.save_checkpoint(path)
+            barrier()  # every rank's files are written
             rec["files"] = sorted(os.path.relpath(os.path.join(d, f), path)
                                   for d, _, fs in os.walk(path) for f in fs)
+            if self.spec.get("stage", 3) > 0:
+                rec["fp32"] = fp32_from_zero_checkpoint(path)
             rec["loaded"], _ = self.engine.load_checkpoint(path)
         finally:
             barrier()
@@ -700,6 +715,7 @@ class DeepSpeedBackend:
                 shutil.rmtree(path, ignore_errors=True)
         rec["after"] = self.params()
         rec["counters"].append(self._counters())
+        rec["fp32_exact"] = self.dtype is None
         return rec
 
     def _counters(self):
@@ -843,26 +859,38 @@ def compare(expected, actual, atol=ATOL, rtol=RTOL):
 
 
 def compare_save_load(rec, expected, tol):
-    """A checkpoint round trip (`DeepSpeedBackend.save_load`) against the oracle: None, or a sentence.
-    ``expected``: the oracle's parameters at that point (before the step).  The 16-bit state dict is
-    compared with the oracle (``tol``) and with the engine's own parameters exactly (it is a copy of
-    them); after the load, the parameters and the engine's step counters and loss scale are exactly what
-    they were (a round trip must not change training); a save that wrote nothing or a load that found
-    nothing is a failure too."""
+    """A checkpoint round trip (`DeepSpeedBackend.save_load`) against the oracle: None, or ``(code,
+    sentence)`` for the first of these that fails.  ``expected``: the oracle's parameters at that point
+    (before the step).
+
+    * ``no-files`` / ``not-loaded``: ``save_checkpoint`` wrote nothing, ``load_checkpoint`` found nothing;
+    * ``16-bit-state-dict`` (ZeRO-3): the consolidated 16-bit state dict against the oracle (``tol``) and
+      exactly against the engine's own parameters (it is a copy of them);
+    * ``round-trip``: after the load, the parameters are exactly what they were before the save;
+    * ``counters``: so are the engine's global / skipped steps and fp16's loss scale (a round trip must
+      not change training);
+    * ``zero-to-fp32`` (ZeRO-1/2/3): the fp32 weights ``zero_to_fp32`` rebuilds from the checkpoint against
+      the oracle (``tol``) and, in fp32 training, exactly against the parameters."""
     where = f"checkpoint before train step {rec['step']}"
     if not rec.get("files"):
-        return f"{where}: save_checkpoint wrote no file"
+        return "no-files", f"{where}: save_checkpoint wrote no file"
     if not rec.get("loaded"):
-        return f"{where}: load_checkpoint loaded nothing (returned {rec.get('loaded')!r})"
+        return "not-loaded", f"{where}: load_checkpoint loaded nothing (returned {rec.get('loaded')!r})"
     if "state16" in rec:
         msg = compare(expected, rec["state16"], *tol) or compare(rec["before"], rec["state16"], 0.0, 0.0)
         if msg:
-            return f"{where}: the consolidated 16-bit state dict: {msg}"
+            return "16-bit-state-dict", f"{where}: the consolidated 16-bit state dict: {msg}"
     msg = compare(rec["before"], rec["after"], 0.0, 0.0)
     if msg:
-        return f"{where}: the parameters after load_checkpoint, against before save_checkpoint: {msg}"
+        return "round-trip", f"{where}: the parameters after load_checkpoint, against before save_checkpoint: {msg}"
     if rec["counters"][0] != rec["counters"][1]:
-        return f"{where}: the engine's counters before save / after load: {rec['counters'][0]} / {rec['counters'][1]}"
+        return "counters", (f"{where}: the engine's counters before save / after load: {rec['counters'][0]} / "
+                            f"{rec['counters'][1]}")
+    if "fp32" in rec:  # fp32 training: the rebuilt weights are the parameters; else the fp32 master copies
+        msg = compare(expected, rec["fp32"], *tol) or (rec.get("fp32_exact") and
+                                                       compare(rec["before"], rec["fp32"], 0.0, 0.0))
+        if msg:
+            return "zero-to-fp32", f"{where}: the fp32 weights zero_to_fp32 rebuilds from the checkpoint: {msg}"
     return None
 
 

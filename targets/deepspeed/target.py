@@ -269,6 +269,10 @@ class DeepSpeedTarget:
             f = mk("carried-state", f"DeepSpeed {self.version}: {res['carried_state']}", events)
             f.code = "torch-linear-replaced"
             findings.append(f)
+        if res.get("checkpoint"):  # a checkpoint round trip (save_load) that disagreed
+            f = mk("checkpoint", f"DeepSpeed {self.version}: {res['checkpoint'][1]}", events)
+            f.code = res["checkpoint"][0]
+            findings.append(f)
         for f in spec_findings(events, scenario, self.name, self.version):
             if res.get("error") and f.index is None:
                 continue  # a truncated trace cannot fulfil end-of-run obligations
