@@ -698,8 +698,9 @@ class DeepSpeedBackend:
         import shutil
         rec = {"step": step, "before": self.params(), "counters": [self._counters()]}
         if getattr(self.engine, "zero_optimization_partition_weights", lambda: False)():
-            rec["state16"] = {k: v.detach().cpu().clone()
-                              for k, v in self.engine._zero3_consolidated_16bit_state_dict().items()}
+            sd = self.engine._zero3_consolidated_16bit_state_dict()  # every rank gathers; rank 0 gets it
+            if sd is not None:
+                rec["state16"] = {k: v.detach().cpu().clone() for k, v in sd.items()}
         path = shared_tmpdir()
         try:
             self.engine.save_checkpoint(path)
