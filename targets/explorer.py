@@ -166,6 +166,7 @@ def _rank(sc: Scenario) -> tuple:
     # the training-setup dimensions (issue 11: precision, offload, options, ...), re-registrations, branches
     extras += len(sc.beyond_model()) + sum(st.reregister for st in sc.steps) + sum(
         bool(m.skip) for _, _, m in sc.micro_steps())
+    extras += sum(st.save_load for st in sc.steps) * (sc.stage != 3)  # ZeRO-3's is in beyond_model
     return (len(sc.blocks), len(sc.steps), sc.gas, _STAGE_RANK.get(sc.stage, 3), extras)
 
 
@@ -235,7 +236,7 @@ def _setup_candidates(sc: Scenario, d: Scenario):
     if any(not b.in_optimizer for b in sc.blocks):
         yield sc.with_(blocks=tuple(replace(b, in_optimizer=True) for b in sc.blocks))
     for i, st in enumerate(sc.steps):
-        plain = replace(st, reregister=False, frozen=(),
+        plain = replace(st, reregister=False, frozen=(), save_load=False,
                         micro=tuple(replace(m, retain=False, skip=()) for m in st.micro))
         if plain != st and not st.idle:
             yield sc.with_(steps=sc.steps[:i] + (plain,) + sc.steps[i + 1:])
