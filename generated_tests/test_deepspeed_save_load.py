@@ -133,3 +133,14 @@ def test_compare_save_load_zero_to_fp32_is_exact_only_in_fp32():
     assert net.compare_save_load(rec, oracle, (net.ATOL, net.RTOL)) is None
     rec["fp32_exact"] = True
     assert net.compare_save_load(rec, oracle, (net.ATOL, net.RTOL))[0] == "zero-to-fp32"
+
+
+def test_compare_save_load_leaves_a_divergence_to_the_oracle():
+    """When training already disagrees with the oracle (``expected`` None: the oracle finding reports it), a
+    faithful checkpoint of the diverged engine passes; with the oracle it would be a second finding."""
+    rec, oracle = _record()
+    far = {k: v + 1.0 for k, v in oracle.items()}
+    assert net.compare_save_load(rec, far, (net.ATOL, net.RTOL))[0] == "16-bit-state-dict"
+    assert net.compare_save_load(rec, None, (net.ATOL, net.RTOL)) is None
+    rec["state16"] = _nudged(rec["state16"])  # the checkpoint against the engine itself is still checked
+    assert net.compare_save_load(rec, None, (net.ATOL, net.RTOL))[0] == "16-bit-state-dict"

@@ -171,7 +171,7 @@ def execute(spec: dict, on_step=None) -> dict:
                 {"step": i, "files": rec.get("files"), "loaded": rec.get("loaded"),
                  "state16": None if "state16" not in rec else sorted(rec["state16"]),
                  "fp32": None if "fp32" not in rec else sorted(rec["fp32"])})
-            before = expected[i - 1] if i else oracle_fp16["initial"]
+            before = None if res["mismatch"] else expected[i - 1] if i else oracle_fp16["initial"]
             failed = net.compare_save_load(rec, before, net.tolerance(spec))
             if failed and "checkpoint" not in res:
                 res["checkpoint"] = list(failed)

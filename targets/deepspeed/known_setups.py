@@ -308,7 +308,7 @@ def dropped_by_zero_to_fp32(f) -> str | None:
     ``requires_grad`` is False: a frozen block sub-module, a LoRA base weight), ``"ungrouped"`` (trainable, in
     no optimizer group) or None (another finding, or a parameter that is neither)."""
     import re
-    m = re.search(r"zero_to_fp32 rebuilds from the checkpoint: (\S+): shape \(.*?\) in PyTorch vs None in DeepSpeed",
+    m = re.search(r"zero_to_fp32 rebuilds from the checkpoint: (\S+): shape \(.*?\) in \w[\w ]* vs None in ",
                   f.error or "")
     if f.check != "checkpoint" or f.code != "zero-to-fp32" or not m:
         return None
