@@ -110,7 +110,8 @@ TWO_BACKWARDS_PER_FORWARD = KnownIssue(
     scenario=Scenario.from_dict({"stage": 1, "steps": [{"micro": [{"backward": "engine", "retain": True}]}]}),
     checks=("oracle",),
     keys=("oracle:two-backwards-per-forward",),
-    explains=lambda f: _retains(f.scenario),
+    explains=lambda f: _retains(f.scenario) and f.check != "checkpoint",  # a checkpoint is judged against the
+    # engine itself once training disagrees with the oracle, so the divergence does not show there
     detail=("engine.backward(0.5 * loss, retain_graph=True) then engine.backward(0.5 * loss) (or loss.backward "
             "twice) in one micro-step.  ZeRO-1/2: the gradients are copied, not accumulated, into the partition "
             "while micro_step_id is 0 (stage_1_and_2.py: accumulate only `if self.micro_step_id > 0`; the id "
