@@ -606,6 +606,8 @@ def explore(target: Target, *, examples: int, seed: int | None = None,
     def shrunk(f: Finding, shrink: bool) -> None:
         """Its key's last scenario: polished (when ``shrink``), handed over as an update (confirmation
         pending: ``confirmation`` None), then confirmed."""
+        import copy
+        f = copy.copy(f)  # the one handed over unshrunk (a key first met while shrinking) stays as it was
         if shrink and do_polish:
             try:
                 f = polished(f)
