@@ -155,13 +155,12 @@ DRAWN = {
 
 
 def test_default_strategy_draws_every_dimension():
-    """``zerostate explore``'s default strategy reaches each dimension within 450 derandomized draws (no
-    DeepSpeed needed).  400 until the ``save_load`` draw: with it, ZeRO-3 + modules_to_save (about one draw
-    in 70) was not among the first 400 at any rate of that draw tried (one in eight to three in four)."""
+    """``zerostate explore``'s default strategy reaches each dimension within 400 derandomized draws (no
+    DeepSpeed needed)."""
     from hypothesis import HealthCheck, Phase, given, settings
     seen: set[str] = set()
 
-    @settings(max_examples=450, database=None, derandomize=True, phases=[Phase.generate],
+    @settings(max_examples=400, database=None, derandomize=True, phases=[Phase.generate],
               suppress_health_check=list(HealthCheck))
     @given(scenarios())
     def draw(sc):

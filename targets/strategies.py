@@ -149,7 +149,7 @@ LORA = ({"lora": False}, {"lora": True}, {"lora": True, "modules_to_save": True}
 """The llama family's PEFT wrapping, in shrink order: none, LoRA, LoRA with ``modules_to_save=["lm_head"]``."""
 
 EXTRAS = ("gas3", "manual_boundary", "contiguous_gradients", "overlap_comm", "all_reduce_fetch", "late_module",
-          "stage0", "save_load")
+          "stage0")
 """Engine and loop options users set (`extras`: each drawn on its own), in draw order:
 
 * ``gas3`` -- three micro-steps per train step (the last one repeated): DeepSpeed #7967 needs gas >= 3;
@@ -164,20 +164,9 @@ EXTRAS = ("gas3", "manual_boundary", "contiguous_gradients", "overlap_comm", "al
   "Direct calls to tensor.backward() are not supported ... ZeRO stage 0"), no offload, no fp32 gradient
   accumulation with bf16 ("unsupported mix"), and bf16 for fp16 (fp16 at stage 0 on the CPU accelerator
   applies about 1% of the update: not investigated, possibly an effect of zerostate's fp16-on-CPU switch).
-* ``save_load`` -- a DeepSpeed checkpoint saved and loaded into the same engine before the last train step
-  (with one step: before it, the untrained model), as HF Trainer saves every ``save_steps`` and resumes; at
-  ZeRO-3 with the consolidated 16-bit state dict (DeepSpeed #7786: ZeRO-0 bf16 on 0.18.4).
 
 An option that does not apply to the drawn scenario (all-reduce fetch at ZeRO-1/2, a late module on the llama
 family) leaves it plain."""
-
-
-RATES = {"save_load": st.booleans()}
-"""Options of `EXTRAS` drawn at another rate than `QUARTER` (one draw in two; shrinks to off).  ``save_load``:
-at one in four the explorer's own first 200 examples lost ZeRO-1/2 + optimizer offload + manual boundary
-(DeepSpeed #7981), at one in three, five, six or eight other combinations too; at one in two every combination
-of `test_default_explore_sequence_draws_each_combination` is drawn (measured).  A checkpoint is cheap here:
-about 4 ms per example (76 examples with one, against the same without: 11.40 s / 11.14 s, 0.19.8)."""
 
 
 def extras(draw, sc: Scenario, zero0: bool = True) -> Scenario:
@@ -185,7 +174,7 @@ def extras(draw, sc: Scenario, zero0: bool = True) -> Scenario:
     all; each shrinks to off.  (A single ``sampled_from`` over the options, one per example, drew too few of
     the combinations the bugs need in the default 200 examples: no manual boundary with optimizer offload
     at ZeRO-1/2, two late modules at ZeRO-3 -- measured on the explorer's own sequence.)"""
-    on = {opt for opt in EXTRAS if draw(RATES.get(opt, QUARTER))}
+    on = {opt for opt in EXTRAS if draw(QUARTER)}
     if "stage0" in on and sc.stage in (1, 2) and zero0:
         steps = tuple(TrainStep(tuple(MicroStep(BackwardKind.ENGINE, m.skip, m.retain) for m in s.micro),
                                 s.eval_before, s.reregister, s.idle, s.frozen) for s in sc.steps)
@@ -205,9 +194,23 @@ def extras(draw, sc: Scenario, zero0: bool = True) -> Scenario:
         sc = sc.with_(all_reduce_fetch=True)
     if "late_module" in on and sc.family is Family.BLOCKS:
         sc = sc.with_(late_module=True)
-    if "save_load" in on:
+    if sc.reduce_bucket_size != 500_000_000:  # `SAVE_LOAD`: no draw of its own
         sc = sc.with_(steps=sc.steps[:-1] + (replace(sc.steps[-1], save_load=True),))
     return sc
+
+
+SAVE_LOAD = "the small reduce bucket"
+"""A DeepSpeed checkpoint saved and loaded into the same engine before the last train step (``save_load``;
+with one step: before it, the untrained model), as HF Trainer saves every ``save_steps`` and resumes; at ZeRO-3
+with the consolidated 16-bit state dict, and at ZeRO-1/2/3 zero_to_fp32's fp32 weights
+(`net.DeepSpeedBackend.save_load`).  Applied with the options (`extras`) whenever the scenario drew the small
+``reduce_bucket_size`` (81 of the default explore's 200 examples; shrinking the bucket to DeepSpeed's default
+removes it, and so does polish).  It takes no draw of
+its own, as `EDGES` do not: an option of `EXTRAS` drawn on its own shifted the derandomized sequence, and every
+rate tried (one in eight to three in four) lost a combination of the explore-sequence coverage test, or the
+zerostate design's own 15-example explore found two violations on ungrouped / leaf scenarios it newly drew
+(measured; the model's gap there is not the checkpoint's).  A checkpoint is cheap here: about 4 ms per example
+(76 examples with one, against the same without: 11.40 s / 11.14 s, 0.19.8)."""
 
 
 ENGINES_BEFORE = ((3,), (1,), (2,), (3, 3), (3, 1), (3, 2), (1, 3), (2, 3))
