@@ -57,11 +57,17 @@ def ds(request):
 def test_save_load_happens_and_agrees(ds, name):
     """Each ``save_load`` step saved a checkpoint (its files), loaded one (the path load_checkpoint returns)
     from a directory that is gone afterwards, built ZeRO-3's 16-bit state dict and zero_to_fp32's fp32 weights
-    over every parameter; on 0.19.8 nothing disagrees (an older release's finding must be a known issue's)."""
-    from zerostate.targets.deepspeed.known import explain
+    over every parameter; on 0.19.8 nothing disagrees (an older release's finding must be a known issue's or a
+    seed bug's)."""
+    from zerostate.targets.deepspeed.known import SEED_BUGS, explain
+    documented = lambda f: explain(f) is not None or any(p(f) for _, p in SEED_BUGS.values())  # noqa: E731
     sc = Scenario.from_dict(CASES[name])
     out = ds.run(sc)
     assert not out.details.get("skipped"), out.details
+    explained = all(documented(f) for f in out.findings)
+    if out.error is not None and ds.version != "0.19.8":  # an older release's known exception before the checkpoint
+        assert explained, [(f.key, f.error[:300]) for f in out.findings]
+        return
     recs = out.details.get("save_load") or []
     assert [r["step"] for r in recs] == [i for i, s in enumerate(sc.steps) if s.save_load], out.details
     names = sorted(net.oracle_params(sc.to_dict(), info := {}) and info["initial"])
@@ -73,7 +79,7 @@ def test_save_load_happens_and_agrees(ds, name):
         assert r["state16"] is None or set(names) <= set(r["state16"]), (names, r["state16"])
         assert (r["fp32"] is not None) == (sc.stage > 0), r
         assert r["fp32"] is None or set(names) <= set(r["fp32"]), (names, r["fp32"])
-    assert all(explain(f) is not None for f in out.findings), [(f.key, f.error[:300]) for f in out.findings]
+    assert all(documented(f) for f in out.findings), [(f.key, f.error[:300]) for f in out.findings]
     if ds.version == "0.19.8":
         assert not out.findings, [(f.key, f.error[:300]) for f in out.findings]
     if name == "z3-fp16-skip":  # the loss scaler's state crossed the round trip: a step skipped before it
