@@ -266,12 +266,12 @@ def test_first_shrinks_the_chosen_keys_before_the_others():
 def test_polish_takes_out_training_setup_dimensions_the_finding_does_not_need():
     """A setup dimension that Hypothesis cannot shrink away (here added to every scenario after drawing; in
     explore, a key first seen while shrinking another keeps the scenario it was seen in) is taken out by
-    polish when the finding does not need it: the model ignores clipping and re-registration."""
+    polish when the finding does not need it: the model ignores clipping, re-registration and checkpoints."""
     from zerostate.model.scenario import TrainStep
     from zerostate.targets.strategies import scenarios
     strat = scenarios(max_blocks=2, max_steps=2, max_gas=2, setup=False).map(
-        lambda s: s.with_(gradient_clipping=0.05, steps=tuple(TrainStep(st.micro, st.eval_before, True)
-                                                               for st in s.steps)))
+        lambda s: s.with_(gradient_clipping=0.05, steps=tuple(TrainStep(st.micro, st.eval_before, True,
+                                                                         save_load=True) for st in s.steps)))
     res = explore(get_target("model", design="ds-0.18.4"), examples=30, seed=None, strategy=strat, confirm=False)
     assert res.findings
     for f in res.findings:
@@ -290,3 +290,4 @@ def test_polish_takes_out_the_config_optimizer_the_finding_does_not_need():
     assert res.findings
     for f in res.findings:
         assert f.scenario.optimizer is Optimizer.SGD, f.scenario.to_json(None)
+        assert not any(st.save_load for st in f.scenario.steps), f.scenario.to_json(None)

@@ -261,3 +261,23 @@ def test_runtime_holds_persistent_frozen_params_itself_at_default_threshold(rend
         engine.destroy()
     # the last block's norm is not the block's last module, so its post-forward fires in every recompute
     assert seen and all(all(s) for s in seen), seen
+
+
+@pytest.mark.parametrize("stage,threshold", [(3, DEFAULT_PERSISTENCE_THRESHOLD), (3, 0), (2, 0)])
+def test_runtime_reports_nothing_across_a_checkpoint(runtime_target, stage, threshold):
+    """A checkpoint saved and loaded between the two steps (issue 11, ``save_load``) of seed 002's network,
+    runtime installed: no hook runs inside the round trip; ZeRO-3's checkpoint prologue releases every
+    parameter and its epilogue gathers the persistent ones again.  Neither the specs over the runtime's trace
+    nor the checkpoint check nor the oracle report anything, and the round trip really ran (a record with
+    files and a loaded path).  ZeRO-2: the model's agreement check runs too (a ZeRO-1/2 checkpoint is inside
+    the model)."""
+    from dataclasses import replace
+    sc = seed002_at_default_threshold()
+    sc = sc.with_(stage=stage, persistence_threshold=threshold,
+                  steps=(sc.steps[0], replace(sc.steps[1], save_load=True))).validate()
+    assert bool(sc.beyond_model()) == (stage == 3)
+    out = runtime_target.run(sc)
+    assert out.error is None, out.error
+    assert not out.findings, [(f.check, f.error.splitlines()[0]) for f in out.findings]
+    recs = out.details.get("save_load") or []
+    assert len(recs) == 1 and recs[0]["files"] and recs[0]["loaded"], out.details

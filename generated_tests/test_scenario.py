@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 
 from zerostate.model import Scenario, ScenarioError
-from zerostate.model.scenario import Block
+from zerostate.model.scenario import Block, TrainStep
 from zerostate.targets.strategies import scenarios
 
 
@@ -154,6 +154,9 @@ DRAWN = {
     "config Adam + fp16": lambda s: s.optimizer.value == "config-adam" and s.precision.value == "fp16",
     "config Adam + param groups + no group": lambda s: s.optimizer.value == "config-adam" and s.param_groups > 1
     and any(not b.in_optimizer for b in s.blocks),
+    "ZeRO-0 + bf16 + save_load": lambda s: s.stage == 0 and s.precision.value == "bf16"
+    and any(st.save_load for st in s.steps),
+    "ZeRO-3 + save_load": lambda s: s.stage == 3 and any(st.save_load for st in s.steps),
 }
 
 
@@ -277,6 +280,10 @@ EXPLORED = {
     "config Adam + requires_grad change, ZeRO-1/2/3 (zero-adam-steps-frozen-param)": lambda s: s.optimizer.value
     == "config-adam" and s.stage in (1, 2, 3) and any(st.frozen for st in s.steps),
     "config Adam at ZeRO-1/2 (DeepSpeed #7948's path)": lambda s: s.optimizer.value == "config-adam" and s.stage in (1, 2),
+    "ZeRO-0 + bf16 + save_load": lambda s: s.stage == 0 and s.precision.value == "bf16"
+    and any(st.save_load for st in s.steps),
+    "ZeRO-3 + save_load": lambda s: s.stage == 3 and any(st.save_load for st in s.steps),
+    "ZeRO-1/2 + save_load": lambda s: s.stage in (1, 2) and any(st.save_load for st in s.steps),
 }
 
 
@@ -313,3 +320,24 @@ def test_config_adam_shrinks_to_the_client_sgd():
     sc = find(scenarios(), lambda s: s.optimizer.value == "config-adam", settings=cfg)
     assert sc.beyond_model() == [] and len(sc.blocks) == 1 and sc.blocks[0] == Block(), sc.to_json(None)
     assert find(scenarios(), lambda s: s.stage == 2, settings=cfg).optimizer.value == "sgd"
+# ------------------------------------------------- checkpoint save/load between steps (issue 11)
+def test_save_load_is_written_only_when_set_and_parsed_back():
+    plain = Scenario.from_dict({"stage": 3, "steps": [{}, {}]})
+    assert all("save_load" not in st for st in plain.to_dict()["steps"])
+    sc = Scenario.from_dict({"stage": 3, "steps": [{}, {"save_load": True}]})
+    assert [st.save_load for st in sc.steps] == [False, True]
+    assert [("save_load" in st) for st in sc.to_dict()["steps"]] == [False, True]
+    assert Scenario.from_json(sc.to_json()) == sc and Scenario.from_json(sc.to_json()) != plain
+    assert "before step 1: checkpoint saved and loaded" in sc.describe()
+    # beyond the model at ZeRO-3 only (its checkpoint prologue / epilogue move parameters); ZeRO-1/2: inside
+    assert any(d.startswith("ZeRO-3 checkpoint save/load before step(s) 1") for d in sc.beyond_model())
+    assert Scenario.from_dict({"stage": 2, "steps": [{"save_load": True}]}).beyond_model() == []
+
+
+@pytest.mark.parametrize("bad", [1, "yes", None])
+def test_save_load_must_be_a_boolean(bad):
+    with pytest.raises(ScenarioError, match=r"steps\[1\]\.save_load: expected true or false"):
+        Scenario.from_dict({"steps": [{}, {"save_load": bad}]})
+    sc = Scenario(steps=(TrainStep(), TrainStep(save_load=bad)))
+    with pytest.raises(ScenarioError, match=r"steps\[1\]\.save_load"):
+        sc.validate()

@@ -191,6 +191,12 @@ class TrainStep:
     """No forward and no backward: only the ``gas`` calls of ``engine.step()`` (a step without gradient)."""
     frozen: tuple[int, ...] = ()
     """Blocks whose (trainable) Linear has ``requires_grad=False`` during this step only."""
+    save_load: bool = False
+    """A DeepSpeed checkpoint (not activation checkpointing): before this step (after the previous step's ``engine.step()``, as HF Trainer saves every
+    ``save_steps``): ``engine.save_checkpoint(tmp)`` then ``engine.load_checkpoint(tmp)`` into the same engine;
+    at ZeRO-3 first the consolidated 16-bit state dict (``stage3_gather_16bit_weights_on_model_save``, what
+    HF / Accelerate save), compared with the engine's parameters and the oracle's (`net.checkpoint_round_trip`).
+    Written to JSON only when set."""
 
 
 @dataclass(frozen=True)
@@ -320,6 +326,11 @@ class Scenario:
         if self.engines_before:
             out.append("engines before it in the process: "
                        + ", ".join(f"ZeRO-{k}" for k in self.engines_before))
+        if self.stage == 3 and any(s.save_load for s in self.steps):  # ZeRO-1/2: no hook or trace event changes
+            out.append("ZeRO-3 checkpoint save/load before step(s) " + ", ".join(
+                str(i) for i, s in enumerate(self.steps) if s.save_load)
+                       + " (its prologue releases every parameter, release_and_reset_all, and its epilogue "
+                       "gathers the persistent ones: the model's coordinator has neither)")
         return out
 
     # -------------------------------------------------------------- validation
@@ -387,6 +398,8 @@ class Scenario:
                     raise ScenarioError(f"steps[{i}].frozen: block {b} has no trainable Linear to freeze")
             if len(set(step.frozen)) != len(step.frozen):
                 raise ScenarioError(f"steps[{i}].frozen: a block is listed twice")
+            if not isinstance(step.save_load, bool):
+                raise ScenarioError(f"steps[{i}].save_load: expected true or false, got {step.save_load!r}")
             if step.idle and (step.frozen or step.eval_before or any(m.skip or m.retain for m in step.micro)):
                 raise ScenarioError(f"steps[{i}].idle: an idle step has no forward, so nothing to skip, "
                                     "freeze, retain or evaluate")
@@ -448,6 +461,8 @@ class Scenario:
             kinds = ", ".join(m.backward.value for m in s.micro)
             skips = "; ".join(f"micro-step {j} skips the norm of block(s) {list(m.skip)}"
                               for j, m in enumerate(s.micro) if m.skip)
+            if s.save_load:
+                lines.append(f"  before step {i}: checkpoint saved and loaded")
             lines.append(f"  step {i}: " + ("hooks re-registered, then " if s.reregister else "")
                          + ("eval forward, then " if s.eval_before else "")
                          + f"backward kinds [{kinds}], then engine.step()" + (f" ({skips})" if skips else ""))
@@ -460,7 +475,7 @@ class Scenario:
             if d.get(k) == 1_000_000_000:
                 d.pop(k)
         for step in d["steps"]:  # fields added later are written only when set, so old files stay identical
-            for k in ("reregister", "idle", "frozen"):
+            for k in ("reregister", "idle", "frozen", "save_load"):
                 if not step.get(k):
                     step.pop(k, None)
             for micro in step["micro"]:
@@ -563,7 +578,7 @@ def _list(value: Any, where: str) -> list[Any]:
 
 
 _BLOCK_FIELDS = {"checkpoint", "norm", "lin", "leaf", "in_optimizer"}
-_STEP_FIELDS = {"micro", "eval_before", "reregister", "idle", "frozen"}
+_STEP_FIELDS = {"micro", "eval_before", "reregister", "idle", "frozen", "save_load"}
 _MICRO_FIELDS = {"backward", "skip", "retain"}
 _EXTENDED_DEFAULTS: dict[str, Any] = {
     "precision": Precision.FP32, "gradient_clipping": 0.0, "loss_scale_power": 8, "fp32_grad_accum": False,
@@ -604,7 +619,8 @@ def _parse_step(value: Any, where: str) -> TrainStep:
                      reregister=_bool(d.get("reregister", False), f"{where}.reregister"),
                      idle=_bool(d.get("idle", False), f"{where}.idle"),
                      frozen=tuple(_int(b, f"{where}.frozen[{k}]")
-                                  for k, b in enumerate(_list(d.get("frozen", []), f"{where}.frozen"))))
+                                  for k, b in enumerate(_list(d.get("frozen", []), f"{where}.frozen"))),
+                     save_load=_bool(d.get("save_load", False), f"{where}.save_load"))
 
 
 def _parse_scenario(data: Any) -> Scenario:

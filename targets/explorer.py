@@ -167,6 +167,7 @@ def _rank(sc: Scenario) -> tuple:
     extras += len(sc.beyond_model()) + sum(st.reregister for st in sc.steps) + sum(
         bool(m.skip) for _, _, m in sc.micro_steps()) + (sc.world_size > 1)
     extras += sc.optimizer != d.optimizer  # a setup dimension the model represents (not in beyond_model)
+    extras += sum(st.save_load for st in sc.steps) * (sc.stage != 3)  # ZeRO-3's is in beyond_model
     return (len(sc.blocks), len(sc.steps), sc.gas, _STAGE_RANK.get(sc.stage, 3), extras)
 
 
@@ -236,7 +237,7 @@ def _setup_candidates(sc: Scenario, d: Scenario):
     if any(not b.in_optimizer for b in sc.blocks):
         yield sc.with_(blocks=tuple(replace(b, in_optimizer=True) for b in sc.blocks))
     for i, st in enumerate(sc.steps):
-        plain = replace(st, reregister=False, frozen=(),
+        plain = replace(st, reregister=False, frozen=(), save_load=False,
                         micro=tuple(replace(m, retain=False, skip=()) for m in st.micro))
         if plain != st and not st.idle:
             yield sc.with_(steps=sc.steps[:i] + (plain,) + sc.steps[i + 1:])
@@ -606,6 +607,8 @@ def explore(target: Target, *, examples: int, seed: int | None = None,
     def shrunk(f: Finding, shrink: bool) -> None:
         """Its key's last scenario: polished (when ``shrink``), handed over as an update (confirmation
         pending: ``confirmation`` None), then confirmed."""
+        import copy
+        f = copy.copy(f)  # the one handed over unshrunk (a key first met while shrinking) stays as it was
         if shrink and do_polish:
             try:
                 f = polished(f)

@@ -22,6 +22,12 @@
 ``engine``      what the built engine reports of the settings a scenario chooses (`net.engine_settings`:
                 gas, contiguous gradients, overlap_comm, ZeRO-3's all-reduce fetch, the late module), so a
                 test can tell that a scenario option reached DeepSpeed;
+``save_load``    one record per checkpoint round trip (``save_load`` steps): the step, the files
+                ``save_checkpoint`` wrote, the path ``load_checkpoint`` loaded, the keys of ZeRO-3's 16-bit
+                state dict (None below ZeRO-3) and of the fp32 weights ``zero_to_fp32`` rebuilds (None at
+                ZeRO-0);
+``checkpoint``  ``[code, sentence]``: the first check of a checkpoint round trip that failed
+                (`net.compare_save_load`), else absent;
 ``torch_linear_replaced`` True when, after the run, ``torch.nn.functional.linear`` was DeepSpeed's
                 ``zero3_linear_wrap`` (a ZeRO-3 engine ran: the scenario's own or one of ``engines_before``);
                 put back before the next example.
@@ -157,7 +163,22 @@ def execute(spec: dict, on_step=None) -> dict:
             if on_step is not None:
                 on_step(i, got)
 
-        net.run_schedule(spec, backend, mark=tracer.mark, after_step=after_step)
+        def mark(what: str, **info) -> None:
+            tracer.mark(what, **info)
+            if what == "save_load_end":
+                save_load_done(info["step"], info["record"])
+
+        def save_load_done(i: int, rec: dict) -> None:
+            res.setdefault("save_load", []).append(
+                {"step": i, "files": rec.get("files"), "loaded": rec.get("loaded"),
+                 "state16": None if "state16" not in rec else sorted(rec["state16"]),
+                 "fp32": None if "fp32" not in rec else sorted(rec["fp32"])})
+            before = None if res["mismatch"] else expected[i - 1] if i else oracle_fp16["initial"]
+            failed = net.compare_save_load(rec, before, net.tolerance(spec))
+            if failed and "checkpoint" not in res:
+                res["checkpoint"] = list(failed)
+
+        net.run_schedule(spec, backend, mark=mark, after_step=after_step)
         fp16 = backend.fp16_state()
         if fp16 is not None:  # the loss scaler: the steps skipped for an overflow and the scale, both sides
             fp16.update(oracle_skipped=oracle_fp16.get("skipped"), oracle_scales=oracle_fp16.get("scales"))

@@ -309,7 +309,7 @@ def tag_oracle(findings: list[Finding]) -> None:
     (a new bug) are then two findings, not one key that the first-found mismatch takes.  Call it once the
     finding's world size is set (some issues show at world size 2 only)."""
     for f in findings:
-        if f.check == "oracle":
+        if f.check in ("oracle", "checkpoint"):  # checkpoint: one code (zero-to-fp32) covers two known issues
             k = explain(f)
             f.known = k.id if k is not None else ""
 

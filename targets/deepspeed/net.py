@@ -328,6 +328,8 @@ def ds_config(spec):
         zero["stage3_max_live_parameters"] = spec.get("max_live_parameters", 1_000_000_000)
         if spec.get("all_reduce_fetch", False):
             zero["stage3_use_all_reduce_for_fetch_params"] = True
+        if any(st.get("save_load", False) for st in spec.get("steps", [{}])):  # what HF Trainer saves at ZeRO-3
+            zero["stage3_gather_16bit_weights_on_model_save"] = True
     if not spec.get("contiguous_gradients", True):
         zero["contiguous_gradients"] = False
     if spec.get("overlap_comm") is not None:
@@ -481,6 +483,9 @@ class TorchBackend:
     def reregister(self):
         pass
 
+    def save_load(self, step):
+        return None  # the oracle is unchanged: a checkpoint round trip must not change training
+
     def eval_forward(self, x):
         self.model.eval()
         with torch.no_grad():
@@ -528,6 +533,40 @@ class TorchBackend:
 
     def params(self):
         return {n: p.detach().clone() for n, p in self.master.named_parameters()}
+
+
+def rank_of():
+    import torch.distributed as dist
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def barrier():
+    import torch.distributed as dist
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
+
+
+def shared_tmpdir():
+    """A temporary directory every rank uses (rank 0 makes it and sends its path): a DeepSpeed checkpoint
+    is one directory, rank 0's model states read by every rank at load."""
+    import tempfile
+    import torch.distributed as dist
+    path = [tempfile.mkdtemp(prefix="zerostate-ckpt-") if not rank_of() else None]
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.broadcast_object_list(path, src=0)
+    return path[0]
+
+
+def fp32_from_zero_checkpoint(path):
+    """The fp32 weights DeepSpeed's ``zero_to_fp32`` rebuilds from a ZeRO checkpoint
+    (``get_fp32_state_dict_from_zero_checkpoint``, what users convert a checkpoint with); its prints are
+    silenced.  The 0.19.8 engine saves the shapes of parameters the optimizer does not own (a parameter in
+    no group, a zero-element one) with the frozen ones: before, only ``requires_grad=False`` ones."""
+    import contextlib
+    import io
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+    with contextlib.redirect_stdout(io.StringIO()):
+        return {k: v.detach().cpu().clone() for k, v in get_fp32_state_dict_from_zero_checkpoint(path).items()}
 
 
 def rank_rows(x):
@@ -733,6 +772,44 @@ class DeepSpeedBackend:
                 out[n] = p.detach().cpu().clone()
         return out
 
+    def save_load(self, step):
+        """``save_load``: what HF Trainer does every ``save_steps`` and on ``--resume_from_checkpoint``, into
+        the same engine.  At ZeRO-3 first the consolidated 16-bit state dict
+        (``engine._zero3_consolidated_16bit_state_dict()``, what Accelerate's ``get_state_dict`` -- HF
+        Trainer's model save -- calls: a ``GatheredParameters`` per module), then
+        ``engine.save_checkpoint(dir)`` and ``engine.load_checkpoint(dir)``; the directory is shared by the
+        ranks and removed.  Returns a record for `compare_save_load`: the parameters before and after, the
+        16-bit state dict, the files written, the loaded path, the engine's step counters and loss scale."""
+        import shutil
+        rec = {"step": step, "before": self.params(), "counters": [self._counters()]}
+        if getattr(self.engine, "zero_optimization_partition_weights", lambda: False)():
+            sd = self.engine._zero3_consolidated_16bit_state_dict()  # every rank gathers; rank 0 gets it
+            if sd is not None:
+                rec["state16"] = {k: v.detach().cpu().clone() for k, v in sd.items()}
+        path = shared_tmpdir()
+        try:
+            self.engine.save_checkpoint(path)
+            barrier()  # every rank's files are written
+            rec["files"] = sorted(os.path.relpath(os.path.join(d, f), path)
+                                  for d, _, fs in os.walk(path) for f in fs)
+            if self.spec.get("stage", 3) > 0:
+                rec["fp32"] = fp32_from_zero_checkpoint(path)
+            rec["loaded"], _ = self.engine.load_checkpoint(path)
+        finally:
+            barrier()
+            if not rank_of():
+                shutil.rmtree(path, ignore_errors=True)
+        rec["after"] = self.params()
+        rec["counters"].append(self._counters())
+        rec["fp32_exact"] = self.dtype is None
+        return rec
+
+    def _counters(self):
+        """The engine state a checkpoint round trip must keep: global / skipped steps, fp16's loss scale."""
+        scale = getattr(self.engine.optimizer, "loss_scale", None) if self.dtype is torch.float16 else None
+        return {"global_steps": int(self.engine.global_steps), "skipped_steps": int(self.engine.skipped_steps),
+                "loss_scale": None if scale is None else float(scale)}
+
     def fp16_state(self):
         """fp16: the train steps DeepSpeed skipped so far and its current loss scale, else None."""
         if self.dtype is not torch.float16 or self.engine is None:
@@ -760,6 +837,10 @@ def run_schedule(spec, backend, mark=None, after_step=None):
     gas = gas_of(spec)
     llama = spec.get("family", "blocks") == "llama"
     for si, st in enumerate(steps):
+        if st.get("save_load", False):  # a checkpoint saved and loaded after the previous step (HF Trainer)
+            mark("save_load_start", step=si)
+            record = backend.save_load(si)
+            mark("save_load_end", step=si, record=record)
         if st.get("reregister", False):
             mark("reregister")
             backend.reregister()
@@ -847,19 +928,61 @@ def compare_update(initial_pt, expected, initial_ds, actual, eps):
             f"outside [{UPDATE_RATIO[0]}, {UPDATE_RATIO[1]}])")
 
 
-def compare(expected, actual, atol=ATOL, rtol=RTOL):
-    """None when every parameter agrees; else a sentence naming the worst parameter."""
+def compare(expected, actual, atol=ATOL, rtol=RTOL, names=("PyTorch", "DeepSpeed")):
+    """None when every parameter agrees; else a sentence naming the worst parameter (``names``: what the two
+    sides are called in it)."""
     worst = None
     for n, e in expected.items():
         a = actual.get(n)
         if a is None or a.shape != e.shape:
-            return f"{n}: shape {tuple(e.shape)} in PyTorch vs {None if a is None else tuple(a.shape)} in DeepSpeed"
+            return f"{n}: shape {tuple(e.shape)} in {names[0]} vs {None if a is None else tuple(a.shape)} in {names[1]}"
         err = (a.float() - e.float()).abs().max().item()
         lim = atol + rtol * e.float().abs().max().item()
         if err > lim and (worst is None or err > worst[1]):
             worst = (n, err, lim)
     if worst:
-        return f"{worst[0]}: max |DeepSpeed - PyTorch| = {worst[1]:.3g} > tolerance {worst[2]:.3g}"
+        return f"{worst[0]}: max |{names[1]} - {names[0]}| = {worst[1]:.3g} > tolerance {worst[2]:.3g}"
+    return None
+
+
+def compare_save_load(rec, expected, tol):
+    """A checkpoint round trip (`DeepSpeedBackend.save_load`): None, or ``(code, sentence)`` for the first of
+    these that fails.  ``expected``: the oracle's parameters at that point (before the step), or None when the
+    training already disagrees with the oracle (its own finding says so; the checkpoint is then judged against
+    the engine alone, so a divergence is not reported twice).
+
+    * ``no-files`` / ``not-loaded``: ``save_checkpoint`` wrote nothing, ``load_checkpoint`` found nothing;
+    * ``16-bit-state-dict`` (ZeRO-3): the consolidated 16-bit state dict exactly against the engine's own
+      parameters (it is a copy of them), and against the oracle (``tol``);
+    * ``round-trip``: after the load, the parameters are exactly what they were before the save;
+    * ``counters``: so are the engine's global / skipped steps and fp16's loss scale (a round trip must
+      not change training);
+    * ``zero-to-fp32`` (ZeRO-1/2/3): the fp32 weights ``zero_to_fp32`` rebuilds from the checkpoint against
+      the engine's parameters (exactly in fp32 training; at ``tol`` in bf16 / fp16, whose fp32 master copies
+      differ from the 16-bit parameters by a rounding) and against the oracle (``tol``)."""
+    where = f"checkpoint before train step {rec['step']}"
+    own = ("the engine", "the checkpoint")
+    if not rec.get("files"):
+        return "no-files", f"{where}: save_checkpoint wrote no file"
+    if not rec.get("loaded"):
+        return "not-loaded", f"{where}: load_checkpoint loaded nothing (returned {rec.get('loaded')!r})"
+    if "state16" in rec:
+        msg = compare(rec["before"], rec["state16"], 0.0, 0.0, own) or (
+            expected is not None and compare(expected, rec["state16"], *tol))
+        if msg:
+            return "16-bit-state-dict", f"{where}: the consolidated 16-bit state dict: {msg}"
+    msg = compare(rec["before"], rec["after"], 0.0, 0.0, ("the engine before save_checkpoint",
+                                                          "the engine after load_checkpoint"))
+    if msg:
+        return "round-trip", f"{where}: the parameters after load_checkpoint: {msg}"
+    if rec["counters"][0] != rec["counters"][1]:
+        return "counters", (f"{where}: the engine's counters before save / after load: {rec['counters'][0]} / "
+                            f"{rec['counters'][1]}")
+    if "fp32" in rec:
+        msg = compare(rec["before"], rec["fp32"], *((0.0, 0.0) if rec.get("fp32_exact") else tol), own) or (
+            expected is not None and compare(expected, rec["fp32"], *tol))
+        if msg:
+            return "zero-to-fp32", f"{where}: the fp32 weights zero_to_fp32 rebuilds from the checkpoint: {msg}"
     return None
 
 

@@ -7,6 +7,7 @@ embeds this file, the executor, the tracer, the specs and the agreement projecti
 * the exception's check (``exception``, ``saved-tensor-intact`` for torch's ``CheckpointError``,
   ``oracle-error``) when the run raised, with its origin (``ExcType@module.function``);
 * ``oracle`` when the parameters after a train step differ from plain PyTorch;
+* ``checkpoint`` when a checkpoint round trip (``save_load``) disagrees, with its code (`net.compare_save_load`);
 * every spec of `zerostate.specs` the trace violates (coordinator specs on ZeRO-3 runs only; after an
   exception, only violations at an event: a truncated trace cannot fulfil end-of-run obligations),
   with the violation's code;
@@ -44,6 +45,8 @@ def failed_checks(result: dict, stage: int, model_events: Iterable[Event] | None
         out["oracle"] = Failed(result["mismatch"])
     if result.get("carried_state"):  # issue 15: process state an engine before it (engines_before) left
         out["carried-state"] = Failed(result["carried_state"], "torch-linear-replaced")
+    if result.get("checkpoint"):  # a checkpoint round trip (save_load) that disagreed
+        out["checkpoint"] = Failed(result["checkpoint"][1], result["checkpoint"][0])
     for spec in specs_for_stage(stage):  # as DeepSpeedTarget.run judges (targets.base.spec_findings)
         v = check_trace(spec, events)
         if v is not None and not (error and v.index is None):

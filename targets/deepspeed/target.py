@@ -337,6 +337,10 @@ class DeepSpeedTarget:
             f = mk("carried-state", f"DeepSpeed {self.version}: {res['carried_state']}", events)
             f.code = "torch-linear-replaced"
             findings.append(f)
+        if res.get("checkpoint"):  # a checkpoint round trip (save_load) that disagreed
+            f = mk("checkpoint", f"DeepSpeed {self.version}: {res['checkpoint'][1]}", events)
+            f.code = res["checkpoint"][0]
+            findings.append(f)
         for f in spec_findings(events, scenario, self.name, self.version):
             if res.get("error") and f.index is None:
                 continue  # a truncated trace cannot fulfil end-of-run obligations
@@ -364,6 +368,7 @@ class DeepSpeedTarget:
                         **({"torch_linear_replaced": True} if res.get("torch_linear_replaced") else {}),
                         **({"fp16": res["fp16"]} if res.get("fp16") else {}),
                         **({"engines_before": res["engines_before"]} if res.get("engines_before") else {}),
+                        **({"save_load": res["save_load"]} if res.get("save_load") else {}),
                         **({"agreement": "not checked: the model does not represent " + ", ".join(beyond)}
                            if beyond and self.check_model else {})})
 

@@ -276,6 +276,11 @@ class Tracer:
             self.emit("user_backward_end", note=info.get("kind"))
         elif what == "step":
             self.emit("step", value=info.get("step"))
+        elif what == "save_load_start":  # a checkpoint round trip (``save_load``): no hook runs in it; ZeRO-3's
+            self._paused += 1  # gathers (16-bit state dict, checkpoint prologue / epilogue) are not traced
+        elif what == "save_load_end":
+            self._paused -= 1
+            self._poll()  # what it changed for good is reported (a parameter it released, at ZeRO-3)
 
     def _declare_persistent(self) -> None:
         if self.stage == 3 and not self._declared:
