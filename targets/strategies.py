@@ -56,11 +56,20 @@ RARE = st.sampled_from((False,) * 7 + (True,))
 """True in one draw of eight; shrinks to False."""
 QUARTER = st.sampled_from((False,) * 3 + (True,))
 EIGHTH = st.sampled_from((False,) * 7 + (True,))
-WORLD2_RATE = st.integers(0, 7).map(lambda x: x == 7)
-"""How often ``world_size`` 2 is drawn (`scenarios`, ``world2``): one in eight (a world-size-2 example costs about
-two of world size 1: a rank pool).  An integer draw rather than `EIGHTH`'s ``sampled_from``: the two give the
-explorer's generated sequence different bytes, and with this one its default 200 examples hold every combination
-of test_scenario.py's ``EXPLORED`` (measured with the other rates as they are; 16 of the 200 at world size 2)."""
+WORLD2_RATE = EIGHTH
+"""How often ``world_size`` 2 is drawn (`scenarios`, ``world2``): one draw in eight (a world-size-2 example costs
+about two of world size 1: a rank pool).  Hypothesis's generation is not uniform: 40 of the explorer's default
+200 examples are at world size 2 (measured)."""
+
+
+LEAF_RATE = QUARTER
+"""How often a ZeRO-3 block is a z3 leaf module (`blocks`): one in four (a MoE-style choice, rarer than a plain
+module).  At one in two -- with world size, ``zero_init``, config Adam and checkpoints drawn too -- no example of
+the explorer's default 200 had seed 002's shape (a plain non-reentrant block with frozen parameters: the model's
+ds-0.19.2 design flags none of them), and 0.19.2's seed bug was met only while shrinking, at the 736th run.
+With this rate and the others as they are, every combination of test_scenario.py's ``EXPLORED`` is in the 200
+and the ds-0.19.2 design flags 7 of them (measured; the rates were chosen by that measurement: any change to a
+draw shifts the whole derandomized sequence)."""
 
 
 @st.composite
@@ -69,7 +78,7 @@ def blocks(draw, kinds=KINDS, checkpoints=CHECKPOINTS, leaf: bool = True) -> Blo
         checkpoint=draw(st.sampled_from(checkpoints)),
         norm=draw(st.sampled_from(kinds)),
         lin=draw(st.sampled_from(kinds)),
-        leaf=draw(st.booleans()) if leaf else False,
+        leaf=draw(LEAF_RATE) if leaf else False,
     )
 
 
