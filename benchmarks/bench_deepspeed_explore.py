@@ -60,6 +60,8 @@ def throughput_jobs(n: int, jobs: int) -> dict:
     from zerostate.targets.strategies import scenarios
     t0 = time.perf_counter()
     workers = [get_target("deepspeed") for _ in range(jobs)]
+    for w in workers:
+        w.prestart(2)  # as `zerostate explore` does (cli.cmd_explore._prestarted): the strategy draws world size 2
     startup = time.perf_counter() - t0
     seen: set[str] = set()
     unique = [sc for sc in generated(scenarios(), n, None)
@@ -82,6 +84,7 @@ def throughput(n: int) -> dict:
     from zerostate.targets.strategies import scenarios
     t0 = time.perf_counter()
     target = get_target("deepspeed")
+    target.prestart(2)  # as `zerostate explore` does
     startup = time.perf_counter() - t0
     times: list[float] = []
 
@@ -110,6 +113,7 @@ def time_to_seed(version: str, examples: int) -> dict:
     seed, is_seed = SEED_BUGS[version]
     t0 = time.perf_counter()
     target = get_target("deepspeed", deepspeed=version)
+    target.prestart(2)  # as `zerostate explore` does
     startup = time.perf_counter() - t0
     first_run: dict[str, float] = {}  # the first run of an example with a seed-shaped finding
     plain_run = target.run

@@ -38,6 +38,15 @@ class _OutOfTime(StopExploring):
     what it has seen (confirmed by replay, unlike Ctrl-C) and stops."""
 
 
+
+def _prestarted(target: Any) -> Any:
+    """The target, with the rank pool of the world-size-2 scenarios the default strategy draws starting in the
+    background (`DeepSpeedTarget.prestart`; the model target has none)."""
+    prestart = getattr(target, "prestart", None)
+    if prestart is not None:
+        prestart(2)
+    return target
+
 def add_target_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", choices=("deepspeed", "model"), default="deepspeed",
                    help="real DeepSpeed (default) or a model design")
@@ -77,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
     check_world_size(args.world_size)
     if args.target == "model" and args.design:
         design(args.design)
-    target = api.target(args)
+    target = _prestarted(api.target(args))
     jobs = args.jobs or max(1, (os.cpu_count() or 1) // max(1, args.world_size))  # a job at ws 2: two ranks
     if args.target == "model":
         jobs = 1  # a pure function in this process: workers would only share its one interpreter
@@ -127,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
     status = "complete"
     with _ctrl_c_kept() as ctrl_c:
         try:
-            spawn = (lambda: api.target(args)) if jobs > 1 else None
+            spawn = (lambda: _prestarted(api.target(args))) if jobs > 1 else None
             res = api.explore(target, args.examples, args.seed, on_finding, _kept(ctrl_c, on_progress),
                               on_restart=report.add_restart, on_update=on_update, jobs=jobs, spawn=spawn,
                               first=_unexplained)

@@ -342,3 +342,23 @@ def test_a_world_size_2_scenario_runs_on_a_rank_pool_of_its_own():
     finally:
         t.close()
     assert not t._wider and not any(p.alive() for p in pools)
+
+
+def test_prestart_starts_the_rank_pool_in_the_background_and_hands_over_its_error():
+    """``prestart(2)`` (what ``zerostate explore`` calls) starts the world-size-2 pool in a thread: the caller goes
+    on at once, the first world-size-2 scenario runs on that pool; a pool that cannot start raises its error in
+    the scenario that needs it, as a pool started on first use would."""
+    t = get_target("deepspeed")
+    try:
+        t.prestart(2)
+        assert t._starting is not None  # started, not waited for
+        out = t.run(Scenario.from_dict({"stage": 2, "world_size": 2}))
+        assert not out.findings and out.details["engine"]["world_size"] == 2 and set(t._wider) == {2}
+        t.close()
+        t._options = dict(t._options, deepspeed_path="/nonexistent/DeepSpeed")  # a pool that cannot start
+        t.prestart(2)
+        with pytest.raises(TargetError, match="no deepspeed/__init__.py"):
+            t.run(Scenario.from_dict({"stage": 2, "world_size": 2}))
+        assert not t.run(Scenario.from_dict({"stage": 2})).findings  # world size 1 is unaffected
+    finally:
+        t.close()

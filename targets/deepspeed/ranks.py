@@ -69,10 +69,6 @@ class DeepSpeedRanksTarget(DeepSpeedTarget):
         super().__init__(**kw)
 
     def _start(self) -> dict:
-        if "ZEROSTATE_RANKS_DEVICE" not in self._env:
-            self._env["ZEROSTATE_RANKS_DEVICE"] = _device_for(self.world_size)
-            if self._env["ZEROSTATE_RANKS_DEVICE"] == "cpu":
-                self._env["CUDA_VISIBLE_DEVICES"] = ""  # fewer GPUs than ranks: gloo on CPU
         self.worker = self._take_spare() or self._new_worker()
         try:
             hello = self.worker.request({"op": "hello"}, self.startup_timeout)
@@ -104,6 +100,10 @@ class DeepSpeedRanksTarget(DeepSpeedTarget):
     def _new_worker(self) -> RankPool:
         """A rank pool, started now (its ranks rendezvous and import DeepSpeed while the caller goes on); its
         logs are the ones the current pool does not write."""
+        if "ZEROSTATE_RANKS_DEVICE" not in self._env:
+            self._env["ZEROSTATE_RANKS_DEVICE"] = _device_for(self.world_size)
+            if self._env["ZEROSTATE_RANKS_DEVICE"] == "cpu":
+                self._env["CUDA_VISIBLE_DEVICES"] = ""  # fewer GPUs than ranks: gloo on CPU
         busy = self.worker.log_path if self.worker is not None else None
         return RankPool(self._env, self.world_size,
                         self._spare_log_path if busy == self._log_path else self._log_path)

@@ -34,6 +34,7 @@ import selectors
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -126,12 +127,14 @@ class DeepSpeedTarget:
 
     def __init__(self, *, deepspeed: str | None = None, deepspeed_path: str | None = None,
                  design: str | None = None, timeout: float | None = None, check_model: bool = True,
-                 startup_timeout: float = 900.0):
+                 startup_timeout: float = 900.0, defer_start: bool = False):
         self.requested = deepspeed
         self.path = deepspeed_path
         self._options = {"deepspeed": deepspeed, "deepspeed_path": deepspeed_path, "design": design,
                          "timeout": timeout, "check_model": check_model, "startup_timeout": startup_timeout}
         self._wider: dict[int, Any] = {}  # world size -> the rank-pool target of the scenarios that ask for it
+        self._starting: threading.Thread | None = None  # `prestart`'s
+        self._start_error: BaseException | None = None
         self.timeout = timeout or _default_timeout()
         self.startup_timeout = startup_timeout
         self.check_model = check_model
@@ -166,6 +169,18 @@ class DeepSpeedTarget:
         self.worker: Worker | None = None
         self._spare: Worker | None = None
         self._keep_spare = False  # from the first fresh(): a worker started ahead for the next fresh start
+        self.examples = 0
+        self.restarts = 0
+        self._sleep = 0.0  # tests: make the worker sleep before each run (a simulated hang)
+        self._pending = (deepspeed_path, extra, design)
+        if defer_start:  # `prestart`: the processes start now, from this thread; `_complete_start` waits for them
+            self._spare = self._new_worker()
+            return
+        self._complete_start()
+
+    def _complete_start(self) -> None:
+        """Start the worker (the spare a deferred start made) and check what it imported."""
+        deepspeed_path, extra, design = self._pending
         self.hello = self._start()
         self.version: str = str(self.hello["deepspeed"]).strip()
         if deepspeed_path and self.version.startswith("0.0.0"):
@@ -183,9 +198,6 @@ class DeepSpeedTarget:
             raise TargetError(f"the worker imported DeepSpeed from {self.hello['file']}, not from {extra}")
         from zerostate.model.designs import design_for_release, get_design
         self.design = get_design(design) if design else design_for_release(self.version)
-        self.examples = 0
-        self.restarts = 0
-        self._sleep = 0.0  # tests: make the worker sleep before each run (a simulated hang)
 
     # ------------------------------------------------------------ worker life
     def _new_worker(self) -> Worker:
@@ -236,6 +248,7 @@ class DeepSpeedTarget:
         imported DeepSpeed and run nothing), so the next fresh start costs no start-up.  A spare is a fresh
         worker like any other: nothing has run in it."""
         self._keep_spare = True
+        self._settle()
         for wider in self._wider.values():  # stopped now, started again (from its spare) when next used
             wider._keep_spare = True
             wider._drop_worker()
@@ -249,7 +262,40 @@ class DeepSpeedTarget:
             self.worker.close(kill=True)
             self.worker = None
 
+    def prestart(self, world_size: int = 2) -> None:
+        """Start the rank pool of ``world_size``-rank scenarios now, in a background thread, so the first such
+        scenario does not wait for its start-up (seconds).  `cli.cmd_explore` calls it: the default strategy
+        draws world size 2 (`strategies.WORLD2_RATE`).  A failed start is raised by the first scenario that
+        needs the pool, as if it had started the pool itself."""
+        self._settle()
+        if world_size <= self.world_size or world_size in self._wider:
+            return
+        from .ranks import DeepSpeedRanksTarget
+        try:  # its processes are started here, in this thread: a rank dies with the thread that started it
+            pool = DeepSpeedRanksTarget(world_size=world_size, defer_start=True, **self._options)  # (PDEATHSIG)
+        except TargetError as exc:
+            self._start_error = exc
+            return
+
+        def start() -> None:  # only waits for the ranks to answer, and checks them
+            try:
+                pool._complete_start()
+                self._wider[world_size] = pool
+            except BaseException as exc:  # noqa: BLE001 -- handed to the scenario that needs the pool
+                pool.close()
+                self._start_error = exc
+
+        self._starting = threading.Thread(target=start, name=f"prestart-ws{world_size}", daemon=True)
+        self._starting.start()
+
+    def _settle(self) -> None:
+        """Wait for `prestart`'s thread, if one runs."""
+        if self._starting is not None:
+            self._starting.join()
+            self._starting = None
+
     def _close_wider(self) -> None:
+        self._settle()
         while self._wider:
             self._wider.popitem()[1].close()
 
@@ -259,6 +305,10 @@ class DeepSpeedTarget:
         ws = scenario.world_size
         if ws <= self.world_size:
             return self
+        self._settle()
+        if self._start_error is not None:
+            exc, self._start_error = self._start_error, None
+            raise exc
         if ws not in self._wider:
             from .ranks import DeepSpeedRanksTarget
             self._wider[ws] = DeepSpeedRanksTarget(world_size=ws, **self._options)
