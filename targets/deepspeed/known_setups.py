@@ -426,11 +426,36 @@ ZERO1_CHECKPOINT_DROPS_FROZEN = KnownIssue(
             "the engine is correct (the module state dict has it).  ZeRO-2 with the same scenario is correct."),
 )
 
+Z3_MIXED_DTYPE_TRAINABLE_DEFRAGMENT = KnownIssue(
+    id="z3-mixed-dtype-trainable-params",
+    title="ZeRO-3: trainable parameters of two dtypes in one group (a bf16/fp16 model built under zero.Init, PEFT's "
+          "fp32 LoRA adapters and its modules_to_save copy in the model's dtype) fail deepspeed.initialize "
+          "(AssertionError in defragment)",
+    owner="deepspeed",
+    releases=((0, 19, 2), (0, 20, 0)),  # measured on 0.19.2, 0.19.3, 0.19.7 and 0.19.8; older releases not measured
+    scenario=Scenario.from_dict({"stage": 3, "family": "llama", "lora": True, "modules_to_save": True,
+                                 "precision": "bf16", "zero_init": True}),
+    checks=("exception",),
+    keys=("exception:AssertionError@runtime.zero.utils.defragment",),
+    explains=lambda f: f.check == "exception" and f.scenario.stage == 3 and f.scenario.modules_to_save
+    and f.scenario.precision.value != "fp32" and "defragment" in ((f.origin or "") + (f.error or "")),
+    detail=("Found by the default exploration of 0.19.8 once `zero_init` was drawn (1 Dec).  Built as HF's "
+            "from_pretrained builds a model under ZeRO-3, the base weights are bf16 (fp16); PEFT then makes the "
+            "LoRA adapters in fp32 (autocast_adapter_dtype) and the modules_to_save copy of lm_head in the model's "
+            "dtype, so the trainable parameters have two dtypes.  Stage3's "
+            "_create_fp16_partitions_with_defragmentation flattens each trainable group with "
+            "runtime/zero/utils.py defragment, which asserts a single dtype (``assert len(set(t.dtype for t in "
+            "tensors)) == 1``).  LoRA alone (fp32 adapters only) and fp32 training are fine (measured).  The same "
+            "assertion is reported with TRL (huggingface/trl#1770) and DeepSpeed #7669 asks for modules_to_save "
+            "support under ZeRO-3 (open)."),
+)
+
 SETUP_ISSUE_FIELDS: tuple[dict, ...] = (ZERO0_FP16_LOSS_NOT_SCALED, Z3_UNGROUPED_NOT_GATHERED, TWO_BACKWARDS_PER_FORWARD,
                                         STEP_WITHOUT_GRADIENT, NESTED_OUTPUTS_SCALED_TWICE,
                                         SHARED_ACROSS_REENTRANT, Z3_LINEAR_OVERRIDE_OUTLIVES_ENGINE,
                                         FP16_SCALE_INCREASE_HALVES_STEP, Z3_LATE_MODULE_REREGISTERED,
                                         OFFLOAD_STALE_GRAD_AFTER_FREEZE, ZERO_ADAM_STEPS_FROZEN_PARAM,
-                                        ZERO_TO_FP32_DROPS_UNGROUPED, ZERO1_CHECKPOINT_DROPS_FROZEN)
+                                        ZERO_TO_FP32_DROPS_UNGROUPED, ZERO1_CHECKPOINT_DROPS_FROZEN,
+                                        Z3_MIXED_DTYPE_TRAINABLE_DEFRAGMENT)
 
 __all__ = ["SETUP_ISSUE_FIELDS"]
