@@ -284,8 +284,9 @@ EXPLORED = {
     # lost, so no bug of the survey needs it in the default 200 -- docs/bug-coverage.md row 19)
     "ZeRO-3 + save_load": lambda s: s.stage == 3 and any(st.save_load for st in s.steps),
     "ZeRO-1/2 + save_load": lambda s: s.stage in (1, 2) and any(st.save_load for st in s.steps),
-    "ZeRO-1/2 + contiguous_gradients off at world size 2 (0.19.8's CPU reduce fix)": lambda s: s.world_size == 2
-    and not s.contiguous_gradients and s.stage in (1, 2),
+    # (not "ZeRO-1/2 + contiguous_gradients off at world size 2", 0.19.8's CPU reduce fix: the 200 hold six such
+    # examples, all with optimizer offload, which the default 0.19.3 exploration showed do not reach it -- measured
+    # 1 Dec; not met by the default sequence, docs/bug-coverage.md)
     "world size 2": lambda s: s.world_size == 2,
     "ZeRO-3 + zero_init": lambda s: s.zero_init,
     "ZeRO-0 + fp16 (zero0-fp16-loss-not-scaled)": lambda s: s.stage == 0 and s.precision.value == "fp16",
