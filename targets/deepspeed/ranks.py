@@ -104,9 +104,7 @@ class DeepSpeedRanksTarget(DeepSpeedTarget):
             self._env["ZEROSTATE_RANKS_DEVICE"] = _device_for(self.world_size)
             if self._env["ZEROSTATE_RANKS_DEVICE"] == "cpu":
                 self._env["CUDA_VISIBLE_DEVICES"] = ""  # fewer GPUs than ranks: gloo on CPU
-        busy = self.worker.log_path if self.worker is not None else None
-        return RankPool(self._env, self.world_size,
-                        self._spare_log_path if busy == self._log_path else self._log_path)
+        return RankPool(self._env, self.world_size, self._free_log_path())
 
     def raw(self, scenario: Scenario) -> dict:
         if self.worker is None:

@@ -203,9 +203,12 @@ class DeepSpeedTarget:
     def _new_worker(self) -> Worker:
         """A worker process, started now; it imports DeepSpeed and initialises while the caller goes on.
         Its log is the one of the two log files the current worker does not write."""
+        return Worker(self._env, self._free_log_path(), envs.worker_cwd(self.path))
+
+    def _free_log_path(self) -> Path:
+        """The one of the two log files (main, spare) the current worker does not write."""
         busy = self.worker.log_path if self.worker is not None else None
-        log = self._spare_log_path if busy == self._log_path else self._log_path
-        return Worker(self._env, log, envs.worker_cwd(self.path))
+        return self._spare_log_path if busy == self._log_path else self._log_path
 
     def _take_spare(self) -> Any:
         spare, self._spare = self._spare, None
