@@ -45,3 +45,15 @@ def no_inherited_rendezvous(monkeypatch):
     with EADDRINUSE.  Launch every job without it."""
     for name in ("MASTER_PORT", "MASTER_ADDR", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
         monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture(scope="module")
+def ds(request):
+    """One world-size-1 DeepSpeed target per test module: the release ``--deepspeed`` / ``--deepspeed-path``
+    name, else the installed one (a module that also honours ``--world-size`` defines its own)."""
+    from zerostate.targets.base import get_target
+    opts = {"deepspeed": request.config.getoption("--deepspeed"),
+            "deepspeed_path": request.config.getoption("--deepspeed-path")}
+    t = get_target("deepspeed", **{k: v for k, v in opts.items() if v})
+    yield t
+    t.close()

@@ -19,7 +19,6 @@ import pytest
 import torch
 
 from zerostate.model.scenario import Scenario
-from zerostate.targets.base import get_target
 from zerostate.targets.deepspeed import net
 
 ONE, TWO = [{}], [{}, {"save_load": True}]
@@ -41,15 +40,6 @@ CASES = {
                       "steps": TWO},
     "llama-lora-z2": {"family": "llama", "lora": True, "stage": 2, "steps": TWO},
 }
-
-
-@pytest.fixture(scope="module")
-def ds(request):
-    opts = {"deepspeed": request.config.getoption("--deepspeed"),
-            "deepspeed_path": request.config.getoption("--deepspeed-path")}
-    t = get_target("deepspeed", **{k: v for k, v in opts.items() if v})
-    yield t
-    t.close()
 
 
 @pytest.mark.deepspeed

@@ -13,22 +13,12 @@ import pytest
 import torch
 
 from zerostate.model.scenario import Scenario
-from zerostate.targets.base import get_target
 from zerostate.targets.deepspeed import net
 
 pytestmark = pytest.mark.deepspeed
 
 ONE = [{"micro": [{"backward": "engine"}]}]
 TWO = [{"micro": [{"backward": "engine"}, {"backward": "torch"}]}] * 2
-
-
-@pytest.fixture(scope="module")
-def ds(request):
-    opts = {"deepspeed": request.config.getoption("--deepspeed"),
-            "deepspeed_path": request.config.getoption("--deepspeed-path")}
-    t = get_target("deepspeed", **{k: v for k, v in opts.items() if v})
-    yield t
-    t.close()
 
 
 def _differs(a: dict, b: dict) -> bool:
