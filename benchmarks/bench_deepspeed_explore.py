@@ -8,7 +8,9 @@ Two measurements, both on CPU (gloo, world size 1, ``OMP_NUM_THREADS=1``):
 * **throughput** -- ``--rate-examples`` scenarios drawn (derandomized) from
   ``targets.strategies.scenarios()`` run one after another through the installed
   DeepSpeed's persistent worker, findings or not; reported as examples per second
-  (the worker's start-up is excluded, the first example's ZeRO-3 warm-up is not).  With ``--jobs``
+  (the worker's start-up is excluded, and so is the world-size-2 rank pool's that `prestart` begins in the
+  background: timing starts once it is up -- before 1 Dec it started with the first world-size-2 example,
+  whose wait for the pool, 6-9 s, was then counted as that example's time).  With ``--jobs``
   N the explorer's own generated sequence (its first ``--rate-examples``, duplicates dropped) runs as
   `zerostate explore --jobs N` runs it (the explorer's lanes of
   ``LANE`` examples, each in a worker started fresh for it, N workers at once; start-ups excluded,
@@ -62,6 +64,8 @@ def throughput_jobs(n: int, jobs: int) -> dict:
     workers = [get_target("deepspeed") for _ in range(jobs)]
     for w in workers:
         w.prestart(2)  # as `zerostate explore` does (cli.cmd_explore._prestarted): the strategy draws world size 2
+    for w in workers:
+        w.wait_prestarted()  # the rank pool's start-up is start-up, not the first world-size-2 example's
     startup = time.perf_counter() - t0
     seen: set[str] = set()
     unique = [sc for sc in generated(scenarios(), n, None)
@@ -85,6 +89,7 @@ def throughput(n: int) -> dict:
     t0 = time.perf_counter()
     target = get_target("deepspeed")
     target.prestart(2)  # as `zerostate explore` does
+    target.wait_prestarted()
     startup = time.perf_counter() - t0
     times: list[float] = []
 
@@ -114,6 +119,7 @@ def time_to_seed(version: str, examples: int) -> dict:
     t0 = time.perf_counter()
     target = get_target("deepspeed", deepspeed=version)
     target.prestart(2)  # as `zerostate explore` does
+    target.wait_prestarted()
     startup = time.perf_counter() - t0
     first_run: dict[str, float] = {}  # the first run of an example with a seed-shaped finding
     plain_run = target.run

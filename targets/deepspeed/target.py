@@ -291,6 +291,11 @@ class DeepSpeedTarget:
         self._starting = threading.Thread(target=start, name=f"prestart-ws{world_size}", daemon=True)
         self._starting.start()
 
+    def wait_prestarted(self) -> None:
+        """Wait until `prestart`'s rank pools have started (or failed to: the first scenario that needs one
+        raises its error).  The benchmark times examples after it, so a pool's start-up counts as start-up."""
+        self._settle()
+
     def _settle(self) -> None:
         """Wait for `prestart`'s thread, if one runs."""
         if self._starting is not None:
