@@ -284,9 +284,10 @@ EXPLORED = {
     # lost, so no bug of the survey needs it in the default 200 -- docs/bug-coverage.md row 19)
     "ZeRO-3 + save_load": lambda s: s.stage == 3 and any(st.save_load for st in s.steps),
     "ZeRO-1/2 + save_load": lambda s: s.stage in (1, 2) and any(st.save_load for st in s.steps),
-    # (not "ZeRO-1/2 + contiguous_gradients off at world size 2", 0.19.8's CPU reduce fix: the 200 hold six such
-    # examples, all with optimizer offload, which the default 0.19.3 exploration showed do not reach it -- measured
-    # 1 Dec; not met by the default sequence, docs/bug-coverage.md)
+    # 0.19.8's CPU reduce fix (known issue zero12-cpu-no-reduce-without-contiguous-gradients): without offload --
+    # optimizer offload reduces by another path, which the default 0.19.3 exploration showed does not reach it
+    "ZeRO-1/2 + contiguous_gradients off + no offload at world size 2": lambda s: s.world_size == 2
+    and s.stage in (1, 2) and not s.contiguous_gradients and s.offload.value == "none",
     "world size 2": lambda s: s.world_size == 2,
     "ZeRO-3 + zero_init": lambda s: s.zero_init,
     "ZeRO-0 + fp16 (zero0-fp16-loss-not-scaled)": lambda s: s.stage == 0 and s.precision.value == "fp16",
@@ -299,6 +300,34 @@ def test_default_explore_sequence_draws_each_combination():
     for sc in generated(scenarios(), 200, None):
         seen.update(name for name, pred in EXPLORED.items() if pred(sc))
     assert seen == set(EXPLORED), sorted(set(EXPLORED) - seen)
+
+
+def test_across_ranks_options_draw_world_size_2_more_often_without_changing_the_sequence():
+    """An option whose bugs show across ranks (`strategies.across_ranks`) gets world size 2 in three draws of four,
+    the rest in one of eight -- through the same eight-way choice, so the generated sequence is the same scenarios
+    but for their world size (Hypothesis labels a strategy by its elements' hash: another strategy would shift it)."""
+    from zerostate.targets import strategies as S
+    from zerostate.targets.explorer import generated
+
+    def sequence():
+        return [sc for sc in generated(S.scenarios(), 200, None)]
+
+    with_rate = sequence()
+    plain = S.across_ranks
+    try:
+        S.across_ranks = lambda sc: False
+        without = sequence()
+    finally:
+        S.across_ranks = plain
+    strip = lambda sc: json.dumps({k: v for k, v in sc.to_dict().items() if k != "world_size"}, sort_keys=True)
+    assert [strip(a) for a in with_rate] == [strip(b) for b in without]
+    across = [(a.world_size, b.world_size) for a, b in zip(with_rate, without) if S.across_ranks(a)]
+    others = [(a.world_size, b.world_size) for a, b in zip(with_rate, without) if not S.across_ranks(a)]
+    assert all(a == b for a, b in others)  # the rate changes only the across-ranks scenarios
+    assert any(a == 2 and b == 1 for a, b in across) and not any(a == 1 and b == 2 for a, b in across)
+    assert S.across_ranks(Scenario.from_dict({"stage": 2, "contiguous_gradients": False}))
+    assert not S.across_ranks(Scenario.from_dict({"stage": 3, "contiguous_gradients": False}))
+    assert S.across_ranks(Scenario.from_dict({"stage": 3, "all_reduce_fetch": True}))
 
 
 # ------------------------------------------------- the optimizer DeepSpeed builds from its config (issue 11)
