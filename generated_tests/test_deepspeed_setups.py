@@ -76,6 +76,34 @@ def test_setup_reaches_deepspeed_and_agrees(ds, name):
         assert all(d in out.details["agreement"] for d in sc.beyond_model()), out.details
 
 
+@pytest.mark.parametrize("name", ["reregister-branch", "llama-lora-ckpt"])
+def test_reregister_is_trls_unwrap_for_generation(ds, name):
+    """A ZeRO-3 ``reregister`` step is TRL's ``unwrap_model_for_generation``: inside ``GatheredParameters`` over
+    every parameter the hooks are removed, the unhooked module generates (a no-grad forward), the hooks come
+    back -- every parameter was available while generating (the engine reports it per unwrap), what it
+    generated agrees with the oracle's output, none is left gathered after (the specs hold: no finding), and
+    training agrees with the oracle."""
+    sc = Scenario.from_dict(CASES[name][0])
+    out = ds.run(sc)
+    assert not out.findings, "\n".join(f"{f.key}: {f.error[:300]}" for f in out.findings)
+    n = len(list(net.build_model(sc.to_dict()).parameters()))
+    assert out.details["engine"]["unwrap_gathered"] == [n] * len(sc.steps), (n, out.details["engine"])
+
+
+def test_a_generation_that_differs_from_the_oracles_is_a_mismatch():
+    """What the unhooked module generated is compared with the oracle's output (its rows of the batch): equal
+    passes; a different value, NaN, a different shape or a missing generation is named with its index; a
+    scalar the oracle could not share out (a fused head's loss at world size 2: None) is not compared."""
+    import torch
+    e = [torch.ones(2, 3), torch.zeros(1)]
+    assert net.compare_generated(e, [t.clone() for t in e], 1e-5, 1e-5) is None
+    assert net.compare_generated(e, [e[0], torch.ones(1)], 1e-5, 1e-5)[0] == 1
+    assert net.compare_generated(e, [e[0] * float("nan"), e[1]], 1e-5, 1e-5)[0] == 0
+    assert "shape" in net.compare_generated(e, [torch.ones(3, 2), e[1]], 1e-5, 1e-5)[1]
+    assert net.compare_generated(e, e[:1], 1e-5, 1e-5) == (1, "1 generation(s) in DeepSpeed vs 2 in PyTorch")
+    assert net.compare_generated([None, e[1]], [torch.ones(1), e[1]], 1e-5, 1e-5) is None
+
+
 @pytest.mark.parametrize("prec", ["bf16", "fp32"])
 def test_precision_reaches_deepspeed(ds, prec):
     """bf16 parameters differ from the fp32 oracle by rounding (within the stated tolerance); fp32 with

@@ -20,7 +20,9 @@
 ``engines_before`` one line per engine run before the scenario's own (``"ZeRO-3: ok"`` or its exception);
 ``carried_state`` process-wide state an earlier engine left that this engine runs with (`net.carried_state`);
 ``engine``      what the built engine reports of the settings a scenario chooses (`net.engine_settings`:
-                gas, contiguous gradients, overlap_comm, ZeRO-3's all-reduce fetch, the late module), so a
+                gas, contiguous gradients, overlap_comm, ZeRO-3's all-reduce fetch, the late module; and,
+                after a ZeRO-3 ``reregister`` -- TRL's unwrap for generation --, ``unwrap_gathered``: the
+                parameters available while the unhooked module generated, one count per unwrap), so a
                 test can tell that a scenario option reached DeepSpeed;
 ``save_load``    one record per checkpoint round trip (``save_load`` steps): the step, the files
                 ``save_checkpoint`` wrote, the path ``load_checkpoint`` loaded, the keys of ZeRO-3's 16-bit
@@ -81,6 +83,17 @@ later collection: 3.1 s of 8.7 s over the explorer's first 55 world-size-1 examp
 ``gc.collect`` (0.044 s a call, measured on 0.19.8, 1 Dec).  What is frozen was alive after a full
 collection; an object of it that becomes garbage later is not reclaimed (a few module-level caches, not
 engines: those are collected before the freeze)."""
+
+
+def _rereg_steps(spec: dict) -> list[int]:
+    """The train steps that begin with a re-registration (TRL's unwrap), in order."""
+    return [i for i, st in enumerate(spec.get("steps", [{}])) if st.get("reregister", False)]
+
+
+def _step_of(mismatch: str) -> int:
+    """The train step an ``after train step i: ...`` mismatch names (a large number for any other)."""
+    head = mismatch.split(":", 1)[0]
+    return int(head.rsplit(" ", 1)[1]) if head.startswith("after train step ") else 1 << 30
 
 
 def origin(exc: BaseException) -> str:
@@ -184,6 +197,11 @@ def execute(spec: dict, on_step=None) -> dict:
                 res["checkpoint"] = list(failed)
 
         net.run_schedule(spec, backend, mark=mark, after_step=after_step)
+        if backend.unwrapped:
+            res["engine"]["unwrap_gathered"] = backend.unwrapped
+        gen = net.compare_generated(oracle_fp16.get("generated", []), backend.generated, *net.tolerance(spec))
+        if gen is not None and (res["mismatch"] is None or _step_of(res["mismatch"]) >= _rereg_steps(spec)[gen[0]]):
+            res["mismatch"] = f"generation before train step {_rereg_steps(spec)[gen[0]]} (TRL's unwrap): {gen[1]}"
         fp16 = backend.fp16_state()
         if fp16 is not None:  # the loss scaler: the steps skipped for an overflow and the scale, both sides
             fp16.update(oracle_skipped=oracle_fp16.get("skipped"), oracle_scales=oracle_fp16.get("scales"))

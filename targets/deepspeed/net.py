@@ -461,6 +461,9 @@ class TorchBackend:
         self.scaler = None
         self.model = model
         self.steps = 0
+        self.stage = spec.get("stage", 3)
+        self.generated: list = []
+        """The output of each generation (`reregister`), this rank's rows."""
         if spec.get("precision", "fp32") == "fp16":
             import copy
             global LOSS_SCALE
@@ -480,8 +483,17 @@ class TorchBackend:
             return self.model(input_ids=x, labels=x)
         return self.model(x, skip=tuple(skip)) if skip else self.model(x)
 
-    def reregister(self):
-        pass
+    def reregister(self, x=None):
+        """Plain PyTorch has no hooks to remove: only the generation of TRL's unwrap (ZeRO-3, as the engine
+        side does it), whose output this rank's share of is kept (``generated``) to compare with DeepSpeed's."""
+        if x is None or self.stage != 3:
+            return
+        self.model.eval()
+        with torch.no_grad():
+            x = self._input(x)
+            res = self.model(input_ids=x) if self.llama else self.model(x)
+        self.model.train()
+        self.generated.append(rows_share(generation_output(res)))
 
     def save_load(self, step):
         return None  # the oracle is unchanged: a checkpoint round trip must not change training
@@ -567,6 +579,45 @@ def fp32_from_zero_checkpoint(path):
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
     with contextlib.redirect_stdout(io.StringIO()):
         return {k: v.detach().cpu().clone() for k, v in get_fp32_state_dict_from_zero_checkpoint(path).items()}
+
+
+def generation_output(res):
+    """The tensor a generation forward produced: a llama's logits, the blocks network's main output."""
+    if hasattr(res, "logits"):
+        return res.logits.detach()
+    if isinstance(res, dict):
+        return res["out"].detach()
+    return (res[0] if isinstance(res, tuple) else res).detach()
+
+
+def rows_share(out):
+    """This rank's share of the oracle's output of the whole batch: its rows; None for a scalar (a fused
+    head's loss) at world size > 1, which each rank computes over its own rows only (not compared)."""
+    if out.dim() == 0:
+        return None if _world_size() > 1 else out.float()
+    return rank_rows(out).float()
+
+
+def _world_size() -> int:
+    import torch.distributed as dist
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def compare_generated(expected, actual, atol, rtol):
+    """None when each generation's output agrees with the oracle's (its share: `rows_share`; None: not
+    compared); else ``(i, sentence)``: the first that does not (i: its index among the scenario's
+    re-registrations)."""
+    for i, (e, a) in enumerate(zip(expected, actual)):
+        if e is None:
+            continue
+        if a.shape != e.shape:
+            return i, f"output shape {tuple(a.shape)} in DeepSpeed vs {tuple(e.shape)} in PyTorch"
+        err, lim = (a - e).abs().max().item(), atol + rtol * e.abs().max().item()
+        if not err <= lim:  # NaN too
+            return i, f"max |DeepSpeed - PyTorch| of the output = {err:.3g} > tolerance {lim:.3g}"
+    if len(expected) != len(actual):
+        return min(len(expected), len(actual)), f"{len(actual)} generation(s) in DeepSpeed vs {len(expected)} in PyTorch"
+    return None
 
 
 def rank_rows(x):
@@ -694,6 +745,10 @@ class DeepSpeedBackend:
         self.names = {id(p): n for n, p in self.engine.module.named_parameters()}
         self.llama = spec.get("family", "blocks") == "llama"
         self.dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(spec.get("precision", "fp32"))
+        self.unwrapped: list[int] = []
+        """Per ``reregister`` (TRL's unwrap for generation): the parameters available while generating."""
+        self.generated: list = []
+        """Per ``reregister``: what the unhooked module generated (compared with the oracle's)."""
         self.manual = bool(spec.get("manual_boundary", False))
         self.share = 1.0 / gas_of(spec) if self.manual else 1.0
         """``manual_boundary``: the engine's gradient_accumulation_steps is 1, so the loop divides each loss
@@ -713,18 +768,37 @@ class DeepSpeedBackend:
             return self.engine(input_ids=x, labels=x)
         return self.engine(x, skip=tuple(skip)) if skip else self.engine(x)
 
-    def reregister(self):
-        """Remove ZeRO-3's module hooks and register them again, as TRL's unwrap_model_for_generation does."""
+    def reregister(self, x=None):
+        """TRL's ``unwrap_model_for_generation`` at ZeRO-3 (``gather_deepspeed3_params``, its default): every
+        parameter gathered (``GatheredParameters``), ZeRO-3's module hooks removed (``remove_hooks``), the
+        unwrapped module generating -- here one no-grad forward of ``x`` in eval mode, without hooks --, the
+        hooks registered again (``add_hooks``), the parameters released when the gather ends."""
         off = getattr(self.engine.optimizer, "parameter_offload", None)
         if off is None:
             return
-        for p in self.engine.module.parameters():
-            if hasattr(p, "ds_active_sub_modules"):
-                p.ds_active_sub_modules.clear()
-        for h in off.forward_hooks + off.backward_hooks:
-            h.remove()
-        off.forward_hooks, off.backward_hooks = [], []
-        off._register_deepspeed_module(off.module)
+        import deepspeed
+        with deepspeed.zero.GatheredParameters(list(self.engine.module.parameters())):
+            for p in self.engine.module.parameters():
+                if hasattr(p, "ds_active_sub_modules"):
+                    p.ds_active_sub_modules.clear()
+            for h in off.forward_hooks + off.backward_hooks:
+                h.remove()
+            off.forward_hooks, off.backward_hooks = [], []
+            if x is not None:
+                self._generate(x)
+            off._register_deepspeed_module(off.module)
+
+    def _generate(self, x):
+        module = self.engine.module
+        from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
+        self.unwrapped.append(sum(getattr(p, "ds_status", None) == ZeroParamStatus.AVAILABLE
+                                  for p in module.parameters()))  # gathered while generating (the executor reports it)
+        module.eval()
+        with torch.no_grad():
+            x = self._input(x)
+            res = module(input_ids=x) if self.llama else module(x)
+        module.train()
+        self.generated.append(generation_output(res).float())
 
     def eval_forward(self, x):
         self.engine.eval()
@@ -843,7 +917,7 @@ def run_schedule(spec, backend, mark=None, after_step=None):
             mark("save_load_end", step=si, record=record)
         if st.get("reregister", False):
             mark("reregister")
-            backend.reregister()
+            backend.reregister(batch(spec, si, 0, eval_=True))
         if st.get("eval_before", False):
             mark("eval_start")
             backend.eval_forward(batch(spec, si, 0, eval_=True))
@@ -1002,6 +1076,8 @@ def oracle_params(spec, info=None):
         LOSS_SCALE = None
     if info is not None and be.scaler is not None:
         info.update(skipped=be.scaler.skipped, scales=be.scaler.scales)
+    if info is not None:
+        info["generated"] = be.generated
     return out
 
 
