@@ -58,6 +58,8 @@ CASES = {
                          "steps": [{"micro": [{"backward": "engine"}], "eval_before": True, "reregister": True}] * 2},
                         {"family": "llama", "stage": 3, "blocks": [{"checkpoint": "non_reentrant"}],
                          "steps": [{"micro": [{"backward": "engine"}], "eval_before": True}] * 2}),
+    "empty-param-z2": ({"stage": 2, "empty_param": True, "blocks": [{}, {}], "steps": TWO}, None),
+    "empty-param-z0-bf16": ({"stage": 0, "precision": "bf16", "empty_param": True, "steps": ONE * 2}, None),
     "llama-tied-reentrant-z2": ({"family": "llama", "tie": True, "stage": 2, "blocks": [{"checkpoint": "reentrant"}],
                                  "steps": ONE}, None),
 }

@@ -289,6 +289,7 @@ EXPLORED = {
     "ZeRO-1/2 + contiguous_gradients off + no offload at world size 2": lambda s: s.world_size == 2
     and s.stage in (1, 2) and not s.contiguous_gradients and s.offload.value == "none",
     "world size 2": lambda s: s.world_size == 2,
+    "ZeRO-1/2 + a parameter with no elements (DeepSpeed #8279)": lambda s: s.empty_param and s.stage in (1, 2),
     "ZeRO-3 + zero_init": lambda s: s.zero_init,
     "ZeRO-0 + fp16 (zero0-fp16-loss-not-scaled)": lambda s: s.stage == 0 and s.precision.value == "fp16",
 }
@@ -328,6 +329,18 @@ def test_across_ranks_options_draw_world_size_2_more_often_without_changing_the_
     assert S.across_ranks(Scenario.from_dict({"stage": 2, "contiguous_gradients": False}))
     assert not S.across_ranks(Scenario.from_dict({"stage": 3, "contiguous_gradients": False}))
     assert S.across_ranks(Scenario.from_dict({"stage": 3, "all_reduce_fetch": True}))
+
+
+def test_empty_param_json_validation_and_beyond_model():
+    """``empty_param`` is written only when set, round-trips, belongs to the blocks family, is beyond the model
+    (the model's networks have no such parameter) and shrinks away: the draw below ZeRO-3 is zero_init's."""
+    sc = Scenario.from_dict({"stage": 2, "empty_param": True})
+    assert sc.to_dict()["empty_param"] is True and "empty_param" not in Scenario.from_dict({"stage": 2}).to_dict()
+    assert Scenario.from_json(sc.to_json()) == sc
+    assert any(d.startswith("empty_param") for d in sc.beyond_model())
+    with pytest.raises(ScenarioError) as err:
+        Scenario.from_dict({"family": "llama", "empty_param": True})
+    assert str(err.value).startswith("empty_param"), str(err.value)
 
 
 # ------------------------------------------------- the optimizer DeepSpeed builds from its config (issue 11)

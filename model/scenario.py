@@ -280,6 +280,12 @@ class Scenario:
     (#8158).  Each rank trains on its own rows of the batch; the oracle trains on the whole batch.  The model
     is per rank, so the field changes nothing it checks; a target at a larger world size runs the scenario
     at its own."""
+    empty_param: bool = False
+    """Blocks family: the network also holds a trainable parameter with no elements (``torch.empty(0)``),
+    registered last -- trailing every optimizer group -- and used in forward (its sum, zero, is added to the
+    output): the extreme of the parameter-shape edges.  DeepSpeed #8279 (ZeRO-1/2 reduction of a trailing
+    zero-sized parameter, fixed in 0.19.6 by #8280) and ZeRO-3's coalesced all-gather of a sized and a
+    zero-sized parameter at world size 2 (open; DeepSpeed PR #8375)."""
     optimizer: Optimizer = Optimizer.SGD
     """Who builds the optimizer (`Optimizer`): a client SGD, or DeepSpeed from its config (``config-adam``).
     Not in `beyond_model`: the hook and coordinator events the model checks happen in backward and at the
@@ -417,6 +423,8 @@ class Scenario:
             raise ScenarioError(f"overlap_comm: expected true, false or absent, got {self.overlap_comm!r}")
         if self.zero_init and self.stage != 3:
             raise ScenarioError(f"zero_init: a ZeRO-3 option, got stage {self.stage}")
+        if self.empty_param and self.family is not Family.BLOCKS:
+            raise ScenarioError("empty_param: only for family blocks")
         if self.world_size not in (1, 2):
             raise ScenarioError(f"world_size: 1 or 2, got {self.world_size!r}")
         if not isinstance(self.optimizer, Optimizer):
@@ -586,7 +594,7 @@ _EXTENDED_DEFAULTS: dict[str, Any] = {
     "param_groups": 1, "tie": False, "external": False, "outputs": Outputs.TENSOR, "losses": 1,
     "family": Family.BLOCKS, "lora": False, "modules_to_save": False, "manual_boundary": False,
     "contiguous_gradients": True, "overlap_comm": None, "all_reduce_fetch": False, "late_module": False,
-    "world_size": 1, "zero_init": False, "optimizer": Optimizer.SGD}
+    "world_size": 1, "zero_init": False, "optimizer": Optimizer.SGD, "empty_param": False}
 """Scenario fields added for issue 11, with their defaults: written to JSON only when not at the default."""
 _MODEL_NEUTRAL = ("optimizer", "world_size")
 """Fields of `_EXTENDED_DEFAULTS` that leave the model's events unchanged (not listed by `beyond_model`)."""
@@ -635,7 +643,8 @@ def _parse_scenario(data: Any) -> Scenario:
                  "reduce_bucket_size", "seed", "max_reuse_distance", "max_live_parameters", "world_size"):
         kwargs[name] = _int(d.get(name, getattr(defaults, name)), name)
     for name in ("fused_head", "input_requires_grad", "fp32_grad_accum", "tie", "external", "lora",
-                 "modules_to_save", "manual_boundary", "contiguous_gradients", "all_reduce_fetch", "late_module", "zero_init"):
+                 "modules_to_save", "manual_boundary", "contiguous_gradients", "all_reduce_fetch", "late_module", "zero_init",
+                 "empty_param"):
         kwargs[name] = _bool(d.get(name, getattr(defaults, name)), name)
     for name in ("param_groups", "losses", "loss_scale_power"):
         kwargs[name] = _int(d.get(name, getattr(defaults, name)), name)

@@ -171,7 +171,7 @@ def execute(spec: dict, on_step=None) -> dict:
                 got = backend.params()
             res["steps"] = i + 1
             res["max_diff"] = max(res.get("max_diff", 0.0), max(
-                ((got[n].float() - e.float()).abs().max().item() for n, e in expected[i].items()
+                (net.max_abs(got[n].float() - e.float()) for n, e in expected[i].items()
                  if n in got and got[n].shape == e.shape), default=0.0))
             msg = net.compare(expected[i], got, *net.tolerance(spec))
             if not msg and eps:

@@ -216,9 +216,31 @@ Z3_ALL_REDUCE_FETCH_PADDING = KnownIssue(
             "world-size-1 test_known_issue run finds nothing."),
 )
 
+ZERO12_TRAILING_EMPTY_PARAM = KnownIssue(
+    id="zero12-trailing-empty-param",
+    title="ZeRO-1/2 before 0.19.6: a trainable parameter with no elements, last in its group, crashes the "
+          "gradient reduction (KeyError in average_tensor; DeepSpeed #8279)",
+    owner="deepspeed",
+    releases=((0, 18, 4), (0, 19, 6)),
+    fixed_in="0.19.6",
+    scenario=Scenario.from_dict({"stage": 2, "empty_param": True, "steps": [{}]}),
+    checks=("exception",),
+    keys=("exception:KeyError@runtime.zero.stage_1_and_2.average_tensor",),  # measured on 0.18.4 and 0.19.5
+    explains=lambda f: f.check == "exception" and f.scenario.empty_param and f.scenario.stage in (1, 2)
+    and "KeyError" in (f.error or ""),
+    detail=("stage_1_and_2.py buckets every gradient it reduces, the zero-element one of a parameter made with "
+            "torch.empty(0) too; the bucket's partition bookkeeping has no entry for a parameter with no "
+            "elements at the end of a group, and average_tensor's lookup raises KeyError (ZeRO-1 and ZeRO-2, "
+            "world size 1 and 2: measured on 0.18.4 and 0.19.5).  DeepSpeed #8280 (0.19.6) returns early "
+            "for a zero-sized parameter in reduce_independent_p_g_buckets_and_remove_grads: 0.19.7 and 0.19.8 "
+            "train and agree with the oracle (measured).  Reached by the default exploration through "
+            "``empty_param`` (`strategies.extras`: the zero_init draw below ZeRO-3)."),
+)
+
 FIXED_ISSUE_FIELDS: tuple[dict, ...] = (ZERO12_OFFLOAD_GAS3, ZERO12_OFFLOAD_MANUAL_BOUNDARY, PEFT_MODULES_TO_SAVE,
                                         LATE_MODULE, ZERO12_UNREDUCED_WITHOUT_CONTIGUOUS,
                                         ZERO0_BF16_UPDATE_LOST, ZERO12_NESTED_OUTPUTS_ENGINE_BACKWARD,
-                                        Z3_ZERO_INIT_MIXED_DTYPES, Z3_ALL_REDUCE_FETCH_PADDING)
+                                        Z3_ZERO_INIT_MIXED_DTYPES, Z3_ALL_REDUCE_FETCH_PADDING,
+                                        ZERO12_TRAILING_EMPTY_PARAM)
 
 __all__ = ["FIXED_ISSUE_FIELDS"]

@@ -450,12 +450,34 @@ Z3_MIXED_DTYPE_TRAINABLE_DEFRAGMENT = KnownIssue(
             "support under ZeRO-3 (open)."),
 )
 
+Z3_EMPTY_PARAM_NOT_GATHERED = KnownIssue(
+    id="z3-empty-param-not-gathered",
+    title="ZeRO-3: a parameter with no elements is never gathered, and the forward asserts it is available "
+          "(open; DeepSpeed PR #8375)",
+    owner="deepspeed",
+    releases=((0, 18, 4), (0, 20, 0)),  # measured on 0.18.4, 0.19.5, 0.19.7 and 0.19.8, world size 1 and 2
+    scenario=Scenario.from_dict({"stage": 3, "empty_param": True, "steps": [{}]}),
+    checks=("exception",),
+    # on 0.19.8 (0.18.4 raises it one frame up: ...partitioned_param_coordinator.fetch_sub_module)
+    keys=("exception:AssertionError@runtime.zero.partitioned_param_coordinator._fetch_sub_module_impl",),
+    explains=lambda f: f.check == "exception" and f.scenario.empty_param and f.scenario.stage == 3
+    and "NOT_AVAILABLE" in (f.error or ""),
+    detail=("The coordinator gathers only parameters with elements (fetch_numel > 0), then asserts every "
+            "parameter of the module is AVAILABLE: the zero-element one stays NOT_AVAILABLE and the first "
+            "forward raises AssertionError (ds_summary: numel 0).  The same network trains at ZeRO-1/2 from 0.19.6 "
+            "(#8280).  At world size 2, a module holding a sized and a zero-sized parameter in one coalesced "
+            "all-gather fails instead in the handle's wait (torch.cat of an empty list, measured on 0.19.7 and "
+            "0.19.8 with a standalone script); DeepSpeed PR #8375 (open) gathers zero-sized parameters and names "
+            "both.  Not in the default exploration's draw (`empty_param` is drawn below ZeRO-3 only); kept as a "
+            "strict expected failure on its scenario."),
+)
+
 SETUP_ISSUE_FIELDS: tuple[dict, ...] = (ZERO0_FP16_LOSS_NOT_SCALED, Z3_UNGROUPED_NOT_GATHERED, TWO_BACKWARDS_PER_FORWARD,
                                         STEP_WITHOUT_GRADIENT, NESTED_OUTPUTS_SCALED_TWICE,
                                         SHARED_ACROSS_REENTRANT, Z3_LINEAR_OVERRIDE_OUTLIVES_ENGINE,
                                         FP16_SCALE_INCREASE_HALVES_STEP, Z3_LATE_MODULE_REREGISTERED,
                                         OFFLOAD_STALE_GRAD_AFTER_FREEZE, ZERO_ADAM_STEPS_FROZEN_PARAM,
                                         ZERO_TO_FP32_DROPS_UNGROUPED, ZERO1_CHECKPOINT_DROPS_FROZEN,
-                                        Z3_MIXED_DTYPE_TRAINABLE_DEFRAGMENT)
+                                        Z3_MIXED_DTYPE_TRAINABLE_DEFRAGMENT, Z3_EMPTY_PARAM_NOT_GATHERED)
 
 __all__ = ["SETUP_ISSUE_FIELDS"]
