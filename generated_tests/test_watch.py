@@ -299,9 +299,17 @@ def test_leaf_module_fed_without_grad_is_explained(tmp_path):
     exc = _finding(rep, "exception")
     assert exc and "must match the size" in exc[0]["error"], rep["findings"]
     assert exc[0]["explanation"]["id"] == "z3-leaf-input-without-grad"
-    assert exc[0]["explanation"]["runtime_prevents"] is False and exc[0]["rank"] == 0
+    assert exc[0]["explanation"]["runtime_prevents"] is True and exc[0]["rank"] == 0
     assert [f["check"] for f in rep["findings"]] == ["exception"], "a crashed backward's obligations are not judged"
     assert "z3-leaf-input-without-grad" in (tmp_path / "report" / "report.md").read_text()
+
+
+@pytest.mark.deepspeed
+def test_leaf_module_fed_without_grad_trains_under_runtime(tmp_path):
+    """The same job under ``--runtime``: the leaf deferral (runtime/leaf_deferral.py) lets it train; clean report."""
+    proc, rep, _ = _watch(tmp_path, sys.executable, JOBS, "leaf", opts=("--runtime",))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert rep["status"] == "complete" and rep["run"]["runtime"] is True and rep["findings"] == [], rep["findings"]
 
 
 def _all():
