@@ -200,9 +200,10 @@ def test_fixed_designs_hold_on_the_seed_000_shape(kind):
 # and the task's end: available-when-used judged the leaf at the task's end, after the epilogue released it);
 # the model now has each leaf parameter's gradient accumulation (LEAF_GRAD) there, and the zerostate design
 # defers the leaf's reduction until those gradients have accumulated (z3-leaf-input-without-grad's fix).
-# The second is another known DeepSpeed bug that the zerostate design keeps: z3-leaf-kept-gathered (block 0, a
-# z3 leaf whose backward never runs, stays gathered from the second forward on -- measured: without the leaf
-# flag on block 0 the finding goes, without it on block 1 it stays); the runtime does not fix it either.
+# The second was another known DeepSpeed bug: z3-leaf-kept-gathered (block 0, a z3 leaf whose backward never
+# runs, stayed gathered from the second forward on -- measured: without the leaf flag on block 0 the finding
+# went, without it on block 1 it stayed); the zerostate coordinator design (and the runtime) now walk each
+# later module by its own leaf-ness (leaf_walk_fixed, runtime/leaf_reuse_walk.py).
 LEAF_INPUT_NO_GRAD = {
     "available-when-used": {
         "blocks": [{"norm": "frozen", "lin": "frozen"}, {"leaf": True, "in_optimizer": False}, {}],
@@ -212,17 +213,26 @@ LEAF_INPUT_NO_GRAD = {
         "steps": [{"micro": [{"backward": "nonscalar"}, {"backward": "engine", "skip": [0, 2]}]}], "stage": 3,
         "input_requires_grad": False},
 }
-KEPT_GATHERED = pytest.mark.xfail(strict=True, reason="model gap: the zerostate design (and the runtime) keeps "
-                                  "DeepSpeed's z3-leaf-kept-gathered (block 0, a z3 leaf whose backward never runs)")
 
 
-@pytest.mark.parametrize("check", [c if c != "released-after-backward" else pytest.param(c, marks=KEPT_GATHERED)
-                                   for c in sorted(LEAF_INPUT_NO_GRAD)])
+@pytest.mark.parametrize("check", sorted(LEAF_INPUT_NO_GRAD))
 def test_zerostate_design_z3_leaf_whose_input_does_not_require_grad(check):
     from zerostate.model.scenario import Scenario
     from zerostate.targets.base import get_target
     out = get_target("model", design="zerostate").run(Scenario.from_dict(LEAF_INPUT_NO_GRAD[check]))
     assert not out.findings, [f.key for f in out.findings]
+
+
+def test_zerostate_design_releases_a_z3_leaf_whose_backward_never_runs():
+    """z3-leaf-kept-gathered on its own scenario: DeepSpeed's coordinator designs keep the leaf gathered
+    after the backward (released-after-backward); the zerostate design releases it after its forward."""
+    from zerostate.targets.base import get_target
+    from zerostate.targets.deepspeed.known import Z3_LEAF_KEPT_GATHERED
+    sc = Z3_LEAF_KEPT_GATHERED.scenario
+    for design in ("ds-0.19.2", "ds-0.19.3"):
+        assert "released-after-backward:still-gathered" in {f.key for f in get_target("model", design=design).run(
+            sc).findings}, design
+    assert not get_target("model", design="zerostate").run(sc).findings
 
 
 def _leaf_input_no_grad_scenarios():

@@ -305,11 +305,14 @@ def test_leaf_module_fed_without_grad_is_explained(tmp_path):
 
 
 @pytest.mark.deepspeed
-def test_leaf_module_fed_without_grad_trains_under_runtime(tmp_path):
-    """The same job under ``--runtime``: the leaf deferral (runtime/leaf_deferral.py) lets it train; clean report."""
-    proc, rep, _ = _watch(tmp_path, sys.executable, JOBS, "leaf", opts=("--runtime",))
+@pytest.mark.parametrize("job", ["leaf", "gathered"])
+def test_z3_leaf_jobs_are_clean_under_runtime(tmp_path, job):
+    """``leaf`` (z3-leaf-input-without-grad, a crash stock) and ``gathered`` (z3-leaf-kept-gathered, a
+    violation stock) under ``--runtime``: the leaf deferral and the leaf reuse walk; clean report."""
+    proc, rep, _ = _watch(tmp_path, sys.executable, JOBS, job, opts=("--runtime",))
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert rep["status"] == "complete" and rep["run"]["runtime"] is True and rep["findings"] == [], rep["findings"]
+    assert "watch: 0 violations in 2 backwards, 2 steps" in proc.stderr
 
 
 def _all():

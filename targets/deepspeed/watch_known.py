@@ -3,7 +3,7 @@
 Each entry names the spec (or ``exception``) it shows as, the releases observed to have it (half-open),
 the first release that fixes it (None: not fixed as of the pinned 0.19.8), whether ``zerostate.runtime``
 prevents it (docs/runtime.md: the hook state for seed 000, the release policy for seed 002, the leaf
-deferral for z3-leaf-input-without-grad; z3-leaf-kept-gathered it leaves as it is), and what in the job must be seen for it
+deferral for z3-leaf-input-without-grad, the leaf reuse walk for z3-leaf-kept-gathered), and what in the job must be seen for it
 to apply (``needs``: a non-reentrant recompute, a z3 leaf module fed without grad, ...).  The findings on
 the pinned release and their scenarios live in `known` (``KNOWN_ISSUES``); the seed bugs in ``SEED_BUGS``.
 """
@@ -72,7 +72,7 @@ Z3_LEAF_INPUT = Explanation(
 
 Z3_LEAF_GATHERED = Explanation(
     id=Z3_LEAF_KEPT_GATHERED.id, title=Z3_LEAF_KEPT_GATHERED.title, checks=("released-after-backward",),
-    releases=Z3_LEAF_KEPT_GATHERED.releases, fixed_in=None, runtime_prevents=False,
+    releases=Z3_LEAF_KEPT_GATHERED.releases, fixed_in=None, runtime_prevents=True,  # runtime/leaf_reuse_walk.py
     detail=Z3_LEAF_KEPT_GATHERED.detail,
     needs=lambda ctx: ctx.get("stage") == 3 and bool(ctx.get("leaves")))
 
