@@ -59,5 +59,4 @@ def fixed_params_to_release(coord: Any) -> Callable[[Any, int], set]:
         cache[key] = out
         return out
 
-    params_to_release.cache = cache
     return params_to_release
