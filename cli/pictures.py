@@ -38,7 +38,7 @@ MARKS: dict[EventKind, tuple[str, str]] = {
     EventKind.FETCH: ("AG", _GREEN), EventKind.PREFETCH: ("pf", _GREEN), EventKind.RELEASE: ("RL", _BROWN),
     EventKind.TRACE_STATE: ("TS", _GREEN),
 }
-_LATER = {"reregister": ("RR", _TEAL), "holders": ("H", _GREEN), "persistent": ("PS", _GREEN)}
+_LATER = {"reregister": ("RR", _TEAL), "holders": ("H", _GREEN), "persistent": ("PS", _GREEN), "leaf_grad": ("LG", _BLUE)}
 MARKS.update({EventKind(k): v for k, v in _LATER.items() if k in EventKind._value2member_map_})
 
 

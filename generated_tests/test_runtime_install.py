@@ -94,7 +94,8 @@ def test_every_change_of_install_is_recorded_in_its_patcher(stage):
     the release policy, the refresh pre-hook -- and uninstall is that record undone, leaving it empty."""
     engine = _engine(stage, frozen=stage == 3)
     inst = install(engine)
-    expected = 2 + len(inst.swaps) + (1 if inst.release is not None else 0) + 1  # state + hand-back, swaps, ...
+    # state + hand-back, swaps, release policy + its leaf reuse walk (z3-leaf-kept-gathered), refresh pre-hook
+    expected = 2 + len(inst.swaps) + (2 if inst.release is not None else 0) + 1
     assert len(inst.patcher) == expected, (len(inst.patcher), expected)
     assert inst.refresh_handle.id in engine.module._forward_pre_hooks
     uninstall(engine)
@@ -514,3 +515,89 @@ def test_base_dependencies_never_replace_torch_or_deepspeed():
     for dep in ("transformers", "peft", "accelerate"):
         assert any(d.startswith(dep) for d in extras["hf"]), dep
     assert any("explore" in d and "hf" in d for d in extras["test"])
+
+
+# ------------------------------------------------------- z3 leaf modules (z3-leaf-input-without-grad)
+def _leaf_engine():
+    """ZeRO-3 over two blocks, the first a z3 leaf module (``set_z3_leaf_modules`` before initialize)."""
+    from deepspeed.utils import set_z3_leaf_modules
+
+    class Leaf(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm, self.lin = torch.nn.LayerNorm(selfcheck.WIDTH), torch.nn.Linear(selfcheck.WIDTH, selfcheck.WIDTH)
+
+        def forward(self, x):
+            return torch.tanh(self.lin(self.norm(x)))
+
+    net = torch.nn.Sequential(Leaf(), torch.nn.Linear(selfcheck.WIDTH, selfcheck.WIDTH))
+    set_z3_leaf_modules(net, [Leaf])
+    cfg = {"train_micro_batch_size_per_gpu": 4, "gradient_clipping": 0.0, "zero_allow_untested_optimizer": True,
+           "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}}
+    engine, *_ = deepspeed.initialize(model=net, optimizer=torch.optim.SGD(net.parameters(), lr=0.1), config=cfg,
+                                      model_parameters=list(net.parameters()))
+    return engine
+
+
+def _leaf_backward(engine):
+    x = torch.randn(4, selfcheck.WIDTH)  # does not require grad: the leaf's hook fires before its backward
+    engine.backward(engine(x).float().pow(2).mean())
+    engine.step()
+
+
+def test_leaf_hook_deferred_then_restored_exactly():
+    """Stock, the leaf fed an input that does not require grad crashes (z3-leaf-input-without-grad).  install
+    wraps the z3 leaf module's hook (same key) so its reduction waits for the gradients: the leaf trains;
+    uninstall puts DeepSpeed's own closure back."""
+    stock = _leaf_engine()
+    with pytest.raises(RuntimeError, match="must match the size"):
+        _leaf_backward(stock)
+    stock.destroy()
+    engine = _leaf_engine()
+    before = _snapshot(engine)
+    inst = install(engine)
+    [swap] = [s for s in inst.swaps if s.leaf_deferral]
+    assert swap.hooks[swap.key] is swap.replacement and swap.replacement.__wrapped__ is swap.original  # 0.18.7 on
+    leaf = engine.module[0]
+    for _ in range(2):
+        w = leaf.lin.weight.ds_tensor.detach().clone()
+        _leaf_backward(engine)
+        assert not torch.equal(w, leaf.lin.weight.ds_tensor)  # the leaf's real gradient reached its partition
+    assert "z3 leaf-module hooks deferred" in inst.describe()
+    uninstall(engine)
+    after = _snapshot(engine)  # (training changed the coordinator's own state: compare what install touches)
+    assert after["manager"] is before["manager"] and _diff(before["hooks"], after["hooks"]) == []
+    assert _diff(before["module_hooks"], after["module_hooks"]) == []
+    engine.destroy()
+
+
+def test_leaf_hook_of_another_shape_is_refused_before_any_change(monkeypatch):
+    engine = _leaf_engine()
+    [h] = engine.optimizer._leaf_module_hooks
+    hooks = h.hooks_dict_ref()
+
+    def reduce_leaf_module_grads(module, grad_input):  # DeepSpeed's name, not its shape
+        return None
+
+    monkeypatch.setitem(hooks, h.id, reduce_leaf_module_grads)
+    before = _snapshot(engine)
+    with pytest.raises(UnsupportedEngineError, match="does not have the shape.*Nothing was changed"):
+        install(engine)
+    assert not is_installed(engine) and _diff(before, _snapshot(engine)) == []
+    monkeypatch.undo()
+    engine.destroy()
+
+
+@pytest.mark.parametrize("internal", ["_will_engine_execute_node", "register_post_accumulate_grad_hook"])
+def test_missing_leaf_deferral_internals_are_refused_before_any_change(monkeypatch, internal):
+    from zerostate.runtime import leaf_deferral
+
+    engine = _leaf_engine()
+    before = _snapshot(engine)
+    monkeypatch.setattr(leaf_deferral, "_LEAF", None)
+    monkeypatch.delattr(torch._C if internal.startswith("_") else torch.Tensor, internal)
+    with pytest.raises(ZerostateInstallError, match=internal + ".*Nothing was changed"):
+        install(engine)
+    monkeypatch.undo()
+    assert not is_installed(engine) and _diff(before, _snapshot(engine)) == []
+    engine.destroy()

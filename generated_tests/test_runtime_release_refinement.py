@@ -34,7 +34,7 @@ import inspect
 import os
 
 import pytest
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 from zerostate.model.designs import get_design
@@ -100,9 +100,18 @@ _STRATEGY = st.tuples(
                          steps=t[0].steps if len(t[0].steps) >= 2 else t[0].steps * 2))
 
 
+def _kept_gathered():
+    """Known issue z3-leaf-kept-gathered's scenario (a frozen z3 leaf fed without grad, two steps): the runtime's
+    leaf reuse walk releases the leaf after its forward -- rare in the strategy, so always played (a runtime
+    without the walk passes 200 drawn examples, measured, and fails this one)."""
+    from zerostate.targets.deepspeed.known import Z3_LEAF_KEPT_GATHERED
+    return Z3_LEAF_KEPT_GATHERED.scenario
+
+
 @settings(max_examples=int(os.environ.get("ZEROSTATE_RUNTIME_RELEASE_EXAMPLES", "25")), deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(sc=_STRATEGY)
+@example(sc=_kept_gathered())
 def test_real_release_points_match_the_zerostate_model(runtime_target, sc):
     if getattr(sc, "beyond_model", lambda: ())():
         return  # a training-setup dimension the model does not represent

@@ -299,9 +299,20 @@ def test_leaf_module_fed_without_grad_is_explained(tmp_path):
     exc = _finding(rep, "exception")
     assert exc and "must match the size" in exc[0]["error"], rep["findings"]
     assert exc[0]["explanation"]["id"] == "z3-leaf-input-without-grad"
-    assert exc[0]["explanation"]["runtime_prevents"] is False and exc[0]["rank"] == 0
+    assert exc[0]["explanation"]["runtime_prevents"] is True and exc[0]["rank"] == 0
     assert [f["check"] for f in rep["findings"]] == ["exception"], "a crashed backward's obligations are not judged"
     assert "z3-leaf-input-without-grad" in (tmp_path / "report" / "report.md").read_text()
+
+
+@pytest.mark.deepspeed
+@pytest.mark.parametrize("job", ["leaf", "gathered"])
+def test_z3_leaf_jobs_are_clean_under_runtime(tmp_path, job):
+    """``leaf`` (z3-leaf-input-without-grad, a crash stock) and ``gathered`` (z3-leaf-kept-gathered, a
+    violation stock) under ``--runtime``: the leaf deferral and the leaf reuse walk; clean report."""
+    proc, rep, _ = _watch(tmp_path, sys.executable, JOBS, job, opts=("--runtime",))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert rep["status"] == "complete" and rep["run"]["runtime"] is True and rep["findings"] == [], rep["findings"]
+    assert "watch: 0 violations in 2 backwards, 2 steps" in proc.stderr
 
 
 def _all():

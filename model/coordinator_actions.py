@@ -266,15 +266,16 @@ def pre_module_hook(w: Work, m: int, forward: bool, in_recompute: bool, *, track
 
 
 # -------------------------------------------------------------------- release
-def params_to_release(w: Work, m: int) -> frozenset[int]:
+def params_to_release(w: Work, m: int, leaf_walk_fixed: bool = False) -> frozenset[int]:
     """PPC ``__params_to_release(module, step_id)`` (COMPLETE only): the module's non-persistent parameters
     except those whose next use a prefetch already walked past, and those used again by a module recorded
     within ``stage3_max_reuse_distance`` elements after this step (the walk over ``__submodule_order[step_id:]``
     stops once the elements traversed reach the distance; default 1e9: any later use keeps it gathered).
     The walk reads each later module's ``iter_params(recurse=z3_leaf_module(m))``: the leaf-ness of the
     module *being released* decides, so a leaf module sees every parameter under the root (known issue
-    ``z3-leaf-kept-gathered``).  Memoised by ``functools.lru_cache`` on (module, step_id) for the
-    coordinator's lifetime."""
+    ``z3-leaf-kept-gathered``).  ``leaf_walk_fixed`` (zerostate, docs/upstream/z3-leaf-kept-gathered/fix.patch):
+    each later module is walked recursively exactly when *it* is a leaf.  Memoised by ``functools.lru_cache``
+    on (module, step_id) for the coordinator's lifetime."""
     key = (m, w.step_id)
     for k, v in w.cache:
         if k == key:
@@ -286,6 +287,8 @@ def params_to_release(w: Work, m: int) -> frozenset[int]:
     for later in w.order[w.step_id:]:
         if traversed >= index.max_reuse_distance:
             break
+        if leaf_walk_fixed:
+            walk = index.iter_params[later in index.leaf_modules]
         for p in walk[later]:
             keep.add(p)
             traversed += index.numel[p]
@@ -295,13 +298,13 @@ def params_to_release(w: Work, m: int) -> frozenset[int]:
 
 
 def release_sub_module(w: Work, m: int, forward: bool, in_recompute: bool, *, track_stack: bool,
-                       attribute: bool, skip_frozen_in_recompute: bool) -> None:
+                       attribute: bool, skip_frozen_in_recompute: bool, leaf_walk_fixed: bool = False) -> None:
     """PPC ``release_sub_module`` (post-forward and post-backward hooks): drop the module's hold on its
     parameters and partition those meant for release that no one else holds.  Without a COMPLETE trace
     every parameter of the module is meant for release, persistent ones included.  0.19.3 (backward):
     also the module's ``ds_recompute_parameters`` (non-persistent), and the module leaves the backward map.
     PR #8130 (``skip_frozen_in_recompute``): a forward release inside a graph task skips frozen params."""
-    ptr = params_to_release(w, m) if w.mode == COMPLETE else frozenset(w.index.module_params[m])
+    ptr = params_to_release(w, m, leaf_walk_fixed) if w.mode == COMPLETE else frozenset(w.index.module_params[m])
     params = set(w.index.module_params[m])
     if not forward and attribute:
         extra = w.recompute.pop(m, frozenset())

@@ -29,7 +29,10 @@ machinery and differ only where the source differs:
     its post-backward are drained at the epilogue and at the next root forward (persistent ones only
     dropped).  This is exactly ``runtime/release_policy.py`` (the hold decided at module granularity,
     from the recomputed output, as a forward hook sees it), checked hook by hook on real DeepSpeed by
-    ``generated_tests/test_runtime_release_refinement.py``.
+    ``generated_tests/test_runtime_release_refinement.py``.  With a COMPLETE trace, the reuse walk
+    of ``__params_to_release`` recurses into a later module exactly when that module is a z3 leaf
+    (the fix of known issue ``z3-leaf-kept-gathered``; DeepSpeed decides by the module being released,
+    so a released leaf's parameters all look reused and stay gathered).
 
 Every design reacts to the driver events and to the hook half's EPILOGUE; it emits FETCH / PREFETCH /
 RELEASE / HOLDERS / TRACE_STATE / PERSISTENT effect events (see ``events.py``).
@@ -61,6 +64,9 @@ class CoordinatorDesign:
     hold_recompute_frozen: bool = False
     """zerostate: hold frozen parameters a non-reentrant recompute saved live until their module's
     post-backward."""
+    leaf_walk_fixed: bool = False
+    """zerostate: ``__params_to_release`` walks a later module recursively when *it* is a z3 leaf (known
+    issue z3-leaf-kept-gathered; DeepSpeed decides by the module being released)."""
 
     def initial(self, net: Any) -> CoordState:
         return CoordState.initial(index_for(net))
@@ -102,7 +108,7 @@ def _on_post_forward(d: CoordinatorDesign, w: coordinator_actions.Work, ev: Even
     if d.hold_recompute_frozen and recompute and w.index.nonreentrant[m] and w.index.output_requires_grad[m]:
         coordinator_actions.hold_recomputed_frozen(w, m)
     coordinator_actions.release_sub_module(w, m, True, recompute, track_stack=d.track_stack, attribute=d.attribute,
-                         skip_frozen_in_recompute=d.skip_frozen_in_recompute)
+                         skip_frozen_in_recompute=d.skip_frozen_in_recompute, leaf_walk_fixed=d.leaf_walk_fixed)
 
 
 def _on_pre_backward(d: CoordinatorDesign, w: coordinator_actions.Work, ev: Event) -> None:
@@ -114,7 +120,7 @@ def _on_post_backward(d: CoordinatorDesign, w: coordinator_actions.Work, ev: Eve
     if d.hold_recompute_frozen:
         coordinator_actions.drop_holds(w, m)
     coordinator_actions.release_sub_module(w, m, False, False, track_stack=d.track_stack, attribute=d.attribute,
-                         skip_frozen_in_recompute=d.skip_frozen_in_recompute)
+                         skip_frozen_in_recompute=d.skip_frozen_in_recompute, leaf_walk_fixed=d.leaf_walk_fixed)
 
 
 def _on_epilogue(d: CoordinatorDesign, w: coordinator_actions.Work, ev: Event) -> None:
@@ -176,7 +182,7 @@ ZEROSTATE = CoordinatorDesign(
     "release at last use: frozen params a non-reentrant recompute saved live are held until their own "
     "module's post-backward; nothing else is held; no attribution; leftovers drained",
     ("zerostate runtime/release_policy.py", "seed 002", "deepspeedai/DeepSpeed#8148 (xfailed last-use tests)"),
-    track_stack=True, hold_recompute_frozen=True)
+    track_stack=True, hold_recompute_frozen=True, leaf_walk_fixed=True)
 
 COORDINATOR_DESIGNS: dict[str, CoordinatorDesign] = {
     d.name: d for d in (DS_0_19_2, PR_8130, DS_0_19_3, ZEROSTATE)}

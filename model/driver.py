@@ -19,7 +19,11 @@ the user's backward is a real DAG:
   recomputed tensors' metadata is checked right after the recompute, and each
   module's saved tensors are unpacked again in its backward;
 * a z3 leaf block (ZeRO-3) has module hooks on the block only and one
-  leaf-module backward hook instead of per-parameter hooks;
+  leaf-module backward hook instead of per-parameter hooks; its parameters'
+  gradients accumulate (LEAF_GRAD, ``lin`` first) after its pre-backward hook;
+  the leaf hook fires after them, or -- when no input of the block requires
+  grad -- as soon as the output's gradient is known, before the block's
+  pre-backward hook (known issue ``z3-leaf-input-without-grad``);
 * ZeRO-3 module hooks: the root module (``model``) wraps every forward and
   backward; a module's pre-backward hook fires only when its output requires
   grad and its post-backward hook only when its input does (so a module fed an
@@ -172,7 +176,11 @@ def backward_dag(net: Network, outer: int, first_nested: int, kind: str,
         box = has_container(net, i)
         if box:  # on the Block's output: before its sub-modules' (reentrant: in the nested task)
             frontier = (b.add(_container(i, "pre_backward"), frontier),)
+        leaf_hook = net.is_leaf(i) and bool(net.leaf_hook_params(i))  # DeepSpeed hooks only leaf modules with
+        early = leaf_hook and net.leaf_hook_early(i)  # optimizer parameters; no input requires grad: on the output
         for gi, g in enumerate(reversed(net.hook_groups(i, i in skip))):
+            if early:
+                frontier = b.chain([Event(EventKind.LEAF_HOOK, module=g.module, task=task)], frontier)
             if g.output_requires_grad:
                 frontier = (b.add(Event(EventKind.MODULE_PRE_BACKWARD, module=g.module), frontier),)
             if ck is Checkpoint.NON_REENTRANT and gi == 0 and _computes(net, i, i in skip):
@@ -181,8 +189,9 @@ def backward_dag(net: Network, outer: int, first_nested: int, kind: str,
                 frontier = b.chain([Event(EventKind.UNPACK, param=p, module=f"blocks.{i}", note="use") for p in g.saved_live],
                                    frontier)
             if net.is_leaf(i):
-                if net.leaf_hook_params(i):  # DeepSpeed hooks only leaf modules with optimizer parameters
-                    frontier = b.chain([Event(EventKind.LEAF_HOOK, module=g.module, task=task)], frontier)
+                frontier = b.chain([Event(EventKind.LEAF_GRAD, param=p, task=task) for p in net.leaf_grad_params(i)]
+                                   + ([Event(EventKind.LEAF_HOOK, module=g.module, task=task)]
+                                      if leaf_hook and not early else []), frontier)
             else:
                 hooked = [p for p in g.params if net.params[p].kind is ParamKind.TRAINABLE]
                 if hooked and serial:

@@ -47,7 +47,14 @@ class EventKind(str, Enum):
     GRAD_HOOK = "grad_hook"
     """A trainable parameter's gradient-accumulator hook fires (``param``, ``task``)."""
     LEAF_HOOK = "leaf_hook"
-    """A z3 leaf module's full backward hook fires (``module``, ``task``)."""
+    """A z3 leaf module's full backward hook fires (``module``, ``task``).  When no input of the module
+    requires grad, torch fires it as soon as the gradient of the module's *output* is known: before the
+    module's pre-backward hook and before its parameters' gradients accumulate (`LEAF_GRAD`)."""
+    LEAF_GRAD = "leaf_grad"
+    """The gradient of a parameter of a z3 leaf module was accumulated into ``.grad`` (its AccumulateGrad
+    node ran; ``param``, ``task``).  DeepSpeed hooks no such parameter itself (the leaf's full backward
+    hook handles them all); this is what the leaf's reduction must wait for (known issue
+    ``z3-leaf-input-without-grad``)."""
 
     # ---- driver: module hooks (ZeRO-3 coordinator) ------------------------
     MODULE_PRE_FORWARD = "module_pre_forward"
@@ -119,7 +126,7 @@ DRIVER_EVENTS = frozenset({
     EventKind.USER_BACKWARD_START, EventKind.USER_BACKWARD_END, EventKind.STEP, EventKind.TASK_START, EventKind.TASK_END,
     EventKind.OUTPUT_HOOK, EventKind.GRAD_HOOK, EventKind.LEAF_HOOK, EventKind.MODULE_PRE_FORWARD, EventKind.MODULE_POST_FORWARD,
     EventKind.MODULE_PRE_BACKWARD, EventKind.MODULE_POST_BACKWARD, EventKind.RECOMPUTE_START, EventKind.RECOMPUTE_END,
-    EventKind.UNPACK, EventKind.SAVE_LIVE, EventKind.REREGISTER,
+    EventKind.UNPACK, EventKind.SAVE_LIVE, EventKind.REREGISTER, EventKind.LEAF_GRAD,
 })
 
 

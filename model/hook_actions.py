@@ -137,8 +137,27 @@ def update_hook_state_and_maybe_run_epilogue(hs: HookState, current: int, ctx: "
     return hs.with_(remaining=hs.max_expected - hs.fired), eff
 
 
+# ------------------------------------------------- z3 leaf reduction deferred
+def defer_leaf_reduction(hs: HookState, module: str, pending: tuple[str, ...]) -> Result:
+    """zerostate (known issue z3-leaf-input-without-grad, docs/upstream/z3-leaf-input-without-grad/fix.patch):
+    the leaf hook fired before ``pending``'s gradients accumulated; reduce once all of them have."""
+    return hs.with_(deferred=hs.deferred + ((module, frozenset(pending)),)), ()
+
+
+def leaf_grad_accumulated(hs: HookState, param: str) -> tuple[HookState, str | None]:
+    """A leaf parameter's gradient accumulated: drop it from the deferral awaiting it.  Returns the leaf
+    module whose last awaited gradient this was (its reduction runs now), else None."""
+    for k, (module, left) in enumerate(hs.deferred):
+        if param in left:
+            rest = left - {param}
+            if rest:
+                return hs.with_(deferred=hs.deferred[:k] + ((module, rest),) + hs.deferred[k + 1:]), None
+            return hs.with_(deferred=hs.deferred[:k] + hs.deferred[k + 1:]), module
+    return hs, None
+
+
 __all__ = [
-    "backward_epilogue", "count_used", "enter_backward_mark_seen", "enter_backward_plain",
+    "backward_epilogue", "defer_leaf_reduction", "leaf_grad_accumulated", "count_used", "enter_backward_mark_seen", "enter_backward_plain",
     "enter_backward_resetting", "epilogue_if_engine_backward", "exit_backward", "keep",
     "process_gradients", "queue_post_backward_callback", "reenter_backward_if_needed",
     "reset_for_new_step", "run_post_hooks", "should_refresh_expected_hook_count",

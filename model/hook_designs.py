@@ -26,6 +26,10 @@ that has it:
     count is never needed: hooks do O(1) work, ``count_used_parameters_in_backward``
     is evaluated zero times per backward, and no phase boundary can trigger a
     premature epilogue.  A hook outside any user backward only buckets its gradient.
+    A z3 leaf module's hook that fires before its parameters' gradients have
+    accumulated (no input of the module requires grad) defers the reduction until
+    they have (known issue ``z3-leaf-input-without-grad``, which every DeepSpeed
+    design above keeps: it reduces at the hook).
 """
 
 from __future__ import annotations
@@ -42,6 +46,9 @@ if TYPE_CHECKING:
 
 Reaction = Callable[[HookState, "Ctx"], tuple[HookState, tuple[Event, ...]]]
 GradHook = Callable[[HookState, "Ctx", tuple[str, ...]], tuple[HookState, tuple[Event, ...]]]
+LeafHook = Callable[[HookState, "Ctx", str], tuple[HookState, tuple[Event, ...]]]
+"""(state, ctx, leaf module) for LEAF_HOOK; (state, ctx, parameter) for LEAF_GRAD (`LeafGrad`)."""
+LeafGrad = LeafHook
 
 
 @dataclass(frozen=True)
@@ -58,6 +65,10 @@ class HookDesign:
     on_callback: Reaction
     on_engine_backward_return: Reaction
     on_step: Reaction
+    on_leaf_hook: LeafHook | None = None
+    """Reaction to a z3 leaf module's hook; None: `on_grad_hook` over all its parameters, at once."""
+    on_leaf_grad: LeafGrad | None = None
+    """Reaction to a leaf parameter's gradient accumulating; None: none (DeepSpeed does not hook it)."""
 
     def react(self, hs: HookState, ev: Event, ctx: "Ctx") -> tuple[HookState, tuple[Event, ...]]:
         """The one transition function of this half: ``(state, event) -> (state, effects)``."""
@@ -69,7 +80,11 @@ class HookDesign:
         if k is EventKind.GRAD_HOOK:
             return self.on_grad_hook(hs, ctx, (ev.param,))
         if k is EventKind.LEAF_HOOK:
+            if self.on_leaf_hook is not None:
+                return self.on_leaf_hook(hs, ctx, str(ev.module))
             return self.on_grad_hook(hs, ctx, ctx.leaf_params(ev.module))
+        if k is EventKind.LEAF_GRAD and self.on_leaf_grad is not None:
+            return self.on_leaf_grad(hs, ctx, str(ev.param))
         if k is EventKind.CALLBACK_RUN:
             return self.on_callback(hs, ctx)
         if k is EventKind.USER_BACKWARD_END:
@@ -163,6 +178,28 @@ def _grad_hook_zerostate(hs: HookState, ctx: "Ctx", params: tuple[str, ...]):
     return hs.with_(fired=hs.fired + 1), eff + more
 
 
+def _leaf_hook_zerostate(hs: HookState, ctx: "Ctx", module: str):
+    """A z3 leaf module's hook: reduce its parameters now, or -- when it fired before gradients the running
+    backward will still accumulate (no input of the module requires grad) -- once they have.
+
+    Known issue z3-leaf-input-without-grad (targets/deepspeed/known.py): DeepSpeed reduces at once and
+    zero-fills the still-partitioned ``.grad``; the real gradients then fail to accumulate.  The fix of
+    docs/upstream/z3-leaf-input-without-grad/fix.patch; the leaf still counts once, in the same backward.
+    """
+    pending = ctx.leaf_pending(module)
+    if pending:
+        return hook_actions.defer_leaf_reduction(hs, module, pending)
+    return _grad_hook_zerostate(hs, ctx, ctx.leaf_params(module))
+
+
+def _leaf_grad_zerostate(hs: HookState, ctx: "Ctx", param: str):
+    """A leaf parameter's gradient accumulated: the deferred reduction runs after the last one awaited."""
+    hs, ready = hook_actions.leaf_grad_accumulated(hs, param)
+    if ready is None:
+        return hs, ()
+    return _grad_hook_zerostate(hs, ctx, ctx.leaf_params(ready))
+
+
 DS_0_18_4 = HookDesign(
     name="ds-0.18.4", release="0.18.4",
     summary="remaining-hooks counter re-armed by one count; epilogue when it reaches 0",
@@ -196,6 +233,7 @@ ZEROSTATE = HookDesign(
     on_forward_start=hook_actions.reset_for_new_step, on_prologue=_prologue_0187,
     on_grad_hook=_grad_hook_zerostate, on_callback=_callback,
     on_engine_backward_return=hook_actions.epilogue_if_engine_backward, on_step=_clear_stale_buckets,
+    on_leaf_hook=_leaf_hook_zerostate, on_leaf_grad=_leaf_grad_zerostate,
 )
 
 HOOK_DESIGNS: dict[str, HookDesign] = {d.name: d for d in (DS_0_18_4, DS_0_18_5, DS_0_18_7, ZEROSTATE)}

@@ -34,6 +34,9 @@ class HookState(NamedTuple):
     """``post_backward_callback_graph_task_id``."""
     counted_task: int | None = None
     """zerostate design only: the graph task whose expected count is cached (None: none yet)."""
+    deferred: tuple[tuple[str, frozenset[str]], ...] = ()
+    """zerostate design only: z3 leaf modules whose hook fired before their parameters' gradients
+    accumulated, each with the parameters still awaited (known issue z3-leaf-input-without-grad)."""
 
     def with_(self, **changes) -> "HookState":
         return self._replace(**changes)

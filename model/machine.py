@@ -79,6 +79,11 @@ class Ctx:
         i = int(str(module).split(".")[1])
         return self.net.leaf_hook_params(i)
 
+    def leaf_pending(self, module: str | None) -> tuple[str, ...]:
+        """Of leaf block ``module``'s hook parameters, those whose gradient the running backward will still
+        accumulate when its hook fires (``torch._C._will_engine_execute_node`` on their AccumulateGrad nodes)."""
+        return self.net.leaf_pending(int(str(module).split(".")[1]))
+
 
 def initial_state(design: "Design", net: Network) -> ModelState:
     return ModelState(HookState(), design.coordinator.initial(net), EnvState())

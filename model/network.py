@@ -257,6 +257,27 @@ class Network:
         return tuple(p for sub in SUBMODULES for p in self.module(f"blocks.{i}.{sub}").params
                      if self.params[p].kind is not ParamKind.FROZEN)
 
+    def leaf_grad_params(self, i: int) -> tuple[str, ...]:
+        """The parameters of z3 leaf block i whose gradient PyTorch accumulates when the block's backward
+        runs (`EventKind.LEAF_GRAD`): the used ones that require grad, in backward order (``lin`` first)."""
+        if not self.is_leaf(i) or not self.gradient_reaches_block(i):
+            return ()
+        return tuple(p for sub in reversed(SUBMODULES) for p in self.module(f"blocks.{i}.{sub}").params
+                     if self.params[p].kind is ParamKind.TRAINABLE)
+
+    def leaf_hook_early(self, i: int) -> bool:
+        """No input of z3 leaf block i requires grad: torch fires the block's full backward hook as soon as
+        its output's gradient is known, before the block's backward (known issue z3-leaf-input-without-grad)."""
+        return self.is_leaf(i) and not self.block_input_requires_grad(i)
+
+    def leaf_pending(self, i: int) -> tuple[str, ...]:
+        """The parameters of z3 leaf block i's hook whose gradient the running backward will still accumulate
+        when the hook fires: those of `leaf_grad_params` when the hook fires early, else none."""
+        if not self.leaf_hook_early(i):
+            return ()
+        hooked = set(self.leaf_hook_params(i))
+        return tuple(p for p in self.leaf_grad_params(i) if p in hooked)
+
     @property
     def leaf_module_count(self) -> int:
         """ZeRO-3 adds ``len(self.leaf_parameters)`` to every expected-hook count (stage3.py): the z3 leaf

@@ -10,6 +10,12 @@ values, which asks the hook state ``should_refresh_expected_hook_count`` first -
 state never asks for a count.  From 0.18.7 on the closures already have that shape and are kept
 (checked: a closure that does not consult the hook state is refused).  `install` applies the swaps
 through its `Patcher` (``set_item``: same key, same place in the dictionary's order).
+
+On every supported release each z3 leaf module's hook (``reduce_leaf_module_grads``; on 0.18.5 / 0.18.6
+its replacement) is also wrapped by `leaf_deferral.defer_leaf_hook`: the fix of DeepSpeed's
+``z3-leaf-input-without-grad`` (the leaf's reduction waits for the gradients the backward will still
+accumulate).  A leaf hook without the expected shape (three arguments, a ``params`` list captured) is
+refused, and so is a PyTorch build without the internals the deferral needs -- before anything changes.
 """
 
 from __future__ import annotations
@@ -19,6 +25,8 @@ from typing import Any, Callable
 
 from .compat_table import CompatRow, fmt
 from .errors import UnsupportedEngineError, ZerostateInstallError
+from .hook_state import MissingTorchInternalsError
+from .leaf_deferral import defer_leaf_hook, leaf_autograd
 
 
 _HOOK_NAMES = {"grad_handling_hook": "stage12", "reduce_partition_and_remove_grads": "stage3",
@@ -93,6 +101,8 @@ class ClosureSwap:
     key: int
     original: Callable
     replacement: Callable
+    leaf_deferral: bool = False
+    """The replacement defers a z3 leaf module's reduction (`leaf_deferral.defer_leaf_hook`)."""
 
 
 def plan_closure_swaps(opt: Any, row: CompatRow) -> list[ClosureSwap]:
@@ -116,11 +126,14 @@ def plan_closure_swaps(opt: Any, row: CompatRow) -> list[ClosureSwap]:
                 f"({getattr(getattr(inner, '__code__', None), 'co_qualname', inner)!r}); the runtime covers the "
                 f"closures of DeepSpeed's ZeRO stage 1/2/3 optimizers (a modified DeepSpeed or a new optimizer?)")
         gated = "should_refresh_expected_hook_count" in inner.__code__.co_names
+        leaf = _leaf_params(inner) if kind == "stage3_leaf" else None
         if row.hook_closures == "refresh-gated":
             if not gated:
                 raise ZerostateInstallError(
                     f"DeepSpeed's {inner.__code__.co_name} does not consult should_refresh_expected_hook_count, "
                     f"but the compatibility table says it does for {fmt(row.first)} <= version < {fmt(row.end)}")
+            if leaf is not None:
+                swaps.append(ClosureSwap(hooks, h.id, fn, defer_leaf_hook(fn, leaf, _leaf_autograd()), True))
             continue
         g = inner.__globals__
         if "count_used_parameters_in_backward" not in g:
@@ -129,8 +142,30 @@ def plan_closure_swaps(opt: Any, row: CompatRow) -> list[ClosureSwap]:
         def count(params, _g=g):  # looked up at call time, as the original closure does
             return _g["count_used_parameters_in_backward"](params)
 
-        swaps.append(ClosureSwap(hooks, h.id, fn, build_hook(kind, cells(inner), count)))
+        new = build_hook(kind, cells(inner), count)
+        if leaf is not None:
+            new = defer_leaf_hook(new, leaf, _leaf_autograd())
+        swaps.append(ClosureSwap(hooks, h.id, fn, new, leaf is not None))
     return swaps
+
+
+def _leaf_params(inner: Callable) -> list:
+    """The parameters a z3 leaf module's hook reduces (its captured ``params``); refuses another shape."""
+    code = inner.__code__
+    params = cells(inner).get("params")
+    if code.co_argcount != 3 or not isinstance(params, (list, tuple)):
+        raise UnsupportedEngineError(
+            f"DeepSpeed's z3 leaf-module hook {code.co_name} does not have the shape zerostate.runtime defers "
+            f"(a full backward hook (module, grad_input, grad_output) over a captured list `params`; got "
+            f"{code.co_argcount} arguments, params {type(params).__name__}). Nothing was changed.")
+    return list(params)
+
+
+def _leaf_autograd():
+    try:
+        return leaf_autograd()
+    except MissingTorchInternalsError as e:
+        raise ZerostateInstallError(f"{e} Nothing was changed.") from None
 
 
 __all__ = ["ClosureSwap", "build_hook", "plan_closure_swaps"]

@@ -8,8 +8,13 @@
    every hook (0.18.5, 0.18.6), each hook function is replaced *in its hook
    dictionary* (``param._post_accumulate_grad_hooks`` / ``module._backward_hooks``,
    same key, same order) by the 0.18.7-shaped closure that asks the hook state
-   whether to count -- and the zerostate hook state never asks;
-3. under ZeRO-3 (0.19.0 on), the recompute release policy (`release_policy`).
+   whether to count -- and the zerostate hook state never asks; on every release,
+   each ZeRO-3 z3 leaf module's hook is wrapped (same key, same order) so that its
+   reduction waits for the gradients the backward will still accumulate
+   (`leaf_deferral`: DeepSpeed's known issue ``z3-leaf-input-without-grad``);
+3. under ZeRO-3 (0.19.0 on), the recompute release policy (`release_policy`) and, with it, the
+   coordinator's reuse walk that takes each walked module's own leaf-ness (`leaf_reuse_walk`: DeepSpeed's
+   known issue ``z3-leaf-kept-gathered``).
 
 Every change goes through one `Patcher` (``runtime/patcher.py``) and is recorded there;
 ``uninstall(engine)`` undoes the record, last change first, and so puts back the identical
@@ -55,6 +60,7 @@ from .engine_support import engine_support
 from .errors import UnsupportedEngineError, ZerostateInstallError
 from .hook_closures import ClosureSwap, plan_closure_swaps
 from .hook_state import MissingTorchInternalsError, TorchAutograd, ZerostateBackwardHookState
+from .leaf_reuse_walk import PARAMS_TO_RELEASE, fixed_params_to_release
 from .patcher import Patcher
 from .release_policy import (ReleasePolicyState, check_release_policy_supported, install_release_policy,
                              uninstall_release_policy)
@@ -93,13 +99,19 @@ class Installation:
     def describe(self) -> str:
         """What this installation changed, in one line (the install log line)."""
         parts = [f"hook state {type(self.manager).__name__} on {type(self.optimizer).__name__}"]
-        if self.swaps:
-            parts.append(f"{len(self.swaps)} gradient-hook closures replaced (count in every hook, #7882)")
+        counted = [s for s in self.swaps if not s.leaf_deferral or s.replacement.__wrapped__ is not s.original]
+        if counted:
+            parts.append(f"{len(counted)} gradient-hook closures replaced (count in every hook, #7882)")
         else:
             parts.append("DeepSpeed's gradient-hook closures kept")
+        leaves = sum(1 for s in self.swaps if s.leaf_deferral)
+        if leaves:
+            parts.append(f"{leaves} z3 leaf-module hooks deferred while gradients are to accumulate "
+                         "(z3-leaf-input-without-grad)")
         if self.release is not None:
             parts.append(f"ZeRO-3 recompute release policy on {len(self.release.frozen_of)} modules with frozen "
-                         f"parameters ({self.row.release_policy})")
+                         f"parameters ({self.row.release_policy}); reuse walk by each module's leaf-ness "
+                         "(z3-leaf-kept-gathered)")
         return "; ".join(parts)
 
 
@@ -176,6 +188,8 @@ def install(engine: Any, *, release_policy: bool | None = None) -> Installation:
             if want_release:
                 inst.release = install_release_policy(engine)
                 patch.on_undo(lambda: _drop_release_policy(inst))
+                coord = opt.parameter_offload.get_param_coordinator()
+                patch.set(coord, PARAMS_TO_RELEASE, fixed_params_to_release(coord), guard=True)
             if module is not None:
                 inst.refresh_handle = module.register_forward_pre_hook(
                     functools.partial(_refresh_frozen_set, weakref.ref(inst)), prepend=True)

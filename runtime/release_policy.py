@@ -190,7 +190,9 @@ def check_release_policy_supported(engine: Any) -> str | None:
     if offload is None or not hasattr(offload, "get_param_coordinator"):
         return "not a ZeRO-3 engine (no parameter_offload coordinator)"
     coord = offload.get_param_coordinator()
-    for name in ("fetch_sub_module", "release_sub_module", "reset_step", _MANGLE + "release_param"):
+    from .leaf_reuse_walk import ATTRIBUTES  # installed with the policy (z3-leaf-kept-gathered)
+
+    for name in ("fetch_sub_module", "release_sub_module", "reset_step", _MANGLE + "release_param", *ATTRIBUTES):
         if not hasattr(coord, name):
             return f"the parameter coordinator has no {name.replace(_MANGLE, '__')}"
     if not hasattr(opt, "backward_epilogue"):

@@ -102,6 +102,10 @@ def _handled_step(m: _Handled, ev: Event):
         return _Handled(m.open, m.hooked, m.handled | {ev.param}, m.bucket | {ev.param})
     if ev.kind is EventKind.GRAD_HOOK and m.open:
         return _Handled(m.open, m.hooked | {ev.param}, m.handled, m.bucket)
+    if ev.kind is EventKind.LEAF_GRAD and m.open and ev.param in m.handled:
+        # known issue z3-leaf-input-without-grad: the leaf hook reduced (zero-filled) it before it existed
+        return fail(f"gradient of {ev.param} accumulated after it was handled: the z3 leaf module's hook "
+                    "reduced it before the backward produced it", "handled-before-accumulated")
     nb = _bucket(m, ev)
     return m if nb is m.bucket else m._replace(bucket=nb)
 
@@ -114,9 +118,10 @@ GRAD_HANDLED_ONCE = Spec(
     family="hooks",
     init=_Handled, step=_handled_step, finish=lambda m: _close_handled(m) if m.open else None,
     checks=("In every user-backward window: each GRAD_HOOK param gets one BUCKET_ADD, no param gets two, "
+            "no param's gradient accumulates (LEAF_GRAD) after its BUCKET_ADD, "
             "and the bucket is empty when the window closes."),
     reacts_to=frozenset({EventKind.USER_BACKWARD_START, *_CLOSERS, EventKind.BUCKET_ADD, EventKind.GRAD_HOOK, EventKind.BUCKET_FLUSH,
-                         EventKind.BUCKET_CLEAR}),
+                         EventKind.BUCKET_CLEAR, EventKind.LEAF_GRAD}),
 )
 
 

@@ -74,8 +74,11 @@ Z3_LEAF_INPUT_NO_GRAD = KnownIssue(
     upstream_patch="docs/upstream/z3-leaf-input-without-grad/",
     # and its side effect on the spec: the hook fired before the leaf's pre-backward, so the next driver
     # event after that pre-backward is the task's end, after the epilogue drained the leaf
+    # ... and the model's view of the bug (DeepSpeed's model designs): the leaf's gradients accumulate after the
+    # hook handled them (grad-handled-once, handled-before-accumulated).  zerostate.runtime defers the reduction.
     explains=lambda f: (f.check in ("exception", "oracle") or (
-        f.check == "available-when-used" and f.code == "unavailable-in-backward")) and _leaf_input_without_grad(
+        f.check == "available-when-used" and f.code == "unavailable-in-backward") or (
+        f.key == "grad-handled-once:handled-before-accumulated")) and _leaf_input_without_grad(
         f.scenario),
     detail=("stage3.py registers reduce_leaf_module_grads as the leaf module's full backward hook.  When no "
             "input of the module requires grad, torch fires a full backward hook as soon as the gradient of "

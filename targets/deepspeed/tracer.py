@@ -20,6 +20,7 @@ queue_post_backward_callback           CALLBACK_QUEUED (when it newly queued)
 run_grad_acc_post_hooks                CALLBACK_RUN (when called from the queued callback), POST_HOOKS
 engine._backward_epilogue              BUCKET_FLUSH (gradients handled since the last flush), EPILOGUE
 gradient sink (reduce / process)       GRAD_HOOK or LEAF_HOOK (by the calling hook closure), BUCKET_ADD
+z3 leaf parameters' accumulated grads  LEAF_GRAD (a post-accumulate-grad hook of the tracer's own)
 count_used_parameters_in_backward      COUNT (task, value = result + ZeRO-3 leaf-module count)
 stage3 _pre_step                       BUCKET_CLEAR (value = stale params found in the real ipg buckets)
 ZeRO-3 offload pre/post fwd/bwd        MODULE_PRE/POST_FORWARD (phase forward | recompute | eval),
@@ -249,8 +250,22 @@ class Tracer:
             self._patch(off, "post_sub_module_forward_function", lambda f: self._w_module(f, "post_forward"))
             self._patch(off, "pre_sub_module_backward_function", lambda f: self._w_module(f, "pre_backward"))
             self._patch(off, "post_sub_module_backward_function", lambda f: self._w_module(f, "post_backward"))
+            self._watch_leaf_grads()
         self._resync()
         return self
+
+    def _watch_leaf_grads(self) -> None:
+        """LEAF_GRAD when a z3 leaf block's parameter's gradient has accumulated (a post-accumulate-grad hook
+        of the tracer's own, registered before any hook a backward adds: it reports first)."""
+        for n, p in self.params:
+            parts = n.split(".")
+            if parts[0] == "blocks" and int(parts[1]) in self.leaf_blocks and p.requires_grad:
+                handle = p.register_post_accumulate_grad_hook(lambda _p, n=n: self._leaf_grad(n))
+                self._patcher.on_undo(handle.remove)
+
+    def _leaf_grad(self, name: str) -> None:
+        self.emit("leaf_grad", param=name, task=self._task())
+        self._flush()
 
     # ------------------------------------------------------------ loop marks
     def mark(self, what: str, **info) -> None:

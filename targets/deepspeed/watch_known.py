@@ -2,8 +2,8 @@
 
 Each entry names the spec (or ``exception``) it shows as, the releases observed to have it (half-open),
 the first release that fixes it (None: not fixed as of the pinned 0.19.8), whether ``zerostate.runtime``
-prevents it (docs/runtime.md: the hook state for seed 000, the release policy for seed 002; the z3 leaf
-issues are DeepSpeed's, and the runtime leaves them as they are), and what in the job must be seen for it
+prevents it (docs/runtime.md: the hook state for seed 000, the release policy for seed 002, the leaf
+deferral for z3-leaf-input-without-grad, the leaf reuse walk for z3-leaf-kept-gathered), and what in the job must be seen for it
 to apply (``needs``: a non-reentrant recompute, a z3 leaf module fed without grad, ...).  The findings on
 the pinned release and their scenarios live in `known` (``KNOWN_ISSUES``); the seed bugs in ``SEED_BUGS``.
 """
@@ -65,14 +65,14 @@ SEED_000_PART2 = Explanation(
 
 Z3_LEAF_INPUT = Explanation(
     id=Z3_LEAF_INPUT_NO_GRAD.id, title=Z3_LEAF_INPUT_NO_GRAD.title, checks=("exception",),
-    releases=Z3_LEAF_INPUT_NO_GRAD.releases, fixed_in=None, runtime_prevents=False,
+    releases=Z3_LEAF_INPUT_NO_GRAD.releases, fixed_in=None, runtime_prevents=True,  # runtime/leaf_deferral.py
     detail=Z3_LEAF_INPUT_NO_GRAD.detail,
     needs=lambda ctx: ctx.get("stage") == 3 and ctx.get("leaf_without_grad", False) and any(
         s in ctx.get("error", "") for s in ("must match the size", "Cannot reduce scatter")))
 
 Z3_LEAF_GATHERED = Explanation(
     id=Z3_LEAF_KEPT_GATHERED.id, title=Z3_LEAF_KEPT_GATHERED.title, checks=("released-after-backward",),
-    releases=Z3_LEAF_KEPT_GATHERED.releases, fixed_in=None, runtime_prevents=False,
+    releases=Z3_LEAF_KEPT_GATHERED.releases, fixed_in=None, runtime_prevents=True,  # runtime/leaf_reuse_walk.py
     detail=Z3_LEAF_KEPT_GATHERED.detail,
     needs=lambda ctx: ctx.get("stage") == 3 and bool(ctx.get("leaves")))
 
