@@ -200,6 +200,24 @@ def test_seed_002_mre_crashes_0_19_2_and_not_the_fixes():
 no_frozen = scenarios(max_blocks=3, max_steps=2, max_gas=2, stages=(3,), kinds=(T, U), reregister=True)
 
 
+def _same_profile(sc) -> list[str]:
+    """The designs whose memory profile must be the same on ``sc``: all four, but zerostate not with a z3 leaf
+    module, whose parameters its fixed reuse walk releases where DeepSpeed's keeps them gathered (known issue
+    z3-leaf-kept-gathered; `test_zerostate_releases_what_deepspeed_keeps_gathered_on_a_z3_leaf`)."""
+    return [n for n in ALL if not (n == "zerostate" and any(b.leaf for b in sc.blocks))]
+
+
+def test_zerostate_releases_what_deepspeed_keeps_gathered_on_a_z3_leaf():
+    """A plain block, then a z3 leaf block, at a reuse distance that keeps parameters for reuse: DeepSpeed's
+    designs walk every later module from the leaf recursively and keep parameters gathered (known issue
+    z3-leaf-kept-gathered); zerostate's fixed walk releases more of them, so the two memory profiles differ."""
+    sc = Scenario(blocks=(Block(), Block(leaf=True)), steps=(TrainStep((MicroStep(), MicroStep())),), stage=3,
+                  max_reuse_distance=128)
+    views = {n: coordinator_view(seeded_run(get_design(n), sc, 0).events) for n in ("ds-0.19.3", "zerostate")}
+    released = {n: sum(e.kind is EventKind.RELEASE for e in v) for n, v in views.items()}
+    assert released["zerostate"] > released["ds-0.19.3"], released
+
+
 @given(sc=no_frozen.map(lambda s: s.with_(input_requires_grad=True)), seed=st.integers(0, 2**16))
 @settings(max_examples=60)
 def test_without_frozen_params_all_four_designs_give_the_same_events(sc, seed):
@@ -208,13 +226,14 @@ def test_without_frozen_params_all_four_designs_give_the_same_events(sc, seed):
     Compared: driver events and coordinator effects (the hook half of zerostate differs by design);
     and, pairing every coordinator with the same hook half (ds-0.18.7), the whole trace."""
     note(sc.describe())
-    views = {n: coordinator_view(seeded_run(get_design(n), sc, seed).events) for n in ALL}
+    names = _same_profile(sc)
+    views = {n: coordinator_view(seeded_run(get_design(n), sc, seed).events) for n in names}
     base = views["ds-0.19.2"]
-    for n in ALL[1:]:
+    for n in names[1:]:
         for i, (x, y) in enumerate(zip(base, views[n])):
             assert x == y, f"{n} differs from ds-0.19.2 at event #{i}: {y} vs {x}"
         assert len(views[n]) == len(base), n
-    same_hooks = [Design(n, DS_0_18_7, COORDINATOR_DESIGNS[n], "", "coordinator", True) for n in ALL]
+    same_hooks = [Design(n, DS_0_18_7, COORDINATOR_DESIGNS[n], "", "coordinator", True) for n in names]
     full = [seeded_run(d, sc, seed).events for d in same_hooks]
     assert all(t == full[0] for t in full[1:])
 
@@ -226,7 +245,8 @@ def test_without_frozen_params_only_the_epilogue_drain_differs(sc, seed):
     module's post-backward never fires and 0.19.3's ``release_backward_leftovers`` drains it)."""
     views = {n: coordinator_view(seeded_run(get_design(n), sc, seed).events) for n in ALL}
     assert views["ds-0.19.2"] == views["pr-8130"]
-    assert views["ds-0.19.3"] == views["zerostate"]
+    if "zerostate" in _same_profile(sc):
+        assert views["ds-0.19.3"] == views["zerostate"]
 
 
 def test_an_input_that_does_not_require_grad_leaks_in_0_19_2_and_pr_8130_only():

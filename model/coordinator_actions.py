@@ -169,6 +169,22 @@ def record_module(w: Work, m: int) -> None:
         w.order = w.order + (m,)
 
 
+def unwrap_for_generation(w: Work) -> None:
+    """TRL's ``unwrap_model_for_generation`` around a re-registration (`TrainStep.reregister`): its
+    ``remove_hooks`` clears every parameter's ``ds_active_sub_modules``; ``GatheredParameters`` over every
+    parameter gathers the partitioned ones for the generation and, on exit, partitions every one --
+    persistent ones too (measured on 0.19.7 and 0.19.8: after the unwrap the next forward fetches a
+    persistent parameter in its module's pre-forward hook).  A parameter partitioned before ends as it was;
+    one gathered before (persistent, or in flight) is released.  Outside the coordinator: its count of
+    available parameters is left as it was."""
+    for p in range(w.index.n):
+        for m in sorted(w.holders[p]):
+            drop(w, p, m)
+        if w.status[p] != NOT_AVAILABLE:
+            w.status[p] = NOT_AVAILABLE
+            w.out.append(Event(EventKind.RELEASE, param=w.param_name(p), note="unwrap"))
+
+
 def reregister_hooks(w: Work) -> None:
     """``_register_deepspeed_module(root)`` (parameter_offload.py, 0.19.2 and 0.19.3): re-registering the
     hooks invalidates a trace that is not already INVALID."""
@@ -395,5 +411,5 @@ __all__ = [
     "declare_persistent", "drain_holds", "drop", "drop_holds", "fetch_sub_module", "hold", "hold_recomputed_frozen",
     "invalidate_trace", "params_to_release", "pop_own_trace_entries", "pre_module_hook", "prefetch",
     "push_backward_module", "record_module", "release_and_reset_all", "release_backward_leftovers",
-    "release_param", "release_sub_module", "reregister_hooks", "reset_step", "trace_prologue", "wait_inflight",
+    "release_param", "release_sub_module", "reregister_hooks", "unwrap_for_generation", "reset_step", "trace_prologue", "wait_inflight",
 ]

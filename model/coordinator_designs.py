@@ -95,6 +95,7 @@ def _on_root_forward(d: CoordinatorDesign, w: coordinator_actions.Work, ev: Even
 
 def _on_reregister(d: CoordinatorDesign, w: coordinator_actions.Work, ev: Event) -> None:
     coordinator_actions.reregister_hooks(w)
+    coordinator_actions.unwrap_for_generation(w)  # GatheredParameters ends after the hooks are back
 
 
 def _on_pre_forward(d: CoordinatorDesign, w: coordinator_actions.Work, ev: Event) -> None:
