@@ -237,10 +237,31 @@ ZERO12_TRAILING_EMPTY_PARAM = KnownIssue(
             "``empty_param`` (`strategies.extras`: the zero_init draw below ZeRO-3)."),
 )
 
+ZERO12_EMPTY_PARAM_INSIDE_PARTITION = KnownIssue(
+    id="zero12-empty-param-inside-partition",
+    title="ZeRO-1/2 before 0.19.7: a parameter with no elements inside a partition (before its padding) fails "
+          "initialize ('fragment start N should be < fragment_end N'; DeepSpeed issue #8297's shape)",
+    owner="deepspeed",
+    releases=((0, 18, 4), (0, 19, 7)),  # measured on 0.18.4 and 0.19.5; 0.19.7 and 0.19.8 train (0.19.6 not cached)
+    fixed_in="0.19.7",
+    scenario=Scenario.from_dict({"stage": 1, "fused_head": True, "empty_param": True, "steps": [{}]}),
+    checks=("exception",),
+    keys=("exception:AssertionError@utils.tensor_fragment.get_hp_fragment_mapping",),
+    explains=lambda f: f.check in ("exception", "hang") and f.scenario.empty_param and f.scenario.stage in (1, 2)
+    and ("fragment" in (f.error or "") or f.check == "hang"),
+    detail=("Met by the default exploration of 0.19.5 (1 Dec): with a fused head the zero-element parameter ends "
+            "the flat group at offset 88, before the group's alignment padding, so _link_all_hp_params "
+            "(_init_lp_to_hp_mapping) takes it for a parameter overlapping the partition and "
+            "get_hp_fragment_mapping asserts on its empty fragment.  At world size 2 rank 0 fails in "
+            "initialize while rank 1 waits in a collective: a hang.  Issue #8297 reports the same assertion for "
+            "a zero-sized parameter strictly inside a partition (world size 2) and says it reproduced on a master "
+            "that had #8280; this shape trains on 0.19.7 and 0.19.8 (measured, world size 1 and 2)."),
+)
+
 FIXED_ISSUE_FIELDS: tuple[dict, ...] = (ZERO12_OFFLOAD_GAS3, ZERO12_OFFLOAD_MANUAL_BOUNDARY, PEFT_MODULES_TO_SAVE,
                                         LATE_MODULE, ZERO12_UNREDUCED_WITHOUT_CONTIGUOUS,
                                         ZERO0_BF16_UPDATE_LOST, ZERO12_NESTED_OUTPUTS_ENGINE_BACKWARD,
                                         Z3_ZERO_INIT_MIXED_DTYPES, Z3_ALL_REDUCE_FETCH_PADDING,
-                                        ZERO12_TRAILING_EMPTY_PARAM)
+                                        ZERO12_TRAILING_EMPTY_PARAM, ZERO12_EMPTY_PARAM_INSIDE_PARTITION)
 
 __all__ = ["FIXED_ISSUE_FIELDS"]
