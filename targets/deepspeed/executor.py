@@ -90,12 +90,6 @@ def _rereg_steps(spec: dict) -> list[int]:
     return [i for i, st in enumerate(spec.get("steps", [{}])) if st.get("reregister", False)]
 
 
-def _step_of(mismatch: str) -> int:
-    """The train step an ``after train step i: ...`` mismatch names (a large number for any other)."""
-    head = mismatch.split(":", 1)[0]
-    return int(head.rsplit(" ", 1)[1]) if head.startswith("after train step ") else 1 << 30
-
-
 def origin(exc: BaseException) -> str:
     """Where an exception was raised, stable across releases: ``ExcType@module.function`` of the
     innermost DeepSpeed frame (else the innermost frame)."""
@@ -173,6 +167,11 @@ def execute(spec: dict, on_step=None) -> dict:
             res["max_diff"] = max(res.get("max_diff", 0.0), max(
                 (net.max_abs(got[n].float() - e.float()) for n, e in expected[i].items()
                  if n in got and got[n].shape == e.shape), default=0.0))
+            if res["mismatch"] is None:  # the generations so far (TRL's unwrap) came before this step's parameters
+                gen = net.compare_generated(oracle_fp16["generated"][:len(backend.generated)], backend.generated,
+                                            *net.tolerance(spec))
+                if gen is not None:
+                    res["mismatch"] = f"generation before train step {_rereg_steps(spec)[gen[0]]} (TRL's unwrap): {gen[1]}"
             msg = net.compare(expected[i], got, *net.tolerance(spec))
             if not msg and eps:
                 msg = net.compare_update(oracle_fp16["initial"], expected[i], initial_ds, got, eps)
@@ -199,9 +198,6 @@ def execute(spec: dict, on_step=None) -> dict:
         net.run_schedule(spec, backend, mark=mark, after_step=after_step)
         if backend.unwrapped:
             res["engine"]["unwrap_gathered"] = backend.unwrapped
-        gen = net.compare_generated(oracle_fp16.get("generated", []), backend.generated, *net.tolerance(spec))
-        if gen is not None and (res["mismatch"] is None or _step_of(res["mismatch"]) >= _rereg_steps(spec)[gen[0]]):
-            res["mismatch"] = f"generation before train step {_rereg_steps(spec)[gen[0]]} (TRL's unwrap): {gen[1]}"
         fp16 = backend.fp16_state()
         if fp16 is not None:  # the loss scaler: the steps skipped for an overflow and the scale, both sides
             fp16.update(oracle_skipped=oracle_fp16.get("skipped"), oracle_scales=oracle_fp16.get("scales"))

@@ -492,22 +492,13 @@ class TorchBackend:
         side does it), whose output this rank's share of is kept (``generated``) to compare with DeepSpeed's."""
         if x is None or self.stage != 3:
             return
-        self.model.eval()
-        with torch.no_grad():
-            x = self._input(x)
-            res = self.model(input_ids=x) if self.llama else self.model(x)
-        self.model.train()
-        self.generated.append(rows_share(generation_output(res)))
+        self.generated.append(rows_share(generation_output(self.eval_forward(x))))
 
     def save_load(self, step):
         return None  # the oracle is unchanged: a checkpoint round trip must not change training
 
     def eval_forward(self, x):
-        self.model.eval()
-        with torch.no_grad():
-            x = self._input(x)
-            self.model(input_ids=x) if self.llama else self.model(x)
-        self.model.train()
+        return no_grad_forward(self.model, self._input(x), self.llama)
 
     def backward(self, kind, out, loss, fused, part=1.0, keep=False):
         """``part``: the share of the loss this backward takes; ``keep``: retain_graph (two backwards)."""
@@ -590,6 +581,15 @@ def max_abs(t) -> float:
     return t.abs().max().item() if t.numel() else 0.0
 
 
+def no_grad_forward(module, x, llama):
+    """One forward of ``module`` in eval mode without autograd (an eval forward, a generation), its output."""
+    module.eval()
+    with torch.no_grad():
+        out = module(input_ids=x) if llama else module(x)
+    module.train()
+    return out
+
+
 def generation_output(res):
     """The tensor a generation forward produced: a llama's logits, the blocks network's main output."""
     if hasattr(res, "logits"):
@@ -634,9 +634,10 @@ def rank_rows(x):
     batch; each rank's loss is the mean over its equal share, and data-parallel averaging of the gradients
     makes the mean of the per-rank means: the gradient of the global batch's mean."""
     import torch.distributed as dist
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+    ws = _world_size()
+    if ws == 1:
         return x
-    ws, rank = dist.get_world_size(), dist.get_rank()
+    rank = dist.get_rank()
     if x.shape[0] % ws:
         raise ValueError(f"batch of {x.shape[0]} rows cannot be split evenly over {ws} ranks")
     return x.detach().chunk(ws)[rank].clone().requires_grad_(x.requires_grad)
@@ -802,19 +803,10 @@ class DeepSpeedBackend:
         from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
         self.unwrapped.append(sum(getattr(p, "ds_status", None) == ZeroParamStatus.AVAILABLE
                                   for p in module.parameters()))  # gathered while generating (the executor reports it)
-        module.eval()
-        with torch.no_grad():
-            x = self._input(x)
-            res = module(input_ids=x) if self.llama else module(x)
-        module.train()
-        self.generated.append(generation_output(res).float())
+        self.generated.append(generation_output(no_grad_forward(module, self._input(x), self.llama)).float())
 
     def eval_forward(self, x):
-        self.engine.eval()
-        with torch.no_grad():
-            x = self._input(x)
-            self.engine(input_ids=x) if self.llama else self.engine(x)
-        self.engine.train()
+        no_grad_forward(self.engine, self._input(x), self.llama)
 
     def boundary(self, boundary):
         """Before a micro-step's backward: ``manual_boundary`` tells the engine whether it is the last one."""
