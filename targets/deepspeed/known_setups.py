@@ -514,6 +514,25 @@ ZERO1_CHECKPOINT_DROPS_EMPTY_PARAM = KnownIssue(
             "releases apart from buffer dtypes, so the change is on the saving side -- not traced to its line."),
 )
 
+ZERO_TO_FP32_BF16_OPTIMIZER = KnownIssue(
+    id="zero-to-fp32-bf16-optimizer-checkpoint",
+    title="zero_to_fp32 refuses the checkpoint of ZeRO-1 with bf16 and fp32 gradient accumulation (BF16_Optimizer): "
+          "'... is not a zero checkpoint'",
+    owner="deepspeed",
+    releases=((0, 19, 7), (0, 20, 0)),  # measured on 0.19.7 and 0.19.8; older releases not measured
+    scenario=Scenario.from_dict({"stage": 1, "precision": "bf16", "fp32_grad_accum": True,
+                                 "steps": [{"save_load": True}]}),
+    checks=("exception",),
+    keys=("exception:ValueError@utils.zero_to_fp32.parse_optim_states",),
+    explains=lambda f: f.check == "exception" and f.scenario.stage == 1 and f.scenario.fp32_grad_accum
+    and "is not a zero checkpoint" in (f.error or ""),
+    detail=("Found by `make explore` from a fresh clone (0.19.8, 1 Dec, last minutes of the session).  ZeRO-1 with "
+            "bf16 and grad_accum_dtype fp32 runs DeepSpeed's BF16_Optimizer, whose checkpoint files "
+            "(bf16_zero_pp_rank_*_optim_states.pt) lack the ZeRO optimizer state keys parse_optim_states looks for, "
+            "so zero_to_fp32 -- the script a checkpoint directory ships for turning it into fp32 weights -- raises "
+            "ValueError.  load_checkpoint into the engine works (the run then trains); not traced further."),
+)
+
 SETUP_ISSUE_FIELDS: tuple[dict, ...] = (ZERO0_FP16_LOSS_NOT_SCALED, Z3_UNGROUPED_NOT_GATHERED, TWO_BACKWARDS_PER_FORWARD,
                                         STEP_WITHOUT_GRADIENT, NESTED_OUTPUTS_SCALED_TWICE,
                                         SHARED_ACROSS_REENTRANT, Z3_LINEAR_OVERRIDE_OUTLIVES_ENGINE,
@@ -521,6 +540,7 @@ SETUP_ISSUE_FIELDS: tuple[dict, ...] = (ZERO0_FP16_LOSS_NOT_SCALED, Z3_UNGROUPED
                                         OFFLOAD_STALE_GRAD_AFTER_FREEZE, ZERO_ADAM_STEPS_FROZEN_PARAM,
                                         ZERO_TO_FP32_DROPS_UNGROUPED, ZERO1_CHECKPOINT_DROPS_FROZEN,
                                         Z3_MIXED_DTYPE_TRAINABLE_DEFRAGMENT, Z3_EMPTY_PARAM_NOT_GATHERED,
-                                        ZERO_TO_FP32_Z3_EMPTY_PARAM, ZERO1_CHECKPOINT_DROPS_EMPTY_PARAM)
+                                        ZERO_TO_FP32_Z3_EMPTY_PARAM, ZERO1_CHECKPOINT_DROPS_EMPTY_PARAM,
+                                        ZERO_TO_FP32_BF16_OPTIMIZER)
 
 __all__ = ["SETUP_ISSUE_FIELDS"]
