@@ -19,7 +19,7 @@ Two measurements, both on CPU (gloo, world size 1, ``OMP_NUM_THREADS=1``):
   parameter groups, the HF Llama family ...); the fp16 draws (about one in four) run on DeepSpeed's CPU
   accelerator too since issue 11 (`net.allow_fp16_on_cpu`; before, they were skipped in about a millisecond
   and still counted as examples).
-* **time to each seed bug** -- ``zerostate.targets.explorer.explore`` from scratch (no
+* **time to each seed bug** -- ``zerostate.explorer.explore.explore`` from scratch (no
   Hypothesis database; the ci profile's derandomized sequence) with ``--examples`` per
   search, per release, stopping once the seed's finding is final: seconds from the start of
   exploring (target start-up reported separately) until it is first handed over (unshrunk, the
@@ -32,7 +32,7 @@ Two measurements, both on CPU (gloo, world size 1, ``OMP_NUM_THREADS=1``):
   handed over (``key_handed_over_s``, with whichever example first had that key).
 
   The seed bugs and how a finding is recognised as one are ``SEED_BUGS`` in
-  ``targets/deepspeed/known.py``: 0.18.4 -- seed 000 part 1 (a ZeRO-3 scenario with a reentrant
+  ``known/issues.py``: 0.18.4 -- seed 000 part 1 (a ZeRO-3 scenario with a reentrant
   block and a PyTorch-style backward whose shrunk finding is the ``unknown parameter type``
   exception or the epilogue / bucket spec violations); 0.18.6 -- seed 000 part 2
   (``count-once-per-phase``); 0.19.2 -- seed 002 (``saved-tensor-intact`` on a ZeRO-3 scenario
@@ -58,8 +58,8 @@ def throughput_jobs(n: int, jobs: int) -> dict:
     import threading
 
     from zerostate.targets.base import get_target
-    from zerostate.targets.explorer import LANE, _lanes, generated
-    from zerostate.targets.strategies import scenarios
+    from zerostate.explorer.explore import LANE, _lanes, generated
+    from zerostate.explorer.strategies import scenarios
     t0 = time.perf_counter()
     workers = [get_target("deepspeed") for _ in range(jobs)]
     for w in workers:
@@ -85,7 +85,7 @@ def throughput(n: int) -> dict:
     from hypothesis import HealthCheck, Phase, given, settings
 
     from zerostate.targets.base import get_target
-    from zerostate.targets.strategies import scenarios
+    from zerostate.explorer.strategies import scenarios
     t0 = time.perf_counter()
     target = get_target("deepspeed")
     target.prestart(2)  # as `zerostate explore` does
@@ -113,8 +113,8 @@ def throughput(n: int) -> dict:
 
 def time_to_seed(version: str, examples: int) -> dict:
     from zerostate.targets.base import get_target
-    from zerostate.targets.deepspeed.known import SEED_BUGS
-    from zerostate.targets.explorer import explore
+    from zerostate.known.issues import SEED_BUGS
+    from zerostate.explorer.explore import explore
     seed, is_seed = SEED_BUGS[version]
     t0 = time.perf_counter()
     target = get_target("deepspeed", deepspeed=version)

@@ -4,7 +4,7 @@
         [--configs default reuse0 persist0 persist0-reuse0] [--release VERSION] [--device cpu|cuda]
         [--dtype fp32|bf16] [--json OUT]
 
-The job is `targets/hf_job.py` (tiny random-init Llama, hidden 64, 2 layers, vocab 128, LoRA r=4 on
+The job is `clients/hf_job.py` (tiny random-init Llama, hidden 64, 2 layers, vocab 128, LoRA r=4 on
 q_proj/v_proj, gradient checkpointing, HF ``Trainer``, ZeRO-3, batch 4 x 16 tokens), one process per
 (configuration, stock|runtime, round), ``OMP_NUM_THREADS=1``.  Configurations (``zero_optimization``
 keys on top of DeepSpeed's defaults):
@@ -54,14 +54,14 @@ def run_one(config: str, runtime: bool, a: argparse.Namespace) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in _ENV_DROP}
     env.update(OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", HF_HUB_OFFLINE="1")
     if a.release:
-        from zerostate.targets.deepspeed import envs
+        from zerostate.harness import envs
 
         env["PYTHONPATH"] = os.pathsep.join([str(envs.ensure_release(a.release))] + [
             p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
         env["TORCH_EXTENSIONS_DIR"] = str(envs.extensions_dir_for(f"deepspeed-{a.release}"))
     with tempfile.TemporaryDirectory(prefix="zerostate-bench-hf-") as tmp:
         out = Path(tmp) / "job.json"
-        cmd = [sys.executable, "-m", "zerostate.targets.hf_job", "--ckpt", a.ckpt, "--steps", str(a.steps),
+        cmd = [sys.executable, "-m", "zerostate.clients.hf_job", "--ckpt", a.ckpt, "--steps", str(a.steps),
                "--measure", "--device", a.device, "--dtype", a.dtype, "--json", str(out)]
         cmd += [f"--zero={k}={json.dumps(v)}" for k, v in CONFIGS[config].items()]
         if runtime:

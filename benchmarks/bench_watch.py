@@ -6,9 +6,9 @@
 1. Seed 000's model (as benchmarks/bench_hook_overhead.py: 73 ``Linear(64, 64)`` + ``LayerNorm``, 148
    parameter tensors, batch 8, fp32, ``engine.backward``, ``OMP_NUM_THREADS=1``), ZeRO-2 and ZeRO-3;
    watched with ``zerostate.watch(engine)`` (every spec checked online, memory measured).
-2. The tiny HF job (`zerostate.targets.hf_job`: Llama hidden 64, 2 layers, PEFT LoRA r=4, non-reentrant
+2. The tiny HF job (`zerostate.clients.hf_job`: Llama hidden 64, 2 layers, PEFT LoRA r=4, non-reentrant
    gradient checkpointing, HF ``Trainer``, ZeRO-3 at DeepSpeed's defaults), plain vs under
-   ``zerostate watch -- python -m zerostate.targets.hf_job``; seconds of each ``training_step``
+   ``zerostate watch -- python -m zerostate.clients.hf_job``; seconds of each ``training_step``
    (forward + backward + step) as the job measures them, the first two dropped.
 
 Paired (the figures to trust on a shared machine; run by default after the above, or alone with
@@ -66,7 +66,7 @@ import json, statistics, sys
 import deepspeed
 from transformers import TrainerCallback
 import zerostate
-from zerostate.targets import hf_job
+from zerostate.clients import hf_job
 a = json.loads(sys.argv[1])
 engines = []
 original = deepspeed.initialize
@@ -130,7 +130,7 @@ def _hf_paired(a) -> dict:
 
 def _hf(watch: bool, a) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    job = [sys.executable, "-m", "zerostate.targets.hf_job", "--ckpt", "non_reentrant", "--steps", str(a.hf_steps)]
+    job = [sys.executable, "-m", "zerostate.clients.hf_job", "--ckpt", "non_reentrant", "--steps", str(a.hf_steps)]
     with tempfile.TemporaryDirectory() as d:
         cmd = ([sys.executable, "-m", "zerostate.cli.main", "watch", "--out", d, "--", *job] if watch else job)
         p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)

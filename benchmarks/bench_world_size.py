@@ -41,7 +41,7 @@ def throughput(world_size: int, n: int) -> dict:
     from hypothesis import HealthCheck, Phase, given, settings
 
     from zerostate.targets.base import get_target
-    from zerostate.targets.strategies import scenarios
+    from zerostate.explorer.strategies import scenarios
     t0 = time.perf_counter()
     target = get_target("deepspeed", world_size=world_size)
     from zerostate.model.scenario import Scenario
@@ -72,8 +72,8 @@ def throughput(world_size: int, n: int) -> dict:
 
 def time_to_seed(world_size: int, version: str, examples: int, stages: tuple[int, ...] | None = None) -> dict:
     from zerostate.targets.base import get_target
-    from zerostate.targets.explorer import explore
-    from zerostate.targets.strategies import scenarios
+    from zerostate.explorer.explore import explore
+    from zerostate.explorer.strategies import scenarios
     t0 = time.perf_counter()
     target = get_target("deepspeed", deepspeed=version, world_size=world_size)
     startup = time.perf_counter() - t0

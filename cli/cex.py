@@ -7,9 +7,9 @@ from typing import Any
 from zerostate.model.events import Event
 from zerostate.model.monitor import Violation
 from zerostate.model.scenario import Scenario
-from zerostate.targets.base import Finding
+from zerostate.findings.finding import Finding
 
-from .repro import repro_for
+from zerostate.cli.repro import repro_for
 
 MAX_GRAPH_STATES = 4000
 """Larger state graphs are not drawn (the picture would be a smear)."""

@@ -19,9 +19,9 @@ import json
 from types import SimpleNamespace
 from typing import Any, Callable
 
-from . import targets_api as api
-from .common import EXIT_FINDINGS, EXIT_OK, CliError, load_scenario
-from .releases import available_releases, release_range
+from zerostate.cli import targets_api as api
+from zerostate.cli.common import EXIT_FINDINGS, EXIT_OK, CliError, load_scenario
+from zerostate.cli.releases import available_releases, release_range
 
 PASS = "pass"
 _CRASH = frozenset({"exception", "crash", "hang", "internal"})

@@ -7,8 +7,8 @@ import json
 import sys
 from typing import Any
 
-from . import cex
-from .common import DEFAULT_OUT, EXIT_FINDINGS, EXIT_OK, CliError, design, need, positive_int
+from zerostate.cli import cex
+from zerostate.cli.common import DEFAULT_OUT, EXIT_FINDINGS, EXIT_OK, CliError, design, need, positive_int
 
 
 def add_parser(sub: Any) -> None:
@@ -31,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
     from zerostate.model.designs import designs
     from zerostate.specs import SPECS
 
-    from .report import Report
+    from zerostate.cli.report import Report
 
     names = args.design or list(designs())
     for n in names:
@@ -42,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
     bound_kw = {k: v for k, v in (("max_blocks", args.max_blocks), ("max_micro_steps", args.max_micro_steps))
                 if v is not None}
     bound = checker.Bound(**bound_kw)
-    from .progress import note
+    from zerostate.cli.progress import note
     note(f"checking {len(names)} design(s) over {_bound_text(bound)}; this can take minutes")
     result = checker.check(names, bound, spec_ids=args.spec, jobs=args.jobs)
     report = Report(args.out, "check", {"target": "model", "bound": _bound_text(bound),

@@ -12,8 +12,8 @@ import json
 import sys
 from typing import Any
 
-from . import cex
-from .common import DEFAULT_OUT, EXIT_OK, design, need, positive_int
+from zerostate.cli import cex
+from zerostate.cli.common import DEFAULT_OUT, EXIT_OK, design, need, positive_int
 
 
 def add_parser(sub: Any) -> None:
@@ -33,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
     mod = need("zerostate.analysis.compare", "zerostate compare")
     from zerostate.specs import SPECS
 
-    from .report import Report
+    from zerostate.cli.report import Report
 
     a, b = args.design_a, args.design_b
     result = mod.compare(a, b, scenarios=mod.default_scenarios(args.max_blocks))

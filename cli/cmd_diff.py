@@ -32,11 +32,11 @@ import time
 from types import SimpleNamespace
 from typing import Any
 
-from . import targets_api as api
-from .common import EXIT_FINDINGS, EXIT_INTERRUPTED, EXIT_OK, CliError, check_world_size, load_scenario, \
+from zerostate.cli import targets_api as api
+from zerostate.cli.common import EXIT_FINDINGS, EXIT_INTERRUPTED, EXIT_OK, CliError, check_world_size, load_scenario, \
     non_negative_float, positive_int
-from .cmd_explore import _ctrl_c_kept, _kept
-from .progress import Progress
+from zerostate.cli.cmd_explore import _ctrl_c_kept, _kept
+from zerostate.cli.progress import Progress
 
 DEFAULT_OUT = "zerostate-diff"
 DEFAULT_EXAMPLES = 200
@@ -86,7 +86,7 @@ class Recorder:
         self.measured: dict[str, dict[str, int]] = {}
 
     def run(self, sc: Any) -> Any:
-        from .diff_metrics import metrics
+        from zerostate.cli.diff_metrics import metrics
         key = sc.to_json(None)
         if key not in self.outcomes:
             out = self.target.run(sc)
@@ -148,7 +148,7 @@ def explore_side(rec: Recorder, label: str, args: argparse.Namespace, ctrl_c: An
 
 
 def classify(base_found: list[Any], head_found: list[Any], base: Recorder, head: Recorder) -> list[dict[str, Any]]:
-    from zerostate.targets.grouping import group_key
+    from zerostate.known.labels import group_key
     entries: list[dict[str, Any]] = []
     matched: set[str] = set()
     for fb in base_found:
@@ -176,12 +176,12 @@ def _known_on(f: Any, version: str | None) -> bool:
     """A known issue explains ``f`` as it would be on ``version`` (the base release)."""
     from dataclasses import replace
 
-    from zerostate.targets.grouping import label
+    from zerostate.known.labels import label
     return bool(version) and label(replace(f, deepspeed=version)) is not None
 
 
 def _entry(status: str, f: Any, side: str, other: Any) -> dict[str, Any]:
-    from zerostate.targets.grouping import annotate
+    from zerostate.known.labels import annotate
     return {"status": status, "found_on": side, "check": f.check, "key": f.key, "error": f.error,
             "scenario": f.scenario.to_dict(), "description": f.scenario.describe(), **annotate(f),
             "replay_on_" + ("head" if side == "base" else "base"): _replay_summary(other)}
@@ -198,8 +198,8 @@ def _first(text: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .diff_metrics import compare
-    from .diff_report import write_report
+    from zerostate.cli.diff_metrics import compare
+    from zerostate.cli.diff_report import write_report
     check_world_size(args.world_size)
     extra = [load_scenario(path) for path in args.scenario]  # bad files fail before any build starts
     t0 = time.monotonic()

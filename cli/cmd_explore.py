@@ -19,14 +19,14 @@ import threading
 import time
 from typing import Any, Iterator
 
-from zerostate.targets.base import Finding
-from zerostate.targets.confirm import StopExploring
+from zerostate.findings.finding import Finding
+from zerostate.explorer.confirm import StopExploring
 
-from . import targets_api as api
-from .common import (DEFAULT_OUT, EXIT_FINDINGS, EXIT_INTERRUPTED, EXIT_OK, check_world_size, design,
+from zerostate.cli import targets_api as api
+from zerostate.cli.common import (DEFAULT_OUT, EXIT_FINDINGS, EXIT_INTERRUPTED, EXIT_OK, check_world_size, design,
                      non_negative_float, positive_int)
-from .progress import Progress
-from .repro import repro_for
+from zerostate.cli.progress import Progress
+from zerostate.cli.repro import repro_for
 
 DEFAULT_EXAMPLES = 200
 DEFAULT_TIME_BUDGET = 0.0
@@ -81,7 +81,7 @@ def add_parser(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from zerostate.specs import SPECS
 
-    from .report import Report
+    from zerostate.cli.report import Report
 
     check_world_size(args.world_size)
     if args.target == "model" and args.design:
@@ -236,7 +236,7 @@ def _ctrl_c_kept() -> Iterator[_CtrlC]:
 
 def _unexplained(f: Finding) -> bool:
     """No known issue explains it (`grouping.label`): the explorer shrinks these first."""
-    from zerostate.targets.grouping import label
+    from zerostate.known.labels import label
     return label(f) is None
 
 
@@ -280,7 +280,7 @@ def _write(report: Any, f: Finding, confirmed: bool, column: str, who: dict[str,
     entry["shrunk"] = f.shrunk
     if entry["shrunk"] is False:
         entry["stage"] = "as seen" if confirmed else "unshrunk"
-    tags = _annotate(f)  # known issue and root-cause group (targets/grouping.py)
+    tags = _annotate(f)  # known issue and root-cause group (known/labels.py)
     entry.update(tags)
     sc = f.scenario
     return {"check": f.check, "error": f.error, "blocks": len(sc.blocks), "steps": len(sc.steps),
@@ -300,7 +300,7 @@ def _annotate(f: Finding) -> dict[str, Any]:
     describes DeepSpeed releases)."""
     if not f.deepspeed:
         return {}
-    from zerostate.targets.grouping import annotate
+    from zerostate.known.labels import annotate
     return annotate(f)
 
 

@@ -15,11 +15,11 @@ import json
 import sys
 from typing import Any
 
-from . import targets_api as api
-from .cmd_explore import add_target_options
+from zerostate.cli import targets_api as api
+from zerostate.cli.cmd_explore import add_target_options
 from zerostate.model.scenario import Scenario, ScenarioError
 
-from .common import EXIT_FINDINGS, EXIT_OK, CliError, check_world_size, design, load_scenario, positive_int
+from zerostate.cli.common import EXIT_FINDINGS, EXIT_OK, CliError, check_world_size, design, load_scenario, positive_int
 
 
 def add_parser(sub: Any) -> None:
@@ -132,8 +132,8 @@ def run(args: argparse.Namespace) -> int:
 def _report(args: argparse.Namespace, who: dict[str, Any], outcome: Any) -> None:
     from zerostate.specs import SPECS
 
-    from .cmd_explore import _replay_args, column_of, shown
-    from .report import Report
+    from zerostate.cli.cmd_explore import _replay_args, column_of, shown
+    from zerostate.cli.report import Report
 
     column = column_of(args, who)
     report = Report(args.out, "replay", {**who, "command_line": "zerostate " + " ".join(sys.argv[1:])},

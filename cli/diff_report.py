@@ -70,7 +70,7 @@ def _evidence(rep: dict[str, Any]) -> str:
 
 
 def _groups(entries: list[dict[str, Any]]) -> list[str]:
-    from zerostate.targets.grouping import groups
+    from zerostate.known.labels import groups
     gs = groups(entries)
     out = [f"Root causes: {len(gs)} for {len(entries)} finding(s).", "",
            "| root cause | known issue (fixed in) | findings | count |", "|---|---|---|---|"]

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-from .canvas import Canvas
-from .pictures import titles
+from zerostate.cli.canvas import Canvas
+from zerostate.cli.pictures import titles
 
 
 def graph_picture(graph: Any, path: Iterable[Any] = (), title: str = "", subtitle: str = "") -> Canvas:

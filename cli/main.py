@@ -14,8 +14,9 @@ from typing import Sequence
 
 from zerostate import __version__
 
-from . import cmd_bisect, cmd_check, cmd_compare, cmd_diff, cmd_explore, cmd_replay, cmd_watch
-from .common import EXIT_INTERRUPTED, EXIT_USAGE, CliError
+from zerostate.cli import cmd_bisect, cmd_check, cmd_compare, cmd_diff, cmd_explore, cmd_replay
+from zerostate.watcher import command as cmd_watch
+from zerostate.cli.common import EXIT_INTERRUPTED, EXIT_USAGE, CliError
 
 COMMANDS = (cmd_explore, cmd_check, cmd_compare, cmd_replay, cmd_bisect, cmd_diff, cmd_watch)
 

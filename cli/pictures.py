@@ -15,7 +15,7 @@ from typing import Sequence
 from zerostate.model.events import EventKind, Event
 
 from zerostate.atomic import replace_file
-from .canvas import Canvas
+from zerostate.cli.canvas import Canvas
 
 WINDOW = 120
 """Most events one picture shows; a longer trace is cut to the window ending just after the violation."""

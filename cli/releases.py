@@ -8,7 +8,7 @@ import sys
 
 from packaging.version import InvalidVersion, Version
 
-from .common import CliError
+from zerostate.cli.common import CliError
 
 
 def available_releases() -> list[str]:
@@ -46,7 +46,7 @@ def check_release(version: str, option: str, releases: list[str]) -> None:
 def check_requested(version: str) -> None:
     """``--deepspeed VERSION``: a release already cached is fine; otherwise it must be on the index."""
     parse(version, "--deepspeed")
-    from zerostate.targets.deepspeed import envs
+    from zerostate.harness import envs
     if (envs.release_dir(version) / "installed").exists():
         return
     check_release(version, "--deepspeed", available_releases())

@@ -23,12 +23,12 @@ from typing import Any, Callable, Iterator
 
 from zerostate import __version__
 from zerostate.model.events import Event
-from zerostate.targets.base import Finding
+from zerostate.findings.finding import Finding
 
-from . import pictures
-from .graph_picture import graph_picture
+from zerostate.cli import pictures
+from zerostate.cli.graph_picture import graph_picture
 from zerostate.atomic import replace_file
-from .report_md import render_markdown
+from zerostate.cli.report_md import render_markdown
 
 FORMAT = 1
 _STALE = ("report.md", "report.json", "repro_*.py", "finding_*.json", "trace_*.svg", "trace_*.png",

@@ -109,8 +109,8 @@ def _finding(f: dict[str, Any]) -> list[str]:
 
 
 def _groups(findings: list[dict[str, Any]]) -> list[str]:
-    """Findings grouped by root cause (targets/grouping.py), each group with its known issue and count."""
-    from zerostate.targets.grouping import groups
+    """Findings grouped by root cause (known/labels.py), each group with its known issue and count."""
+    from zerostate.known.labels import groups
     gs = groups(findings)
     if not gs:
         return []

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from zerostate.model.scenario import Scenario
-from zerostate.targets.base import Finding
+from zerostate.findings.finding import Finding
 
 
 def repro_for(scenario: Scenario, check: str, error: str, finding: Any = None) -> Callable[[int], str]:
@@ -14,7 +14,7 @@ def repro_for(scenario: Scenario, check: str, error: str, finding: Any = None) -
         finding = Finding(check=check, error=error, scenario=scenario)
 
     def script(n: int) -> str:
-        from zerostate.targets.deepspeed import repro as generator  # imports torch: only when a script is written
+        from zerostate.harness import repro as generator  # imports torch: only when a script is written
         return generator.repro_script(finding, n)
     return script
 

@@ -1,4 +1,4 @@
-"""The one place the CLI meets the targets package (targets/base.py, targets/explorer.py).
+"""The one place the CLI meets the targets package (targets/base.py, explorer/explore.py).
 
 The CLI builds, describes, runs and closes targets through here (options checked, errors as `CliError`),
 and reads the one typed shape the targets produce -- `Finding` and `Outcome` (targets/base.py) -- by
@@ -11,9 +11,10 @@ import os
 from typing import Any, Callable
 
 from zerostate.model.scenario import Scenario
-from zerostate.targets.base import Finding, Outcome, Target, get_target
+from zerostate.targets.base import Outcome, Target, get_target
+from zerostate.findings.finding import Finding
 
-from .common import CliError, need
+from zerostate.cli.common import CliError, need
 
 
 def target(args: Any) -> Target:
@@ -31,12 +32,12 @@ def target(args: Any) -> Target:
             raise CliError(f"--deepspeed-path {args.deepspeed_path}: no such directory "
                            f"(expected a DeepSpeed checkout, the folder holding deepspeed/)")
         if args.deepspeed and getattr(args, "check_release", True):
-            from .releases import check_requested
+            from zerostate.cli.releases import check_requested
             check_requested(args.deepspeed)
         kw.update(deepspeed=args.deepspeed, deepspeed_path=args.deepspeed_path,
                   world_size=getattr(args, "world_size", 1))
     if args.target == "deepspeed":
-        from .progress import note
+        from zerostate.cli.progress import note
         what = (f"DeepSpeed {args.deepspeed}" if args.deepspeed else
                 f"DeepSpeed from {args.deepspeed_path}" if args.deepspeed_path else "the installed DeepSpeed")
         note(f"starting {what} on CPU or GPU (a release's first use installs it and builds its comm op: "
@@ -63,7 +64,7 @@ def describe_target(t: Target) -> dict[str, Any]:
 def explore(t: Target, examples: int, seed: int | None, on_finding: Callable[[Finding], None],
             on_progress: Callable[..., None], **options: Any) -> Any:
     """``options``: the explorer's other keywords (``on_restart``, ``confirm``)."""
-    mod = need("zerostate.targets.explorer", "zerostate explore")
+    mod = need("zerostate.explorer.explore", "zerostate explore")
     return mod.explore(t, examples=examples, seed=seed, on_finding=on_finding, on_progress=on_progress, **options)
 
 

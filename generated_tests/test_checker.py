@@ -20,7 +20,7 @@ from zerostate.model.events import EventKind
 from zerostate.model.explore import run, state_graph
 from zerostate.specs import SPECS, check_trace
 from zerostate.specs.hook_specs import HOOK_SPECS
-from zerostate.targets.strategies import scenarios
+from zerostate.explorer.strategies import scenarios
 
 HOOK_DESIGNS = ("ds-0.18.4", "ds-0.18.5", "ds-0.18.7", "zerostate")
 

@@ -12,7 +12,7 @@ from test_cli_util import zs
 import zerostate.targets.deepspeed.target  # noqa: F401  (a broken import fails, never skips)
 from zerostate.cli.cmd_bisect import PASS, outcome_of, transitions
 from zerostate.model.scenario import Scenario
-from zerostate.targets.base import Finding
+from zerostate.findings.finding import Finding
 
 releases_only = [pytest.mark.deepspeed,
                  pytest.mark.skipif(os.environ.get("ZEROSTATE_RELEASE_TESTS") != "1",

@@ -25,9 +25,10 @@ from zerostate.cli.diff_metrics import compare, metrics
 from zerostate.cli.diff_report import render
 from zerostate.model.events import Event, EventKind
 from zerostate.model.scenario import Scenario
-from zerostate.targets.base import Finding, Outcome
-from zerostate.targets.deepspeed import known
-from zerostate.targets.grouping import groups, label, root_key
+from zerostate.targets.base import Outcome
+from zerostate.findings.finding import Finding
+from zerostate.known import issues as known
+from zerostate.known.labels import groups, label, root_key
 
 RELEASES = os.environ.get("ZEROSTATE_RELEASE_TESTS") == "1"
 PATCHED = os.environ.get("ZEROSTATE_PATCHED_DEEPSPEED")

@@ -12,7 +12,7 @@ import time
 import pytest
 from test_cli_util import BIN, FINDING_KEYS, REPORT_KEYS, assert_pictures, load_report, zs
 
-import zerostate.targets.explorer  # noqa: F401  (a broken import fails, never skips)
+import zerostate.explorer.explore  # noqa: F401  (a broken import fails, never skips)
 import zerostate.targets.model_target  # noqa: F401  (a broken import fails, never skips)
 
 BUGGY = ("--target", "model", "--design", "ds-0.18.4")
@@ -211,8 +211,8 @@ class SlowNumpy(importlib.abc.MetaPathFinder):
         return spec
 
 sys.meta_path.insert(0, SlowNumpy())
-from zerostate.targets.explorer import generated
-from zerostate.targets.strategies import scenarios
+from zerostate.explorer.explore import generated
+from zerostate.explorer.strategies import scenarios
 it = generated(scenarios(), 2000, 0)
 next(it)  # drawing has started, in its own thread
 importer = threading.Thread(target=__import__, args=("numpy",))
@@ -247,7 +247,7 @@ def test_sigusr1_dumps_every_threads_stack_and_the_run_goes_on(tmp_path):
             proc.kill()
     assert proc.returncode == 130, (out, err)
     assert "Current thread" in err and "(most recent call first)" in err, err[-6000:]
-    assert "explorer.py" in err  # the explorer's own frames
+    assert "explorer/explore.py" in err  # the explorer's own frames
 
 
 def test_progress_line_on_a_terminal_only(tmp_path):
@@ -323,7 +323,7 @@ def test_findings_end_shrunk_under_the_number_they_were_handed_over_with(buggy_r
     """explore writes each new finding at once, unshrunk, then rewrites it shrunk and confirmed under the
     same number: at the end every finding is shrunk, or -- only when the run's distinct runs reached the
     hard cap -- kept as seen (said so), numbered 1..n, each file written once."""
-    from zerostate.targets.explorer import hard_cap
+    from zerostate.explorer.explore import hard_cap
     _, out = buggy_run
     rep = load_report(out)
     assert [f["n"] for f in rep["findings"]] == list(range(1, len(rep["findings"]) + 1))
@@ -357,7 +357,7 @@ def test_a_complete_run_numbers_its_findings_in_generation_order(tmp_path):
     from zerostate.cli.report import Report
     from zerostate.model.scenario import Scenario
     from zerostate.specs import SPECS
-    from zerostate.targets.base import Finding
+    from zerostate.findings.finding import Finding
 
     who = {"target": "model", "design": "ds-0.18.4", "deepspeed": None}
     sc = lambda n: Scenario.from_dict({"blocks": [{}] * n, "steps": [{"micro": [{"backward": "torch"}]}]})  # noqa: E731

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from test_cli_util import load_report, zs
 
-import zerostate.targets.deepspeed.repro  # noqa: F401  (a broken import fails, never skips)
+import zerostate.harness.repro  # noqa: F401  (a broken import fails, never skips)
 import zerostate.analysis.checker  # noqa: F401  (a broken import fails, never skips)
 
 RELEASES = pytest.mark.skipif(os.environ.get("ZEROSTATE_RELEASE_TESTS") != "1",
@@ -51,7 +51,7 @@ def run_repro(script: Path, release: str | None = None, timeout: float = 300) ->
     env.pop("PYTHONPATH", None)
     assert not script.resolve().is_relative_to(Path(__file__).resolve().parent.parent), "run it outside the repo"
     if release:
-        from zerostate.targets.deepspeed import envs
+        from zerostate.harness import envs
         env["PYTHONPATH"] = str(envs.ensure_release(release))
         env["TORCH_EXTENSIONS_DIR"] = str(envs.extensions_dir_for(f"deepspeed-{release}"))
     return subprocess.run([sys.executable, "-c", NO_ZEROSTATE, script.name], cwd=script.parent,
@@ -113,14 +113,14 @@ def test_repro_embeds_the_projects_own_checks_verbatim(hook_repro):
     import inspect
     import zerostate.specs.hook_specs
     import zerostate.specs.coordinator_specs
-    import zerostate.targets.deepspeed.agreement
-    import zerostate.targets.deepspeed.executor
-    import zerostate.targets.deepspeed.run_checks
-    import zerostate.targets.deepspeed.tracer
+    import zerostate.findings.agreement
+    import zerostate.harness.executor
+    import zerostate.findings.decide
+    import zerostate.tracing.tracer
     embedded = _scripts_namespace(hook_repro.read_text())["EMBEDDED"]
-    for mod in (zerostate.specs.hook_specs, zerostate.specs.coordinator_specs, zerostate.targets.deepspeed.agreement,
-                zerostate.targets.deepspeed.executor, zerostate.targets.deepspeed.run_checks,
-                zerostate.targets.deepspeed.tracer):
+    for mod in (zerostate.specs.hook_specs, zerostate.specs.coordinator_specs, zerostate.findings.agreement,
+                zerostate.harness.executor, zerostate.findings.decide,
+                zerostate.tracing.tracer):
         assert embedded[mod.__name__][1] == Path(inspect.getsourcefile(mod)).read_text(), mod.__name__
     assert embedded["zerostate.specs"][0] is True  # a package: its __init__ (SPECS) is embedded too
     outside = hook_repro.read_text().split("EMBEDDED = {}")[0]
@@ -161,8 +161,8 @@ def test_model_agreement_repro_judges_with_the_embedded_projection(hook_repro, t
     `agreement.compare`: for seed 000 part 1's scenario the ds-0.18.4 design's trace (a premature
     epilogue) disagrees with the pinned release (exit 1), the pinned release's own design agrees (exit 0)."""
     from zerostate.model.scenario import Scenario
-    from zerostate.targets.base import Finding
-    from zerostate.targets.deepspeed.repro import repro_script
+    from zerostate.findings.finding import Finding
+    from zerostate.harness.repro import repro_script
     import deepspeed
     sc = Scenario.from_dict(_scripts_namespace(hook_repro.read_text())["SPEC"])
     codes = {}
@@ -181,7 +181,7 @@ def test_failed_checks_is_the_targets_judgement():
     """`run_checks.failed_checks` (what a repro judges with) gives the check ids of the findings
     `DeepSpeedTarget.run` reports, on the same executor result -- a clean run and one with findings."""
     from zerostate.model.scenario import Scenario
-    from zerostate.targets.deepspeed.run_checks import failed_checks
+    from zerostate.findings.decide import failed_checks
     from zerostate.targets.deepspeed.target import DeepSpeedTarget
     from zerostate.model.explore import run as model_run
     from zerostate.model.events import Event
@@ -210,8 +210,8 @@ def test_world_size_2_repro_judges_the_ranks_together(tmp_path):
     ``python`` (one rank) it cannot judge a cross-rank check and says so (exit 2)."""
     import shutil
     from zerostate.model.scenario import Scenario
-    from zerostate.targets.base import Finding
-    from zerostate.targets.deepspeed.repro import repro_script
+    from zerostate.findings.finding import Finding
+    from zerostate.harness.repro import repro_script
     torchrun = shutil.which("torchrun") or str(Path(sys.executable).with_name("torchrun"))
     f = Finding("ranks-params", "...", Scenario.from_dict({"blocks": [{"checkpoint": "non_reentrant"}, {"leaf": True}],
                                                             "stage": 3}), deepspeed="0.19.8")
@@ -224,7 +224,7 @@ def test_world_size_2_repro_judges_the_ranks_together(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST", "HYPOTHESIS", "MASTER_", "RANK"))}
     env.pop("PYTHONPATH", None)
     (tmp_path / "no_zerostate.py").write_text(NO_ZEROSTATE)
-    from zerostate.targets.deepspeed.rank_pool import free_port
+    from zerostate.harness.rank_pool import free_port
     r = subprocess.run([torchrun, "--nproc-per-node", "2", "--master-port", str(free_port()), "no_zerostate.py",
                         script.name],
                        cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
@@ -247,9 +247,9 @@ def test_an_order_dependent_findings_repro_runs_its_sequence_first():
     """Issue 15: the sequence the explorer found goes into the script (BEFORE, run first in the same
     process, each engine destroyed before the next), and an intermittent finding's rate into REPEAT."""
     from zerostate.model.scenario import Scenario
-    from zerostate.targets.base import Finding
-    from zerostate.targets.confirm import Confirmation
-    from zerostate.targets.deepspeed.repro import repro_script
+    from zerostate.findings.finding import Finding
+    from zerostate.explorer.confirm import Confirmation
+    from zerostate.harness.repro import repro_script
     sc = Scenario.from_dict(SEED_002)
     before = [Scenario.from_dict({"blocks": [{}], "stage": 1}), Scenario.from_dict({"blocks": [{"leaf": True}]})]
     f = Finding("oracle", "after train step 0: ...", sc, deepspeed="0.19.2")

@@ -43,7 +43,7 @@ from zerostate.model.scenario import (Block, Checkpoint, MicroStep, ParamKind, S
 from zerostate.specs import SPECS, check_trace
 from zerostate.specs.coordinator_specs import (AVAILABLE_WHEN_USED, COORDINATOR_SPECS, RELEASED_AFTER_BACKWARD,
                                                SAVED_TENSOR_INTACT, TRACE_CONSISTENT, allgathers, gathered_peak)
-from zerostate.targets.strategies import scenarios
+from zerostate.explorer.strategies import scenarios
 
 ALL = ("ds-0.19.2", "pr-8130", "ds-0.19.3", "zerostate")
 CORRECT = ("pr-8130", "ds-0.19.3", "zerostate")

@@ -1,4 +1,4 @@
-"""The explorer the deepspeed target is driven by (targets/explorer.py), exercised on the model target.
+"""The explorer the deepspeed target is driven by (explorer/explore.py), exercised on the model target.
 
 Fast (no DeepSpeed): determinism, shrinking, the example budget, findings handed over as they are
 final, a broken target, Ctrl-C.
@@ -9,9 +9,10 @@ from __future__ import annotations
 import pytest
 
 from zerostate.model.scenario import Scenario
-from zerostate.targets.base import Finding, Outcome, get_target
-from zerostate.targets.explorer import _rank, explore, hard_cap
-from zerostate.targets.strategies import scenarios
+from zerostate.targets.base import Outcome, get_target
+from zerostate.findings.finding import Finding
+from zerostate.explorer.explore import _rank, explore, hard_cap
+from zerostate.explorer.strategies import scenarios
 
 CORE = scenarios(setup=False)
 """The model target's tests draw the hook/coordinator core the model judges (no training-setup dimension):
@@ -107,7 +108,7 @@ class _Leaky:
 
 
 def test_a_finding_that_needs_earlier_examples_is_reported_order_dependent_with_its_sequence():
-    from zerostate.targets.confirm import reproduces
+    from zerostate.explorer.confirm import reproduces
     runs = [explore(_Leaky(), examples=30, seed=None) for _ in range(2)]
     leaked = [next(f for f in r.findings if f.check == "leaked") for r in runs]
     c = leaked[0].confirmation
@@ -186,7 +187,7 @@ class _Racy(_Leaky):
 
 
 def test_a_finding_that_shows_in_some_runs_only_is_reported_intermittent_with_its_rate():
-    from zerostate.targets.confirm import REPEAT, confirm
+    from zerostate.explorer.confirm import REPEAT, confirm
     two = Scenario.from_dict({"blocks": [{}], "steps": [{"micro": [{"backward": "engine"}]}] * 2})
     one = Scenario.from_dict({"blocks": [{}], "steps": [{"micro": [{"backward": "engine"}]}]})
     t = _Racy()
@@ -268,7 +269,7 @@ def test_polish_takes_out_training_setup_dimensions_the_finding_does_not_need():
     explore, a key first seen while shrinking another keeps the scenario it was seen in) is taken out by
     polish when the finding does not need it: the model ignores clipping, re-registration and checkpoints."""
     from zerostate.model.scenario import TrainStep
-    from zerostate.targets.strategies import scenarios
+    from zerostate.explorer.strategies import scenarios
     strat = scenarios(max_blocks=2, max_steps=2, max_gas=2, setup=False).map(
         lambda s: s.with_(gradient_clipping=0.05, steps=tuple(TrainStep(st.micro, st.eval_before, True,
                                                                          save_load=True) for st in s.steps)))
@@ -285,7 +286,7 @@ def test_polish_takes_out_the_config_optimizer_the_finding_does_not_need():
     """``optimizer`` is not a `Scenario.beyond_model` dimension, yet polish counts it (explorer ``_rank``) and
     puts the client SGD back when the finding does not need DeepSpeed's config Adam (the model ignores it)."""
     from zerostate.model.scenario import Optimizer
-    from zerostate.targets.strategies import scenarios
+    from zerostate.explorer.strategies import scenarios
     strat = scenarios(max_blocks=2, max_steps=2, max_gas=2, setup=False).map(
         lambda s: s.with_(optimizer=Optimizer.CONFIG_ADAM))
     res = explore(get_target("model", design="ds-0.18.4"), examples=30, seed=None, strategy=strat, confirm=False,

@@ -17,8 +17,8 @@ import os
 import pytest
 
 from zerostate.targets.base import get_target
-from zerostate.targets.deepspeed.known import SEED_BUGS
-from zerostate.targets.explorer import explore
+from zerostate.known.issues import SEED_BUGS
+from zerostate.explorer.explore import explore
 
 pytestmark = [pytest.mark.deepspeed, pytest.mark.slow]
 
@@ -52,7 +52,7 @@ def test_seed_bug_found_and_shrunk(version, is_seed):
 def test_pinned_release_findings_are_all_documented():
     if not _enabled("0.19.8"):
         pytest.skip("set ZEROSTATE_RELEASES=1 (or 0.19.8) to run the 200-example exploration of 0.19.8")
-    from zerostate.targets.deepspeed.known import explain
+    from zerostate.known.issues import explain
     t = get_target("deepspeed", deepspeed="0.19.8")
     try:
         res = explore(t, examples=200, seed=None)

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from zerostate.model.scenario import Scenario
-from zerostate.targets.deepspeed import net
+from zerostate.harness import net
 
 ONE, TWO = [{}], [{}, {"save_load": True}]
 CASES = {
@@ -49,7 +49,7 @@ def test_save_load_happens_and_agrees(ds, name):
     from a directory that is gone afterwards, built ZeRO-3's 16-bit state dict and zero_to_fp32's fp32 weights
     over every parameter; on 0.19.8 nothing disagrees (an older release's finding must be a known issue's or a
     seed bug's)."""
-    from zerostate.targets.deepspeed.known import SEED_BUGS, explain
+    from zerostate.known.issues import SEED_BUGS, explain
     documented = lambda f: explain(f) is not None or any(p(f) for _, p in SEED_BUGS.values())  # noqa: E731
     sc = Scenario.from_dict(CASES[name])
     out = ds.run(sc)

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from zerostate.model.scenario import Scenario
-from zerostate.targets.deepspeed import net
+from zerostate.harness import net
 
 pytestmark = pytest.mark.deepspeed
 
@@ -274,7 +274,7 @@ def test_option_reaches_deepspeed_and_agrees(ds, name):
     """The engine DeepSpeed built reports the option (its own accessors, `net.engine_settings`), and the run
     agrees with the oracle with no finding on a release where no known issue covers it (on an older release
     a finding must be the option's documented known issue: known_fixed.py)."""
-    from zerostate.targets.deepspeed.known import explain
+    from zerostate.known.issues import explain
     spec, want = OPTIONS[name]
     out = ds.run(Scenario.from_dict(spec))
     assert not out.details.get("skipped"), out.details
@@ -296,7 +296,7 @@ def test_modules_to_save_reaches_deepspeed(ds):
     after = net.oracle_params(sc.to_dict())[-1]  # the copy trains, so agreeing with the oracle means it moved
     assert any(not torch.equal(after[n], before[n].detach()) for n in names), names
     out = ds.run(sc)
-    from zerostate.targets.deepspeed.known import explain
+    from zerostate.known.issues import explain
     assert all(explain(f) is not None for f in out.findings), [(f.key, f.error[:200]) for f in out.findings]
     if ds.version == "0.19.8":
         assert not out.findings, [(f.key, f.error[:200]) for f in out.findings]
@@ -332,7 +332,7 @@ def test_config_adam_reaches_deepspeed_and_agrees(ds, name):
     learning rates; the run agrees with the oracle's AdamW (fp32 within `net.tolerance`, mixed precision also by
     `net.compare_update`, fp16 skipping the same overflowed steps), and Adam changes the numbers (its oracle
     differs from the client SGD's).  On an older release a finding must be a documented known issue."""
-    from zerostate.targets.deepspeed.known import explain
+    from zerostate.known.issues import explain
     spec = {**ADAM_CASES[name], "optimizer": "config-adam"}
     sc = Scenario.from_dict(spec)
     out = ds.run(sc)

@@ -6,7 +6,7 @@ install) or ``--deepspeed-path DIR`` (a local checkout), e.g.::
     pytest generated_tests/test_deepspeed_target.py --deepspeed-path ../DeepSpeed
 
 Findings on the pinned release are results, not noise: each is a `KnownIssue`
-(``targets/deepspeed/known.py``) kept here as a strict expected failure on its exact scenario; the
+(``known/issues.py``) kept here as a strict expected failure on its exact scenario; the
 property and stateful tests accept a finding only when a known issue explains it.
 """
 
@@ -24,8 +24,8 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from zerostate.model.events import EventKind
 from zerostate.model.scenario import BackwardKind, MicroStep, Scenario, ScenarioError, TrainStep
 from zerostate.targets.base import TargetError, get_target
-from zerostate.targets.deepspeed.known import KNOWN_ISSUES, PINNED, explain
-from zerostate.targets.strategies import BACKWARDS, scenarios
+from zerostate.known.issues import KNOWN_ISSUES, PINNED, explain
+from zerostate.explorer.strategies import BACKWARDS, scenarios
 
 pytestmark = pytest.mark.deepspeed
 
@@ -71,7 +71,7 @@ CLEAN = {
 @pytest.mark.parametrize("name", sorted(CLEAN))
 def test_correct_release_agrees_with_everything(ds, request, name):
     """Oracle, specs and the release's model design all agree (0.19.3 on; older releases have the seed bugs)."""
-    from zerostate.targets.deepspeed.compat import version_tuple
+    from zerostate.tracing.compat import version_tuple
     if version_tuple(ds.version) < (0, 19, 3):
         request.applymarker(pytest.mark.xfail(strict=False, reason=f"DeepSpeed {ds.version} predates the seed fixes"))
     out = ds.run(Scenario.from_dict(CLEAN[name]))
@@ -220,9 +220,9 @@ def test_setup_errors_come_before_anything_runs(kw, match):
 
 
 def test_repro_script_exits_1_while_the_bug_is_present(ds, tmp_path):
-    from zerostate.targets.base import Finding
-    from zerostate.targets.deepspeed.known import ZERO12_NO_GRADIENT
-    from zerostate.targets.deepspeed.repro import repro_script
+    from zerostate.findings.finding import Finding
+    from zerostate.known.issues import ZERO12_NO_GRADIENT
+    from zerostate.harness.repro import repro_script
     if not ZERO12_NO_GRADIENT.affects(ds.version):
         pytest.skip(f"DeepSpeed {ds.version} does not have {ZERO12_NO_GRADIENT.id}")
     out = ds.run(ZERO12_NO_GRADIENT.scenario)
@@ -271,8 +271,8 @@ def test_prefetch_and_max_live_are_checked_against_the_model(ds, request, bucket
     projection (prefetches included, Block containers' too) agrees with the release's model design, and
     the comparison is not vacuous -- the same design with the other knob value predicts a different one."""
     from zerostate.model.explore import run
-    from zerostate.targets.deepspeed.agreement import compare_coordinator, coordinator_project
-    from zerostate.targets.deepspeed.compat import version_tuple
+    from zerostate.findings.agreement import compare_coordinator, coordinator_project
+    from zerostate.tracing.compat import version_tuple
     if version_tuple(ds.version) < (0, 19, 3):
         request.applymarker(pytest.mark.xfail(strict=False, reason=f"DeepSpeed {ds.version} predates the seed fixes"))
     sc = Scenario.from_dict({"blocks": [{"norm": "frozen"}, {"checkpoint": "non_reentrant"}, {"leaf": True}],

@@ -28,9 +28,9 @@ from hypothesis import given, settings
 
 from zerostate.model.scenario import Scenario
 from zerostate.targets.base import get_target
-from zerostate.targets.deepspeed.known import KNOWN_ISSUES, explain
-from zerostate.targets.deepspeed.cross_rank_checks import cross_rank_problems, per_step
-from zerostate.targets.strategies import scenarios
+from zerostate.known.issues import KNOWN_ISSUES, explain
+from zerostate.harness.cross_rank_checks import cross_rank_problems, per_step
+from zerostate.explorer.strategies import scenarios
 
 pytestmark = pytest.mark.deepspeed
 
@@ -90,7 +90,7 @@ def _alive(pid: int) -> bool:
 def test_ranks_agree_with_each_other_and_the_oracle(ds2, request, name):
     """Both ranks finish, see the same module trace and parameter order, hold bit-identical gathered
     parameters after every step, and equal plain PyTorch trained on the global batch."""
-    from zerostate.targets.deepspeed.compat import version_tuple
+    from zerostate.tracing.compat import version_tuple
     if name not in SMALL and not _full(request.config):
         pytest.skip("run with --world-size 2")
     if version_tuple(ds2.version) < (0, 19, 3):
@@ -186,7 +186,7 @@ def test_cross_rank_checks_detect_each_disagreement():
 
 def test_cross_rank_findings_are_keyed_by_code_not_by_their_message():
     """Two parameter-order differences at other positions and parameters are one finding (issue 14)."""
-    from zerostate.targets.base import Finding
+    from zerostate.findings.finding import Finding
     d = [{"blocks.0.lin.weight": "a"}, {"blocks.0.lin.weight": "b"}]
     keys = set()
     for param in ("blocks.0.norm.weight", "blocks.3.lin.bias"):
@@ -331,8 +331,8 @@ def test_seed_002_found_and_shrunk_at_world_size_2(tmp_path):
     shape; its repro script fails under ``torchrun --nproc-per-node 2``."""
     if not _have_release("0.19.2"):
         pytest.skip("opt-in: ZEROSTATE_RELEASES=0.19.2 (installs it on first use)")
-    from zerostate.targets.deepspeed.repro import repro_script
-    from zerostate.targets.explorer import explore
+    from zerostate.harness.repro import repro_script
+    from zerostate.explorer.explore import explore
     t = get_target("deepspeed", deepspeed="0.19.2", world_size=2)
     try:
         # ZeRO-3 only: the derandomized sequence of the full strategy changes with the explorer's own code
@@ -370,7 +370,7 @@ def test_a_short_exploration_at_world_size_2_gives_the_same_findings_twice(ds2, 
     """The same seed gives the same findings at world size 2, as at world size 1: the same examples run,
     the same findings, shrunk to the same scenarios, each confirmed (or found order-dependent, with the
     same sequence) the same way; only the wall-clock may differ.  Each run starts from a fresh pool."""
-    from zerostate.targets.explorer import explore
+    from zerostate.explorer.explore import explore
     n = 30 if _full(request.config) else 6
 
     def once():
@@ -414,7 +414,7 @@ def test_0192_persistent_parameter_race_is_found_and_reported_intermittent():
     fresh pool here, so the explorer reports it ``intermittent`` and its replay repeats it."""
     if not _have_release("0.19.2"):
         pytest.skip("opt-in: ZEROSTATE_RELEASES=0.19.2 (installs it on first use)")
-    from zerostate.targets.confirm import hits_alone
+    from zerostate.explorer.confirm import hits_alone
     t = get_target("deepspeed", deepspeed="0.19.2", world_size=2)
     try:
         sc = Scenario.from_dict(PERSISTENT_FUSED)

@@ -23,7 +23,7 @@ from zerostate.model.monitor import MonitorBank
 from zerostate.specs import check_trace
 from zerostate.specs.hook_specs import (CLEAN_STEP, COUNT_ONCE_PER_PHASE, EPILOGUE_ONCE, GRAD_HANDLED_ONCE,
                                         HOOK_SPECS)
-from zerostate.targets.strategies import scenarios
+from zerostate.explorer.strategies import scenarios
 
 CORRECT = ("ds-0.18.7", "zerostate")
 hook_scenarios = scenarios(max_blocks=3, max_steps=2, max_gas=2, zero0=False)
@@ -227,7 +227,7 @@ def test_zerostate_design_releases_a_z3_leaf_whose_backward_never_runs():
     """z3-leaf-kept-gathered on its own scenario: DeepSpeed's coordinator designs keep the leaf gathered
     after the backward (released-after-backward); the zerostate design releases it after its forward."""
     from zerostate.targets.base import get_target
-    from zerostate.targets.deepspeed.known import Z3_LEAF_KEPT_GATHERED
+    from zerostate.known.issues import Z3_LEAF_KEPT_GATHERED
     sc = Z3_LEAF_KEPT_GATHERED.scenario
     for design in ("ds-0.19.2", "ds-0.19.3"):
         assert "released-after-backward:still-gathered" in {f.key for f in get_target("model", design=design).run(
@@ -239,7 +239,7 @@ def _leaf_input_no_grad_scenarios():
     """The known issue's scenario with each backward kind, and the second scenario above without the
     kept-gathered leaf (block 0 plain): each has a z3 leaf with optimizer parameters and no input requiring grad."""
     from zerostate.model.scenario import Scenario
-    from zerostate.targets.deepspeed.known import Z3_LEAF_INPUT_NO_GRAD
+    from zerostate.known.issues import Z3_LEAF_INPUT_NO_GRAD
     out = {}
     for kind in BackwardKind:
         d = Z3_LEAF_INPUT_NO_GRAD.scenario.to_dict()

@@ -10,10 +10,23 @@ from zerostate.model.protocols import CoordinatorHalf, Monitor
 from zerostate.specs import SPECS
 
 ROOT = Path(__file__).resolve().parent.parent
-LAYERS = {"model": set(), "specs": {"model"}, "analysis": {"model", "specs"}, "runtime": {"model"},
-          "targets": {"model", "specs", "runtime", "atomic"}}
-"""What each package may import of the project (beside itself): nothing imports the CLI, the runtime
-(shipped alone to DeepSpeed users) only the model's era table."""
+LAYERS = {
+    "model": set(),
+    "specs": {"model"},
+    "analysis": {"model", "specs"},
+    "runtime": {"model"},
+    "findings": {"model", "specs"},
+    "known": {"model", "specs", "findings", "tracing"},
+    "tracing": {"model", "runtime"},
+    "harness": {"model", "specs", "findings", "tracing", "runtime", "atomic"},
+    "targets": {"model", "specs", "findings", "known", "tracing", "harness", "atomic"},
+    "explorer": {"model", "specs", "findings", "known", "targets", "atomic"},
+    "clients": {"model", "runtime", "watcher"},
+    "watcher": {"model", "specs", "findings", "known", "tracing", "runtime", "atomic", "cli"},
+}
+"""What each package may import of the project (beside itself).  The runtime (shipped alone to DeepSpeed
+users) imports only the model's era table; only ``cli`` and ``watcher`` (its command shares the CLI's
+errors and pictures) import the CLI."""
 
 
 def _project_imports(path: Path) -> set[str]:
@@ -82,7 +95,7 @@ def test_get_target_checks_the_kind_and_its_options_before_building():
 
 def test_a_findings_key_is_its_check_and_code_never_its_message():
     """Issue 14: rewording a message changes no finding's identity; two codes are two findings."""
-    from zerostate.targets.base import Finding
+    from zerostate.findings.finding import Finding
     a = Finding("epilogue-once", "no epilogue after blocks.0.lin.weight", None, code="no-epilogue")
     b = Finding("epilogue-once", "the epilogue never ran (3 hooks)", None, code="no-epilogue")
     c = Finding("epilogue-once", "no epilogue after blocks.0.lin.weight", None, code="hook-after-epilogue")

@@ -57,8 +57,8 @@ def test_exploration_with_runtime_finds_nothing_new(release, tmp_path, monkeypat
     too (same check, same place).  Findings the runtime *removes* are what it is for.
     """
     from zerostate.targets.deepspeed.target import DeepSpeedTarget
-    from zerostate.targets.explorer import explore
-    from zerostate.targets.grouping import group_key
+    from zerostate.explorer.explore import explore
+    from zerostate.known.labels import group_key
 
     target, log = _target(tmp_path, monkeypatch, release)
     try:
@@ -118,7 +118,7 @@ def test_z3_leaf_input_without_grad_trains_with_runtime(release, tmp_path, monke
     still crashes on each with a leaf hook, and keeps the leaf of z3-leaf-kept-gathered's scenario gathered."""
     from test_hook_model import LEAF_INPUT_NO_GRAD, _leaf_input_no_grad_scenarios
     from zerostate.model.scenario import Scenario
-    from zerostate.targets.deepspeed.known import Z3_LEAF_KEPT_GATHERED, explain
+    from zerostate.known.issues import Z3_LEAF_KEPT_GATHERED, explain
     from zerostate.targets.deepspeed.target import DeepSpeedTarget
 
     scs = {**_leaf_input_no_grad_scenarios(), **{k: Scenario.from_dict(v) for k, v in LEAF_INPUT_NO_GRAD.items()},

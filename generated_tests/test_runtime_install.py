@@ -129,7 +129,7 @@ def test_uninstall_restores_swapped_closures_exactly(other_release, tmp_path):
     """On a count-every-hook release (0.18.5, 0.18.6) install replaces every gradient-hook closure in its
     hook dictionary; uninstall puts each original back, by identity, under its key (opt-in, as above)."""
     from zerostate.runtime.compat_table import compat_row
-    from zerostate.targets.deepspeed import envs
+    from zerostate.harness import envs
 
     if compat_row(other_release).hook_closures != "count-every-hook":
         pytest.skip(f"{other_release} keeps DeepSpeed's closures (nothing swapped)")
@@ -260,7 +260,7 @@ def pytest_generate_tests(metafunc):
 @pytest.mark.slow
 def test_selfcheck_other_release(other_release, tmp_path):
     """On 0.18.6 (count in every hook) and 0.19.2 (seed 002's CheckpointError): stock fails, installed passes."""
-    from zerostate.targets.deepspeed import envs
+    from zerostate.harness import envs
 
     site = envs.ensure_release(other_release)
     env = {k: v for k, v in os.environ.items()
@@ -356,7 +356,7 @@ def test_patched_initialize_never_raises_and_trains_like_stock(stage, dtype, off
     """Under patch_deepspeed, every engine either gets the runtime and trains exactly like stock, or is
     refused with one warning and stays stock -- deepspeed.initialize never raises because of zerostate."""
     if dtype == "fp16":  # on DeepSpeed's CPU accelerator as the explorer runs it (issue 11), for this test only
-        from zerostate.targets.deepspeed.net import allow_fp16_on_cpu, restore_fp16_support
+        from zerostate.harness.net import allow_fp16_on_cpu, restore_fp16_support
         allow_fp16_on_cpu()
         request.addfinalizer(restore_fp16_support)
     if dtype == "fp16" and not deepspeed.get_accelerator().is_fp16_supported():

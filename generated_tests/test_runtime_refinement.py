@@ -1,6 +1,6 @@
 """Refinement: the runtime's hook state implements the model's ``zerostate`` hook design.
 
-Hypothesis draws a scenario (the shared strategies of ``zerostate.targets.strategies``) and a
+Hypothesis draws a scenario (the shared strategies of ``zerostate.explorer.strategies``) and a
 legal interleaving of its driver events (``model.driver.segments`` + ``model.explore.enabled_nodes``).
 Each driver event goes to the model (``model.machine.step`` with the ``zerostate`` hook design) and
 to a small harness that plays DeepSpeed's engine and autograd around the *real runtime class*
@@ -31,7 +31,7 @@ from zerostate.model.scenario import BackwardKind, Scenario
 from zerostate.runtime.hook_state import ZerostateBackwardHookState, observable
 from zerostate.runtime.hook_closures import build_hook as _build_hook
 from zerostate.runtime.leaf_deferral import defer_leaf_hook
-from zerostate.targets.strategies import scenarios
+from zerostate.explorer.strategies import scenarios
 
 HOOKS_ONLY = Design("zerostate-hooks", ZEROSTATE, NULL_COORDINATOR, ZEROSTATE.summary, "hooks", True)
 

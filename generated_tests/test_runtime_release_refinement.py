@@ -42,8 +42,8 @@ from zerostate.model.events import EventKind
 from zerostate.model.explore import run
 from zerostate.model.network import Network
 from zerostate.model.scenario import Checkpoint, ParamKind
-from zerostate.targets.deepspeed.agreement import coordinator_project
-from zerostate.targets.strategies import scenarios
+from zerostate.findings.agreement import coordinator_project
+from zerostate.explorer.strategies import scenarios
 
 pytestmark = [pytest.mark.deepspeed]
 
@@ -104,7 +104,7 @@ def _kept_gathered():
     """Known issue z3-leaf-kept-gathered's scenario (a frozen z3 leaf fed without grad, two steps): the runtime's
     leaf reuse walk releases the leaf after its forward -- rare in the strategy, so always played (a runtime
     without the walk passes 200 drawn examples, measured, and fails this one)."""
-    from zerostate.targets.deepspeed.known import Z3_LEAF_KEPT_GATHERED
+    from zerostate.known.issues import Z3_LEAF_KEPT_GATHERED
     return Z3_LEAF_KEPT_GATHERED.scenario
 
 
@@ -123,7 +123,7 @@ def test_real_release_points_match_the_zerostate_model(runtime_target, sc):
     if out.details.get("skipped"):
         return
     if out.error is not None:
-        from zerostate.targets.deepspeed.known import explain
+        from zerostate.known.issues import explain
 
         crashes = [f for f in out.findings if f.check in ("exception", "oracle", "saved-tensor-intact")]
         assert crashes and all(explain(f) and explain(f).owner == "deepspeed" for f in crashes), out.error

@@ -9,7 +9,7 @@ from hypothesis import given
 
 from zerostate.model import Scenario, ScenarioError
 from zerostate.model.scenario import Block, TrainStep
-from zerostate.targets.strategies import scenarios
+from zerostate.explorer.strategies import scenarios
 
 
 @given(scenarios())
@@ -296,7 +296,7 @@ EXPLORED = {
 
 
 def test_default_explore_sequence_draws_each_combination():
-    from zerostate.targets.explorer import generated
+    from zerostate.explorer.explore import generated
     seen: set[str] = set()
     for sc in generated(scenarios(), 200, None):
         seen.update(name for name, pred in EXPLORED.items() if pred(sc))
@@ -307,8 +307,8 @@ def test_across_ranks_options_draw_world_size_2_more_often_without_changing_the_
     """An option whose bugs show across ranks (`strategies.across_ranks`) gets world size 2 in three draws of four,
     the rest in one of eight -- through the same eight-way choice, so the generated sequence is the same scenarios
     but for their world size (Hypothesis labels a strategy by its elements' hash: another strategy would shift it)."""
-    from zerostate.targets import strategies as S
-    from zerostate.targets.explorer import generated
+    from zerostate.explorer import strategies as S
+    from zerostate.explorer.explore import generated
 
     def sequence():
         return [sc for sc in generated(S.scenarios(), 200, None)]

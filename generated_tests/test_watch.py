@@ -5,7 +5,7 @@ Default-on (about 2 min on 2 idle cores; the crash, hang and two-rank ``torchrun
 the CLI's errors and exit status; on the installed DeepSpeed (0.19.8) a z3 leaf module fed without grad
 (explained as the known leaf issue), a job that crashes or is Ctrl-C'd after a violation (the report
 keeps it), the Python API, and the tiny HF Llama + LoRA + non-reentrant checkpointing job
-(`zerostate.targets.hf_job`): clean, and its losses identical with and without watching.
+(`zerostate.clients.hf_job`): clean, and its losses identical with and without watching.
 
 Opt-in (``ZEROSTATE_RELEASES=0.19.2``, installs that release on first use): the same HF job on 0.19.2
 names ``saved-tensor-intact``, explained as seed 002 (fixed in 0.19.3, prevented by the runtime);
@@ -36,9 +36,9 @@ from zerostate.model.explore import run
 from zerostate.model.monitor import is_failure
 from zerostate.model.network import params_of_module
 from zerostate.specs import SPECS, check_trace
-from zerostate.targets.deepspeed.watch_known import explain
-from zerostate.targets.deepspeed.watch_monitor import UNMEMOIZED, OnlineChecker, watch_specs
-from zerostate.targets.strategies import scenarios
+from zerostate.known.watch import explain
+from zerostate.watcher.monitor import UNMEMOIZED, OnlineChecker, watch_specs
+from zerostate.explorer.strategies import scenarios
 
 pytestmark = pytest.mark.usefixtures("no_inherited_rendezvous")
 
@@ -221,7 +221,7 @@ def test_transition_memo_starting_again_or_switched_off_gives_the_full_fold(monk
     """A memo that fills up starts again empty (after it answered more events than it missed: ten train steps of
     one design, then other designs' traces), or is switched off (it answered fewer: a cap of 3 product states):
     the same states, violations and memory figures as the full fold either way."""
-    import zerostate.targets.deepspeed.watch_monitor as wm
+    import zerostate.watcher.monitor as wm
     from zerostate.model.scenario import Block, Scenario, TrainStep
     shared: dict = {}  # one object per distinct event, as the tracer hands them out
     traces = []
@@ -448,14 +448,14 @@ def test_plain_loss_backward_opens_a_backward_window(stage, late):
 # ---------------------------------------------------------------- the HF job
 def _need_hf_job():
     import importlib.util
-    for mod in ("transformers", "peft", "zerostate.targets.hf_job"):
+    for mod in ("transformers", "peft", "zerostate.clients.hf_job"):
         if importlib.util.find_spec(mod) is None:
             pytest.skip(f"{mod} is not installed (pip install zerostate[hf])")
 
 
 def _hf(tmp_path, *extra, opts=(), env=None, watched=True):
     _need_hf_job()
-    job = [sys.executable, "-m", "zerostate.targets.hf_job", "--ckpt", "non_reentrant", "--steps", "3", *extra]
+    job = [sys.executable, "-m", "zerostate.clients.hf_job", "--ckpt", "non_reentrant", "--steps", "3", *extra]
     if not watched:
         proc = subprocess.run(job, capture_output=True, text=True, timeout=600, env=env)
         return proc, None, json.loads(proc.stdout.strip().splitlines()[-1])
@@ -488,7 +488,7 @@ def _release_enabled(version: str) -> bool:
 
 
 def _release_env(version: str) -> dict:
-    from zerostate.targets.deepspeed import envs
+    from zerostate.harness import envs
     site = envs.ensure_release(version)
     env = dict(os.environ, TORCH_EXTENSIONS_DIR=str(envs.extensions_dir_for(f"deepspeed-{version}")))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))

@@ -71,7 +71,7 @@ def engine_for(model, stage: int = 3, leaf: bool = True):
     import torch
     from deepspeed.utils import set_z3_leaf_module
 
-    from zerostate.targets.deepspeed import compat
+    from zerostate.tracing import compat
     compat.skip_shm_comm_op()
     deepspeed.init_distributed(dist_backend="gloo")
     if leaf:

@@ -5,7 +5,7 @@ Each row is a half-open range of releases ``first <= version < end`` with
 * ``design``: the model design (hook half + coordinator half) the release implements -- what the
   deepspeed target's model-agreement check predicts (`zerostate.model.designs.design_for_release`);
 * ``hook_design`` / ``coordinator_design``: the design of each half, by name;
-* ``tracer``: the deepspeed target's tracer supports the release (`targets/deepspeed/compat.py`);
+* ``tracer``: the deepspeed target's tracer supports the release (`tracing/compat.py`);
 * ``runtime_hooks``: how `zerostate.runtime` replaces the hook closures (``count-every-hook``: they call
   ``count_used_parameters_in_backward`` unconditionally and are swapped; ``refresh-gated``: they ask
   ``should_refresh_expected_hook_count`` first and are kept), or None where the runtime refuses;

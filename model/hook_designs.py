@@ -182,7 +182,7 @@ def _leaf_hook_zerostate(hs: HookState, ctx: "Ctx", module: str):
     """A z3 leaf module's hook: reduce its parameters now, or -- when it fired before gradients the running
     backward will still accumulate (no input of the module requires grad) -- once they have.
 
-    Known issue z3-leaf-input-without-grad (targets/deepspeed/known.py): DeepSpeed reduces at once and
+    Known issue z3-leaf-input-without-grad (known/issues.py): DeepSpeed reduces at once and
     zero-fills the still-partitioned ``.grad``; the real gradients then fail to accumulate.  The fix of
     docs/upstream/z3-leaf-input-without-grad/fix.patch; the leaf still counts once, in the same backward.
     """

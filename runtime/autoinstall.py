@@ -71,7 +71,7 @@ class _Finder(importlib.abc.MetaPathFinder):
 def after_deepspeed_import(callback) -> None:
     """Run ``callback()`` now if ``deepspeed`` is imported, else right after ``import deepspeed`` finishes (one
     import hook for every caller: the runtime's `enable`, ``zerostate watch``'s
-    `zerostate.targets.deepspeed.watch.enable`)."""
+    `zerostate.watcher.watch.enable`)."""
     if "deepspeed" in sys.modules:
         callback()
         return

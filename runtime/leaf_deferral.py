@@ -6,7 +6,7 @@ of the module requires grad, torch runs that hook as soon as the gradient of the
 known -- before the module's own backward has produced its parameters' gradients.  The hook then
 zero-fills the still-partitioned (size 0) ``.grad`` and reduces it; the real gradients cannot
 accumulate afterwards (``RuntimeError: The size of tensor a (0) must match ...``).  Known issue
-``z3-leaf-input-without-grad`` (``targets/deepspeed/known.py``); upstream patch and evidence in
+``z3-leaf-input-without-grad`` (``known/issues.py``); upstream patch and evidence in
 ``docs/upstream/z3-leaf-input-without-grad/``.
 
 `defer_leaf_hook` wraps DeepSpeed's hook (or, on 0.18.5 / 0.18.6, the replacement closure

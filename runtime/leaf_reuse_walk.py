@@ -6,7 +6,7 @@ again.  It walks those later modules with ``iter_params(module, recurse=z3_leaf_
 the leaf-ness of the module being *released* decides, so when a z3 leaf module is released every later
 module -- the root, recorded at the start of backward, included -- is walked recursively, all of the leaf's
 parameters look reused and none is released after its forward.  A leaf whose backward never runs stays
-gathered after the backward (known issue ``z3-leaf-kept-gathered``, ``targets/deepspeed/known.py``;
+gathered after the backward (known issue ``z3-leaf-kept-gathered``, ``known/issues.py``;
 upstream patch ``docs/upstream/z3-leaf-kept-gathered/fix.patch``).
 
 `fixed_params_to_release` is DeepSpeed's body with the one-line fix, ``recurse=z3_leaf_module(module)``,

@@ -4,5 +4,5 @@ and the Hypothesis strategies every explorer draws scenarios from.
 Importing the package registers the target kinds (`base.register`): ``model`` and ``deepspeed``.
 Neither registration imports torch or DeepSpeed; the deepspeed kind imports its classes when built."""
 
-from . import model_target as _model_target  # noqa: F401  registers "model"
-from .deepspeed import kind as _deepspeed_kind  # noqa: F401  registers "deepspeed"
+from zerostate.targets import model_target as _model_target  # noqa: F401  registers "model"
+from zerostate.targets.deepspeed import kind as _deepspeed_kind  # noqa: F401  registers "deepspeed"

@@ -14,7 +14,7 @@ from typing import Any
 from zerostate.model.designs import UnknownDesignError, get_design
 from zerostate.model.scenario import Scenario
 
-from .base import Outcome, TargetError, known_design, register, spec_findings
+from zerostate.targets.base import Outcome, TargetError, known_design, register, spec_findings
 
 
 class ModelTarget:

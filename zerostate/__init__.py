@@ -16,9 +16,9 @@ def __getattr__(name: str):
     """``zerostate.watch(engine)`` and ``zerostate.WatchCallback``, imported on first use (importing
     zerostate imports no torch)."""
     if name == "watch":
-        from zerostate.targets.deepspeed.watch import watch
+        from zerostate.watcher.watch import watch
         return watch
     if name == "WatchCallback":
-        from zerostate.targets.deepspeed.watch_hf import WatchCallback
+        from zerostate.watcher.hf import WatchCallback
         return WatchCallback
     raise AttributeError(f"module 'zerostate' has no attribute {name!r}")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..base import Target, TargetError, known_design, register
+from zerostate.targets.base import Target, TargetError, known_design, register
 
 
 def validate(*, deepspeed: str | None = None, deepspeed_path: str | None = None, design: str | None = None,
@@ -22,9 +22,9 @@ def validate(*, deepspeed: str | None = None, deepspeed_path: str | None = None,
 
 def build(*, world_size: int = 1, **options: Any) -> Target:
     if world_size == 2:
-        from .ranks import DeepSpeedRanksTarget
+        from zerostate.targets.deepspeed.ranks import DeepSpeedRanksTarget
         return DeepSpeedRanksTarget(world_size=world_size, **options)
-    from .target import DeepSpeedTarget
+    from zerostate.targets.deepspeed.target import DeepSpeedTarget
     return DeepSpeedTarget(**options)
 
 

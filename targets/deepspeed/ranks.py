@@ -38,11 +38,14 @@ from typing import Any
 
 from zerostate.model.scenario import Scenario
 
-from ..base import Finding, Outcome, TargetError
-from .cross_rank_checks import cross_rank_problems
-from .known import tag_oracle
-from .rank_pool import RankPool
-from .target import DeepSpeedTarget, WorkerDied, WorkerTimeout
+from zerostate.targets.base import Outcome, TargetError
+
+from zerostate.findings.finding import Finding
+from zerostate.harness.cross_rank_checks import cross_rank_problems
+from zerostate.known.issues import tag_oracle
+from zerostate.harness.rank_pool import RankPool
+from zerostate.harness.process import WorkerDied, WorkerTimeout
+from zerostate.targets.deepspeed.target import DeepSpeedTarget
 
 
 def _device_for(world_size: int) -> str:

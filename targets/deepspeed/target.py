@@ -7,7 +7,7 @@
     t = DeepSpeedTarget(deepspeed_path="../DeepSpeed")   # a local checkout (a PR under review)
     outcome = t.run(scenario); t.close()
 
-One worker process (``python -m zerostate.targets.deepspeed.worker``) serves every
+One worker process (``python -m zerostate.harness.worker``) serves every
 example; it is started with ``PYTHONPATH`` = the release and its own
 ``TORCH_EXTENSIONS_DIR``.  Each example has a timeout (``timeout``, default 60 s,
 or ``$ZEROSTATE_EXAMPLE_TIMEOUT``): no answer in time is a ``hang`` finding, and
@@ -42,83 +42,12 @@ from typing import Any
 from zerostate.model.events import Event
 from zerostate.model.scenario import Scenario
 
-from ..base import Finding, Outcome, TargetError, spec_findings
-from . import compat, envs
+from zerostate.targets.base import Outcome, TargetError, spec_findings
 
-
-class WorkerTimeout(RuntimeError):
-    pass
-
-
-class WorkerDied(RuntimeError):
-    pass
-
-
-def _default_timeout() -> float:
-    return float(os.environ.get("ZEROSTATE_EXAMPLE_TIMEOUT", "60"))
-
-
-class Worker:
-    """One worker process and its JSON-lines pipe."""
-
-    def __init__(self, env: dict[str, str], log_path: Path, cwd: Path | None = None):
-        self.log_path = log_path
-        self._log = open(log_path, "ab")
-        cwd = cwd or envs.cache_root()
-        cwd.mkdir(parents=True, exist_ok=True)
-        self.proc = subprocess.Popen([sys.executable, "-m", "zerostate.targets.deepspeed.worker"],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log,
-                                     env=env, cwd=str(cwd))
-        self._buf = b""
-        self._sel = selectors.DefaultSelector()
-        self._sel.register(self.proc.stdout, selectors.EVENT_READ)
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def log_tail(self, n: int = 3000) -> str:
-        try:
-            data = self.log_path.read_bytes()[-n:]
-        except OSError:
-            return ""
-        return data.decode(errors="replace")
-
-    def request(self, obj: dict, timeout: float) -> dict:
-        try:
-            self.proc.stdin.write((json.dumps(obj) + "\n").encode())
-            self.proc.stdin.flush()
-        except (BrokenPipeError, OSError):
-            raise WorkerDied(f"the worker exited (code {self.proc.poll()})") from None
-        deadline = time.monotonic() + timeout
-        fd = self.proc.stdout.fileno()
-        while b"\n" not in self._buf:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise WorkerTimeout(f"no answer within {timeout:.0f} s")
-            if not self._sel.select(left):
-                continue
-            chunk = os.read(fd, 1 << 20)
-            if not chunk:
-                self.proc.wait(timeout=5)
-                raise WorkerDied(f"the worker exited (code {self.proc.returncode})")
-            self._buf += chunk
-        line, self._buf = self._buf.split(b"\n", 1)
-        return json.loads(line)
-
-    def close(self, kill: bool = False) -> None:
-        if self.proc.poll() is None:
-            if not kill:
-                try:
-                    self.proc.stdin.write(b'{"op": "exit"}\n')
-                    self.proc.stdin.flush()
-                    self.proc.wait(timeout=10)
-                except Exception:
-                    pass
-            if self.proc.poll() is None:
-                self.proc.kill()
-                self.proc.wait()
-        self._sel.close()
-        self._log.close()
+from zerostate.findings.finding import Finding
+from zerostate.tracing import compat
+from zerostate.harness import envs
+from zerostate.harness.process import Worker, WorkerDied, WorkerTimeout, default_timeout as _default_timeout
 
 
 class DeepSpeedTarget:
@@ -273,7 +202,7 @@ class DeepSpeedTarget:
         self._settle()
         if world_size <= self.world_size or world_size in self._wider:
             return
-        from .ranks import DeepSpeedRanksTarget
+        from zerostate.targets.deepspeed.ranks import DeepSpeedRanksTarget
         try:  # its processes are started here, in this thread: a rank dies with the thread that started it
             pool = DeepSpeedRanksTarget(world_size=world_size, defer_start=True, **self._options)  # (PDEATHSIG)
         except TargetError as exc:
@@ -318,7 +247,7 @@ class DeepSpeedTarget:
             exc, self._start_error = self._start_error, None
             raise exc
         if ws not in self._wider:
-            from .ranks import DeepSpeedRanksTarget
+            from zerostate.targets.deepspeed.ranks import DeepSpeedRanksTarget
             self._wider[ws] = DeepSpeedRanksTarget(world_size=ws, **self._options)
         return self._wider[ws]
 
@@ -416,7 +345,7 @@ class DeepSpeedTarget:
             for f in exc:
                 spec_sti.error += "\n(torch raised) " + f.error
             findings = [f for f in findings if f not in exc]
-        from .known import tag_oracle
+        from zerostate.known.issues import tag_oracle
         tag_oracle(findings)
         seen: set[str] = set()
         unique = [f for f in findings if not (f.key in seen or seen.add(f.key))]
@@ -432,7 +361,7 @@ class DeepSpeedTarget:
 
     def _agreement(self, scenario: Scenario, events: list[Event]) -> str | None:
         from zerostate.model.explore import run as model_run
-        from .agreement import compare
+        from zerostate.findings.agreement import compare
         try:
             model = model_run(self.design, scenario)
         except Exception as exc:  # pragma: no cover - the model itself failed

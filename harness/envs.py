@@ -19,7 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from . import compat
+from zerostate.tracing import compat
 
 
 class InstallError(RuntimeError):

@@ -14,8 +14,8 @@ from typing import Callable
 from zerostate.model.network import Network
 from zerostate.model.scenario import Scenario
 
-from ..base import Finding
-from . import compat
+from zerostate.findings.finding import Finding
+from zerostate.tracing import compat
 
 
 PINNED = "0.19.8"
@@ -240,10 +240,10 @@ Z3_PERSISTENT_PARAM_RACE_WS2 = KnownIssue(
 )
 
 
-from .known_setups import SETUP_ISSUE_FIELDS  # noqa: E402  (issue 11's training-setup findings)
+from zerostate.known.setups import SETUP_ISSUE_FIELDS  # noqa: E402  (issue 11's training-setup findings)
 
 SETUP_ISSUES: tuple[KnownIssue, ...] = tuple(KnownIssue(**f) for f in SETUP_ISSUE_FIELDS)
-from .known_fixed import FIXED_ISSUE_FIELDS  # noqa: E402  (older releases' bugs that issue 11's options reach)
+from zerostate.known.fixed import FIXED_ISSUE_FIELDS  # noqa: E402  (older releases' bugs that issue 11's options reach)
 
 FIXED_ISSUES: tuple[KnownIssue, ...] = tuple(KnownIssue(**f) for f in FIXED_ISSUE_FIELDS)
 

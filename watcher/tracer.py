@@ -35,8 +35,8 @@ import torch.utils.checkpoint as _ckpt
 
 from zerostate.model.events import EventKind, Event
 
-from . import compat
-from .tracer import ROOT, Tracer
+from zerostate.tracing import compat
+from zerostate.tracing.tracer import ROOT, Tracer
 
 _TRACE_MODE = "_PartitionedParameterCoordinator__trace_mode"
 """partitioned_param_coordinator.py ``self.__trace_mode`` (a ``ZeRoTraceMode``), what ``is_record_trace()`` /
@@ -220,7 +220,7 @@ def z3_leaf_modules(module) -> dict[str, object]:
 class WatchTracer(Tracer):
     """`Tracer` for any model.  ``sink(queue)`` receives every event, in order: `emit` queues the event (a
     ``deque``; the sink takes events from its left until it is empty) and `deliver` hands over what is queued -- when `BATCH` events are queued, and whenever the owner
-    asks (`zerostate.targets.deepspeed.watch.WatchHandle` does at the end of every engine call and before it
+    asks (`zerostate.watcher.watch.WatchHandle` does at the end of every engine call and before it
     reads or writes what the checker found).  Folding a few hundred events in one go costs a watched ZeRO-3
     step a few ms less than folding each between DeepSpeed's hooks (benchmarks/bench_watch.py).  No list of
     the run's events is kept."""

@@ -22,7 +22,7 @@ from typing import Iterable, NamedTuple
 from zerostate.model.events import Event
 from zerostate.specs import check_trace, specs_for_stage
 
-from .agreement import compare
+from zerostate.findings.agreement import compare
 
 
 class Failed(NamedTuple):

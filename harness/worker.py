@@ -1,7 +1,7 @@
 """The persistent worker: one interpreter, one DeepSpeed release, many scenarios.
 
 Started by `zerostate.targets.deepspeed.target.DeepSpeedTarget` as
-``python -m zerostate.targets.deepspeed.worker`` with ``PYTHONPATH`` pointing at
+``python -m zerostate.harness.worker`` with ``PYTHONPATH`` pointing at
 the release to load (a cached ``pip install --target`` directory or a local
 checkout) and its own ``TORCH_EXTENSIONS_DIR``.  It speaks JSON lines: one
 request per line on stdin, one response per line on the protocol stream (the
@@ -28,14 +28,14 @@ import os
 import sys
 import time
 
-from .worker_loop import failure, open_protocol, serve, start_deepspeed
+from zerostate.harness.worker_loop import failure, open_protocol, serve, start_deepspeed
 
 
 def main() -> int:
     reply = open_protocol()
     try:
         hello = start_deepspeed(skip_shm_comm=int(os.environ.get("WORLD_SIZE", "1")) == 1)
-        from . import executor
+        from zerostate.harness import executor
         hello.update(rank=int(os.environ.get("RANK", 0)), world_size=int(os.environ.get("WORLD_SIZE", 1)))
     except BaseException as exc:  # noqa: BLE001 - report anything, including SystemExit from imports
         hello = failure(exc)

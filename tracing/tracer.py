@@ -28,7 +28,7 @@ ZeRO-3 offload pre/post fwd/bwd        MODULE_PRE/POST_FORWARD (phase forward | 
                                        blocks, head); SAVE_LIVE at a recompute pre-forward and
                                        UNPACK(use) at a pre-backward, for frozen params of
                                        non-reentrant blocks (torch keeps live references to them)
-checkpointed block calls               RECOMPUTE_START/END inside a graph task (``net.BLOCK_OBSERVER``,
+checkpointed block calls               RECOMPUTE_START/END inside a graph task (``marks.BLOCK_OBSERVER``,
                                        also when torch stops a non-reentrant recompute early),
                                        UNPACK(check) for frozen params of non-reentrant blocks
 parameter ds_status / holders / mode   FETCH (note ``inflight``: waited on a prefetch) / PREFETCH /
@@ -48,7 +48,7 @@ import torch
 
 from zerostate.runtime.patcher import Patcher
 
-from . import compat
+from zerostate.tracing import compat, marks
 
 ROOT = "model"
 """The root module's name in events (torch names it ``""``), as in ``zerostate.model.network``."""
@@ -217,14 +217,12 @@ class Tracer:
     def uninstall(self) -> None:
         self._patcher.undo()
         self._leaf_frame = None
-        from . import net
-        net.PRE_BACKWARD_OBSERVER = None
-        net.BLOCK_OBSERVER = None
+        marks.PRE_BACKWARD_OBSERVER = None
+        marks.BLOCK_OBSERVER = None
 
     def install(self) -> "Tracer":
-        from . import net
-        net.PRE_BACKWARD_OBSERVER = (self._pre_start, self._pre_end)
-        net.BLOCK_OBSERVER = (self._block_enter, self._block_exit)
+        marks.PRE_BACKWARD_OBSERVER = (self._pre_start, self._pre_end)
+        marks.BLOCK_OBSERVER = (self._block_enter, self._block_exit)
         eng, opt = self.engine, self.opt
         if self.stage == 0:  # no ZeRO optimizer and no hook manager: the loop's marks only
             self._resync()

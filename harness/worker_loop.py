@@ -55,7 +55,8 @@ def start_deepspeed(skip_shm_comm: bool) -> dict:
     worker sends: ``deepspeed``, ``file``, ``torch``, ``device``.  ``skip_shm_comm``: on CPU, skip building
     DeepSpeed's shm communication op (it serves ``inference_all_reduce`` only; training uses gloo).
     Raises whatever the import or the initialisation raised."""
-    from . import compat, net
+    from zerostate.tracing import compat
+    from zerostate.harness import net
     import torch
     if not torch.cuda.is_available():
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
@@ -94,7 +95,7 @@ def _warm_llama() -> None:
     backward -- are paid at start-up and frozen with the rest: the first llama example a worker ran took
     ~1.2-2 s more than the next (measured on 0.19.8).  Without transformers or PEFT installed (the ``hf``
     extra) there is nothing to warm; the llama examples then fail on their own import."""
-    from . import net
+    from zerostate.harness import net
     try:
         model = net.build_model({"family": "llama", "lora": True, "modules_to_save": True,
                                  "blocks": [{"checkpoint": "non_reentrant"}]})

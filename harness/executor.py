@@ -48,8 +48,9 @@ import traceback
 
 import torch
 
-from . import compat, net
-from .tracer import Tracer
+from zerostate.tracing import compat
+from zerostate.harness import net
+from zerostate.tracing.tracer import Tracer
 
 _TORCH_LINEAR = torch.nn.functional.linear
 """torch's own ``F.linear``, taken when the worker imports this module (before any engine).  A ZeRO-3

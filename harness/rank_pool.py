@@ -26,8 +26,8 @@ import sys
 import time
 from pathlib import Path
 
-from . import envs
-from .target import WorkerDied, WorkerTimeout
+from zerostate.harness import envs
+from zerostate.harness.process import WorkerDied, WorkerTimeout
 
 _POOLS: "set[RankPool]" = set()
 """Every pool not closed yet (a strong reference: ``atexit`` must find a pool whose target never finished
@@ -57,7 +57,7 @@ class _Rank:
         self.rank, self.log_path, self.stacks_path = rank, log_path, stacks_path
         self._log = open(log_path, "ab")
         stacks_path.write_text("")
-        self.proc = subprocess.Popen([sys.executable, "-m", "zerostate.targets.deepspeed.rank_worker"],
+        self.proc = subprocess.Popen([sys.executable, "-m", "zerostate.harness.rank_worker"],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, env=env,
                                      cwd=cwd, start_new_session=True)
         self.buf = b""

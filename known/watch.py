@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from . import compat
-from .known import Z3_LEAF_INPUT_NO_GRAD, Z3_LEAF_KEPT_GATHERED, ZERO12_NO_GRADIENT
+from zerostate.tracing import compat
+from zerostate.known.issues import Z3_LEAF_INPUT_NO_GRAD, Z3_LEAF_KEPT_GATHERED, ZERO12_NO_GRADIENT
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 ::
 
     from zerostate.targets.base import get_target
-    from zerostate.targets.explorer import explore
+    from zerostate.explorer.explore import explore
     res = explore(get_target("deepspeed", deepspeed="0.18.4"), examples=200, seed=None,
                   on_finding=print, on_progress=lambda n, k, s: None)
     res.findings, res.examples, res.seconds, res.first_seen
@@ -92,8 +92,10 @@ from hypothesis.control import current_build_context
 
 from zerostate.model.scenario import Scenario
 
-from .base import Finding, Outcome, Target
-from .confirm import StopExploring
+from zerostate.targets.base import Outcome, Target
+
+from zerostate.findings.finding import Finding
+from zerostate.explorer.confirm import StopExploring
 
 
 @dataclass
@@ -413,8 +415,8 @@ def explore(target: Target, *, examples: int, seed: int | None = None,
             on_update: Callable[[Finding], None] | None = None,
             jobs: int = 1, spawn: Callable[[], Target] | None = None, lane: int = LANE,
             first: Callable[[Finding], bool] | None = None) -> ExploreResult:
-    from . import confirm as confirming
-    from .strategies import scenarios
+    from zerostate.explorer import confirm as confirming
+    from zerostate.explorer.strategies import scenarios
     strat = strategy if strategy is not None else scenarios()
     do_polish = polish
     t0 = time.perf_counter()

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .watch import WatchHandle, patch_initialize
+from zerostate.watcher.watch import WatchHandle, patch_initialize
 
 
 def _callback_base():

@@ -3,7 +3,7 @@
 Reports (explore, diff; watch later) call these so a reader can tell the new from the known and see
 that several findings are one bug::
 
-    from zerostate.targets.grouping import label, group_key, group_title, groups
+    from zerostate.known.labels import label, group_key, group_title, groups
     lab = label(finding)          # {"id", "title", "owner", "fixed_in"} or None
     key = group_key(finding)      # the known issue's id, else the root-cause key
     groups(entries)               # report entries -> [{"key", "title", "known_issue", "count", "findings"}]
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import Finding, message_shape
+from zerostate.findings.finding import Finding, message_shape
 
 SEED_LABELS = (
     # (id, title, release range [lo, hi), first fixed release, predicate name in known.py)
@@ -40,7 +40,8 @@ def label(f: Finding) -> dict[str, Any] | None:
     """The known issue explaining ``f`` on the release it was found on: id, title, owner, fixed_in."""
     if not f.deepspeed:
         return None  # a model design's finding: known.py describes real DeepSpeed only
-    from .deepspeed import compat, known
+    from zerostate.tracing import compat
+    from zerostate.known import issues as known
     k = known.explain(f)
     if k is not None:
         return {"id": k.id, "title": k.title, "owner": k.owner, "fixed_in": getattr(k, "fixed_in", None),

@@ -65,7 +65,7 @@ def check_version(version: str) -> None:
         raise UnsupportedRelease(
             f"DeepSpeed {version} is outside the releases the deepspeed target's tracer supports "
             f"({SUPPORTED_TEXT}; tested: {', '.join(TESTED)}).  Its ZeRO hook internals differ; "
-            f"see targets/deepspeed/compat.py.")
+            f"see tracing/compat.py.")
 
 
 def hook_state_owner(optimizer):

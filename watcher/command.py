@@ -2,7 +2,7 @@
 
 Runs COMMAND (``python train.py``, ``accelerate launch ...``, ``torchrun ...``, ``deepspeed --num_gpus N
 ...``) with a ``sitecustomize.py`` first on ``PYTHONPATH``, so every Python process it starts watches
-every engine ``deepspeed.initialize`` builds (`zerostate.targets.deepspeed.watch.enable`); each writes
+every engine ``deepspeed.initialize`` builds (`zerostate.watcher.watch.enable`); each writes
 ``DIR/ranks/rank<r>-<pid>-<n>.json`` as it goes, and this process merges them into ``DIR/report.json``
 and ``report.md`` while the job runs (every 2 s) and at its end.  The exit status is COMMAND's (a
 signal death reads 128+N); the last line printed is ``watch: N violations in M backwards, K steps``.
@@ -21,8 +21,8 @@ import sys
 import time
 from typing import Any
 
-from . import watch_report
-from .common import DEFAULT_OUT, CliError, non_negative_float
+from zerostate.watcher import report as watch_report
+from zerostate.cli.common import DEFAULT_OUT, CliError, non_negative_float
 
 SITECUSTOMIZE = '''\
 """Written by `zerostate watch`: watch every DeepSpeed engine this process builds, then run the
@@ -32,7 +32,7 @@ import sys
 
 if os.environ.get("ZEROSTATE_WATCH_DIR"):
     try:
-        from zerostate.targets.deepspeed.watch import enable
+        from zerostate.watcher.watch import enable
         enable()
     except Exception as exc:  # never stop the user's process
         print(f"zerostate watch: not watching pid {os.getpid()}: {type(exc).__name__}: {exc}", file=sys.stderr)

@@ -40,6 +40,7 @@ executor ran.  A *spec* here is the plain dict of ``Scenario.to_dict()``.
 import os
 import warnings
 
+from zerostate.tracing import marks
 import torch
 import torch.nn as nn
 from torch.utils.checkpoint import checkpoint
@@ -74,15 +75,10 @@ two steps, ZeRO-2 and 3)."""
 # fp16: the current loss scale (a callable) of the backend that runs, which the fused head's backward inside
 # forward must apply itself, as any user code calling backward outside the engine must (None: 1).
 LOSS_SCALE = None
-# A tracer may set this to a pair of callables (start(), end()) observing the backward made inside forward.
-PRE_BACKWARD_OBSERVER = None
-# ... and this to a pair (enter(block), exit(block)) called around every checkpointed block's forward,
-# including a recompute that torch stops early (non-reentrant checkpoint stops once it has what it needs).
-BLOCK_OBSERVER = None
 
 
 def _call_block(blk, x, skip_norm):
-    obs = BLOCK_OBSERVER
+    obs = marks.BLOCK_OBSERVER
     if obs is not None:
         obs[0](blk)
     try:
@@ -124,7 +120,7 @@ class FusedHeadLoss(torch.autograd.Function):
         with torch.enable_grad():
             h = hidden.detach().requires_grad_(True)
             loss = head(h).pow(2).mean()
-            obs = PRE_BACKWARD_OBSERVER
+            obs = marks.PRE_BACKWARD_OBSERVER
             if obs is not None:
                 obs[0]()
             torch.autograd.backward(loss * scale if scale != 1.0 else loss)

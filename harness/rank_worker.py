@@ -1,6 +1,6 @@
 """One rank of the rank pool (`rank_pool.RankPool`): a persistent JSON-lines worker at world size > 1.
 
-Started by the pool as ``python -m zerostate.targets.deepspeed.rank_worker`` with ``RANK``,
+Started by the pool as ``python -m zerostate.harness.rank_worker`` with ``RANK``,
 ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT`` set (one rendezvous for the
 pool's lifetime: torch.distributed is initialised once, gloo on CPU, nccl on GPUs), in a session
 of its own, and dies with its parent (``PR_SET_PDEATHSIG``).  ``SIGUSR1`` makes it write the stack
@@ -30,8 +30,8 @@ import signal
 import sys
 import time
 
-from .cross_rank_checks import digests
-from .worker_loop import failure, open_protocol, serve, start_deepspeed
+from zerostate.harness.cross_rank_checks import digests
+from zerostate.harness.worker_loop import failure, open_protocol, serve, start_deepspeed
 
 PR_SET_PDEATHSIG = 1
 
@@ -74,7 +74,7 @@ def main() -> int:
     rank = int(os.environ.get("RANK", "0"))
     try:
         hello = start_deepspeed(skip_shm_comm=True)
-        from . import executor
+        from zerostate.harness import executor
         import torch
         import torch.distributed as dist
         if os.environ.get("ZEROSTATE_RANK_WARMUP", "1") != "0":

@@ -1,6 +1,6 @@
 """A real Hugging Face client: a tiny Llama + LoRA trained by the HF ``Trainer`` under DeepSpeed ZeRO-3.
 
-    python -m zerostate.targets.hf_job --ckpt non_reentrant [--runtime] [--steps 5] [--json OUT]
+    python -m zerostate.clients.hf_job --ckpt non_reentrant [--runtime] [--steps 5] [--json OUT]
                                        [--zero KEY=VALUE ...] [--measure] [--device cpu|cuda]
                                        [--dtype fp32|bf16]
 
@@ -250,7 +250,7 @@ def _parse_zero(items: list[str]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m zerostate.targets.hf_job", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m zerostate.clients.hf_job", description=__doc__.split("\n")[0])
     ap.add_argument("--ckpt", choices=["none", "reentrant", "non_reentrant"], default="non_reentrant")
     ap.add_argument("--runtime", action="store_true", help="zerostate.runtime.patch_deepspeed() first")
     ap.add_argument("--steps", type=int, default=5)
@@ -267,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--steps must be >= 1")
     callbacks = None
     if a.watch_callback:
-        from zerostate.targets.deepspeed.watch_hf import WatchCallback
+        from zerostate.watcher.hf import WatchCallback
         callbacks = [WatchCallback()]
     result = run(a.ckpt, a.runtime, a.steps, _parse_zero(a.zero), a.measure, a.device, a.dtype, callbacks=callbacks)
     if callbacks:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from zerostate.model.scenario import Family, Offload, Scenario
 
-from .known_setups import KnownIssue, nested_outputs_zero12
+from zerostate.known.setups import KnownIssue, nested_outputs_zero12
 
 
 def _offload_zero12(sc: Scenario) -> bool:

@@ -33,11 +33,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ..base import Finding
+    from zerostate.findings.finding import Finding
 
 
-ROOTS = ("zerostate.targets.deepspeed.executor", "zerostate.targets.deepspeed.run_checks",
-         "zerostate.targets.deepspeed.cross_rank_checks")
+ROOTS = ("zerostate.harness.executor", "zerostate.findings.decide",
+         "zerostate.harness.cross_rank_checks")
 """The modules a repro script runs; every zerostate module they import is embedded with them."""
 
 def _module_file(name: str) -> Path:
@@ -168,8 +168,10 @@ def main():
         print(f"{CHECK!r} compares ranks: run this script with torchrun --nproc-per-node 2")
         return 2
     install_embedded()
-    from zerostate.targets.deepspeed import cross_rank_checks, executor, net
-    from zerostate.targets.deepspeed.run_checks import failed_checks
+    from zerostate.harness import cross_rank_checks
+    from zerostate.harness import executor
+    from zerostate.harness import net
+    from zerostate.findings.decide import failed_checks
     net.setup_distributed()
     run_before(executor)
     if CHECK == "hang":
@@ -277,7 +279,7 @@ def repro_script(finding: Finding, n: int | None = None) -> str:
     """A standalone script reproducing ``finding`` (a `Finding`); exits 1 while the bug is present."""
     sc = finding.scenario
     spec = json.dumps(sc.to_dict(), indent=1, sort_keys=True)
-    conf = finding.confirmation  # targets/confirm.py: an order-dependent finding's sequence
+    conf = finding.confirmation  # explorer/confirm.py: an order-dependent finding's sequence
     before = [s.to_dict() for s in (conf.sequence if conf is not None else [])]
     repeat = (conf.repeat or 1) if conf is not None and conf.status == "intermittent" else 1
     first = (finding.error or "").strip().splitlines()[0] if finding.error else ""

@@ -4,7 +4,7 @@ Three ways in:
 
 * ``zerostate.watch(engine)`` -> `WatchHandle` (``handle.violations``, ``handle.memory``,
   ``handle.summary()``, ``handle.close()``), for code that builds the engine itself;
-* `zerostate.targets.deepspeed.watch_hf.WatchCallback`, an HF ``TrainerCallback``: every engine ``deepspeed.initialize`` builds from then
+* `zerostate.watcher.hf.WatchCallback`, an HF ``TrainerCallback``: every engine ``deepspeed.initialize`` builds from then
   on (the one ``Trainer`` builds) is watched; ``callback.handles``;
 * ``enable()``, called by the ``sitecustomize.py`` that ``zerostate watch -- COMMAND`` puts on
   ``PYTHONPATH``: every engine of every rank is watched, settings from the environment
@@ -61,8 +61,8 @@ class WatchHandle:
                  hang_s: float | None = None, runtime: bool = False):
         import deepspeed
 
-        from .watch_monitor import OnlineChecker, watch_specs
-        from .watch_tracer import WatchTracer
+        from zerostate.watcher.monitor import OnlineChecker, watch_specs
+        from zerostate.watcher.tracer import WatchTracer
         self.engine = engine
         self.rank = _rank()
         self.version = deepspeed.__version__
@@ -133,7 +133,7 @@ class WatchHandle:
         return f"{n} violation{'s' if n != 1 else ''} in {self.backwards} backwards, {self.steps} steps"
 
     def _explain(self, check: str, message: str) -> dict[str, Any] | None:
-        from .watch_known import explain
+        from zerostate.known.watch import explain
         ctx = dict(self.checker.context, error=message,
                    leaf_without_grad=any(not g for g in self.tracer.leaf_inputs.values()))
         e = explain(check, self.version, ctx)
