@@ -282,10 +282,38 @@ def test_watch_needs_a_command_and_an_existing_one(tmp_path):
 
 
 def test_watch_keeps_the_commands_exit_status(tmp_path):
-    proc, rep, _ = _watch(tmp_path, sys.executable, "-c", "import sys; sys.exit(3)")
-    assert proc.returncode == 3
-    assert "watch: 0 violations in 0 backwards, 0 steps" in proc.stderr
-    assert rep["status"] == "complete" and rep["run"]["exit_status"] == 3 and rep["findings"] == []
+    proc, rep, _ = _watch(tmp_path, sys.executable, "-c", "import sys; sys.exit(5)")
+    assert proc.returncode == 5
+    assert "0 violations in 0 backwards, 0 steps" in proc.stderr.splitlines()[-1]
+    assert rep["status"] == "complete" and rep["run"]["exit_status"] == 5 and rep["findings"] == []
+
+
+@pytest.mark.parametrize("job,cause", [
+    ("print('no deepspeed here')", "none of the 1 Python process(es) of the command imported deepspeed"),
+    ("import deepspeed", "deepspeed was imported but deepspeed.initialize never built an engine"),
+    ("import deepspeed; raise ValueError('dies before its engine')",
+     "rank 0 (pid {pid}) died first of ValueError: dies before its engine"),
+])
+def test_a_job_with_no_engine_watched_exits_non_zero_naming_the_cause(tmp_path, job, cause):
+    """Never a silent clean: the job exits 0 (or dies), the watch says loudly that it watched nothing, and why."""
+    env = dict(os.environ, DS_ACCELERATOR="cpu")
+    proc, rep, out = _watch(tmp_path, sys.executable, "-c", job, env=env)
+    assert proc.returncode == (1 if "raise" in job else 3), proc.stderr[-2000:]
+    if "{pid}" in cause:
+        cause = cause.format(pid=rep["processes"][0]["pid"])
+    last = proc.stderr.splitlines()[-1]
+    assert last.startswith("watch: no DeepSpeed engine was watched: ") and cause in last, proc.stderr[-2000:]
+    assert rep["not_observed"] and cause in rep["not_observed"][0] and rep["summary"]["watched"] is False
+    assert "NOT OBSERVED" in (out / "report.md").read_text()
+    if "raise" in job:  # the crash is in the report, with its rank
+        crash = _finding(rep, "exception")
+        assert crash and crash[0]["error"] == "ValueError: dies before its engine" and crash[0]["rank"] == 0
+
+
+def test_a_command_that_runs_no_python_is_not_watched(tmp_path):
+    import shutil
+    proc, rep, _ = _watch(tmp_path, shutil.which("true") or "/bin/true")
+    assert proc.returncode == 3 and "no Python process of the command ran zerostate's sitecustomize" in proc.stderr
 
 
 def _finding(rep, check):
@@ -331,7 +359,30 @@ def test_crash_after_a_violation_keeps_it(tmp_path):
     assert any(p.startswith("blocks.0.") for p in got[0]["params"])
     assert "trace_svg" in got[0]["files"] and (out / got[0]["files"]["trace_svg"]).exists()
     assert rep["summary"]["steps"] == 2 and rep["summary"]["backwards"] == 2
-    assert "watch: 1 violation in 2 backwards, 2 steps" in proc.stderr
+    crash = _finding(rep, "exception")  # the crash itself, outside the engine's calls, with its rank and step
+    assert crash and "the job crashed after its steps" in crash[0]["error"] and crash[0]["rank"] == 0
+    assert crash[0]["step"] == 2 and "outside DeepSpeed's engine calls" in crash[0]["in"]
+    assert "watch: 2 violations in 2 backwards, 2 steps" in proc.stderr
+
+
+@pytest.mark.deepspeed
+def test_an_engine_found_after_find_spec_is_watched(tmp_path):
+    """transformers, accelerate and TRL ask ``importlib.util.find_spec("deepspeed")`` before the job imports it: the
+    watch still wraps ``deepspeed.initialize`` when the import comes."""
+    proc, rep, _ = _watch(tmp_path, sys.executable, JOBS, "gathered", "--steps", "2", "--find-spec-first")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert rep["summary"]["watched"] and rep["summary"]["backwards"] == 2 and rep["summary"]["steps"] == 2
+    assert rep["not_observed"] == []
+
+
+@pytest.mark.deepspeed
+def test_a_rank_that_ends_before_its_events_are_checked_is_said_loudly(tmp_path):
+    """A rank gone without closing its watch (``os._exit``, as a launcher's kill): exit non-zero though the job
+    exited 0, and the report says which rank's last events were not checked."""
+    proc, rep, _ = _watch(tmp_path, sys.executable, JOBS, "gathered", "--steps", "1", "--then", "exit")
+    assert proc.returncode == 3, proc.stderr[-2000:]
+    assert any("rank 0" in p and "ended without closing its watch" in p for p in rep["not_observed"]), rep["not_observed"]
+    assert "NOT OBSERVED: rank 0" in proc.stderr
 
 
 @pytest.mark.deepspeed

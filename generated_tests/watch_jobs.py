@@ -6,10 +6,13 @@
     python generated_tests/watch_jobs.py plain [--stage 2|3] [--late N] [--steps N]
                                                             # loss.backward(), no leaf; watched after N steps
 
+``--find-spec-first`` asks ``importlib.util.find_spec("deepspeed")`` before the job imports deepspeed (as
+transformers, accelerate and TRL do when imported first).
+
 ``gathered``: a frozen z3 leaf block fed by data that does not require grad, then a trainable block --
 0.18.4-0.19.8 keep the leaf's parameters gathered after the backward from the second step on
 (``released-after-backward``; known issue ``z3-leaf-kept-gathered``).  ``--then crash`` raises after the
-steps, ``interrupt`` sends itself SIGINT (Ctrl-C), ``forever`` keeps training until interrupted, ``hang``
+steps, ``exit`` ends the process at once (``os._exit``, no atexit), ``interrupt`` sends itself SIGINT (Ctrl-C), ``forever`` keeps training until interrupted, ``hang``
 never returns from the next ``engine.forward``.
 """
 
@@ -103,6 +106,9 @@ def train(engine, steps: int, plain: bool = False) -> list[float]:
 
 def main(argv: list[str]) -> int:
     _env()
+    if "--find-spec-first" in argv:  # as transformers / accelerate / TRL do at import, before the job imports deepspeed
+        import importlib.util
+        assert importlib.util.find_spec("deepspeed") is not None and "deepspeed" not in sys.modules
     what = argv[0] if argv else "leaf"
     then = argv[argv.index("--then") + 1] if "--then" in argv else None
     steps = int(argv[argv.index("--steps") + 1]) if "--steps" in argv else 2
@@ -116,6 +122,8 @@ def main(argv: list[str]) -> int:
         print(json.dumps({"losses": losses}), flush=True)
         if then == "crash":
             raise RuntimeError("the job crashed after its steps (test_watch)")
+        if then == "exit":  # ends without atexit (as a rank killed by its launcher): its watch is never closed
+            os._exit(0)
         if then == "interrupt":
             os.kill(os.getpid(), signal.SIGINT)
             time.sleep(30)

@@ -27,16 +27,15 @@ whose engine owns the parameter.
 from __future__ import annotations
 
 import collections
-import functools
-import threading
 
 import torch
-import torch.utils.checkpoint as _ckpt
 
 from zerostate.model.events import EventKind, Event
 
 from zerostate.tracing import compat
 from zerostate.tracing.tracer import ROOT, Tracer
+from zerostate.watcher.torch_observers import ACTIVE as _ACTIVE, checkpointed_module, install_observers, \
+    uninstall_observers
 
 _TRACE_MODE = "_PartitionedParameterCoordinator__trace_mode"
 """partitioned_param_coordinator.py ``self.__trace_mode`` (a ``ZeRoTraceMode``), what ``is_record_trace()`` /
@@ -45,7 +44,6 @@ of calling both."""
 _GATHER = "_PartitionedParameterCoordinator__all_gather_params"
 """partitioned_param_coordinator.py ``__all_gather_params(params, forward)`` (0.18.4-0.19.8): every fetch and
 prefetch all-gathers through it."""
-_ACTIVE: list["WatchTracer"] = []
 _EVENTS: dict[tuple, Event] = {}
 """(kind, param, module, task, value, phase, note) -> the one `Event` with those fields."""
 _EVENTS_MAX = 200_000
@@ -53,163 +51,6 @@ BATCH = 256
 """Events a tracer holds before it hands them to its sink (`WatchTracer.deliver`)."""
 WATCH_START = "watch-start"
 """The note of the FETCH / PREFETCH events that report what was gathered when watching began."""
-_CKPT_LOCK = threading.Lock()
-_CKPT_ORIG: dict[str, object] = {}
-_BWD_ORIG: dict[str, object] = {}
-
-
-def _owner(t) -> tuple["WatchTracer", str] | None:
-    for tr in _ACTIVE:
-        n = tr.param_names.get(id(t))
-        if n is not None:
-            return tr, n
-    return None
-
-
-def _saved_frozen(t):
-    """The (tracer, name) of ``t`` when it is a frozen ZeRO parameter a checkpoint keeps as itself."""
-    if not isinstance(t, torch.Tensor) or t.requires_grad:
-        return None
-    return _owner(t)
-
-
-def _install_checkpoint_observer() -> None:
-    """Patch torch.utils.checkpoint once (the names are looked up at call time inside the module)."""
-    with _CKPT_LOCK:
-        if _CKPT_ORIG:
-            return
-        needed = ("_recomputation_hook", "_checkpoint_hook", "_CheckpointFrame", "_run_fn_with_dynamo_disabled")
-        if not all(hasattr(_ckpt, n) for n in needed):  # another torch: hooks and coordinator still watched
-            return
-        rec_cls, hook_cls = _ckpt._recomputation_hook, _ckpt._checkpoint_hook
-        run_fn, check = _ckpt._run_fn_with_dynamo_disabled, _ckpt._CheckpointFrame.check_recomputed_tensors_match
-
-        class _WatchedRecomputation(rec_cls):
-            def __init__(self, *a, **k):
-                super().__init__(*a, **k)
-                inner = self.pack_hook
-
-                @functools.wraps(inner)  # __wrapped__: the runtime's release policy recognises torch's pack hook
-                def pack_hook(x):
-                    hit = _saved_frozen(x)
-                    if hit is not None:
-                        tr, n = hit
-                        tr.on_checkpoint("save_live", n)
-                    return inner(x)
-                self.pack_hook = pack_hook
-
-        class _WatchedCheckpoint(hook_cls):
-            def __init__(self, *a, **k):
-                super().__init__(*a, **k)
-                inner = self.unpack_hook
-
-                @functools.wraps(inner)
-                def unpack_hook(holder):
-                    ret = inner(holder)
-                    hit = _saved_frozen(ret)
-                    if hit is not None:
-                        tr, n = hit
-                        tr.on_checkpoint("use", n)
-                    return ret
-                self.unpack_hook = unpack_hook
-
-        def run_watched(fn, *a, **k):
-            trs = list(_ACTIVE)
-            for tr in trs:
-                tr.on_recompute(fn, True)
-            try:
-                return run_fn(fn, *a, **k)
-            finally:
-                for tr in trs:
-                    tr.on_recompute(fn, False)
-
-        def check_watched(frame, gid):
-            for t in list(frame.recomputed[gid].values()):
-                hit = _saved_frozen(t)
-                if hit is not None:
-                    tr, n = hit
-                    tr.on_checkpoint("check", n)
-            return check(frame, gid)
-
-        _CKPT_ORIG.update(_recomputation_hook=rec_cls, _checkpoint_hook=hook_cls, _run_fn_with_dynamo_disabled=run_fn,
-                          check=check)
-        _ckpt._recomputation_hook = _WatchedRecomputation
-        _ckpt._checkpoint_hook = _WatchedCheckpoint
-        _ckpt._run_fn_with_dynamo_disabled = run_watched
-        _ckpt._CheckpointFrame.check_recomputed_tensors_match = check_watched
-
-
-def _backward_kind(tensors, grad_tensors) -> str:
-    t = tensors[0] if isinstance(tensors, (tuple, list)) and tensors else tensors
-    scalar = isinstance(t, torch.Tensor) and t.numel() == 1
-    return "torch" if scalar or grad_tensors is None else "nonscalar"
-
-
-def _install_backward_observer() -> None:
-    """Patch ``torch.autograd.backward`` (``Tensor.backward`` calls it) once: a backward the user starts
-    outside any watched engine's forward or backward, and outside a running backward (a reentrant
-    checkpoint's), is a PyTorch-style user backward (DeepSpeed >= 0.18 runs its epilogue from a post-backward
-    callback).  Each engine it reaches opens its window at its first graph task (`WatchTracer._task`) and
-    closes it when the call returns."""
-    with _CKPT_LOCK:
-        if "backward" in _BWD_ORIG:
-            return
-        original = torch.autograd.backward
-
-        @functools.wraps(original)
-        def backward(tensors, grad_tensors=None, *a, **k):
-            trs = []
-            if torch._C._current_graph_task_id() == -1 and not any(tr._engine_calls for tr in _ACTIVE):
-                trs = list(_ACTIVE)
-                kind = _backward_kind(tensors, grad_tensors)
-                for tr in trs:
-                    tr._plain = kind
-            try:
-                return original(tensors, grad_tensors, *a, **k)
-            finally:
-                for tr in trs:
-                    tr._plain_backward_end()
-
-        _BWD_ORIG["backward"] = original
-        torch.autograd.backward = backward
-
-
-def _uninstall_backward_observer() -> None:
-    with _CKPT_LOCK:
-        if "backward" in _BWD_ORIG:
-            torch.autograd.backward = _BWD_ORIG.pop("backward")
-
-
-def _uninstall_checkpoint_observer() -> None:
-    with _CKPT_LOCK:
-        if not _CKPT_ORIG:
-            return
-        for name in ("_recomputation_hook", "_checkpoint_hook", "_run_fn_with_dynamo_disabled"):
-            setattr(_ckpt, name, _CKPT_ORIG[name])
-        _ckpt._CheckpointFrame.check_recomputed_tensors_match = _CKPT_ORIG["check"]
-        _CKPT_ORIG.clear()
-
-
-def _checkpointed_module(fn):
-    """The module a non-reentrant checkpoint recomputes: torch hands `_run_fn_with_dynamo_disabled` its
-    ``recompute_fn`` closure over the user's ``fn`` (torch/utils/checkpoint.py
-    ``_checkpoint_without_reentrant_generator``); HF's ``GradientCheckpointingLayer`` passes
-    ``partial(super().__call__)``, bound to the layer.  None when it is not a module's call (a plain function:
-    RECOMPUTE_START then names no region, and ``available-when-used`` exempts nothing in it)."""
-    for _ in range(4):
-        target = getattr(getattr(fn, "func", fn), "__self__", None)
-        if isinstance(target, torch.nn.Module):
-            return target
-        if isinstance(fn, torch.nn.Module):
-            return fn
-        code, cells = getattr(fn, "__code__", None), getattr(fn, "__closure__", None)
-        if code is None or not cells or "fn" not in code.co_freevars:
-            return None
-        try:
-            fn = cells[code.co_freevars.index("fn")].cell_contents
-        except ValueError:  # an empty cell
-            return None
-    return None
 
 
 def z3_leaf_modules(module) -> dict[str, object]:
@@ -257,7 +98,18 @@ class WatchTracer(Tracer):
         """The coordinator's all-gather is wrapped (else every module hook scans every parameter)."""
         self.steps = 0
         self.backwards = 0
+        self.recomputes_observed = 0
+        """Non-reentrant checkpoint recomputes (torch's ``_run_fn_with_dynamo_disabled``, observed in full)."""
+        self.recomputes_unobserved = 0
+        """Module pre-forwards inside a backward outside those: a reentrant checkpoint's recompute, whose saved
+        tensors the watch does not observe."""
         self._recompute_depth = 0
+        self._bwd_pre: dict[str, torch.nn.Module] = {}
+        """Modules whose pre-backward ran in the current user backward (name -> module)."""
+        self._bwd_post: set[str] = set()
+        self.backward_leftovers: dict[str, str] = {}
+        """After the last user backward: parameter -> the module whose pre-backward fetched it and whose
+        post-backward never ran, for parameters still gathered or held then (what 0.19.3's epilogue drains)."""
         self._engine_calls = 0
         """engine.forward / engine.backward calls in progress (a backward made there is not the user's own)."""
         self._plain: str | None = None
@@ -327,9 +179,10 @@ class WatchTracer(Tracer):
     def on_recompute(self, fn, start: bool) -> None:
         if self.stage != 3 or torch._C._current_graph_task_id() == -1:
             return
-        name = self.mod_names.get(id(_checkpointed_module(fn)), "checkpoint")
+        name = self.mod_names.get(id(checkpointed_module(fn)), "checkpoint")
         if start:
             self._task()
+            self.recomputes_observed += 1
             self._recompute_depth += 1
             self.emit("recompute_start", module=name)
         else:
@@ -348,12 +201,14 @@ class WatchTracer(Tracer):
         if self.coord is not None and hasattr(self.coord, _GATHER):
             self._patch(self.coord, _GATHER, self._w_all_gather)
             self._gather_seen = True
+        off = compat.offload(self.opt) if self.stage == 3 else None
+        if off is not None and hasattr(off, "_register_deepspeed_module"):
+            self._patch(off, "_register_deepspeed_module", lambda f: self._w_register(f, off.module))
         for lname, m in self.leaves.items():
             self._handles.append(m.register_forward_pre_hook(
                 lambda mod, args, kwargs, n=lname: self._leaf_input(n, args, kwargs), with_kwargs=True))
         _ACTIVE.append(self)
-        _install_checkpoint_observer()
-        _install_backward_observer()
+        install_observers()
         self._trace_synced = self._mode in (None, "INVALID")
         return self
 
@@ -377,12 +232,25 @@ class WatchTracer(Tracer):
         if self in _ACTIVE:
             _ACTIVE.remove(self)
         if not _ACTIVE:
-            _uninstall_checkpoint_observer()
-            _uninstall_backward_observer()
+            uninstall_observers()
         for h in self._handles:
             h.remove()
         self._handles.clear()
         super().uninstall()
+
+    def _w_register(self, f, root):
+        """Hooks registered again on the root module after the engine was built (TRL's
+        ``unwrap_model_for_generation`` at ZeRO-3: ``remove_hooks``, generate, ``add_hooks``, which invalidates the
+        coordinator's trace and calls ``_register_deepspeed_module``): REREGISTER, which calls for the INVALID trace
+        that follows, as the explorer's re-registration reports it."""
+        def register(module, *a, **k):
+            if module is not root:  # its own recursion over the children
+                return f(module, *a, **k)
+            self.emit(EventKind.REREGISTER)
+            r = f(module, *a, **k)
+            self._poll()
+            return r
+        return register
 
     def _leaf_input(self, name, args, kwargs) -> None:
         ts = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
@@ -414,6 +282,32 @@ class WatchTracer(Tracer):
             self.mark("backward_end", kind="engine")
             return r
         return backward
+
+    def mark(self, what: str, **info) -> None:
+        if what == "backward_start":
+            self._bwd_pre.clear()
+            self._bwd_post.clear()
+        elif what == "backward_end":
+            self.backward_leftovers = self._leftovers()
+        super().mark(what, **info)
+
+    def _leftovers(self) -> dict[str, str]:
+        """Parameters of modules whose pre-backward ran and post-backward did not (torch calls a module's backward
+        hook only when an input requires grad: token ids never do) still gathered or held now."""
+        out: dict[str, str] = {}
+        if self.stage != 3:
+            return out
+        for name, mod in self._bwd_pre.items():
+            if name in self._bwd_post:
+                continue
+            external = getattr(mod, "ds_external_parameters", None)
+            params = [p for _, p in mod.named_parameters(recurse=name in self.leaves)]
+            params += [p for _, p in external()] if callable(external) else []
+            for p in params:
+                full = self.param_names.get(id(p))
+                if full and (compat.param_status(p) != "NOT_AVAILABLE" or compat.holders(p)):
+                    out.setdefault(full, name)
+        return out
 
     # ------------------------------------------------------------ PyTorch-style backward (loss.backward())
     def _task(self):
@@ -478,13 +372,21 @@ class WatchTracer(Tracer):
         kind = "module_" + what
         forward = what in ("pre_forward", "post_forward")
         names = self.mod_names
+        pre_bwd, post_bwd = self._bwd_pre if what == "pre_backward" else None, \
+            self._bwd_post if what == "post_backward" else None
 
         def wrapped(module, *a, **k):
             task = self._task()
             name = names.get(id(module), "?")
+            if pre_bwd is not None:
+                pre_bwd[name] = module
+            elif post_bwd is not None:
+                post_bwd.add(name)
             phase = None
             if forward:
                 phase = "eval" if self._eval else ("recompute" if task is not None else "forward")
+                if task is not None and not self._recompute_depth and what == "pre_forward":
+                    self.recomputes_unobserved += 1  # a reentrant checkpoint's (or a custom backward's) forward
             self._poll_trace()
             self.emit(kind, None, name, None, None, phase)
             r = f(module, *a, **k)

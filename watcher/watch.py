@@ -28,7 +28,7 @@ import sys
 import threading
 import time
 import traceback
-from typing import Any
+from typing import Any, Callable
 
 ENV_DIR, ENV_STOP, ENV_RUNTIME, ENV_HANG = ("ZEROSTATE_WATCH_DIR", "ZEROSTATE_WATCH_STOP", "ZEROSTATE_WATCH_RUNTIME",
                                              "ZEROSTATE_WATCH_HANG")
@@ -103,7 +103,8 @@ class WatchHandle:
         out = []
         for v in self.checker.to_dict():
             v = dict(v, rank=self.rank)
-            v["explanation"] = self._explain(v["spec"], v["message"])
+            if "explanation" not in v:
+                v["explanation"] = self._explain(v["spec"], v["message"])
             out.append(v)
         if self.error is not None:
             out.append(dict(self.error, rank=self.rank, explanation=self._explain("exception", self.error["message"])))
@@ -121,6 +122,11 @@ class WatchHandle:
         return self.checker.events_seen
 
     @property
+    def in_call(self) -> bool:
+        """An exception escaped one of this engine's calls (the process's crash, if it crashed, came from there)."""
+        return self._broken is not None
+
+    @property
     def steps(self) -> int:
         return self.tracer.steps
 
@@ -133,9 +139,14 @@ class WatchHandle:
         return f"{n} violation{'s' if n != 1 else ''} in {self.backwards} backwards, {self.steps} steps"
 
     def _explain(self, check: str, message: str) -> dict[str, Any] | None:
+        """The known issue this violation's own evidence shows (known/watch.py), from what the tracer saw up to now:
+        called when the violation is found, so the evidence is that of the backward it happened in."""
         from zerostate.known.watch import explain
+        named = [n for n in self.tracer.param_names.values() if n in message.replace(",", " ").split()]
+        leftovers = self.tracer.backward_leftovers
         ctx = dict(self.checker.context, error=message,
-                   leaf_without_grad=any(not g for g in self.tracer.leaf_inputs.values()))
+                   leaf_without_grad=any(not g for g in self.tracer.leaf_inputs.values()),
+                   named_leftovers=bool(named) and all(n in leftovers for n in named))
         e = explain(check, self.version, ctx)
         return e.to_dict() if e is not None else None
 
@@ -147,7 +158,9 @@ class WatchHandle:
                 "backwards": self.backwards, "events": self.checker.events_seen, "closed": self._closed,
                 "broken_in": self._broken,
                 "violations": self.violations, "memory": self.memory,
-                "leaf_modules": {k: {"input_requires_grad": v} for k, v in self.tracer.leaf_inputs.items()}}
+                "leaf_modules": {k: {"input_requires_grad": v} for k, v in self.tracer.leaf_inputs.items()},
+                "checkpointing": {"non_reentrant_recomputes": self.tracer.recomputes_observed,
+                                  "reentrant_module_recomputes": self.tracer.recomputes_unobserved}}
 
     def _runtime_installed(self) -> bool:
         if "zerostate.runtime.install" not in sys.modules:
@@ -173,6 +186,10 @@ class WatchHandle:
             print(f"zerostate watch: cannot write {self.path}: {exc}", file=sys.stderr)
 
     def _on_violation(self, rec: dict[str, Any]) -> None:
+        rec["explanation"] = self._explain(rec["spec"], rec["message"])
+        leftovers = {n: m for n, m in self.tracer.backward_leftovers.items() if n in rec["message"]}
+        if leftovers:  # the evidence the label rests on
+            rec["evidence"] = {"left_by_module_without_post_backward": leftovers}
         if self.stop_on_violation and self._stop_pending is None:
             self._stop_pending = f"{rec['spec']}: {rec['message']}"
         self.flush(force=True)
@@ -309,13 +326,22 @@ _PATCHED: dict[str, Any] = {}
 
 
 def patch_initialize(out: str | None = None, stop_on_violation: bool = False, hang_s: float | None = None,
-                     runtime: bool = False, on_handle=None) -> None:
+                     runtime: bool = False, on_handle: Callable[[WatchHandle], None] | None = None) -> None:
     """Wrap ``deepspeed.initialize`` so every engine it returns is watched (after the runtime, with
-    ``runtime``, is installed into it: the tracer then observes the runtime's hook state)."""
+    ``runtime``, is installed into it: the tracer then observes the runtime's hook state).  A runtime that cannot
+    install here (an unsupported release) leaves the job stock and says why in the process record."""
     import deepspeed
+    from zerostate.watcher import process
+    rec = process.record()
     if runtime:
+        from zerostate.runtime.errors import ZerostateInstallError
         from zerostate.runtime.initialize_patch import patch_deepspeed
-        patch_deepspeed()
+        try:
+            patch_deepspeed()
+        except ZerostateInstallError as exc:  # the job runs stock; the report says so
+            if rec is None:
+                raise
+            rec.runtime_error(f"zerostate.runtime not installed: {exc}")
     if "initialize" in _PATCHED:
         _PATCHED["settings"].update(out=out, stop_on_violation=stop_on_violation, hang_s=hang_s, runtime=runtime)
         if on_handle is not None:
@@ -325,18 +351,32 @@ def patch_initialize(out: str | None = None, stop_on_violation: bool = False, ha
     settings = {"out": out, "stop_on_violation": stop_on_violation, "hang_s": hang_s, "runtime": runtime}
     callbacks = [on_handle] if on_handle is not None else []
 
-    def initialize(*a, **k):
+    def initialize(*a: Any, **k: Any) -> Any:
         result = original(*a, **k)
         engine = result[0] if isinstance(result, tuple) else result
-        if getattr(engine, "optimizer", None) is not None and hasattr(engine, "zero_optimization_stage"):
+        if getattr(engine, "optimizer", None) is None or not hasattr(engine, "zero_optimization_stage"):
+            if rec is not None:
+                rec.engine(False, f"{type(engine).__name__} without an optimizer (an inference engine): not watched")
+            return result
+        try:
             h = WatchHandle(engine, **settings)
-            for cb in callbacks:
-                cb(h)
+        except Exception as exc:  # the watch failed itself: the job goes on unwatched, the report says so loudly
+            if rec is None:
+                raise
+            rec.engine(False)
+            rec.watch_error(f"watching {type(engine).__name__} failed: {type(exc).__name__}: {exc}")
+            return result
+        if rec is not None:
+            rec.engine(True)
+        for cb in callbacks:
+            cb(h)
         return result
 
-    initialize.__wrapped__ = original
+    initialize.__wrapped__ = original  # type: ignore[attr-defined]
     deepspeed.initialize = initialize
     _PATCHED.update(initialize=original, settings=settings, callbacks=callbacks)
+    if rec is not None:
+        rec.deepspeed_imported(deepspeed.__version__)
 
 
 def unpatch_initialize() -> None:
@@ -347,13 +387,25 @@ def unpatch_initialize() -> None:
 
 
 def enable() -> None:
-    """Watch every engine this process builds, with the settings ``zerostate watch`` put in the environment."""
+    """Watch every engine this process builds, with the settings ``zerostate watch`` put in the environment; keep
+    this process's record (`zerostate.watcher.process`) for the report."""
+    from zerostate.watcher import process
     out = os.environ.get(ENV_DIR)
     settings = {"out": out, "stop_on_violation": os.environ.get(ENV_STOP) == "1",
                 "hang_s": float(os.environ.get(ENV_HANG) or DEFAULT_HANG_S),
                 "runtime": os.environ.get(ENV_RUNTIME) == "1"}
+    if out:
+        process.start(out, bool(settings["runtime"])).where = _where
     from zerostate.runtime.autoinstall import after_deepspeed_import
     after_deepspeed_import(lambda: patch_initialize(**settings))
+
+
+def _where() -> tuple[int | None, int | None, bool]:
+    """(train step, user backward, inside an engine call) of the last engine watched in this process."""
+    if not _HANDLES:
+        return None, None, False
+    h = _HANDLES[-1]
+    return h.steps, h.backwards, h.in_call
 
 
 __all__ = ["WatchHandle", "WatchStop", "enable", "patch_initialize", "unpatch_initialize", "watch"]
