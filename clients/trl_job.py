@@ -19,7 +19,8 @@ the job that meets seed 002 on 0.19.0-0.19.2.
 ``importlib.util.find_spec("deepspeed")``) before deepspeed, as a TRL script does; ``deepspeed-first`` imports
 deepspeed first.  The result (printed as the last stdout line, JSON): DeepSpeed / TRL versions, the
 checkpointing TRL ran (``use_reentrant`` as the trainer left it), each step's loss, the error if training
-raised (type, message), and with ``--runtime`` whether the runtime was installed.
+raised (type, message; the exit status is then 1, as the script's would be), and with ``--runtime`` whether the
+runtime was installed.
 """
 
 from __future__ import annotations
@@ -175,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
         with open(a.json, "w", encoding="utf-8") as f:
             f.write(text)
     sys.stdout.write("\n" + text + "\n")
-    return 0
+    return 1 if "error" in result else 0  # as the user's script would: training raised
 
 
 if __name__ == "__main__":

@@ -94,19 +94,22 @@ def test_online_checker_end_of_run_obligation():
 
 
 class _FullFold(OnlineChecker):
-    """The straightforward fold: every spec's step on every event (what `OnlineChecker.feed`'s dispatch by
-    ``reacts_to`` must equal)."""
+    """The straightforward fold: every spec's step on every event, no memo (what the one fold's dispatch by
+    ``reacts_to`` and its transition memo must equal)."""
 
     def feed(self, ev):
-        i = self._record(ev)
+        fold = self.fold
+        i = fold.index
+        fold.index += 1
+        self._record(i, ev)
         for s in self.specs:
             m = s.step(self.state[s.id], ev)
             if is_failure(m):
-                if self._failing.get(s.id) != m.message:
-                    self._violated(s.id, m.message, i)
-                self._failing[s.id] = m.message
+                if fold.failing.get(s.id) != m.message:
+                    self._failed(s.id, m, i)
+                fold.failing[s.id] = m.message
                 continue
-            self._failing.pop(s.id, None)
+            fold.failing.pop(s.id, None)
             self.state[s.id] = m
         self._memory(i, ev)
 
@@ -193,7 +196,7 @@ def test_transition_memo_gives_the_full_folds_states_and_violations(case):
     events = list(trace.events)
     fed = events + events + _task_shifted(events, 100) + events + _task_shifted(events, 200)
     fast, full = OnlineChecker(lambda n: 3), _FullFold(lambda n: 3)
-    fast._memo = _CountingMemo(fast._memo)
+    fast.fold._memo = _CountingMemo(fast.fold._memo)
     hits = _CountingMemo.hits
     for e in fed:
         fast.feed(e)
@@ -221,7 +224,7 @@ def test_transition_memo_starting_again_or_switched_off_gives_the_full_fold(monk
     """A memo that fills up starts again empty (after it answered more events than it missed: ten train steps of
     one design, then other designs' traces), or is switched off (it answered fewer: a cap of 3 product states):
     the same states, violations and memory figures as the full fold either way."""
-    import zerostate.watcher.monitor as wm
+    import zerostate.model.fold as wm
     from zerostate.model.scenario import Block, Scenario, TrainStep
     shared: dict = {}  # one object per distinct event, as the tracer hands them out
     traces = []
@@ -235,7 +238,7 @@ def test_transition_memo_starting_again_or_switched_off_gives_the_full_fold(monk
     assert len(traces) >= 2
     first = OnlineChecker(lambda n: 3)
     first.feed_many(collections.deque(traces[0]))
-    monkeypatch.setattr(wm, "MEMO_STATES", first._next_pid + 5 if full_up == "starts-again" else 3)
+    monkeypatch.setattr(wm, "MEMO_STATES", first.fold._next_pid + 5 if full_up == "starts-again" else 3)
     fed = [e for t in traces for e in t]
     fast, full = OnlineChecker(lambda n: 3), _FullFold(lambda n: 3)
     for e in fed:
@@ -243,9 +246,9 @@ def test_transition_memo_starting_again_or_switched_off_gives_the_full_fold(monk
         full.feed(e)
     assert fast.state == full.state and fast.to_dict() == full.to_dict() and fast.memory() == full.memory()
     if full_up == "switched-off":
-        assert fast._memo is None
+        assert fast.fold._memo is None
     else:
-        assert fast._memo is not None and fast._since > 0, "started again (and kept) at least once"
+        assert fast.fold._memo is not None and fast.fold._since > 0, "started again (and kept) at least once"
 
 
 def test_explanations_follow_release_and_context():

@@ -23,7 +23,8 @@ from .designs import Design
 from .driver import segments
 from .events import EventKind, Event, Trace
 from .machine import initial_state, step
-from .monitor import Failure, MonitorBank, Violation, violation
+from .fold import MonitorBank
+from .monitor import Failure, Violation, violation
 from .network import Network
 from .scenario import Scenario
 

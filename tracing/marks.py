@@ -5,7 +5,17 @@ the backward a fused loss runs inside its forward, and every checkpointed block'
 that torch stops early included).  None while no tracer is installed.
 """
 
+from zerostate.model.events import EventKind
+
 PRE_BACKWARD_OBSERVER = None
 """A pair of callables (start(), end()) around the backward made inside forward."""
 BLOCK_OBSERVER = None
 """A pair (enter(block), exit(block)) around every checkpointed block's forward."""
+
+LOOP_MARKS = {
+    "forward_start": EventKind.FORWARD_START, "forward_end": EventKind.FORWARD_END,
+    "eval_start": EventKind.EVAL_FORWARD_START, "eval_end": EventKind.EVAL_FORWARD_END,
+    "backward_start": EventKind.USER_BACKWARD_START, "backward_end": EventKind.USER_BACKWARD_END,
+    "reregister": EventKind.REREGISTER, "step": EventKind.STEP,
+}
+"""The training loop's marks (`zerostate.tracing.core.TraceCore.mark`) and the event each emits."""

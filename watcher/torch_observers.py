@@ -127,7 +127,7 @@ def _install_backward_observer() -> None:
     """Patch ``torch.autograd.backward`` (``Tensor.backward`` calls it) once: a backward the user starts
     outside any watched engine's forward or backward, and outside a running backward (a reentrant
     checkpoint's), is a PyTorch-style user backward (DeepSpeed >= 0.18 runs its epilogue from a post-backward
-    callback).  Each engine it reaches opens its window at its first graph task (`WatchTracer._task`) and
+    callback).  Each engine it reaches opens its window at its first graph task (`WatchTracer.plain_backward_start`) and
     closes it when the call returns."""
     with _CKPT_LOCK:
         if "backward" in _BWD_ORIG:
@@ -137,16 +137,16 @@ def _install_backward_observer() -> None:
         @functools.wraps(original)
         def backward(tensors, grad_tensors=None, *a, **k):
             trs = []
-            if torch._C._current_graph_task_id() == -1 and not any(tr._engine_calls for tr in _ACTIVE):
+            if torch._C._current_graph_task_id() == -1 and not any(tr.engine_calls for tr in _ACTIVE):
                 trs = list(_ACTIVE)
                 kind = _backward_kind(tensors, grad_tensors)
                 for tr in trs:
-                    tr._plain = kind
+                    tr.plain_backward_start(kind)
             try:
                 return original(tensors, grad_tensors, *a, **k)
             finally:
                 for tr in trs:
-                    tr._plain_backward_end()
+                    tr.plain_backward_end()
 
         _BWD_ORIG["backward"] = original
         torch.autograd.backward = backward
