@@ -315,11 +315,11 @@ class TraceCore:
         self.poll()
         kind = marks.LOOP_MARKS.get(what)
         if kind is not None:
-            if what in ("eval_start", "eval_end"):
-                self.eval = what == "eval_start"
+            if kind in (EventKind.EVAL_FORWARD_START, EventKind.EVAL_FORWARD_END):
+                self.eval = kind is EventKind.EVAL_FORWARD_START
             note = info.get("kind") if kind in (EventKind.USER_BACKWARD_START, EventKind.USER_BACKWARD_END) else None
             self.emit(kind, value=info.get("step") if kind is EventKind.STEP else None, note=note)
-            if what in ("forward_start", "eval_start"):
+            if kind in (EventKind.FORWARD_START, EventKind.EVAL_FORWARD_START):
                 self._declare_persistent()
         elif what == "save_load_start":  # a checkpoint round trip: no hook runs in it; ZeRO-3's gathers (16-bit
             self.paused_depth += 1  # state dict, checkpoint prologue / epilogue) are not traced

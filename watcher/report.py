@@ -17,7 +17,7 @@ import os
 from typing import Any
 
 from zerostate import __version__
-from zerostate.model.events import Event
+from zerostate.model.events import Event, EventKind
 from zerostate.specs import SPECS
 
 from zerostate.atomic import replace_file
@@ -165,7 +165,6 @@ def _pictures(out_dir: str, data: dict[str, Any]) -> None:
 
 def _parse(s: str) -> Event | None:
     """An event back from its ``str()`` (``kind k=v ...``; names hold no spaces)."""
-    from zerostate.model.events import EventKind
     parts = s.split()
     try:
         kw: dict[str, Any] = {}
@@ -192,8 +191,8 @@ def memory_svg(series: list, title: str) -> str:
             pts.append(f"{sx(x):.1f},{sy(prev):.1f}")
         pts.append(f"{sx(x):.1f},{sy(y):.1f}")
         prev = y
-    marks = {"forward_start": ("#3a6ea5", "forward"), "user_backward_start": ("#d9822b", "backward"),
-             "recompute_start": ("#8e44ad", "recompute"), "step": ("#555", "step")}
+    marks = {EventKind.FORWARD_START.value: ("#3a6ea5", "forward"), EventKind.USER_BACKWARD_START.value: ("#d9822b", "backward"),
+             EventKind.RECOMPUTE_START.value: ("#8e44ad", "recompute"), EventKind.STEP.value: ("#555", "step")}
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" font-family="sans-serif" font-size="11">',
            f'<text x="{L}" y="20" font-size="13">{_esc(title)}</text>',
            f'<line x1="{L}" y1="{H - B}" x2="{W - 20}" y2="{H - B}" stroke="#000"/>',

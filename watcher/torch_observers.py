@@ -18,6 +18,8 @@ from typing import Any, Callable
 import torch
 import torch.utils.checkpoint as _ckpt
 
+from zerostate.model.events import EventKind
+
 ACTIVE: list[Any] = []
 """The installed `zerostate.watcher.tracer.WatchTracer` s."""
 _CKPT_LOCK = threading.Lock()
@@ -72,7 +74,7 @@ def _install_checkpoint_observer() -> None:
                     hit = _saved_frozen(x)
                     if hit is not None:
                         tr, n = hit
-                        tr.on_checkpoint("save_live", n)
+                        tr.on_checkpoint(EventKind.SAVE_LIVE, n)
                     return inner(x)
                 self.pack_hook = pack_hook
 
@@ -87,7 +89,7 @@ def _install_checkpoint_observer() -> None:
                     hit = _saved_frozen(ret)
                     if hit is not None:
                         tr, n = hit
-                        tr.on_checkpoint("use", n)
+                        tr.on_checkpoint(EventKind.UNPACK, n, "use")
                     return ret
                 self.unpack_hook = unpack_hook
 
@@ -106,7 +108,7 @@ def _install_checkpoint_observer() -> None:
                 hit = _saved_frozen(t)
                 if hit is not None:
                     tr, n = hit
-                    tr.on_checkpoint("check", n)
+                    tr.on_checkpoint(EventKind.UNPACK, n, "check")
             return check(frame, gid)
 
         _CKPT_ORIG.update(_recomputation_hook=rec_cls, _checkpoint_hook=hook_cls, _run_fn_with_dynamo_disabled=run_fn,

@@ -312,17 +312,14 @@ class WatchTracer:
         self.leaf_inputs[name] = any(t.requires_grad for t in ts)
 
     # ------------------------------------------------------------ torch's checkpoint (torch_observers)
-    def on_checkpoint(self, what: str, param: str) -> None:
-        """A frozen parameter saved live by a recompute (``save_live``), checked by torch (``check``) or read by
-        the backward (``use``)."""
+    def on_checkpoint(self, kind: EventKind, param: str, note: str | None = None) -> None:
+        """A frozen parameter saved live by a recompute (SAVE_LIVE), checked by torch (UNPACK ``check``) or read by
+        the backward (UNPACK ``use``)."""
         if self.stage != 3:
             return
         module = param.rsplit(".", 1)[0]
         self.view.poll_module(module, (param,))
-        if what == "save_live":
-            self.core.emit(EventKind.SAVE_LIVE, param=param, module=module)
-        else:
-            self.core.emit(EventKind.UNPACK, param=param, module=module, note=what)
+        self.core.emit(kind, param=param, module=module, note=note)
 
     def on_recompute(self, fn: Callable[..., Any], start: bool) -> None:
         if self.stage != 3 or torch._C._current_graph_task_id() == -1:
