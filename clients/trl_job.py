@@ -99,8 +99,10 @@ def _skip_shm_build() -> None:
         ds_comm_torch.build_shm_op = lambda: None
 
 
-def run(trainer: str = "sft", ckpt: str = "trl", steps: int = 3, ds: str = "trainer", runtime: bool = False) -> dict:
-    """Train the job in this process; returns the result record (an error included, never raised)."""
+def run(trainer: str = "sft", ckpt: str = "trl", steps: int = 3, ds: str = "trainer", runtime: bool = False,
+        callbacks: list | None = None) -> dict:
+    """Train the job in this process; returns the result record (an error included, never raised).  ``callbacks``:
+    HF ``TrainerCallback`` objects given to the trainer (benchmarks/bench_watch.py times and toggles the watch)."""
     import tempfile
 
     import deepspeed
@@ -124,15 +126,17 @@ def run(trainer: str = "sft", ckpt: str = "trl", steps: int = 3, ds: str = "trai
     model, tok, data = llama(), tokenizer(), dataset(trainer, 8 * steps)
     if trainer == "sft":
         args = trl.SFTConfig(per_device_train_batch_size=4, max_length=SEQ, **common)
-        job = trl.SFTTrainer(model=model, args=args, train_dataset=data, processing_class=tok, peft_config=peft)
+        job = trl.SFTTrainer(model=model, args=args, train_dataset=data, processing_class=tok, peft_config=peft,
+                             callbacks=callbacks)
     elif trainer == "grpo":
         args = trl.GRPOConfig(per_device_train_batch_size=2, num_generations=2, max_completion_length=6,
                               temperature=1.0, **common)
         job = trl.GRPOTrainer(model=model, reward_funcs=_reward, args=args, train_dataset=data,
-                              processing_class=tok, peft_config=peft)
+                              processing_class=tok, peft_config=peft, callbacks=callbacks)
     else:
         args = trl.DPOConfig(per_device_train_batch_size=2, max_length=SEQ, **common)
-        job = trl.DPOTrainer(model=model, args=args, train_dataset=data, processing_class=tok, peft_config=peft)
+        job = trl.DPOTrainer(model=model, args=args, train_dataset=data, processing_class=tok, peft_config=peft,
+                             callbacks=callbacks)
     if ckpt in ("reentrant", "non_reentrant"):  # after TRL's own choice, before train() enables checkpointing
         job.args.gradient_checkpointing_kwargs = {"use_reentrant": ckpt == "reentrant"}
     kwargs = job.args.gradient_checkpointing_kwargs or {}

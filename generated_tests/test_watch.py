@@ -295,7 +295,7 @@ def test_watch_keeps_the_commands_exit_status(tmp_path):
     ("print('no deepspeed here')", "none of the 1 Python process(es) of the command imported deepspeed"),
     ("import deepspeed", "deepspeed was imported but deepspeed.initialize never built an engine"),
     ("import deepspeed; raise ValueError('dies before its engine')",
-     "rank 0 (pid {pid}) died first of ValueError: dies before its engine"),
+     "rank 0 (pid {pid}) died first, of ValueError: dies before its engine"),
 ])
 def test_a_job_with_no_engine_watched_exits_non_zero_naming_the_cause(tmp_path, job, cause):
     """Never a silent clean: the job exits 0 (or dies), the watch says loudly that it watched nothing, and why."""

@@ -106,6 +106,7 @@ def train(engine, steps: int, plain: bool = False) -> list[float]:
 
 def main(argv: list[str]) -> int:
     _env()
+    argv = [a for a in argv if not a.startswith("--local_rank")]  # the deepspeed launcher adds it
     if "--find-spec-first" in argv:  # as transformers / accelerate / TRL do at import, before the job imports deepspeed
         import importlib.util
         assert importlib.util.find_spec("deepspeed") is not None and "deepspeed" not in sys.modules

@@ -110,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
     started, t0 = watch_report.now(), time.monotonic()
     interrupted = []
 
-    def on_sigint(signum, frame):  # the job got it too (same process group); wait for it to finish
+    def on_sigint(signum: int, frame: object) -> None:  # the job got it too (same process group); wait for it to finish
         interrupted.append(time.monotonic())
 
     previous = signal.signal(signal.SIGINT, on_sigint)

@@ -213,7 +213,7 @@ def watch_specs(params_of: Callable[[str], tuple], stage: int = 3) -> list[Spec]
             for s in SPECS.values()]
 
 
-def _names(recent, field: str, message: str = "") -> list[str]:
+def _names(recent: "collections.deque[tuple[int, Event]]", field: str, message: str = "") -> list[str]:
     """Module / parameter names in the events before a violation (the user's names), most recent first."""
     out: list[str] = []
     for _, ev in reversed(recent):

@@ -21,11 +21,11 @@ def _no_engine_cause(processes: list[dict[str, Any]], exit_status: int | None) -
         return ("no Python process of the command ran zerostate's sitecustomize (the command is not a Python job, "
                 "or its launcher replaced PYTHONPATH)")
     imported = [p for p in processes if p.get("deepspeed")]
-    crashed = [p for p in processes if p.get("crash")]
+    crashed = sorted((p for p in processes if p.get("crash")), key=lambda p: p["crash"].get("time", 0.0))
     crash = ""
     if crashed:
         c = crashed[0]["crash"]
-        crash = f"; rank {c['rank']} (pid {crashed[0]['pid']}) died first of {c['type']}: {c['message'][:200]}"
+        crash = f"; rank {c['rank']} (pid {crashed[0]['pid']}) died first, of {c['type']}: {c['message'][:200]}"
     errors = [e for p in processes for e in p.get("watch_errors", [])]
     if errors:
         return f"the watch failed: {errors[0]}"

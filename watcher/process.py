@@ -16,6 +16,7 @@ import logging
 import os
 import sys
 import threading
+import time
 import traceback
 from types import TracebackType
 from typing import Any, Callable, TypedDict
@@ -32,6 +33,8 @@ class Crash(TypedDict):
     backward: int | None
     in_engine_call: bool
     """It escaped a watched engine call (then the engine's file holds it as an ``exception`` finding too)."""
+    time: float
+    """When (``time.time()``): a launcher dies of its rank's death after it."""
 
 
 class ProcessFile(TypedDict):
@@ -105,7 +108,7 @@ class ProcessRecord:
         self.data["crash"] = {
             "type": exc_type.__name__, "message": str(exc)[:2000],
             "traceback": "".join(traceback.format_exception(exc_type, exc, tb)[-12:])[-4000:],
-            "rank": _rank(), "step": step, "backward": backward, "in_engine_call": in_call}
+            "rank": _rank(), "step": step, "backward": backward, "in_engine_call": in_call, "time": time.time()}
         self.write()
 
     def ended(self) -> None:

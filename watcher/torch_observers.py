@@ -46,7 +46,7 @@ def _owner(t: object) -> tuple[Any, str] | None:
     return None
 
 
-def _saved_frozen(t):
+def _saved_frozen(t: object) -> tuple[Any, str] | None:
     """The (tracer, name) of ``t`` when it is a frozen ZeRO parameter a checkpoint keeps as itself."""
     if not isinstance(t, torch.Tensor) or t.requires_grad:
         return None
@@ -65,12 +65,12 @@ def _install_checkpoint_observer() -> None:
         run_fn, check = _ckpt._run_fn_with_dynamo_disabled, _ckpt._CheckpointFrame.check_recomputed_tensors_match
 
         class _WatchedRecomputation(rec_cls):
-            def __init__(self, *a, **k):
+            def __init__(self, *a: Any, **k: Any) -> None:
                 super().__init__(*a, **k)
                 inner = self.pack_hook
 
                 @functools.wraps(inner)  # __wrapped__: the runtime's release policy recognises torch's pack hook
-                def pack_hook(x):
+                def pack_hook(x: Any) -> Any:
                     hit = _saved_frozen(x)
                     if hit is not None:
                         tr, n = hit
@@ -79,12 +79,12 @@ def _install_checkpoint_observer() -> None:
                 self.pack_hook = pack_hook
 
         class _WatchedCheckpoint(hook_cls):
-            def __init__(self, *a, **k):
+            def __init__(self, *a: Any, **k: Any) -> None:
                 super().__init__(*a, **k)
                 inner = self.unpack_hook
 
                 @functools.wraps(inner)
-                def unpack_hook(holder):
+                def unpack_hook(holder: Any) -> Any:
                     ret = inner(holder)
                     hit = _saved_frozen(ret)
                     if hit is not None:
@@ -93,7 +93,7 @@ def _install_checkpoint_observer() -> None:
                     return ret
                 self.unpack_hook = unpack_hook
 
-        def run_watched(fn, *a, **k):
+        def run_watched(fn: Callable[..., Any], *a: Any, **k: Any) -> Any:
             trs = list(_ACTIVE)
             for tr in trs:
                 tr.on_recompute(fn, True)
@@ -103,7 +103,7 @@ def _install_checkpoint_observer() -> None:
                 for tr in trs:
                     tr.on_recompute(fn, False)
 
-        def check_watched(frame, gid):
+        def check_watched(frame: Any, gid: Any) -> Any:
             for t in list(frame.recomputed[gid].values()):
                 hit = _saved_frozen(t)
                 if hit is not None:
@@ -119,7 +119,7 @@ def _install_checkpoint_observer() -> None:
         _ckpt._CheckpointFrame.check_recomputed_tensors_match = check_watched
 
 
-def _backward_kind(tensors, grad_tensors) -> str:
+def _backward_kind(tensors: Any, grad_tensors: Any) -> str:
     t = tensors[0] if isinstance(tensors, (tuple, list)) and tensors else tensors
     scalar = isinstance(t, torch.Tensor) and t.numel() == 1
     return "torch" if scalar or grad_tensors is None else "nonscalar"
@@ -137,7 +137,7 @@ def _install_backward_observer() -> None:
         original = torch.autograd.backward
 
         @functools.wraps(original)
-        def backward(tensors, grad_tensors=None, *a, **k):
+        def backward(tensors: Any, grad_tensors: Any = None, *a: Any, **k: Any) -> Any:
             trs = []
             if torch._C._current_graph_task_id() == -1 and not any(tr.engine_calls for tr in _ACTIVE):
                 trs = list(_ACTIVE)

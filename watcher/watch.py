@@ -44,21 +44,16 @@ class WatchStop(RuntimeError):
 
 
 def _rank() -> int:
-    try:
-        import torch.distributed as dist
-        if dist.is_available() and dist.is_initialized():
-            return dist.get_rank()
-    except Exception:  # pragma: no cover
-        pass
-    return int(os.environ.get("RANK", "0") or 0)
+    from zerostate.watcher.process import _rank as rank
+    return rank()
 
 
 class WatchHandle:
     """One watched engine.  ``violations``: list of dicts (spec, message, step, backward, rank, explanation,
     events around); ``memory``: gathered-parameter peak per backward, all-gathers per step, one step's series."""
 
-    def __init__(self, engine, out: str | None = None, stop_on_violation: bool = False,
-                 hang_s: float | None = None, runtime: bool = False):
+    def __init__(self, engine: Any, out: str | None = None, stop_on_violation: bool = False,
+                 hang_s: float | None = None, runtime: bool = False) -> None:
         import deepspeed
 
         from zerostate.watcher.monitor import OnlineChecker, watch_specs
@@ -163,12 +158,9 @@ class WatchHandle:
                                   "reentrant_module_recomputes": self.tracer.recomputes_unobserved}}
 
     def _runtime_installed(self) -> bool:
-        if "zerostate.runtime.install" not in sys.modules:
-            return False
-        try:
-            return sys.modules["zerostate.runtime.install"].installation(self.engine) is not None
-        except Exception:
-            return False
+        """The runtime is in this engine (only a process that imported the runtime can have installed it)."""
+        install = sys.modules.get("zerostate.runtime.install")
+        return install is not None and install.installation(self.engine) is not None
 
     # ------------------------------------------------------------ writing
     def flush(self, force: bool = False) -> None:
@@ -225,8 +217,8 @@ class WatchHandle:
             else:
                 self.engine.__dict__.pop(name, None)
 
-    def _guard(self, name: str, orig):
-        def call(*a, **k):
+    def _guard(self, name: str, orig: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*a: Any, **k: Any) -> Any:
             if self._closed:
                 return orig(*a, **k)
             if self._hang is not None:
@@ -268,7 +260,7 @@ class _HangWatch:
 
     _file = None
 
-    def __init__(self, out: str, rank: int, seconds: float):
+    def __init__(self, out: str, rank: int, seconds: float) -> None:
         self.seconds = seconds
         self.kept = False
         self._header = 0
@@ -301,7 +293,7 @@ class _HangWatch:
         f.flush()
 
 
-def watch(engine, out: str | None = None, stop_on_violation: bool = False, hang_s: float | None = None) -> WatchHandle:
+def watch(engine: Any, out: str | None = None, stop_on_violation: bool = False, hang_s: float | None = None) -> WatchHandle:
     """Watch ``engine`` (built by ``deepspeed.initialize``): every hook and coordinator spec checked online.
 
     ``out``: a folder to write ``rank<r>-...json`` into as it goes (``zerostate watch`` merges them);
