@@ -10,15 +10,18 @@ a random-init ``LlamaForCausalLM`` of `zerostate.clients.hf_job`'s size and a wo
 at DeepSpeed's defaults through ``<Trainer>Config(deepspeed=...)`` (``--ds-config launcher``: no ``deepspeed=``,
 the DeepSpeed plugin of ``accelerate launch --config_file`` supplies it).
 
-``--ckpt trl``: TRL's own choice.  TRL 1.16 forces ``use_reentrant=True`` with PEFT + ZeRO-3 + checkpointing
-(and logs so); ``reentrant`` / ``non_reentrant`` set ``trainer.args.gradient_checkpointing_kwargs`` after the
-trainer is built and before ``train()`` (where the HF Trainer enables checkpointing), so ``non_reentrant`` is
-the job that meets seed 002 on 0.19.0-0.19.2.
+``--ckpt trl``: TRL's own choice.  TRL 1.16 "forces" ``use_reentrant=True`` with PEFT + ZeRO-3 + checkpointing
+(and logs so) by writing ``args.gradient_checkpointing_kwargs``; transformers 5.2x's Trainer reads
+``activation_checkpointing_kwargs`` (the old name is a copy made when the arguments were built), so where TRL
+rebinds the old name the job runs the model's default, non-reentrant -- ``zerostate watch`` reports what ran.
+``reentrant`` / ``non_reentrant`` set both names after the trainer is built and before ``train()`` (where the
+Trainer enables checkpointing); non-reentrant is the job that meets seed 002 on 0.19.0-0.19.2.
 
 ``--import-order trl-first`` imports trl (and with it transformers, accelerate, peft; each asks
 ``importlib.util.find_spec("deepspeed")``) before deepspeed, as a TRL script does; ``deepspeed-first`` imports
 deepspeed first.  The result (printed as the last stdout line, JSON): DeepSpeed / TRL versions, the
-checkpointing TRL ran (``use_reentrant`` as the trainer left it), each step's loss, the error if training
+checkpointing (``use_reentrant``: what the Trainer enables; ``trl_says_use_reentrant``: what TRL wrote), each
+step's loss, the error if training
 raised (type, message; the exit status is then 1, as the script's would be), and with ``--runtime`` whether the
 runtime was installed.
 """
@@ -137,10 +140,17 @@ def run(trainer: str = "sft", ckpt: str = "trl", steps: int = 3, ds: str = "trai
         args = trl.DPOConfig(per_device_train_batch_size=2, max_length=SEQ, **common)
         job = trl.DPOTrainer(model=model, args=args, train_dataset=data, processing_class=tok, peft_config=peft,
                              callbacks=callbacks)
+    # transformers 5.2x's Trainer enables checkpointing with ``activation_checkpointing_kwargs``; the old name is a
+    # copy made in TrainingArguments.__post_init__, which TRL 1.16 rebinds when it "forces" use_reentrant=True
     if ckpt in ("reentrant", "non_reentrant"):  # after TRL's own choice, before train() enables checkpointing
-        job.args.gradient_checkpointing_kwargs = {"use_reentrant": ckpt == "reentrant"}
-    kwargs = job.args.gradient_checkpointing_kwargs or {}
-    result["use_reentrant"] = kwargs.get("use_reentrant") if ckpt != "none" else None
+        want = {"use_reentrant": ckpt == "reentrant"}
+        job.args.gradient_checkpointing_kwargs = want
+        if hasattr(job.args, "activation_checkpointing_kwargs"):
+            job.args.activation_checkpointing_kwargs = dict(want)
+    said = (job.args.gradient_checkpointing_kwargs or {}).get("use_reentrant")
+    used = getattr(job.args, "activation_checkpointing_kwargs", job.args.gradient_checkpointing_kwargs) or {}
+    result["trl_says_use_reentrant"] = said if ckpt != "none" else None
+    result["use_reentrant"] = used.get("use_reentrant") if ckpt != "none" else None  # None: the model's default
     try:
         out = job.train()
         result["train_loss"] = float(out.training_loss)

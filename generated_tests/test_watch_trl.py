@@ -4,12 +4,14 @@ DeepSpeed's defaults, CPU, models and tokenizer built locally, ``HF_HUB_OFFLINE=
 
 On the installed DeepSpeed (0.19.8), two steps each: the SFT job importing trl first (transformers, accelerate and
 TRL ask ``importlib.util.find_spec("deepspeed")`` before the job imports it) is watched and clean, and the report
-names the checkpointing TRL forced (reentrant, with what was therefore not checked); the non-reentrant job
-importing deepspeed first is clean too; GRPO (TRL's generation re-registers the ZeRO-3 hooks) has no violation;
-DPO is clean; the SFT job under ``accelerate launch`` with a DeepSpeed plugin config is watched and clean.
+names the checkpointing it ran (non-reentrant: TRL's "forced" reentrant does not reach transformers 5.2x's
+Trainer); the reentrant job importing deepspeed first is clean too; GRPO (TRL's generation re-registers the ZeRO-3
+hooks) has no violation and trains reentrant, which the report says leaves recompute unchecked; DPO is clean; the
+SFT job under ``accelerate launch`` with a DeepSpeed plugin config is watched and clean.
 
-Opt-in (``ZEROSTATE_RELEASES=0.19.2``; the release is installed on first use): non-reentrant SFT, both import
-orders, names ``saved-tensor-intact`` on the user's parameter names (seed 002) and exits non-zero; under
+Opt-in (``ZEROSTATE_RELEASES=0.19.2``; the release is installed on first use): SFT at TRL's defaults importing trl
+first, and non-reentrant importing deepspeed first, names ``saved-tensor-intact`` on the user's parameter names
+(seed 002) and exits non-zero; under
 ``--runtime`` it trains and the report is clean with its backwards watched; the same under ``accelerate launch``;
 GRPO at TRL's defaults keeps ``lm_head.weight`` / ``embed_tokens.weight`` held after each backward, labelled by
 its evidence (a module whose pre-backward ran and whose post-backward did not: fixed in 0.19.3).
@@ -93,27 +95,34 @@ def _clean(proc: subprocess.CompletedProcess, rep: dict, res: dict, steps: int =
 
 
 # ---------------------------------------------------------------- the installed release (0.19.8)
-def test_sft_importing_trl_first_is_watched_and_names_the_checkpointing_trl_forced(tmp_path):
+def test_sft_importing_trl_first_is_watched_and_names_the_checkpointing_it_ran(tmp_path):
+    """TRL 1.16 says it forces ``use_reentrant=True`` (PEFT + ZeRO-3 + checkpointing) but writes the deprecated
+    ``gradient_checkpointing_kwargs``, which transformers 5.2x's Trainer no longer reads: the job runs
+    non-reentrant, and the report says what ran."""
     proc, rep, res = _job(tmp_path, "--trainer", "sft", "--import-order", "trl-first")
     _clean(proc, rep, res)
-    assert res["use_reentrant"] is True  # TRL forces it with PEFT + ZeRO-3 + checkpointing
+    assert res["trl_says_use_reentrant"] is True and res["use_reentrant"] is None
     conf = rep["configuration"]
-    assert conf["zero_stage"] == 3 and conf["activation_checkpointing"] == "reentrant"
-    assert rep["not_checked"] and "reentrant checkpoint recompute" in rep["not_checked"][0]
-    assert "activation checkpointing reentrant" in (tmp_path / "report-0" / "report.md").read_text()
+    assert conf["zero_stage"] == 3 and conf["activation_checkpointing"] == "non-reentrant", conf
+    assert conf["non_reentrant_recomputes"] > 0 and rep["not_checked"] == []
+    assert "activation checkpointing non-reentrant" in (tmp_path / "report-0" / "report.md").read_text()
 
 
-def test_sft_non_reentrant_importing_deepspeed_first_is_clean(tmp_path):
-    proc, rep, res = _job(tmp_path, "--trainer", "sft", "--ckpt", "non_reentrant", "--import-order", "deepspeed-first")
+def test_sft_reentrant_importing_deepspeed_first_is_clean(tmp_path):
+    proc, rep, res = _job(tmp_path, "--trainer", "sft", "--ckpt", "reentrant", "--import-order", "deepspeed-first")
     _clean(proc, rep, res)
-    assert rep["configuration"]["activation_checkpointing"] == "non-reentrant" and rep["not_checked"] == []
+    assert res["use_reentrant"] is True and rep["configuration"]["activation_checkpointing"] == "reentrant"
 
 
-def test_grpo_generation_is_no_false_alarm(tmp_path):
+def test_grpo_generation_is_no_false_alarm_and_its_reentrant_recompute_is_said_unchecked(tmp_path):
     """TRL's generation unwraps the model (``remove_hooks``, generate, ``add_hooks``: the trace is invalidated and the
-    hooks registered again): the watch sees the re-registration, so ``trace-consistent`` holds."""
+    hooks registered again): the watch sees the re-registration, so ``trace-consistent`` holds.  After each
+    generation TRL enables checkpointing again with its ``use_reentrant=True``: the job trains reentrant, and the
+    report says what that leaves unchecked."""
     proc, rep, res = _job(tmp_path, "--trainer", "grpo")
     _clean(proc, rep, res)
+    assert rep["configuration"]["activation_checkpointing"] == "reentrant", rep["configuration"]
+    assert rep["not_checked"] and "reentrant checkpoint recompute" in rep["not_checked"][0]
 
 
 def test_dpo_is_clean(tmp_path):
@@ -142,11 +151,13 @@ def _seed_002(proc: subprocess.CompletedProcess, rep: dict, res: dict) -> None:
     assert any(p.startswith("base_model.model.model.layers.") and "layernorm" in p for p in got[0]["params"])
 
 
-@pytest.mark.parametrize("order", ["trl-first", "deepspeed-first"])
-def test_sft_non_reentrant_on_0_19_2_names_seed_002_and_the_runtime_prevents_it(tmp_path, order):
+@pytest.mark.parametrize("order,ckpt", [("trl-first", "trl"), ("deepspeed-first", "non_reentrant")])
+def test_sft_on_0_19_2_names_seed_002_and_the_runtime_prevents_it(tmp_path, order, ckpt):
+    """``trl``: at TRL's defaults the job runs non-reentrant (TRL's "forced" reentrant does not reach the Trainer), so
+    a TRL user on 0.19.0-0.19.2 does meet seed 002."""
     rel = _release("0.19.2")
-    _seed_002(*_job(tmp_path, "--trainer", "sft", "--ckpt", "non_reentrant", "--import-order", order, release=rel))
-    proc, rep, res = _job(tmp_path, "--trainer", "sft", "--ckpt", "non_reentrant", "--import-order", order,
+    _seed_002(*_job(tmp_path, "--trainer", "sft", "--ckpt", ckpt, "--import-order", order, release=rel))
+    proc, rep, res = _job(tmp_path, "--trainer", "sft", "--ckpt", ckpt, "--import-order", order,
                           opts=("--runtime",), release=rel)
     _clean(proc, rep, res)
     assert rep["run"]["runtime"] is True
