@@ -581,3 +581,62 @@ def test_hf_job_on_0_19_2_under_runtime_report_is_clean(tmp_path):
     proc, rep, res = _hf(tmp_path, opts=("--runtime",), env=_release_env("0.19.2"))
     assert "error" not in res, res.get("error")
     assert rep["findings"] == [], [(f["check"], f["error"]) for f in rep["findings"]]
+
+
+def test_runtime_that_could_not_install_says_why(tmp_path, monkeypatch):
+    """``--runtime`` on a release the runtime refuses: the job runs stock and is watched, and the report says loudly
+    that the runtime was not installed, and why (the process record keeps the refusal)."""
+    pytest.importorskip("deepspeed")
+    from zerostate.runtime import initialize_patch
+    from zerostate.runtime.errors import ZerostateInstallError
+    from zerostate.watcher import observed, process, watch
+
+    def refuse() -> None:
+        raise ZerostateInstallError("DeepSpeed 9.9.9 is outside the releases the runtime supports")
+
+    monkeypatch.setattr(initialize_patch, "patch_deepspeed", refuse)
+    rec = process.ProcessRecord(str(tmp_path), runtime=True)
+    monkeypatch.setattr(process, "_RECORD", [rec])
+    try:
+        watch.patch_initialize(out=str(tmp_path), runtime=True)
+    finally:
+        watch.unpatch_initialize()
+    procs = process.load(str(tmp_path))
+    assert procs[0]["runtime_errors"] == ["zerostate.runtime not installed: DeepSpeed 9.9.9 is outside the releases "
+                                          "the runtime supports"]
+    engine = {"rank": 0, "pid": procs[0]["pid"], "closed": True, "runtime_installed": False}
+    got = observed.problems([engine], procs, "complete", 0, runtime=True)
+    assert got == ["--runtime: zerostate.runtime was not installed in rank 0: zerostate.runtime not installed: "
+                   "DeepSpeed 9.9.9 is outside the releases the runtime supports"]
+    assert observed.problems([dict(engine, runtime_installed=True)], procs, "complete", 0, runtime=True) == []
+
+
+def test_watch_findings_are_keyed_by_spec_and_code():
+    """Two leaks with different parameters are one finding (``released-after-backward:still-gathered``), counted
+    twice, both messages kept; a different code of the same spec is another finding."""
+    p, q = "blocks.0.lin.weight", "blocks.1.lin.weight"
+    one = [Event(EventKind.FORWARD_START), Event(EventKind.FETCH, param=p), Event(EventKind.FORWARD_END),
+           Event(EventKind.USER_BACKWARD_START), Event(EventKind.EPILOGUE), Event(EventKind.USER_BACKWARD_END),
+           Event(EventKind.STEP, value=0), Event(EventKind.RELEASE, param=p)]
+    two = [Event(EventKind.FORWARD_START), Event(EventKind.FETCH, param=q), Event(EventKind.FORWARD_END),
+           Event(EventKind.USER_BACKWARD_START), Event(EventKind.EPILOGUE), Event(EventKind.USER_BACKWARD_END),
+           Event(EventKind.STEP, value=1), Event(EventKind.RELEASE, param=q)]
+    c = _feed(one + two)
+    got = [v for v in c.to_dict() if v["spec"] == "released-after-backward"]
+    assert len(got) == 1 and got[0]["key"] == "released-after-backward:still-gathered" and got[0]["count"] == 2, got
+    assert [p in m for m in got[0]["messages"]] == [True, False] and q in got[0]["messages"][1]
+    assert [f.key for f in c.findings()] == [v["key"] for v in c.to_dict()]
+
+
+def test_watch_callback_without_an_engine_says_so(capsys):
+    """A Trainer that built no DeepSpeed engine: the callback's summary is no silent '0 violations'."""
+    pytest.importorskip("transformers")
+    from zerostate.watcher import watch
+    from zerostate.watcher.hf import WatchCallback
+    try:
+        cb = WatchCallback()
+        cb.on_train_end(None, None, "control")
+    finally:
+        watch.unpatch_initialize()
+    assert cb.summary().startswith("no DeepSpeed engine was watched: the Trainer built no DeepSpeed engine")
+    assert "no DeepSpeed engine was watched" in capsys.readouterr().err

@@ -4,7 +4,10 @@ Its own module so that ``zerostate watch``'s ``sitecustomize`` never imports tra
 
 from __future__ import annotations
 
+import sys
 from typing import Any
+
+from zerostate.watcher.observed import NO_ENGINE
 
 from zerostate.watcher.watch import WatchHandle, patch_initialize
 
@@ -33,6 +36,9 @@ class WatchCallback(_callback_base()):  # type: ignore[misc]
         return [v for h in self.handles for v in h.violations]
 
     def summary(self) -> str:
+        """"N violations in M backwards, K steps", or, when the Trainer built no DeepSpeed engine, says so."""
+        if not self.handles:
+            return f"{NO_ENGINE}: the Trainer built no DeepSpeed engine (no deepspeed config in its arguments?)"
         n = len(self.violations)
         return (f"{n} violation{'s' if n != 1 else ''} in {sum(h.backwards for h in self.handles)} backwards, "
                 f"{sum(h.steps for h in self.handles)} steps")
@@ -40,6 +46,8 @@ class WatchCallback(_callback_base()):  # type: ignore[misc]
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
         for h in self.handles:
             h.close()
+        if not self.handles:  # never a silent clean
+            print(f"zerostate WatchCallback: {self.summary()}", file=sys.stderr)
         return control
 
 
