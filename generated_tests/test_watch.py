@@ -379,6 +379,16 @@ def test_an_engine_found_after_find_spec_is_watched(tmp_path):
 
 
 @pytest.mark.deepspeed
+def test_a_root_forward_outside_engine_forward_is_a_root_forward(tmp_path):
+    """``engine.module(x)`` (DPO's reference pass): DeepSpeed's root pre-forward hook resets the coordinator's step
+    as at any root forward, so the watch reports one (an eval forward here): no ``trace-consistent`` false alarm."""
+    proc, rep, _ = _watch(tmp_path, sys.executable, JOBS, "direct", "--steps", "3")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert rep["findings"] == [], [(f["check"], f["error"]) for f in rep["findings"]]
+    assert rep["summary"]["steps"] == 3 and rep["summary"]["backwards"] == 3
+
+
+@pytest.mark.deepspeed
 def test_a_rank_that_ends_before_its_events_are_checked_is_said_loudly(tmp_path):
     """A rank gone without closing its watch (``os._exit``, as a launcher's kill): exit non-zero though the job
     exited 0, and the report says which rank's last events were not checked."""

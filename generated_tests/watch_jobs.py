@@ -3,6 +3,7 @@
     python generated_tests/watch_jobs.py leaf               # a z3 leaf module fed by an input without grad
     python generated_tests/watch_jobs.py gathered [--then crash|interrupt|forever] [--steps N]
     python generated_tests/watch_jobs.py api                # zerostate.watch(engine): prints the handle
+    python generated_tests/watch_jobs.py direct [--steps N]   # engine.module(x) under no_grad before each step
     python generated_tests/watch_jobs.py plain [--stage 2|3] [--late N] [--steps N]
                                                             # loss.backward(), no leaf; watched after N steps
 
@@ -149,6 +150,18 @@ def main(argv: list[str]) -> int:
         handle.close()
         print(json.dumps({"losses": losses, "steps": handle.steps, "backwards": handle.backwards,
                           "violations": handle.violations, "memory": handle.memory}, default=str))
+        return 0
+    if what == "direct":  # the root module called outside engine.forward, as DPO's reference pass does
+        import torch
+        engine = engine_for(build(leaf_frozen=False, blocks=2), leaf=False)
+        for i in range(steps):
+            x = torch.randn(2, 8, generator=torch.Generator().manual_seed(i))
+            with torch.no_grad():
+                engine.module(x)
+            loss = engine(x)
+            engine.backward(loss)
+            engine.step()
+        print(json.dumps({"steps": steps}))
         return 0
     if what == "api":
         import zerostate

@@ -194,14 +194,15 @@ class TraceCore:
         self.mode = compat.trace_mode(self.coord)
         self._mode_raw = None  # `mode` was set from DeepSpeed: the next poll compares again
 
-    def poll(self, module: str | None = None) -> None:
+    def poll(self, module: str | None = None, trace: bool = True) -> None:
         """Report status and holder changes of every parameter since the last poll (``module``: the hooked module
-        whose fetch / release just ran)."""
+        whose fetch / release just ran); ``trace``: and the trace mode's."""
         if self.stage != 3 or self.paused_depth:
             return
-        self.scan(self.params, module)
+        self.scan(self.params, module, trace)
 
-    def scan(self, items: list[tuple[str, Any]] | tuple[tuple[str, Any], ...], module: str | None) -> None:
+    def scan(self, items: list[tuple[str, Any]] | tuple[tuple[str, Any], ...], module: str | None,
+             trace: bool = True) -> None:
         """Report the status and holder changes of ``items``.  A parameter that became gathered is a PREFETCH while
         its all-gather is in flight (``ds_status`` INFLIGHT), else a FETCH for the hooked module (also one another
         module owns: an external parameter, peft's ``lora_A`` read in ``Linear.forward``)."""
@@ -230,7 +231,8 @@ class TraceCore:
             if h_new > h_old:
                 hold[n] = h_new
                 emit(EventKind.HOLDERS, param=n, module=module, value=h_new, note="+")
-        self.poll_trace()
+        if trace:
+            self.poll_trace()
 
     def poll_trace(self) -> None:
         """TRACE_STATE when the coordinator's trace mode changed.  An engine watched after DeepSpeed recorded its
@@ -310,9 +312,10 @@ class TraceCore:
         self.resync()
 
     # ------------------------------------------------------------ loop marks
-    def mark(self, what: str, **info: Any) -> None:
-        """A mark of the training loop (``forward_start``, ``backward_end``, ``step``, ...: `marks.LOOP_MARKS`)."""
-        self.poll()
+    def mark(self, what: str, poll_trace: bool = True, **info: Any) -> None:
+        """A mark of the training loop (``forward_start``, ``backward_end``, ``step``, ...: `marks.LOOP_MARKS`).
+        ``poll_trace``: report a trace-mode change before the mark (False: the change belongs after it)."""
+        self.poll(trace=poll_trace)
         kind = marks.LOOP_MARKS.get(what)
         if kind is not None:
             if kind in (EventKind.EVAL_FORWARD_START, EventKind.EVAL_FORWARD_END):

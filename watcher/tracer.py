@@ -122,6 +122,8 @@ class UserModelView:
         self.recomputes_unobserved = 0
         """Module pre-forwards inside a backward outside those: a reentrant checkpoint's recompute (or a forward in
         a custom backward), whose saved tensors the watch does not observe."""
+        self.on_root_forward: Callable[[torch.nn.Module, bool], None] | None = None
+        """Called at the root module's pre-forward (True) and post-forward (False) outside a backward."""
         self.bwd_pre: dict[str, torch.nn.Module] = {}
         """Modules whose pre-backward ran in the current user backward (name -> module)."""
         self.bwd_post: set[str] = set()
@@ -138,10 +140,13 @@ class UserModelView:
         names = c.mod_names
         pre_bwd = self.bwd_pre if what == "pre_backward" else None
         post_bwd = self.bwd_post if what == "post_backward" else None
+        root_fwd = True if pre_fwd else False if what == "post_forward" else None
 
         def wrapped(module: torch.nn.Module, *a: Any, **k: Any) -> Any:
             task = c.task()
             name = names.get(id(module), "?")
+            if root_fwd and name == ROOT and task is None and view.on_root_forward is not None:
+                view.on_root_forward(module, True)
             if pre_bwd is not None:
                 pre_bwd[name] = module
             elif post_bwd is not None:
@@ -155,6 +160,8 @@ class UserModelView:
             c.emit(kind, None, name, None, None, phase)
             r = f(module, *a, **k)
             view.poll_module(name)
+            if root_fwd is False and name == ROOT and task is None and view.on_root_forward is not None:
+                view.on_root_forward(module, False)
             return r
         return wrapped
 
@@ -226,6 +233,9 @@ class WatchTracer:
         self._plain: str | None = None
         """The kind (``torch`` / ``nonscalar``) of a PyTorch-style backward in progress whose window is not open."""
         self._plain_open: str | None = None
+        self._direct: list[str] = []
+        """The end marks owed by root-module forwards called outside ``engine.forward`` (innermost last)."""
+        self.view.on_root_forward = self._root_forward
         self.backward_leftovers: dict[str, str] = {}
         """After the last user backward: parameter -> the module whose pre-backward fetched it and whose
         post-backward never ran, for parameters still gathered or held then (what 0.19.3's epilogue drains)."""
@@ -337,13 +347,13 @@ class WatchTracer:
             self.core.emit(EventKind.RECOMPUTE_END, module=name)
 
     # ------------------------------------------------------------ the loop, from the engine's calls
-    def mark(self, what: str, **info: Any) -> None:
+    def mark(self, what: str, poll_trace: bool = True, **info: Any) -> None:
         if what == "backward_start":
             self.view.bwd_pre.clear()
             self.view.bwd_post.clear()
         elif what == "backward_end":
             self.backward_leftovers = self.view.leftovers()
-        self.core.mark(what, **info)
+        self.core.mark(what, poll_trace, **info)
 
     def _w_forward(self, f: Wrapper) -> Wrapper:
         def forward(*a: Any, **k: Any) -> Any:
@@ -357,6 +367,21 @@ class WatchTracer:
             self.mark("eval_end" if ev else "forward_end")
             return r
         return forward
+
+    def _root_forward(self, module: torch.nn.Module, start: bool) -> None:
+        """The root module called outside ``engine.forward`` (DPO's reference pass, ``engine.module(x)``): DeepSpeed's
+        own root pre-forward hook (``_start_of_forward_hook``) has just reset the coordinator's step, as at any root
+        forward, so it is one -- FORWARD_START (or EVAL_FORWARD_START) before that trace-mode change is reported."""
+        if start:
+            if self.engine_calls:
+                return
+            ev = not torch.is_grad_enabled() or not module.training
+            self._direct.append("eval_end" if ev else "forward_end")
+            self.engine_calls += 1
+            self.mark("eval_start" if ev else "forward_start", poll_trace=False)
+        elif self._direct and self.engine_calls == 1:
+            self.engine_calls -= 1
+            self.mark(self._direct.pop())
 
     def _w_backward(self, f: Wrapper) -> Wrapper:
         def backward(*a: Any, **k: Any) -> Any:
