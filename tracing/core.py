@@ -234,6 +234,12 @@ class TraceCore:
         if trace:
             self.poll_trace()
 
+    def trace_changed(self) -> bool:
+        """The coordinator's trace mode may have changed since the last poll (one attribute read)."""
+        if not self._raw_trace:
+            return self.coord is not None
+        return getattr(self.coord, _TRACE_MODE) is not self._mode_raw
+
     def poll_trace(self) -> None:
         """TRACE_STATE when the coordinator's trace mode changed.  An engine watched after DeepSpeed recorded its
         module trace (``trace_synced`` False): the recorded order is unknown, so the mode is reported only from

@@ -159,7 +159,10 @@ class UserModelView:
             c.poll_trace()
             c.emit(kind, None, name, None, None, phase)
             r = f(module, *a, **k)
-            view.poll_module(name)
+            if c.trace_changed():  # an invalidation waits on or releases other modules' prefetches: scan them all
+                c.poll(name)
+            else:
+                view.poll_module(name)
             if root_fwd is False and name == ROOT and task is None and view.on_root_forward is not None:
                 view.on_root_forward(module, False)
             return r
@@ -168,7 +171,8 @@ class UserModelView:
     def poll_module(self, module: str | None, extra: tuple[str, ...] = ()) -> None:
         """After a module hook: only the module's own parameters (what its fetch / release touches) and those
         all-gathered since the last poll (prefetches, external parameters) can have changed -- DeepSpeed's other
-        releases (``release_and_reset_all``) run in the epilogue and step, where the core's `poll` scans all.
+        releases (``release_and_reset_all``) run in the epilogue and step, and an invalidated trace's cleanup of
+        other modules' prefetches comes with a trace-mode change: there the core's `poll` scans all.
         Scanning all ~P parameters after each of ~M module hooks made watching O(M x P) per step."""
         c = self.core
         if c.stage != 3 or c.paused_depth:
