@@ -10,8 +10,8 @@ whole engine and any DeepSpeed release maps to one design
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from .coordinator_null import NULL_COORDINATOR
 from .eras import ERAS, era_of, parse_release
@@ -23,7 +23,7 @@ class UnknownDesignError(KeyError):
     """An unknown design name; the message lists the known ones."""
 
     def __str__(self) -> str:  # KeyError quotes its message; we want it plain
-        return self.args[0]
+        return str(self.args[0])
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,7 @@ def register(design: Design) -> Design:
     return design
 
 
-def _coordinators() -> dict[str, Any]:
+def _coordinators() -> Mapping[str, CoordinatorHalf]:
     from .coordinator_designs import COORDINATOR_DESIGNS
     return COORDINATOR_DESIGNS
 
