@@ -1,8 +1,8 @@
 """The design registry: a design is a value pairing a hook-count half with a coordinator half.
 
-Design names are those of the issues: the hook-count eras (``ds-0.18.4``,
-``ds-0.18.5``, ``ds-0.18.7``), the coordinator eras (``ds-0.19.2``,
-``pr-8130``, ``ds-0.19.3``) and ``zerostate``.  A name from one family is
+Design names are the DeepSpeed release or PR that first has the logic: the hook-count eras
+(``ds-0.18.4``, ``ds-0.18.5``, ``ds-0.18.7``), the coordinator eras (``ds-0.19.2``, ``pr-8130``,
+``ds-0.19.3``) and ``zerostate``.  A name from one family is
 paired with the other half of the same release, so every design describes a
 whole engine and any DeepSpeed release maps to one design
 (`design_for_release`).
