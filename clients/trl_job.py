@@ -120,11 +120,11 @@ def run(trainer: str = "sft", ckpt: str = "trl", steps: int = 3, ds: str = "trai
         import zerostate.runtime as zr
 
         zr.patch_deepspeed()
-    common: dict[str, Any] = dict(
-        output_dir=tempfile.mkdtemp(prefix=f"zerostate-trl-{trainer}-"), max_steps=steps, learning_rate=1e-2,
-        lr_scheduler_type="constant", warmup_steps=0, logging_steps=1, report_to=[], save_strategy="no", seed=0,
-        data_seed=0, dataloader_num_workers=0, disable_tqdm=True, use_cpu=True, gradient_checkpointing=ckpt != "none",
-        deepspeed=ds_config() if ds == "trainer" else None)
+    common: dict[str, Any] = {
+        "output_dir": tempfile.mkdtemp(prefix=f"zerostate-trl-{trainer}-"), "max_steps": steps, "learning_rate": 1e-2,
+        "lr_scheduler_type": "constant", "warmup_steps": 0, "logging_steps": 1, "report_to": [], "save_strategy": "no", "seed": 0,
+        "data_seed": 0, "dataloader_num_workers": 0, "disable_tqdm": True, "use_cpu": True, "gradient_checkpointing": ckpt != "none",
+        "deepspeed": ds_config() if ds == "trainer" else None}
     peft = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
     model, tok, data = llama(), tokenizer(), dataset(trainer, 8 * steps)
     if trainer == "sft":

@@ -53,7 +53,7 @@ def kind_literals(source: str) -> list[tuple[int, str]]:
                 out += [(node.lineno, v) for v in _kind_constants(node.args[0])]
             out += [(node.lineno, v) for kw in node.keywords if kw.arg == "kind" for v in _kind_constants(kw.value)]
         elif isinstance(node, ast.Dict):
-            for k, v in zip(node.keys, node.values):
+            for k, v in zip(node.keys, node.values, strict=False):
                 if isinstance(k, ast.Constant) and k.value == "kind":
                     out += [(node.lineno, c) for c in _kind_constants(v)]
                 if isinstance(k, ast.Constant) and k.value in WORDY:

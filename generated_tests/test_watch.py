@@ -315,7 +315,7 @@ def test_a_job_with_no_engine_watched_exits_non_zero_naming_the_cause(tmp_path, 
 
 def test_a_command_that_runs_no_python_is_not_watched(tmp_path):
     import shutil
-    proc, rep, _ = _watch(tmp_path, shutil.which("true") or "/bin/true")
+    proc, _rep, _ = _watch(tmp_path, shutil.which("true") or "/bin/true")
     assert proc.returncode == 3 and "no Python process of the command ran zerostate's sitecustomize" in proc.stderr
 
 
@@ -572,7 +572,7 @@ def test_hf_job_on_0_19_2_names_seed_002_and_runtime_prevents_it(tmp_path):
     e = got[0]["explanation"]
     assert e["id"] == "seed 002" and e["fixed_in"] == "0.19.3" and e["runtime_prevents"] is True
     assert any("base_model.model.model.layers." in p for p in got[0]["params"])
-    proc, rep, res = _hf(tmp_path, opts=("--runtime",), env=env)
+    _proc, rep, res = _hf(tmp_path, opts=("--runtime",), env=env)
     assert "error" not in res and len(res["losses"]) == 3, res.get("error")  # the runtime prevents the crash
     assert rep["run"]["runtime"] is True
     assert not _finding(rep, "saved-tensor-intact") and not _finding(rep, "exception"), rep["findings"]
@@ -588,7 +588,7 @@ def test_hf_job_on_0_19_2_under_runtime_report_is_clean(tmp_path):
     runtime now drains such leftovers on releases without it, as the `zerostate` design does."""
     if not _release_enabled("0.19.2"):
         pytest.skip("set ZEROSTATE_RELEASES=0.19.2 (or 1) to watch the HF job on DeepSpeed 0.19.2")
-    proc, rep, res = _hf(tmp_path, opts=("--runtime",), env=_release_env("0.19.2"))
+    _proc, rep, res = _hf(tmp_path, opts=("--runtime",), env=_release_env("0.19.2"))
     assert "error" not in res, res.get("error")
     assert rep["findings"] == [], [(f["check"], f["error"]) for f in rep["findings"]]
 
@@ -612,12 +612,12 @@ def test_runtime_that_could_not_install_says_why(tmp_path, monkeypatch):
     finally:
         watch.unpatch_initialize()
     procs = process.load(str(tmp_path))
-    assert procs[0]["runtime_errors"] == ["zerostate.runtime not installed: DeepSpeed 9.9.9 is outside the releases "
-                                          "the runtime supports"]
+    assert procs[0]["runtime_errors"] == [("zerostate.runtime not installed: DeepSpeed 9.9.9 is outside the releases "
+                                          "the runtime supports")]
     engine = {"rank": 0, "pid": procs[0]["pid"], "closed": True, "runtime_installed": False}
     got = observed.problems([engine], procs, "complete", 0, runtime=True)
-    assert got == ["--runtime: zerostate.runtime was not installed in rank 0: zerostate.runtime not installed: "
-                   "DeepSpeed 9.9.9 is outside the releases the runtime supports"]
+    assert got == [("--runtime: zerostate.runtime was not installed in rank 0: zerostate.runtime not installed: "
+                   "DeepSpeed 9.9.9 is outside the releases the runtime supports")]
     assert observed.problems([dict(engine, runtime_installed=True)], procs, "complete", 0, runtime=True) == []
 
 

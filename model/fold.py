@@ -23,27 +23,23 @@ Pure Python: specs and events only (no torch).
 from __future__ import annotations
 
 import collections
-from typing import Any, Callable, Iterable, Protocol, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 from .events import Event, EventKind
 from .monitor import Failure, Violation, violation
+from .protocols import Monitor
+
+States = tuple[Any, ...]
+"""One monitor state per spec, in the specs' order (a product state of the state graph)."""
+MemoEntry = tuple[Event, int, tuple[tuple[str, Any], ...]]
+"""(event, next product id, (spec id, next state) of the states that change)."""
 
 MEMO_MAX = 100_000
 """Transitions the memo holds before it starts again empty."""
 MEMO_STATES = 20_000
 """Product states it holds (each keeps its monitor states alive) before it starts again empty.  When it fills up
 having answered fewer events than it missed, it is switched off (each spec folded, as without it)."""
-
-
-class Monitor(Protocol):
-    """What the fold needs of a spec (`zerostate.specs.Spec`)."""
-
-    id: str
-    reacts_to: frozenset | None
-
-    def init(self) -> Any: ...
-    def step(self, m: Any, ev: Event) -> Any: ...
-    def finish(self, m: Any) -> Failure | str | None: ...
 
 
 OnFailure = Callable[[str, Failure, "int | None"], None]
@@ -89,16 +85,16 @@ class Fold:
 
     # ------------------------------------------------------------ the transition memo
     def _memo_reset(self) -> None:
-        self._memo: dict[tuple[int, int], tuple] | None = {} if self.use_memo else None
+        self._memo: dict[tuple[int, int], MemoEntry] | None = {} if self.use_memo else None
         """(product id, id(event)) -> (event, next product id, ((spec id, next state), ...) for the states that
         change).  The event is kept in the value: its id stays its own while the entry lives."""
-        self._twins: dict[tuple, Event] = {}
-        self._pids: dict[tuple, int] = {}
+        self._twins: dict[tuple[Any, ...], Event] = {}
+        self._pids: dict[States, int] = {}
         self._next_pid = 0
         self._misses = 0
         """Transitions folded spec by spec since the memo last started empty."""
         self._since = self.index
-        self._pid: int | None = None
+        self._pid = None
         self._pid = self._intern()
 
     def _task_free(self, ev: Event) -> Event:
@@ -138,7 +134,7 @@ class Fold:
     def feed(self, ev: Event) -> None:
         self.feed_many(collections.deque((ev,)))
 
-    def feed_many(self, queue: "collections.deque[Event]", before: Callable[[int, Event], None] | None = None,
+    def feed_many(self, queue: collections.deque[Event], before: Callable[[int, Event], None] | None = None,
                   after: Callable[[int, Event], None] | None = None) -> None:
         """Fold the events of ``queue``, taking them from its left until it is empty (one at a time: an exception --
         Ctrl-C -- inside a step leaves the events after it queued).  ``before(i, ev)`` runs before event ``i`` is
@@ -209,7 +205,7 @@ class Fold:
             new = self._pid = self._intern()
             if memo and new is not None:
                 key_ev = ev if ev.task is None else self._task_free(ev)
-                changed = tuple((sid, state[sid]) for sid, old in zip(self._memo_ids, before) if state[sid] is not old)
+                changed = tuple((sid, state[sid]) for sid, old in zip(self._memo_ids, before, strict=False) if state[sid] is not old)
                 self._memo[(pid, id(key_ev))] = (key_ev, new, changed)  # type: ignore[index]
 
     def finish(self) -> None:
@@ -236,13 +232,13 @@ def first_violation(spec: Monitor, events: Iterable[Event]) -> Violation | None:
     return found[0] if found else None
 
 
-def advance(specs: Sequence[Monitor], states: tuple, events: Sequence[Event],
-            base: int = 0) -> tuple[tuple, dict[str, tuple[int, Failure]]]:
+def advance(specs: Sequence[Monitor], states: States, events: Sequence[Event],
+            base: int = 0) -> tuple[States, dict[str, tuple[int, Failure]]]:
     """The fold as a pure function of product states (the state graph): ``events`` folded into ``states`` (one per
     spec, in order); returns the new states and each spec's first failure here (index ``base`` + position)."""
     out: list[Any] = []
     failed: dict[str, tuple[int, Failure]] = {}
-    for spec, m in zip(specs, states):
+    for spec, m in zip(specs, states, strict=False):
         reacts = spec.reacts_to
         for i, ev in enumerate(events):
             if reacts is not None and ev.kind not in reacts:
@@ -268,16 +264,17 @@ class MonitorBank:
         self.failures: dict[str, tuple[int | None, Failure]] = {}
         self.seen = 0
 
-    def initial(self) -> tuple:
+    def initial(self) -> States:
         return tuple(s.init() for s in self.specs)
 
-    def advance(self, states: tuple, events: Sequence[Event], base: int = 0) -> tuple[tuple, dict[str, tuple[int, Failure]]]:
+    def advance(self, states: States, events: Sequence[Event],
+                base: int = 0) -> tuple[States, dict[str, tuple[int, Failure]]]:
         """`advance` over the live monitors of ``states``; a spec that fails becomes `DEAD`.  Returns the new states
         and, per newly failed spec, (index of the event = ``base`` + position, failure)."""
         live = [i for i, m in enumerate(states) if m is not DEAD]
         new, failed = advance([self.specs[i] for i in live], tuple(states[i] for i in live), events, base)
         out = list(states)
-        for i, m in zip(live, new):
+        for i, m in zip(live, new, strict=False):
             out[i] = DEAD if self.specs[i].id in failed else m
         return tuple(out), failed
 
@@ -289,10 +286,10 @@ class MonitorBank:
             self.failures.setdefault(sid, f)
         return failed
 
-    def ends(self, states: tuple) -> dict[str, Failure]:
+    def ends(self, states: States) -> dict[str, Failure]:
         """End-of-run obligations of the live monitors in ``states``."""
         out = {}
-        for spec, m in zip(self.specs, states):
+        for spec, m in zip(self.specs, states, strict=False):
             if m is DEAD:
                 continue
             end = spec.finish(m)

@@ -22,7 +22,6 @@ from __future__ import annotations
 import importlib
 import importlib.abc
 import importlib.util
-import os
 import sys
 import threading
 

@@ -39,7 +39,8 @@ import contextlib
 import importlib
 import sys
 import threading
-from typing import Any, Callable, Iterator, Protocol
+from typing import Any, Protocol
+from collections.abc import Callable, Iterator
 
 import torch
 

@@ -163,7 +163,7 @@ class Tracer:
     def events(self) -> list[dict[str, Any]]:
         return self._sink.events
 
-    def install(self) -> "Tracer":
+    def install(self) -> Tracer:
         marks.BLOCK_OBSERVER = (self.view.block_enter, self.view.block_exit)
         self.core.install(self.view)
         if self.core.stage == 3:
@@ -179,7 +179,7 @@ class Tracer:
             self.view.recomputed.clear()
         self.core.mark(what, **info)
 
-    def paused(self) -> "contextlib.AbstractContextManager[None]":
+    def paused(self) -> contextlib.AbstractContextManager[None]:
         return self.core.paused()
 
 

@@ -18,7 +18,8 @@ has one step) for the picture.
 from __future__ import annotations
 
 import collections
-from typing import Any, Callable, Iterable
+from typing import Any
+from collections.abc import Callable, Iterable
 
 from zerostate.findings.finding import Finding
 from zerostate.model.events import EventKind, Event
@@ -213,7 +214,7 @@ def watch_specs(params_of: Callable[[str], tuple], stage: int = 3) -> list[Spec]
             for s in SPECS.values()]
 
 
-def _names(recent: "collections.deque[tuple[int, Event]]", field: str, message: str = "") -> list[str]:
+def _names(recent: collections.deque[tuple[int, Event]], field: str, message: str = "") -> list[str]:
     """Module / parameter names in the events before a violation (the user's names), most recent first."""
     out: list[str] = []
     for _, ev in reversed(recent):

@@ -19,7 +19,8 @@ import threading
 import time
 import traceback
 from types import TracebackType
-from typing import Any, Callable, TypedDict
+from typing import Any, TypedDict
+from collections.abc import Callable
 
 
 class Crash(TypedDict):
@@ -58,7 +59,7 @@ class ProcessFile(TypedDict):
 class _RuntimeLog(logging.Handler):
     """Keeps the ``zerostate.runtime`` logger's warnings: why the runtime left an engine stock."""
 
-    def __init__(self, record: "ProcessRecord") -> None:
+    def __init__(self, record: ProcessRecord) -> None:
         super().__init__(logging.WARNING)
         self.record = record
 

@@ -233,8 +233,8 @@ def render_markdown(d: dict[str, Any]) -> str:
         out += [f"- **{p}**" for p in d["not_observed"]]
     conf = d.get("configuration") or {}
     if conf.get("zero_stage") is not None:
-        out += ["", f"What the job ran: ZeRO-{conf['zero_stage']}, activation checkpointing "
-                    f"{conf['activation_checkpointing']} (as the trainer left it)."]
+        out += ["", (f"What the job ran: ZeRO-{conf['zero_stage']}, activation checkpointing "
+                    f"{conf['activation_checkpointing']} (as the trainer left it).")]
     if d.get("not_checked"):
         out += ["", "Not checked in this job:", ""] + [f"- {n}" for n in d["not_checked"]]
     out += ["", f"**{d['summary_text']}**", "", "## Specs", "",
@@ -268,8 +268,8 @@ def render_markdown(d: dict[str, Any]) -> str:
         if e:
             fixed = f"fixed in DeepSpeed {e['fixed_in']}" if e.get("fixed_in") else "not fixed as of DeepSpeed 0.19.8"
             prevents = "**prevents it**" if e.get("runtime_prevents") else "does not prevent it"
-            out += [f"Known issue **{e['id']}**: {e['title']} ({fixed}); `zerostate.runtime` {prevents} "
-                    "(`zerostate watch --runtime`).", "", f"> {e['detail']}", ""]
+            out += [(f"Known issue **{e['id']}**: {e['title']} ({fixed}); `zerostate.runtime` {prevents} "
+                    "(`zerostate watch --runtime`)."), "", f"> {e['detail']}", ""]
         else:
             out += ["No known issue explains it: a new finding, or a gap in the watcher (see docs/watch.md).", ""]
         left = (f.get("evidence") or {}).get("left_by_module_without_post_backward")
@@ -277,8 +277,8 @@ def render_markdown(d: dict[str, Any]) -> str:
             out += ["Evidence: " + ", ".join(f"`{p}` (pre-backward of `{m}` ran, its post-backward did not)"
                                              for p, m in sorted(left.items())), ""]
         if f.get("params") or f.get("modules"):
-            out += [f"Your model: parameters {', '.join(f'`{p}`' for p in f['params'][:4]) or '—'}; modules "
-                    f"{', '.join(f'`{m}`' for m in f['modules'][:4]) or '—'}", ""]
+            out += [(f"Your model: parameters {', '.join(f'`{p}`' for p in f['params'][:4]) or '—'}; modules "
+                    f"{', '.join(f'`{m}`' for m in f['modules'][:4]) or '—'}"), ""]
         if f["events_around"]:
             out += ["Events around the violation (`>>` marks the violating event):", "", "```text"]
             out += [f"{'>>' if e['violation'] else '  '} {e['index']:6d}  {e['event']}" for e in f["events_around"]]

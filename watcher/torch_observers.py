@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import functools
 import threading
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import torch
 import torch.utils.checkpoint as _ckpt

@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import collections
 import threading
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import torch
 
@@ -52,7 +53,7 @@ class QueueSink:
     """Events queued as shared `Event` objects (a job repeats the same ones every step: the online checker's
     transition memo keys on the object), handed to ``deliver_to`` every `BATCH` events and on demand."""
 
-    def __init__(self, deliver_to: Callable[["collections.deque[Event]"], None] | None) -> None:
+    def __init__(self, deliver_to: Callable[[collections.deque[Event]], None] | None) -> None:
         self.deliver_to = deliver_to
         self.queue: collections.deque[Event] = collections.deque()
         self._delivering = False
@@ -217,7 +218,7 @@ class WatchTracer:
     at the end of every engine call and before it reads or writes what the checker found).  No list of the run's
     events is kept."""
 
-    def __init__(self, engine: Any, sink: Callable[["collections.deque[Event]"], None] | None = None) -> None:
+    def __init__(self, engine: Any, sink: Callable[[collections.deque[Event]], None] | None = None) -> None:
         stage = int(engine.zero_optimization_stage()) if hasattr(engine, "zero_optimization_stage") else 0
         self.engine = engine
         self._sink = QueueSink(sink)
@@ -272,7 +273,7 @@ class WatchTracer:
         self.core.emit(kind, **fields)
 
     # ------------------------------------------------------------ install
-    def install(self) -> "WatchTracer":
+    def install(self) -> WatchTracer:
         core, view = self.core, self.view
         core.install(view)
         self._report_gathered()

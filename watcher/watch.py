@@ -28,13 +28,14 @@ import sys
 import threading
 import time
 import traceback
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 ENV_DIR, ENV_STOP, ENV_RUNTIME, ENV_HANG = ("ZEROSTATE_WATCH_DIR", "ZEROSTATE_WATCH_STOP", "ZEROSTATE_WATCH_RUNTIME",
                                              "ZEROSTATE_WATCH_HANG")
 DEFAULT_HANG_S = 300.0
 
-_HANDLES: list["WatchHandle"] = []
+_HANDLES: list[WatchHandle] = []
 _ENGINES = [0]
 _LOCK = threading.Lock()
 
