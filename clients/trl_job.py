@@ -121,9 +121,10 @@ def run(trainer: str = "sft", ckpt: str = "trl", steps: int = 3, ds: str = "trai
 
         zr.patch_deepspeed()
     common: dict[str, Any] = {
-        "output_dir": tempfile.mkdtemp(prefix=f"zerostate-trl-{trainer}-"), "max_steps": steps, "learning_rate": 1e-2,
-        "lr_scheduler_type": "constant", "warmup_steps": 0, "logging_steps": 1, "report_to": [], "save_strategy": "no", "seed": 0,
-        "data_seed": 0, "dataloader_num_workers": 0, "disable_tqdm": True, "use_cpu": True, "gradient_checkpointing": ckpt != "none",
+        "output_dir": tempfile.mkdtemp(prefix=f"zerostate-trl-{trainer}-"), "max_steps": steps,
+        "learning_rate": 1e-2, "lr_scheduler_type": "constant", "warmup_steps": 0, "logging_steps": 1, "report_to": [],
+        "save_strategy": "no", "seed": 0, "data_seed": 0, "dataloader_num_workers": 0, "disable_tqdm": True,
+        "use_cpu": True, "gradient_checkpointing": ckpt != "none",
         "deepspeed": ds_config() if ds == "trainer" else None}
     peft = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
     model, tok, data = llama(), tokenizer(), dataset(trainer, 8 * steps)
@@ -154,7 +155,7 @@ def run(trainer: str = "sft", ckpt: str = "trl", steps: int = 3, ds: str = "trai
     try:
         out = job.train()
         result["train_loss"] = float(out.training_loss)
-    except Exception as e:  # the job's outcome is data: stock 0.19.2 non-reentrant dies of seed 002
+    except Exception as e:  # noqa: BLE001 - the job's outcome is data: stock 0.19.2 non-reentrant dies of seed 002
         result["error"] = {"type": type(e).__name__, "message": str(e)[:2000],
                            "traceback": traceback.format_exc()[-4000:]}
     result["losses"] = [row["loss"] for row in job.state.log_history if "loss" in row]

@@ -205,7 +205,8 @@ class Fold:
             new = self._pid = self._intern()
             if memo and new is not None:
                 key_ev = ev if ev.task is None else self._task_free(ev)
-                changed = tuple((sid, state[sid]) for sid, old in zip(self._memo_ids, before, strict=False) if state[sid] is not old)
+                changed = tuple((sid, state[sid]) for sid, old in zip(self._memo_ids, before, strict=True)
+                                if state[sid] is not old)
                 self._memo[(pid, id(key_ev))] = (key_ev, new, changed)  # type: ignore[index]
 
     def finish(self) -> None:
@@ -240,15 +241,16 @@ def advance(specs: Sequence[Monitor], states: States, events: Sequence[Event],
     failed: dict[str, tuple[int, Failure]] = {}
     for spec, m in zip(specs, states, strict=False):
         reacts = spec.reacts_to
+        cur = m
         for i, ev in enumerate(events):
             if reacts is not None and ev.kind not in reacts:
                 continue
-            nxt = spec.step(m, ev)
+            nxt = spec.step(cur, ev)
             if nxt.__class__ is Failure:
                 failed.setdefault(spec.id, (base + i, nxt))
                 continue
-            m = nxt
-        out.append(m)
+            cur = nxt
+        out.append(cur)
     return tuple(out), failed
 
 

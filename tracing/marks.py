@@ -12,7 +12,8 @@ PRE_BACKWARD_OBSERVER = None
 BLOCK_OBSERVER = None
 """A pair (enter(block), exit(block)) around every checkpointed block's forward."""
 
-LOOP_MARKS = {k.value: k for k in (EventKind.FORWARD_START, EventKind.FORWARD_END, EventKind.REREGISTER, EventKind.STEP)}
+LOOP_MARKS = {k.value: k for k in (EventKind.FORWARD_START, EventKind.FORWARD_END, EventKind.REREGISTER,
+                                   EventKind.STEP)}
 LOOP_MARKS.update(eval_start=EventKind.EVAL_FORWARD_START, eval_end=EventKind.EVAL_FORWARD_END,
                   backward_start=EventKind.USER_BACKWARD_START, backward_end=EventKind.USER_BACKWARD_END)
 """The training loop's marks (`zerostate.tracing.core.TraceCore.mark`; four are named as the event they emit) and

@@ -41,8 +41,12 @@ UNMEMOIZED = frozenset({"count-once-per-phase"})
 backward, so product states holding it would never repeat.  (Leaving a spec out is only slower, never wrong.)"""
 MESSAGES = 5
 """Distinct messages kept per finding (a violation's key is spec + code; its messages name the parameters)."""
-_MEMORY_KINDS = frozenset({EventKind.USER_BACKWARD_START, EventKind.USER_BACKWARD_END, EventKind.STEP, EventKind.FETCH, EventKind.PREFETCH, EventKind.RELEASE})
+_MEMORY_KINDS = frozenset({EventKind.USER_BACKWARD_START, EventKind.USER_BACKWARD_END, EventKind.STEP, EventKind.FETCH,
+                           EventKind.PREFETCH, EventKind.RELEASE})
 """The kinds `OnlineChecker._memory` counts with (the others only extend a peak or the series)."""
+_SERIES_KINDS = frozenset({EventKind.FETCH, EventKind.PREFETCH, EventKind.RELEASE, EventKind.FORWARD_START,
+                           EventKind.USER_BACKWARD_START, EventKind.STEP, EventKind.RECOMPUTE_START})
+"""The kinds a point of the memory series is drawn at."""
 
 
 class OnlineChecker:
@@ -184,8 +188,7 @@ class OnlineChecker:
             self.total -= self.numel(ev.param)
         if self._peak is not None:
             self._peak = max(self._peak, self.total)
-        if self.steps <= SERIES_STEP and (k in (EventKind.FETCH, EventKind.PREFETCH, EventKind.RELEASE, EventKind.FORWARD_START,
-                                                  EventKind.USER_BACKWARD_START, EventKind.STEP, EventKind.RECOMPUTE_START)):
+        if self.steps <= SERIES_STEP and k in _SERIES_KINDS:
             self._series_now.append((i, self.total, k.value))
 
     def memory(self) -> dict[str, Any]:

@@ -44,7 +44,8 @@ def hung_stacks(ranks_dir: str) -> list[dict[str, Any]]:
     out = []
     for p in sorted(glob.glob(os.path.join(ranks_dir, "rank*.stack"))):
         try:
-            text = open(p, encoding="utf-8", errors="replace").read()
+            with open(p, encoding="utf-8", errors="replace") as fh:
+                text = fh.read()
         except OSError:
             continue
         if text.count("\n") > 1:
@@ -95,8 +96,9 @@ def build(engines: list[dict[str, Any]], hung: list[dict[str, Any]], command: li
     line = f"{nv} violation{'s' if nv != 1 else ''} in {backwards} backwards, {steps} steps"
     trouble = observed.problems(engines, processes, status, exit_status, runtime)
     if trouble:
-        line = f"{trouble[0]} -- {line}" if trouble[0].startswith(observed.NO_ENGINE) else f"{line}; NOT OBSERVED: " \
-            f"{len(trouble)} problem{'s' if len(trouble) != 1 else ''} (see the report)"
+        many = "s" if len(trouble) != 1 else ""
+        line = (f"{trouble[0]} -- {line}" if trouble[0].startswith(observed.NO_ENGINE)
+                else f"{line}; NOT OBSERVED: {len(trouble)} problem{many} (see the report)")
     return {
         "format": FORMAT, "zerostate": __version__, "command": "watch", "status": status,
         "run": {"target": "deepspeed (your job)", "deepspeed": ", ".join(versions) or None,
@@ -104,8 +106,7 @@ def build(engines: list[dict[str, Any]], hung: list[dict[str, Any]], command: li
                 "runtime": any(e.get("runtime") for e in engines), "exit_status": exit_status,
                 "started": started, "seconds": round(seconds, 2), "command_line": " ".join(command)},
         "columns": [column], "specs": specs, "findings": findings,
-        "memory": {f"rank {e['rank']}" + (f" engine {e['engine']}" if e.get("engine", 1) > 1 else ""): e.get("memory", {})
-                   for e in engines},
+        "memory": {_memory_label(e): e.get("memory", {}) for e in engines},
         "hung": hung,
         "not_observed": trouble, "not_checked": observed.not_checked(engines),
         "configuration": observed.configuration(engines),
@@ -115,6 +116,10 @@ def build(engines: list[dict[str, Any]], hung: list[dict[str, Any]], command: li
                     "watched": bool(engines), "not_observed": len(trouble)},
         "summary_text": line,
     }
+
+
+def _memory_label(e: dict[str, Any]) -> str:
+    return f"rank {e['rank']}" + (f" engine {e['engine']}" if e.get("engine", 1) > 1 else "")
 
 
 def _explain_crash(crash: dict[str, Any], stage: int) -> dict[str, Any] | None:
@@ -152,7 +157,7 @@ def _pictures(out_dir: str, data: dict[str, Any]) -> None:
             canvas = pictures.trace_picture(evs, vi, f"{f['check']} violated ({f['where']})", f["error"])
             for k, name in pictures.write_picture(canvas, os.path.join(out_dir, f"trace_{f['n']}")).items():
                 f["files"][f"trace_{k}"] = name
-        except Exception as exc:  # a report must survive a picture bug; say so
+        except Exception as exc:  # noqa: BLE001 - a report must survive a picture bug; say so
             f["notes"].append(f"trace picture not drawn: {type(exc).__name__}: {exc}")
     for label, mem in data["memory"].items():
         series = mem.get("series") or []
@@ -191,7 +196,8 @@ def memory_svg(series: list, title: str) -> str:
             pts.append(f"{sx(x):.1f},{sy(prev):.1f}")
         pts.append(f"{sx(x):.1f},{sy(y):.1f}")
         prev = y
-    marks = {EventKind.FORWARD_START.value: ("#3a6ea5", "forward"), EventKind.USER_BACKWARD_START.value: ("#d9822b", "backward"),
+    marks = {EventKind.FORWARD_START.value: ("#3a6ea5", "forward"),
+             EventKind.USER_BACKWARD_START.value: ("#d9822b", "backward"),
              EventKind.RECOMPUTE_START.value: ("#8e44ad", "recompute"), EventKind.STEP.value: ("#555", "step")}
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" font-family="sans-serif" font-size="11">',
            f'<text x="{L}" y="20" font-size="13">{_esc(title)}</text>',

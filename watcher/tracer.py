@@ -104,8 +104,8 @@ class UserModelView:
             for pn, _ in m.named_parameters():
                 self._leaf_of.setdefault(prefix + pn, lname)
         self.own: dict[str, tuple[str, ...]] = {}
-        for mname, m in module.named_modules():
-            mname = mname or ROOT
+        for raw, m in module.named_modules():
+            mname = raw or ROOT
             prefix = "" if mname == ROOT else mname + "."
             self.own[mname] = tuple(prefix + pn for pn, _ in m.named_parameters(recurse=mname in self.leaves))
         self._by_name = dict(core.params)

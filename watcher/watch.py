@@ -4,8 +4,8 @@ Three ways in:
 
 * ``zerostate.watch(engine)`` -> `WatchHandle` (``handle.violations``, ``handle.memory``,
   ``handle.summary()``, ``handle.close()``), for code that builds the engine itself;
-* `zerostate.watcher.hf.WatchCallback`, an HF ``TrainerCallback``: every engine ``deepspeed.initialize`` builds from then
-  on (the one ``Trainer`` builds) is watched; ``callback.handles``;
+* `zerostate.watcher.hf.WatchCallback`, an HF ``TrainerCallback``: every engine ``deepspeed.initialize`` builds from
+  then on (the one ``Trainer`` builds) is watched; ``callback.handles``;
 * ``enable()``, called by the ``sitecustomize.py`` that ``zerostate watch -- COMMAND`` puts on
   ``PYTHONPATH``: every engine of every rank is watched, settings from the environment
   (``ZEROSTATE_WATCH_DIR``, ``ZEROSTATE_WATCH_STOP``, ``ZEROSTATE_WATCH_RUNTIME``,
@@ -97,8 +97,8 @@ class WatchHandle:
     def violations(self) -> list[dict[str, Any]]:
         self.tracer.deliver()  # the events the tracer still holds are checked first
         out = []
-        for v in self.checker.to_dict():
-            v = dict(v, rank=self.rank)
+        for rec in self.checker.to_dict():
+            v = dict(rec, rank=self.rank)
             if "explanation" not in v:
                 v["explanation"] = self._explain(v["spec"], v["message"])
             out.append(v)
@@ -234,7 +234,8 @@ class WatchHandle:
                 if self.error is None and not isinstance(exc, (WatchStop, KeyboardInterrupt)):
                     self.error = {"spec": "exception", "message": f"{type(exc).__name__}: {exc}",
                                   "event": None, "step": self.steps, "backward": self.backwards, "count": 1,
-                                  "in": f"engine.{name}", "traceback": "".join(traceback.format_exc().splitlines(True)[-12:]),
+                                  "in": f"engine.{name}",
+                                  "traceback": "".join(traceback.format_exc().splitlines(True)[-12:]),
                                   "events": [(j, str(e)) for j, e in self.checker.recent][-40:],
                                   "modules": [], "params": []}
                 self.flush(force=True)
@@ -267,7 +268,7 @@ class _HangWatch:
         self._header = 0
         if _HangWatch._file is None:
             os.makedirs(out, exist_ok=True)
-            _HangWatch._file = open(os.path.join(out, f"rank{rank}-{os.getpid()}.stack"), "w")
+            _HangWatch._file = open(os.path.join(out, f"rank{rank}-{os.getpid()}.stack"), "w")  # noqa: SIM115 - kept open for faulthandler
 
     def arm(self, what: str) -> None:
         if self.kept:
@@ -294,7 +295,8 @@ class _HangWatch:
         f.flush()
 
 
-def watch(engine: Any, out: str | None = None, stop_on_violation: bool = False, hang_s: float | None = None) -> WatchHandle:
+def watch(engine: Any, out: str | None = None, stop_on_violation: bool = False,
+          hang_s: float | None = None) -> WatchHandle:
     """Watch ``engine`` (built by ``deepspeed.initialize``): every hook and coordinator spec checked online.
 
     ``out``: a folder to write ``rank<r>-...json`` into as it goes (``zerostate watch`` merges them);
@@ -307,7 +309,7 @@ def _close_all() -> None:
     for h in list(_HANDLES):
         try:
             h.close()
-        except Exception as exc:  # pragma: no cover - at exit, say it and keep closing
+        except Exception as exc:  # noqa: BLE001 - at exit, say it and keep closing
             print(f"zerostate watch: closing rank {h.rank}: {type(exc).__name__}: {exc}", file=sys.stderr)
 
 
