@@ -82,7 +82,7 @@ def dataset(trainer: str, rows: int) -> Any:
                               "rejected": [" " + _sentence(i + 2, 4) for i in range(rows)]})
 
 
-def _reward(completions: list[str], **_: Any) -> list[float]:
+def _reward(completions: list[str], **_: Any) -> list[float | None]:
     """GRPO's reward: how many odd words were generated (any function of the text that varies serves: equal rewards
     give zero advantages and a zero loss)."""
     return [float(sum(1 for w in c.split() if w[1:].isdigit() and int(w[1:]) % 2)) for c in completions]
@@ -128,6 +128,8 @@ def run(trainer: str = "sft", ckpt: str = "trl", steps: int = 3, ds: str = "trai
         "deepspeed": ds_config() if ds == "trainer" else None}
     peft = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
     model, tok, data = llama(), tokenizer(), dataset(trainer, 8 * steps)
+    args: Any
+    job: Any
     if trainer == "sft":
         args = trl.SFTConfig(per_device_train_batch_size=4, max_length=SEQ, **common)
         job = trl.SFTTrainer(model=model, args=args, train_dataset=data, processing_class=tok, peft_config=peft,

@@ -36,6 +36,7 @@ parameter ds_status / holders / mode   FETCH (note ``inflight``: waited on a pre
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import sys
 import threading
@@ -175,7 +176,7 @@ class TraceCore:
         cur = self.tasks.get(torch._C._current_graph_task_id())
         for small in list(self._pending):
             if small == cur:
-                eng.queue_callback(lambda s=small: self._task_end(s))
+                eng.queue_callback(functools.partial(self._task_end, small))
                 self._pending.remove(small)
 
     def _task_end(self, small: int) -> None:
@@ -315,7 +316,7 @@ class TraceCore:
             off = compat.offload(opt)
             for what in MODULE_HOOK_KINDS:  # pre_sub_module_forward_function, ...
                 when, call = what.split("_")
-                self.patch(off, f"{when}_sub_module_{call}_function", lambda f, w=what: view.module_hook(w, f))
+                self.patch(off, f"{when}_sub_module_{call}_function", functools.partial(_module_hook, view, what))
         self.resync()
 
     # ------------------------------------------------------------ loop marks
@@ -452,6 +453,10 @@ class TraceCore:
             self.poll()
             return r
         return polled
+
+
+def _module_hook(view: ModelView, what: str, f: Wrapper) -> Wrapper:
+    return view.module_hook(what, f)
 
 
 __all__ = ["MODULE_HOOK_KINDS", "ModelView", "ROOT", "Sink", "TraceCore"]

@@ -5,11 +5,14 @@ the backward a fused loss runs inside its forward, and every checkpointed block'
 that torch stops early included).  None while no tracer is installed.
 """
 
+from collections.abc import Callable
+from typing import Any
+
 from zerostate.model.events import EventKind
 
-PRE_BACKWARD_OBSERVER = None
+PRE_BACKWARD_OBSERVER: tuple[Callable[[], None], Callable[[], None]] | None = None
 """A pair of callables (start(), end()) around the backward made inside forward."""
-BLOCK_OBSERVER = None
+BLOCK_OBSERVER: tuple[Callable[[Any], None], Callable[[Any], None]] | None = None
 """A pair (enter(block), exit(block)) around every checkpointed block's forward."""
 
 LOOP_MARKS = {k.value: k for k in (EventKind.FORWARD_START, EventKind.FORWARD_END, EventKind.REREGISTER,

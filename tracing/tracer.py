@@ -106,10 +106,10 @@ class NetworkView:
             r = f(module, *a, **k)
             core.poll(name if tracked else None)
             if tracked and nonre and what == "pre_forward" and phase == "recompute":
-                for p in self.frozen_params(name):  # torch keeps live references to these
+                for p in self.frozen_params(name or ""):  # torch keeps live references to these
                     core.emit(EventKind.SAVE_LIVE, param=p, module=f"blocks.{i}")
             if tracked and nonre and what == "pre_backward" and i in self.recomputed:
-                for p in self.frozen_params(name):  # the module's backward unpacks them
+                for p in self.frozen_params(name or ""):  # the module's backward unpacks them
                     core.emit(EventKind.UNPACK, param=p, module=f"blocks.{i}", note="use")
             return r
         return wrapped

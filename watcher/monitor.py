@@ -180,7 +180,7 @@ class OnlineChecker:
         if k in (EventKind.FETCH, EventKind.PREFETCH):
             if ev.note != "watch-start" and (k is EventKind.PREFETCH or ev.note != "inflight"):
                 self._ag += 1  # (watch-start: gathered before watching began, `WatchTracer._report_gathered`)
-            if ev.param not in self.gathered:
+            if ev.param is not None and ev.param not in self.gathered:
                 self.gathered.add(ev.param)
                 self.total += self.numel(ev.param)
         elif k is EventKind.RELEASE and ev.param in self.gathered:

@@ -84,7 +84,8 @@ class ProcessRecord:
             logging.getLogger("zerostate.runtime").addHandler(_RuntimeLog(self))
 
     def deepspeed_imported(self, version: str) -> None:
-        self.data.update(deepspeed=version, initialize_patched=True)
+        self.data["deepspeed"] = version
+        self.data["initialize_patched"] = True
         self.write()
 
     def engine(self, watched: bool, why_not: str = "") -> None:

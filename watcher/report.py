@@ -75,7 +75,7 @@ def build(engines: list[dict[str, Any]], hung: list[dict[str, Any]], command: li
     for e, v in sources:
         n = len(findings) + 1
         check = v["spec"]
-        row = specs.setdefault(check, {"sentence": "the job raised (DeepSpeed or torch inside it)",
+        row: dict[str, Any] = specs.setdefault(check, {"sentence": "the job raised (DeepSpeed or torch inside it)",
                                        "family": "oracle", "results": {column: "ok"}, "findings": []})
         row["results"][column] = "violated"
         row["findings"].append(n)
@@ -141,7 +141,7 @@ def write(out_dir: str, data: dict[str, Any], pictures: bool = True) -> None:
 
 def _pictures(out_dir: str, data: dict[str, Any]) -> None:
     for f in data["findings"]:
-        evs = []
+        evs: list[Event] = []
         vi = None
         for j, s in f.get("_events") or []:
             ev = _parse(s)

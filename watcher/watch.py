@@ -28,7 +28,7 @@ import sys
 import threading
 import time
 import traceback
-from typing import Any
+from typing import IO, Any, TypedDict
 from collections.abc import Callable
 
 ENV_DIR, ENV_STOP, ENV_RUNTIME, ENV_HANG = ("ZEROSTATE_WATCH_DIR", "ZEROSTATE_WATCH_STOP", "ZEROSTATE_WATCH_RUNTIME",
@@ -38,6 +38,15 @@ DEFAULT_HANG_S = 300.0
 _HANDLES: list[WatchHandle] = []
 _ENGINES = [0]
 _LOCK = threading.Lock()
+
+
+class Settings(TypedDict):
+    """How every engine of a process is watched (``zerostate watch``'s environment, `patch_initialize`)."""
+
+    out: str | None
+    stop_on_violation: bool
+    hang_s: float | None
+    runtime: bool
 
 
 class WatchStop(RuntimeError):
@@ -165,7 +174,7 @@ class WatchHandle:
 
     # ------------------------------------------------------------ writing
     def flush(self, force: bool = False) -> None:
-        if not self.path:
+        if not self.path or not self.out:
             return
         now = time.monotonic()
         if not force and now - self._last_flush < 1.0:
@@ -260,7 +269,7 @@ class _HangWatch:
     A call that returns normally wipes the file (it was slow, not stuck); one that raises after the dump
     (Ctrl-C on a hung job, a collective's timeout) keeps it, and nothing is armed after that."""
 
-    _file = None
+    _file: IO[str] | None = None
 
     def __init__(self, out: str, rank: int, seconds: float) -> None:
         self.seconds = seconds
@@ -270,10 +279,16 @@ class _HangWatch:
             os.makedirs(out, exist_ok=True)
             _HangWatch._file = open(os.path.join(out, f"rank{rank}-{os.getpid()}.stack"), "w")  # noqa: SIM115 - kept open for faulthandler
 
+    @staticmethod
+    def _stack_file() -> IO[str]:
+        f = _HangWatch._file
+        assert f is not None, "opened by the first _HangWatch"
+        return f
+
     def arm(self, what: str) -> None:
         if self.kept:
             return
-        f = _HangWatch._file
+        f = self._stack_file()
         f.seek(0)
         f.truncate()
         f.write(f"rank {_rank()} pid {os.getpid()}: engine.{what} still running after {self.seconds:g} s\n")
@@ -285,7 +300,7 @@ class _HangWatch:
         if self.kept:
             return
         faulthandler.cancel_dump_traceback_later()
-        f = _HangWatch._file
+        f = self._stack_file()
         dumped = os.fstat(f.fileno()).st_size > self._header
         if dumped and not returned:
             self.kept = True
@@ -343,7 +358,7 @@ def patch_initialize(out: str | None = None, stop_on_violation: bool = False, ha
             _PATCHED["callbacks"].append(on_handle)
         return
     original = deepspeed.initialize
-    settings = {"out": out, "stop_on_violation": stop_on_violation, "hang_s": hang_s, "runtime": runtime}
+    settings: Settings = {"out": out, "stop_on_violation": stop_on_violation, "hang_s": hang_s, "runtime": runtime}
     callbacks = [on_handle] if on_handle is not None else []
 
     def initialize(*a: Any, **k: Any) -> Any:
@@ -386,11 +401,11 @@ def enable() -> None:
     this process's record (`zerostate.watcher.process`) for the report."""
     from zerostate.watcher import process
     out = os.environ.get(ENV_DIR)
-    settings = {"out": out, "stop_on_violation": os.environ.get(ENV_STOP) == "1",
-                "hang_s": float(os.environ.get(ENV_HANG) or DEFAULT_HANG_S),
-                "runtime": os.environ.get(ENV_RUNTIME) == "1"}
+    settings: Settings = {"out": out, "stop_on_violation": os.environ.get(ENV_STOP) == "1",
+                          "hang_s": float(os.environ.get(ENV_HANG) or DEFAULT_HANG_S),
+                          "runtime": os.environ.get(ENV_RUNTIME) == "1"}
     if out:
-        process.start(out, bool(settings["runtime"])).where = _where
+        process.start(out, settings["runtime"]).where = _where
     from zerostate.runtime.autoinstall import after_deepspeed_import
     after_deepspeed_import(lambda: patch_initialize(**settings))
 
