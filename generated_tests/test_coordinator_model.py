@@ -36,7 +36,7 @@ from zerostate.model.events import DRIVER_EVENTS, EventKind, Event
 from zerostate.model.cursor import Cursor
 from zerostate.model.explore import run, state_graph
 from zerostate.model.hook_designs import DS_0_18_7
-from zerostate.model.monitor import MonitorBank
+from zerostate.model.fold import MonitorBank
 from zerostate.model.network import Network
 from zerostate.model.scenario import (Block, Checkpoint, MicroStep, ParamKind, Scenario, ScenarioError,
                                       TrainStep)

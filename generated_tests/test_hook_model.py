@@ -19,7 +19,7 @@ from zerostate.model import BackwardKind, Checkpoint, Network, get_design
 from zerostate.model.cursor import Cursor
 from zerostate.model.events import EventKind
 from zerostate.model.explore import state_graph
-from zerostate.model.monitor import MonitorBank
+from zerostate.model.fold import MonitorBank
 from zerostate.specs import check_trace
 from zerostate.specs.hook_specs import (CLEAN_STEP, COUNT_ONCE_PER_PHASE, EPILOGUE_ONCE, GRAD_HANDLED_ONCE,
                                         HOOK_SPECS)

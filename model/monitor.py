@@ -58,11 +58,4 @@ def is_failure(m: object) -> bool:
     return isinstance(m, Failure)
 
 
-def __getattr__(name: str) -> object:
-    """`MonitorBank` and `DEAD` live with the one fold (model/fold.py, which imports this module)."""
-    if name in ("DEAD", "MonitorBank"):
-        from . import fold
-        return getattr(fold, name)
-    raise AttributeError(name)
-
-__all__ = ["DEAD", "Failure", "MonitorBank", "Violation", "fail", "is_failure", "violation"]
+__all__ = ["Failure", "Violation", "fail", "is_failure", "violation"]

@@ -3,7 +3,7 @@
 * `CoordinatorHalf`: the ZeRO-3 parameter coordinator of a design (`coordinator_designs.CoordinatorDesign`,
   or `coordinator_null.NullCoordinator` for ZeRO-1/2): ``initial(net)`` gives its state, ``react(state,
   event, ctx)`` the next state and the effect events it emits for one driver or hook event.
-* `Monitor`: a spec (`zerostate.specs.Spec`) as the model's explorer and `monitor.MonitorBank` fold it:
+* `Monitor`: a spec (`zerostate.specs.Spec`) as the model's explorer and `fold.MonitorBank` fold it:
   ``init()``, ``step(m, event) -> m | Failure``, ``finish(m) -> Failure | str | None``.
 
 The hook half is a plain record (`hook_designs.HookDesign`) read by the one transition function.

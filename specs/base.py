@@ -14,9 +14,10 @@ by folding once (`check_trace`); both are the one fold of `zerostate.model.fold`
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any
+from collections.abc import Callable, Iterable
 
-from zerostate.model.events import Event
+from zerostate.model.events import Event, EventKind
 from zerostate.model.fold import first_violation
 from zerostate.model.monitor import Failure, Violation, fail, is_failure, violation
 
@@ -33,7 +34,7 @@ class Spec:
     finish: Callable[[Any], Failure | str | None]
     checks: str = ""
     """What exactly the monitor checks, in words (for reports and README)."""
-    reacts_to: frozenset | None = None
+    reacts_to: frozenset[EventKind] | None = None
     """The event kinds ``step`` can change the monitor on or fail at; for every other kind ``step(m, ev)``
     returns ``m`` itself, so a fold may skip them (``zerostate watch``'s online checker dispatches by kind).
     None: every kind.  Stated by each spec, checked on model traces by test_watch."""
