@@ -22,7 +22,7 @@ from typing import Any, Iterator
 from zerostate.findings.finding import Finding
 from zerostate.explorer.confirm import StopExploring
 
-from zerostate.cli import targets_api as api
+from zerostate.cli import cluster_cli, targets_api as api
 from zerostate.cli.common import (DEFAULT_OUT, EXIT_FINDINGS, EXIT_INTERRUPTED, EXIT_OK, check_world_size, design,
                      non_negative_float, positive_int)
 from zerostate.cli.progress import Progress
@@ -75,6 +75,7 @@ def add_parser(sub: Any) -> None:
                    help="Hypothesis seed (default: a fixed seed, 0: the same examples every run)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument("--out", default=DEFAULT_OUT, metavar="DIR", help=f"report folder (default {DEFAULT_OUT}/)")
+    cluster_cli.add_option(p)
     p.set_defaults(run=run)
 
 
@@ -86,15 +87,24 @@ def run(args: argparse.Namespace) -> int:
     check_world_size(args.world_size)
     if args.target == "model" and args.design:
         design(args.design)
-    target = _prestarted(api.target(args))
+    cluster = cluster_cli.open_cluster(args, cluster_cli.target_options(args) if args.target != "model" else {})
+    try:
+        target = cluster.target() if cluster else _prestarted(api.target(args))
+    except BaseException:
+        if cluster:
+            cluster.close()
+        raise
     jobs = args.jobs or max(1, (os.cpu_count() or 1) // max(1, args.world_size))  # a job at ws 2: two ranks
+    if cluster:
+        jobs = cluster.jobs(args.jobs)
     if args.target == "model":
         jobs = 1  # a pure function in this process: workers would only share its one interpreter
     who = api.describe_target(target)
     column = column_of(args, who)
     report = Report(args.out, "explore", {**who, "examples": args.examples, "seed": args.seed,
                                           "time_budget": args.time_budget or None, "jobs": jobs,
-                                          "command_line": "zerostate " + " ".join(sys.argv[1:])},
+                                          "command_line": "zerostate " + " ".join(sys.argv[1:]),
+                                          **({"cluster": cluster.describe()} if cluster else {})},
                     columns=[column], specs=SPECS, replay_args=_replay_args(args))
     progress = Progress("explore")
     findings: list[dict[str, Any]] = []
@@ -136,7 +146,7 @@ def run(args: argparse.Namespace) -> int:
     status = "complete"
     with _ctrl_c_kept() as ctrl_c:
         try:
-            spawn = (lambda: _prestarted(api.target(args))) if jobs > 1 else None
+            spawn = (cluster.target if cluster else lambda: _prestarted(api.target(args))) if jobs > 1 else None
             res = api.explore(target, args.examples, args.seed, on_finding, _kept(ctrl_c, on_progress),
                               on_restart=report.add_restart, on_update=on_update, jobs=jobs, spawn=spawn,
                               first=_unexplained)
@@ -153,6 +163,10 @@ def run(args: argparse.Namespace) -> int:
                 api.close(target)
             except KeyboardInterrupt:  # a second Ctrl-C while closing: the report is still finished
                 status = "interrupted"
+            finally:
+                if cluster:  # lanes the cluster ran again (a worker or node lost) are counted, never hidden
+                    report.data["reliability"]["cluster_retries"] = cluster.retries()
+                    cluster.close()
         if ctrl_c.is_set():
             status = "interrupted"
         ctrl_c.hold()  # from here on a Ctrl-C is only noted: the final report is written whole
@@ -178,7 +192,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"reliability: {rel['confirmed']}/{rel['reported']} confirmed by replay in a fresh worker, "
               f"{rel['order_dependent']} order-dependent, {rel['intermittent']} intermittent, "
               f"{rel['not_reproduced']} not reproduced, "
-              f"{len(rel['restarts'])} worker restart(s)")
+              f"{len(rel['restarts'])} worker restart(s)"
+              + (f", {len(rel['cluster_retries'])} lane(s) run again on the cluster (a worker lost)"
+                 if "cluster_retries" in rel else ""))
         for i, f in enumerate(findings, 1):
             known = f" [known: {f['known_issue']['id']}]" if f.get("known_issue") else ""
             print(f"  #{i} {f['check']}: {f['error'].splitlines()[0] if f['error'] else ''}{known}")
