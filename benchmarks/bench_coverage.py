@@ -84,6 +84,31 @@ def unit_test_arcs(data_file: Path, package: Path) -> dict[str, set[tuple[int, i
     return out
 
 
+_IMPORT = """
+import os, sys, coverage
+os.environ.setdefault("DS_ACCELERATOR", "cpu")
+cov = coverage.Coverage(data_file=sys.argv[1], branch=True, config_file=False, include=sys.argv[2:])
+cov.start()
+import deepspeed, deepspeed.runtime.engine, deepspeed.runtime.zero.stage3, deepspeed.runtime.zero.stage_1_and_2
+import deepspeed.runtime.bf16_optimizer, deepspeed.runtime.fp16.loss_scaler
+cov.stop()
+cov.save()
+"""
+
+
+def import_arcs(package: Path) -> dict[str, set[tuple[int, int]]]:
+    """The arcs of the measured files that importing DeepSpeed runs (definitions, module constants): every
+    worker ran them at start-up, before the probe measures any request."""
+    from zerostate.harness.coverage_probe import FILES
+    data_file = Path(os.environ.get("TMPDIR", "/tmp")) / f"zerostate-cov-import-{os.getpid()}"
+    subprocess.run([sys.executable, "-c", _IMPORT, str(data_file), *[str(package / f) for f in FILES]],
+                   check=True, capture_output=True)
+    try:
+        return unit_test_arcs(data_file, package)
+    finally:
+        data_file.unlink(missing_ok=True)
+
+
 def _pct(a: int, b: int) -> str:
     return f"{a}/{b} ({100 * a / b:.0f}%)" if b else "-"
 
@@ -93,6 +118,8 @@ def fold(folder: Path, unit_tests: Path | None, json_out: Path, md_out: Path, me
     union, requests = read_lines(folder)
     if not requests:
         raise SystemExit(f"bench_coverage: no measured requests under {folder} (was ZEROSTATE_COVERAGE set?)")
+    for f, arcs in import_arcs(package).items():  # the workers imported DeepSpeed before measuring
+        union.setdefault(f, set()).update(arcs)
     explore = figures(union, package)
     tests = figures(unit_test_arcs(unit_tests, package), package) if unit_tests else None
     total = {k: sum(v[k] for v in explore.values()) for k in next(iter(explore.values()))}

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import time
 from pathlib import Path
@@ -75,7 +76,7 @@ def _entry(report: dict[str, Any], key: str) -> dict[str, Any] | None:
 
 
 def run_fault(fault: Fault, tree: Path, runs: Path, base: dict[str, Any], examples: int | None,
-              seed: int | None, full: bool) -> dict[str, Any]:
+              seed: int | None, full: bool, cut_s: float | None) -> dict[str, Any]:
     """Explore ``fault`` applied to ``tree``; replay its killing finding on the faulted and unfaulted tree."""
     base_findings = base.get("findings", [])
     ignored: set[str] = set()
@@ -89,7 +90,7 @@ def run_fault(fault: Fault, tree: Path, runs: Path, base: dict[str, Any], exampl
 
         with applied(fault, tree):
             run: ExploreRun = explore(tree, out, runs / f"{fault.id}.log", examples, seed,
-                                      None if full else killed)
+                                      None if full else killed, cut_s=cut_s)
             verdict = judge(base_findings, run.seen, frozen)
             replays: dict[str, Any] = {}
             entry = _entry(run.report, verdict.killer["key"]) if verdict.killer else None
@@ -107,7 +108,7 @@ def run_fault(fault: Fault, tree: Path, runs: Path, base: dict[str, Any], exampl
             "new_keys": verdict.new_keys, "tool_errors": verdict.tool_errors,
             "ignored_keys": sorted(ignored), "attempts": attempt,
             "replays": {k: _short(v) for k, v in replays.items()},
-            "run": {"status": run.report.get("status"), "stopped_early": run.stopped_early,
+            "run": {"status": run.report.get("status"), "stopped_early": run.stopped_early, "cut_s": cut_s if run.cut else None,
                     "examples_run": run.report.get("run", {}).get("examples_run"),
                     "report_seconds": run.report.get("run", {}).get("seconds"), "wall_s": round(run.wall_s, 1),
                     "returncode": run.returncode},
@@ -134,12 +135,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tree", default="/tmp/faults-tree", help="where the copy of the installed DeepSpeed lives")
     ap.add_argument("--runs", default="/tmp/faults-runs", help="reports, logs and per-fault results")
     ap.add_argument("--full", action="store_true", help="explore to the end even once a fault is killed")
+    ap.add_argument("--cut-s", type=float, default=None, metavar="S",
+                    help="end a faulted run with no kill after S seconds of exploring (its verdict then counts only "
+                         "what it saw: a kill can only be missed, never made); default: run to the end")
     ap.add_argument("--rerun", action="store_true", help="run faults that already have a result")
     ap.add_argument("--table-only", action="store_true", help="only rewrite the table from kept results")
     ap.add_argument("--json", default="zerostate-bench/faults.json")
     ap.add_argument("--md", default=str(HERE.parent / "docs" / "benchmarks-faults.md"))
     ap.add_argument("--list", action="store_true", help="list the faults and exit")
     args = ap.parse_args(argv)
+    # a SIGTERM unwinds like Ctrl-C: the applied fault is taken back and the running exploration ended
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     catalogue = by_id()
     if args.list:
         for f in FAULTS:
@@ -168,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.table_only:
             continue
         print(f"{fault.id}: exploring ...", flush=True)
-        result = run_fault(fault, tree, runs, base, args.examples, args.seed, args.full)
+        result = run_fault(fault, tree, runs, base, args.examples, args.seed, args.full, args.cut_s)
         check_pristine(tree, package)
         kept.write_text(json.dumps(result, indent=2) + "\n")
         results.append(result)

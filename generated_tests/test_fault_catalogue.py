@@ -130,3 +130,25 @@ def test_kill_rate_counts_an_equivalence_argument_that_a_kill_refuted() -> None:
     figures = summary(results, 120.0)  # type: ignore[arg-type]
     assert figures["non_equivalent"] == 4 and figures["killed_non_equivalent"] == 3
     assert figures["killed_within_fast_s"] == 2
+
+
+def test_findings_are_timed_by_the_first_report_that_holds_them() -> None:
+    from faults.verdict import seen_in
+    first = {"run": {"seconds": 4.5, "examples_run": 7},
+             "findings": [{"key": "a", "check": "oracle", "error": "x", "known_issue": {"id": "k"}}]}
+    later = {"run": {"seconds": 9.0, "examples_run": 12},
+             "findings": [{"key": "a", "check": "oracle", "error": "x", "known_issue": {"id": "k"}},
+                          {"key": "b", "check": "hang", "error": "y", "known_issue": None}]}
+    seen = seen_in(later, seen_in(first, {}))
+    assert (seen["a"]["seconds"], seen["a"]["examples"], seen["a"]["known_issue"]) == (4.5, 7, "k")
+    assert (seen["b"]["seconds"], seen["b"]["n"]) == (9.0, 2)
+
+
+def test_the_table_says_which_survivors_were_cut() -> None:
+    from faults.table import markdown
+    results = [{**_result("survived"), "id": "f", "area": "hooks", "tool_errors": [],
+                "run": {"examples_run": 300, "cut_s": 480.0}},
+               {**_result("killed"), "id": "g", "area": "step", "replays": {}, "run": {}}]
+    text = markdown(results, summary(results, 120.0), {"release": RELEASE, "examples": None, "seed": None})  # type: ignore[arg-type]
+    assert "run cut at 480 s" in text and "`g` | step | killed" in text
+    assert "1/2 = 50%" in text

@@ -33,6 +33,8 @@ class ExploreRun:
     wall_s: float
     stopped_early: bool
     returncode: int | None
+    cut: bool = False
+    """Ended by ``cut_s`` with nothing settled: what it saw is all it saw."""
 
 
 def explore_args(tree: Path, out: Path, examples: int | None, seed: int | None) -> list[str]:
@@ -59,15 +61,18 @@ def _restore_sigint() -> None:
 
 
 def explore(tree: Path, out: Path, log: Path, examples: int | None, seed: int | None,
-            stop_when: Callable[[list[SeenFinding]], bool] | None = None, timeout_s: float = 7200.0) -> ExploreRun:
-    """One exploration of ``tree`` into ``out``; ``stop_when(seen)`` true ends it early."""
+            stop_when: Callable[[list[SeenFinding]], bool] | None = None, timeout_s: float = 7200.0,
+            cut_s: float | None = None) -> ExploreRun:
+    """One exploration of ``tree`` into ``out``; ``stop_when(seen)`` true ends it early, and so does
+    ``cut_s`` seconds of exploring (from the report's first write)."""
     out.mkdir(parents=True, exist_ok=True)
     report_path = out / "report.json"
     if report_path.exists():
         report_path.unlink()
     t0 = time.monotonic()
     seen: dict[str, SeenFinding] = {}
-    stopped = False
+    stopped = cut = False
+    t_report: float | None = None
     with open(log, "w") as fh:
         proc = subprocess.Popen(explore_args(tree, out, examples, seed), stdout=fh, stderr=subprocess.STDOUT,
                                 start_new_session=True, preexec_fn=_restore_sigint)
@@ -77,8 +82,13 @@ def explore(tree: Path, out: Path, log: Path, examples: int | None, seed: int | 
                 report = _read(report_path)
                 if report is not None:
                     seen = seen_in(report, seen)
+                    t_report = t_report or time.monotonic()
                 if not stopped and stop_when is not None and stop_when(list(seen.values())):
                     stopped = True
+                    proc.send_signal(signal.SIGINT)
+                    _wait_or_kill(proc, 120.0)
+                elif not stopped and cut_s is not None and t_report and time.monotonic() - t_report > cut_s:
+                    stopped = cut = True
                     proc.send_signal(signal.SIGINT)
                     _wait_or_kill(proc, 120.0)
                 if time.monotonic() - t0 > timeout_s:
@@ -89,7 +99,7 @@ def explore(tree: Path, out: Path, log: Path, examples: int | None, seed: int | 
                 _wait_or_kill(proc, 0.0)
     report = _read(report_path) or {}
     seen = seen_in(report, seen)
-    return ExploreRun(report, list(seen.values()), time.monotonic() - t0, stopped, proc.returncode)
+    return ExploreRun(report, list(seen.values()), time.monotonic() - t0, stopped, proc.returncode, cut)
 
 
 def _wait_or_kill(proc: subprocess.Popen[bytes], grace_s: float) -> None:

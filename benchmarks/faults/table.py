@@ -73,8 +73,10 @@ def markdown(results: list[dict[str, Any]], figures: dict[str, Any], meta: dict[
         else:
             tools = ", ".join(r.get("tool_errors") or [])
             what = f"tool errors only: {tools}" if tools else "no new key"
+            cut = r["run"].get("cut_s")
+            whole = f"run cut at {cut:.0f} s" if cut else "whole run"
             lines.append(f"| `{r['id']}` | {r['area']} | {verdict} | {what} | | | "
-                         f"{r['run'].get('examples_run') or ''} (whole run) | |")
+                         f"{r['run'].get('examples_run') or ''} ({whole}) | |")
     lines.append("")
     return "\n".join(lines)
 
