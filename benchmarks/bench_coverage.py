@@ -158,7 +158,8 @@ def explore(folder: Path, examples: int | None, seed: int | None) -> None:
 
 
 def overhead(n: int) -> dict[str, Any]:
-    """Seconds per example of the same ``n`` world-size-1 scenarios on a plain and a measured worker."""
+    """Seconds per example of the same ``n`` world-size-1 scenarios on a plain and a measured worker, run
+    alternately (each scenario on one, then on the other) so that a change of machine load hits both alike."""
     import tempfile
 
     from zerostate.explorer.explore import generated
@@ -167,20 +168,27 @@ def overhead(n: int) -> dict[str, Any]:
     seen: set[str] = set()
     chosen = [sc for sc in generated(scenarios(), 4 * n, None)
               if sc.world_size == 1 and not (sc.to_json(None) in seen or seen.add(sc.to_json(None)))][:n]
-    out: dict[str, Any] = {"examples": len(chosen)}
-    for name in ("plain", "measured"):
-        if name == "measured":
-            os.environ["ZEROSTATE_COVERAGE"] = tempfile.mkdtemp(prefix="zerostate-cov-overhead-")
-        target = get_target("deepspeed")
-        t0 = time.perf_counter()
-        for sc in chosen:
-            target.run(sc)
-        out[name] = round((time.perf_counter() - t0) / max(1, len(chosen)), 4)
-        target.close()
+    plain = get_target("deepspeed")
+    os.environ["ZEROSTATE_COVERAGE"] = tempfile.mkdtemp(prefix="zerostate-cov-overhead-")
+    try:
+        measured = get_target("deepspeed")  # the worker inherits the environment when it starts
+    finally:
         os.environ.pop("ZEROSTATE_COVERAGE", None)
+    spent = {"plain": 0.0, "measured": 0.0}
+    try:
+        for sc in chosen:
+            for name, target in (("plain", plain), ("measured", measured)):
+                t0 = time.perf_counter()
+                target.run(sc)
+                spent[name] += time.perf_counter() - t0
+    finally:
+        plain.close()
+        measured.close()
+    out: dict[str, Any] = {"examples": len(chosen), **{k: round(v / max(1, len(chosen)), 4) for k, v in spent.items()}}
     out["ratio"] = round(out["measured"] / out["plain"], 2) if out["plain"] else None
+    out["load"] = os.getloadavg()[0]
     print(f"{out['examples']} examples: {out['plain']} s/example plain, {out['measured']} s/example measured "
-          f"(x{out['ratio']})")
+          f"(x{out['ratio']}; load average {out['load']:.1f})")
     return out
 
 
