@@ -1,7 +1,7 @@
 """Coverage of DeepSpeed's ZeRO hook, coordinator and optimizer files by the default exploration.
 
     python benchmarks/bench_coverage.py explore [--dir DIR] [--examples N] [--seed N]
-    python benchmarks/bench_coverage.py overhead [--examples N]
+    python benchmarks/bench_coverage.py [overhead [--examples N]]
     python benchmarks/bench_coverage.py fold DIR [--unit-tests DATA_FILE] [--json OUT] [--md OUT]
 
 ``explore`` runs the default exploration of the installed DeepSpeed (``zerostate explore``, its own budget and
@@ -10,7 +10,7 @@ every worker measured, coverage.py's C tracer, branch coverage, only `coverage_p
 ``fold`` turns the probe's JSON lines into per-file figures: statements and branches (coverage.py's own
 analysis of the installed files), how many the exploration ran, and beside them those of a coverage.py
 data file (``--unit-tests``: DeepSpeed's own unit tests run under ``coverage run``, see docs/faults.md).
-``overhead`` runs the same derandomized scenarios (world size 1) through two fresh workers, one measured,
+``overhead`` (also what no command runs) runs the same derandomized scenarios (world size 1) through two fresh workers, one measured,
 and prints the seconds per example of each.  Writes JSON (default ``zerostate-bench/coverage.json``) and a
 markdown table (default docs/benchmarks-coverage.md).  Nothing here asserts a time.
 """
@@ -194,7 +194,8 @@ def overhead(n: int) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    sub = ap.add_subparsers(dest="cmd", required=True)
+    ap.add_argument("--json", default="zerostate-bench/coverage.json", help="(no command) the overhead's JSON")
+    sub = ap.add_subparsers(dest="cmd")
     e = sub.add_parser("explore")
     e.add_argument("--dir", default="/tmp/faults-cov")
     e.add_argument("--examples", type=int, default=None)
@@ -208,10 +209,11 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--json", default="zerostate-bench/coverage.json")
         p.add_argument("--md", default=str(HERE.parent / "docs" / "benchmarks-coverage.md"))
     args = ap.parse_args(argv)
-    if args.cmd == "overhead":
-        result = overhead(args.examples)
-        Path("zerostate-bench").mkdir(exist_ok=True)
-        Path("zerostate-bench/coverage_overhead.json").write_text(json.dumps(result, indent=2) + "\n")
+    if args.cmd in ("overhead", None):  # no command (make bench): the overhead, the one short measurement
+        result = overhead(getattr(args, "examples", 40))
+        out = Path(args.json if args.cmd is None else "zerostate-bench/coverage_overhead.json")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=2) + "\n")
         return 0
     folder = Path(args.dir)
     if args.cmd == "explore":

@@ -60,3 +60,15 @@ def test_one_line_per_request_with_the_measured_files_only(tmp_path: Path,
     first, second = ({tuple(a) for a in line["arcs"][coverage_probe.FILES[0]]} for line in lines)
     assert (3, 4) in first and (3, 5) not in first  # x > 0: the taken branch only
     assert (3, 5) in second and (3, 4) not in second
+
+
+def test_a_sample_measures_one_request_in_k(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("coverage", reason="the opt-in's dependency (test extra)")
+    monkeypatch.setenv(coverage_probe.ENV, str(tmp_path / "out"))
+    monkeypatch.setenv(coverage_probe.EVERY_ENV, "3")
+    probe = coverage_probe.from_env({"ok": True, "file": str(tmp_path / "deepspeed" / "__init__.py")})
+    assert probe is not None
+    answers = [probe.around({"scenario": {"i": i}}, lambda i=i: {"i": i}) for i in range(7)]
+    assert [a["i"] for a in answers] == list(range(7))
+    lines = next((tmp_path / "out").glob("cov-*.jsonl")).read_text().splitlines()
+    assert len(lines) == 3  # requests 0, 3 and 6

@@ -4,7 +4,8 @@ Off unless ``ZEROSTATE_COVERAGE=DIR`` is in a worker's environment (a worker inh
 ``zerostate`` command that starts it), so the default exploration runs exactly as without it.  When set, every
 ``run`` request a worker serves (generated, shrinking and confirming runs alike, in both kinds of worker) is
 measured with coverage.py's C tracer, restricted to `FILES` of the DeepSpeed the worker imported, branch
-coverage on, and one JSON line per request is appended to ``DIR/cov-<rank>-<pid>.jsonl``: the scenario's hash,
+coverage on (``ZEROSTATE_COVERAGE_EVERY=K``: one request in K, a sample), and one JSON line per measured
+request is appended to ``DIR/cov-<rank>-<pid>.jsonl``: the scenario's hash,
 the seconds the measured run took, and per file the arcs it ran (coverage.py's ``(from, to)`` line pairs; the
 lines are their ends).  ``benchmarks/bench_coverage.py`` folds the files into per-file figures.
 
@@ -22,6 +23,8 @@ from pathlib import Path
 from typing import Any, Callable, TypedDict
 
 ENV = "ZEROSTATE_COVERAGE"
+EVERY_ENV = "ZEROSTATE_COVERAGE_EVERY"
+"""Measure one request in this many (default 1: all): a sample, where measuring every request costs too much."""
 
 FILES = (
     "runtime/base_optimizer.py",
@@ -52,18 +55,24 @@ class CoverageLine(TypedDict):
 class Probe:
     """Measures one request at a time; writes its line when the request is done."""
 
-    def __init__(self, out_dir: Path, package_dir: Path) -> None:
+    def __init__(self, out_dir: Path, package_dir: Path, every: int = 1) -> None:
         import coverage  # the opt-in's one dependency (the test extra installs it)
 
         self._package = package_dir
         self._paths = {str(package_dir / f): f for f in FILES}
         self._cov = coverage.Coverage(data_file=None, branch=True, include=list(self._paths), config_file=False)
+        self._cov.set_option("run:disable_warnings", ["no-data-collected"])  # a run may skip every measured file
         out_dir.mkdir(parents=True, exist_ok=True)
         self._rank = int(os.environ.get("RANK", "0"))
         self._out = out_dir / f"cov-{self._rank}-{os.getpid()}.jsonl"
+        self._every = max(1, every)
+        self._seen = 0
 
     def around(self, request: dict[str, Any], run: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-        """``run()``'s answer, measured; the line is written even when ``run`` raises."""
+        """``run()``'s answer, measured (one request in ``every``); the line is written even when ``run`` raises."""
+        self._seen += 1
+        if (self._seen - 1) % self._every:
+            return run()
         self._cov.erase()
         t0 = time.perf_counter()
         self._cov.start()
@@ -91,7 +100,7 @@ def from_env(hello: dict[str, Any]) -> Probe | None:
     out = os.environ.get(ENV)
     if not out or not hello.get("ok") or not hello.get("file"):
         return None
-    return Probe(Path(out), Path(str(hello["file"])).resolve().parent)
+    return Probe(Path(out), Path(str(hello["file"])).resolve().parent, int(os.environ.get(EVERY_ENV, "1")))
 
 
-__all__ = ["ENV", "FILES", "CoverageLine", "Probe", "from_env"]
+__all__ = ["ENV", "EVERY_ENV", "FILES", "CoverageLine", "Probe", "from_env"]
