@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 import time
@@ -37,7 +38,7 @@ sys.path.insert(0, str(HERE))
 from faults.apply import applied, make_tree  # noqa: E402
 from faults.catalogue import FAULTS, RELEASE, Fault, by_id  # noqa: E402
 from faults.runner import ExploreRun, explore, replay  # noqa: E402
-from faults.table import markdown, summary  # noqa: E402
+from faults.table import fault_lines, markdown, reached, summary  # noqa: E402
 from faults.verdict import SeenFinding, judge  # noqa: E402
 
 FAST_S = 120.0
@@ -127,6 +128,31 @@ def _short(answer: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def mark_reached(results: list[dict[str, Any]], lines_dir: Path) -> None:
+    """Set each result's ``line_reached``: did any request of the measured exploration run the fault's lines."""
+    covered: dict[str, set[int]] = {}
+    for path in sorted(lines_dir.glob("cov-*.jsonl")):
+        for raw in path.read_text().splitlines():
+            for f, arcs in json.loads(raw)["arcs"].items():
+                covered.setdefault(f, set()).update(abs(n) for arc in arcs for n in arc)
+    package = installed_package()
+    for r in results:
+        fault = by_id()[r["id"]]
+        lines = fault_lines(fault.original, (package / fault.file).read_text())
+        r["line_reached"] = reached(lines, covered.get(fault.file, set()))
+
+
+def _claimed(claim: Path) -> bool:
+    """Claim a fault for this process: two benchmarks sharing ``--runs`` (each on its own ``--tree``) never
+    run the same fault.  False when another holds it."""
+    try:
+        os.close(os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        print(f"{claim.stem}: claimed by another run, skipped", flush=True)
+        return False
+    return True
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--faults", nargs="+", metavar="ID", help="run only these faults (default: all)")
@@ -142,6 +168,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--table-only", action="store_true", help="only rewrite the table from kept results")
     ap.add_argument("--json", default="zerostate-bench/faults.json")
     ap.add_argument("--md", default=str(HERE.parent / "docs" / "benchmarks-faults.md"))
+    ap.add_argument("--coverage", metavar="DIR", help="a bench_coverage.py lines folder: say for each fault "
+                    "whether the unfaulted exploration measured there ran its faulted lines")
     ap.add_argument("--list", action="store_true", help="list the faults and exit")
     args = ap.parse_args(argv)
     # a SIGTERM unwinds like Ctrl-C: the applied fault is taken back and the running exploration ended
@@ -171,16 +199,21 @@ def main(argv: list[str] | None = None) -> int:
         if kept.exists() and (args.table_only or not args.rerun):
             results.append(json.loads(kept.read_text()))
             continue
-        if args.table_only:
+        if args.table_only or not _claimed(runs / f"{fault.id}.claim"):
             continue
-        print(f"{fault.id}: exploring ...", flush=True)
-        result = run_fault(fault, tree, runs, base, args.examples, args.seed, args.full, args.cut_s)
-        check_pristine(tree, package)
-        kept.write_text(json.dumps(result, indent=2) + "\n")
+        try:
+            print(f"{fault.id}: exploring ...", flush=True)
+            result = run_fault(fault, tree, runs, base, args.examples, args.seed, args.full, args.cut_s)
+            check_pristine(tree, package)
+            kept.write_text(json.dumps(result, indent=2) + "\n")
+        finally:
+            (runs / f"{fault.id}.claim").unlink(missing_ok=True)
         results.append(result)
         killer = result["killer"]
         print(f"{fault.id}: {result['status']}" + (f" by {killer['key']} at {killer['seconds']:.1f} s" if killer else ""),
               flush=True)
+    if args.coverage:
+        mark_reached(results, Path(args.coverage))
     meta = {"release": RELEASE, "examples": args.examples, "seed": args.seed, "fast_s": FAST_S}
     figures = summary(results, FAST_S)
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)

@@ -28,6 +28,17 @@ def summary(results: list[dict[str, Any]], fast_s: float) -> dict[str, Any]:
             "hidden_by_label": len(hidden), "sentence": sentence}
 
 
+def fault_lines(original: str, source: str) -> range:
+    """The line numbers (1-based) the fault's original text spans in ``source``."""
+    start = source.count("\n", 0, source.index(original)) + 1
+    return range(start, start + max(1, original.count("\n")))
+
+
+def reached(lines: range, covered: set[int]) -> bool:
+    """Whether a run executed any of ``lines`` (coverage.py's arcs: an arc's ends are the lines it ran)."""
+    return any(n in covered for n in lines)
+
+
 def _first_line(text: str, width: int = 90) -> str:
     line = text.strip().splitlines()[0] if text.strip() else ""
     line = line.replace("|", "\\|")
@@ -48,6 +59,11 @@ def _replays(r: dict[str, Any]) -> str:
     return f"{word(faulted, 'reproduced', 'not reproduced')} / {word(unfaulted, 'SHOWN', 'clean')}"
 
 
+def _reached(r: dict[str, Any]) -> str:
+    value = r.get("line_reached")
+    return "" if value is None else ("yes" if value else "**no**")
+
+
 def markdown(results: list[dict[str, Any]], figures: dict[str, Any], meta: dict[str, Any]) -> str:
     budget = "default budget" if meta["examples"] is None else f"--examples {meta['examples']}"
     seed = "default seed" if meta["seed"] is None else f"--seed {meta['seed']}"
@@ -60,8 +76,8 @@ def markdown(results: list[dict[str, Any]], figures: dict[str, Any], meta: dict[
         f"**{figures['sentence']}.**",
         "",
         "| fault | area | verdict | killing finding | known-issue label | s to it | runs by then | "
-        "replay faulted / unfaulted |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "replay faulted / unfaulted | faulted line run (coverage run) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in results:
         k = r.get("killer")
@@ -69,16 +85,16 @@ def markdown(results: list[dict[str, Any]], figures: dict[str, Any], meta: dict[
         if k:
             label = (k.get("known_issue") or "none") + (" (also in unfaulted run)" if r["hidden_by_label"] else "")
             lines.append(f"| `{r['id']}` | {r['area']} | {verdict} | `{k['key']}`: {_first_line(k['error'], 70)} | "
-                         f"{label} | {k['seconds']:.1f} | {k.get('examples') or ''} | {_replays(r)} |")
+                         f"{label} | {k['seconds']:.1f} | {k.get('examples') or ''} | {_replays(r)} | {_reached(r)} |")
         else:
             tools = ", ".join(r.get("tool_errors") or [])
             what = f"tool errors only: {tools}" if tools else "no new key"
             cut = r["run"].get("cut_s")
             whole = f"run cut at {cut:.0f} s" if cut else "whole run"
             lines.append(f"| `{r['id']}` | {r['area']} | {verdict} | {what} | | | "
-                         f"{r['run'].get('examples_run') or ''} ({whole}) | |")
+                         f"{r['run'].get('examples_run') or ''} ({whole}) | | {_reached(r)} |")
     lines.append("")
     return "\n".join(lines)
 
 
-__all__ = ["markdown", "summary"]
+__all__ = ["fault_lines", "markdown", "reached", "summary"]
