@@ -19,6 +19,7 @@ import math
 import statistics
 from typing import Any
 
+from zerostate.model.events import EventKind
 from zerostate.model.scenario import Scenario
 
 
@@ -29,14 +30,14 @@ def metrics(scenario: Scenario, events: list[Any]) -> dict[str, int]:
     gathered: set[str] = set()
     size = peak = peak_n = gathers = 0
     for e in events:
-        kind = getattr(e.kind, "value", e.kind)
-        if kind in ("fetch", "prefetch") and e.param:
-            if not (kind == "fetch" and e.note == "inflight"):
+        kind = EventKind(getattr(e.kind, "value", e.kind))
+        if kind in (EventKind.FETCH, EventKind.PREFETCH) and e.param:
+            if not (kind is EventKind.FETCH and e.note == "inflight"):
                 gathers += 1
             if e.param not in gathered:
                 gathered.add(e.param)
                 size += numel.get(e.param, 0)
-        elif kind == "release" and e.param in gathered:
+        elif kind is EventKind.RELEASE and e.param in gathered:
             gathered.discard(e.param)
             size -= numel.get(e.param, 0)
         if size > peak:

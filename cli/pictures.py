@@ -38,14 +38,14 @@ MARKS: dict[EventKind, tuple[str, str]] = {
     EventKind.FETCH: ("AG", _GREEN), EventKind.PREFETCH: ("pf", _GREEN), EventKind.RELEASE: ("RL", _BROWN),
     EventKind.TRACE_STATE: ("TS", _GREEN),
 }
-_LATER = {"reregister": ("RR", _TEAL), "holders": ("H", _GREEN), "persistent": ("PS", _GREEN), "leaf_grad": ("LG", _BLUE)}
-MARKS.update({EventKind(k): v for k, v in _LATER.items() if k in EventKind._value2member_map_})
+MARKS.update({EventKind.REREGISTER: ("RR", _TEAL), EventKind.HOLDERS: ("H", _GREEN), EventKind.PERSISTENT: ("PS", _GREEN),
+              EventKind.LEAF_GRAD: ("LG", _BLUE)})
 
 
 def mark(ev: Event) -> tuple[str, str]:
     """The ringed code and colour of an event (an event kind added later still gets a readable code)."""
     label, color = MARKS.get(ev.kind, (ev.kind.value[:2].upper(), _GREY))
-    if ev.kind.value == "holders" and ev.note in ("+", "-"):
+    if ev.kind is EventKind.HOLDERS and ev.note in ("+", "-"):
         label += ev.note
     return label, color
 PHASES = {"forward": "#dbeafe", "eval": "#eeeeee", "backward": "#ffe8cc", "recompute": "#e9d5ff"}

@@ -3,13 +3,17 @@
     python generated_tests/watch_jobs.py leaf               # a z3 leaf module fed by an input without grad
     python generated_tests/watch_jobs.py gathered [--then crash|interrupt|forever] [--steps N]
     python generated_tests/watch_jobs.py api                # zerostate.watch(engine): prints the handle
+    python generated_tests/watch_jobs.py direct [--steps N]   # engine.module(x) under no_grad before each step
     python generated_tests/watch_jobs.py plain [--stage 2|3] [--late N] [--steps N]
                                                             # loss.backward(), no leaf; watched after N steps
+
+``--find-spec-first`` asks ``importlib.util.find_spec("deepspeed")`` before the job imports deepspeed (as
+transformers, accelerate and TRL do when imported first).
 
 ``gathered``: a frozen z3 leaf block fed by data that does not require grad, then a trainable block --
 0.18.4-0.19.8 keep the leaf's parameters gathered after the backward from the second step on
 (``released-after-backward``; known issue ``z3-leaf-kept-gathered``).  ``--then crash`` raises after the
-steps, ``interrupt`` sends itself SIGINT (Ctrl-C), ``forever`` keeps training until interrupted, ``hang``
+steps, ``exit`` ends the process at once (``os._exit``, no atexit), ``interrupt`` sends itself SIGINT (Ctrl-C), ``forever`` keeps training until interrupted, ``hang``
 never returns from the next ``engine.forward``.
 """
 
@@ -103,6 +107,10 @@ def train(engine, steps: int, plain: bool = False) -> list[float]:
 
 def main(argv: list[str]) -> int:
     _env()
+    argv = [a for a in argv if not a.startswith("--local_rank")]  # the deepspeed launcher adds it
+    if "--find-spec-first" in argv:  # as transformers / accelerate / TRL do at import, before the job imports deepspeed
+        import importlib.util
+        assert importlib.util.find_spec("deepspeed") is not None and "deepspeed" not in sys.modules
     what = argv[0] if argv else "leaf"
     then = argv[argv.index("--then") + 1] if "--then" in argv else None
     steps = int(argv[argv.index("--steps") + 1]) if "--steps" in argv else 2
@@ -116,6 +124,8 @@ def main(argv: list[str]) -> int:
         print(json.dumps({"losses": losses}), flush=True)
         if then == "crash":
             raise RuntimeError("the job crashed after its steps (test_watch)")
+        if then == "exit":  # ends without atexit (as a rank killed by its launcher): its watch is never closed
+            os._exit(0)
         if then == "interrupt":
             os.kill(os.getpid(), signal.SIGINT)
             time.sleep(30)
@@ -140,6 +150,18 @@ def main(argv: list[str]) -> int:
         handle.close()
         print(json.dumps({"losses": losses, "steps": handle.steps, "backwards": handle.backwards,
                           "violations": handle.violations, "memory": handle.memory}, default=str))
+        return 0
+    if what == "direct":  # the root module called outside engine.forward, as DPO's reference pass does
+        import torch
+        engine = engine_for(build(leaf_frozen=False, blocks=2), leaf=False)
+        for i in range(steps):
+            x = torch.randn(2, 8, generator=torch.Generator().manual_seed(i))
+            with torch.no_grad():
+                engine.module(x)
+            loss = engine(x)
+            engine.backward(loss)
+            engine.step()
+        print(json.dumps({"steps": steps}))
         return 0
     if what == "api":
         import zerostate

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from zerostate.tracing import compat
-from zerostate.known.issues import Z3_LEAF_INPUT_NO_GRAD, Z3_LEAF_KEPT_GATHERED, ZERO12_NO_GRADIENT
+from zerostate.known.issues import (Z3_LEAF_INPUT_NO_GRAD, Z3_LEAF_KEPT_GATHERED, Z3_NO_POST_BACKWARD_NO_DRAIN,
+                                    ZERO12_NO_GRADIENT)
 
 
 @dataclass(frozen=True)
@@ -76,13 +77,22 @@ Z3_LEAF_GATHERED = Explanation(
     detail=Z3_LEAF_KEPT_GATHERED.detail,
     needs=lambda ctx: ctx.get("stage") == 3 and bool(ctx.get("leaves")))
 
+Z3_LEFTOVERS = Explanation(
+    id=Z3_NO_POST_BACKWARD_NO_DRAIN.id, title=Z3_NO_POST_BACKWARD_NO_DRAIN.title, checks=("released-after-backward",),
+    releases=Z3_NO_POST_BACKWARD_NO_DRAIN.releases, fixed_in=Z3_NO_POST_BACKWARD_NO_DRAIN.fixed_in,
+    runtime_prevents=True,  # runtime/release_policy.py release_backward_leftovers, on releases without the drain
+    detail=Z3_NO_POST_BACKWARD_NO_DRAIN.detail,
+    # the evidence: every parameter the violation names was left gathered or held by a module whose pre-backward
+    # ran in that backward and whose post-backward did not (the tracer's `backward_leftovers`)
+    needs=lambda ctx: ctx.get("stage") == 3 and bool(ctx.get("named_leftovers")))
+
 ZERO12_NO_GRAD = Explanation(
     id=ZERO12_NO_GRADIENT.id, title=ZERO12_NO_GRADIENT.title, checks=("exception",),
     releases=ZERO12_NO_GRADIENT.releases, fixed_in=None, runtime_prevents=False, detail=ZERO12_NO_GRADIENT.detail,
     needs=lambda ctx: ctx.get("stage") in (1, 2) and any(s in ctx.get("error", "") for s in ("IndexError", "KeyError")))
 
-EXPLANATIONS: tuple[Explanation, ...] = (SEED_002, SEED_000_PART1, SEED_000_PART2, Z3_LEAF_INPUT, Z3_LEAF_GATHERED,
-                                         ZERO12_NO_GRAD)
+EXPLANATIONS: tuple[Explanation, ...] = (SEED_002, SEED_000_PART1, SEED_000_PART2, Z3_LEAF_INPUT, Z3_LEFTOVERS,
+                                         Z3_LEAF_GATHERED, ZERO12_NO_GRAD)
 
 
 def explain(check: str, version: str | None, ctx: dict) -> Explanation | None:

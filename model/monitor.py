@@ -26,8 +26,8 @@ class Failure:
 class Violation:
     """What a check reports: the spec, its `Failure`'s message and code, and where in the judged events.
 
-    The one violation type from the monitor to the report: `MonitorBank` folds give (index, `Failure`),
-    `zerostate.specs.check_trace` and the state graph (`explore.state_graph`) give `Violation`, and a
+    The one violation type from the monitor to the report: the fold (`zerostate.model.fold`) gives (index,
+    `Failure`), `zerostate.specs.check_trace` and the state graph (`explore.state_graph`) give `Violation`, and a
     target's ``Finding`` (``targets/base.py``) carries its message, index and code on a scenario."""
 
     spec: str
@@ -58,73 +58,11 @@ def is_failure(m: object) -> bool:
     return isinstance(m, Failure)
 
 
+def __getattr__(name: str) -> object:
+    """`MonitorBank` and `DEAD` live with the one fold (model/fold.py, which imports this module)."""
+    if name in ("DEAD", "MonitorBank"):
+        from . import fold
+        return getattr(fold, name)
+    raise AttributeError(name)
 
-
-
-class MonitorBank:
-    """Several spec monitors folded over the same events; the first failure of each spec is kept.
-
-    ``specs`` need only ``id``, ``init()``, ``step(m, event)`` and ``finish(m)`` (`zerostate.specs.Spec`).
-    `advance` is pure (tuples of monitor states in and out, for the state graph); `feed` and `finish`
-    keep the states and the failures on the bank (for one run)."""
-
-    def __init__(self, specs) -> None:
-        self.specs = tuple(specs)
-        self.states = self.initial()
-        self.failures: dict[str, tuple[int | None, Failure]] = {}
-        self.seen = 0
-
-    def initial(self) -> tuple:
-        return tuple(s.init() for s in self.specs)
-
-    def advance(self, states: tuple, events, base: int = 0) -> tuple[tuple, dict[str, tuple[int, Failure]]]:
-        """Fold ``events`` into every live monitor; a failed monitor becomes `DEAD`.  Returns the new
-        states and, per newly failed spec, (index of the event = ``base`` + position, failure)."""
-        out, failed = [], {}
-        for spec, m in zip(self.specs, states):
-            if m is DEAD:
-                out.append(m)
-                continue
-            for i, ev in enumerate(events):
-                m = spec.step(m, ev)
-                if isinstance(m, Failure):
-                    failed[spec.id] = (base + i, m)
-                    m = DEAD
-                    break
-            out.append(m)
-        return tuple(out), failed
-
-    def feed(self, events) -> dict[str, tuple[int, Failure]]:
-        events = list(events)
-        self.states, failed = self.advance(self.states, events, self.seen)
-        self.seen += len(events)
-        for sid, f in failed.items():
-            self.failures.setdefault(sid, f)
-        return failed
-
-    def ends(self, states: tuple) -> dict[str, Failure]:
-        """End-of-run obligations of the live monitors in ``states``."""
-        out = {}
-        for spec, m in zip(self.specs, states):
-            if m is DEAD:
-                continue
-            end = spec.finish(m)
-            if end:
-                out[spec.id] = end if isinstance(end, Failure) else Failure(end)
-        return out
-
-    def finish(self) -> dict[str, tuple[int | None, Failure]]:
-        for sid, f in self.ends(self.states).items():
-            self.failures.setdefault(sid, (None, f))
-        return self.failures
-
-
-class _Dead:
-    """The state of a monitor that has failed: it judges nothing more."""
-
-    def __repr__(self) -> str:
-        return "<violated>"
-
-
-DEAD = _Dead()
 __all__ = ["DEAD", "Failure", "MonitorBank", "Violation", "fail", "is_failure", "violation"]

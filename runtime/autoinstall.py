@@ -22,7 +22,6 @@ from __future__ import annotations
 import importlib
 import importlib.abc
 import importlib.util
-import os
 import sys
 import threading
 
@@ -44,20 +43,32 @@ def _patch_now() -> None:
 
 
 class _Finder(importlib.abc.MetaPathFinder):
-    """Wait for ``import deepspeed`` to finish, then run the pending callbacks."""
+    """Wait for ``import deepspeed`` to finish, then run the pending callbacks.
+
+    It stays on ``sys.meta_path`` until deepspeed's module code has run: transformers, accelerate and TRL call
+    ``importlib.util.find_spec("deepspeed")`` at import time without importing it, and a finder that left at
+    the first lookup would never see the real import."""
+
+    _busy = threading.local()
 
     def find_spec(self, fullname, path=None, target=None):
-        if fullname != "deepspeed":
+        if fullname != "deepspeed" or getattr(self._busy, "on", False):
             return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec("deepspeed")
+        self._busy.on = True
+        try:
+            spec = importlib.util.find_spec("deepspeed")
+        finally:
+            self._busy.on = False
         if spec is None or spec.loader is None:
             return spec
         loader = spec.loader
         exec_module = loader.exec_module
+        finder = self
 
         def exec_and_run(module):
             exec_module(module)
+            if finder in sys.meta_path:
+                sys.meta_path.remove(finder)
             with _LOCK:
                 callbacks = list(_PENDING)
                 _PENDING.clear()

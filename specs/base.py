@@ -4,7 +4,7 @@ Every spec is checked the same way on every target: it folds a *monitor* over
 the events of a trace.  A monitor state is a small hashable value, so the
 exhaustive checker can carry monitors inside the product state graph (as a TLA+
 invariant is checked on each reachable state), while a finished run is checked
-by folding once (`check_trace`).
+by folding once (`check_trace`); both are the one fold of `zerostate.model.fold`.
 
 ``step(m, event) -> m`` returns the next monitor state or a `Failure` (`fail(message, code)`);
 ``finish(m)`` returns a `Failure` (or a bare message) or None at the end of the run.  A
@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 from zerostate.model.events import Event
+from zerostate.model.fold import first_violation
 from zerostate.model.monitor import Failure, Violation, fail, is_failure, violation
 
 
@@ -42,13 +43,8 @@ class Spec:
 
 
 def check_trace(spec: Spec, events: Iterable[Event]) -> Violation | None:
-    m = spec.init()
-    for i, ev in enumerate(events):
-        m = spec.step(m, ev)
-        if is_failure(m):
-            return violation(spec.id, m, i)
-    end = spec.finish(m)
-    return violation(spec.id, end) if end else None
+    """``spec``'s first violation on a finished trace, or its end-of-run obligation's (`zerostate.model.fold`)."""
+    return first_violation(spec, events)
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,19 @@ the backward a fused loss runs inside its forward, and every checkpointed block'
 that torch stops early included).  None while no tracer is installed.
 """
 
-PRE_BACKWARD_OBSERVER = None
+from collections.abc import Callable
+from typing import Any
+
+from zerostate.model.events import EventKind
+
+PRE_BACKWARD_OBSERVER: tuple[Callable[[], None], Callable[[], None]] | None = None
 """A pair of callables (start(), end()) around the backward made inside forward."""
-BLOCK_OBSERVER = None
+BLOCK_OBSERVER: tuple[Callable[[Any], None], Callable[[Any], None]] | None = None
 """A pair (enter(block), exit(block)) around every checkpointed block's forward."""
+
+LOOP_MARKS = {k.value: k for k in (EventKind.FORWARD_START, EventKind.FORWARD_END, EventKind.REREGISTER,
+                                   EventKind.STEP)}
+LOOP_MARKS.update(eval_start=EventKind.EVAL_FORWARD_START, eval_end=EventKind.EVAL_FORWARD_END,
+                  backward_start=EventKind.USER_BACKWARD_START, backward_end=EventKind.USER_BACKWARD_END)
+"""The training loop's marks (`zerostate.tracing.core.TraceCore.mark`; four are named as the event they emit) and
+the event each emits."""

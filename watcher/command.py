@@ -21,8 +21,12 @@ import sys
 import time
 from typing import Any
 
+from zerostate.watcher import process
 from zerostate.watcher import report as watch_report
 from zerostate.cli.common import DEFAULT_OUT, CliError, non_negative_float
+
+NOT_OBSERVED = 3
+"""Exit status of a job that exited 0 but that the watch did not fully observe (`zerostate.watcher.observed`)."""
 
 SITECUSTOMIZE = '''\
 """Written by `zerostate watch`: watch every DeepSpeed engine this process builds, then run the
@@ -34,8 +38,13 @@ if os.environ.get("ZEROSTATE_WATCH_DIR"):
     try:
         from zerostate.watcher.watch import enable
         enable()
-    except Exception as exc:  # never stop the user's process
+    except Exception as exc:  # never stop the user's process; the report says it was not watched, and why
         print(f"zerostate watch: not watching pid {os.getpid()}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        import json
+        path = os.path.join(os.environ["ZEROSTATE_WATCH_DIR"], f"proc-{os.getpid()}.json")
+        with open(path, "w", encoding="utf-8") as fh:
+            json.dump({"pid": os.getpid(), "argv": sys.argv[:8], "watch_errors": [
+                f"zerostate could not watch pid {os.getpid()}: {type(exc).__name__}: {exc}"]}, fh)
 
 def _chain():
     import importlib.machinery
@@ -101,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
     started, t0 = watch_report.now(), time.monotonic()
     interrupted = []
 
-    def on_sigint(signum, frame):  # the job got it too (same process group); wait for it to finish
+    def on_sigint(signum: int, frame: object) -> None:  # the job got it too (same process group); wait for it to finish
         interrupted.append(time.monotonic())
 
     previous = signal.signal(signal.SIGINT, on_sigint)
@@ -122,30 +131,40 @@ def run(args: argparse.Namespace) -> int:
             if interrupted and not forwarded and time.monotonic() - interrupted[0] > 2.0:
                 proc.send_signal(signal.SIGINT)  # Ctrl-C sent to us alone (kill -INT): pass it on once
                 forwarded = True
-            stamp = _merge_if_changed(out, ranks, job, "running", None, started, t0, stamp)
+            stamp = _merge_if_changed(out, ranks, job, "running", None, started, t0, args.runtime, stamp)
     finally:
         signal.signal(signal.SIGINT, previous)
     status = "interrupted" if interrupted else "complete"
-    data = _merge(out, ranks, job, status, _exit_status(rc), started, t0)
+    data = _merge(out, ranks, job, status, _exit_status(rc), started, t0, args.runtime)
+    for problem in data["not_observed"]:
+        print(f"watch: NOT OBSERVED: {problem}", file=sys.stderr)
     print(f"watch: {data['summary_text']} (report: {os.path.join(args.out, 'report.md')})", file=sys.stderr)
-    return _exit_status(rc)
+    return exit_status(_exit_status(rc), data)
 
 
-def _merge(out, ranks, job, status, rc, started, t0) -> dict[str, Any]:
+def exit_status(job: int, data: dict[str, Any]) -> int:
+    """The job's own exit status; `NOT_OBSERVED` when it exited 0 but the watch failed to observe it (no engine
+    watched, a rank that ended before its events were checked, ``--runtime`` not installed)."""
+    return job if job or not data["not_observed"] else NOT_OBSERVED
+
+
+def _merge(out: str, ranks: str, job: list[str], status: str, rc: int | None, started: str, t0: float,
+           runtime: bool) -> dict[str, Any]:
     data = watch_report.build(watch_report.rank_files(ranks), watch_report.hung_stacks(ranks) if
                               status != "complete" or rc else [], job, status, rc, started,
-                              time.monotonic() - t0)
+                              time.monotonic() - t0, process.load(ranks), runtime)
     watch_report.write(out, data)
     return data
 
 
-def _merge_if_changed(out, ranks, job, status, rc, started, t0, stamp):
+def _merge_if_changed(out: str, ranks: str, job: list[str], status: str, rc: int | None, started: str, t0: float,
+                      runtime: bool, stamp: tuple | None) -> tuple | None:
     try:
         now = tuple(sorted((e.name, e.stat().st_mtime_ns) for e in os.scandir(ranks)))
     except OSError:
         return stamp
     if now != stamp:
-        _merge(out, ranks, job, status, rc, started, t0)
+        _merge(out, ranks, job, status, rc, started, t0, runtime)
     return now
 
 

@@ -17,10 +17,11 @@ import os
 from typing import Any
 
 from zerostate import __version__
-from zerostate.model.events import Event
+from zerostate.model.events import Event, EventKind
 from zerostate.specs import SPECS
 
 from zerostate.atomic import replace_file
+from zerostate.watcher import observed
 
 FORMAT = 1
 
@@ -43,7 +44,8 @@ def hung_stacks(ranks_dir: str) -> list[dict[str, Any]]:
     out = []
     for p in sorted(glob.glob(os.path.join(ranks_dir, "rank*.stack"))):
         try:
-            text = open(p, encoding="utf-8", errors="replace").read()
+            with open(p, encoding="utf-8", errors="replace") as fh:
+                text = fh.read()
         except OSError:
             continue
         if text.count("\n") > 1:
@@ -53,8 +55,13 @@ def hung_stacks(ranks_dir: str) -> list[dict[str, Any]]:
 
 
 def build(engines: list[dict[str, Any]], hung: list[dict[str, Any]], command: list[str], status: str,
-          exit_status: int | None, started: str, seconds: float) -> dict[str, Any]:
-    versions = sorted({e["deepspeed"] for e in engines})
+          exit_status: int | None, started: str, seconds: float, processes: list[dict[str, Any]] | None = None,
+          runtime: bool = False) -> dict[str, Any]:
+    """The merged report.  ``processes``: the processes' records (`zerostate.watcher.process`): what was not
+    watched, and crashes outside the engine calls, come from them; ``runtime``: ``--runtime`` was asked for."""
+    processes = processes or []
+    crashed = observed.crashes(engines, processes)
+    versions = sorted({e["deepspeed"] for e in engines} | {p["deepspeed"] for p in processes if p.get("deepspeed")})
     column = f"deepspeed {', '.join(versions) or '?'}"
     stage = max((e.get("stage", 0) for e in engines), default=0)
     specs = {sid: {"sentence": s.sentence, "family": s.family,
@@ -62,29 +69,36 @@ def build(engines: list[dict[str, Any]], hung: list[dict[str, Any]], command: li
                    "findings": []}
              for sid, s in SPECS.items()}
     findings: list[dict[str, Any]] = []
-    for e in engines:
-        for v in e.get("violations", []):
-            n = len(findings) + 1
-            check = v["spec"]
-            row = specs.setdefault(check, {"sentence": "the job raised (DeepSpeed or torch inside it)",
-                                           "family": "oracle", "results": {column: "ok"}, "findings": []})
-            row["results"][column] = "violated"
-            row["findings"].append(n)
-            idx = v.get("event")
-            findings.append({
-                "n": n, "check": check, "error": v["message"], "design": None,
-                "where": f"DeepSpeed {e['deepspeed']}, rank {e['rank']}", "rank": e["rank"], "pid": e.get("pid"),
-                "step": v.get("step"), "backward": v.get("backward"), "count": v.get("count", 1),
-                "in": v.get("in"), "traceback": v.get("traceback"),
-                "modules": v.get("modules", []), "params": v.get("params", []),
-                "explanation": v.get("explanation"), "violation_event": idx,
-                "events_around": [{"index": j, "event": s, "violation": j == idx} for j, s in v.get("events", [])
-                                  if idx is None or abs(j - idx) <= 8][-17:],
-                "files": {}, "notes": [], "_events": v.get("events", [])})
+    sources = [(e, v) for e in engines for v in e.get("violations", [])]
+    sources += [({"deepspeed": c.get("deepspeed") or "?", "rank": c["rank"], "pid": c["pid"], "stage": stage},
+                 dict(c, explanation=_explain_crash(c, stage))) for c in crashed]
+    for e, v in sources:
+        n = len(findings) + 1
+        check = v["spec"]
+        row: dict[str, Any] = specs.setdefault(check, {"sentence": "the job raised (DeepSpeed or torch inside it)",
+                                       "family": "oracle", "results": {column: "ok"}, "findings": []})
+        row["results"][column] = "violated"
+        row["findings"].append(n)
+        idx = v.get("event")
+        findings.append({
+            "n": n, "check": check, "error": v["message"], "design": None,
+            "where": f"DeepSpeed {e['deepspeed']}, rank {e['rank']}", "rank": e["rank"], "pid": e.get("pid"),
+            "step": v.get("step"), "backward": v.get("backward"), "count": v.get("count", 1),
+            "in": v.get("in"), "traceback": v.get("traceback"),
+            "modules": v.get("modules", []), "params": v.get("params", []),
+            "explanation": v.get("explanation"), "evidence": v.get("evidence"), "violation_event": idx,
+            "events_around": [{"index": j, "event": s, "violation": j == idx} for j, s in v.get("events", [])
+                              if idx is None or abs(j - idx) <= 8][-17:],
+            "files": {}, "notes": [], "_events": v.get("events", [])})
     steps = max((e.get("steps", 0) for e in engines), default=0)
     backwards = max((e.get("backwards", 0) for e in engines), default=0)
     nv = len(findings)
     line = f"{nv} violation{'s' if nv != 1 else ''} in {backwards} backwards, {steps} steps"
+    trouble = observed.problems(engines, processes, status, exit_status, runtime)
+    if trouble:
+        many = "s" if len(trouble) != 1 else ""
+        line = (f"{trouble[0]} -- {line}" if trouble[0].startswith(observed.NO_ENGINE)
+                else f"{line}; NOT OBSERVED: {len(trouble)} problem{many} (see the report)")
     return {
         "format": FORMAT, "zerostate": __version__, "command": "watch", "status": status,
         "run": {"target": "deepspeed (your job)", "deepspeed": ", ".join(versions) or None,
@@ -92,12 +106,27 @@ def build(engines: list[dict[str, Any]], hung: list[dict[str, Any]], command: li
                 "runtime": any(e.get("runtime") for e in engines), "exit_status": exit_status,
                 "started": started, "seconds": round(seconds, 2), "command_line": " ".join(command)},
         "columns": [column], "specs": specs, "findings": findings,
-        "memory": {f"rank {e['rank']}" + (f" engine {e['engine']}" if e.get("engine", 1) > 1 else ""): e.get("memory", {})
-                   for e in engines},
+        "memory": {_memory_label(e): e.get("memory", {}) for e in engines},
         "hung": hung,
-        "summary": {"violations": nv, "backwards": backwards, "steps": steps, "exit_status": exit_status},
+        "not_observed": trouble, "not_checked": observed.not_checked(engines),
+        "configuration": observed.configuration(engines),
+        "processes": [{k: p.get(k) for k in ("pid", "rank", "argv", "deepspeed", "engines_built", "engines_watched",
+                                             "ended")} for p in processes],
+        "summary": {"violations": nv, "backwards": backwards, "steps": steps, "exit_status": exit_status,
+                    "watched": bool(engines), "not_observed": len(trouble)},
         "summary_text": line,
     }
+
+
+def _memory_label(e: dict[str, Any]) -> str:
+    return f"rank {e['rank']}" + (f" engine {e['engine']}" if e.get("engine", 1) > 1 else "")
+
+
+def _explain_crash(crash: dict[str, Any], stage: int) -> dict[str, Any] | None:
+    """The known issue that explains a crash outside the engine calls, by its exception (known/watch.py)."""
+    from zerostate.known.watch import explain
+    e = explain("exception", crash.get("deepspeed"), {"error": crash["message"], "stage": stage})
+    return e.to_dict() if e is not None else None
 
 
 def write(out_dir: str, data: dict[str, Any], pictures: bool = True) -> None:
@@ -112,7 +141,7 @@ def write(out_dir: str, data: dict[str, Any], pictures: bool = True) -> None:
 
 def _pictures(out_dir: str, data: dict[str, Any]) -> None:
     for f in data["findings"]:
-        evs = []
+        evs: list[Event] = []
         vi = None
         for j, s in f.get("_events") or []:
             ev = _parse(s)
@@ -128,7 +157,7 @@ def _pictures(out_dir: str, data: dict[str, Any]) -> None:
             canvas = pictures.trace_picture(evs, vi, f"{f['check']} violated ({f['where']})", f["error"])
             for k, name in pictures.write_picture(canvas, os.path.join(out_dir, f"trace_{f['n']}")).items():
                 f["files"][f"trace_{k}"] = name
-        except Exception as exc:  # a report must survive a picture bug; say so
+        except Exception as exc:  # noqa: BLE001 - a report must survive a picture bug; say so
             f["notes"].append(f"trace picture not drawn: {type(exc).__name__}: {exc}")
     for label, mem in data["memory"].items():
         series = mem.get("series") or []
@@ -141,7 +170,6 @@ def _pictures(out_dir: str, data: dict[str, Any]) -> None:
 
 def _parse(s: str) -> Event | None:
     """An event back from its ``str()`` (``kind k=v ...``; names hold no spaces)."""
-    from zerostate.model.events import EventKind
     parts = s.split()
     try:
         kw: dict[str, Any] = {}
@@ -168,8 +196,9 @@ def memory_svg(series: list, title: str) -> str:
             pts.append(f"{sx(x):.1f},{sy(prev):.1f}")
         pts.append(f"{sx(x):.1f},{sy(y):.1f}")
         prev = y
-    marks = {"forward_start": ("#3a6ea5", "forward"), "user_backward_start": ("#d9822b", "backward"),
-             "recompute_start": ("#8e44ad", "recompute"), "step": ("#555", "step")}
+    marks = {EventKind.FORWARD_START.value: ("#3a6ea5", "forward"),
+             EventKind.USER_BACKWARD_START.value: ("#d9822b", "backward"),
+             EventKind.RECOMPUTE_START.value: ("#8e44ad", "recompute"), EventKind.STEP.value: ("#555", "step")}
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" font-family="sans-serif" font-size="11">',
            f'<text x="{L}" y="20" font-size="13">{_esc(title)}</text>',
            f'<line x1="{L}" y1="{H - B}" x2="{W - 20}" y2="{H - B}" stroke="#000"/>',
@@ -205,6 +234,15 @@ def render_markdown(d: dict[str, Any]) -> str:
                        ("started", "started (UTC)"), ("seconds", "seconds")):
         if run.get(key) is not None:
             out.append(f"| {label} | `{run[key]}` |" if key == "command_line" else f"| {label} | {run[key]} |")
+    if d.get("not_observed"):
+        out += ["", "## NOT OBSERVED: what the watch could not check", ""]
+        out += [f"- **{p}**" for p in d["not_observed"]]
+    conf = d.get("configuration") or {}
+    if conf.get("zero_stage") is not None:
+        out += ["", (f"What the job ran: ZeRO-{conf['zero_stage']}, activation checkpointing "
+                    f"{conf['activation_checkpointing']} (as the trainer left it).")]
+    if d.get("not_checked"):
+        out += ["", "Not checked in this job:", ""] + [f"- {n}" for n in d["not_checked"]]
     out += ["", f"**{d['summary_text']}**", "", "## Specs", "",
             "| spec | " + " | ".join(d["columns"]) + " | findings |", "|---" * (len(d["columns"]) + 2) + "|"]
     for sid, row in d["specs"].items():
@@ -236,13 +274,17 @@ def render_markdown(d: dict[str, Any]) -> str:
         if e:
             fixed = f"fixed in DeepSpeed {e['fixed_in']}" if e.get("fixed_in") else "not fixed as of DeepSpeed 0.19.8"
             prevents = "**prevents it**" if e.get("runtime_prevents") else "does not prevent it"
-            out += [f"Known issue **{e['id']}**: {e['title']} ({fixed}); `zerostate.runtime` {prevents} "
-                    "(`zerostate watch --runtime`).", "", f"> {e['detail']}", ""]
+            out += [(f"Known issue **{e['id']}**: {e['title']} ({fixed}); `zerostate.runtime` {prevents} "
+                    "(`zerostate watch --runtime`)."), "", f"> {e['detail']}", ""]
         else:
             out += ["No known issue explains it: a new finding, or a gap in the watcher (see docs/watch.md).", ""]
+        left = (f.get("evidence") or {}).get("left_by_module_without_post_backward")
+        if left:
+            out += ["Evidence: " + ", ".join(f"`{p}` (pre-backward of `{m}` ran, its post-backward did not)"
+                                             for p, m in sorted(left.items())), ""]
         if f.get("params") or f.get("modules"):
-            out += [f"Your model: parameters {', '.join(f'`{p}`' for p in f['params'][:4]) or '—'}; modules "
-                    f"{', '.join(f'`{m}`' for m in f['modules'][:4]) or '—'}", ""]
+            out += [(f"Your model: parameters {', '.join(f'`{p}`' for p in f['params'][:4]) or '—'}; modules "
+                    f"{', '.join(f'`{m}`' for m in f['modules'][:4]) or '—'}"), ""]
         if f["events_around"]:
             out += ["Events around the violation (`>>` marks the violating event):", "", "```text"]
             out += [f"{'>>' if e['violation'] else '  '} {e['index']:6d}  {e['event']}" for e in f["events_around"]]

@@ -1,51 +1,40 @@
-"""The tracer for a user's own model: `Tracer` with the user's module names and torch's checkpoint observed.
+"""The watch's tracer: `TraceCore` on a user's own model, under the user's names, events queued for the checker.
 
-`Tracer` was written for zerostate's own network (``blocks.<i>.norm`` / ``.lin`` / ``head``, and a
-checkpoint wrapper that reports its recomputes).  A user's model has other names and calls
-``torch.utils.checkpoint`` itself (Hugging Face ``gradient_checkpointing_enable``), so `WatchTracer`:
+`WatchTracer` composes the core (`zerostate.tracing.core`: DeepSpeed's hook lifecycle, graph tasks, parameter
+statuses) with a view of any model (`UserModelView`) and a queue sink (`QueueSink`), and adds what a job it did
+not build needs:
 
-* reports the module hooks of *every* module DeepSpeed hooks, under the user's names (the root as
-  ``model``), with the phase (forward / recompute / eval) as `Tracer` does;
-* names a z3 leaf module's gradient hook by the leaf module that owns the parameter;
-* marks the training loop from the engine's own calls: ``engine.forward`` (FORWARD_START/END, or
-  EVAL_FORWARD_* under ``no_grad`` / ``eval()``), ``engine.backward`` (USER_BACKWARD_START/END, kind
-  ``engine``), ``engine.step`` at the accumulation boundary (STEP);
-* observes ``torch.utils.checkpoint``'s non-reentrant machinery (torch/utils/checkpoint.py):
-  the recompute (RECOMPUTE_START/END around ``_run_fn_with_dynamo_disabled(frame.recompute_fn)``),
-  every ZeRO-3 parameter the recompute saves *live* (``_recomputation_hook``'s pack hook keeps
-  ``x`` itself when ``not x.requires_grad``: SAVE_LIVE), torch's metadata check of the recomputed
-  tensors (``_CheckpointFrame.check_recomputed_tensors_match``: UNPACK note=check) and the
-  backward's read of a saved parameter (``_checkpoint_hook``'s unpack hook: UNPACK note=use).
-  This is what seed 002 (DeepSpeed 0.19.2, fixed in 0.19.3 by deepspeedai/DeepSpeed#8130/#8148) breaks:
-  a frozen parameter saved live is partitioned in place before torch checks it.
-
-The checkpoint patches are process-wide (module / class attributes of torch.utils.checkpoint),
-installed with the first `WatchTracer` and removed with the last; each event goes to the tracer
-whose engine owns the parameter.
+* the module hooks of *every* module DeepSpeed hooks, under the user's names (the root as ``model``), with the
+  phase (forward / recompute / eval); a z3 leaf module's gradient hook named by the leaf module owning the
+  parameter;
+* the training loop from the engine's own calls: ``engine.forward`` (FORWARD_START/END, or EVAL_FORWARD_* under
+  ``no_grad`` / ``eval()``), ``engine.backward`` (USER_BACKWARD_START/END, kind ``engine``), ``engine.step`` at the
+  accumulation boundary (STEP), a PyTorch-style ``loss.backward()`` (`zerostate.watcher.torch_observers`);
+* hooks registered again on the root after the engine was built (TRL's unwrap for generation): REREGISTER;
+* ``torch.utils.checkpoint``'s non-reentrant machinery (`zerostate.watcher.torch_observers`): RECOMPUTE_START/END,
+  SAVE_LIVE, UNPACK (check / use) -- what seed 002 breaks;
+* what the report needs beside the events: recomputes observed and not (reentrant), and the parameters a backward
+  left gathered by a module whose post-backward never ran (`WatchTracer.backward_leftovers`).
 """
 
 from __future__ import annotations
 
 import collections
-import functools
 import threading
+from typing import Any
+from collections.abc import Callable
 
 import torch
-import torch.utils.checkpoint as _ckpt
 
-from zerostate.model.events import EventKind, Event
+from zerostate.model.events import Event, EventKind
 
 from zerostate.tracing import compat
-from zerostate.tracing.tracer import ROOT, Tracer
+from zerostate.tracing.core import MODULE_HOOK_KINDS, ROOT, TraceCore, Wrapper
+from zerostate.watcher.torch_observers import ACTIVE, checkpointed_module, install_observers, uninstall_observers
 
-_TRACE_MODE = "_PartitionedParameterCoordinator__trace_mode"
-"""partitioned_param_coordinator.py ``self.__trace_mode`` (a ``ZeRoTraceMode``), what ``is_record_trace()`` /
-``is_complete_trace()`` compare (0.18.4-0.19.8): `WatchTracer._poll_trace` reads it once per module hook instead
-of calling both."""
 _GATHER = "_PartitionedParameterCoordinator__all_gather_params"
 """partitioned_param_coordinator.py ``__all_gather_params(params, forward)`` (0.18.4-0.19.8): every fetch and
 prefetch all-gathers through it."""
-_ACTIVE: list["WatchTracer"] = []
 _EVENTS: dict[tuple, Event] = {}
 """(kind, param, module, task, value, phase, note) -> the one `Event` with those fields."""
 _EVENTS_MAX = 200_000
@@ -53,417 +42,367 @@ BATCH = 256
 """Events a tracer holds before it hands them to its sink (`WatchTracer.deliver`)."""
 WATCH_START = "watch-start"
 """The note of the FETCH / PREFETCH events that report what was gathered when watching began."""
-_CKPT_LOCK = threading.Lock()
-_CKPT_ORIG: dict[str, object] = {}
-_BWD_ORIG: dict[str, object] = {}
 
 
-def _owner(t) -> tuple["WatchTracer", str] | None:
-    for tr in _ACTIVE:
-        n = tr.param_names.get(id(t))
-        if n is not None:
-            return tr, n
-    return None
-
-
-def _saved_frozen(t):
-    """The (tracer, name) of ``t`` when it is a frozen ZeRO parameter a checkpoint keeps as itself."""
-    if not isinstance(t, torch.Tensor) or t.requires_grad:
-        return None
-    return _owner(t)
-
-
-def _install_checkpoint_observer() -> None:
-    """Patch torch.utils.checkpoint once (the names are looked up at call time inside the module)."""
-    with _CKPT_LOCK:
-        if _CKPT_ORIG:
-            return
-        needed = ("_recomputation_hook", "_checkpoint_hook", "_CheckpointFrame", "_run_fn_with_dynamo_disabled")
-        if not all(hasattr(_ckpt, n) for n in needed):  # another torch: hooks and coordinator still watched
-            return
-        rec_cls, hook_cls = _ckpt._recomputation_hook, _ckpt._checkpoint_hook
-        run_fn, check = _ckpt._run_fn_with_dynamo_disabled, _ckpt._CheckpointFrame.check_recomputed_tensors_match
-
-        class _WatchedRecomputation(rec_cls):
-            def __init__(self, *a, **k):
-                super().__init__(*a, **k)
-                inner = self.pack_hook
-
-                @functools.wraps(inner)  # __wrapped__: the runtime's release policy recognises torch's pack hook
-                def pack_hook(x):
-                    hit = _saved_frozen(x)
-                    if hit is not None:
-                        tr, n = hit
-                        tr.on_checkpoint("save_live", n)
-                    return inner(x)
-                self.pack_hook = pack_hook
-
-        class _WatchedCheckpoint(hook_cls):
-            def __init__(self, *a, **k):
-                super().__init__(*a, **k)
-                inner = self.unpack_hook
-
-                @functools.wraps(inner)
-                def unpack_hook(holder):
-                    ret = inner(holder)
-                    hit = _saved_frozen(ret)
-                    if hit is not None:
-                        tr, n = hit
-                        tr.on_checkpoint("use", n)
-                    return ret
-                self.unpack_hook = unpack_hook
-
-        def run_watched(fn, *a, **k):
-            trs = list(_ACTIVE)
-            for tr in trs:
-                tr.on_recompute(fn, True)
-            try:
-                return run_fn(fn, *a, **k)
-            finally:
-                for tr in trs:
-                    tr.on_recompute(fn, False)
-
-        def check_watched(frame, gid):
-            for t in list(frame.recomputed[gid].values()):
-                hit = _saved_frozen(t)
-                if hit is not None:
-                    tr, n = hit
-                    tr.on_checkpoint("check", n)
-            return check(frame, gid)
-
-        _CKPT_ORIG.update(_recomputation_hook=rec_cls, _checkpoint_hook=hook_cls, _run_fn_with_dynamo_disabled=run_fn,
-                          check=check)
-        _ckpt._recomputation_hook = _WatchedRecomputation
-        _ckpt._checkpoint_hook = _WatchedCheckpoint
-        _ckpt._run_fn_with_dynamo_disabled = run_watched
-        _ckpt._CheckpointFrame.check_recomputed_tensors_match = check_watched
-
-
-def _backward_kind(tensors, grad_tensors) -> str:
-    t = tensors[0] if isinstance(tensors, (tuple, list)) and tensors else tensors
-    scalar = isinstance(t, torch.Tensor) and t.numel() == 1
-    return "torch" if scalar or grad_tensors is None else "nonscalar"
-
-
-def _install_backward_observer() -> None:
-    """Patch ``torch.autograd.backward`` (``Tensor.backward`` calls it) once: a backward the user starts
-    outside any watched engine's forward or backward, and outside a running backward (a reentrant
-    checkpoint's), is a PyTorch-style user backward (DeepSpeed >= 0.18 runs its epilogue from a post-backward
-    callback).  Each engine it reaches opens its window at its first graph task (`WatchTracer._task`) and
-    closes it when the call returns."""
-    with _CKPT_LOCK:
-        if "backward" in _BWD_ORIG:
-            return
-        original = torch.autograd.backward
-
-        @functools.wraps(original)
-        def backward(tensors, grad_tensors=None, *a, **k):
-            trs = []
-            if torch._C._current_graph_task_id() == -1 and not any(tr._engine_calls for tr in _ACTIVE):
-                trs = list(_ACTIVE)
-                kind = _backward_kind(tensors, grad_tensors)
-                for tr in trs:
-                    tr._plain = kind
-            try:
-                return original(tensors, grad_tensors, *a, **k)
-            finally:
-                for tr in trs:
-                    tr._plain_backward_end()
-
-        _BWD_ORIG["backward"] = original
-        torch.autograd.backward = backward
-
-
-def _uninstall_backward_observer() -> None:
-    with _CKPT_LOCK:
-        if "backward" in _BWD_ORIG:
-            torch.autograd.backward = _BWD_ORIG.pop("backward")
-
-
-def _uninstall_checkpoint_observer() -> None:
-    with _CKPT_LOCK:
-        if not _CKPT_ORIG:
-            return
-        for name in ("_recomputation_hook", "_checkpoint_hook", "_run_fn_with_dynamo_disabled"):
-            setattr(_ckpt, name, _CKPT_ORIG[name])
-        _ckpt._CheckpointFrame.check_recomputed_tensors_match = _CKPT_ORIG["check"]
-        _CKPT_ORIG.clear()
-
-
-def _checkpointed_module(fn):
-    """The module a non-reentrant checkpoint recomputes: torch hands `_run_fn_with_dynamo_disabled` its
-    ``recompute_fn`` closure over the user's ``fn`` (torch/utils/checkpoint.py
-    ``_checkpoint_without_reentrant_generator``); HF's ``GradientCheckpointingLayer`` passes
-    ``partial(super().__call__)``, bound to the layer.  None when it is not a module's call (a plain function:
-    RECOMPUTE_START then names no region, and ``available-when-used`` exempts nothing in it)."""
-    for _ in range(4):
-        target = getattr(getattr(fn, "func", fn), "__self__", None)
-        if isinstance(target, torch.nn.Module):
-            return target
-        if isinstance(fn, torch.nn.Module):
-            return fn
-        code, cells = getattr(fn, "__code__", None), getattr(fn, "__closure__", None)
-        if code is None or not cells or "fn" not in code.co_freevars:
-            return None
-        try:
-            fn = cells[code.co_freevars.index("fn")].cell_contents
-        except ValueError:  # an empty cell
-            return None
-    return None
-
-
-def z3_leaf_modules(module) -> dict[str, object]:
+def z3_leaf_modules(module: torch.nn.Module) -> dict[str, torch.nn.Module]:
     """The z3 leaf modules of ``module`` (``deepspeed.utils.set_z3_leaf_modules`` sets ``_z3_leaf``)."""
     return {(n or ROOT): m for n, m in module.named_modules() if getattr(m, "_z3_leaf", False)}
 
 
-class WatchTracer(Tracer):
-    """`Tracer` for any model.  ``sink(queue)`` receives every event, in order: `emit` queues the event (a
-    ``deque``; the sink takes events from its left until it is empty) and `deliver` hands over what is queued -- when `BATCH` events are queued, and whenever the owner
-    asks (`zerostate.watcher.watch.WatchHandle` does at the end of every engine call and before it
-    reads or writes what the checker found).  Folding a few hundred events in one go costs a watched ZeRO-3
-    step a few ms less than folding each between DeepSpeed's hooks (benchmarks/bench_watch.py).  No list of
-    the run's events is kept."""
+class QueueSink:
+    """Events queued as shared `Event` objects (a job repeats the same ones every step: the online checker's
+    transition memo keys on the object), handed to ``deliver_to`` every `BATCH` events and on demand."""
 
-    def __init__(self, engine, sink=None):
-        stage = int(engine.zero_optimization_stage()) if hasattr(engine, "zero_optimization_stage") else 0
-        super().__init__(engine, {"stage": stage, "blocks": []})
-        self.sink = sink
-        self._queue: collections.deque = collections.deque()
+    def __init__(self, deliver_to: Callable[[collections.deque[Event]], None] | None) -> None:
+        self.deliver_to = deliver_to
+        self.queue: collections.deque[Event] = collections.deque()
         self._delivering = False
-        self.leaves = z3_leaf_modules(self.module) if stage == 3 else {}
-        self.leaf_count = sum(1 for m in self.leaves.values() if any(p.requires_grad for p in m.parameters()))
-        self._leaf_of: dict[str, str] = {}
-        for lname, m in self.leaves.items():
-            prefix = "" if lname == ROOT else lname + "."
-            for pn, _ in m.named_parameters():
-                self._leaf_of.setdefault(prefix + pn, lname)
-        self._own: dict[str, tuple[str, ...]] = {}
-        for mname, m in self.module.named_modules():
-            mname = mname or ROOT
-            prefix = "" if mname == ROOT else mname + "."
-            rec = mname in self.leaves
-            self._own[mname] = tuple(prefix + pn for pn, _ in m.named_parameters(recurse=rec))
-        self.leaf_inputs: dict[str, bool] = {}
-        """z3 leaf module -> whether any tensor input required grad at its last forward."""
-        self._handles: list = []
-        self._by_name = dict(self.params)
-        self._own_items = {m: [(n, self._by_name[n]) for n in ns if n in self._by_name] for m, ns in self._own.items()}
-        """module -> its own (name, parameter) pairs in parameter order (`_poll_module`'s usual scan)."""
-        self._own_sets = {m: frozenset(ns) for m, ns in self._own.items()}
-        self._order = {n: i for i, (n, _) in enumerate(self.params)}
-        self._dirty: set[str] = set()
-        self._gather_seen = False
-        """The coordinator's all-gather is wrapped (else every module hook scans every parameter)."""
-        self.steps = 0
-        self.backwards = 0
-        self._recompute_depth = 0
-        self._engine_calls = 0
-        """engine.forward / engine.backward calls in progress (a backward made there is not the user's own)."""
-        self._plain: str | None = None
-        """The kind (``torch`` / ``nonscalar``) of a PyTorch-style backward in progress whose window is not open yet."""
-        self._plain_open: str | None = None
-        """The kind of the PyTorch-style backward whose window is open."""
-        self._trace_synced = True
-        """The trace mode is reported (TRACE_STATE): from the start, or for an engine watched after its trace was
-        recorded, from DeepSpeed's next invalidation (`_poll_trace`)."""
-        self.on_trace_sync = None
-        self._raw_trace = self.coord is not None and hasattr(self.coord, _TRACE_MODE)
-        self._mode_raw = None
-        """The coordinator's ``__trace_mode`` object at the last poll (`_poll_trace`)."""
+        self._lock = threading.RLock()
 
-    def _resync(self) -> None:
-        super()._resync()
-        self._mode_raw = None  # `_mode` was set from DeepSpeed: the next poll compares again
-
-    def params_of(self, module: str) -> tuple[str, ...]:
-        """The parameters ZeRO-3 fetches for ``module``: its own, or all under it for a z3 leaf module."""
-        return self._own.get(module, ())
-
-    # ------------------------------------------------------------ events
-    def emit(self, kind: str, param=None, module=None, task=None, value=None, phase=None, note=None) -> None:
-        """Queue the `Event` for ``sink`` (not a dict: no ``Event.from_dict`` per event).  Events are immutable
-        and a job repeats the same ones every step (a parameter's fetch, holders, release...), so equal events
-        are one shared object from `_EVENTS` (the online checker's transition memo keys on it)."""
-        if self._paused or self.sink is None:
+    def put(self, kind: EventKind, param: str | None, module: str | None, task: int | None, value: Any,
+            phase: str | None, note: str | None) -> None:
+        if self.deliver_to is None:
             return
         key = (kind, param, module, task, value, phase, note)
         ev = _EVENTS.get(key)
         if ev is None:
             if len(_EVENTS) >= _EVENTS_MAX:
                 _EVENTS.clear()
-            ev = _EVENTS[key] = Event(EventKind(kind), param, module, task, value, phase, note)
-        q = self._queue
+            ev = _EVENTS[key] = Event(kind, param, module, task, value, phase, note)
+        q = self.queue
         q.append(ev)  # (a deque: appends from another thread while `deliver` runs are neither lost nor reordered)
         if len(q) >= BATCH:
             self.deliver()
 
     def deliver(self) -> None:
-        """Hand ``sink`` every queued event, in order.  A call made while the sink runs (the checker reporting a
-        violation writes the report, which asks for delivery) returns at once: the outer call goes on."""
-        if self._delivering or self.sink is None:
+        """Hand every queued event over, in order.  A call made while the checker runs (a violation writes the
+        report, which asks for delivery) returns at once: the outer call goes on."""
+        if self._delivering or self.deliver_to is None:
             return
         with self._lock:
             if self._delivering:
                 return
             self._delivering = True
             try:
-                self.sink(self._queue)  # it takes them from the left (an interrupted fold leaves the rest queued)
+                self.deliver_to(self.queue)  # it takes them from the left (an interrupted fold leaves the rest queued)
             finally:
                 self._delivering = False
 
-    def on_checkpoint(self, what: str, param: str) -> None:
-        """A frozen parameter saved live by a recompute (``save_live``), checked by torch (``check``) or read
-        by the backward (``use``)."""
-        if self.stage != 3:
-            return
-        module = param.rsplit(".", 1)[0]
-        self._poll_module(module, (param,))
-        if what == "save_live":
-            self.emit("save_live", param=param, module=module)
-        else:
-            self.emit("unpack", param=param, module=module, note=what)
 
-    def on_recompute(self, fn, start: bool) -> None:
-        if self.stage != 3 or torch._C._current_graph_task_id() == -1:
+class UserModelView:
+    """A user's model seen by the core: every hooked module under its own name, z3 leaf modules, what each module
+    fetches, and the bookkeeping of the report (recomputes, modules whose post-backward never ran)."""
+
+    def __init__(self, core: TraceCore) -> None:
+        self.core = core
+        module = core.module
+        self.leaves = z3_leaf_modules(module) if core.stage == 3 else {}
+        self.leaf_count = sum(1 for m in self.leaves.values() if any(p.requires_grad for p in m.parameters()))
+        self._leaf_of: dict[str, str] = {}
+        for lname, m in self.leaves.items():
+            prefix = "" if lname == ROOT else lname + "."
+            for pn, _ in m.named_parameters():
+                self._leaf_of.setdefault(prefix + pn, lname)
+        self.own: dict[str, tuple[str, ...]] = {}
+        for raw, m in module.named_modules():
+            mname = raw or ROOT
+            prefix = "" if mname == ROOT else mname + "."
+            self.own[mname] = tuple(prefix + pn for pn, _ in m.named_parameters(recurse=mname in self.leaves))
+        self._by_name = dict(core.params)
+        self._own_items = {m: [(n, self._by_name[n]) for n in ns if n in self._by_name] for m, ns in self.own.items()}
+        """module -> its own (name, parameter) pairs in parameter order (`poll_module`'s usual scan)."""
+        self._own_sets = {m: frozenset(ns) for m, ns in self.own.items()}
+        self._order = {n: i for i, (n, _) in enumerate(core.params)}
+        self.dirty: set[str] = set()
+        """Parameters all-gathered since the last poll."""
+        self.gather_seen = False
+        """The coordinator's all-gather is wrapped (else every module hook scans every parameter)."""
+        self.recompute_depth = 0
+        self.recomputes_observed = 0
+        """Non-reentrant checkpoint recomputes (torch's ``_run_fn_with_dynamo_disabled``, observed in full)."""
+        self.recomputes_unobserved = 0
+        """Module pre-forwards inside a backward outside those: a reentrant checkpoint's recompute (or a forward in
+        a custom backward), whose saved tensors the watch does not observe."""
+        self.on_root_forward: Callable[[torch.nn.Module, bool], None] | None = None
+        """Called at the root module's pre-forward (True) and post-forward (False) outside a backward."""
+        self.bwd_pre: dict[str, torch.nn.Module] = {}
+        """Modules whose pre-backward ran in the current user backward (name -> module)."""
+        self.bwd_post: set[str] = set()
+
+    def leaf_module_of(self, param: str) -> str:
+        """The user's z3 leaf module holding ``param`` (any depth), else the parameter's own module."""
+        return self._leaf_of.get(param, param.rsplit(".", 1)[0])
+
+    def module_hook(self, what: str, f: Wrapper) -> Wrapper:
+        view, c = self, self.core
+        kind = MODULE_HOOK_KINDS[what]
+        forward = what in ("pre_forward", "post_forward")
+        pre_fwd = what == "pre_forward"
+        names = c.mod_names
+        pre_bwd = self.bwd_pre if what == "pre_backward" else None
+        post_bwd = self.bwd_post if what == "post_backward" else None
+        root_fwd = True if pre_fwd else False if what == "post_forward" else None
+
+        def wrapped(module: torch.nn.Module, *a: Any, **k: Any) -> Any:
+            task = c.task()
+            name = names.get(id(module), "?")
+            if root_fwd and name == ROOT and task is None and view.on_root_forward is not None:
+                view.on_root_forward(module, True)
+            if pre_bwd is not None:
+                pre_bwd[name] = module
+            elif post_bwd is not None:
+                post_bwd.add(name)
+            phase = None
+            if forward:
+                phase = "eval" if c.eval else ("recompute" if task is not None else "forward")
+                if task is not None and pre_fwd and not view.recompute_depth:
+                    view.recomputes_unobserved += 1  # a reentrant checkpoint's (or a custom backward's) forward
+            c.poll_trace()
+            c.emit(kind, None, name, None, None, phase)
+            r = f(module, *a, **k)
+            if c.trace_changed():  # an invalidation waits on or releases other modules' prefetches: scan them all
+                c.poll(name)
+            else:
+                view.poll_module(name)
+            if root_fwd is False and name == ROOT and task is None and view.on_root_forward is not None:
+                view.on_root_forward(module, False)
+            return r
+        return wrapped
+
+    def poll_module(self, module: str | None, extra: tuple[str, ...] = ()) -> None:
+        """After a module hook: only the module's own parameters (what its fetch / release touches) and those
+        all-gathered since the last poll (prefetches, external parameters) can have changed -- DeepSpeed's other
+        releases (``release_and_reset_all``) run in the epilogue and step, and an invalidated trace's cleanup of
+        other modules' prefetches comes with a trace-mode change: there the core's `poll` scans all.
+        Scanning all ~P parameters after each of ~M module hooks made watching O(M x P) per step."""
+        c = self.core
+        if c.stage != 3 or c.paused_depth:
             return
-        name = self.mod_names.get(id(_checkpointed_module(fn)), "checkpoint")
-        if start:
-            self._task()
-            self._recompute_depth += 1
-            self.emit("recompute_start", module=name)
-        else:
-            self._poll_module(None)
-            self._recompute_depth = max(0, self._recompute_depth - 1)
-            self.emit("recompute_end", module=name)
+        if not self.gather_seen:
+            c.poll(module)
+            return
+        dirty = self.dirty
+        own = self._own_items.get(module, ()) if module is not None else ()
+        if not extra and (not dirty or dirty.issubset(self._own_sets[module] if own else ())):  # type: ignore[index]
+            dirty.clear()  # the usual hook: only the module's own parameters were all-gathered
+            c.scan(own, module)
+            return
+        names = set(self.own.get(module, ()) if module is not None else ()) | dirty | set(extra)
+        dirty.clear()
+        c.scan([(n, self._by_name[n]) for n in sorted(names, key=self._order.__getitem__) if n in self._by_name],
+               module)
+
+    def leftovers(self) -> dict[str, str]:
+        """Parameters of modules whose pre-backward ran and post-backward did not (torch calls a module's backward
+        hook only when an input requires grad: token ids never do) still gathered or held now."""
+        out: dict[str, str] = {}
+        c = self.core
+        if c.stage != 3:
+            return out
+        for name, mod in self.bwd_pre.items():
+            if name in self.bwd_post:
+                continue
+            external = getattr(mod, "ds_external_parameters", None)
+            params = [p for _, p in mod.named_parameters(recurse=name in self.leaves)]
+            params += [p for _, p in external()] if callable(external) else []
+            for p in params:
+                full = c.param_names.get(id(p))
+                if full and (compat.param_status(p) != "NOT_AVAILABLE" or compat.holders(p)):
+                    out.setdefault(full, name)
+        return out
+
+
+class WatchTracer:
+    """The tracer of one watched engine.  ``sink(queue)`` receives every event, in order (`QueueSink`): when
+    `BATCH` events are queued, and whenever the owner asks (`deliver`: `zerostate.watcher.watch.WatchHandle` does
+    at the end of every engine call and before it reads or writes what the checker found).  No list of the run's
+    events is kept."""
+
+    def __init__(self, engine: Any, sink: Callable[[collections.deque[Event]], None] | None = None) -> None:
+        stage = int(engine.zero_optimization_stage()) if hasattr(engine, "zero_optimization_stage") else 0
+        self.engine = engine
+        self._sink = QueueSink(sink)
+        self.core = TraceCore(engine, stage, self._sink)
+        self.view = UserModelView(self.core)
+        self.stage = stage
+        self.param_names = self.core.param_names
+        self.mod_names = self.core.mod_names
+        self.leaves = self.view.leaves
+        self.leaf_inputs: dict[str, bool] = {}
+        """z3 leaf module -> whether any tensor input required grad at its last forward."""
+        self._handles: list[Any] = []
+        self.steps = 0
+        self.backwards = 0
+        self.engine_calls = 0
+        """engine.forward / engine.backward calls in progress (a backward made there is not the user's own)."""
+        self._plain: str | None = None
+        """The kind (``torch`` / ``nonscalar``) of a PyTorch-style backward in progress whose window is not open."""
+        self._plain_open: str | None = None
+        self._direct: list[str] = []
+        """The end marks owed by root-module forwards called outside ``engine.forward`` (innermost last)."""
+        self.view.on_root_forward = self._root_forward
+        self.backward_leftovers: dict[str, str] = {}
+        """After the last user backward: parameter -> the module whose pre-backward fetched it and whose
+        post-backward never ran, for parameters still gathered or held then (what 0.19.3's epilogue drains)."""
+
+    # ------------------------------------------------------------ what the handle reads
+    @property
+    def on_trace_sync(self) -> Callable[[], None] | None:
+        return self.core.on_trace_sync
+
+    @on_trace_sync.setter
+    def on_trace_sync(self, fn: Callable[[], None] | None) -> None:
+        self.core.on_trace_sync = fn
+
+    @property
+    def recomputes_observed(self) -> int:
+        return self.view.recomputes_observed
+
+    @property
+    def recomputes_unobserved(self) -> int:
+        return self.view.recomputes_unobserved
+
+    def params_of(self, module: str) -> tuple[str, ...]:
+        """The parameters ZeRO-3 fetches for ``module``: its own, or all under it for a z3 leaf module."""
+        return self.view.own.get(module, ())
+
+    def deliver(self) -> None:
+        self._sink.deliver()
+
+    def emit(self, kind: EventKind, **fields: Any) -> None:
+        self.core.emit(kind, **fields)
 
     # ------------------------------------------------------------ install
-    def install(self) -> "WatchTracer":
-        super().install()
+    def install(self) -> WatchTracer:
+        core, view = self.core, self.view
+        core.install(view)
         self._report_gathered()
         eng = self.engine
-        self._patch(eng, "forward", self._w_forward)
-        self._patch(eng, "backward", self._w_backward)
-        self._patch(eng, "step", self._w_step)
-        if self.coord is not None and hasattr(self.coord, _GATHER):
-            self._patch(self.coord, _GATHER, self._w_all_gather)
-            self._gather_seen = True
+        core.patch(eng, "forward", self._w_forward)
+        core.patch(eng, "backward", self._w_backward)
+        core.patch(eng, "step", self._w_step)
+        if core.coord is not None and hasattr(core.coord, _GATHER):
+            core.patch(core.coord, _GATHER, self._w_all_gather)
+            view.gather_seen = True
+        off = compat.offload(core.opt) if self.stage == 3 else None
+        if off is not None and hasattr(off, "_register_deepspeed_module"):
+            core.patch(off, "_register_deepspeed_module", lambda f: self._w_register(f, off.module))
         for lname, m in self.leaves.items():
             self._handles.append(m.register_forward_pre_hook(
                 lambda mod, args, kwargs, n=lname: self._leaf_input(n, args, kwargs), with_kwargs=True))
-        _ACTIVE.append(self)
-        _install_checkpoint_observer()
-        _install_backward_observer()
-        self._trace_synced = self._mode in (None, "INVALID")
+        ACTIVE.append(self)
+        install_observers()
+        core.trace_synced = core.mode in (None, "INVALID")
         return self
 
     def _report_gathered(self) -> None:
-        """An engine watched after it has run: the parameters DeepSpeed holds gathered now (persistent ones
-        after a step) are reported as fetched / prefetched with their holders, so the specs start from
-        DeepSpeed's state (`Tracer._resync` takes it as already reported; ``available-when-used`` would then
-        see a module compute with parameters it never saw fetched)."""
+        """An engine watched after it has run: the parameters DeepSpeed holds gathered now (persistent ones after a
+        step) are reported as fetched / prefetched with their holders, so the specs start from DeepSpeed's state
+        (the core's `resync` takes it as already reported; ``available-when-used`` would then see a module compute
+        with parameters it never saw fetched)."""
+        core = self.core
         if self.stage != 3:
             return
-        for n, _ in self.params:
-            st = self._emitted.get(n)
+        for n, _ in core.params:
+            st = core.emitted.get(n)
             if st == "AVAILABLE":  # note: not an all-gather of this run (the memory figures skip it)
-                self.emit("fetch", param=n, note=WATCH_START)
+                core.emit(EventKind.FETCH, param=n, note=WATCH_START)
             elif st == "INFLIGHT":
-                self.emit("prefetch", param=n, module=n.rsplit(".", 1)[0], note=WATCH_START)
-            if self._holders.get(n, 0):
-                self.emit("holders", param=n, value=self._holders[n], note="+")
+                core.emit(EventKind.PREFETCH, param=n, module=n.rsplit(".", 1)[0], note=WATCH_START)
+            if core.holders.get(n, 0):
+                core.emit(EventKind.HOLDERS, param=n, value=core.holders[n], note="+")
 
     def uninstall(self) -> None:
-        if self in _ACTIVE:
-            _ACTIVE.remove(self)
-        if not _ACTIVE:
-            _uninstall_checkpoint_observer()
-            _uninstall_backward_observer()
+        if self in ACTIVE:
+            ACTIVE.remove(self)
+        if not ACTIVE:
+            uninstall_observers()
         for h in self._handles:
             h.remove()
         self._handles.clear()
-        super().uninstall()
+        self.core.uninstall()
 
-    def _leaf_input(self, name, args, kwargs) -> None:
+    def _leaf_input(self, name: str, args: tuple, kwargs: dict) -> None:
         ts = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
         self.leaf_inputs[name] = any(t.requires_grad for t in ts)
 
+    # ------------------------------------------------------------ torch's checkpoint (torch_observers)
+    def on_checkpoint(self, kind: EventKind, param: str, note: str | None = None) -> None:
+        """A frozen parameter saved live by a recompute (SAVE_LIVE), checked by torch (UNPACK ``check``) or read by
+        the backward (UNPACK ``use``)."""
+        if self.stage != 3:
+            return
+        module = param.rsplit(".", 1)[0]
+        self.view.poll_module(module, (param,))
+        self.core.emit(kind, param=param, module=module, note=note)
+
+    def on_recompute(self, fn: Callable[..., Any], start: bool) -> None:
+        if self.stage != 3 or torch._C._current_graph_task_id() == -1:
+            return
+        view = self.view
+        name = self.mod_names.get(id(checkpointed_module(fn)), "checkpoint")
+        if start:
+            self.core.task()
+            view.recomputes_observed += 1
+            view.recompute_depth += 1
+            self.core.emit(EventKind.RECOMPUTE_START, module=name)
+        else:
+            view.poll_module(None)
+            view.recompute_depth = max(0, view.recompute_depth - 1)
+            self.core.emit(EventKind.RECOMPUTE_END, module=name)
+
     # ------------------------------------------------------------ the loop, from the engine's calls
-    def _w_forward(self, f):
-        def forward(*a, **k):
-            ev = not torch.is_grad_enabled() or not self.module.training
+    def mark(self, what: str, poll_trace: bool = True, **info: Any) -> None:
+        if what == "backward_start":
+            self.view.bwd_pre.clear()
+            self.view.bwd_post.clear()
+        elif what == "backward_end":
+            self.backward_leftovers = self.view.leftovers()
+        self.core.mark(what, poll_trace, **info)
+
+    def _w_forward(self, f: Wrapper) -> Wrapper:
+        def forward(*a: Any, **k: Any) -> Any:
+            ev = not torch.is_grad_enabled() or not self.core.module.training
             self.mark("eval_start" if ev else "forward_start")
-            self._engine_calls += 1
+            self.engine_calls += 1
             try:
                 r = f(*a, **k)
             finally:
-                self._engine_calls -= 1
+                self.engine_calls -= 1
             self.mark("eval_end" if ev else "forward_end")
             return r
         return forward
 
-    def _w_backward(self, f):
-        def backward(*a, **k):
+    def _root_forward(self, module: torch.nn.Module, start: bool) -> None:
+        """The root module called outside ``engine.forward`` (DPO's reference pass, ``engine.module(x)``): DeepSpeed's
+        own root pre-forward hook (``_start_of_forward_hook``) has just reset the coordinator's step, as at any root
+        forward, so it is one -- FORWARD_START (or EVAL_FORWARD_START) before that trace-mode change is reported."""
+        if start:
+            if self.engine_calls:
+                return
+            ev = not torch.is_grad_enabled() or not module.training
+            self._direct.append("eval_end" if ev else "forward_end")
+            self.engine_calls += 1
+            self.mark("eval_start" if ev else "forward_start", poll_trace=False)
+        elif self._direct and self.engine_calls == 1:
+            self.engine_calls -= 1
+            self.mark(self._direct.pop())
+
+    def _w_backward(self, f: Wrapper) -> Wrapper:
+        def backward(*a: Any, **k: Any) -> Any:
             self.backwards += 1
             self.mark("backward_start", kind="engine")
-            self._engine_calls += 1
+            self.engine_calls += 1
             try:
                 r = f(*a, **k)
             finally:
-                self._engine_calls -= 1
+                self.engine_calls -= 1
             self.mark("backward_end", kind="engine")
             return r
         return backward
 
-    # ------------------------------------------------------------ PyTorch-style backward (loss.backward())
-    def _task(self):
-        """As `Tracer._task`; the first graph task of a PyTorch-style backward that reaches this engine opens
-        its user-backward window first (USER_BACKWARD_START, note ``torch`` / ``nonscalar``): the window opens
-        only for the engines the backward reaches."""
-        if self._plain is not None and torch._C._current_graph_task_id() != -1:
-            kind, self._plain = self._plain, None
-            self._plain_open = kind
-            self.backwards += 1
-            self.mark("backward_start", kind=kind)
-        tid = torch._C._current_graph_task_id()  # (`Tracer._task`'s usual case, inlined: a task already seen)
-        if tid == -1:
-            return None
-        small = self._tasks.get(tid)
-        return small if small is not None else super()._task()
-
-    def _plain_backward_end(self) -> None:
-        self._plain = None
-        if self._plain_open is not None:
-            kind, self._plain_open = self._plain_open, None
-            self.mark("backward_end", kind=kind)
-
-    def _poll_trace(self) -> None:
-        """As `Tracer._poll_trace`.  An engine watched after DeepSpeed recorded its module trace: the recorded
-        order is unknown, so TRACE_STATE is reported (and ``trace-consistent`` judged, from its initial state)
-        only from DeepSpeed's next invalidation on -- before, the trace is not reported, as for a target that
-        does not report it."""
-        if self.stage != 3 or self._paused:
-            return
-        if self._raw_trace:
-            raw = getattr(self.coord, _TRACE_MODE)
-            if raw is self._mode_raw:  # unchanged since the last poll (the usual case)
-                return
-            self._mode_raw = raw
-            name = raw.name
-            mode = name if name in ("RECORD", "COMPLETE") else "INVALID"  # as compat.trace_mode
-        else:
-            mode = compat.trace_mode(self.coord)
-        if mode != self._mode:
-            self._mode = mode
-            if self._trace_synced:
-                self.emit("trace_state", note=mode)
-            elif mode == "INVALID":
-                self._trace_synced = True
-                if self.on_trace_sync is not None:
-                    self.on_trace_sync()
-
-    def _w_step(self, f):
-        def step(*a, **k):
+    def _w_step(self, f: Wrapper) -> Wrapper:
+        def step(*a: Any, **k: Any) -> Any:
             boundary = self.engine.is_gradient_accumulation_boundary()
             if boundary:
                 self.mark("step", step=self.steps)
@@ -473,94 +412,50 @@ class WatchTracer(Tracer):
             return r
         return step
 
-    # ------------------------------------------------------------ user names
-    def _w_module(self, f, what):
-        kind = "module_" + what
-        forward = what in ("pre_forward", "post_forward")
-        names = self.mod_names
-
-        def wrapped(module, *a, **k):
-            task = self._task()
-            name = names.get(id(module), "?")
-            phase = None
-            if forward:
-                phase = "eval" if self._eval else ("recompute" if task is not None else "forward")
-            self._poll_trace()
-            self.emit(kind, None, name, None, None, phase)
+    def _w_register(self, f: Wrapper, root: torch.nn.Module) -> Wrapper:
+        """Hooks registered again on the root module after the engine was built (TRL's
+        ``unwrap_model_for_generation`` at ZeRO-3: ``remove_hooks``, generate, ``add_hooks``, which invalidates the
+        coordinator's trace and calls ``_register_deepspeed_module``): REREGISTER, which calls for the INVALID trace
+        that follows, as the explorer's re-registration reports it."""
+        def register(module: torch.nn.Module, *a: Any, **k: Any) -> Any:
+            if module is not root:  # its own recursion over the children
+                return f(module, *a, **k)
+            self.core.emit(EventKind.REREGISTER)  # before any poll: the caller may have invalidated the trace already
             r = f(module, *a, **k)
-            self._poll_module(name)
+            self.core.poll()
             return r
-        return wrapped
+        return register
 
-    def _poll(self, module: str | None = None) -> None:
-        """As `Tracer._poll`, but a parameter that became gathered is a PREFETCH only if its all-gather is
-        still in flight (``ds_status`` INFLIGHT), else a FETCH for the hooked module: a user's model fetches
-        parameters outside their owner's hook (peft reads ``lora_A.weight`` in ``Linear.forward``; external
-        parameters), which `Tracer`'s name rule would call prefetches.  Scans every parameter."""
-        if self.stage != 3 or self._paused:
-            return
-        self._dirty.clear()
-        self._scan(self.params, module)
+    def _w_all_gather(self, f: Wrapper) -> Wrapper:
+        names, dirty = self.param_names, self.view.dirty
 
-    def _poll_module(self, module: str | None, extra=()) -> None:
-        """After a module hook: only the module's own parameters (what its fetch / release touches) and those
-        all-gathered since the last poll (prefetches, external parameters) can have changed -- DeepSpeed's
-        other releases (``release_and_reset_all``) run in the epilogue and step, where `_poll` scans all.
-        Scanning all ~P parameters after each of ~M module hooks made watching O(M x P) per step."""
-        if self.stage != 3 or self._paused:
-            return
-        if not self._gather_seen:
-            self._poll(module)
-            return
-        dirty = self._dirty
-        own = self._own_items.get(module, ())
-        if not extra and (not dirty or dirty.issubset(self._own_sets[module] if own else ())):
-            dirty.clear()  # the usual hook: only the module's own parameters were all-gathered
-            self._scan(own, module)
-            return
-        names = set(self._own.get(module, ())) | dirty | set(extra)
-        dirty.clear()
-        self._scan([(n, self._by_name[n]) for n in sorted(names, key=self._order.__getitem__)
-                    if n in self._by_name], module)
-
-    def _scan(self, items, module: str | None) -> None:
-        status, emitted, hold = compat.param_status, self._emitted, self._holders
-        for n, p in items:
-            # compat.param_status / compat.holders, inlined (this loop runs per parameter, per module hook):
-            # ZeroParamStatus's member name read as the plain attribute ``_name_`` (``.name`` is a property)
-            st = getattr(p, "ds_status", None)
-            new = "AVAILABLE" if st is None else (getattr(st, "_name_", None) or status(p))
-            em = emitted.get(n)
-            h_old, h_new = hold.get(n, 0), len(getattr(p, "ds_active_sub_modules", None) or ())
-            if h_old == h_new and new == em:
-                continue
-            if h_new < h_old:
-                hold[n] = h_new
-                self.emit("holders", param=n, module=module, value=h_new, note="-")
-            if new == "NOT_AVAILABLE" and em != "NOT_AVAILABLE":
-                self.emit("release", param=n, module=n.rsplit(".", 1)[0])
-            elif new == "INFLIGHT" and em in (None, "NOT_AVAILABLE"):
-                self.emit("prefetch", param=n, module=n.rsplit(".", 1)[0])
-            elif new == "AVAILABLE" and em in (None, "NOT_AVAILABLE"):
-                self.emit("fetch", param=n, module=module)
-            elif new == "AVAILABLE" and em == "INFLIGHT":
-                self.emit("fetch", param=n, module=module, note="inflight")
-            emitted[n] = new
-            if h_new > h_old:
-                hold[n] = h_new
-                self.emit("holders", param=n, module=module, value=h_new, note="+")
-        self._poll_trace()
-
-    def _w_all_gather(self, f):
-        def all_gather(params, *a, **k):
-            names = self.param_names
-            self._dirty.update(names[id(p)] for p in params if id(p) in names)
+        def all_gather(params: Any, *a: Any, **k: Any) -> Any:
+            dirty.update(names[id(p)] for p in params if id(p) in names)
             return f(params, *a, **k)
         return all_gather
 
-    def _leaf_module_of(self, param_name: str) -> str:
-        """The user's z3 leaf module holding ``param_name`` (any depth), else the parameter's own module."""
-        return self._leaf_of.get(param_name, param_name.rsplit(".", 1)[0])
+    # ------------------------------------------------------------ PyTorch-style backward (loss.backward())
+    def plain_backward_start(self, kind: str) -> None:
+        """A PyTorch-style backward (``torch`` / ``nonscalar``) began outside the engine's calls: its window opens
+        at the first graph task that reaches this engine (the core's task hook), only for the engines it reaches."""
+        self._plain = kind
+        self.core.task_hook = self._open_plain
+
+    def _open_plain(self) -> None:
+        if self._plain is None or torch._C._current_graph_task_id() == -1:
+            return
+        kind, self._plain = self._plain, None
+        self.core.task_hook = None
+        self._plain_open = kind
+        self.backwards += 1
+        self.mark("backward_start", kind=kind)
+
+    def plain_backward_end(self) -> None:
+        self._plain = None
+        self.core.task_hook = None
+        if self._plain_open is not None:
+            kind, self._plain_open = self._plain_open, None
+            self.mark("backward_end", kind=kind)
 
 
-__all__ = ["WATCH_START", "WatchTracer", "z3_leaf_modules"]
+__all__ = ["BATCH", "QueueSink", "UserModelView", "WATCH_START", "WatchTracer", "z3_leaf_modules"]

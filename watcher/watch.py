@@ -4,8 +4,8 @@ Three ways in:
 
 * ``zerostate.watch(engine)`` -> `WatchHandle` (``handle.violations``, ``handle.memory``,
   ``handle.summary()``, ``handle.close()``), for code that builds the engine itself;
-* `zerostate.watcher.hf.WatchCallback`, an HF ``TrainerCallback``: every engine ``deepspeed.initialize`` builds from then
-  on (the one ``Trainer`` builds) is watched; ``callback.handles``;
+* `zerostate.watcher.hf.WatchCallback`, an HF ``TrainerCallback``: every engine ``deepspeed.initialize`` builds from
+  then on (the one ``Trainer`` builds) is watched; ``callback.handles``;
 * ``enable()``, called by the ``sitecustomize.py`` that ``zerostate watch -- COMMAND`` puts on
   ``PYTHONPATH``: every engine of every rank is watched, settings from the environment
   (``ZEROSTATE_WATCH_DIR``, ``ZEROSTATE_WATCH_STOP``, ``ZEROSTATE_WATCH_RUNTIME``,
@@ -28,15 +28,25 @@ import sys
 import threading
 import time
 import traceback
-from typing import Any
+from typing import IO, Any, TypedDict
+from collections.abc import Callable
 
 ENV_DIR, ENV_STOP, ENV_RUNTIME, ENV_HANG = ("ZEROSTATE_WATCH_DIR", "ZEROSTATE_WATCH_STOP", "ZEROSTATE_WATCH_RUNTIME",
                                              "ZEROSTATE_WATCH_HANG")
 DEFAULT_HANG_S = 300.0
 
-_HANDLES: list["WatchHandle"] = []
+_HANDLES: list[WatchHandle] = []
 _ENGINES = [0]
 _LOCK = threading.Lock()
+
+
+class Settings(TypedDict):
+    """How every engine of a process is watched (``zerostate watch``'s environment, `patch_initialize`)."""
+
+    out: str | None
+    stop_on_violation: bool
+    hang_s: float | None
+    runtime: bool
 
 
 class WatchStop(RuntimeError):
@@ -44,21 +54,16 @@ class WatchStop(RuntimeError):
 
 
 def _rank() -> int:
-    try:
-        import torch.distributed as dist
-        if dist.is_available() and dist.is_initialized():
-            return dist.get_rank()
-    except Exception:  # pragma: no cover
-        pass
-    return int(os.environ.get("RANK", "0") or 0)
+    from zerostate.watcher.process import _rank as rank
+    return rank()
 
 
 class WatchHandle:
     """One watched engine.  ``violations``: list of dicts (spec, message, step, backward, rank, explanation,
     events around); ``memory``: gathered-parameter peak per backward, all-gathers per step, one step's series."""
 
-    def __init__(self, engine, out: str | None = None, stop_on_violation: bool = False,
-                 hang_s: float | None = None, runtime: bool = False):
+    def __init__(self, engine: Any, out: str | None = None, stop_on_violation: bool = False,
+                 hang_s: float | None = None, runtime: bool = False) -> None:
         import deepspeed
 
         from zerostate.watcher.monitor import OnlineChecker, watch_specs
@@ -101,9 +106,10 @@ class WatchHandle:
     def violations(self) -> list[dict[str, Any]]:
         self.tracer.deliver()  # the events the tracer still holds are checked first
         out = []
-        for v in self.checker.to_dict():
-            v = dict(v, rank=self.rank)
-            v["explanation"] = self._explain(v["spec"], v["message"])
+        for rec in self.checker.to_dict():
+            v = dict(rec, rank=self.rank)
+            if "explanation" not in v:
+                v["explanation"] = self._explain(v["spec"], v["message"])
             out.append(v)
         if self.error is not None:
             out.append(dict(self.error, rank=self.rank, explanation=self._explain("exception", self.error["message"])))
@@ -121,6 +127,11 @@ class WatchHandle:
         return self.checker.events_seen
 
     @property
+    def in_call(self) -> bool:
+        """An exception escaped one of this engine's calls (the process's crash, if it crashed, came from there)."""
+        return self._broken is not None
+
+    @property
     def steps(self) -> int:
         return self.tracer.steps
 
@@ -133,9 +144,14 @@ class WatchHandle:
         return f"{n} violation{'s' if n != 1 else ''} in {self.backwards} backwards, {self.steps} steps"
 
     def _explain(self, check: str, message: str) -> dict[str, Any] | None:
+        """The known issue this violation's own evidence shows (known/watch.py), from what the tracer saw up to now:
+        called when the violation is found, so the evidence is that of the backward it happened in."""
         from zerostate.known.watch import explain
+        named = [n for n in self.tracer.param_names.values() if n in message.replace(",", " ").split()]
+        leftovers = self.tracer.backward_leftovers
         ctx = dict(self.checker.context, error=message,
-                   leaf_without_grad=any(not g for g in self.tracer.leaf_inputs.values()))
+                   leaf_without_grad=any(not g for g in self.tracer.leaf_inputs.values()),
+                   named_leftovers=bool(named) and all(n in leftovers for n in named))
         e = explain(check, self.version, ctx)
         return e.to_dict() if e is not None else None
 
@@ -147,19 +163,18 @@ class WatchHandle:
                 "backwards": self.backwards, "events": self.checker.events_seen, "closed": self._closed,
                 "broken_in": self._broken,
                 "violations": self.violations, "memory": self.memory,
-                "leaf_modules": {k: {"input_requires_grad": v} for k, v in self.tracer.leaf_inputs.items()}}
+                "leaf_modules": {k: {"input_requires_grad": v} for k, v in self.tracer.leaf_inputs.items()},
+                "checkpointing": {"non_reentrant_recomputes": self.tracer.recomputes_observed,
+                                  "reentrant_module_recomputes": self.tracer.recomputes_unobserved}}
 
     def _runtime_installed(self) -> bool:
-        if "zerostate.runtime.install" not in sys.modules:
-            return False
-        try:
-            return sys.modules["zerostate.runtime.install"].installation(self.engine) is not None
-        except Exception:
-            return False
+        """The runtime is in this engine (only a process that imported the runtime can have installed it)."""
+        install = sys.modules.get("zerostate.runtime.install")
+        return install is not None and install.installation(self.engine) is not None
 
     # ------------------------------------------------------------ writing
     def flush(self, force: bool = False) -> None:
-        if not self.path:
+        if not self.path or not self.out:
             return
         now = time.monotonic()
         if not force and now - self._last_flush < 1.0:
@@ -173,6 +188,10 @@ class WatchHandle:
             print(f"zerostate watch: cannot write {self.path}: {exc}", file=sys.stderr)
 
     def _on_violation(self, rec: dict[str, Any]) -> None:
+        rec["explanation"] = self._explain(rec["spec"], rec["message"])
+        leftovers = {n: m for n, m in self.tracer.backward_leftovers.items() if n in rec["message"]}
+        if leftovers:  # the evidence the label rests on
+            rec["evidence"] = {"left_by_module_without_post_backward": leftovers}
         if self.stop_on_violation and self._stop_pending is None:
             self._stop_pending = f"{rec['spec']}: {rec['message']}"
         self.flush(force=True)
@@ -208,8 +227,8 @@ class WatchHandle:
             else:
                 self.engine.__dict__.pop(name, None)
 
-    def _guard(self, name: str, orig):
-        def call(*a, **k):
+    def _guard(self, name: str, orig: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*a: Any, **k: Any) -> Any:
             if self._closed:
                 return orig(*a, **k)
             if self._hang is not None:
@@ -224,7 +243,8 @@ class WatchHandle:
                 if self.error is None and not isinstance(exc, (WatchStop, KeyboardInterrupt)):
                     self.error = {"spec": "exception", "message": f"{type(exc).__name__}: {exc}",
                                   "event": None, "step": self.steps, "backward": self.backwards, "count": 1,
-                                  "in": f"engine.{name}", "traceback": "".join(traceback.format_exc().splitlines(True)[-12:]),
+                                  "in": f"engine.{name}",
+                                  "traceback": "".join(traceback.format_exc().splitlines(True)[-12:]),
                                   "events": [(j, str(e)) for j, e in self.checker.recent][-40:],
                                   "modules": [], "params": []}
                 self.flush(force=True)
@@ -249,20 +269,26 @@ class _HangWatch:
     A call that returns normally wipes the file (it was slow, not stuck); one that raises after the dump
     (Ctrl-C on a hung job, a collective's timeout) keeps it, and nothing is armed after that."""
 
-    _file = None
+    _file: IO[str] | None = None
 
-    def __init__(self, out: str, rank: int, seconds: float):
+    def __init__(self, out: str, rank: int, seconds: float) -> None:
         self.seconds = seconds
         self.kept = False
         self._header = 0
         if _HangWatch._file is None:
             os.makedirs(out, exist_ok=True)
-            _HangWatch._file = open(os.path.join(out, f"rank{rank}-{os.getpid()}.stack"), "w")
+            _HangWatch._file = open(os.path.join(out, f"rank{rank}-{os.getpid()}.stack"), "w")  # noqa: SIM115 - kept open for faulthandler
+
+    @staticmethod
+    def _stack_file() -> IO[str]:
+        f = _HangWatch._file
+        assert f is not None, "opened by the first _HangWatch"
+        return f
 
     def arm(self, what: str) -> None:
         if self.kept:
             return
-        f = _HangWatch._file
+        f = self._stack_file()
         f.seek(0)
         f.truncate()
         f.write(f"rank {_rank()} pid {os.getpid()}: engine.{what} still running after {self.seconds:g} s\n")
@@ -274,7 +300,7 @@ class _HangWatch:
         if self.kept:
             return
         faulthandler.cancel_dump_traceback_later()
-        f = _HangWatch._file
+        f = self._stack_file()
         dumped = os.fstat(f.fileno()).st_size > self._header
         if dumped and not returned:
             self.kept = True
@@ -284,7 +310,8 @@ class _HangWatch:
         f.flush()
 
 
-def watch(engine, out: str | None = None, stop_on_violation: bool = False, hang_s: float | None = None) -> WatchHandle:
+def watch(engine: Any, out: str | None = None, stop_on_violation: bool = False,
+          hang_s: float | None = None) -> WatchHandle:
     """Watch ``engine`` (built by ``deepspeed.initialize``): every hook and coordinator spec checked online.
 
     ``out``: a folder to write ``rank<r>-...json`` into as it goes (``zerostate watch`` merges them);
@@ -297,7 +324,7 @@ def _close_all() -> None:
     for h in list(_HANDLES):
         try:
             h.close()
-        except Exception as exc:  # pragma: no cover - at exit, say it and keep closing
+        except Exception as exc:  # noqa: BLE001 - at exit, say it and keep closing
             print(f"zerostate watch: closing rank {h.rank}: {type(exc).__name__}: {exc}", file=sys.stderr)
 
 
@@ -309,34 +336,57 @@ _PATCHED: dict[str, Any] = {}
 
 
 def patch_initialize(out: str | None = None, stop_on_violation: bool = False, hang_s: float | None = None,
-                     runtime: bool = False, on_handle=None) -> None:
+                     runtime: bool = False, on_handle: Callable[[WatchHandle], None] | None = None) -> None:
     """Wrap ``deepspeed.initialize`` so every engine it returns is watched (after the runtime, with
-    ``runtime``, is installed into it: the tracer then observes the runtime's hook state)."""
+    ``runtime``, is installed into it: the tracer then observes the runtime's hook state).  A runtime that cannot
+    install here (an unsupported release) leaves the job stock and says why in the process record."""
     import deepspeed
+    from zerostate.watcher import process
+    rec = process.record()
     if runtime:
+        from zerostate.runtime.errors import ZerostateInstallError
         from zerostate.runtime.initialize_patch import patch_deepspeed
-        patch_deepspeed()
+        try:
+            patch_deepspeed()
+        except ZerostateInstallError as exc:  # the job runs stock; the report says so
+            if rec is None:
+                raise
+            rec.runtime_error(f"zerostate.runtime not installed: {exc}")
     if "initialize" in _PATCHED:
         _PATCHED["settings"].update(out=out, stop_on_violation=stop_on_violation, hang_s=hang_s, runtime=runtime)
         if on_handle is not None:
             _PATCHED["callbacks"].append(on_handle)
         return
     original = deepspeed.initialize
-    settings = {"out": out, "stop_on_violation": stop_on_violation, "hang_s": hang_s, "runtime": runtime}
+    settings: Settings = {"out": out, "stop_on_violation": stop_on_violation, "hang_s": hang_s, "runtime": runtime}
     callbacks = [on_handle] if on_handle is not None else []
 
-    def initialize(*a, **k):
+    def initialize(*a: Any, **k: Any) -> Any:
         result = original(*a, **k)
         engine = result[0] if isinstance(result, tuple) else result
-        if getattr(engine, "optimizer", None) is not None and hasattr(engine, "zero_optimization_stage"):
+        if getattr(engine, "optimizer", None) is None or not hasattr(engine, "zero_optimization_stage"):
+            if rec is not None:
+                rec.engine(False, f"{type(engine).__name__} without an optimizer (an inference engine): not watched")
+            return result
+        try:
             h = WatchHandle(engine, **settings)
-            for cb in callbacks:
-                cb(h)
+        except Exception as exc:  # the watch failed itself: the job goes on unwatched, the report says so loudly
+            if rec is None:
+                raise
+            rec.engine(False)
+            rec.watch_error(f"watching {type(engine).__name__} failed: {type(exc).__name__}: {exc}")
+            return result
+        if rec is not None:
+            rec.engine(True)
+        for cb in callbacks:
+            cb(h)
         return result
 
-    initialize.__wrapped__ = original
+    initialize.__wrapped__ = original  # type: ignore[attr-defined]
     deepspeed.initialize = initialize
     _PATCHED.update(initialize=original, settings=settings, callbacks=callbacks)
+    if rec is not None:
+        rec.deepspeed_imported(deepspeed.__version__)
 
 
 def unpatch_initialize() -> None:
@@ -347,13 +397,25 @@ def unpatch_initialize() -> None:
 
 
 def enable() -> None:
-    """Watch every engine this process builds, with the settings ``zerostate watch`` put in the environment."""
+    """Watch every engine this process builds, with the settings ``zerostate watch`` put in the environment; keep
+    this process's record (`zerostate.watcher.process`) for the report."""
+    from zerostate.watcher import process
     out = os.environ.get(ENV_DIR)
-    settings = {"out": out, "stop_on_violation": os.environ.get(ENV_STOP) == "1",
-                "hang_s": float(os.environ.get(ENV_HANG) or DEFAULT_HANG_S),
-                "runtime": os.environ.get(ENV_RUNTIME) == "1"}
+    settings: Settings = {"out": out, "stop_on_violation": os.environ.get(ENV_STOP) == "1",
+                          "hang_s": float(os.environ.get(ENV_HANG) or DEFAULT_HANG_S),
+                          "runtime": os.environ.get(ENV_RUNTIME) == "1"}
+    if out:
+        process.start(out, settings["runtime"]).where = _where
     from zerostate.runtime.autoinstall import after_deepspeed_import
     after_deepspeed_import(lambda: patch_initialize(**settings))
+
+
+def _where() -> tuple[int | None, int | None, bool]:
+    """(train step, user backward, inside an engine call) of the last engine watched in this process."""
+    if not _HANDLES:
+        return None, None, False
+    h = _HANDLES[-1]
+    return h.steps, h.backwards, h.in_call
 
 
 __all__ = ["WatchHandle", "WatchStop", "enable", "patch_initialize", "unpatch_initialize", "watch"]
