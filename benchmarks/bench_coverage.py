@@ -4,15 +4,16 @@
     python benchmarks/bench_coverage.py [overhead [--examples N]]
     python benchmarks/bench_coverage.py fold DIR [--unit-tests DATA_FILE] [--json OUT] [--md OUT]
 
-``explore`` runs the default exploration of the installed DeepSpeed (``zerostate explore``, its own budget and
-seed unless given) with ``ZEROSTATE_COVERAGE=DIR/lines`` (harness/coverage_probe.py: every run request of
+``explore`` runs the default exploration of the installed DeepSpeed (``zerostate explore``, its own budget
+and seed unless given) with ``ZEROSTATE_COVERAGE=DIR/lines`` (harness/coverage_probe.py: every run request of
 every worker measured, coverage.py's C tracer, branch coverage, only `coverage_probe.FILES`), then folds.
 ``fold`` turns the probe's JSON lines into per-file figures: statements and branches (coverage.py's own
 analysis of the installed files), how many the exploration ran, and beside them those of a coverage.py
 data file (``--unit-tests``: DeepSpeed's own unit tests run under ``coverage run``, see docs/faults.md).
-``overhead`` (also what no command runs) runs the same derandomized scenarios (world size 1) through two fresh workers, one measured,
-and prints the seconds per example of each.  Writes JSON (default ``zerostate-bench/coverage.json``) and a
-markdown table (default docs/benchmarks-coverage.md).  Nothing here asserts a time.
+``overhead`` (also what no command runs) runs the same derandomized scenarios (world size 1) alternately on
+two fresh workers, one measured, and prints the seconds per example of each.  Writes JSON (default
+``zerostate-bench/coverage.json``) and a markdown table (default docs/benchmarks-coverage.md).  Nothing here
+asserts a time.
 """
 
 from __future__ import annotations
@@ -78,7 +79,8 @@ def unit_test_arcs(data_file: Path, package: Path) -> dict[str, set[tuple[int, i
     wanted = {os.path.realpath(package / f): f for f in FILES}
     out: dict[str, set[tuple[int, int]]] = {}
     for path in data.measured_files():
-        f = wanted.get(os.path.realpath(path)) or next((v for k, v in wanted.items() if path.endswith("/deepspeed/" + v)), None)
+        f = wanted.get(os.path.realpath(path)) or next(
+            (v for v in wanted.values() if path.endswith("/deepspeed/" + v)), None)
         if f:
             out.setdefault(f, set()).update(data.arcs(path) or [])
     return out
@@ -128,8 +130,8 @@ def fold(folder: Path, unit_tests: Path | None, json_out: Path, md_out: Path, me
               "unit_tests_total": ({k: sum(v[k] for v in tests.values()) for k in total} if tests else None)}
     json_out.parent.mkdir(parents=True, exist_ok=True)
     json_out.write_text(json.dumps(result, indent=2) + "\n")
-    rows = ["| file | statements run: exploration | branches run: exploration | statements run: DeepSpeed's "
-            "unit tests | branches run: unit tests |", "| --- | --- | --- | --- | --- |"]
+    rows = [("| file | statements run: exploration | branches run: exploration | statements run: DeepSpeed's "
+             "unit tests | branches run: unit tests |"), "| --- | --- | --- | --- | --- |"]
     for f, v in [*explore.items(), ("all", total)]:
         t = (tests or {}).get(f) if f != "all" else result["unit_tests_total"]
         rows.append(f"| `{f}` | {_pct(v['covered_lines'], v['num_statements'])} | "

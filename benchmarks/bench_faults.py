@@ -59,7 +59,8 @@ def check_pristine(tree: Path, package: Path) -> None:
 
 def baseline(tree: Path, runs: Path, examples: int | None, seed: int | None) -> dict[str, Any]:
     """The unfaulted run's report, explored once per (examples, seed) and cached."""
-    name = "baseline" + (f"-e{examples}" if examples is not None else "") + (f"-s{seed}" if seed is not None else "")
+    name = ("baseline" + (f"-e{examples}" if examples is not None else "")
+            + (f"-s{seed}" if seed is not None else ""))
     report_path = runs / name / "report.json"
     if report_path.exists():
         report = json.loads(report_path.read_text())
@@ -83,7 +84,9 @@ def run_fault(fault: Fault, tree: Path, runs: Path, base: dict[str, Any], exampl
     ignored: set[str] = set()
     out = runs / fault.id
     t0 = time.monotonic()
-    for attempt in range(1, 4):
+    attempt = 0
+    while attempt < 3:  # a key the unfaulted tree shows on replay is dropped and the tree explored again
+        attempt += 1
         frozen = frozenset(ignored)
 
         def killed(seen: list[SeenFinding], frozen: frozenset[str] = frozen) -> bool:
@@ -96,9 +99,11 @@ def run_fault(fault: Fault, tree: Path, runs: Path, base: dict[str, Any], exampl
             replays: dict[str, Any] = {}
             entry = _entry(run.report, verdict.killer["key"]) if verdict.killer else None
             if entry is not None:
-                replays["faulted"] = replay(out / entry["files"]["scenario"], tree, runs / f"{fault.id}.replay-faulted.log")
+                replays["faulted"] = replay(out / entry["files"]["scenario"], tree,
+                                            runs / f"{fault.id}.replay-faulted.log")
         if entry is not None:
-            replays["unfaulted"] = replay(out / entry["files"]["scenario"], tree, runs / f"{fault.id}.replay-unfaulted.log")
+            replays["unfaulted"] = replay(out / entry["files"]["scenario"], tree,
+                                          runs / f"{fault.id}.replay-unfaulted.log")
             if _shows_key(replays["unfaulted"]):  # the unfaulted tree has it too: not the fault's
                 ignored.add(verdict.killer["key"] if verdict.killer else "")
                 continue
@@ -109,7 +114,8 @@ def run_fault(fault: Fault, tree: Path, runs: Path, base: dict[str, Any], exampl
             "new_keys": verdict.new_keys, "tool_errors": verdict.tool_errors,
             "ignored_keys": sorted(ignored), "attempts": attempt,
             "replays": {k: _short(v) for k, v in replays.items()},
-            "run": {"status": run.report.get("status"), "stopped_early": run.stopped_early, "cut_s": cut_s if run.cut else None,
+            "run": {"status": run.report.get("status"), "stopped_early": run.stopped_early,
+                    "cut_s": cut_s if run.cut else None,
                     "examples_run": run.report.get("run", {}).get("examples_run"),
                     "report_seconds": run.report.get("run", {}).get("seconds"), "wall_s": round(run.wall_s, 1),
                     "returncode": run.returncode},
@@ -210,8 +216,8 @@ def main(argv: list[str] | None = None) -> int:
             (runs / f"{fault.id}.claim").unlink(missing_ok=True)
         results.append(result)
         killer = result["killer"]
-        print(f"{fault.id}: {result['status']}" + (f" by {killer['key']} at {killer['seconds']:.1f} s" if killer else ""),
-              flush=True)
+        tail = f" by {killer['key']} at {killer['seconds']:.1f} s" if killer else ""
+        print(f"{fault.id}: {result['status']}{tail}", flush=True)
     if args.coverage:
         mark_reached(results, Path(args.coverage))
     meta = {"release": RELEASE, "examples": args.examples, "seed": args.seed, "fast_s": FAST_S}

@@ -17,10 +17,10 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
-from faults.apply import FaultError, applied, faulted_text  # noqa: E402
-from faults.catalogue import FAULTS, RELEASE, Fault  # noqa: E402
-from faults.table import summary  # noqa: E402
-from faults.verdict import SeenFinding, judge  # noqa: E402
+from faults.apply import FaultError, applied, faulted_text
+from faults.catalogue import FAULTS, RELEASE, Fault
+from faults.table import summary
+from faults.verdict import SeenFinding, judge
 
 
 def _installed() -> Path:
@@ -68,9 +68,8 @@ def test_revert_survives_a_failing_block(tmp_path: Path) -> None:
     path.parent.mkdir(parents=True)
     original = (_installed() / fault.file).read_bytes()
     path.write_bytes(original)
-    with pytest.raises(RuntimeError, match="boom"):
-        with applied(fault, tmp_path):
-            raise RuntimeError("boom")
+    with pytest.raises(RuntimeError, match="boom"), applied(fault, tmp_path):
+        raise RuntimeError("boom")
     assert path.read_bytes() == original
 
 
@@ -80,13 +79,12 @@ def test_missing_or_repeated_text_writes_nothing(tmp_path: Path) -> None:
     path.parent.mkdir(parents=True)
     for text in ("no such text\n", "needle\nneedle\n"):
         path.write_text(text)
-        with pytest.raises(FaultError, match="occurs"):
-            with applied(fault, tmp_path):
-                pass
-        assert path.read_text() == text
-    with pytest.raises(FaultError, match="no file"):
-        with applied(Fault("y", "hooks", "runtime/b.py", "a", "b", "test"), tmp_path):
+        with pytest.raises(FaultError, match="occurs"), applied(fault, tmp_path):
             pass
+        assert path.read_text() == text
+    with pytest.raises(FaultError, match="no file"), applied(Fault("y", "hooks", "runtime/b.py", "a", "b", "test"),
+                                                             tmp_path):
+        pass
     assert faulted_text(fault, "x\nneedle\n") == "x\npin\n"
 
 

@@ -20,7 +20,8 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any, Callable, TypedDict
+from typing import Any, TypedDict
+from collections.abc import Callable
 
 ENV = "ZEROSTATE_COVERAGE"
 EVERY_ENV = "ZEROSTATE_COVERAGE_EVERY"

@@ -20,6 +20,7 @@ to the worker's log, never into the protocol.
 
 from __future__ import annotations
 
+import functools
 import gc
 import json
 import os
@@ -127,7 +128,7 @@ def serve(hello: dict, run: Callable[[dict, Reply], dict], reply: Reply, error_p
             continue
         if op == "run":
             try:
-                answer = probe.around(req, lambda: run(req, reply)) if probe else run(req, reply)
+                answer = probe.around(req, functools.partial(run, req, reply)) if probe else run(req, reply)
             except BaseException as exc:  # noqa: BLE001 - report anything; the worker serves on
                 answer = failure(exc, error_prefix)
             reply(answer)

@@ -105,7 +105,8 @@ FAULTS: tuple[Fault, ...] = (
           "        self.__param_queue = collections.deque(self.__param_order)  # reset fetch queue\n",
           "missed reset: the last-fetched step of each parameter survives into the next step"),
     Fault("release-persistent-recompute", "coordinator", _COORD,
-          "            recompute_params = set([p.ds_id for p in submodule.ds_recompute_parameters if not p.ds_persist])\n",
+          "            recompute_params = set([p.ds_id for p in submodule.ds_recompute_parameters "
+          "if not p.ds_persist])\n",
           "            recompute_params = set([p.ds_id for p in submodule.ds_recompute_parameters])\n",
           "missed case: persistent parameters attributed to a recompute owner are released with it"),
     Fault("backward-fetch-as-forward", "coordinator", _OFFLOAD,

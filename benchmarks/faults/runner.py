@@ -18,7 +18,8 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from faults.verdict import SeenFinding, seen_in
 
@@ -75,7 +76,8 @@ def explore(tree: Path, out: Path, log: Path, examples: int | None, seed: int | 
     t_report: float | None = None
     with open(log, "w") as fh:
         proc = subprocess.Popen(explore_args(tree, out, examples, seed), stdout=fh, stderr=subprocess.STDOUT,
-                                start_new_session=True, preexec_fn=_restore_sigint)
+                                start_new_session=True,
+                                preexec_fn=_restore_sigint)  # noqa: PLW1509 - this benchmark starts no threads
         try:
             while proc.poll() is None:
                 time.sleep(POLL_S)
