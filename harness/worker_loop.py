@@ -20,12 +20,16 @@ to the worker's log, never into the protocol.
 
 from __future__ import annotations
 
+import functools
 import gc
 import json
 import os
 import sys
 import traceback
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
+
+if TYPE_CHECKING:
+    from zerostate.harness.coverage_probe import Probe
 
 Reply = Callable[[dict], None]
 
@@ -110,6 +114,7 @@ def serve(hello: dict, run: Callable[[dict, Reply], dict], reply: Reply, error_p
     """Answer requests from stdin until ``exit`` or end of input.  ``run(request, reply)`` returns the
     answer to a ``run`` request; an exception it raises is answered as a failure (``error_prefix`` first:
     the rank worker names its rank)."""
+    probe, hello = _coverage_probe(hello)
     for line in sys.stdin:
         line = line.strip()
         if not line:
@@ -123,13 +128,23 @@ def serve(hello: dict, run: Callable[[dict, Reply], dict], reply: Reply, error_p
             continue
         if op == "run":
             try:
-                answer = run(req, reply)
+                answer = probe.around(req, functools.partial(run, req, reply)) if probe else run(req, reply)
             except BaseException as exc:  # noqa: BLE001 - report anything; the worker serves on
                 answer = failure(exc, error_prefix)
             reply(answer)
         else:
             reply({"ok": False, "error": f"unknown op {op!r}"})
     return 0
+
+
+def _coverage_probe(hello: dict) -> tuple[Probe | None, dict]:
+    """The opt-in coverage probe (`coverage_probe`, off unless its variable is set) and the hello to give:
+    a worker asked to measure that cannot (coverage.py missing) fails to start, loudly."""
+    from zerostate.harness import coverage_probe
+    try:
+        return coverage_probe.from_env(hello), hello
+    except ImportError as exc:
+        return None, failure(exc, f"{coverage_probe.ENV} is set but coverage.py does not import: ")
 
 
 __all__ = ["Reply", "failure", "open_protocol", "serve", "start_deepspeed"]
