@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from zerostate.model.scenario import Family, Offload, Scenario
 
-from zerostate.known.setups import KnownIssue, nested_outputs_zero12
+from zerostate.known.issue import KnownIssue
+from zerostate.known.setups import nested_outputs_zero12
 
 
 def _offload_zero12(sc: Scenario) -> bool:
@@ -258,10 +259,10 @@ ZERO12_EMPTY_PARAM_INSIDE_PARTITION = KnownIssue(
             "that had #8280; this shape trains on 0.19.7 and 0.19.8 (measured, world size 1 and 2)."),
 )
 
-FIXED_ISSUE_FIELDS: tuple[dict, ...] = (ZERO12_OFFLOAD_GAS3, ZERO12_OFFLOAD_MANUAL_BOUNDARY, PEFT_MODULES_TO_SAVE,
+FIXED_ISSUES: tuple[KnownIssue, ...] = (ZERO12_OFFLOAD_GAS3, ZERO12_OFFLOAD_MANUAL_BOUNDARY, PEFT_MODULES_TO_SAVE,
                                         LATE_MODULE, ZERO12_UNREDUCED_WITHOUT_CONTIGUOUS,
                                         ZERO0_BF16_UPDATE_LOST, ZERO12_NESTED_OUTPUTS_ENGINE_BACKWARD,
                                         Z3_ZERO_INIT_MIXED_DTYPES, Z3_ALL_REDUCE_FETCH_PADDING,
                                         ZERO12_TRAILING_EMPTY_PARAM, ZERO12_EMPTY_PARAM_INSIDE_PARTITION)
 
-__all__ = ["FIXED_ISSUE_FIELDS"]
+__all__ = ["FIXED_ISSUES"]

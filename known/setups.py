@@ -10,12 +10,9 @@ from __future__ import annotations
 
 from zerostate.model.scenario import Family, Outputs, ParamKind, Scenario
 
+from zerostate.findings.finding import Finding
+from zerostate.known.issue import KnownIssue
 
-
-def KnownIssue(**fields):  # noqa: N802 -- the fields of known.KnownIssue; known.py builds the instances
-    """``known.py`` imports this module to build its `KnownIssue` list, so this one cannot import ``known``
-    (a cycle when this module is imported first): it keeps each issue's fields, known.py makes them issues."""
-    return fields
 
 
 def _retains(sc: Scenario) -> bool:
@@ -363,7 +360,7 @@ ZERO_ADAM_STEPS_FROZEN_PARAM = KnownIssue(
             "offload-stale-grad-after-freeze comes first."),
 )
 
-def dropped_by_zero_to_fp32(f) -> str | None:
+def dropped_by_zero_to_fp32(f: Finding) -> str | None:
     """The parameter a ``checkpoint:zero-to-fp32`` finding says zero_to_fp32 left out, as ``"frozen"`` (its
     ``requires_grad`` is False: a frozen block sub-module, a LoRA base weight), ``"ungrouped"`` (trainable, in
     no optimizer group), ``"empty"`` (the parameter with no elements, ``empty_param``) or None (another
@@ -533,7 +530,7 @@ ZERO_TO_FP32_BF16_OPTIMIZER = KnownIssue(
             "ValueError.  load_checkpoint into the engine works (the run then trains); not traced further."),
 )
 
-SETUP_ISSUE_FIELDS: tuple[dict, ...] = (ZERO0_FP16_LOSS_NOT_SCALED, Z3_UNGROUPED_NOT_GATHERED, TWO_BACKWARDS_PER_FORWARD,
+SETUP_ISSUES: tuple[KnownIssue, ...] = (ZERO0_FP16_LOSS_NOT_SCALED, Z3_UNGROUPED_NOT_GATHERED, TWO_BACKWARDS_PER_FORWARD,
                                         STEP_WITHOUT_GRADIENT, NESTED_OUTPUTS_SCALED_TWICE,
                                         SHARED_ACROSS_REENTRANT, Z3_LINEAR_OVERRIDE_OUTLIVES_ENGINE,
                                         FP16_SCALE_INCREASE_HALVES_STEP, Z3_LATE_MODULE_REREGISTERED,
@@ -543,4 +540,4 @@ SETUP_ISSUE_FIELDS: tuple[dict, ...] = (ZERO0_FP16_LOSS_NOT_SCALED, Z3_UNGROUPED
                                         ZERO_TO_FP32_Z3_EMPTY_PARAM, ZERO1_CHECKPOINT_DROPS_EMPTY_PARAM,
                                         ZERO_TO_FP32_BF16_OPTIMIZER)
 
-__all__ = ["SETUP_ISSUE_FIELDS"]
+__all__ = ["SETUP_ISSUES", "dropped_by_zero_to_fp32", "nested_outputs_zero12"]
