@@ -115,13 +115,19 @@ def _groups(findings: list[dict[str, Any]]) -> list[str]:
     if not gs:
         return []
     out = ["", f"## Root causes ({len(gs)} for {len(findings)} finding(s))", "",
-           "| root cause | known issue | owner | fixed in | findings | count |", "|---|---|---|---|---|---|"]
+           "| root cause | known issue | kind | owner | fixed in | findings | count |", "|---|---|---|---|---|---|---|"]
     for g in gs:
         k = g["known_issue"]
         out.append(f"| {g['title']} | {'`' + k['id'] + '`' if k else '**new** (no known issue)'} | "
+                   f"{_nature(k) if k else '—'} | "
                    f"{k['owner'] if k else '—'} | {(k.get('fixed_in') or 'not fixed') if k else '—'} | "
                    + ", ".join(f"[#{n}](#finding-{n})" for n in g["findings"]) + f" | {g['count']} |")
     return out
+
+
+def _nature(k: dict[str, Any]) -> str:
+    """``bug``, or ``documented limitation`` (DeepSpeed says so in its own test or log line)."""
+    return "documented limitation" if k.get("nature") == "limitation" else "bug"
 
 
 def _known(f: dict[str, Any]) -> list[str]:
@@ -129,7 +135,8 @@ def _known(f: dict[str, Any]) -> list[str]:
     if k:
         fixed = f"first fixed in {k['fixed_in']}" if k.get("fixed_in") else "not fixed in any release"
         patch = f" Proposed fix: {k['upstream_patch']}" if k.get("upstream_patch") else ""
-        return [f"Known issue `{k['id']}` ({k['owner']}; {fixed}): {k['title']}.{patch}", ""]
+        cites = f" DeepSpeed documents it: {k['cites']}." if k.get("cites") else ""
+        return [f"Known {_nature(k)} `{k['id']}` ({k['owner']}; {fixed}): {k['title']}.{patch}{cites}", ""]
     return ["New: no known issue explains this finding.", ""] if "known_issue" in f else []
 
 

@@ -32,7 +32,8 @@ def findings_of(decisions: Iterable[Decision], scenario: Scenario | None, events
     """One `Finding` per decision, each with the run's trace (None for a run that returned none)."""
     trace = tuple(events) if events is not None else None
     return [Finding(d.check, wording(d, version, world_size), scenario, trace, d.index, target, version,
-                    origin=d.origin or None, code=d.code, world_size=world_size) for d in decisions]
+                    origin=d.origin or None, code=d.code, world_size=world_size,
+                    evidence=d.evidence) for d in decisions]
 
 
 def unique_by_key(findings: Iterable[Finding]) -> list[Finding]:

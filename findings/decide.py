@@ -26,13 +26,14 @@ What fails:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Iterable, Mapping, NamedTuple, Sequence
 
 from zerostate.model.events import Event
 from zerostate.specs import Spec, check_all, specs_for_stage
 
 from zerostate.findings.agreement import compare
+from zerostate.findings.evidence import Evidence, from_result, oracle_from
 
 
 class Failed(NamedTuple):
@@ -57,6 +58,8 @@ class Decision:
     """The violating event's index in the trace (spec violations at an event)."""
     across_ranks: bool = False
     """Found by comparing the ranks of a rank pool (not by rank 0's run alone)."""
+    evidence: Evidence = Evidence()
+    """What the run shows of it: the exception the run raised, the oracle's disagreement."""
 
     @property
     def detail(self) -> str:
@@ -74,43 +77,49 @@ class ModelRun:
 
 def decide(result: Mapping[str, Any], stage: int, model: ModelRun | None = None,
            cross_rank: Mapping[str, tuple[str, str]] | None = None,
-           specs: Sequence[Spec] | None = None) -> tuple[Decision, ...]:
+           specs: Sequence[Spec] | None = None, other_ranks: Sequence[Mapping[str, Any]] = ()) -> tuple[Decision, ...]:
     """Every check ``result`` (an `executor.execute` dict) fails, in report order.  ``model``: compare with
     the model design (None: not compared); ``cross_rank``: check id -> (text, code) from
-    `harness.cross_rank_checks.cross_rank_problems` at world size > 1; ``specs``: the specs judged (default:
+    `harness.cross_rank_checks.cross_rank_problems` at world size > 1, and ``other_ranks`` the other ranks'
+    results (the evidence of another rank's oracle disagreement); ``specs``: the specs judged (default:
     those of the ZeRO ``stage``, `specs_for_stage`)."""
     if result.get("skipped"):
         return ()
     events = [Event.from_dict(d) for d in result.get("events") or []]
     error = result.get("error")
+    differ = _params_listed((cross_rank or {}).get("ranks-params", ("", ""))[0])
+    shown = replace(from_result(result), ranks_differ=differ)
+    ran = Evidence(raised=shown.raised, ranks_differ=differ)  # what every check of the run can point to
     out: list[Decision] = []
     raised: Decision | None = None
     if error:
         check = result["error_check"]
         origin = result.get("origin") or ""
         raised = Decision(check, error + "\n" + (result.get("traceback") or ""),
-                          origin=origin if check == "exception" else origin.split("@")[0])
+                          origin=origin if check == "exception" else origin.split("@")[0], evidence=ran)
         out.append(raised)
     if result.get("mismatch"):
-        out.append(Decision("oracle", result["mismatch"]))
+        out.append(Decision("oracle", result["mismatch"], evidence=shown))
     if result.get("carried_state"):
-        out.append(Decision("carried-state", result["carried_state"], code="torch-linear-replaced"))
+        out.append(Decision("carried-state", result["carried_state"], code="torch-linear-replaced", evidence=ran))
     if result.get("checkpoint"):
         code, sentence = result["checkpoint"]
-        out.append(Decision("checkpoint", sentence, code=code))
+        out.append(Decision("checkpoint", sentence, code=code, evidence=ran))
     for d in _spec_decisions(events, specs_for_stage(stage) if specs is None else specs, truncated=bool(error)):
         if raised is not None and d.check == raised.check:  # CheckpointError: the spec points at the event
             out.remove(raised)
             d = Decision(d.check, d.message + "\n(torch raised) " + raised.message, code=d.code, index=d.index)
-        out.append(d)
+        out.append(replace(d, evidence=ran))
     if model is not None and not error:
         msg = model.error or compare(list(model.events), events, model.design)
         if msg:
-            out.append(Decision("model-agreement", msg))
+            out.append(Decision("model-agreement", msg, evidence=ran))
     failing = {d.check for d in out}
     for check, (text, code) in (cross_rank or {}).items():
         if check not in failing:
-            out.append(Decision(check, text, code=code, across_ranks=True))
+            off = next((r for r in other_ranks if r.get("mismatch")), None) if check == "oracle" else None
+            seen = Evidence(ran.raised, oracle_from(off.get("oracle_diff")) if off else None, ranks_differ=differ)
+            out.append(Decision(check, text, code=code, across_ranks=True, evidence=seen))
     return tuple(out)
 
 
@@ -128,6 +137,12 @@ def decide_failure(check: str, text: str) -> Decision:
     """A run that returned no result: ``hang`` (no answer in time), ``crash`` (the worker died) or
     ``internal`` (zerostate's executor itself failed)."""
     return Decision(check, text)
+
+
+def _params_listed(text: str) -> tuple[str, ...]:
+    """The parameters a ``ranks-params`` sentence lists after its last colon (``...: a, b ...``)."""
+    tail = text.rsplit(": ", 1)[-1] if ": " in text else ""
+    return tuple(p.strip() for p in tail.replace(" ...", "").split(",") if p.strip())
 
 
 def _spec_decisions(events: list[Event], specs: Sequence[Spec], truncated: bool) -> Iterable[Decision]:

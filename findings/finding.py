@@ -15,6 +15,8 @@ from typing import Any, Protocol, Sequence
 from zerostate.model.events import Event, EventKind
 from zerostate.model.scenario import Scenario
 
+from zerostate.findings.evidence import Evidence
+
 
 _SINGLE_KEY = frozenset({"oracle", "model-agreement", "hang", "crash", "internal", "exception"})
 _KNOWN_IN_KEY = frozenset({"oracle", "checkpoint"})
@@ -68,6 +70,9 @@ class Finding:
     key of ``oracle`` and ``checkpoint`` findings (`_KNOWN_IN_KEY`)."""
     group: str = ""
     """Its root-cause group (`known.labels.labelled`): the known issue's id, else the shape of what went wrong."""
+    evidence: Evidence = Evidence()
+    """What its own run shows besides the trace: the exception (type, message, frames), the oracle's
+    disagreement (parameters, sizes, direction)."""
 
     @property
     def key(self) -> str:

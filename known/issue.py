@@ -4,6 +4,7 @@ in zerostate's model, with the scenario that shows it and the rule that recognis
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 from typing import Callable
 
 from zerostate.model.scenario import Scenario
@@ -13,6 +14,13 @@ from zerostate.tracing import compat
 
 
 Release = tuple[int, int, int]
+
+
+class Nature(str, Enum):
+    """What a known issue is: a bug, or a limitation DeepSpeed documents (in its own tests or log lines)."""
+
+    BUG = "bug"
+    LIMITATION = "limitation"
 
 
 @dataclass(frozen=True)
@@ -39,6 +47,13 @@ class KnownIssue:
     ``test_known_issue`` requires exactly these there (other releases word exceptions differently)."""
     runtime_prevents: bool = False
     """``zerostate.runtime`` prevents it (docs/runtime.md); ``zerostate watch`` says so."""
+    nature: Nature = Nature.BUG
+    cites: str = ""
+    """For a limitation: where DeepSpeed documents it (its test, its log line)."""
+
+    def __post_init__(self) -> None:
+        if self.nature is Nature.LIMITATION and not self.cites:
+            raise ValueError(f"known issue {self.id}: a limitation cites DeepSpeed's own test or log line")
 
     def affects(self, version: str | None) -> bool:
         if not version:
@@ -47,4 +62,4 @@ class KnownIssue:
         return self.releases[0] <= v < self.releases[1]
 
 
-__all__ = ["KnownIssue", "Release"]
+__all__ = ["KnownIssue", "Nature", "Release"]

@@ -54,7 +54,7 @@ def label(f: Finding) -> dict[str, Any] | None:
     if k is None:
         return None
     return {"id": k.id, "title": k.title, "owner": k.owner, "fixed_in": k.fixed_in,
-            "upstream_patch": k.upstream_patch}
+            "upstream_patch": k.upstream_patch, "nature": k.nature.value, "cites": k.cites or None}
 
 
 def root_key(f: Finding) -> str:

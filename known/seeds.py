@@ -10,30 +10,28 @@ from __future__ import annotations
 from zerostate.model.scenario import Scenario
 
 from zerostate.findings.finding import Finding
+from zerostate.known import rules
 from zerostate.known.issue import KnownIssue
+from zerostate.known.mechanism import narrow
 
 
 def is_seed_000_part1(f: Finding) -> bool:
-    """The premature epilogue of a reentrant-checkpointed PyTorch-style backward under ZeRO-3 -- the exception
-    at the next step (CPU: RuntimeError 'unknown parameter type' from zero_grad) or the spec violations it
-    comes with."""
-    sc = f.scenario
-    return (sc is not None and f.check in ("exception", "epilogue-once", "grad-handled-once", "clean-step")
-            and sc.stage == 3 and any(b.checkpoint.value == "reentrant" for b in sc.blocks)
-            and any(m.backward.pytorch_style for _, _, m in sc.micro_steps())
-            and (f.check != "exception" or "unknown parameter type" in f.error))
+    """The premature epilogue of a reentrant-checkpointed PyTorch-style backward under ZeRO-3: a hook after the
+    epilogue in its trace, and the exception at the next step (CPU: RuntimeError 'unknown parameter type' from
+    zero_grad) or the spec violations it comes with."""
+    return rules.premature_epilogue(f) and narrow(f, lambda sc: sc.stage == 3 and any(
+        b.checkpoint.value == "reentrant" for b in sc.blocks) and any(
+        m.backward.pytorch_style for _, _, m in sc.micro_steps()))
 
 
 def is_seed_000_part2(f: Finding) -> bool:
-    """count_used_parameters_in_backward in every hook."""
-    return f.check == "count-once-per-phase"
+    """count_used_parameters_in_backward evaluated again in one graph task (every hook)."""
+    return rules.counted_in_every_hook(f)
 
 
 def is_seed_002(f: Finding) -> bool:
-    """A frozen parameter partitioned during a non-reentrant recompute."""
-    sc = f.scenario
-    return sc is not None and f.check == "saved-tensor-intact" and sc.stage == 3 and any(
-        b.checkpoint.value == "non_reentrant" and b.has_frozen for b in sc.blocks)
+    """A frozen parameter the non-reentrant recompute saved live, partitioned before torch's check."""
+    return rules.frozen_partitioned_in_recompute(f) and narrow(f, lambda sc: sc.stage == 3)
 
 
 SEED_000_PART1 = KnownIssue(

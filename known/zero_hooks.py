@@ -7,17 +7,14 @@ from zerostate.model.network import Network
 from zerostate.model.scenario import Scenario
 
 from zerostate.findings.finding import Finding
-from zerostate.known.issue import KnownIssue
+from zerostate.known.issue import KnownIssue, Nature
+from zerostate.known import rules
+from zerostate.known.mechanism import narrow
 
 
 def _leaf_input_without_grad(sc: Scenario) -> bool:
     net = Network(sc)
     return sc.stage == 3 and any(b.leaf and not net.block_input_requires_grad(i) for i, b in enumerate(sc.blocks))
-
-
-def _no_gradient_at_all(sc: Scenario) -> bool:
-    net = Network(sc)
-    return sc.stage in (1, 2) and not sc.fused_head and not any(net.hooked_params(i) for i in range(len(sc.blocks)))
 
 
 Z3_LEAF_INPUT_NO_GRAD = KnownIssue(
@@ -35,10 +32,10 @@ Z3_LEAF_INPUT_NO_GRAD = KnownIssue(
     # event after that pre-backward is the task's end, after the epilogue drained the leaf
     # ... and the model's view of the bug (DeepSpeed's model designs): the leaf's gradients accumulate after the
     # hook handled them (grad-handled-once, handled-before-accumulated).  zerostate.runtime defers the reduction.
-    explains=lambda f: (f.check in ("exception", "oracle") or (
-        f.check == "available-when-used" and f.code == "unavailable-in-backward") or (
-        f.key == "grad-handled-once:handled-before-accumulated")) and _leaf_input_without_grad(
-        f.scenario),
+    explains=lambda f: rules.leaf_reduced_early(f) and narrow(f, _leaf_input_without_grad),
+    nature=Nature.LIMITATION,
+    cites=("DeepSpeed's tests/unit/runtime/zero/test_zero_leaf_module.py expects RuntimeError 'inputs with "
+           "requires_grad=False is not supported for a leaf module'; 0.19.8 raises a size mismatch instead"),
     detail=("stage3.py registers reduce_leaf_module_grads as the leaf module's full backward hook.  When no "
             "input of the module requires grad, torch fires a full backward hook as soon as the gradient of "
             "its *output* is known -- before the module's own backward has produced its parameters' "
@@ -62,8 +59,7 @@ ZERO12_NO_GRADIENT = KnownIssue(
     # an exception in the epilogue or step(): the IndexError of the epilogue, step()'s KeyError, or with bf16
     # and fp32 gradient accumulation (BF16_Optimizer) step()'s "stack expects a non-empty TensorList"
     # ... and, with a PyTorch-style backward, the epilogue that never runs (no hook queues it)
-    explains=lambda f: _no_gradient_at_all(f.scenario) and (f.check == "exception" or (
-        f.key == "epilogue-once:no-epilogue" and any(m.backward.pytorch_style for _, _, m in f.scenario.micro_steps()))),
+    explains=lambda f: rules.no_gradient_crash(f) and narrow(f, lambda sc: sc.stage in (1, 2)),
     detail=("stage_1_and_2.py sets up its ipg bucket buffers lazily in process_gradients (the gradient "
             "hook).  If no hook fires in a backward (every trainable parameter unused; the loss depends on "
             "the input only), the epilogue's reduce_ipg_grads indexes bucket.buffer[bucket.index] of an "
@@ -92,7 +88,7 @@ Z3_LEAF_KEPT_GATHERED = KnownIssue(
     keys=("released-after-backward:still-gathered",),
     upstream_patch="docs/upstream/z3-leaf-kept-gathered/",
     runtime_prevents=True,  # runtime/leaf_reuse_walk.py
-    explains=lambda f: f.check == "released-after-backward" and _leaf_without_backward(f.scenario),
+    explains=lambda f: rules.kept_by_leaf(f) and narrow(f, _leaf_without_backward),
     detail=("partitioned_param_coordinator.py __params_to_release (every release from 0.18.4 to 0.19.8) scans "
             "the modules after the current step for reuse with "
             "``iter_params(module, recurse=z3_leaf_module(submodule_to_release))``: the leaf-ness of the module "
@@ -128,8 +124,7 @@ Z3_NO_POST_BACKWARD_NO_DRAIN = KnownIssue(
     keys=("released-after-backward:still-gathered",),  # measured on 0.18.4, 0.18.6 and 0.19.2
     # and, with an eval forward before the step, the trace made INVALID by the parameters left gathered
     # (trace-consistent:uncalled-for-invalid; llama + LoRA, measured on 0.18.7 and 0.19.2, gone on 0.19.3)
-    explains=lambda f: (f.check == "released-after-backward" or f.key == "trace-consistent:uncalled-for-invalid")
-    and _input_without_grad_z3(f.scenario),
+    explains=lambda f: rules.released_late(f) and narrow(f, _input_without_grad_z3),
     detail=("The first block's LayerNorm gets an input that does not require grad, so torch never calls the "
             "module's backward hook on its inputs: DeepSpeed's post-backward hook (release of its parameters, "
             "parameter_offload.py) never fires.  The pre-backward fetched them (its output requires grad), so "
@@ -161,7 +156,7 @@ Z3_REREGISTER_WHILE_RECORDING = KnownIssue(
     # model-agreement: the model design for these releases (ds-0.19.2) re-registers as #8043 does, so after a
     # re-registration the real coordinator keeps holders the design releases (measured on 0.18.7; absent
     # without the re-registration and on 0.19.2)
-    explains=lambda f: f.check in ("exception", "trace-consistent", "model-agreement") and _reregistered_z3(f.scenario),
+    explains=lambda f: rules.recording_when_reregistered(f) and narrow(f, _reregistered_z3),
     detail=("Re-registering ZeRO-3's module hooks (TRL's unwrap_model_for_generation removes and re-adds them) "
             "gives the modules new ds_ids while the coordinator's trace is still RECORD; the trace is not made "
             "INVALID (``trace-consistent``), so the next forward's reset_step -> record_parameters pops an "
@@ -172,9 +167,10 @@ Z3_REREGISTER_WHILE_RECORDING = KnownIssue(
 
 
 def _persistent_race_ws2(f: Finding) -> bool:
-    sc = f.scenario
-    return (f.check in ("oracle", "ranks-params") and (f.world_size or 1) > 1 and sc.stage == 3
-            and sc.persistence_threshold > 0)
+    """The differing parameters are persistent ones, at world size > 1; with the all-reduce fetch on,
+    z3-all-reduce-fetch-padding explains a rank disagreement instead."""
+    return rules.differing_persistent(f) and narrow(
+        f, lambda sc: sc.stage == 3 and sc.persistence_threshold > 0 and not sc.all_reduce_fetch)
 
 
 Z3_PERSISTENT_PARAM_RACE_WS2 = KnownIssue(
@@ -224,7 +220,7 @@ Z3_KEPT_FOR_REUSE_THEN_BRANCH = KnownIssue(
                                            {"micro": [{"backward": "engine", "skip": [0]}], "eval_before": True}]}),
     checks=("released-after-backward",),
     keys=("released-after-backward:still-gathered",),
-    explains=lambda f: f.check == "released-after-backward" and _kept_then_branch(f.scenario),
+    explains=lambda f: rules.kept_for_a_use_skipped(f) and narrow(f, _kept_then_branch),
     detail=("partitioned_param_coordinator.py (0.19.2 and 0.19.8 source; measured on 0.19.8): with a COMPLETE "
             "trace, __params_to_release keeps a parameter whose module is recorded again within "
             "stage3_max_reuse_distance (default 1e9: anywhere later in the iteration) or whose next use a "

@@ -123,6 +123,9 @@ class DeepSpeedRanksTarget(DeepSpeedTarget):
         ranks = resp.get("ranks")
         return cross_rank_problems(ranks) if ranks else None
 
+    def _other_ranks(self, resp: dict[str, Any]) -> list[dict[str, Any]]:
+        return [rk.get("result") or {} for rk in (resp.get("ranks") or [])[1:]]
+
     def run(self, scenario: Scenario) -> Outcome:
         self._last = None
         out = super().run(scenario)

@@ -313,7 +313,7 @@ class DeepSpeedTarget:
         events = [Event.from_dict(d) for d in res["events"]]
         beyond = scenario.beyond_model()
         model = self._model_run(scenario) if self.check_model and not res.get("error") and not beyond else None
-        decisions = decide(res, scenario.stage, model, self._across_ranks(resp))
+        decisions = decide(res, scenario.stage, model, self._across_ranks(resp), other_ranks=self._other_ranks(resp))
         found = self._findings(decisions, scenario, events)
         return Outcome(scenario, events, res.get("error"), found, time.perf_counter() - t0,
                        {"steps": res.get("steps"), "seconds_in_worker": resp.get("seconds"),
@@ -339,6 +339,10 @@ class DeepSpeedTarget:
     def _across_ranks(self, resp: dict[str, Any]) -> dict[str, tuple[str, str]] | None:
         """The cross-rank checks' problems of a rank pool's answer (None: one rank)."""
         return None
+
+    def _other_ranks(self, resp: dict[str, Any]) -> list[dict[str, Any]]:
+        """The results of the ranks but rank 0 in a rank pool's answer (none: one rank)."""
+        return []
 
     def _model_run(self, scenario: Scenario) -> ModelRun:
         from zerostate.model.explore import run as model_run
