@@ -7,6 +7,7 @@ result (``frames``, ``oracle_diff``; `harness.evidence`) by `from_result`."""
 
 from __future__ import annotations
 
+import traceback
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
@@ -105,6 +106,34 @@ class Evidence:
     """At world size > 1: the parameters whose gathered values differed between the ranks in this run."""
 
 
+_PACKAGES = ("deepspeed", "torch", "transformers", "peft", "zerostate")
+_OWN_FOLDERS = ("harness", "tracing", "model", "specs", "runtime", "findings", "known", "targets")
+_LAST_FRAMES = 40
+
+
+def frames_of(exc: BaseException) -> list[list[Any]]:
+    """``[package, file inside it, function, line]`` of each frame of ``exc``'s traceback, outermost first
+    (the last `_LAST_FRAMES`).  A file under ``site-packages/deepspeed/`` (or a checkout's ``deepspeed/``
+    package) is ``deepspeed``; zerostate's own files are ``zerostate`` -- whatever folder holds them."""
+    out = []
+    for fr in traceback.extract_tb(exc.__traceback__)[-_LAST_FRAMES:]:
+        out.append([*_place(fr.filename), fr.name, fr.lineno or 0])
+    return out
+
+
+def _place(filename: str) -> tuple[str, str]:
+    """The package a file belongs to: the rightmost ``/<package>/`` of its path wins (a release cached under
+    ``~/.cache/zerostate/deepspeed/0.19.8/site/deepspeed/`` is DeepSpeed's)."""
+    norm = filename.replace("\\", "/")
+    at, pkg = max((norm.rfind(f"/{p}/"), p) for p in _PACKAGES)
+    if at >= 0:
+        return pkg, norm[at + len(pkg) + 2:]
+    parent, _, name = norm.rpartition("/")
+    if parent.rsplit("/", 1)[-1] in _OWN_FOLDERS:  # zerostate's worktree layout (pyproject's package-dir)
+        return "zerostate", parent.rsplit("/", 1)[-1] + "/" + name
+    return "other", name
+
+
 def raised_from(error: str | None, frames: Sequence[Sequence[Any]] | None) -> Raised | None:
     """The `Raised` of an executor result's ``error`` (``"ExcType: message"``) and ``frames``."""
     if not error:
@@ -137,4 +166,5 @@ def from_result(result: Mapping[str, Any]) -> Evidence:
                     tuple(float(s) for s in fp16.get("oracle_scales") or ()), _num(fp16.get("loss_scale")))
 
 
-__all__ = ["Evidence", "Frame", "OracleDiff", "ParamDiff", "Raised", "from_result", "oracle_from", "raised_from"]
+__all__ = ["Evidence", "Frame", "OracleDiff", "ParamDiff", "Raised", "frames_of", "from_result", "oracle_from",
+           "raised_from"]

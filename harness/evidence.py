@@ -1,43 +1,14 @@
-"""What a run leaves behind for a known issue to be recognised by (`findings.evidence`): the frames of the
-exception it raised, and, for an oracle disagreement, which parameters differ and by how much.
+"""What an oracle disagreement leaves behind for a known issue to be recognised by (`findings.evidence`):
+which parameters differ from PyTorch, by how much, and which way.
 
-Inside the worker, beside `executor`: `frames` reads a traceback, `oracle_diff` compares one train step's
-parameters with the oracle's.  Both give plain JSON-serialisable values (the executor's result crosses a
-process boundary)."""
+Inside the worker, beside `executor`: `oracle_diff` compares one train step's parameters with the oracle's and
+gives plain JSON-serialisable values (the executor's result crosses a process boundary).  The exception's
+frames are `findings.evidence.frames_of`."""
 
 from __future__ import annotations
 
 import math
-import traceback
 from typing import Any, Mapping
-
-_PACKAGES = ("deepspeed", "torch", "transformers", "peft", "zerostate")
-_OWN_FOLDERS = ("harness", "tracing", "model", "specs", "runtime", "findings", "known", "targets")
-_LAST_FRAMES = 40
-
-
-def frames(exc: BaseException) -> list[list[Any]]:
-    """``[package, file inside it, function, line]`` of each frame of ``exc``'s traceback, outermost first
-    (the last `_LAST_FRAMES`).  A file under ``site-packages/deepspeed/`` (or a checkout's ``deepspeed/``
-    package) is ``deepspeed``; zerostate's own files are ``zerostate`` -- whatever folder holds them."""
-    out = []
-    for fr in traceback.extract_tb(exc.__traceback__)[-_LAST_FRAMES:]:
-        out.append([*_place(fr.filename), fr.name, fr.lineno or 0])
-    return out
-
-
-def _place(filename: str) -> tuple[str, str]:
-    """The package a file belongs to: the rightmost ``/<package>/`` of its path wins (a release cached under
-    ``~/.cache/zerostate/deepspeed/0.19.8/site/deepspeed/`` is DeepSpeed's)."""
-    norm = filename.replace("\\", "/")
-    at, pkg = max((norm.rfind(f"/{p}/"), p) for p in _PACKAGES)
-    if at >= 0:
-        return pkg, norm[at + len(pkg) + 2:]
-    parent, _, name = norm.rpartition("/")
-    if parent.rsplit("/", 1)[-1] in _OWN_FOLDERS:  # zerostate's worktree layout (pyproject's package-dir)
-        return "zerostate", parent.rsplit("/", 1)[-1] + "/" + name
-    return "other", name
-
 
 def oracle_diff(kind: str, step: int | None, expected: Mapping[str, Any] | None = None,
                 got: Mapping[str, Any] | None = None, pt_before: Mapping[str, Any] | None = None,
@@ -87,4 +58,4 @@ def _again(ds: Any, p0: Any, pt_earlier: Mapping[str, Any] | None, name: str) ->
     return (ds * prev).sum().item() / pp if pp > 0 else None
 
 
-__all__ = ["frames", "oracle_diff"]
+__all__ = ["oracle_diff"]

@@ -8,7 +8,7 @@
 ``traceback``   the last lines of the traceback;
 ``mismatch``    the first oracle disagreement (``"after train step i: <param>: ..."``), else None;
 ``origin``      ``ExcType@module.function`` of the innermost DeepSpeed frame (distinguishes exceptions);
-``frames``      every frame of the exception's traceback, ``[package, file, function, line]`` (`evidence.frames`);
+``frames``      every frame of the exception's traceback, ``[package, file, function, line]`` (`frames_of`);
 ``oracle_diff`` the first oracle disagreement's parameters, sizes and update ratios (`evidence.oracle_diff`);
 ``steps``       train steps compared with the oracle;
 ``max_diff``    the largest |DeepSpeed - PyTorch| over every parameter and compared step;
@@ -50,6 +50,7 @@ import traceback
 
 import torch
 
+from zerostate.findings.evidence import frames_of
 from zerostate.tracing import compat
 from zerostate.harness import evidence, net
 from zerostate.tracing.tracer import Tracer
@@ -221,7 +222,7 @@ def execute(spec: dict, on_step=None) -> dict:
         res["error_check"] = "saved-tensor-intact" if compat.is_checkpoint_error(exc) else "exception"
         res["traceback"] = "".join(traceback.format_exc().splitlines(True)[-12:])
         res["origin"] = origin(exc)
-        res["frames"] = evidence.frames(exc)
+        res["frames"] = frames_of(exc)
     finally:
         if tracer is not None:
             res["events"] = tracer.events

@@ -47,6 +47,9 @@ class KnownIssue:
     ``test_known_issue`` requires exactly these there (other releases word exceptions differently)."""
     runtime_prevents: bool = False
     """``zerostate.runtime`` prevents it (docs/runtime.md); ``zerostate watch`` says so."""
+    scenario_shows_from: Release | None = None
+    """The first release on which ``scenario`` shows this issue's own finding, when later than ``releases``
+    starts: before it another issue's finding comes first in the scenario (one finding per key)."""
     nature: Nature = Nature.BUG
     cites: str = ""
     """For a limitation: where DeepSpeed documents it (its test, its log line)."""
@@ -54,6 +57,11 @@ class KnownIssue:
     def __post_init__(self) -> None:
         if self.nature is Nature.LIMITATION and not self.cites:
             raise ValueError(f"known issue {self.id}: a limitation cites DeepSpeed's own test or log line")
+
+    def shows_on(self, version: str | None) -> bool:
+        """Its scenario shows its own finding on ``version``."""
+        return self.affects(version) and (self.scenario_shows_from is None
+                                          or compat.version_tuple(str(version)) >= self.scenario_shows_from)
 
     def affects(self, version: str | None) -> bool:
         if not version:

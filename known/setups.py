@@ -517,7 +517,7 @@ ZERO_TO_FP32_BF16_OPTIMIZER = KnownIssue(
     title="zero_to_fp32 refuses the checkpoint of ZeRO-1 with bf16 and fp32 gradient accumulation (BF16_Optimizer): "
           "'... is not a zero checkpoint'",
     owner="deepspeed",
-    releases=((0, 19, 7), (0, 20, 0)),  # measured on 0.19.7 and 0.19.8; older releases not measured
+    releases=((0, 19, 2), (0, 20, 0)),  # measured on 0.19.2, 0.19.7 and 0.19.8; older releases not measured
     scenario=Scenario.from_dict({"stage": 1, "precision": "bf16", "fp32_grad_accum": True,
                                  "steps": [{"save_load": True}]}),
     checks=("exception",),
