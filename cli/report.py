@@ -195,6 +195,9 @@ class Report:
 
     def flush(self) -> None:
         self.data["run"]["seconds"] = round(time.monotonic() - self._t0, 2)
+        if any("harness_error" in e for e in self.data["findings"]) or "harness_errors" in self.data:
+            self.data["harness_errors"] = [{"n": e["n"], "key": e.get("key"), "why": e["harness_error"]}
+                                           for e in self.data["findings"] if e.get("harness_error")]
         replace_file(os.path.join(self.dir, "report.json"), json.dumps(self.data, indent=2) + "\n")
         replace_file(os.path.join(self.dir, "report.md"), render_markdown(self.data))
 

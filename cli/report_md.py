@@ -30,12 +30,23 @@ def render_markdown(d: dict[str, Any]) -> str:
     out += [""] + [f"- `{sid}`: {row['sentence']}" for sid, row in d["specs"].items() if row["sentence"]]
     if d.get("summary_text"):
         out += ["", "## Summary", "", "```text", d["summary_text"].rstrip(), "```"]
-    out += _groups(d["findings"])
-    out += ["", f"## Findings ({len(d['findings'])})", ""]
-    if not d["findings"]:
+    about = [f for f in d["findings"] if not f.get("harness_error")]
+    own = [f for f in d["findings"] if f.get("harness_error")]
+    out += _groups(about)
+    if "harness_errors" in d:
+        out += ["", f"harness errors: {len(own)} (zerostate's own failures, listed apart below; none is a finding "
+                    "about DeepSpeed)"]
+    out += ["", f"## Findings ({len(about)})", ""]
+    if not about:
         out += ["None.", ""]
-    for f in d["findings"]:
+    for f in about:
         out += _finding(f)
+    if own:
+        out += ["", f"## Harness errors ({len(own)})", "",
+                "zerostate itself failed here -- its oracle, its executor, its own code, or building the scenario "
+                "before DeepSpeed ran.  A project bug, not a finding about DeepSpeed.", ""]
+        for f in own:
+            out += _finding(f)
     return "\n".join(out) + "\n"
 
 
@@ -131,6 +142,8 @@ def _nature(k: dict[str, Any]) -> str:
 
 
 def _known(f: dict[str, Any]) -> list[str]:
+    if f.get("harness_error"):
+        return [f"Harness error (zerostate's own failure, not DeepSpeed's): {f['harness_error']}.", ""]
     k = f.get("known_issue")
     if k:
         fixed = f"first fixed in {k['fixed_in']}" if k.get("fixed_in") else "not fixed in any release"

@@ -120,6 +120,49 @@ def test_a_limitation_cites_deepspeed_and_a_bug_is_a_bug():
         replace(by_id("two-backwards-per-forward"), nature=Nature.LIMITATION)
 
 
+def test_a_harness_error_is_never_labelled():
+    from zerostate.findings.harness import harness_error
+    k = by_id("z3-leaf-input-without-grad")
+    f = Finding("oracle-error", "oracle: RuntimeError: element 0 of tensors does not require grad", k.scenario,
+                deepspeed="0.19.8", evidence=Evidence(raised=Raised("RuntimeError", "element 0 of tensors")))
+    own = Finding("exception", "KeyError: 'x'", k.scenario, (), None, "deepspeed", "0.19.8",
+                  evidence=Evidence(raised=Raised("KeyError", "'x'", (Frame("zerostate", "tracing/tracer.py", "epilogue"),))))
+    for g in (f, own):
+        assert harness_error(g) and labelled(g).known == ""
+
+
+def test_reports_show_harness_errors_and_limitations_apart():
+    from zerostate.cli.report_md import render_markdown
+    from zerostate.known.labels import annotate
+    k = by_id("z3-linear-override-outlives-engine")
+    lim = Finding("carried-state", "DeepSpeed 0.19.8: torch.nn.functional.linear is ...", k.scenario,
+                  deepspeed="0.19.8", code="torch-linear-replaced")
+    own = Finding("oracle-error", "oracle: RuntimeError: element 0 of tensors does not require grad", k.scenario,
+                  deepspeed="0.19.8", evidence=Evidence(raised=Raised("RuntimeError", "element 0 of tensors")))
+    entries = []
+    for n, f in enumerate((lim, own), 1):
+        entries.append({"n": n, "check": f.check, "error": f.error, "description": "", "files": {}, "notes": [],
+                        "events_around": [], "replay": "zerostate replay x", **annotate(f)})
+    md = render_markdown({"command": "explore", "status": "complete", "run": {}, "columns": [], "specs": {},
+                          "findings": entries, "harness_errors": [{"n": 2}]})
+    assert "harness errors: 1" in md and "## Harness errors (1)" in md and "## Findings (1)" in md
+    assert "documented limitation" in md and "Known documented limitation `z3-linear-override-outlives-engine`" in md
+    roots = [ln for ln in md.split("## Root causes")[1].split("##")[0].splitlines() if ln.startswith("|")]
+    assert roots and not any("oracle-error" in ln or "harness" in ln for ln in roots)
+
+
+def test_one_decider():
+    """Only findings/decide.py folds the specs over a run and decides which checks fail; the targets build their
+    findings from its decisions (findings/build.py), never by hand."""
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    for folder in ("targets", "harness", "known"):
+        for path in (root / folder).rglob("*.py"):
+            text = path.read_text()
+            for call in ("check_all(", "check_trace(", "Finding(", "agreement import compare"):
+                assert call not in text, f"{path.relative_to(root)} calls {call}: decide in findings/decide.py"
+
+
 # ---------------------------------------------------------------- real DeepSpeed
 @pytest.fixture(scope="module")
 def real_findings(ds):

@@ -26,14 +26,16 @@ from dataclasses import replace
 from typing import Any
 
 from zerostate.findings.finding import Finding, message_shape
+from zerostate.findings.harness import harness_error
 from zerostate.known.issue import KnownIssue
 from zerostate.known.issues import explain
 from zerostate.tracing import compat
 
 
 def issue_of(f: Finding) -> KnownIssue | None:
-    """The known issue explaining ``f`` on the release it was found on; None without a release."""
-    if not f.deepspeed:
+    """The known issue explaining ``f`` on the release it was found on; None without a release, and for a
+    harness error (`findings.harness`: zerostate's own failure is no DeepSpeed issue)."""
+    if not f.deepspeed or harness_error(f):
         return None
     try:
         compat.version_tuple(f.deepspeed)
@@ -59,6 +61,8 @@ def label(f: Finding) -> dict[str, Any] | None:
 
 def root_key(f: Finding) -> str:
     """The check plus the shape of what went wrong, independent of the backward kind."""
+    if harness_error(f):
+        return f"harness error: {harness_error(f)}"
     lines = [ln.strip() for ln in (f.error or "").strip().splitlines() if ln.strip()]
     if f.check in ("exception", "crash", "hang", "internal") and lines:
         exc = next((ln for ln in reversed(lines) if _looks_like_exception(ln)), lines[0])
@@ -77,8 +81,10 @@ def group_title(f: Finding) -> str:
 
 
 def annotate(f: Finding) -> dict[str, Any]:
-    """What a report entry records of a finding for labelling and grouping."""
-    return {"known_issue": label(f), "group": group_key(f), "group_title": group_title(f)}
+    """What a report entry records of a finding for labelling and grouping; ``harness_error`` says why it is
+    zerostate's own failure (None: a finding about DeepSpeed)."""
+    return {"known_issue": label(f), "group": group_key(f), "group_title": group_title(f),
+            "harness_error": harness_error(f)}
 
 
 def groups(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
