@@ -204,7 +204,7 @@ class Report:
 
 def _reliability(findings: list[dict[str, Any]], restarts: list[dict[str, Any]]) -> dict[str, Any]:
     """Findings confirmed by a replay in a fresh worker / reported; order-dependent ones; not reproduced;
-    not checked (run interrupted); the worker restarts and why (issue 15)."""
+    not checked (run interrupted); the worker restarts and why."""
     st = [(f.get("confirmation") or {}).get("status", "not-checked") for f in findings]
     return {"reported": len(findings), "confirmed": st.count("confirmed"),
             "order_dependent": st.count("order-dependent"), "intermittent": st.count("intermittent"),

@@ -23,7 +23,8 @@ class Frame:
 
     def at(self, file: str, function: str | None = None) -> bool:
         """In DeepSpeed's ``file`` (a path suffix: ``zero/stage3.py``), in ``function`` when given."""
-        return self.package == "deepspeed" and self.file.endswith(file) and (function is None or self.function == function)
+        return (self.package == "deepspeed" and self.file.endswith(file)
+                and (function is None or self.function == function))
 
 
 @dataclass(frozen=True)

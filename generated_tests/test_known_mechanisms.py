@@ -126,7 +126,8 @@ def test_a_harness_error_is_never_labelled():
     f = Finding("oracle-error", "oracle: RuntimeError: element 0 of tensors does not require grad", k.scenario,
                 deepspeed="0.19.8", evidence=Evidence(raised=Raised("RuntimeError", "element 0 of tensors")))
     own = Finding("exception", "KeyError: 'x'", k.scenario, (), None, "deepspeed", "0.19.8",
-                  evidence=Evidence(raised=Raised("KeyError", "'x'", (Frame("zerostate", "tracing/tracer.py", "epilogue"),))))
+                  evidence=Evidence(raised=Raised("KeyError", "'x'",
+                                                  (Frame("zerostate", "tracing/tracer.py", "epilogue"),))))
     for g in (f, own):
         assert harness_error(g) and labelled(g).known == ""
 

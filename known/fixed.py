@@ -1,8 +1,8 @@
-"""DeepSpeed bugs of releases before the pinned one, fixed since, that issue 11's engine and loop options reach.
+"""DeepSpeed bugs of releases before the pinned one, fixed since, that the engine and loop options reach.
 
 docs/bug-coverage.md surveyed DeepSpeed's fixes from 0.17 to 0.19.8 and found these outside the scenario space
 of the time; `strategies.EXTRAS` and `strategies.LORA` now draw what each one needs.  Each is a
-`known.KnownIssue` (``known.FIXED_ISSUES``) with the release range where its scenario was measured to fail and
+`known.issue.KnownIssue` (``FIXED_ISSUES``, in the table `known.issues`) with the release range where its scenario was measured to fail and
 the release that fixed it, so ``zerostate explore --deepspeed <buggy release>`` labels the finding, and
 ``test_known_issue --deepspeed <release>`` checks the range: a strict expected failure on a buggy release,
 nothing on a fixed one (the pinned 0.19.8 included).  The ranges were measured with ``zerostate replay`` on
@@ -41,7 +41,7 @@ ZERO12_OFFLOAD_GAS3 = KnownIssue(
             "gradient into the CPU accumulator only at micro-step 0 and added it only at the boundary, so "
             "micro-steps 1 .. gas-2 never reach the update or the gradient norm.  Introduced by #6550, fixed in "
             "0.19.0 by DeepSpeed PR #7967.  gas 2 is one micro-step short of it (zerostate drew gas <= 2 "
-            "until issue 11's `gas3` option)."),
+            "until the `gas3` option)."),
 )
 
 ZERO12_OFFLOAD_MANUAL_BOUNDARY = KnownIssue(
@@ -55,7 +55,8 @@ ZERO12_OFFLOAD_MANUAL_BOUNDARY = KnownIssue(
                                  "steps": [{"micro": [{}, {}]}, {"micro": [{}, {}]}]}),
     checks=("oracle",),
     keys=("oracle:zero12-offload-manual-boundary-drops-backwards",),  # measured on 0.18.4 and 0.18.7
-    explains=lambda f: rules.update_scaled(f, 0.05, 0.97) and narrow(f, lambda sc: _offload_zero12(sc) and sc.manual_boundary),
+    explains=lambda f: rules.update_scaled(f, 0.05, 0.97) and narrow(
+        f, lambda sc: _offload_zero12(sc) and sc.manual_boundary),
     detail=("With gradient_accumulation_steps 1 the CPU-offload path of stage_1_and_2.py accumulated across "
             "backwards only when gas > 1, so the backwards made under set_gradient_accumulation_boundary(False) "
             "(the API of #7665) were overwritten by the last one.  Fixed in 0.19.0 by DeepSpeed PR #7981."),
@@ -130,7 +131,8 @@ ZERO0_BF16_UPDATE_LOST = KnownIssue(
     scenario=Scenario.from_dict({"stage": 0, "precision": "bf16", "steps": [{}, {}]}),
     checks=("oracle",),
     keys=("oracle:zero0-bf16-update-lost",),  # measured on 0.18.4 (0.18.6: agrees)
-    explains=lambda f: rules.update_unscaled(f, 0.02) and narrow(f, lambda sc: sc.stage == 0 and sc.precision.value == "bf16"),
+    explains=lambda f: rules.update_unscaled(f, 0.02) and narrow(
+        f, lambda sc: sc.stage == 0 and sc.precision.value == "bf16"),
     detail=("With bf16 and no ZeRO the engine wrapped the client optimizer in FP16_UnfusedOptimizer, which "
             "unscales the gradients by its dynamic loss scale (65536) although bf16 never scales the loss, and "
             "skipped zero_grad: the update is about 1/65536 of PyTorch's, below bf16's resolution of the "
@@ -160,7 +162,7 @@ ZERO12_NESTED_OUTPUTS_ENGINE_BACKWARD = KnownIssue(
     keys=("oracle:zero12-nested-outputs-engine-backward",),
     explains=lambda f: rules.update_scaled(f, 1.0 / (f.scenario.gas if f.scenario else 2) + 0.01, 0.9999)
     and not rules.pytorch_style_backward(f) and narrow(f, _engine_backward_nested_outputs),
-    detail=("The engine-backward form of zero12-nested-outputs-scaled-twice (known_setups.py, still present on "
+    detail=("The engine-backward form of zero12-nested-outputs-scaled-twice (known/setups.py, still present on "
             "0.19.8 for a PyTorch-style backward).  Likely mechanism (the same as that issue's; not traced in these "
             "releases' source): the engine's output backward hooks divide by gradient_accumulation_steps, and a hidden state's auxiliary output (hidden, hidden.mean(-1)) "
             "passes two of them, so the auxiliary loss's share of the gradient is divided by gas twice "
@@ -168,9 +170,13 @@ ZERO12_NESTED_OUTPUTS_ENGINE_BACKWARD = KnownIssue(
             "from its logits: lm_head.weight 0.0063 off on 0.18.7 and 0.19.5, agreeing on 0.19.7 and 0.19.8).  Found by the default "
             "exploration on 0.18.4 once oracle findings were keyed by known issue.  0.19.7 and 0.19.8 agree "
             "with the oracle; 0.19.6 was not measured, so the range ends after 0.19.5 and no fixing release "
-            "is named.  ZeRO stage 0 shows it too (the default 0.19.3 exploration of 1 Dec: gas 3, tuple outputs, "
+            "is named.  ZeRO stage 0 shows it too (the default 0.19.3 exploration: gas 3, tuple outputs, "
             "two losses; 0.000229 off on 0.19.3 and 0.19.5, agreeing on 0.19.7 and 0.19.8)."),
 )
+
+def _allgather_raised(f: Finding, says: str) -> bool:
+    return rules.raised_at("RuntimeError", "comm/torch.py", "all_gather_into_tensor", says)(f)
+
 
 Z3_ZERO_INIT_MIXED_DTYPES = KnownIssue(
     id="z3-zero-init-mixed-dtype-allgather",
@@ -183,8 +189,7 @@ Z3_ZERO_INIT_MIXED_DTYPES = KnownIssue(
                                  "persistence_threshold": 100000, "world_size": 2}),
     checks=("exception",),
     keys=("exception:RuntimeError@comm.torch.all_gather_into_tensor",),  # measured on 0.19.2 at world size 2
-    explains=lambda f: (rules.raised_at("RuntimeError", "comm/torch.py", "all_gather_into_tensor", "invalid tensor type")(f)
-                        or rules.raised_at("RuntimeError", "comm/torch.py", "all_gather_into_tensor", "must have the same type")(f))
+    explains=lambda f: (_allgather_raised(f, "invalid tensor type") or _allgather_raised(f, "must have the same type"))
     and narrow(f, lambda sc: sc.zero_init and sc.stage == 3),
     detail=("partition_parameters._allgather_params_coalesced allocated every output buffer with the dtype of the "
             "first parameter in the list.  Before 0.19.2 the engine cast the whole module to bf16, so the "
@@ -214,7 +219,7 @@ Z3_ALL_REDUCE_FETCH_PADDING = KnownIssue(
     explains=lambda f: rules.ranks_gathered_apart(f) and narrow(f, lambda sc: sc.all_reduce_fetch and sc.stage == 3),
     detail=("DeepSpeed #8158 (fixed in 0.19.4): the all-reduce fetch sizes its buffer by the aligned numel but walks "
             "it by the unaligned one, so a partition's padding -- uninitialised memory -- is summed into the next "
-            "parameter.  Found by the default world-size-1 exploration of 0.19.3 on 1 Dec, once world size 2 was "
+            "parameter.  Found by the default world-size-1 exploration of 0.19.3, once world size 2 was "
             "drawn by default: the scenario above (its shrunk form) ends step 0 with blocks.0.lin.weight different "
             "on the two ranks in 4 of 12 runs on 0.19.3 (and the oracle off), never without the knob, 0 of 12 on "
             "0.19.8.  Intermittent because the padding is whatever the memory held (the survey's standalone "
@@ -263,7 +268,7 @@ ZERO12_EMPTY_PARAM_INSIDE_PARTITION = KnownIssue(
     explains=lambda f: (rules.raised_at("AssertionError", "utils/tensor_fragment.py", "get_hp_fragment_mapping",
                                         "fragment start", "fragment_end")(f) or _stuck_in_initialize(f))
     and narrow(f, lambda sc: sc.empty_param and sc.stage in (1, 2)),
-    detail=("Met by the default exploration of 0.19.5 (1 Dec): with a fused head the zero-element parameter ends "
+    detail=("Met by the default exploration of 0.19.5: with a fused head the zero-element parameter ends "
             "the flat group at offset 88, before the group's alignment padding, so _link_all_hp_params "
             "(_init_lp_to_hp_mapping) takes it for a parameter overlapping the partition and "
             "get_hp_fragment_mapping asserts on its empty fragment.  At world size 2 rank 0 fails in "

@@ -50,6 +50,6 @@ SEED_BUGS = {"0.18.4": (SEED_000_PART1.id, SEED_000_PART1.explains),
              "0.19.2": (SEED_002.id, SEED_002.explains)}
 """Release -> (seed issue id, its rule): the release each seed bug's acceptance explores."""
 
-__all__ = ["KNOWN_ISSUES", "KnownIssue", "PINNED", "SEED_BUGS", "Z3_KEPT_FOR_REUSE_THEN_BRANCH", "Z3_LEAF_INPUT_NO_GRAD",
-           "Z3_LEAF_KEPT_GATHERED", "Z3_NO_POST_BACKWARD_NO_DRAIN", "Z3_PERSISTENT_PARAM_RACE_WS2",
-           "Z3_REREGISTER_WHILE_RECORDING", "ZERO12_NO_GRADIENT", "by_id", "explain"]
+__all__ = ["KNOWN_ISSUES", "KnownIssue", "PINNED", "SEED_BUGS", "Z3_KEPT_FOR_REUSE_THEN_BRANCH",
+           "Z3_LEAF_INPUT_NO_GRAD", "Z3_LEAF_KEPT_GATHERED", "Z3_NO_POST_BACKWARD_NO_DRAIN",
+           "Z3_PERSISTENT_PARAM_RACE_WS2", "Z3_REREGISTER_WHILE_RECORDING", "ZERO12_NO_GRADIENT", "by_id", "explain"]

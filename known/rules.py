@@ -8,6 +8,8 @@ the finding names; the oracle's differing parameters and the size and direction 
 
 from __future__ import annotations
 
+from typing import Callable
+
 from zerostate.findings.finding import Finding
 from zerostate.known.mechanism import (K, at, early_leaf_hooks, gathered_at, hook_after_epilogue, hooked_in_two_tasks,
                                        hookless_backward, idle_step, moved_without_gradient, oracle, params_named,
@@ -20,7 +22,7 @@ def _inside(param: str, modules: set[str]) -> bool:
 
 
 # ------------------------------------------------------------------ the exception alone
-def raised_at(exc_type: str, file: str, function: str | None = None, *says: str):  # noqa: ANN201
+def raised_at(exc_type: str, file: str, function: str | None = None, *says: str) -> Callable[[Finding], bool]:
     """The rule of an issue whose whole evidence is one exception raised in one DeepSpeed function."""
     return lambda f: raised_in(f, exc_type, file, function, *says)
 
@@ -64,7 +66,8 @@ def no_gradient_crash(f: Finding) -> bool:
 
 
 _NORM_OF_NO_GRADIENT = (("zero/stage3.py", "_get_norm_groups"), ("zero/stage3.py", "get_grad_norm_direct"),
-                        ("zero/stage_1_and_2.py", "get_grad_norm_direct"), ("zero/stage_1_and_2.py", "scaled_global_norm"),
+                        ("zero/stage_1_and_2.py", "get_grad_norm_direct"),
+                        ("zero/stage_1_and_2.py", "scaled_global_norm"),
                         ("zero/stage_1_and_2.py", "has_overflow_partitioned_grads_serial"))
 
 
@@ -118,9 +121,10 @@ def two_backwards(f: Finding) -> bool:
         return update_ratios(f, 0.45, 0.55)
     if f.check == "exception":
         r = f.evidence.raised
-        return r is not None and ((r.type == "RuntimeError" and r.says("must match the size of tensor", "(0)"))
-                                  or raised_in(f, "RuntimeError", "zero/stage3.py", "zero_grad", "unknown parameter type")
-                                  or (r.type == "AssertionError" and r.says("active_backward_submodules is empty")))
+        return r is not None and (
+            (r.type == "RuntimeError" and r.says("must match the size of tensor", "(0)"))
+            or raised_in(f, "RuntimeError", "zero/stage3.py", "zero_grad", "unknown parameter type")
+            or (r.type == "AssertionError" and r.says("active_backward_submodules is empty")))
     return f.key in _AFTER_A_SECOND_BACKWARD and f.index is not None and f.index >= second
 
 

@@ -1,4 +1,5 @@
-"""Findings on the pinned DeepSpeed (0.19.8) in the training-setup dimensions of issue 11.
+"""Findings on the pinned DeepSpeed (0.19.8) in the training-setup dimensions (precision, offload, optimizer,
+parameter groups, engines in one process, checkpoints, ...).
 
 Found by ``zerostate explore`` once the default strategy drew these dimensions; each becomes a
 `known.KnownIssue` (``known.SETUP_ISSUES``; look them up by id there) with its exact (shrunk) scenario, kept as a strict expected failure by
@@ -8,7 +9,7 @@ docs/deepspeed-target.md has the details.
 
 from __future__ import annotations
 
-from zerostate.model.scenario import Family, Outputs, ParamKind, Scenario
+from zerostate.model.scenario import Block, Family, Outputs, ParamKind, Scenario
 
 from zerostate.findings.finding import Finding
 from zerostate.known import rules
@@ -35,7 +36,8 @@ def _scaled_twice(f: Finding) -> bool:
     return rules.update_scaled(f, 1.0 / gas + 0.01, 0.9999)
 
 
-def _block_of(param: str, sc: Scenario):  # noqa: ANN202 -- the scenario's Block the parameter belongs to, or None
+def _block_of(param: str, sc: Scenario) -> Block | None:
+    """The scenario's block ``param`` belongs to (``blocks.N.*``), or None."""
     parts = param.split(".")
     if len(parts) < 3 or parts[0] != "blocks" or not parts[1].isdigit() or int(parts[1]) >= len(sc.blocks):
         return None
@@ -84,7 +86,7 @@ SHARED_ACROSS_REENTRANT = KnownIssue(
 )
 
 
-# Retired (issue 10): ``tracer-on-demand-fetch-as-prefetch`` -- the tracer named a parameter gathered on demand
+# Retired: ``tracer-on-demand-fetch-as-prefetch`` -- the tracer named a parameter gathered on demand
 # (a ZeRO-3 external parameter, a Linear inside a z3 leaf block applied again) a prefetch because another
 # module owned it; it now names a status change by the status (gathered: FETCH, in flight: PREFETCH).
 
@@ -139,7 +141,7 @@ STEP_WITHOUT_GRADIENT = KnownIssue(
             "offload (ZeRO-1/2) it does not crash but is silently wrong: the previous step's gradients, still in "
             "the CPU buffer, are applied a second time (oracle mismatch).  PyTorch's optimizer skips parameters "
             "without gradient.  A ZeRO-1/2 step whose requires_grad change leaves no gradient at all runs a "
-            "backward without hooks first: its finding shows zero12-backward-without-gradients' mechanism.  fp16 (ZeRO-1/2, issue 11): the "
+            "backward without hooks first: its finding shows zero12-backward-without-gradients' mechanism.  fp16 (ZeRO-1/2): the "
             "loss scaler's overflow check reads the same missing gradients first -- KeyError: 0 in "
             "stage_1_and_2.py has_overflow_partitioned_grads_serial (``self.averaged_gradients[i]``, line 3232 "
             "on 0.19.8) where fp32 fails in scaled_global_norm."),
@@ -199,7 +201,7 @@ Z3_LINEAR_OVERRIDE_OUTLIVES_ENGINE = KnownIssue(
     # 0.18.4 - 0.19.3 replace F.linear only inside a ``with zero.Init()`` block (patch_init_and_builtins), not
     # for a model handed to deepspeed.initialize; Init(module=...)'s _enable_mem_efficient_linear() is absent
     # from 0.19.3's source and present in 0.19.8's (read).  Its scenario: carried-state on 0.19.5, 0.19.7 and
-    # 0.19.8, none on 0.19.2 and 0.19.3 (measured; the default 0.19.7 exploration met it, 1 Dec).  0.19.4 is not
+    # 0.19.8, none on 0.19.2 and 0.19.3 (measured; the default 0.19.7 exploration met it).  0.19.4 is not
     # cached: the range starts there, the first release after the last one measured without it
     releases=((0, 19, 4), (0, 20, 0)),
     scenario=Scenario.from_dict({"stage": 2, "blocks": [{}, {}], "engines_before": [3],
@@ -212,7 +214,7 @@ Z3_LINEAR_OVERRIDE_OUTLIVES_ENGINE = KnownIssue(
     cites=("DeepSpeed logs it: runtime/zero/partition_parameters.py _enable_mem_efficient_linear prints "
            "'nn.functional.linear has been overridden with a more memory efficient version. This will persist "
            "unless manually reset.' (0.19.8)"),
-    detail=("Several engines in one process (TRL: policy, reference, reward model; issue 15's engines_before). "
+    detail=("Several engines in one process (TRL: policy, reference, reward model; the scenario's engines_before). "
             "A ZeRO-3 engine's DeepSpeedZeRoOffload._convert_to_zero_parameters (runtime/zero/parameter_offload.py "
             "line 270 in 0.19.8) builds zero.Init(module=...); Init.__init__ (runtime/zero/partition_parameters.py "
             "line 1090-1091) calls _enable_mem_efficient_linear, which sets torch.nn.functional.linear = "
@@ -241,7 +243,7 @@ FP16_SCALE_INCREASE_HALVES_STEP = KnownIssue(
     checks=("oracle",),
     keys=("oracle:fp16-scale-increase-halves-step",),
     explains=lambda f: rules.scale_grew_at(f) and narrow(f, lambda sc: sc.precision.value == "fp16" and sc.stage != 0),
-    detail=("Found by the fp16 oracle (issue 11: fp16 on the CPU accelerator, net.LossScale).  With "
+    detail=("Found by the fp16 oracle (fp16 on the CPU accelerator, net.LossScale).  With "
             "loss_scale_window 2 the scale doubles after the third clean step (2**8 -> 2**9).  The ZeRO optimizers "
             "update the scale before unscaling: stage3.py step() calls _loss_scale_update_and_overflow_cleanup "
             "(line 2891 on 0.19.8, loss_scaler.update_scale) and only then unscale_and_clip_grads (line 2918), "
@@ -264,12 +266,12 @@ Z3_LATE_MODULE_REREGISTERED = KnownIssue(
           "deepspeed.initialize crashes the forward (AttributeError: ... no attribute 'ds_external_parameters')",
     owner="deepspeed",
     releases=((0, 19, 1), (0, 20, 0)),  # measured on 0.19.2 and 0.19.8; before 0.19.1 the late module fails
-    # earlier, in the forward prologue (z3-module-attached-after-initialize, known_fixed.py)
+    # earlier, in the forward prologue (z3-module-attached-after-initialize, known/fixed.py)
     scenario=Scenario.from_dict({"stage": 3, "late_module": True, "steps": [{}, {"reregister": True}]}),
     checks=("exception",),
     keys=("exception:AttributeError@runtime.zero.partitioned_param_coordinator.get_all_parameters",),
     explains=lambda f: rules.late_module_after_reregister(f) and narrow(f, lambda sc: sc.late_module and sc.stage == 3),
-    detail=("Found by the default exploration once issue 11's options drew a late module (0.19.8).  A module "
+    detail=("Found by the default exploration once the strategy drew a late module (0.19.8).  A module "
             "attached after initialize has no ZeRO-3 hooks, and since #8009 (0.19.1) its forward runs.  "
             "Re-registering the hooks (``_register_deepspeed_module``, what TRL's unwrap_model_for_generation "
             "does around generation) now hooks it too, but it never got the ``ds_external_parameters`` method "
@@ -289,7 +291,7 @@ OFFLOAD_STALE_GRAD_AFTER_FREEZE = KnownIssue(
     keys=("oracle:offload-stale-grad-after-freeze",),
     explains=lambda f: rules.stale_gradient_replayed(f) and narrow(
         f, lambda sc: sc.offload.value in ("optimizer", "both") and any(s.frozen for s in sc.steps)),
-    detail=("Found by the default exploration on 0.19.8 (issue 11's requires_grad change drawn with optimizer "
+    detail=("Found by the default exploration on 0.19.8 (a requires_grad change drawn with optimizer "
             "offload).  Step 0 trains block 0's Linear; step 1 runs with its requires_grad False (progressive "
             "freezing, a LoRA base frozen after warm-up).  PyTorch's optimizer skips a parameter without "
             "gradient; with offload_optimizer the CPU gradient partition of that parameter still holds step 0's "
@@ -317,7 +319,7 @@ ZERO0_FP16_LOSS_NOT_SCALED = KnownIssue(
             "optimizer's step divides the gradients by cur_scale.  Measured: the update's norm is 0.004 of "
             "PyTorch's with initial_scale_power 8 (1/256), 0.064 with 4 (1/16), 1.0 with 0; the gradients "
             "after engine.backward equal PyTorch's unscaled ones.  Present on every release measured from "
-            "0.18.4 to 0.19.8.  Found once stage 0 was drawn with fp16 (issue 11; it had been drawn as bf16, "
+            "0.18.4 to 0.19.8.  Found once stage 0 was drawn with fp16 (it had been drawn as bf16, "
             "'not investigated').  Upstream fix proposed in DeepSpeed PR #8393 (open, not in 0.19.8): route fp16 + "
             "ZeRO-0 through FP16_Optimizer.backward, which scales the loss."),
 )
@@ -340,7 +342,7 @@ ZERO_ADAM_STEPS_FROZEN_PARAM = KnownIssue(
     keys=("oracle:zero-adam-steps-frozen-param",),
     explains=lambda f: f.scenario is not None and _adam_frozen_in_group(f.scenario)
     and rules.stepped_without_gradient(f, _frozen_params(f.scenario)),
-    detail=("Found by exploring with issue 11's DeepSpeed-built optimizer (config AdamW, torch_adam) and its "
+    detail=("Found by exploring with the DeepSpeed-built optimizer (config AdamW, torch_adam) and its "
             "requires_grad change between steps.  PyTorch's optimizers skip a parameter whose grad is None "
             "(torch.optim.AdamW: no update, no state change).  ZeRO keeps one flat fp32 partition per parameter "
             "group and steps it as one tensor: a parameter that got no gradient in this step has zeros in the "
@@ -395,7 +397,7 @@ ZERO_TO_FP32_DROPS_UNGROUPED = KnownIssue(
     checks=("checkpoint",),
     keys=("checkpoint:zero-to-fp32-drops-param-in-no-group",),
     explains=lambda f: dropped_by_zero_to_fp32(f) == "ungrouped",  # the parameter it names, as the run built it
-    detail=("Found by issue 11's checkpoint round trip (save_load), which also rebuilds the fp32 weights with "
+    detail=("Found by the checkpoint round trip (save_load), which also rebuilds the fp32 weights with "
             "deepspeed.utils.zero_to_fp32.get_fp32_state_dict_from_zero_checkpoint, as users convert a ZeRO "
             "checkpoint.  Block 1's parameters require grad but the client optimizer was given only block 0's "
             "(freezing by leaving parameters out of the optimizer).  The checkpoint stores the optimizer's "
@@ -418,7 +420,7 @@ ZERO1_CHECKPOINT_DROPS_FROZEN = KnownIssue(
     checks=("checkpoint",),
     keys=("checkpoint:zero1-checkpoint-drops-frozen-params",),
     explains=lambda f: dropped_by_zero_to_fp32(f) == "frozen" and narrow(f, lambda sc: sc.stage == 1),
-    detail=("Found by issue 11's checkpoint round trip (save_load), which rebuilds the fp32 weights with "
+    detail=("Found by the checkpoint round trip (save_load), which rebuilds the fp32 weights with "
             "zero_to_fp32.  engine.py saves frozen_param_shapes / fragments only when "
             "zero_optimization_partition_gradients() (ZeRO-2 and 3): at ZeRO-1 a requires_grad=False parameter "
             "(block 0's Linear here; every LoRA base weight of a PEFT model) is in neither the optimizer's flat "
@@ -440,7 +442,7 @@ Z3_MIXED_DTYPE_TRAINABLE_DEFRAGMENT = KnownIssue(
     keys=("exception:AssertionError@runtime.zero.utils.defragment",),
     explains=lambda f: rules.raised_at("AssertionError", "zero/utils.py", "defragment")(f) and narrow(
         f, lambda sc: sc.stage == 3 and sc.modules_to_save and sc.precision.value != "fp32"),
-    detail=("Found by the default exploration of 0.19.8 once `zero_init` was drawn (1 Dec).  Built as HF's "
+    detail=("Found by the default exploration of 0.19.8 once `zero_init` was drawn.  Built as HF's "
             "from_pretrained builds a model under ZeRO-3, the base weights are bf16 (fp16); PEFT then makes the "
             "LoRA adapters in fp32 (autocast_adapter_dtype) and the modules_to_save copy of lm_head in the model's "
             "dtype, so the trainable parameters have two dtypes.  Stage3's "
@@ -487,7 +489,7 @@ ZERO_TO_FP32_Z3_EMPTY_PARAM = KnownIssue(
     keys=("exception:TypeError@utils.zero_to_fp32.contiguous",),
     explains=lambda f: rules.raised_at("TypeError", "utils/zero_to_fp32.py", "contiguous")(f)
     and narrow(f, lambda sc: sc.empty_param and sc.stage == 3),
-    detail=("Met by the default exploration of 0.19.7 (1 Dec) while polishing an empty_param finding to ZeRO-3: a "
+    detail=("Met by the default exploration of 0.19.7 while polishing an empty_param finding to ZeRO-3: a "
             "checkpoint saved before the first forward (the parameter was never asked to be gathered).  "
             "utils/zero_to_fp32.py GatheredTensor.contiguous looks for the flat group holding [offset, offset + "
             "numel): for a zero-element parameter at the end of the flat groups no group satisfies offset < "
@@ -505,7 +507,7 @@ ZERO1_CHECKPOINT_DROPS_EMPTY_PARAM = KnownIssue(
     keys=("checkpoint:zero1-checkpoint-drops-empty-param",),
     explains=lambda f: dropped_by_zero_to_fp32(f) == "empty" and narrow(f, lambda sc: sc.stage == 1),
     detail=("Found by test_deepspeed_target.py::test_every_finding_is_known in Hypothesis's random (dev) profile, "
-            "1 Dec, once empty_param was drawn: at ZeRO-1 the fp32 state dict zero_to_fp32 rebuilds from a "
+            "once empty_param was drawn: at ZeRO-1 the fp32 state dict zero_to_fp32 rebuilds from a "
             "0.19.8 checkpoint has no key for the zero-element parameter (``empty: shape (0,) in the engine vs "
             "None in the checkpoint``), so loading it strictly fails on a missing key.  0.19.7's checkpoint of the "
             "same scenario keeps it, and so does ZeRO-2 on 0.19.8 (measured); zero_to_fp32.py is the same in both "
@@ -525,7 +527,7 @@ ZERO_TO_FP32_BF16_OPTIMIZER = KnownIssue(
     explains=lambda f: rules.raised_at("ValueError", "utils/zero_to_fp32.py", "parse_optim_states",
                                        "is not a zero checkpoint")(f)
     and narrow(f, lambda sc: sc.stage == 1 and sc.fp32_grad_accum),
-    detail=("Found by `make explore` from a fresh clone (0.19.8, 1 Dec, last minutes of the session).  ZeRO-1 with "
+    detail=("Found by `make explore` from a fresh clone (0.19.8).  ZeRO-1 with "
             "bf16 and grad_accum_dtype fp32 runs DeepSpeed's BF16_Optimizer, whose checkpoint files "
             "(bf16_zero_pp_rank_*_optim_states.pt) lack the ZeRO optimizer state keys parse_optim_states looks for, "
             "so zero_to_fp32 -- the script a checkpoint directory ships for turning it into fp32 weights -- raises "

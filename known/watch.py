@@ -62,7 +62,8 @@ WATCHED: tuple[Watched, ...] = (
     Watched(Z3_LEAF_KEPT_GATHERED, ("released-after-backward",),
             lambda ctx: ctx.get("stage") == 3 and bool(ctx.get("leaves"))),
     Watched(ZERO12_NO_GRADIENT, ("exception",),
-            lambda ctx: ctx.get("stage") in (1, 2) and any(s in ctx.get("error", "") for s in ("IndexError", "KeyError"))),
+            lambda ctx: ctx.get("stage") in (1, 2) and any(
+                s in ctx.get("error", "") for s in ("IndexError", "KeyError"))),
 )
 
 

@@ -186,7 +186,8 @@ Z3_PERSISTENT_PARAM_RACE_WS2 = KnownIssue(
                                  "fused_head": True, "input_requires_grad": False, "persistence_threshold": 8,
                                  "steps": [{"micro": [{"backward": "engine"}], "eval_before": True}]}),
     checks=("oracle", "ranks-params"),
-    keys=("oracle:z3-persistent-param-race-ws2", "ranks-params:gathered-params-differ"),  # measured on 0.19.2 at world size 2, in the runs that show it
+    # measured on 0.19.2 at world size 2, in the runs that show it
+    keys=("oracle:z3-persistent-param-race-ws2", "ranks-params:gathered-params-differ"),
     explains=_persistent_race_ws2,
     world_size=2,
     detail=("Intermittent (2-5 % of the engines built one after another in one rank pool; confirmation reports "
@@ -233,7 +234,7 @@ Z3_KEPT_FOR_REUSE_THEN_BRANCH = KnownIssue(
             "kept norm is never used again and nothing releases it until engine.step()'s "
             "release_and_reset_all: gathered past the backward and its epilogue (0.19.3's "
             "release_backward_leftovers only drains modules whose pre-backward ran).  zerostate's model "
-            "predicts it at DeepSpeed's default reuse distance (issue 10).  A second route (found by the "
+            "predicts it at DeepSpeed's default reuse distance.  A second route (found by the "
             "release refinement test): a branch that leaves a non-reentrant block computing nothing (its "
             "norm skipped, its Linear unused) skips the block's recompute the trace recorded, so its "
             "post-backward keeps every parameter for that recompute."),

@@ -176,7 +176,7 @@ class DeepSpeedTarget:
 
     def fresh(self) -> None:
         """A fresh worker (a fresh rank pool at world size 2) for the next run, nothing carried over from
-        the runs before: the explorer confirms each finding in one (`targets.confirm`, issue 15).  Not
+        the runs before: the explorer confirms each finding in one (`explorer.confirm`).  Not
         counted in ``restarts`` (those are the restarts a hang, a crash or ranks out of step forced).
 
         From the first call on, one more worker is kept started ahead (a *spare*: a new process that has
