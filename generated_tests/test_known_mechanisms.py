@@ -164,6 +164,27 @@ def test_one_decider():
                 assert call not in text, f"{path.relative_to(root)} calls {call}: decide in findings/decide.py"
 
 
+def test_a_watched_job_is_judged_by_the_decider_and_labelled_on_its_own_evidence():
+    """The watch's entry: a user's job has a trace and maybe an exception, no scenario and no oracle.  The decider
+    gives its findings (`decide_trace`), `findings_of` builds them with ``scenario=None``, and a label needs the
+    mechanism's evidence: the leaf hook before the leaf's backward, and the size-0 accumulation."""
+    from zerostate.findings.build import findings_of
+    from zerostate.findings.decide import decide_trace
+    from zerostate.model.events import Event, EventKind as K
+    trace = (Event(K.FORWARD_START), Event(K.USER_BACKWARD_START, note="engine"),
+             Event(K.TASK_START, task=0, note="outer"), Event(K.LEAF_HOOK, module="blocks.0", task=0),
+             Event(K.MODULE_PRE_BACKWARD, module="blocks.0"))
+    msg = "RuntimeError: The size of tensor a (0) must match the size of tensor b (8) at non-singleton dimension 1"
+    ds = [Frame("deepspeed", "runtime/engine.py", "backward"),
+          Frame("torch", "autograd/graph.py", "_engine_run_backward")]
+    decisions = decide_trace(trace, 3, msg, "RuntimeError@runtime.engine.backward")
+    found = [labelled(replace(f, evidence=replace(f.evidence, raised=replace(f.evidence.raised, frames=tuple(ds)))))
+             for f in findings_of(decisions, None, trace, "watch", "0.19.8")]
+    assert [(f.check, f.scenario, f.known) for f in found] == [("exception", None, "z3-leaf-input-without-grad")]
+    no_early_hook = trace[:3] + trace[4:]
+    assert not labelled(replace(found[0], trace=no_early_hook, known="")).known
+
+
 # ---------------------------------------------------------------- real DeepSpeed
 @pytest.fixture(scope="module")
 def real_findings(ds):
