@@ -14,7 +14,8 @@ from typing import Any, Callable
 
 from zerostate.known.issue import KnownIssue
 from zerostate.known.seeds import SEED_000_PART1, SEED_000_PART2, SEED_002
-from zerostate.known.zero_hooks import Z3_LEAF_INPUT_NO_GRAD, Z3_LEAF_KEPT_GATHERED, ZERO12_NO_GRADIENT
+from zerostate.known.zero_hooks import (Z3_LEAF_INPUT_NO_GRAD, Z3_LEAF_KEPT_GATHERED, Z3_NO_POST_BACKWARD_NO_DRAIN,
+                                        ZERO12_NO_GRADIENT)
 from zerostate.tracing import compat
 
 Context = dict[str, Any]
@@ -59,6 +60,10 @@ WATCHED: tuple[Watched, ...] = (
     Watched(Z3_LEAF_INPUT_NO_GRAD, ("exception",),
             lambda ctx: ctx.get("stage") == 3 and ctx.get("leaf_without_grad", False) and any(
                 s in ctx.get("error", "") for s in ("must match the size", "Cannot reduce scatter"))),
+    # every parameter the violation names was left gathered or held by a module whose pre-backward ran in that
+    # backward and whose post-backward did not (the watch tracer's ``named_leftovers``)
+    Watched(Z3_NO_POST_BACKWARD_NO_DRAIN, ("released-after-backward",),
+            lambda ctx: ctx.get("stage") == 3 and bool(ctx.get("named_leftovers"))),
     Watched(Z3_LEAF_KEPT_GATHERED, ("released-after-backward",),
             lambda ctx: ctx.get("stage") == 3 and bool(ctx.get("leaves"))),
     Watched(ZERO12_NO_GRADIENT, ("exception",),
