@@ -160,8 +160,7 @@ ZERO12_NESTED_OUTPUTS_ENGINE_BACKWARD = KnownIssue(
                                  "steps": [{"micro": [{}, {}]}]}),
     checks=("oracle",),
     keys=("oracle:zero12-nested-outputs-engine-backward",),
-    explains=lambda f: rules.update_scaled(f, 1.0 / (f.scenario.gas if f.scenario else 2) + 0.01, 0.9999)
-    and not rules.pytorch_style_backward(f) and narrow(f, _engine_backward_nested_outputs),
+    explains=lambda f: rules.scaled_twice(f, f.scenario.gas if f.scenario else 2) and not rules.pytorch_style_backward(f) and narrow(f, _engine_backward_nested_outputs),
     detail=("The engine-backward form of zero12-nested-outputs-scaled-twice (known/setups.py, still present on "
             "0.19.8 for a PyTorch-style backward).  Likely mechanism (the same as that issue's; not traced in these "
             "releases' source): the engine's output backward hooks divide by gradient_accumulation_steps, and a hidden state's auxiliary output (hidden, hidden.mean(-1)) "

@@ -32,8 +32,7 @@ def nested_outputs_zero12(sc: Scenario) -> bool:
 def _scaled_twice(f: Finding) -> bool:
     """Every differing parameter got between 1/gas and all of PyTorch's update: a share of its gradient (the
     output computed from another output) was divided by gas once more."""
-    gas = f.scenario.gas if f.scenario is not None else 2
-    return rules.update_scaled(f, 1.0 / gas + 0.01, 0.9999)
+    return rules.scaled_twice(f, f.scenario.gas if f.scenario is not None else 2)
 
 
 def _block_of(param: str, sc: Scenario) -> Block | None:
