@@ -77,15 +77,17 @@ class ModelRun:
 
 def decide(result: Mapping[str, Any], stage: int, model: ModelRun | None = None,
            cross_rank: Mapping[str, tuple[str, str]] | None = None,
-           specs: Sequence[Spec] | None = None, other_ranks: Sequence[Mapping[str, Any]] = ()) -> tuple[Decision, ...]:
+           specs: Sequence[Spec] | None = None, other_ranks: Sequence[Mapping[str, Any]] = (),
+           events: Sequence[Event] | None = None) -> tuple[Decision, ...]:
     """Every check ``result`` (an `executor.execute` dict) fails, in report order.  ``model``: compare with
     the model design (None: not compared); ``cross_rank``: check id -> (text, code) from
     `harness.cross_rank_checks.cross_rank_problems` at world size > 1, and ``other_ranks`` the other ranks'
     results (the evidence of another rank's oracle disagreement); ``specs``: the specs judged (default:
-    those of the ZeRO ``stage``, `specs_for_stage`)."""
+    those of the ZeRO ``stage``, `specs_for_stage`); ``events``: the trace when the caller holds it as events
+    already (else read from ``result["events"]``)."""
     if result.get("skipped"):
         return ()
-    events = [Event.from_dict(d) for d in result.get("events") or []]
+    events = list(events) if events is not None else [Event.from_dict(d) for d in result.get("events") or []]
     error = result.get("error")
     differ = _params_listed((cross_rank or {}).get("ranks-params", ("", ""))[0])
     shown = replace(from_result(result), ranks_differ=differ)
@@ -128,9 +130,8 @@ def decide_trace(events: Sequence[Event], stage: int, error: str | None = None, 
     """The checks a trace alone fails, for a run with no scenario and no oracle (``zerostate watch``: a
     user's job; the model target's run of a design): the exception it raised (``error``: ``"ExcType:
     message"``, ``origin``) and the specs (``specs``: as `decide`)."""
-    result = {"events": [e.to_dict() for e in events], "error": error, "origin": origin,
-              "error_check": "exception" if error else None}
-    return decide(result, stage, specs=specs)
+    result = {"error": error, "origin": origin, "error_check": "exception" if error else None}
+    return decide(result, stage, specs=specs, events=events)
 
 
 def decide_failure(check: str, text: str) -> Decision:

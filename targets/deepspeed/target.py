@@ -313,7 +313,8 @@ class DeepSpeedTarget:
         events = [Event.from_dict(d) for d in res["events"]]
         beyond = scenario.beyond_model()
         model = self._model_run(scenario) if self.check_model and not res.get("error") and not beyond else None
-        decisions = decide(res, scenario.stage, model, self._across_ranks(resp), other_ranks=self._other_ranks(resp))
+        decisions = decide(res, scenario.stage, model, self._across_ranks(resp), other_ranks=self._other_ranks(resp),
+                           events=events)
         found = self._findings(decisions, scenario, events)
         return Outcome(scenario, events, res.get("error"), found, time.perf_counter() - t0,
                        {"steps": res.get("steps"), "seconds_in_worker": resp.get("seconds"),
