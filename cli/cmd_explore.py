@@ -96,6 +96,8 @@ def run(args: argparse.Namespace) -> int:
                                           "time_budget": args.time_budget or None, "jobs": jobs,
                                           "command_line": "zerostate " + " ".join(sys.argv[1:])},
                     columns=[column], specs=SPECS, replay_args=_replay_args(args))
+    if args.target != "model":  # counted apart from the findings about DeepSpeed, from the start (findings.harness)
+        report.data["harness_errors"] = []
     progress = Progress("explore")
     findings: list[dict[str, Any]] = []
     counts = {"examples": 0, "confirming": 0.0}
@@ -162,6 +164,8 @@ def run(args: argparse.Namespace) -> int:
         summary = {"target": who["target"], "deepspeed": who["deepspeed"], "examples": counts["examples"] or
                    args.examples, "seconds": round(time.monotonic() - t0, 2), "findings": findings,
                    "reliability": report.data["reliability"]}
+        if "harness_errors" in report.data:
+            summary["harness_errors"] = report.data["harness_errors"]
         report.finish(status, summary)
     if args.json:
         print(json.dumps(summary, indent=2))
@@ -179,9 +183,11 @@ def run(args: argparse.Namespace) -> int:
               f"{rel['order_dependent']} order-dependent, {rel['intermittent']} intermittent, "
               f"{rel['not_reproduced']} not reproduced, "
               f"{len(rel['restarts'])} worker restart(s)")
+        if "harness_errors" in report.data:
+            print(f"harness errors: {len(report.data['harness_errors'])} (zerostate's own failures, not findings "
+                  "about DeepSpeed)")
         for i, f in enumerate(findings, 1):
-            known = f" [known: {f['known_issue']['id']}]" if f.get("known_issue") else ""
-            print(f"  #{i} {f['check']}: {f['error'].splitlines()[0] if f['error'] else ''}{known}")
+            print(f"  #{i} {f['check']}: {f['error'].splitlines()[0] if f['error'] else ''}{_tag(f)}")
     if status == "interrupted":
         return EXIT_INTERRUPTED
     return EXIT_FINDINGS if findings else EXIT_OK
@@ -232,6 +238,16 @@ def _ctrl_c_kept() -> Iterator[_CtrlC]:
         yield seen
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def _tag(f: dict[str, Any]) -> str:
+    """A summary line's label: a harness error, a known bug or a known (documented) limitation."""
+    if f.get("harness_error"):
+        return f" [harness error: {f['harness_error']}]"
+    k = f.get("known_issue")
+    if not k:
+        return ""
+    return f" [known {'limitation' if k.get('nature') == 'limitation' else 'bug'}: {k['id']}]"
 
 
 def _unexplained(f: Finding) -> bool:

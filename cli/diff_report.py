@@ -55,12 +55,19 @@ def render(r: dict[str, Any], out_dir: str = ".") -> str:
             other = e.get("replay_on_head") or e.get("replay_on_base")
             k = e.get("known_issue")
             out.append(f"| [{e['n']}](#diff-{e['n']}) | **{e['status']}** | `{e['check']}` | "
-                       f"{'`' + k['id'] + '`' if k else 'none (new)'} | {e['found_on']} | {_evidence(other)} |")
+                       f"{_issue(k)} | {e['found_on']} | {_evidence(other)} |")
         out += [""] + _groups(r["findings"])
         for e in r["findings"]:
             out += _detail(e, r, out_dir)
     out += _memory(r["memory"])
     return "\n".join(out) + "\n"
+
+
+def _issue(k: dict[str, Any] | None) -> str:
+    """A known issue as a table cell: its id, and "limitation" for one DeepSpeed documents."""
+    if not k:
+        return "none (new)"
+    return f"`{k['id']}`" + (" (documented limitation)" if k.get("nature") == "limitation" else "")
 
 
 def _evidence(rep: dict[str, Any]) -> str:
@@ -76,7 +83,7 @@ def _groups(entries: list[dict[str, Any]]) -> list[str]:
            "| root cause | known issue (fixed in) | findings | count |", "|---|---|---|---|"]
     for g in gs:
         k = g["known_issue"]
-        ki = f"`{k['id']}` ({k.get('fixed_in') or 'not fixed'})" if k else "none (new)"
+        ki = f"{_issue(k)} ({k.get('fixed_in') or 'not fixed'})" if k else "none (new)"
         out.append(f"| {g['title']} | {ki} | " + ", ".join(f"#{n}" for n in g["findings"]) + f" | {g['count']} |")
     return out + [""]
 
@@ -87,7 +94,7 @@ def _detail(e: dict[str, Any], r: dict[str, Any], out_dir: str) -> list[str]:
     k = e.get("known_issue")
     out = [f'<a id="diff-{e["n"]}"></a>', f"### {e['n']}. {e['status']}: `{e['check']}` (found on {e['found_on']})", ""]
     if k:
-        out += [f"Known issue `{k['id']}` ({k['owner']}; "
+        out += [f"Known {'limitation' if k.get('nature') == 'limitation' else 'bug'} `{k['id']}` ({k['owner']}; "
                 f"{'first fixed in ' + k['fixed_in'] if k.get('fixed_in') else 'not fixed in any release'}): "
                 f"{k['title']}", ""]
     out += ["```text", e["error"].strip().splitlines()[0] if e["error"].strip() else "", "```", "",

@@ -195,13 +195,16 @@ class Report:
 
     def flush(self) -> None:
         self.data["run"]["seconds"] = round(time.monotonic() - self._t0, 2)
+        if any("harness_error" in e for e in self.data["findings"]) or "harness_errors" in self.data:
+            self.data["harness_errors"] = [{"n": e["n"], "key": e.get("key"), "why": e["harness_error"]}
+                                           for e in self.data["findings"] if e.get("harness_error")]
         replace_file(os.path.join(self.dir, "report.json"), json.dumps(self.data, indent=2) + "\n")
         replace_file(os.path.join(self.dir, "report.md"), render_markdown(self.data))
 
 
 def _reliability(findings: list[dict[str, Any]], restarts: list[dict[str, Any]]) -> dict[str, Any]:
     """Findings confirmed by a replay in a fresh worker / reported; order-dependent ones; not reproduced;
-    not checked (run interrupted); the worker restarts and why (issue 15)."""
+    not checked (run interrupted); the worker restarts and why."""
     st = [(f.get("confirmation") or {}).get("status", "not-checked") for f in findings]
     return {"reported": len(findings), "confirmed": st.count("confirmed"),
             "order_dependent": st.count("order-dependent"), "intermittent": st.count("intermittent"),

@@ -83,7 +83,7 @@ import queue
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterator
 
 from hypothesis import HealthCheck, Phase, Verbosity, given, settings
@@ -487,8 +487,7 @@ def explore(target: Target, *, examples: int, seed: int | None = None,
             if f.key not in seen or f.size < seen[f.key].size:
                 seen[f.key] = f
             if f.key not in handed:  # new: hand it over now, unshrunk; shrinking and confirming follow
-                f.shrunk = False
-                f.confirmation = confirming.Confirmation("not-checked")
+                f = replace(f, shrunk=False, confirmation=confirming.Confirmation("not-checked"))
                 handed[f.key] = f
                 queue_keys.append(f.key)
                 seconds_to[f.key] = time.perf_counter() - t0
@@ -568,8 +567,7 @@ def explore(target: Target, *, examples: int, seed: int | None = None,
     def submit(f: Finding) -> None:
         """``f`` is its key's last scenario: confirm it (now, on a helper, or after shrinking), then land it."""
         if not do_confirm[0]:
-            f.confirmation = confirming.Confirmation("not-checked")
-            land(f)
+            land(replace(f, confirmation=confirming.Confirmation("not-checked")))
             return
         outstanding[0] += 1
         if helpers:
@@ -603,24 +601,17 @@ def explore(target: Target, *, examples: int, seed: int | None = None,
             else:
                 return
             outstanding[0] -= 1
-            f.confirmation = c
-            land(f)
+            land(replace(f, confirmation=c))
 
     def shrunk(f: Finding, shrink: bool) -> None:
         """Its key's last scenario: polished (when ``shrink``), handed over as an update (confirmation
         pending: ``confirmation`` None), then confirmed."""
-        import copy
-        f = copy.copy(f)  # the one handed over unshrunk (a key first met while shrinking) stays as it was
         if shrink and do_polish:
             try:
                 f = polished(f)
             except _BudgetSpent:
                 pass
-        from dataclasses import replace
-        f = replace(f)  # a copy: the finding may be the very object handed over unshrunk (when Hypothesis and
-        # polish keep the scenario it was seen in), which must stay as handed over (``shrunk`` False)
-        f.shrunk = shrink
-        f.confirmation = None
+        f = replace(f, shrunk=shrink, confirmation=None)
         handed[f.key] = f
         done.add(f.key)
         if on_update is not None:

@@ -14,7 +14,7 @@ observable, and only the projections are compared:
   backward made inside forward, the fused head);
 * whether stale bucket entries were cleared at each ``engine.step()``.
 
-The coordinator half (ZeRO-3, issue 10) is projected per parameter: each FETCH / PREFETCH /
+The coordinator half (ZeRO-3) is projected per parameter: each FETCH / PREFETCH /
 RELEASE and the parameter's holder count (``ds_active_sub_modules``) at the end of every module
 hook where it changed, each anchored at the module hook (or schedule mark) it happened in
 (`coordinator_project`).  A wrong coordinator design -- what a recompute releases, what the trace

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -59,6 +60,36 @@ def _fs(ver, sc, check, error="boom", origin=None):
     return Finding(check, error, sc, target="deepspeed", deepspeed=ver, origin=origin)
 
 
+def _evt(kind, param=None, note=None, module=None, task=None):
+    return Event(EventKind(kind), param=param, note=note, module=module, task=task)
+
+
+_W = "blocks.0.norm.weight"
+
+
+def _leaf_kept(ver, sc):
+    """z3-leaf-kept-gathered's evidence: the leaf blocks.0 gathered its norm in this forward, its backward never
+    began, the norm is still gathered at the step."""
+    trace = (_evt("forward_start"), _evt("module_pre_forward", module="blocks.0"), _evt("fetch", _W, module="blocks.0"),
+             _evt("module_post_forward", module="blocks.0"), _evt("user_backward_start", note="engine"),
+             _evt("user_backward_end", note="engine"), _evt("step"))
+    return Finding("released-after-backward", f"after the backward (and its epilogue) {_W} is still gathered", sc,
+                   trace, len(trace) - 1, "deepspeed", ver, code="still-gathered")
+
+
+def _leaf_early(ver, sc, check="available-when-used"):
+    """z3-leaf-input-without-grad's evidence: the leaf's hook fired before its backward began."""
+    from zerostate.findings.evidence import Evidence, Raised
+    trace = (_evt("forward_start"), _evt("user_backward_start", note="engine"), _evt("task_start", task=0, note="outer"),
+             _evt("leaf_hook", module="blocks.0", task=0), _evt("module_pre_backward", module="blocks.0"))
+    if check == "exception":
+        msg = "The size of tensor a (0) must match the size of tensor b (8) at non-singleton dimension 1"
+        return Finding("exception", f"RuntimeError: {msg}", sc, trace, None, "deepspeed", ver,
+                       origin="RuntimeError@runtime.engine.backward", evidence=Evidence(raised=Raised("RuntimeError", msg)))
+    return Finding("available-when-used", f"blocks.0 computes (backward) with {_W} not AVAILABLE", sc, trace,
+                   len(trace) - 1, "deepspeed", ver, code="unavailable-in-backward")
+
+
 def test_classify_fixed_introduced_unchanged_with_the_other_sides_replay():
     a = ("exception", "ValueError: a", "ValueError@x.f")
     base = _Fake("0.19.8", {SC_A.to_json(None): [a], SC_B.to_json(None): [("clean-step", "stale", None)]})
@@ -90,10 +121,10 @@ def test_a_known_bug_of_base_that_a_crash_hid_is_unmasked_not_introduced():
     kept = ("released-after-backward", "after the backward (and its epilogue) X are still gathered", None)
     crash = ("exception", "RuntimeError: The size of tensor a (0) must match", "RuntimeError@stage3.hook")
     head = _Fake("0.19.8", {sc.to_json(None): [kept]})
-    entries = classify([], [_fs("0.19.8", sc, *kept[:2])], _Fake("0.19.8", {sc.to_json(None): [crash]}), head)
+    entries = classify([], [_leaf_kept("0.19.8", sc)], _Fake("0.19.8", {sc.to_json(None): [crash]}), head)
     assert [e["status"] for e in entries] == ["unmasked"]
     # the same finding where base ran to the end without it is introduced
-    entries = classify([], [_fs("0.19.8", sc, *kept[:2])], _Fake("0.19.8", {}), head)
+    entries = classify([], [_leaf_kept("0.19.8", sc)], _Fake("0.19.8", {}), head)
     assert [e["status"] for e in entries] == ["introduced"]
     # and a finding no known issue explains is introduced even behind a crash
     other = ("clean-step", "stale gradients survive engine.step()", None)
@@ -108,8 +139,7 @@ def test_a_known_bug_of_base_that_another_bug_hid_is_unmasked_not_introduced():
     0.19.2 the still-gathered leak kept them gathered and the replay shows that finding instead."""
     sc = Scenario.from_dict({"blocks": [{"leaf": True, "norm": "frozen"}], "input_requires_grad": False, "stage": 3,
                              "steps": [{"micro": [{"backward": "engine"}, {"backward": "engine"}]}]})
-    unavailable = Finding("available-when-used", "blocks.0 computes (backward) with X not AVAILABLE", sc,
-                          target="deepspeed", deepspeed="0.19.3", code="unavailable-in-backward")
+    unavailable = _leaf_early("0.19.3", sc)
     head = _Fake("0.19.3", {})
     leak = _Fake("0.19.2", {sc.to_json(None): [("released-after-backward", "X are still gathered", None)]})
     assert [e["status"] for e in classify([], [unavailable], leak, head)] == ["unmasked"]
@@ -147,10 +177,17 @@ def test_a_head_peak_beyond_the_tolerance_is_a_regression_and_a_lower_one_is_not
 
 # ---------------------------------------------------------------- labels and groups
 def test_the_known_issues_scenarios_are_labelled_and_backward_kinds_share_a_group():
-    for k in (known.Z3_LEAF_INPUT_NO_GRAD, known.ZERO12_NO_GRADIENT, known.Z3_LEAF_KEPT_GATHERED):
-        f = _fs("0.19.8", k.scenario, "model-agreement" if k.owner == "model" else
-                "released-after-backward" if k.id == "z3-leaf-kept-gathered" else "exception")
+    from zerostate.findings.evidence import Evidence, Frame, Raised
+    no_grad = known.ZERO12_NO_GRADIENT.scenario
+    index = Raised("IndexError", "list index out of range",
+                   (Frame("deepspeed", "runtime/zero/stage_1_and_2.py", "reduce_ipg_grads"),))
+    hookless = (_evt("forward_start"), _evt("user_backward_start", note="engine"), _evt("user_backward_end", note="engine"))
+    for k, f in ((known.Z3_LEAF_INPUT_NO_GRAD, _leaf_early("0.19.8", known.Z3_LEAF_INPUT_NO_GRAD.scenario, "exception")),
+                 (known.ZERO12_NO_GRADIENT, Finding("exception", "IndexError: list index out of range", no_grad,
+                                                    hookless, None, "deepspeed", "0.19.8", evidence=Evidence(raised=index))),
+                 (known.Z3_LEAF_KEPT_GATHERED, _leaf_kept("0.19.8", known.Z3_LEAF_KEPT_GATHERED.scenario))):
         assert label(f)["id"] == k.id
+        assert label(replace(f, trace=())) is None  # the scenario alone labels nothing
     eng = _fs(None, SC_A, "exception", "RuntimeError: size of tensor a (0) must match b (8)", "E@engine.backward")
     tor = _fs(None, SC_A, "exception", "RuntimeError: size of tensor a (0) must match b (16)", "E@stage3.hook")
     assert eng.key != tor.key and root_key(eng) == root_key(tor)
@@ -161,8 +198,13 @@ def test_the_known_issues_scenarios_are_labelled_and_backward_kinds_share_a_grou
 
 def test_seed_bugs_are_labelled_with_their_first_fixed_release_only_on_releases_that_have_them():
     sc = Scenario.from_dict({"blocks": [{"checkpoint": "non_reentrant", "norm": "frozen"}], "stage": 3})
-    assert label(_fs("0.19.2", sc, "saved-tensor-intact"))["fixed_in"] == "0.19.3"
-    assert label(_fs("0.19.3", sc, "saved-tensor-intact")) is None
+    trace = (_evt("save_live", _W, module="blocks.0"), _evt("release", _W, module="blocks.0.norm"),
+             _evt("unpack", _W, module="blocks.0", note="check"))
+    seed = Finding("saved-tensor-intact", f"{_W} is partitioned in place after the recompute saved it", sc, trace, 2,
+                   "deepspeed", "0.19.2", code="partitioned-at-check")
+    assert label(seed)["fixed_in"] == "0.19.3"
+    assert label(replace(seed, deepspeed="0.19.3")) is None
+    assert label(replace(seed, trace=trace[::2], index=1)) is None  # never released after the save: not seed 002
 
 
 # ---------------------------------------------------------------- the command on real DeepSpeed

@@ -214,8 +214,7 @@ def test_world_size_2_repro_judges_the_ranks_together(tmp_path):
     from zerostate.harness.repro import repro_script
     torchrun = shutil.which("torchrun") or str(Path(sys.executable).with_name("torchrun"))
     f = Finding("ranks-params", "...", Scenario.from_dict({"blocks": [{"checkpoint": "non_reentrant"}, {"leaf": True}],
-                                                            "stage": 3}), deepspeed="0.19.8")
-    f.world_size = 2
+                                                            "stage": 3}), deepspeed="0.19.8", world_size=2)
     script = tmp_path / "repro_1.py"
     script.write_text(repro_script(f, 1))
     assert "torchrun --nproc-per-node 2 repro_1.py" in script.read_text()
@@ -248,18 +247,20 @@ def test_an_order_dependent_findings_repro_runs_its_sequence_first():
     process, each engine destroyed before the next), and an intermittent finding's rate into REPEAT."""
     from zerostate.model.scenario import Scenario
     from zerostate.findings.finding import Finding
+    from dataclasses import replace
+
     from zerostate.explorer.confirm import Confirmation
     from zerostate.harness.repro import repro_script
     sc = Scenario.from_dict(SEED_002)
     before = [Scenario.from_dict({"blocks": [{}], "stage": 1}), Scenario.from_dict({"blocks": [{"leaf": True}]})]
-    f = Finding("oracle", "after train step 0: ...", sc, deepspeed="0.19.2")
-    f.confirmation = Confirmation("order-dependent", sequence=before)
+    f = Finding("oracle", "after train step 0: ...", sc, deepspeed="0.19.2",
+                confirmation=Confirmation("order-dependent", sequence=before))
     ns = _scripts_namespace(repro_script(f, 3))
     assert ns["BEFORE"] == [s.to_dict() for s in before] and ns["REPEAT"] == 1
     assert "Order-dependent: the finding appears only after 2 other example(s)" in ns["__doc__"]
-    f.confirmation = Confirmation("intermittent", repeat=100, hits=3)
+    f = replace(f, confirmation=Confirmation("intermittent", repeat=100, hits=3))
     ns = _scripts_namespace(repro_script(f, 3))
     assert ns["BEFORE"] == [] and ns["REPEAT"] == 100 and "Intermittent (a race)" in ns["__doc__"]
-    f.confirmation = Confirmation("confirmed")
+    f = replace(f, confirmation=Confirmation("confirmed"))
     ns = _scripts_namespace(repro_script(f, 3))
     assert ns["BEFORE"] == [] and ns["REPEAT"] == 1

@@ -89,7 +89,7 @@ def test_known_issue(ds, request, issue):
     and only *its own* finding (one of its checks, explained by this issue and no other one): any other
     finding, or none, fails the test instead of satisfying the xfail (issue 10).  An issue that needs more
     ranks (`KnownIssue.world_size`) must give no finding here, at world size 1."""
-    present = issue.affects(ds.version) and issue.world_size == 1
+    present = issue.shows_on(ds.version) and issue.world_size == 1
     if present:
         request.applymarker(pytest.mark.xfail(strict=True, raises=KnownIssuePresent,
                                               reason=f"{issue.id} ({issue.owner}): {issue.title}. "

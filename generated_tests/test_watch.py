@@ -259,7 +259,7 @@ def test_explanations_follow_release_and_context():
     leaf = dict(ctx, leaf_without_grad=True, error="RuntimeError: The size of tensor a (0) must match the size")
     assert explain("exception", "0.19.8", leaf).id == "z3-leaf-input-without-grad"
     assert explain("exception", "0.19.8", dict(leaf, leaf_without_grad=False)) is None
-    assert explain("count-once-per-phase", "0.18.6", ctx).id == "seed 000 part 2"
+    assert explain("count-once-per-phase", "0.18.6", ctx).id == "seed-000-part-2"
 
 
 def test_importing_zerostate_imports_no_torch():

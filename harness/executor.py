@@ -8,6 +8,8 @@
 ``traceback``   the last lines of the traceback;
 ``mismatch``    the first oracle disagreement (``"after train step i: <param>: ..."``), else None;
 ``origin``      ``ExcType@module.function`` of the innermost DeepSpeed frame (distinguishes exceptions);
+``frames``      every frame of the exception's traceback, ``[package, file, function, line]`` (`frames_of`);
+``oracle_diff`` the first oracle disagreement's parameters, sizes and update ratios (`evidence.oracle_diff`);
 ``steps``       train steps compared with the oracle;
 ``max_diff``    the largest |DeepSpeed - PyTorch| over every parameter and compared step;
 ``fp16``        fp16 only: ``skipped_steps`` and ``loss_scale`` of DeepSpeed's loss scaler at the end, the
@@ -48,8 +50,9 @@ import traceback
 
 import torch
 
+from zerostate.findings.evidence import frames_of
 from zerostate.tracing import compat
-from zerostate.harness import net
+from zerostate.harness import evidence, net
 from zerostate.tracing.tracer import Tracer
 
 _TORCH_LINEAR = torch.nn.functional.linear
@@ -159,6 +162,7 @@ def execute(spec: dict, on_step=None) -> dict:
         res["engine"]["built_partitioned"] = built_partitioned  # parameters zero.Init had partitioned before
         eps = {"bf16": 2.0 ** -8, "fp16": 2.0 ** -11}.get(spec.get("precision", "fp32"))
         initial_ds = backend.params() if eps else None  # mixed precision: the update's norm (compare_update)
+        before = {"pt": oracle_fp16["initial"], "ds": initial_ds or oracle_fp16["initial"], "pt_earlier": None}
         tracer = Tracer(backend.engine, spec).install()
 
         def after_step(i: int) -> None:
@@ -173,11 +177,16 @@ def execute(spec: dict, on_step=None) -> dict:
                                             *net.tolerance(spec))
                 if gen is not None:
                     res["mismatch"] = f"generation before train step {_rereg_steps(spec)[gen[0]]} (TRL's unwrap): {gen[1]}"
+                    res["oracle_diff"] = evidence.oracle_diff("generation", i)
             msg = net.compare(expected[i], got, *net.tolerance(spec))
+            kind = "params"
             if not msg and eps:
-                msg = net.compare_update(oracle_fp16["initial"], expected[i], initial_ds, got, eps)
+                msg, kind = net.compare_update(oracle_fp16["initial"], expected[i], initial_ds, got, eps), "update-norm"
             if msg and res["mismatch"] is None:
                 res["mismatch"] = f"after train step {i}: {msg}"
+                res["oracle_diff"] = evidence.oracle_diff(kind, i, expected[i], got, before["pt"], before["ds"],
+                                                          *net.tolerance(spec), pt_earlier=before["pt_earlier"])
+            before.update(pt_earlier=before["pt"], pt=expected[i], ds=got)  # where each step started
             if on_step is not None:
                 on_step(i, got)
 
@@ -204,6 +213,7 @@ def execute(spec: dict, on_step=None) -> dict:
             fp16.update(oracle_skipped=oracle_fp16.get("skipped"), oracle_scales=oracle_fp16.get("scales"))
             res["fp16"] = fp16
             if res["mismatch"] is None and (fp16["skipped_steps"] != len(oracle_fp16["skipped"])):
+                res["oracle_diff"] = evidence.oracle_diff("loss-scaling", None)
                 res["mismatch"] = (f"loss scaling: DeepSpeed skipped {fp16['skipped_steps']} step(s) for an overflow, "
                                    f"PyTorch's loss scaler {len(oracle_fp16['skipped'])} (steps "
                                    f"{oracle_fp16['skipped']}, scales {oracle_fp16['scales']})")
@@ -212,6 +222,7 @@ def execute(spec: dict, on_step=None) -> dict:
         res["error_check"] = "saved-tensor-intact" if compat.is_checkpoint_error(exc) else "exception"
         res["traceback"] = "".join(traceback.format_exc().splitlines(True)[-12:])
         res["origin"] = origin(exc)
+        res["frames"] = frames_of(exc)
     finally:
         if tracer is not None:
             res["events"] = tracer.events

@@ -40,9 +40,7 @@ from zerostate.model.scenario import Scenario
 
 from zerostate.targets.base import Outcome, TargetError
 
-from zerostate.findings.finding import Finding
 from zerostate.harness.cross_rank_checks import cross_rank_problems
-from zerostate.known.issues import tag_oracle
 from zerostate.harness.rank_pool import RankPool
 from zerostate.harness.process import WorkerDied, WorkerTimeout
 from zerostate.targets.deepspeed.target import DeepSpeedTarget
@@ -121,6 +119,13 @@ class DeepSpeedRanksTarget(DeepSpeedTarget):
         self._last = resp
         return resp
 
+    def _across_ranks(self, resp: dict[str, Any]) -> dict[str, tuple[str, str]] | None:
+        ranks = resp.get("ranks")
+        return cross_rank_problems(ranks) if ranks else None
+
+    def _other_ranks(self, resp: dict[str, Any]) -> list[dict[str, Any]]:
+        return [rk.get("result") or {} for rk in (resp.get("ranks") or [])[1:]]
+
     def run(self, scenario: Scenario) -> Outcome:
         self._last = None
         out = super().run(scenario)
@@ -132,20 +137,10 @@ class DeepSpeedRanksTarget(DeepSpeedTarget):
             self.desync_restarts += 1
             out.details["pool_restarted"] = f"ranks out of step after this example ({last['desync']})"
         if last is not None and last.get("ranks") and not out.details.get("skipped"):
-            problems = cross_rank_problems(last["ranks"])
-            have = {f.key for f in out.findings} | {f.check for f in out.findings}  # one oracle finding
-            for check, (text, code) in problems.items():
-                if check in have:
-                    continue
-                out.findings.append(Finding(check, f"DeepSpeed {self.version}, {self.world_size} ranks: {text}",
-                                            scenario, list(out.trace), None, self.name, self.version, code=code))
             out.details["ranks"] = [{"rank": rk["rank"], "steps": len(rk.get("steps") or []),
                                      "error": (rk.get("result") or {}).get("error") or rk.get("error")}
                                     for rk in last["ranks"]]
         out.details["world_size"] = self.world_size
-        for f in out.findings:
-            f.world_size = self.world_size  # read by repro.repro_script (torchrun / deepspeed launcher lines)
-        tag_oracle(out.findings)  # again, at this world size (some known issues show at world size 2 only)
         return out
 
 

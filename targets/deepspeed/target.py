@@ -42,9 +42,12 @@ from typing import Any
 from zerostate.model.events import Event
 from zerostate.model.scenario import Scenario
 
-from zerostate.targets.base import Outcome, TargetError, spec_findings
+from zerostate.targets.base import Outcome, TargetError
 
+from zerostate.findings.build import findings_of, unique_by_key
+from zerostate.findings.decide import Decision, ModelRun, decide, decide_failure
 from zerostate.findings.finding import Finding
+from zerostate.known.labels import labelled
 from zerostate.tracing import compat
 from zerostate.harness import envs
 from zerostate.harness.process import Worker, WorkerDied, WorkerTimeout, default_timeout as _default_timeout
@@ -173,7 +176,7 @@ class DeepSpeedTarget:
 
     def fresh(self) -> None:
         """A fresh worker (a fresh rank pool at world size 2) for the next run, nothing carried over from
-        the runs before: the explorer confirms each finding in one (`targets.confirm`, issue 15).  Not
+        the runs before: the explorer confirms each finding in one (`explorer.confirm`).  Not
         counted in ``restarts`` (those are the restarts a hang, a crash or ranks out of step forced).
 
         From the first call on, one more worker is kept started ahead (a *spare*: a new process that has
@@ -292,64 +295,28 @@ class DeepSpeedTarget:
                 return wider.run(scenario)
             finally:
                 self.restarts += wider.restarts - before
-        mk = lambda check, text, trace=None, index=None: Finding(  # noqa: E731
-            check, text, scenario, trace, index, self.name, self.version)
         try:
             resp = self.raw(scenario)
         except WorkerTimeout as exc:
             self._restart()
-            f = mk("hang", f"DeepSpeed {self.version}: {exc} (worker killed and restarted)")
-            return Outcome(scenario, [], f.error, [f], time.perf_counter() - t0)
+            return self._failed(scenario, "hang", f"DeepSpeed {self.version}: {exc} (worker killed and restarted)", t0)
         except WorkerDied as exc:
             tail = self.worker.log_tail(1500) if self.worker else ""
             self._restart()
-            f = mk("crash", f"DeepSpeed {self.version}: {exc}\n{tail}")
-            return Outcome(scenario, [], f.error, [f], time.perf_counter() - t0)
+            return self._failed(scenario, "crash", f"DeepSpeed {self.version}: {exc}\n{tail}", t0)
         if not resp.get("ok"):
-            f = mk("internal", f"zerostate's executor failed: {resp.get('error')}\n{resp.get('traceback', '')}")
-            return Outcome(scenario, [], f.error, [f], time.perf_counter() - t0)
+            return self._failed(scenario, "internal", f"zerostate's executor failed: {resp.get('error')}\n"
+                                f"{resp.get('traceback', '')}", t0)
         res = resp["result"]
         if res.get("skipped"):
             return Outcome(scenario, [], None, [], time.perf_counter() - t0, {"skipped": res["skipped"]})
         events = [Event.from_dict(d) for d in res["events"]]
-        findings: list[Finding] = []
-        if res.get("error"):
-            f = mk(res["error_check"], res["error"] + "\n" + (res.get("traceback") or ""), events)
-            f.origin = res.get("origin") if f.check == "exception" else (res.get("origin") or "").split("@")[0]
-            findings.append(f)
-        if res.get("mismatch"):
-            findings.append(mk("oracle", f"DeepSpeed {self.version} disagrees with PyTorch {res['mismatch']}",
-                               events))
-        if res.get("carried_state"):  # issue 15: process state an engine before it (engines_before) left
-            f = mk("carried-state", f"DeepSpeed {self.version}: {res['carried_state']}", events)
-            f.code = "torch-linear-replaced"
-            findings.append(f)
-        if res.get("checkpoint"):  # a checkpoint round trip (save_load) that disagreed
-            f = mk("checkpoint", f"DeepSpeed {self.version}: {res['checkpoint'][1]}", events)
-            f.code = res["checkpoint"][0]
-            findings.append(f)
-        for f in spec_findings(events, scenario, self.name, self.version):
-            if res.get("error") and f.index is None:
-                continue  # a truncated trace cannot fulfil end-of-run obligations
-            findings.append(f)
         beyond = scenario.beyond_model()
-        if self.check_model and not res.get("error") and not beyond:
-            msg = self._agreement(scenario, events)
-            if msg:
-                findings.append(mk("model-agreement", msg, events))
-        # torch's CheckpointError and the saved-tensor-intact spec describe one event: keep the spec's
-        # finding (it points at the event), with the exception's text appended
-        spec_sti = next((f for f in findings if f.check == "saved-tensor-intact" and f.origin is None), None)
-        if spec_sti is not None:
-            exc = [f for f in findings if f.check == "saved-tensor-intact" and f.origin is not None]
-            for f in exc:
-                spec_sti.error += "\n(torch raised) " + f.error
-            findings = [f for f in findings if f not in exc]
-        from zerostate.known.issues import tag_oracle
-        tag_oracle(findings)
-        seen: set[str] = set()
-        unique = [f for f in findings if not (f.key in seen or seen.add(f.key))]
-        return Outcome(scenario, events, res.get("error"), unique, time.perf_counter() - t0,
+        model = self._model_run(scenario) if self.check_model and not res.get("error") and not beyond else None
+        decisions = decide(res, scenario.stage, model, self._across_ranks(resp), other_ranks=self._other_ranks(resp),
+                           events=events)
+        found = self._findings(decisions, scenario, events)
+        return Outcome(scenario, events, res.get("error"), found, time.perf_counter() - t0,
                        {"steps": res.get("steps"), "seconds_in_worker": resp.get("seconds"),
                         "max_diff": res.get("max_diff"), "engine": res.get("engine"),
                         **({"torch_linear_replaced": True} if res.get("torch_linear_replaced") else {}),
@@ -359,14 +326,33 @@ class DeepSpeedTarget:
                         **({"agreement": "not checked: the model does not represent " + ", ".join(beyond)}
                            if beyond and self.check_model else {})})
 
-    def _agreement(self, scenario: Scenario, events: list[Event]) -> str | None:
+    def _findings(self, decisions: tuple[Decision, ...] | list[Decision], scenario: Scenario,
+                  events: list[Event] | None) -> list[Finding]:
+        """The findings of ``decisions`` (the decider's output), labelled, one per key."""
+        built = findings_of(decisions, scenario, events, self.name, self.version, self.world_size)
+        return unique_by_key(labelled(f) for f in built)
+
+    def _failed(self, scenario: Scenario, check: str, text: str, t0: float) -> Outcome:
+        """The outcome of a run that returned no result (a hang, a dead worker, the executor's own failure)."""
+        found = self._findings([decide_failure(check, text)], scenario, None)
+        return Outcome(scenario, [], text, found, time.perf_counter() - t0)
+
+    def _across_ranks(self, resp: dict[str, Any]) -> dict[str, tuple[str, str]] | None:
+        """The cross-rank checks' problems of a rank pool's answer (None: one rank)."""
+        return None
+
+    def _other_ranks(self, resp: dict[str, Any]) -> list[dict[str, Any]]:
+        """The results of the ranks but rank 0 in a rank pool's answer (none: one rank)."""
+        return []
+
+    def _model_run(self, scenario: Scenario) -> ModelRun:
         from zerostate.model.explore import run as model_run
-        from zerostate.findings.agreement import compare
         try:
             model = model_run(self.design, scenario)
         except Exception as exc:  # pragma: no cover - the model itself failed
-            return f"the model design {self.design.name} could not run this scenario: {exc}"
-        return compare(list(model.events), events, self.design.name)
+            return ModelRun(self.design.name, error=f"the model design {self.design.name} could not run this "
+                                                     f"scenario: {exc}")
+        return ModelRun(self.design.name, tuple(model.events))
 
 
 __all__ = ["DeepSpeedTarget", "WorkerDied", "WorkerTimeout"]
