@@ -28,11 +28,7 @@ Findings of one run (at most one per check id):
 
 from __future__ import annotations
 
-import json
 import os
-import selectors
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -47,7 +43,8 @@ from zerostate.targets.base import Outcome, TargetError, spec_findings
 from zerostate.findings.finding import Finding
 from zerostate.tracing import compat
 from zerostate.harness import envs
-from zerostate.harness.process import Worker, WorkerDied, WorkerTimeout, default_timeout as _default_timeout
+from zerostate.harness.process import Worker, WorkerDied, WorkerLike, WorkerTimeout, default_timeout as _default_timeout
+from zerostate.harness.protocol import Response, RunRequest
 
 
 class DeepSpeedTarget:
@@ -56,12 +53,12 @@ class DeepSpeedTarget:
 
     def __init__(self, *, deepspeed: str | None = None, deepspeed_path: str | None = None,
                  design: str | None = None, timeout: float | None = None, check_model: bool = True,
-                 startup_timeout: float = 900.0, defer_start: bool = False):
+                 startup_timeout: float = 900.0, defer_start: bool = False) -> None:
         self.requested = deepspeed
         self.path = deepspeed_path
-        self._options = {"deepspeed": deepspeed, "deepspeed_path": deepspeed_path, "design": design,
+        self._options: dict[str, Any] = {"deepspeed": deepspeed, "deepspeed_path": deepspeed_path, "design": design,
                          "timeout": timeout, "check_model": check_model, "startup_timeout": startup_timeout}
-        self._wider: dict[int, Any] = {}  # world size -> the rank-pool target of the scenarios that ask for it
+        self._wider: dict[int, DeepSpeedTarget] = {}  # world size -> the rank pool of the scenarios that ask for it
         self._starting: threading.Thread | None = None  # `prestart`'s
         self._start_error: BaseException | None = None
         self.timeout = timeout or _default_timeout()
@@ -95,8 +92,8 @@ class DeepSpeedTarget:
         logs.mkdir(parents=True, exist_ok=True)
         self._log_path = Path(tempfile.mkstemp(prefix=f"worker-{key}-", suffix=".log", dir=logs)[1])
         self._spare_log_path = self._log_path.with_suffix(".spare.log")
-        self.worker: Worker | None = None
-        self._spare: Worker | None = None
+        self.worker: WorkerLike | None = None
+        self._spare: WorkerLike | None = None
         self._keep_spare = False  # from the first fresh(): a worker started ahead for the next fresh start
         self.examples = 0
         self.restarts = 0
@@ -111,14 +108,15 @@ class DeepSpeedTarget:
         """Start the worker (the spare a deferred start made) and check what it imported."""
         deepspeed_path, extra, design = self._pending
         self.hello = self._start()
-        self.version: str = str(self.hello["deepspeed"]).strip()
-        if deepspeed_path and self.version.startswith("0.0.0"):
+        version = str(self.hello.get("deepspeed")).strip()
+        self.version: str | None = version
+        if deepspeed_path and version.startswith("0.0.0"):
             self.close()
             raise TargetError(f"--deepspeed-path {deepspeed_path}: the checkout reports DeepSpeed "
-                              f"{self.version} and has no readable version.txt at its root (a plain git "
+                              f"{version} and has no readable version.txt at its root (a plain git "
                               "checkout reads its version from there; see envs.checkout_version)")
         try:
-            compat.check_version(self.version)
+            compat.check_version(version)
         except compat.UnsupportedRelease as exc:
             self.close()
             raise TargetError(str(exc)) from None
@@ -126,10 +124,10 @@ class DeepSpeedTarget:
             self.close()
             raise TargetError(f"the worker imported DeepSpeed from {self.hello['file']}, not from {extra}")
         from zerostate.model.designs import design_for_release, get_design
-        self.design = get_design(design) if design else design_for_release(self.version)
+        self.design = get_design(design) if design else design_for_release(version)
 
     # ------------------------------------------------------------ worker life
-    def _new_worker(self) -> Worker:
+    def _new_worker(self) -> WorkerLike:
         """A worker process, started now; it imports DeepSpeed and initialises while the caller goes on.
         Its log is the one of the two log files the current worker does not write."""
         return Worker(self._env, self._free_log_path(), envs.worker_cwd(self.path))
@@ -139,24 +137,24 @@ class DeepSpeedTarget:
         busy = self.worker.log_path if self.worker is not None else None
         return self._spare_log_path if busy == self._log_path else self._log_path
 
-    def _take_spare(self) -> Any:
+    def _take_spare(self) -> WorkerLike | None:
         spare, self._spare = self._spare, None
         if spare is not None and not spare.alive():  # it died while waiting: start afresh
             spare.close(kill=True)
             spare = None
         return spare
 
-    def _start(self) -> dict:
-        self.worker = self._take_spare() or self._new_worker()
+    def _start(self) -> Response:
+        self.worker = worker = self._take_spare() or self._new_worker()
         try:
-            hello = self.worker.request({"op": "hello"}, self.startup_timeout)
+            hello = worker.request({"op": "hello"}, self.startup_timeout)
         except (WorkerTimeout, WorkerDied) as exc:
-            tail = self.worker.log_tail()
-            self.worker.close(kill=True)
+            tail = worker.log_tail()
+            worker.close(kill=True)
             self.worker = None
             raise TargetError(f"the DeepSpeed worker did not start ({exc}):\n{tail}") from None
         if not hello.get("ok"):
-            self.worker.close(kill=True)
+            worker.close(kill=True)
             self.worker = None
             where = f" from {self._extra}" if self._extra else ""
             raise TargetError(f"DeepSpeed{where} does not import or initialise: {hello.get('error')}\n"
@@ -269,18 +267,23 @@ class DeepSpeedTarget:
     def __enter__(self) -> "DeepSpeedTarget":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     # ------------------------------------------------------------ running
-    def raw(self, scenario: Scenario) -> dict:
-        """The executor's result dict for one scenario (raises WorkerTimeout / WorkerDied)."""
+    def _worker(self) -> WorkerLike:
+        """The running worker, started if there is none."""
         if self.worker is None:
             self._start()
-        req = {"op": "run", "scenario": scenario.to_dict()}
+        assert self.worker is not None
+        return self.worker
+
+    def raw(self, scenario: Scenario) -> Response:
+        """The worker's answer for one scenario (raises WorkerTimeout / WorkerDied)."""
+        req: RunRequest = {"op": "run", "scenario": scenario.to_dict()}
         if self._sleep:
             req["sleep"] = self._sleep
-        return self.worker.request(req, self.timeout)
+        return self._worker().request(req, self.timeout)
 
     def run(self, scenario: Scenario) -> Outcome:
         t0 = time.perf_counter()
