@@ -14,7 +14,7 @@
                 oracle's ``oracle_skipped`` (train steps skipped for an overflow) and ``oracle_scales``;
                 a different number of skipped steps is an oracle ``mismatch``;
 ``skipped``     a reason when the scenario cannot be trained at all (no trainable parameter, no parameter
-                in the optimizer) or not here (fp16 on a GPU accelerator without fp16 -- DeepSpeed's CPU
+                in the optimizer, a loss with nothing to differentiate: `oracle.NothingToDifferentiate`) or not here (fp16 on a GPU accelerator without fp16 -- DeepSpeed's CPU
                 accelerator is told it has fp16 for the example, `fp16.allow_fp16_on_cpu` -- or fp16 with a
                 non-scalar backward, which DeepSpeed's loss scaler has no form for).
 ``engines_before`` one line per engine run before the scenario's own (``"ZeRO-3: ok"`` or its exception);
@@ -55,7 +55,7 @@ from zerostate.harness.net import fp16
 from zerostate.harness.net.checkpoint import SaveLoadRecord, compare_save_load
 from zerostate.harness.net.compare import Params, compare, compare_generated, compare_update, max_abs, rounding_eps, tolerance
 from zerostate.harness.net.engine import DeepSpeedBackend, build_engine_model, engine_settings
-from zerostate.harness.net.oracle import OracleInfo, oracle_params
+from zerostate.harness.net.oracle import NothingToDifferentiate, OracleInfo, oracle_params
 from zerostate.harness.net.schedule import run_schedule
 from zerostate.harness.protocol import ExecResult
 from zerostate.model.scenario import BackwardKind, Family, ParamKind, Precision, Scenario
@@ -199,6 +199,9 @@ def execute(sc: Scenario, on_step: OnStep | None = None) -> ExecResult:
     try:
         oracle_info: OracleInfo = {}
         expected = oracle_params(sc, oracle_info)
+    except NothingToDifferentiate as exc:  # neither side can train it (measured on DeepSpeed 0.19.8)
+        res["skipped"] = str(exc)
+        return res
     except Exception as exc:  # noqa: BLE001 -- the oracle itself failed: zerostate's error, reported as such
         res["error"] = f"oracle: {type(exc).__name__}: {exc}"
         res["error_check"] = "oracle-error"

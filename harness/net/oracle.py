@@ -23,6 +23,14 @@ from zerostate.harness.net.schedule import generation_output, no_grad_forward, r
 from zerostate.model.scenario import BackwardKind, Family, Precision, Scenario
 
 
+class NothingToDifferentiate(Exception):
+    """A micro-step's loss has no ``grad_fn``: no parameter that requires grad reaches it and the input does
+    not require grad.  PyTorch's ``backward`` refuses it ("element 0 of tensors does not require grad and does
+    not have a grad_fn"), and so does DeepSpeed's ``engine.backward`` ("loss must be a scalar tensor", its check
+    that the loss has a ``grad_fn``) and a PyTorch-style backward through the engine (torch's error): the
+    scenario is not training code either side can run, so it is skipped, not judged."""
+
+
 class OracleInfo(TypedDict, total=False):
     """What `oracle_params` reports beside the parameters."""
 
@@ -47,6 +55,9 @@ class TorchBackend:
         self.scaler: fp16.LossScale | None = None
         self.model = model
         self.steps = 0
+        """fp16: train steps the loss scaler has seen."""
+        self.train_step = 0
+        """The train step the loop is in (counted at each boundary)."""
         self.stage = sc.stage
         self.generated: list[torch.Tensor | None] = []
         """The output of each generation (`reregister`), this rank's rows."""
@@ -86,6 +97,12 @@ class TorchBackend:
     def backward(self, kind: BackwardKind, out: torch.Tensor, loss: torch.Tensor, fused: bool, part: float = 1.0,
                  keep: bool = False) -> None:
         """``part``: the share of the loss this backward takes; ``keep``: retain_graph (two backwards)."""
+        source = loss if kind is not BackwardKind.NONSCALAR or fused else out
+        if not source.requires_grad:
+            raise NothingToDifferentiate(
+                f"train step {self.train_step}'s {'output' if source is out and out is not loss else 'loss'} has "
+                "nothing to differentiate (no parameter that requires grad reaches it and the input does not "
+                "require grad): PyTorch's backward and DeepSpeed's engine.backward both refuse it")
         scale = self.scaler.scale if self.scaler is not None else 1.0
         if kind is BackwardKind.NONSCALAR:
             g = torch.ones_like(loss) if fused else (2 * out / out.numel()).detach()
@@ -99,6 +116,7 @@ class TorchBackend:
     def micro_done(self, boundary: bool) -> None:
         if not boundary:
             return
+        self.train_step += 1
         if self.scaler is not None:
             grads = {n: p.grad for n, p in self.model.named_parameters() if p.grad is not None}
             # DeepSpeed checks the gradients of the parameters its optimizer holds: a parameter in no group
@@ -144,4 +162,4 @@ def oracle_params(sc: Scenario, info: OracleInfo | None = None) -> list[Params]:
     return out
 
 
-__all__ = ["OracleInfo", "TorchBackend", "oracle_params"]
+__all__ = ["NothingToDifferentiate", "OracleInfo", "TorchBackend", "oracle_params"]
