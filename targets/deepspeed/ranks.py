@@ -41,6 +41,7 @@ from zerostate.model.scenario import Scenario
 from zerostate.targets.base import Outcome, TargetError
 
 from zerostate.findings.finding import Finding
+from zerostate.harness import envs
 from zerostate.harness.cross_rank_checks import cross_rank_problems
 from zerostate.known.issues import tag_oracle
 from zerostate.harness.rank_pool import RankPool
@@ -105,7 +106,8 @@ class DeepSpeedRanksTarget(DeepSpeedTarget):
             self._env["ZEROSTATE_RANKS_DEVICE"] = _device_for(self.world_size)
             if self._env["ZEROSTATE_RANKS_DEVICE"] == "cpu":
                 self._env["CUDA_VISIBLE_DEVICES"] = ""  # fewer GPUs than ranks: gloo on CPU
-        return RankPool(self._env, self.world_size, self._free_log_path())
+        # in the checkout's root, as the world-size-1 worker: a git checkout's DeepSpeed reads 'version.txt' there
+        return RankPool(self._env, self.world_size, self._free_log_path(), envs.worker_cwd(self.path))
 
     def raw(self, scenario: Scenario) -> Response:
         req: RunRequest = {"op": "run", "scenario": scenario.to_dict()}
