@@ -161,7 +161,7 @@ def run(args: argparse.Namespace) -> int:
                 report.set_result(sid, column, "ok")
         summary = {"target": who["target"], "deepspeed": who["deepspeed"], "examples": counts["examples"] or
                    args.examples, "seconds": round(time.monotonic() - t0, 2), "findings": findings,
-                   "reliability": report.data["reliability"]}
+                   "reliability": report.data["reliability"], "startup": api.startup(target)}
         report.finish(status, summary)
     if args.json:
         print(json.dumps(summary, indent=2))

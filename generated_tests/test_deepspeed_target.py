@@ -267,6 +267,18 @@ def test_hang_is_a_finding_and_the_worker_restarts(ds):
     assert not ds.run(Scenario.from_dict({"blocks": [{}], "stage": 1})).findings
 
 
+def test_the_worker_keeps_its_releases_jit_ops_apart_and_reports_its_start_up(ds):
+    """The worker's ``TORCH_EXTENSIONS_DIR`` is the folder of its DeepSpeed release and torch version
+    (`zerostate.jit_ops`), never torch's shared default; its start-up (seconds, ops JIT-built meanwhile) is
+    reported by the target, for the explorer's summary."""
+    import zerostate.jit_ops as jit_ops
+    folder = ds._env[jit_ops.ENV]
+    assert folder == str(jit_ops.folder_for(ds._env)), folder
+    assert Path(folder).name.startswith(f"deepspeed-{ds.version}") and "-torch-" in Path(folder).name, folder
+    first = ds.startup()[0]
+    assert first["world_size"] == 1 and first["seconds"] > 0 and first["jit_builds"] == [], first  # shm op: skipped
+
+
 @pytest.mark.parametrize("kw, match", [
     ({"name": "nope"}, "unknown target"),
     ({"name": "model", "design": "nope"}, "unknown design"),

@@ -36,8 +36,8 @@ if TYPE_CHECKING:
     from zerostate.findings.finding import Finding
 
 
-ROOTS = ("zerostate.harness.executor", "zerostate.harness.net.dist", "zerostate.model.scenario", "zerostate.findings.decide",
-         "zerostate.harness.cross_rank_checks")
+ROOTS = ("zerostate.jit_ops", "zerostate.harness.executor", "zerostate.harness.net.dist", "zerostate.model.scenario",
+         "zerostate.findings.decide", "zerostate.harness.cross_rank_checks")
 """The modules a repro script runs; every zerostate module they import is embedded with them."""
 
 def _module_file(name: str) -> Path:
@@ -54,7 +54,8 @@ def _is_module(name: str) -> bool:
 
 
 def _is_package(name: str) -> bool:
-    return hasattr(importlib.import_module(name), "__path__")
+    spec = importlib.util.find_spec(name)
+    return spec is not None and spec.submodule_search_locations is not None
 
 
 def _imports_of(name: str) -> set[str]:
@@ -170,6 +171,8 @@ def main():
         print(f"{CHECK!r} compares ranks: run this script with torchrun --nproc-per-node 2")
         return 2
     install_embedded()
+    from zerostate import jit_ops
+    jit_ops.keep_apart(os.environ)  # this release's own JIT-built ops, unless TORCH_EXTENSIONS_DIR says otherwise
     from zerostate.harness import cross_rank_checks
     from zerostate.harness import executor
     from zerostate.harness.net.dist import setup_distributed
@@ -251,8 +254,8 @@ def leave_process_group():
         import torch.distributed as dist
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
-    except Exception:
-        pass
+    except Exception as exc:  # the verdict is printed already: say so, and leave with it
+        print(f"(leaving the process group failed: {type(exc).__name__}: {exc})", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -24,10 +24,14 @@ import gc
 import json
 import os
 import sys
+import time
 import traceback
 from typing import Any, Callable, Protocol, cast, runtime_checkable
 
+import zerostate.jit_ops as jit_ops
 from zerostate.harness.protocol import Answer, Failure, Hello, RunRequest, StepProgress
+
+_IMPORTED = time.time()
 
 Reply = Callable[[Answer | StepProgress], None]
 """Sends one JSON line on the protocol stream."""
@@ -55,6 +59,27 @@ def failure(exc: BaseException, prefix: str = "") -> Failure:
 
 
 def start_deepspeed(skip_shm_comm: bool) -> Hello:
+    """`_start_deepspeed`, timed from the process's start, with the ops DeepSpeed JIT-built meanwhile into its
+    extensions folder (``startup_seconds``, ``jit_builds``: a first build is start-up, never an example's)."""
+    folder = os.environ.get(jit_ops.ENV, "")
+    before = jit_ops.built_ops(folder)
+    hello = _start_deepspeed(skip_shm_comm)
+    hello["startup_seconds"] = round(time.time() - _process_start(), 3)
+    hello["jit_builds"] = jit_ops.new_builds(before, jit_ops.built_ops(folder))
+    return hello
+
+
+def _process_start() -> float:
+    """When this process started (Linux: /proc), else when this module was imported."""
+    try:
+        ticks = int(open(f"/proc/{os.getpid()}/stat").read().rsplit(")", 1)[1].split()[19])
+        boot = next(float(ln.split()[1]) for ln in open("/proc/stat") if ln.startswith("btime"))
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return _IMPORTED
+
+
+def _start_deepspeed(skip_shm_comm: bool) -> Hello:
     """Import DeepSpeed on CPU or CUDA and initialise torch.distributed once (gloo on CPU, nccl on CUDA)
     from ``RANK`` / ``WORLD_SIZE`` / ``MASTER_ADDR`` / ``MASTER_PORT``.  Returns the hello fields every
     worker sends: ``deepspeed``, ``file``, ``torch``, ``device``.  ``skip_shm_comm``: on CPU, skip building

@@ -97,6 +97,7 @@ class DeepSpeedRanksTarget(DeepSpeedTarget):
                               f"not {self.world_size}")
         if self._keep_spare and self._spare is None:
             self._spare = self._new_worker()
+        self._note_start(hello)
         return hello
 
     def _new_worker(self) -> RankPool:

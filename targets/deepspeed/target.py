@@ -8,8 +8,8 @@
     outcome = t.run(scenario); t.close()
 
 One worker process (``python -m zerostate.harness.worker``) serves every
-example; it is started with ``PYTHONPATH`` = the release and its own
-``TORCH_EXTENSIONS_DIR``.  Each example has a timeout (``timeout``, default 60 s,
+example; it is started with ``PYTHONPATH`` = the release and a ``TORCH_EXTENSIONS_DIR`` of that
+release and torch version (`zerostate.jit_ops`: releases never load each other's JIT-built ops).  Each example has a timeout (``timeout``, default 60 s,
 or ``$ZEROSTATE_EXAMPLE_TIMEOUT``): no answer in time is a ``hang`` finding, and
 the worker is killed and restarted; a worker that dies is a ``crash`` finding.
 
@@ -33,7 +33,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from zerostate.model.events import Event
 from zerostate.model.scenario import Scenario
@@ -41,10 +41,17 @@ from zerostate.model.scenario import Scenario
 from zerostate.targets.base import Outcome, TargetError, spec_findings
 
 from zerostate.findings.finding import Finding
+import zerostate.jit_ops as jit_ops
 from zerostate.tracing import compat
 from zerostate.harness import envs
 from zerostate.harness.process import Worker, WorkerDied, WorkerLike, WorkerTimeout, default_timeout as _default_timeout
 from zerostate.harness.protocol import Response, RunRequest
+
+
+class Startup(TypedDict):
+    world_size: int
+    seconds: float | None
+    jit_builds: list[str]
 
 
 class DeepSpeedTarget:
@@ -74,16 +81,15 @@ class DeepSpeedTarget:
                 extra = str(envs.ensure_release(deepspeed))
             except (compat.UnsupportedRelease, envs.InstallError) as exc:
                 raise TargetError(str(exc)) from None
-            env["TORCH_EXTENSIONS_DIR"] = str(envs.extensions_dir_for(f"deepspeed-{deepspeed}"))
         elif deepspeed_path:
             p = Path(deepspeed_path).expanduser().resolve()
             if not (p / "deepspeed" / "__init__.py").exists():
                 raise TargetError(f"--deepspeed-path {deepspeed_path}: no deepspeed/__init__.py under {p} "
                                   "(give the root of a DeepSpeed checkout)")
             extra = str(p)
-            env["TORCH_EXTENSIONS_DIR"] = str(envs.extensions_dir_for(envs.path_key(str(p))))
         if extra:
             env["PYTHONPATH"] = extra + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        env[jit_ops.ENV] = str(jit_ops.folder_for(env))  # this release's and torch's own, whatever the user set
         self._env = env
         self._extra = extra
         key = f"deepspeed-{deepspeed}" if deepspeed else (envs.path_key(deepspeed_path) if deepspeed_path
@@ -97,6 +103,8 @@ class DeepSpeedTarget:
         self._keep_spare = False  # from the first fresh(): a worker started ahead for the next fresh start
         self.examples = 0
         self.restarts = 0
+        self.first_start: Startup | None = None
+        """The first worker's start-up (a first JIT build of DeepSpeed's ops is in it), for reports."""
         self._sleep = 0.0  # tests: make the worker sleep before each run (a simulated hang)
         self._pending = (deepspeed_path, extra, design)
         if defer_start:  # `prestart`: the processes start now, from this thread; `_complete_start` waits for them
@@ -161,7 +169,19 @@ class DeepSpeedTarget:
                               f"{hello.get('traceback', '')}")
         if self._keep_spare and self._spare is None:
             self._spare = self._new_worker()
+        self._note_start(hello)
         return hello
+
+    def _note_start(self, hello: Response) -> None:
+        if self.first_start is None:
+            self.first_start = {"world_size": self.world_size, "seconds": hello.get("startup_seconds"),
+                                "jit_builds": list(hello.get("jit_builds") or [])}
+
+    def startup(self) -> list[Startup]:
+        """What starting this target's workers cost, per world size: seconds from the process's start to its
+        answer, and the ops DeepSpeed JIT-built meanwhile (a first build: minutes).  Reported as start-up."""
+        own = [self.first_start] if self.first_start is not None else []
+        return own + [s for ws in sorted(self._wider) for s in self._wider[ws].startup()]
 
     def _restart(self) -> None:
         if self.worker is not None:
@@ -372,4 +392,4 @@ class DeepSpeedTarget:
         return compare(list(model.events), events, self.design.name)
 
 
-__all__ = ["DeepSpeedTarget", "WorkerDied", "WorkerTimeout"]
+__all__ = ["DeepSpeedTarget", "Startup", "WorkerDied", "WorkerTimeout"]
