@@ -53,6 +53,11 @@ from pathlib import Path
 RELEASES = ("0.18.4", "0.18.6", "0.19.2")
 
 
+def _built(result: dict) -> str:
+    """The DeepSpeed ops JIT-built while the workers started (in their start-up, not in the examples)."""
+    return f", including the JIT build of {', '.join(result['jit_builds'])}" if result.get("jit_builds") else ""
+
+
 def throughput_jobs(n: int, jobs: int) -> dict:
     """``n`` scenarios of the explorer's own generated sequence, in its lanes, on ``jobs`` workers."""
     import threading
@@ -75,10 +80,12 @@ def throughput_jobs(n: int, jobs: int) -> dict:
     ran = sum(1 for _, sc, _, _ in _lanes(workers, lanes, threading.Event(), [False] * jobs) if sc is not None)
     total = time.perf_counter() - t1
     version = workers[0].version
+    started = [s for w in workers for s in w.startup()]
     for w in workers:
         w.close()
     return {"deepspeed": version, "jobs": jobs, "examples": ran, "seconds": round(total, 2),
-            "examples_per_second": round(ran / total, 2), "worker_startup_s": round(startup, 2)}
+            "examples_per_second": round(ran / total, 2), "worker_startup_s": round(startup, 2),
+            "jit_builds": sorted({op for s in started for op in s["jit_builds"]})}
 
 
 def throughput(n: int) -> dict:
@@ -104,11 +111,13 @@ def throughput(n: int) -> dict:
     t1 = time.perf_counter()
     run()
     total = time.perf_counter() - t1
+    started = target.startup()
     target.close()
     times.sort()
     return {"deepspeed": target.version, "examples": len(times), "seconds": round(total, 2),
             "examples_per_second": round(len(times) / total, 2), "median_example_s": round(times[len(times) // 2], 4),
-            "max_example_s": round(times[-1], 3), "worker_startup_s": round(startup, 2)}
+            "max_example_s": round(times[-1], 3), "worker_startup_s": round(startup, 2),
+            "jit_builds": sorted({op for s in started for op in s["jit_builds"]})}
 
 
 def time_to_seed(version: str, examples: int) -> dict:
@@ -178,13 +187,13 @@ def main(argv: list[str] | None = None) -> int:
         out["throughput"] = tp = throughput(args.rate_examples)
         print(f"throughput on DeepSpeed {tp['deepspeed']}: {tp['examples']} examples in {tp['seconds']} s = "
               f"{tp['examples_per_second']} examples/s (median {tp['median_example_s']} s; worker start-up "
-              f"{tp['worker_startup_s']} s)", flush=True)
+              f"{tp['worker_startup_s']} s{_built(tp)})", flush=True)
         out["throughput_jobs"] = []
         for j in args.jobs:
             tj = throughput_jobs(args.rate_examples, j)
             out["throughput_jobs"].append(tj)
             print(f"throughput with --jobs {j}: {tj['examples']} examples in {tj['seconds']} s = "
-                  f"{tj['examples_per_second']} examples/s (start-up {tj['worker_startup_s']} s)", flush=True)
+                  f"{tj['examples_per_second']} examples/s (start-up {tj['worker_startup_s']} s{_built(tj)})", flush=True)
     fmt = lambda x: '-' if x is None else str(x)
     print(f"{'release':8} {'seed':16} {'found':6} {'seconds':>8} {'shrunk':>8} {'position':>9} {'runs':>6} "
           f"{'size':>10}")

@@ -163,7 +163,7 @@ def run(args: argparse.Namespace) -> int:
                 report.set_result(sid, column, "ok")
         summary = {"target": who["target"], "deepspeed": who["deepspeed"], "examples": counts["examples"] or
                    args.examples, "seconds": round(time.monotonic() - t0, 2), "findings": findings,
-                   "reliability": report.data["reliability"]}
+                   "reliability": report.data["reliability"], "startup": api.startup(target)}
         if "harness_errors" in report.data:
             summary["harness_errors"] = report.data["harness_errors"]
         report.finish(status, summary)

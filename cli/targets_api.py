@@ -8,7 +8,7 @@ their fields, with no fallbacks.
 from __future__ import annotations
 
 import os
-from typing import Any, Callable
+from typing import Any, Callable, Protocol, runtime_checkable
 
 from zerostate.model.scenario import Scenario
 from zerostate.targets.base import Outcome, Target, get_target
@@ -56,6 +56,17 @@ def close(t: Target) -> None:
     t.close()
 
 
+@runtime_checkable
+class _Started(Protocol):
+    def startup(self) -> list[Any]: ...
+
+
+def startup(t: Target) -> list[Any]:
+    """What starting the target's workers cost, per world size (seconds; the DeepSpeed ops JIT-built then: a
+    first build is start-up, not exploring); [] for a target without workers."""
+    return t.startup() if isinstance(t, _Started) else []
+
+
 def describe_target(t: Target) -> dict[str, Any]:
     """What a report says of the target: its kind, the DeepSpeed release (None for the model), the design."""
     return {"target": t.name, "deepspeed": t.version, "design": t.design.name}
@@ -90,4 +101,4 @@ def outcome(o: Outcome) -> tuple[bool, str | None, str]:
     return passed, (None if passed else first.check if first is not None else None), str(error or "")
 
 
-__all__ = ["close", "describe_target", "explore", "findings", "outcome", "run_scenario", "target"]
+__all__ = ["close", "describe_target", "startup", "explore", "findings", "outcome", "run_scenario", "target"]

@@ -49,11 +49,11 @@ def run_repro(script: Path, release: str | None = None, timeout: float = 300) ->
     """``python repro_<n>.py`` with only torch and deepspeed: the installed release, or ``release``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST", "HYPOTHESIS"))}
     env.pop("PYTHONPATH", None)
+    env.pop("TORCH_EXTENSIONS_DIR", None)  # the script keeps each release's JIT-built ops apart itself
     assert not script.resolve().is_relative_to(Path(__file__).resolve().parent.parent), "run it outside the repo"
     if release:
         from zerostate.harness import envs
         env["PYTHONPATH"] = str(envs.ensure_release(release))
-        env["TORCH_EXTENSIONS_DIR"] = str(envs.extensions_dir_for(f"deepspeed-{release}"))
     return subprocess.run([sys.executable, "-c", NO_ZEROSTATE, script.name], cwd=script.parent,
                           capture_output=True, text=True, timeout=timeout, env=env)
 

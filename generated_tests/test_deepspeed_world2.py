@@ -421,3 +421,58 @@ def test_0192_persistent_parameter_race_is_found_and_reported_intermittent():
         assert hits_alone(t, "oracle", sc, 300)[0] >= 1
     finally:
         t.close()
+
+
+# ------------------------------------------------------------ a reviewer's checkout (--deepspeed-path)
+def git_checkout(root: Path, version: str) -> Path:
+    """The installed DeepSpeed laid out as a plain git checkout of it: ``deepspeed/`` copied, ``version.txt`` at
+    the root, ``accelerator/`` and ``op_builder/`` at the top level (the package's own are symlinks to them, as
+    in DeepSpeed's repository) and no ``git_version_info_installed.py`` (only setup.py writes it), so DeepSpeed
+    reads its version from the relative path ``version.txt``."""
+    import shutil
+    import deepspeed
+    pkg = root / "deepspeed"
+    shutil.copytree(Path(deepspeed.__file__).resolve().parent, pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    (pkg / "git_version_info_installed.py").unlink()
+    for top, inside in (("accelerator", pkg / "accelerator"), ("op_builder", pkg / "ops" / "op_builder")):
+        shutil.move(str(inside), str(root / top))
+        inside.symlink_to(os.path.relpath(root / top, inside.parent))
+    (root / "version.txt").write_text(version + "\n")
+    return root
+
+
+def test_a_git_checkouts_rank_pool_sees_its_version(tmp_path):
+    """``--deepspeed-path`` of a plain git checkout: the world-size-2 scenarios of the default exploration run
+    on a rank pool that, like the world-size-1 worker, imports the checkout and reports the version in its
+    ``version.txt`` (it reported 0.0.0, and the exploration died, while the pool ran elsewhere than the
+    checkout's root).  Run from a folder that is not the checkout."""
+    import deepspeed
+    from zerostate.explorer.explore import generated
+    root = git_checkout(tmp_path / "DeepSpeed", deepspeed.__version__)
+    first = [sc for sc in generated(scenarios(), 30, None) if sc.world_size == 2][:2]
+    t = get_target("deepspeed", deepspeed_path=str(root))
+    try:
+        for sc in first:
+            out = t.run(sc)
+            assert out.details.get("world_size") == 2 and not _unexplained(out), (out.details, _fmt(out.findings))
+        pool = t._wider[2]
+        assert pool.version == t.version == deepspeed.__version__
+        assert os.path.realpath(pool.hello["file"]).startswith(os.path.realpath(root)), pool.hello
+    finally:
+        t.close()
+
+
+def test_a_target_error_once_running_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys):
+    """A target that fails after it started (a rank pool that cannot start, drawn mid-exploration) ends the
+    command with one line naming the problem and exit status 2, never a traceback."""
+    from zerostate.cli import cmd_replay, main
+    from zerostate.targets.base import TargetError
+
+    def fails(args):
+        raise TargetError("the DeepSpeed rank pool (2 ranks) did not start (no answer within 900 s):\n"
+                          "--- rank 0 log ---\nTraceback (most recent call last): ...")
+    monkeypatch.setattr(cmd_replay, "run", fails)
+    (tmp_path / "s.json").write_text(json.dumps({"stage": 1, "world_size": 2}))
+    assert main.main(["replay", str(tmp_path / "s.json")]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == "zerostate: the DeepSpeed rank pool (2 ranks) did not start (no answer within 900 s):", err

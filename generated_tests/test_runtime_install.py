@@ -356,7 +356,7 @@ def test_patched_initialize_never_raises_and_trains_like_stock(stage, dtype, off
     """Under patch_deepspeed, every engine either gets the runtime and trains exactly like stock, or is
     refused with one warning and stays stock -- deepspeed.initialize never raises because of zerostate."""
     if dtype == "fp16":  # on DeepSpeed's CPU accelerator as the explorer runs it (issue 11), for this test only
-        from zerostate.harness.net import allow_fp16_on_cpu, restore_fp16_support
+        from zerostate.harness.net.fp16 import allow_fp16_on_cpu, restore_fp16_support
         allow_fp16_on_cpu()
         request.addfinalizer(restore_fp16_support)
     if dtype == "fp16" and not deepspeed.get_accelerator().is_fp16_supported():

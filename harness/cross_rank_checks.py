@@ -11,13 +11,16 @@ and a checksum of every gathered parameter after each train step.  Compared with
 * ``oracle``        -- another rank's parameters differ from plain PyTorch while rank 0's agree.
 
 Used by the rank pool's target (`ranks`) and by world-size-2 repro scripts (`repro`, which embed this
-file: it imports nothing but the standard library, and torch only through the tensors it is given).
+file: it imports nothing but the standard library and the payload types, and torch only through the tensors
+it is given).
 """
 
 from __future__ import annotations
 
 import hashlib
-from typing import Any
+from typing import Any, Mapping
+
+from zerostate.harness.protocol import EventDict, RankRecord
 
 CROSS_CHECKS = ("ranks-trace", "ranks-params", "ranks-outcome")
 MODULE_KINDS = {"module_pre_forward", "module_post_forward", "module_pre_backward", "module_post_backward",
@@ -25,7 +28,7 @@ MODULE_KINDS = {"module_pre_forward", "module_post_forward", "module_pre_backwar
 PARAM_KINDS = {"fetch", "prefetch", "release"}
 
 
-def digests(params: dict) -> dict[str, str]:
+def digests(params: Mapping[str, Any]) -> dict[str, str]:
     """A checksum of each gathered parameter's exact bytes (ranks must agree bit for bit)."""
     out = {}
     for n, t in params.items():
@@ -34,9 +37,9 @@ def digests(params: dict) -> dict[str, str]:
     return out
 
 
-def per_step(events: list[dict]) -> list[dict[str, list]]:
+def per_step(events: list[EventDict]) -> list[dict[str, list[str]]]:
     """Each train step's module trace and parameter order (the events up to and including its STEP)."""
-    out: list[dict[str, list]] = [{"modules": [], "params": []}]
+    out: list[dict[str, list[str]]] = [{"modules": [], "params": []}]
     for e in events:
         k = e.get("kind")
         if k in MODULE_KINDS:
@@ -48,7 +51,7 @@ def per_step(events: list[dict]) -> list[dict[str, list]]:
     return out
 
 
-def _first_diff(a: list, b: list) -> tuple[int, Any, Any] | None:
+def _first_diff(a: list[str], b: list[str]) -> tuple[int, str, str] | None:
     for i in range(max(len(a), len(b))):
         x = a[i] if i < len(a) else "(nothing)"
         y = b[i] if i < len(b) else "(nothing)"
@@ -57,7 +60,7 @@ def _first_diff(a: list, b: list) -> tuple[int, Any, Any] | None:
     return None
 
 
-def cross_rank_problems(ranks: list[dict]) -> dict[str, tuple[str, str]]:
+def cross_rank_problems(ranks: list[RankRecord]) -> dict[str, tuple[str, str]]:
     """Cross-rank check id -> (what differs, its code), comparing every rank with rank 0.
 
     The code is the finding's identity (``Finding.key`` is check:code, never the message): ``ranks-outcome``
@@ -65,14 +68,14 @@ def cross_rank_problems(ranks: list[dict]) -> dict[str, tuple[str, str]]:
     ``ranks-params`` ``gathered-params-differ``; ``oracle`` ``other-rank-off``."""
     out: dict[str, tuple[str, str]] = {}
     r0 = ranks[0]
-    res0 = r0.get("result") or {}
+    res0: dict[str, Any] = dict(r0.get("result") or {})
     for rk in ranks[1:]:
-        res = rk.get("result") or {}
+        res: dict[str, Any] = dict(rk.get("result") or {})
         r = rk["rank"]
         e0 = (res0.get("error_check"), res0.get("origin")) if res0.get("error") else None
         e1 = (res.get("error_check"), res.get("origin")) if res.get("error") else None
         if e0 != e1 and "ranks-outcome" not in out:
-            say = lambda e, x: (f"raised {x.get('error', '').splitlines()[0][:200]}" if e else  # noqa: E731
+            say = lambda e, x: (f"raised {(x.get('error') or '').splitlines()[0][:200]}" if e else  # noqa: E731
                                 f"finished {x.get('steps', 0)} train step(s)")
             out["ranks-outcome"] = (f"rank 0 {say(e0, res0)}; rank {r} {say(e1, res)}",
                                     "different-exceptions" if e0 and e1 else "one-rank-raised")

@@ -5,7 +5,7 @@ it with: it embeds, verbatim, every zerostate module that run and that judgement
 their own names by a small import hook (`EMBEDDED`, with everything they import in turn):
 
 * ``executor`` -- runs the scenario as the worker does: ``net`` (the network, the DeepSpeed config,
-  the training loop, the PyTorch oracle), the ``tracer`` (events, through ``compat``, the era table
+  the training loop, the PyTorch oracle: one module per job), the ``tracer`` (events, through ``compat``, the era table
   and the one ``Patcher``) and the teardown between engines;
 * ``run_checks`` -- `failed_checks`, the judgement of `DeepSpeedTarget.run`: the exception's check, the
   oracle, every spec of ``zerostate.specs`` (the monitors themselves) and ``model-agreement``
@@ -36,12 +36,14 @@ if TYPE_CHECKING:
     from zerostate.findings.finding import Finding
 
 
-ROOTS = ("zerostate.harness.executor", "zerostate.findings.decide",
-         "zerostate.harness.cross_rank_checks")
+ROOTS = ("zerostate.jit_ops", "zerostate.harness.executor", "zerostate.harness.net.dist", "zerostate.model.scenario",
+         "zerostate.findings.decide", "zerostate.harness.cross_rank_checks")
 """The modules a repro script runs; every zerostate module they import is embedded with them."""
 
 def _module_file(name: str) -> Path:
-    return Path(importlib.import_module(name).__file__)
+    file = importlib.import_module(name).__file__
+    assert file is not None, f"{name} has no source file"
+    return Path(file)
 
 
 def _is_module(name: str) -> bool:
@@ -52,7 +54,8 @@ def _is_module(name: str) -> bool:
 
 
 def _is_package(name: str) -> bool:
-    return hasattr(importlib.import_module(name), "__path__")
+    spec = importlib.util.find_spec(name)
+    return spec is not None and spec.submodule_search_locations is not None
 
 
 def _imports_of(name: str) -> set[str]:
@@ -79,7 +82,7 @@ def _imports_of(name: str) -> set[str]:
     return out
 
 
-def embedded_modules(roots=ROOTS) -> dict[str, tuple[bool, str]]:
+def embedded_modules(roots: tuple[str, ...] = ROOTS) -> dict[str, tuple[bool, str]]:
     """module name -> (is a package, its source), for ``roots`` and every zerostate module they import,
     dependencies first.  A package nothing imports names from (``zerostate``, ``zerostate.targets`` ...) is
     not embedded: the script gives it an empty module, so its ``__init__`` (the CLI's imports) never runs."""
@@ -117,7 +120,7 @@ def _embedded_text() -> str:
     return "".join(parts)
 
 
-def _expected(finding) -> tuple[str, list | None]:
+def _expected(finding: Finding) -> tuple[str, list[dict[str, object]] | None]:
     """model-agreement: the model design's name and its trace of the scenario (computed now, embedded)."""
     if finding.check != "model-agreement":
         return "", None
@@ -130,31 +133,31 @@ def _expected(finding) -> tuple[str, list | None]:
 _MAIN = r'''
 
 # ------------------------------------------------------------------ the run and the check
-def run_before(executor):
+def run_before(executor, Scenario):
     """An order-dependent finding: the examples that ran before it in the same process, each in its own
     engine, built, trained and destroyed by zerostate's executor as its worker ran them; their own
     outcome is not judged."""
     for i, spec in enumerate(BEFORE):
-        res = executor.execute(spec)
+        res = executor.execute(Scenario.from_dict(spec))
         if res.get("error"):
             print(f"(sequence [{i + 1}] raised {res['error'].splitlines()[0][:120]})")
 
 
-def judge(executor, failed_checks, cross_rank_checks):
+def judge(executor, failed_checks, cross_rank_checks, scenario):
     """Run the scenario once; return (the failed checks, the executor's result)."""
     import torch.distributed as dist
     steps = []
-    res = executor.execute(SPEC, on_step=lambda i, got: steps.append(cross_rank_checks.digests(got)))
+    res = executor.execute(scenario, on_step=lambda i, got: steps.append(cross_rank_checks.digests(got)))
     model_events = None
     if MODEL_EVENTS is not None:
         from zerostate.model.events import Event
         model_events = [Event.from_dict(d) for d in MODEL_EVENTS]
-    failed = failed_checks(res, SPEC.get("stage", 3), model_events, DESIGN)
+    failed = failed_checks(res, scenario.stage, model_events, DESIGN)
     if dist.is_initialized() and dist.get_world_size() > 1:
         ranks = [None] * dist.get_world_size()
         dist.all_gather_object(ranks, {"rank": dist.get_rank(), "ok": True, "result": res, "steps": steps})
         mine = failed
-        failed = failed_checks(ranks[0]["result"], SPEC.get("stage", 3), model_events, DESIGN)  # rank 0's, as the pool
+        failed = failed_checks(ranks[0]["result"], scenario.stage, model_events, DESIGN)  # rank 0's, as the pool
         for check, problem in cross_rank_checks.cross_rank_problems(ranks).items():
             failed.setdefault(check, problem)
         if mine.keys() - failed.keys():
@@ -168,17 +171,21 @@ def main():
         print(f"{CHECK!r} compares ranks: run this script with torchrun --nproc-per-node 2")
         return 2
     install_embedded()
+    from zerostate import jit_ops
+    jit_ops.keep_apart(os.environ)  # this release's own JIT-built ops, unless TORCH_EXTENSIONS_DIR says otherwise
     from zerostate.harness import cross_rank_checks
     from zerostate.harness import executor
-    from zerostate.harness import net
+    from zerostate.harness.net.dist import setup_distributed
     from zerostate.findings.decide import failed_checks
-    net.setup_distributed()
-    run_before(executor)
+    from zerostate.model.scenario import Scenario
+    scenario = Scenario.from_dict(SPEC)  # parsed once, as the worker does
+    setup_distributed()
+    run_before(executor, Scenario)
     if CHECK == "hang":
         import faulthandler
         faulthandler.dump_traceback_later(TIMEOUT, exit=True)  # exits 1 with every thread's stack
     for i in range(REPEAT):
-        failed, res = judge(executor, failed_checks, cross_rank_checks)
+        failed, res = judge(executor, failed_checks, cross_rank_checks, scenario)
         others = {k: v for k, v in failed.items() if k != CHECK}
         for check, (msg, detail) in sorted(others.items()):
             print(f"(also failed, not this finding's check: {check}{' ' + detail if detail else ''}: "
@@ -247,8 +254,8 @@ def leave_process_group():
         import torch.distributed as dist
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
-    except Exception:
-        pass
+    except Exception as exc:  # the verdict is printed already: say so, and leave with it
+        print(f"(leaving the process group failed: {type(exc).__name__}: {exc})", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -35,10 +35,10 @@ the same bug: the explorer reports one per key.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Protocol, runtime_checkable
+from typing import Any, Callable, Protocol, runtime_checkable
 
 from zerostate.model.designs import Design
-from zerostate.model.events import EventKind, Event
+from zerostate.model.events import Event
 from zerostate.model.scenario import Scenario
 from zerostate.findings.finding import Finding
 

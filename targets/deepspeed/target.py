@@ -8,8 +8,8 @@
     outcome = t.run(scenario); t.close()
 
 One worker process (``python -m zerostate.harness.worker``) serves every
-example; it is started with ``PYTHONPATH`` = the release and its own
-``TORCH_EXTENSIONS_DIR``.  Each example has a timeout (``timeout``, default 60 s,
+example; it is started with ``PYTHONPATH`` = the release and a ``TORCH_EXTENSIONS_DIR`` of that
+release and torch version (`zerostate.jit_ops`: releases never load each other's JIT-built ops).  Each example has a timeout (``timeout``, default 60 s,
 or ``$ZEROSTATE_EXAMPLE_TIMEOUT``): no answer in time is a ``hang`` finding, and
 the worker is killed and restarted; a worker that dies is a ``crash`` finding.
 
@@ -28,16 +28,12 @@ Findings of one run (at most one per check id):
 
 from __future__ import annotations
 
-import json
 import os
-import selectors
-import subprocess
-import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from zerostate.model.events import Event
 from zerostate.model.scenario import Scenario
@@ -48,9 +44,17 @@ from zerostate.findings.build import findings_of, unique_by_key
 from zerostate.findings.decide import Decision, ModelRun, decide, decide_failure
 from zerostate.findings.finding import Finding
 from zerostate.known.labels import labelled
+import zerostate.jit_ops as jit_ops
 from zerostate.tracing import compat
 from zerostate.harness import envs
-from zerostate.harness.process import Worker, WorkerDied, WorkerTimeout, default_timeout as _default_timeout
+from zerostate.harness.process import Worker, WorkerDied, WorkerLike, WorkerTimeout, default_timeout as _default_timeout
+from zerostate.harness.protocol import Response, RunRequest
+
+
+class Startup(TypedDict):
+    world_size: int
+    seconds: float | None
+    jit_builds: list[str]
 
 
 class DeepSpeedTarget:
@@ -59,12 +63,12 @@ class DeepSpeedTarget:
 
     def __init__(self, *, deepspeed: str | None = None, deepspeed_path: str | None = None,
                  design: str | None = None, timeout: float | None = None, check_model: bool = True,
-                 startup_timeout: float = 900.0, defer_start: bool = False):
+                 startup_timeout: float = 900.0, defer_start: bool = False) -> None:
         self.requested = deepspeed
         self.path = deepspeed_path
-        self._options = {"deepspeed": deepspeed, "deepspeed_path": deepspeed_path, "design": design,
+        self._options: dict[str, Any] = {"deepspeed": deepspeed, "deepspeed_path": deepspeed_path, "design": design,
                          "timeout": timeout, "check_model": check_model, "startup_timeout": startup_timeout}
-        self._wider: dict[int, Any] = {}  # world size -> the rank-pool target of the scenarios that ask for it
+        self._wider: dict[int, DeepSpeedTarget] = {}  # world size -> the rank pool of the scenarios that ask for it
         self._starting: threading.Thread | None = None  # `prestart`'s
         self._start_error: BaseException | None = None
         self.timeout = timeout or _default_timeout()
@@ -80,16 +84,15 @@ class DeepSpeedTarget:
                 extra = str(envs.ensure_release(deepspeed))
             except (compat.UnsupportedRelease, envs.InstallError) as exc:
                 raise TargetError(str(exc)) from None
-            env["TORCH_EXTENSIONS_DIR"] = str(envs.extensions_dir_for(f"deepspeed-{deepspeed}"))
         elif deepspeed_path:
             p = Path(deepspeed_path).expanduser().resolve()
             if not (p / "deepspeed" / "__init__.py").exists():
                 raise TargetError(f"--deepspeed-path {deepspeed_path}: no deepspeed/__init__.py under {p} "
                                   "(give the root of a DeepSpeed checkout)")
             extra = str(p)
-            env["TORCH_EXTENSIONS_DIR"] = str(envs.extensions_dir_for(envs.path_key(str(p))))
         if extra:
             env["PYTHONPATH"] = extra + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        env[jit_ops.ENV] = str(jit_ops.folder_for(env))  # this release's and torch's own, whatever the user set
         self._env = env
         self._extra = extra
         key = f"deepspeed-{deepspeed}" if deepspeed else (envs.path_key(deepspeed_path) if deepspeed_path
@@ -98,11 +101,13 @@ class DeepSpeedTarget:
         logs.mkdir(parents=True, exist_ok=True)
         self._log_path = Path(tempfile.mkstemp(prefix=f"worker-{key}-", suffix=".log", dir=logs)[1])
         self._spare_log_path = self._log_path.with_suffix(".spare.log")
-        self.worker: Worker | None = None
-        self._spare: Worker | None = None
+        self.worker: WorkerLike | None = None
+        self._spare: WorkerLike | None = None
         self._keep_spare = False  # from the first fresh(): a worker started ahead for the next fresh start
         self.examples = 0
         self.restarts = 0
+        self.first_start: Startup | None = None
+        """The first worker's start-up (a first JIT build of DeepSpeed's ops is in it), for reports."""
         self._sleep = 0.0  # tests: make the worker sleep before each run (a simulated hang)
         self._pending = (deepspeed_path, extra, design)
         if defer_start:  # `prestart`: the processes start now, from this thread; `_complete_start` waits for them
@@ -114,14 +119,15 @@ class DeepSpeedTarget:
         """Start the worker (the spare a deferred start made) and check what it imported."""
         deepspeed_path, extra, design = self._pending
         self.hello = self._start()
-        self.version: str = str(self.hello["deepspeed"]).strip()
-        if deepspeed_path and self.version.startswith("0.0.0"):
+        version = str(self.hello.get("deepspeed")).strip()
+        self.version: str | None = version
+        if deepspeed_path and version.startswith("0.0.0"):
             self.close()
             raise TargetError(f"--deepspeed-path {deepspeed_path}: the checkout reports DeepSpeed "
-                              f"{self.version} and has no readable version.txt at its root (a plain git "
+                              f"{version} and has no readable version.txt at its root (a plain git "
                               "checkout reads its version from there; see envs.checkout_version)")
         try:
-            compat.check_version(self.version)
+            compat.check_version(version)
         except compat.UnsupportedRelease as exc:
             self.close()
             raise TargetError(str(exc)) from None
@@ -129,10 +135,10 @@ class DeepSpeedTarget:
             self.close()
             raise TargetError(f"the worker imported DeepSpeed from {self.hello['file']}, not from {extra}")
         from zerostate.model.designs import design_for_release, get_design
-        self.design = get_design(design) if design else design_for_release(self.version)
+        self.design = get_design(design) if design else design_for_release(version)
 
     # ------------------------------------------------------------ worker life
-    def _new_worker(self) -> Worker:
+    def _new_worker(self) -> WorkerLike:
         """A worker process, started now; it imports DeepSpeed and initialises while the caller goes on.
         Its log is the one of the two log files the current worker does not write."""
         return Worker(self._env, self._free_log_path(), envs.worker_cwd(self.path))
@@ -142,31 +148,43 @@ class DeepSpeedTarget:
         busy = self.worker.log_path if self.worker is not None else None
         return self._spare_log_path if busy == self._log_path else self._log_path
 
-    def _take_spare(self) -> Any:
+    def _take_spare(self) -> WorkerLike | None:
         spare, self._spare = self._spare, None
         if spare is not None and not spare.alive():  # it died while waiting: start afresh
             spare.close(kill=True)
             spare = None
         return spare
 
-    def _start(self) -> dict:
-        self.worker = self._take_spare() or self._new_worker()
+    def _start(self) -> Response:
+        self.worker = worker = self._take_spare() or self._new_worker()
         try:
-            hello = self.worker.request({"op": "hello"}, self.startup_timeout)
+            hello = worker.request({"op": "hello"}, self.startup_timeout)
         except (WorkerTimeout, WorkerDied) as exc:
-            tail = self.worker.log_tail()
-            self.worker.close(kill=True)
+            tail = worker.log_tail()
+            worker.close(kill=True)
             self.worker = None
             raise TargetError(f"the DeepSpeed worker did not start ({exc}):\n{tail}") from None
         if not hello.get("ok"):
-            self.worker.close(kill=True)
+            worker.close(kill=True)
             self.worker = None
             where = f" from {self._extra}" if self._extra else ""
             raise TargetError(f"DeepSpeed{where} does not import or initialise: {hello.get('error')}\n"
                               f"{hello.get('traceback', '')}")
         if self._keep_spare and self._spare is None:
             self._spare = self._new_worker()
+        self._note_start(hello)
         return hello
+
+    def _note_start(self, hello: Response) -> None:
+        if self.first_start is None:
+            self.first_start = {"world_size": self.world_size, "seconds": hello.get("startup_seconds"),
+                                "jit_builds": list(hello.get("jit_builds") or [])}
+
+    def startup(self) -> list[Startup]:
+        """What starting this target's workers cost, per world size: seconds from the process's start to its
+        answer, and the ops DeepSpeed JIT-built meanwhile (a first build: minutes).  Reported as start-up."""
+        own = [self.first_start] if self.first_start is not None else []
+        return own + [s for ws in sorted(self._wider) for s in self._wider[ws].startup()]
 
     def _restart(self) -> None:
         if self.worker is not None:
@@ -272,18 +290,23 @@ class DeepSpeedTarget:
     def __enter__(self) -> "DeepSpeedTarget":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     # ------------------------------------------------------------ running
-    def raw(self, scenario: Scenario) -> dict:
-        """The executor's result dict for one scenario (raises WorkerTimeout / WorkerDied)."""
+    def _worker(self) -> WorkerLike:
+        """The running worker, started if there is none."""
         if self.worker is None:
             self._start()
-        req = {"op": "run", "scenario": scenario.to_dict()}
+        assert self.worker is not None
+        return self.worker
+
+    def raw(self, scenario: Scenario) -> Response:
+        """The worker's answer for one scenario (raises WorkerTimeout / WorkerDied)."""
+        req: RunRequest = {"op": "run", "scenario": scenario.to_dict()}
         if self._sleep:
             req["sleep"] = self._sleep
-        return self.worker.request(req, self.timeout)
+        return self._worker().request(req, self.timeout)
 
     def run(self, scenario: Scenario) -> Outcome:
         t0 = time.perf_counter()
@@ -355,4 +378,4 @@ class DeepSpeedTarget:
         return ModelRun(self.design.name, tuple(model.events))
 
 
-__all__ = ["DeepSpeedTarget", "WorkerDied", "WorkerTimeout"]
+__all__ = ["DeepSpeedTarget", "Startup", "WorkerDied", "WorkerTimeout"]
