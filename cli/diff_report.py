@@ -1,7 +1,7 @@
 """The report of ``zerostate diff``: diff.md (for a pull request), diff.json, and finding_<n>.json per finding.
 
 diff.json is the dict `cmd_diff.run` builds (also printed by ``--json``); diff.md renders it: the verdict,
-the findings by status (fixed / introduced / unchanged) with their known issue and the other build's
+the findings by status (fixed / introduced / intermittent / unmasked / unchanged) with their known issue and the other build's
 replay, findings grouped by root cause, and gathered-parameter memory and all-gathers per scenario family.
 """
 
@@ -34,7 +34,8 @@ def _replay_cmd(out_dir: str, e: dict[str, Any], side: dict[str, Any]) -> str:
 def render(r: dict[str, Any], out_dir: str = ".") -> str:
     b, h, c = r["base"], r["head"], r["counts"]
     out = [f"# zerostate diff: {b['name']} → {h['name']}", "",
-           f"**{r['verdict']}**: {c['fixed']} fixed, {c['introduced']} introduced, {c.get('unmasked', 0)} unmasked "
+           f"**{r['verdict']}**: {c['fixed']} fixed, {c['introduced']} introduced, {c['intermittent']} intermittent "
+           f"(shown on the other build in some replays only), {c['unmasked']} unmasked "
            f"(a known bug of base that base's run stopped before), {c['unchanged']} unchanged; "
            f"{len(r['memory']['regressions'])} gathered-parameter memory regression(s) beyond "
            f"{r['memory']['tolerance']:.0%}.", "",
@@ -64,9 +65,14 @@ def render(r: dict[str, Any], out_dir: str = ".") -> str:
 
 
 def _evidence(rep: dict[str, Any]) -> str:
-    if rep["clean"]:
-        return "clean (no finding)"
-    return "; ".join(f"`{f['check']}`: {f['error'][:80]}" for f in rep["findings"]).replace("|", "\\|")
+    shown = "clean (no finding)" if rep["clean"] else "; ".join(
+        f"`{f['check']}`: {f['error'][:80]}" for f in rep["findings"]).replace("|", "\\|")
+    return f"{shown}; {_runs(rep)}"
+
+
+def _runs(rep: dict[str, Any]) -> str:
+    """How often the replays showed the finding."""
+    return f"the finding in {rep['hits']} of {rep['runs']} run(s)"
 
 
 def _groups(entries: list[dict[str, Any]]) -> list[str]:
@@ -92,8 +98,9 @@ def _detail(e: dict[str, Any], r: dict[str, Any], out_dir: str) -> list[str]:
                 f"{k['title']}", ""]
     out += ["```text", e["error"].strip().splitlines()[0] if e["error"].strip() else "", "```", "",
             "Scenario (shrunk):", "", "```text", e["description"], "```", "",
-            f"Replay on {other_side}: " + ("clean, no finding." if rep["clean"] else
-                                           "; ".join(f"`{f['check']}` {f['error']}" for f in rep["findings"])), "",
+            f"Replay on {other_side}: " + ("clean, no finding" if rep["clean"] else
+                                           "; ".join(f"`{f['check']}` {f['error']}" for f in rep["findings"]))
+            + f" (first run); {_runs(rep)}.", "",
             "```sh", _replay_cmd(out_dir, e, r["base"]) + "    # base", _replay_cmd(out_dir, e, r["head"]) + "    # head",
             "```", ""]
     return out

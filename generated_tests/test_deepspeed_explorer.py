@@ -296,3 +296,54 @@ def test_polish_takes_out_the_config_optimizer_the_finding_does_not_need():
     for f in done:
         assert f.scenario.optimizer is Optimizer.SGD, f.scenario.to_json(None)
         assert not any(st.save_load for st in f.scenario.steps), f.scenario.to_json(None)
+
+
+# ------------------------------------------------------------------ the stream of typed events
+def test_the_stream_numbers_each_key_and_hands_it_over_seen_shrunk_confirmed():
+    import dataclasses
+
+    from zerostate.explorer.events import Confirmed, Progress, Seen, Shrunk, Stage
+    from zerostate.explorer.explore import Exploration
+    exp = Exploration(get_target("model", design="ds-0.18.5"), examples=10, strategy=CORE)
+    events = list(exp.events())
+    seen = [e for e in events if isinstance(e, Seen)]
+    assert seen and [e.n for e in seen] == list(range(1, len(seen) + 1))
+    for s in seen:  # per key, in this order: Seen (unshrunk), Shrunk (pending), Confirmed, all one number
+        mine = [e for e in events if isinstance(e, (Seen, Shrunk, Confirmed)) and e.key == s.key]
+        assert [type(e) for e in mine] == [Seen, Shrunk, Confirmed] and {e.n for e in mine} == {s.n}
+        assert mine[0].stage is Stage.UNSHRUNK and not mine[0].finding.shrunk
+        assert mine[1].finding.confirmation is None and mine[2].finding.confirmation.status == "confirmed"
+    runs = [e.examples_run for e in events if isinstance(e, Progress)]
+    assert runs == list(range(1, exp.result().examples + 1))  # one Progress per distinct run
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        seen[0].n = 7  # type: ignore[misc]
+
+
+def test_closing_the_stream_stops_it_at_once_with_the_findings_as_handed_over():
+    from zerostate.explorer.events import Progress, Seen
+    from zerostate.explorer.explore import Exploration
+    t = _Broken(10 ** 6, RuntimeError("never"))
+    exp = Exploration(t, examples=60, strategy=CORE)
+    stream = exp.events()
+    first = next(e for e in stream if isinstance(e, Seen))
+    runs = t.n
+    stream.close()
+    res = exp.result()
+    assert t.n == runs == res.examples  # not one run more
+    assert [f.key for f in res.findings] == [first.key]  # what was handed over, and nothing after it
+    assert all(not f.shrunk and f.confirmation.status == "not-checked" for f in res.findings)
+    assert not res.stopped
+    assert not any(isinstance(e, Progress) for e in stream)  # a closed stream yields nothing more
+
+
+def test_a_stop_request_ends_at_the_next_run_and_confirms_what_was_seen_as_seen():
+    from zerostate.explorer.events import Progress, Seen
+    from zerostate.explorer.explore import Exploration
+    exp = Exploration(get_target("model", design="ds-0.18.4"), examples=60, strategy=CORE)
+    for ev in exp.events():
+        if isinstance(ev, Progress) and ev.findings:
+            at = ev.examples_run
+            exp.request_stop()
+    res = exp.result()
+    assert res.stopped and res.examples == at
+    assert res.findings and all(not f.shrunk and f.confirmation.status == "confirmed" for f in res.findings)
