@@ -171,7 +171,7 @@ clock: Callable[[], float] = time.monotonic
 
 
 def _follow(exp: Any, report: Any, shown_as: _Column, progress: ProgressLine, budget: TimeBudget,
-            ctrl_c: "_CtrlC") -> str:
+            ctrl_c: _CtrlC) -> str:
     """Consume the exploration's events into the report; the run's status.  A Ctrl-C that Python swallowed
     (`_ctrl_c_kept`) closes the stream at the next event; a spent budget asks it to stop."""
     with contextlib.closing(exp.events()) as stream:
@@ -198,7 +198,7 @@ def _follow(exp: Any, report: Any, shown_as: _Column, progress: ProgressLine, bu
 
 def _summary_line(e: dict[str, Any]) -> dict[str, Any]:
     """A report entry's line of the JSON summary."""
-    tags = {k: e[k] for k in ("known_issue", "group", "group_title") if k in e}
+    tags: dict[str, Any] = {k: e[k] for k in ("known_issue", "group", "group_title") if k in e}
     return {"check": e["check"], "error": e["error"], "blocks": e["blocks"], "steps": e["steps"],
             "scenario": e["scenario"], "shrunk": e["shrunk"],
             "confirmation": (e.get("confirmation") or {}).get("status"), **tags}

@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Union
-
 from zerostate.findings.finding import Finding
 
 
@@ -92,6 +90,6 @@ class Renumbered:
     findings: tuple[FindingEvent, ...]
 
 
-Event = Union[Seen, Shrunk, Confirmed, Progress, Restarted, Renumbered]
+Event = Seen | Shrunk | Confirmed | Progress | Restarted | Renumbered
 
 __all__ = ["Confirmed", "Event", "FindingEvent", "Progress", "Renumbered", "Restarted", "Seen", "Shrunk", "Stage"]

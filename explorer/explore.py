@@ -208,7 +208,7 @@ class Exploration:
         self._ended: float | None = None
 
     # ------------------------------------------------------------ the consumer's side
-    def events(self) -> Iterator[Event]:
+    def events(self) -> Generator[Event, None, None]:
         """Run the exploration, yielding its events; closing the iterator stops it at once."""
         if self._started:
             raise RuntimeError("an exploration runs once")
@@ -265,15 +265,16 @@ class Exploration:
                 if step.scenario is None or step.outcome is None:  # the worker started fresh for a lane
                     self.history.started_fresh(step.worker)
                 else:
-                    yield from self._record(step.worker, step.scenario, step.outcome, step.restarts != before[step.worker])
+                    restarted = step.restarts != before[step.worker]
+                    yield from self._record(step.worker, step.scenario, step.outcome, restarted)
                     self._note_position(step, lanes.position[step.scenario.to_json(None)])
                 before[step.worker] = step.restarts
                 if step.scenario is not None and self.stop is not None and self.stop(self.book.findings()):
                     return True
         finally:
             self._lanes_stop.set()
-            steps.close()  # type: ignore[attr-defined]
-            stream.close()  # type: ignore[attr-defined]
+            steps.close()
+            stream.close()
         return False
 
     def _note_position(self, step: LaneStep, position: int) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import queue
 import sys
 import threading
-from typing import Any, Iterator
+from typing import Any, Generator, Iterator
 
 from hypothesis import HealthCheck, Phase, Verbosity, given, settings
 from hypothesis import seed as hseed
@@ -52,7 +52,7 @@ def import_what_hypothesis_peeks_at() -> None:
         import numpy  # noqa: F401
 
 
-def generated(strategy: Any, examples: int, seed: int | None) -> Iterator[Scenario]:
+def generated(strategy: Any, examples: int, seed: int | None) -> Generator[Scenario, None, None]:
     """The first ``examples`` scenarios of the deterministic generation sequence of ``seed`` (duplicates
     included, in order): what every search of `explore` replays.  Drawing runs no target: a test that never
     fails makes Hypothesis generate exactly the sequence a failing search generates up to its failure.

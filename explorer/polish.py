@@ -46,7 +46,7 @@ def _worth_running(cand: Scenario, best: Scenario, network: type) -> bool:
     try:
         cand.validate()
         return bool(network(cand).loss_requires_grad) and rank(cand) < rank(best)
-    except Exception:  # an invalid combination of simplifications: not a candidate
+    except Exception:  # noqa: BLE001 -- an invalid combination of simplifications is not a candidate
         return False
 
 

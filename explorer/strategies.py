@@ -3,7 +3,7 @@
 
 Shrinking goes towards fewer blocks, fewer steps, plain blocks, trainable
 parameters, ``engine.backward`` and ZeRO-3 (the first value of each choice), and for the
-training-setup dimensions (`setups`, issue 11) towards fp32, no clipping, no offload, one parameter
+training-setup dimensions (`setups`) towards fp32, no clipping, no offload, one parameter
 group, no tying / external parameter, a tensor output, one loss, one backward per micro-step, the
 blocks family.  The setup dimensions are drawn *after* everything else, and the ones that make every
 run fail on the pinned release (`RARE`: two backwards per micro-step, a step without gradient) only in
@@ -12,11 +12,11 @@ default budget is a property of the whole derandomized sequence, not of one rate
 external parameter in one draw in four instead of two lost seed 002 on 0.19.2 within 200 examples
 (measured), so they stay at one in two.
 
-Several engines in one process (issue 15, `engines_before`): in one draw in eight a scenario first runs one
+Several engines in one process (`engines_before`): in one draw in eight a scenario first runs one
 or two other engines (ZeRO-3 first in shrink order) in the same process; drawn last of all, it shrinks to
 the plain single engine.
 
-Engine and loop options (issue 11, `extras`): drawn after everything else, each on its own in one draw
+Engine and loop options (`extras`): drawn after everything else, each on its own in one draw
 of four (gas 3, a manual accumulation boundary, ``contiguous_gradients`` off, ``overlap_comm`` flipped,
 ZeRO-3's all-reduce fetch, a module attached after initialize, ZeRO stage 0, a DeepSpeed-built AdamW); the llama family's LoRA also
 draws PEFT's ``modules_to_save``.
@@ -79,7 +79,7 @@ across ranks (`across_ranks`).  Hypothesis's generation is not uniform -- it mut
 of near copies, which share their world-size choice: the explorer's default 200 hold 61 world-size-2
 examples (40 before the across-ranks rate).  At one in two the three runs of ZeRO-1/2 examples with
 ``contiguous_gradients`` off and no offload all stayed at world size 1, so 0.19.8's CPU reduce fix was not
-met; at three in four the first of them (the 21st example) is at world size 2 (measured, 1 Dec)."""
+met; at three in four the first of them (the 21st example) is at world size 2 (measured)."""
 
 
 def across_ranks(sc: Scenario) -> bool:
@@ -132,7 +132,7 @@ def train_steps(draw, gas: int, backwards=BACKWARDS, eval_forwards: bool = True,
 
 @st.composite
 def setups(draw, sc: Scenario, llama: bool = True) -> Scenario:
-    """The training-setup dimensions of issue 11 drawn onto a drawn scenario (each shrinks to plain)."""
+    """The training-setup dimensions drawn onto a drawn scenario (each shrinks to plain)."""
     base = sc
     if llama and draw(st.sampled_from((False,) * 7 + (True,))):
         sc = _llama(draw, sc)
@@ -216,8 +216,8 @@ EXTRAS = ("gas3", "manual_boundary", "contiguous_gradients", "overlap_comm", "al
 * ``stage0`` -- a ZeRO-1/2 scenario run at ZeRO stage 0 (what HF Trainer runs with ``"stage": 0`` and bf16;
   DeepSpeed #7839), with what stage 0 refuses by design taken out: ``engine.backward`` only (DeepSpeed raises
   "Direct calls to tensor.backward() are not supported ... ZeRO stage 0"), no offload, no fp32 gradient
-  accumulation with bf16 ("unsupported mix"); fp16 stays fp16 (it was drawn as bf16 until 1 Dec: the
-  update it lost is DeepSpeed's unscaled stage-0 fp16 loss, known issue ``zero0-fp16-loss-not-scaled``);
+  accumulation with bf16 ("unsupported mix"); fp16 stays fp16 (drawn as bf16, DeepSpeed's unscaled stage-0
+  fp16 loss, known issue ``zero0-fp16-loss-not-scaled``, would not show);
 * ``zero_init`` -- ZeRO-3: the model built inside ``deepspeed.zero.Init`` as Hugging Face's ``from_pretrained``
   builds it under ZeRO-3, LoRA adapters made afterwards (DeepSpeed #8072 at world size 2); below ZeRO-3
   (blocks family) the same draw adds a parameter with no elements (`EMPTY_PARAM`).
@@ -277,7 +277,7 @@ EMPTY_PARAM = "the zero_init draw below ZeRO-3"
 ZeRO-1/2, fixed in 0.19.6): drawn by `extras`' ``zero_init`` draw when the scenario is below ZeRO-3, where
 ``zero_init`` does not apply -- no draw of its own, so the explorer's default sequence is unchanged (a draw
 of its own, appended to `EXTRAS`, shifted it and lost combinations of the coverage test at one in eight, one
-in four and one in sixteen: measured 1 Dec).  3 of the default 200 examples (ZeRO-2) have it.  Not drawn
+in four and one in sixteen: measured).  3 of the default 200 examples (ZeRO-2) have it.  Not drawn
 at ZeRO-3, where every such example would crash on every release before anything else could show
 (known issue ``z3-empty-param-not-gathered``, kept on its own scenario)."""
 
@@ -310,7 +310,7 @@ def engines_before(draw) -> tuple[int, ...]:
 
 
 EDGES = {"prefetch_bucket_size": (0, 1), "max_live_parameters": ("w*w", 0)}
-"""The ZeRO-3 knob edges issue 10 fixed, drawn by default (issue 11) at the odd width 7 (half the setup draws):
+"""The ZeRO-3 knob edges the model once got wrong, drawn by default at the odd width 7 (half the setup draws):
 ``stage3_prefetch_bucket_size`` 1 instead of 0, ``stage3_max_live_parameters`` 0 instead of w*w.  They take no
 draw of their own: any extra draw (or a longer ``sampled_from``) shifts the whole derandomized sequence, and
 the sequences tried that way lost seed 002 on 0.19.2 within the default 200 examples (measured); coupled to the
@@ -358,9 +358,9 @@ def scenarios(draw, *, max_blocks: int = 3, max_steps: int = 2, max_gas: int = 2
         fused_head=draw(st.booleans()) if fused_head else False,
         input_requires_grad=not draw(st.booleans()) if knobs else True,
         width=(w := width if not setup else draw(st.sampled_from((width, width - 1)))),
-        # each ZeRO-3 knob: 0 / a value between these parameters' sizes / DeepSpeed's default (issue 10)
+        # each ZeRO-3 knob: 0 / a value between these parameters' sizes / DeepSpeed's default
         persistence_threshold=draw(st.sampled_from((0, width, DS_PERSISTENCE_THRESHOLD))) if knobs else 0,
-        # at the odd width (setup), the edges of issue 10 instead of 0 / w*w: a prefetch bucket of 1 (smaller
+        # at the odd width (setup), the knob edges instead of 0 / w*w: a prefetch bucket of 1 (smaller
         # than any parameter) and max live 0 (nothing prefetched) -- no draw of their own, see `EDGES`
         prefetch_bucket_size=_edge(draw(st.sampled_from((0, 4 * width * width, DS_PREFETCH_BUCKET_SIZE))), 0, 1,
                                    w != width) if knobs else 0,

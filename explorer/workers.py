@@ -11,7 +11,7 @@ from __future__ import annotations
 import queue
 import threading
 from dataclasses import dataclass
-from typing import Callable, Iterator, Protocol, runtime_checkable
+from typing import Callable, Generator, Iterator, Protocol, runtime_checkable
 
 from zerostate.model.scenario import Scenario
 from zerostate.targets.base import Outcome, Target
@@ -94,7 +94,7 @@ class LaneStep:
 
 
 def run_lanes(workers: list[Target], lanes: Iterator[list[Scenario]], stop: threading.Event,
-              fresh_first: list[bool]) -> Iterator[LaneStep]:
+              fresh_first: list[bool]) -> Generator[LaneStep, None, None]:
     """Run ``lanes`` on ``workers``: each lane in order, in a worker started fresh for it (``fresh_first[w]``:
     also its first lane); yields the steps in the order they end.  One worker: inline, in the caller's
     thread (a Ctrl-C lands in its run); several: one thread per worker."""
@@ -110,7 +110,7 @@ def _start_lane(workers: list[Target], wid: int, fresh_first: list[bool]) -> Non
 
 
 def _inline(w: Target, lanes: Iterator[list[Scenario]], stop: threading.Event,
-            fresh_first: list[bool]) -> Iterator[LaneStep]:
+            fresh_first: list[bool]) -> Generator[LaneStep, None, None]:
     for lane in lanes:
         if stop.is_set():
             return
@@ -128,7 +128,7 @@ def _inline(w: Target, lanes: Iterator[list[Scenario]], stop: threading.Event,
 
 
 def _threaded(workers: list[Target], lanes: Iterator[list[Scenario]], stop: threading.Event,
-              fresh_first: list[bool]) -> Iterator[LaneStep]:
+              fresh_first: list[bool]) -> Generator[LaneStep, None, None]:
     take = threading.Lock()
     results: queue.Queue[LaneStep | int] = queue.Queue()
 

@@ -288,7 +288,7 @@ def test_report_has_the_reliability_figure(buggy_run):
 
 
 def test_replay_judges_the_findings_own_check(buggy_run, tmp_path):
-    """Issue 15: the exit status follows the finding's check; other failing checks are listed apart."""
+    """The exit status follows the finding's check; other failing checks are listed apart."""
     from zerostate.model.scenario import Scenario
     from zerostate.specs import SPECS
     from zerostate.targets.model_target import ModelTarget

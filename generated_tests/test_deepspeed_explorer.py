@@ -77,7 +77,7 @@ def test_ctrl_c_hands_over_what_was_seen():
     assert got
 
 
-# ------------------------------------------------------------------ confirmation before hand-over (issue 15)
+# ------------------------------------------------------------------ confirmation before hand-over
 class _Leaky:
     """A test-only target whose worker leaks state (the knob lives here, not in the production worker):
     once it has run a ZeRO-1 scenario, every later scenario with two or more train steps gets a
@@ -197,7 +197,7 @@ def test_a_finding_that_shows_in_some_runs_only_is_reported_intermittent_with_it
     assert c.to_dict()["hits"] == c.hits
 
 
-# ------------------------------------------------------------------ hand-over unshrunk, jobs (issues 11, 15)
+# ------------------------------------------------------------------ hand-over unshrunk, jobs
 def test_each_new_key_is_handed_over_unshrunk_at_once_then_updated_shrunk():
     """The first generated example of each new key is handed over as it runs (unshrunk); its shrunk
     finding follows as an update with the same key (confirmation pending), then the confirmed one."""
