@@ -11,6 +11,7 @@ exception thrown through Hypothesis from outside.
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 from typing import Any, Callable, Iterator
@@ -18,6 +19,7 @@ from typing import Any, Callable, Iterator
 from hypothesis import HealthCheck, Phase, Verbosity, given, settings
 from hypothesis import seed as hseed
 from hypothesis.control import current_build_context
+from hypothesis.internal.conjecture import engine as hypothesis_engine
 
 from zerostate.model.scenario import Scenario
 from zerostate.targets.base import Outcome
@@ -31,6 +33,23 @@ class _HasKey(Exception):
 
 _ENDED = object()
 """Put on the request queue when the search thread ends."""
+
+
+@contextlib.contextmanager
+def no_shrink_deadline() -> Iterator[None]:
+    """Hypothesis stops shrinking once it has shrunk for ``MAX_SHRINKING_SECONDS`` (300) of wall clock, so on
+    a slow or loaded machine a search would end on a less shrunk scenario than on a fast one: the findings
+    would depend on the machine's speed.  The exploration bounds shrinking by its hard cap on distinct runs
+    instead, so the limit is lifted while a search runs (Hypothesis keeps it a module global to be patched)."""
+    if not hasattr(hypothesis_engine, "MAX_SHRINKING_SECONDS"):  # a Hypothesis without the limit
+        yield
+        return
+    saved = hypothesis_engine.MAX_SHRINKING_SECONDS
+    hypothesis_engine.MAX_SHRINKING_SECONDS = 10 ** 9
+    try:
+        yield
+    finally:
+        hypothesis_engine.MAX_SHRINKING_SECONDS = saved
 
 
 class ShrinkSearch:
@@ -110,7 +129,8 @@ class ShrinkSearch:
                 raise _HasKey()
 
         try:
-            hseed(seed_of(self.seed))(probe)()
+            with no_shrink_deadline():
+                hseed(seed_of(self.seed))(probe)()
         except _HasKey:
             self.found = final[-1] if final else None
         except Abort:
@@ -121,4 +141,4 @@ class ShrinkSearch:
             self._requests.put(_ENDED)
 
 
-__all__ = ["ShrinkSearch"]
+__all__ = ["ShrinkSearch", "no_shrink_deadline"]

@@ -347,3 +347,14 @@ def test_a_stop_request_ends_at_the_next_run_and_confirms_what_was_seen_as_seen(
     res = exp.result()
     assert res.stopped and res.examples == at
     assert res.findings and all(not f.shrunk and f.confirmation.status == "confirmed" for f in res.findings)
+
+
+def test_shrinking_does_not_depend_on_the_machines_speed(monkeypatch):
+    """Hypothesis stops shrinking after 300 s of wall clock; on a machine slow enough for every shrink to pass
+    that limit (simulated: a limit of 0 s) the explorer still ends on the same findings and scenarios."""
+    from hypothesis.internal.conjecture import engine
+    runs = [explore(get_target("model", design="ds-0.18.4"), examples=20, seed=None, strategy=CORE, confirm=False)]
+    monkeypatch.setattr(engine, "MAX_SHRINKING_SECONDS", 0)
+    runs.append(explore(get_target("model", design="ds-0.18.4"), examples=20, seed=None, strategy=CORE, confirm=False))
+    assert _keys(runs[0]) and _keys(runs[0]) == _keys(runs[1])
+    assert runs[0].examples == runs[1].examples
