@@ -22,17 +22,19 @@ from __future__ import annotations
 import itertools
 import os
 import time
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, field
-from typing import Any, Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, TypeAlias
 
 from zerostate.model.designs import Design, get_design
+from zerostate.model.driver import CoordinatorMode
 from zerostate.model.events import Event
-from zerostate.model.explore import state_graph
+from zerostate.model.explore import StateGraph, state_graph
 from zerostate.model.monitor import Violation
 from zerostate.model.network import Network
 from zerostate.model.scenario import BackwardKind, Block, Checkpoint, MicroStep, ParamKind, Scenario, TrainStep
-from zerostate.specs import SPECS, specs_for
+from zerostate.specs import SPECS, Spec, specs_for
 
 BLOCK_KINDS = {
     "trainable": (ParamKind.TRAINABLE, ParamKind.TRAINABLE),
@@ -68,9 +70,9 @@ class Bound:
             for m in range(1, self.max_micro_steps + 1):
                 for stage in self.stages:
                     for head, in_rg in itertools.product(self.fused_head, self.input_requires_grad):
-                        for combo in itertools.product(self.checkpoints, self.block_kinds, repeat=n):
-                            blocks = tuple(Block(combo[2 * i], *BLOCK_KINDS[combo[2 * i + 1]])
-                                           for i in range(n))
+                        for combo in itertools.product(itertools.product(self.checkpoints, self.block_kinds),
+                                                       repeat=n):
+                            blocks = tuple(Block(ck, *BLOCK_KINDS[kind]) for ck, kind in combo)
                             for kinds in itertools.product(self.backwards, repeat=m):
                                 sc = Scenario(blocks=blocks, stage=stage, fused_head=head,
                                               input_requires_grad=in_rg,
@@ -128,7 +130,7 @@ class CheckResult:
             "seconds": round(self.seconds, 3), "ok": self.ok}
 
 
-def _specs_by_family(spec_ids: Sequence[str] | None):
+def _specs_by_family(spec_ids: Sequence[str] | None) -> tuple[list[Spec], list[Spec]]:
     chosen = [SPECS[s] for s in spec_ids] if spec_ids else list(SPECS.values())
     return ([s for s in chosen if s.family == "hooks"], [s for s in chosen if s.family == "coordinator"])
 
@@ -146,28 +148,30 @@ def canonical(sc: Scenario) -> Scenario:
     are otherwise identical), so a non-scalar micro-step is computed as a
     ``torch`` one and its result reported for both.
     """
-    steps = tuple(TrainStep(tuple(MicroStep(BackwardKind.TORCH) if m.backward is BackwardKind.NONSCALAR else m
-                                  for m in s.micro), s.eval_before, *_extra(s)) for s in sc.steps)
+    steps = tuple(replace(s, micro=tuple(MicroStep(BackwardKind.TORCH) if m.backward is BackwardKind.NONSCALAR
+                                         else m for m in s.micro)) for s in sc.steps)
     return sc.with_(steps=steps)
 
 
-def _extra(step: TrainStep) -> tuple:
-    """TrainStep fields beyond (micro, eval_before), passed through unchanged."""
-    return tuple(getattr(step, f) for f in step.__dataclass_fields__ if f not in ("micro", "eval_before"))
+_Failures: TypeAlias = dict[str, tuple[Violation, list[Event]]]
+_Summary: TypeAlias = tuple[int, int, _Failures]
+"""One design on one scenario: states, transitions, and per violated spec its violation and events."""
+_Chunk: TypeAlias = tuple[tuple[str, ...], list[Scenario], tuple[tuple[str, ...], ...], Bound]
+"""A worker's job: design names, scenarios, per design the spec ids still open, the bound."""
 
 
-def _check_chunk(args: tuple) -> list[list[tuple]]:
+def _check_chunk(args: _Chunk) -> list[list[_Summary]]:
     """Worker: for each scenario, the state graphs of every design; per-(scenario, design) summaries."""
     names, scenarios, per_design_ids, bound = args
     designs = [get_design(n) for n in names]
     by_family = [_specs_by_family(ids) for ids in per_design_ids]
-    out = []
+    out: list[list[_Summary]] = []
     for sc in scenarios:
-        row = []
-        for design, (hook_specs, coord_specs) in zip(designs, by_family):
+        row: list[_Summary] = []
+        for design, (hook_specs, coord_specs) in zip(designs, by_family, strict=True):
             states = transitions = 0
-            failures: dict[str, tuple[Violation, list[Event]]] = {}
-            groups = [(hook_specs, False)]
+            failures: _Failures = {}
+            groups: list[tuple[list[Spec], CoordinatorMode]] = [(hook_specs, False)]
             if (coord_specs and sc.stage == 3 and bound.covers_coordinator(sc)
                     and design.coordinator.name != "none"):
                 groups.append((coord_specs, "serial"))
@@ -208,8 +212,8 @@ def check(design_names: Sequence[str], bound: Bound = Bound(), spec_ids: Sequenc
     try:
         # Waves of equal size, smallest first.  A spec already violated by a design needs no more
         # scenarios (the first counterexample is a smallest one), so later waves drop it.
-        for _, wave in itertools.groupby(scenarios, key=lambda sc: (len(sc.blocks), sc.num_micro_steps)):
-            wave = list(wave)
+        for _, same_size in itertools.groupby(scenarios, key=lambda sc: (len(sc.blocks), sc.num_micro_steps)):
+            wave = list(same_size)
             open_ids = tuple(tuple(sid for sid in per_design_ids[i] if results[n].holds(sid))
                              for i, n in enumerate(names))
             if not any(open_ids):
@@ -217,9 +221,10 @@ def check(design_names: Sequence[str], bound: Bound = Bound(), spec_ids: Sequenc
             reps = list(dict.fromkeys(canonical(sc) for sc in wave))
             chunk = max(1, len(reps) // (jobs * 4))
             pieces = [reps[i:i + chunk] for i in range(0, len(reps), chunk)]
-            args = [(names, p, open_ids, bound) for p in pieces]
+            args: list[_Chunk] = [(names, p, open_ids, bound) for p in pieces]
             mapped = list(pool.map(_check_chunk, args)) if pool else [_check_chunk(a) for a in args]
-            by_rep = {sc: row for piece, rows in zip(pieces, mapped) for sc, row in zip(piece, rows)}
+            by_rep = {sc: row for piece, rows in zip(pieces, mapped, strict=True)
+                      for sc, row in zip(piece, rows, strict=True)}
             for sc in wave:  # enumeration order: the first failure recorded is a smallest one
                 for di, n in enumerate(names):
                     res = results[n]
@@ -246,7 +251,7 @@ def _apportion_seconds(results: dict[str, DesignResult], elapsed: float) -> None
         r.seconds = elapsed * r.states / total
 
 
-def counterexample_graph(design_name: str, scenario: Scenario, spec_id: str):
+def counterexample_graph(design_name: str, scenario: Scenario, spec_id: str) -> StateGraph | None:
     """The reachable state graph (networkx) of one counterexample scenario, for pictures."""
     spec = SPECS[spec_id]
     design = get_design(design_name)

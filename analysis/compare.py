@@ -14,7 +14,7 @@ trainable, frozen-norm (seed 002's shape) or all-frozen (a frozen base layer, as
 input requiring grad or not, prefetch off or on, one train step of two micro-steps (so the recorded
 trace is used), ZeRO-3.  Each design is judged
 on every spec (hook specs over every interleaving of the backward DAG without module hooks;
-coordinator specs on the serial DAG, see `driver.segments`), and measured with the ``gathered-peak``
+coordinator specs on the serial DAG, see `driver.segments`), and scored by the ``gathered-peak``
 and ``allgathers`` metrics on one run of each scenario.
 
 JSON (``to_json``)::
@@ -37,15 +37,18 @@ from __future__ import annotations
 
 import itertools
 import statistics
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from zerostate.model.designs import get_design
+from zerostate.model.driver import CoordinatorMode
 from zerostate.model.events import Event
 from zerostate.model.explore import run, state_graph
 from zerostate.model.monitor import Violation
 from zerostate.model.network import Network
 from zerostate.model.scenario import Block, Checkpoint, MicroStep, ParamKind, Scenario, TrainStep
+from zerostate.specs.base import Spec
 from zerostate.specs.coordinator_specs import allgathers, gathered_peak
 
 
@@ -80,12 +83,13 @@ class Side:
     counterexamples: dict[str, list[Event]] = field(default_factory=dict)
 
 
-def _judge(design_name: str, sc: Scenario, specs: Sequence[Any]) -> Side:
+def _judge(design_name: str, sc: Scenario, specs: Sequence[Spec]) -> Side:
     d = get_design(design_name)
     hook = [s for s in specs if s.family == "hooks"]
     coord = [s for s in specs if s.family == "coordinator"]
     side = Side(0.0, 0.0)
-    for chosen, mode in ((hook, False), (coord, "serial")):
+    passes: tuple[tuple[list[Spec], CoordinatorMode], ...] = ((hook, False), (coord, "serial"))
+    for chosen, mode in passes:
         if chosen:
             g = state_graph(d, sc, chosen, coordinator=mode)
             side.violations.update(g.violations)
@@ -116,7 +120,7 @@ class Comparison:
     def first_violation(self, design: str, spec_id: str) -> tuple[Scenario, Violation, list[Event]] | None:
         """The first scenario on which ``design`` violates ``spec_id``: it, the violation, and its events."""
         k = (self.a, self.b).index(design)
-        for sc, s in zip(self.scenarios, self.sides):
+        for sc, s in zip(self.scenarios, self.sides, strict=True):
             if spec_id in s[k].violations:
                 return sc, s[k].violations[spec_id], s[k].counterexamples[spec_id]
         return None
@@ -127,7 +131,7 @@ class Comparison:
         for sid in self.spec_ids:
             specs[sid] = {}
             for k, name in ((0, a), (1, b)):
-                bad = [(sc, s[k].violations[sid].message) for sc, s in zip(self.scenarios, self.sides)
+                bad = [(sc, s[k].violations[sid].message) for sc, s in zip(self.scenarios, self.sides, strict=True)
                        if sid in s[k].violations]
                 specs[sid][name] = {"holds": not bad, "violations": len(bad),
                                     "message": bad[0][1] if bad else None,
@@ -153,7 +157,7 @@ class Comparison:
                                   "violated": sorted(s[0].violations)},
                               b: {"gathered_peak": s[1].peak, "allgathers": s[1].allgathers,
                                   "violated": sorted(s[1].violations)}}
-                             for sc, s in zip(self.scenarios, self.sides)],
+                             for sc, s in zip(self.scenarios, self.sides, strict=True)],
         }
 
     def to_text(self) -> str:
@@ -174,7 +178,7 @@ def _logratio(x: float, y: float) -> float:
 
 
 def compare(design_a: str, design_b: str, scenarios: Iterable[Scenario] | None = None,
-            specs: Sequence[Any] | None = None) -> Comparison:
+            specs: Sequence[Spec] | None = None) -> Comparison:
     """Run both designs over the same scenarios; see the module docstring.  Unknown names raise
     `UnknownDesignError` before any work."""
     get_design(design_a)
@@ -204,7 +208,7 @@ def render_text(data: dict[str, Any]) -> str:
     lines = [f"{a} vs {b} over {n} scenario(s) (model; specs over every interleaving)", "",
              f"{'':{w}}{a:<{col}}{b:<{col}}"]
 
-    def cell(v: dict) -> str:
+    def cell(v: dict[str, Any]) -> str:
         return "holds" if v["holds"] else f"VIOLATED ({v['violations']}/{n})"
 
     for sid, v in data["specs"].items():

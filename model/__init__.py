@@ -3,6 +3,7 @@
 Imports neither torch nor deepspeed.  The pieces:
 
 * `scenario`  -- the input of every target (network, config knobs, schedule), JSON in and out;
+  `scenario_fields` the enums and records its fields hold;
 * `network`   -- names, sizes and autograd reach derived from a scenario;
 * `events`    -- the one event vocabulary and `Trace`;
 * `driver`    -- a scenario's driver events as DAGs (every linear extension is a legal interleaving);
@@ -16,8 +17,7 @@ Imports neither torch nor deepspeed.  The pieces:
 from .designs import Design, UnknownDesignError, design_for_release, designs, get_design
 from .events import Event, EventKind, Trace
 from .network import Network
-from .scenario import (BackwardKind, Block, Checkpoint, MicroStep, ParamKind, Scenario, ScenarioError,
-                       TrainStep)
+from .scenario import BackwardKind, Block, Checkpoint, MicroStep, ParamKind, Scenario, ScenarioError, TrainStep
 
 __all__ = ["BackwardKind", "Block", "Checkpoint", "Design", "Event", "EventKind", "MicroStep", "Network",
            "ParamKind", "Scenario", "ScenarioError", "Trace", "TrainStep", "UnknownDesignError",

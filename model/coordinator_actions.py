@@ -12,7 +12,7 @@ PR #8130 (seed 002) and the zerostate runtime's release policy (``runtime/releas
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 from .coordinator_state import (AVAILABLE, COMPLETE, HOLD, HOLD_NAME, INFLIGHT, INVALID, MODE_NAMES, NEVER,
                                 NOT_AVAILABLE, RECORD, CoordIndex, CoordState)
@@ -75,14 +75,16 @@ def hold(w: Work, p: int, m: int) -> None:
     """``param.ds_active_sub_modules.add(module.ds_id)``."""
     if m not in w.holders[p]:
         w.holders[p] = w.holders[p] | {m}
-        w.out.append(Event(EventKind.HOLDERS, param=w.param_name(p), module=w.module_name(m), value=len(w.holders[p]), note="+"))
+        w.out.append(Event(EventKind.HOLDERS, param=w.param_name(p), module=w.module_name(m),
+                           value=len(w.holders[p]), note="+"))
 
 
 def drop(w: Work, p: int, m: int) -> None:
     """``param.ds_active_sub_modules.discard(module.ds_id)``."""
     if m in w.holders[p]:
         w.holders[p] = w.holders[p] - {m}
-        w.out.append(Event(EventKind.HOLDERS, param=w.param_name(p), module=w.module_name(m), value=len(w.holders[p]), note="-"))
+        w.out.append(Event(EventKind.HOLDERS, param=w.param_name(p), module=w.module_name(m),
+                           value=len(w.holders[p]), note="-"))
 
 
 def release_param(w: Work, p: int, m: int | None) -> None:
@@ -102,16 +104,19 @@ def wait_inflight(w: Work, p: int, m: int | None) -> None:
         w.out.append(Event(EventKind.FETCH, param=w.param_name(p), module=w.module_name(m), note="inflight"))
 
 
-def all_gather(w: Work, params: Iterable[int], m: int, prefetch: bool = False, counted: bool = True) -> None:
-    """PPC ``__all_gather_params``: gather the NOT_AVAILABLE ones.  A fetch waits on them right away
-    (FETCH: AVAILABLE); a prefetch leaves them INFLIGHT (PREFETCH).  ``counted``: through the coordinator
-    (``__n_available_params`` grows), not ``param.all_gather`` called by the optimizer."""
+def all_gather(w: Work, params: Iterable[int], m: int | None, prefetch: bool = False,
+               counted: bool = True) -> None:
+    """PPC ``__all_gather_params`` for module ``m`` (None: outside any module hook): gather the NOT_AVAILABLE
+    ones.  A fetch waits on them right away (FETCH: AVAILABLE); a prefetch leaves them INFLIGHT (PREFETCH).
+    ``counted``: through the coordinator (``__n_available_params`` grows), not ``param.all_gather`` called by
+    the optimizer."""
     for p in params:
         if w.status[p] == NOT_AVAILABLE:
             if counted:
                 w.live += w.index.numel[p]
             w.status[p] = INFLIGHT if prefetch else AVAILABLE
-            w.out.append(Event(EventKind.PREFETCH if prefetch else EventKind.FETCH, param=w.param_name(p), module=w.module_name(m)))
+            w.out.append(Event(EventKind.PREFETCH if prefetch else EventKind.FETCH, param=w.param_name(p),
+                               module=w.module_name(m)))
 
 
 def set_mode(w: Work, mode: int, value: int | None) -> None:
@@ -173,7 +178,7 @@ def unwrap_for_generation(w: Work) -> None:
     """TRL's ``unwrap_model_for_generation`` around a re-registration (`TrainStep.reregister`): its
     ``remove_hooks`` clears every parameter's ``ds_active_sub_modules``; ``GatheredParameters`` over every
     parameter gathers the partitioned ones for the generation and, on exit, partitions every one --
-    persistent ones too (measured on 0.19.7 and 0.19.8: after the unwrap the next forward fetches a
+    persistent ones too (on 0.19.7 and 0.19.8, after the unwrap, the next forward fetches a
     persistent parameter in its module's pre-forward hook).  A parameter partitioned before ends as it was;
     one gathered before (persistent, or in flight) is released.  Outside the coordinator: its count of
     available parameters is left as it was."""
@@ -359,7 +364,7 @@ def release_and_reset_all(w: Work) -> None:
         for h in sorted(w.holders[p]):
             drop(w, p, h)
         release_param(w, p, None)
-    all_gather(w, [p for p in range(w.index.n) if w.index.persistent[p]], None,  # type: ignore[arg-type]
+    all_gather(w, [p for p in range(w.index.n) if w.index.persistent[p]], None,
                counted=False)  # stage3 _post_step: param.all_gather, not the coordinator's
 
 
@@ -372,7 +377,7 @@ def hold_recomputed_frozen(w: Work, m: int) -> None:
     ``m``'s backward, its last use, so no release partitions it before the metadata check and that
     backward.  Persistent parameters are held too: while the trace is not COMPLETE (the first step, and
     after every invalidation) ``release_sub_module`` partitions persistent parameters like any other
-    (DOMAIN.md section 4; at DeepSpeed's default threshold 1e5 this is seed 002 on 0.19.0-0.19.2).
+    (at DeepSpeed's default threshold 1e5 this is seed 002 on 0.19.0-0.19.2).
 
     Module granularity, as the runtime sees it: "its output requires grad" is what a forward hook can
     observe.  For a frozen sub-module that is exactly "its ops saved its parameters" (SAVE_LIVE); for a
@@ -411,5 +416,6 @@ __all__ = [
     "declare_persistent", "drain_holds", "drop", "drop_holds", "fetch_sub_module", "hold", "hold_recomputed_frozen",
     "invalidate_trace", "params_to_release", "pop_own_trace_entries", "pre_module_hook", "prefetch",
     "push_backward_module", "record_module", "release_and_reset_all", "release_backward_leftovers",
-    "release_param", "release_sub_module", "reregister_hooks", "unwrap_for_generation", "reset_step", "trace_prologue", "wait_inflight",
+    "release_param", "release_sub_module", "reregister_hooks", "reset_step", "trace_prologue",
+    "unwrap_for_generation", "wait_inflight",
 ]

@@ -40,12 +40,17 @@ RELEASE / HOLDERS / TRACE_STATE / PERSISTENT effect events (see ``events.py``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING
 
 from . import coordinator_actions
 from .coordinator_state import CoordState, index_for
-from .events import EventKind, Event
+from .events import Event, EventKind
+
+if TYPE_CHECKING:
+    from .machine import Ctx
+    from .network import Network
 
 
 @dataclass(frozen=True)
@@ -68,10 +73,10 @@ class CoordinatorDesign:
     """zerostate: ``__params_to_release`` walks a later module recursively when *it* is a z3 leaf (known
     issue z3-leaf-kept-gathered; DeepSpeed decides by the module being released)."""
 
-    def initial(self, net: Any) -> CoordState:
+    def initial(self, net: Network) -> CoordState:
         return CoordState.initial(index_for(net))
 
-    def react(self, st: CoordState, ev: Event, ctx: Any) -> tuple[CoordState, tuple[Event, ...]]:
+    def react(self, st: CoordState, ev: Event, ctx: Ctx) -> tuple[CoordState, tuple[Event, ...]]:
         """The one transition function of this half: ``(state, event) -> (state, effects)``."""
         handler = _HANDLERS.get(ev.kind)
         if handler is None or ctx.stage != 3:
@@ -87,6 +92,12 @@ class CoordinatorDesign:
 
 
 # ------------------------------------------------------------------ handlers
+def _module(w: coordinator_actions.Work, ev: Event) -> int:
+    """The index of the hooked module a module-hook event names."""
+    assert ev.module is not None, "a module hook event names its module"
+    return w.index.midx[ev.module]
+
+
 def _on_root_forward(d: CoordinatorDesign, w: coordinator_actions.Work, ev: Event) -> None:
     if d.hold_recompute_frozen:
         coordinator_actions.drain_holds(w)
@@ -99,12 +110,12 @@ def _on_reregister(d: CoordinatorDesign, w: coordinator_actions.Work, ev: Event)
 
 
 def _on_pre_forward(d: CoordinatorDesign, w: coordinator_actions.Work, ev: Event) -> None:
-    coordinator_actions.pre_module_hook(w, w.index.midx[ev.module], True, ev.phase == "recompute",
+    coordinator_actions.pre_module_hook(w, _module(w, ev), True, ev.phase == "recompute",
                       track_stack=d.track_stack, attribute=d.attribute)
 
 
 def _on_post_forward(d: CoordinatorDesign, w: coordinator_actions.Work, ev: Event) -> None:
-    m = w.index.midx[ev.module]
+    m = _module(w, ev)
     recompute = ev.phase == "recompute"
     if d.hold_recompute_frozen and recompute and w.index.nonreentrant[m] and w.index.output_requires_grad[m]:
         coordinator_actions.hold_recomputed_frozen(w, m)
@@ -113,11 +124,12 @@ def _on_post_forward(d: CoordinatorDesign, w: coordinator_actions.Work, ev: Even
 
 
 def _on_pre_backward(d: CoordinatorDesign, w: coordinator_actions.Work, ev: Event) -> None:
-    coordinator_actions.pre_module_hook(w, w.index.midx[ev.module], False, False, track_stack=d.track_stack, attribute=d.attribute)
+    coordinator_actions.pre_module_hook(w, _module(w, ev), False, False, track_stack=d.track_stack,
+                                        attribute=d.attribute)
 
 
 def _on_post_backward(d: CoordinatorDesign, w: coordinator_actions.Work, ev: Event) -> None:
-    m = w.index.midx[ev.module]
+    m = _module(w, ev)
     if d.hold_recompute_frozen:
         coordinator_actions.drop_holds(w, m)
     coordinator_actions.release_sub_module(w, m, False, False, track_stack=d.track_stack, attribute=d.attribute,
@@ -159,7 +171,8 @@ _HANDLERS: dict[EventKind, Callable[[CoordinatorDesign, coordinator_actions.Work
     EventKind.EPILOGUE: _on_epilogue,
     EventKind.STEP: _on_step,
 }
-_NO_MODULE = frozenset({EventKind.FORWARD_START, EventKind.EVAL_FORWARD_START, EventKind.REREGISTER, EventKind.EPILOGUE, EventKind.STEP})
+_NO_MODULE = frozenset({EventKind.FORWARD_START, EventKind.EVAL_FORWARD_START, EventKind.REREGISTER,
+                        EventKind.EPILOGUE, EventKind.STEP})
 
 _DS = "deepspeed/runtime/zero/partitioned_param_coordinator.py"
 

@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from .events import Event
+
+if TYPE_CHECKING:
+    from .machine import Ctx
+    from .network import Network
 
 
 @dataclass(frozen=True)
@@ -13,10 +19,10 @@ class NullCoordinator:
     summary: str = "no parameter coordinator (ZeRO-1/2)"
     provenance: tuple[str, ...] = ()
 
-    def initial(self, net: Any) -> None:
+    def initial(self, net: Network) -> None:
         return None
 
-    def react(self, state: Any, event: Any, ctx: Any) -> tuple[Any, tuple]:
+    def react(self, state: Any, event: Event, ctx: Ctx) -> tuple[Any, tuple[Event, ...]]:
         return state, ()
 
 

@@ -14,12 +14,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from enum import IntEnum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .network import HEAD, ROOT, params_of_module
 
 if TYPE_CHECKING:
     from .network import Network
+
 
 class ParamStatus(IntEnum):
     """A ZeRO-3 parameter's ``ds_status`` (``ZeroParamStatus``), and what it means for memory."""
@@ -54,19 +55,19 @@ HOLD = -2
 HOLD_NAME = "zerostate-hold"
 
 NEVER = -1
-"""``fetched_for`` of a parameter never fetched yet (a step id; step ids are >= 0)."""
+"""``fetched_for`` of a parameter never fetched yet (a step id; step ids are >= 0), standing for the
+``__most_recent_step_id_param_fetched_for`` default (DeepSpeed uses -1e10)."""
 
 DS_DEFAULT_MAX_REUSE_DISTANCE = 1_000_000_000
 """``stage3_max_reuse_distance``'s default (DeepSpeed 0.18.4 .. 0.19.8, ``zero/config.py``)."""
 DS_DEFAULT_MAX_LIVE_PARAMETERS = 1_000_000_000
 """``stage3_max_live_parameters``'s default."""
-"""``__most_recent_step_id_param_fetched_for`` default (DeepSpeed uses -1e10)."""
 
 
 class CoordIndex:
     """Static facts of one network, by position.  Use `index_for`."""
 
-    def __init__(self, net: "Network"):
+    def __init__(self, net: Network):
         self.params: tuple[str, ...] = tuple(net.params)
         self.pidx = {p: i for i, p in enumerate(self.params)}
         infos = [net.params[p] for p in self.params]
@@ -104,10 +105,10 @@ class CoordIndex:
         """The hooked module that fetches each parameter (the module that computes with it)."""
         self._param_trace: dict[tuple[int, ...], tuple[tuple[int, int], ...]] = {}
         sc = net.scenario
-        self.max_reuse_distance: int = getattr(sc, "max_reuse_distance", DS_DEFAULT_MAX_REUSE_DISTANCE)
-        """``stage3_max_reuse_distance`` (DeepSpeed's default 1e9)."""
-        self.max_live_parameters: int = getattr(sc, "max_live_parameters", DS_DEFAULT_MAX_LIVE_PARAMETERS)
-        """``stage3_max_live_parameters`` (DeepSpeed's default 1e9)."""
+        self.max_reuse_distance: int = sc.max_reuse_distance
+        """``stage3_max_reuse_distance`` (DeepSpeed's default 1e9, `DS_DEFAULT_MAX_REUSE_DISTANCE`)."""
+        self.max_live_parameters: int = sc.max_live_parameters
+        """``stage3_max_live_parameters`` (DeepSpeed's default 1e9, `DS_DEFAULT_MAX_LIVE_PARAMETERS`)."""
         root = self.midx[ROOT]
         everything = tuple(range(self.n))
         leafs = {self.midx[f"blocks.{i}"] for i in range(len(sc.blocks)) if net.is_leaf(i)}
@@ -120,7 +121,7 @@ class CoordIndex:
         self.leaf_modules = frozenset(leafs)
 
     @staticmethod
-    def _out_rg(net: "Network", module: str) -> bool:
+    def _out_rg(net: Network, module: str) -> bool:
         """Whether the module's (re)computed output requires grad (so its ops saved tensors for backward)."""
         if module in (ROOT, HEAD):
             return net.loss_requires_grad
@@ -131,7 +132,7 @@ class CoordIndex:
         return False
 
     @staticmethod
-    def _nonreentrant(net: "Network", module: str) -> bool:
+    def _nonreentrant(net: Network, module: str) -> bool:
         parts = module.split(".")
         if parts[0] != "blocks":
             return False
@@ -147,8 +148,9 @@ class CoordIndex:
         return got
 
 
-def index_for(net: "Network") -> CoordIndex:
-    index = net.__dict__.get("_coord_index")
+def index_for(net: Network) -> CoordIndex:
+    """The `CoordIndex` of ``net``, built once and kept on it (the network knows nothing of the coordinator)."""
+    index: CoordIndex | None = net.__dict__.get("_coord_index")
     if index is None:
         index = net.__dict__["_coord_index"] = CoordIndex(net)
     return index
@@ -188,15 +190,15 @@ class CoordState:
     counted, their releases are).  Bounds prefetch by ``stage3_max_live_parameters``."""
 
     @staticmethod
-    def initial(index: CoordIndex) -> "CoordState":
+    def initial(index: CoordIndex) -> CoordState:
         """zero.Init partitions every parameter; nothing is held; the trace starts INVALID."""
         return CoordState(status=(NOT_AVAILABLE,) * index.n, holders=(frozenset(),) * index.n,
                           fetched_for=(NEVER,) * index.n)
 
-    def with_(self, **changes) -> "CoordState":
+    def with_(self, **changes: Any) -> CoordState:
         return replace(self, **changes)
 
-    def observable(self, index: CoordIndex) -> dict:
+    def observable(self, index: CoordIndex) -> dict[str, Any]:
         """DeepSpeed's names for what a traced engine exposes (for refinement tests and reports)."""
         return {
             "ds_status": {index.params[i]: STATUS_NAMES[s] for i, s in enumerate(self.status)},
@@ -225,5 +227,6 @@ def assign(pairs: tuple[tuple[int, frozenset[int]], ...], key: int,
     return tuple(sorted(rest, key=lambda kv: kv[0]))
 
 
-__all__ = ["AVAILABLE", "COMPLETE", "ParamStatus", "TraceMode", "DS_DEFAULT_MAX_LIVE_PARAMETERS", "DS_DEFAULT_MAX_REUSE_DISTANCE", "CoordIndex", "CoordState", "HOLD", "HOLD_NAME", "INFLIGHT", "INVALID",
-           "MODE_NAMES", "NEVER", "NOT_AVAILABLE", "RECORD", "STATUS_NAMES", "assign", "index_for", "lookup"]
+__all__ = ["AVAILABLE", "COMPLETE", "DS_DEFAULT_MAX_LIVE_PARAMETERS", "DS_DEFAULT_MAX_REUSE_DISTANCE", "HOLD",
+           "HOLD_NAME", "INFLIGHT", "INVALID", "MODE_NAMES", "NEVER", "NOT_AVAILABLE", "RECORD", "STATUS_NAMES",
+           "CoordIndex", "CoordState", "ParamStatus", "TraceMode", "assign", "index_for", "lookup"]

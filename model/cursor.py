@@ -11,19 +11,17 @@ immutable positions.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
-
-import networkx as nx
+from collections.abc import Sequence
 
 from .designs import Design
-from .driver import segments
+from .driver import CoordinatorMode, Segment, event_at, segments
 from .events import Event
-from .machine import initial_state, step
+from .machine import ModelState, initial_state, step
 from .network import Network
 from .scenario import Scenario
 
 
-def enabled_at(g: nx.DiGraph, done: frozenset[int], preds: dict[int, tuple[int, ...]] | None = None) -> list[int]:
+def enabled_at(g: Segment, done: frozenset[int], preds: dict[int, tuple[int, ...]] | None = None) -> list[int]:
     """The nodes of segment ``g`` not yet fired whose predecessors all fired: sorted, or in the graph's
     node order when ``preds`` (each node's predecessors, precomputed) is given (the state graph's order)."""
     if preds is None:
@@ -34,14 +32,14 @@ def enabled_at(g: nx.DiGraph, done: frozenset[int], preds: dict[int, tuple[int, 
 class Cursor:
     """A design's run over a scenario: ``enabled()``, ``fire(node)``, ``events``, ``state``."""
 
-    def __init__(self, design: Design, scenario: Scenario, coordinator: bool,
-                 segs: Sequence[nx.DiGraph] | None = None, net: Network | None = None) -> None:
+    def __init__(self, design: Design, scenario: Scenario, coordinator: CoordinatorMode,
+                 segs: Sequence[Segment] | None = None, net: Network | None = None) -> None:
         self.design = design
         self.net = net or Network(scenario)
         self.segs = list(segs) if segs is not None else segments(scenario, coordinator=coordinator)
         self.seg = 0
         self.done: frozenset[int] = frozenset()
-        self.state: Any = initial_state(design, self.net)
+        self.state: ModelState = initial_state(design, self.net)
         self.events: list[Event] = []
         self._skip_empty()
 
@@ -53,7 +51,7 @@ class Cursor:
         return [] if self.finished else enabled_at(self.segs[self.seg], self.done)
 
     def event_of(self, node: int) -> Event:
-        return self.segs[self.seg].nodes[node]["event"]
+        return event_at(self.segs[self.seg], node)
 
     def fire(self, node: int) -> list[Event]:
         """Fire one enabled driver node; return the events it emitted (the driver event and the design's effects)."""

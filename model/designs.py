@@ -1,8 +1,8 @@
 """The design registry: a design is a value pairing a hook-count half with a coordinator half.
 
-Design names are those of the issues: the hook-count eras (``ds-0.18.4``,
-``ds-0.18.5``, ``ds-0.18.7``), the coordinator eras (``ds-0.19.2``,
-``pr-8130``, ``ds-0.19.3``) and ``zerostate``.  A name from one family is
+Design names are the DeepSpeed release or PR that first has the logic: the hook-count eras
+(``ds-0.18.4``, ``ds-0.18.5``, ``ds-0.18.7``), the coordinator eras (``ds-0.19.2``, ``pr-8130``,
+``ds-0.19.3``) and ``zerostate``.  A name from one family is
 paired with the other half of the same release, so every design describes a
 whole engine and any DeepSpeed release maps to one design
 (`design_for_release`).
@@ -10,8 +10,8 @@ whole engine and any DeepSpeed release maps to one design
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from .coordinator_null import NULL_COORDINATOR
 from .eras import ERAS, era_of, parse_release
@@ -23,7 +23,7 @@ class UnknownDesignError(KeyError):
     """An unknown design name; the message lists the known ones."""
 
     def __str__(self) -> str:  # KeyError quotes its message; we want it plain
-        return self.args[0]
+        return str(self.args[0])
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,7 @@ def register(design: Design) -> Design:
     return design
 
 
-def _coordinators() -> dict[str, Any]:
+def _coordinators() -> Mapping[str, CoordinatorHalf]:
     from .coordinator_designs import COORDINATOR_DESIGNS
     return COORDINATOR_DESIGNS
 

@@ -46,8 +46,9 @@ space small.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Literal, TypeAlias
 
 import networkx as nx
 
@@ -56,15 +57,30 @@ from .network import HEAD, HEAD_WEIGHT, ROOT, Network
 from .scenario import Checkpoint, ParamKind, Scenario
 
 COORDINATOR_ONLY = frozenset({
-    EventKind.CONTAINER_HOOK, EventKind.MODULE_PRE_FORWARD, EventKind.MODULE_POST_FORWARD, EventKind.MODULE_PRE_BACKWARD,
-    EventKind.MODULE_POST_BACKWARD, EventKind.RECOMPUTE_START, EventKind.RECOMPUTE_END, EventKind.UNPACK,
-    EventKind.EVAL_FORWARD_START, EventKind.EVAL_FORWARD_END, EventKind.REREGISTER,
+    EventKind.CONTAINER_HOOK, EventKind.MODULE_PRE_FORWARD, EventKind.MODULE_POST_FORWARD,
+    EventKind.MODULE_PRE_BACKWARD, EventKind.MODULE_POST_BACKWARD, EventKind.RECOMPUTE_START,
+    EventKind.RECOMPUTE_END, EventKind.UNPACK, EventKind.EVAL_FORWARD_START, EventKind.EVAL_FORWARD_END,
+    EventKind.REREGISTER,
 })
+
+
+Segment: TypeAlias = "nx.DiGraph[int]"
+"""A DAG of driver events: int nodes, each carrying its `Event` as node attribute ``event`` (`event_at`)."""
+
+CoordinatorMode: TypeAlias = bool | Literal["serial"]
+"""Which driver events a run has: True every one, False none of the coordinator's (`COORDINATOR_ONLY`),
+``"serial"`` every one with each module's gradient hooks right after its backward (`segments`)."""
+
+
+def event_at(g: Segment, node: int) -> Event:
+    """The driver event node ``node`` of segment ``g`` carries."""
+    ev: Event = g.nodes[node]["event"]
+    return ev
 
 
 @dataclass
 class _Builder:
-    g: nx.DiGraph = field(default_factory=nx.DiGraph)
+    g: Segment = field(default_factory=nx.DiGraph)
     ids: Iterator[int] = field(default_factory=itertools.count)
 
     def add(self, ev: Event, after: tuple[int, ...] = ()) -> int:
@@ -81,7 +97,7 @@ class _Builder:
         return last
 
 
-def _chain_segment(events: list[Event]) -> nx.DiGraph:
+def _chain_segment(events: list[Event]) -> Segment:
     b = _Builder()
     b.chain(events)
     return b.g
@@ -139,7 +155,8 @@ def _recompute_events(net: Network, i: int, nonreentrant: bool, skip: bool) -> l
         out.append(_container(i, "post_forward", "recompute"))
     out.append(Event(EventKind.RECOMPUTE_END, module=f"blocks.{i}"))
     if nonreentrant:
-        out += [Event(EventKind.UNPACK, param=p, module=f"blocks.{i}", note="check") for g in groups for p in g.saved_live]
+        out += [Event(EventKind.UNPACK, param=p, module=f"blocks.{i}", note="check")
+                for g in groups for p in g.saved_live]
     return out
 
 
@@ -151,14 +168,15 @@ def _computes(net: Network, i: int, skip: bool) -> bool:
 
 
 def backward_dag(net: Network, outer: int, first_nested: int, kind: str,
-                 skip: frozenset[int] = frozenset(), serial: bool = False) -> nx.DiGraph:
+                 skip: frozenset[int] = frozenset(), serial: bool = False) -> Segment:
     """The DAG of one user backward.  ``outer`` is its graph task id; nested tasks count up from
     ``first_nested``.  A module's pre-backward hook fires only when its output requires grad, its
     post-backward hook only when its input does (DeepSpeed hangs them on those tensors).
     ``serial``: each module's gradient hooks fire right after its backward, before its post-backward
     hook (one linear extension instead of all of them)."""
     b = _Builder()
-    start = b.chain([Event(EventKind.USER_BACKWARD_START, note=kind), Event(EventKind.TASK_START, task=outer, note="outer"),
+    start = b.chain([Event(EventKind.USER_BACKWARD_START, note=kind),
+                     Event(EventKind.TASK_START, task=outer, note="outer"),
                      Event(EventKind.OUTPUT_HOOK, task=outer), Event(EventKind.MODULE_PRE_BACKWARD, module=ROOT)])
     frontier = start  # where the gradient currently is
     tails: list[int] = []  # nodes that must finish before the outer task ends
@@ -170,7 +188,8 @@ def backward_dag(net: Network, outer: int, first_nested: int, kind: str,
         task = outer
         if ck is Checkpoint.REENTRANT:
             task, nested = nested, nested + 1
-            frontier = b.chain([Event(EventKind.TASK_START, task=task, value=outer, note="nested", module=f"blocks.{i}")]
+            frontier = b.chain([Event(EventKind.TASK_START, task=task, value=outer, note="nested",
+                                      module=f"blocks.{i}")]
                                + _recompute_events(net, i, nonreentrant=False, skip=i in skip), frontier)
         block_tails: list[int] = []
         box = has_container(net, i)
@@ -186,8 +205,8 @@ def backward_dag(net: Network, outer: int, first_nested: int, kind: str,
             if ck is Checkpoint.NON_REENTRANT and gi == 0 and _computes(net, i, i in skip):
                 frontier = b.chain(_recompute_events(net, i, nonreentrant=True, skip=i in skip), frontier)
             if ck is Checkpoint.NON_REENTRANT and g.saved_live:
-                frontier = b.chain([Event(EventKind.UNPACK, param=p, module=f"blocks.{i}", note="use") for p in g.saved_live],
-                                   frontier)
+                frontier = b.chain([Event(EventKind.UNPACK, param=p, module=f"blocks.{i}", note="use")
+                                    for p in g.saved_live], frontier)
             if net.is_leaf(i):
                 frontier = b.chain([Event(EventKind.LEAF_GRAD, param=p, task=task) for p in net.leaf_grad_params(i)]
                                    + ([Event(EventKind.LEAF_HOOK, module=g.module, task=task)]
@@ -197,13 +216,15 @@ def backward_dag(net: Network, outer: int, first_nested: int, kind: str,
                 if hooked and serial:
                     frontier = b.chain([Event(EventKind.GRAD_HOOK, param=p, task=task) for p in hooked], frontier)
                 elif hooked:
-                    block_tails += list(b.chain([Event(EventKind.GRAD_HOOK, param=p, task=task) for p in hooked], frontier))
+                    block_tails += list(b.chain([Event(EventKind.GRAD_HOOK, param=p, task=task) for p in hooked],
+                                                frontier))
             if g.input_requires_grad:
                 frontier = (b.add(Event(EventKind.MODULE_POST_BACKWARD, module=g.module), frontier),)
         if box and net.block_input_requires_grad(i):  # on the Block's input: after its sub-modules'
             frontier = (b.add(_container(i, "post_backward"), frontier),)
         if ck is Checkpoint.REENTRANT:
-            frontier = (b.add(Event(EventKind.TASK_END, task=task, module=f"blocks.{i}"), frontier + tuple(block_tails)),)
+            frontier = (b.add(Event(EventKind.TASK_END, task=task, module=f"blocks.{i}"),
+                              frontier + tuple(block_tails)),)
         else:
             tails += block_tails
     if net.scenario.input_requires_grad:
@@ -218,7 +239,7 @@ def forward_segment(net: Network, pre_task: int, skip: frozenset[int] = frozense
     out += forward_events(net, "forward", skip=skip)
     if net.scenario.fused_head:
         # the head's loss Function runs autograd.backward after the head's forward: its module backward
-        # hooks fire there, inside forward, and never in the user's backward (measured, DeepSpeed 0.19.8)
+        # hooks fire there, inside forward, and never in the user's backward (as DeepSpeed 0.19.8 traces it)
         out += [Event(EventKind.MODULE_PRE_FORWARD, module=HEAD, phase="forward"),
                 Event(EventKind.MODULE_POST_FORWARD, module=HEAD, phase="forward"),
                 Event(EventKind.TASK_START, task=pre_task, note="pre"),
@@ -238,7 +259,7 @@ def eval_segment(net: Network) -> list[Event]:
     return ev + [Event(EventKind.MODULE_POST_FORWARD, module=ROOT, phase="eval"), Event(EventKind.EVAL_FORWARD_END)]
 
 
-def contract(g: nx.DiGraph, drop: frozenset[EventKind]) -> nx.DiGraph:
+def contract(g: Segment, drop: frozenset[EventKind]) -> Segment:
     """Remove nodes whose event kind is in ``drop``, keeping the order they implied."""
     h = g.copy()
     for n in [n for n, d in g.nodes(data=True) if d["event"].kind in drop]:
@@ -248,13 +269,13 @@ def contract(g: nx.DiGraph, drop: frozenset[EventKind]) -> nx.DiGraph:
     return nx.transitive_reduction(h) if h.number_of_edges() else h
 
 
-def _with_events(h: nx.DiGraph, g: nx.DiGraph) -> nx.DiGraph:
+def _with_events(h: Segment, g: Segment) -> Segment:
     for n in h.nodes:
         h.nodes[n]["event"] = g.nodes[n]["event"]
     return h
 
 
-def segments(scenario: Scenario, coordinator: bool | str = True, serial: bool = False) -> list[nx.DiGraph]:
+def segments(scenario: Scenario, coordinator: CoordinatorMode = True, serial: bool = False) -> list[Segment]:
     """The whole run as segments (DAGs of driver events), in schedule order.
 
     ``serial=True`` (or ``coordinator="serial"``) keeps every coordinator event but fires each module's
@@ -267,7 +288,7 @@ def segments(scenario: Scenario, coordinator: bool | str = True, serial: bool = 
         coordinator, serial = True, True
     net = Network(scenario)
     task_ids = itertools.count()
-    out: list[nx.DiGraph] = []
+    out: list[Segment] = []
     for si, step in enumerate(scenario.steps):
         if step.reregister:
             out.append(_chain_segment([Event(EventKind.REREGISTER)]))
@@ -288,10 +309,10 @@ def segments(scenario: Scenario, coordinator: bool | str = True, serial: bool = 
     return out
 
 
-def default_order(g: nx.DiGraph) -> list[Event]:
+def default_order(g: Segment) -> list[Event]:
     """PyTorch's deterministic order on CPU, approximated: smallest node id first."""
-    return [g.nodes[n]["event"] for n in nx.lexicographical_topological_sort(g)]
+    return [event_at(g, n) for n in nx.lexicographical_topological_sort(g)]
 
 
-__all__ = ["COORDINATOR_ONLY", "backward_dag", "has_container", "contract", "default_order", "eval_segment",
-           "forward_events", "forward_segment", "segments"]
+__all__ = ["COORDINATOR_ONLY", "CoordinatorMode", "Segment", "backward_dag", "contract", "default_order",
+           "eval_segment", "event_at", "forward_events", "forward_segment", "has_container", "segments"]

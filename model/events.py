@@ -14,9 +14,10 @@ Specs read traces of these events only, so one spec judges every target.
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, fields
 from enum import Enum
-from typing import Any, Iterator, Mapping
+from typing import Any
 
 
 class EventKind(str, Enum):
@@ -123,10 +124,11 @@ class EventKind(str, Enum):
 
 DRIVER_EVENTS = frozenset({
     EventKind.FORWARD_START, EventKind.FORWARD_END, EventKind.EVAL_FORWARD_START, EventKind.EVAL_FORWARD_END,
-    EventKind.USER_BACKWARD_START, EventKind.USER_BACKWARD_END, EventKind.STEP, EventKind.TASK_START, EventKind.TASK_END,
-    EventKind.OUTPUT_HOOK, EventKind.GRAD_HOOK, EventKind.LEAF_HOOK, EventKind.MODULE_PRE_FORWARD, EventKind.MODULE_POST_FORWARD,
-    EventKind.MODULE_PRE_BACKWARD, EventKind.MODULE_POST_BACKWARD, EventKind.RECOMPUTE_START, EventKind.RECOMPUTE_END,
-    EventKind.UNPACK, EventKind.SAVE_LIVE, EventKind.REREGISTER, EventKind.LEAF_GRAD,
+    EventKind.USER_BACKWARD_START, EventKind.USER_BACKWARD_END, EventKind.STEP, EventKind.TASK_START,
+    EventKind.TASK_END, EventKind.OUTPUT_HOOK, EventKind.GRAD_HOOK, EventKind.LEAF_HOOK,
+    EventKind.MODULE_PRE_FORWARD, EventKind.MODULE_POST_FORWARD, EventKind.MODULE_PRE_BACKWARD,
+    EventKind.MODULE_POST_BACKWARD, EventKind.RECOMPUTE_START, EventKind.RECOMPUTE_END, EventKind.UNPACK,
+    EventKind.SAVE_LIVE, EventKind.REREGISTER, EventKind.LEAF_GRAD,
 })
 
 
@@ -151,7 +153,7 @@ class Event:
         return out
 
     @staticmethod
-    def from_dict(d: Mapping[str, Any]) -> "Event":
+    def from_dict(d: Mapping[str, Any]) -> Event:
         return Event(EventKind(d["kind"]), **{k: v for k, v in d.items() if k != "kind"})
 
     def __str__(self) -> str:

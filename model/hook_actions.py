@@ -20,19 +20,19 @@ Result = tuple[HookState, Effects]
 
 
 # --------------------------------------------------------------- enter / exit
-def enter_backward_plain(hs: HookState, ctx: "Ctx") -> Result:
+def enter_backward_plain(hs: HookState, ctx: Ctx) -> Result:
     """0.18.4 ``ZeROOptimizer.enter_backward``: depth + 1."""
     hs = hs.with_(depth=hs.depth + 1)
     return hs, (Event(EventKind.ENTER_BACKWARD, value=hs.depth),)
 
 
-def enter_backward_mark_seen(hs: HookState, ctx: "Ctx") -> Result:
+def enter_backward_mark_seen(hs: HookState, ctx: Ctx) -> Result:
     """0.18.5 ``BackwardHookStateManager.enter_backward``: depth + 1, remember a backward was seen."""
     hs = hs.with_(depth=hs.depth + 1, seen=True)
     return hs, (Event(EventKind.ENTER_BACKWARD, value=hs.depth),)
 
 
-def enter_backward_resetting(hs: HookState, ctx: "Ctx") -> Result:
+def enter_backward_resetting(hs: HookState, ctx: Ctx) -> Result:
     """0.18.7 (PR #7886 item 3): on the *first* real entry of a step, drop counters polluted by
     backward calls made before the user's backward (TiledFusedLogitsLoss); then as 0.18.5."""
     if hs.depth == 0 and not hs.seen:
@@ -41,33 +41,33 @@ def enter_backward_resetting(hs: HookState, ctx: "Ctx") -> Result:
     return enter_backward_mark_seen(hs, ctx)
 
 
-def exit_backward(hs: HookState, ctx: "Ctx") -> Result:
+def exit_backward(hs: HookState, ctx: Ctx) -> Result:
     """``exit_backward``: depth - 1, never below 0."""
     if hs.depth > 0:
         hs = hs.with_(depth=hs.depth - 1)
     return hs, (Event(EventKind.EXIT_BACKWARD, value=hs.depth),)
 
 
-def reset_for_new_step(hs: HookState, ctx: "Ctx") -> Result:
+def reset_for_new_step(hs: HookState, ctx: Ctx) -> Result:
     """0.18.5+ ``clear_backward_seen_flag`` at ``engine.forward``: per-step counters back to zero."""
     return hs.with_(seen=False, fired=0, max_expected=0, epilogue_ran=False, cb_queued=False,
                     cb_task=None, counted_task=None), ()
 
 
-def keep(hs: HookState, ctx: "Ctx") -> Result:
+def keep(hs: HookState, ctx: Ctx) -> Result:
     """No reaction (the release has no hook for this event)."""
     return hs, ()
 
 
 # -------------------------------------------------------------- the epilogue
-def backward_epilogue(hs: HookState, ctx: "Ctx") -> Result:
+def backward_epilogue(hs: HookState, ctx: Ctx) -> Result:
     """``engine._backward_epilogue``: reduce and flush the buckets, then ``exit_backward``."""
     effects = (Event(EventKind.BUCKET_FLUSH, value=len(ctx.bucket)), Event(EventKind.EPILOGUE, task=ctx.task))
     hs, ex = exit_backward(hs.with_(epilogue_ran=True), ctx)
     return hs, effects + ex
 
 
-def run_post_hooks(hs: HookState, ctx: "Ctx") -> Result:
+def run_post_hooks(hs: HookState, ctx: Ctx) -> Result:
     """``run_grad_acc_post_hooks`` -> ``engine._backward_post_hook``.
 
     Skipped while no user backward is active (depth 0: a backward made inside
@@ -83,7 +83,7 @@ def run_post_hooks(hs: HookState, ctx: "Ctx") -> Result:
     return hs, (Event(EventKind.POST_HOOKS, note="ran epilogue"),) + eff
 
 
-def epilogue_if_engine_backward(hs: HookState, ctx: "Ctx") -> Result:
+def epilogue_if_engine_backward(hs: HookState, ctx: Ctx) -> Result:
     """``engine.backward`` returns: it calls ``_backward_epilogue`` itself (PyTorch-style does not)."""
     if ctx.running_engine_backward:
         return backward_epilogue(hs, ctx)
@@ -96,13 +96,13 @@ def process_gradients(params: tuple[str, ...]) -> Effects:
     return tuple(Event(EventKind.BUCKET_ADD, param=p) for p in params)
 
 
-def count_used(ctx: "Ctx") -> tuple[int, Event]:
+def count_used(ctx: Ctx) -> tuple[int, Event]:
     """``count_used_parameters_in_backward(...) (+ leaf_module_count under ZeRO-3)``."""
     value = ctx.expected_count()
     return value, Event(EventKind.COUNT, task=ctx.task, value=value)
 
 
-def queue_post_backward_callback(hs: HookState, ctx: "Ctx") -> tuple[HookState, Effects, bool]:
+def queue_post_backward_callback(hs: HookState, ctx: Ctx) -> tuple[HookState, Effects, bool]:
     """``queue_post_backward_callback``: once per backward, only while a user backward is active."""
     if hs.cb_queued:
         return hs, (), True
@@ -112,7 +112,7 @@ def queue_post_backward_callback(hs: HookState, ctx: "Ctx") -> tuple[HookState, 
     return hs, (Event(EventKind.CALLBACK_QUEUED, task=ctx.task),), True
 
 
-def reenter_backward_if_needed(hs: HookState, ctx: "Ctx") -> Result:
+def reenter_backward_if_needed(hs: HookState, ctx: Ctx) -> Result:
     """0.18.5+: a later reentrant phase after an epilogue re-enters the backward context."""
     if hs.remaining == 0 and hs.depth == 0 and hs.seen:
         # 0.18.7's resetting enter_backward never resets here: `seen` is already True.
@@ -125,7 +125,7 @@ def should_refresh_expected_hook_count(hs: HookState) -> bool:
     return hs.fired == 0 or (hs.remaining == 0 and hs.depth == 0 and hs.seen)
 
 
-def update_hook_state_and_maybe_run_epilogue(hs: HookState, current: int, ctx: "Ctx") -> Result:
+def update_hook_state_and_maybe_run_epilogue(hs: HookState, current: int, ctx: Ctx) -> Result:
     """0.18.5+: track the largest expected count; prefer the queued callback, else count down."""
     hs = hs.with_(fired=hs.fired + 1, max_expected=max(hs.max_expected, current))
     hs, eff, queued = queue_post_backward_callback(hs, ctx)
@@ -157,8 +157,8 @@ def leaf_grad_accumulated(hs: HookState, param: str) -> tuple[HookState, str | N
 
 
 __all__ = [
-    "backward_epilogue", "defer_leaf_reduction", "leaf_grad_accumulated", "count_used", "enter_backward_mark_seen", "enter_backward_plain",
-    "enter_backward_resetting", "epilogue_if_engine_backward", "exit_backward", "keep",
+    "backward_epilogue", "count_used", "defer_leaf_reduction", "enter_backward_mark_seen", "enter_backward_plain",
+    "enter_backward_resetting", "leaf_grad_accumulated", "epilogue_if_engine_backward", "exit_backward", "keep",
     "process_gradients", "queue_post_backward_callback", "reenter_backward_if_needed",
     "reset_for_new_step", "run_post_hooks", "should_refresh_expected_hook_count",
     "update_hook_state_and_maybe_run_epilogue",

@@ -34,19 +34,21 @@ that has it:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 from . import hook_actions
-from .events import EventKind, Event
+from .events import Event, EventKind
+from .hook_actions import Result
 from .hook_state import HookState
 
 if TYPE_CHECKING:
     from .machine import Ctx
 
-Reaction = Callable[[HookState, "Ctx"], tuple[HookState, tuple[Event, ...]]]
-GradHook = Callable[[HookState, "Ctx", tuple[str, ...]], tuple[HookState, tuple[Event, ...]]]
-LeafHook = Callable[[HookState, "Ctx", str], tuple[HookState, tuple[Event, ...]]]
+Reaction = Callable[[HookState, "Ctx"], Result]
+GradHook = Callable[[HookState, "Ctx", tuple[str, ...]], Result]
+LeafHook = Callable[[HookState, "Ctx", str], Result]
 """(state, ctx, leaf module) for LEAF_HOOK; (state, ctx, parameter) for LEAF_GRAD (`LeafGrad`)."""
 LeafGrad = LeafHook
 
@@ -70,7 +72,7 @@ class HookDesign:
     on_leaf_grad: LeafGrad | None = None
     """Reaction to a leaf parameter's gradient accumulating; None: none (DeepSpeed does not hook it)."""
 
-    def react(self, hs: HookState, ev: Event, ctx: "Ctx") -> tuple[HookState, tuple[Event, ...]]:
+    def react(self, hs: HookState, ev: Event, ctx: Ctx) -> Result:
         """The one transition function of this half: ``(state, event) -> (state, effects)``."""
         k = ev.kind
         if k is EventKind.FORWARD_START:
@@ -78,6 +80,7 @@ class HookDesign:
         if k is EventKind.OUTPUT_HOOK:
             return self.on_prologue(hs, ctx)
         if k is EventKind.GRAD_HOOK:
+            assert ev.param is not None, "a GRAD_HOOK names its parameter"
             return self.on_grad_hook(hs, ctx, (ev.param,))
         if k is EventKind.LEAF_HOOK:
             if self.on_leaf_hook is not None:
@@ -95,11 +98,11 @@ class HookDesign:
 
 
 # ------------------------------------------------------------------ ds-0.18.4
-def _prologue_0184(hs: HookState, ctx: "Ctx"):
+def _prologue_0184(hs: HookState, ctx: Ctx) -> Result:
     return hook_actions.enter_backward_plain(hs, ctx)
 
 
-def _grad_hook_0184(hs: HookState, ctx: "Ctx", params: tuple[str, ...]):
+def _grad_hook_0184(hs: HookState, ctx: Ctx, params: tuple[str, ...]) -> Result:
     """stage3.py / stage_1_and_2.py 0.18.4: ``if remaining == 0: remaining = count(...)``."""
     effects: tuple[Event, ...] = ()
     if hs.remaining == 0:
@@ -114,14 +117,14 @@ def _grad_hook_0184(hs: HookState, ctx: "Ctx", params: tuple[str, ...]):
 
 
 # ------------------------------------------------------------------ ds-0.18.5
-def _prologue_0185(hs: HookState, ctx: "Ctx"):
+def _prologue_0185(hs: HookState, ctx: Ctx) -> Result:
     """engine._backward_prologue 0.18.5+: ``enter_backward()``, ``queue_post_backward_callback()``."""
     hs, eff = hook_actions.enter_backward_mark_seen(hs, ctx)
     hs, more, _ = hook_actions.queue_post_backward_callback(hs, ctx)
     return hs, eff + more
 
 
-def _grad_hook_0185(hs: HookState, ctx: "Ctx", params: tuple[str, ...]):
+def _grad_hook_0185(hs: HookState, ctx: Ctx, params: tuple[str, ...]) -> Result:
     """0.18.5/0.18.6: reenter, process, ``count_used_parameters_in_backward`` in every hook."""
     hs, eff = hook_actions.reenter_backward_if_needed(hs, ctx)
     eff += hook_actions.process_gradients(params)
@@ -130,12 +133,12 @@ def _grad_hook_0185(hs: HookState, ctx: "Ctx", params: tuple[str, ...]):
     return hs, eff + (ev,) + more
 
 
-def _callback(hs: HookState, ctx: "Ctx"):
+def _callback(hs: HookState, ctx: Ctx) -> Result:
     """The queued post-backward callback: ``run_grad_acc_post_hooks``."""
     return hook_actions.run_post_hooks(hs, ctx)
 
 
-def _clear_stale_buckets(hs: HookState, ctx: "Ctx"):
+def _clear_stale_buckets(hs: HookState, ctx: Ctx) -> Result:
     """stage3 ``_pre_step`` 0.18.5+ (PR #7780): drop params left in ipg buckets."""
     if ctx.stage == 3 and ctx.bucket:
         return hs, (Event(EventKind.BUCKET_CLEAR, value=len(ctx.bucket)),)
@@ -143,13 +146,13 @@ def _clear_stale_buckets(hs: HookState, ctx: "Ctx"):
 
 
 # ------------------------------------------------------------------ ds-0.18.7
-def _prologue_0187(hs: HookState, ctx: "Ctx"):
+def _prologue_0187(hs: HookState, ctx: Ctx) -> Result:
     hs, eff = hook_actions.enter_backward_resetting(hs, ctx)
     hs, more, _ = hook_actions.queue_post_backward_callback(hs, ctx)
     return hs, eff + more
 
 
-def _grad_hook_0187(hs: HookState, ctx: "Ctx", params: tuple[str, ...]):
+def _grad_hook_0187(hs: HookState, ctx: Ctx, params: tuple[str, ...]) -> Result:
     """0.18.7+: evaluate ``should_refresh`` *before* reentering; count only when it says so."""
     refresh = hook_actions.should_refresh_expected_hook_count(hs)
     hs, eff = hook_actions.reenter_backward_if_needed(hs, ctx)
@@ -164,7 +167,7 @@ def _grad_hook_0187(hs: HookState, ctx: "Ctx", params: tuple[str, ...]):
 
 
 # ------------------------------------------------------------------ zerostate
-def _grad_hook_zerostate(hs: HookState, ctx: "Ctx", params: tuple[str, ...]):
+def _grad_hook_zerostate(hs: HookState, ctx: Ctx, params: tuple[str, ...]) -> Result:
     """Bucket the gradient; the epilogue belongs to the callback or to engine.backward.
 
     Outside a user backward (a backward made inside forward) nothing else
@@ -178,7 +181,7 @@ def _grad_hook_zerostate(hs: HookState, ctx: "Ctx", params: tuple[str, ...]):
     return hs.with_(fired=hs.fired + 1), eff + more
 
 
-def _leaf_hook_zerostate(hs: HookState, ctx: "Ctx", module: str):
+def _leaf_hook_zerostate(hs: HookState, ctx: Ctx, module: str) -> Result:
     """A z3 leaf module's hook: reduce its parameters now, or -- when it fired before gradients the running
     backward will still accumulate (no input of the module requires grad) -- once they have.
 
@@ -192,7 +195,7 @@ def _leaf_hook_zerostate(hs: HookState, ctx: "Ctx", module: str):
     return _grad_hook_zerostate(hs, ctx, ctx.leaf_params(module))
 
 
-def _leaf_grad_zerostate(hs: HookState, ctx: "Ctx", param: str):
+def _leaf_grad_zerostate(hs: HookState, ctx: Ctx, param: str) -> Result:
     """A leaf parameter's gradient accumulated: the deferred reduction runs after the last one awaited."""
     hs, ready = hook_actions.leaf_grad_accumulated(hs, param)
     if ready is None:
@@ -205,7 +208,8 @@ DS_0_18_4 = HookDesign(
     summary="remaining-hooks counter re-armed by one count; epilogue when it reaches 0",
     provenance=("deepspeedai/DeepSpeed#7780 (the bug it fixed)",),
     on_forward_start=hook_actions.keep, on_prologue=_prologue_0184, on_grad_hook=_grad_hook_0184,
-    on_callback=hook_actions.keep, on_engine_backward_return=hook_actions.epilogue_if_engine_backward, on_step=hook_actions.keep,
+    on_callback=hook_actions.keep, on_engine_backward_return=hook_actions.epilogue_if_engine_backward,
+    on_step=hook_actions.keep,
 )
 
 DS_0_18_5 = HookDesign(

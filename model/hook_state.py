@@ -12,7 +12,7 @@ cheaper than ``dataclasses.replace``.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 
 class HookState(NamedTuple):
@@ -38,10 +38,10 @@ class HookState(NamedTuple):
     """zerostate design only: z3 leaf modules whose hook fired before their parameters' gradients
     accumulated, each with the parameters still awaited (known issue z3-leaf-input-without-grad)."""
 
-    def with_(self, **changes) -> "HookState":
+    def with_(self, **changes: Any) -> HookState:
         return self._replace(**changes)
 
-    def observable(self) -> dict:
+    def observable(self) -> dict[str, int | bool]:
         """The fields a refinement test compares (DeepSpeed's public names)."""
         return {
             "remaining_grad_acc_hooks": self.remaining,

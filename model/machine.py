@@ -85,7 +85,7 @@ class Ctx:
         return self.net.leaf_pending(int(str(module).split(".")[1]))
 
 
-def initial_state(design: "Design", net: Network) -> ModelState:
+def initial_state(design: Design, net: Network) -> ModelState:
     return ModelState(HookState(), design.coordinator.initial(net), EnvState())
 
 
@@ -100,34 +100,40 @@ def _reach(net: Network, ev: Event) -> frozenset[str]:
 def _apply_effects(env: EnvState, effects: tuple[Event, ...]) -> tuple[EnvState, tuple[Event, ...]]:
     """Update the environment with each effect in order.  A flush or clear is stamped here with
     how many gradients it took from the bucket (a design cannot see adds of its own reaction)."""
-    out = []
+    out: list[Event] = []
     for e in effects:
         if e.kind is EventKind.BUCKET_ADD:
+            assert e.param is not None, "a BUCKET_ADD names its parameter"
             env = env._replace(bucket=env.bucket | {e.param})
         elif e.kind in (EventKind.BUCKET_FLUSH, EventKind.BUCKET_CLEAR):
-            e = e if e.value == len(env.bucket) else Event(e.kind, value=len(env.bucket))
+            taken = len(env.bucket)
             env = env._replace(bucket=frozenset())
+            out.append(e if e.value == taken else Event(e.kind, value=taken))
+            continue
         elif e.kind is EventKind.CALLBACK_QUEUED:
+            assert e.task is not None, "a CALLBACK_QUEUED names its graph task"
             env = env._replace(callbacks=env.callbacks | {e.task})
         out.append(e)
     return env, tuple(out)
 
 
-def _react(design: "Design", net: Network, st: ModelState, ev: Event) -> tuple[ModelState, list[Event]]:
+def _react(design: Design, net: Network, st: ModelState, ev: Event) -> tuple[ModelState, list[Event]]:
     hooks, h_eff = design.hooks.react(st.hooks, ev, Ctx(net, st.env))
     env, h_eff = _apply_effects(st.env, h_eff)
-    coord, c_eff = st.coord, []
+    coord = st.coord
+    c_eff: list[Event] = []
     for e in (ev, *h_eff):
         coord, more = design.coordinator.react(coord, e, Ctx(net, env))
         c_eff += more
     return ModelState(hooks, coord, env), [*h_eff, *c_eff]
 
 
-def step(design: "Design", net: Network, st: ModelState, ev: Event) -> tuple[ModelState, list[Event]]:
+def step(design: Design, net: Network, st: ModelState, ev: Event) -> tuple[ModelState, list[Event]]:
     """Apply one driver event.  Returns the new state and the events to append to the trace."""
     out: list[Event] = []
     env = st.env
     if ev.kind is EventKind.TASK_START:
+        assert ev.task is not None, "a TASK_START names its graph task"
         env = env._replace(tasks=env.tasks + ((ev.task, _reach(net, ev)),))
     elif ev.kind is EventKind.USER_BACKWARD_START:
         env = env._replace(backward_kind=ev.note)

@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
-from .scenario import (PARAMS_PER_SUBMODULE, SUBMODULES, Checkpoint, ParamKind, Scenario)
+from .scenario import PARAMS_PER_SUBMODULE, SUBMODULES, Checkpoint, ParamKind, Scenario
 
 HEAD = "head"
 HEAD_WEIGHT = "head.weight"
@@ -93,6 +93,7 @@ class Network:
 
     def __init__(self, scenario: Scenario):
         self.scenario = scenario
+        self._hook_group_cache: dict[tuple[int, bool], tuple[HookGroup, ...]] = {}
 
     # ------------------------------------------------------------- structure
     @cached_property
@@ -148,21 +149,21 @@ class Network:
     def is_leaf(self, block: int | None) -> bool:
         return block is not None and block in self.leaf_blocks()
 
-    def hook_groups(self, i: int, skip_norm: bool = False) -> tuple["HookGroup", ...]:
+    def hook_groups(self, i: int, skip_norm: bool = False) -> tuple[HookGroup, ...]:
         """The modules ZeRO-3 hooks in block i, in forward order (a z3 leaf block is one module).
 
         ``skip_norm``: this forward takes the branch that skips the block's (frozen) norm.
         """
         return self._hook_groups(i, skip_norm)
 
-    def _hook_groups(self, i: int, skip_norm: bool) -> tuple["HookGroup", ...]:
+    def _hook_groups(self, i: int, skip_norm: bool) -> tuple[HookGroup, ...]:
         key = (i, skip_norm)
-        cache = self.__dict__.setdefault("_hook_group_cache", {})
+        cache = self._hook_group_cache
         if key not in cache:
             cache[key] = self._build_hook_groups(i, skip_norm)
         return cache[key]
 
-    def _build_hook_groups(self, i: int, skip_norm: bool) -> tuple["HookGroup", ...]:
+    def _build_hook_groups(self, i: int, skip_norm: bool) -> tuple[HookGroup, ...]:
         input_needs_grad = self.block_input_requires_grad(i)
         needs_grad = input_needs_grad
         mods = [m for m in self.block_modules(i) if not (skip_norm and m.name.endswith(".norm"))]
@@ -174,7 +175,7 @@ class Network:
                 # parameters being frozen) when its input does.  LayerNorm saves weight and bias
                 # themselves; under ZeRO-3 Linear runs LinearFunctionForZeroStage3, which saves weight
                 # and bias themselves too.  Non-reentrant checkpoint keeps those (not requiring grad)
-                # as live references; see `saves_live`.
+                # as live references (`HookGroup.saved_live`).
                 live += m.params
             needs_grad = needs_grad or kind is ParamKind.TRAINABLE
         if self.is_leaf(i):

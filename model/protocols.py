@@ -7,34 +7,51 @@
   ``init()``, ``step(m, event) -> m | Failure``, ``finish(m) -> Failure | str | None``.
 
 The hook half is a plain record (`hook_designs.HookDesign`) read by the one transition function.
+A half's state is opaque here (``Any``): each half defines its own immutable record.
 """
 
 from __future__ import annotations
 
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from .events import Event
+from .monitor import Failure
+
+if TYPE_CHECKING:
+    from .machine import Ctx
+    from .network import Network
 
 
 @runtime_checkable
 class CoordinatorHalf(Protocol):
-    name: str
-    release: str
-    summary: str
-    provenance: tuple[str, ...]
+    # Read-only properties: the halves are frozen dataclasses, whose fields cannot be assigned.
+    @property
+    def name(self) -> str: ...
 
-    def initial(self, net: Any) -> Any: ...
+    @property
+    def release(self) -> str: ...
 
-    def react(self, state: Any, event: Any, ctx: Any) -> tuple[Any, tuple]: ...
+    @property
+    def summary(self) -> str: ...
+
+    @property
+    def provenance(self) -> tuple[str, ...]: ...
+
+    def initial(self, net: Network) -> Any: ...
+
+    def react(self, state: Any, event: Event, ctx: Ctx) -> tuple[Any, tuple[Event, ...]]: ...
 
 
 @runtime_checkable
 class Monitor(Protocol):
-    id: str
+    @property
+    def id(self) -> str: ...
 
     def init(self) -> Any: ...
 
-    def step(self, m: Any, event: Any) -> Any: ...
+    def step(self, m: Any, event: Event) -> Any: ...
 
-    def finish(self, m: Any) -> Any: ...
+    def finish(self, m: Any) -> Failure | str | None: ...
 
 
 __all__ = ["CoordinatorHalf", "Monitor"]

@@ -19,8 +19,8 @@ A scenario is a plain, immutable, JSON-serialisable value with three parts:
   ``out.backward(gradient)``), and a step may start with an eval / no_grad
   forward (which matters to the ZeRO-3 trace).
 
-Training-setup dimensions (issue 11; each written to JSON only when not at its default, so older
-scenario files stay byte-identical and parse): precision (bf16 / fp16, fp32 gradient accumulation),
+Training-setup dimensions (each written to JSON only when not at its default, so a scenario file that
+does not use one stays byte-identical and parses): precision (bf16 / fp16, fp32 gradient accumulation),
 gradient clipping, CPU offload (optimizer / parameters), several optimizer parameter groups and
 parameters in no group, ``requires_grad`` changed for one step, a module applied twice (weight tying)
 and a parameter used by a module that does not own it (a ZeRO-3 external parameter), tuple / dict
@@ -28,10 +28,10 @@ outputs and an auxiliary loss, two backwards per micro-step (``retain_graph=True
 no forward or backward (``engine.step()`` without any gradient), and a second network family: tiny
 Hugging Face Llama decoders (optionally wrapped by PEFT LoRA, with ``modules_to_save``), the ZeRO knobs
 ``contiguous_gradients``, ``overlap_comm`` and ZeRO-3's all-reduce fetch, a manually marked accumulation
-boundary (``set_gradient_accumulation_boundary``), and a module attached after ``deepspeed.initialize``.  Issue 15 adds ``engines_before``: other
-engines built, trained and destroyed in the same process before the scenario's own (TRL's policy,
-reference and reward models), the place where DeepSpeed state carried between engines shows.  `Scenario.beyond_model` names the
-ones zerostate's model does not represent.
+boundary (``set_gradient_accumulation_boundary``), a module attached after ``deepspeed.initialize``, and
+``engines_before``: other engines built, trained and destroyed in the same process before the scenario's
+own (TRL's policy, reference and reward models), where DeepSpeed state carried between engines shows.
+`Scenario.beyond_model` names the ones zerostate's model does not represent.
 
 Parsing (`Scenario.from_json`) validates every field and raises
 `ScenarioError` naming the field, so a malformed scenario file is a clear error.
@@ -40,163 +40,17 @@ Parsing (`Scenario.from_json`) validates every field and raises
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, replace
 from enum import Enum
-from typing import Any, Iterator, Mapping
+from typing import Any, TypeVar
+
+from .scenario_fields import (PARAMS_PER_SUBMODULE, SUBMODULES, BackwardKind, Block, Checkpoint, Family, MicroStep,
+                              Offload, Optimizer, Outputs, ParamKind, Precision, TrainStep)
 
 
 class ScenarioError(ValueError):
     """A scenario value or file is malformed.  The message names the field."""
-
-
-class Checkpoint(str, Enum):
-    """How a block is wrapped in ``torch.utils.checkpoint``."""
-
-    NONE = "none"
-    """Plain: activations are stored; the block's backward runs in the outer graph task."""
-    REENTRANT = "reentrant"
-    """``use_reentrant=True``: forward under no_grad; backward re-runs forward and a *nested* backward."""
-    NON_REENTRANT = "non_reentrant"
-    """``use_reentrant=False``: saved-tensor hooks; recompute on first unpack, in the outer graph task."""
-
-
-class ParamKind(str, Enum):
-    """What a sub-module's parameters are to the optimizer and to autograd."""
-
-    TRAINABLE = "trainable"
-    """``requires_grad=True`` and used in forward: one gradient hook per tensor per backward."""
-    FROZEN = "frozen"
-    """``requires_grad=False``: no gradient hook; saved by non-reentrant checkpoint as a live reference."""
-    UNUSED = "unused"
-    """``requires_grad=True`` but skipped by forward: no gradient hook fires, not counted as used."""
-
-
-class BackwardKind(str, Enum):
-    """How the user starts backward for one micro-step."""
-
-    ENGINE = "engine"
-    """``engine.backward(loss)``: the engine runs the epilogue itself after ``loss.backward()`` returns."""
-    TORCH = "torch"
-    """``loss.backward()`` directly (PyTorch-style): the engine only sees it through output hooks."""
-    NONSCALAR = "nonscalar"
-    """``out.backward(gradient=g)`` on a non-scalar output (also PyTorch-style)."""
-
-    @property
-    def pytorch_style(self) -> bool:
-        return self is not BackwardKind.ENGINE
-
-
-class Precision(str, Enum):
-    """The engine's training precision (``fp16`` / ``bf16`` config sections)."""
-
-    FP32 = "fp32"
-    BF16 = "bf16"
-    FP16 = "fp16"
-    """Dynamic loss scaling: an overflow skips the step."""
-
-
-class Offload(str, Enum):
-    """ZeRO CPU offload (``offload_optimizer`` / ``offload_param``; parameters: ZeRO-3 only)."""
-
-    NONE = "none"
-    OPTIMIZER = "optimizer"
-    PARAM = "param"
-    BOTH = "both"
-
-
-class Outputs(str, Enum):
-    """What the network's forward returns: the hidden state, or ``(hidden, aux)`` / ``{"out", "aux"}``."""
-
-    TENSOR = "tensor"
-    TUPLE = "tuple"
-    DICT = "dict"
-
-
-class Family(str, Enum):
-    """Which network the blocks describe."""
-
-    BLOCKS = "blocks"
-    """``LayerNorm -> Linear`` blocks (`Block`), the network zerostate's model represents."""
-    LLAMA = "llama"
-    """A tiny Hugging Face ``LlamaForCausalLM``: one decoder layer per block (the blocks' checkpoint mode
-    is HF's ``gradient_checkpointing_enable(use_reentrant=...)``; the other block fields stay default)."""
-
-
-class Optimizer(str, Enum):
-    """Who builds the optimizer, and which one."""
-
-    SGD = "sgd"
-    """A client ``torch.optim.SGD`` passed to ``deepspeed.initialize(optimizer=...)`` (the default)."""
-    CONFIG_ADAM = "config-adam"
-    """DeepSpeed builds it from the config (``"optimizer": {"type": "AdamW", "params": {..., "torch_adam":
-    true}}``, as HF Trainer writes it), from the parameter groups passed as ``model_parameters``: torch's
-    ``AdamW`` (no JIT-built op)."""
-
-
-SUBMODULES = ("norm", "lin")
-"""The two sub-modules of every block, in forward order."""
-
-PARAMS_PER_SUBMODULE = ("weight", "bias")
-
-
-@dataclass(frozen=True)
-class Block:
-    """One block ``x -> lin(norm(x))`` (a sub-module marked unused is skipped)."""
-
-    checkpoint: Checkpoint = Checkpoint.NONE
-    norm: ParamKind = ParamKind.TRAINABLE
-    lin: ParamKind = ParamKind.TRAINABLE
-    leaf: bool = False
-    """Under ZeRO-3: the block is a z3 leaf module (one fetch, one backward hook for all its params)."""
-    in_optimizer: bool = True
-    """False: the block's trainable parameters are in no optimizer parameter group (they still require
-    grad and get gradients; nothing updates them)."""
-
-    def kind_of(self, submodule: str) -> ParamKind:
-        return getattr(self, submodule)
-
-    @property
-    def has_frozen(self) -> bool:
-        return ParamKind.FROZEN in (self.norm, self.lin)
-
-    @property
-    def has_trainable(self) -> bool:
-        return ParamKind.TRAINABLE in (self.norm, self.lin)
-
-
-@dataclass(frozen=True)
-class MicroStep:
-    """One forward and one backward."""
-
-    backward: BackwardKind = BackwardKind.ENGINE
-    skip: tuple[int, ...] = ()
-    """Blocks whose (frozen) norm this micro-step's forward skips: a data-dependent branch.  The
-    module order differs from other micro-steps (which invalidates the ZeRO-3 trace) while the set
-    of parameters that get gradients does not, so only a frozen norm may be skipped."""
-    retain: bool = False
-    """Two backwards of half the loss each, the first with ``retain_graph=True``."""
-
-
-@dataclass(frozen=True)
-class TrainStep:
-    """``gas`` micro-steps followed by ``engine.step()``."""
-
-    micro: tuple[MicroStep, ...] = (MicroStep(),)
-    eval_before: bool = False
-    """An eval-mode ``torch.no_grad()`` forward runs before this step's first micro-step."""
-    reregister: bool = False
-    """ZeRO-3's module hooks are removed and registered again before this step (and before its eval
-    forward), as TRL's ``unwrap_model_for_generation`` does around generation."""
-    idle: bool = False
-    """No forward and no backward: only the ``gas`` calls of ``engine.step()`` (a step without gradient)."""
-    frozen: tuple[int, ...] = ()
-    """Blocks whose (trainable) Linear has ``requires_grad=False`` during this step only."""
-    save_load: bool = False
-    """A DeepSpeed checkpoint (not activation checkpointing): before this step (after the previous step's ``engine.step()``, as HF Trainer saves every
-    ``save_steps``): ``engine.save_checkpoint(tmp)`` then ``engine.load_checkpoint(tmp)`` into the same engine;
-    at ZeRO-3 first the consolidated 16-bit state dict (``stage3_gather_16bit_weights_on_model_save``, what
-    HF / Accelerate save), compared with the engine's parameters and the oracle's (`net.checkpoint_round_trip`).
-    Written to JSON only when set."""
 
 
 @dataclass(frozen=True)
@@ -310,7 +164,7 @@ class Scenario:
             for mi, micro in enumerate(step.micro):
                 yield si, mi, micro
 
-    def with_(self, **changes: Any) -> "Scenario":
+    def with_(self, **changes: Any) -> Scenario:
         return replace(self, **changes)
 
     def beyond_model(self) -> list[str]:
@@ -340,7 +194,7 @@ class Scenario:
         return out
 
     # -------------------------------------------------------------- validation
-    def validate(self) -> "Scenario":
+    def validate(self) -> Scenario:
         """Raise `ScenarioError` naming the first bad field; return self when valid."""
         if not self.blocks:
             raise ScenarioError("blocks: a scenario needs at least one block")
@@ -385,7 +239,8 @@ class Scenario:
             raise ScenarioError(f"gradient_clipping: must be a finite number >= 0, got {self.gradient_clipping!r}")
         if self.fp32_grad_accum and self.precision is not Precision.BF16:
             raise ScenarioError("fp32_grad_accum: only with precision bf16 (DeepSpeed's grad_accum_dtype)")
-        if self.loss_scale_power != 8 and (self.precision is not Precision.FP16 or not 0 <= self.loss_scale_power <= 24):
+        if self.loss_scale_power != 8 and (self.precision is not Precision.FP16
+                                           or not 0 <= self.loss_scale_power <= 24):
             raise ScenarioError(f"loss_scale_power: only with precision fp16, 0..24, got {self.loss_scale_power}")
         if self.stage == 0 and self.offload is not Offload.NONE:
             raise ScenarioError("offload: ZeRO stage 0 has no offload")
@@ -478,11 +333,11 @@ class Scenario:
 
     # -------------------------------------------------------------------- JSON
     def to_dict(self) -> dict[str, Any]:
-        d = _plain(asdict(self))
-        for k in ("max_reuse_distance", "max_live_parameters"):  # DeepSpeed's defaults: old files stay identical
+        d: dict[str, Any] = _plain(asdict(self))
+        for k in ("max_reuse_distance", "max_live_parameters"):  # DeepSpeed's defaults: files stay identical
             if d.get(k) == 1_000_000_000:
                 d.pop(k)
-        for step in d["steps"]:  # fields added later are written only when set, so old files stay identical
+        for step in d["steps"]:  # written only when set, so files that do not use them stay identical
             for k in ("reregister", "idle", "frozen", "save_load"):
                 if not step.get(k):
                     step.pop(k, None)
@@ -496,7 +351,7 @@ class Scenario:
         for name, default in _EXTENDED_DEFAULTS.items():
             if getattr(self, name) == default:
                 d.pop(name, None)
-        if not self.engines_before:  # issue 15: written only when set
+        if not self.engines_before:  # written only when set
             d.pop("engines_before", None)
         return d
 
@@ -504,11 +359,11 @@ class Scenario:
         return json.dumps(self.to_dict(), indent=indent, sort_keys=True)
 
     @staticmethod
-    def from_dict(data: Mapping[str, Any]) -> "Scenario":
+    def from_dict(data: Mapping[str, Any]) -> Scenario:
         return _parse_scenario(data)
 
     @staticmethod
-    def from_json(text: str) -> "Scenario":
+    def from_json(text: str) -> Scenario:
         try:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
@@ -516,7 +371,7 @@ class Scenario:
         return _parse_scenario(data)
 
     @staticmethod
-    def load(path: str) -> "Scenario":
+    def load(path: str) -> Scenario:
         """Read a scenario file; errors name the file and the field."""
         try:
             with open(path, encoding="utf-8") as fh:
@@ -540,6 +395,9 @@ class Scenario:
 
 
 # ---------------------------------------------------------------------- parsing
+_E = TypeVar("_E", bound=Enum)
+
+
 def _plain(value: Any) -> Any:
     if isinstance(value, Enum):
         return value.value
@@ -550,15 +408,15 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _enum(cls: type[Enum], value: Any, where: str) -> Any:
+def _enum(cls: type[_E], value: object, where: str) -> _E:
     try:
         return cls(value)
     except ValueError:
-        allowed = ", ".join(repr(m.value) for m in cls)  # type: ignore[attr-defined]
+        allowed = ", ".join(repr(m.value) for m in cls)
         raise ScenarioError(f"{where}: expected one of {allowed}, got {value!r}") from None
 
 
-def _obj(value: Any, where: str, allowed: set[str]) -> Mapping[str, Any]:
+def _obj(value: object, where: str, allowed: set[str]) -> Mapping[str, Any]:
     if not isinstance(value, Mapping):
         raise ScenarioError(f"{where}: expected an object, got {type(value).__name__}")
     unknown = set(value) - allowed
@@ -567,19 +425,19 @@ def _obj(value: Any, where: str, allowed: set[str]) -> Mapping[str, Any]:
     return value
 
 
-def _int(value: Any, where: str) -> int:
+def _int(value: object, where: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ScenarioError(f"{where}: expected an integer, got {value!r}")
     return value
 
 
-def _bool(value: Any, where: str) -> bool:
+def _bool(value: object, where: str) -> bool:
     if not isinstance(value, bool):
         raise ScenarioError(f"{where}: expected true or false, got {value!r}")
     return value
 
 
-def _list(value: Any, where: str) -> list[Any]:
+def _list(value: object, where: str) -> list[Any]:
     if not isinstance(value, list):
         raise ScenarioError(f"{where}: expected a list, got {type(value).__name__}")
     return value
@@ -595,13 +453,13 @@ _EXTENDED_DEFAULTS: dict[str, Any] = {
     "family": Family.BLOCKS, "lora": False, "modules_to_save": False, "manual_boundary": False,
     "contiguous_gradients": True, "overlap_comm": None, "all_reduce_fetch": False, "late_module": False,
     "world_size": 1, "zero_init": False, "optimizer": Optimizer.SGD, "empty_param": False}
-"""Scenario fields added for issue 11, with their defaults: written to JSON only when not at the default."""
+"""Scenario fields written to JSON only when not at their default, with those defaults."""
 _MODEL_NEUTRAL = ("optimizer", "world_size")
 """Fields of `_EXTENDED_DEFAULTS` that leave the model's events unchanged (not listed by `beyond_model`)."""
-_SCENARIO_FIELDS = {f for f in Scenario.__dataclass_fields__}
+_SCENARIO_FIELDS = set(Scenario.__dataclass_fields__)
 
 
-def _parse_block(value: Any, where: str) -> Block:
+def _parse_block(value: object, where: str) -> Block:
     d = _obj(value, where, _BLOCK_FIELDS)
     return Block(
         checkpoint=_enum(Checkpoint, d.get("checkpoint", "none"), f"{where}.checkpoint"),
@@ -612,14 +470,14 @@ def _parse_block(value: Any, where: str) -> Block:
     )
 
 
-def _parse_micro(value: Any, where: str) -> MicroStep:
+def _parse_micro(value: object, where: str) -> MicroStep:
     d = _obj(value, where, _MICRO_FIELDS)
     skip = tuple(_int(b, f"{where}.skip[{k}]") for k, b in enumerate(_list(d.get("skip", []), f"{where}.skip")))
     return MicroStep(backward=_enum(BackwardKind, d.get("backward", "engine"), f"{where}.backward"), skip=skip,
                      retain=_bool(d.get("retain", False), f"{where}.retain"))
 
 
-def _parse_step(value: Any, where: str) -> TrainStep:
+def _parse_step(value: object, where: str) -> TrainStep:
     d = _obj(value, where, _STEP_FIELDS)
     micro = tuple(_parse_micro(m, f"{where}.micro[{j}]")
                   for j, m in enumerate(_list(d.get("micro", [{}]), f"{where}.micro")))
@@ -631,7 +489,7 @@ def _parse_step(value: Any, where: str) -> TrainStep:
                      save_load=_bool(d.get("save_load", False), f"{where}.save_load"))
 
 
-def _parse_scenario(data: Any) -> Scenario:
+def _parse_scenario(data: object) -> Scenario:
     d = _obj(data, "scenario", _SCENARIO_FIELDS)
     defaults = Scenario()
     kwargs: dict[str, Any] = {}
@@ -643,8 +501,8 @@ def _parse_scenario(data: Any) -> Scenario:
                  "reduce_bucket_size", "seed", "max_reuse_distance", "max_live_parameters", "world_size"):
         kwargs[name] = _int(d.get(name, getattr(defaults, name)), name)
     for name in ("fused_head", "input_requires_grad", "fp32_grad_accum", "tie", "external", "lora",
-                 "modules_to_save", "manual_boundary", "contiguous_gradients", "all_reduce_fetch", "late_module", "zero_init",
-                 "empty_param"):
+                 "modules_to_save", "manual_boundary", "contiguous_gradients", "all_reduce_fetch", "late_module",
+                 "zero_init", "empty_param"):
         kwargs[name] = _bool(d.get(name, getattr(defaults, name)), name)
     for name in ("param_groups", "losses", "loss_scale_power"):
         kwargs[name] = _int(d.get(name, getattr(defaults, name)), name)

@@ -2,15 +2,18 @@
 
 Specs read traces only (`zerostate.model.events`), so the same spec judges the
 model, the runtime and real DeepSpeed.  ``SPECS`` maps id -> `Spec`;
-``METRICS`` maps id -> `Metric` (measured, not pass/fail).
+``METRICS`` maps id -> `Metric` (a quantity, not pass/fail).
 """
 
 from __future__ import annotations
 
-from .base import Metric, Spec, Violation, check_trace
-from .hook_specs import HOOK_SPECS
+from collections.abc import Iterable
 
+from zerostate.model.events import Event
+
+from .base import Metric, Spec, Violation, check_trace
 from .coordinator_specs import COORDINATOR_METRICS, COORDINATOR_SPECS
+from .hook_specs import HOOK_SPECS
 
 SPECS: dict[str, Spec] = {s.id: s for s in (*HOOK_SPECS, *COORDINATOR_SPECS)}
 METRICS: dict[str, Metric] = {m.id: m for m in COORDINATOR_METRICS}
@@ -27,7 +30,7 @@ def specs_for_stage(stage: int) -> tuple[Spec, ...]:
     return specs_for("both") if stage == 3 else specs_for("hooks") if stage in (1, 2) else ()
 
 
-def check_all(events, specs=None) -> dict[str, Violation | None]:
+def check_all(events: Iterable[Event], specs: Iterable[Spec] | None = None) -> dict[str, Violation | None]:
     """``specs``: None for every spec (an empty collection checks none)."""
     events = list(events)
     return {s.id: check_trace(s, events) for s in (SPECS.values() if specs is None else specs)}

@@ -19,20 +19,38 @@ When a module *computes*:
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, NamedTuple
+from collections.abc import Callable, Iterable
+from typing import NamedTuple, TypeAlias
 
-from zerostate.model.events import DRIVER_EVENTS, EventKind, Event
-from zerostate.model.network import params_of_module
+from zerostate.model.events import DRIVER_EVENTS, Event, EventKind
+from zerostate.model.network import Network, params_of_module
 
 from .base import Failure, Metric, Spec, fail
 
 _STATUS = (EventKind.FETCH, EventKind.PREFETCH, EventKind.RELEASE)
-_RECOMPUTE_PARTS = frozenset({EventKind.RECOMPUTE_START, EventKind.MODULE_PRE_FORWARD, EventKind.MODULE_POST_FORWARD, EventKind.SAVE_LIVE,
-                              EventKind.RECOMPUTE_END, EventKind.UNPACK})
+_RECOMPUTE_PARTS = frozenset({EventKind.RECOMPUTE_START, EventKind.MODULE_PRE_FORWARD, EventKind.MODULE_POST_FORWARD,
+                              EventKind.SAVE_LIVE, EventKind.RECOMPUTE_END, EventKind.UNPACK})
 _ROOT_FORWARDS = (EventKind.FORWARD_START, EventKind.EVAL_FORWARD_START)
 
 
-def _status(avail: frozenset, inflight: frozenset, ev: Event) -> tuple[frozenset, frozenset]:
+_Params: TypeAlias = frozenset[str]
+_StatusSets: TypeAlias = tuple[_Params, _Params]
+"""(AVAILABLE, INFLIGHT) parameter names."""
+
+
+def _param(ev: Event) -> str:
+    """The parameter a status, unpack or holders event names (every such event names one)."""
+    assert ev.param is not None, f"a {ev.kind.value} event names its parameter"
+    return ev.param
+
+
+def _module(ev: Event) -> str:
+    """The module a module hook event names (every such event names one)."""
+    assert ev.module is not None, f"a {ev.kind.value} event names its module"
+    return ev.module
+
+
+def _status(avail: _Params, inflight: _Params, ev: Event) -> _StatusSets:
     """Fold one status event into (AVAILABLE, INFLIGHT) parameter sets.
 
     Three specs fold the same status events from the same initial sets, so the result for the last
@@ -42,7 +60,7 @@ def _status(avail: frozenset, inflight: frozenset, ev: Event) -> tuple[frozenset
     last = _LAST_STATUS[0]
     if last is not None and last[0] is ev and last[1] is avail and last[2] is inflight:
         return last[3]
-    p = ev.param
+    p = _param(ev)
     if ev.kind is EventKind.FETCH:  # the same sets (no copy) where nothing changes
         out = (avail if p in avail else avail | {p}), (inflight - {p} if p in inflight else inflight)
     elif ev.kind is EventKind.PREFETCH:
@@ -53,8 +71,8 @@ def _status(avail: frozenset, inflight: frozenset, ev: Event) -> tuple[frozenset
     return out
 
 
-_LAST_STATUS: list = [None]
-_EMPTY: frozenset = frozenset()
+_LAST_STATUS: list[tuple[Event, _Params, _Params, _StatusSets] | None] = [None]
+_EMPTY: _Params = frozenset()
 """The one empty set the status-folding specs start from (so `_status`'s cache sees the same objects)."""
 
 
@@ -81,37 +99,40 @@ def ancestor_regions(module: str | None) -> tuple[str, ...]:
 
 # ---------------------------------------------------------- available-when-used
 class _Used(NamedTuple):
-    avail: frozenset = _EMPTY
-    inflight: frozenset = _EMPTY
-    fwd: tuple | None = None
+    avail: _Params = _EMPTY
+    inflight: _Params = _EMPTY
+    fwd: tuple[str, str | None] | None = None
     """(module, phase) whose forward computes at the next driver event."""
     bwd: str | None = None
     """Module whose backward computes at the next driver event outside a recompute / unpack."""
-    pre_bwd: frozenset = frozenset()
+    pre_bwd: frozenset[str] = frozenset()
     """Regions (blocks) with a module whose pre-backward hook ran in this backward."""
-    nonreentrant: frozenset = frozenset()
+    nonreentrant: frozenset[str] = frozenset()
     """Regions (blocks) recomputed by a non-reentrant checkpoint in this backward."""
 
 
-def _used_fail(module: str, what: str, missing: list[str]):
+def _used_fail(module: str, what: str, missing: list[str]) -> Failure:
     return fail(f"{module} computes ({what}) with {', '.join(missing)} not AVAILABLE (partitioned or still "
                 "in flight): the module would read an empty or incomplete parameter",
                 f"unavailable-in-{what.split()[0]}")
 
 
+UsedStep: TypeAlias = Callable[[_Used, Event], _Used | Failure]
+
+
 def used_step(params_of: Callable[[str], Iterable[str]] = params_of_module,
-              regions_of: Callable[[str | None], tuple[str, ...]] = _block_regions):
+              regions_of: Callable[[str | None], tuple[str, ...]] = _block_regions) -> UsedStep:
     """The ``available-when-used`` monitor step for a model whose module -> parameters map is ``params_of``
     (what ZeRO-3 fetches for the module) and whose modules lie in the checkpointed regions ``regions_of``
     (a RECOMPUTE_START names its region).  Defaults: zerostate's network (`params_of_module`, blocks)."""
 
-    def missing(module: str, avail: frozenset) -> list[str]:
+    def missing(module: str, avail: _Params) -> list[str]:
         return [p for p in params_of(module) if p not in avail]
 
-    def exempt(module: str, nonreentrant: frozenset) -> bool:
+    def exempt(module: str, nonreentrant: frozenset[str]) -> bool:
         return bool(nonreentrant) and any(r in nonreentrant for r in regions_of(module))
 
-    def step(m: _Used, ev: Event):
+    def step(m: _Used, ev: Event) -> _Used | Failure:
         k = ev.kind
         if k in _STATUS:
             a, i = _status(m.avail, m.inflight, ev)
@@ -123,26 +144,29 @@ def used_step(params_of: Callable[[str], Iterable[str]] = params_of_module,
             if miss:
                 return _used_fail(m.fwd[0], m.fwd[1] or "forward", miss)
             m = _Used(m.avail, m.inflight, None, *m[3:])  # (positional: this runs per module hook)
-        if m.bwd is not None and k not in _RECOMPUTE_PARTS:
-            if not exempt(m.bwd, m.nonreentrant):
-                miss = missing(m.bwd, m.avail)
+        bwd = m.bwd
+        if bwd is not None and k not in _RECOMPUTE_PARTS:
+            if not exempt(bwd, m.nonreentrant):
+                miss = missing(bwd, m.avail)
                 if miss:
-                    return _used_fail(m.bwd, "backward", miss)
+                    return _used_fail(bwd, "backward", miss)
             m = _Used(m.avail, m.inflight, m.fwd, None, m.pre_bwd, m.nonreentrant)
         if k is EventKind.USER_BACKWARD_START:
             return m._replace(pre_bwd=frozenset(), nonreentrant=frozenset())
         if k is EventKind.MODULE_PRE_FORWARD:
-            return _Used(m.avail, m.inflight, (ev.module, ev.phase), *m[3:])
+            return _Used(m.avail, m.inflight, (_module(ev), ev.phase), *m[3:])
         if k is EventKind.MODULE_PRE_BACKWARD:
             rs = regions_of(ev.module)
-            return _Used(m.avail, m.inflight, m.fwd, ev.module, m.pre_bwd.union(rs) if rs else m.pre_bwd,
+            return _Used(m.avail, m.inflight, m.fwd, _module(ev), m.pre_bwd.union(rs) if rs else m.pre_bwd,
                          m.nonreentrant)
-        if k is EventKind.RECOMPUTE_START and ev.module in m.pre_bwd:
+        if k is EventKind.RECOMPUTE_START and ev.module is not None and ev.module in m.pre_bwd:
             return m._replace(nonreentrant=m.nonreentrant | {ev.module})
-        if k is EventKind.MODULE_POST_BACKWARD and not exempt(ev.module, m.nonreentrant):
-            miss = missing(ev.module, m.avail)
-            if miss:
-                return _used_fail(ev.module, "backward", miss)
+        if k is EventKind.MODULE_POST_BACKWARD:
+            module = _module(ev)
+            if not exempt(module, m.nonreentrant):
+                miss = missing(module, m.avail)
+                if miss:
+                    return _used_fail(module, "backward", miss)
         return m
 
     return step
@@ -175,24 +199,25 @@ AVAILABLE_WHEN_USED = available_when_used()
 
 # ---------------------------------------------------------- saved-tensor-intact
 class _Saved(NamedTuple):
-    avail: frozenset = _EMPTY
-    inflight: frozenset = _EMPTY
-    live: frozenset = frozenset()
+    avail: _Params = _EMPTY
+    inflight: _Params = _EMPTY
+    live: _Params = frozenset()
     """Parameters a non-reentrant recompute saved as live references, not yet unpacked for use."""
-    partitioned: frozenset = frozenset()
+    partitioned: _Params = frozenset()
     """Live-saved parameters partitioned since they were saved (for the message)."""
 
 
-def _saved_step(m: _Saved, ev: Event):
+def _saved_step(m: _Saved, ev: Event) -> _Saved | Failure:
     k = ev.kind
     if k in _STATUS:
         a, i = _status(m.avail, m.inflight, ev)
-        part = m.partitioned | {ev.param} if k is EventKind.RELEASE and ev.param in m.live else m.partitioned
+        part = m.partitioned | {_param(ev)} if k is EventKind.RELEASE and ev.param in m.live else m.partitioned
         return m if a is m.avail and i is m.inflight and part is m.partitioned else _Saved(a, i, m.live, part)
     if k is EventKind.SAVE_LIVE:
-        return m._replace(live=m.live | {ev.param}, partitioned=m.partitioned - {ev.param})
+        p = _param(ev)
+        return m._replace(live=m.live | {p}, partitioned=m.partitioned - {p})
     if k is EventKind.UNPACK:
-        p = ev.param
+        p = _param(ev)
         if p not in m.avail:
             where = ("torch.utils.checkpoint.CheckpointError: recomputed values have different metadata "
                      f"({p}: saved with its full shape, recomputed shape [0])" if ev.note == "check" else
@@ -225,11 +250,11 @@ SAVED_TENSOR_INTACT = Spec(
 
 # ------------------------------------------------------- released-after-backward
 class _Released(NamedTuple):
-    avail: frozenset = _EMPTY
-    inflight: frozenset = _EMPTY
-    held: frozenset = frozenset()
+    avail: _Params = _EMPTY
+    inflight: _Params = _EMPTY
+    held: _Params = frozenset()
     """Parameters with at least one holder (HOLDERS value > 0)."""
-    persistent: frozenset = frozenset()
+    persistent: _Params = frozenset()
     pending: bool = False
     """A user backward returned; judge at the next driver event (its epilogue has run by then)."""
 
@@ -247,18 +272,18 @@ def _released_problem(m: _Released) -> Failure | None:
     return None
 
 
-def _released_step(m: _Released, ev: Event):
+def _released_step(m: _Released, ev: Event) -> _Released | Failure:
     k = ev.kind
     if k in _STATUS:
         a, i = _status(m.avail, m.inflight, ev)
         return m if a is m.avail and i is m.inflight else _Released(a, i, *m[2:])
     if k is EventKind.HOLDERS:
-        p = ev.param
+        p = _param(ev)
         if (ev.value or 0) > 0:
             return m if p in m.held else _Released(m.avail, m.inflight, m.held | {p}, m.persistent, m.pending)
         return _Released(m.avail, m.inflight, m.held - {p}, m.persistent, m.pending) if p in m.held else m
     if k is EventKind.PERSISTENT:
-        return m._replace(persistent=m.persistent | {ev.param})
+        return m._replace(persistent=m.persistent | {_param(ev)})
     if k is EventKind.USER_BACKWARD_END:
         return m._replace(pending=True)
     if m.pending and k in DRIVER_EVENTS:
@@ -282,20 +307,23 @@ RELEASED_AFTER_BACKWARD = Spec(
 
 
 # ----------------------------------------------------------------- trace-consistent
+_Modules: TypeAlias = tuple[str | None, ...]
+
+
 class _TraceMon(NamedTuple):
     mode: str = "INVALID"
-    order: tuple = ()
+    order: _Modules = ()
     pos: int = 0
-    expect: tuple = ()
+    expect: tuple[str, ...] = ()
     """TRACE_STATE notes the current driver event must produce, in order."""
     why: str = ""
-    inflight: frozenset = frozenset()
+    inflight: _Params = frozenset()
     invalidated: bool = False
     """An invalidation happened at the current driver event (judge the leftovers at the next one)."""
     active: bool = False
     """The trace reports the coordinator's trace mode (a TRACE_STATE was seen).  ZeRO-1/2 traces, and
     traces that do not report it, are not judged."""
-    owed: tuple = ()
+    owed: tuple[_Modules, int] | tuple[()] = ()
     """(recorded order, position) of a COMPLETE trace invalidated before any traced module deviated: the
     next module hook must deviate there.  DeepSpeed also fetches (and so traces) container modules the
     event vocabulary does not carry (a ``Block`` holding ``norm`` and ``lin``); a branch that skips
@@ -308,7 +336,7 @@ def _container_pre_hook(ev: Event) -> bool:
     return ev.kind is EventKind.CONTAINER_HOOK and ev.note in ("pre_forward", "pre_backward")
 
 
-def _trace_expectations(m: _TraceMon, ev: Event) -> _TraceMon:
+def _trace_expectations(m: _TraceMon, ev: Event) -> _TraceMon | Failure:
     k = ev.kind
     if k in _ROOT_FORWARDS:
         if m.mode == "RECORD":
@@ -340,7 +368,7 @@ def _trace_expectations(m: _TraceMon, ev: Event) -> _TraceMon:
     return m
 
 
-def _trace_step(m: _TraceMon, ev: Event):
+def _trace_step(m: _TraceMon, ev: Event) -> _TraceMon | Failure:
     k = ev.kind
     if k is EventKind.TRACE_STATE and not m.active:
         m = m._replace(active=True)
@@ -348,7 +376,7 @@ def _trace_step(m: _TraceMon, ev: Event):
         if m.mode != "COMPLETE" and m.active:
             return fail(f"{ev.param} prefetched while the trace is {m.mode}: a prefetch from a stale trace",
                         "prefetch-from-stale-trace")
-        return m._replace(inflight=m.inflight | {ev.param})
+        return m._replace(inflight=m.inflight | {_param(ev)})
     if k in (EventKind.FETCH, EventKind.RELEASE):
         return m._replace(inflight=m.inflight - {ev.param}) if ev.param in m.inflight else m
     if k is EventKind.TRACE_STATE:
@@ -358,7 +386,7 @@ def _trace_step(m: _TraceMon, ev: Event):
         if not m.expect or m.expect[0] != ev.note:
             return fail(f"the trace became {ev.note} though the module order did not call for it",
                         f"uncalled-for-{str(ev.note).lower()}")
-        new = m._replace(mode=ev.note, expect=m.expect[1:])
+        new = m._replace(mode=m.expect[0], expect=m.expect[1:])  # the note, as expected
         if ev.note == "INVALID":
             new = new._replace(order=(), invalidated=True)
         return new
@@ -376,6 +404,14 @@ def _trace_step(m: _TraceMon, ev: Event):
     return _trace_expectations(m, ev)
 
 
+def _trace_finish(m: _TraceMon) -> Failure | None:
+    if m.expect and m.active:
+        return fail(f"the trace was not made {m.expect[0]} after {m.why}", f"not-made-{str(m.expect[0]).lower()}")
+    if m.owed:
+        return fail("the trace became INVALID though the module order did not call for it", "uncalled-for-invalid")
+    return None
+
+
 TRACE_CONSISTENT = Spec(
     id="trace-consistent",
     sentence=("The trace is invalidated exactly when the module order differs from the recorded one (or hooks "
@@ -383,11 +419,7 @@ TRACE_CONSISTENT = Spec(
     provenance=("DeepSpeed partitioned_param_coordinator.py trace_prologue / _invalidate_trace / reset_step",
                 "parameter_offload.py _register_deepspeed_module (re-registration invalidates)"),
     family="coordinator",
-    init=_TraceMon, step=_trace_step,
-    finish=lambda m: (fail(f"the trace was not made {m.expect[0]} after {m.why}", f"not-made-{str(m.expect[0]).lower()}")
-                      if m.expect and m.active else
-                      fail("the trace became INVALID though the module order did not call for it",
-                           "uncalled-for-invalid") if m.owed else None),
+    init=_TraceMon, step=_trace_step, finish=_trace_finish,
     checks=("Replays the protocol from the module hooks alone: a root forward turns RECORD into COMPLETE and "
             "INVALID into RECORD; with a COMPLETE trace the k-th module hook of a pass must be the k-th recorded "
             "one, else INVALID; REREGISTER invalidates.  The TRACE_STATE events must be exactly these, except that "
@@ -401,27 +433,30 @@ TRACE_CONSISTENT = Spec(
 
 
 # --------------------------------------------------------------------- metrics
-def _numel(net: Any, p: str) -> int:
+def _numel(net: Network, p: str) -> int:
     return net.params[p].numel if p in net.params else 0
 
 
-def gathered_peak(events: Iterable[Event], net: Any) -> float:
+def gathered_peak(events: Iterable[Event], net: Network) -> float:
     """Largest number of parameter elements AVAILABLE or INFLIGHT at once over the run."""
     gathered: set[str] = set()
     total = peak = 0
     for ev in events:
         if ev.kind in (EventKind.FETCH, EventKind.PREFETCH):
-            if ev.param not in gathered:
-                gathered.add(ev.param)
-                total += _numel(net, ev.param)
+            p = _param(ev)
+            if p not in gathered:
+                gathered.add(p)
+                total += _numel(net, p)
                 peak = max(peak, total)
-        elif ev.kind is EventKind.RELEASE and ev.param in gathered:
-            gathered.discard(ev.param)
-            total -= _numel(net, ev.param)
+        elif ev.kind is EventKind.RELEASE:
+            p = _param(ev)
+            if p in gathered:
+                gathered.discard(p)
+                total -= _numel(net, p)
     return float(peak)
 
 
-def allgathers(events: Iterable[Event], net: Any) -> float:
+def allgathers(events: Iterable[Event], net: Network) -> float:
     """Parameters all-gathered over the run (a fetch that waited on a prefetch is not a new one)."""
     return float(sum(1 for ev in events
                      if ev.kind is EventKind.PREFETCH or (ev.kind is EventKind.FETCH and ev.note != "inflight")))

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from zerostate.model.events import EventKind, Event
+from zerostate.model.events import Event, EventKind
 
-from .base import Spec, fail
+from .base import Failure, Spec, fail
 
 _CLOSERS = (EventKind.FORWARD_START, EventKind.EVAL_FORWARD_START, EventKind.STEP)
 _HOOKS = (EventKind.GRAD_HOOK, EventKind.LEAF_HOOK)
@@ -26,7 +26,7 @@ class _EpilogueOnce(NamedTuple):
     epilogues: int = 0
 
 
-def _epilogue_once_step(m: _EpilogueOnce, ev: Event):
+def _epilogue_once_step(m: _EpilogueOnce, ev: Event) -> _EpilogueOnce | Failure:
     if ev.kind is EventKind.USER_BACKWARD_START:
         if m.open and m.epilogues == 0:
             return fail("a user backward started before the previous one ran its epilogue", "overlapping-backward")
@@ -48,7 +48,7 @@ def _epilogue_once_step(m: _EpilogueOnce, ev: Event):
     return m
 
 
-def _epilogue_once_finish(m: _EpilogueOnce):
+def _epilogue_once_finish(m: _EpilogueOnce) -> Failure | None:
     if m.open and m.epilogues == 0:
         return fail(_NO_EPILOGUE, "no-epilogue")
     return None
@@ -68,20 +68,26 @@ EPILOGUE_ONCE = Spec(
 # --------------------------------------------------------- grad-handled-once
 class _Handled(NamedTuple):
     open: bool = False
-    hooked: frozenset = frozenset()
-    handled: frozenset = frozenset()
-    bucket: frozenset = frozenset()
+    hooked: frozenset[str] = frozenset()
+    handled: frozenset[str] = frozenset()
+    bucket: frozenset[str] = frozenset()
 
 
-def _bucket(m: _Handled, ev: Event) -> frozenset:
+def _param(ev: Event) -> str:
+    """The parameter a gradient or bucket event names (every such event names one)."""
+    assert ev.param is not None, f"a {ev.kind.value} event names its parameter"
+    return ev.param
+
+
+def _bucket(m: _Handled, ev: Event) -> frozenset[str]:
     if ev.kind is EventKind.BUCKET_ADD:
-        return m.bucket | {ev.param}
+        return m.bucket | {_param(ev)}
     if ev.kind in (EventKind.BUCKET_FLUSH, EventKind.BUCKET_CLEAR):
         return frozenset()
     return m.bucket
 
 
-def _close_handled(m: _Handled):
+def _close_handled(m: _Handled) -> Failure | None:
     missing = m.hooked - m.handled
     if missing:
         return fail(f"gradient hook fired but the gradient was never handled: {sorted(missing)}", "never-handled")
@@ -90,18 +96,19 @@ def _close_handled(m: _Handled):
     return None
 
 
-def _handled_step(m: _Handled, ev: Event):
+def _handled_step(m: _Handled, ev: Event) -> _Handled | Failure:
     if ev.kind is EventKind.USER_BACKWARD_START:
         return _Handled(True, frozenset(), frozenset(), m.bucket)
     if m.open and ev.kind in _CLOSERS:
         failed = _close_handled(m)
         return failed if failed else _Handled(bucket=m.bucket)
     if ev.kind is EventKind.BUCKET_ADD and m.open:
-        if ev.param in m.handled:
-            return fail(f"gradient of {ev.param} handled twice in one backward", "handled-twice")
-        return _Handled(m.open, m.hooked, m.handled | {ev.param}, m.bucket | {ev.param})
+        p = _param(ev)
+        if p in m.handled:
+            return fail(f"gradient of {p} handled twice in one backward", "handled-twice")
+        return _Handled(m.open, m.hooked, m.handled | {p}, m.bucket | {p})
     if ev.kind is EventKind.GRAD_HOOK and m.open:
-        return _Handled(m.open, m.hooked | {ev.param}, m.handled, m.bucket)
+        return _Handled(m.open, m.hooked | {_param(ev)}, m.handled, m.bucket)
     if ev.kind is EventKind.LEAF_GRAD and m.open and ev.param in m.handled:
         # known issue z3-leaf-input-without-grad: the leaf hook reduced (zero-filled) it before it existed
         return fail(f"gradient of {ev.param} accumulated after it was handled: the z3 leaf module's hook "
@@ -120,13 +127,13 @@ GRAD_HANDLED_ONCE = Spec(
     checks=("In every user-backward window: each GRAD_HOOK param gets one BUCKET_ADD, no param gets two, "
             "no param's gradient accumulates (LEAF_GRAD) after its BUCKET_ADD, "
             "and the bucket is empty when the window closes."),
-    reacts_to=frozenset({EventKind.USER_BACKWARD_START, *_CLOSERS, EventKind.BUCKET_ADD, EventKind.GRAD_HOOK, EventKind.BUCKET_FLUSH,
-                         EventKind.BUCKET_CLEAR, EventKind.LEAF_GRAD}),
+    reacts_to=frozenset({EventKind.USER_BACKWARD_START, *_CLOSERS, EventKind.BUCKET_ADD, EventKind.GRAD_HOOK,
+                         EventKind.BUCKET_FLUSH, EventKind.BUCKET_CLEAR, EventKind.LEAF_GRAD}),
 )
 
 
 # ------------------------------------------- no-epilogue-before-user-backward
-def _no_early_step(open_: bool, ev: Event):
+def _no_early_step(open_: bool, ev: Event) -> bool | Failure:
     if ev.kind is EventKind.USER_BACKWARD_START:
         return True
     if ev.kind in _CLOSERS:
@@ -149,7 +156,7 @@ NO_EPILOGUE_BEFORE_USER_BACKWARD = Spec(
 
 
 # ---------------------------------------------------- count-once-per-phase
-def _count_step(counted: frozenset, ev: Event):
+def _count_step(counted: frozenset[int | None], ev: Event) -> frozenset[int | None] | Failure:
     if ev.kind is EventKind.FORWARD_START:
         return frozenset()
     if ev.kind is EventKind.COUNT:
@@ -176,10 +183,10 @@ COUNT_ONCE_PER_PHASE = Spec(
 class _Clean(NamedTuple):
     after_step: bool = False
     depth: int = 0
-    bucket: frozenset = frozenset()
+    bucket: frozenset[str] = frozenset()
 
 
-def _clean_problem(m: _Clean):
+def _clean_problem(m: _Clean) -> Failure | None:
     if m.bucket:
         return fail(f"stale gradients in the reduce bucket survive engine.step(): {sorted(m.bucket)}",
                     "stale-bucket")
@@ -189,7 +196,7 @@ def _clean_problem(m: _Clean):
     return None
 
 
-def _clean_step(m: _Clean, ev: Event):
+def _clean_step(m: _Clean, ev: Event) -> _Clean | Failure:
     if ev.kind in (EventKind.FORWARD_START, EventKind.EVAL_FORWARD_START) and m.after_step:
         failed = _clean_problem(m)
         return failed if failed else m._replace(after_step=False)
@@ -198,7 +205,8 @@ def _clean_step(m: _Clean, ev: Event):
     if ev.kind in (EventKind.ENTER_BACKWARD, EventKind.EXIT_BACKWARD):
         return m._replace(depth=ev.value or 0)
     if ev.kind is EventKind.BUCKET_ADD:
-        return m if ev.param in m.bucket else _Clean(m.after_step, m.depth, m.bucket | {ev.param})
+        p = _param(ev)
+        return m if p in m.bucket else _Clean(m.after_step, m.depth, m.bucket | {p})
     if ev.kind in (EventKind.BUCKET_FLUSH, EventKind.BUCKET_CLEAR):
         return m._replace(bucket=frozenset())
     return m
@@ -211,8 +219,9 @@ CLEAN_STEP = Spec(
     family="hooks",
     init=_Clean, step=_clean_step, finish=lambda m: _clean_problem(m) if m.after_step else None,
     checks="At the first forward after STEP (or the end of the run): the bucket is empty and backward depth is 0.",
-    reacts_to=frozenset({EventKind.FORWARD_START, EventKind.EVAL_FORWARD_START, EventKind.STEP, EventKind.ENTER_BACKWARD, EventKind.EXIT_BACKWARD,
-                         EventKind.BUCKET_ADD, EventKind.BUCKET_FLUSH, EventKind.BUCKET_CLEAR}),
+    reacts_to=frozenset({EventKind.FORWARD_START, EventKind.EVAL_FORWARD_START, EventKind.STEP,
+                         EventKind.ENTER_BACKWARD, EventKind.EXIT_BACKWARD, EventKind.BUCKET_ADD,
+                         EventKind.BUCKET_FLUSH, EventKind.BUCKET_CLEAR}),
 )
 
 HOOK_SPECS = (EPILOGUE_ONCE, GRAD_HANDLED_ONCE, NO_EPILOGUE_BEFORE_USER_BACKWARD, COUNT_ONCE_PER_PHASE,
