@@ -32,7 +32,8 @@ import sys
 import time
 import contextlib
 from types import SimpleNamespace
-from typing import Any, Callable, Sequence
+from typing import Any
+from collections.abc import Callable, Sequence
 
 from zerostate.explorer.events import Progress
 from zerostate.explorer.workers import refresh
@@ -185,7 +186,8 @@ def run(args: argparse.Namespace) -> int:
                        "exploration": st_b},
               "head": {"spec": args.head, "name": head_name, "deepspeed": head.version, "runs": len(head.outcomes),
                        "exploration": st_h},
-              "status": status, "examples": args.examples, "scenarios": list(args.scenario), "seed": args.seed, "world_size": args.world_size,
+              "status": status, "examples": args.examples, "scenarios": list(args.scenario), "seed": args.seed,
+              "world_size": args.world_size,
               "seconds": round(time.monotonic() - t0, 1), "counts": counts, "findings": entries,
               "memory": memory, "command_line": "zerostate " + " ".join(sys.argv[1:])}
     regress = bool(memory["regressions"])

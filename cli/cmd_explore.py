@@ -18,14 +18,16 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
+from collections.abc import Callable, Iterator
 
 from zerostate.explorer.events import Confirmed, FindingEvent, Progress, Renumbered, Restarted, Seen
 from zerostate.findings.finding import Finding
 from zerostate.targets.base import Target, TargetError
 
 from zerostate.cli import targets_api as api
-from zerostate.cli.common import (DEFAULT_OUT, EXIT_FINDINGS, EXIT_INTERRUPTED, EXIT_OK, CliError, check_world_size, design,
+from zerostate.cli.common import (DEFAULT_OUT, EXIT_FINDINGS, EXIT_INTERRUPTED, EXIT_OK, CliError, check_world_size,
+                                  design,
                      non_negative_float, positive_int)
 from zerostate.cli.progress import Progress as ProgressLine
 from zerostate.cli.repro import repro_for
@@ -254,8 +256,9 @@ def _ctrl_c_kept() -> Iterator[_CtrlC]:
     signal is handled, and where that is a garbage-collector callback (Hypothesis keeps one in ``gc.callbacks``
     to time collections), a ``__del__`` or a weakref callback, the interpreter prints "Exception ignored in
     ..." and drops it, and the run would go on exploring as if nothing had happened.  So SIGINT also sets an
-    event, and `_follow` closes the exploration at its next event (one comes after every distinct run).  A SIGINT the process ignores (a
-    background job started by a shell) stays ignored; off the main thread nothing is installed."""
+    event, and `_follow` closes the exploration at its next event (one comes after every distinct run).  A SIGINT
+    the process ignores (a background job started by a shell) stays ignored; off the main thread nothing is
+    installed."""
     seen = _CtrlC()
     if (threading.current_thread() is not threading.main_thread()
             or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):

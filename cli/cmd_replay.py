@@ -78,7 +78,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         for sc in sequence:  # an order-dependent finding: what ran before it, in this fresh worker
             api.run_scenario(target, sc)
-        for ran in range(1, repeat + 1):  # an intermittent finding (a race): until its check shows
+        ran = 0
+        while ran < repeat:  # an intermittent finding (a race): until its check shows
+            ran += 1
             outcome = api.run_scenario(target, scenario)
             if any(f.check == want if want else True for f in api.findings(outcome)):
                 break

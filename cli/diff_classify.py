@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Protocol
+from collections.abc import Callable, Sequence
 
 from zerostate.explorer.confirm import REPEAT, REPEAT_SECONDS
 from zerostate.findings.finding import Finding
@@ -93,7 +94,7 @@ def _sequence(f: Finding) -> Sequence[Scenario]:
     return c.sequence if c is not None and c.status == "order-dependent" else ()
 
 
-def repeat_runs(run: Callable[[Scenario], Outcome], fresh: Callable[[], None], sc: Scenario,
+def repeat_runs(run: Callable[[Scenario], Outcome], fresh: Callable[[], object], sc: Scenario,
                 shows: Callable[[Outcome], bool], before: Sequence[Scenario], runs: int,
                 max_seconds: float) -> tuple[int, int]:
     """``(hits, made)``: ``sc`` run ``runs`` times in one fresh worker (after ``before``, once), ``made`` fewer

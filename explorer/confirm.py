@@ -8,10 +8,12 @@ inherit state from the examples before it.  `confirm` judges a finding (by its k
 * ``order-dependent``  -- it does not alone, but it does after the examples that ran before it in the
   same worker (its *history*, from the worker's start); the shortest run of them that still makes it
   appear is found (the shortest suffix of the history, by bisection; then its first example alone, else
-  chunks of the rest dropped while it still appears) and becomes ``sequence``: the replay command and the repro script run it first;
+  chunks of the rest dropped while it still appears) and becomes ``sequence``: the replay command and the repro
+  script run it first;
 * ``intermittent``     -- neither alone nor after its whole history, but in some of ``REPEAT`` runs of
-  the scenario alone in one fresh worker (fewer when they take over ``REPEAT_SECONDS``) (a race: DeepSpeed 0.19.2's ZeRO-3 at world size 2 on gloo,
-  persistent parameters and a fused head, about 2-5 % of runs; docs/world-size-2.md): ``hits`` of
+  the scenario alone in one fresh worker (fewer when they take over ``REPEAT_SECONDS``) (a race: DeepSpeed
+  0.19.2's ZeRO-3 at world size 2 on gloo, persistent parameters and a fused head, about 2-5 % of runs;
+  docs/world-size-2.md): ``hits`` of
   ``repeat`` runs; the replay runs the scenario up to ``repeat`` times (``zerostate replay --repeat``);
 * ``not-reproduced``   -- none of these: reported all the same, marked so;
 * ``not-checked``      -- the run was interrupted before it could be replayed.
@@ -26,7 +28,8 @@ import time
 from dataclasses import dataclass, field
 import queue
 import threading
-from typing import Any, Generic, Iterator, TypeVar
+from typing import Any, Generic, TypeVar
+from collections.abc import Iterator
 
 from zerostate.model.scenario import Scenario
 from zerostate.targets.base import Target
@@ -243,4 +246,5 @@ class ConfirmQueue(Generic[T]):
             self._done.put((job, c))
 
 
-__all__ = ["Confirmation", "ConfirmQueue", "Job", "Landed", "REPEAT", "hits_alone", "MAX_TRIES", "STATUSES", "confirm", "reproduces"]
+__all__ = ["Confirmation", "ConfirmQueue", "Job", "Landed", "MAX_TRIES", "REPEAT", "REPEAT_SECONDS", "STATUSES",
+           "confirm", "hits_alone", "reproduces"]

@@ -43,7 +43,8 @@ import contextlib
 import threading
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Generator, Iterator
+from typing import Any
+from collections.abc import Callable, Generator, Iterator
 
 from zerostate.findings.finding import Finding
 from zerostate.model.scenario import Scenario

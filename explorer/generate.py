@@ -12,7 +12,8 @@ from __future__ import annotations
 import queue
 import sys
 import threading
-from typing import Any, Generator, Iterator
+from typing import Any
+from collections.abc import Generator, Iterator
 
 from hypothesis import HealthCheck, Phase, Verbosity, given, settings
 from hypothesis import seed as hseed

@@ -11,7 +11,7 @@ training-setup dimension.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Callable, Generator, Iterator
+from collections.abc import Callable, Generator, Iterator
 
 from zerostate.findings.finding import Finding
 from zerostate.model.scenario import _EXTENDED_DEFAULTS, BackwardKind, Checkpoint, ParamKind, Precision, Scenario
@@ -87,8 +87,8 @@ def candidates(sc: Scenario) -> Iterator[Scenario]:
     if sc.stage == 2:
         yield sc.with_(stage=1)
     for i, b in enumerate(sc.blocks):
-        for ch in (dict(checkpoint=Checkpoint.NONE), dict(norm=ParamKind.TRAINABLE), dict(lin=ParamKind.TRAINABLE),
-                   dict(leaf=False)):
+        for ch in ({"checkpoint": Checkpoint.NONE}, {"norm": ParamKind.TRAINABLE}, {"lin": ParamKind.TRAINABLE},
+                   {"leaf": False}):
             nb = replace(b, **ch)
             if nb != b:
                 yield sc.with_(blocks=sc.blocks[:i] + (nb,) + sc.blocks[i + 1:])

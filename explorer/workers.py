@@ -11,7 +11,8 @@ from __future__ import annotations
 import queue
 import threading
 from dataclasses import dataclass
-from typing import Callable, Generator, Iterator, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
+from collections.abc import Callable, Generator, Iterator
 
 from zerostate.model.scenario import Scenario
 from zerostate.targets.base import Outcome, Target

@@ -22,7 +22,6 @@ import deepspeed
 
 from zerostate.cli.diff_classify import classify
 from zerostate.cli.diff_metrics import compare, metrics
-from zerostate.cli.diff_report import render
 from zerostate.model.events import Event, EventKind
 from zerostate.model.scenario import Scenario
 from zerostate.targets.base import Outcome
@@ -182,7 +181,8 @@ def test_a_label_preserving_swap_of_one_crash_for_another_is_introduced():
            "ValueError@runtime.zero.parameter_offload._check_leaf_inputs")
     fb, fh = _fs("0.19.8", sc, *old), _fs("0.19.8", sc, *new)
     assert fb.key != fh.key and label(fb) is not None and label(fb) == label(fh)  # the same label
-    entries = classify([fb], [fh], _Fake("0.19.8", {sc.to_json(None): [old]}), _Fake("0.19.8", {sc.to_json(None): [new]}))
+    base, head = _Fake("0.19.8", {sc.to_json(None): [old]}), _Fake("0.19.8", {sc.to_json(None): [new]})
+    entries = classify([fb], [fh], base, head)
     assert {e["found_on"]: e["status"] for e in entries} == {"base": "fixed", "head": "introduced"}
 
 
@@ -367,7 +367,8 @@ def test_a_patch_that_swaps_a_known_crash_for_another_is_introduced(tmp_path):
     scenario.write_text(known.Z3_LEAF_INPUT_NO_GRAD.scenario.to_json())
     data, rc = _diff(SITE, str(root), tmp_path, "--examples", "1", "--scenario", str(scenario))
     assert rc == 1 and data["verdict"] == "head introduces findings", data["findings"]
-    by_side = {e["found_on"]: e for e in data["findings"] if e["scenario"] == known.Z3_LEAF_INPUT_NO_GRAD.scenario.to_dict()}
+    leaf = known.Z3_LEAF_INPUT_NO_GRAD.scenario.to_dict()
+    by_side = {e["found_on"]: e for e in data["findings"] if e["scenario"] == leaf}
     head, base = by_side["head"], by_side["base"]
     assert head["key"] == "exception:ValueError@runtime.zero.parameter_offload._check_leaf_inputs", head
     assert head["status"] == "introduced" and base["status"] == "fixed", (head, base)

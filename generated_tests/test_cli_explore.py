@@ -13,7 +13,7 @@ import pytest
 from test_cli_util import (BIN, FINDING_KEYS, REPORT_KEYS, FailingTarget, assert_one_line_error, assert_pictures,
                            load_report, zs)
 
-import zerostate.explorer.explore  # noqa: F401  (a broken import fails, never skips)
+import zerostate.explorer.explore  # a broken import fails, never skips
 import zerostate.targets.model_target  # noqa: F401  (a broken import fails, never skips)
 
 BUGGY = ("--target", "model", "--design", "ds-0.18.4")
@@ -40,11 +40,11 @@ def test_json_has_the_documented_keys(buggy_run):
 def test_report_has_every_finding_with_its_files(buggy_run):
     r, out = buggy_run
     rep = load_report(out)
-    assert REPORT_KEYS <= set(rep) and rep["status"] == "complete" and rep["command"] == "explore"
+    assert set(rep) >= REPORT_KEYS and rep["status"] == "complete" and rep["command"] == "explore"
     assert rep["run"]["design"] == "ds-0.18.4" and rep["run"]["seed"] == 0 and rep["run"]["examples"] == 40
     assert len(rep["findings"]) == len(json.loads(r.stdout)["findings"])
     for f in rep["findings"]:
-        assert FINDING_KEYS <= set(f)
+        assert set(f) >= FINDING_KEYS
         assert rep["specs"][f["check"]]["results"][rep["columns"][0]] == "violated"
         assert (out / f["files"]["scenario"]).exists()
         if f["files"].get("trace_svg"):
@@ -86,7 +86,8 @@ def _start_until_first_finding(out_dir):
     """``zerostate explore`` on the buggy design with a huge budget, once its first finding is in the report."""
     proc = subprocess.Popen(_cmd("explore", *BUGGY, "--examples", "100000", "--out", str(out_dir)),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "CI": "true"}, preexec_fn=_sigint_as_a_terminal_gives_it)
+                            env={**os.environ, "CI": "true"},
+                            preexec_fn=_sigint_as_a_terminal_gives_it)  # noqa: PLW1509 -- it only restores a signal handler
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         try:
@@ -177,10 +178,9 @@ def test_a_ctrl_c_during_the_final_renumbering_lands_after_it():
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         with _ctrl_c_kept() as ctrl_c:
-            with pytest.raises(KeyboardInterrupt):
-                with ctrl_c.held():
-                    signal.raise_signal(signal.SIGINT)
-                    done.append("rest of the block")
+            with pytest.raises(KeyboardInterrupt), ctrl_c.held():
+                signal.raise_signal(signal.SIGINT)
+                done.append("rest of the block")
             assert ctrl_c.is_set()
             with pytest.raises(KeyboardInterrupt):  # outside the block a Ctrl-C is raised at once again
                 signal.raise_signal(signal.SIGINT)

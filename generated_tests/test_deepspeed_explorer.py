@@ -44,7 +44,7 @@ def test_findings_are_handed_over_as_they_come_and_progress_is_reported():
 
 def test_stop_and_seed():
     t = get_target("model", design="ds-0.18.5")
-    res = explore(t, examples=60, seed=1234, stop=lambda found: bool(found))
+    res = explore(t, examples=60, seed=1234, stop=bool)
     assert len({f.key for f in res.findings}) >= 1
 
 
@@ -135,7 +135,8 @@ def test_findings_that_reproduce_alone_are_confirmed():
 def test_a_stop_leaves_the_findings_after_it_as_seen_and_unconfirmed():
     """``stop``: the caller has what it wanted -- the findings it stopped on are shrunk and confirmed, the
     others stay as handed over (unshrunk, not checked), and the reliability figure says so."""
-    res = explore(get_target("model", design="ds-0.18.4"), examples=40, seed=None, strategy=CORE, stop=lambda fs: len(fs) >= 2)
+    res = explore(get_target("model", design="ds-0.18.4"), examples=40, seed=None, strategy=CORE,
+                  stop=lambda fs: len(fs) >= 2)
     done = [f for f in res.findings if f.shrunk]
     assert len(done) == 2 and all(f.confirmation.status == "confirmed" for f in done)
     rest = [f for f in res.findings if not f.shrunk]
@@ -260,7 +261,7 @@ def test_first_shrinks_the_chosen_keys_before_the_others():
     got: list[str] = []
     explore(get_target("model", design="ds-0.18.4"), examples=40, seed=None, strategy=CORE, confirm=False,
             on_update=lambda f: got.append(f.key), first=lambda f: f.key == chosen)
-    assert list(dict.fromkeys(got))[0] == chosen, (keys, got)
+    assert next(iter(dict.fromkeys(got))) == chosen, (keys, got)
     assert sorted(set(got)) == sorted(set(keys))
 
 
@@ -337,7 +338,7 @@ def test_closing_the_stream_stops_it_at_once_with_the_findings_as_handed_over():
 
 
 def test_a_stop_request_ends_at_the_next_run_and_confirms_what_was_seen_as_seen():
-    from zerostate.explorer.events import Progress, Seen
+    from zerostate.explorer.events import Progress
     from zerostate.explorer.explore import Exploration
     exp = Exploration(get_target("model", design="ds-0.18.4"), examples=60, strategy=CORE)
     for ev in exp.events():
