@@ -181,7 +181,8 @@ def _follow(exp: Any, report: Any, shown_as: _Column, progress: ProgressLine, bu
             if ctrl_c.is_set():
                 return "interrupted"
             if isinstance(ev, FindingEvent):
-                _write(report, ev, shown_as)
+                with ctrl_c.held():  # a finding is written whole, its tags with it, or not at all
+                    _write(report, ev, shown_as)
                 if isinstance(ev, Confirmed) and ev.finding.confirmation is not None:
                     budget.replaying += ev.finding.confirmation.seconds
                 progress.update(report.data["run"].get("examples_run", 0), len(report.data["findings"]), force=True)
