@@ -63,7 +63,8 @@ def throughput_jobs(n: int, jobs: int) -> dict:
     import threading
 
     from zerostate.targets.base import get_target
-    from zerostate.explorer.explore import LANE, _lanes, generated
+    from zerostate.explorer.generate import LANE, generated
+    from zerostate.explorer.workers import run_lanes
     from zerostate.explorer.strategies import scenarios
     t0 = time.perf_counter()
     workers = [get_target("deepspeed") for _ in range(jobs)]
@@ -77,7 +78,7 @@ def throughput_jobs(n: int, jobs: int) -> dict:
               if not (sc.to_json(None) in seen or seen.add(sc.to_json(None)))]
     lanes = iter([unique[i:i + LANE] for i in range(0, len(unique), LANE)])
     t1 = time.perf_counter()
-    ran = sum(1 for _, sc, _, _ in _lanes(workers, lanes, threading.Event(), [False] * jobs) if sc is not None)
+    ran = sum(1 for step in run_lanes(workers, lanes, threading.Event(), [False] * jobs) if step.scenario is not None)
     total = time.perf_counter() - t1
     version = workers[0].version
     started = [s for w in workers for s in w.startup()]

@@ -17,13 +17,12 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from test_cli_util import zs
+from test_cli_util import FailingTarget, assert_one_line_error, zs
 
 import deepspeed
 
-from zerostate.cli.cmd_diff import classify
+from zerostate.cli.diff_classify import classify
 from zerostate.cli.diff_metrics import compare, metrics
-from zerostate.cli.diff_report import render
 from zerostate.model.events import Event, EventKind
 from zerostate.model.scenario import Scenario
 from zerostate.targets.base import Outcome
@@ -49,6 +48,12 @@ class _Fake:
         found = [Finding(c, e, sc, target="deepspeed", deepspeed=self.version, origin=o)
                  for c, e, o in self.table.get(sc.to_json(None), [])]
         return Outcome(sc, [], next((f.error for f in found if f.check == "exception"), None), found)
+
+    def repeat(self, sc, shows, before, runs, max_seconds):
+        """Fresh runs, as `cmd_diff.Recorder.repeat` makes them (a fake's worker carries nothing over)."""
+        for b in before:
+            self.run(b)
+        return sum(bool(shows(self.run(sc))) for _ in range(runs)), runs
 
 
 SC_A = Scenario.from_dict({"blocks": [{}], "stage": 1})
@@ -148,6 +153,76 @@ def test_a_known_bug_of_base_that_another_bug_hid_is_unmasked_not_introduced():
     other = _fs("0.19.3", SC_A, "clean-step", "stale gradients survive engine.step()")
     leak_a = _Fake("0.19.2", {SC_A.to_json(None): [("released-after-backward", "X are still gathered", None)]})
     assert [e["status"] for e in classify([], [other], leak_a, head)] == ["introduced"]
+
+
+class _Racy(_Fake):
+    """A build whose worker shows a finding on every ``every``-th run of its scenario (a race: counted over the
+    build's whole life, a fresh worker does not reset it)."""
+
+    def __init__(self, version, sc, finding, every):
+        super().__init__(version, {})
+        self.sc, self.finding, self.every, self.n = sc, finding, every, 0
+
+    def run(self, sc):
+        out = super().run(sc)
+        if sc == self.sc:
+            self.n += 1
+            if self.n % self.every == 0:
+                c, e, o = self.finding
+                out.findings.append(Finding(c, e, sc, target="deepspeed", deepspeed=self.version, origin=o))
+        return out
+
+
+def test_a_base_finding_is_fixed_only_after_as_many_replays_as_confirmation_makes():
+    """'fixed' means what the explorer calls 'not reproduced' (explorer/confirm.py): no hit in REPEAT runs
+    alone in a fresh worker, after the first replay."""
+    from zerostate.explorer.confirm import REPEAT
+    a = ("exception", "ValueError: a", "ValueError@x.f")
+    head = _Fake("0.19.8", {})
+    entries = classify([_fs("0.19.8", SC_A, *a)], [], _Fake("0.19.8", {SC_A.to_json(None): [a]}), head)
+    assert [e["status"] for e in entries] == ["fixed"]
+    assert entries[0]["replay_on_head"]["runs"] == REPEAT + 1 and entries[0]["replay_on_head"]["hits"] == 0
+    assert head.runs.count(SC_A) == REPEAT + 1
+
+
+def test_a_race_one_replay_misses_is_intermittent_not_fixed():
+    """A base finding its first head replay does not show, but later ones do: intermittent on head, and
+    not counted as fixed."""
+    from zerostate.explorer.confirm import REPEAT
+    a = ("exception", "ValueError: a", "ValueError@x.f")
+    head = _Racy("0.19.8", SC_A, a, every=7)
+    entries = classify([_fs("0.19.8", SC_A, *a)], [], _Fake("0.19.8", {SC_A.to_json(None): [a]}), head)
+    assert [e["status"] for e in entries] == ["intermittent"]
+    rep = entries[0]["replay_on_head"]
+    assert rep["runs"] == REPEAT + 1 and rep["hits"] == (REPEAT + 1) // 7
+    # a head finding that base shows in some runs only exists on base: intermittent, not introduced
+    entries = classify([], [_fs("0.19.8", SC_A, *a)], _Racy("0.19.8", SC_A, a, every=7), _Fake("0.19.8", {}))
+    assert [e["status"] for e in entries] == ["intermittent"]
+
+
+def test_a_label_preserving_swap_of_one_crash_for_another_is_introduced():
+    """Head swaps base's crash for another one (another exception, from another place) in the same scenario,
+    under the same known issue: not unchanged, and not unmasked either -- base ran into that known issue
+    itself, by another mechanism."""
+    sc = known.Z3_LEAF_INPUT_NO_GRAD.scenario
+    old = ("exception", "RuntimeError: The size of tensor a (0) must match the size of tensor b (8)",
+           "RuntimeError@runtime.engine.backward")
+    new = ("exception", "ValueError: a leaf module's inputs do not require grad",
+           "ValueError@runtime.zero.parameter_offload._check_leaf_inputs")
+    fb, fh = _fs("0.19.8", sc, *old), _fs("0.19.8", sc, *new)
+    assert fb.key != fh.key and label(fb) is not None and label(fb) == label(fh)  # the same label
+    base, head = _Fake("0.19.8", {sc.to_json(None): [old]}), _Fake("0.19.8", {sc.to_json(None): [new]})
+    entries = classify([fb], [fh], base, head)
+    assert {e["found_on"]: e["status"] for e in entries} == {"base": "fixed", "head": "introduced"}
+
+
+def test_a_build_that_breaks_while_running_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys):
+    from zerostate.cli import targets_api
+    from zerostate.cli.main import main
+    monkeypatch.setenv("CI", "true")
+    monkeypatch.setattr(targets_api, "target", lambda args: FailingTarget(after=5))
+    rc = main(["diff", "--base", "0.19.7", "--head", "0.19.8", "--examples", "10", "--out", str(tmp_path / "d")])
+    assert_one_line_error(rc, capsys.readouterr().err, "the target failed", "rank pool (2 ranks) did not start")
 
 
 # ---------------------------------------------------------------- memory figures (made-up traces)
@@ -286,6 +361,75 @@ def _checkout(tmp_path, version_txt):
     if version_txt:
         (root / "version.txt").write_text(version_txt + "\n")
     return root
+
+
+def _patch(root, rel, old, new, append=""):
+    """Replace the symlinked ``deepspeed/<rel>`` of a `_checkout` tree by a patched copy (its folders become
+    real folders of symlinks on the way down)."""
+    parts = Path(rel).parts
+    here = root / "deepspeed"
+    for part in parts[:-1]:
+        link = here / part
+        if link.is_symlink():
+            src = link.resolve()
+            link.unlink()
+            link.mkdir()
+            for entry in src.iterdir():
+                if entry.name != "__pycache__":
+                    (link / entry.name).symlink_to(entry)
+        here = link
+    target = here / parts[-1]
+    text = target.read_text()
+    assert text.count(old) == 1, f"{rel}: the patch's anchor is not there once"
+    target.unlink()
+    target.write_text(text.replace(old, new) + append)
+
+
+LEAF_HOOK = """        def _pre_forward_module_hook(module, *args):
+            self.pre_sub_module_forward_function(module)"""
+LEAF_CHECK = """
+
+def _check_leaf_inputs(module, inputs):
+    if z3_leaf_module(module) and torch.is_grad_enabled() and not any(
+            torch.is_tensor(t) and t.requires_grad for t in inputs):
+        raise ValueError("a z3 leaf module's inputs do not require grad")
+"""
+
+
+@pytest.mark.deepspeed
+def test_a_patch_that_swaps_a_known_crash_for_another_is_introduced(tmp_path):
+    """The head tree (0.19.8, patched) fails z3-leaf-input-without-grad's scenario with a ValueError raised in
+    the leaf module's pre-forward hook instead of 0.19.8's RuntimeError in the backward: the same scenario
+    family, another mechanism.  diff says introduced (and base's crash fixed), not unchanged or unmasked."""
+    root = _checkout(tmp_path, deepspeed.__version__)
+    _patch(root, "runtime/zero/parameter_offload.py", LEAF_HOOK,
+           LEAF_HOOK.replace("            self.pre", "            _check_leaf_inputs(module, args[0] if args else ())\n"
+                                                 "            self.pre"), LEAF_CHECK)
+    scenario = tmp_path / "leaf.json"
+    scenario.write_text(known.Z3_LEAF_INPUT_NO_GRAD.scenario.to_json())
+    data, rc = _diff(SITE, str(root), tmp_path, "--examples", "1", "--scenario", str(scenario))
+    assert rc == 1 and data["verdict"] == "head introduces findings", data["findings"]
+    leaf = known.Z3_LEAF_INPUT_NO_GRAD.scenario.to_dict()
+    by_side = {e["found_on"]: e for e in data["findings"] if e["scenario"] == leaf}
+    head, base = by_side["head"], by_side["base"]
+    assert head["key"] == "exception:ValueError@runtime.zero.parameter_offload._check_leaf_inputs", head
+    assert head["status"] == "introduced" and base["status"] == "fixed", (head, base)
+    assert base["key"] != head["key"] and base["known_issue"]["id"] == "z3-leaf-input-without-grad"
+    assert base["replay_on_head"]["hits"] == 0 and base["replay_on_head"]["runs"] > 1
+
+
+@pytest.mark.deepspeed
+def test_a_rank_pool_that_cannot_start_is_one_line_and_exit_2(tmp_path):
+    """A checkout that imports in the world-size-1 worker but not on two ranks: replaying a world-size-2
+    scenario, and exploring one, end with one line and exit 2, never a traceback."""
+    root = _checkout(tmp_path, deepspeed.__version__)
+    init = root / "deepspeed" / "__init__.py"
+    init.write_text('import os as _os\nif _os.environ.get("WORLD_SIZE") == "2":\n'
+                    '    raise ImportError("this tree does not import on two ranks")\n' + init.read_text())
+    ws2 = tmp_path / "ws2.json"
+    ws2.write_text(json.dumps({"blocks": [{}], "stage": 1, "world_size": 2}))
+    r = zs("replay", str(ws2), "--deepspeed-path", str(root), timeout=900)
+    assert_one_line_error(r.returncode, r.stderr, "2 ranks")
 
 
 @pytest.mark.deepspeed

@@ -78,3 +78,32 @@ def assert_png(path: Path) -> tuple[int, int]:
     raw = zlib.decompress(idat)
     assert len(raw) >= size[1] * (size[0] + 1), "truncated image data"
     return size
+
+
+class FailingTarget:
+    """The model target until its ``after``-th run, then the error a deepspeed target raises when its world-size-2
+    rank pool cannot start (``TargetError``, several lines: the reason, then the pool's log)."""
+
+    def __init__(self, after: int, design: str = "ds-0.18.4"):
+        from zerostate.targets.base import get_target
+        self.inner = get_target("model", design=design)
+        self.name, self.version, self.design = "model", None, self.inner.design
+        self.after, self.n = after, 0
+
+    def run(self, sc):
+        from zerostate.targets.base import TargetError
+        self.n += 1
+        if self.n > self.after:
+            raise TargetError("the DeepSpeed rank pool (2 ranks) did not start (rank 1 exited (code 1)):\n"
+                              "Traceback (most recent call last):\n  File \"rank_worker.py\", line 1\nImportError: x")
+        return self.inner.run(sc)
+
+    def close(self):
+        pass
+
+
+def assert_one_line_error(rc: int, err: str, *words: str) -> None:
+    """Exit 2 and one line on stderr, ``zerostate: ...``, naming the problem: never a traceback."""
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert rc == 2 and len(lines) == 1 and lines[0].startswith("zerostate: "), (rc, err)
+    assert "Traceback" not in err and all(w in lines[0] for w in words), err
