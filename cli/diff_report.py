@@ -43,7 +43,7 @@ def render(r: dict[str, Any], out_dir: str = ".") -> str:
             k = e.get("known_issue")
             out.append(f"| [{e['n']}](#diff-{e['n']}) | **{e['status']}** | `{e['check']}` | "
                        f"{_issue(k)} | {e['found_on']} | {_evidence(other)} |")
-        out += ["", *_groups(r["findings"])
+        out += ["", *_groups(r["findings"])]
         for e in r["findings"]:
             out += _detail(e, r, out_dir)
     out += _memory(r["memory"])

@@ -8,7 +8,7 @@ their fields, with no fallbacks.
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any, Callable, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from zerostate.model.scenario import Scenario
 from zerostate.targets.base import Outcome, Target, TargetError, get_target
