@@ -5,8 +5,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import struct
 import subprocess
 import sys
@@ -23,8 +25,24 @@ def zs(*args: str, timeout: float = 300, env: dict | None = None, cwd: str | Non
     """Run the installed console script (``python -m zerostate.cli.main`` if there is none)."""
     cmd = [str(BIN)] if BIN.exists() else [sys.executable, "-m", "zerostate.cli.main"]
     full_env = {**os.environ, "CI": "true", **(env or {})}
-    return subprocess.run(cmd + list(args), capture_output=True, text=True, timeout=timeout, env=full_env,
-                          cwd=cwd)
+    return run_group(cmd + list(args), timeout=timeout, env=full_env, cwd=cwd)
+
+
+def run_group(cmd: list[str], timeout: float, **kw: object) -> subprocess.CompletedProcess:
+    """``subprocess.run(cmd, capture_output=True, text=True)`` in a session of its own: on ``timeout`` the whole
+    process group is killed (the command's workers, ranks and watched job too, not only the command: an orphan
+    keeps a core busy, or a JIT build lock held, for the rest of the run), then TimeoutExpired is raised.  What a
+    command that ended left behind is left alone: tests look for it."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            **kw)  # type: ignore[call-overload]
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        raise subprocess.TimeoutExpired(cmd, timeout, out, err) from None
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
 def load_report(folder: Path) -> dict:

@@ -24,6 +24,7 @@ import sys
 import time
 
 import pytest
+from test_cli_util import run_group
 
 import random
 
@@ -272,7 +273,7 @@ def test_importing_zerostate_imports_no_torch():
 def _watch(tmp_path, *job, opts=(), env=None, timeout=600):
     out = tmp_path / "report"
     cmd = [sys.executable, "-m", "zerostate.cli.main", "watch", "--out", str(out), *opts, "--", *job]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    proc = run_group(cmd, timeout=timeout, env=env)
     rep = json.loads((out / "report.json").read_text()) if (out / "report.json").exists() else None
     return proc, rep, out
 
