@@ -201,9 +201,9 @@ def main(argv: list[str] | None = None) -> int:
     for v in args.releases:
         r = time_to_seed(v, args.examples)
         out["seeds"].append(r)
-        print(f"{v:8} {r['seed']:16} {str(r['found']):6} {fmt(r['seconds']):>8} {fmt(r['seconds_shrunk']):>8} "
-              f"{str(r['generated_position']):>9} "
-              f"{str(r['distinct_runs_until_found']):>6} {str(r['blocks'])+'b/'+str(r['steps'])+'s':>10}", flush=True)
+        print(f"{v:8} {r['seed']:16} {r['found']!s:6} {fmt(r['seconds']):>8} {fmt(r['seconds_shrunk']):>8} "
+              f"{r['generated_position']!s:>9} "
+              f"{r['distinct_runs_until_found']!s:>6} {str(r['blocks'])+'b/'+str(r['steps'])+'s':>10}", flush=True)
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
     return 0 if all(r["found"] for r in out["seeds"]) else 1

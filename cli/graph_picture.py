@@ -3,7 +3,8 @@ initial state, the counterexample path in red, ending at the violation."""
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any
+from collections.abc import Iterable
 
 from zerostate.cli.canvas import Canvas
 from zerostate.cli.pictures import titles

@@ -10,7 +10,7 @@ import argparse
 import faulthandler
 import signal
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 from zerostate import __version__
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Sequence
+from collections.abc import Sequence
 
 from zerostate.model.events import EventKind, Event
 

@@ -19,7 +19,8 @@ import signal
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any
+from collections.abc import Callable, Iterator
 
 from zerostate import __version__
 from zerostate.model.events import Event
@@ -71,7 +72,7 @@ class Report:
                     "seconds": 0.0},
             "columns": columns,
             "specs": {sid: {"sentence": s.sentence, "family": s.family,
-                            "results": {c: "not checked" for c in columns}, "findings": []}
+                            "results": dict.fromkeys(columns, "not checked"), "findings": []}
                       for sid, s in specs.items()},
             "findings": [], "summary": {},
         }
@@ -83,8 +84,7 @@ class Report:
     # ---------------------------------------------------------------- updates
     def set_result(self, spec_id: str, column: str, result: str, sentence: str = "") -> None:
         row = self.data["specs"].setdefault(spec_id, {"sentence": sentence, "family": "oracle",
-                                                      "results": {c: "not checked" for c in
-                                                                  self.data["columns"]},
+                                                      "results": dict.fromkeys(self.data["columns"], "not checked"),
                                                       "findings": []})
         row["results"][column] = result
 

@@ -4,7 +4,7 @@ only, so what a finding says is decided once (`decide`)."""
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 from zerostate.model.events import Event
 from zerostate.model.scenario import Scenario

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from test_cli_util import load_report, zs
 
-import zerostate.harness.repro  # noqa: F401  (a broken import fails, never skips)
+import zerostate.harness.repro
 import zerostate.analysis.checker  # noqa: F401  (a broken import fails, never skips)
 
 RELEASES = pytest.mark.skipif(os.environ.get("ZEROSTATE_RELEASE_TESTS") != "1",
@@ -238,7 +238,7 @@ def test_repro_names_itself(hook_repro):
 def _scripts_namespace(text: str) -> dict:
     """The script's module-level names, without running ``main()`` (no DeepSpeed run)."""
     ns: dict = {"__name__": "repro_under_test"}
-    exec(compile(text, "repro.py", "exec"), ns)  # noqa: S102 - our own generated script
+    exec(compile(text, "repro.py", "exec"), ns)
     return ns
 
 

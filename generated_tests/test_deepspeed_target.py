@@ -292,7 +292,6 @@ def test_setup_errors_come_before_anything_runs(kw, match):
 
 
 def test_repro_script_exits_1_while_the_bug_is_present(ds, tmp_path):
-    from zerostate.findings.finding import Finding
     from zerostate.known.issues import ZERO12_NO_GRADIENT
     from zerostate.harness.repro import repro_script
     if not ZERO12_NO_GRADIENT.affects(ds.version):

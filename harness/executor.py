@@ -49,7 +49,8 @@ from __future__ import annotations
 import gc
 import traceback
 from types import FrameType
-from typing import Any, Callable, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
+from collections.abc import Callable
 
 import torch
 

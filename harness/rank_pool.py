@@ -31,7 +31,7 @@ from zerostate.harness import envs
 from zerostate.harness.process import WorkerDied, WorkerTimeout
 from zerostate.harness.protocol import RankRecord, Request, Response, StepProgress
 
-_POOLS: "set[RankPool]" = set()
+_POOLS: set[RankPool] = set()
 """Every pool not closed yet (a strong reference: ``atexit`` must find a pool whose target never finished
 constructing, e.g. Ctrl-C during start-up)."""
 

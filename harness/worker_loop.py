@@ -27,7 +27,8 @@ import os
 import sys
 import time
 import traceback
-from typing import TYPE_CHECKING, Any, Callable, Protocol, cast, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, cast, runtime_checkable
+from collections.abc import Callable
 
 if TYPE_CHECKING:
     from zerostate.harness.coverage_probe import Probe

@@ -21,7 +21,8 @@ refused, and so is a PyTorch build without the internals the deferral needs -- b
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from .compat_table import CompatRow, fmt
 from .errors import UnsupportedEngineError, ZerostateInstallError

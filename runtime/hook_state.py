@@ -31,7 +31,8 @@ refinement test can drive the very same class with the model's graph tasks.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 __all__ = ["MissingTorchInternalsError", "TorchAutograd", "ZerostateBackwardHookState",
            "OBSERVABLE_FIELDS", "observable"]
@@ -126,7 +127,7 @@ class ZerostateBackwardHookState:
               "post_backward_callback_queued", "post_backward_callback_graph_task_id")
 
     @classmethod
-    def from_manager(cls, other: Any, autograd: TorchAutograd | None = None) -> "ZerostateBackwardHookState":
+    def from_manager(cls, other: Any, autograd: TorchAutograd | None = None) -> ZerostateBackwardHookState:
         """A zerostate manager carrying ``other``'s registered post hooks and current counters."""
         new = cls(autograd)
         new.copy_state_from(other)

@@ -13,7 +13,8 @@ import functools
 import logging
 import threading
 import weakref
-from typing import Any, Iterator
+from typing import Any
+from collections.abc import Iterator
 
 from .compat_table import compat_row
 from .errors import ZerostateInstallError
@@ -29,7 +30,7 @@ class _Patch:
 
     def __init__(self, kwargs: dict) -> None:
         self.kwargs = kwargs
-        self.engines: "weakref.WeakSet[Any]" = weakref.WeakSet()
+        self.engines: weakref.WeakSet[Any] = weakref.WeakSet()
         self.patcher = Patcher()
 
 
@@ -66,7 +67,7 @@ def _install_or_warn(engine: Any, patch: _Patch) -> Installation | None:
     except ZerostateInstallError as e:
         log.warning("zerostate.runtime not installed; this engine runs stock DeepSpeed: %s", e)
         return None
-    except Exception as e:  # noqa: BLE001 - install() undid its own changes before re-raising
+    except Exception as e:
         log.warning("zerostate.runtime not installed (unexpected %s: %s); this engine runs stock DeepSpeed",
                     type(e).__name__, e, exc_info=True)
         return None
@@ -75,7 +76,7 @@ def _install_or_warn(engine: Any, patch: _Patch) -> Installation | None:
     return inst
 
 
-def patch_deepspeed(**install_kwargs: Any) -> "contextlib.AbstractContextManager[None]":
+def patch_deepspeed(**install_kwargs: Any) -> contextlib.AbstractContextManager[None]:
     """Make every engine ``deepspeed.initialize`` builds get `install` (for trainers that build it).
 
     Usable as a plain call (``zerostate.runtime.patch_deepspeed()`` before ``Trainer(...)``) or

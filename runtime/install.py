@@ -115,7 +115,7 @@ class Installation:
         return "; ".join(parts)
 
 
-_INSTALLED: "weakref.WeakKeyDictionary[Any, Installation]" = weakref.WeakKeyDictionary()
+_INSTALLED: weakref.WeakKeyDictionary[Any, Installation] = weakref.WeakKeyDictionary()
 _LOCK = threading.RLock()
 
 
@@ -208,7 +208,7 @@ def _stage(engine: Any) -> Any:
     return fn() if callable(fn) else "?"
 
 
-def _refresh_frozen_set(inst_ref: "weakref.ref[Installation]", module: Any, args: Any) -> None:
+def _refresh_frozen_set(inst_ref: weakref.ref[Installation], module: Any, args: Any) -> None:
     """Root forward pre-hook: when a parameter's ``requires_grad`` changed since the last check,
     re-collect the release policy's frozen set (uninstall + install through its public API; at a
     root forward no hold is in flight that the next ``reset_step`` would not drop anyway)."""

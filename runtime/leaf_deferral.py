@@ -22,7 +22,8 @@ once.  This is the model's ``zerostate`` hook design (``_leaf_hook_zerostate`` i
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from .hook_state import MissingTorchInternalsError
 

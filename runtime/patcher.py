@@ -23,7 +23,8 @@ tracer.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 _MISSING = object()
 

@@ -131,7 +131,6 @@ def _build(case: dict[str, Any]):
 
 
 def _loss_and_backward(out, kind: str, engine=None, scale: float = 1.0):
-    import torch
 
     if kind == "engine":
         engine.backward(out.float().pow(2).mean())

@@ -26,7 +26,7 @@ NetOutput = Any
 """What a forward returns: a tensor, ``(hidden, aux)``, ``{"out", "aux"}`` or an HF model output."""
 
 
-def _call_block(blk: "Block", x: torch.Tensor, skip_norm: bool) -> torch.Tensor:
+def _call_block(blk: Block, x: torch.Tensor, skip_norm: bool) -> torch.Tensor:
     obs = marks.BLOCK_OBSERVER
     if obs is not None:
         obs[0](blk)

@@ -257,7 +257,7 @@ class DeepSpeedTarget:
         while self._wider:
             self._wider.popitem()[1].close()
 
-    def _target_for(self, scenario: Scenario) -> "DeepSpeedTarget":
+    def _target_for(self, scenario: Scenario) -> DeepSpeedTarget:
         """This target, or -- for a scenario that asks for more ranks than it has (``world_size``) -- a
         rank-pool target of that size, built like this one and started on first use (`ranks`)."""
         ws = scenario.world_size
@@ -287,7 +287,7 @@ class DeepSpeedTarget:
             except OSError:
                 pass
 
-    def __enter__(self) -> "DeepSpeedTarget":
+    def __enter__(self) -> DeepSpeedTarget:
         return self
 
     def __exit__(self, *exc: object) -> None:
