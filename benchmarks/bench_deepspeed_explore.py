@@ -195,7 +195,9 @@ def main(argv: list[str] | None = None) -> int:
             out["throughput_jobs"].append(tj)
             print(f"throughput with --jobs {j}: {tj['examples']} examples in {tj['seconds']} s = "
                   f"{tj['examples_per_second']} examples/s (start-up {tj['worker_startup_s']} s{_built(tj)})", flush=True)
-    fmt = lambda x: '-' if x is None else str(x)
+    def fmt(x: object) -> str:
+        return '-' if x is None else str(x)
+
     print(f"{'release':8} {'seed':16} {'found':6} {'seconds':>8} {'shrunk':>8} {'position':>9} {'runs':>6} "
           f"{'size':>10}")
     for v in args.releases:

@@ -60,7 +60,7 @@ def shown(design: str, f: Finding) -> dict[str, Any]:
             graph, path = g, graph_path(g, f.trace or [])
         elif g is not None:
             notes.append(f"state graph not drawn: {g.number_of_nodes()} states (over {MAX_GRAPH_STATES})")
-    except Exception as exc:  # the picture is a bonus; the finding stands without it
+    except Exception as exc:  # noqa: BLE001 -- the picture is a bonus; the finding stands without it
         notes.append(f"state graph not drawn: {type(exc).__name__}: {exc}")
     return {"design": design, "graph": graph, "graph_path": path, "notes": notes,
             "repro": repro_for(f.scenario, f.check, f.error, f)}

@@ -3,8 +3,9 @@ initial state, the counterexample path in red, ending at the violation."""
 
 from __future__ import annotations
 
-from typing import Any
 from collections.abc import Iterable
+from itertools import pairwise
+from typing import Any
 
 from zerostate.cli.canvas import Canvas
 from zerostate.cli.pictures import titles
@@ -33,11 +34,11 @@ def graph_picture(graph: Any, path: Iterable[Any] = (), title: str = "", subtitl
            for d, ns in layers.items() for i, n in enumerate(ns)}
     c = Canvas(int(width), int(height))
     titles(c, title, subtitle)
-    on_path = set(zip(path, path[1:]))
+    on_path = set(pairwise(path))
     for a, b in graph.edges:
         if a in pos and b in pos and (a, b) not in on_path:
             c.line(*pos[a], *pos[b], color="#9e9e9e", width=0.6, opacity=0.6)
-    for k, (a, b) in enumerate(zip(path, path[1:]), start=1):
+    for k, (a, b) in enumerate(pairwise(path), start=1):
         if a in pos and b in pos:
             c.line(*pos[a], *pos[b], color="#d50000", width=2.5)
             (x1, y1), (x2, y2) = pos[a], pos[b]
@@ -69,7 +70,7 @@ STEP_COLUMNS = 3
 def _steps(graph: Any, path: list[Any]) -> list[str]:
     """One line per counterexample transition: its number and the events it emitted."""
     out = []
-    for k, (a, b) in enumerate(zip(path, path[1:]), start=1):
+    for k, (a, b) in enumerate(pairwise(path), start=1):
         evs = graph.edges[a, b].get("events", []) if graph.has_edge(a, b) else []
         out.append(f"{k}. " + ("; ".join(evs) if evs else "(next segment)"))
     return out

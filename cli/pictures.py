@@ -105,8 +105,8 @@ def trace_picture(events: Sequence[Event], violation: int | None, title: str, su
     titles(c, title, subtitle)
     x0 = lambda i: left + col * (i - lo)  # noqa: E731
     y_lanes = top + lane_h * len(lanes)
-    for phase, a, b in phase_spans(events):
-        a, b = max(a, lo), min(b, hi - 1)
+    for phase, start, end in phase_spans(events):
+        a, b = max(start, lo), min(end, hi - 1)
         if a > b:
             continue
         y = top if phase != "recompute" else top + 4

@@ -165,7 +165,7 @@ class Report:
             return
         try:
             script = shown.repro(n)
-        except Exception as exc:  # a report must survive a generator bug; say so in it
+        except Exception as exc:  # noqa: BLE001 -- a report must survive a generator bug; it says so in it
             entry["notes"].append(f"repro script not generated: {type(exc).__name__}: {exc}")
             return
         replace_file(os.path.join(self.dir, f"repro_{n}.py"), script)

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from zerostate.model.events import Event, EventKind
 from zerostate.model.scenario import Scenario
 
-from zerostate.findings.evidence import Evidence
+from zerostate.findings.evidence import NO_EVIDENCE, Evidence
 
 
 _SINGLE_KEY = frozenset({"oracle", "model-agreement", "hang", "crash", "internal", "exception"})
@@ -71,7 +71,7 @@ class Finding:
     key of ``oracle`` and ``checkpoint`` findings (`_KNOWN_IN_KEY`)."""
     group: str = ""
     """Its root-cause group (`known.labels.labelled`): the known issue's id, else the shape of what went wrong."""
-    evidence: Evidence = Evidence()
+    evidence: Evidence = NO_EVIDENCE
     """What its own run shows besides the trace: the exception (type, message, frames), the oracle's
     disagreement (parameters, sizes, direction)."""
 

@@ -428,7 +428,7 @@ def test_prestart_starts_the_rank_pool_in_the_background_and_hands_over_its_erro
         t.close()
         t._options = dict(t._options, deepspeed_path="/nonexistent/DeepSpeed")  # a pool that cannot start
         t.prestart(2)
-        with pytest.raises(TargetError, match="no deepspeed/__init__.py"):
+        with pytest.raises(TargetError, match=r"no deepspeed/__init__\.py"):
             t.run(Scenario.from_dict({"stage": 2, "world_size": 2}))
         assert not t.run(Scenario.from_dict({"stage": 2})).findings  # world size 1 is unaffected
     finally:

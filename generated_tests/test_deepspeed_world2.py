@@ -256,7 +256,8 @@ def test_ctrl_c_of_explore_leaves_no_rank(tmp_path):
                              "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=dict(os.environ, OMP_NUM_THREADS="1"),
                             # a shell's background job ignores SIGINT, and so would its children: restore it
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                            # (the child only resets one signal handler, safe even if the parent has threads)
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # noqa: PLW1509
     me = proc.pid
     pids: list[int] = []
     deadline = time.monotonic() + 180

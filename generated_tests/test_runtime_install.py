@@ -12,6 +12,7 @@ import logging
 import os
 import subprocess
 import sys
+from itertools import pairwise
 
 import pytest
 
@@ -223,7 +224,7 @@ def test_patch_deepspeed_installs_into_engines_initialize_builds():
 
 
 def test_compat_table_is_contiguous_and_parses():
-    for a, b in zip(COMPAT, COMPAT[1:]):
+    for a, b in pairwise(COMPAT):
         assert a.end <= b.first
     assert parse_version("0.19.8+abc123") == (0, 19, 8) and parse_version("0.19.3rc1") == (0, 19, 3)
     assert compat_row("0.18.6").hook_closures == "count-every-hook"
@@ -401,7 +402,7 @@ def test_nvme_offload_refused_before_any_change(monkeypatch, getter):
     class _Nvme:  # what DeepSpeed's offload config reports for device: nvme (no NVMe engine on this machine)
         device = OffloadDeviceEnum.nvme
 
-    monkeypatch.setattr(engine, getter, lambda: _Nvme())
+    monkeypatch.setattr(engine, getter, _Nvme)
     with pytest.raises(UnsupportedEngineError, match=r"NVMe.*Nothing was changed"):
         install(engine)
     assert not is_installed(engine) and _diff(before, _snapshot(engine)) == []
@@ -581,7 +582,7 @@ def test_leaf_hook_of_another_shape_is_refused_before_any_change(monkeypatch):
 
     monkeypatch.setitem(hooks, h.id, reduce_leaf_module_grads)
     before = _snapshot(engine)
-    with pytest.raises(UnsupportedEngineError, match="does not have the shape.*Nothing was changed"):
+    with pytest.raises(UnsupportedEngineError, match=r"does not have the shape.*Nothing was changed"):
         install(engine)
     assert not is_installed(engine) and _diff(before, _snapshot(engine)) == []
     monkeypatch.undo()

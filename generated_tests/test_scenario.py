@@ -311,7 +311,7 @@ def test_across_ranks_options_draw_world_size_2_more_often_without_changing_the_
     from zerostate.explorer.explore import generated
 
     def sequence():
-        return [sc for sc in generated(S.scenarios(), 200, None)]
+        return list(generated(S.scenarios(), 200, None))
 
     with_rate = sequence()
     plain = S.across_ranks
@@ -320,7 +320,9 @@ def test_across_ranks_options_draw_world_size_2_more_often_without_changing_the_
         without = sequence()
     finally:
         S.across_ranks = plain
-    strip = lambda sc: json.dumps({k: v for k, v in sc.to_dict().items() if k != "world_size"}, sort_keys=True)
+    def strip(sc):
+        return json.dumps({k: v for k, v in sc.to_dict().items() if k != "world_size"}, sort_keys=True)
+
     assert [strip(a) for a in with_rate] == [strip(b) for b in without]
     across = [(a.world_size, b.world_size) for a, b in zip(with_rate, without) if S.across_ranks(a)]
     others = [(a.world_size, b.world_size) for a, b in zip(with_rate, without) if not S.across_ranks(a)]

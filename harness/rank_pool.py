@@ -57,7 +57,7 @@ class RankTimeout(WorkerTimeout):
 class _Rank:
     def __init__(self, rank: int, env: dict[str, str], log_path: Path, stacks_path: Path, cwd: str) -> None:
         self.rank, self.log_path, self.stacks_path = rank, log_path, stacks_path
-        self._log = open(log_path, "ab")
+        self._log = open(log_path, "ab")  # noqa: SIM115 -- the rank's stderr for its whole life; close() closes it
         stacks_path.write_text("")
         self.proc = subprocess.Popen([sys.executable, "-m", "zerostate.harness.rank_worker"],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, env=env,

@@ -325,11 +325,11 @@ projection): the check is the one explore made.
     parts = [
         head,
         "from __future__ import annotations\n\nimport json\nimport os\nimport sys\n",
-        f"CHECK = {finding.check!r}\nDETAIL = {detail!r}  # the finding's origin (an exception) or violation code\n"
-        f"TIMEOUT = 120\nSPEC = json.loads(r'''{spec}''')\n",
+        (f"CHECK = {finding.check!r}\nDETAIL = {detail!r}  # the finding's origin (an exception) or violation code\n"
+         f"TIMEOUT = 120\nSPEC = json.loads(r'''{spec}''')\n"),
         f"BEFORE = json.loads(r'''{json.dumps(before)}''')\nREPEAT = {repeat}\n",
-        f"DESIGN = {design!r}  # model-agreement: the model design and its trace of the scenario\n"
-        f"MODEL_EVENTS = {events}\n",
+        (f"DESIGN = {design!r}  # model-agreement: the model design and its trace of the scenario\n"
+         f"MODEL_EVENTS = {events}\n"),
         _MAIN,
         _embedded_text(),
         _LOADER,

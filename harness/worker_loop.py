@@ -77,8 +77,10 @@ def start_deepspeed(skip_shm_comm: bool) -> Hello:
 def _process_start() -> float:
     """When this process started (Linux: /proc), else when this module was imported."""
     try:
-        ticks = int(open(f"/proc/{os.getpid()}/stat").read().rsplit(")", 1)[1].split()[19])
-        boot = next(float(ln.split()[1]) for ln in open("/proc/stat") if ln.startswith("btime"))
+        with open(f"/proc/{os.getpid()}/stat") as fh:
+            ticks = int(fh.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/stat") as fh:
+            boot = next(float(ln.split()[1]) for ln in fh if ln.startswith("btime"))
         return boot + ticks / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError, StopIteration):
         return _IMPORTED
@@ -154,8 +156,8 @@ def serve(hello: Hello | Failure, run: Run, reply: Reply, error_prefix: str = ""
     answer to a ``run`` request; an exception it raises is answered as a failure (``error_prefix`` first:
     the rank worker names its rank)."""
     probe, hello = _coverage_probe(hello)
-    for line in sys.stdin:
-        line = line.strip()
+    for raw in sys.stdin:
+        line = raw.strip()
         if not line:
             continue
         req: dict[str, Any] = json.loads(line)

@@ -75,7 +75,7 @@ _TORCH: TorchAutograd | None = None
 
 
 def _torch_autograd() -> TorchAutograd:
-    global _TORCH
+    global _TORCH  # noqa: PLW0603 -- built on first use: it probes torch internals that may be missing
     if _TORCH is None:
         _TORCH = TorchAutograd()
     return _TORCH

@@ -50,7 +50,8 @@ def _log_install(engine: Any, inst: Installation) -> None:
     path = os.environ.get("ZEROSTATE_RUNTIME_LOG")
     if not path:
         return
-    stage = getattr(getattr(engine, "zero_optimization_stage", None), "__call__", lambda: "?")()
+    stage_of = getattr(engine, "zero_optimization_stage", None)
+    stage = stage_of() if callable(stage_of) else "?"
     try:
         with open(path, "a") as f:
             f.write(f"{os.getpid()} deepspeed={inst.version} stage={stage} release_policy={inst.release_policy} "
@@ -85,7 +86,7 @@ def patch_deepspeed(**install_kwargs: Any) -> contextlib.AbstractContextManager[
     Engines without a ZeRO optimizer are returned untouched; an engine `install` refuses
     (`engine_support`) gets one warning on the ``zerostate.runtime`` logger and stays stock.
     """
-    global _PATCH
+    global _PATCH  # noqa: PLW0603 -- one patch per process, set and cleared under _LOCK
     import deepspeed
 
     compat_row(deepspeed.__version__)
@@ -122,7 +123,7 @@ def _patch_context() -> Iterator[None]:
 
 def unpatch_deepspeed(uninstall_engines: bool = False) -> bool:
     """Restore ``deepspeed.initialize``; optionally uninstall from the engines it built."""
-    global _PATCH
+    global _PATCH  # noqa: PLW0603 -- one patch per process, set and cleared under _LOCK
     with _LOCK:
         patch = _PATCH
         if patch is None:

@@ -82,7 +82,7 @@ _LEAF: LeafAutograd | None = None
 
 def leaf_autograd() -> LeafAutograd:
     """The process's `LeafAutograd` (raises `MissingTorchInternalsError` naming what this torch lacks)."""
-    global _LEAF
+    global _LEAF  # noqa: PLW0603 -- built on first use: it probes torch internals that may be missing
     if _LEAF is None:
         _LEAF = LeafAutograd()
     return _LEAF

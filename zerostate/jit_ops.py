@@ -53,7 +53,7 @@ def _find(name: str, path: Sequence[str]) -> Path | None:
     spec = importlib.machinery.PathFinder.find_spec(name, list(path))
     if spec is None or not spec.submodule_search_locations:
         return None
-    return Path(list(spec.submodule_search_locations)[0])
+    return Path(next(iter(spec.submodule_search_locations)))
 
 
 def _installed_version(name: str, package: Path) -> str | None:
