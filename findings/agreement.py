@@ -152,7 +152,7 @@ def compare_coordinator(model_events: Iterable[Event], real_events: Iterable[Eve
         mv, rv = m.get(p, []), r.get(p, [])
         if mv == rv:
             continue
-        i = next((k for k, (a, b) in enumerate(zip(mv, rv)) if a != b), min(len(mv), len(rv)))
+        i = next((k for k, (a, b) in enumerate(zip(mv, rv, strict=False)) if a != b), min(len(mv), len(rv)))
         got = rv[i] if i < len(rv) else "nothing more"
         want = mv[i] if i < len(mv) else "nothing more"
         return (f"coordinator: {p}, event {i}: real DeepSpeed {got!r} but the model design {design} "
@@ -165,7 +165,7 @@ def compare(model_events: Iterable[Event], real_events: Iterable[Event], design:
     then the coordinator half)."""
     model_events, real_events = list(model_events), list(real_events)
     m, r = project(model_events), project(real_events)
-    for (mw, mv), (rw, rv) in zip(m, r):
+    for (mw, mv), (rw, rv) in zip(m, r, strict=False):
         if mw != rw:
             return f"the schedules differ at {rw!r} (model: {mw!r})"
         for key in mv:

@@ -230,7 +230,7 @@ def test_without_frozen_params_all_four_designs_give_the_same_events(sc, seed):
     views = {n: coordinator_view(seeded_run(get_design(n), sc, seed).events) for n in names}
     base = views["ds-0.19.2"]
     for n in names[1:]:
-        for i, (x, y) in enumerate(zip(base, views[n])):
+        for i, (x, y) in enumerate(zip(base, views[n], strict=False)):
             assert x == y, f"{n} differs from ds-0.19.2 at event #{i}: {y} vs {x}"
         assert len(views[n]) == len(base), n
     same_hooks = [Design(n, DS_0_18_7, COORDINATOR_DESIGNS[n], "", "coordinator", True) for n in names]

@@ -108,7 +108,7 @@ def test_runtime_trains_other_release_like_installed_stock(tmp_path, hf_release)
     if hf_release in SEED002_RELEASES:
         jobs.append(("non_reentrant", False, hf_release))
     records = run_jobs(tmp_path, jobs)
-    for ckpt, reference, rt in zip(CKPTS, records[0:4:2], records[1:4:2]):
+    for ckpt, reference, rt in zip(CKPTS, records[0:4:2], records[1:4:2], strict=True):
         _trained(reference)
         _trained(rt)
         assert rt["installed"] and rt["release_policy"]

@@ -71,9 +71,9 @@ def _diff(a, b, path="") -> list[str]:
             out += _diff(a[k], b[k], f"{path}.{k}")
         return out
     if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
-        return [d for i, (x, y) in enumerate(zip(a, b)) for d in _diff(x, y, f"{path}[{i}]")]
+        return [d for i, (x, y) in enumerate(zip(a, b, strict=True)) for d in _diff(x, y, f"{path}[{i}]")]
     if isinstance(a, tuple) and isinstance(b, tuple) and len(a) == len(b):
-        return [d for i, (x, y) in enumerate(zip(a, b)) for d in _diff(x, y, f"{path}[{i}]")]
+        return [d for i, (x, y) in enumerate(zip(a, b, strict=True)) for d in _diff(x, y, f"{path}[{i}]")]
     return [] if a is b or (isinstance(a, (int, str)) and a == b) else [f"{path}: {a!r} is not {b!r}"]
 
 
@@ -376,7 +376,7 @@ def test_patched_initialize_never_raises_and_trains_like_stock(stage, dtype, off
         assert stock[0] == "BF16_Optimizer" and len(warnings) == 1
         assert "BF16_Optimizer" in warnings[0].getMessage() and "stock" in warnings[0].getMessage()
     assert patched[2] == stock[2], "losses differ from stock"
-    assert all(torch.equal(a, b) for a, b in zip(patched[3], stock[3])), "parameters differ from stock"
+    assert all(torch.equal(a, b) for a, b in zip(patched[3], stock[3], strict=False)), "parameters differ from stock"
 
 
 def test_bf16_optimizer_refused_by_install_before_any_change():

@@ -324,8 +324,8 @@ def test_across_ranks_options_draw_world_size_2_more_often_without_changing_the_
         return json.dumps({k: v for k, v in sc.to_dict().items() if k != "world_size"}, sort_keys=True)
 
     assert [strip(a) for a in with_rate] == [strip(b) for b in without]
-    across = [(a.world_size, b.world_size) for a, b in zip(with_rate, without) if S.across_ranks(a)]
-    others = [(a.world_size, b.world_size) for a, b in zip(with_rate, without) if not S.across_ranks(a)]
+    across = [(a.world_size, b.world_size) for a, b in zip(with_rate, without, strict=True) if S.across_ranks(a)]
+    others = [(a.world_size, b.world_size) for a, b in zip(with_rate, without, strict=True) if not S.across_ranks(a)]
     assert all(a == b for a, b in others)  # the rate changes only the across-ranks scenarios
     assert any(a == 2 and b == 1 for a, b in across) and not any(a == 1 and b == 2 for a, b in across)
     assert S.across_ranks(Scenario.from_dict({"stage": 2, "contiguous_gradients": False}))

@@ -90,7 +90,7 @@ def cross_rank_problems(ranks: list[RankRecord]) -> dict[str, tuple[str, str]]:
                                                f"rank 0 saw {d[1]!r}, rank {r} saw {d[2]!r}"),
                                               label.replace(" ", "-"))
         if "ranks-params" not in out:
-            for i, (d0, d1) in enumerate(zip(r0.get("steps") or [], rk.get("steps") or [])):
+            for i, (d0, d1) in enumerate(zip(r0.get("steps") or [], rk.get("steps") or [], strict=False)):
                 bad = [n for n in d0 if d0.get(n) != d1.get(n)] + [n for n in d1 if n not in d0]
                 if bad:
                     out["ranks-params"] = ((f"after train step {i}: the gathered parameters differ between "

@@ -212,7 +212,7 @@ class RankPool:
         parts = [f"no report within {timeout:.0f} s from {who}; finished: {done}"]
         starts = [rk.signal_stacks() for rk in late]
         time.sleep(1.0)  # faulthandler writes from the signal handler, even inside a blocked collective
-        for rk, start in zip(late, starts):
+        for rk, start in zip(late, starts, strict=True):
             parts.append(f"--- stacks of rank {rk.rank} (pid {rk.proc.pid}) ---\n{_trim(rk.read_stacks(start))}")
         return "\n".join(parts)
 

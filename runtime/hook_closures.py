@@ -35,7 +35,7 @@ _HOOK_NAMES = {"grad_handling_hook": "stage12", "reduce_partition_and_remove_gra
 
 
 def cells(fn: Callable) -> dict[str, Any]:
-    return {name: cell.cell_contents for name, cell in zip(fn.__code__.co_freevars, fn.__closure__ or ())}
+    return {name: cell.cell_contents for name, cell in zip(fn.__code__.co_freevars, fn.__closure__ or (), strict=True)}
 
 
 def unwrap(fn: Callable) -> Callable:

@@ -247,7 +247,7 @@ def install_release_policy(engine: Any) -> ReleasePolicyState:
         try:
             return orig_fetch(current_submodule, forward)
         finally:
-            for p, (was_attr, had_id) in zip(frozen, before):
+            for p, (was_attr, had_id) in zip(frozen, before, strict=True):
                 if not was_attr and p in owner.ds_recompute_parameters:
                     owner.ds_recompute_parameters.discard(p)
                     state.stats["attribution_undone"] += 1

@@ -233,7 +233,7 @@ def run_case(name: str, install: bool) -> dict[str, Any]:
                 got = [p.detach().clone() for p in engine.module.parameters()]
         else:
             got = [p.detach().clone() for p in engine.module.parameters()]
-        res["max_diff"] = max(float((a - b).abs().max()) for a, b in zip(got, ref))
+        res["max_diff"] = max(float((a - b).abs().max()) for a, b in zip(got, ref, strict=False))
     except Exception as e:  # noqa: BLE001 - report, do not stop the other cases
         res["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
         res["traceback"] = traceback.format_exc(limit=6)[-2000:]

@@ -96,7 +96,7 @@ def compare_generated(expected: list[torch.Tensor | None], actual: list[torch.Te
     """None when each generation's output agrees with the oracle's (its share: `schedule.rows_share`; None:
     not compared); else ``(i, sentence)``: the first that does not (i: its index among the scenario's
     re-registrations)."""
-    for i, (e, a) in enumerate(zip(expected, actual)):
+    for i, (e, a) in enumerate(zip(expected, actual, strict=False)):
         if e is None:
             continue
         if a.shape != e.shape:
