@@ -24,7 +24,8 @@ Two measurements, both on CPU (gloo, world size 1, ``OMP_NUM_THREADS=1``):
   search, per release, stopping once the seed's finding is final: seconds from the start of
   exploring (target start-up reported separately) until it is first handed over (unshrunk, the
   first generated example with its key: ``seconds``) and until its shrunk, confirmed finding is
-  (``seconds_shrunk``; ``seconds_confirmed``: once replayed in a fresh worker), the position of the first generated example that has it, distinct target
+  (``seconds_shrunk``; ``seconds_confirmed``: once replayed in a fresh worker),
+  the position of the first generated example that has it, distinct target
   runs until then, and the size of the shrunk scenario.  The seed predicate judges a finding's
   scenario too (seed 000 part 1: ZeRO-3, a reentrant block, a PyTorch-style backward): the first
   example with a new key need not have the seed's shape, so the benchmark also gives when an example
@@ -164,7 +165,8 @@ def time_to_seed(version: str, examples: int) -> dict:
             "seconds_confirmed": round(res.seconds_final.get(key, float("nan")), 1) if key else None,
             "first_seed_shaped_run_s": round(first_run["seconds"], 1) if first_run else None,
             "first_seed_shaped_key": first_run.get("key"),
-            "key_handed_over_s": round(res.seconds_to.get(first_run.get("key"), float("nan")), 1) if first_run else None,
+            "key_handed_over_s": round(res.seconds_to.get(first_run.get("key"), float("nan")), 1)
+                                    if first_run else None,
             "target_startup_s": round(startup, 1), "explored_seconds": round(res.seconds, 1),
             "generated_position": res.generated_at.get(key), "distinct_runs_until_found": res.first_seen.get(key),
             "blocks": len(hit.scenario.blocks) if hit else None, "steps": len(hit.scenario.steps) if hit else None,
@@ -194,7 +196,8 @@ def main(argv: list[str] | None = None) -> int:
             tj = throughput_jobs(args.rate_examples, j)
             out["throughput_jobs"].append(tj)
             print(f"throughput with --jobs {j}: {tj['examples']} examples in {tj['seconds']} s = "
-                  f"{tj['examples_per_second']} examples/s (start-up {tj['worker_startup_s']} s{_built(tj)})", flush=True)
+                  f"{tj['examples_per_second']} examples/s (start-up {tj['worker_startup_s']} s{_built(tj)})",
+                  flush=True)
     def fmt(x: object) -> str:
         return '-' if x is None else str(x)
 

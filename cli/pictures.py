@@ -22,7 +22,8 @@ WINDOW = 120
 
 _GREY, _BLUE, _TEAL, _ORANGE, _GREEN, _BROWN = "#616161", "#1565c0", "#00838f", "#ef6c00", "#2e7d32", "#8d4e2a"
 MARKS: dict[EventKind, tuple[str, str]] = {
-    EventKind.FORWARD_START: ("F>", _GREY), EventKind.FORWARD_END: ("F|", _GREY), EventKind.EVAL_FORWARD_START: ("V>", _GREY),
+    EventKind.FORWARD_START: ("F>", _GREY), EventKind.FORWARD_END: ("F|", _GREY),
+    EventKind.EVAL_FORWARD_START: ("V>", _GREY),
     EventKind.EVAL_FORWARD_END: ("V|", _GREY), EventKind.USER_BACKWARD_START: ("B>", _GREY),
     EventKind.USER_BACKWARD_END: ("B|", _GREY), EventKind.STEP: ("ST", _GREY),
     EventKind.TASK_START: ("T>", _BLUE), EventKind.TASK_END: ("T|", _BLUE), EventKind.OUTPUT_HOOK: ("O", _BLUE),
@@ -31,14 +32,17 @@ MARKS: dict[EventKind, tuple[str, str]] = {
     EventKind.MODULE_PRE_BACKWARD: ("b>", _TEAL), EventKind.MODULE_POST_BACKWARD: ("b|", _TEAL),
     EventKind.RECOMPUTE_START: ("R>", _TEAL), EventKind.RECOMPUTE_END: ("R|", _TEAL), EventKind.SAVE_LIVE: ("S", _TEAL),
     EventKind.UNPACK: ("U", _TEAL),
-    EventKind.ENTER_BACKWARD: ("E+", _ORANGE), EventKind.EXIT_BACKWARD: ("E-", _ORANGE), EventKind.COUNT: ("#", _ORANGE),
-    EventKind.CALLBACK_QUEUED: ("Q", _ORANGE), EventKind.CALLBACK_RUN: ("Q!", _ORANGE), EventKind.POST_HOOKS: ("P", _ORANGE),
+    EventKind.ENTER_BACKWARD: ("E+", _ORANGE), EventKind.EXIT_BACKWARD: ("E-", _ORANGE),
+    EventKind.COUNT: ("#", _ORANGE),
+    EventKind.CALLBACK_QUEUED: ("Q", _ORANGE), EventKind.CALLBACK_RUN: ("Q!", _ORANGE),
+    EventKind.POST_HOOKS: ("P", _ORANGE),
     EventKind.EPILOGUE: ("EP", _ORANGE), EventKind.BUCKET_ADD: ("+", _ORANGE), EventKind.BUCKET_FLUSH: ("FL", _ORANGE),
     EventKind.BUCKET_CLEAR: ("CL", _ORANGE),
     EventKind.FETCH: ("AG", _GREEN), EventKind.PREFETCH: ("pf", _GREEN), EventKind.RELEASE: ("RL", _BROWN),
     EventKind.TRACE_STATE: ("TS", _GREEN),
 }
-MARKS.update({EventKind.REREGISTER: ("RR", _TEAL), EventKind.HOLDERS: ("H", _GREEN), EventKind.PERSISTENT: ("PS", _GREEN),
+MARKS.update({EventKind.REREGISTER: ("RR", _TEAL), EventKind.HOLDERS: ("H", _GREEN),
+              EventKind.PERSISTENT: ("PS", _GREEN),
               EventKind.LEAF_GRAD: ("LG", _BLUE)})
 
 
@@ -49,7 +53,8 @@ def mark(ev: Event) -> tuple[str, str]:
         label += ev.note
     return label, color
 PHASES = {"forward": "#dbeafe", "eval": "#eeeeee", "backward": "#ffe8cc", "recompute": "#e9d5ff"}
-_OPEN = {EventKind.FORWARD_START: "forward", EventKind.EVAL_FORWARD_START: "eval", EventKind.USER_BACKWARD_START: "backward",
+_OPEN = {EventKind.FORWARD_START: "forward", EventKind.EVAL_FORWARD_START: "eval",
+         EventKind.USER_BACKWARD_START: "backward",
          EventKind.RECOMPUTE_START: "recompute"}
 _CLOSE = {EventKind.FORWARD_END: "forward", EventKind.EVAL_FORWARD_END: "eval", EventKind.USER_BACKWARD_END: "backward",
           EventKind.RECOMPUTE_END: "recompute"}

@@ -91,7 +91,8 @@ def _finding(f: dict[str, Any]) -> list[str]:
     n, files = f["n"], f["files"]
     who = f" on `{f['design']}`" if f.get("design") else f" on {f['where']}" if f.get("where") else ""
     out = [f'<a id="finding-{n}"></a>', f"### Finding {n}: `{f['check']}`{who}", "",
-           *_known(f), "```text", f["error"].strip(), "```", "", _scenario_title(f), "", "```text", f["description"], "```", ""]
+           *_known(f), "```text", f["error"].strip(), "```", "", _scenario_title(f), "",
+           "```text", f["description"], "```", ""]
     if f.get("confirmation"):
         c = f["confirmation"]
         rate = f" ({c['hits']} of {c['repeat']} runs)" if c.get("repeat") else ""

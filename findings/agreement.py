@@ -83,8 +83,10 @@ def project(events: Iterable[Event]) -> list[tuple[str, dict[str, Any]]]:
     return out
 
 
-_MOD = (EventKind.MODULE_PRE_FORWARD, EventKind.MODULE_POST_FORWARD, EventKind.MODULE_PRE_BACKWARD, EventKind.MODULE_POST_BACKWARD)
-_MARKS = (EventKind.USER_BACKWARD_START, EventKind.STEP, EventKind.FORWARD_START, EventKind.EVAL_FORWARD_START, EventKind.EPILOGUE)
+_MOD = (EventKind.MODULE_PRE_FORWARD, EventKind.MODULE_POST_FORWARD,
+        EventKind.MODULE_PRE_BACKWARD, EventKind.MODULE_POST_BACKWARD)
+_MARKS = (EventKind.USER_BACKWARD_START, EventKind.STEP, EventKind.FORWARD_START,
+          EventKind.EVAL_FORWARD_START, EventKind.EPILOGUE)
 _PARAM = (EventKind.FETCH, EventKind.PREFETCH, EventKind.RELEASE)
 
 

@@ -172,5 +172,5 @@ def from_result(result: Mapping[str, Any]) -> Evidence:
                     tuple(float(s) for s in fp16.get("oracle_scales") or ()), _num(fp16.get("loss_scale")))
 
 
-__all__ = ["NO_EVIDENCE", "Evidence", "Frame", "OracleDiff", "ParamDiff", "Raised", "frames_of", "from_result", "oracle_from",
-           "raised_from"]
+__all__ = ["NO_EVIDENCE", "Evidence", "Frame", "OracleDiff", "ParamDiff", "Raised", "frames_of", "from_result",
+           "oracle_from", "raised_from"]

@@ -105,7 +105,8 @@ def compare_generated(expected: list[torch.Tensor | None], actual: list[torch.Te
         if not err <= lim:  # NaN too
             return i, f"max |DeepSpeed - PyTorch| of the output = {err:.3g} > tolerance {lim:.3g}"
     if len(expected) != len(actual):
-        return min(len(expected), len(actual)), f"{len(actual)} generation(s) in DeepSpeed vs {len(expected)} in PyTorch"
+        return (min(len(expected), len(actual)),
+                f"{len(actual)} generation(s) in DeepSpeed vs {len(expected)} in PyTorch")
     return None
 
 

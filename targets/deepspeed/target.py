@@ -9,7 +9,8 @@
 
 One worker process (``python -m zerostate.harness.worker``) serves every
 example; it is started with ``PYTHONPATH`` = the release and a ``TORCH_EXTENSIONS_DIR`` of that
-release and torch version (`zerostate.jit_ops`: releases never load each other's JIT-built ops).  Each example has a timeout (``timeout``, default 60 s,
+release and torch version (`zerostate.jit_ops`: releases never load each other's JIT-built ops).
+Each example has a timeout (``timeout``, default 60 s,
 or ``$ZEROSTATE_EXAMPLE_TIMEOUT``): no answer in time is a ``hang`` finding, and
 the worker is killed and restarted; a worker that dies is a ``crash`` finding.
 
