@@ -172,7 +172,8 @@ def test_model_agreement_repro_judges_with_the_embedded_projection(hook_repro, t
         r = run_repro(script)
         codes[release] = r.returncode
         if release == "0.18.4":
-            assert r.returncode == 1 and "BUG PRESENT (model-agreement)" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
+            assert r.returncode == 1 and "BUG PRESENT (model-agreement)" in r.stdout, \
+                r.stdout[-2000:] + r.stderr[-2000:]
     assert codes[deepspeed.__version__] == 0, codes
 
 
@@ -193,7 +194,8 @@ def test_failed_checks_is_the_targets_judgement():
             t.raw = lambda _sc, _res={"ok": True, "result": res}: _res  # the same result, judged by run()
             outcome = t.run(sc)
             del t.raw
-            model = None if sc.beyond_model() else [Event.from_dict(e.to_dict()) for e in model_run(t.design, sc).events]
+            model = None if sc.beyond_model() else [Event.from_dict(e.to_dict())
+                                                             for e in model_run(t.design, sc).events]
             got = failed_checks(res, sc.stage, model, t.design.name)
             assert set(got) == {f.check for f in outcome.findings}, (spec, set(got), outcome.findings)
             for f in outcome.findings:

@@ -193,9 +193,12 @@ def test_tracer_sees_the_lifecycle(ds):
                              "steps": [{"micro": [{"backward": "torch"}]}]})
     out = ds.run(sc)
     kinds = {e.kind for e in out.trace}
-    for k in (EventKind.FORWARD_START, EventKind.USER_BACKWARD_START, EventKind.TASK_START, EventKind.TASK_END, EventKind.OUTPUT_HOOK, EventKind.GRAD_HOOK,
-              EventKind.BUCKET_ADD, EventKind.COUNT, EventKind.EPILOGUE, EventKind.STEP, EventKind.ENTER_BACKWARD, EventKind.EXIT_BACKWARD, EventKind.FETCH,
-              EventKind.RELEASE, EventKind.MODULE_PRE_FORWARD, EventKind.MODULE_PRE_BACKWARD, EventKind.RECOMPUTE_START, EventKind.RECOMPUTE_END,
+    for k in (EventKind.FORWARD_START, EventKind.USER_BACKWARD_START,
+              EventKind.TASK_START, EventKind.TASK_END, EventKind.OUTPUT_HOOK, EventKind.GRAD_HOOK,
+              EventKind.BUCKET_ADD, EventKind.COUNT, EventKind.EPILOGUE,
+              EventKind.STEP, EventKind.ENTER_BACKWARD, EventKind.EXIT_BACKWARD, EventKind.FETCH,
+              EventKind.RELEASE, EventKind.MODULE_PRE_FORWARD,
+              EventKind.MODULE_PRE_BACKWARD, EventKind.RECOMPUTE_START, EventKind.RECOMPUTE_END,
               EventKind.SAVE_LIVE, EventKind.UNPACK, EventKind.TRACE_STATE, EventKind.PERSISTENT, EventKind.HOLDERS):
         assert k in kinds, f"the tracer never emitted {k.value}"
     notes = {e.note for e in out.trace if e.kind is EventKind.TASK_START}

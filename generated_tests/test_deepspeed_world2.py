@@ -171,7 +171,8 @@ def test_cross_rank_checks_detect_each_disagreement():
     assert len(per_step(EV)) == 3 and per_step(EV)[1]["params"] == ["fetch blocks.0.lin.weight"]
     other = EV[:4] + [{"kind": "fetch", "param": "blocks.0.norm.weight"}] + EV[5:]
     p = cross_rank_problems([_rank(0, EV, d), _rank(1, other, d)])
-    assert set(p) == {"ranks-trace"} and "train step 1" in p["ranks-trace"][0] and "parameter order" in p["ranks-trace"][0]
+    assert set(p) == {"ranks-trace"}
+    assert "train step 1" in p["ranks-trace"][0] and "parameter order" in p["ranks-trace"][0]
     assert p["ranks-trace"][1] == "parameter-order"
     p = cross_rank_problems([_rank(0, EV, d), _rank(1, EV[1:], d)])
     assert "module trace" in p["ranks-trace"][0] and "train step 0" in p["ranks-trace"][0]
@@ -252,7 +253,8 @@ def test_ctrl_c_of_explore_leaves_no_rank(tmp_path):
     """``zerostate explore --world-size 2`` interrupted by Ctrl-C (SIGINT) exits 130, keeps its report,
     and leaves no rank process behind."""
     out = tmp_path / "rep"
-    proc = subprocess.Popen([sys.executable, "-m", "zerostate.cli.main", "explore", "--world-size", "2", "--examples", "500",
+    proc = subprocess.Popen([sys.executable, "-m", "zerostate.cli.main", "explore", "--world-size", "2",
+                             "--examples", "500",
                              "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=dict(os.environ, OMP_NUM_THREADS="1"),
                             # a shell's background job ignores SIGINT, and so would its children: restore it
@@ -265,7 +267,8 @@ def test_ctrl_c_of_explore_leaves_no_rank(tmp_path):
         time.sleep(0.5)
         pids = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and _ppid(int(p.name)) == me
                 and "rank_worker" in _cmdline(int(p.name))]
-    assert len(pids) == 2, f"the rank pool did not start: {proc.poll()} {proc.stderr.read()[-2000:] if proc.poll() is not None else ''}"
+    assert len(pids) == 2, \
+        f"the rank pool did not start: {proc.poll()} {proc.stderr.read()[-2000:] if proc.poll() is not None else ''}"
     while time.monotonic() < deadline and not (out / "report.json").exists() and proc.poll() is None:
         time.sleep(0.2)  # the pool answered hello; exploring has begun
     time.sleep(3)

@@ -1,7 +1,8 @@
 """A real Hugging Face client with the runtime: tiny Llama + LoRA + gradient checkpointing, HF ``Trainer``,
 DeepSpeed ZeRO-3 at DeepSpeed's *default* config (``clients/hf_job.py``), on CPU.
 
-Default-on (installed DeepSpeed, 0.19.8 here; four processes, two at a time, ~8 s of CPU each): for reentrant and non-reentrant
+Default-on (installed DeepSpeed, 0.19.8 here; four processes, two at a time, ~8 s of CPU each):
+for reentrant and non-reentrant
 checkpointing, the job with ``zerostate.runtime.patch_deepspeed()`` trains with exactly the losses and
 LoRA weights of stock DeepSpeed, and the runtime really was installed (release policy included).
 

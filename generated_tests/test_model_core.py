@@ -70,7 +70,8 @@ def test_target_kinds_register_themselves_and_base_imports_none_of_them():
     import sys
     base = ROOT / "targets" / "base.py"
     imported = {(node.module or "").removeprefix("zerostate.targets.") for node in ast.walk(ast.parse(base.read_text()))
-                if isinstance(node, ast.ImportFrom) and (node.level > 0 or (node.module or "").startswith("zerostate.targets"))}
+                if isinstance(node, ast.ImportFrom) and
+                   (node.level > 0 or (node.module or "").startswith("zerostate.targets"))}
     kinds = {m for m in imported if m.split(".")[0] in ("model_target", "deepspeed")}
     assert not kinds, f"targets/base.py imports its kinds: {kinds}"
     code = ("import sys, zerostate.targets.base as b; print(','.join(b.target_kinds())); "

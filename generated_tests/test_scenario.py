@@ -63,12 +63,15 @@ def test_setup_fields_are_written_only_when_set():
     """Old scenario files stay byte-identical: a scenario without the new dimensions has none of their keys."""
     plain = Scenario.from_dict({"blocks": [{}], "steps": [{"micro": [{"backward": "torch"}]}]})
     keys = set(plain.to_dict()) | {k for b in plain.to_dict()["blocks"] for k in b} | \
-        {k for s in plain.to_dict()["steps"] for k in s} | {k for s in plain.to_dict()["steps"] for m in s["micro"] for k in m}
-    new = {"precision", "gradient_clipping", "loss_scale_power", "fp32_grad_accum", "offload", "param_groups", "tie", "external", "outputs",
+        {k for s in plain.to_dict()["steps"] for k in s} | \
+        {k for s in plain.to_dict()["steps"] for m in s["micro"] for k in m}
+    new = {"precision", "gradient_clipping", "loss_scale_power", "fp32_grad_accum", "offload",
+           "param_groups", "tie", "external", "outputs",
            "losses", "family", "lora", "in_optimizer", "idle", "frozen", "retain"}
     assert not keys & new, keys & new
     assert plain.beyond_model() == []
-    full = Scenario.from_dict({"precision": "bf16", "fp32_grad_accum": True, "gradient_clipping": 0.5, "offload": "both",
+    full = Scenario.from_dict({"precision": "bf16", "fp32_grad_accum": True, "gradient_clipping": 0.5,
+                               "offload": "both",
                                "param_groups": 2, "tie": True, "external": True, "outputs": "dict", "losses": 2,
                                "blocks": [{}, {"in_optimizer": False}],
                                "steps": [{"frozen": [0], "micro": [{"retain": True}]}, {"idle": True}]})
@@ -136,7 +139,8 @@ DRAWN = {
     "llama + lora + modules_to_save": lambda s: s.modules_to_save,
     "ZeRO-3 + modules_to_save": lambda s: s.modules_to_save and s.stage == 3,
     "gas 3": lambda s: s.gas == 3,
-    "ZeRO-1/2 + optimizer offload + gas 3": lambda s: s.gas == 3 and s.stage in (1, 2) and s.offload.value == "optimizer",
+    "ZeRO-1/2 + optimizer offload + gas 3": lambda s: s.gas == 3 and s.stage in (1, 2)
+    and s.offload.value == "optimizer",
     "manual boundary": lambda s: s.manual_boundary,
     "ZeRO-1/2 + optimizer offload + manual boundary": lambda s: s.manual_boundary and s.stage in (1, 2)
     and s.offload.value == "optimizer",
@@ -149,7 +153,8 @@ DRAWN = {
     "ZeRO-0": lambda s: s.stage == 0,
     "ZeRO-0 + bf16": lambda s: s.stage == 0 and s.precision.value == "bf16",
     "config Adam": lambda s: s.optimizer.value == "config-adam",
-    "config Adam + optimizer offload": lambda s: s.optimizer.value == "config-adam" and s.offload.value in ("optimizer", "both"),
+    "config Adam + optimizer offload": lambda s: s.optimizer.value == "config-adam"
+    and s.offload.value in ("optimizer", "both"),
     "config Adam + bf16": lambda s: s.optimizer.value == "config-adam" and s.precision.value == "bf16",
     "config Adam + fp16": lambda s: s.optimizer.value == "config-adam" and s.precision.value == "fp16",
     "config Adam + param groups + no group": lambda s: s.optimizer.value == "config-adam" and s.param_groups > 1
@@ -262,13 +267,15 @@ def test_each_option_shrinks_to_its_plain_case(option):
 # needs (docs/bug-coverage.md, known_fixed.py) must be in it.
 EXPLORED = {
     "ZeRO-3 + reentrant + PyTorch-style backward (seed 000)": lambda s: s.stage == 3 and any(
-        b.checkpoint.value == "reentrant" for b in s.blocks) and any(m.backward.pytorch_style for _, _, m in s.micro_steps()),
+        b.checkpoint.value == "reentrant" for b in s.blocks)
+    and any(m.backward.pytorch_style for _, _, m in s.micro_steps()),
     "ZeRO-3 + non-reentrant + frozen (seed 002)": lambda s: s.stage == 3 and any(
         b.checkpoint.value == "non_reentrant" and b.has_frozen for b in s.blocks),
     "ZeRO-3 + re-registration": lambda s: s.stage == 3 and any(st.reregister for st in s.steps),
     "llama + lora": lambda s: s.lora,
     "ZeRO-3 + modules_to_save": lambda s: s.modules_to_save and s.stage == 3,
-    "ZeRO-1/2 + optimizer offload + gas 3": lambda s: s.gas == 3 and s.stage in (1, 2) and s.offload.value == "optimizer",
+    "ZeRO-1/2 + optimizer offload + gas 3": lambda s: s.gas == 3 and s.stage in (1, 2)
+    and s.offload.value == "optimizer",
     "ZeRO-1/2 + optimizer offload + manual boundary": lambda s: s.manual_boundary and s.stage in (1, 2)
     and s.offload.value == "optimizer",
     "ZeRO-3 + late module": lambda s: s.late_module and s.stage == 3,
@@ -279,7 +286,8 @@ EXPLORED = {
     "engines before it": lambda s: bool(s.engines_before),
     "config Adam + requires_grad change, ZeRO-1/2/3 (zero-adam-steps-frozen-param)": lambda s: s.optimizer.value
     == "config-adam" and s.stage in (1, 2, 3) and any(st.frozen for st in s.steps),
-    "config Adam at ZeRO-1/2 (DeepSpeed #7948's path)": lambda s: s.optimizer.value == "config-adam" and s.stage in (1, 2),
+    "config Adam at ZeRO-1/2 (DeepSpeed #7948's path)": lambda s: s.optimizer.value == "config-adam"
+    and s.stage in (1, 2),
     # (ZeRO-0 + bf16 + save_load, #7786's shape, is in DRAWN: the same-engine round trip cannot lose what #7786
     # lost, so no bug of the survey needs it in the default 200 -- docs/bug-coverage.md row 19)
     "ZeRO-3 + save_load": lambda s: s.stage == 3 and any(st.save_load for st in s.steps),
