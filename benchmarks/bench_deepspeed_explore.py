@@ -9,16 +9,14 @@ Two measurements, both on CPU (gloo, world size 1, ``OMP_NUM_THREADS=1``):
   ``targets.strategies.scenarios()`` run one after another through the installed
   DeepSpeed's persistent worker, findings or not; reported as examples per second
   (the worker's start-up is excluded, and so is the world-size-2 rank pool's that `prestart` begins in the
-  background: timing starts once it is up -- before 1 Dec it started with the first world-size-2 example,
-  whose wait for the pool, 6-9 s, was then counted as that example's time).  With ``--jobs``
+  background: timing starts once it is up, so no example's time holds the wait for the pool).  With ``--jobs``
   N the explorer's own generated sequence (its first ``--rate-examples``, duplicates dropped) runs as
   `zerostate explore --jobs N` runs it (the explorer's lanes of
   ``LANE`` examples, each in a worker started fresh for it, N workers at once; start-ups excluded,
   the fresh starts between lanes included).
-  Since issue 11 the default strategy draws the training-setup dimensions too (bf16, offload,
-  parameter groups, the HF Llama family ...); the fp16 draws (about one in four) run on DeepSpeed's CPU
-  accelerator too since issue 11 (`net.allow_fp16_on_cpu`; before, they were skipped in about a millisecond
-  and still counted as examples).
+  The default strategy draws the training-setup dimensions too (bf16, offload, parameter groups, the HF
+  Llama family ...); the fp16 draws (about one in four) run on DeepSpeed's CPU accelerator too
+  (`fp16.allow_fp16_on_cpu`), so every drawn example is a trained one.
 * **time to each seed bug** -- ``zerostate.explorer.explore.explore`` from scratch (no
   Hypothesis database; the ci profile's derandomized sequence) with ``--examples`` per
   search, per release, stopping once the seed's finding is final: seconds from the start of

@@ -108,7 +108,7 @@ def test_repro_is_standalone_python(hook_repro):
 
 
 def test_repro_embeds_the_projects_own_checks_verbatim(hook_repro):
-    """Issue 14: the script judges with the project's specs, agreement projection, tracer and executor --
+    """The script judges with the project's specs, agreement projection, tracer and executor --
     the files themselves, not a re-implementation -- and carries no hook checks of its own."""
     import inspect
     import zerostate.specs.hook_specs
@@ -245,7 +245,7 @@ def _scripts_namespace(text: str) -> dict:
 
 
 def test_an_order_dependent_findings_repro_runs_its_sequence_first():
-    """Issue 15: the sequence the explorer found goes into the script (BEFORE, run first in the same
+    """The sequence the explorer found goes into the script (BEFORE, run first in the same
     process, each engine destroyed before the next), and an intermittent finding's rate into REPEAT."""
     from zerostate.model.scenario import Scenario
     from zerostate.findings.finding import Finding

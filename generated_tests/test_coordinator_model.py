@@ -1,4 +1,4 @@
-"""Hypothesis tests of the ZeRO-3 parameter coordinator model (issue 3).
+"""Hypothesis tests of the ZeRO-3 parameter coordinator model.
 
 * ``CoordinatorProtocol`` draws a scenario and a fixed design (pr-8130, ds-0.19.3, zerostate), then fires
   one *enabled* driver event at a time over the full backward DAG (Hypothesis picks the interleaving),
@@ -415,7 +415,7 @@ def test_compare_reports_both_designs_side_by_side():
     assert "pr-8130" in text and "ds-0.19.3" in text and "gathered-peak" in text and "VIOLATED" in text
 
 
-# ----------------------------------------------------------------- Block containers (issue 10)
+# ----------------------------------------------------------------- Block containers
 def test_block_containers_are_traced_and_prefetch_like_any_module():
     """DeepSpeed hooks each non-leaf ``Block`` like any module: it is recorded in the trace (a step of its
     own) and, with a COMPLETE trace, its pre-forward pops the queue and prefetches.  With a one-element

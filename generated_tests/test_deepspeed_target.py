@@ -88,7 +88,7 @@ class KnownIssuePresent(Exception):
 def test_known_issue(ds, request, issue):
     """Each documented finding, on its exact scenario: an expected failure while the release has it --
     and only *its own* finding (one of its checks, explained by this issue and no other one): any other
-    finding, or none, fails the test instead of satisfying the xfail (issue 10).  An issue that needs more
+    finding, or none, fails the test instead of satisfying the xfail.  An issue that needs more
     ranks (`KnownIssue.world_size`) must give no finding here, at world size 1."""
     present = issue.shows_on(ds.version) and issue.world_size == 1
     if present:
@@ -333,7 +333,7 @@ def test_every_known_issue_names_its_own_keys():
         assert all(key.split(":")[0] in k.checks for key in k.keys), f"{k.id}: {k.keys} vs {k.checks}"
 
 
-# ------------------------------------------------------------ prefetch and max live parameters (issue 10)
+# ------------------------------------------------------------ prefetch and max live parameters
 @pytest.mark.parametrize("bucket,max_live,other", [
     (1, 1_000_000_000, {"prefetch_bucket_size": 50_000_000}),  # one parameter per prefetch; containers prefetch
     (50_000_000, 1_000_000_000, {"prefetch_bucket_size": 1}),  # DeepSpeed's defaults

@@ -117,7 +117,7 @@ def test_a_fused_heads_auxiliary_loss_agrees_with_the_oracle_at_world_size_2(ds2
     """The auxiliary loss on a fused head's scalar loss must be one data parallelism averages as the
     oracle's global batch does: it was ``0.1 * loss**2``, and the mean over the ranks of the square of
     each rank's loss is not the square of the global loss (an ``oracle`` finding of ours, 9e-05 on
-    0.19.8, found by ``explore --world-size 2``, issue 15)."""
+    0.19.8, found by ``explore --world-size 2``)."""
     sc = Scenario.from_dict({"blocks": [{"norm": "frozen"}], "stage": 1, "fused_head": True, "losses": 2,
                              "steps": [{"micro": [{"backward": "engine"}]}]})
     out = ds2.run(sc)
@@ -126,7 +126,7 @@ def test_a_fused_heads_auxiliary_loss_agrees_with_the_oracle_at_world_size_2(ds2
 
 
 def test_state_an_earlier_engine_left_is_reported_at_world_size_2(ds2):
-    """Several engines in one rank process (issue 15's engines_before): the ZeRO-3 engine before leaves
+    """Several engines in one rank process (``engines_before``): the ZeRO-3 engine before leaves
     ``F.linear`` replaced on every rank; the ranks' own check reports it as at world size 1
     (``carried-state``, known issue z3-linear-override-outlives-engine on 0.19.8)."""
     issue = next(k for k in KNOWN_ISSUES if k.id == "z3-linear-override-outlives-engine")
@@ -186,7 +186,7 @@ def test_cross_rank_checks_detect_each_disagreement():
 
 
 def test_cross_rank_findings_are_keyed_by_code_not_by_their_message():
-    """Two parameter-order differences at other positions and parameters are one finding (issue 14)."""
+    """Two parameter-order differences at other positions and parameters are one finding."""
     from zerostate.findings.finding import Finding
     d = [{"blocks.0.lin.weight": "a"}, {"blocks.0.lin.weight": "b"}]
     keys = set()
@@ -369,7 +369,7 @@ def test_seed_002_found_and_shrunk_at_world_size_2(tmp_path):
         proc.stdout[-2000:] + proc.stderr[-2000:]
 
 
-# ------------------------------------------------------------ the same seed, the same findings (issue 15)
+# ------------------------------------------------------------ the same seed, the same findings
 def test_a_short_exploration_at_world_size_2_gives_the_same_findings_twice(ds2, request):
     """The same seed gives the same findings at world size 2, as at world size 1: the same examples run,
     the same findings, shrunk to the same scenarios, each confirmed (or found order-dependent, with the
@@ -389,11 +389,11 @@ def test_a_short_exploration_at_world_size_2_gives_the_same_findings_twice(ds2, 
     assert all(status != "not-reproduced" for _, _, status, _ in first[1]), first
 
 
-# ------------------------------------------------------------ issue 15's ws2 findings: engines one after another
+# ------------------------------------------------------------ 0.19.2's world-size-2 race: engines one after another
 PERSISTENT_FUSED = {"blocks": [{"lin": "unused"}], "stage": 3, "fused_head": True, "input_requires_grad": False,
                     "persistence_threshold": 8, "prefetch_bucket_size": 256,
                     "steps": [{"micro": [{"backward": "engine"}], "eval_before": True}]}
-"""Issue 15's findings 8/9 on 0.19.2 at world size 2 (shrunk): persistent LayerNorm, fused head, eval forward."""
+"""0.19.2's persistent-parameter race at world size 2 (shrunk): persistent LayerNorm, fused head, eval forward."""
 
 
 def _disagreements(t, n: int) -> int:
@@ -413,7 +413,7 @@ def test_engines_one_after_another_agree_on_persistent_parameters(ds2, request):
 
 @pytest.mark.slow
 def test_0192_persistent_parameter_race_is_found_and_reported_intermittent():
-    """The regression test of issue 15's ws2 findings on 0.19.2: it shows in some of 300 engines one after
+    """The regression test of 0.19.2's persistent-parameter race at world size 2: it shows in some of 300 engines one after
     another (a pool; also without zerostate: the repro script under torchrun), never in the first run of a
     fresh pool here, so the explorer reports it ``intermittent`` and its replay repeats it."""
     if not _have_release("0.19.2"):

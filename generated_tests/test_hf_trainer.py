@@ -9,7 +9,7 @@ LoRA weights of stock DeepSpeed, and the runtime really was installed (release p
 Opt-in, like the other release tests (``ZEROSTATE_RUNTIME_RELEASES=0.19.2``; each listed release is
 installed with ``harness/envs.py`` and put first on ``PYTHONPATH``): the runtime trains both
 checkpointing modes with the same losses and weights as stock on the installed release; on 0.19.0-0.19.2
-stock non-reentrant dies of seed 002's ``CheckpointError`` at the default config (issue 10: the small
+stock non-reentrant dies of seed 002's ``CheckpointError`` at the default config (the small
 frozen RMSNorm weights are persistent, and DeepSpeed partitions persistent parameters while the trace
 is not complete).
 

@@ -1,4 +1,4 @@
-"""Hypothesis tests of the gradient-hook / epilogue model (issue 2).
+"""Hypothesis tests of the gradient-hook / epilogue model.
 
 * A stateful machine draws a scenario and a design, then fires one *enabled*
   driver event at a time (so Hypothesis explores interleavings of the backward

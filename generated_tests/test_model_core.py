@@ -96,7 +96,7 @@ def test_get_target_checks_the_kind_and_its_options_before_building():
 
 
 def test_a_findings_key_is_its_check_and_code_never_its_message():
-    """Issue 14: rewording a message changes no finding's identity; two codes are two findings."""
+    """Rewording a message changes no finding's identity; two codes are two findings."""
     from zerostate.findings.finding import Finding
     a = Finding("epilogue-once", "no epilogue after blocks.0.lin.weight", None, code="no-epilogue")
     b = Finding("epilogue-once", "the epilogue never ran (3 hooks)", None, code="no-epilogue")

@@ -91,7 +91,7 @@ def test_install_twice_then_uninstall_restores_every_object_identically(stage):
 
 @pytest.mark.parametrize("stage", [2, 3])
 def test_every_change_of_install_is_recorded_in_its_patcher(stage):
-    """Issue 14: install routes every change through one Patcher -- the hook state, each closure swap,
+    """Install routes every change through one Patcher -- the hook state, each closure swap,
     the release policy, the refresh pre-hook -- and uninstall is that record undone, leaving it empty."""
     engine = _engine(stage, frozen=stage == 3)
     inst = install(engine)
@@ -284,7 +284,7 @@ def test_selfcheck_other_release(other_release, tmp_path):
     assert stock_bad, f"stock {other_release} showed no failure to fix"
 
 
-# ---------------------------------------------------------------- issue 10, item 4: never break a job
+# ---------------------------------------------------------------- patch_deepspeed never breaks a job
 def _variant_config(stage: int, dtype: str, offload: str, threshold_zero: bool) -> dict:
     zero: dict = {"stage": stage}
     if "optimizer" in offload:
@@ -356,7 +356,7 @@ def test_patched_initialize_never_raises_and_trains_like_stock(stage, dtype, off
                                                                 request):
     """Under patch_deepspeed, every engine either gets the runtime and trains exactly like stock, or is
     refused with one warning and stays stock -- deepspeed.initialize never raises because of zerostate."""
-    if dtype == "fp16":  # on DeepSpeed's CPU accelerator as the explorer runs it (issue 11), for this test only
+    if dtype == "fp16":  # on DeepSpeed's CPU accelerator as the explorer runs it, for this test only
         from zerostate.harness.net.fp16 import allow_fp16_on_cpu, restore_fp16_support
         allow_fp16_on_cpu()
         request.addfinalizer(restore_fp16_support)
@@ -484,7 +484,7 @@ def test_autoinstall_on_unsupported_release_warns_instead_of_raising(monkeypatch
     unpatch_deepspeed()
 
 
-# ---------------------------------------------------------------- issue 10, item 5: packaging
+# ---------------------------------------------------------------- packaging
 def test_runtime_import_pulls_no_explorer_dependency():
     """`import zerostate.runtime` (and its modules) imports neither the explorer's dependencies nor torch/deepspeed."""
     code = ("import sys, zerostate.runtime, zerostate.runtime.install, zerostate.runtime.autoinstall, "

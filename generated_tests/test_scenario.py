@@ -58,7 +58,7 @@ def test_finding_files_load_as_scenarios(tmp_path):
     assert Scenario.load(str(f)) == sc
 
 
-# ------------------------------------------------------------ training-setup dimensions (issue 11)
+# ------------------------------------------------------------ training-setup dimensions
 def test_setup_fields_are_written_only_when_set():
     """Old scenario files stay byte-identical: a scenario without the new dimensions has none of their keys."""
     plain = Scenario.from_dict({"blocks": [{}], "steps": [{"micro": [{"backward": "torch"}]}]})
@@ -182,7 +182,7 @@ def test_default_strategy_draws_every_dimension():
     assert seen == set(DRAWN), sorted(set(DRAWN) - seen)
 
 
-# ------------------------------------------------- several engines in one process (issue 15)
+# ------------------------------------------------- several engines in one process
 def test_engines_before_is_written_only_when_set():
     plain = Scenario.from_dict({"stage": 2})
     assert "engines_before" not in plain.to_dict() and plain.engines_before == ()
@@ -213,7 +213,7 @@ def test_engines_before_is_drawn_and_shrinks_to_one_zero3_engine():
     assert plain.engines_before == ()
 
 
-# ------------------------------------------------- engine and loop options (issue 11, strategies.EXTRAS)
+# ------------------------------------------------- engine and loop options (strategies.EXTRAS)
 def test_options_are_written_only_when_set_and_round_trip():
     plain = Scenario.from_dict({"stage": 2})
     for k in ("modules_to_save", "manual_boundary", "contiguous_gradients", "overlap_comm", "all_reduce_fetch",
@@ -353,7 +353,7 @@ def test_empty_param_json_validation_and_beyond_model():
     assert str(err.value).startswith("empty_param"), str(err.value)
 
 
-# ------------------------------------------------- the optimizer DeepSpeed builds from its config (issue 11)
+# ------------------------------------------------- the optimizer DeepSpeed builds from its config
 def test_optimizer_field_json_and_validation():
     """``optimizer`` is written only when not the client SGD, round-trips, is not a `beyond_model` dimension (the
     hook trace does not depend on it) and is named in the description; a bad value names the field."""
@@ -378,7 +378,7 @@ def test_config_adam_shrinks_to_the_client_sgd():
     sc = find(scenarios(), lambda s: s.optimizer.value == "config-adam", settings=cfg)
     assert sc.beyond_model() == [] and len(sc.blocks) == 1 and sc.blocks[0] == Block(), sc.to_json(None)
     assert find(scenarios(), lambda s: s.stage == 2, settings=cfg).optimizer.value == "sgd"
-# ------------------------------------------------- checkpoint save/load between steps (issue 11)
+# ------------------------------------------------- checkpoint save/load between steps
 def test_save_load_is_written_only_when_set_and_parsed_back():
     plain = Scenario.from_dict({"stage": 3, "steps": [{}, {}]})
     assert all("save_load" not in st for st in plain.to_dict()["steps"])

@@ -3,7 +3,7 @@
 ``deepspeed.initialize`` is replaced through a `Patcher` (so `unpatch_deepspeed` puts the identical
 function back) by a wrapper that installs the runtime into each ZeRO engine it returns.  The runtime
 never breaks the user's ``initialize``: an engine `install` refuses, or any failure inside it, is one
-WARNING on the ``zerostate.runtime`` logger and the engine stays stock (issue 10).
+WARNING on the ``zerostate.runtime`` logger and the engine stays stock.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ DeepSpeed release, a missing PyTorch internal, an engine the design does not cov
 (`engine_support`: no ZeRO optimizer, ``BF16_Optimizer``, NVMe offload, gradient hooks of
 an unknown shape) or an engine in the middle of a backward is refused with a clear error
 *before anything is changed*; under `patch_deepspeed` such an engine gets one warning and
-stays stock -- ``deepspeed.initialize`` never raises because of the runtime (issue 10).
+stays stock -- ``deepspeed.initialize`` never raises because of the runtime.
 
 Supported engines: ZeRO stage 1, 2 and 3 (``DeepSpeedZeroOptimizer``,
 ``DeepSpeedZeroOptimizer_Stage3``) in fp32, bf16 or fp16, with or without CPU offload of

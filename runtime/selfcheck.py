@@ -47,7 +47,7 @@ _case("z3-seed002-torch", stage=3, ckpt="non_reentrant", backward="torch", froze
 _case("z3-seed002-frozen-lin", stage=3, ckpt="non_reentrant", backward="engine", frozen="lin", gas=1)
 _case("z3-seed002-noinputgrad", stage=3, ckpt="non_reentrant", backward="engine", frozen=True, gas=1,
       input_grad=False)
-# the norms frozen only after deepspeed.initialize (and install): the release policy must see them (issue 10)
+# the norms frozen only after deepspeed.initialize (and install): the release policy must see them
 _case("z3-seed002-frozen-after-init", stage=3, ckpt="non_reentrant", backward="engine", frozen=True, gas=1,
       freeze_after_init=True)
 
