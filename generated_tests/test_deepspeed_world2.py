@@ -413,9 +413,9 @@ def test_engines_one_after_another_agree_on_persistent_parameters(ds2, request):
 
 @pytest.mark.slow
 def test_0192_persistent_parameter_race_is_found_and_reported_intermittent():
-    """The regression test of 0.19.2's persistent-parameter race at world size 2: it shows in some of 300 engines one after
-    another (a pool; also without zerostate: the repro script under torchrun), never in the first run of a
-    fresh pool here, so the explorer reports it ``intermittent`` and its replay repeats it."""
+    """The regression test of 0.19.2's persistent-parameter race at world size 2: it shows in some of 300
+    engines one after another (a pool; also without zerostate: the repro script under torchrun), never in the
+    first run of a fresh pool here, so the explorer reports it ``intermittent`` and its replay repeats it."""
     if not _have_release("0.19.2"):
         pytest.skip("opt-in: ZEROSTATE_RELEASES=0.19.2 (installs it on first use)")
     from zerostate.explorer.confirm import hits_alone
