@@ -55,9 +55,9 @@ def graph_picture(graph: Any, path: Iterable[Any] = (), title: str = "", subtitl
                size=11, color="#b71c1c", bold=True)
     colw = (width - 24) / STEP_COLUMNS
     for k, text in enumerate(steps):
-        x, y = 12 + colw * (k // key_rows), ky + 17 * (k % key_rows + 1)
+        col_x, row_y = 12 + colw * (k // key_rows), ky + 17 * (k % key_rows + 1)
         room = int(colw / 6.2)
-        c.text(x, y, text if len(text) <= room else text[:room - 1] + "…", size=10, color="#333333")
+        c.text(col_x, row_y, text if len(text) <= room else text[:room - 1] + "…", size=10, color="#333333")
     c.text(12, height - 12, f"{graph.number_of_nodes()} states, {graph.number_of_edges()} transitions, "
            f"{len(layers)} layers (breadth-first depth from the initial state); red: the counterexample",
            size=11, color="#555555")

@@ -119,9 +119,9 @@ def trace_picture(events: Sequence[Event], violation: int | None, title: str, su
         if col * (b - a + 1) >= 7 * len(phase) + 6:
             c.text(x0(a) + 3, top - 6, phase, size=11, color="#444444")
     for j, name in enumerate(lanes):
-        y = top + lane_h * j + lane_h / 2
-        c.line(left - 6, y, x0(hi) + 6, y, color="#bdbdbd", width=1)
-        c.text(left - 10, y + 4, name, size=12, anchor="end", bold=name == ENGINE)
+        lane_y = top + lane_h * j + lane_h / 2
+        c.line(left - 6, lane_y, x0(hi) + 6, lane_y, color="#bdbdbd", width=1)
+        c.text(left - 10, lane_y + 4, name, size=12, anchor="end", bold=name == ENGINE)
     for i in range(lo, hi, 5):
         c.text(x0(i) + col / 2, y_lanes + 16, str(i), size=10, anchor="middle", color="#555555")
     c.text(left - 10, y_lanes + 16, "event #", size=10, anchor="end", color="#555555")

@@ -19,8 +19,8 @@ import signal
 import threading
 import time
 from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
-from collections.abc import Callable, Iterator
 
 from zerostate import __version__
 from zerostate.model.events import Event
@@ -99,6 +99,7 @@ class Report:
     def _add_finding(self, f: Finding, shown: Shown, column: str | None, replay_args: str | None,
                      replace: int | None = None) -> dict[str, Any]:
         n = replace or len(self.data["findings"]) + 1
+        assert f.scenario is not None, "a report's findings come from scenarios that ran"
         entry: dict[str, Any] = {
             "n": n, "check": f.check, "error": f.error, "design": shown.design, "where": shown.where,
             "blocks": len(f.scenario.blocks), "steps": len(f.scenario.steps),
@@ -240,7 +241,7 @@ def _sigint_deferred() -> Iterator[None]:
             previous(signal.SIGINT, None)
 
 
-def _around(events: list[Event] | None, violation: int | None) -> list[dict[str, Any]]:
+def _around(events: Sequence[Event] | None, violation: int | None) -> list[dict[str, Any]]:
     if not events:
         return []
     at = violation if violation is not None else len(events) - 1

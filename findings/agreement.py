@@ -27,8 +27,8 @@ sides (traces that do not report containers, e.g. ``zerostate watch``'s, compare
 
 from __future__ import annotations
 
-from typing import Any
 from collections.abc import Iterable
+from typing import Any
 
 from zerostate.model.events import EventKind, Event
 
@@ -114,7 +114,7 @@ def coordinator_project(events: Iterable[Event], params: Iterable[str] | None = 
         params = sorted({e.param for e in events if e.param and e.kind in (*_PARAM, EventKind.HOLDERS)})
     params = list(params)
     out: dict[str, list[tuple]] = {p: [] for p in params}
-    count = dict.fromkeys(params, 0)
+    count: dict[str, int | None] = dict.fromkeys(params, 0)
     shown = dict(count)
     status = dict.fromkeys(params, "NOT_AVAILABLE")
     before = dict(status)

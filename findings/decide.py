@@ -27,8 +27,8 @@ What fails:
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, NamedTuple
 from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, NamedTuple
 
 from zerostate.model.events import Event
 from zerostate.specs import Spec, check_all, specs_for_stage

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import traceback
 from dataclasses import dataclass
-from typing import Any
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, Protocol
 from collections.abc import Sequence
+from typing import Any, Protocol
 
 from zerostate.model.events import Event, EventKind
 from zerostate.model.scenario import Scenario
@@ -28,9 +28,15 @@ _KNOWN_IN_KEY = frozenset({"oracle", "checkpoint"})
 class Confirmed(Protocol):
     """What a finding's replay in a fresh worker found (`explorer.confirm.Confirmation`)."""
 
-    status: str
-    repeat: int | None
-    sequence: Sequence[Scenario]
+    # read-only members, so the record's own narrower types (list, int) satisfy them
+    @property
+    def status(self) -> str: ...
+    @property
+    def repeat(self) -> int | None: ...
+    @property
+    def sequence(self) -> Sequence[Scenario]: ...
+    @property
+    def seconds(self) -> float: ...
 
     def to_dict(self) -> dict[str, Any]: ...
 

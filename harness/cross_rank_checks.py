@@ -18,8 +18,8 @@ it is given).
 from __future__ import annotations
 
 import hashlib
-from typing import Any
 from collections.abc import Mapping
+from typing import Any
 
 from zerostate.harness.protocol import EventDict, RankRecord
 

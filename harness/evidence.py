@@ -8,8 +8,8 @@ frames are `findings.evidence.frames_of`."""
 from __future__ import annotations
 
 import math
-from typing import Any
 from collections.abc import Mapping
+from typing import Any
 
 def oracle_diff(kind: str, step: int | None, expected: Mapping[str, Any] | None = None,
                 got: Mapping[str, Any] | None = None, pt_before: Mapping[str, Any] | None = None,

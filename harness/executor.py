@@ -50,8 +50,8 @@ from __future__ import annotations
 import gc
 import traceback
 from types import FrameType
-from typing import Any, Protocol, runtime_checkable
 from collections.abc import Callable
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 

@@ -118,6 +118,10 @@ class ExecResult(_ExecBase, total=False):
     torch_linear_replaced: bool
     origin: str
     teardown_error: str
+    oracle_diff: dict[str, Any]
+    """How DeepSpeed's parameters differ from PyTorch's (`harness.evidence.oracle_diff`)."""
+    frames: list[list[Any]]
+    """The raised exception's frames (`findings.evidence.frames_of`)."""
 
 
 class _RunAnswerBase(TypedDict):

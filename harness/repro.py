@@ -127,6 +127,7 @@ def _expected(finding: Finding) -> tuple[str, list[dict[str, object]] | None]:
     from zerostate.model.designs import design_for_release, get_design
     from zerostate.model.explore import run
     design = design_for_release(finding.deepspeed) if finding.deepspeed else get_design("ds-0.18.7")
+    assert finding.scenario is not None, "a repro script reproduces a scenario"
     return design.name, [e.to_dict() for e in run(design, finding.scenario).events]
 
 
@@ -285,6 +286,7 @@ def _repeat_text(repeat: int) -> str:
 def repro_script(finding: Finding, n: int | None = None) -> str:
     """A standalone script reproducing ``finding`` (a `Finding`); exits 1 while the bug is present."""
     sc = finding.scenario
+    assert sc is not None, "a repro script reproduces a scenario"
     spec = json.dumps(sc.to_dict(), indent=1, sort_keys=True)
     conf = finding.confirmation  # explorer/confirm.py: an order-dependent finding's sequence
     before = [s.to_dict() for s in (conf.sequence if conf is not None else [])]

@@ -27,8 +27,8 @@ import os
 import sys
 import time
 import traceback
-from typing import TYPE_CHECKING, Any, Protocol, cast, runtime_checkable
 from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol, cast, runtime_checkable
 
 if TYPE_CHECKING:
     from zerostate.harness.coverage_probe import Probe
@@ -181,7 +181,7 @@ def serve(hello: Hello | Failure, run: Run, reply: Reply, error_prefix: str = ""
     return 0
 
 
-def _coverage_probe(hello: dict) -> tuple[Probe | None, dict]:
+def _coverage_probe(hello: Hello | Failure) -> tuple[Probe | None, Hello | Failure]:
     """The opt-in coverage probe (`coverage_probe`, off unless its variable is set) and the hello to give:
     a worker asked to measure that cannot (coverage.py missing) fails to start, loudly."""
     from zerostate.harness import coverage_probe

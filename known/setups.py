@@ -44,6 +44,12 @@ def _block_of(param: str, sc: Scenario) -> Block | None:
     return sc.blocks[int(parts[1])]
 
 
+def _left_out_of_optimizer(param: str, sc: Scenario) -> bool:
+    """``param`` is in a block the client optimizer was not given."""
+    block = _block_of(param, sc)
+    return block is not None and not block.in_optimizer
+
+
 def _frozen_params(sc: Scenario) -> set[str]:
     """The Linear parameters a step of ``sc`` turns requires_grad off for (``TrainStep.frozen``)."""
     return {f"blocks.{b}.lin.{w}" for st in sc.steps for b in st.frozen for w in ("weight", "bias")}
@@ -184,7 +190,7 @@ Z3_UNGROUPED_NOT_GATHERED = KnownIssue(
     checks=("available-when-used",),
     keys=("available-when-used:unavailable-in-backward",),
     explains=lambda f: rules.released_by_early_epilogue(f) and narrow(f, lambda sc: sc.stage == 3 and all(
-        _block_of(p, sc) is not None and not _block_of(p, sc).in_optimizer for p in params_named(f.error))),
+        _left_out_of_optimizer(p, sc) for p in params_named(f.error))),
     detail=("Block 0's parameters require grad but the client optimizer was given only block 1's (a common "
             "pattern: freeze by leaving out of the optimizer instead of requires_grad=False).  In the first "
             "backward, blocks.0.norm's backward starts while its weight and bias are NOT_AVAILABLE (never "

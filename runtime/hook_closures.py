@@ -21,8 +21,8 @@ refused, and so is a PyTorch build without the internals the deferral needs -- b
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 from collections.abc import Callable
+from typing import Any
 
 from .compat_table import CompatRow, fmt
 from .errors import UnsupportedEngineError, ZerostateInstallError

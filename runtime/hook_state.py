@@ -31,8 +31,8 @@ refinement test can drive the very same class with the model's graph tasks.
 
 from __future__ import annotations
 
-from typing import Any
 from collections.abc import Callable
+from typing import Any
 
 __all__ = ["MissingTorchInternalsError", "TorchAutograd", "ZerostateBackwardHookState",
            "OBSERVABLE_FIELDS", "observable"]
@@ -67,6 +67,7 @@ class TorchAutograd:
                 f"(torch {torch.__version__}) does not have: {', '.join(missing)}. "
                 "The zerostate hook state runs the backward epilogue from a callback queued on the "
                 "autograd engine; without these it cannot replace DeepSpeed's hook counting.")
+        assert task_id is not None and queue is not None  # else ``missing`` named them
         self.current_graph_task_id: Callable[[], int] = task_id
         self.queue_callback: Callable[[Callable[[], None]], None] = queue
 
@@ -119,7 +120,7 @@ class ZerostateBackwardHookState:
         self.hooks_fired_this_backward = 0
         self.max_expected_hooks_seen = 0
         self.post_backward_callback_queued = False
-        self.post_backward_callback_graph_task_id = None
+        self.post_backward_callback_graph_task_id: int | None = None
 
     # ------------------------------------------------------------ conversion
     _STATE = ("remaining_grad_acc_hooks", "backward_active_depth", "backward_seen_this_step",

@@ -13,8 +13,8 @@ import functools
 import logging
 import threading
 import weakref
-from typing import Any
 from collections.abc import Iterator
+from typing import Any
 
 from .compat_table import compat_row
 from .errors import ZerostateInstallError

@@ -53,13 +53,14 @@ import logging
 import threading
 import weakref
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from .compat_table import CompatRow, compat_row, release_policy_range
 from .engine_support import engine_support
 from .errors import UnsupportedEngineError, ZerostateInstallError
 from .hook_closures import ClosureSwap, plan_closure_swaps
 from .hook_state import MissingTorchInternalsError, TorchAutograd, ZerostateBackwardHookState
+from .leaf_deferral import Wrapper
 from .leaf_reuse_walk import PARAMS_TO_RELEASE, fixed_params_to_release
 from .patcher import Patcher
 from .release_policy import (ReleasePolicyState, check_release_policy_supported, install_release_policy,
@@ -99,7 +100,8 @@ class Installation:
     def describe(self) -> str:
         """What this installation changed, in one line (the install log line)."""
         parts = [f"hook state {type(self.manager).__name__} on {type(self.optimizer).__name__}"]
-        counted = [s for s in self.swaps if not s.leaf_deferral or s.replacement.__wrapped__ is not s.original]
+        counted = [s for s in self.swaps
+                   if not s.leaf_deferral or cast(Wrapper, s.replacement).__wrapped__ is not s.original]
         if counted:
             parts.append(f"{len(counted)} gradient-hook closures replaced (count in every hook, #7882)")
         else:

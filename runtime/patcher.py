@@ -23,8 +23,8 @@ tracer.
 
 from __future__ import annotations
 
-from typing import Any
 from collections.abc import Callable
+from typing import Any
 
 _MISSING = object()
 

@@ -51,8 +51,8 @@ forward hooks on its modules); DeepSpeed's classes and files are not changed.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 from collections.abc import Callable
+from typing import Any
 
 from .patcher import Patcher
 

@@ -194,7 +194,8 @@ def run_case(name: str, install: bool) -> dict[str, Any]:
 
     for m, orig in originals:
         if orig is not None:
-            m.count_used_parameters_in_backward = counting
+            # deepspeed's stage modules, not typed: the name is there (``originals`` holds only those with it)
+            m.count_used_parameters_in_backward = counting  # type: ignore[attr-defined]
     inst = None
     try:
         if install:
@@ -209,8 +210,8 @@ def run_case(name: str, install: bool) -> dict[str, Any]:
                     p.requires_grad_(False)
         per_backward, phase_violations = [], 0
         for step in range(STEPS):
-            for m in range(gas):
-                x = inputs[step * gas + m].clone().requires_grad_(case.get("input_grad", True))
+            for micro in range(gas):
+                x = inputs[step * gas + micro].clone().requires_grad_(case.get("input_grad", True))
                 calls.clear()
                 out = engine(x)
                 _loss_and_backward(out, case["backward"], engine)  # DeepSpeed scales by 1/gas itself
@@ -240,7 +241,7 @@ def run_case(name: str, install: bool) -> dict[str, Any]:
     finally:
         for m, orig in originals:
             if orig is not None:
-                m.count_used_parameters_in_backward = orig
+                m.count_used_parameters_in_backward = orig  # type: ignore[attr-defined]  # deepspeed's module
         if inst is not None:
             from zerostate.runtime import uninstall
 

@@ -34,6 +34,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Any, TypedDict
 
 from zerostate.model.events import Event
@@ -361,11 +362,11 @@ class DeepSpeedTarget:
         found = self._findings([decide_failure(check, text)], scenario, None)
         return Outcome(scenario, [], text, found, time.perf_counter() - t0)
 
-    def _across_ranks(self, resp: dict[str, Any]) -> dict[str, tuple[str, str]] | None:
+    def _across_ranks(self, resp: Mapping[str, Any]) -> dict[str, tuple[str, str]] | None:
         """The cross-rank checks' problems of a rank pool's answer (None: one rank)."""
         return None
 
-    def _other_ranks(self, resp: dict[str, Any]) -> list[dict[str, Any]]:
+    def _other_ranks(self, resp: Mapping[str, Any]) -> list[dict[str, Any]]:
         """The results of the ranks but rank 0 in a rank pool's answer (none: one rank)."""
         return []
 
