@@ -37,6 +37,21 @@ def pytest_addoption(parser):
                     help="ranks for the deepspeed target (1 or 2)")
 
 
+FAST_MODULES = frozenset({
+    "test_checker", "test_coordinator_model", "test_hook_model", "test_model_core", "test_scenario",
+    "test_event_kinds_and_fold", "test_cli_check", "test_cli_compare", "test_cli_errors", "test_fault_catalogue",
+})
+"""The fast tier (``make test-fast``, ``-m fast``): the model, the specs, the strategies and the CLI on the model
+target, whole modules but their ``slow`` tests; the one real-DeepSpeed smoke is marked ``fast`` where it stands."""
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        module = item.module.__name__.rsplit(".", 1)[-1] if item.module is not None else ""
+        if module in FAST_MODULES and item.get_closest_marker("slow") is None:
+            item.add_marker(pytest.mark.fast)
+
+
 @pytest.fixture
 def no_inherited_rendezvous(monkeypatch):
     """For tests that launch DeepSpeed jobs as subprocesses (test_watch, test_hf_trainer): the jobs pick their own

@@ -355,6 +355,7 @@ def test_reregistered_hooks_invalidate_the_trace():
 # -------------------------------------------------- serial DAG is enough
 @given(sc=scenarios(max_blocks=2, max_steps=1, max_gas=2, stages=(3,), fused_head=False))
 @settings(max_examples=25)
+@pytest.mark.slow  # a shrink or an enumeration of tens of seconds: the full tier only
 def test_the_serial_dag_gives_the_same_verdicts_as_every_interleaving(sc):
     note(sc.describe())
     for name in ALL:

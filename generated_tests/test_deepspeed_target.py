@@ -187,6 +187,7 @@ def test_deepspeed_refuses_a_backward_of_a_loss_without_grad_fn():
     assert all(": refused " in ln for ln in lines), lines
 
 # ------------------------------------------------------------ the tracer
+@pytest.mark.fast  # the fast tier's real-DeepSpeed smoke: a worker starts, runs a scenario and is traced whole
 def test_tracer_sees_the_lifecycle(ds):
     sc = Scenario.from_dict({"blocks": [{"checkpoint": "reentrant"}, {"checkpoint": "non_reentrant", "norm": "frozen"}],
                              "stage": 3, "fused_head": True, "persistence_threshold": 8,

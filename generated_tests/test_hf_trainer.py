@@ -46,33 +46,41 @@ _ENV_DROP = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "
 def run_jobs(tmp_path, jobs: list[tuple[str, bool, str | None]], steps: int = STEPS) -> list[dict]:
     """Run ``python -m zerostate.clients.hf_job`` once per (ckpt, runtime, release), each in its own
     process, all at once (2 cores: a stock/runtime pair costs one job's wall time); their JSON records."""
-    procs = []
-    for ckpt, runtime, release in jobs:
-        env = {k: v for k, v in os.environ.items() if k not in _ENV_DROP}
-        env.update(OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", HF_HUB_OFFLINE="1", DS_ACCELERATOR="cpu")
-        if release:
-            from zerostate.harness import envs
+    import zerostate.jit_ops as jit_ops
 
-            env["PYTHONPATH"] = os.pathsep.join([str(envs.ensure_release(release))] + [
-                p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
-            env["TORCH_EXTENSIONS_DIR"] = str(envs.extensions_dir_for(f"deepspeed-{release}"))
-        out = tmp_path / f"{release or 'installed'}-{ckpt}-{'runtime' if runtime else 'stock'}.json"
-        cmd = [sys.executable, "-m", "zerostate.clients.hf_job", "--ckpt", ckpt, "--steps", str(steps),
-               "--json", str(out)] + (["--runtime"] if runtime else [])
-        procs.append((release, out, subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                                     text=True)))
-    records = []
-    for release, out, proc in procs:
-        try:
-            stdout, stderr = proc.communicate(timeout=900)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            stdout, stderr = proc.communicate()
-        assert proc.returncode == 0 and out.exists(), (stdout[-2000:], stderr[-4000:])
-        record = json.loads(out.read_text())
-        if release:
-            assert record["deepspeed"] == release, record["deepspeed"]
-        records.append(record)
+    procs = []
+    try:
+        for ckpt, runtime, release in jobs:
+            env = {k: v for k, v in os.environ.items() if k not in _ENV_DROP}
+            env.update(OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", HF_HUB_OFFLINE="1", DS_ACCELERATOR="cpu")
+            if release:
+                from zerostate.harness import envs
+
+                env["PYTHONPATH"] = os.pathsep.join([str(envs.ensure_release(release))] + [
+                    p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+            jit_ops.keep_apart(env)  # the release's own JIT-op folder, as zerostate watch gives a job
+            out = tmp_path / f"{release or 'installed'}-{ckpt}-{'runtime' if runtime else 'stock'}.json"
+            cmd = [sys.executable, "-m", "zerostate.clients.hf_job", "--ckpt", ckpt, "--steps", str(steps),
+                   "--json", str(out)] + (["--runtime"] if runtime else [])
+            procs.append((release, out, subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
+                                                         stderr=subprocess.PIPE, text=True)))
+        records = []
+        for release, out, proc in procs:
+            try:
+                stdout, stderr = proc.communicate(timeout=900)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                stdout, stderr = proc.communicate()
+            assert proc.returncode == 0 and out.exists(), (stdout[-2000:], stderr[-4000:])
+            record = json.loads(out.read_text())
+            if release:
+                assert record["deepspeed"] == release, record["deepspeed"]
+            records.append(record)
+    finally:  # a failed job fails the test; none of its siblings outlives it
+        for _, _, proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
     return records
 
 

@@ -157,3 +157,19 @@ def test_two_releases_one_after_the_other_never_load_each_others_op():
     assert new["vector_kernel_level"], new  # its own build, not 0.19.2's
     assert Path(new["file"]).parent.parent == Path(new["folder"]) != Path(old["folder"]), (old, new)
     assert again == old, (old, again)  # the first build, not rebuilt after 0.19.8 ran
+
+
+def test_a_killed_builds_lock_is_removed_and_said_a_live_builds_is_kept(tmp_path, monkeypatch, capsys):
+    """torch waits for ever on a build lock that a killed build left (FileBaton: a plain file); the folder
+    zerostate hands a job never holds one older than any build."""
+    monkeypatch.setenv("ZEROSTATE_CACHE", str(tmp_path))
+    folder = tmp_path / "torch_extensions" / "k"
+    for op in ("killed", "building"):
+        (folder / op).mkdir(parents=True)
+        (folder / op / "lock").touch()
+    old = jit_ops.STALE_LOCK_SECONDS + 60
+    os.utime(folder / "killed" / "lock", (os.path.getmtime(folder / "killed" / "lock") - old,) * 2)
+    assert jit_ops.extensions_dir("k") == folder
+    assert not (folder / "killed" / "lock").exists() and (folder / "building" / "lock").exists()
+    err = capsys.readouterr().err
+    assert str(folder / "killed" / "lock") in err and "building" not in err

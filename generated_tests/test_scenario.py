@@ -201,6 +201,7 @@ def test_malformed_engines_before_names_the_field(value, field):
     assert str(err.value).startswith(field), str(err.value)
 
 
+@pytest.mark.slow  # a shrink or an enumeration of tens of seconds: the full tier only
 def test_engines_before_is_drawn_and_shrinks_to_one_zero3_engine():
     """The strategy draws the dimension (one draw in eight) and a scenario that needs it shrinks to a single
     ZeRO-3 engine before an otherwise plain scenario; one that does not need it shrinks it away."""
@@ -246,6 +247,7 @@ def test_malformed_options_name_the_field(data, field):
     assert str(err.value).startswith(field), str(err.value)
 
 
+@pytest.mark.slow  # a shrink or an enumeration of tens of seconds: the full tier only
 @pytest.mark.parametrize("option", ["gas3", "manual_boundary", "late_module"])
 def test_each_option_shrinks_to_its_plain_case(option):
     """A scenario that needs the option keeps it and shrinks everything else to plain; one that does not
@@ -370,6 +372,7 @@ def test_optimizer_field_json_and_validation():
     assert str(err.value).startswith("optimizer"), str(err.value)
 
 
+@pytest.mark.slow  # a shrink or an enumeration of tens of seconds: the full tier only
 def test_config_adam_shrinks_to_the_client_sgd():
     """Drawn by default (`strategies.EXTRAS`): a scenario that needs it keeps it and shrinks everything else to
     plain; one that does not need it shrinks it away."""

@@ -18,6 +18,7 @@ import importlib.metadata
 import os
 import re
 import sys
+import time
 from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -105,10 +106,37 @@ def extensions_key(ds: DeepSpeedLocation | None, torch: str | None) -> str:
     return with_torch(name, torch)
 
 
+STALE_LOCK_SECONDS = 1800.0
+"""A build lock older than this was left by a killed build: a JIT build of one op takes minutes at most."""
+
+
+def clear_stale_locks(folder: Path, older_than: float = STALE_LOCK_SECONDS, now: float | None = None) -> list[Path]:
+    """Remove the build locks a killed build left in ``folder``; the locks removed.
+
+    torch's JIT build creates ``<folder>/<op>/lock`` before it builds and deletes it after
+    (``torch.utils.file_baton.FileBaton``); a build killed in between (a timeout, Ctrl-C) leaves it, and every
+    later process that needs the op waits on it for ever, with no message.  A lock is a plain file, not a held
+    lock, so age is the only sign: one older than ``older_than`` seconds is such a leftover."""
+    now = time.time() if now is None else now
+    removed = []
+    for lock in folder.glob("*/lock"):
+        try:
+            if now - lock.stat().st_mtime > older_than:
+                lock.unlink()
+                removed.append(lock)
+        except OSError:  # gone meanwhile: its build finished
+            continue
+    return removed
+
+
 def extensions_dir(key: str) -> Path:
-    """``<cache>/torch_extensions/<key>``, made if missing."""
+    """``<cache>/torch_extensions/<key>``, made if missing, without a killed build's lock (`clear_stale_locks`,
+    said on stderr)."""
     folder = cache_root() / "torch_extensions" / key
     folder.mkdir(parents=True, exist_ok=True)
+    for lock in clear_stale_locks(folder):
+        print(f"zerostate: removed {lock}, a JIT build lock left by a killed build (every later build of that op "
+              "would have waited on it for ever)", file=sys.stderr)
     return folder
 
 
@@ -144,5 +172,6 @@ def new_builds(before: Mapping[str, float], after: Mapping[str, float]) -> list[
     return sorted(name for name, mtime in after.items() if before.get(name) != mtime)
 
 
-__all__ = ["DeepSpeedLocation", "ENV", "built_ops", "cache_root", "extensions_dir", "extensions_key", "folder_for",
-           "keep_apart", "locate_deepspeed", "new_builds", "search_path", "torch_version", "with_torch"]
+__all__ = ["DeepSpeedLocation", "ENV", "STALE_LOCK_SECONDS", "built_ops", "cache_root", "clear_stale_locks",
+           "extensions_dir", "extensions_key", "folder_for", "keep_apart", "locate_deepspeed", "new_builds",
+           "search_path", "torch_version", "with_torch"]
