@@ -74,6 +74,7 @@ class Replay:
 def replay(build: Build, f: Finding, runs: int = REPEAT, max_seconds: float = REPEAT_SECONDS) -> Replay:
     """``f``'s scenario on ``build``: once; then, unless that showed it, after its sequence and ``runs``
     times alone in a fresh worker, stopping early only where time runs out (`confirm.hits_alone`'s bar)."""
+    assert f.scenario is not None, "a report's findings come from scenarios that ran"
     first = build.run(f.scenario)
 
     def shows(out: Outcome) -> bool:
@@ -164,6 +165,7 @@ def _label_id(f: Finding) -> str | None:
 
 def _entry(status: str, f: Finding, side: str, other: Replay) -> dict[str, Any]:
     from zerostate.known.labels import annotate
+    assert f.scenario is not None, "a report's findings come from scenarios that ran"
     return {"status": status, "found_on": side, "check": f.check, "key": f.key, "error": f.error,
             "scenario": f.scenario.to_dict(), "description": f.scenario.describe(), **annotate(f),
             "replay_on_" + ("head" if side == "base" else "base"): other.to_dict()}

@@ -10,7 +10,8 @@ import argparse
 import faulthandler
 import signal
 import sys
-from typing import Sequence
+from collections.abc import Sequence
+from typing import NoReturn
 
 from zerostate import __version__
 
@@ -23,7 +24,7 @@ COMMANDS = (cmd_explore, cmd_check, cmd_compare, cmd_replay, cmd_bisect, cmd_dif
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, exit 2, like every other bad input
+    def error(self, message: str) -> NoReturn:  # one line, exit 2, like every other bad input
         self.exit(EXIT_USAGE, f"zerostate: {message} (see `{self.prog} --help`)\n")
 
 

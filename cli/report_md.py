@@ -34,8 +34,8 @@ def render_markdown(d: dict[str, Any]) -> str:
     own = [f for f in d["findings"] if f.get("harness_error")]
     out += _groups(about)
     if "harness_errors" in d:
-        out += ["", f"harness errors: {len(own)} (zerostate's own failures, listed apart below; none is a finding "
-                    "about DeepSpeed)"]
+        out += ["", (f"harness errors: {len(own)} (zerostate's own failures, listed apart below; none is a finding "
+                     "about DeepSpeed)")]
     out += ["", f"## Findings ({len(about)})", ""]
     if not about:
         out += ["None.", ""]
@@ -43,8 +43,8 @@ def render_markdown(d: dict[str, Any]) -> str:
         out += _finding(f)
     if own:
         out += ["", f"## Harness errors ({len(own)})", "",
-                "zerostate itself failed here -- its oracle, its executor, its own code, or building the scenario "
-                "before DeepSpeed ran.  A project bug, not a finding about DeepSpeed.", ""]
+                ("zerostate itself failed here -- its oracle, its executor, its own code, or building the scenario "
+                 "before DeepSpeed ran.  A project bug, not a finding about DeepSpeed."), ""]
         for f in own:
             out += _finding(f)
     return "\n".join(out) + "\n"
@@ -91,7 +91,8 @@ def _finding(f: dict[str, Any]) -> list[str]:
     n, files = f["n"], f["files"]
     who = f" on `{f['design']}`" if f.get("design") else f" on {f['where']}" if f.get("where") else ""
     out = [f'<a id="finding-{n}"></a>', f"### Finding {n}: `{f['check']}`{who}", "",
-           *_known(f), "```text", f["error"].strip(), "```", "", _scenario_title(f), "", "```text", f["description"], "```", ""]
+           *_known(f), "```text", f["error"].strip(), "```", "", _scenario_title(f), "",
+           "```text", f["description"], "```", ""]
     if f.get("confirmation"):
         c = f["confirmation"]
         rate = f" ({c['hits']} of {c['repeat']} runs)" if c.get("repeat") else ""

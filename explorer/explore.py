@@ -383,7 +383,9 @@ class Exploration:
         if not self.confirm:
             yield self._final(ev, Confirmation("not-checked"))
             return
-        self.confirms.submit(Job(ev, f.key, ev.finding.scenario, self.history.before(ev.finding.scenario)))
+        scenario = ev.finding.scenario
+        assert scenario is not None, "an explored finding has its scenario"
+        self.confirms.submit(Job(ev, f.key, scenario, self.history.before(scenario)))
 
     def _land(self, block: bool) -> Iterator[Event]:
         for landed in self.confirms.landed(block):

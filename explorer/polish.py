@@ -30,8 +30,10 @@ def polished(f: Finding, run: RunStep) -> Generator[Event, None, Finding]:
     best, changed = f, True
     while changed:
         changed = False
-        for cand in candidates(best.scenario):
-            if not _worth_running(cand, best.scenario, Network):
+        scenario = best.scenario
+        assert scenario is not None, "an explored finding has its scenario"
+        for cand in candidates(scenario):
+            if not _worth_running(cand, scenario, Network):
                 continue
             out = yield from run(cand)
             hit = next((g for g in out.findings if g.key == f.key), None)

@@ -4,7 +4,7 @@ only, so what a finding says is decided once (`decide`)."""
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 from zerostate.model.events import Event
 from zerostate.model.scenario import Scenario
@@ -39,7 +39,12 @@ def findings_of(decisions: Iterable[Decision], scenario: Scenario | None, events
 def unique_by_key(findings: Iterable[Finding]) -> list[Finding]:
     """The first finding of each key, in order."""
     seen: set[str] = set()
-    return [f for f in findings if not (f.key in seen or seen.add(f.key))]
+    out = []
+    for f in findings:
+        if f.key not in seen:
+            seen.add(f.key)
+            out.append(f)
+    return out
 
 
 __all__ = ["findings_of", "unique_by_key", "wording"]

@@ -27,13 +27,14 @@ What fails:
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Iterable, Mapping, NamedTuple, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, NamedTuple
 
 from zerostate.model.events import Event
 from zerostate.specs import Spec, check_all, specs_for_stage
 
 from zerostate.findings.agreement import compare
-from zerostate.findings.evidence import Evidence, from_result, oracle_from
+from zerostate.findings.evidence import NO_EVIDENCE, Evidence, from_result, oracle_from
 
 
 class Failed(NamedTuple):
@@ -58,7 +59,7 @@ class Decision:
     """The violating event's index in the trace (spec violations at an event)."""
     across_ranks: bool = False
     """Found by comparing the ranks of a rank pool (not by rank 0's run alone)."""
-    evidence: Evidence = Evidence()
+    evidence: Evidence = NO_EVIDENCE
     """What the run shows of it: the exception the run raised, the oracle's disagreement."""
 
     @property
@@ -108,10 +109,12 @@ def decide(result: Mapping[str, Any], stage: int, model: ModelRun | None = None,
         code, sentence = result["checkpoint"]
         out.append(Decision("checkpoint", sentence, code=code, evidence=ran))
     for d in _spec_decisions(events, specs_for_stage(stage) if specs is None else specs, truncated=bool(error)):
+        decision = d
         if raised is not None and d.check == raised.check:  # CheckpointError: the spec points at the event
             out.remove(raised)
-            d = Decision(d.check, d.message + "\n(torch raised) " + raised.message, code=d.code, index=d.index)
-        out.append(replace(d, evidence=ran))
+            decision = Decision(d.check, d.message + "\n(torch raised) " + raised.message, code=d.code,
+                                index=d.index)
+        out.append(replace(decision, evidence=ran))
     if model is not None and not error:
         msg = model.error or compare(list(model.events), events, model.design)
         if msg:

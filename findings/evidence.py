@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import traceback
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -107,6 +108,10 @@ class Evidence:
     """At world size > 1: the parameters whose gathered values differed between the ranks in this run."""
 
 
+NO_EVIDENCE = Evidence()
+"""A run that shows nothing besides its trace: one shared default, as `Evidence` is frozen."""
+
+
 _PACKAGES = ("deepspeed", "torch", "transformers", "peft", "zerostate")
 _OWN_FOLDERS = ("harness", "tracing", "model", "specs", "runtime", "findings", "known", "targets")
 _LAST_FRAMES = 40
@@ -167,5 +172,5 @@ def from_result(result: Mapping[str, Any]) -> Evidence:
                     tuple(float(s) for s in fp16.get("oracle_scales") or ()), _num(fp16.get("loss_scale")))
 
 
-__all__ = ["Evidence", "Frame", "OracleDiff", "ParamDiff", "Raised", "frames_of", "from_result", "oracle_from",
-           "raised_from"]
+__all__ = ["NO_EVIDENCE", "Evidence", "Frame", "OracleDiff", "ParamDiff", "Raised", "frames_of", "from_result",
+           "oracle_from", "raised_from"]

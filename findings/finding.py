@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, Protocol, Sequence
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 from zerostate.model.events import Event, EventKind
 from zerostate.model.scenario import Scenario
 
-from zerostate.findings.evidence import Evidence
+from zerostate.findings.evidence import NO_EVIDENCE, Evidence
 
 
 _SINGLE_KEY = frozenset({"oracle", "model-agreement", "hang", "crash", "internal", "exception"})
@@ -27,9 +28,15 @@ _KNOWN_IN_KEY = frozenset({"oracle", "checkpoint"})
 class Confirmed(Protocol):
     """What a finding's replay in a fresh worker found (`explorer.confirm.Confirmation`)."""
 
-    status: str
-    repeat: int | None
-    sequence: Sequence[Scenario]
+    # read-only members, so the record's own narrower types (list, int) satisfy them
+    @property
+    def status(self) -> str: ...
+    @property
+    def repeat(self) -> int | None: ...
+    @property
+    def sequence(self) -> Sequence[Scenario]: ...
+    @property
+    def seconds(self) -> float: ...
 
     def to_dict(self) -> dict[str, Any]: ...
 
@@ -70,7 +77,7 @@ class Finding:
     key of ``oracle`` and ``checkpoint`` findings (`_KNOWN_IN_KEY`)."""
     group: str = ""
     """Its root-cause group (`known.labels.labelled`): the known issue's id, else the shape of what went wrong."""
-    evidence: Evidence = Evidence()
+    evidence: Evidence = NO_EVIDENCE
     """What its own run shows besides the trace: the exception (type, message, frames), the oracle's
     disagreement (parameters, sizes, direction)."""
 

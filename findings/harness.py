@@ -30,7 +30,8 @@ def harness_error(f: Finding) -> str | None:
 
 def split(findings: list[Finding]) -> tuple[list[Finding], list[Finding]]:
     """(findings about DeepSpeed, harness errors)."""
-    about, own = [], []
+    about: list[Finding] = []
+    own: list[Finding] = []
     for f in findings:
         (own if harness_error(f) else about).append(f)
     return about, own

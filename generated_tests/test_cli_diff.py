@@ -85,12 +85,14 @@ def _leaf_kept(ver, sc):
 def _leaf_early(ver, sc, check="available-when-used"):
     """z3-leaf-input-without-grad's evidence: the leaf's hook fired before its backward began."""
     from zerostate.findings.evidence import Evidence, Raised
-    trace = (_evt("forward_start"), _evt("user_backward_start", note="engine"), _evt("task_start", task=0, note="outer"),
+    trace = (_evt("forward_start"), _evt("user_backward_start", note="engine"),
+             _evt("task_start", task=0, note="outer"),
              _evt("leaf_hook", module="blocks.0", task=0), _evt("module_pre_backward", module="blocks.0"))
     if check == "exception":
         msg = "The size of tensor a (0) must match the size of tensor b (8) at non-singleton dimension 1"
         return Finding("exception", f"RuntimeError: {msg}", sc, trace, None, "deepspeed", ver,
-                       origin="RuntimeError@runtime.engine.backward", evidence=Evidence(raised=Raised("RuntimeError", msg)))
+                       origin="RuntimeError@runtime.engine.backward",
+                       evidence=Evidence(raised=Raised("RuntimeError", msg)))
     return Finding("available-when-used", f"blocks.0 computes (backward) with {_W} not AVAILABLE", sc, trace,
                    len(trace) - 1, "deepspeed", ver, code="unavailable-in-backward")
 
@@ -256,10 +258,13 @@ def test_the_known_issues_scenarios_are_labelled_and_backward_kinds_share_a_grou
     no_grad = known.ZERO12_NO_GRADIENT.scenario
     index = Raised("IndexError", "list index out of range",
                    (Frame("deepspeed", "runtime/zero/stage_1_and_2.py", "reduce_ipg_grads"),))
-    hookless = (_evt("forward_start"), _evt("user_backward_start", note="engine"), _evt("user_backward_end", note="engine"))
-    for k, f in ((known.Z3_LEAF_INPUT_NO_GRAD, _leaf_early("0.19.8", known.Z3_LEAF_INPUT_NO_GRAD.scenario, "exception")),
+    hookless = (_evt("forward_start"), _evt("user_backward_start", note="engine"),
+                _evt("user_backward_end", note="engine"))
+    for k, f in ((known.Z3_LEAF_INPUT_NO_GRAD,
+                   _leaf_early("0.19.8", known.Z3_LEAF_INPUT_NO_GRAD.scenario, "exception")),
                  (known.ZERO12_NO_GRADIENT, Finding("exception", "IndexError: list index out of range", no_grad,
-                                                    hookless, None, "deepspeed", "0.19.8", evidence=Evidence(raised=index))),
+                                                    hookless, None, "deepspeed", "0.19.8",
+                                                    evidence=Evidence(raised=index))),
                  (known.Z3_LEAF_KEPT_GATHERED, _leaf_kept("0.19.8", known.Z3_LEAF_KEPT_GATHERED.scenario))):
         assert label(f)["id"] == k.id
         assert label(replace(f, trace=())) is None  # the scenario alone labels nothing

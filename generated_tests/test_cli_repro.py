@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from test_cli_util import load_report, zs
 
-import zerostate.harness.repro  # noqa: F401  (a broken import fails, never skips)
+import zerostate.harness.repro
 import zerostate.analysis.checker  # noqa: F401  (a broken import fails, never skips)
 
 RELEASES = pytest.mark.skipif(os.environ.get("ZEROSTATE_RELEASE_TESTS") != "1",
@@ -108,7 +108,7 @@ def test_repro_is_standalone_python(hook_repro):
 
 
 def test_repro_embeds_the_projects_own_checks_verbatim(hook_repro):
-    """Issue 14: the script judges with the project's specs, agreement projection, tracer and executor --
+    """The script judges with the project's specs, agreement projection, tracer and executor --
     the files themselves, not a re-implementation -- and carries no hook checks of its own."""
     import inspect
     import zerostate.specs.hook_specs
@@ -172,7 +172,8 @@ def test_model_agreement_repro_judges_with_the_embedded_projection(hook_repro, t
         r = run_repro(script)
         codes[release] = r.returncode
         if release == "0.18.4":
-            assert r.returncode == 1 and "BUG PRESENT (model-agreement)" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
+            assert r.returncode == 1 and "BUG PRESENT (model-agreement)" in r.stdout, \
+                r.stdout[-2000:] + r.stderr[-2000:]
     assert codes[deepspeed.__version__] == 0, codes
 
 
@@ -193,7 +194,8 @@ def test_failed_checks_is_the_targets_judgement():
             t.raw = lambda _sc, _res={"ok": True, "result": res}: _res  # the same result, judged by run()
             outcome = t.run(sc)
             del t.raw
-            model = None if sc.beyond_model() else [Event.from_dict(e.to_dict()) for e in model_run(t.design, sc).events]
+            model = None if sc.beyond_model() else [Event.from_dict(e.to_dict())
+                                                             for e in model_run(t.design, sc).events]
             got = failed_checks(res, sc.stage, model, t.design.name)
             assert set(got) == {f.check for f in outcome.findings}, (spec, set(got), outcome.findings)
             for f in outcome.findings:
@@ -238,12 +240,12 @@ def test_repro_names_itself(hook_repro):
 def _scripts_namespace(text: str) -> dict:
     """The script's module-level names, without running ``main()`` (no DeepSpeed run)."""
     ns: dict = {"__name__": "repro_under_test"}
-    exec(compile(text, "repro.py", "exec"), ns)  # noqa: S102 - our own generated script
+    exec(compile(text, "repro.py", "exec"), ns)
     return ns
 
 
 def test_an_order_dependent_findings_repro_runs_its_sequence_first():
-    """Issue 15: the sequence the explorer found goes into the script (BEFORE, run first in the same
+    """The sequence the explorer found goes into the script (BEFORE, run first in the same
     process, each engine destroyed before the next), and an intermittent finding's rate into REPEAT."""
     from zerostate.model.scenario import Scenario
     from zerostate.findings.finding import Finding

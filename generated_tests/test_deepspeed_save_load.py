@@ -1,4 +1,4 @@
-"""Checkpoint save/load between train steps (issue 11, ``TrainStep.save_load``) on real DeepSpeed (CPU, gloo,
+"""Checkpoint save/load between train steps (``TrainStep.save_load``) on real DeepSpeed (CPU, gloo,
 world size 1).
 
 Before a ``save_load`` step the engine saves a checkpoint and loads it back, as HF Trainer does every

@@ -1,4 +1,4 @@
-"""The training-setup dimensions of issue 11 on real DeepSpeed (CPU, gloo, world size 1).
+"""The training-setup dimensions on real DeepSpeed (CPU, gloo, world size 1).
 
 For each dimension: a scenario using it runs on the installed DeepSpeed with no finding (or is a
 documented `KnownIssue`, kept as a strict expected failure by test_deepspeed_target.py::test_known_issue),
@@ -43,7 +43,8 @@ CASES = {
                                 {"stage": 2, "blocks": [{}, {}], "steps": [ONE[0], ONE[0]]}),
     "tie": ({"stage": 3, "tie": True, "blocks": [{"checkpoint": "non_reentrant"}, {}], "steps": TWO},
             {"stage": 3, "blocks": [{"checkpoint": "non_reentrant"}, {}], "steps": TWO}),
-    "tie-z2": ({"stage": 2, "tie": True, "blocks": [{}, {}], "steps": ONE}, {"stage": 2, "blocks": [{}, {}], "steps": ONE}),
+    "tie-z2": ({"stage": 2, "tie": True, "blocks": [{}, {}], "steps": ONE},
+               {"stage": 2, "blocks": [{}, {}], "steps": ONE}),
     "outputs-losses": ({"stage": 3, "outputs": "dict", "losses": 2, "steps": TWO}, {"stage": 3, "steps": TWO}),
     "outputs-tuple-z1": ({"stage": 1, "outputs": "tuple", "losses": 2, "steps": ONE}, {"stage": 1, "steps": ONE}),
     "width-7": ({"stage": 3, "width": 7, "persistence_threshold": 7, "reduce_bucket_size": 98,
@@ -55,7 +56,7 @@ CASES = {
                           "steps": [{"micro": [{"backward": "engine", "skip": [0]}], "reregister": True,
                                      "eval_before": True}] * 2}, None),
     # at DeepSpeed's default persistence threshold: the unwrap's GatheredParameters partitions the persistent
-    # parameters too, so the next forward fetches them (the model's coordinator must say so: 1 Dec)
+    # parameters too, so the next forward fetches them (the model's coordinator must say so)
     "reregister-persistent": ({"stage": 3, "persistence_threshold": 100000, "blocks": [{}, {}],
                                "steps": [ONE[0], {**ONE[0], "reregister": True}]}, None),
     "llama": ({"family": "llama", "stage": 3, "blocks": [{}, {}], "steps": TWO}, None),
@@ -178,7 +179,7 @@ def test_fp16_nonscalar_backward_is_skipped_with_its_reason(ds):
     assert not out.findings
 
 
-# ------------------------------------------------- several engines in one process (issue 15)
+# ------------------------------------------------- several engines in one process
 PLAIN_Z2 = {"stage": 2, "blocks": [{}, {}], "steps": TWO}
 
 
@@ -216,8 +217,8 @@ def test_engines_before_zero1_and_zero2_leave_nothing(ds):
     assert _grad_hook_order(after) == _grad_hook_order(alone)
 
 
-# The order-dependent finding of a 0.19.8 ws1 exploration (issue 15): this ZeRO-2 scenario after that ZeRO-3 one
-# in the same worker hit another assertion than alone, because the ZeRO-3 engine left F.linear replaced.
+# An order-dependent finding of a 0.19.8 world-size-1 exploration: this ZeRO-2 scenario after that ZeRO-3 one
+# in the same worker hits another assertion than alone, because the ZeRO-3 engine left F.linear replaced.
 ORDER_Z2 = {"blocks": [{"norm": "frozen"}], "stage": 2, "reduce_bucket_size": 128, "max_reuse_distance": 0,
             "max_live_parameters": 64, "precision": "bf16", "fp32_grad_accum": True, "param_groups": 3, "tie": True,
             "outputs": "dict", "losses": 2,
@@ -240,7 +241,7 @@ def test_examples_in_one_worker_stay_independent(ds):
     assert "carried-state:torch-linear-replaced" in inside and inside != alone, (alone, inside)
 
 
-# ------------------------------------------- engine and loop options (issue 11, strategies.EXTRAS / LORA)
+# ------------------------------------------- engine and loop options (strategies.EXTRAS / LORA)
 GAS2 = [{"micro": [{"backward": "engine"}, {"backward": "torch"}]}] * 2
 OPTIONS = {
     # option -> (scenario, what the built engine must report of it: `engine.engine_settings`)
@@ -303,7 +304,7 @@ def test_modules_to_save_reaches_deepspeed(ds):
         assert not out.findings, [(f.key, f.error[:200]) for f in out.findings]
 
 
-# ------------------------------------- the optimizer DeepSpeed builds from its config (issue 11, config_adam)
+# ------------------------------------- the optimizer DeepSpeed builds from its config (config_adam)
 ADAM_CASES = {
     # name -> scenario (optimizer: config-adam added): ZeRO 0-3, offload, mixed precision, parameter groups
     "z0": {"stage": 0, "blocks": [{}, {}], "steps": ONE * 2},

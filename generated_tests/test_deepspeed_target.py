@@ -88,7 +88,7 @@ class KnownIssuePresent(Exception):
 def test_known_issue(ds, request, issue):
     """Each documented finding, on its exact scenario: an expected failure while the release has it --
     and only *its own* finding (one of its checks, explained by this issue and no other one): any other
-    finding, or none, fails the test instead of satisfying the xfail (issue 10).  An issue that needs more
+    finding, or none, fails the test instead of satisfying the xfail.  An issue that needs more
     ranks (`KnownIssue.world_size`) must give no finding here, at world size 1."""
     present = issue.shows_on(ds.version) and issue.world_size == 1
     if present:
@@ -194,9 +194,12 @@ def test_tracer_sees_the_lifecycle(ds):
                              "steps": [{"micro": [{"backward": "torch"}]}]})
     out = ds.run(sc)
     kinds = {e.kind for e in out.trace}
-    for k in (EventKind.FORWARD_START, EventKind.USER_BACKWARD_START, EventKind.TASK_START, EventKind.TASK_END, EventKind.OUTPUT_HOOK, EventKind.GRAD_HOOK,
-              EventKind.BUCKET_ADD, EventKind.COUNT, EventKind.EPILOGUE, EventKind.STEP, EventKind.ENTER_BACKWARD, EventKind.EXIT_BACKWARD, EventKind.FETCH,
-              EventKind.RELEASE, EventKind.MODULE_PRE_FORWARD, EventKind.MODULE_PRE_BACKWARD, EventKind.RECOMPUTE_START, EventKind.RECOMPUTE_END,
+    for k in (EventKind.FORWARD_START, EventKind.USER_BACKWARD_START,
+              EventKind.TASK_START, EventKind.TASK_END, EventKind.OUTPUT_HOOK, EventKind.GRAD_HOOK,
+              EventKind.BUCKET_ADD, EventKind.COUNT, EventKind.EPILOGUE,
+              EventKind.STEP, EventKind.ENTER_BACKWARD, EventKind.EXIT_BACKWARD, EventKind.FETCH,
+              EventKind.RELEASE, EventKind.MODULE_PRE_FORWARD,
+              EventKind.MODULE_PRE_BACKWARD, EventKind.RECOMPUTE_START, EventKind.RECOMPUTE_END,
               EventKind.SAVE_LIVE, EventKind.UNPACK, EventKind.TRACE_STATE, EventKind.PERSISTENT, EventKind.HOLDERS):
         assert k in kinds, f"the tracer never emitted {k.value}"
     notes = {e.note for e in out.trace if e.kind is EventKind.TASK_START}
@@ -293,7 +296,6 @@ def test_setup_errors_come_before_anything_runs(kw, match):
 
 
 def test_repro_script_exits_1_while_the_bug_is_present(ds, tmp_path):
-    from zerostate.findings.finding import Finding
     from zerostate.known.issues import ZERO12_NO_GRADIENT
     from zerostate.harness.repro import repro_script
     if not ZERO12_NO_GRADIENT.affects(ds.version):
@@ -332,7 +334,7 @@ def test_every_known_issue_names_its_own_keys():
         assert all(key.split(":")[0] in k.checks for key in k.keys), f"{k.id}: {k.keys} vs {k.checks}"
 
 
-# ------------------------------------------------------------ prefetch and max live parameters (issue 10)
+# ------------------------------------------------------------ prefetch and max live parameters
 @pytest.mark.parametrize("bucket,max_live,other", [
     (1, 1_000_000_000, {"prefetch_bucket_size": 50_000_000}),  # one parameter per prefetch; containers prefetch
     (50_000_000, 1_000_000_000, {"prefetch_bucket_size": 1}),  # DeepSpeed's defaults
@@ -430,7 +432,7 @@ def test_prestart_starts_the_rank_pool_in_the_background_and_hands_over_its_erro
         t.close()
         t._options = dict(t._options, deepspeed_path="/nonexistent/DeepSpeed")  # a pool that cannot start
         t.prestart(2)
-        with pytest.raises(TargetError, match="no deepspeed/__init__.py"):
+        with pytest.raises(TargetError, match=r"no deepspeed/__init__\.py"):
             t.run(Scenario.from_dict({"stage": 2, "world_size": 2}))
         assert not t.run(Scenario.from_dict({"stage": 2})).findings  # world size 1 is unaffected
     finally:

@@ -1,14 +1,15 @@
 """A real Hugging Face client with the runtime: tiny Llama + LoRA + gradient checkpointing, HF ``Trainer``,
 DeepSpeed ZeRO-3 at DeepSpeed's *default* config (``clients/hf_job.py``), on CPU.
 
-Default-on (installed DeepSpeed, 0.19.8 here; four processes, two at a time, ~8 s of CPU each): for reentrant and non-reentrant
+Default-on (installed DeepSpeed, 0.19.8 here; four processes, two at a time, ~8 s of CPU each):
+for reentrant and non-reentrant
 checkpointing, the job with ``zerostate.runtime.patch_deepspeed()`` trains with exactly the losses and
 LoRA weights of stock DeepSpeed, and the runtime really was installed (release policy included).
 
 Opt-in, like the other release tests (``ZEROSTATE_RUNTIME_RELEASES=0.19.2``; each listed release is
 installed with ``harness/envs.py`` and put first on ``PYTHONPATH``): the runtime trains both
 checkpointing modes with the same losses and weights as stock on the installed release; on 0.19.0-0.19.2
-stock non-reentrant dies of seed 002's ``CheckpointError`` at the default config (issue 10: the small
+stock non-reentrant dies of seed 002's ``CheckpointError`` at the default config (the small
 frozen RMSNorm weights are persistent, and DeepSpeed partitions persistent parameters while the trace
 is not complete).
 
@@ -116,7 +117,7 @@ def test_runtime_trains_other_release_like_installed_stock(tmp_path, hf_release)
     if hf_release in SEED002_RELEASES:
         jobs.append(("non_reentrant", False, hf_release))
     records = run_jobs(tmp_path, jobs)
-    for ckpt, reference, rt in zip(CKPTS, records[0:4:2], records[1:4:2]):
+    for ckpt, reference, rt in zip(CKPTS, records[0:4:2], records[1:4:2], strict=True):
         _trained(reference)
         _trained(rt)
         assert rt["installed"] and rt["release_policy"]

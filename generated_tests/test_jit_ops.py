@@ -46,7 +46,8 @@ def test_the_release_is_found_without_importing_deepspeed_or_torch(tmp_path):
             "loc = j.locate_deepspeed(sys.argv[1:] + sys.path)\n"
             "plain = j.locate_deepspeed(sys.path)\n"
             "print(json.dumps([str(loc.package), loc.version, loc.checkout, plain.version, plain.checkout,\n"
-            "                  j.torch_version(sys.path), sorted(m for m in ('deepspeed', 'torch') if m in sys.modules)]))")
+            "                  j.torch_version(sys.path),\n"
+            "                  sorted(m for m in ('deepspeed', 'torch') if m in sys.modules)]))")
     r = subprocess.run([sys.executable, "-c", code, str(checkout)], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     pkg, version, is_checkout, plain, plain_checkout, torch_v, imported = json.loads(r.stdout)

@@ -5,7 +5,7 @@ scenario alone.
   mechanism (another exception type or origin, another code, other parameters or another update size), refuses
   it; the table is one table; limitations cite DeepSpeed;
 * real DeepSpeed (the pinned release): each issue refuses the real findings every *other* issue's scenario
-  gives, and findings carrying an injected fault's evidence (issue 24's ``torch.cat`` ValueError raised from
+  gives, and findings carrying an injected fault's evidence (a ``torch.cat`` ValueError raised from
   ZeRO-1/2's reduction in a retain_graph scenario).  That each issue's own scenario still gets its label is
   ``test_deepspeed_target.py::test_known_issue``.
 """
@@ -26,7 +26,7 @@ _CAT = Raised("ValueError", "torch.cat(): expected a non-empty list of Tensors",
               (Frame("zerostate", "harness/net.py", "backward"), Frame("deepspeed", "runtime/engine.py", "backward"),
                Frame("deepspeed", "runtime/zero/stage_1_and_2.py", "reduce_ipg_grads"),
                Frame("torch", "functional.py", "cat")))
-"""Issue 24's injected fault: a reduction that raises where a retain_graph scenario's backward runs."""
+"""The injected fault: a reduction that raises where a retain_graph scenario's backward runs."""
 
 
 def _model_trace(issue: KnownIssue) -> tuple:
@@ -209,7 +209,7 @@ def test_each_rule_refuses_the_other_issues_real_findings(real_findings):
 
 @pytest.mark.deepspeed
 def test_each_rule_refuses_an_injected_faults_evidence(ds):
-    """Issue 24's fault: in a retain_graph scenario (ZeRO-1 and ZeRO-3) the reduction raises ValueError
+    """The injected fault: in a retain_graph scenario (ZeRO-1 and ZeRO-3) the reduction raises ValueError
     torch.cat(): a finding with that evidence and the scenario's real trace is no known issue's."""
     for stage in (1, 2, 3):
         sc = by_id("two-backwards-per-forward").scenario.with_(stage=stage)

@@ -20,8 +20,8 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any, TypedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any, TypedDict, TypeVar
 
 ENV = "ZEROSTATE_COVERAGE"
 EVERY_ENV = "ZEROSTATE_COVERAGE_EVERY"
@@ -53,6 +53,9 @@ class CoverageLine(TypedDict):
     """File (relative to the package) -> the arcs the run executed."""
 
 
+T = TypeVar("T")
+
+
 class Probe:
     """Measures one request at a time; writes its line when the request is done."""
 
@@ -69,7 +72,7 @@ class Probe:
         self._every = max(1, every)
         self._seen = 0
 
-    def around(self, request: dict[str, Any], run: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    def around(self, request: Mapping[str, Any], run: Callable[[], T]) -> T:
         """``run()``'s answer, measured (one request in ``every``); the line is written even when ``run`` raises."""
         self._seen += 1
         if (self._seen - 1) % self._every:
@@ -83,7 +86,7 @@ class Probe:
             self._cov.stop()
             self._write(request, time.perf_counter() - t0)
 
-    def _write(self, request: dict[str, Any], seconds: float) -> None:
+    def _write(self, request: Mapping[str, Any], seconds: float) -> None:
         data = self._cov.get_data()
         arcs = {self._paths[path]: sorted([a, b] for a, b in (data.arcs(path) or []))
                 for path in data.measured_files() if path in self._paths}
@@ -94,7 +97,7 @@ class Probe:
             fh.write(json.dumps(line) + "\n")
 
 
-def from_env(hello: dict[str, Any]) -> Probe | None:
+def from_env(hello: Mapping[str, Any]) -> Probe | None:
     """The probe ``ZEROSTATE_COVERAGE`` asks for, over the DeepSpeed that ``hello`` says was imported; None
     when it is not set or the worker did not start.  Raises ImportError (coverage.py not installed): an
     opt-in that cannot measure must not pass for one that measured nothing."""

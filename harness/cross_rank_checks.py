@@ -18,7 +18,8 @@ it is given).
 from __future__ import annotations
 
 import hashlib
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from zerostate.harness.protocol import EventDict, RankRecord
 
@@ -31,8 +32,8 @@ PARAM_KINDS = {"fetch", "prefetch", "release"}
 def digests(params: Mapping[str, Any]) -> dict[str, str]:
     """A checksum of each gathered parameter's exact bytes (ranks must agree bit for bit)."""
     out = {}
-    for n, t in params.items():
-        t = t.detach().float().contiguous().cpu()
+    for n, param in params.items():
+        t = param.detach().float().contiguous().cpu()
         out[n] = hashlib.sha1(t.numpy().tobytes() + str(tuple(t.shape)).encode()).hexdigest()[:16]
     return out
 
@@ -85,14 +86,16 @@ def cross_rank_problems(ranks: list[RankRecord]) -> dict[str, tuple[str, str]]:
                 for what, label in (("modules", "module trace"), ("params", "parameter order")):
                     d = _first_diff(s0[i][what], s1[i][what])
                     if d is not None and "ranks-trace" not in out:
-                        out["ranks-trace"] = (f"train step {i}: the {label} differs at position {d[0]}: rank 0 "
-                                              f"saw {d[1]!r}, rank {r} saw {d[2]!r}", label.replace(" ", "-"))
+                        out["ranks-trace"] = ((f"train step {i}: the {label} differs at position {d[0]}: "
+                                               f"rank 0 saw {d[1]!r}, rank {r} saw {d[2]!r}"),
+                                              label.replace(" ", "-"))
         if "ranks-params" not in out:
-            for i, (d0, d1) in enumerate(zip(r0.get("steps") or [], rk.get("steps") or [])):
+            for i, (d0, d1) in enumerate(zip(r0.get("steps") or [], rk.get("steps") or [], strict=False)):
                 bad = [n for n in d0 if d0.get(n) != d1.get(n)] + [n for n in d1 if n not in d0]
                 if bad:
-                    out["ranks-params"] = (f"after train step {i}: the gathered parameters differ between rank 0 "
-                                           f"and rank {r}: {', '.join(bad[:4])}{' ...' if len(bad) > 4 else ''}",
+                    out["ranks-params"] = ((f"after train step {i}: the gathered parameters differ between "
+                                            f"rank 0 and rank {r}: {', '.join(bad[:4])}"
+                                            f"{' ...' if len(bad) > 4 else ''}"),
                                            "gathered-params-differ")
                     break
         if res.get("mismatch") and not res0.get("mismatch") and "oracle" not in out:

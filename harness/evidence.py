@@ -8,7 +8,8 @@ frames are `findings.evidence.frames_of`."""
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 def oracle_diff(kind: str, step: int | None, expected: Mapping[str, Any] | None = None,
                 got: Mapping[str, Any] | None = None, pt_before: Mapping[str, Any] | None = None,
@@ -28,11 +29,12 @@ def oracle_diff(kind: str, step: int | None, expected: Mapping[str, Any] | None 
         return out
     num = den = 0.0
     rows = []
-    for n, e in expected.items():
+    for n, want in expected.items():
         a, p0, d0 = got.get(n), pt_before.get(n), ds_before.get(n)
-        if a is None or p0 is None or d0 is None or a.shape != e.shape or p0.shape != e.shape or d0.shape != a.shape:
+        if a is None or p0 is None or d0 is None or a.shape != want.shape or p0.shape != want.shape \
+                or d0.shape != a.shape:
             continue
-        e, a, p0, d0 = e.float(), a.float(), p0.float(), d0.float()
+        e, a, p0, d0 = want.float(), a.float(), p0.float(), d0.float()
         pt, ds = e - p0, a - d0
         pp, dp = pt.pow(2).sum().item(), (ds * pt).sum().item()
         num, den = num + dp, den + pp

@@ -16,7 +16,8 @@
                 oracle's ``oracle_skipped`` (train steps skipped for an overflow) and ``oracle_scales``;
                 a different number of skipped steps is an oracle ``mismatch``;
 ``skipped``     a reason when the scenario cannot be trained at all (no trainable parameter, no parameter
-                in the optimizer, a loss with nothing to differentiate: `oracle.NothingToDifferentiate`) or not here (fp16 on a GPU accelerator without fp16 -- DeepSpeed's CPU
+                in the optimizer, a loss with nothing to differentiate: `oracle.NothingToDifferentiate`)
+                or not here (fp16 on a GPU accelerator without fp16 -- DeepSpeed's CPU
                 accelerator is told it has fp16 for the example, `fp16.allow_fp16_on_cpu` -- or fp16 with a
                 non-scalar backward, which DeepSpeed's loss scaler has no form for).
 ``engines_before`` one line per engine run before the scenario's own (``"ZeRO-3: ok"`` or its exception);
@@ -49,7 +50,8 @@ from __future__ import annotations
 import gc
 import traceback
 from types import FrameType
-from typing import Any, Callable, Protocol, runtime_checkable
+from collections.abc import Callable
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
@@ -57,7 +59,8 @@ from zerostate.findings.evidence import frames_of
 from zerostate.harness import evidence
 from zerostate.harness.net import fp16
 from zerostate.harness.net.checkpoint import SaveLoadRecord, compare_save_load
-from zerostate.harness.net.compare import Params, compare, compare_generated, compare_update, max_abs, rounding_eps, tolerance
+from zerostate.harness.net.compare import (Params, compare, compare_generated, compare_update, max_abs, rounding_eps,
+                                           tolerance)
 from zerostate.harness.net.engine import DeepSpeedBackend, build_engine_model, engine_settings
 from zerostate.harness.net.oracle import NothingToDifferentiate, OracleInfo, oracle_params
 from zerostate.harness.net.schedule import run_schedule
@@ -242,7 +245,8 @@ def execute(sc: Scenario, on_step: OnStep | None = None) -> ExecResult:
             if res["mismatch"] is None:  # the generations so far (TRL's unwrap) came before this step's parameters
                 gen = compare_generated(oracle_info["generated"][:len(built.generated)], built.generated, *tol)
                 if gen is not None:
-                    res["mismatch"] = f"generation before train step {_rereg_steps(sc)[gen[0]]} (TRL's unwrap): {gen[1]}"
+                    res["mismatch"] = (f"generation before train step {_rereg_steps(sc)[gen[0]]} (TRL's unwrap): "
+                                       f"{gen[1]}")
                     res["oracle_diff"] = evidence.oracle_diff("generation", i)
             msg = compare(expected[i], got, *tol)
             kind = "params"

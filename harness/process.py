@@ -46,7 +46,7 @@ class Worker:
 
     def __init__(self, env: dict[str, str], log_path: Path, cwd: Path | None = None) -> None:
         self.log_path = log_path
-        self._log = open(log_path, "ab")
+        self._log = open(log_path, "ab")  # noqa: SIM115 -- the worker's stderr for its whole life; close() closes it
         cwd = cwd or envs.cache_root()
         cwd.mkdir(parents=True, exist_ok=True)
         self.proc = subprocess.Popen([sys.executable, "-m", "zerostate.harness.worker"],

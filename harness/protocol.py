@@ -13,7 +13,7 @@ The scenario travels as ``Scenario.to_dict()`` and is parsed once, by the receiv
 
 from __future__ import annotations
 
-from typing import Any, Literal, TypedDict, Union
+from typing import Any, Literal, TypedDict
 
 EventDict = dict[str, Any]
 """One tracer event (`zerostate.model.events.Event.to_dict`)."""
@@ -47,7 +47,7 @@ class RunRequest(_RunRequestBase, total=False):
     """Tests: this rank issues one extra collective after the run (ranks out of step)."""
 
 
-Request = Union[HelloRequest, RunRequest, ExitRequest]
+Request = HelloRequest | RunRequest | ExitRequest
 
 
 class Failure(TypedDict, total=False):
@@ -118,6 +118,10 @@ class ExecResult(_ExecBase, total=False):
     torch_linear_replaced: bool
     origin: str
     teardown_error: str
+    oracle_diff: dict[str, Any]
+    """How DeepSpeed's parameters differ from PyTorch's (`harness.evidence.oracle_diff`)."""
+    frames: list[list[Any]]
+    """The raised exception's frames (`findings.evidence.frames_of`)."""
 
 
 class _RunAnswerBase(TypedDict):
@@ -159,7 +163,7 @@ class PoolAnswer(TypedDict, total=False):
     desync: str
 
 
-Answer = Union[Hello, RunAnswer, Failure]
+Answer = Hello | RunAnswer | Failure
 """What a worker sends back to one request."""
 
 

@@ -31,7 +31,7 @@ from zerostate.harness import envs
 from zerostate.harness.process import WorkerDied, WorkerTimeout
 from zerostate.harness.protocol import RankRecord, Request, Response, StepProgress
 
-_POOLS: "set[RankPool]" = set()
+_POOLS: set[RankPool] = set()
 """Every pool not closed yet (a strong reference: ``atexit`` must find a pool whose target never finished
 constructing, e.g. Ctrl-C during start-up)."""
 
@@ -57,7 +57,7 @@ class RankTimeout(WorkerTimeout):
 class _Rank:
     def __init__(self, rank: int, env: dict[str, str], log_path: Path, stacks_path: Path, cwd: str) -> None:
         self.rank, self.log_path, self.stacks_path = rank, log_path, stacks_path
-        self._log = open(log_path, "ab")
+        self._log = open(log_path, "ab")  # noqa: SIM115 -- the rank's stderr for its whole life; close() closes it
         stacks_path.write_text("")
         self.proc = subprocess.Popen([sys.executable, "-m", "zerostate.harness.rank_worker"],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, env=env,
@@ -212,7 +212,7 @@ class RankPool:
         parts = [f"no report within {timeout:.0f} s from {who}; finished: {done}"]
         starts = [rk.signal_stacks() for rk in late]
         time.sleep(1.0)  # faulthandler writes from the signal handler, even inside a blocked collective
-        for rk, start in zip(late, starts):
+        for rk, start in zip(late, starts, strict=True):
             parts.append(f"--- stacks of rank {rk.rank} (pid {rk.proc.pid}) ---\n{_trim(rk.read_stacks(start))}")
         return "\n".join(parts)
 

@@ -84,7 +84,8 @@ def main() -> int:
     reply = open_protocol()
     stacks = os.environ.get("ZEROSTATE_STACKS")
     if stacks:
-        faulthandler.register(signal.SIGUSR1, file=open(stacks, "a"), all_threads=True)
+        # the stacks file stays open for the process's life: faulthandler writes to it on SIGUSR1
+        faulthandler.register(signal.SIGUSR1, file=open(stacks, "a"), all_threads=True)  # noqa: SIM115
     rank = int(os.environ.get("RANK", "0"))
     hello: Hello | Failure
     try:

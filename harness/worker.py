@@ -40,7 +40,7 @@ def main() -> int:
     try:
         hello = start_deepspeed(skip_shm_comm=int(os.environ.get("WORLD_SIZE", "1")) == 1)
         from zerostate.harness.executor import execute
-        hello["rank"], hello["world_size"] = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+        hello["rank"], hello["world_size"] = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     except BaseException as exc:  # noqa: BLE001 - report anything, including SystemExit from imports
         hello = failure(exc)
 

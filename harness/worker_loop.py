@@ -27,7 +27,8 @@ import os
 import sys
 import time
 import traceback
-from typing import TYPE_CHECKING, Any, Callable, Protocol, cast, runtime_checkable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol, cast, runtime_checkable
 
 if TYPE_CHECKING:
     from zerostate.harness.coverage_probe import Probe
@@ -76,8 +77,10 @@ def start_deepspeed(skip_shm_comm: bool) -> Hello:
 def _process_start() -> float:
     """When this process started (Linux: /proc), else when this module was imported."""
     try:
-        ticks = int(open(f"/proc/{os.getpid()}/stat").read().rsplit(")", 1)[1].split()[19])
-        boot = next(float(ln.split()[1]) for ln in open("/proc/stat") if ln.startswith("btime"))
+        with open(f"/proc/{os.getpid()}/stat") as fh:
+            ticks = int(fh.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/stat") as fh:
+            boot = next(float(ln.split()[1]) for ln in fh if ln.startswith("btime"))
         return boot + ticks / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError, StopIteration):
         return _IMPORTED
@@ -153,8 +156,8 @@ def serve(hello: Hello | Failure, run: Run, reply: Reply, error_prefix: str = ""
     answer to a ``run`` request; an exception it raises is answered as a failure (``error_prefix`` first:
     the rank worker names its rank)."""
     probe, hello = _coverage_probe(hello)
-    for line in sys.stdin:
-        line = line.strip()
+    for raw in sys.stdin:
+        line = raw.strip()
         if not line:
             continue
         req: dict[str, Any] = json.loads(line)
@@ -178,7 +181,7 @@ def serve(hello: Hello | Failure, run: Run, reply: Reply, error_prefix: str = ""
     return 0
 
 
-def _coverage_probe(hello: dict) -> tuple[Probe | None, dict]:
+def _coverage_probe(hello: Hello | Failure) -> tuple[Probe | None, Hello | Failure]:
     """The opt-in coverage probe (`coverage_probe`, off unless its variable is set) and the hello to give:
     a worker asked to measure that cannot (coverage.py missing) fails to start, loudly."""
     from zerostate.harness import coverage_probe

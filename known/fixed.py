@@ -2,7 +2,8 @@
 
 docs/bug-coverage.md surveyed DeepSpeed's fixes from 0.17 to 0.19.8 and found these outside the scenario space
 of the time; `strategies.EXTRAS` and `strategies.LORA` now draw what each one needs.  Each is a
-`known.issue.KnownIssue` (``FIXED_ISSUES``, in the table `known.issues`) with the release range where its scenario was measured to fail and
+`known.issue.KnownIssue` (``FIXED_ISSUES``, in the table `known.issues`)
+with the release range where its scenario was measured to fail and
 the release that fixed it, so ``zerostate explore --deepspeed <buggy release>`` labels the finding, and
 ``test_known_issue --deepspeed <release>`` checks the range: a strict expected failure on a buggy release,
 nothing on a fixed one (the pinned 0.19.8 included).  The ranges were measured with ``zerostate replay`` on
@@ -98,7 +99,8 @@ LATE_MODULE = KnownIssue(
     and narrow(f, lambda sc: sc.late_module and sc.stage == 3 and sc.family is Family.BLOCKS),
     detail=("ZeRO-3's forward hooks treat a module's _parameters as DeepSpeed's ZeROOrderedDict; a module "
             "attached after initialize keeps torch's plain dict (torch >= 2.5), so the engine's forward "
-            "prologue, marking every module's parameters _in_forward, raises.  Fixed in 0.19.1 by DeepSpeed PR #8009 (a late module *with* "
+            "prologue, marking every module's parameters _in_forward, raises.  Fixed in 0.19.1 by DeepSpeed PR #8009 "
+            "(a late module *with* "
             "parameters is still not partitioned, as the PR says; zerostate's late module has none)."),
 )
 
@@ -160,13 +162,17 @@ ZERO12_NESTED_OUTPUTS_ENGINE_BACKWARD = KnownIssue(
                                  "steps": [{"micro": [{}, {}]}]}),
     checks=("oracle",),
     keys=("oracle:zero12-nested-outputs-engine-backward",),
-    explains=lambda f: rules.scaled_twice(f, f.scenario.gas if f.scenario else 2) and not rules.pytorch_style_backward(f) and narrow(f, _engine_backward_nested_outputs),
+    explains=lambda f: (rules.scaled_twice(f, f.scenario.gas if f.scenario else 2)
+                        and not rules.pytorch_style_backward(f) and narrow(f, _engine_backward_nested_outputs)),
     detail=("The engine-backward form of zero12-nested-outputs-scaled-twice (known/setups.py, still present on "
             "0.19.8 for a PyTorch-style backward).  Likely mechanism (the same as that issue's; not traced in these "
-            "releases' source): the engine's output backward hooks divide by gradient_accumulation_steps, and a hidden state's auxiliary output (hidden, hidden.mean(-1)) "
+            "releases' source): the engine's output backward hooks divide by gradient_accumulation_steps, and "
+            "a hidden state's auxiliary output (hidden, hidden.mean(-1)) "
             "passes two of them, so the auxiliary loss's share of the gradient is divided by gas twice "
-            "(blocks.0.lin.weight 0.00018 off after one step, ZeRO-1, gas 2; the HF Llama family, whose loss is computed "
-            "from its logits: lm_head.weight 0.0063 off on 0.18.7 and 0.19.5, agreeing on 0.19.7 and 0.19.8).  Found by the default "
+            "(blocks.0.lin.weight 0.00018 off after one step, ZeRO-1, gas 2; "
+            "the HF Llama family, whose loss is computed "
+            "from its logits: lm_head.weight 0.0063 off on 0.18.7 and 0.19.5, "
+            "agreeing on 0.19.7 and 0.19.8).  Found by the default "
             "exploration on 0.18.4 once oracle findings were keyed by known issue.  0.19.7 and 0.19.8 agree "
             "with the oracle; 0.19.6 was not measured, so the range ends after 0.19.5 and no fixing release "
             "is named.  ZeRO stage 0 shows it too (the default 0.19.3 exploration: gas 3, tuple outputs, "

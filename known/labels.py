@@ -104,8 +104,8 @@ def groups(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def _looks_like_exception(line: str) -> bool:
     head = line.split(":", 1)[0]
-    return head.replace(".", "").replace("_", "").isalnum() and (head.endswith("Error") or head.endswith(
-        "Exception") or head in ("KeyError", "AssertionError", "StopIteration"))
+    return head.replace(".", "").replace("_", "").isalnum() and (
+        head.endswith(("Error", "Exception")) or head in ("KeyError", "AssertionError", "StopIteration"))
 
 
 __all__ = ["annotate", "group_key", "group_title", "groups", "issue_of", "label", "labelled", "root_key"]

@@ -8,7 +8,7 @@ evidence does not show the mechanism is unexplained."""
 from __future__ import annotations
 
 import re
-from typing import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from zerostate.model.events import Event, EventKind
 from zerostate.model.scenario import Scenario

@@ -8,7 +8,7 @@ the finding names; the oracle's differing parameters and the size and direction 
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from zerostate.model.events import Event
 

@@ -2,7 +2,8 @@
 parameter groups, engines in one process, checkpoints, ...).
 
 Found by ``zerostate explore`` once the default strategy drew these dimensions; each becomes a
-`known.KnownIssue` (``known.SETUP_ISSUES``; look them up by id there) with its exact (shrunk) scenario, kept as a strict expected failure by
+`known.KnownIssue` (``known.SETUP_ISSUES``; look them up by id there)
+with its exact (shrunk) scenario, kept as a strict expected failure by
 ``generated_tests/test_deepspeed_setups.py`` and ``test_deepspeed_target.py::test_known_issue``.
 docs/deepspeed-target.md has the details.
 """
@@ -41,6 +42,12 @@ def _block_of(param: str, sc: Scenario) -> Block | None:
     if len(parts) < 3 or parts[0] != "blocks" or not parts[1].isdigit() or int(parts[1]) >= len(sc.blocks):
         return None
     return sc.blocks[int(parts[1])]
+
+
+def _left_out_of_optimizer(param: str, sc: Scenario) -> bool:
+    """``param`` is in a block the client optimizer was not given."""
+    block = _block_of(param, sc)
+    return block is not None and not block.in_optimizer
 
 
 def _frozen_params(sc: Scenario) -> set[str]:
@@ -140,7 +147,8 @@ STEP_WITHOUT_GRADIENT = KnownIssue(
             "offload (ZeRO-1/2) it does not crash but is silently wrong: the previous step's gradients, still in "
             "the CPU buffer, are applied a second time (oracle mismatch).  PyTorch's optimizer skips parameters "
             "without gradient.  A ZeRO-1/2 step whose requires_grad change leaves no gradient at all runs a "
-            "backward without hooks first: its finding shows zero12-backward-without-gradients' mechanism.  fp16 (ZeRO-1/2): the "
+            "backward without hooks first: its finding shows zero12-backward-without-gradients' mechanism.  "
+            "fp16 (ZeRO-1/2): the "
             "loss scaler's overflow check reads the same missing gradients first -- KeyError: 0 in "
             "stage_1_and_2.py has_overflow_partitioned_grads_serial (``self.averaged_gradients[i]``, line 3232 "
             "on 0.19.8) where fp32 fails in scaled_global_norm."),
@@ -182,7 +190,7 @@ Z3_UNGROUPED_NOT_GATHERED = KnownIssue(
     checks=("available-when-used",),
     keys=("available-when-used:unavailable-in-backward",),
     explains=lambda f: rules.released_by_early_epilogue(f) and narrow(f, lambda sc: sc.stage == 3 and all(
-        _block_of(p, sc) is not None and not _block_of(p, sc).in_optimizer for p in params_named(f.error))),
+        _left_out_of_optimizer(p, sc) for p in params_named(f.error))),
     detail=("Block 0's parameters require grad but the client optimizer was given only block 1's (a common "
             "pattern: freeze by leaving out of the optimizer instead of requires_grad=False).  In the first "
             "backward, blocks.0.norm's backward starts while its weight and bias are NOT_AVAILABLE (never "
@@ -540,8 +548,8 @@ ZERO_TO_FP32_BF16_OPTIMIZER = KnownIssue(
             "ValueError.  load_checkpoint into the engine works (the run then trains); not traced further."),
 )
 
-SETUP_ISSUES: tuple[KnownIssue, ...] = (ZERO0_FP16_LOSS_NOT_SCALED, Z3_UNGROUPED_NOT_GATHERED, TWO_BACKWARDS_PER_FORWARD,
-                                        STEP_WITHOUT_GRADIENT, NESTED_OUTPUTS_SCALED_TWICE,
+SETUP_ISSUES: tuple[KnownIssue, ...] = (ZERO0_FP16_LOSS_NOT_SCALED, Z3_UNGROUPED_NOT_GATHERED,
+                                        TWO_BACKWARDS_PER_FORWARD, STEP_WITHOUT_GRADIENT, NESTED_OUTPUTS_SCALED_TWICE,
                                         SHARED_ACROSS_REENTRANT, Z3_LINEAR_OVERRIDE_OUTLIVES_ENGINE,
                                         FP16_SCALE_INCREASE_HALVES_STEP, Z3_LATE_MODULE_REREGISTERED,
                                         OFFLOAD_STALE_GRAD_AFTER_FREEZE, ZERO_ADAM_STEPS_FROZEN_PARAM,

@@ -10,7 +10,8 @@ releases, first fixed release, whether ``zerostate.runtime`` prevents it, detail
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from zerostate.known.issue import KnownIssue
 from zerostate.known.seeds import SEED_000_PART1, SEED_000_PART2, SEED_002

@@ -35,7 +35,8 @@ the same bug: the explorer reports one per key.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol, runtime_checkable
+from collections.abc import Callable
+from typing import Any, Protocol, runtime_checkable
 
 from zerostate.model.designs import Design
 from zerostate.model.events import Event

@@ -96,7 +96,7 @@ def compare_generated(expected: list[torch.Tensor | None], actual: list[torch.Te
     """None when each generation's output agrees with the oracle's (its share: `schedule.rows_share`; None:
     not compared); else ``(i, sentence)``: the first that does not (i: its index among the scenario's
     re-registrations)."""
-    for i, (e, a) in enumerate(zip(expected, actual)):
+    for i, (e, a) in enumerate(zip(expected, actual, strict=False)):
         if e is None:
             continue
         if a.shape != e.shape:
@@ -105,7 +105,8 @@ def compare_generated(expected: list[torch.Tensor | None], actual: list[torch.Te
         if not err <= lim:  # NaN too
             return i, f"max |DeepSpeed - PyTorch| of the output = {err:.3g} > tolerance {lim:.3g}"
     if len(expected) != len(actual):
-        return min(len(expected), len(actual)), f"{len(actual)} generation(s) in DeepSpeed vs {len(expected)} in PyTorch"
+        return (min(len(expected), len(actual)),
+                f"{len(actual)} generation(s) in DeepSpeed vs {len(expected)} in PyTorch")
     return None
 
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 import types
 from dataclasses import replace
 from enum import Enum
-from typing import Any, Callable, Protocol, TypedDict, runtime_checkable
+from collections.abc import Callable
+from typing import Any, Protocol, TypedDict, runtime_checkable
 
 import torch
 import torch.nn as nn

@@ -5,7 +5,8 @@ loss scale user code outside the engine must apply (`loss_scale`), and fp16 on D
 from __future__ import annotations
 
 import sys
-from typing import Callable, Protocol, TypedDict
+from collections.abc import Callable
+from typing import Protocol, TypedDict
 
 import torch
 

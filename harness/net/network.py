@@ -26,7 +26,7 @@ NetOutput = Any
 """What a forward returns: a tensor, ``(hidden, aux)``, ``{"out", "aux"}`` or an HF model output."""
 
 
-def _call_block(blk: "Block", x: torch.Tensor, skip_norm: bool) -> torch.Tensor:
+def _call_block(blk: Block, x: torch.Tensor, skip_norm: bool) -> torch.Tensor:
     obs = marks.BLOCK_OBSERVER
     if obs is not None:
         obs[0](blk)
@@ -107,7 +107,7 @@ class Net(nn.Module):
     def forward(self, x: torch.Tensor, skip: tuple[int, ...] = ()) -> NetOutput:
         """``skip``: blocks whose (frozen) norm this forward skips, a data-dependent branch."""
         grad = torch.is_grad_enabled()
-        for i, (blk, ck) in enumerate(zip(self.blocks, self.ckpt)):
+        for i, (blk, ck) in enumerate(zip(self.blocks, self.ckpt, strict=True)):
             s = i in skip
             if grad and ck is Checkpoint.REENTRANT:
                 x = checkpoint(_call_block, blk, x, s, use_reentrant=True)

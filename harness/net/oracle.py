@@ -137,7 +137,7 @@ class TorchBackend:
         self.opt.zero_grad(set_to_none=True)
         if self.scaler is not None:
             with torch.no_grad():
-                for p, q in zip(self.master.parameters(), self.model.parameters()):
+                for p, q in zip(self.master.parameters(), self.model.parameters(), strict=False):
                     q.copy_(p)
 
     def params(self) -> Params:

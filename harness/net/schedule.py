@@ -6,7 +6,8 @@ forward both backends' evaluations and generations use."""
 
 from __future__ import annotations
 
-from typing import Any, Callable, Protocol, runtime_checkable
+from collections.abc import Callable
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 import torch.nn as nn

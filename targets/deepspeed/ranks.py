@@ -34,6 +34,7 @@ outlives the run).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from zerostate.model.scenario import Scenario
@@ -118,11 +119,11 @@ class DeepSpeedRanksTarget(DeepSpeedTarget):
         self._last = resp
         return resp
 
-    def _across_ranks(self, resp: dict[str, Any]) -> dict[str, tuple[str, str]] | None:
+    def _across_ranks(self, resp: Mapping[str, Any]) -> dict[str, tuple[str, str]] | None:
         ranks = resp.get("ranks")
         return cross_rank_problems(ranks) if ranks else None
 
-    def _other_ranks(self, resp: dict[str, Any]) -> list[dict[str, Any]]:
+    def _other_ranks(self, resp: Mapping[str, Any]) -> list[dict[str, Any]]:
         return [rk.get("result") or {} for rk in (resp.get("ranks") or [])[1:]]
 
     def run(self, scenario: Scenario) -> Outcome:

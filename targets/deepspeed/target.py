@@ -9,7 +9,8 @@
 
 One worker process (``python -m zerostate.harness.worker``) serves every
 example; it is started with ``PYTHONPATH`` = the release and a ``TORCH_EXTENSIONS_DIR`` of that
-release and torch version (`zerostate.jit_ops`: releases never load each other's JIT-built ops).  Each example has a timeout (``timeout``, default 60 s,
+release and torch version (`zerostate.jit_ops`: releases never load each other's JIT-built ops).
+Each example has a timeout (``timeout``, default 60 s,
 or ``$ZEROSTATE_EXAMPLE_TIMEOUT``): no answer in time is a ``hang`` finding, and
 the worker is killed and restarted; a worker that dies is a ``crash`` finding.
 
@@ -33,6 +34,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Any, TypedDict
 
 from zerostate.model.events import Event
@@ -257,7 +259,7 @@ class DeepSpeedTarget:
         while self._wider:
             self._wider.popitem()[1].close()
 
-    def _target_for(self, scenario: Scenario) -> "DeepSpeedTarget":
+    def _target_for(self, scenario: Scenario) -> DeepSpeedTarget:
         """This target, or -- for a scenario that asks for more ranks than it has (``world_size``) -- a
         rank-pool target of that size, built like this one and started on first use (`ranks`)."""
         ws = scenario.world_size
@@ -287,7 +289,7 @@ class DeepSpeedTarget:
             except OSError:
                 pass
 
-    def __enter__(self) -> "DeepSpeedTarget":
+    def __enter__(self) -> DeepSpeedTarget:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -360,11 +362,11 @@ class DeepSpeedTarget:
         found = self._findings([decide_failure(check, text)], scenario, None)
         return Outcome(scenario, [], text, found, time.perf_counter() - t0)
 
-    def _across_ranks(self, resp: dict[str, Any]) -> dict[str, tuple[str, str]] | None:
+    def _across_ranks(self, resp: Mapping[str, Any]) -> dict[str, tuple[str, str]] | None:
         """The cross-rank checks' problems of a rank pool's answer (None: one rank)."""
         return None
 
-    def _other_ranks(self, resp: dict[str, Any]) -> list[dict[str, Any]]:
+    def _other_ranks(self, resp: Mapping[str, Any]) -> list[dict[str, Any]]:
         """The results of the ranks but rank 0 in a rank pool's answer (none: one rank)."""
         return []
 
@@ -372,7 +374,7 @@ class DeepSpeedTarget:
         from zerostate.model.explore import run as model_run
         try:
             model = model_run(self.design, scenario)
-        except Exception as exc:  # pragma: no cover - the model itself failed
+        except Exception as exc:  # noqa: BLE001 # pragma: no cover -- the model design's own bug, reported as such
             return ModelRun(self.design.name, error=f"the model design {self.design.name} could not run this "
                                                      f"scenario: {exc}")
         return ModelRun(self.design.name, tuple(model.events))
