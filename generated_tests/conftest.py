@@ -16,8 +16,8 @@ import os
 import pytest
 from hypothesis import HealthCheck, Phase, settings
 
-_COMMON = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
-                                                       HealthCheck.filter_too_much])
+_COMMON = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow, HealthCheck.data_too_large,
+                                                       HealthCheck.filter_too_much]}
 settings.register_profile("ci", derandomize=True, max_examples=60, database=None, print_blob=True,
                           stateful_step_count=40, **_COMMON)
 settings.register_profile("dev", max_examples=100, stateful_step_count=50, print_blob=True, **_COMMON)

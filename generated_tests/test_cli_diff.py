@@ -27,6 +27,7 @@ from zerostate.model.events import Event, EventKind
 from zerostate.model.scenario import Scenario
 from zerostate.targets.base import Outcome
 from zerostate.findings.finding import Finding
+from zerostate.findings.evidence import Evidence, Raised
 from zerostate.known import issues as known
 from zerostate.known.labels import groups, label, root_key
 
@@ -207,11 +208,11 @@ def test_a_label_preserving_swap_of_one_crash_for_another_is_introduced():
     under the same known issue: not unchanged, and not unmasked either -- base ran into that known issue
     itself, by another mechanism."""
     sc = known.Z3_LEAF_INPUT_NO_GRAD.scenario
-    old = ("exception", "RuntimeError: The size of tensor a (0) must match the size of tensor b (8)",
-           "RuntimeError@runtime.engine.backward")
-    new = ("exception", "ValueError: a leaf module's inputs do not require grad",
-           "ValueError@runtime.zero.parameter_offload._check_leaf_inputs")
-    fb, fh = _fs("0.19.8", sc, *old), _fs("0.19.8", sc, *new)
+    fb = _leaf_early("0.19.8", sc, "exception")  # both carry the mechanism's evidence: the leaf's early hook
+    fh = replace(fb, error="ValueError: a leaf module's inputs do not require grad",
+                 origin="ValueError@runtime.zero.parameter_offload._check_leaf_inputs",
+                 evidence=Evidence(raised=Raised("ValueError", "a leaf module's inputs do not require grad")))
+    old, new = (fb.check, fb.error, fb.origin), (fh.check, fh.error, fh.origin)
     assert fb.key != fh.key and label(fb) is not None and label(fb) == label(fh)  # the same label
     base, head = _Fake("0.19.8", {sc.to_json(None): [old]}), _Fake("0.19.8", {sc.to_json(None): [new]})
     entries = classify([fb], [fh], base, head)

@@ -165,7 +165,7 @@ def test_a_loss_with_nothing_to_differentiate_is_skipped_not_a_harness_error(ds)
     frozen, the input without grad) is not training code: the oracle raised torch's "element 0 of tensors does
     not require grad" (an ``oracle-error``, zerostate's own failure).  It is skipped with the reason, like a
     scenario without any trainable parameter; the step before it trains and agrees."""
-    from zerostate.explorer.explore import _candidates
+    from zerostate.explorer.polish import candidates as _candidates
     drawn = Scenario.from_dict({**NOTHING_TO_DIFFERENTIATE, "blocks": NOTHING_TO_DIFFERENTIATE["blocks"] + [{}]})
     assert Scenario.from_dict(NOTHING_TO_DIFFERENTIATE) in list(_candidates(drawn))  # polish deletes block 1
     out = ds.run(Scenario.from_dict(NOTHING_TO_DIFFERENTIATE))
