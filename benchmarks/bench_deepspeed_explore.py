@@ -9,22 +9,21 @@ Two measurements, both on CPU (gloo, world size 1, ``OMP_NUM_THREADS=1``):
   ``targets.strategies.scenarios()`` run one after another through the installed
   DeepSpeed's persistent worker, findings or not; reported as examples per second
   (the worker's start-up is excluded, and so is the world-size-2 rank pool's that `prestart` begins in the
-  background: timing starts once it is up -- before 1 Dec it started with the first world-size-2 example,
-  whose wait for the pool, 6-9 s, was then counted as that example's time).  With ``--jobs``
+  background: timing starts once it is up, so no example's time holds the wait for the pool).  With ``--jobs``
   N the explorer's own generated sequence (its first ``--rate-examples``, duplicates dropped) runs as
   `zerostate explore --jobs N` runs it (the explorer's lanes of
   ``LANE`` examples, each in a worker started fresh for it, N workers at once; start-ups excluded,
   the fresh starts between lanes included).
-  Since issue 11 the default strategy draws the training-setup dimensions too (bf16, offload,
-  parameter groups, the HF Llama family ...); the fp16 draws (about one in four) run on DeepSpeed's CPU
-  accelerator too since issue 11 (`net.allow_fp16_on_cpu`; before, they were skipped in about a millisecond
-  and still counted as examples).
+  The default strategy draws the training-setup dimensions too (bf16, offload, parameter groups, the HF
+  Llama family ...); the fp16 draws (about one in four) run on DeepSpeed's CPU accelerator too
+  (`fp16.allow_fp16_on_cpu`), so every drawn example is a trained one.
 * **time to each seed bug** -- ``zerostate.explorer.explore.explore`` from scratch (no
   Hypothesis database; the ci profile's derandomized sequence) with ``--examples`` per
   search, per release, stopping once the seed's finding is final: seconds from the start of
   exploring (target start-up reported separately) until it is first handed over (unshrunk, the
   first generated example with its key: ``seconds``) and until its shrunk, confirmed finding is
-  (``seconds_shrunk``; ``seconds_confirmed``: once replayed in a fresh worker), the position of the first generated example that has it, distinct target
+  (``seconds_shrunk``; ``seconds_confirmed``: once replayed in a fresh worker),
+  the position of the first generated example that has it, distinct target
   runs until then, and the size of the shrunk scenario.  The seed predicate judges a finding's
   scenario too (seed 000 part 1: ZeRO-3, a reentrant block, a PyTorch-style backward): the first
   example with a new key need not have the seed's shape, so the benchmark also gives when an example
@@ -53,12 +52,18 @@ from pathlib import Path
 RELEASES = ("0.18.4", "0.18.6", "0.19.2")
 
 
+def _built(result: dict) -> str:
+    """The DeepSpeed ops JIT-built while the workers started (in their start-up, not in the examples)."""
+    return f", including the JIT build of {', '.join(result['jit_builds'])}" if result.get("jit_builds") else ""
+
+
 def throughput_jobs(n: int, jobs: int) -> dict:
     """``n`` scenarios of the explorer's own generated sequence, in its lanes, on ``jobs`` workers."""
     import threading
 
     from zerostate.targets.base import get_target
-    from zerostate.explorer.explore import LANE, _lanes, generated
+    from zerostate.explorer.generate import LANE, generated
+    from zerostate.explorer.workers import run_lanes
     from zerostate.explorer.strategies import scenarios
     t0 = time.perf_counter()
     workers = [get_target("deepspeed") for _ in range(jobs)]
@@ -72,13 +77,15 @@ def throughput_jobs(n: int, jobs: int) -> dict:
               if not (sc.to_json(None) in seen or seen.add(sc.to_json(None)))]
     lanes = iter([unique[i:i + LANE] for i in range(0, len(unique), LANE)])
     t1 = time.perf_counter()
-    ran = sum(1 for _, sc, _, _ in _lanes(workers, lanes, threading.Event(), [False] * jobs) if sc is not None)
+    ran = sum(1 for step in run_lanes(workers, lanes, threading.Event(), [False] * jobs) if step.scenario is not None)
     total = time.perf_counter() - t1
     version = workers[0].version
+    started = [s for w in workers for s in w.startup()]
     for w in workers:
         w.close()
     return {"deepspeed": version, "jobs": jobs, "examples": ran, "seconds": round(total, 2),
-            "examples_per_second": round(ran / total, 2), "worker_startup_s": round(startup, 2)}
+            "examples_per_second": round(ran / total, 2), "worker_startup_s": round(startup, 2),
+            "jit_builds": sorted({op for s in started for op in s["jit_builds"]})}
 
 
 def throughput(n: int) -> dict:
@@ -104,11 +111,13 @@ def throughput(n: int) -> dict:
     t1 = time.perf_counter()
     run()
     total = time.perf_counter() - t1
+    started = target.startup()
     target.close()
     times.sort()
     return {"deepspeed": target.version, "examples": len(times), "seconds": round(total, 2),
             "examples_per_second": round(len(times) / total, 2), "median_example_s": round(times[len(times) // 2], 4),
-            "max_example_s": round(times[-1], 3), "worker_startup_s": round(startup, 2)}
+            "max_example_s": round(times[-1], 3), "worker_startup_s": round(startup, 2),
+            "jit_builds": sorted({op for s in started for op in s["jit_builds"]})}
 
 
 def time_to_seed(version: str, examples: int) -> dict:
@@ -154,7 +163,8 @@ def time_to_seed(version: str, examples: int) -> dict:
             "seconds_confirmed": round(res.seconds_final.get(key, float("nan")), 1) if key else None,
             "first_seed_shaped_run_s": round(first_run["seconds"], 1) if first_run else None,
             "first_seed_shaped_key": first_run.get("key"),
-            "key_handed_over_s": round(res.seconds_to.get(first_run.get("key"), float("nan")), 1) if first_run else None,
+            "key_handed_over_s": round(res.seconds_to.get(first_run.get("key"), float("nan")), 1)
+                                    if first_run else None,
             "target_startup_s": round(startup, 1), "explored_seconds": round(res.seconds, 1),
             "generated_position": res.generated_at.get(key), "distinct_runs_until_found": res.first_seen.get(key),
             "blocks": len(hit.scenario.blocks) if hit else None, "steps": len(hit.scenario.steps) if hit else None,
@@ -178,22 +188,25 @@ def main(argv: list[str] | None = None) -> int:
         out["throughput"] = tp = throughput(args.rate_examples)
         print(f"throughput on DeepSpeed {tp['deepspeed']}: {tp['examples']} examples in {tp['seconds']} s = "
               f"{tp['examples_per_second']} examples/s (median {tp['median_example_s']} s; worker start-up "
-              f"{tp['worker_startup_s']} s)", flush=True)
+              f"{tp['worker_startup_s']} s{_built(tp)})", flush=True)
         out["throughput_jobs"] = []
         for j in args.jobs:
             tj = throughput_jobs(args.rate_examples, j)
             out["throughput_jobs"].append(tj)
             print(f"throughput with --jobs {j}: {tj['examples']} examples in {tj['seconds']} s = "
-                  f"{tj['examples_per_second']} examples/s (start-up {tj['worker_startup_s']} s)", flush=True)
-    fmt = lambda x: '-' if x is None else str(x)
+                  f"{tj['examples_per_second']} examples/s (start-up {tj['worker_startup_s']} s{_built(tj)})",
+                  flush=True)
+    def fmt(x: object) -> str:
+        return '-' if x is None else str(x)
+
     print(f"{'release':8} {'seed':16} {'found':6} {'seconds':>8} {'shrunk':>8} {'position':>9} {'runs':>6} "
           f"{'size':>10}")
     for v in args.releases:
         r = time_to_seed(v, args.examples)
         out["seeds"].append(r)
-        print(f"{v:8} {r['seed']:16} {str(r['found']):6} {fmt(r['seconds']):>8} {fmt(r['seconds_shrunk']):>8} "
-              f"{str(r['generated_position']):>9} "
-              f"{str(r['distinct_runs_until_found']):>6} {str(r['blocks'])+'b/'+str(r['steps'])+'s':>10}", flush=True)
+        print(f"{v:8} {r['seed']:16} {r['found']!s:6} {fmt(r['seconds']):>8} {fmt(r['seconds_shrunk']):>8} "
+              f"{r['generated_position']!s:>9} "
+              f"{r['distinct_runs_until_found']!s:>6} {str(r['blocks'])+'b/'+str(r['steps'])+'s':>10}", flush=True)
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
     return 0 if all(r["found"] for r in out["seeds"]) else 1

@@ -120,8 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     for config in a.configs:
         s, r = rows[f"{config}/stock"], rows[f"{config}/runtime"]
         r["same_losses_as_stock"] = "losses" in s and "losses" in r and s["losses"] == r["losses"]
-    head = f"{'config':16s} {'mode':8s} {'s/step':>8s} {'cpu s/step':>10s} {'gathers/bwd 1st':>15s} {'steady':>7s} " \
-           f"{'peak frozen 1st':>15s} {'steady':>7s}"
+    head = (f"{'config':16s} {'mode':8s} {'s/step':>8s} {'cpu s/step':>10s} {'gathers/bwd 1st':>15s} {'steady':>7s} "
+            f"{'peak frozen 1st':>15s} {'steady':>7s}")
     print(f"HF job ({a.ckpt}, {a.steps} steps, {a.rounds} rounds, {a.device} {a.dtype})\n{head}")
     for key, row in rows.items():
         config, mode = key.split("/")

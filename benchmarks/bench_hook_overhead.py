@@ -131,7 +131,8 @@ def main(argv: list[str] | None = None) -> int:
     print(header)
     print("-" * len(header))
     for name, c in summary["configs"].items():
-        print(f"{name:18s}" + "".join(f"{c['seconds_per_step'][f'zero{s}']:16.4f}{c['ratio_to_baseline'][f'zero{s}']:8.2f}"
+        print(f"{name:18s}" + "".join(f"{c['seconds_per_step'][f'zero{s}']:16.4f}"
+                                      f"{c['ratio_to_baseline'][f'zero{s}']:8.2f}"
                                       for s in a.stages))
     print(f"(ratios against {configs[0][0]}; median over {a.rounds} rounds of the median of {a.steps} steps)")
     base_min = summary["configs"][configs[0][0]]["min_seconds_per_step"]

@@ -16,7 +16,8 @@
    (``--only trl-paired``): each step timed from a ``TrainerCallback`` (``on_step_begin`` to ``on_step_end``).
 
 Paired (the figures to trust on a shared machine; run by default after the above, or alone with
-``--only paired`` / ``--only hf-paired`` / ``--only trl-paired``): one process, one engine, ``--pairs`` pairs of ``--block`` steps,
+``--only paired`` / ``--only hf-paired`` / ``--only trl-paired``):
+one process, one engine, ``--pairs`` pairs of ``--block`` steps,
 one block plain then one watched (``zerostate.watch`` / ``handle.close()``; the HF job toggles it from a
 ``TrainerCallback``), the first step of each block untimed; per pair the ratio of the blocks' median step
 times; the figure is the median of those ratios, on the wall clock and on process CPU time.  Drift and
@@ -114,7 +115,8 @@ for i in range(0, len(rows) - 2 * b + 1, 2 * b):  # a pair: b plain steps, then 
 assert modes[:2 * b] == ["off"] * b + ["on"] * b, modes
 print("@@RESULT@@" + json.dumps({"ratios": ratios, "cpu_ratios": cpu_ratios, "ratio_median": statistics.median(ratios),
                                  "cpu_ratio_median": statistics.median(cpu_ratios),
-                                 "plain_median": statistics.median(by["off"]), "watch_median": statistics.median(by["on"]),
+                                 "plain_median": statistics.median(by["off"]),
+                                 "watch_median": statistics.median(by["on"]),
                                  "violations": counts["violations"], "losses": res["losses"]}))
 """
 
@@ -173,7 +175,8 @@ for i in range(0, len(rows) - 2 * b + 1, 2 * b):  # a pair: b plain steps, then 
     by["on"] += [r["seconds"] for r in on]
 print("@@RESULT@@" + json.dumps({"ratios": ratios, "cpu_ratios": cpu_ratios, "ratio_median": statistics.median(ratios),
                                  "cpu_ratio_median": statistics.median(cpu_ratios),
-                                 "plain_median": statistics.median(by["off"]), "watch_median": statistics.median(by["on"]),
+                                 "plain_median": statistics.median(by["off"]),
+                                 "watch_median": statistics.median(by["on"]),
                                  "violations": counts["violations"], "watched_backwards": counts["backwards"],
                                  "use_reentrant": res["use_reentrant"]}))
 """

@@ -82,7 +82,8 @@ def time_to_seed(world_size: int, version: str, examples: int, stages: tuple[int
     target.close()
     hit = next((f for f in res.findings if is_seed_002(f)), None)
     key = hit.key if hit else KEY
-    return {"world_size": world_size, "release": version, "stages": stages or "all", "key": key, "found": hit is not None,
+    return {"world_size": world_size, "release": version, "stages": stages or "all", "key": key,
+            "found": hit is not None,
             "seconds": round(res.seconds_to.get(key, float("nan")), 1),
             "seconds_shrunk": round(res.seconds_final.get(key, float("nan")), 1), "target_startup_s": round(startup, 1),
             "generated_position": res.generated_at.get(key), "distinct_runs_until_found": res.first_seen.get(key),
@@ -117,7 +118,8 @@ def main(argv: list[str] | None = None) -> int:
         for ws in args.world_sizes:
             r = time_to_seed(ws, args.release, args.examples, tuple(args.stages) if args.stages else None)
             out["seed002"].append(r)
-            print(f"world size {ws}, DeepSpeed {args.release}, stages {r['stages']}: {KEY} found={r['found']} in {r['seconds']} s "
+            print(f"world size {ws}, DeepSpeed {args.release}, stages {r['stages']}: "
+                  f"{KEY} found={r['found']} in {r['seconds']} s "
                   f"(unshrunk; shrunk and confirmed at {r['seconds_shrunk']} s) "
                   f"(start-up {r['target_startup_s']} s), generated position {r['generated_position']}, "
                   f"{r['distinct_runs_until_found']} runs until seen, shrunk to {r['blocks']} block(s) / "

@@ -23,27 +23,28 @@ class Canvas:
     # ------------------------------------------------------------------ shapes
     def rect(self, x: float, y: float, w: float, h: float, fill: str = "none", stroke: str = "none",
              opacity: float = 1.0, width: float = 1.0) -> None:
-        self.shapes.append(("rect", dict(x=x, y=y, w=w, h=h, fill=fill, stroke=stroke, opacity=opacity,
-                                         width=width)))
+        self.shapes.append(("rect", {"x": x, "y": y, "w": w, "h": h, "fill": fill, "stroke": stroke,
+                                     "opacity": opacity, "width": width}))
 
     def line(self, x1: float, y1: float, x2: float, y2: float, color: str = "#000000", width: float = 1.0,
              dash: bool = False, opacity: float = 1.0) -> None:
-        self.shapes.append(("line", dict(x1=x1, y1=y1, x2=x2, y2=y2, color=color, width=width, dash=dash,
-                                         opacity=opacity)))
+        self.shapes.append(("line", {"x1": x1, "y1": y1, "x2": x2, "y2": y2, "color": color, "width": width,
+                                     "dash": dash, "opacity": opacity}))
 
     def circle(self, cx: float, cy: float, r: float, fill: str = "#000000", stroke: str = "none",
                width: float = 1.0) -> None:
-        self.shapes.append(("circle", dict(cx=cx, cy=cy, r=r, fill=fill, stroke=stroke, width=width)))
+        self.shapes.append(("circle", {"cx": cx, "cy": cy, "r": r, "fill": fill, "stroke": stroke, "width": width}))
 
     def text(self, x: float, y: float, s: str, size: float = 12, color: str = "#000000",
              anchor: str = "start", bold: bool = False) -> None:
         """``y`` is the text's baseline; ``anchor`` is start, middle or end."""
-        self.shapes.append(("text", dict(x=x, y=y, s=s, size=size, color=color, anchor=anchor, bold=bold)))
+        self.shapes.append(("text", {"x": x, "y": y, "s": s, "size": size, "color": color, "anchor": anchor,
+                                     "bold": bold}))
 
     # --------------------------------------------------------------------- SVG
     def to_svg(self) -> str:
-        out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{self.width}" height="{self.height}" '
-               f'viewBox="0 0 {self.width} {self.height}" font-family="{FONT}">',
+        out = [(f'<svg xmlns="http://www.w3.org/2000/svg" width="{self.width}" height="{self.height}" '
+                f'viewBox="0 0 {self.width} {self.height}" font-family="{FONT}">'),
                f'<rect x="0" y="0" width="{self.width}" height="{self.height}" fill="{self.background}"/>']
         for kind, a in self.shapes:
             if kind == "rect":

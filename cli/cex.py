@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from zerostate.model.events import Event
@@ -21,7 +22,7 @@ def finding(v: Violation, scenario: Scenario, events: list[Event]) -> Finding:
     return Finding(v.spec, v.message, scenario, list(events), v.index, "model", code=v.code)
 
 
-def graph_path(graph: Any, events: list[Event]) -> list[Any]:
+def graph_path(graph: Any, events: Sequence[Event]) -> list[Any]:
     """Nodes from the initial state along edges whose events spell ``events`` (depth-first)."""
     want = [str(e) for e in events]
     roots = [n for n in graph.nodes if graph.in_degree(n) == 0]
@@ -55,12 +56,14 @@ def shown(design: str, f: Finding) -> dict[str, Any]:
     from zerostate.analysis.checker import counterexample_graph
     graph, path, notes = None, [], []
     try:
+        if f.scenario is None:
+            raise ValueError("the finding has no scenario")
         g = counterexample_graph(design, f.scenario, f.check)
         if g is not None and g.number_of_nodes() <= MAX_GRAPH_STATES:
             graph, path = g, graph_path(g, f.trace or [])
         elif g is not None:
             notes.append(f"state graph not drawn: {g.number_of_nodes()} states (over {MAX_GRAPH_STATES})")
-    except Exception as exc:  # the picture is a bonus; the finding stands without it
+    except Exception as exc:  # noqa: BLE001 -- the picture is a bonus; the finding stands without it
         notes.append(f"state graph not drawn: {type(exc).__name__}: {exc}")
     return {"design": design, "graph": graph, "graph_path": path, "notes": notes,
             "repro": repro_for(f.scenario, f.check, f.error, f)}

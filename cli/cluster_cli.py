@@ -1,4 +1,4 @@
-"""``--cluster ADDRESS|auto``: where ``explore``, ``diff`` and ``bisect`` run their workers.
+"""``--cluster ADDRESS|auto``: where ``explore`` runs its workers.
 
 Without it nothing changes (local workers).  With it, each worker is a `cluster.remote.RemoteTarget` on
 the Ray cluster at ADDRESS (``auto``: the local cluster another command started, else a one-node cluster
@@ -13,7 +13,7 @@ from typing import Any
 
 from zerostate.targets.base import Target, TargetError
 
-from zerostate.cli.common import CliError
+from zerostate.cli.common import CliError, design
 
 WORLD_SIZE_DRAWN = 2
 """The most ranks a scenario of the default strategy asks for (`explorer.strategies`): a world-size-1
@@ -33,6 +33,7 @@ class ClusterRun:
     def __init__(self, address: str, options: dict[str, Any], world_size: int, kind: str = "deepspeed"):
         from zerostate.cluster.ray_api import ClusterUnavailable
         self.owned: Any = None
+        gang = 1 if kind == "model" else max(world_size, WORLD_SIZE_DRAWN)
         try:
             if address == "auto":
                 from zerostate.cluster.local import auto
@@ -41,7 +42,7 @@ class ClusterRun:
                 address, self.owned = auto()
             from zerostate.cluster.session import ClusterSession
             self.session = ClusterSession(address, kind=kind, options=options,
-                                          gang=max(world_size, WORLD_SIZE_DRAWN))
+                                          gang=gang)
         except ClusterUnavailable as exc:
             self.close()
             raise CliError(str(exc)) from None
@@ -80,22 +81,26 @@ class ClusterRun:
             self.owned = None
 
 
-def open_cluster(args: argparse.Namespace, options: dict[str, Any]) -> ClusterRun | None:
-    """The cluster ``--cluster`` names, connected (None without the option)."""
-    address = getattr(args, "cluster", None)
+def open_cluster(args: argparse.Namespace) -> ClusterRun | None:
+    """The cluster ``--cluster`` names, connected (None without the option).  Bad input is said before any
+    cluster is joined or started."""
+    address = args.cluster
     if not address:
         return None
-    if getattr(args, "target", "deepspeed") == "model":
-        raise CliError("--cluster runs DeepSpeed workers; the model target runs in this process")
+    if args.target == "model":  # a model design's workers on the cluster: the same lanes, nothing to install
+        name = args.design or "zerostate"
+        design(name)
+        return ClusterRun(address, {"design": name}, world_size=1, kind="model")
+    options = target_options(args)
     from zerostate.targets.deepspeed.kind import validate
-    try:  # bad input is said before any cluster is joined or started
+    try:
         validate(**options)
     except TargetError as exc:
         raise CliError(str(exc)) from None
     if options.get("deepspeed"):
         from zerostate.cli.releases import check_requested
         check_requested(options["deepspeed"])
-    return ClusterRun(address, options, int(getattr(args, "world_size", 1) or 1))
+    return ClusterRun(address, options, int(args.world_size or 1))
 
 
 def target_options(args: argparse.Namespace) -> dict[str, Any]:

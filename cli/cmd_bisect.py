@@ -17,7 +17,8 @@ from __future__ import annotations
 import argparse
 import json
 from types import SimpleNamespace
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from zerostate.cli import targets_api as api
 from zerostate.cli.common import EXIT_FINDINGS, EXIT_OK, CliError, load_scenario

@@ -85,7 +85,7 @@ def table(result: Any) -> str:
         rows.append([n, "correct" if d.expected_correct else "buggy"] + cells
                     + [str(d.states), f"{d.seconds:.1f}"])
     widths = [max(len(r[i]) for r in [header] + rows) for i in range(len(header))]
-    fmt = lambda r: "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip()  # noqa: E731
+    fmt = lambda r: "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)).rstrip()  # noqa: E731
     return "\n".join([fmt(header), fmt(["-" * w for w in widths])] + [fmt(r) for r in rows])
 
 

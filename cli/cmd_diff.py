@@ -2,24 +2,25 @@
 
 For a pull request: the same exploration (same seed, same example budget, so the same generated scenario
 sequence) runs on the base build and on the head build (a release, installed as needed, or a checkout,
-e.g. the pull request's tree).  Every finding is then classified by replaying its shrunk scenario on the
-other build:
+e.g. the pull request's tree).  Every finding is then replayed on the other build (`diff_classify`: once,
+then, when that run does not show it, as often as the explorer replays a finding before it calls it not
+reproduced) and classified:
 
-* **fixed**: found on base; the head replay does not show it (same finding key, or same root cause:
-  `targets.grouping.group_key`);
-* **introduced**: found on head; the base replay does not show it;
-* **unmasked**: found on head; the base replay does not show it because it stopped earlier (DeepSpeed
-  raised) or another bug changed its course (the base replay has another finding), and a known issue
-  affecting the base release explains it -- an existing bug that a fix lets the run reach (e.g. fixing
-  ``z3-leaf-input-without-grad`` reveals ``z3-leaf-kept-gathered``; 0.19.3's release of backward
-  leftovers reveals ``z3-leaf-input-without-grad``'s unavailable parameters, which 0.19.2's
-  still-gathered leak kept gathered); reported, not counted as introduced;
+* **fixed**: found on base; no replay on head shows it (the same mechanism: `diff_classify.same_bug`);
+* **intermittent**: a replay on the other build shows it in some runs but not in the first;
+* **introduced**: found on head; no replay on base shows it -- also when base fails there under the same
+  known issue by another mechanism (a crash swapped for another);
+* **unmasked**: found on head; base does not show it because it stopped earlier (DeepSpeed raised) or
+  another bug changed its course, and a known issue affecting the base release explains it -- an existing
+  bug that a fix lets the run reach (fixing ``z3-leaf-input-without-grad`` reveals
+  ``z3-leaf-kept-gathered``); reported, not counted as introduced;
 * **unchanged**: both show it (whichever exploration found it).
 
 Each keeps the other side's replay as evidence.  The scenarios both explorations ran to the end are
 compared for real gathered-parameter memory and all-gathers (`diff_metrics`), per scenario family.
 Exit status 1 when head introduces a finding or raises the gathered-parameter peak of some scenario
-beyond ``--memory-tolerance`` (default 10 %); 0 otherwise; 2 bad input; 130 interrupted.
+beyond ``--memory-tolerance`` (default 10 %); 0 otherwise; 2 bad input or a build that fails to run
+(one line); 130 interrupted.
 """
 
 from __future__ import annotations
@@ -29,14 +30,23 @@ import json
 import os
 import sys
 import time
+import contextlib
 from types import SimpleNamespace
 from typing import Any
+from collections.abc import Callable, Sequence
+
+from zerostate.explorer.events import Progress
+from zerostate.explorer.workers import refresh
+from zerostate.findings.finding import Finding
+from zerostate.model.scenario import Scenario
+from zerostate.targets.base import Outcome, Target
 
 from zerostate.cli import targets_api as api
 from zerostate.cli.common import EXIT_FINDINGS, EXIT_INTERRUPTED, EXIT_OK, CliError, check_world_size, load_scenario, \
     non_negative_float, positive_int
-from zerostate.cli.cmd_explore import _ctrl_c_kept, _kept
-from zerostate.cli.progress import Progress
+from zerostate.cli.cmd_explore import TimeBudget, _ctrl_c_kept, clock
+from zerostate.cli.diff_classify import STATUSES, classify, first_line, repeat_runs
+from zerostate.cli.progress import Progress as ProgressLine
 
 DEFAULT_OUT = "zerostate-diff"
 DEFAULT_EXAMPLES = 200
@@ -71,36 +81,39 @@ def add_parser(sub: Any) -> None:
     p.set_defaults(run=run)
 
 
-class _OutOfTime(KeyboardInterrupt):
-    pass
-
-
 class Recorder:
-    """A target whose runs are memoised by scenario and whose finished ZeRO-3 runs are measured."""
+    """A build under diff: a target whose runs are memoised by scenario and whose finished ZeRO-3 runs are
+    measured; `repeat` makes fresh, unmemoised runs (a finding's replays before it is called fixed)."""
 
-    def __init__(self, target: Any):
+    def __init__(self, target: Target):
         self.target = target
-        self.name = getattr(target, "name", "deepspeed")
-        self.version = getattr(target, "version", None)
-        self.outcomes: dict[str, Any] = {}
+        self.name = target.name
+        self.version = target.version
+        self.design = target.design
+        self.outcomes: dict[str, Outcome] = {}
         self.measured: dict[str, dict[str, int]] = {}
 
-    def run(self, sc: Any) -> Any:
+    def run(self, sc: Scenario) -> Outcome:
         from zerostate.cli.diff_metrics import metrics
         key = sc.to_json(None)
         if key not in self.outcomes:
-            out = self.target.run(sc)
+            out = api.run_scenario(self.target, sc)
             self.outcomes[key] = out
             if sc.stage == 3 and not out.error and out.trace and not any(
                     f.check in ("hang", "crash", "internal") for f in out.findings):
                 self.measured[key] = metrics(sc, out.trace)
         return self.outcomes[key]
 
+    def repeat(self, sc: Scenario, shows: Callable[[Outcome], bool], before: Sequence[Scenario], runs: int,
+               max_seconds: float) -> tuple[int, int]:
+        return repeat_runs(lambda s: api.run_scenario(self.target, s), lambda: refresh(self.target), sc, shows,
+                           before, runs, max_seconds)
+
     def close(self) -> None:
         api.close(self.target)
 
 
-def build(spec: str, option: str, world_size: int) -> tuple[Any, str]:
+def build(spec: str, option: str, world_size: int) -> tuple[Target, str]:
     """``REL|PATH`` -> (target, how the report names it)."""
     path = os.path.isdir(os.path.expanduser(spec))
     if not path and (os.sep in spec or spec.startswith(".")):
@@ -115,86 +128,27 @@ def build(spec: str, option: str, world_size: int) -> tuple[Any, str]:
     return t, (f"{spec} (DeepSpeed {t.version})" if path else f"DeepSpeed {t.version}")
 
 
-def explore_side(rec: Recorder, label: str, args: argparse.Namespace, ctrl_c: Any) -> tuple[list[Any], str]:
-    progress = Progress(f"diff {label}")
-    found: list[Any] = []
-    by_key: dict[str, int] = {}
-
-    def keep(f: Any) -> None:
-        """explore hands each finding over unshrunk first, then its final (shrunk) finding: keep the last."""
-        key = getattr(f, "key", None)
-        if key in by_key:
-            found[by_key[key]] = f
-        else:
-            by_key[key] = len(found)
-            found.append(f)
-    t0 = time.monotonic()
-    stop = {"done": False}
-
-    def on_progress(examples: int, *_: Any, **__: Any) -> None:
-        progress.update(examples, len(found))
-        if args.time_budget and time.monotonic() - t0 > args.time_budget and not stop["done"]:
-            stop["done"] = True
-            raise _OutOfTime()
-
-    status = "complete"
+def explore_side(rec: Recorder, label: str, args: argparse.Namespace, ctrl_c: Any) -> tuple[list[Finding], str]:
+    """One build's exploration: its findings (each key's last) and how it ended.  A spent time budget asks
+    the exploration to stop (what it saw is kept, confirmed); a Ctrl-C Python swallowed closes it."""
+    progress = ProgressLine(f"diff {label}")
+    budget = TimeBudget(args.time_budget, clock)
+    exp = api.exploration(rec, args.examples, args.seed)
     try:
-        api.explore(rec, args.examples, args.seed, keep, _kept(ctrl_c, on_progress), on_update=keep)
-    except _OutOfTime:
-        status = "time budget spent"
+        with contextlib.closing(exp.events()) as stream:
+            for ev in stream:
+                if ctrl_c.is_set():
+                    break
+                if isinstance(ev, Progress):
+                    progress.update(ev.examples_run, ev.findings)
+                    if budget.spent():
+                        exp.request_stop()
     finally:
         progress.close()
-    return found, status
-
-
-def classify(base_found: list[Any], head_found: list[Any], base: Recorder, head: Recorder) -> list[dict[str, Any]]:
-    from zerostate.known.labels import group_key
-    entries: list[dict[str, Any]] = []
-    matched: set[str] = set()
-    for fb in base_found:
-        out = head.run(fb.scenario)
-        same = [g for g in out.findings if g.key == fb.key or group_key(g) == group_key(fb)]
-        matched.update(g.key for g in same)
-        entries.append(_entry("unchanged" if same else "fixed", fb, "base", out))
-    base_keys = {f.key for f in base_found}
-    for fh in head_found:
-        if fh.key in base_keys or fh.key in matched:
-            continue
-        out = base.run(fh.scenario)
-        same = [g for g in out.findings if g.key == fh.key or group_key(g) == group_key(fh)]
-        masked = bool(out.error or out.findings)  # the base run raised, or another bug changed its course
-        status = "unchanged" if same else "unmasked" if _known_on(fh, base.version) and masked else "introduced"
-        entries.append(_entry(status, fh, "head", out))
-    order = {"introduced": 0, "fixed": 1, "unmasked": 2, "unchanged": 3}
-    entries.sort(key=lambda e: order[e["status"]])
-    for n, e in enumerate(entries, 1):
-        e["n"] = n
-    return entries
-
-
-def _known_on(f: Any, version: str | None) -> bool:
-    """A known issue explains ``f`` as it would be on ``version`` (the base release)."""
-    from dataclasses import replace
-
-    from zerostate.known.labels import label
-    return bool(version) and label(replace(f, deepspeed=version)) is not None
-
-
-def _entry(status: str, f: Any, side: str, other: Any) -> dict[str, Any]:
-    from zerostate.known.labels import annotate
-    return {"status": status, "found_on": side, "check": f.check, "key": f.key, "error": f.error,
-            "scenario": f.scenario.to_dict(), "description": f.scenario.describe(), **annotate(f),
-            "replay_on_" + ("head" if side == "base" else "base"): _replay_summary(other)}
-
-
-def _replay_summary(out: Any) -> dict[str, Any]:
-    lines = (out.error or "").strip().splitlines()
-    return {"clean": not out.findings, "error": lines[-1][:300] if lines else None,
-            "findings": [{"check": g.check, "key": g.key, "error": _first(g.error)} for g in out.findings]}
-
-
-def _first(text: str) -> str:
-    return text.strip().splitlines()[0][:300] if text and text.strip() else ""
+    if ctrl_c.is_set():
+        raise KeyboardInterrupt
+    res = exp.result()
+    return res.findings, "time budget spent" if res.stopped else "complete"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -225,15 +179,15 @@ def run(args: argparse.Namespace) -> int:
         base.close()
         head.close()
     common = [k for k in base.measured if k in head.measured]
-    from zerostate.model.scenario import Scenario
     pairs = [(Scenario.from_json(k), base.measured[k], head.measured[k]) for k in common]
     memory = compare(pairs, args.memory_tolerance)
-    counts = {s: sum(e["status"] == s for e in entries) for s in ("fixed", "introduced", "unmasked", "unchanged")}
+    counts = {s: sum(e["status"] == s for e in entries) for s in STATUSES}
     result = {"base": {"spec": args.base, "name": base_name, "deepspeed": base.version, "runs": len(base.outcomes),
                        "exploration": st_b},
               "head": {"spec": args.head, "name": head_name, "deepspeed": head.version, "runs": len(head.outcomes),
                        "exploration": st_h},
-              "status": status, "examples": args.examples, "scenarios": list(args.scenario), "seed": args.seed, "world_size": args.world_size,
+              "status": status, "examples": args.examples, "scenarios": list(args.scenario), "seed": args.seed,
+              "world_size": args.world_size,
               "seconds": round(time.monotonic() - t0, 1), "counts": counts, "findings": entries,
               "memory": memory, "command_line": "zerostate " + " ".join(sys.argv[1:])}
     regress = bool(memory["regressions"])
@@ -245,12 +199,13 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(result, indent=2))
     else:
         print(f"diff {base_name} -> {head_name}: {counts['fixed']} fixed, {counts['introduced']} introduced, "
-              f"{counts['unmasked']} unmasked, {counts['unchanged']} unchanged; {len(pairs)} ZeRO-3 scenario(s) compared, "
+              f"{counts['intermittent']} intermittent, {counts['unmasked']} unmasked, {counts['unchanged']} unchanged; "
+              f"{len(pairs)} ZeRO-3 scenario(s) compared, "
               f"{len(memory['regressions'])} memory regression(s) beyond {args.memory_tolerance:.0%}; "
               f"{result['seconds']:.0f}s. Report: {args.out}/diff.md")
         for e in entries:
             known = f" [{e['known_issue']['id']}]" if e.get("known_issue") else ""
-            print(f"  {e['status']:<10} {e['check']}: {_first(e['error'])[:120]}{known}")
+            print(f"  {e['status']:<12} {e['check']}: {first_line(e['error'])[:120]}{known}")
     if status != "complete":
         return EXIT_INTERRUPTED
     return EXIT_FINDINGS if counts["introduced"] or regress else EXIT_OK

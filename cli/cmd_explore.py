@@ -17,34 +17,36 @@ import signal
 import sys
 import threading
 import time
-from typing import Any, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+from collections.abc import Callable, Iterator
 
+from zerostate.explorer.events import Confirmed, FindingEvent, Progress, Renumbered, Restarted, Seen
 from zerostate.findings.finding import Finding
-from zerostate.explorer.confirm import StopExploring
+from zerostate.targets.base import Target, TargetError
 
 from zerostate.cli import cluster_cli, targets_api as api
-from zerostate.cli.common import (DEFAULT_OUT, EXIT_FINDINGS, EXIT_INTERRUPTED, EXIT_OK, check_world_size, design,
+from zerostate.cli.common import (DEFAULT_OUT, EXIT_FINDINGS, EXIT_INTERRUPTED, EXIT_OK, CliError, check_world_size,
+                                  design,
                      non_negative_float, positive_int)
-from zerostate.cli.progress import Progress
+from zerostate.cli.progress import Progress as ProgressLine
 from zerostate.cli.repro import repro_for
 
 DEFAULT_EXAMPLES = 200
 DEFAULT_TIME_BUDGET = 0.0
-"""No time budget by default: a run cut by the clock stops at a clock-dependent example (issue 15)."""
+"""No time budget by default: a run cut by the clock stops at a clock-dependent example."""
 
 
-class _OutOfTime(StopExploring):
-    """Raised from the progress callback when the time budget is spent: the explorer hands over
-    what it has seen (confirmed by replay, unlike Ctrl-C) and stops."""
+@runtime_checkable
+class _Prestarting(Protocol):
+    def prestart(self, world_size: int = 2) -> None: ...
 
 
-
-def _prestarted(target: Any) -> Any:
+def _prestarted(target: Target) -> Target:
     """The target, with the rank pool of the world-size-2 scenarios the default strategy draws starting in the
     background (`DeepSpeedTarget.prestart`; the model target has none)."""
-    prestart = getattr(target, "prestart", None)
-    if prestart is not None:
-        prestart(2)
+    if isinstance(target, _Prestarting):
+        target.prestart(2)
     return target
 
 def add_target_options(p: argparse.ArgumentParser) -> None:
@@ -87,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
     check_world_size(args.world_size)
     if args.target == "model" and args.design:
         design(args.design)
-    cluster = cluster_cli.open_cluster(args, cluster_cli.target_options(args) if args.target != "model" else {})
+    cluster = cluster_cli.open_cluster(args)
     try:
         target = cluster.target() if cluster else _prestarted(api.target(args))
     except BaseException:
@@ -97,66 +99,30 @@ def run(args: argparse.Namespace) -> int:
     jobs = args.jobs or max(1, (os.cpu_count() or 1) // max(1, args.world_size))  # a job at ws 2: two ranks
     if cluster:
         jobs = cluster.jobs(args.jobs)
-    if args.target == "model":
+    elif args.target == "model":
         jobs = 1  # a pure function in this process: workers would only share its one interpreter
     who = api.describe_target(target)
-    column = column_of(args, who)
+    shown_as = _Column(column_of(args, who), who)
     report = Report(args.out, "explore", {**who, "examples": args.examples, "seed": args.seed,
                                           "time_budget": args.time_budget or None, "jobs": jobs,
                                           "command_line": "zerostate " + " ".join(sys.argv[1:]),
                                           **({"cluster": cluster.describe()} if cluster else {})},
-                    columns=[column], specs=SPECS, replay_args=_replay_args(args))
-    progress = Progress("explore")
-    findings: list[dict[str, Any]] = []
-    counts = {"examples": 0, "confirming": 0.0}
-    t0 = time.monotonic()
-
-    number: dict[str, int] = {}  # finding key -> its number in the report
-    final: dict[str, tuple[Finding, bool]] = {}  # finding key -> its latest finding, with its confirmation?
-
-    def on_finding(f: Finding, update: bool = False) -> None:
-        key = f.key
-        final[key] = (f, update or bool(f.shrunk))
-        unshrunk = not f.shrunk and not update
-        # handed over at once (unshrunk): shrinking and the replay in a fresh worker follow
-        conf = None if unshrunk else f.confirmation
-        counts["confirming"] += conf.seconds if conf is not None else 0.0
-        n = number.get(key) if update else None
-        summary = _write(report, f, not unshrunk, column, who, replace=n)
-        report.flush()
-        if n:
-            findings[n - 1] = summary
-        else:
-            findings.append(summary)
-            number[key] = len(findings)
-        progress.update(counts["examples"], len(findings), force=True)
-
-    def on_update(f: Finding) -> None:
-        on_finding(f, update=True)
-
-    def on_progress(examples: int, *_: Any, **__: Any) -> None:
-        counts["examples"] = examples
-        report.data["run"]["examples_run"] = examples
-        progress.update(examples, len(findings))
-        exploring = time.monotonic() - t0 - counts["confirming"]  # replays confirming findings are extra
-        if args.time_budget and exploring > args.time_budget and not counts.get("stop"):
-            counts["stop"] = 1
-            raise _OutOfTime()
-
-    status = "complete"
+                    columns=[shown_as.column], specs=SPECS, replay_args=_replay_args(args))
+    if args.target != "model":  # counted apart from the findings about DeepSpeed, from the start (findings.harness)
+        report.data["harness_errors"] = []
+    progress = ProgressLine("explore")
+    budget = TimeBudget(args.time_budget, clock)
+    spawn = (cluster.target if cluster else lambda: _prestarted(api.target(args))) if jobs > 1 else None
+    exp = api.exploration(target, args.examples, args.seed, jobs=jobs, spawn=spawn, first=_unexplained)
+    failure: CliError | None = None
     with _ctrl_c_kept() as ctrl_c:
         try:
-            spawn = (cluster.target if cluster else lambda: _prestarted(api.target(args))) if jobs > 1 else None
-            res = api.explore(target, args.examples, args.seed, on_finding, _kept(ctrl_c, on_progress),
-                              on_restart=report.add_restart, on_update=on_update, jobs=jobs, spawn=spawn,
-                              first=_unexplained)
-            with ctrl_c.held():  # renumbering rewrites every finding: never leave it halfway
-                _renumber(report, findings, number, final, getattr(res, "generated_at", {}) or {}, column, who)
-        except _OutOfTime:
-            report.data["run"]["stopped"] = ("time budget spent: the clock chose the last example, so this run "
-                                             "is not repeatable")
+            status = _follow(exp, report, shown_as, progress, budget, ctrl_c)
         except KeyboardInterrupt:
             status = "interrupted"
+        except (CliError, TargetError) as exc:  # the target broke: the report keeps what was found, then one line
+            status, failure = "interrupted", api.target_failed(exc, exp.result().examples)
+            report.data["run"]["stopped"] = str(failure)
         finally:
             progress.close()
             try:
@@ -170,37 +136,122 @@ def run(args: argparse.Namespace) -> int:
         if ctrl_c.is_set():
             status = "interrupted"
         ctrl_c.hold()  # from here on a Ctrl-C is only noted: the final report is written whole
+        res = exp.result()
+        if res.stopped:
+            report.data["run"]["stopped"] = ("time budget spent: the clock chose the last example, so this run "
+                                             "is not repeatable")
         for sid in SPECS:
-            if report.data["specs"][sid]["results"][column] == "not checked" and status == "complete":
-                report.set_result(sid, column, "ok")
-        summary = {"target": who["target"], "deepspeed": who["deepspeed"], "examples": counts["examples"] or
-                   args.examples, "seconds": round(time.monotonic() - t0, 2), "findings": findings,
-                   "reliability": report.data["reliability"]}
+            if report.data["specs"][sid]["results"][shown_as.column] == "not checked" and status == "complete":
+                report.set_result(sid, shown_as.column, "ok")
+        findings = [_summary_line(e) for e in report.data["findings"]]
+        summary = {"target": who["target"], "deepspeed": who["deepspeed"], "examples": res.examples or
+                   args.examples, "seconds": round(budget.elapsed(), 2), "findings": findings,
+                   "reliability": report.data["reliability"], "startup": api.startup(target)}
+        if "harness_errors" in report.data:
+            summary["harness_errors"] = report.data["harness_errors"]
         report.finish(status, summary)
-    if args.json:
-        print(json.dumps(summary, indent=2))
-    else:
-        print(f"explore {column}: {summary['examples']} example(s), {len(findings)} finding(s), "
-              f"{summary['seconds']:.0f}s{' (interrupted)' if status != 'complete' else ''}"
-              f"{' (time budget spent)' if report.data['run'].get('stopped') else ''}. "
-              f"Report: {args.out}/report.md")
-        if report.data["run"].get("stopped"):
-            print(f"the time budget ({args.time_budget:g} s) cut this run: which examples ran depends on the "
-                  "clock, so another run may find other findings (without --time-budget the examples "
-                  "alone bound the run)")
-        rel = report.data["reliability"]
-        print(f"reliability: {rel['confirmed']}/{rel['reported']} confirmed by replay in a fresh worker, "
-              f"{rel['order_dependent']} order-dependent, {rel['intermittent']} intermittent, "
-              f"{rel['not_reproduced']} not reproduced, "
-              f"{len(rel['restarts'])} worker restart(s)"
-              + (f", {len(rel['cluster_retries'])} lane(s) run again on the cluster (a worker lost)"
-                 if "cluster_retries" in rel else ""))
-        for i, f in enumerate(findings, 1):
-            known = f" [known: {f['known_issue']['id']}]" if f.get("known_issue") else ""
-            print(f"  #{i} {f['check']}: {f['error'].splitlines()[0] if f['error'] else ''}{known}")
+    if failure is not None:
+        raise failure
+    _print_summary(args, summary, report, shown_as.column, status)
     if status == "interrupted":
         return EXIT_INTERRUPTED
     return EXIT_FINDINGS if findings else EXIT_OK
+
+
+@dataclass(frozen=True)
+class _Column:
+    """Where a finding goes in the report: its column and who produced it."""
+
+    column: str
+    who: dict[str, Any]
+
+
+@dataclass
+class TimeBudget:
+    """``--time-budget``: exploring time, read from ``clock``, minus the replays that confirm findings."""
+
+    limit: float
+    """Seconds; 0: no budget."""
+    clock: Callable[[], float]
+    replaying: float = 0.0
+    start: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.start = self.clock()
+
+    def elapsed(self) -> float:
+        return self.clock() - self.start
+
+    def spent(self) -> bool:
+        return bool(self.limit) and self.elapsed() - self.replaying > self.limit
+
+
+clock: Callable[[], float] = time.monotonic
+"""The clock `TimeBudget` reads (a test gives a fake one: no test depends on the machine's speed)."""
+
+
+def _follow(exp: Any, report: Any, shown_as: _Column, progress: ProgressLine, budget: TimeBudget,
+            ctrl_c: _CtrlC) -> str:
+    """Consume the exploration's events into the report; the run's status.  A Ctrl-C that Python swallowed
+    (`_ctrl_c_kept`) closes the stream at the next event; a spent budget asks it to stop."""
+    with contextlib.closing(exp.events()) as stream:
+        for ev in stream:
+            if ctrl_c.is_set():
+                return "interrupted"
+            if isinstance(ev, FindingEvent):
+                with ctrl_c.held():  # a finding is written whole, its tags with it, or not at all
+                    _write(report, ev, shown_as)
+                if isinstance(ev, Confirmed) and ev.finding.confirmation is not None:
+                    budget.replaying += ev.finding.confirmation.seconds
+                progress.update(report.data["run"].get("examples_run", 0), len(report.data["findings"]), force=True)
+            elif isinstance(ev, Progress):
+                report.data["run"]["examples_run"] = ev.examples_run
+                progress.update(ev.examples_run, len(report.data["findings"]))
+                if budget.spent():
+                    exp.request_stop()
+            elif isinstance(ev, Restarted):
+                report.add_restart(ev.to_dict())
+            elif isinstance(ev, Renumbered):
+                with ctrl_c.held():  # renumbering rewrites every finding: never leave it halfway
+                    _renumber(report, ev, shown_as)
+    return "complete"
+
+
+def _summary_line(e: dict[str, Any]) -> dict[str, Any]:
+    """A report entry's line of the JSON summary."""
+    tags: dict[str, Any] = {k: e[k] for k in ("known_issue", "group", "group_title", "harness_error")
+                              if k in e}
+    return {"check": e["check"], "error": e["error"], "blocks": e["blocks"], "steps": e["steps"],
+            "scenario": e["scenario"], "shrunk": e["shrunk"],
+            "confirmation": (e.get("confirmation") or {}).get("status"), **tags}
+
+
+def _print_summary(args: argparse.Namespace, summary: dict[str, Any], report: Any, column: str,
+                   status: str) -> None:
+    if args.json:
+        print(json.dumps(summary, indent=2))
+        return
+    findings = summary["findings"]
+    print(f"explore {column}: {summary['examples']} example(s), {len(findings)} finding(s), "
+          f"{summary['seconds']:.0f}s{' (interrupted)' if status != 'complete' else ''}"
+          f"{' (time budget spent)' if report.data['run'].get('stopped') else ''}. "
+          f"Report: {args.out}/report.md")
+    if report.data["run"].get("stopped"):
+        print(f"the time budget ({args.time_budget:g} s) cut this run: which examples ran depends on the "
+              "clock, so another run may find other findings (without --time-budget the examples "
+              "alone bound the run)")
+    rel = report.data["reliability"]
+    print(f"reliability: {rel['confirmed']}/{rel['reported']} confirmed by replay in a fresh worker, "
+          f"{rel['order_dependent']} order-dependent, {rel['intermittent']} intermittent, "
+          f"{rel['not_reproduced']} not reproduced, "
+          f"{len(rel['restarts'])} worker restart(s)"
+          + (f", {len(rel['cluster_retries'])} lane(s) run again on the cluster (a worker lost)"
+             if "cluster_retries" in rel else ""))
+    if "harness_errors" in report.data:
+        print(f"harness errors: {len(report.data['harness_errors'])} (zerostate's own failures, not findings "
+              "about DeepSpeed)")
+    for i, f in enumerate(findings, 1):
+        print(f"  #{i} {f['check']}: {f['error'].splitlines()[0] if f['error'] else ''}{_tag(f)}")
 
 
 class _CtrlC(threading.Event):
@@ -228,10 +279,10 @@ def _ctrl_c_kept() -> Iterator[_CtrlC]:
     """A Ctrl-C is never lost.  Python raises KeyboardInterrupt wherever the main thread happens to be when the
     signal is handled, and where that is a garbage-collector callback (Hypothesis keeps one in ``gc.callbacks``
     to time collections), a ``__del__`` or a weakref callback, the interpreter prints "Exception ignored in
-    ..." and drops it: the run went on exploring as if nothing had happened (the intermittent Ctrl-C hang of
-    the CI test).  So SIGINT also sets an event, and `_kept` raises KeyboardInterrupt again from the next
-    ``on_progress`` (called after every distinct run) while it is set.  A SIGINT the process ignores (a
-    background job started by a shell) stays ignored; off the main thread nothing is installed."""
+    ..." and drops it, and the run would go on exploring as if nothing had happened.  So SIGINT also sets an
+    event, and `_follow` closes the exploration at its next event (one comes after every distinct run).  A SIGINT
+    the process ignores (a background job started by a shell) stays ignored; off the main thread nothing is
+    installed."""
     seen = _CtrlC()
     if (threading.current_thread() is not threading.main_thread()
             or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
@@ -250,58 +301,44 @@ def _ctrl_c_kept() -> Iterator[_CtrlC]:
         signal.signal(signal.SIGINT, previous)
 
 
+def _tag(f: dict[str, Any]) -> str:
+    """A summary line's label: a harness error, a known bug or a known (documented) limitation."""
+    if f.get("harness_error"):
+        return f" [harness error: {f['harness_error']}]"
+    k = f.get("known_issue")
+    if not k:
+        return ""
+    return f" [known {'limitation' if k.get('nature') == 'limitation' else 'bug'}: {k['id']}]"
+
+
 def _unexplained(f: Finding) -> bool:
-    """No known issue explains it (`grouping.label`): the explorer shrinks these first."""
+    """No known issue explains it (`known.labels.label`): the explorer shrinks these first."""
     from zerostate.known.labels import label
     return label(f) is None
 
 
-def _kept(ctrl_c: _CtrlC, on_progress: Any) -> Any:
-    """``on_progress`` that first raises KeyboardInterrupt when a Ctrl-C came and was swallowed (`_ctrl_c_kept`)."""
-    def checked(*a: Any, **k: Any) -> None:
-        if ctrl_c.is_set():
-            raise KeyboardInterrupt
-        on_progress(*a, **k)
-    return checked
-
-
-def _renumber(report: Any, findings: list[dict[str, Any]], number: dict[str, int],
-              final: dict[str, tuple[Finding, bool]], generated_at: dict[str, int], column: str,
-              who: dict[str, Any]) -> None:
-    """A complete run's findings are numbered in the order the generated sequence first meets them (then,
-    for keys seen only while shrinking, by key), whatever order the workers handed them over in: with
-    ``--jobs`` > 1 the hand-over order follows the lanes' timing, so the same run could number the same
-    findings differently (issue 15: two runs of one command give the same report).  Rewrites the report
-    only when the order differs."""
-    keys = sorted(number, key=lambda k: (generated_at.get(k, float("inf")), k))
-    if keys == sorted(number, key=number.get):
-        return
+def _renumber(report: Any, ev: Renumbered, shown_as: _Column) -> None:
+    """A complete run's findings in their final order (the explorer's numbering: the order the generated
+    sequence first met them, whatever order the workers handed them over in), files and replay commands
+    renamed with them."""
     report.clear_findings()
-    findings.clear()
-    number.clear()
-    for key in keys:
-        f, confirmed = final[key]
-        findings.append(_write(report, f, confirmed, column, who))
-        number[key] = len(findings)
+    for f in ev.findings:
+        _write(report, f, shown_as, append=True)
     report.flush()
 
 
-def _write(report: Any, f: Finding, confirmed: bool, column: str, who: dict[str, Any],
-           replace: int | None = None) -> dict[str, Any]:
-    """Write one finding into the report (as finding ``replace``, or as the next one) with its known-issue
-    and root-cause tags; return its line of the JSON summary.  ``confirmed``: it is past the hand-over
-    (shrunk, or as seen), so its confirmation is shown; before, it is ``unshrunk``."""
-    conf = f.confirmation if confirmed else None
-    entry = report.add_finding(f, column=column, replace=replace, with_confirmation=confirmed, **shown(f, who))
+def _write(report: Any, ev: FindingEvent, shown_as: _Column, append: bool = False) -> None:
+    """Write finding ``ev.n`` into the report (a new one for `Seen`, else over the one with its number) with
+    its known-issue and root-cause tags.  Past its hand-over (shrunk, or as seen) its confirmation is shown."""
+    f = ev.finding
+    new = append or isinstance(ev, Seen)
+    entry = report.add_finding(f, column=shown_as.column, replace=None if new else ev.n,
+                               with_confirmation=ev.past_hand_over, **shown(f, shown_as.who))
     entry["shrunk"] = f.shrunk
     if entry["shrunk"] is False:
-        entry["stage"] = "as seen" if confirmed else "unshrunk"
-    tags = _annotate(f)  # known issue and root-cause group (known/labels.py)
-    entry.update(tags)
-    sc = f.scenario
-    return {"check": f.check, "error": f.error, "blocks": len(sc.blocks), "steps": len(sc.steps),
-            "scenario": sc.to_dict(), "shrunk": entry["shrunk"],
-            "confirmation": conf.status if conf is not None else None, **tags}
+        entry["stage"] = ev.stage.value
+    entry.update(_annotate(f))  # known issue and root-cause group (known/labels.py)
+    report.flush()
 
 
 def shown(f: Finding, who: dict[str, Any]) -> dict[str, Any]:

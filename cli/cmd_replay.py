@@ -1,7 +1,7 @@
 """``zerostate replay SCENARIO.json``: run one saved scenario; say pass or fail, and why.
 
 A finding file (``finding_<n>.json``: ``{"check", "key", "error", "scenario", "sequence"?}``) is judged
-on *its* check (issue 15): ``FAIL`` (exit 1) when the replay has a finding with the file's ``check``
+on *its* check: ``FAIL`` (exit 1) when the replay has a finding with the file's ``check``
 (the same ``key`` or not: the report says which), ``PASS`` (exit 0) when that check holds; any other
 failing check is listed separately and does not change the exit status.  An order-dependent finding's
 ``sequence`` (the examples that must run first) is run first, in the target's fresh worker.  A plain
@@ -78,7 +78,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         for sc in sequence:  # an order-dependent finding: what ran before it, in this fresh worker
             api.run_scenario(target, sc)
-        for ran in range(1, repeat + 1):  # an intermittent finding (a race): until its check shows
+        ran = 0
+        while ran < repeat:  # an intermittent finding (a race): until its check shows
+            ran += 1
             outcome = api.run_scenario(target, scenario)
             if any(f.check == want if want else True for f in api.findings(outcome)):
                 break

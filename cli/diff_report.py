@@ -1,8 +1,8 @@
 """The report of ``zerostate diff``: diff.md (for a pull request), diff.json, and finding_<n>.json per finding.
 
-diff.json is the dict `cmd_diff.run` builds (also printed by ``--json``); diff.md renders it: the verdict,
-the findings by status (fixed / introduced / unchanged) with their known issue and the other build's
-replay, findings grouped by root cause, and gathered-parameter memory and all-gathers per scenario family.
+diff.json is the dict `cmd_diff.run` builds (also printed by ``--json``); diff.md renders it: the verdict, the
+findings by status (introduced / fixed / intermittent / unmasked / unchanged) with their known issue and the other
+build's replay, findings grouped by root cause, and gathered-parameter memory and all-gathers per scenario family.
 """
 
 from __future__ import annotations
@@ -32,41 +32,59 @@ def _replay_cmd(out_dir: str, e: dict[str, Any], side: dict[str, Any]) -> str:
 
 
 def render(r: dict[str, Any], out_dir: str = ".") -> str:
-    b, h, c = r["base"], r["head"], r["counts"]
-    out = [f"# zerostate diff: {b['name']} → {h['name']}", "",
-           f"**{r['verdict']}**: {c['fixed']} fixed, {c['introduced']} introduced, {c.get('unmasked', 0)} unmasked "
-           f"(a known bug of base that base's run stopped before), {c['unchanged']} unchanged; "
-           f"{len(r['memory']['regressions'])} gathered-parameter memory regression(s) beyond "
-           f"{r['memory']['tolerance']:.0%}.", "",
-           "| | base | head |", "|---|---|---|",
-           f"| build | {b['name']} | {h['name']} |",
-           f"| exploration | {b['exploration']} | {h['exploration']} |",
-           f"| distinct runs (replays included) | {b['runs']} | {h['runs']} |", "",
-           f"Same exploration on both builds: seed {r['seed'] if r['seed'] is not None else '0 (fixed default)'}, "
-           f"{r['examples']} examples per search, world size {r['world_size']}"
-           f"{', plus the scenario(s) ' + ', '.join(r['scenarios']) if r.get('scenarios') else ''}; {r['seconds']:.0f} s.  "
-           f"Command: `{r['command_line']}`", ""]
-    out += ["## Findings", ""]
+    out = _head(r) + ["## Findings", ""]
     if not r["findings"]:
         out += ["None on either build.", ""]
     else:
-        out += ["| # | status | check | known issue | found on | replay on the other build |", "|---|---|---|---|---|---|"]
+        out += ["| # | status | check | known issue | found on | replay on the other build |",
+                "|---|---|---|---|---|---|"]
         for e in r["findings"]:
             other = e.get("replay_on_head") or e.get("replay_on_base")
             k = e.get("known_issue")
             out.append(f"| [{e['n']}](#diff-{e['n']}) | **{e['status']}** | `{e['check']}` | "
-                       f"{'`' + k['id'] + '`' if k else 'none (new)'} | {e['found_on']} | {_evidence(other)} |")
-        out += [""] + _groups(r["findings"])
+                       f"{_issue(k)} | {e['found_on']} | {_evidence(other)} |")
+        out += ["", *_groups(r["findings"])]
         for e in r["findings"]:
             out += _detail(e, r, out_dir)
     out += _memory(r["memory"])
     return "\n".join(out) + "\n"
 
 
+def _issue(k: dict[str, Any] | None) -> str:
+    """A known issue as a table cell: its id, and "limitation" for one DeepSpeed documents."""
+    if not k:
+        return "none (new)"
+    return f"`{k['id']}`" + (" (documented limitation)" if k.get("nature") == "limitation" else "")
+
+
+def _head(r: dict[str, Any]) -> list[str]:
+    """The title, the verdict with the counts, the two builds and how they were explored."""
+    b, h, c = r["base"], r["head"], r["counts"]
+    verdict = (f"**{r['verdict']}**: {c['fixed']} fixed, {c['introduced']} introduced, {c['intermittent']} "
+               f"intermittent (shown on the other build in some replays only), {c['unmasked']} unmasked (a known "
+               f"bug of base that base's run stopped before), {c['unchanged']} unchanged; "
+               f"{len(r['memory']['regressions'])} gathered-parameter memory regression(s) beyond "
+               f"{r['memory']['tolerance']:.0%}.")
+    seed = r["seed"] if r["seed"] is not None else "0 (fixed default)"
+    given = ", plus the scenario(s) " + ", ".join(r["scenarios"]) if r.get("scenarios") else ""
+    how = (f"Same exploration on both builds: seed {seed}, {r['examples']} examples per search, world size "
+           f"{r['world_size']}{given}; {r['seconds']:.0f} s.  Command: `{r['command_line']}`")
+    return [f"# zerostate diff: {b['name']} → {h['name']}", "", verdict, "",
+            "| | base | head |", "|---|---|---|",
+            f"| build | {b['name']} | {h['name']} |",
+            f"| exploration | {b['exploration']} | {h['exploration']} |",
+            f"| distinct runs (replays included) | {b['runs']} | {h['runs']} |", "", how, ""]
+
+
 def _evidence(rep: dict[str, Any]) -> str:
-    if rep["clean"]:
-        return "clean (no finding)"
-    return "; ".join(f"`{f['check']}`: {f['error'][:80]}" for f in rep["findings"]).replace("|", "\\|")
+    shown = "clean (no finding)" if rep["clean"] else "; ".join(
+        f"`{f['check']}`: {f['error'][:80]}" for f in rep["findings"]).replace("|", "\\|")
+    return f"{shown}; {_runs(rep)}"
+
+
+def _runs(rep: dict[str, Any]) -> str:
+    """How often the replays showed the finding."""
+    return f"the finding in {rep['hits']} of {rep['runs']} run(s)"
 
 
 def _groups(entries: list[dict[str, Any]]) -> list[str]:
@@ -76,7 +94,7 @@ def _groups(entries: list[dict[str, Any]]) -> list[str]:
            "| root cause | known issue (fixed in) | findings | count |", "|---|---|---|---|"]
     for g in gs:
         k = g["known_issue"]
-        ki = f"`{k['id']}` ({k.get('fixed_in') or 'not fixed'})" if k else "none (new)"
+        ki = f"{_issue(k)} ({k.get('fixed_in') or 'not fixed'})" if k else "none (new)"
         out.append(f"| {g['title']} | {ki} | " + ", ".join(f"#{n}" for n in g["findings"]) + f" | {g['count']} |")
     return out + [""]
 
@@ -85,17 +103,18 @@ def _detail(e: dict[str, Any], r: dict[str, Any], out_dir: str) -> list[str]:
     other_side = "head" if e["found_on"] == "base" else "base"
     rep = e[f"replay_on_{other_side}"]
     k = e.get("known_issue")
-    out = [f'<a id="diff-{e["n"]}"></a>', f"### {e['n']}. {e['status']}: `{e['check']}` (found on {e['found_on']})", ""]
+    out = [f'<a id="diff-{e["n"]}"></a>', f"### {e['n']}. {e['status']}: `{e['check']}` (found on {e['found_on']})",
+           ""]
     if k:
-        out += [f"Known issue `{k['id']}` ({k['owner']}; "
-                f"{'first fixed in ' + k['fixed_in'] if k.get('fixed_in') else 'not fixed in any release'}): "
-                f"{k['title']}", ""]
+        kind = "limitation" if k.get("nature") == "limitation" else "bug"
+        fixed = f"first fixed in {k['fixed_in']}" if k.get("fixed_in") else "not fixed in any release"
+        out += [f"Known {kind} `{k['id']}` ({k['owner']}; {fixed}): {k['title']}", ""]
+    shown = "clean, no finding" if rep["clean"] else "; ".join(f"`{f['check']}` {f['error']}" for f in rep["findings"])
     out += ["```text", e["error"].strip().splitlines()[0] if e["error"].strip() else "", "```", "",
             "Scenario (shrunk):", "", "```text", e["description"], "```", "",
-            f"Replay on {other_side}: " + ("clean, no finding." if rep["clean"] else
-                                           "; ".join(f"`{f['check']}` {f['error']}" for f in rep["findings"])), "",
-            "```sh", _replay_cmd(out_dir, e, r["base"]) + "    # base", _replay_cmd(out_dir, e, r["head"]) + "    # head",
-            "```", ""]
+            f"Replay on {other_side}: {shown} (first run); {_runs(rep)}.", "",
+            "```sh", _replay_cmd(out_dir, e, r["base"]) + "    # base",
+            _replay_cmd(out_dir, e, r["head"]) + "    # head", "```", ""]
     return out
 
 
@@ -109,12 +128,12 @@ def _fmt(x: Any) -> str:
 
 def _memory(m: dict[str, Any]) -> list[str]:
     out = ["## Gathered-parameter memory and all-gathers (ZeRO-3)", "",
-           "Per scenario family, over the scenarios both explorations ran to the end: real gathered-parameter "
-           "peak (elements) and all-gathers, medians base → head, head/base ratios (median, worst, best).", ""]
+           ("Per scenario family, over the scenarios both explorations ran to the end: real gathered-parameter "
+            "peak (elements) and all-gathers, medians base → head, head/base ratios (median, worst, best)."), ""]
     if not m["families"]:
         return out + ["No ZeRO-3 scenario ran to the end on both builds.", ""]
-    out += ["| family | scenarios | peak base → head (median) | peak ratio median / worst / best | "
-            "all-gathers base → head (median) | all-gather ratio median / worst / best |",
+    out += [("| family | scenarios | peak base → head (median) | peak ratio median / worst / best | "
+             "all-gathers base → head (median) | all-gather ratio median / worst / best |"),
             "|---|---|---|---|---|---|"]
     for f in m["families"]:
         p, a = f["peak_elements"], f["all_gathers"]
@@ -129,7 +148,7 @@ def _memory(m: dict[str, Any]) -> list[str]:
             if d["base"] != d["head"]:
                 out.append(f"- {f['family']}, {what}: {d['base']} → {d['head']} in: {d['description']}")
     if m["regressions"]:
-        out += ["", f"**Memory regressions** (peak above base × {1 + m['tolerance']:.2f}):", ""]
+        out += ["", f"**Memory regressions** (peak above base times {1 + m['tolerance']:.2f}):", ""]
         out += [f"- {g['family']}: {g['base']} → {g['head']} elements in: {g['description']}" for g in m["regressions"]]
     return out + [""]
 

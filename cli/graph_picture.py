@@ -3,7 +3,9 @@ initial state, the counterexample path in red, ending at the violation."""
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from itertools import pairwise
+from typing import Any
 
 from zerostate.cli.canvas import Canvas
 from zerostate.cli.pictures import titles
@@ -32,11 +34,11 @@ def graph_picture(graph: Any, path: Iterable[Any] = (), title: str = "", subtitl
            for d, ns in layers.items() for i, n in enumerate(ns)}
     c = Canvas(int(width), int(height))
     titles(c, title, subtitle)
-    on_path = set(zip(path, path[1:]))
+    on_path = set(pairwise(path))
     for a, b in graph.edges:
         if a in pos and b in pos and (a, b) not in on_path:
             c.line(*pos[a], *pos[b], color="#9e9e9e", width=0.6, opacity=0.6)
-    for k, (a, b) in enumerate(zip(path, path[1:]), start=1):
+    for k, (a, b) in enumerate(pairwise(path), start=1):
         if a in pos and b in pos:
             c.line(*pos[a], *pos[b], color="#d50000", width=2.5)
             (x1, y1), (x2, y2) = pos[a], pos[b]
@@ -53,9 +55,9 @@ def graph_picture(graph: Any, path: Iterable[Any] = (), title: str = "", subtitl
                size=11, color="#b71c1c", bold=True)
     colw = (width - 24) / STEP_COLUMNS
     for k, text in enumerate(steps):
-        x, y = 12 + colw * (k // key_rows), ky + 17 * (k % key_rows + 1)
+        col_x, row_y = 12 + colw * (k // key_rows), ky + 17 * (k % key_rows + 1)
         room = int(colw / 6.2)
-        c.text(x, y, text if len(text) <= room else text[:room - 1] + "…", size=10, color="#333333")
+        c.text(col_x, row_y, text if len(text) <= room else text[:room - 1] + "…", size=10, color="#333333")
     c.text(12, height - 12, f"{graph.number_of_nodes()} states, {graph.number_of_edges()} transitions, "
            f"{len(layers)} layers (breadth-first depth from the initial state); red: the counterexample",
            size=11, color="#555555")
@@ -68,7 +70,7 @@ STEP_COLUMNS = 3
 def _steps(graph: Any, path: list[Any]) -> list[str]:
     """One line per counterexample transition: its number and the events it emitted."""
     out = []
-    for k, (a, b) in enumerate(zip(path, path[1:]), start=1):
+    for k, (a, b) in enumerate(pairwise(path), start=1):
         evs = graph.edges[a, b].get("events", []) if graph.has_edge(a, b) else []
         out.append(f"{k}. " + ("; ".join(evs) if evs else "(next segment)"))
     return out

@@ -10,19 +10,21 @@ import argparse
 import faulthandler
 import signal
 import sys
-from typing import Sequence
+from collections.abc import Sequence
+from typing import NoReturn
 
 from zerostate import __version__
 
 from zerostate.cli import cmd_bisect, cmd_check, cmd_compare, cmd_diff, cmd_explore, cmd_replay
 from zerostate.watcher import command as cmd_watch
 from zerostate.cli.common import EXIT_INTERRUPTED, EXIT_USAGE, CliError
+from zerostate.targets.base import TargetError
 
 COMMANDS = (cmd_explore, cmd_check, cmd_compare, cmd_replay, cmd_bisect, cmd_diff, cmd_watch)
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, exit 2, like every other bad input
+    def error(self, message: str) -> NoReturn:  # one line, exit 2, like every other bad input
         self.exit(EXIT_USAGE, f"zerostate: {message} (see `{self.prog} --help`)\n")
 
 
@@ -54,6 +56,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return args.run(args)
     except CliError as exc:
         print(f"zerostate: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except TargetError as exc:  # a target that fails once running (a rank pool that cannot start): one line
+        lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+        print(f"zerostate: {lines[0] if lines else type(exc).__name__}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         print("zerostate: interrupted", file=sys.stderr)

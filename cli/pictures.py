@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Sequence
+from collections.abc import Sequence
 
 from zerostate.model.events import EventKind, Event
 
@@ -22,7 +22,8 @@ WINDOW = 120
 
 _GREY, _BLUE, _TEAL, _ORANGE, _GREEN, _BROWN = "#616161", "#1565c0", "#00838f", "#ef6c00", "#2e7d32", "#8d4e2a"
 MARKS: dict[EventKind, tuple[str, str]] = {
-    EventKind.FORWARD_START: ("F>", _GREY), EventKind.FORWARD_END: ("F|", _GREY), EventKind.EVAL_FORWARD_START: ("V>", _GREY),
+    EventKind.FORWARD_START: ("F>", _GREY), EventKind.FORWARD_END: ("F|", _GREY),
+    EventKind.EVAL_FORWARD_START: ("V>", _GREY),
     EventKind.EVAL_FORWARD_END: ("V|", _GREY), EventKind.USER_BACKWARD_START: ("B>", _GREY),
     EventKind.USER_BACKWARD_END: ("B|", _GREY), EventKind.STEP: ("ST", _GREY),
     EventKind.TASK_START: ("T>", _BLUE), EventKind.TASK_END: ("T|", _BLUE), EventKind.OUTPUT_HOOK: ("O", _BLUE),
@@ -31,14 +32,17 @@ MARKS: dict[EventKind, tuple[str, str]] = {
     EventKind.MODULE_PRE_BACKWARD: ("b>", _TEAL), EventKind.MODULE_POST_BACKWARD: ("b|", _TEAL),
     EventKind.RECOMPUTE_START: ("R>", _TEAL), EventKind.RECOMPUTE_END: ("R|", _TEAL), EventKind.SAVE_LIVE: ("S", _TEAL),
     EventKind.UNPACK: ("U", _TEAL),
-    EventKind.ENTER_BACKWARD: ("E+", _ORANGE), EventKind.EXIT_BACKWARD: ("E-", _ORANGE), EventKind.COUNT: ("#", _ORANGE),
-    EventKind.CALLBACK_QUEUED: ("Q", _ORANGE), EventKind.CALLBACK_RUN: ("Q!", _ORANGE), EventKind.POST_HOOKS: ("P", _ORANGE),
+    EventKind.ENTER_BACKWARD: ("E+", _ORANGE), EventKind.EXIT_BACKWARD: ("E-", _ORANGE),
+    EventKind.COUNT: ("#", _ORANGE),
+    EventKind.CALLBACK_QUEUED: ("Q", _ORANGE), EventKind.CALLBACK_RUN: ("Q!", _ORANGE),
+    EventKind.POST_HOOKS: ("P", _ORANGE),
     EventKind.EPILOGUE: ("EP", _ORANGE), EventKind.BUCKET_ADD: ("+", _ORANGE), EventKind.BUCKET_FLUSH: ("FL", _ORANGE),
     EventKind.BUCKET_CLEAR: ("CL", _ORANGE),
     EventKind.FETCH: ("AG", _GREEN), EventKind.PREFETCH: ("pf", _GREEN), EventKind.RELEASE: ("RL", _BROWN),
     EventKind.TRACE_STATE: ("TS", _GREEN),
 }
-MARKS.update({EventKind.REREGISTER: ("RR", _TEAL), EventKind.HOLDERS: ("H", _GREEN), EventKind.PERSISTENT: ("PS", _GREEN),
+MARKS.update({EventKind.REREGISTER: ("RR", _TEAL), EventKind.HOLDERS: ("H", _GREEN),
+              EventKind.PERSISTENT: ("PS", _GREEN),
               EventKind.LEAF_GRAD: ("LG", _BLUE)})
 
 
@@ -49,7 +53,8 @@ def mark(ev: Event) -> tuple[str, str]:
         label += ev.note
     return label, color
 PHASES = {"forward": "#dbeafe", "eval": "#eeeeee", "backward": "#ffe8cc", "recompute": "#e9d5ff"}
-_OPEN = {EventKind.FORWARD_START: "forward", EventKind.EVAL_FORWARD_START: "eval", EventKind.USER_BACKWARD_START: "backward",
+_OPEN = {EventKind.FORWARD_START: "forward", EventKind.EVAL_FORWARD_START: "eval",
+         EventKind.USER_BACKWARD_START: "backward",
          EventKind.RECOMPUTE_START: "recompute"}
 _CLOSE = {EventKind.FORWARD_END: "forward", EventKind.EVAL_FORWARD_END: "eval", EventKind.USER_BACKWARD_END: "backward",
           EventKind.RECOMPUTE_END: "recompute"}
@@ -105,8 +110,8 @@ def trace_picture(events: Sequence[Event], violation: int | None, title: str, su
     titles(c, title, subtitle)
     x0 = lambda i: left + col * (i - lo)  # noqa: E731
     y_lanes = top + lane_h * len(lanes)
-    for phase, a, b in phase_spans(events):
-        a, b = max(a, lo), min(b, hi - 1)
+    for phase, start, end in phase_spans(events):
+        a, b = max(start, lo), min(end, hi - 1)
         if a > b:
             continue
         y = top if phase != "recompute" else top + 4
@@ -114,9 +119,9 @@ def trace_picture(events: Sequence[Event], violation: int | None, title: str, su
         if col * (b - a + 1) >= 7 * len(phase) + 6:
             c.text(x0(a) + 3, top - 6, phase, size=11, color="#444444")
     for j, name in enumerate(lanes):
-        y = top + lane_h * j + lane_h / 2
-        c.line(left - 6, y, x0(hi) + 6, y, color="#bdbdbd", width=1)
-        c.text(left - 10, y + 4, name, size=12, anchor="end", bold=name == ENGINE)
+        lane_y = top + lane_h * j + lane_h / 2
+        c.line(left - 6, lane_y, x0(hi) + 6, lane_y, color="#bdbdbd", width=1)
+        c.text(left - 10, lane_y + 4, name, size=12, anchor="end", bold=name == ENGINE)
     for i in range(lo, hi, 5):
         c.text(x0(i) + col / 2, y_lanes + 16, str(i), size=10, anchor="middle", color="#555555")
     c.text(left - 10, y_lanes + 16, "event #", size=10, anchor="end", color="#555555")

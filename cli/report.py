@@ -19,7 +19,8 @@ import signal
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 from zerostate import __version__
 from zerostate.model.events import Event
@@ -71,7 +72,7 @@ class Report:
                     "seconds": 0.0},
             "columns": columns,
             "specs": {sid: {"sentence": s.sentence, "family": s.family,
-                            "results": {c: "not checked" for c in columns}, "findings": []}
+                            "results": dict.fromkeys(columns, "not checked"), "findings": []}
                       for sid, s in specs.items()},
             "findings": [], "summary": {},
         }
@@ -83,8 +84,7 @@ class Report:
     # ---------------------------------------------------------------- updates
     def set_result(self, spec_id: str, column: str, result: str, sentence: str = "") -> None:
         row = self.data["specs"].setdefault(spec_id, {"sentence": sentence, "family": "oracle",
-                                                      "results": {c: "not checked" for c in
-                                                                  self.data["columns"]},
+                                                      "results": dict.fromkeys(self.data["columns"], "not checked"),
                                                       "findings": []})
         row["results"][column] = result
 
@@ -99,6 +99,7 @@ class Report:
     def _add_finding(self, f: Finding, shown: Shown, column: str | None, replay_args: str | None,
                      replace: int | None = None) -> dict[str, Any]:
         n = replace or len(self.data["findings"]) + 1
+        assert f.scenario is not None, "a report's findings come from scenarios that ran"
         entry: dict[str, Any] = {
             "n": n, "check": f.check, "error": f.error, "design": shown.design, "where": shown.where,
             "blocks": len(f.scenario.blocks), "steps": len(f.scenario.steps),
@@ -165,7 +166,7 @@ class Report:
             return
         try:
             script = shown.repro(n)
-        except Exception as exc:  # a report must survive a generator bug; say so in it
+        except Exception as exc:  # noqa: BLE001 -- a report must survive a generator bug; it says so in it
             entry["notes"].append(f"repro script not generated: {type(exc).__name__}: {exc}")
             return
         replace_file(os.path.join(self.dir, f"repro_{n}.py"), script)
@@ -195,13 +196,16 @@ class Report:
 
     def flush(self) -> None:
         self.data["run"]["seconds"] = round(time.monotonic() - self._t0, 2)
+        if any("harness_error" in e for e in self.data["findings"]) or "harness_errors" in self.data:
+            self.data["harness_errors"] = [{"n": e["n"], "key": e.get("key"), "why": e["harness_error"]}
+                                           for e in self.data["findings"] if e.get("harness_error")]
         replace_file(os.path.join(self.dir, "report.json"), json.dumps(self.data, indent=2) + "\n")
         replace_file(os.path.join(self.dir, "report.md"), render_markdown(self.data))
 
 
 def _reliability(findings: list[dict[str, Any]], restarts: list[dict[str, Any]]) -> dict[str, Any]:
     """Findings confirmed by a replay in a fresh worker / reported; order-dependent ones; not reproduced;
-    not checked (run interrupted); the worker restarts and why (issue 15)."""
+    not checked (run interrupted); the worker restarts and why."""
     st = [(f.get("confirmation") or {}).get("status", "not-checked") for f in findings]
     return {"reported": len(findings), "confirmed": st.count("confirmed"),
             "order_dependent": st.count("order-dependent"), "intermittent": st.count("intermittent"),
@@ -237,7 +241,7 @@ def _sigint_deferred() -> Iterator[None]:
             previous(signal.SIGINT, None)
 
 
-def _around(events: list[Event] | None, violation: int | None) -> list[dict[str, Any]]:
+def _around(events: Sequence[Event] | None, violation: int | None) -> list[dict[str, Any]]:
     if not events:
         return []
     at = violation if violation is not None else len(events) - 1

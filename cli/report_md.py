@@ -30,12 +30,23 @@ def render_markdown(d: dict[str, Any]) -> str:
     out += [""] + [f"- `{sid}`: {row['sentence']}" for sid, row in d["specs"].items() if row["sentence"]]
     if d.get("summary_text"):
         out += ["", "## Summary", "", "```text", d["summary_text"].rstrip(), "```"]
-    out += _groups(d["findings"])
-    out += ["", f"## Findings ({len(d['findings'])})", ""]
-    if not d["findings"]:
+    about = [f for f in d["findings"] if not f.get("harness_error")]
+    own = [f for f in d["findings"] if f.get("harness_error")]
+    out += _groups(about)
+    if "harness_errors" in d:
+        out += ["", (f"harness errors: {len(own)} (zerostate's own failures, listed apart below; none is a finding "
+                     "about DeepSpeed)")]
+    out += ["", f"## Findings ({len(about)})", ""]
+    if not about:
         out += ["None.", ""]
-    for f in d["findings"]:
+    for f in about:
         out += _finding(f)
+    if own:
+        out += ["", f"## Harness errors ({len(own)})", "",
+                ("zerostate itself failed here -- its oracle, its executor, its own code, or building the scenario "
+                 "before DeepSpeed ran.  A project bug, not a finding about DeepSpeed."), ""]
+        for f in own:
+            out += _finding(f)
     return "\n".join(out) + "\n"
 
 
@@ -85,7 +96,8 @@ def _finding(f: dict[str, Any]) -> list[str]:
     n, files = f["n"], f["files"]
     who = f" on `{f['design']}`" if f.get("design") else f" on {f['where']}" if f.get("where") else ""
     out = [f'<a id="finding-{n}"></a>', f"### Finding {n}: `{f['check']}`{who}", "",
-           *_known(f), "```text", f["error"].strip(), "```", "", _scenario_title(f), "", "```text", f["description"], "```", ""]
+           *_known(f), "```text", f["error"].strip(), "```", "", _scenario_title(f), "",
+           "```text", f["description"], "```", ""]
     if f.get("confirmation"):
         c = f["confirmation"]
         rate = f" ({c['hits']} of {c['repeat']} runs)" if c.get("repeat") else ""
@@ -120,21 +132,30 @@ def _groups(findings: list[dict[str, Any]]) -> list[str]:
     if not gs:
         return []
     out = ["", f"## Root causes ({len(gs)} for {len(findings)} finding(s))", "",
-           "| root cause | known issue | owner | fixed in | findings | count |", "|---|---|---|---|---|---|"]
+           "| root cause | known issue | kind | owner | fixed in | findings | count |", "|---|---|---|---|---|---|---|"]
     for g in gs:
         k = g["known_issue"]
         out.append(f"| {g['title']} | {'`' + k['id'] + '`' if k else '**new** (no known issue)'} | "
+                   f"{_nature(k) if k else '—'} | "
                    f"{k['owner'] if k else '—'} | {(k.get('fixed_in') or 'not fixed') if k else '—'} | "
                    + ", ".join(f"[#{n}](#finding-{n})" for n in g["findings"]) + f" | {g['count']} |")
     return out
 
 
+def _nature(k: dict[str, Any]) -> str:
+    """``bug``, or ``documented limitation`` (DeepSpeed says so in its own test or log line)."""
+    return "documented limitation" if k.get("nature") == "limitation" else "bug"
+
+
 def _known(f: dict[str, Any]) -> list[str]:
+    if f.get("harness_error"):
+        return [f"Harness error (zerostate's own failure, not DeepSpeed's): {f['harness_error']}.", ""]
     k = f.get("known_issue")
     if k:
         fixed = f"first fixed in {k['fixed_in']}" if k.get("fixed_in") else "not fixed in any release"
         patch = f" Proposed fix: {k['upstream_patch']}" if k.get("upstream_patch") else ""
-        return [f"Known issue `{k['id']}` ({k['owner']}; {fixed}): {k['title']}.{patch}", ""]
+        cites = f" DeepSpeed documents it: {k['cites']}." if k.get("cites") else ""
+        return [f"Known {_nature(k)} `{k['id']}` ({k['owner']}; {fixed}): {k['title']}.{patch}{cites}", ""]
     return ["New: no known issue explains this finding.", ""] if "known_issue" in f else []
 
 

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from zerostate.model.scenario import Scenario
 from zerostate.findings.finding import Finding
 
 
-def repro_for(scenario: Scenario, check: str, error: str, finding: Any = None) -> Callable[[int], str]:
+def repro_for(scenario: Scenario | None, check: str, error: str, finding: Any = None) -> Callable[[int], str]:
     """``n -> text of repro_<n>.py`` for a finding (or for a bare scenario, check and message)."""
     if finding is None:
         finding = Finding(check=check, error=error, scenario=scenario)

@@ -1,4 +1,4 @@
-"""The one place the CLI meets the targets package (targets/base.py, explorer/explore.py).
+"""The one place the CLI meets the targets package and the explorer (targets/base.py, explorer/explore.py).
 
 The CLI builds, describes, runs and closes targets through here (options checked, errors as `CliError`),
 and reads the one typed shape the targets produce -- `Finding` and `Outcome` (targets/base.py) -- by
@@ -8,11 +8,14 @@ their fields, with no fallbacks.
 from __future__ import annotations
 
 import os
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from zerostate.model.scenario import Scenario
-from zerostate.targets.base import Outcome, Target, get_target
+from zerostate.targets.base import Outcome, Target, TargetError, get_target
 from zerostate.findings.finding import Finding
+
+if TYPE_CHECKING:
+    from zerostate.explorer.explore import Exploration
 
 from zerostate.cli.common import CliError, need
 
@@ -56,21 +59,47 @@ def close(t: Target) -> None:
     t.close()
 
 
+@runtime_checkable
+class _Started(Protocol):
+    def startup(self) -> list[Any]: ...
+
+
+def startup(t: Target) -> list[Any]:
+    """What starting the target's workers cost, per world size (seconds; the DeepSpeed ops JIT-built then: a
+    first build is start-up, not exploring); [] for a target without workers."""
+    return t.startup() if isinstance(t, _Started) else []
+
+
 def describe_target(t: Target) -> dict[str, Any]:
     """What a report says of the target: its kind, the DeepSpeed release (None for the model), the design."""
     return {"target": t.name, "deepspeed": t.version, "design": t.design.name}
 
 
-def explore(t: Target, examples: int, seed: int | None, on_finding: Callable[[Finding], None],
-            on_progress: Callable[..., None], **options: Any) -> Any:
-    """``options``: the explorer's other keywords (``on_restart``, ``confirm``)."""
+def exploration(t: Target, examples: int, seed: int | None, **options: Any) -> Exploration:
+    """An exploration of ``t`` to iterate (`Exploration.events`); ``options``: its other keywords (``jobs``,
+    ``spawn``, ``first``, ``confirm``)."""
     mod = need("zerostate.explorer.explore", "zerostate explore")
-    return mod.explore(t, examples=examples, seed=seed, on_finding=on_finding, on_progress=on_progress, **options)
+    exp: Exploration = mod.Exploration(t, examples=examples, seed=seed, **options)
+    return exp
 
 
 def run_scenario(t: Target, scenario: Scenario) -> Outcome:
-    """One scenario on one target."""
-    return t.run(scenario)
+    """One scenario on one target; the target failing (its worker cannot start) is a `CliError`."""
+    try:
+        return t.run(scenario)
+    except TargetError as exc:
+        raise target_failed(exc) from None
+
+
+def target_failed(exc: Exception, runs: int | None = None) -> CliError:
+    """The one line saying the target broke while running (a rank pool that cannot start, a worker that
+    cannot restart): its first line, and how far the run got."""
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    what = lines[0] if lines else type(exc).__name__
+    if isinstance(exc, CliError):
+        return exc
+    after = f" after {runs} distinct run(s)" if runs else ""
+    return CliError(f"the target failed{after}: {what}")
 
 
 # ------------------------------------------------------------------ findings
@@ -90,4 +119,5 @@ def outcome(o: Outcome) -> tuple[bool, str | None, str]:
     return passed, (None if passed else first.check if first is not None else None), str(error or "")
 
 
-__all__ = ["close", "describe_target", "explore", "findings", "outcome", "run_scenario", "target"]
+__all__ = ["close", "describe_target", "exploration", "findings", "outcome", "run_scenario", "startup", "target",
+           "target_failed"]

@@ -225,7 +225,7 @@ def run(ckpt: str = "non_reentrant", runtime: bool = False, steps: int = 5, zero
     try:
         trainer.train()
         result["weights_sha256"] = _weights_digest(trainer.model_wrapped)
-    except Exception as e:  # the job's outcome is data: stock 0.19.2 dies of seed 002
+    except Exception as e:  # noqa: BLE001 -- the job's outcome is data: stock 0.19.2 dies of seed 002
         result["error"] = {"type": type(e).__name__, "message": str(e)[:2000],
                            "traceback": traceback.format_exc()[-4000:]}
     result["per_step"] = per_step

@@ -62,7 +62,7 @@ class LocalCluster:
     def address(self) -> str:
         return f"{LOOPBACK}:{self.port}"
 
-    def start(self) -> "LocalCluster":
+    def start(self) -> LocalCluster:
         try:
             self.nodes.append(self._start_node(0))
             starting = [self._spawn(i) for i in range(1, self.count)]  # the worker nodes start side by side
@@ -135,7 +135,7 @@ class LocalCluster:
         self.nodes = []
         _forget(self)
 
-    def __enter__(self) -> "LocalCluster":
+    def __enter__(self) -> LocalCluster:
         return self.start()
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:

@@ -68,7 +68,7 @@ class _Lane:
 class RemoteTarget:
     """One worker of an exploration on the cluster of ``session``."""
 
-    def __init__(self, session: "ClusterSession", index: int):
+    def __init__(self, session: ClusterSession, index: int):
         self.session = session
         self.index = index
         self.name = session.spec["kind"]
@@ -104,7 +104,7 @@ class RemoteTarget:
         """The worker is lost: a new one, and the lane so far run again in it."""
         t0 = time.perf_counter()
         lost = getattr(self, "node", "?")
-        for attempt in range(MAX_RETRIES):
+        for _ in range(MAX_RETRIES):
             self.session.forget(self._actor)
             try:
                 self._start()

@@ -15,6 +15,7 @@ cluster's nodes hold at once: the default number of workers.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from types import TracebackType
@@ -36,6 +37,12 @@ _PASSED_ENV = ("ZEROSTATE_", "DS_", "OMP_NUM_THREADS", "HF_HUB_OFFLINE", "TRANSF
 def passed_env() -> dict[str, str]:
     """The settings of this process a worker on another node must see (example timeout, cache, DeepSpeed's)."""
     return {k: v for k, v in os.environ.items() if k.startswith(_PASSED_ENV)}
+
+
+def _node_line(n: dict[str, Any]) -> str:
+    res = n["Resources"]
+    gpus = f", {int(res['GPU'])} GPU" if res.get("GPU") else ""
+    return f"{n['NodeID'][:8]} ({int(res.get('CPU', 0))} CPU{gpus})"
 
 
 class ClusterSession:
@@ -80,15 +87,14 @@ class ClusterSession:
     @property
     def lanes(self) -> int:
         """How many workers (gangs) the live nodes hold at once."""
-        per = [int(n["Resources"].get("CPU", 0) // self.gang) for n in self.nodes()]
+        nodes = self.nodes()
+        per = [int(n["Resources"].get("CPU", 0) // self.gang) for n in nodes]
         if self.gpus:
-            per = [min(c, int(n["Resources"].get("GPU", 0) // self.gang)) for c, n in zip(per, self.nodes())]
+            per = [min(c, int(n["Resources"].get("GPU", 0) // self.gang)) for c, n in zip(per, nodes, strict=True)]
         return sum(per)
 
     def describe_nodes(self) -> str:
-        return ", ".join(f"{n['NodeID'][:8]} ({int(n['Resources'].get('CPU', 0))} CPU"
-                         f"{', %d GPU' % int(n['Resources']['GPU']) if n['Resources'].get('GPU') else ''})"
-                         for n in self.nodes()) or "none alive"
+        return ", ".join(_node_line(n) for n in self.nodes()) or "none alive"
 
     # ------------------------------------------------------------ workers
     def target(self) -> RemoteTarget:
@@ -140,10 +146,8 @@ class ClusterSession:
         if actor is None:
             return
         if graceful:
-            try:
+            with contextlib.suppress(Exception):  # an actor that cannot close is killed below
                 self.ray.get(actor.close.remote(), timeout=60)
-            except Exception:  # noqa: BLE001 -- an actor that cannot close is killed below
-                pass
         try:
             self.ray.kill(actor, no_restart=True)
         except Exception:  # noqa: BLE001 -- already gone with its node
@@ -158,7 +162,7 @@ class ClusterSession:
             self.ray.shutdown()
             self._connected_here = False
 
-    def __enter__(self) -> "ClusterSession":
+    def __enter__(self) -> ClusterSession:
         return self
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:

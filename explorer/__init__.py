@@ -1,2 +1,3 @@
-"""zerostate.explorer: exploring a target with Hypothesis -- the scenario strategies (shared with the
-tests), generation, shrinking and confirmation of findings."""
+"""zerostate.explorer: exploring a target with Hypothesis as a stream of typed events (`events`): the scenario
+strategies (shared with the tests), then the phases generate (`generate`, `workers`), shrink (`search`,
+`polish`) and confirm (`confirm`), driven by `explore.Exploration`."""

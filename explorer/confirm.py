@@ -1,6 +1,6 @@
 """Confirm a finding before it is reported: replay it in a fresh worker, alone, then after its history.
 
-A finding is only worth a reviewer's time if its replay command reproduces it (issue 15).  The
+A finding is only worth a reviewer's time if its replay command reproduces it.  The
 explorer runs every example in one persistent worker (a rank pool at world size 2), so an example can
 inherit state from the examples before it.  `confirm` judges a finding (by its key, `Finding.key`):
 
@@ -8,10 +8,12 @@ inherit state from the examples before it.  `confirm` judges a finding (by its k
 * ``order-dependent``  -- it does not alone, but it does after the examples that ran before it in the
   same worker (its *history*, from the worker's start); the shortest run of them that still makes it
   appear is found (the shortest suffix of the history, by bisection; then its first example alone, else
-  chunks of the rest dropped while it still appears) and becomes ``sequence``: the replay command and the repro script run it first;
+  chunks of the rest dropped while it still appears) and becomes ``sequence``: the replay command and the repro
+  script run it first;
 * ``intermittent``     -- neither alone nor after its whole history, but in some of ``REPEAT`` runs of
-  the scenario alone in one fresh worker (fewer when they take over ``REPEAT_SECONDS``) (a race: DeepSpeed 0.19.2's ZeRO-3 at world size 2 on gloo,
-  persistent parameters and a fused head, about 2-5 % of runs; docs/world-size-2.md): ``hits`` of
+  the scenario alone in one fresh worker (fewer when they take over ``REPEAT_SECONDS``) (a race: DeepSpeed
+  0.19.2's ZeRO-3 at world size 2 on gloo, persistent parameters and a fused head, about 2-5 % of runs;
+  docs/world-size-2.md): ``hits`` of
   ``repeat`` runs; the replay runs the scenario up to ``repeat`` times (``zerostate replay --repeat``);
 * ``not-reproduced``   -- none of these: reported all the same, marked so;
 * ``not-checked``      -- the run was interrupted before it could be replayed.
@@ -24,9 +26,15 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+import queue
+import threading
+from typing import Any, Generic, TypeVar
+from collections.abc import Iterator
 
 from zerostate.model.scenario import Scenario
+from zerostate.targets.base import Target
+
+from zerostate.explorer.workers import Refreshable, refresh, restarts_of
 
 REPEAT = 100
 """Runs of the scenario alone, in one fresh worker, before a finding is called not reproduced."""
@@ -35,11 +43,6 @@ MAX_TRIES = 16
 """Fresh workers one confirmation may start at most (the alone run and the whole history included)."""
 
 STATUSES = ("confirmed", "order-dependent", "intermittent", "not-reproduced", "not-checked")
-
-
-class StopExploring(KeyboardInterrupt):
-    """Raised by the explorer's ``on_progress`` callback to end a run early (a time budget): the findings
-    seen so far are handed over *confirmed*, then it propagates (a plain Ctrl-C skips the confirmation)."""
 
 
 @dataclass
@@ -66,11 +69,9 @@ class Confirmation:
         return d
 
 
-def reproduces(target: Any, key: str, scenario: Scenario, before: list[Scenario]) -> bool:
+def reproduces(target: Target, key: str, scenario: Scenario, before: list[Scenario]) -> bool:
     """Does ``scenario`` have a finding with ``key`` when run in a fresh worker after ``before``?"""
-    fresh = getattr(target, "fresh", None)
-    if fresh is not None:
-        fresh()
+    refresh(target)
     for sc in before:
         target.run(sc)
     return any(f.key == key for f in target.run(scenario).findings)
@@ -80,13 +81,11 @@ REPEAT_SECONDS = 180.0
 """...and at most this long (a hang costs its timeout per run): fewer runs are made, and said."""
 
 
-def hits_alone(target: Any, key: str, scenario: Scenario, repeat: int,
+def hits_alone(target: Target, key: str, scenario: Scenario, repeat: int,
                max_seconds: float | None = None) -> tuple[int, int]:
     """``(hits, runs)``: in how many of ``runs`` runs of ``scenario``, one after another in one fresh worker,
     it has ``key``; ``runs`` is ``repeat``, or fewer when ``max_seconds`` ran out first."""
-    fresh = getattr(target, "fresh", None)
-    if fresh is not None:
-        fresh()
+    refresh(target)
     t0, hits, runs = time.perf_counter(), 0, 0
     while runs < repeat and (max_seconds is None or runs == 0 or time.perf_counter() - t0 < max_seconds):
         hits += any(f.key == key for f in target.run(scenario).findings)
@@ -94,7 +93,7 @@ def hits_alone(target: Any, key: str, scenario: Scenario, repeat: int,
     return hits, runs
 
 
-def confirm(target: Any, key: str, scenario: Scenario, history: list[Scenario],
+def confirm(target: Target, key: str, scenario: Scenario, history: list[Scenario],
             max_tries: int = MAX_TRIES, repeat: int = REPEAT) -> Confirmation:
     t0 = time.perf_counter()
     tries = [0]
@@ -110,7 +109,7 @@ def confirm(target: Any, key: str, scenario: Scenario, history: list[Scenario],
 
     if attempt([]):
         return done("confirmed")
-    if getattr(target, "fresh", None) is None:
+    if not isinstance(target, Refreshable):
         return done("not-reproduced")
     if not history or not attempt(history):
         tries[0] += 1
@@ -148,4 +147,104 @@ def confirm(target: Any, key: str, scenario: Scenario, history: list[Scenario],
     return done("order-dependent", seq)
 
 
-__all__ = ["Confirmation", "REPEAT", "StopExploring", "hits_alone", "MAX_TRIES", "STATUSES", "confirm", "reproduces"]
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Job(Generic[T]):
+    """A finding to confirm: ``item`` is the caller's record of it, handed back with its confirmation."""
+
+    item: T
+    key: str
+    scenario: Scenario
+    history: list[Scenario]
+
+
+@dataclass(frozen=True)
+class Landed(Generic[T]):
+    item: T
+    confirmation: Confirmation
+    inline: bool
+    """Replayed on the first worker, in the caller's thread: that worker's history goes on from
+    ``confirmation.last_run``."""
+    restarted: bool
+    """... and the first worker was restarted meanwhile (its history starts afresh after it)."""
+
+
+class ConfirmQueue(Generic[T]):
+    """Findings waiting for their replay in a fresh worker.  With helper workers (``jobs`` > 1) each is
+    replayed on a helper, in a thread, while the first worker shrinks the next key; without, on the first
+    worker once shrinking is over, so that shrinking runs after the same examples whatever ``jobs`` is."""
+
+    def __init__(self, first: Target):
+        self.first = first
+        self._jobs: queue.Queue[Job[T] | None] = queue.Queue()
+        self._done: queue.Queue[tuple[Job[T], Confirmation | BaseException]] = queue.Queue()
+        self._pending: list[Job[T]] = []
+        self._threads: list[threading.Thread] = []
+        self._outstanding = 0
+
+    def add_helpers(self, helpers: list[Target]) -> None:
+        for w in helpers:
+            self._threads.append(threading.Thread(target=self._help, args=(w,), daemon=True,
+                                                  name="explore-confirm"))
+            self._threads[-1].start()
+
+    def submit(self, job: Job[T]) -> None:
+        self._outstanding += 1
+        if self._threads:
+            self._jobs.put(job)
+        else:
+            self._pending.append(job)
+
+    def landed(self, block: bool) -> Iterator[Landed[T]]:
+        """The confirmations that are done (``block``: every one, waiting for them); a helper's error (its
+        worker broke) is raised here."""
+        while self._outstanding:
+            got = self._from_helper(block) if self._threads else self._inline() if block else None
+            if got is None:
+                return
+            self._outstanding -= 1
+            yield got
+
+    def stop(self) -> None:
+        """Tell the helpers to end after their current replay (their workers are closed by the caller)."""
+        for _ in self._threads:
+            self._jobs.put(None)
+
+    def join(self) -> None:
+        for th in self._threads:
+            th.join(timeout=30)
+
+    def _from_helper(self, block: bool) -> Landed[T] | None:
+        while True:
+            try:
+                job, c = self._done.get(timeout=0.5) if block else self._done.get_nowait()
+            except queue.Empty:
+                if block:
+                    continue
+                return None
+            if isinstance(c, BaseException):
+                raise c
+            return Landed(job.item, c, False, False)
+
+    def _inline(self) -> Landed[T]:
+        job = self._pending.pop(0)
+        before = restarts_of(self.first)
+        c = confirm(self.first, job.key, job.scenario, job.history)
+        return Landed(job.item, c, True, restarts_of(self.first) != before)
+
+    def _help(self, w: Target) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            try:
+                c: Confirmation | BaseException = confirm(w, job.key, job.scenario, job.history)
+            except BaseException as exc:  # noqa: BLE001 -- the worker broke: raised in the caller's thread
+                c = exc
+            self._done.put((job, c))
+
+
+__all__ = ["Confirmation", "ConfirmQueue", "Job", "Landed", "MAX_TRIES", "REPEAT", "REPEAT_SECONDS", "STATUSES",
+           "confirm", "hits_alone", "reproduces"]

@@ -3,7 +3,7 @@
 
 Shrinking goes towards fewer blocks, fewer steps, plain blocks, trainable
 parameters, ``engine.backward`` and ZeRO-3 (the first value of each choice), and for the
-training-setup dimensions (`setups`, issue 11) towards fp32, no clipping, no offload, one parameter
+training-setup dimensions (`setups`) towards fp32, no clipping, no offload, one parameter
 group, no tying / external parameter, a tensor output, one loss, one backward per micro-step, the
 blocks family.  The setup dimensions are drawn *after* everything else, and the ones that make every
 run fail on the pinned release (`RARE`: two backwards per micro-step, a step without gradient) only in
@@ -12,19 +12,20 @@ default budget is a property of the whole derandomized sequence, not of one rate
 external parameter in one draw in four instead of two lost seed 002 on 0.19.2 within 200 examples
 (measured), so they stay at one in two.
 
-Several engines in one process (issue 15, `engines_before`): in one draw in eight a scenario first runs one
+Several engines in one process (`engines_before`): in one draw in eight a scenario first runs one
 or two other engines (ZeRO-3 first in shrink order) in the same process; drawn last of all, it shrinks to
 the plain single engine.
 
-Engine and loop options (issue 11, `extras`): drawn after everything else, each on its own in one draw
+Engine and loop options (`extras`): drawn after everything else, each on its own in one draw
 of four (gas 3, a manual accumulation boundary, ``contiguous_gradients`` off, ``overlap_comm`` flipped,
-ZeRO-3's all-reduce fetch, a module attached after initialize, ZeRO stage 0, a DeepSpeed-built AdamW); the llama family's LoRA also
-draws PEFT's ``modules_to_save``.
+ZeRO-3's all-reduce fetch, a module attached after initialize, ZeRO stage 0, a DeepSpeed-built AdamW); the
+llama family's LoRA also draws PEFT's ``modules_to_save``.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 from hypothesis import strategies as st
 
@@ -66,7 +67,7 @@ class _WorldDraw(int):
 
     across: bool
 
-    def __new__(cls, value: int, across: bool) -> "_WorldDraw":
+    def __new__(cls, value: int, across: bool) -> _WorldDraw:
         obj = super().__new__(cls, value)
         obj.across = across
         return obj
@@ -79,14 +80,15 @@ across ranks (`across_ranks`).  Hypothesis's generation is not uniform -- it mut
 of near copies, which share their world-size choice: the explorer's default 200 hold 61 world-size-2
 examples (40 before the across-ranks rate).  At one in two the three runs of ZeRO-1/2 examples with
 ``contiguous_gradients`` off and no offload all stayed at world size 1, so 0.19.8's CPU reduce fix was not
-met; at three in four the first of them (the 21st example) is at world size 2 (measured, 1 Dec)."""
+met; at three in four the first of them (the 21st example) is at world size 2 (measured)."""
 
 
 def across_ranks(sc: Scenario) -> bool:
     """The scenario chose an option whose DeepSpeed bugs showed only across ranks (at world size 1 the
     collectives they break carry nothing): ZeRO-1/2 with ``contiguous_gradients`` off (the non-contiguous
     gradients are reduced by ``buffered_reduce_fallback``, which dropped every CPU bucket before 0.19.8:
-    known issue ``zero12-cpu-no-reduce-without-contiguous-gradients``), ZeRO-3's all-reduce fetch (DeepSpeed #8158), ZeRO-1
+    known issue ``zero12-cpu-no-reduce-without-contiguous-gradients``), ZeRO-3's all-reduce fetch (DeepSpeed
+    #8158), ZeRO-1
     bf16 with fp32 gradient accumulation (``BF16_Optimizer``'s all-reduce before the last micro-batch's
     gradient, #7985)."""
     return ((sc.stage in (1, 2) and not sc.contiguous_gradients) or (sc.stage == 3 and sc.all_reduce_fetch)
@@ -132,34 +134,34 @@ def train_steps(draw, gas: int, backwards=BACKWARDS, eval_forwards: bool = True,
 
 @st.composite
 def setups(draw, sc: Scenario, llama: bool = True) -> Scenario:
-    """The training-setup dimensions of issue 11 drawn onto a drawn scenario (each shrinks to plain)."""
+    """The training-setup dimensions drawn onto a drawn scenario (each shrinks to plain)."""
     base = sc
     if llama and draw(st.sampled_from((False,) * 7 + (True,))):
         sc = _llama(draw, sc)
     precision = draw(st.sampled_from(PRECISIONS))
     offloads = (Offload.NONE, Offload.OPTIMIZER) + ((Offload.PARAM, Offload.BOTH) if sc.stage == 3 else ())
-    changes = dict(
-        precision=precision,
-        fp32_grad_accum=precision is Precision.BF16 and draw(st.booleans()),
-        gradient_clipping=(clip := draw(st.sampled_from(CLIPPING))),
+    changes: dict[str, Any] = {
+        "precision": precision,
+        "fp32_grad_accum": precision is Precision.BF16 and draw(st.booleans()),
+        "gradient_clipping": (clip := draw(st.sampled_from(CLIPPING))),
         # no draw of its own (a draw shifts the whole derandomized sequence): DeepSpeed's default initial
         # scale 2**16 goes with DeepSpeed's default clipping 1.0 -- the fp16 user of DeepSpeed's defaults
-        loss_scale_power=16 if precision is Precision.FP16 and clip == 1.0 else 8,
-        offload=draw(st.sampled_from(offloads)),
-        tie=draw(st.booleans()) and sc.blocks[0].lin is not ParamKind.UNUSED,
-    )
+        "loss_scale_power": 16 if precision is Precision.FP16 and clip == 1.0 else 8,
+        "offload": draw(st.sampled_from(offloads)),
+        "tie": draw(st.booleans()) and sc.blocks[0].lin is not ParamKind.UNUSED,
+    }
     # The blocks family's draws, made on the llama path too and discarded there: a path that draws fewer
     # choices is "simpler" to Hypothesis's shrinker (shorter choice sequence), so a shrink would otherwise
     # end on the llama family whenever it reached it.  Draws of a fixed shape whatever the number of blocks
     # (index modulo it), so deleting a block while shrinking leaves the rest of the draw in place.
     out = (draw(st.integers(0, 2)) % len(base.blocks),) if draw(QUARTER) else ()
-    family_changes = dict(
-        param_groups=draw(st.integers(1, 3)),
-        blocks=tuple(b if i not in out else Block(b.checkpoint, b.norm, b.lin, b.leaf, in_optimizer=False)
-                     for i, b in enumerate(base.blocks)),
-        external=draw(st.booleans()) and base.blocks[0].lin is not ParamKind.UNUSED,
-        outputs=draw(st.sampled_from((Outputs.TENSOR, Outputs.TUPLE, Outputs.DICT))),
-        losses=draw(st.integers(1, 2)))
+    family_changes = {
+        "param_groups": draw(st.integers(1, 3)),
+        "blocks": tuple(b if i not in out else Block(b.checkpoint, b.norm, b.lin, b.leaf, in_optimizer=False)
+                        for i, b in enumerate(base.blocks)),
+        "external": draw(st.booleans()) and base.blocks[0].lin is not ParamKind.UNUSED,
+        "outputs": draw(st.sampled_from((Outputs.TENSOR, Outputs.TUPLE, Outputs.DICT))),
+        "losses": draw(st.integers(1, 2))}
     freezable = [i for i, b in enumerate(base.blocks) if b.lin is ParamKind.TRAINABLE and Network(base.with_(
         blocks=base.blocks[:i] + (Block(b.checkpoint, b.norm, ParamKind.FROZEN, b.leaf),) + base.blocks[i + 1:])
     ).loss_requires_grad]  # freezing it for a step leaves the loss requiring grad
@@ -167,7 +169,8 @@ def setups(draw, sc: Scenario, llama: bool = True) -> Scenario:
     steps = sc.steps
     if sc.family is Family.BLOCKS:
         changes.update(family_changes)
-        steps = tuple(TrainStep(s.micro, s.eval_before, s.reregister, frozen=f) for s, f in zip(steps, frozen))
+        steps = tuple(TrainStep(s.micro, s.eval_before, s.reregister, frozen=f)
+                      for s, f in zip(steps, frozen, strict=False))
     steps = tuple(TrainStep(tuple(MicroStep(m.backward, m.skip, retain=draw(RARE)) for m in s.micro),
                             s.eval_before, s.reregister, frozen=s.frozen) for s in steps)
     if precision is Precision.FP16:  # DeepSpeed has no loss-scaled non-scalar backward: PyTorch-style instead
@@ -196,8 +199,8 @@ def _llama(draw, sc: Scenario) -> Scenario:
                     reduce_bucket_size=sc.reduce_bucket_size)
 
 
-LORA = ({"lora": False}, {"lora": True}, {"lora": True, "modules_to_save": True},
-        {"lora": True, "modules_to_save": True})
+LORA: tuple[dict[str, Any], ...] = ({"lora": False}, {"lora": True}, {"lora": True, "modules_to_save": True},
+                                    {"lora": True, "modules_to_save": True})
 """The llama family's PEFT wrapping, in shrink order: none, LoRA, LoRA with ``modules_to_save=["lm_head"]`` (in
 two of the four: ZeRO-3 + modules_to_save, DeepSpeed #8144's shape, was absent from the default 200 examples
 with one in three, measured)."""
@@ -216,13 +219,14 @@ EXTRAS = ("gas3", "manual_boundary", "contiguous_gradients", "overlap_comm", "al
 * ``stage0`` -- a ZeRO-1/2 scenario run at ZeRO stage 0 (what HF Trainer runs with ``"stage": 0`` and bf16;
   DeepSpeed #7839), with what stage 0 refuses by design taken out: ``engine.backward`` only (DeepSpeed raises
   "Direct calls to tensor.backward() are not supported ... ZeRO stage 0"), no offload, no fp32 gradient
-  accumulation with bf16 ("unsupported mix"); fp16 stays fp16 (it was drawn as bf16 until 1 Dec: the
-  update it lost is DeepSpeed's unscaled stage-0 fp16 loss, known issue ``zero0-fp16-loss-not-scaled``);
+  accumulation with bf16 ("unsupported mix"); fp16 stays fp16 (drawn as bf16, DeepSpeed's unscaled stage-0
+  fp16 loss, known issue ``zero0-fp16-loss-not-scaled``, would not show);
 * ``zero_init`` -- ZeRO-3: the model built inside ``deepspeed.zero.Init`` as Hugging Face's ``from_pretrained``
   builds it under ZeRO-3, LoRA adapters made afterwards (DeepSpeed #8072 at world size 2); below ZeRO-3
   (blocks family) the same draw adds a parameter with no elements (`EMPTY_PARAM`).
-* ``config_adam`` (one draw in two, `EXTRA_RATE`) -- DeepSpeed builds the optimizer from its config (``"optimizer": {"type": "AdamW", ...,
-  "torch_adam": true}``, as HF Trainer's integration writes it) over the scenario's parameter groups, instead of
+* ``config_adam`` (one draw in two, `EXTRA_RATE`) -- DeepSpeed builds the optimizer from its config
+  (``"optimizer": {"type": "AdamW", ..., "torch_adam": true}``, as HF Trainer's integration writes it) over the
+  scenario's parameter groups, instead of
   the client SGD (``Scenario.optimizer``; Adam state under offload / mixed precision, DeepSpeed #7948's path).
 
 An option that does not apply to the drawn scenario (all-reduce fetch at ZeRO-1/2, a late module on the llama
@@ -238,8 +242,9 @@ at one in two every combination of ``test_default_explore_sequence_draws_each_co
 
 
 def extras(draw, sc: Scenario, zero0: bool = True) -> Scenario:
-    """Each option of `EXTRAS` drawn on its own, in one draw of four (`EXTRA_RATE`: another rate; several may combine), applied last of
-    all; each shrinks to off.  (A single ``sampled_from`` over the options, one per example, drew too few of
+    """Each option of `EXTRAS` drawn on its own, in one draw of four (`EXTRA_RATE`: another rate; several may
+    combine), applied last of all; each shrinks to off.  (A single ``sampled_from`` over the options, one per
+    example, drew too few of
     the combinations the bugs need in the default 200 examples: no manual boundary with optimizer offload
     at ZeRO-1/2, two late modules at ZeRO-3 -- measured on the explorer's own sequence.)"""
     on = {opt for opt in EXTRAS if draw(EXTRA_RATE.get(opt, QUARTER))}
@@ -277,7 +282,7 @@ EMPTY_PARAM = "the zero_init draw below ZeRO-3"
 ZeRO-1/2, fixed in 0.19.6): drawn by `extras`' ``zero_init`` draw when the scenario is below ZeRO-3, where
 ``zero_init`` does not apply -- no draw of its own, so the explorer's default sequence is unchanged (a draw
 of its own, appended to `EXTRAS`, shifted it and lost combinations of the coverage test at one in eight, one
-in four and one in sixteen: measured 1 Dec).  3 of the default 200 examples (ZeRO-2) have it.  Not drawn
+in four and one in sixteen: measured).  3 of the default 200 examples (ZeRO-2) have it.  Not drawn
 at ZeRO-3, where every such example would crash on every release before anything else could show
 (known issue ``z3-empty-param-not-gathered``, kept on its own scenario)."""
 
@@ -310,7 +315,7 @@ def engines_before(draw) -> tuple[int, ...]:
 
 
 EDGES = {"prefetch_bucket_size": (0, 1), "max_live_parameters": ("w*w", 0)}
-"""The ZeRO-3 knob edges issue 10 fixed, drawn by default (issue 11) at the odd width 7 (half the setup draws):
+"""The ZeRO-3 knob edges the model once got wrong, drawn by default at the odd width 7 (half the setup draws):
 ``stage3_prefetch_bucket_size`` 1 instead of 0, ``stage3_max_live_parameters`` 0 instead of w*w.  They take no
 draw of their own: any extra draw (or a longer ``sampled_from``) shifts the whole derandomized sequence, and
 the sequences tried that way lost seed 002 on 0.19.2 within the default 200 examples (measured); coupled to the
@@ -358,9 +363,9 @@ def scenarios(draw, *, max_blocks: int = 3, max_steps: int = 2, max_gas: int = 2
         fused_head=draw(st.booleans()) if fused_head else False,
         input_requires_grad=not draw(st.booleans()) if knobs else True,
         width=(w := width if not setup else draw(st.sampled_from((width, width - 1)))),
-        # each ZeRO-3 knob: 0 / a value between these parameters' sizes / DeepSpeed's default (issue 10)
+        # each ZeRO-3 knob: 0 / a value between these parameters' sizes / DeepSpeed's default
         persistence_threshold=draw(st.sampled_from((0, width, DS_PERSISTENCE_THRESHOLD))) if knobs else 0,
-        # at the odd width (setup), the edges of issue 10 instead of 0 / w*w: a prefetch bucket of 1 (smaller
+        # at the odd width (setup), the knob edges instead of 0 / w*w: a prefetch bucket of 1 (smaller
         # than any parameter) and max live 0 (nothing prefetched) -- no draw of their own, see `EDGES`
         prefetch_bucket_size=_edge(draw(st.sampled_from((0, 4 * width * width, DS_PREFETCH_BUCKET_SIZE))), 0, 1,
                                    w != width) if knobs else 0,
@@ -387,5 +392,5 @@ def scenarios(draw, *, max_blocks: int = 3, max_steps: int = 2, max_gas: int = 2
     return sc.validate()
 
 
-__all__ = ["BACKWARDS", "CHECKPOINTS", "CLIPPING", "ENGINES_BEFORE", "EXTRAS", "LORA", "extras", "KINDS", "PRECISIONS", "blocks",
-           "engines_before", "scenarios", "setups", "train_steps"]
+__all__ = ["BACKWARDS", "CHECKPOINTS", "CLIPPING", "ENGINES_BEFORE", "EXTRAS", "LORA", "extras", "KINDS", "PRECISIONS",
+           "blocks", "engines_before", "scenarios", "setups", "train_steps"]

@@ -14,7 +14,7 @@ observable, and only the projections are compared:
   backward made inside forward, the fused head);
 * whether stale bucket entries were cleared at each ``engine.step()``.
 
-The coordinator half (ZeRO-3, issue 10) is projected per parameter: each FETCH / PREFETCH /
+The coordinator half (ZeRO-3) is projected per parameter: each FETCH / PREFETCH /
 RELEASE and the parameter's holder count (``ds_active_sub_modules``) at the end of every module
 hook where it changed, each anchored at the module hook (or schedule mark) it happened in
 (`coordinator_project`).  A wrong coordinator design -- what a recompute releases, what the trace
@@ -27,7 +27,8 @@ sides (traces that do not report containers, e.g. ``zerostate watch``'s, compare
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from zerostate.model.events import EventKind, Event
 
@@ -82,8 +83,10 @@ def project(events: Iterable[Event]) -> list[tuple[str, dict[str, Any]]]:
     return out
 
 
-_MOD = (EventKind.MODULE_PRE_FORWARD, EventKind.MODULE_POST_FORWARD, EventKind.MODULE_PRE_BACKWARD, EventKind.MODULE_POST_BACKWARD)
-_MARKS = (EventKind.USER_BACKWARD_START, EventKind.STEP, EventKind.FORWARD_START, EventKind.EVAL_FORWARD_START, EventKind.EPILOGUE)
+_MOD = (EventKind.MODULE_PRE_FORWARD, EventKind.MODULE_POST_FORWARD,
+        EventKind.MODULE_PRE_BACKWARD, EventKind.MODULE_POST_BACKWARD)
+_MARKS = (EventKind.USER_BACKWARD_START, EventKind.STEP, EventKind.FORWARD_START,
+          EventKind.EVAL_FORWARD_START, EventKind.EPILOGUE)
 _PARAM = (EventKind.FETCH, EventKind.PREFETCH, EventKind.RELEASE)
 
 
@@ -111,9 +114,9 @@ def coordinator_project(events: Iterable[Event], params: Iterable[str] | None = 
         params = sorted({e.param for e in events if e.param and e.kind in (*_PARAM, EventKind.HOLDERS)})
     params = list(params)
     out: dict[str, list[tuple]] = {p: [] for p in params}
-    count = {p: 0 for p in params}
+    count: dict[str, int | None] = dict.fromkeys(params, 0)
     shown = dict(count)
-    status = {p: "NOT_AVAILABLE" for p in params}
+    status = dict.fromkeys(params, "NOT_AVAILABLE")
     before = dict(status)
     anchor = "start"
 
@@ -151,7 +154,7 @@ def compare_coordinator(model_events: Iterable[Event], real_events: Iterable[Eve
         mv, rv = m.get(p, []), r.get(p, [])
         if mv == rv:
             continue
-        i = next((k for k, (a, b) in enumerate(zip(mv, rv)) if a != b), min(len(mv), len(rv)))
+        i = next((k for k, (a, b) in enumerate(zip(mv, rv, strict=False)) if a != b), min(len(mv), len(rv)))
         got = rv[i] if i < len(rv) else "nothing more"
         want = mv[i] if i < len(mv) else "nothing more"
         return (f"coordinator: {p}, event {i}: real DeepSpeed {got!r} but the model design {design} "
@@ -164,7 +167,7 @@ def compare(model_events: Iterable[Event], real_events: Iterable[Event], design:
     then the coordinator half)."""
     model_events, real_events = list(model_events), list(real_events)
     m, r = project(model_events), project(real_events)
-    for (mw, mv), (rw, rv) in zip(m, r):
+    for (mw, mv), (rw, rv) in zip(m, r, strict=False):
         if mw != rw:
             return f"the schedules differ at {rw!r} (model: {mw!r})"
         for key in mv:

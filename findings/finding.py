@@ -1,20 +1,44 @@
 """`Finding`: one check a run failed, on its scenario, with the evidence the run left.
 
-``Finding.key`` (check id, plus origin for exceptions or the spec's violation code) is what makes two
-findings the same bug: the explorer reports one per key.
+A finding is a value: frozen once built.  What later steps add -- the known issue and root-cause group
+(`known.labels.labelled`), the explorer's ``shrunk`` and ``confirmation`` -- comes as a new value from
+`dataclasses.replace`.  ``Finding.key`` (check id, plus origin for exceptions or the spec's violation code)
+is what makes two findings the same bug: the explorer reports one per key.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 from zerostate.model.events import Event, EventKind
 from zerostate.model.scenario import Scenario
 
+from zerostate.findings.evidence import NO_EVIDENCE, Evidence
+
 
 _SINGLE_KEY = frozenset({"oracle", "model-agreement", "hang", "crash", "internal", "exception"})
+_KNOWN_IN_KEY = frozenset({"oracle", "checkpoint"})
+"""Checks whose key carries the known issue explaining them: one key (``oracle``; ``checkpoint``'s one code
+``zero-to-fp32`` covers two issues) would otherwise let a documented bug hide an unexplained one."""
+
+
+class Confirmed(Protocol):
+    """What a finding's replay in a fresh worker found (`explorer.confirm.Confirmation`)."""
+
+    # read-only members, so the record's own narrower types (list, int) satisfy them
+    @property
+    def status(self) -> str: ...
+    @property
+    def repeat(self) -> int | None: ...
+    @property
+    def sequence(self) -> Sequence[Scenario]: ...
+    @property
+    def seconds(self) -> float: ...
+
+    def to_dict(self) -> dict[str, Any]: ...
 
 
 def message_shape(text: str) -> str:
@@ -28,12 +52,13 @@ def message_shape(text: str) -> str:
     return first
 
 
-@dataclass
+@dataclass(frozen=True)
 class Finding:
     check: str
     error: str
-    scenario: Scenario
-    trace: list[Event] | None = None
+    scenario: Scenario | None
+    """The scenario that ran; None for a finding on a user's job (``zerostate watch``), which has none."""
+    trace: Sequence[Event] | None = None
     index: int | None = None
     target: str = ""
     deepspeed: str | None = None
@@ -41,16 +66,20 @@ class Finding:
     """For ``exception`` findings: ``ExcType@module.function`` where DeepSpeed raised."""
     code: str = ""
     """For spec findings: the violation's code inside its spec (``hook-after-epilogue``), from the monitor."""
-    confirmation: Any = None
-    """explore: its replay in a fresh worker before hand-over (`targets.confirm`); None until then."""
+    confirmation: Confirmed | None = None
+    """explore: its replay in a fresh worker before hand-over (`explorer.confirm`); None until then."""
     shrunk: bool = True
     """explore: False while handed over at once, before it is shrunk (its final finding follows)."""
     world_size: int = 1
-    """The ranks it ran on (set by the rank pool target, ranks.py; its repro script runs under torchrun)."""
+    """The ranks it ran on (its repro script runs under torchrun when more than one)."""
     known: str = ""
-    """For ``oracle`` findings: the id of the documented known issue that explains it (`known.tag_oracle`),
-    "" when none does.  Part of the key, so a documented oracle bug never hides an unexplained one behind
-    the one key ``oracle`` (the explorer keeps one finding per key)."""
+    """The id of the known issue that explains it (`known.labels.labelled`), "" when none does.  Part of the
+    key of ``oracle`` and ``checkpoint`` findings (`_KNOWN_IN_KEY`)."""
+    group: str = ""
+    """Its root-cause group (`known.labels.labelled`): the known issue's id, else the shape of what went wrong."""
+    evidence: Evidence = NO_EVIDENCE
+    """What its own run shows besides the trace: the exception (type, message, frames), the oracle's
+    disagreement (parameters, sizes, direction)."""
 
     @property
     def key(self) -> str:
@@ -60,7 +89,7 @@ class Finding:
         identity (every spec monitor and the cross-rank checks give a code; a check without one is one key)."""
         if self.origin:
             return f"{self.check}:{self.origin}"
-        if self.known:
+        if self.known and self.check in _KNOWN_IN_KEY:
             return f"{self.check}:{self.known}"
         if self.check in _SINGLE_KEY or not self.code:
             return self.check
@@ -80,13 +109,18 @@ class Finding:
         return ""
 
     def to_json_dict(self) -> dict[str, Any]:
-        return {"check": self.check, "key": self.key, "error": self.error, "blocks": len(self.scenario.blocks),
-                "steps": len(self.scenario.steps), "scenario": self.scenario.to_dict()}
+        sc = self.scenario
+        return {"check": self.check, "key": self.key, "error": self.error,
+                "blocks": len(sc.blocks) if sc else None, "steps": len(sc.steps) if sc else None,
+                "scenario": sc.to_dict() if sc else None}
 
     @property
     def size(self) -> tuple[int, int, int]:
         """A total order on how small the scenario is (blocks, micro-steps, JSON length)."""
-        return (len(self.scenario.blocks), self.scenario.num_micro_steps, len(self.scenario.to_json(None)))
+        sc = self.scenario
+        if sc is None:
+            return (0, 0, 0)
+        return (len(sc.blocks), sc.num_micro_steps, len(sc.to_json(None)))
 
 
-__all__ = ["Finding", "message_shape"]
+__all__ = ["Confirmed", "Finding", "message_shape"]

@@ -16,8 +16,8 @@ import os
 import pytest
 from hypothesis import HealthCheck, Phase, settings
 
-_COMMON = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
-                                                       HealthCheck.filter_too_much])
+_COMMON = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow, HealthCheck.data_too_large,
+                                                       HealthCheck.filter_too_much]}
 settings.register_profile("ci", derandomize=True, max_examples=60, database=None, print_blob=True,
                           stateful_step_count=40, **_COMMON)
 settings.register_profile("dev", max_examples=100, stateful_step_count=50, print_blob=True, **_COMMON)
@@ -35,6 +35,21 @@ def pytest_addoption(parser):
                     help="run the deepspeed target against a local DeepSpeed checkout")
     group.addoption("--world-size", action="store", type=int, default=1,
                     help="ranks for the deepspeed target (1 or 2)")
+
+
+FAST_MODULES = frozenset({
+    "test_checker", "test_coordinator_model", "test_hook_model", "test_model_core", "test_scenario",
+    "test_event_kinds_and_fold", "test_cli_check", "test_cli_compare", "test_cli_errors", "test_fault_catalogue",
+})
+"""The fast tier (``make test-fast``, ``-m fast``): the model, the specs, the strategies and the CLI on the model
+target, whole modules but their ``slow`` tests; the one real-DeepSpeed smoke is marked ``fast`` where it stands."""
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        module = item.module.__name__.rsplit(".", 1)[-1] if item.module is not None else ""
+        if module in FAST_MODULES and item.get_closest_marker("slow") is None:
+            item.add_marker(pytest.mark.fast)
 
 
 @pytest.fixture

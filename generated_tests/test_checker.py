@@ -43,9 +43,11 @@ def test_nonscalar_and_torch_backward_differ_only_in_name(sc):
     for name in HOOK_DESIGNS:
         a = run(get_design(name), sc, coordinator=False).events
         b = run(get_design(name), rep, coordinator=False).events
-        strip = [dataclasses.replace(e, note=None) if e.kind in (EventKind.USER_BACKWARD_START, EventKind.USER_BACKWARD_END)
+        strip = [dataclasses.replace(e, note=None)
+                 if e.kind in (EventKind.USER_BACKWARD_START, EventKind.USER_BACKWARD_END)
                  else e for e in a]
-        strip_b = [dataclasses.replace(e, note=None) if e.kind in (EventKind.USER_BACKWARD_START, EventKind.USER_BACKWARD_END)
+        strip_b = [dataclasses.replace(e, note=None)
+                   if e.kind in (EventKind.USER_BACKWARD_START, EventKind.USER_BACKWARD_END)
                    else e for e in b]
         assert strip == strip_b
 

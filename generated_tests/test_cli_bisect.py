@@ -7,7 +7,7 @@ import json
 import os
 
 import pytest
-from test_cli_util import zs
+from test_cli_util import FailingTarget, assert_one_line_error, zs
 
 import zerostate.targets.deepspeed.target  # noqa: F401  (a broken import fails, never skips)
 from zerostate.cli.cmd_bisect import PASS, outcome_of, transitions
@@ -105,3 +105,14 @@ def test_both_without_a_bad_release_runs_every_release():
     found, runs = _search([PASS, "crash", "violation", PASS], both=True, bad=None)
     assert found == [("first bad", "0.19.1"), ("outcome changed", "0.19.2"), ("first fixed", "0.19.3")]
     assert set(runs) == {0, 1, 2, 3}
+
+
+def test_a_release_that_breaks_while_running_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys):
+    from zerostate.cli import cmd_bisect, targets_api
+    from zerostate.cli.main import main
+    path = tmp_path / "seed002.json"
+    path.write_text(json.dumps(SEED_002))
+    monkeypatch.setattr(cmd_bisect, "available_releases", lambda: ["0.19.7", "0.19.8"])
+    monkeypatch.setattr(targets_api, "target", lambda args: FailingTarget(after=0))
+    rc = main(["bisect", str(path), "--from", "0.19.7", "--to", "0.19.8"])
+    assert_one_line_error(rc, capsys.readouterr().err, "rank pool (2 ranks) did not start")

@@ -13,20 +13,21 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from test_cli_util import zs
+from test_cli_util import FailingTarget, assert_one_line_error, zs
 
 import deepspeed
 
-from zerostate.cli.cmd_diff import classify
+from zerostate.cli.diff_classify import classify
 from zerostate.cli.diff_metrics import compare, metrics
-from zerostate.cli.diff_report import render
 from zerostate.model.events import Event, EventKind
 from zerostate.model.scenario import Scenario
 from zerostate.targets.base import Outcome
 from zerostate.findings.finding import Finding
+from zerostate.findings.evidence import Evidence, Raised
 from zerostate.known import issues as known
 from zerostate.known.labels import groups, label, root_key
 
@@ -49,6 +50,12 @@ class _Fake:
                  for c, e, o in self.table.get(sc.to_json(None), [])]
         return Outcome(sc, [], next((f.error for f in found if f.check == "exception"), None), found)
 
+    def repeat(self, sc, shows, before, runs, max_seconds):
+        """Fresh runs, as `cmd_diff.Recorder.repeat` makes them (a fake's worker carries nothing over)."""
+        for b in before:
+            self.run(b)
+        return sum(bool(shows(self.run(sc))) for _ in range(runs)), runs
+
 
 SC_A = Scenario.from_dict({"blocks": [{}], "stage": 1})
 SC_B = Scenario.from_dict({"blocks": [{}, {}], "stage": 3})
@@ -57,6 +64,38 @@ SC_C = Scenario.from_dict({"blocks": [{"checkpoint": "reentrant"}], "stage": 3})
 
 def _fs(ver, sc, check, error="boom", origin=None):
     return Finding(check, error, sc, target="deepspeed", deepspeed=ver, origin=origin)
+
+
+def _evt(kind, param=None, note=None, module=None, task=None):
+    return Event(EventKind(kind), param=param, note=note, module=module, task=task)
+
+
+_W = "blocks.0.norm.weight"
+
+
+def _leaf_kept(ver, sc):
+    """z3-leaf-kept-gathered's evidence: the leaf blocks.0 gathered its norm in this forward, its backward never
+    began, the norm is still gathered at the step."""
+    trace = (_evt("forward_start"), _evt("module_pre_forward", module="blocks.0"), _evt("fetch", _W, module="blocks.0"),
+             _evt("module_post_forward", module="blocks.0"), _evt("user_backward_start", note="engine"),
+             _evt("user_backward_end", note="engine"), _evt("step"))
+    return Finding("released-after-backward", f"after the backward (and its epilogue) {_W} is still gathered", sc,
+                   trace, len(trace) - 1, "deepspeed", ver, code="still-gathered")
+
+
+def _leaf_early(ver, sc, check="available-when-used"):
+    """z3-leaf-input-without-grad's evidence: the leaf's hook fired before its backward began."""
+    from zerostate.findings.evidence import Evidence, Raised
+    trace = (_evt("forward_start"), _evt("user_backward_start", note="engine"),
+             _evt("task_start", task=0, note="outer"),
+             _evt("leaf_hook", module="blocks.0", task=0), _evt("module_pre_backward", module="blocks.0"))
+    if check == "exception":
+        msg = "The size of tensor a (0) must match the size of tensor b (8) at non-singleton dimension 1"
+        return Finding("exception", f"RuntimeError: {msg}", sc, trace, None, "deepspeed", ver,
+                       origin="RuntimeError@runtime.engine.backward",
+                       evidence=Evidence(raised=Raised("RuntimeError", msg)))
+    return Finding("available-when-used", f"blocks.0 computes (backward) with {_W} not AVAILABLE", sc, trace,
+                   len(trace) - 1, "deepspeed", ver, code="unavailable-in-backward")
 
 
 def test_classify_fixed_introduced_unchanged_with_the_other_sides_replay():
@@ -90,10 +129,10 @@ def test_a_known_bug_of_base_that_a_crash_hid_is_unmasked_not_introduced():
     kept = ("released-after-backward", "after the backward (and its epilogue) X are still gathered", None)
     crash = ("exception", "RuntimeError: The size of tensor a (0) must match", "RuntimeError@stage3.hook")
     head = _Fake("0.19.8", {sc.to_json(None): [kept]})
-    entries = classify([], [_fs("0.19.8", sc, *kept[:2])], _Fake("0.19.8", {sc.to_json(None): [crash]}), head)
+    entries = classify([], [_leaf_kept("0.19.8", sc)], _Fake("0.19.8", {sc.to_json(None): [crash]}), head)
     assert [e["status"] for e in entries] == ["unmasked"]
     # the same finding where base ran to the end without it is introduced
-    entries = classify([], [_fs("0.19.8", sc, *kept[:2])], _Fake("0.19.8", {}), head)
+    entries = classify([], [_leaf_kept("0.19.8", sc)], _Fake("0.19.8", {}), head)
     assert [e["status"] for e in entries] == ["introduced"]
     # and a finding no known issue explains is introduced even behind a crash
     other = ("clean-step", "stale gradients survive engine.step()", None)
@@ -108,8 +147,7 @@ def test_a_known_bug_of_base_that_another_bug_hid_is_unmasked_not_introduced():
     0.19.2 the still-gathered leak kept them gathered and the replay shows that finding instead."""
     sc = Scenario.from_dict({"blocks": [{"leaf": True, "norm": "frozen"}], "input_requires_grad": False, "stage": 3,
                              "steps": [{"micro": [{"backward": "engine"}, {"backward": "engine"}]}]})
-    unavailable = Finding("available-when-used", "blocks.0 computes (backward) with X not AVAILABLE", sc,
-                          target="deepspeed", deepspeed="0.19.3", code="unavailable-in-backward")
+    unavailable = _leaf_early("0.19.3", sc)
     head = _Fake("0.19.3", {})
     leak = _Fake("0.19.2", {sc.to_json(None): [("released-after-backward", "X are still gathered", None)]})
     assert [e["status"] for e in classify([], [unavailable], leak, head)] == ["unmasked"]
@@ -118,6 +156,76 @@ def test_a_known_bug_of_base_that_another_bug_hid_is_unmasked_not_introduced():
     other = _fs("0.19.3", SC_A, "clean-step", "stale gradients survive engine.step()")
     leak_a = _Fake("0.19.2", {SC_A.to_json(None): [("released-after-backward", "X are still gathered", None)]})
     assert [e["status"] for e in classify([], [other], leak_a, head)] == ["introduced"]
+
+
+class _Racy(_Fake):
+    """A build whose worker shows a finding on every ``every``-th run of its scenario (a race: counted over the
+    build's whole life, a fresh worker does not reset it)."""
+
+    def __init__(self, version, sc, finding, every):
+        super().__init__(version, {})
+        self.sc, self.finding, self.every, self.n = sc, finding, every, 0
+
+    def run(self, sc):
+        out = super().run(sc)
+        if sc == self.sc:
+            self.n += 1
+            if self.n % self.every == 0:
+                c, e, o = self.finding
+                out.findings.append(Finding(c, e, sc, target="deepspeed", deepspeed=self.version, origin=o))
+        return out
+
+
+def test_a_base_finding_is_fixed_only_after_as_many_replays_as_confirmation_makes():
+    """'fixed' means what the explorer calls 'not reproduced' (explorer/confirm.py): no hit in REPEAT runs
+    alone in a fresh worker, after the first replay."""
+    from zerostate.explorer.confirm import REPEAT
+    a = ("exception", "ValueError: a", "ValueError@x.f")
+    head = _Fake("0.19.8", {})
+    entries = classify([_fs("0.19.8", SC_A, *a)], [], _Fake("0.19.8", {SC_A.to_json(None): [a]}), head)
+    assert [e["status"] for e in entries] == ["fixed"]
+    assert entries[0]["replay_on_head"]["runs"] == REPEAT + 1 and entries[0]["replay_on_head"]["hits"] == 0
+    assert head.runs.count(SC_A) == REPEAT + 1
+
+
+def test_a_race_one_replay_misses_is_intermittent_not_fixed():
+    """A base finding its first head replay does not show, but later ones do: intermittent on head, and
+    not counted as fixed."""
+    from zerostate.explorer.confirm import REPEAT
+    a = ("exception", "ValueError: a", "ValueError@x.f")
+    head = _Racy("0.19.8", SC_A, a, every=7)
+    entries = classify([_fs("0.19.8", SC_A, *a)], [], _Fake("0.19.8", {SC_A.to_json(None): [a]}), head)
+    assert [e["status"] for e in entries] == ["intermittent"]
+    rep = entries[0]["replay_on_head"]
+    assert rep["runs"] == REPEAT + 1 and rep["hits"] == (REPEAT + 1) // 7
+    # a head finding that base shows in some runs only exists on base: intermittent, not introduced
+    entries = classify([], [_fs("0.19.8", SC_A, *a)], _Racy("0.19.8", SC_A, a, every=7), _Fake("0.19.8", {}))
+    assert [e["status"] for e in entries] == ["intermittent"]
+
+
+def test_a_label_preserving_swap_of_one_crash_for_another_is_introduced():
+    """Head swaps base's crash for another one (another exception, from another place) in the same scenario,
+    under the same known issue: not unchanged, and not unmasked either -- base ran into that known issue
+    itself, by another mechanism."""
+    sc = known.Z3_LEAF_INPUT_NO_GRAD.scenario
+    fb = _leaf_early("0.19.8", sc, "exception")  # both carry the mechanism's evidence: the leaf's early hook
+    fh = replace(fb, error="ValueError: a leaf module's inputs do not require grad",
+                 origin="ValueError@runtime.zero.parameter_offload._check_leaf_inputs",
+                 evidence=Evidence(raised=Raised("ValueError", "a leaf module's inputs do not require grad")))
+    old, new = (fb.check, fb.error, fb.origin), (fh.check, fh.error, fh.origin)
+    assert fb.key != fh.key and label(fb) is not None and label(fb) == label(fh)  # the same label
+    base, head = _Fake("0.19.8", {sc.to_json(None): [old]}), _Fake("0.19.8", {sc.to_json(None): [new]})
+    entries = classify([fb], [fh], base, head)
+    assert {e["found_on"]: e["status"] for e in entries} == {"base": "fixed", "head": "introduced"}
+
+
+def test_a_build_that_breaks_while_running_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys):
+    from zerostate.cli import targets_api
+    from zerostate.cli.main import main
+    monkeypatch.setenv("CI", "true")
+    monkeypatch.setattr(targets_api, "target", lambda args: FailingTarget(after=5))
+    rc = main(["diff", "--base", "0.19.7", "--head", "0.19.8", "--examples", "10", "--out", str(tmp_path / "d")])
+    assert_one_line_error(rc, capsys.readouterr().err, "the target failed", "rank pool (2 ranks) did not start")
 
 
 # ---------------------------------------------------------------- memory figures (made-up traces)
@@ -147,10 +255,20 @@ def test_a_head_peak_beyond_the_tolerance_is_a_regression_and_a_lower_one_is_not
 
 # ---------------------------------------------------------------- labels and groups
 def test_the_known_issues_scenarios_are_labelled_and_backward_kinds_share_a_group():
-    for k in (known.Z3_LEAF_INPUT_NO_GRAD, known.ZERO12_NO_GRADIENT, known.Z3_LEAF_KEPT_GATHERED):
-        f = _fs("0.19.8", k.scenario, "model-agreement" if k.owner == "model" else
-                "released-after-backward" if k.id == "z3-leaf-kept-gathered" else "exception")
+    from zerostate.findings.evidence import Evidence, Frame, Raised
+    no_grad = known.ZERO12_NO_GRADIENT.scenario
+    index = Raised("IndexError", "list index out of range",
+                   (Frame("deepspeed", "runtime/zero/stage_1_and_2.py", "reduce_ipg_grads"),))
+    hookless = (_evt("forward_start"), _evt("user_backward_start", note="engine"),
+                _evt("user_backward_end", note="engine"))
+    for k, f in ((known.Z3_LEAF_INPUT_NO_GRAD,
+                   _leaf_early("0.19.8", known.Z3_LEAF_INPUT_NO_GRAD.scenario, "exception")),
+                 (known.ZERO12_NO_GRADIENT, Finding("exception", "IndexError: list index out of range", no_grad,
+                                                    hookless, None, "deepspeed", "0.19.8",
+                                                    evidence=Evidence(raised=index))),
+                 (known.Z3_LEAF_KEPT_GATHERED, _leaf_kept("0.19.8", known.Z3_LEAF_KEPT_GATHERED.scenario))):
         assert label(f)["id"] == k.id
+        assert label(replace(f, trace=())) is None  # the scenario alone labels nothing
     eng = _fs(None, SC_A, "exception", "RuntimeError: size of tensor a (0) must match b (8)", "E@engine.backward")
     tor = _fs(None, SC_A, "exception", "RuntimeError: size of tensor a (0) must match b (16)", "E@stage3.hook")
     assert eng.key != tor.key and root_key(eng) == root_key(tor)
@@ -161,8 +279,13 @@ def test_the_known_issues_scenarios_are_labelled_and_backward_kinds_share_a_grou
 
 def test_seed_bugs_are_labelled_with_their_first_fixed_release_only_on_releases_that_have_them():
     sc = Scenario.from_dict({"blocks": [{"checkpoint": "non_reentrant", "norm": "frozen"}], "stage": 3})
-    assert label(_fs("0.19.2", sc, "saved-tensor-intact"))["fixed_in"] == "0.19.3"
-    assert label(_fs("0.19.3", sc, "saved-tensor-intact")) is None
+    trace = (_evt("save_live", _W, module="blocks.0"), _evt("release", _W, module="blocks.0.norm"),
+             _evt("unpack", _W, module="blocks.0", note="check"))
+    seed = Finding("saved-tensor-intact", f"{_W} is partitioned in place after the recompute saved it", sc, trace, 2,
+                   "deepspeed", "0.19.2", code="partitioned-at-check")
+    assert label(seed)["fixed_in"] == "0.19.3"
+    assert label(replace(seed, deepspeed="0.19.3")) is None
+    assert label(replace(seed, trace=trace[::2], index=1)) is None  # never released after the save: not seed 002
 
 
 # ---------------------------------------------------------------- the command on real DeepSpeed
@@ -244,6 +367,75 @@ def _checkout(tmp_path, version_txt):
     if version_txt:
         (root / "version.txt").write_text(version_txt + "\n")
     return root
+
+
+def _patch(root, rel, old, new, append=""):
+    """Replace the symlinked ``deepspeed/<rel>`` of a `_checkout` tree by a patched copy (its folders become
+    real folders of symlinks on the way down)."""
+    parts = Path(rel).parts
+    here = root / "deepspeed"
+    for part in parts[:-1]:
+        link = here / part
+        if link.is_symlink():
+            src = link.resolve()
+            link.unlink()
+            link.mkdir()
+            for entry in src.iterdir():
+                if entry.name != "__pycache__":
+                    (link / entry.name).symlink_to(entry)
+        here = link
+    target = here / parts[-1]
+    text = target.read_text()
+    assert text.count(old) == 1, f"{rel}: the patch's anchor is not there once"
+    target.unlink()
+    target.write_text(text.replace(old, new) + append)
+
+
+LEAF_HOOK = """        def _pre_forward_module_hook(module, *args):
+            self.pre_sub_module_forward_function(module)"""
+LEAF_CHECK = """
+
+def _check_leaf_inputs(module, inputs):
+    if z3_leaf_module(module) and torch.is_grad_enabled() and not any(
+            torch.is_tensor(t) and t.requires_grad for t in inputs):
+        raise ValueError("a z3 leaf module's inputs do not require grad")
+"""
+
+
+@pytest.mark.deepspeed
+def test_a_patch_that_swaps_a_known_crash_for_another_is_introduced(tmp_path):
+    """The head tree (0.19.8, patched) fails z3-leaf-input-without-grad's scenario with a ValueError raised in
+    the leaf module's pre-forward hook instead of 0.19.8's RuntimeError in the backward: the same scenario
+    family, another mechanism.  diff says introduced (and base's crash fixed), not unchanged or unmasked."""
+    root = _checkout(tmp_path, deepspeed.__version__)
+    _patch(root, "runtime/zero/parameter_offload.py", LEAF_HOOK,
+           LEAF_HOOK.replace("            self.pre", "            _check_leaf_inputs(module, args[0] if args else ())\n"
+                                                 "            self.pre"), LEAF_CHECK)
+    scenario = tmp_path / "leaf.json"
+    scenario.write_text(known.Z3_LEAF_INPUT_NO_GRAD.scenario.to_json())
+    data, rc = _diff(SITE, str(root), tmp_path, "--examples", "1", "--scenario", str(scenario))
+    assert rc == 1 and data["verdict"] == "head introduces findings", data["findings"]
+    leaf = known.Z3_LEAF_INPUT_NO_GRAD.scenario.to_dict()
+    by_side = {e["found_on"]: e for e in data["findings"] if e["scenario"] == leaf}
+    head, base = by_side["head"], by_side["base"]
+    assert head["key"] == "exception:ValueError@runtime.zero.parameter_offload._check_leaf_inputs", head
+    assert head["status"] == "introduced" and base["status"] == "fixed", (head, base)
+    assert base["key"] != head["key"] and base["known_issue"]["id"] == "z3-leaf-input-without-grad"
+    assert base["replay_on_head"]["hits"] == 0 and base["replay_on_head"]["runs"] > 1
+
+
+@pytest.mark.deepspeed
+def test_a_rank_pool_that_cannot_start_is_one_line_and_exit_2(tmp_path):
+    """A checkout that imports in the world-size-1 worker but not on two ranks: replaying a world-size-2
+    scenario, and exploring one, end with one line and exit 2, never a traceback."""
+    root = _checkout(tmp_path, deepspeed.__version__)
+    init = root / "deepspeed" / "__init__.py"
+    init.write_text('import os as _os\nif _os.environ.get("WORLD_SIZE") == "2":\n'
+                    '    raise ImportError("this tree does not import on two ranks")\n' + init.read_text())
+    ws2 = tmp_path / "ws2.json"
+    ws2.write_text(json.dumps({"blocks": [{}], "stage": 1, "world_size": 2}))
+    r = zs("replay", str(ws2), "--deepspeed-path", str(root), timeout=900)
+    assert_one_line_error(r.returncode, r.stderr, "2 ranks")
 
 
 @pytest.mark.deepspeed

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from test_cli_util import load_report, zs
 
-import zerostate.harness.repro  # noqa: F401  (a broken import fails, never skips)
+import zerostate.harness.repro
 import zerostate.analysis.checker  # noqa: F401  (a broken import fails, never skips)
 
 RELEASES = pytest.mark.skipif(os.environ.get("ZEROSTATE_RELEASE_TESTS") != "1",
@@ -49,11 +49,11 @@ def run_repro(script: Path, release: str | None = None, timeout: float = 300) ->
     """``python repro_<n>.py`` with only torch and deepspeed: the installed release, or ``release``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST", "HYPOTHESIS"))}
     env.pop("PYTHONPATH", None)
+    env.pop("TORCH_EXTENSIONS_DIR", None)  # the script keeps each release's JIT-built ops apart itself
     assert not script.resolve().is_relative_to(Path(__file__).resolve().parent.parent), "run it outside the repo"
     if release:
         from zerostate.harness import envs
         env["PYTHONPATH"] = str(envs.ensure_release(release))
-        env["TORCH_EXTENSIONS_DIR"] = str(envs.extensions_dir_for(f"deepspeed-{release}"))
     return subprocess.run([sys.executable, "-c", NO_ZEROSTATE, script.name], cwd=script.parent,
                           capture_output=True, text=True, timeout=timeout, env=env)
 
@@ -108,7 +108,7 @@ def test_repro_is_standalone_python(hook_repro):
 
 
 def test_repro_embeds_the_projects_own_checks_verbatim(hook_repro):
-    """Issue 14: the script judges with the project's specs, agreement projection, tracer and executor --
+    """The script judges with the project's specs, agreement projection, tracer and executor --
     the files themselves, not a re-implementation -- and carries no hook checks of its own."""
     import inspect
     import zerostate.specs.hook_specs
@@ -172,7 +172,8 @@ def test_model_agreement_repro_judges_with_the_embedded_projection(hook_repro, t
         r = run_repro(script)
         codes[release] = r.returncode
         if release == "0.18.4":
-            assert r.returncode == 1 and "BUG PRESENT (model-agreement)" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
+            assert r.returncode == 1 and "BUG PRESENT (model-agreement)" in r.stdout, \
+                r.stdout[-2000:] + r.stderr[-2000:]
     assert codes[deepspeed.__version__] == 0, codes
 
 
@@ -193,7 +194,8 @@ def test_failed_checks_is_the_targets_judgement():
             t.raw = lambda _sc, _res={"ok": True, "result": res}: _res  # the same result, judged by run()
             outcome = t.run(sc)
             del t.raw
-            model = None if sc.beyond_model() else [Event.from_dict(e.to_dict()) for e in model_run(t.design, sc).events]
+            model = None if sc.beyond_model() else [Event.from_dict(e.to_dict())
+                                                             for e in model_run(t.design, sc).events]
             got = failed_checks(res, sc.stage, model, t.design.name)
             assert set(got) == {f.check for f in outcome.findings}, (spec, set(got), outcome.findings)
             for f in outcome.findings:
@@ -214,8 +216,7 @@ def test_world_size_2_repro_judges_the_ranks_together(tmp_path):
     from zerostate.harness.repro import repro_script
     torchrun = shutil.which("torchrun") or str(Path(sys.executable).with_name("torchrun"))
     f = Finding("ranks-params", "...", Scenario.from_dict({"blocks": [{"checkpoint": "non_reentrant"}, {"leaf": True}],
-                                                            "stage": 3}), deepspeed="0.19.8")
-    f.world_size = 2
+                                                            "stage": 3}), deepspeed="0.19.8", world_size=2)
     script = tmp_path / "repro_1.py"
     script.write_text(repro_script(f, 1))
     assert "torchrun --nproc-per-node 2 repro_1.py" in script.read_text()
@@ -239,27 +240,29 @@ def test_repro_names_itself(hook_repro):
 def _scripts_namespace(text: str) -> dict:
     """The script's module-level names, without running ``main()`` (no DeepSpeed run)."""
     ns: dict = {"__name__": "repro_under_test"}
-    exec(compile(text, "repro.py", "exec"), ns)  # noqa: S102 - our own generated script
+    exec(compile(text, "repro.py", "exec"), ns)
     return ns
 
 
 def test_an_order_dependent_findings_repro_runs_its_sequence_first():
-    """Issue 15: the sequence the explorer found goes into the script (BEFORE, run first in the same
+    """The sequence the explorer found goes into the script (BEFORE, run first in the same
     process, each engine destroyed before the next), and an intermittent finding's rate into REPEAT."""
     from zerostate.model.scenario import Scenario
     from zerostate.findings.finding import Finding
+    from dataclasses import replace
+
     from zerostate.explorer.confirm import Confirmation
     from zerostate.harness.repro import repro_script
     sc = Scenario.from_dict(SEED_002)
     before = [Scenario.from_dict({"blocks": [{}], "stage": 1}), Scenario.from_dict({"blocks": [{"leaf": True}]})]
-    f = Finding("oracle", "after train step 0: ...", sc, deepspeed="0.19.2")
-    f.confirmation = Confirmation("order-dependent", sequence=before)
+    f = Finding("oracle", "after train step 0: ...", sc, deepspeed="0.19.2",
+                confirmation=Confirmation("order-dependent", sequence=before))
     ns = _scripts_namespace(repro_script(f, 3))
     assert ns["BEFORE"] == [s.to_dict() for s in before] and ns["REPEAT"] == 1
     assert "Order-dependent: the finding appears only after 2 other example(s)" in ns["__doc__"]
-    f.confirmation = Confirmation("intermittent", repeat=100, hits=3)
+    f = replace(f, confirmation=Confirmation("intermittent", repeat=100, hits=3))
     ns = _scripts_namespace(repro_script(f, 3))
     assert ns["BEFORE"] == [] and ns["REPEAT"] == 100 and "Intermittent (a race)" in ns["__doc__"]
-    f.confirmation = Confirmation("confirmed")
+    f = replace(f, confirmation=Confirmation("confirmed"))
     ns = _scripts_namespace(repro_script(f, 3))
     assert ns["BEFORE"] == [] and ns["REPEAT"] == 1

@@ -5,8 +5,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import struct
 import subprocess
 import sys
@@ -23,8 +25,24 @@ def zs(*args: str, timeout: float = 300, env: dict | None = None, cwd: str | Non
     """Run the installed console script (``python -m zerostate.cli.main`` if there is none)."""
     cmd = [str(BIN)] if BIN.exists() else [sys.executable, "-m", "zerostate.cli.main"]
     full_env = {**os.environ, "CI": "true", **(env or {})}
-    return subprocess.run(cmd + list(args), capture_output=True, text=True, timeout=timeout, env=full_env,
-                          cwd=cwd)
+    return run_group(cmd + list(args), timeout=timeout, env=full_env, cwd=cwd)
+
+
+def run_group(cmd: list[str], timeout: float, **kw: object) -> subprocess.CompletedProcess:
+    """``subprocess.run(cmd, capture_output=True, text=True)`` in a session of its own: on ``timeout`` the whole
+    process group is killed (the command's workers, ranks and watched job too, not only the command: an orphan
+    keeps a core busy, or a JIT build lock held, for the rest of the run), then TimeoutExpired is raised.  What a
+    command that ended left behind is left alone: tests look for it."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            **kw)  # type: ignore[call-overload]
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        raise subprocess.TimeoutExpired(cmd, timeout, out, err) from None
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
 def load_report(folder: Path) -> dict:
@@ -78,3 +96,32 @@ def assert_png(path: Path) -> tuple[int, int]:
     raw = zlib.decompress(idat)
     assert len(raw) >= size[1] * (size[0] + 1), "truncated image data"
     return size
+
+
+class FailingTarget:
+    """The model target until its ``after``-th run, then the error a deepspeed target raises when its world-size-2
+    rank pool cannot start (``TargetError``, several lines: the reason, then the pool's log)."""
+
+    def __init__(self, after: int, design: str = "ds-0.18.4"):
+        from zerostate.targets.base import get_target
+        self.inner = get_target("model", design=design)
+        self.name, self.version, self.design = "model", None, self.inner.design
+        self.after, self.n = after, 0
+
+    def run(self, sc):
+        from zerostate.targets.base import TargetError
+        self.n += 1
+        if self.n > self.after:
+            raise TargetError("the DeepSpeed rank pool (2 ranks) did not start (rank 1 exited (code 1)):\n"
+                              "Traceback (most recent call last):\n  File \"rank_worker.py\", line 1\nImportError: x")
+        return self.inner.run(sc)
+
+    def close(self):
+        pass
+
+
+def assert_one_line_error(rc: int, err: str, *words: str) -> None:
+    """Exit 2 and one line on stderr, ``zerostate: ...``, naming the problem: never a traceback."""
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert rc == 2 and len(lines) == 1 and lines[0].startswith("zerostate: "), (rc, err)
+    assert "Traceback" not in err and all(w in lines[0] for w in words), err

@@ -44,7 +44,7 @@ def test_findings_are_handed_over_as_they_come_and_progress_is_reported():
 
 def test_stop_and_seed():
     t = get_target("model", design="ds-0.18.5")
-    res = explore(t, examples=60, seed=1234, stop=lambda found: bool(found))
+    res = explore(t, examples=60, seed=1234, stop=bool)
     assert len({f.key for f in res.findings}) >= 1
 
 
@@ -77,7 +77,7 @@ def test_ctrl_c_hands_over_what_was_seen():
     assert got
 
 
-# ------------------------------------------------------------------ confirmation before hand-over (issue 15)
+# ------------------------------------------------------------------ confirmation before hand-over
 class _Leaky:
     """A test-only target whose worker leaks state (the knob lives here, not in the production worker):
     once it has run a ZeRO-1 scenario, every later scenario with two or more train steps gets a
@@ -135,7 +135,8 @@ def test_findings_that_reproduce_alone_are_confirmed():
 def test_a_stop_leaves_the_findings_after_it_as_seen_and_unconfirmed():
     """``stop``: the caller has what it wanted -- the findings it stopped on are shrunk and confirmed, the
     others stay as handed over (unshrunk, not checked), and the reliability figure says so."""
-    res = explore(get_target("model", design="ds-0.18.4"), examples=40, seed=None, strategy=CORE, stop=lambda fs: len(fs) >= 2)
+    res = explore(get_target("model", design="ds-0.18.4"), examples=40, seed=None, strategy=CORE,
+                  stop=lambda fs: len(fs) >= 2)
     done = [f for f in res.findings if f.shrunk]
     assert len(done) == 2 and all(f.confirmation.status == "confirmed" for f in done)
     rest = [f for f in res.findings if not f.shrunk]
@@ -197,7 +198,7 @@ def test_a_finding_that_shows_in_some_runs_only_is_reported_intermittent_with_it
     assert c.to_dict()["hits"] == c.hits
 
 
-# ------------------------------------------------------------------ hand-over unshrunk, jobs (issues 11, 15)
+# ------------------------------------------------------------------ hand-over unshrunk, jobs
 def test_each_new_key_is_handed_over_unshrunk_at_once_then_updated_shrunk():
     """The first generated example of each new key is handed over as it runs (unshrunk); its shrunk
     finding follows as an update with the same key (confirmation pending), then the confirmed one."""
@@ -260,7 +261,7 @@ def test_first_shrinks_the_chosen_keys_before_the_others():
     got: list[str] = []
     explore(get_target("model", design="ds-0.18.4"), examples=40, seed=None, strategy=CORE, confirm=False,
             on_update=lambda f: got.append(f.key), first=lambda f: f.key == chosen)
-    assert list(dict.fromkeys(got))[0] == chosen, (keys, got)
+    assert next(iter(dict.fromkeys(got))) == chosen, (keys, got)
     assert sorted(set(got)) == sorted(set(keys))
 
 
@@ -296,3 +297,65 @@ def test_polish_takes_out_the_config_optimizer_the_finding_does_not_need():
     for f in done:
         assert f.scenario.optimizer is Optimizer.SGD, f.scenario.to_json(None)
         assert not any(st.save_load for st in f.scenario.steps), f.scenario.to_json(None)
+
+
+# ------------------------------------------------------------------ the stream of typed events
+def test_the_stream_numbers_each_key_and_hands_it_over_seen_shrunk_confirmed():
+    import dataclasses
+
+    from zerostate.explorer.events import Confirmed, Progress, Seen, Shrunk, Stage
+    from zerostate.explorer.explore import Exploration
+    exp = Exploration(get_target("model", design="ds-0.18.5"), examples=10, strategy=CORE)
+    events = list(exp.events())
+    seen = [e for e in events if isinstance(e, Seen)]
+    assert seen and [e.n for e in seen] == list(range(1, len(seen) + 1))
+    for s in seen:  # per key, in this order: Seen (unshrunk), Shrunk (pending), Confirmed, all one number
+        mine = [e for e in events if isinstance(e, (Seen, Shrunk, Confirmed)) and e.key == s.key]
+        assert [type(e) for e in mine] == [Seen, Shrunk, Confirmed] and {e.n for e in mine} == {s.n}
+        assert mine[0].stage is Stage.UNSHRUNK and not mine[0].finding.shrunk
+        assert mine[1].finding.confirmation is None and mine[2].finding.confirmation.status == "confirmed"
+    runs = [e.examples_run for e in events if isinstance(e, Progress)]
+    assert runs == list(range(1, exp.result().examples + 1))  # one Progress per distinct run
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        seen[0].n = 7  # type: ignore[misc]
+
+
+def test_closing_the_stream_stops_it_at_once_with_the_findings_as_handed_over():
+    from zerostate.explorer.events import Progress, Seen
+    from zerostate.explorer.explore import Exploration
+    t = _Broken(10 ** 6, RuntimeError("never"))
+    exp = Exploration(t, examples=60, strategy=CORE)
+    stream = exp.events()
+    first = next(e for e in stream if isinstance(e, Seen))
+    runs = t.n
+    stream.close()
+    res = exp.result()
+    assert t.n == runs == res.examples  # not one run more
+    assert [f.key for f in res.findings] == [first.key]  # what was handed over, and nothing after it
+    assert all(not f.shrunk and f.confirmation.status == "not-checked" for f in res.findings)
+    assert not res.stopped
+    assert not any(isinstance(e, Progress) for e in stream)  # a closed stream yields nothing more
+
+
+def test_a_stop_request_ends_at_the_next_run_and_confirms_what_was_seen_as_seen():
+    from zerostate.explorer.events import Progress
+    from zerostate.explorer.explore import Exploration
+    exp = Exploration(get_target("model", design="ds-0.18.4"), examples=60, strategy=CORE)
+    for ev in exp.events():
+        if isinstance(ev, Progress) and ev.findings:
+            at = ev.examples_run
+            exp.request_stop()
+    res = exp.result()
+    assert res.stopped and res.examples == at
+    assert res.findings and all(not f.shrunk and f.confirmation.status == "confirmed" for f in res.findings)
+
+
+def test_shrinking_does_not_depend_on_the_machines_speed(monkeypatch):
+    """Hypothesis stops shrinking after 300 s of wall clock; on a machine slow enough for every shrink to pass
+    that limit (simulated: a limit of 0 s) the explorer still ends on the same findings and scenarios."""
+    from hypothesis.internal.conjecture import engine
+    runs = [explore(get_target("model", design="ds-0.18.4"), examples=20, seed=None, strategy=CORE, confirm=False)]
+    monkeypatch.setattr(engine, "MAX_SHRINKING_SECONDS", 0)
+    runs.append(explore(get_target("model", design="ds-0.18.4"), examples=20, seed=None, strategy=CORE, confirm=False))
+    assert _keys(runs[0]) and _keys(runs[0]) == _keys(runs[1])
+    assert runs[0].examples == runs[1].examples

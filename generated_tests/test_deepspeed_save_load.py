@@ -1,9 +1,9 @@
-"""Checkpoint save/load between train steps (issue 11, ``TrainStep.save_load``) on real DeepSpeed (CPU, gloo,
+"""Checkpoint save/load between train steps (``TrainStep.save_load``) on real DeepSpeed (CPU, gloo,
 world size 1).
 
 Before a ``save_load`` step the engine saves a checkpoint and loads it back, as HF Trainer does every
 ``save_steps`` and on resume; at ZeRO-3 it first builds the consolidated 16-bit state dict HF saves the model
-with.  `net.compare_save_load` judges the round trip (the ``checkpoint`` check); the oracle judges the training
+with.  `checkpoint.compare_save_load` judges the round trip (the ``checkpoint`` check); the oracle judges the training
 after it.  Here: the checkpoint really happens (files written, a checkpoint loaded, the state dicts built and
 compared, the directory removed), and DeepSpeed agrees with the oracle across the dimensions users combine it
 with; the comparison itself is shown to fail on records that differ.  ZeRO-1 with frozen parameters and a
@@ -19,7 +19,8 @@ import pytest
 import torch
 
 from zerostate.model.scenario import Scenario
-from zerostate.harness import net
+from zerostate.harness.net import checkpoint, compare, config
+from zerostate.harness.net.oracle import oracle_params
 
 ONE, TWO = [{}], [{}, {"save_load": True}]
 CASES = {
@@ -60,7 +61,7 @@ def test_save_load_happens_and_agrees(ds, name):
         return
     recs = out.details.get("save_load") or []
     assert [r["step"] for r in recs] == [i for i, s in enumerate(sc.steps) if s.save_load], out.details
-    names = sorted(net.oracle_params(sc.to_dict(), info := {}) and info["initial"])
+    names = sorted(oracle_params(sc, info := {}) and info["initial"])
     for r in recs:
         assert "latest" in r["files"] and any(f.startswith(f"global_step{r['step']}/") for f in r["files"]), r
         top = r["loaded"].split(os.sep + f"global_step{r['step']}")[0]
@@ -78,7 +79,7 @@ def test_save_load_happens_and_agrees(ds, name):
 
 def test_save_load_without_a_checkpoint_step_saves_nothing():
     """The config asks for the 16-bit save only when a step checkpoints (ZeRO-3)."""
-    z = lambda steps: net.ds_config(Scenario.from_dict({"stage": 3, "steps": steps}).to_dict())["zero_optimization"]  # noqa: E731
+    z = lambda steps: config.ds_config(Scenario.from_dict({"stage": 3, "steps": steps}))["zero_optimization"]  # noqa: E731
     assert z(TWO).get("stage3_gather_16bit_weights_on_model_save") is True
     assert "stage3_gather_16bit_weights_on_model_save" not in z(ONE)
 
@@ -102,7 +103,7 @@ def _nudged(d, key="a"):
 
 def test_compare_save_load_passes_a_faithful_round_trip():
     rec, oracle = _record()
-    assert net.compare_save_load(rec, oracle, (net.ATOL, net.RTOL)) is None
+    assert checkpoint.compare_save_load(rec, oracle, (compare.ATOL, compare.RTOL)) is None
 
 
 @pytest.mark.parametrize("code", ["no-files", "not-loaded", "16-bit-state-dict", "round-trip", "counters",
@@ -117,7 +118,7 @@ def test_compare_save_load_fails_each_check(code):
            "counters": {"counters": [rec["counters"][0], {**rec["counters"][0], "loss_scale": 128.0}]},
            "zero-to-fp32": {"fp32": {"a": rec["fp32"]["a"]}}}[code]
     rec.update(bad)
-    got = net.compare_save_load(rec, oracle, (net.ATOL, net.RTOL))
+    got = checkpoint.compare_save_load(rec, oracle, (compare.ATOL, compare.RTOL))
     assert got is not None and got[0] == code and "checkpoint before train step 1" in got[1], got
 
 
@@ -126,9 +127,9 @@ def test_compare_save_load_zero_to_fp32_is_exact_only_in_fp32():
     rounding: compared with the oracle at its tolerance, not exactly with the parameters."""
     rec, oracle = _record()
     rec.update(fp32=_nudged(rec["fp32"]), fp32_exact=False)
-    assert net.compare_save_load(rec, oracle, (net.ATOL, net.RTOL)) is None
+    assert checkpoint.compare_save_load(rec, oracle, (compare.ATOL, compare.RTOL)) is None
     rec["fp32_exact"] = True
-    assert net.compare_save_load(rec, oracle, (net.ATOL, net.RTOL))[0] == "zero-to-fp32"
+    assert checkpoint.compare_save_load(rec, oracle, (compare.ATOL, compare.RTOL))[0] == "zero-to-fp32"
 
 
 def test_compare_save_load_leaves_a_divergence_to_the_oracle():
@@ -136,7 +137,7 @@ def test_compare_save_load_leaves_a_divergence_to_the_oracle():
     faithful checkpoint of the diverged engine passes; with the oracle it would be a second finding."""
     rec, oracle = _record()
     far = {k: v + 1.0 for k, v in oracle.items()}
-    assert net.compare_save_load(rec, far, (net.ATOL, net.RTOL))[0] == "16-bit-state-dict"
-    assert net.compare_save_load(rec, None, (net.ATOL, net.RTOL)) is None
+    assert checkpoint.compare_save_load(rec, far, (compare.ATOL, compare.RTOL))[0] == "16-bit-state-dict"
+    assert checkpoint.compare_save_load(rec, None, (compare.ATOL, compare.RTOL)) is None
     rec["state16"] = _nudged(rec["state16"])  # the checkpoint against the engine itself is still checked
-    assert net.compare_save_load(rec, None, (net.ATOL, net.RTOL))[0] == "16-bit-state-dict"
+    assert checkpoint.compare_save_load(rec, None, (compare.ATOL, compare.RTOL))[0] == "16-bit-state-dict"

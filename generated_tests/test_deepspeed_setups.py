@@ -1,4 +1,4 @@
-"""The training-setup dimensions of issue 11 on real DeepSpeed (CPU, gloo, world size 1).
+"""The training-setup dimensions on real DeepSpeed (CPU, gloo, world size 1).
 
 For each dimension: a scenario using it runs on the installed DeepSpeed with no finding (or is a
 documented `KnownIssue`, kept as a strict expected failure by test_deepspeed_target.py::test_known_issue),
@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from zerostate.model.scenario import Scenario
-from zerostate.harness import net
+from zerostate.harness.net import compare, config, network
+from zerostate.harness.net.oracle import oracle_params
 
 pytestmark = pytest.mark.deepspeed
 
@@ -23,7 +24,7 @@ TWO = [{"micro": [{"backward": "engine"}, {"backward": "torch"}]}] * 2
 
 def _differs(a: dict, b: dict) -> bool:
     """The oracle's final parameters differ between two scenarios (a dimension changes the numbers)."""
-    pa, pb = net.oracle_params(Scenario.from_dict(a).to_dict())[-1], net.oracle_params(Scenario.from_dict(b).to_dict())[-1]
+    pa, pb = oracle_params(Scenario.from_dict(a))[-1], oracle_params(Scenario.from_dict(b))[-1]
     return any(n not in pb or not (pa[n] - pb[n]).abs().max().item() < 1e-6 for n in pa)
 
 
@@ -42,7 +43,8 @@ CASES = {
                                 {"stage": 2, "blocks": [{}, {}], "steps": [ONE[0], ONE[0]]}),
     "tie": ({"stage": 3, "tie": True, "blocks": [{"checkpoint": "non_reentrant"}, {}], "steps": TWO},
             {"stage": 3, "blocks": [{"checkpoint": "non_reentrant"}, {}], "steps": TWO}),
-    "tie-z2": ({"stage": 2, "tie": True, "blocks": [{}, {}], "steps": ONE}, {"stage": 2, "blocks": [{}, {}], "steps": ONE}),
+    "tie-z2": ({"stage": 2, "tie": True, "blocks": [{}, {}], "steps": ONE},
+               {"stage": 2, "blocks": [{}, {}], "steps": ONE}),
     "outputs-losses": ({"stage": 3, "outputs": "dict", "losses": 2, "steps": TWO}, {"stage": 3, "steps": TWO}),
     "outputs-tuple-z1": ({"stage": 1, "outputs": "tuple", "losses": 2, "steps": ONE}, {"stage": 1, "steps": ONE}),
     "width-7": ({"stage": 3, "width": 7, "persistence_threshold": 7, "reduce_bucket_size": 98,
@@ -54,7 +56,7 @@ CASES = {
                           "steps": [{"micro": [{"backward": "engine", "skip": [0]}], "reregister": True,
                                      "eval_before": True}] * 2}, None),
     # at DeepSpeed's default persistence threshold: the unwrap's GatheredParameters partitions the persistent
-    # parameters too, so the next forward fetches them (the model's coordinator must say so: 1 Dec)
+    # parameters too, so the next forward fetches them (the model's coordinator must say so)
     "reregister-persistent": ({"stage": 3, "persistence_threshold": 100000, "blocks": [{}, {}],
                                "steps": [ONE[0], {**ONE[0], "reregister": True}]}, None),
     "llama": ({"family": "llama", "stage": 3, "blocks": [{}, {}], "steps": TWO}, None),
@@ -92,7 +94,7 @@ def test_reregister_is_trls_unwrap_for_generation(ds, name):
     sc = Scenario.from_dict(CASES[name][0])
     out = ds.run(sc)
     assert not out.findings, "\n".join(f"{f.key}: {f.error[:300]}" for f in out.findings)
-    n = len(list(net.build_model(sc.to_dict()).parameters()))
+    n = len(list(network.build_model(sc).parameters()))
     unwraps = sum(st.reregister for st in sc.steps)
     assert out.details["engine"]["unwrap_gathered"] == [n] * unwraps, (n, out.details["engine"])
 
@@ -103,12 +105,12 @@ def test_a_generation_that_differs_from_the_oracles_is_a_mismatch():
     scalar the oracle could not share out (a fused head's loss at world size 2: None) is not compared."""
     import torch
     e = [torch.ones(2, 3), torch.zeros(1)]
-    assert net.compare_generated(e, [t.clone() for t in e], 1e-5, 1e-5) is None
-    assert net.compare_generated(e, [e[0], torch.ones(1)], 1e-5, 1e-5)[0] == 1
-    assert net.compare_generated(e, [e[0] * float("nan"), e[1]], 1e-5, 1e-5)[0] == 0
-    assert "shape" in net.compare_generated(e, [torch.ones(3, 2), e[1]], 1e-5, 1e-5)[1]
-    assert net.compare_generated(e, e[:1], 1e-5, 1e-5) == (1, "1 generation(s) in DeepSpeed vs 2 in PyTorch")
-    assert net.compare_generated([None, e[1]], [torch.ones(1), e[1]], 1e-5, 1e-5) is None
+    assert compare.compare_generated(e, [t.clone() for t in e], 1e-5, 1e-5) is None
+    assert compare.compare_generated(e, [e[0], torch.ones(1)], 1e-5, 1e-5)[0] == 1
+    assert compare.compare_generated(e, [e[0] * float("nan"), e[1]], 1e-5, 1e-5)[0] == 0
+    assert "shape" in compare.compare_generated(e, [torch.ones(3, 2), e[1]], 1e-5, 1e-5)[1]
+    assert compare.compare_generated(e, e[:1], 1e-5, 1e-5) == (1, "1 generation(s) in DeepSpeed vs 2 in PyTorch")
+    assert compare.compare_generated([None, e[1]], [torch.ones(1), e[1]], 1e-5, 1e-5) is None
 
 
 @pytest.mark.parametrize("prec", ["bf16", "fp32"])
@@ -120,7 +122,7 @@ def test_precision_reaches_deepspeed(ds, prec):
     out = ds.run(sc)
     assert not out.findings, [f.key for f in out.findings]
     if prec == "bf16":
-        assert 0 < out.details["max_diff"] <= net.BF16_ATOL + net.BF16_RTOL * 3, out.details
+        assert 0 < out.details["max_diff"] <= compare.BF16_ATOL + compare.BF16_RTOL * 3, out.details
     else:
         assert out.details["max_diff"] <= 1e-6, out.details  # fp32: only the clipping norm's summation order
 
@@ -130,7 +132,7 @@ FP16_STEPS = [{"micro": [{"backward": "engine"}, {"backward": "torch"}]}] * 2
 
 @pytest.mark.parametrize("stage,offload", [(1, "none"), (2, "optimizer"), (3, "none"), (3, "both")])
 def test_fp16_reaches_deepspeed(ds, stage, offload):
-    """fp16 runs on DeepSpeed's CPU accelerator (zerostate tells it fp16 is supported: net.allow_fp16_on_cpu),
+    """fp16 runs on DeepSpeed's CPU accelerator (zerostate tells it fp16 is supported: fp16.allow_fp16_on_cpu),
     engine.backward and a PyTorch-style backward through ``engine.scale(loss)``, with a fused head whose
     backward inside forward applies the loss scale itself: not skipped, no finding, DeepSpeed's loss scaler
     ran (2**8, no overflow) like the oracle's, and the fp16 rounding shows within the stated tolerance."""
@@ -143,22 +145,22 @@ def test_fp16_reaches_deepspeed(ds, stage, offload):
     assert out.details["steps"] == 2, out.details
     fp16 = out.details["fp16"]
     assert fp16["skipped_steps"] == 0 and fp16["oracle_skipped"] == [] and fp16["loss_scale"] == 256.0, fp16
-    atol, rtol = net.tolerance(sc.to_dict())
+    atol, rtol = compare.tolerance(sc)
     assert 0 < out.details["max_diff"] <= atol + rtol * 3, out.details
 
 
 @pytest.mark.parametrize("stage", [1, 2, 3])
 def test_fp16_overflow_skips_the_step_in_deepspeed_and_the_oracle(ds, stage):
     """DeepSpeed's default initial scale 2**16: the first step's scaled gradients overflow fp16, DeepSpeed
-    skips the step and halves the scale, the oracle's loss scaler (net.LossScale) predicts the same on its
+    skips the step and halves the scale, the oracle's loss scaler (fp16.LossScale) predicts the same on its
     own (step 0 skipped, step 1 trained at 2**15), the parameters after each step agree (after step 0: the
     initial ones), and every hook and bucket spec holds after the skipped step (no finding)."""
     sc = Scenario.from_dict({"stage": stage, "precision": "fp16", "loss_scale_power": 16,
                              "blocks": [{}, {}], "steps": [{"micro": [{"backward": "engine"}]}] * 2})
     info: dict = {}
-    expected = net.oracle_params(sc.to_dict(), info)
+    expected = oracle_params(sc, info)
     assert info["skipped"] == [0] and info["scales"] == [2.0 ** 16, 2.0 ** 15], info
-    initial = net.build_model(sc.to_dict())
+    initial = network.build_model(sc)
     assert all((expected[0][n] - p.detach()).abs().max().item() == 0 for n, p in initial.named_parameters())
     assert any((expected[1][n] - p.detach()).abs().max().item() > 0 for n, p in initial.named_parameters())
     out = ds.run(sc)
@@ -177,7 +179,7 @@ def test_fp16_nonscalar_backward_is_skipped_with_its_reason(ds):
     assert not out.findings
 
 
-# ------------------------------------------------- several engines in one process (issue 15)
+# ------------------------------------------------- several engines in one process
 PLAIN_Z2 = {"stage": 2, "blocks": [{}, {}], "steps": TWO}
 
 
@@ -215,8 +217,8 @@ def test_engines_before_zero1_and_zero2_leave_nothing(ds):
     assert _grad_hook_order(after) == _grad_hook_order(alone)
 
 
-# The order-dependent finding of a 0.19.8 ws1 exploration (issue 15): this ZeRO-2 scenario after that ZeRO-3 one
-# in the same worker hit another assertion than alone, because the ZeRO-3 engine left F.linear replaced.
+# An order-dependent finding of a 0.19.8 world-size-1 exploration: this ZeRO-2 scenario after that ZeRO-3 one
+# in the same worker hits another assertion than alone, because the ZeRO-3 engine left F.linear replaced.
 ORDER_Z2 = {"blocks": [{"norm": "frozen"}], "stage": 2, "reduce_bucket_size": 128, "max_reuse_distance": 0,
             "max_live_parameters": 64, "precision": "bf16", "fp32_grad_accum": True, "param_groups": 3, "tie": True,
             "outputs": "dict", "losses": 2,
@@ -239,10 +241,10 @@ def test_examples_in_one_worker_stay_independent(ds):
     assert "carried-state:torch-linear-replaced" in inside and inside != alone, (alone, inside)
 
 
-# ------------------------------------------- engine and loop options (issue 11, strategies.EXTRAS / LORA)
+# ------------------------------------------- engine and loop options (strategies.EXTRAS / LORA)
 GAS2 = [{"micro": [{"backward": "engine"}, {"backward": "torch"}]}] * 2
 OPTIONS = {
-    # option -> (scenario, what the built engine must report of it: `net.engine_settings`)
+    # option -> (scenario, what the built engine must report of it: `engine.engine_settings`)
     "gas3-offload-z2": ({"stage": 2, "offload": "optimizer", "steps": [{"micro": [{}, {}, {}]}]},
                         {"gradient_accumulation_steps": 3}),
     "manual-boundary-z1": ({"stage": 1, "manual_boundary": True, "steps": GAS2}, {"gradient_accumulation_steps": 1}),
@@ -271,7 +273,7 @@ OPTIONS = {
 
 @pytest.mark.parametrize("name", sorted(OPTIONS))
 def test_option_reaches_deepspeed_and_agrees(ds, name):
-    """The engine DeepSpeed built reports the option (its own accessors, `net.engine_settings`), and the run
+    """The engine DeepSpeed built reports the option (its own accessors, `engine.engine_settings`), and the run
     agrees with the oracle with no finding on a release where no known issue covers it (on an older release
     a finding must be the option's documented known issue: known_fixed.py)."""
     from zerostate.known.issues import explain
@@ -289,11 +291,11 @@ def test_modules_to_save_reaches_deepspeed(ds):
     """PEFT's modules_to_save wraps the head in a ModulesToSaveWrapper with a trainable copy: ZeRO-3 trains it
     (the copy's parameters are in the engine's module and change), and the run agrees with the oracle."""
     sc = Scenario.from_dict({"family": "llama", "lora": True, "modules_to_save": True, "stage": 3, "steps": [{}, {}]})
-    model = net.build_model(sc.to_dict())
+    model = network.build_model(sc)
     names = [n for n, p in model.named_parameters() if p.requires_grad and "modules_to_save" in n]
     assert names, [n for n, _ in model.named_parameters()]
     before = dict(model.named_parameters())
-    after = net.oracle_params(sc.to_dict())[-1]  # the copy trains, so agreeing with the oracle means it moved
+    after = oracle_params(sc)[-1]  # the copy trains, so agreeing with the oracle means it moved
     assert any(not torch.equal(after[n], before[n].detach()) for n in names), names
     out = ds.run(sc)
     from zerostate.known.issues import explain
@@ -302,7 +304,7 @@ def test_modules_to_save_reaches_deepspeed(ds):
         assert not out.findings, [(f.key, f.error[:200]) for f in out.findings]
 
 
-# ------------------------------------- the optimizer DeepSpeed builds from its config (issue 11, config_adam)
+# ------------------------------------- the optimizer DeepSpeed builds from its config (config_adam)
 ADAM_CASES = {
     # name -> scenario (optimizer: config-adam added): ZeRO 0-3, offload, mixed precision, parameter groups
     "z0": {"stage": 0, "blocks": [{}, {}], "steps": ONE * 2},
@@ -328,9 +330,9 @@ ADAM_CASES = {
 @pytest.mark.parametrize("name", sorted(ADAM_CASES))
 def test_config_adam_reaches_deepspeed_and_agrees(ds, name):
     """DeepSpeed builds the optimizer from the config: the engine holds torch's AdamW (``torch_adam``: no JIT op;
-    offload keeps it too, `net.optimizer_built`) that no client passed, with the scenario's groups and their
-    learning rates; the run agrees with the oracle's AdamW (fp32 within `net.tolerance`, mixed precision also by
-    `net.compare_update`, fp16 skipping the same overflowed steps), and Adam changes the numbers (its oracle
+    offload keeps it too, `engine.optimizer_built`) that no client passed, with the scenario's groups and their
+    learning rates; the run agrees with the oracle's AdamW (fp32 within `compare.tolerance`, mixed precision also by
+    `compare.compare_update`, fp16 skipping the same overflowed steps), and Adam changes the numbers (its oracle
     differs from the client SGD's).  On an older release a finding must be a documented known issue."""
     from zerostate.known.issues import explain
     spec = {**ADAM_CASES[name], "optimizer": "config-adam"}
@@ -339,10 +341,10 @@ def test_config_adam_reaches_deepspeed_and_agrees(ds, name):
     assert not out.details.get("skipped"), out.details
     got = out.details["engine"]["optimizer"]
     assert got["class"] == "torch.optim.adamw.AdamW" and got["from_config"], got
-    model = net.build_model(sc.to_dict())
-    want = [g["lr"] for g in net.param_groups(sc.to_dict(), model)]
+    model = network.build_model(sc)
+    want = [g["lr"] for g in config.param_groups(sc, model)]
     assert [g["lr"] for g in got["groups"]] == want, (got["groups"], want)
-    assert all(g["eps"] == net.ADAM["eps"] for g in got["groups"]), got["groups"]
+    assert all(g["eps"] == config.ADAM["eps"] for g in got["groups"]), got["groups"]
     assert _differs(spec, {**spec, "optimizer": "sgd"})
     if "fp16" in out.details:
         assert out.details["fp16"]["skipped_steps"] == len(out.details["fp16"]["oracle_skipped"]) > 0, out.details

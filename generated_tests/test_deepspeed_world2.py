@@ -117,7 +117,7 @@ def test_a_fused_heads_auxiliary_loss_agrees_with_the_oracle_at_world_size_2(ds2
     """The auxiliary loss on a fused head's scalar loss must be one data parallelism averages as the
     oracle's global batch does: it was ``0.1 * loss**2``, and the mean over the ranks of the square of
     each rank's loss is not the square of the global loss (an ``oracle`` finding of ours, 9e-05 on
-    0.19.8, found by ``explore --world-size 2``, issue 15)."""
+    0.19.8, found by ``explore --world-size 2``)."""
     sc = Scenario.from_dict({"blocks": [{"norm": "frozen"}], "stage": 1, "fused_head": True, "losses": 2,
                              "steps": [{"micro": [{"backward": "engine"}]}]})
     out = ds2.run(sc)
@@ -126,7 +126,7 @@ def test_a_fused_heads_auxiliary_loss_agrees_with_the_oracle_at_world_size_2(ds2
 
 
 def test_state_an_earlier_engine_left_is_reported_at_world_size_2(ds2):
-    """Several engines in one rank process (issue 15's engines_before): the ZeRO-3 engine before leaves
+    """Several engines in one rank process (``engines_before``): the ZeRO-3 engine before leaves
     ``F.linear`` replaced on every rank; the ranks' own check reports it as at world size 1
     (``carried-state``, known issue z3-linear-override-outlives-engine on 0.19.8)."""
     issue = next(k for k in KNOWN_ISSUES if k.id == "z3-linear-override-outlives-engine")
@@ -171,7 +171,8 @@ def test_cross_rank_checks_detect_each_disagreement():
     assert len(per_step(EV)) == 3 and per_step(EV)[1]["params"] == ["fetch blocks.0.lin.weight"]
     other = EV[:4] + [{"kind": "fetch", "param": "blocks.0.norm.weight"}] + EV[5:]
     p = cross_rank_problems([_rank(0, EV, d), _rank(1, other, d)])
-    assert set(p) == {"ranks-trace"} and "train step 1" in p["ranks-trace"][0] and "parameter order" in p["ranks-trace"][0]
+    assert set(p) == {"ranks-trace"}
+    assert "train step 1" in p["ranks-trace"][0] and "parameter order" in p["ranks-trace"][0]
     assert p["ranks-trace"][1] == "parameter-order"
     p = cross_rank_problems([_rank(0, EV, d), _rank(1, EV[1:], d)])
     assert "module trace" in p["ranks-trace"][0] and "train step 0" in p["ranks-trace"][0]
@@ -185,7 +186,7 @@ def test_cross_rank_checks_detect_each_disagreement():
 
 
 def test_cross_rank_findings_are_keyed_by_code_not_by_their_message():
-    """Two parameter-order differences at other positions and parameters are one finding (issue 14)."""
+    """Two parameter-order differences at other positions and parameters are one finding."""
     from zerostate.findings.finding import Finding
     d = [{"blocks.0.lin.weight": "a"}, {"blocks.0.lin.weight": "b"}]
     keys = set()
@@ -252,11 +253,13 @@ def test_ctrl_c_of_explore_leaves_no_rank(tmp_path):
     """``zerostate explore --world-size 2`` interrupted by Ctrl-C (SIGINT) exits 130, keeps its report,
     and leaves no rank process behind."""
     out = tmp_path / "rep"
-    proc = subprocess.Popen([sys.executable, "-m", "zerostate.cli.main", "explore", "--world-size", "2", "--examples", "500",
+    proc = subprocess.Popen([sys.executable, "-m", "zerostate.cli.main", "explore", "--world-size", "2",
+                             "--examples", "500",
                              "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=dict(os.environ, OMP_NUM_THREADS="1"),
                             # a shell's background job ignores SIGINT, and so would its children: restore it
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                            # (the child only resets one signal handler, safe even if the parent has threads)
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # noqa: PLW1509
     me = proc.pid
     pids: list[int] = []
     deadline = time.monotonic() + 180
@@ -264,7 +267,8 @@ def test_ctrl_c_of_explore_leaves_no_rank(tmp_path):
         time.sleep(0.5)
         pids = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and _ppid(int(p.name)) == me
                 and "rank_worker" in _cmdline(int(p.name))]
-    assert len(pids) == 2, f"the rank pool did not start: {proc.poll()} {proc.stderr.read()[-2000:] if proc.poll() is not None else ''}"
+    assert len(pids) == 2, \
+        f"the rank pool did not start: {proc.poll()} {proc.stderr.read()[-2000:] if proc.poll() is not None else ''}"
     while time.monotonic() < deadline and not (out / "report.json").exists() and proc.poll() is None:
         time.sleep(0.2)  # the pool answered hello; exploring has begun
     time.sleep(3)
@@ -365,7 +369,7 @@ def test_seed_002_found_and_shrunk_at_world_size_2(tmp_path):
         proc.stdout[-2000:] + proc.stderr[-2000:]
 
 
-# ------------------------------------------------------------ the same seed, the same findings (issue 15)
+# ------------------------------------------------------------ the same seed, the same findings
 def test_a_short_exploration_at_world_size_2_gives_the_same_findings_twice(ds2, request):
     """The same seed gives the same findings at world size 2, as at world size 1: the same examples run,
     the same findings, shrunk to the same scenarios, each confirmed (or found order-dependent, with the
@@ -385,11 +389,11 @@ def test_a_short_exploration_at_world_size_2_gives_the_same_findings_twice(ds2, 
     assert all(status != "not-reproduced" for _, _, status, _ in first[1]), first
 
 
-# ------------------------------------------------------------ issue 15's ws2 findings: engines one after another
+# ------------------------------------------------------------ 0.19.2's world-size-2 race: engines one after another
 PERSISTENT_FUSED = {"blocks": [{"lin": "unused"}], "stage": 3, "fused_head": True, "input_requires_grad": False,
                     "persistence_threshold": 8, "prefetch_bucket_size": 256,
                     "steps": [{"micro": [{"backward": "engine"}], "eval_before": True}]}
-"""Issue 15's findings 8/9 on 0.19.2 at world size 2 (shrunk): persistent LayerNorm, fused head, eval forward."""
+"""0.19.2's persistent-parameter race at world size 2 (shrunk): persistent LayerNorm, fused head, eval forward."""
 
 
 def _disagreements(t, n: int) -> int:
@@ -409,9 +413,9 @@ def test_engines_one_after_another_agree_on_persistent_parameters(ds2, request):
 
 @pytest.mark.slow
 def test_0192_persistent_parameter_race_is_found_and_reported_intermittent():
-    """The regression test of issue 15's ws2 findings on 0.19.2: it shows in some of 300 engines one after
-    another (a pool; also without zerostate: the repro script under torchrun), never in the first run of a
-    fresh pool here, so the explorer reports it ``intermittent`` and its replay repeats it."""
+    """The regression test of 0.19.2's persistent-parameter race at world size 2: it shows in some of 300
+    engines one after another (a pool; also without zerostate: the repro script under torchrun), never in the
+    first run of a fresh pool here, so the explorer reports it ``intermittent`` and its replay repeats it."""
     if not _have_release("0.19.2"):
         pytest.skip("opt-in: ZEROSTATE_RELEASES=0.19.2 (installs it on first use)")
     from zerostate.explorer.confirm import hits_alone
@@ -421,3 +425,58 @@ def test_0192_persistent_parameter_race_is_found_and_reported_intermittent():
         assert hits_alone(t, "oracle", sc, 300)[0] >= 1
     finally:
         t.close()
+
+
+# ------------------------------------------------------------ a reviewer's checkout (--deepspeed-path)
+def git_checkout(root: Path, version: str) -> Path:
+    """The installed DeepSpeed laid out as a plain git checkout of it: ``deepspeed/`` copied, ``version.txt`` at
+    the root, ``accelerator/`` and ``op_builder/`` at the top level (the package's own are symlinks to them, as
+    in DeepSpeed's repository) and no ``git_version_info_installed.py`` (only setup.py writes it), so DeepSpeed
+    reads its version from the relative path ``version.txt``."""
+    import shutil
+    import deepspeed
+    pkg = root / "deepspeed"
+    shutil.copytree(Path(deepspeed.__file__).resolve().parent, pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    (pkg / "git_version_info_installed.py").unlink()
+    for top, inside in (("accelerator", pkg / "accelerator"), ("op_builder", pkg / "ops" / "op_builder")):
+        shutil.move(str(inside), str(root / top))
+        inside.symlink_to(os.path.relpath(root / top, inside.parent))
+    (root / "version.txt").write_text(version + "\n")
+    return root
+
+
+def test_a_git_checkouts_rank_pool_sees_its_version(tmp_path):
+    """``--deepspeed-path`` of a plain git checkout: the world-size-2 scenarios of the default exploration run
+    on a rank pool that, like the world-size-1 worker, imports the checkout and reports the version in its
+    ``version.txt`` (it reported 0.0.0, and the exploration died, while the pool ran elsewhere than the
+    checkout's root).  Run from a folder that is not the checkout."""
+    import deepspeed
+    from zerostate.explorer.explore import generated
+    root = git_checkout(tmp_path / "DeepSpeed", deepspeed.__version__)
+    first = [sc for sc in generated(scenarios(), 30, None) if sc.world_size == 2][:2]
+    t = get_target("deepspeed", deepspeed_path=str(root))
+    try:
+        for sc in first:
+            out = t.run(sc)
+            assert out.details.get("world_size") == 2 and not _unexplained(out), (out.details, _fmt(out.findings))
+        pool = t._wider[2]
+        assert pool.version == t.version == deepspeed.__version__
+        assert os.path.realpath(pool.hello["file"]).startswith(os.path.realpath(root)), pool.hello
+    finally:
+        t.close()
+
+
+def test_a_target_error_once_running_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys):
+    """A target that fails after it started (a rank pool that cannot start, drawn mid-exploration) ends the
+    command with one line naming the problem and exit status 2, never a traceback."""
+    from zerostate.cli import cmd_replay, main
+    from zerostate.targets.base import TargetError
+
+    def fails(args):
+        raise TargetError("the DeepSpeed rank pool (2 ranks) did not start (no answer within 900 s):\n"
+                          "--- rank 0 log ---\nTraceback (most recent call last): ...")
+    monkeypatch.setattr(cmd_replay, "run", fails)
+    (tmp_path / "s.json").write_text(json.dumps({"stage": 1, "world_size": 2}))
+    assert main.main(["replay", str(tmp_path / "s.json")]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == "zerostate: the DeepSpeed rank pool (2 ranks) did not start (no answer within 900 s):", err

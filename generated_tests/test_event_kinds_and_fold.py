@@ -72,7 +72,8 @@ def test_the_scan_finds_kinds_written_as_strings():
     """The scan itself: each way of writing a kind as a string is found; `EventKind` members and plain words are
     not."""
     bad = ('emit("fetch", param=p)\nEvent("step")\n{"kind": "release"}\nif ev.kind == "holders": pass\n'
-           'if ev.kind in ("prefetch", "fetch"): pass\nif what == "user_backward_start": pass\nd = {"forward_start": 1}\n')
+           'if ev.kind in ("prefetch", "fetch"): pass\nif what == "user_backward_start": pass\n'
+           'd = {"forward_start": 1}\n')
     assert [v for _, v in kind_literals(bad)] == ["fetch", "step", "release", "holders", "prefetch", "fetch",
                                                   "user_backward_start", "forward_start"]
     good = ('emit(EventKind.FETCH)\nif ev.kind is EventKind.STEP: pass\nrow = {"step": 3}\n'

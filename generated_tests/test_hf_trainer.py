@@ -1,14 +1,15 @@
 """A real Hugging Face client with the runtime: tiny Llama + LoRA + gradient checkpointing, HF ``Trainer``,
 DeepSpeed ZeRO-3 at DeepSpeed's *default* config (``clients/hf_job.py``), on CPU.
 
-Default-on (installed DeepSpeed, 0.19.8 here; four processes, two at a time, ~8 s of CPU each): for reentrant and non-reentrant
+Default-on (installed DeepSpeed, 0.19.8 here; four processes, two at a time, ~8 s of CPU each):
+for reentrant and non-reentrant
 checkpointing, the job with ``zerostate.runtime.patch_deepspeed()`` trains with exactly the losses and
 LoRA weights of stock DeepSpeed, and the runtime really was installed (release policy included).
 
 Opt-in, like the other release tests (``ZEROSTATE_RUNTIME_RELEASES=0.19.2``; each listed release is
 installed with ``harness/envs.py`` and put first on ``PYTHONPATH``): the runtime trains both
 checkpointing modes with the same losses and weights as stock on the installed release; on 0.19.0-0.19.2
-stock non-reentrant dies of seed 002's ``CheckpointError`` at the default config (issue 10: the small
+stock non-reentrant dies of seed 002's ``CheckpointError`` at the default config (the small
 frozen RMSNorm weights are persistent, and DeepSpeed partitions persistent parameters while the trace
 is not complete).
 
@@ -45,33 +46,41 @@ _ENV_DROP = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "
 def run_jobs(tmp_path, jobs: list[tuple[str, bool, str | None]], steps: int = STEPS) -> list[dict]:
     """Run ``python -m zerostate.clients.hf_job`` once per (ckpt, runtime, release), each in its own
     process, all at once (2 cores: a stock/runtime pair costs one job's wall time); their JSON records."""
-    procs = []
-    for ckpt, runtime, release in jobs:
-        env = {k: v for k, v in os.environ.items() if k not in _ENV_DROP}
-        env.update(OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", HF_HUB_OFFLINE="1", DS_ACCELERATOR="cpu")
-        if release:
-            from zerostate.harness import envs
+    import zerostate.jit_ops as jit_ops
 
-            env["PYTHONPATH"] = os.pathsep.join([str(envs.ensure_release(release))] + [
-                p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
-            env["TORCH_EXTENSIONS_DIR"] = str(envs.extensions_dir_for(f"deepspeed-{release}"))
-        out = tmp_path / f"{release or 'installed'}-{ckpt}-{'runtime' if runtime else 'stock'}.json"
-        cmd = [sys.executable, "-m", "zerostate.clients.hf_job", "--ckpt", ckpt, "--steps", str(steps),
-               "--json", str(out)] + (["--runtime"] if runtime else [])
-        procs.append((release, out, subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                                     text=True)))
-    records = []
-    for release, out, proc in procs:
-        try:
-            stdout, stderr = proc.communicate(timeout=900)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            stdout, stderr = proc.communicate()
-        assert proc.returncode == 0 and out.exists(), (stdout[-2000:], stderr[-4000:])
-        record = json.loads(out.read_text())
-        if release:
-            assert record["deepspeed"] == release, record["deepspeed"]
-        records.append(record)
+    procs = []
+    try:
+        for ckpt, runtime, release in jobs:
+            env = {k: v for k, v in os.environ.items() if k not in _ENV_DROP}
+            env.update(OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", HF_HUB_OFFLINE="1", DS_ACCELERATOR="cpu")
+            if release:
+                from zerostate.harness import envs
+
+                env["PYTHONPATH"] = os.pathsep.join([str(envs.ensure_release(release))] + [
+                    p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+            jit_ops.keep_apart(env)  # the release's own JIT-op folder, as zerostate watch gives a job
+            out = tmp_path / f"{release or 'installed'}-{ckpt}-{'runtime' if runtime else 'stock'}.json"
+            cmd = [sys.executable, "-m", "zerostate.clients.hf_job", "--ckpt", ckpt, "--steps", str(steps),
+                   "--json", str(out)] + (["--runtime"] if runtime else [])
+            procs.append((release, out, subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
+                                                         stderr=subprocess.PIPE, text=True)))
+        records = []
+        for release, out, proc in procs:
+            try:
+                stdout, stderr = proc.communicate(timeout=900)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                stdout, stderr = proc.communicate()
+            assert proc.returncode == 0 and out.exists(), (stdout[-2000:], stderr[-4000:])
+            record = json.loads(out.read_text())
+            if release:
+                assert record["deepspeed"] == release, record["deepspeed"]
+            records.append(record)
+    finally:  # a failed job fails the test; none of its siblings outlives it
+        for _, _, proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
     return records
 
 
@@ -108,7 +117,7 @@ def test_runtime_trains_other_release_like_installed_stock(tmp_path, hf_release)
     if hf_release in SEED002_RELEASES:
         jobs.append(("non_reentrant", False, hf_release))
     records = run_jobs(tmp_path, jobs)
-    for ckpt, reference, rt in zip(CKPTS, records[0:4:2], records[1:4:2]):
+    for ckpt, reference, rt in zip(CKPTS, records[0:4:2], records[1:4:2], strict=True):
         _trained(reference)
         _trained(rt)
         assert rt["installed"] and rt["release_policy"]

@@ -1,4 +1,4 @@
-"""Hypothesis tests of the gradient-hook / epilogue model (issue 2).
+"""Hypothesis tests of the gradient-hook / epilogue model.
 
 * A stateful machine draws a scenario and a design, then fires one *enabled*
   driver event at a time (so Hypothesis explores interleavings of the backward
@@ -271,8 +271,8 @@ def test_leaf_reduction_deferred_until_its_gradients_accumulated(name):
     for i in early:
         hook = [k for k, e in enumerate(events) if e.kind is EventKind.LEAF_HOOK and e.module == f"blocks.{i}"]
         pre = [k for k, e in enumerate(events) if e.kind is EventKind.MODULE_PRE_BACKWARD and e.module == f"blocks.{i}"]
-        assert hook and len(hook) == len(pre) and all(h < p for h, p in zip(hook, pre))  # torch's order
+        assert hook and len(hook) == len(pre) and all(h < p for h, p in zip(hook, pre, strict=True))  # torch's order
         for p in net.leaf_hook_params(i):
             adds = [k for k, e in enumerate(events) if e.kind is EventKind.BUCKET_ADD and e.param == p]
             grads = [k for k, e in enumerate(events) if e.kind is EventKind.LEAF_GRAD and e.param == p]
-            assert len(adds) == len(hook) and all(a > g for a, g in zip(adds, grads)), p
+            assert len(adds) == len(hook) and all(a > g for a, g in zip(adds, grads, strict=False)), p

@@ -1,4 +1,5 @@
-"""`zerostate.runtime.patcher.Patcher`: every patch recorded, undone exactly (own values back, inherited ones unshadowed)."""
+"""`zerostate.runtime.patcher.Patcher`: every patch recorded, undone exactly
+(own values back, inherited ones unshadowed)."""
 
 from __future__ import annotations
 

@@ -76,7 +76,7 @@ def test_exploration_with_runtime_finds_nothing_new(release, tmp_path, monkeypat
             # Same finding: the same key, or the same root cause (`grouping.group_key`: the known DeepSpeed issue
             # explaining both, else the exception and its message).  Where DeepSpeed raises "has already been
             # reduced" depends on the engines an earlier example built in the same process (an order-dependent
-            # finding, issue 15); and on a known DeepSpeed bug the runtime may change the symptom -- two backwards
+            # finding); and on a known DeepSpeed bug the runtime may change the symptom -- two backwards
             # of one forward on ZeRO-1/2 (two-backwards-per-forward): stock skips the first backward's epilogue and
             # trains silently wrong, the runtime runs it and DeepSpeed then asserts "already been reduced".
             same = f.key in {g.key for g in found} or group_key(f) in {group_key(g) for g in found}

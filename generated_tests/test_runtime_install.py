@@ -12,6 +12,7 @@ import logging
 import os
 import subprocess
 import sys
+from itertools import pairwise
 
 import pytest
 
@@ -70,9 +71,9 @@ def _diff(a, b, path="") -> list[str]:
             out += _diff(a[k], b[k], f"{path}.{k}")
         return out
     if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
-        return [d for i, (x, y) in enumerate(zip(a, b)) for d in _diff(x, y, f"{path}[{i}]")]
+        return [d for i, (x, y) in enumerate(zip(a, b, strict=True)) for d in _diff(x, y, f"{path}[{i}]")]
     if isinstance(a, tuple) and isinstance(b, tuple) and len(a) == len(b):
-        return [d for i, (x, y) in enumerate(zip(a, b)) for d in _diff(x, y, f"{path}[{i}]")]
+        return [d for i, (x, y) in enumerate(zip(a, b, strict=True)) for d in _diff(x, y, f"{path}[{i}]")]
     return [] if a is b or (isinstance(a, (int, str)) and a == b) else [f"{path}: {a!r} is not {b!r}"]
 
 
@@ -90,7 +91,7 @@ def test_install_twice_then_uninstall_restores_every_object_identically(stage):
 
 @pytest.mark.parametrize("stage", [2, 3])
 def test_every_change_of_install_is_recorded_in_its_patcher(stage):
-    """Issue 14: install routes every change through one Patcher -- the hook state, each closure swap,
+    """Install routes every change through one Patcher -- the hook state, each closure swap,
     the release policy, the refresh pre-hook -- and uninstall is that record undone, leaving it empty."""
     engine = _engine(stage, frozen=stage == 3)
     inst = install(engine)
@@ -223,7 +224,7 @@ def test_patch_deepspeed_installs_into_engines_initialize_builds():
 
 
 def test_compat_table_is_contiguous_and_parses():
-    for a, b in zip(COMPAT, COMPAT[1:]):
+    for a, b in pairwise(COMPAT):
         assert a.end <= b.first
     assert parse_version("0.19.8+abc123") == (0, 19, 8) and parse_version("0.19.3rc1") == (0, 19, 3)
     assert compat_row("0.18.6").hook_closures == "count-every-hook"
@@ -283,7 +284,7 @@ def test_selfcheck_other_release(other_release, tmp_path):
     assert stock_bad, f"stock {other_release} showed no failure to fix"
 
 
-# ---------------------------------------------------------------- issue 10, item 4: never break a job
+# ---------------------------------------------------------------- patch_deepspeed never breaks a job
 def _variant_config(stage: int, dtype: str, offload: str, threshold_zero: bool) -> dict:
     zero: dict = {"stage": stage}
     if "optimizer" in offload:
@@ -355,8 +356,8 @@ def test_patched_initialize_never_raises_and_trains_like_stock(stage, dtype, off
                                                                 request):
     """Under patch_deepspeed, every engine either gets the runtime and trains exactly like stock, or is
     refused with one warning and stays stock -- deepspeed.initialize never raises because of zerostate."""
-    if dtype == "fp16":  # on DeepSpeed's CPU accelerator as the explorer runs it (issue 11), for this test only
-        from zerostate.harness.net import allow_fp16_on_cpu, restore_fp16_support
+    if dtype == "fp16":  # on DeepSpeed's CPU accelerator as the explorer runs it, for this test only
+        from zerostate.harness.net.fp16 import allow_fp16_on_cpu, restore_fp16_support
         allow_fp16_on_cpu()
         request.addfinalizer(restore_fp16_support)
     if dtype == "fp16" and not deepspeed.get_accelerator().is_fp16_supported():
@@ -375,7 +376,7 @@ def test_patched_initialize_never_raises_and_trains_like_stock(stage, dtype, off
         assert stock[0] == "BF16_Optimizer" and len(warnings) == 1
         assert "BF16_Optimizer" in warnings[0].getMessage() and "stock" in warnings[0].getMessage()
     assert patched[2] == stock[2], "losses differ from stock"
-    assert all(torch.equal(a, b) for a, b in zip(patched[3], stock[3])), "parameters differ from stock"
+    assert all(torch.equal(a, b) for a, b in zip(patched[3], stock[3], strict=False)), "parameters differ from stock"
 
 
 def test_bf16_optimizer_refused_by_install_before_any_change():
@@ -401,7 +402,7 @@ def test_nvme_offload_refused_before_any_change(monkeypatch, getter):
     class _Nvme:  # what DeepSpeed's offload config reports for device: nvme (no NVMe engine on this machine)
         device = OffloadDeviceEnum.nvme
 
-    monkeypatch.setattr(engine, getter, lambda: _Nvme())
+    monkeypatch.setattr(engine, getter, _Nvme)
     with pytest.raises(UnsupportedEngineError, match=r"NVMe.*Nothing was changed"):
         install(engine)
     assert not is_installed(engine) and _diff(before, _snapshot(engine)) == []
@@ -483,7 +484,7 @@ def test_autoinstall_on_unsupported_release_warns_instead_of_raising(monkeypatch
     unpatch_deepspeed()
 
 
-# ---------------------------------------------------------------- issue 10, item 5: packaging
+# ---------------------------------------------------------------- packaging
 def test_runtime_import_pulls_no_explorer_dependency():
     """`import zerostate.runtime` (and its modules) imports neither the explorer's dependencies nor torch/deepspeed."""
     code = ("import sys, zerostate.runtime, zerostate.runtime.install, zerostate.runtime.autoinstall, "
@@ -516,88 +517,3 @@ def test_base_dependencies_never_replace_torch_or_deepspeed():
         assert any(d.startswith(dep) for d in extras["hf"]), dep
     assert any("explore" in d and "hf" in d for d in extras["test"])
 
-
-# ------------------------------------------------------- z3 leaf modules (z3-leaf-input-without-grad)
-def _leaf_engine():
-    """ZeRO-3 over two blocks, the first a z3 leaf module (``set_z3_leaf_modules`` before initialize)."""
-    from deepspeed.utils import set_z3_leaf_modules
-
-    class Leaf(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.norm, self.lin = torch.nn.LayerNorm(selfcheck.WIDTH), torch.nn.Linear(selfcheck.WIDTH, selfcheck.WIDTH)
-
-        def forward(self, x):
-            return torch.tanh(self.lin(self.norm(x)))
-
-    net = torch.nn.Sequential(Leaf(), torch.nn.Linear(selfcheck.WIDTH, selfcheck.WIDTH))
-    set_z3_leaf_modules(net, [Leaf])
-    cfg = {"train_micro_batch_size_per_gpu": 4, "gradient_clipping": 0.0, "zero_allow_untested_optimizer": True,
-           "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}}
-    engine, *_ = deepspeed.initialize(model=net, optimizer=torch.optim.SGD(net.parameters(), lr=0.1), config=cfg,
-                                      model_parameters=list(net.parameters()))
-    return engine
-
-
-def _leaf_backward(engine):
-    x = torch.randn(4, selfcheck.WIDTH)  # does not require grad: the leaf's hook fires before its backward
-    engine.backward(engine(x).float().pow(2).mean())
-    engine.step()
-
-
-def test_leaf_hook_deferred_then_restored_exactly():
-    """Stock, the leaf fed an input that does not require grad crashes (z3-leaf-input-without-grad).  install
-    wraps the z3 leaf module's hook (same key) so its reduction waits for the gradients: the leaf trains;
-    uninstall puts DeepSpeed's own closure back."""
-    stock = _leaf_engine()
-    with pytest.raises(RuntimeError, match="must match the size"):
-        _leaf_backward(stock)
-    stock.destroy()
-    engine = _leaf_engine()
-    before = _snapshot(engine)
-    inst = install(engine)
-    [swap] = [s for s in inst.swaps if s.leaf_deferral]
-    assert swap.hooks[swap.key] is swap.replacement and swap.replacement.__wrapped__ is swap.original  # 0.18.7 on
-    leaf = engine.module[0]
-    for _ in range(2):
-        w = leaf.lin.weight.ds_tensor.detach().clone()
-        _leaf_backward(engine)
-        assert not torch.equal(w, leaf.lin.weight.ds_tensor)  # the leaf's real gradient reached its partition
-    assert "z3 leaf-module hooks deferred" in inst.describe()
-    uninstall(engine)
-    after = _snapshot(engine)  # (training changed the coordinator's own state: compare what install touches)
-    assert after["manager"] is before["manager"] and _diff(before["hooks"], after["hooks"]) == []
-    assert _diff(before["module_hooks"], after["module_hooks"]) == []
-    engine.destroy()
-
-
-def test_leaf_hook_of_another_shape_is_refused_before_any_change(monkeypatch):
-    engine = _leaf_engine()
-    [h] = engine.optimizer._leaf_module_hooks
-    hooks = h.hooks_dict_ref()
-
-    def reduce_leaf_module_grads(module, grad_input):  # DeepSpeed's name, not its shape
-        return None
-
-    monkeypatch.setitem(hooks, h.id, reduce_leaf_module_grads)
-    before = _snapshot(engine)
-    with pytest.raises(UnsupportedEngineError, match="does not have the shape.*Nothing was changed"):
-        install(engine)
-    assert not is_installed(engine) and _diff(before, _snapshot(engine)) == []
-    monkeypatch.undo()
-    engine.destroy()
-
-
-@pytest.mark.parametrize("internal", ["_will_engine_execute_node", "register_post_accumulate_grad_hook"])
-def test_missing_leaf_deferral_internals_are_refused_before_any_change(monkeypatch, internal):
-    from zerostate.runtime import leaf_deferral
-
-    engine = _leaf_engine()
-    before = _snapshot(engine)
-    monkeypatch.setattr(leaf_deferral, "_LEAF", None)
-    monkeypatch.delattr(torch._C if internal.startswith("_") else torch.Tensor, internal)
-    with pytest.raises(ZerostateInstallError, match=internal + ".*Nothing was changed"):
-        install(engine)
-    monkeypatch.undo()
-    assert not is_installed(engine) and _diff(before, _snapshot(engine)) == []
-    engine.destroy()

@@ -198,9 +198,8 @@ class FakeEngine:
             if self.running_engine_backward:
                 self._backward_epilogue()
             self.running_engine_backward = False
-        elif k is EventKind.STEP:
-            if self.net.scenario.stage == 3:
-                self.bucket.clear()  # stage3 _pre_step drops stale bucket entries
+        elif k is EventKind.STEP and self.net.scenario.stage == 3:
+            self.bucket.clear()  # stage3 _pre_step drops stale bucket entries
 
 
 def _model_view(st, trace_epilogues: int, trace_counts: int) -> dict:

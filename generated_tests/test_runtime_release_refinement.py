@@ -20,7 +20,7 @@ drawn; runs that raise in DeepSpeed itself are accepted only when a known DeepSp
 
 CI: ``ZEROSTATE_RUNTIME_RELEASE_EXAMPLES`` (default 25) examples on the installed release.
 
-Seed 002 at DeepSpeed's DEFAULT ``stage3_param_persistence_threshold`` (1e5, issue 10): the small frozen
+Seed 002 at DeepSpeed's DEFAULT ``stage3_param_persistence_threshold`` (1e5): the small frozen
 norms are persistent, and while the trace is not COMPLETE ``release_sub_module`` partitions persistent
 parameters too.  On the installed release the runtime must keep them whole through the recompute (the
 trace shows no release between the recompute's fetch and the metadata check); on 0.19.0-0.19.2 that
@@ -164,7 +164,7 @@ def released_between_recompute_and_check(events, params) -> list[str]:
 
 
 def test_seed002_at_default_persistence_threshold_installed_release(runtime_target):
-    """Issue 10's headline: at the default threshold the frozen norms are persistent; the runtime keeps
+    """At the default threshold the frozen norms are persistent; the runtime keeps
     them whole from the recompute to the metadata check (on the installed release no crash either way,
     but before the fix the trace showed the release: the norm partitioned by the recompute's post-forward
     while the trace is RECORD), and matches the zerostate design on every frozen parameter."""
@@ -234,7 +234,7 @@ def test_runtime_holds_persistent_frozen_params_itself_at_default_threshold(rend
     """The mechanism 0.19.0-0.19.2 need, checked on the installed release: at DeepSpeed's default
     threshold a frozen norm recomputed by a non-reentrant checkpoint is kept whole by the runtime's own
     hold (``HOLD_ID``) through its recompute post-forward -- not by 0.19.3+'s attribution to the backward
-    module in progress, which 0.19.2 does not have (before issue 10's fix only that attribution kept it)."""
+    module in progress, which 0.19.2 does not have."""
     import torch
 
     import deepspeed
@@ -274,7 +274,7 @@ def test_runtime_holds_persistent_frozen_params_itself_at_default_threshold(rend
 
 @pytest.mark.parametrize("stage,threshold", [(3, DEFAULT_PERSISTENCE_THRESHOLD), (3, 0), (2, 0)])
 def test_runtime_reports_nothing_across_a_checkpoint(runtime_target, stage, threshold):
-    """A checkpoint saved and loaded between the two steps (issue 11, ``save_load``) of seed 002's network,
+    """A checkpoint saved and loaded between the two steps (``save_load``) of seed 002's network,
     runtime installed: no hook runs inside the round trip; ZeRO-3's checkpoint prologue releases every
     parameter and its epilogue gathers the persistent ones again.  Neither the specs over the runtime's trace
     nor the checkpoint check nor the oracle report anything, and the round trip really ran (a record with

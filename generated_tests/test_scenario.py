@@ -58,17 +58,20 @@ def test_finding_files_load_as_scenarios(tmp_path):
     assert Scenario.load(str(f)) == sc
 
 
-# ------------------------------------------------------------ training-setup dimensions (issue 11)
+# ------------------------------------------------------------ training-setup dimensions
 def test_setup_fields_are_written_only_when_set():
     """Old scenario files stay byte-identical: a scenario without the new dimensions has none of their keys."""
     plain = Scenario.from_dict({"blocks": [{}], "steps": [{"micro": [{"backward": "torch"}]}]})
     keys = set(plain.to_dict()) | {k for b in plain.to_dict()["blocks"] for k in b} | \
-        {k for s in plain.to_dict()["steps"] for k in s} | {k for s in plain.to_dict()["steps"] for m in s["micro"] for k in m}
-    new = {"precision", "gradient_clipping", "loss_scale_power", "fp32_grad_accum", "offload", "param_groups", "tie", "external", "outputs",
+        {k for s in plain.to_dict()["steps"] for k in s} | \
+        {k for s in plain.to_dict()["steps"] for m in s["micro"] for k in m}
+    new = {"precision", "gradient_clipping", "loss_scale_power", "fp32_grad_accum", "offload",
+           "param_groups", "tie", "external", "outputs",
            "losses", "family", "lora", "in_optimizer", "idle", "frozen", "retain"}
     assert not keys & new, keys & new
     assert plain.beyond_model() == []
-    full = Scenario.from_dict({"precision": "bf16", "fp32_grad_accum": True, "gradient_clipping": 0.5, "offload": "both",
+    full = Scenario.from_dict({"precision": "bf16", "fp32_grad_accum": True, "gradient_clipping": 0.5,
+                               "offload": "both",
                                "param_groups": 2, "tie": True, "external": True, "outputs": "dict", "losses": 2,
                                "blocks": [{}, {"in_optimizer": False}],
                                "steps": [{"frozen": [0], "micro": [{"retain": True}]}, {"idle": True}]})
@@ -136,7 +139,8 @@ DRAWN = {
     "llama + lora + modules_to_save": lambda s: s.modules_to_save,
     "ZeRO-3 + modules_to_save": lambda s: s.modules_to_save and s.stage == 3,
     "gas 3": lambda s: s.gas == 3,
-    "ZeRO-1/2 + optimizer offload + gas 3": lambda s: s.gas == 3 and s.stage in (1, 2) and s.offload.value == "optimizer",
+    "ZeRO-1/2 + optimizer offload + gas 3": lambda s: s.gas == 3 and s.stage in (1, 2)
+    and s.offload.value == "optimizer",
     "manual boundary": lambda s: s.manual_boundary,
     "ZeRO-1/2 + optimizer offload + manual boundary": lambda s: s.manual_boundary and s.stage in (1, 2)
     and s.offload.value == "optimizer",
@@ -149,7 +153,8 @@ DRAWN = {
     "ZeRO-0": lambda s: s.stage == 0,
     "ZeRO-0 + bf16": lambda s: s.stage == 0 and s.precision.value == "bf16",
     "config Adam": lambda s: s.optimizer.value == "config-adam",
-    "config Adam + optimizer offload": lambda s: s.optimizer.value == "config-adam" and s.offload.value in ("optimizer", "both"),
+    "config Adam + optimizer offload": lambda s: s.optimizer.value == "config-adam"
+    and s.offload.value in ("optimizer", "both"),
     "config Adam + bf16": lambda s: s.optimizer.value == "config-adam" and s.precision.value == "bf16",
     "config Adam + fp16": lambda s: s.optimizer.value == "config-adam" and s.precision.value == "fp16",
     "config Adam + param groups + no group": lambda s: s.optimizer.value == "config-adam" and s.param_groups > 1
@@ -177,7 +182,7 @@ def test_default_strategy_draws_every_dimension():
     assert seen == set(DRAWN), sorted(set(DRAWN) - seen)
 
 
-# ------------------------------------------------- several engines in one process (issue 15)
+# ------------------------------------------------- several engines in one process
 def test_engines_before_is_written_only_when_set():
     plain = Scenario.from_dict({"stage": 2})
     assert "engines_before" not in plain.to_dict() and plain.engines_before == ()
@@ -196,6 +201,7 @@ def test_malformed_engines_before_names_the_field(value, field):
     assert str(err.value).startswith(field), str(err.value)
 
 
+@pytest.mark.slow  # a shrink or an enumeration of tens of seconds: the full tier only
 def test_engines_before_is_drawn_and_shrinks_to_one_zero3_engine():
     """The strategy draws the dimension (one draw in eight) and a scenario that needs it shrinks to a single
     ZeRO-3 engine before an otherwise plain scenario; one that does not need it shrinks it away."""
@@ -208,7 +214,7 @@ def test_engines_before_is_drawn_and_shrinks_to_one_zero3_engine():
     assert plain.engines_before == ()
 
 
-# ------------------------------------------------- engine and loop options (issue 11, strategies.EXTRAS)
+# ------------------------------------------------- engine and loop options (strategies.EXTRAS)
 def test_options_are_written_only_when_set_and_round_trip():
     plain = Scenario.from_dict({"stage": 2})
     for k in ("modules_to_save", "manual_boundary", "contiguous_gradients", "overlap_comm", "all_reduce_fetch",
@@ -241,6 +247,7 @@ def test_malformed_options_name_the_field(data, field):
     assert str(err.value).startswith(field), str(err.value)
 
 
+@pytest.mark.slow  # a shrink or an enumeration of tens of seconds: the full tier only
 @pytest.mark.parametrize("option", ["gas3", "manual_boundary", "late_module"])
 def test_each_option_shrinks_to_its_plain_case(option):
     """A scenario that needs the option keeps it and shrinks everything else to plain; one that does not
@@ -262,13 +269,15 @@ def test_each_option_shrinks_to_its_plain_case(option):
 # needs (docs/bug-coverage.md, known_fixed.py) must be in it.
 EXPLORED = {
     "ZeRO-3 + reentrant + PyTorch-style backward (seed 000)": lambda s: s.stage == 3 and any(
-        b.checkpoint.value == "reentrant" for b in s.blocks) and any(m.backward.pytorch_style for _, _, m in s.micro_steps()),
+        b.checkpoint.value == "reentrant" for b in s.blocks)
+    and any(m.backward.pytorch_style for _, _, m in s.micro_steps()),
     "ZeRO-3 + non-reentrant + frozen (seed 002)": lambda s: s.stage == 3 and any(
         b.checkpoint.value == "non_reentrant" and b.has_frozen for b in s.blocks),
     "ZeRO-3 + re-registration": lambda s: s.stage == 3 and any(st.reregister for st in s.steps),
     "llama + lora": lambda s: s.lora,
     "ZeRO-3 + modules_to_save": lambda s: s.modules_to_save and s.stage == 3,
-    "ZeRO-1/2 + optimizer offload + gas 3": lambda s: s.gas == 3 and s.stage in (1, 2) and s.offload.value == "optimizer",
+    "ZeRO-1/2 + optimizer offload + gas 3": lambda s: s.gas == 3 and s.stage in (1, 2)
+    and s.offload.value == "optimizer",
     "ZeRO-1/2 + optimizer offload + manual boundary": lambda s: s.manual_boundary and s.stage in (1, 2)
     and s.offload.value == "optimizer",
     "ZeRO-3 + late module": lambda s: s.late_module and s.stage == 3,
@@ -279,7 +288,8 @@ EXPLORED = {
     "engines before it": lambda s: bool(s.engines_before),
     "config Adam + requires_grad change, ZeRO-1/2/3 (zero-adam-steps-frozen-param)": lambda s: s.optimizer.value
     == "config-adam" and s.stage in (1, 2, 3) and any(st.frozen for st in s.steps),
-    "config Adam at ZeRO-1/2 (DeepSpeed #7948's path)": lambda s: s.optimizer.value == "config-adam" and s.stage in (1, 2),
+    "config Adam at ZeRO-1/2 (DeepSpeed #7948's path)": lambda s: s.optimizer.value == "config-adam"
+    and s.stage in (1, 2),
     # (ZeRO-0 + bf16 + save_load, #7786's shape, is in DRAWN: the same-engine round trip cannot lose what #7786
     # lost, so no bug of the survey needs it in the default 200 -- docs/bug-coverage.md row 19)
     "ZeRO-3 + save_load": lambda s: s.stage == 3 and any(st.save_load for st in s.steps),
@@ -311,7 +321,7 @@ def test_across_ranks_options_draw_world_size_2_more_often_without_changing_the_
     from zerostate.explorer.explore import generated
 
     def sequence():
-        return [sc for sc in generated(S.scenarios(), 200, None)]
+        return list(generated(S.scenarios(), 200, None))
 
     with_rate = sequence()
     plain = S.across_ranks
@@ -320,10 +330,12 @@ def test_across_ranks_options_draw_world_size_2_more_often_without_changing_the_
         without = sequence()
     finally:
         S.across_ranks = plain
-    strip = lambda sc: json.dumps({k: v for k, v in sc.to_dict().items() if k != "world_size"}, sort_keys=True)
+    def strip(sc):
+        return json.dumps({k: v for k, v in sc.to_dict().items() if k != "world_size"}, sort_keys=True)
+
     assert [strip(a) for a in with_rate] == [strip(b) for b in without]
-    across = [(a.world_size, b.world_size) for a, b in zip(with_rate, without) if S.across_ranks(a)]
-    others = [(a.world_size, b.world_size) for a, b in zip(with_rate, without) if not S.across_ranks(a)]
+    across = [(a.world_size, b.world_size) for a, b in zip(with_rate, without, strict=True) if S.across_ranks(a)]
+    others = [(a.world_size, b.world_size) for a, b in zip(with_rate, without, strict=True) if not S.across_ranks(a)]
     assert all(a == b for a, b in others)  # the rate changes only the across-ranks scenarios
     assert any(a == 2 and b == 1 for a, b in across) and not any(a == 1 and b == 2 for a, b in across)
     assert S.across_ranks(Scenario.from_dict({"stage": 2, "contiguous_gradients": False}))
@@ -343,7 +355,7 @@ def test_empty_param_json_validation_and_beyond_model():
     assert str(err.value).startswith("empty_param"), str(err.value)
 
 
-# ------------------------------------------------- the optimizer DeepSpeed builds from its config (issue 11)
+# ------------------------------------------------- the optimizer DeepSpeed builds from its config
 def test_optimizer_field_json_and_validation():
     """``optimizer`` is written only when not the client SGD, round-trips, is not a `beyond_model` dimension (the
     hook trace does not depend on it) and is named in the description; a bad value names the field."""
@@ -360,6 +372,7 @@ def test_optimizer_field_json_and_validation():
     assert str(err.value).startswith("optimizer"), str(err.value)
 
 
+@pytest.mark.slow  # a shrink or an enumeration of tens of seconds: the full tier only
 def test_config_adam_shrinks_to_the_client_sgd():
     """Drawn by default (`strategies.EXTRAS`): a scenario that needs it keeps it and shrinks everything else to
     plain; one that does not need it shrinks it away."""
@@ -368,7 +381,7 @@ def test_config_adam_shrinks_to_the_client_sgd():
     sc = find(scenarios(), lambda s: s.optimizer.value == "config-adam", settings=cfg)
     assert sc.beyond_model() == [] and len(sc.blocks) == 1 and sc.blocks[0] == Block(), sc.to_json(None)
     assert find(scenarios(), lambda s: s.stage == 2, settings=cfg).optimizer.value == "sgd"
-# ------------------------------------------------- checkpoint save/load between steps (issue 11)
+# ------------------------------------------------- checkpoint save/load between steps
 def test_save_load_is_written_only_when_set_and_parsed_back():
     plain = Scenario.from_dict({"stage": 3, "steps": [{}, {}]})
     assert all("save_load" not in st for st in plain.to_dict()["steps"])

@@ -106,7 +106,8 @@ def test_a_rank_that_ends_before_its_events_are_checked_is_said_loudly(tmp_path)
     exited 0, and the report says which rank's last events were not checked."""
     proc, rep, _ = _watch(tmp_path, sys.executable, JOBS, "gathered", "--steps", "1", "--then", "exit")
     assert proc.returncode == 3, proc.stderr[-2000:]
-    assert any("rank 0" in p and "ended without closing its watch" in p for p in rep["not_observed"]), rep["not_observed"]
+    assert any("rank 0" in p and "ended without closing its watch" in p
+               for p in rep["not_observed"]), rep["not_observed"]
     assert "NOT OBSERVED: rank 0" in proc.stderr
 
 

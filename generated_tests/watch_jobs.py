@@ -13,7 +13,8 @@ transformers, accelerate and TRL do when imported first).
 ``gathered``: a frozen z3 leaf block fed by data that does not require grad, then a trainable block --
 0.18.4-0.19.8 keep the leaf's parameters gathered after the backward from the second step on
 (``released-after-backward``; known issue ``z3-leaf-kept-gathered``).  ``--then crash`` raises after the
-steps, ``exit`` ends the process at once (``os._exit``, no atexit), ``interrupt`` sends itself SIGINT (Ctrl-C), ``forever`` keeps training until interrupted, ``hang``
+steps, ``exit`` ends the process at once (``os._exit``, no atexit), ``interrupt`` sends itself SIGINT (Ctrl-C),
+``forever`` keeps training until interrupted, ``hang``
 never returns from the next ``engine.forward``.
 """
 

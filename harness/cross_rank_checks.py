@@ -11,13 +11,17 @@ and a checksum of every gathered parameter after each train step.  Compared with
 * ``oracle``        -- another rank's parameters differ from plain PyTorch while rank 0's agree.
 
 Used by the rank pool's target (`ranks`) and by world-size-2 repro scripts (`repro`, which embed this
-file: it imports nothing but the standard library, and torch only through the tensors it is given).
+file: it imports nothing but the standard library and the payload types, and torch only through the tensors
+it is given).
 """
 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from typing import Any
+
+from zerostate.harness.protocol import EventDict, RankRecord
 
 CROSS_CHECKS = ("ranks-trace", "ranks-params", "ranks-outcome")
 MODULE_KINDS = {"module_pre_forward", "module_post_forward", "module_pre_backward", "module_post_backward",
@@ -25,18 +29,18 @@ MODULE_KINDS = {"module_pre_forward", "module_post_forward", "module_pre_backwar
 PARAM_KINDS = {"fetch", "prefetch", "release"}
 
 
-def digests(params: dict) -> dict[str, str]:
+def digests(params: Mapping[str, Any]) -> dict[str, str]:
     """A checksum of each gathered parameter's exact bytes (ranks must agree bit for bit)."""
     out = {}
-    for n, t in params.items():
-        t = t.detach().float().contiguous().cpu()
+    for n, param in params.items():
+        t = param.detach().float().contiguous().cpu()
         out[n] = hashlib.sha1(t.numpy().tobytes() + str(tuple(t.shape)).encode()).hexdigest()[:16]
     return out
 
 
-def per_step(events: list[dict]) -> list[dict[str, list]]:
+def per_step(events: list[EventDict]) -> list[dict[str, list[str]]]:
     """Each train step's module trace and parameter order (the events up to and including its STEP)."""
-    out: list[dict[str, list]] = [{"modules": [], "params": []}]
+    out: list[dict[str, list[str]]] = [{"modules": [], "params": []}]
     for e in events:
         k = e.get("kind")
         if k in MODULE_KINDS:
@@ -48,7 +52,7 @@ def per_step(events: list[dict]) -> list[dict[str, list]]:
     return out
 
 
-def _first_diff(a: list, b: list) -> tuple[int, Any, Any] | None:
+def _first_diff(a: list[str], b: list[str]) -> tuple[int, str, str] | None:
     for i in range(max(len(a), len(b))):
         x = a[i] if i < len(a) else "(nothing)"
         y = b[i] if i < len(b) else "(nothing)"
@@ -57,7 +61,7 @@ def _first_diff(a: list, b: list) -> tuple[int, Any, Any] | None:
     return None
 
 
-def cross_rank_problems(ranks: list[dict]) -> dict[str, tuple[str, str]]:
+def cross_rank_problems(ranks: list[RankRecord]) -> dict[str, tuple[str, str]]:
     """Cross-rank check id -> (what differs, its code), comparing every rank with rank 0.
 
     The code is the finding's identity (``Finding.key`` is check:code, never the message): ``ranks-outcome``
@@ -65,14 +69,14 @@ def cross_rank_problems(ranks: list[dict]) -> dict[str, tuple[str, str]]:
     ``ranks-params`` ``gathered-params-differ``; ``oracle`` ``other-rank-off``."""
     out: dict[str, tuple[str, str]] = {}
     r0 = ranks[0]
-    res0 = r0.get("result") or {}
+    res0: dict[str, Any] = dict(r0.get("result") or {})
     for rk in ranks[1:]:
-        res = rk.get("result") or {}
+        res: dict[str, Any] = dict(rk.get("result") or {})
         r = rk["rank"]
         e0 = (res0.get("error_check"), res0.get("origin")) if res0.get("error") else None
         e1 = (res.get("error_check"), res.get("origin")) if res.get("error") else None
         if e0 != e1 and "ranks-outcome" not in out:
-            say = lambda e, x: (f"raised {x.get('error', '').splitlines()[0][:200]}" if e else  # noqa: E731
+            say = lambda e, x: (f"raised {(x.get('error') or '').splitlines()[0][:200]}" if e else  # noqa: E731
                                 f"finished {x.get('steps', 0)} train step(s)")
             out["ranks-outcome"] = (f"rank 0 {say(e0, res0)}; rank {r} {say(e1, res)}",
                                     "different-exceptions" if e0 and e1 else "one-rank-raised")
@@ -82,14 +86,16 @@ def cross_rank_problems(ranks: list[dict]) -> dict[str, tuple[str, str]]:
                 for what, label in (("modules", "module trace"), ("params", "parameter order")):
                     d = _first_diff(s0[i][what], s1[i][what])
                     if d is not None and "ranks-trace" not in out:
-                        out["ranks-trace"] = (f"train step {i}: the {label} differs at position {d[0]}: rank 0 "
-                                              f"saw {d[1]!r}, rank {r} saw {d[2]!r}", label.replace(" ", "-"))
+                        out["ranks-trace"] = ((f"train step {i}: the {label} differs at position {d[0]}: "
+                                               f"rank 0 saw {d[1]!r}, rank {r} saw {d[2]!r}"),
+                                              label.replace(" ", "-"))
         if "ranks-params" not in out:
-            for i, (d0, d1) in enumerate(zip(r0.get("steps") or [], rk.get("steps") or [])):
+            for i, (d0, d1) in enumerate(zip(r0.get("steps") or [], rk.get("steps") or [], strict=False)):
                 bad = [n for n in d0 if d0.get(n) != d1.get(n)] + [n for n in d1 if n not in d0]
                 if bad:
-                    out["ranks-params"] = (f"after train step {i}: the gathered parameters differ between rank 0 "
-                                           f"and rank {r}: {', '.join(bad[:4])}{' ...' if len(bad) > 4 else ''}",
+                    out["ranks-params"] = ((f"after train step {i}: the gathered parameters differ between "
+                                            f"rank 0 and rank {r}: {', '.join(bad[:4])}"
+                                            f"{' ...' if len(bad) > 4 else ''}"),
                                            "gathered-params-differ")
                     break
         if res.get("mismatch") and not res0.get("mismatch") and "oracle" not in out:

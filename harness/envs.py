@@ -4,8 +4,9 @@
 project environment's torch and DeepSpeed's small pure-Python deps, identical for every supported
 release) into ``<cache>/deepspeed/0.18.4/site`` on first use and returns that directory; later
 calls return at once.  The cache is ``$ZEROSTATE_CACHE`` or ``~/.cache/zerostate``.  Each release
-(and each local checkout) gets its own ``TORCH_EXTENSIONS_DIR`` so switching releases does not
-rebuild the JIT comm op every time.  A file lock makes concurrent first uses safe.
+(and each local checkout) builds its JIT ops into a ``TORCH_EXTENSIONS_DIR`` of its own and of the
+torch version (`zerostate.jit_ops`): releases never load each other's ops.  A file lock makes
+concurrent first uses safe.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+import zerostate.jit_ops as jit_ops
 from zerostate.tracing import compat
 
 
@@ -27,7 +29,7 @@ class InstallError(RuntimeError):
 
 
 def cache_root() -> Path:
-    return Path(os.environ.get("ZEROSTATE_CACHE") or Path.home() / ".cache" / "zerostate")
+    return jit_ops.cache_root()
 
 
 def release_dir(version: str) -> Path:
@@ -35,9 +37,9 @@ def release_dir(version: str) -> Path:
 
 
 def extensions_dir_for(key: str) -> Path:
-    d = cache_root() / "torch_extensions" / key
-    d.mkdir(parents=True, exist_ok=True)
-    return d
+    """The extensions folder of the DeepSpeed sources ``key`` names (``deepspeed-<release>``) built against this
+    interpreter's torch: the folder `jit_ops.folder_for` gives a process that imports that release."""
+    return jit_ops.extensions_dir(jit_ops.with_torch(key, jit_ops.torch_version(sys.path)))
 
 
 def path_key(path: str) -> str:

@@ -1,6 +1,6 @@
 """Run one scenario on real DeepSpeed (inside the worker process), traced, beside the PyTorch oracle.
 
-`execute(spec)` returns a plain, JSON-serialisable dict:
+`execute(scenario)` returns a plain, JSON-serialisable dict (`protocol.ExecResult`):
 
 ``events``      the tracer's events (dicts of `zerostate.model.events.Event` fields);
 ``error``       ``"ExcType: message"`` when DeepSpeed (or torch inside it) raised, else None;
@@ -8,18 +8,21 @@
 ``traceback``   the last lines of the traceback;
 ``mismatch``    the first oracle disagreement (``"after train step i: <param>: ..."``), else None;
 ``origin``      ``ExcType@module.function`` of the innermost DeepSpeed frame (distinguishes exceptions);
+``frames``      every frame of the exception's traceback, ``[package, file, function, line]`` (`frames_of`);
+``oracle_diff`` the first oracle disagreement's parameters, sizes and update ratios (`evidence.oracle_diff`);
 ``steps``       train steps compared with the oracle;
 ``max_diff``    the largest |DeepSpeed - PyTorch| over every parameter and compared step;
 ``fp16``        fp16 only: ``skipped_steps`` and ``loss_scale`` of DeepSpeed's loss scaler at the end, the
                 oracle's ``oracle_skipped`` (train steps skipped for an overflow) and ``oracle_scales``;
                 a different number of skipped steps is an oracle ``mismatch``;
 ``skipped``     a reason when the scenario cannot be trained at all (no trainable parameter, no parameter
-                in the optimizer) or not here (fp16 on a GPU accelerator without fp16 -- DeepSpeed's CPU
-                accelerator is told it has fp16 for the example, `net.allow_fp16_on_cpu` -- or fp16 with a
+                in the optimizer, a loss with nothing to differentiate: `oracle.NothingToDifferentiate`)
+                or not here (fp16 on a GPU accelerator without fp16 -- DeepSpeed's CPU
+                accelerator is told it has fp16 for the example, `fp16.allow_fp16_on_cpu` -- or fp16 with a
                 non-scalar backward, which DeepSpeed's loss scaler has no form for).
 ``engines_before`` one line per engine run before the scenario's own (``"ZeRO-3: ok"`` or its exception);
-``carried_state`` process-wide state an earlier engine left that this engine runs with (`net.carried_state`);
-``engine``      what the built engine reports of the settings a scenario chooses (`net.engine_settings`:
+``carried_state`` process-wide state an earlier engine left that this engine runs with (`engine.carried_state`);
+``engine``      what the built engine reports of the settings a scenario chooses (`engine.engine_settings`:
                 gas, contiguous gradients, overlap_comm, ZeRO-3's all-reduce fetch, the late module; and,
                 after a ZeRO-3 ``reregister`` -- TRL's unwrap for generation --, ``unwrap_gathered``: the
                 parameters available while the unhooked module generated, one count per unwrap), so a
@@ -29,15 +32,16 @@
                 state dict (None below ZeRO-3) and of the fp32 weights ``zero_to_fp32`` rebuilds (None at
                 ZeRO-0);
 ``checkpoint``  ``[code, sentence]``: the first check of a checkpoint round trip that failed
-                (`net.compare_save_load`), else absent;
+                (`checkpoint.compare_save_load`), else absent;
 ``torch_linear_replaced`` True when, after the run, ``torch.nn.functional.linear`` was DeepSpeed's
                 ``zero3_linear_wrap`` (a ZeRO-3 engine ran: the scenario's own or one of ``engines_before``);
-                put back before the next example.
+                put back before the next example;
+``teardown_error`` what the engine's ``destroy()`` raised, when it did.
 
 The engine is torn down after every scenario (tracer uninstalled, ``engine.destroy()``, ZeRO-3's
 module stack cleared, ``torch.nn.functional.linear`` put back (`restore_torch_linear`), a full
 ``gc.collect()``; see ``_RUNS``), so one worker process serves every example.  A scenario that wants
-engines before its own in the process says so (``engines_before``, issue 15): `net.DeepSpeedBackend`
+engines before its own in the process says so (``engines_before``): `engine.DeepSpeedBackend`
 runs them.
 """
 
@@ -45,12 +49,28 @@ from __future__ import annotations
 
 import gc
 import traceback
+from types import FrameType
+from collections.abc import Callable
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
+from zerostate.findings.evidence import frames_of
+from zerostate.harness import evidence
+from zerostate.harness.net import fp16
+from zerostate.harness.net.checkpoint import SaveLoadRecord, compare_save_load
+from zerostate.harness.net.compare import (Params, compare, compare_generated, compare_update, max_abs, rounding_eps,
+                                           tolerance)
+from zerostate.harness.net.engine import DeepSpeedBackend, build_engine_model, engine_settings
+from zerostate.harness.net.oracle import NothingToDifferentiate, OracleInfo, oracle_params
+from zerostate.harness.net.schedule import run_schedule
+from zerostate.harness.protocol import ExecResult
+from zerostate.model.scenario import BackwardKind, Family, ParamKind, Precision, Scenario
 from zerostate.tracing import compat
-from zerostate.harness import net
 from zerostate.tracing.tracer import Tracer
+
+OnStep = Callable[[int, Params], None]
+"""``on_step(i, params)``: called after train step ``i`` with the gathered parameters."""
 
 _TORCH_LINEAR = torch.nn.functional.linear
 """torch's own ``F.linear``, taken when the worker imports this module (before any engine).  A ZeRO-3
@@ -58,168 +78,234 @@ engine replaces ``torch.nn.functional.linear`` process-wide by DeepSpeed's ``zer
 never puts it back (known issue ``z3-linear-override-outlives-engine``), so every later example -- its
 oracle and its engine, ZeRO-1/2 included -- would run each ``nn.Linear`` through
 ``LinearFunctionForZeroStage3``: the gradient-hook order changes, and with it which check a finding
-hits (an order-dependent finding on 0.19.8).  The worker restores it after every example, so examples
-stay independent; ``engines_before`` makes the carried state a scenario dimension instead."""
+hits.  The worker restores it after every example, so examples stay independent; ``engines_before``
+makes the carried state a scenario dimension instead."""
+
+
+@runtime_checkable
+class _LinearBackup(Protocol):
+    """DeepSpeed's ``InsertPostInitMethodToModuleSubClasses``, which keeps torch's ``F.linear`` it replaced."""
+
+    linear_bk: Callable[..., torch.Tensor]
+
+
+@runtime_checkable
+class _ZeroInitParam(Protocol):
+    """A parameter ZeRO-3 has converted (``zero.Init`` or ``deepspeed.initialize``)."""
+
+    ds_id: int
 
 
 def restore_torch_linear() -> bool:
     """Put torch's ``F.linear`` back if DeepSpeed replaced it; True when it had."""
     orig = _TORCH_LINEAR
-    if "deepspeed" in getattr(orig, "__module__", ""):  # imported after an engine already replaced it
+    if "deepspeed" in (orig.__module__ or ""):  # imported after an engine already replaced it
         from deepspeed.runtime.zero.partition_parameters import InsertPostInitMethodToModuleSubClasses as cls
-        orig = getattr(cls, "linear_bk", orig)
+        if isinstance(cls, _LinearBackup):
+            orig = cls.linear_bk
     if torch.nn.functional.linear is orig:
         return False
     torch.nn.functional.linear = orig
     return True
 
+
 _RUNS = [0]
 """Examples run by this worker.  After every example the worker runs a full collection -- so each example
 starts from the same state, whatever ran before: no engine of an earlier example lingers in a reference
-cycle with hooks still attached -- and then ``gc.freeze()``s what survives it.  The next example's
-collections (this one, and the ones DeepSpeed makes itself: ``defragment``, ``empty_cache``) then scan
-only that example's own objects.  Freezing only after the first example left whatever a later example
-imported first (transformers' and PEFT's modules, with the first llama example) to be scanned by every
-later collection: 3.1 s of 8.7 s over the explorer's first 55 world-size-1 examples went to
-``gc.collect`` (0.044 s a call, measured on 0.19.8, 1 Dec).  What is frozen was alive after a full
+cycle with hooks still attached -- and then ``gc.freeze()``s what survives it, so the next example's
+collections (its own, and the ones DeepSpeed makes: ``defragment``, ``empty_cache``) scan only that
+example's objects; without the freeze every later collection rescanned whatever an example imported first
+(transformers' and PEFT's modules), a third of the explorer's time.  What is frozen was alive after a full
 collection; an object of it that becomes garbage later is not reclaimed (a few module-level caches, not
 engines: those are collected before the freeze)."""
 
 
-def _rereg_steps(spec: dict) -> list[int]:
+def _rereg_steps(sc: Scenario) -> list[int]:
     """The train steps that begin with a re-registration (TRL's unwrap), in order."""
-    return [i for i, st in enumerate(spec.get("steps", [{}])) if st.get("reregister", False)]
+    return [i for i, st in enumerate(sc.steps) if st.reregister]
+
+
+_OWN_FRAMES = ("zerostate.harness.", "zerostate.tracing.")
+"""zerostate's modules that call into DeepSpeed (the network, its loop, the executor, the tracer): where an
+exception left DeepSpeed for them, `origin` names their frame as it names DeepSpeed's."""
+
+
+def _frame_module(frame: FrameType) -> str | None:
+    """The name `origin` gives a frame's module: DeepSpeed's by its path below ``deepspeed/``; the network's
+    (``zerostate.harness.net.*``) ``net`` and zerostate's other calling modules by their last name, so a key
+    does not change when the harness's files move; None for any other frame."""
+    filename = frame.f_code.co_filename.replace("\\", "/")
+    if "/deepspeed/" in filename:
+        return filename.rsplit("/deepspeed/", 1)[1].removesuffix(".py").replace("/", ".")
+    module = str(frame.f_globals.get("__name__", ""))
+    if module.startswith("zerostate.harness.net."):
+        return "net"
+    if module.startswith(_OWN_FRAMES):
+        return module.rsplit(".", 1)[1]
+    return None
 
 
 def origin(exc: BaseException) -> str:
-    """Where an exception was raised, stable across releases: ``ExcType@module.function`` of the
-    innermost DeepSpeed frame (else the innermost frame)."""
-    frames = traceback.extract_tb(exc.__traceback__)
+    """Where an exception was raised, stable across releases and across moves of zerostate's files:
+    ``ExcType@module.function`` of the innermost frame of DeepSpeed or of zerostate's code that calls it
+    (`_frame_module`), else of the innermost frame."""
+    frames = [frame for frame, _ in traceback.walk_tb(exc.__traceback__)]
     pick = None
-    for fr in frames:
-        norm = fr.filename.replace("\\", "/")
-        if "/deepspeed/" in norm:
-            pick = (norm.rsplit("/deepspeed/", 1)[1].removesuffix(".py").replace("/", "."), fr.name)
+    for frame in frames:
+        module = _frame_module(frame)
+        if module is not None:
+            pick = (module, frame.f_code.co_name)
     if pick is None and frames:
-        fr = frames[-1]
-        pick = (fr.filename.rsplit("/", 1)[-1].removesuffix(".py"), fr.name)
+        code = frames[-1].f_code
+        pick = (code.co_filename.replace("\\", "/").rsplit("/", 1)[-1].removesuffix(".py"), code.co_name)
     return f"{type(exc).__name__}@{pick[0]}.{pick[1]}" if pick else type(exc).__name__
 
 
-def unrunnable(spec: dict) -> str | None:
+def untrainable(sc: Scenario) -> str | None:
+    """Why neither PyTorch nor DeepSpeed can build the optimizer of this scenario, or None."""
+    if not any(kind is not ParamKind.FROZEN for b in sc.blocks for kind in (b.norm, b.lin)) and not sc.fused_head:
+        return "no trainable parameter: neither PyTorch nor DeepSpeed can build the optimizer"
+    return None
+
+
+def unrunnable(sc: Scenario) -> str | None:
     """Why this scenario cannot run here, or None."""
-    if spec.get("precision") == "fp16":
+    if sc.precision is Precision.FP16:
         from deepspeed.accelerator import get_accelerator
-        net.allow_fp16_on_cpu()  # DeepSpeed's CPU accelerator is told fp16 is supported (torch computes it)
+        fp16.allow_fp16_on_cpu()  # DeepSpeed's CPU accelerator is told fp16 is supported (torch computes it)
         acc = get_accelerator()
         if not acc.is_fp16_supported():
             return f"fp16 is not supported by DeepSpeed's {acc.device_name()} accelerator on this machine"
-        if any(m.get("backward") == "nonscalar" for s in spec.get("steps", [{}]) for m in s.get("micro", [{}])):
+        if any(m.backward is BackwardKind.NONSCALAR for _, _, m in sc.micro_steps()):
             return ("fp16 with a non-scalar backward: DeepSpeed requires the loss scaler on every backward "
                     "(engine.backward(loss) or engine.scale(loss).backward(), engine.py _backward_post_hook) and "
                     "engine.scale takes a scalar loss, so a non-scalar backward has no fp16 form to test")
-    if spec.get("family", "blocks") == "blocks" and not spec.get("fused_head", False) and all(
-            not b.get("in_optimizer", True) or all(b.get(k, "trainable") == "frozen" for k in ("norm", "lin"))
-            for b in spec.get("blocks", [{}])):
+    if sc.family is Family.BLOCKS and not sc.fused_head and all(
+            not b.in_optimizer or (b.norm is ParamKind.FROZEN and b.lin is ParamKind.FROZEN) for b in sc.blocks):
         return "no parameter in any optimizer group: neither PyTorch nor DeepSpeed can build the optimizer"
     return None
 
 
-def execute(spec: dict, on_step=None) -> dict:
-    """``on_step(i, params)``: called after train step ``i`` with the gathered parameters (the rank pool
-    reports checksums to the parent after every step)."""
-    res: dict = {"events": [], "error": None, "error_check": None, "traceback": None, "mismatch": None,
-                 "steps": 0}
-    if not any(b.get(k, "trainable") != "frozen" for b in spec.get("blocks", [{}]) for k in ("norm", "lin")) \
-            and not spec.get("fused_head", False):
-        res["skipped"] = "no trainable parameter: neither PyTorch nor DeepSpeed can build the optimizer"
-        return res
-    reason = unrunnable(spec)
+def _empty_result() -> ExecResult:
+    return {"events": [], "error": None, "error_check": None, "traceback": None, "mismatch": None, "steps": 0}
+
+
+def execute(sc: Scenario, on_step: OnStep | None = None) -> ExecResult:
+    """Run ``sc`` on the engine, traced, beside the oracle.  ``on_step(i, params)``: called after train step
+    ``i`` with the gathered parameters (the rank pool reports checksums to the parent after every step)."""
+    res = _empty_result()
+    reason = untrainable(sc)
     if reason:
-        net.restore_fp16_support()
+        res["skipped"] = reason
+        return res
+    reason = unrunnable(sc)
+    if reason:
+        fp16.restore_fp16_support()
         res["skipped"] = reason
         return res
     try:
-        oracle_fp16: dict = {}
-        expected = net.oracle_params(spec, oracle_fp16)
-    except Exception as exc:  # the oracle itself failed: the scenario is not trainable in plain PyTorch
-        res.update(error=f"oracle: {type(exc).__name__}: {exc}", error_check="oracle-error",
-                   traceback="".join(traceback.format_exc().splitlines(True)[-8:]))
+        oracle_info: OracleInfo = {}
+        expected = oracle_params(sc, oracle_info)
+    except NothingToDifferentiate as exc:  # neither side can train it (measured on DeepSpeed 0.19.8)
+        res["skipped"] = str(exc)
         return res
-    backend = tracer = model = None
+    except Exception as exc:  # noqa: BLE001 -- the oracle itself failed: zerostate's error, reported as such
+        res["error"] = f"oracle: {type(exc).__name__}: {exc}"
+        res["error_check"] = "oracle-error"
+        res["traceback"] = "".join(traceback.format_exc().splitlines(True)[-8:])
+        return res
+    backend: DeepSpeedBackend | None = None
+    tracer: Tracer | None = None
+    model = None
+    tol = tolerance(sc)
     try:
-        model = net.build_engine_model(spec)
-        built_partitioned = sum(hasattr(p, "ds_id") for p in model.parameters())  # zero_init: by zero.Init
-        backend = net.DeepSpeedBackend(spec, model)
-        if backend.engines_before:
-            res["engines_before"] = backend.engines_before
-        if backend.carried:
-            res["carried_state"] = backend.carried
-        res["engine"] = net.engine_settings(backend.engine)
-        res["engine"]["built_partitioned"] = built_partitioned  # parameters zero.Init had partitioned before
-        eps = {"bf16": 2.0 ** -8, "fp16": 2.0 ** -11}.get(spec.get("precision", "fp32"))
-        initial_ds = backend.params() if eps else None  # mixed precision: the update's norm (compare_update)
-        tracer = Tracer(backend.engine, spec).install()
+        model = build_engine_model(sc)
+        built_partitioned = sum(isinstance(p, _ZeroInitParam) for p in model.parameters())  # zero_init: by zero.Init
+        backend = built = DeepSpeedBackend(sc, model)
+        if built.engines_before:
+            res["engines_before"] = built.engines_before
+        if built.carried:
+            res["carried_state"] = built.carried
+        settings = engine_settings(built.engine)
+        settings["built_partitioned"] = built_partitioned  # parameters zero.Init had partitioned before
+        res["engine"] = dict(settings)
+        eps = rounding_eps(sc)
+        initial_ds = built.params() if eps else None  # mixed precision: the update's norm (compare_update)
+        started: dict[str, Any] = {"pt": oracle_info["initial"], "ds": initial_ds or oracle_info["initial"],
+                                   "pt_earlier": None}  # where each step started, both sides
+        tracer = traced = Tracer(built.engine, sc.to_dict()).install()
 
         def after_step(i: int) -> None:
-            with tracer.paused():
-                got = backend.params()
+            with traced.paused():
+                got = built.params()
             res["steps"] = i + 1
             res["max_diff"] = max(res.get("max_diff", 0.0), max(
-                (net.max_abs(got[n].float() - e.float()) for n, e in expected[i].items()
+                (max_abs(got[n].float() - e.float()) for n, e in expected[i].items()
                  if n in got and got[n].shape == e.shape), default=0.0))
             if res["mismatch"] is None:  # the generations so far (TRL's unwrap) came before this step's parameters
-                gen = net.compare_generated(oracle_fp16["generated"][:len(backend.generated)], backend.generated,
-                                            *net.tolerance(spec))
+                gen = compare_generated(oracle_info["generated"][:len(built.generated)], built.generated, *tol)
                 if gen is not None:
-                    res["mismatch"] = f"generation before train step {_rereg_steps(spec)[gen[0]]} (TRL's unwrap): {gen[1]}"
-            msg = net.compare(expected[i], got, *net.tolerance(spec))
-            if not msg and eps:
-                msg = net.compare_update(oracle_fp16["initial"], expected[i], initial_ds, got, eps)
+                    res["mismatch"] = (f"generation before train step {_rereg_steps(sc)[gen[0]]} (TRL's unwrap): "
+                                       f"{gen[1]}")
+                    res["oracle_diff"] = evidence.oracle_diff("generation", i)
+            msg = compare(expected[i], got, *tol)
+            kind = "params"
+            if not msg and eps and initial_ds is not None:
+                msg, kind = compare_update(oracle_info["initial"], expected[i], initial_ds, got, eps), "update-norm"
             if msg and res["mismatch"] is None:
                 res["mismatch"] = f"after train step {i}: {msg}"
+                res["oracle_diff"] = evidence.oracle_diff(kind, i, expected[i], got, started["pt"], started["ds"],
+                                                          *tol, pt_earlier=started["pt_earlier"])
+            started.update(pt_earlier=started["pt"], pt=expected[i], ds=got)
             if on_step is not None:
                 on_step(i, got)
 
-        def mark(what: str, **info) -> None:
-            tracer.mark(what, **info)
+        def mark(what: str, **info: object) -> None:
+            traced.mark(what, **info)
             if what == "save_load_end":
-                save_load_done(info["step"], info["record"])
+                step, record = info["step"], info["record"]
+                assert isinstance(step, int) and isinstance(record, dict)
+                save_load_done(step, record)  # type: ignore[arg-type]
 
-        def save_load_done(i: int, rec: dict) -> None:
+        def save_load_done(i: int, rec: SaveLoadRecord) -> None:
             res.setdefault("save_load", []).append(
                 {"step": i, "files": rec.get("files"), "loaded": rec.get("loaded"),
                  "state16": None if "state16" not in rec else sorted(rec["state16"]),
                  "fp32": None if "fp32" not in rec else sorted(rec["fp32"])})
-            before = None if res["mismatch"] else expected[i - 1] if i else oracle_fp16["initial"]
-            failed = net.compare_save_load(rec, before, net.tolerance(spec))
+            before = None if res["mismatch"] else expected[i - 1] if i else oracle_info["initial"]
+            failed = compare_save_load(rec, before, tol)
             if failed and "checkpoint" not in res:
                 res["checkpoint"] = list(failed)
 
-        net.run_schedule(spec, backend, mark=mark, after_step=after_step)
-        if backend.unwrapped:
-            res["engine"]["unwrap_gathered"] = backend.unwrapped
-        fp16 = backend.fp16_state()
-        if fp16 is not None:  # the loss scaler: the steps skipped for an overflow and the scale, both sides
-            fp16.update(oracle_skipped=oracle_fp16.get("skipped"), oracle_scales=oracle_fp16.get("scales"))
-            res["fp16"] = fp16
-            if res["mismatch"] is None and (fp16["skipped_steps"] != len(oracle_fp16["skipped"])):
-                res["mismatch"] = (f"loss scaling: DeepSpeed skipped {fp16['skipped_steps']} step(s) for an overflow, "
-                                   f"PyTorch's loss scaler {len(oracle_fp16['skipped'])} (steps "
-                                   f"{oracle_fp16['skipped']}, scales {oracle_fp16['scales']})")
-    except Exception as exc:
+        run_schedule(sc, built, mark=mark, after_step=after_step)
+        if built.unwrapped:
+            res["engine"]["unwrap_gathered"] = built.unwrapped
+        state = built.fp16_state()
+        if state is not None:  # the loss scaler: the steps skipped for an overflow and the scale, both sides
+            skipped = oracle_info.get("skipped", [])
+            res["fp16"] = {**state, "oracle_skipped": oracle_info.get("skipped"),
+                           "oracle_scales": oracle_info.get("scales")}
+            if res["mismatch"] is None and state["skipped_steps"] != len(skipped):
+                res["oracle_diff"] = evidence.oracle_diff("loss-scaling", None)
+                res["mismatch"] = (f"loss scaling: DeepSpeed skipped {state['skipped_steps']} step(s) for an overflow, "
+                                   f"PyTorch's loss scaler {len(skipped)} (steps "
+                                   f"{oracle_info.get('skipped')}, scales {oracle_info.get('scales')})")
+    except Exception as exc:  # noqa: BLE001 -- whatever DeepSpeed (or torch inside it) raised is the finding
         res["error"] = f"{type(exc).__name__}: {exc}"
         res["error_check"] = "saved-tensor-intact" if compat.is_checkpoint_error(exc) else "exception"
         res["traceback"] = "".join(traceback.format_exc().splitlines(True)[-12:])
         res["origin"] = origin(exc)
+        res["frames"] = frames_of(exc)
     finally:
         if tracer is not None:
             res["events"] = tracer.events
             tracer.uninstall()
         if backend is not None:
-            backend.close()
+            teardown = backend.close()
+            if teardown:
+                res["teardown_error"] = teardown
         compat.clear_globals()
-        net.restore_fp16_support()  # fp16 on the CPU accelerator: for this example only
+        fp16.restore_fp16_support()  # fp16 on the CPU accelerator: for this example only
         if restore_torch_linear():  # a ZeRO-3 engine (this scenario's, or one of its engines_before) ran
             res["torch_linear_replaced"] = True
         del backend, tracer, model
@@ -227,3 +313,6 @@ def execute(spec: dict, on_step=None) -> dict:
         gc.collect()
         gc.freeze()
     return res
+
+
+__all__ = ["OnStep", "execute", "origin", "restore_torch_linear", "unrunnable", "untrainable"]

@@ -9,16 +9,32 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import IO, Protocol, cast
 
 from zerostate.harness import envs
+from zerostate.harness.protocol import Request, Response
 
 
 class WorkerTimeout(RuntimeError):
-    pass
+    """No answer within the request's timeout."""
 
 
 class WorkerDied(RuntimeError):
-    pass
+    """The worker process is gone."""
+
+
+class WorkerLike(Protocol):
+    """What a target drives: one worker process (`Worker`) or a rank pool (`rank_pool.RankPool`)."""
+
+    log_path: Path
+
+    def alive(self) -> bool: ...
+
+    def log_tail(self, n: int = 3000) -> str: ...
+
+    def request(self, obj: Request, timeout: float) -> Response: ...
+
+    def close(self, kill: bool = False) -> None: ...
 
 
 def default_timeout() -> float:
@@ -28,17 +44,19 @@ def default_timeout() -> float:
 class Worker:
     """One worker process and its JSON-lines pipe."""
 
-    def __init__(self, env: dict[str, str], log_path: Path, cwd: Path | None = None):
+    def __init__(self, env: dict[str, str], log_path: Path, cwd: Path | None = None) -> None:
         self.log_path = log_path
-        self._log = open(log_path, "ab")
+        self._log = open(log_path, "ab")  # noqa: SIM115 -- the worker's stderr for its whole life; close() closes it
         cwd = cwd or envs.cache_root()
         cwd.mkdir(parents=True, exist_ok=True)
         self.proc = subprocess.Popen([sys.executable, "-m", "zerostate.harness.worker"],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log,
                                      env=env, cwd=str(cwd))
+        self._stdin: IO[bytes] = _pipe(self.proc.stdin)
+        self._stdout: IO[bytes] = _pipe(self.proc.stdout)
         self._buf = b""
         self._sel = selectors.DefaultSelector()
-        self._sel.register(self.proc.stdout, selectors.EVENT_READ)
+        self._sel.register(self._stdout, selectors.EVENT_READ)
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -50,14 +68,16 @@ class Worker:
             return ""
         return data.decode(errors="replace")
 
-    def request(self, obj: dict, timeout: float) -> dict:
+    def request(self, obj: Request, timeout: float) -> Response:
+        """Send one request; its answer within ``timeout`` seconds, else `WorkerTimeout`;
+        `WorkerDied` when the process is gone."""
         try:
-            self.proc.stdin.write((json.dumps(obj) + "\n").encode())
-            self.proc.stdin.flush()
-        except (BrokenPipeError, OSError):
+            self._stdin.write((json.dumps(obj) + "\n").encode())
+            self._stdin.flush()
+        except OSError:  # BrokenPipeError included
             raise WorkerDied(f"the worker exited (code {self.proc.poll()})") from None
         deadline = time.monotonic() + timeout
-        fd = self.proc.stdout.fileno()
+        fd = self._stdout.fileno()
         while b"\n" not in self._buf:
             left = deadline - time.monotonic()
             if left <= 0:
@@ -70,16 +90,16 @@ class Worker:
                 raise WorkerDied(f"the worker exited (code {self.proc.returncode})")
             self._buf += chunk
         line, self._buf = self._buf.split(b"\n", 1)
-        return json.loads(line)
+        return cast(Response, json.loads(line))
 
     def close(self, kill: bool = False) -> None:
         if self.proc.poll() is None:
             if not kill:
                 try:
-                    self.proc.stdin.write(b'{"op": "exit"}\n')
-                    self.proc.stdin.flush()
+                    self._stdin.write(b'{"op": "exit"}\n')
+                    self._stdin.flush()
                     self.proc.wait(timeout=10)
-                except Exception:
+                except (OSError, subprocess.TimeoutExpired):  # gone already, or deaf: killed below
                     pass
             if self.proc.poll() is None:
                 self.proc.kill()
@@ -88,4 +108,9 @@ class Worker:
         self._log.close()
 
 
-__all__ = ["Worker", "WorkerDied", "WorkerTimeout", "default_timeout"]
+def _pipe(stream: IO[bytes] | None) -> IO[bytes]:
+    assert stream is not None, "started with a pipe"
+    return stream
+
+
+__all__ = ["Worker", "WorkerDied", "WorkerLike", "WorkerTimeout", "default_timeout"]

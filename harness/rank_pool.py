@@ -3,8 +3,8 @@
 `RankPool` starts ``world_size`` rank processes (`rank_worker`) once per target, with one rendezvous
 (``MASTER_ADDR=127.0.0.1``, a free ``MASTER_PORT``; gloo on CPU, nccl on GPUs) that lives as long as the
 pool.  `RankPool.request` sends the *same* request to every rank and collects every rank's answer, with
-the per-train-step progress lines (parameter checksums) in between; it duck-types `target.Worker`, so
-`ranks.DeepSpeedRanksTarget` drives it as `DeepSpeedTarget` drives one worker.
+the per-train-step progress lines (parameter checksums) in between; it has `process.Worker`'s methods, so
+`ranks.DeepSpeedRanksTarget` drives it as `DeepSpeedTarget` drives one worker (`process.WorkerLike`).
 
 Hangs: a rank that sends nothing for ``timeout`` seconds (per train step: every step's report resets
 its clock) raises `RankTimeout`, whose message holds the stacks of the stuck ranks (``SIGUSR1`` ->
@@ -25,11 +25,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import IO, Any, cast
 
 from zerostate.harness import envs
 from zerostate.harness.process import WorkerDied, WorkerTimeout
+from zerostate.harness.protocol import RankRecord, Request, Response, StepProgress
 
-_POOLS: "set[RankPool]" = set()
+_POOLS: set[RankPool] = set()
 """Every pool not closed yet (a strong reference: ``atexit`` must find a pool whose target never finished
 constructing, e.g. Ctrl-C during start-up)."""
 
@@ -53,23 +55,27 @@ class RankTimeout(WorkerTimeout):
 
 
 class _Rank:
-    def __init__(self, rank: int, env: dict[str, str], log_path: Path, stacks_path: Path, cwd: str):
+    def __init__(self, rank: int, env: dict[str, str], log_path: Path, stacks_path: Path, cwd: str) -> None:
         self.rank, self.log_path, self.stacks_path = rank, log_path, stacks_path
-        self._log = open(log_path, "ab")
+        self._log = open(log_path, "ab")  # noqa: SIM115 -- the rank's stderr for its whole life; close() closes it
         stacks_path.write_text("")
         self.proc = subprocess.Popen([sys.executable, "-m", "zerostate.harness.rank_worker"],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, env=env,
                                      cwd=cwd, start_new_session=True)
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.stdin: IO[bytes] = self.proc.stdin
+        self.stdout: IO[bytes] = self.proc.stdout
         self.buf = b""
 
-    def send(self, obj: dict) -> None:
+    def send(self, obj: Request) -> None:
         try:
-            self.proc.stdin.write((json.dumps(obj) + "\n").encode())
-            self.proc.stdin.flush()
-        except (BrokenPipeError, OSError):
+            self.stdin.write((json.dumps(obj) + "\n").encode())
+            self.stdin.flush()
+        except OSError:  # BrokenPipeError included
             raise WorkerDied(f"rank {self.rank} exited (code {self.proc.poll()})") from None
 
-    def lines(self) -> list[dict]:
+    def lines(self) -> list[dict[str, Any]]:
+        """The complete lines received so far: `StepProgress` lines and the final answer."""
         out = []
         while b"\n" in self.buf:
             line, self.buf = self.buf.split(b"\n", 1)
@@ -105,20 +111,20 @@ class _Rank:
             pass
 
     def close_files(self) -> None:
-        for f in (self.proc.stdin, self.proc.stdout, self._log):
+        for f in (self.stdin, self.stdout, self._log):
             try:
                 f.close()
-            except Exception:
+            except OSError:  # a pipe whose reader died: nothing left to flush
                 pass
 
 
 class RankPool:
-    """``world_size`` rank processes sharing one process group; duck-types `target.Worker`."""
+    """``world_size`` rank processes sharing one process group; a `process.WorkerLike`."""
 
-    def __init__(self, env: dict[str, str], world_size: int, log_path: Path):
+    def __init__(self, env: dict[str, str], world_size: int, log_path: Path, cwd: Path | None = None) -> None:
         self.world_size = world_size
         self.log_path = log_path
-        cwd = envs.cache_root()
+        cwd = cwd or envs.cache_root()
         cwd.mkdir(parents=True, exist_ok=True)
         port = str(free_port())
         self.ranks: list[_Rank] = []
@@ -133,7 +139,7 @@ class RankPool:
                 rk = _Rank(r, e, log_path.with_suffix(f".rank{r}.log"), log_path.with_suffix(f".rank{r}.stacks"),
                            str(cwd))
                 self.ranks.append(rk)
-                self._sel.register(rk.proc.stdout, selectors.EVENT_READ, rk)
+                self._sel.register(rk.stdout, selectors.EVENT_READ, rk)
         except BaseException:
             self.close(kill=True)
             raise
@@ -155,7 +161,7 @@ class RankPool:
             parts.append(f"--- rank {rk.rank} log ---\n{data.decode(errors='replace')}")
         return "\n".join(parts)
 
-    def request(self, obj: dict, timeout: float) -> dict:
+    def request(self, obj: Request, timeout: float) -> Response:
         """Send ``obj`` to every rank; wait for each rank's answer, allowing ``timeout`` seconds between
         two reports of one rank.  Returns rank 0's answer (or the first failing rank's) with
         ``"ranks": [{"rank", "ok", "result", "steps": [digests per step], "error"}, ...]``."""
@@ -163,8 +169,8 @@ class RankPool:
             rk.send(obj)
         now = time.monotonic()
         last = {rk.rank: now for rk in self.ranks}
-        final: dict[int, dict] = {}
-        steps: dict[int, list[dict]] = {rk.rank: [] for rk in self.ranks}
+        final: dict[int, Response] = {}
+        steps: dict[int, list[dict[str, str]]] = {rk.rank: [] for rk in self.ranks}
         while len(final) < len(self.ranks):
             now = time.monotonic()
             late = [rk for rk in self.ranks if rk.rank not in final and now - last[rk.rank] > timeout]
@@ -172,8 +178,8 @@ class RankPool:
                 raise RankTimeout(self._hang_message(late, final, steps, timeout))
             wait = min(timeout - (now - last[rk.rank]) for rk in self.ranks if rk.rank not in final)
             for key, _ in self._sel.select(max(wait, 0.01)):
-                rk: _Rank = key.data
-                chunk = os.read(rk.proc.stdout.fileno(), 1 << 20)
+                rk = cast(_Rank, key.data)
+                chunk = os.read(rk.stdout.fileno(), 1 << 20)
                 if not chunk:
                     try:
                         rk.proc.wait(timeout=5)
@@ -185,13 +191,13 @@ class RankPool:
                 last[rk.rank] = time.monotonic()
                 for msg in rk.lines():
                     if msg.get("progress") == "step":
-                        steps[rk.rank].append(msg.get("digests", {}))
+                        steps[rk.rank].append(cast(StepProgress, msg)["digests"])
                     else:
-                        final[rk.rank] = msg
-        ranks = [{"rank": r, "ok": final[r].get("ok"), "result": final[r].get("result"), "steps": steps[r],
-                  "error": final[r].get("error")} for r in sorted(final)]
+                        final[rk.rank] = cast(Response, msg)
+        ranks: list[RankRecord] = [{"rank": r, "ok": final[r].get("ok"), "result": final[r].get("result"),
+                                    "steps": steps[r], "error": final[r].get("error")} for r in sorted(final)]
         bad = [final[r] for r in sorted(final) if not final[r].get("ok")]
-        resp = dict(bad[0] if bad else final[0])
+        resp: Response = {**(bad[0] if bad else final[0])}
         resp["ranks"] = ranks
         syncs = [final[r].get("sync") for r in sorted(final)]
         if obj.get("op") == "run" and (bad or any(s != syncs[0] for s in syncs[1:])):
@@ -199,13 +205,14 @@ class RankPool:
                 "a rank failed"
         return resp
 
-    def _hang_message(self, late: list[_Rank], final: dict, steps: dict, timeout: float) -> str:
+    def _hang_message(self, late: list[_Rank], final: dict[int, Response], steps: dict[int, list[dict[str, str]]],
+                      timeout: float) -> str:
         who = ", ".join(f"rank {rk.rank} (after {len(steps[rk.rank])} train step(s))" for rk in late)
         done = ", ".join(f"rank {r}" for r in sorted(final)) or "none"
         parts = [f"no report within {timeout:.0f} s from {who}; finished: {done}"]
         starts = [rk.signal_stacks() for rk in late]
         time.sleep(1.0)  # faulthandler writes from the signal handler, even inside a blocked collective
-        for rk, start in zip(late, starts):
+        for rk, start in zip(late, starts, strict=True):
             parts.append(f"--- stacks of rank {rk.rank} (pid {rk.proc.pid}) ---\n{_trim(rk.read_stacks(start))}")
         return "\n".join(parts)
 
@@ -226,10 +233,7 @@ class RankPool:
         for rk in self.ranks:
             rk.kill()
             rk.close_files()
-        try:
-            self._sel.close()
-        except Exception:
-            pass
+        self._sel.close()
         self.ranks = []
         _POOLS.discard(self)
 

@@ -10,7 +10,7 @@ progress line per train step::
 
     {"op": "hello"}                  -> {"ok": true, "deepspeed": ..., "rank": r, "world_size": n, ...}
     {"op": "run", "scenario": {...}} -> {"progress": "step", "step": i, "digests": {param: sha1}} per step,
-                                        then {"ok": true, "result": <executor.execute dict>, "seconds": s}
+                                        then {"ok": true, "result": <executor.execute's ExecResult>, "seconds": s}
     {"op": "exit"}                   -> (exits)
 
 The pool waits for a warm-up example (imports) before the first request is answered.
@@ -29,9 +29,13 @@ import os
 import signal
 import sys
 import time
+from typing import Protocol, runtime_checkable
 
 from zerostate.harness.cross_rank_checks import digests
-from zerostate.harness.worker_loop import failure, open_protocol, serve, start_deepspeed
+from zerostate.harness.net.compare import Params
+from zerostate.harness.protocol import Failure, Hello, RunAnswer, RunRequest
+from zerostate.harness.worker_loop import Reply, failure, open_protocol, serve, start_deepspeed
+from zerostate.model.scenario import Block, Checkpoint, Scenario
 
 PR_SET_PDEATHSIG = 1
 
@@ -40,28 +44,38 @@ def die_with_parent() -> None:
     """Linux: SIGKILL this process when the process that started it exits, however it exits."""
     try:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
-    except Exception:  # pragma: no cover - not Linux: the parent's atexit and killpg remain
+    except (OSError, AttributeError):  # pragma: no cover - not Linux: the parent's atexit and killpg remain
         pass
     ppid = os.environ.get("ZEROSTATE_PARENT_PID")
     if ppid and os.getppid() != int(ppid):  # the parent died before prctl took effect
         os._exit(1)
 
 
+@runtime_checkable
+class _Sequenced(Protocol):
+    """A process group that counts its collectives."""
+
+    def _get_sequence_number_for_group(self) -> int: ...
+
+
 def sync_state() -> dict[str, int]:
     """Each process group's collective sequence number on this rank (by group name).  Ranks that issued
     different numbers of collectives in an example (one raised before a collective the other issued)
     are out of step: the next example's collectives would pair wrongly (garbage, not a DeepSpeed bug)."""
+    from torch.distributed import distributed_c10d as c10d
     try:
-        from torch.distributed import distributed_c10d as c10d
-        out = {}
-        for pg, name in list(c10d._world.pg_names.items()):
-            try:
-                out[str(name)] = int(pg._get_sequence_number_for_group())
-            except Exception:
-                pass
-        return out
-    except Exception:  # pragma: no cover
+        groups = list(c10d._world.pg_names.items())
+    except AttributeError:  # pragma: no cover - a torch without the private registry: nothing compared
         return {}
+    out = {}
+    for pg, name in groups:
+        if not isinstance(pg, _Sequenced):  # a backend without sequence numbers: that group is not compared
+            continue
+        try:
+            out[str(name)] = int(pg._get_sequence_number_for_group())
+        except RuntimeError:  # ... or one that has the method and refuses
+            continue
+    return out
 
 
 def main() -> int:
@@ -70,31 +84,33 @@ def main() -> int:
     reply = open_protocol()
     stacks = os.environ.get("ZEROSTATE_STACKS")
     if stacks:
-        faulthandler.register(signal.SIGUSR1, file=open(stacks, "a"), all_threads=True)
+        # the stacks file stays open for the process's life: faulthandler writes to it on SIGUSR1
+        faulthandler.register(signal.SIGUSR1, file=open(stacks, "a"), all_threads=True)  # noqa: SIM115
     rank = int(os.environ.get("RANK", "0"))
+    hello: Hello | Failure
     try:
         hello = start_deepspeed(skip_shm_comm=True)
-        from zerostate.harness import executor
+        from zerostate.harness.executor import execute
         import torch
         import torch.distributed as dist
         if os.environ.get("ZEROSTATE_RANK_WARMUP", "1") != "0":
             # One tiny ZeRO-3 example on every rank before the pool answers hello: the lazy imports of the
             # first deepspeed.initialize (seconds) must not count against the first example's step timeout.
-            executor.execute({"blocks": [{"checkpoint": "non_reentrant"}], "stage": 3,
-                              "steps": [{"micro": [{"backward": "engine"}]}]})
-        hello.update(rank=dist.get_rank(), world_size=dist.get_world_size(), backend=dist.get_backend())
+            execute(Scenario(blocks=(Block(checkpoint=Checkpoint.NON_REENTRANT),), stage=3))
+        hello["rank"], hello["world_size"] = dist.get_rank(), dist.get_world_size()
+        hello["backend"] = str(dist.get_backend())
     except BaseException as exc:  # noqa: BLE001
         hello = failure(exc, f"rank {rank}: ")
 
-    def run(req: dict, reply) -> dict:
+    def run(req: RunRequest, reply: Reply) -> RunAnswer:
         t0 = time.perf_counter()
-        stall = req.get("stall") or {}
-        if stall and int(stall.get("rank", -1)) == rank:
-            time.sleep(float(stall.get("seconds", 0)))
+        stall = req.get("stall")
+        if stall and int(stall["rank"]) == rank:
+            time.sleep(float(stall["seconds"]))
 
-        def on_step(i, got):
+        def on_step(i: int, got: Params) -> None:
             reply({"progress": "step", "step": i, "digests": digests(got)})
-        result = executor.execute(req["scenario"], on_step=on_step)
+        result = execute(Scenario.from_dict(req["scenario"]), on_step=on_step)
         if req.get("unmatched") == rank:  # tests: one collective the other ranks never issue
             dist.all_reduce(torch.zeros(1), async_op=True)
         return {"ok": True, "result": result, "seconds": time.perf_counter() - t0, "sync": sync_state()}

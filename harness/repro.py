@@ -5,7 +5,7 @@ it with: it embeds, verbatim, every zerostate module that run and that judgement
 their own names by a small import hook (`EMBEDDED`, with everything they import in turn):
 
 * ``executor`` -- runs the scenario as the worker does: ``net`` (the network, the DeepSpeed config,
-  the training loop, the PyTorch oracle), the ``tracer`` (events, through ``compat``, the era table
+  the training loop, the PyTorch oracle: one module per job), the ``tracer`` (events, through ``compat``, the era table
   and the one ``Patcher``) and the teardown between engines;
 * ``run_checks`` -- `failed_checks`, the judgement of `DeepSpeedTarget.run`: the exception's check, the
   oracle, every spec of ``zerostate.specs`` (the monitors themselves) and ``model-agreement``
@@ -36,12 +36,14 @@ if TYPE_CHECKING:
     from zerostate.findings.finding import Finding
 
 
-ROOTS = ("zerostate.harness.executor", "zerostate.findings.decide",
-         "zerostate.harness.cross_rank_checks")
+ROOTS = ("zerostate.jit_ops", "zerostate.harness.executor", "zerostate.harness.net.dist", "zerostate.model.scenario",
+         "zerostate.findings.decide", "zerostate.harness.cross_rank_checks")
 """The modules a repro script runs; every zerostate module they import is embedded with them."""
 
 def _module_file(name: str) -> Path:
-    return Path(importlib.import_module(name).__file__)
+    file = importlib.import_module(name).__file__
+    assert file is not None, f"{name} has no source file"
+    return Path(file)
 
 
 def _is_module(name: str) -> bool:
@@ -52,7 +54,8 @@ def _is_module(name: str) -> bool:
 
 
 def _is_package(name: str) -> bool:
-    return hasattr(importlib.import_module(name), "__path__")
+    spec = importlib.util.find_spec(name)
+    return spec is not None and spec.submodule_search_locations is not None
 
 
 def _imports_of(name: str) -> set[str]:
@@ -79,7 +82,7 @@ def _imports_of(name: str) -> set[str]:
     return out
 
 
-def embedded_modules(roots=ROOTS) -> dict[str, tuple[bool, str]]:
+def embedded_modules(roots: tuple[str, ...] = ROOTS) -> dict[str, tuple[bool, str]]:
     """module name -> (is a package, its source), for ``roots`` and every zerostate module they import,
     dependencies first.  A package nothing imports names from (``zerostate``, ``zerostate.targets`` ...) is
     not embedded: the script gives it an empty module, so its ``__init__`` (the CLI's imports) never runs."""
@@ -117,44 +120,45 @@ def _embedded_text() -> str:
     return "".join(parts)
 
 
-def _expected(finding) -> tuple[str, list | None]:
+def _expected(finding: Finding) -> tuple[str, list[dict[str, object]] | None]:
     """model-agreement: the model design's name and its trace of the scenario (computed now, embedded)."""
     if finding.check != "model-agreement":
         return "", None
     from zerostate.model.designs import design_for_release, get_design
     from zerostate.model.explore import run
     design = design_for_release(finding.deepspeed) if finding.deepspeed else get_design("ds-0.18.7")
+    assert finding.scenario is not None, "a repro script reproduces a scenario"
     return design.name, [e.to_dict() for e in run(design, finding.scenario).events]
 
 
 _MAIN = r'''
 
 # ------------------------------------------------------------------ the run and the check
-def run_before(executor):
+def run_before(executor, Scenario):
     """An order-dependent finding: the examples that ran before it in the same process, each in its own
     engine, built, trained and destroyed by zerostate's executor as its worker ran them; their own
     outcome is not judged."""
     for i, spec in enumerate(BEFORE):
-        res = executor.execute(spec)
+        res = executor.execute(Scenario.from_dict(spec))
         if res.get("error"):
             print(f"(sequence [{i + 1}] raised {res['error'].splitlines()[0][:120]})")
 
 
-def judge(executor, failed_checks, cross_rank_checks):
+def judge(executor, failed_checks, cross_rank_checks, scenario):
     """Run the scenario once; return (the failed checks, the executor's result)."""
     import torch.distributed as dist
     steps = []
-    res = executor.execute(SPEC, on_step=lambda i, got: steps.append(cross_rank_checks.digests(got)))
+    res = executor.execute(scenario, on_step=lambda i, got: steps.append(cross_rank_checks.digests(got)))
     model_events = None
     if MODEL_EVENTS is not None:
         from zerostate.model.events import Event
         model_events = [Event.from_dict(d) for d in MODEL_EVENTS]
-    failed = failed_checks(res, SPEC.get("stage", 3), model_events, DESIGN)
+    failed = failed_checks(res, scenario.stage, model_events, DESIGN)
     if dist.is_initialized() and dist.get_world_size() > 1:
         ranks = [None] * dist.get_world_size()
         dist.all_gather_object(ranks, {"rank": dist.get_rank(), "ok": True, "result": res, "steps": steps})
         mine = failed
-        failed = failed_checks(ranks[0]["result"], SPEC.get("stage", 3), model_events, DESIGN)  # rank 0's, as the pool
+        failed = failed_checks(ranks[0]["result"], scenario.stage, model_events, DESIGN)  # rank 0's, as the pool
         for check, problem in cross_rank_checks.cross_rank_problems(ranks).items():
             failed.setdefault(check, problem)
         if mine.keys() - failed.keys():
@@ -168,17 +172,21 @@ def main():
         print(f"{CHECK!r} compares ranks: run this script with torchrun --nproc-per-node 2")
         return 2
     install_embedded()
+    from zerostate import jit_ops
+    jit_ops.keep_apart(os.environ)  # this release's own JIT-built ops, unless TORCH_EXTENSIONS_DIR says otherwise
     from zerostate.harness import cross_rank_checks
     from zerostate.harness import executor
-    from zerostate.harness import net
+    from zerostate.harness.net.dist import setup_distributed
     from zerostate.findings.decide import failed_checks
-    net.setup_distributed()
-    run_before(executor)
+    from zerostate.model.scenario import Scenario
+    scenario = Scenario.from_dict(SPEC)  # parsed once, as the worker does
+    setup_distributed()
+    run_before(executor, Scenario)
     if CHECK == "hang":
         import faulthandler
         faulthandler.dump_traceback_later(TIMEOUT, exit=True)  # exits 1 with every thread's stack
     for i in range(REPEAT):
-        failed, res = judge(executor, failed_checks, cross_rank_checks)
+        failed, res = judge(executor, failed_checks, cross_rank_checks, scenario)
         others = {k: v for k, v in failed.items() if k != CHECK}
         for check, (msg, detail) in sorted(others.items()):
             print(f"(also failed, not this finding's check: {check}{' ' + detail if detail else ''}: "
@@ -247,16 +255,16 @@ def leave_process_group():
         import torch.distributed as dist
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
-    except Exception:
-        pass
+    except Exception as exc:  # the verdict is printed already: say so, and leave with it
+        print(f"(leaving the process group failed: {type(exc).__name__}: {exc})", file=sys.stderr)
 
 
 if __name__ == "__main__":
     code = main()
     leave_process_group()
     # the verdict is printed: leave without interpreter shutdown, whose C++ destructors (gloo's and DeepSpeed's
-    # threads) still aborted a rank now and then after destroy_process_group ('terminate called without an
-    # active exception', SIGABRT, in a clean-clone CI run on 1 Dec), which made torchrun fail a judged run
+    # threads) can abort a rank after destroy_process_group ('terminate called without an active exception',
+    # SIGABRT), which would make torchrun fail a judged run
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
@@ -278,6 +286,7 @@ def _repeat_text(repeat: int) -> str:
 def repro_script(finding: Finding, n: int | None = None) -> str:
     """A standalone script reproducing ``finding`` (a `Finding`); exits 1 while the bug is present."""
     sc = finding.scenario
+    assert sc is not None, "a repro script reproduces a scenario"
     spec = json.dumps(sc.to_dict(), indent=1, sort_keys=True)
     conf = finding.confirmation  # explorer/confirm.py: an order-dependent finding's sequence
     before = [s.to_dict() for s in (conf.sequence if conf is not None else [])]
@@ -305,7 +314,8 @@ Scenario:
 {desc}
 
 {run}
-{_before_text(before)}{_repeat_text(repeat)}Exit: 1 while the bug is present ({finding.check} fails), 0 once it is fixed; 2 when
+{_before_text(before)}{_repeat_text(repeat)}Exit: 1 while the bug is present ({finding.check} fails), \
+0 once it is fixed; 2 when
 the run raised before {finding.check} could be judged.  Other checks that fail are listed, not counted.
 
 Generated by zerostate.  The scenario runs, and is judged, by zerostate's own code, embedded verbatim
@@ -318,11 +328,11 @@ projection): the check is the one explore made.
     parts = [
         head,
         "from __future__ import annotations\n\nimport json\nimport os\nimport sys\n",
-        f"CHECK = {finding.check!r}\nDETAIL = {detail!r}  # the finding's origin (an exception) or violation code\n"
-        f"TIMEOUT = 120\nSPEC = json.loads(r'''{spec}''')\n",
+        (f"CHECK = {finding.check!r}\nDETAIL = {detail!r}  # the finding's origin (an exception) or violation code\n"
+         f"TIMEOUT = 120\nSPEC = json.loads(r'''{spec}''')\n"),
         f"BEFORE = json.loads(r'''{json.dumps(before)}''')\nREPEAT = {repeat}\n",
-        f"DESIGN = {design!r}  # model-agreement: the model design and its trace of the scenario\n"
-        f"MODEL_EVENTS = {events}\n",
+        (f"DESIGN = {design!r}  # model-agreement: the model design and its trace of the scenario\n"
+         f"MODEL_EVENTS = {events}\n"),
         _MAIN,
         _embedded_text(),
         _LOADER,

@@ -12,14 +12,15 @@ Requests and responses::
 
     {"op": "hello"}                -> {"ok": true, "deepspeed": "0.19.8", "file": ..., "torch": ...,
                                        "device": "cpu", "rank": 0, "world_size": 1}
-    {"op": "run", "scenario": {...}} -> {"ok": true, "result": <executor.execute dict>, "seconds": s}
+    {"op": "run", "scenario": {...}} -> {"ok": true, "result": <executor.execute's ExecResult>, "seconds": s}
     {"op": "exit"}                 -> (exits)
 
 A failure to import DeepSpeed or to initialise torch.distributed is answered
 ``{"ok": false, "error": ...}`` to the first request.  torch.distributed is
 initialised once (gloo on CPU, nccl on CUDA) from ``RANK`` / ``WORLD_SIZE`` /
 ``MASTER_ADDR`` / ``MASTER_PORT``: world size 2 will start two workers with the
-same rendezvous and send each the same request, in lockstep.
+same rendezvous and send each the same request, in lockstep.  The payloads are `protocol`'s; the
+scenario is parsed here, once (``Scenario.from_dict``), and the executor takes the typed value.
 """
 
 from __future__ import annotations
@@ -28,23 +29,26 @@ import os
 import sys
 import time
 
-from zerostate.harness.worker_loop import failure, open_protocol, serve, start_deepspeed
+from zerostate.harness.protocol import Failure, Hello, RunAnswer, RunRequest
+from zerostate.harness.worker_loop import Reply, failure, open_protocol, serve, start_deepspeed
+from zerostate.model.scenario import Scenario
 
 
 def main() -> int:
     reply = open_protocol()
+    hello: Hello | Failure
     try:
         hello = start_deepspeed(skip_shm_comm=int(os.environ.get("WORLD_SIZE", "1")) == 1)
-        from zerostate.harness import executor
-        hello.update(rank=int(os.environ.get("RANK", 0)), world_size=int(os.environ.get("WORLD_SIZE", 1)))
+        from zerostate.harness.executor import execute
+        hello["rank"], hello["world_size"] = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     except BaseException as exc:  # noqa: BLE001 - report anything, including SystemExit from imports
         hello = failure(exc)
 
-    def run(req: dict, reply) -> dict:
+    def run(req: RunRequest, reply: Reply) -> RunAnswer:
         t0 = time.perf_counter()
         if req.get("sleep"):  # test hook: simulate a hang
             time.sleep(float(req["sleep"]))
-        result = executor.execute(req["scenario"])
+        result = execute(Scenario.from_dict(req["scenario"]))
         return {"ok": True, "result": result, "seconds": time.perf_counter() - t0}
 
     return serve(hello, run, reply)

@@ -20,14 +20,28 @@ to the worker's log, never into the protocol.
 
 from __future__ import annotations
 
+import functools
 import gc
 import json
 import os
 import sys
+import time
 import traceback
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol, cast, runtime_checkable
 
-Reply = Callable[[dict], None]
+if TYPE_CHECKING:
+    from zerostate.harness.coverage_probe import Probe
+
+import zerostate.jit_ops as jit_ops
+from zerostate.harness.protocol import Answer, Failure, Hello, RunRequest, StepProgress
+
+_IMPORTED = time.time()
+
+Reply = Callable[[Answer | StepProgress], None]
+"""Sends one JSON line on the protocol stream."""
+Run = Callable[[RunRequest, Reply], Answer]
+"""What a ``run`` request does: its answer (a rank also sends progress lines through the reply)."""
 
 
 def open_protocol() -> Reply:
@@ -37,37 +51,67 @@ def open_protocol() -> Reply:
     os.dup2(2, 1)  # DeepSpeed's prints and logs go to stderr, never into the protocol
     sys.stdout = sys.stderr
 
-    def reply(obj: dict) -> None:
+    def reply(obj: Answer | StepProgress) -> None:
         proto.write(json.dumps(obj) + "\n")
         proto.flush()
     return reply
 
 
-def failure(exc: BaseException, prefix: str = "") -> dict:
+def failure(exc: BaseException, prefix: str = "") -> Failure:
     """The answer for an exception: ``{"ok": false, "error": "<prefix>Type: message", "traceback": ...}``."""
     return {"ok": False, "error": f"{prefix}{type(exc).__name__}: {exc}",
             "traceback": "".join(traceback.format_exc().splitlines(True)[-15:])}
 
 
-def start_deepspeed(skip_shm_comm: bool) -> dict:
+def start_deepspeed(skip_shm_comm: bool) -> Hello:
+    """`_start_deepspeed`, timed from the process's start, with the ops DeepSpeed JIT-built meanwhile into its
+    extensions folder (``startup_seconds``, ``jit_builds``: a first build is start-up, never an example's)."""
+    folder = os.environ.get(jit_ops.ENV, "")
+    before = jit_ops.built_ops(folder)
+    hello = _start_deepspeed(skip_shm_comm)
+    hello["startup_seconds"] = round(time.time() - _process_start(), 3)
+    hello["jit_builds"] = jit_ops.new_builds(before, jit_ops.built_ops(folder))
+    return hello
+
+
+def _process_start() -> float:
+    """When this process started (Linux: /proc), else when this module was imported."""
+    try:
+        with open(f"/proc/{os.getpid()}/stat") as fh:
+            ticks = int(fh.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/stat") as fh:
+            boot = next(float(ln.split()[1]) for ln in fh if ln.startswith("btime"))
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return _IMPORTED
+
+
+def _start_deepspeed(skip_shm_comm: bool) -> Hello:
     """Import DeepSpeed on CPU or CUDA and initialise torch.distributed once (gloo on CPU, nccl on CUDA)
     from ``RANK`` / ``WORLD_SIZE`` / ``MASTER_ADDR`` / ``MASTER_PORT``.  Returns the hello fields every
     worker sends: ``deepspeed``, ``file``, ``torch``, ``device``.  ``skip_shm_comm``: on CPU, skip building
     DeepSpeed's shm communication op (it serves ``inference_all_reduce`` only; training uses gloo).
     Raises whatever the import or the initialisation raised."""
     from zerostate.tracing import compat
-    from zerostate.harness import net
+    from zerostate.harness.net.dist import setup_distributed
     import torch
     if not torch.cuda.is_available():
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     import deepspeed
     if skip_shm_comm and not torch.cuda.is_available():
         compat.skip_shm_comm_op()
-    net.setup_distributed()
+    setup_distributed()
     _warm_imports()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))  # tiny tensors: threads only cost
     return {"ok": True, "deepspeed": deepspeed.__version__, "file": deepspeed.__file__,
             "torch": torch.__version__, "device": "cuda" if torch.cuda.is_available() else "cpu"}
+
+
+@runtime_checkable
+class _ZeroOptimizerCheck(Protocol):
+    """The release's ``deepspeed.runtime.zero.utils`` with its optimizer check."""
+
+    def is_zero_supported_optimizer(self, optimizer: Any) -> bool: ...
 
 
 def _warm_imports() -> None:
@@ -80,9 +124,8 @@ def _warm_imports() -> None:
     import torch
     probe = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
     from deepspeed.runtime.zero import utils as zero_utils
-    check = getattr(zero_utils, "is_zero_supported_optimizer", None)
-    if check is not None:
-        check(probe)
+    if isinstance(zero_utils, _ZeroOptimizerCheck):
+        zero_utils.is_zero_supported_optimizer(probe)
     del probe
     _warm_llama()
     gc.collect()  # and what survives the imports is frozen, as after the first run (executor._RUNS): the
@@ -90,28 +133,31 @@ def _warm_imports() -> None:
 
 
 def _warm_llama() -> None:
-    """Build, run and drop one tiny PEFT-wrapped HF Llama (`net.build_model`, the ``llama`` family), so
+    """Build, run and drop one tiny PEFT-wrapped HF Llama (`network.build_model`, the ``llama`` family), so
     the imports transformers and PEFT make lazily -- on their first model, first forward and first
     backward -- are paid at start-up and frozen with the rest: the first llama example a worker ran took
     ~1.2-2 s more than the next (measured on 0.19.8).  Without transformers or PEFT installed (the ``hf``
     extra) there is nothing to warm; the llama examples then fail on their own import."""
-    from zerostate.harness import net
+    from zerostate.harness.net.llama import SEQ
+    from zerostate.harness.net.network import build_model
+    from zerostate.model.scenario import Block, Checkpoint, Family, Scenario
     try:
-        model = net.build_model({"family": "llama", "lora": True, "modules_to_save": True,
-                                 "blocks": [{"checkpoint": "non_reentrant"}]})
+        model = build_model(Scenario(family=Family.LLAMA, lora=True, modules_to_save=True,
+                                     blocks=(Block(checkpoint=Checkpoint.NON_REENTRANT),)))
     except ImportError:
         return
     import torch
-    x = torch.zeros(1, net.SEQ, dtype=torch.long)
+    x = torch.zeros(1, SEQ, dtype=torch.long)
     model(input_ids=x, labels=x).loss.backward()
 
 
-def serve(hello: dict, run: Callable[[dict, Reply], dict], reply: Reply, error_prefix: str = "") -> int:
+def serve(hello: Hello | Failure, run: Run, reply: Reply, error_prefix: str = "") -> int:
     """Answer requests from stdin until ``exit`` or end of input.  ``run(request, reply)`` returns the
     answer to a ``run`` request; an exception it raises is answered as a failure (``error_prefix`` first:
     the rank worker names its rank)."""
-    for line in sys.stdin:
-        line = line.strip()
+    probe, hello = _coverage_probe(hello)
+    for raw in sys.stdin:
+        line = raw.strip()
         if not line:
             continue
         req: dict[str, Any] = json.loads(line)
@@ -122,14 +168,27 @@ def serve(hello: dict, run: Callable[[dict, Reply], dict], reply: Reply, error_p
             reply(hello)
             continue
         if op == "run":
+            answer: Answer
             try:
-                answer = run(req, reply)
+                run_request = cast(RunRequest, req)
+                answer = (probe.around(run_request, functools.partial(run, run_request, reply)) if probe
+                          else run(run_request, reply))
             except BaseException as exc:  # noqa: BLE001 - report anything; the worker serves on
                 answer = failure(exc, error_prefix)
             reply(answer)
         else:
             reply({"ok": False, "error": f"unknown op {op!r}"})
     return 0
+
+
+def _coverage_probe(hello: Hello | Failure) -> tuple[Probe | None, Hello | Failure]:
+    """The opt-in coverage probe (`coverage_probe`, off unless its variable is set) and the hello to give:
+    a worker asked to measure that cannot (coverage.py missing) fails to start, loudly."""
+    from zerostate.harness import coverage_probe
+    try:
+        return coverage_probe.from_env(hello), hello
+    except ImportError as exc:
+        return None, failure(exc, f"{coverage_probe.ENV} is set but coverage.py does not import: ")
 
 
 __all__ = ["Reply", "failure", "open_protocol", "serve", "start_deepspeed"]

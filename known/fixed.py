@@ -1,8 +1,9 @@
-"""DeepSpeed bugs of releases before the pinned one, fixed since, that issue 11's engine and loop options reach.
+"""DeepSpeed bugs of releases before the pinned one, fixed since, that the engine and loop options reach.
 
 docs/bug-coverage.md surveyed DeepSpeed's fixes from 0.17 to 0.19.8 and found these outside the scenario space
 of the time; `strategies.EXTRAS` and `strategies.LORA` now draw what each one needs.  Each is a
-`known.KnownIssue` (``known.FIXED_ISSUES``) with the release range where its scenario was measured to fail and
+`known.issue.KnownIssue` (``FIXED_ISSUES``, in the table `known.issues`)
+with the release range where its scenario was measured to fail and
 the release that fixed it, so ``zerostate explore --deepspeed <buggy release>`` labels the finding, and
 ``test_known_issue --deepspeed <release>`` checks the range: a strict expected failure on a buggy release,
 nothing on a fixed one (the pinned 0.19.8 included).  The ranges were measured with ``zerostate replay`` on
@@ -13,7 +14,12 @@ from __future__ import annotations
 
 from zerostate.model.scenario import Family, Offload, Scenario
 
-from zerostate.known.setups import KnownIssue, nested_outputs_zero12
+from zerostate.findings.finding import Finding
+
+from zerostate.known import rules
+from zerostate.known.issue import KnownIssue
+from zerostate.known.mechanism import narrow
+from zerostate.known.setups import nested_outputs_zero12
 
 
 def _offload_zero12(sc: Scenario) -> bool:
@@ -30,13 +36,13 @@ ZERO12_OFFLOAD_GAS3 = KnownIssue(
     scenario=Scenario.from_dict({"stage": 2, "offload": "optimizer", "steps": [{"micro": [{}, {}, {}]}]}),
     checks=("oracle",),
     keys=("oracle:zero12-offload-drops-middle-micro-steps",),  # measured on 0.18.4 and 0.18.7
-    explains=lambda f: f.check == "oracle" and _offload_zero12(f.scenario) and f.scenario.gas >= 3
-    and not f.scenario.manual_boundary,
+    explains=lambda f: rules.update_scaled(f, 0.05, 0.97) and narrow(
+        f, lambda sc: _offload_zero12(sc) and sc.gas >= 3 and not sc.manual_boundary),
     detail=("stage_1_and_2.py's CPU-offload accumulation (async_accumulate_grad_in_cpu_via_gpu) copied a "
             "gradient into the CPU accumulator only at micro-step 0 and added it only at the boundary, so "
             "micro-steps 1 .. gas-2 never reach the update or the gradient norm.  Introduced by #6550, fixed in "
             "0.19.0 by DeepSpeed PR #7967.  gas 2 is one micro-step short of it (zerostate drew gas <= 2 "
-            "until issue 11's `gas3` option)."),
+            "until the `gas3` option)."),
 )
 
 ZERO12_OFFLOAD_MANUAL_BOUNDARY = KnownIssue(
@@ -50,7 +56,8 @@ ZERO12_OFFLOAD_MANUAL_BOUNDARY = KnownIssue(
                                  "steps": [{"micro": [{}, {}]}, {"micro": [{}, {}]}]}),
     checks=("oracle",),
     keys=("oracle:zero12-offload-manual-boundary-drops-backwards",),  # measured on 0.18.4 and 0.18.7
-    explains=lambda f: f.check == "oracle" and _offload_zero12(f.scenario) and f.scenario.manual_boundary,
+    explains=lambda f: rules.update_scaled(f, 0.05, 0.97) and narrow(
+        f, lambda sc: _offload_zero12(sc) and sc.manual_boundary),
     detail=("With gradient_accumulation_steps 1 the CPU-offload path of stage_1_and_2.py accumulated across "
             "backwards only when gas > 1, so the backwards made under set_gradient_accumulation_boundary(False) "
             "(the API of #7665) were overwritten by the last one.  Fixed in 0.19.0 by DeepSpeed PR #7981."),
@@ -68,8 +75,8 @@ PEFT_MODULES_TO_SAVE = KnownIssue(
     checks=("exception",),
     keys=("exception:AttributeError@runtime.zero.parameter_offload.forward",  # measured on 0.18.4 and 0.18.7
           "exception:AttributeError@runtime.zero.parameter_offload.setup_context"),  # on 0.19.2
-    explains=lambda f: f.check == "exception" and f.scenario.modules_to_save and f.scenario.stage == 3
-    and "ds_grads_remaining" in f.error,
+    explains=lambda f: rules.raised_at("AttributeError", "zero/parameter_offload.py", None, "ds_grads_remaining")(f)
+    and narrow(f, lambda sc: sc.modules_to_save and sc.stage == 3),
     detail=("PEFT's ModulesToSaveWrapper forwards attribute lookups to the module it wraps, so ZeRO-3's hook "
             "registration found hook state on the wrapper that belongs to the wrapped Linear, and the hook "
             "function ZeRO-3 wraps the module's forward in (a torch.autograd.Function: its forward, or its "
@@ -88,11 +95,12 @@ LATE_MODULE = KnownIssue(
     scenario=Scenario.from_dict({"stage": 3, "late_module": True, "steps": [{}, {}]}),
     checks=("exception",),
     keys=("exception:AttributeError@runtime.engine._forward_prologue",),  # measured on 0.18.4 and 0.18.7
-    explains=lambda f: f.check == "exception" and f.scenario.late_module and f.scenario.stage == 3
-    and f.scenario.family is Family.BLOCKS and "_in_forward" in f.error,
+    explains=lambda f: rules.raised_at("AttributeError", "runtime/engine.py", "_forward_prologue", "_in_forward")(f)
+    and narrow(f, lambda sc: sc.late_module and sc.stage == 3 and sc.family is Family.BLOCKS),
     detail=("ZeRO-3's forward hooks treat a module's _parameters as DeepSpeed's ZeROOrderedDict; a module "
             "attached after initialize keeps torch's plain dict (torch >= 2.5), so the engine's forward "
-            "prologue, marking every module's parameters _in_forward, raises.  Fixed in 0.19.1 by DeepSpeed PR #8009 (a late module *with* "
+            "prologue, marking every module's parameters _in_forward, raises.  Fixed in 0.19.1 by DeepSpeed PR #8009 "
+            "(a late module *with* "
             "parameters is still not partitioned, as the PR says; zerostate's late module has none)."),
 )
 
@@ -105,8 +113,8 @@ ZERO12_UNREDUCED_WITHOUT_CONTIGUOUS = KnownIssue(
     scenario=Scenario.from_dict({"stage": 2, "contiguous_gradients": False, "steps": [{}], "world_size": 2}),
     checks=("oracle",),
     keys=("oracle:zero12-cpu-no-reduce-without-contiguous-gradients",),  # measured at ws 2 on 0.18.4, 0.19.3
-    explains=lambda f: f.check == "oracle" and (f.world_size or 1) > 1 and f.scenario.stage in (1, 2)
-    and not f.scenario.contiguous_gradients,
+    explains=lambda f: f.world_size > 1 and rules.update_scaled(f, 0.6, 1.5) and narrow(
+        f, lambda sc: sc.stage in (1, 2) and not sc.contiguous_gradients),
     detail=("Without contiguous gradients stage_1_and_2.py reduces through buffered_reduce_fallback, whose "
             "split_half_float_double groups tensors by legacy type strings (torch.cuda.FloatTensor, ...); a CPU "
             "tensor's type string matches none of them, so every bucket is dropped and each rank steps on its "
@@ -125,7 +133,8 @@ ZERO0_BF16_UPDATE_LOST = KnownIssue(
     scenario=Scenario.from_dict({"stage": 0, "precision": "bf16", "steps": [{}, {}]}),
     checks=("oracle",),
     keys=("oracle:zero0-bf16-update-lost",),  # measured on 0.18.4 (0.18.6: agrees)
-    explains=lambda f: f.check == "oracle" and f.scenario.stage == 0 and f.scenario.precision.value == "bf16",
+    explains=lambda f: rules.update_unscaled(f, 0.02) and narrow(
+        f, lambda sc: sc.stage == 0 and sc.precision.value == "bf16"),
     detail=("With bf16 and no ZeRO the engine wrapped the client optimizer in FP16_UnfusedOptimizer, which "
             "unscales the gradients by its dynamic loss scale (65536) although bf16 never scales the loss, and "
             "skipped zero_grad: the update is about 1/65536 of PyTorch's, below bf16's resolution of the "
@@ -153,18 +162,26 @@ ZERO12_NESTED_OUTPUTS_ENGINE_BACKWARD = KnownIssue(
                                  "steps": [{"micro": [{}, {}]}]}),
     checks=("oracle",),
     keys=("oracle:zero12-nested-outputs-engine-backward",),
-    explains=lambda f: f.check == "oracle" and _engine_backward_nested_outputs(f.scenario),
-    detail=("The engine-backward form of zero12-nested-outputs-scaled-twice (known_setups.py, still present on "
+    explains=lambda f: (rules.scaled_twice(f, f.scenario.gas if f.scenario else 2)
+                        and not rules.pytorch_style_backward(f) and narrow(f, _engine_backward_nested_outputs)),
+    detail=("The engine-backward form of zero12-nested-outputs-scaled-twice (known/setups.py, still present on "
             "0.19.8 for a PyTorch-style backward).  Likely mechanism (the same as that issue's; not traced in these "
-            "releases' source): the engine's output backward hooks divide by gradient_accumulation_steps, and a hidden state's auxiliary output (hidden, hidden.mean(-1)) "
+            "releases' source): the engine's output backward hooks divide by gradient_accumulation_steps, and "
+            "a hidden state's auxiliary output (hidden, hidden.mean(-1)) "
             "passes two of them, so the auxiliary loss's share of the gradient is divided by gas twice "
-            "(blocks.0.lin.weight 0.00018 off after one step, ZeRO-1, gas 2; the HF Llama family, whose loss is computed "
-            "from its logits: lm_head.weight 0.0063 off on 0.18.7 and 0.19.5, agreeing on 0.19.7 and 0.19.8).  Found by the default "
+            "(blocks.0.lin.weight 0.00018 off after one step, ZeRO-1, gas 2; "
+            "the HF Llama family, whose loss is computed "
+            "from its logits: lm_head.weight 0.0063 off on 0.18.7 and 0.19.5, "
+            "agreeing on 0.19.7 and 0.19.8).  Found by the default "
             "exploration on 0.18.4 once oracle findings were keyed by known issue.  0.19.7 and 0.19.8 agree "
             "with the oracle; 0.19.6 was not measured, so the range ends after 0.19.5 and no fixing release "
-            "is named.  ZeRO stage 0 shows it too (the default 0.19.3 exploration of 1 Dec: gas 3, tuple outputs, "
+            "is named.  ZeRO stage 0 shows it too (the default 0.19.3 exploration: gas 3, tuple outputs, "
             "two losses; 0.000229 off on 0.19.3 and 0.19.5, agreeing on 0.19.7 and 0.19.8)."),
 )
+
+def _allgather_raised(f: Finding, says: str) -> bool:
+    return rules.raised_at("RuntimeError", "comm/torch.py", "all_gather_into_tensor", says)(f)
+
 
 Z3_ZERO_INIT_MIXED_DTYPES = KnownIssue(
     id="z3-zero-init-mixed-dtype-allgather",
@@ -177,8 +194,8 @@ Z3_ZERO_INIT_MIXED_DTYPES = KnownIssue(
                                  "persistence_threshold": 100000, "world_size": 2}),
     checks=("exception",),
     keys=("exception:RuntimeError@comm.torch.all_gather_into_tensor",),  # measured on 0.19.2 at world size 2
-    explains=lambda f: f.check == "exception" and f.scenario.zero_init and f.scenario.stage == 3
-    and ("invalid tensor type" in f.error or "must have the same type" in f.error),
+    explains=lambda f: (_allgather_raised(f, "invalid tensor type") or _allgather_raised(f, "must have the same type"))
+    and narrow(f, lambda sc: sc.zero_init and sc.stage == 3),
     detail=("partition_parameters._allgather_params_coalesced allocated every output buffer with the dtype of the "
             "first parameter in the list.  Before 0.19.2 the engine cast the whole module to bf16, so the "
             "persistent parameters shared one dtype; 0.19.2's per-policy cast (#8066) kept the fp32 LoRA adapters "
@@ -204,11 +221,10 @@ Z3_ALL_REDUCE_FETCH_PADDING = KnownIssue(
                                  "steps": [{"frozen": [0]}, {}]}),
     checks=("ranks-params", "oracle"),
     keys=("ranks-params:gathered-params-differ", "oracle:z3-all-reduce-fetch-padding"),
-    explains=lambda f: f.check in ("ranks-params", "oracle") and (f.world_size or 1) > 1
-    and f.scenario.all_reduce_fetch,
+    explains=lambda f: rules.ranks_gathered_apart(f) and narrow(f, lambda sc: sc.all_reduce_fetch and sc.stage == 3),
     detail=("DeepSpeed #8158 (fixed in 0.19.4): the all-reduce fetch sizes its buffer by the aligned numel but walks "
             "it by the unaligned one, so a partition's padding -- uninitialised memory -- is summed into the next "
-            "parameter.  Found by the default world-size-1 exploration of 0.19.3 on 1 Dec, once world size 2 was "
+            "parameter.  Found by the default world-size-1 exploration of 0.19.3, once world size 2 was "
             "drawn by default: the scenario above (its shrunk form) ends step 0 with blocks.0.lin.weight different "
             "on the two ranks in 4 of 12 runs on 0.19.3 (and the oracle off), never without the knob, 0 of 12 on "
             "0.19.8.  Intermittent because the padding is whatever the memory held (the survey's standalone "
@@ -226,8 +242,8 @@ ZERO12_TRAILING_EMPTY_PARAM = KnownIssue(
     scenario=Scenario.from_dict({"stage": 2, "empty_param": True, "steps": [{}]}),
     checks=("exception",),
     keys=("exception:KeyError@runtime.zero.stage_1_and_2.average_tensor",),  # measured on 0.18.4 and 0.19.5
-    explains=lambda f: f.check == "exception" and f.scenario.empty_param and f.scenario.stage in (1, 2)
-    and "KeyError" in (f.error or ""),
+    explains=lambda f: rules.raised_at("KeyError", "zero/stage_1_and_2.py", "average_tensor")(f)
+    and narrow(f, lambda sc: sc.empty_param and sc.stage in (1, 2)),
     detail=("stage_1_and_2.py buckets every gradient it reduces, the zero-element one of a parameter made with "
             "torch.empty(0) too; the bucket's partition bookkeeping has no entry for a parameter with no "
             "elements at the end of a group, and average_tensor's lookup raises KeyError (ZeRO-1 and ZeRO-2, "
@@ -236,6 +252,13 @@ ZERO12_TRAILING_EMPTY_PARAM = KnownIssue(
             "train and agree with the oracle (measured).  Reached by the default exploration through "
             "``empty_param`` (`strategies.extras`: the zero_init draw below ZeRO-3)."),
 )
+
+def _stuck_in_initialize(f: Finding) -> bool:
+    """A hang whose stuck rank waits inside ZeRO-1/2's optimizer construction (its stack, in the hang's text)
+    while another rank finished: the rank that failed initialize left it alone in a collective."""
+    return f.check == "hang" and "finished: rank" in f.error and any(
+        "stage_1_and_2.py" in line and line.rstrip().endswith("in __init__") for line in f.error.splitlines())
+
 
 ZERO12_EMPTY_PARAM_INSIDE_PARTITION = KnownIssue(
     id="zero12-empty-param-inside-partition",
@@ -247,9 +270,10 @@ ZERO12_EMPTY_PARAM_INSIDE_PARTITION = KnownIssue(
     scenario=Scenario.from_dict({"stage": 1, "fused_head": True, "empty_param": True, "steps": [{}]}),
     checks=("exception",),
     keys=("exception:AssertionError@utils.tensor_fragment.get_hp_fragment_mapping",),
-    explains=lambda f: f.check in ("exception", "hang") and f.scenario.empty_param and f.scenario.stage in (1, 2)
-    and ("fragment" in (f.error or "") or f.check == "hang"),
-    detail=("Met by the default exploration of 0.19.5 (1 Dec): with a fused head the zero-element parameter ends "
+    explains=lambda f: (rules.raised_at("AssertionError", "utils/tensor_fragment.py", "get_hp_fragment_mapping",
+                                        "fragment start", "fragment_end")(f) or _stuck_in_initialize(f))
+    and narrow(f, lambda sc: sc.empty_param and sc.stage in (1, 2)),
+    detail=("Met by the default exploration of 0.19.5: with a fused head the zero-element parameter ends "
             "the flat group at offset 88, before the group's alignment padding, so _link_all_hp_params "
             "(_init_lp_to_hp_mapping) takes it for a parameter overlapping the partition and "
             "get_hp_fragment_mapping asserts on its empty fragment.  At world size 2 rank 0 fails in "
@@ -258,10 +282,10 @@ ZERO12_EMPTY_PARAM_INSIDE_PARTITION = KnownIssue(
             "that had #8280; this shape trains on 0.19.7 and 0.19.8 (measured, world size 1 and 2)."),
 )
 
-FIXED_ISSUE_FIELDS: tuple[dict, ...] = (ZERO12_OFFLOAD_GAS3, ZERO12_OFFLOAD_MANUAL_BOUNDARY, PEFT_MODULES_TO_SAVE,
+FIXED_ISSUES: tuple[KnownIssue, ...] = (ZERO12_OFFLOAD_GAS3, ZERO12_OFFLOAD_MANUAL_BOUNDARY, PEFT_MODULES_TO_SAVE,
                                         LATE_MODULE, ZERO12_UNREDUCED_WITHOUT_CONTIGUOUS,
                                         ZERO0_BF16_UPDATE_LOST, ZERO12_NESTED_OUTPUTS_ENGINE_BACKWARD,
                                         Z3_ZERO_INIT_MIXED_DTYPES, Z3_ALL_REDUCE_FETCH_PADDING,
                                         ZERO12_TRAILING_EMPTY_PARAM, ZERO12_EMPTY_PARAM_INSIDE_PARTITION)
 
-__all__ = ["FIXED_ISSUE_FIELDS"]
+__all__ = ["FIXED_ISSUES"]

@@ -1,348 +1,55 @@
-"""Findings on the pinned DeepSpeed (0.19.8) that are *results*: documented, each with its exact scenario.
+"""The one known-issue table: every documented DeepSpeed bug (open or fixed, the seed bugs included) and model
+gap, as `KnownIssue` records, in the order `explain` tries them; and `explain`, the one rule that names the
+issue a finding shows.
 
-The generated tests keep each one as a strict expected failure on its exact scenario (so a fix in
+The generated tests keep each issue as a strict expected failure on its exact scenario (so a fix in
 DeepSpeed, or in the model, turns the test red until the entry is retired), and the property tests
 accept a finding only when a `KnownIssue` explains it -- anything else fails the test.  Repro scripts:
 ``zerostate replay`` / `repro.repro_script` on the scenario; docs/deepspeed-target.md has the details.
+The records live in data modules by area: `zero_hooks` (hook and coordinator lifecycle), `setups`
+(training-setup dimensions), `fixed` (older releases' bugs), `seeds` (the seed bugs).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable
-
-from zerostate.model.network import Network
-from zerostate.model.scenario import Scenario
-
 from zerostate.findings.finding import Finding
-from zerostate.tracing import compat
-
+from zerostate.known.fixed import FIXED_ISSUES
+from zerostate.known.issue import KnownIssue
+from zerostate.known.seeds import SEED_000_PART1, SEED_000_PART2, SEED_002, SEED_ISSUES
+from zerostate.known.setups import SETUP_ISSUES
+from zerostate.known.zero_hooks import (HOOK_ISSUES, LATE_HOOK_ISSUES, Z3_KEPT_FOR_REUSE_THEN_BRANCH,
+                                        Z3_LEAF_INPUT_NO_GRAD, Z3_LEAF_KEPT_GATHERED, Z3_NO_POST_BACKWARD_NO_DRAIN,
+                                        Z3_PERSISTENT_PARAM_RACE_WS2, Z3_REREGISTER_WHILE_RECORDING,
+                                        ZERO12_NO_GRADIENT)
 
 PINNED = "0.19.8"
 """The release the ``explore`` extra pins; each issue's `KnownIssue.keys` were measured on it."""
 
-
-@dataclass(frozen=True)
-class KnownIssue:
-    id: str
-    title: str
-    owner: str
-    """``deepspeed`` (a DeepSpeed bug) or ``model`` (zerostate's model disagrees with DeepSpeed)."""
-    releases: tuple[tuple[int, int, int], tuple[int, int, int]]
-    """Half-open range of releases observed to have it."""
-    scenario: Scenario
-    checks: tuple[str, ...]
-    explains: Callable[[Finding], bool]
-    detail: str
-    fixed_in: str | None = None
-    """The first DeepSpeed release without it; None while no release fixes it."""
-    upstream_patch: str | None = None
-    """A proposed fix checked by ``zerostate diff`` (docs/upstream/), when there is one."""
-    world_size: int = 1
-    """The smallest world size it shows at; at a smaller one its scenario must give no finding."""
-    keys: tuple[str, ...] = ()
-    """The finding keys (`Finding.key`) its scenario gives on the pinned release (`PINNED`), or, for an issue
-    the pinned release does not have, on the releases it affects:
-    ``test_known_issue`` requires exactly these there (other releases word exceptions differently)."""
-
-    def affects(self, version: str | None) -> bool:
-        if not version:
-            return False
-        v = compat.version_tuple(version)
-        return self.releases[0] <= v < self.releases[1]
-
-
-def _leaf_input_without_grad(sc: Scenario) -> bool:
-    net = Network(sc)
-    return sc.stage == 3 and any(b.leaf and not net.block_input_requires_grad(i) for i, b in enumerate(sc.blocks))
-
-
-def _no_gradient_at_all(sc: Scenario) -> bool:
-    net = Network(sc)
-    return sc.stage in (1, 2) and not sc.fused_head and not any(net.hooked_params(i) for i in range(len(sc.blocks)))
-
-
-Z3_LEAF_INPUT_NO_GRAD = KnownIssue(
-    id="z3-leaf-input-without-grad",
-    title="ZeRO-3: a z3 leaf module whose input does not require grad reduces its gradients too early",
-    owner="deepspeed",
-    releases=((0, 18, 4), (0, 20, 0)),
-    scenario=Scenario.from_dict({"blocks": [{"leaf": True}], "input_requires_grad": False, "stage": 3,
-                                 "steps": [{"micro": [{"backward": "engine"}]}]}),
-    checks=("exception",),
-    keys=("exception:RuntimeError@runtime.engine.backward",),
-    upstream_patch="docs/upstream/z3-leaf-input-without-grad/",
-    # and its side effect on the spec: the hook fired before the leaf's pre-backward, so the next driver
-    # event after that pre-backward is the task's end, after the epilogue drained the leaf
-    # ... and the model's view of the bug (DeepSpeed's model designs): the leaf's gradients accumulate after the
-    # hook handled them (grad-handled-once, handled-before-accumulated).  zerostate.runtime defers the reduction.
-    explains=lambda f: (f.check in ("exception", "oracle") or (
-        f.check == "available-when-used" and f.code == "unavailable-in-backward") or (
-        f.key == "grad-handled-once:handled-before-accumulated")) and _leaf_input_without_grad(
-        f.scenario),
-    detail=("stage3.py registers reduce_leaf_module_grads as the leaf module's full backward hook.  When no "
-            "input of the module requires grad, torch fires a full backward hook as soon as the gradient of "
-            "its *output* is known -- before the module's own backward has produced its parameters' "
-            "gradients.  The hook then sets param.grad = zeros_like(param) on the still-partitioned (size 0) "
-            "parameters and reduces them; the real gradients arrive afterwards and cannot accumulate into the "
-            "size-0 .grad: RuntimeError 'The size of tensor a (0) must match the size of tensor b (8)' "
-            "(engine.backward or loss.backward), or '0 != 8 Cannot reduce scatter gradients' in older "
-            "releases.  Any z3 leaf module fed by data that does not require grad (a first layer) hits it."),
-)
-
-ZERO12_NO_GRADIENT = KnownIssue(
-    id="zero12-backward-without-gradients",
-    title="ZeRO-1/2: a backward in which no parameter receives a gradient crashes the epilogue or step",
-    owner="deepspeed",
-    releases=((0, 18, 4), (0, 20, 0)),
-    scenario=Scenario.from_dict({"blocks": [{"norm": "unused", "lin": "unused"}], "stage": 1,
-                                 "steps": [{"micro": [{"backward": "engine"}]}]}),
-    checks=("exception",),
-    keys=("exception:IndexError@runtime.zero.stage_1_and_2.reduce_ipg_grads",),
-    upstream_patch="docs/upstream/zero12-backward-without-gradients/",
-    # an exception in the epilogue or step(): the IndexError of the epilogue, step()'s KeyError, or with bf16
-    # and fp32 gradient accumulation (BF16_Optimizer) step()'s "stack expects a non-empty TensorList"
-    # ... and, with a PyTorch-style backward, the epilogue that never runs (no hook queues it)
-    explains=lambda f: _no_gradient_at_all(f.scenario) and (f.check == "exception" or (
-        f.key == "epilogue-once:no-epilogue" and any(m.backward.pytorch_style for _, _, m in f.scenario.micro_steps()))),
-    detail=("stage_1_and_2.py sets up its ipg bucket buffers lazily in process_gradients (the gradient "
-            "hook).  If no hook fires in a backward (every trainable parameter unused; the loss depends on "
-            "the input only), the epilogue's reduce_ipg_grads indexes bucket.buffer[bucket.index] of an "
-            "empty list: IndexError.  With a PyTorch-style backward no epilogue runs at all and step() "
-            "fails in scaled_global_norm with KeyError: 0.  ZeRO-3 handles the same schedule."),
-)
-
-def _leaf_without_backward(sc: Scenario) -> bool:
-    """A z3 leaf block whose backward never runs (its output does not require grad: frozen or unused and
-    fed an input without grad, or reentrant-checkpointed and fed an input without grad), in a run long
-    enough for a COMPLETE trace."""
-    net = Network(sc)
-    return sc.stage == 3 and len(sc.steps) * sc.gas > 1 and any(
-        b.leaf and not net.output_requires_grad[i] for i, b in enumerate(sc.blocks))
-
-
-Z3_LEAF_KEPT_GATHERED = KnownIssue(
-    id="z3-leaf-kept-gathered",
-    title="ZeRO-3: with a complete trace, a z3 leaf module's forward release keeps all its parameters gathered",
-    owner="deepspeed",
-    releases=((0, 18, 4), (0, 20, 0)),
-    scenario=Scenario.from_dict({"blocks": [{"leaf": True, "norm": "frozen", "lin": "frozen"}, {}],
-                                 "input_requires_grad": False, "stage": 3,
-                                 "steps": [{"micro": [{"backward": "engine"}]}, {"micro": [{"backward": "engine"}]}]}),
-    checks=("released-after-backward",),
-    keys=("released-after-backward:still-gathered",),
-    upstream_patch="docs/upstream/z3-leaf-kept-gathered/",
-    explains=lambda f: f.check == "released-after-backward" and _leaf_without_backward(f.scenario),
-    detail=("partitioned_param_coordinator.py __params_to_release (every release from 0.18.4 to 0.19.8) scans "
-            "the modules after the current step for reuse with "
-            "``iter_params(module, recurse=z3_leaf_module(submodule_to_release))``: the leaf-ness of the module "
-            "being *released* decides whether *other* modules are walked recursively.  For a leaf module every "
-            "later module is walked recursively -- including the root, which the trace records at the start "
-            "of backward -- so all of the leaf's parameters look reused and none is released after its "
-            "forward once the trace is COMPLETE (second step on).  A leaf whose backward runs is released at "
-            "its post-backward (memory held across the whole forward, defeating ZeRO-3 for MoE-style leaves); "
-            "one whose backward never runs (frozen, or reentrant-checkpointed, and its input does not require grad) "
-            "stays gathered after "
-            "the backward and the epilogue.  Fix: ``recurse=z3_leaf_module(module)``."),
-)
-
-def _input_without_grad_z3(sc: Scenario) -> bool:
-    """ZeRO-3 and a block fed an input without grad: the blocks family's model says which; in the llama family
-    LoRA freezes the embedding, so the first decoder layer's input does not require grad."""
-    if sc.stage == 3 and sc.family.value == "llama":
-        return sc.lora
-    net = Network(sc)
-    return sc.stage == 3 and any(not net.block_input_requires_grad(i) for i in range(len(sc.blocks)))
-
-
-Z3_NO_POST_BACKWARD_NO_DRAIN = KnownIssue(
-    id="z3-released-late-input-without-grad",
-    title="ZeRO-3 before 0.19.3: a module whose input does not require grad keeps its parameters gathered "
-          "after the backward (its post-backward hook never fires and nothing drains it)",
-    owner="deepspeed",
-    releases=((0, 18, 4), (0, 19, 3)),  # measured on 0.18.4, 0.18.6, 0.19.2 (present), 0.19.3 and 0.19.8 (gone)
-    fixed_in="0.19.3",
-    scenario=Scenario.from_dict({"stage": 3, "input_requires_grad": False,
-                                 "steps": [{"micro": [{"backward": "engine"}]}]}),
-    checks=("released-after-backward",),
-    keys=("released-after-backward:still-gathered",),  # measured on 0.18.4, 0.18.6 and 0.19.2
-    # and, with an eval forward before the step, the trace made INVALID by the parameters left gathered
-    # (trace-consistent:uncalled-for-invalid; llama + LoRA, measured on 0.18.7 and 0.19.2, gone on 0.19.3)
-    explains=lambda f: (f.check == "released-after-backward" or f.key == "trace-consistent:uncalled-for-invalid")
-    and _input_without_grad_z3(f.scenario),
-    detail=("The first block's LayerNorm gets an input that does not require grad, so torch never calls the "
-            "module's backward hook on its inputs: DeepSpeed's post-backward hook (release of its parameters, "
-            "parameter_offload.py) never fires.  The pre-backward fetched them (its output requires grad), so "
-            "they stay gathered after the backward and its epilogue until engine.step()'s "
-            "release_and_reset_all (``released-after-backward``: still gathered, or 'still have holders').  "
-            "0.19.3 (PR #8148) added release_backward_leftovers to the epilogue, which drains the modules "
-            "whose pre-backward ran and post-backward did not.  zerostate's design ds-0.19.2 predicts it; "
-            "found by ``zerostate explore --deepspeed 0.19.2`` (ws 1 and 2) and ``zerostate diff --base 0.19.2 "
-            "--head 0.19.3`` (fixed)."),
-)
-
-
-def _reregistered_z3(sc: Scenario) -> bool:
-    return sc.stage == 3 and any(st.reregister for st in sc.steps)
-
-
-Z3_REREGISTER_WHILE_RECORDING = KnownIssue(
-    id="z3-reregister-while-recording",
-    title="ZeRO-3 before 0.19.2: hooks re-registered between train steps (TRL's generation) while the trace "
-          "is still recording crash the next forward (IndexError: pop from an empty deque)",
-    owner="deepspeed",
-    releases=((0, 18, 4), (0, 19, 2)),  # measured on 0.18.4 and 0.18.7 (present) and 0.19.2 (gone)
-    fixed_in="0.19.2",
-    scenario=Scenario.from_dict({"stage": 3, "steps": [{"micro": [{"backward": "engine"}]},
-                                                       {"micro": [{"backward": "engine"}], "reregister": True}]}),
-    checks=("exception", "trace-consistent"),
-    keys=("exception:IndexError@runtime.zero.partitioned_param_coordinator.record_parameters",
-          "trace-consistent:not-made-invalid"),  # measured on 0.18.4 and 0.18.7
-    # model-agreement: the model design for these releases (ds-0.19.2) re-registers as #8043 does, so after a
-    # re-registration the real coordinator keeps holders the design releases (measured on 0.18.7; absent
-    # without the re-registration and on 0.19.2)
-    explains=lambda f: f.check in ("exception", "trace-consistent", "model-agreement") and _reregistered_z3(f.scenario),
-    detail=("Re-registering ZeRO-3's module hooks (TRL's unwrap_model_for_generation removes and re-adds them) "
-            "gives the modules new ds_ids while the coordinator's trace is still RECORD; the trace is not made "
-            "INVALID (``trace-consistent``), so the next forward's reset_step -> record_parameters pops an "
-            "empty deque: IndexError.  Fixed in 0.19.2 (DeepSpeed PR #8043).  Reached by the default "
-            "exploration (``reregister``); found by docs/bug-coverage.md's survey and checked with "
-            "``zerostate replay`` on 0.18.4, 0.18.7 and 0.19.2."),
-)
-
-
-def _persistent_race_ws2(f: Finding) -> bool:
-    sc = f.scenario
-    return (f.check in ("oracle", "ranks-params") and (f.world_size or 1) > 1 and sc.stage == 3
-            and sc.persistence_threshold > 0)
-
-
-Z3_PERSISTENT_PARAM_RACE_WS2 = KnownIssue(
-    id="z3-persistent-param-race-ws2",
-    title="ZeRO-3 on 0.19.2 at world size 2: one rank sometimes ends a step with a wrong (at times garbage) "
-          "persistent parameter",
-    owner="deepspeed",
-    releases=((0, 19, 2), (0, 19, 3)),  # observed on 0.19.2 only (0/100 on 0.19.8; 0.19.3 not measured)
-    scenario=Scenario.from_dict({"blocks": [{"norm": "trainable", "lin": "unused"}], "stage": 3,
-                                 "fused_head": True, "input_requires_grad": False, "persistence_threshold": 8,
-                                 "steps": [{"micro": [{"backward": "engine"}], "eval_before": True}]}),
-    checks=("oracle", "ranks-params"),
-    keys=("oracle:z3-persistent-param-race-ws2", "ranks-params:gathered-params-differ"),  # measured on 0.19.2 at world size 2, in the runs that show it
-    explains=_persistent_race_ws2,
-    world_size=2,
-    detail=("Intermittent (2-5 % of the engines built one after another in one rank pool; confirmation reports "
-            "it ``intermittent`` with its rate): after a ZeRO-3 train step one rank's persistent LayerNorm "
-            "parameter differs from PyTorch by 0.2 to 1e21 while the other rank's agrees, so the gathered "
-            "parameters differ between the ranks.  Needs world size 2 and a persistence threshold that makes "
-            "the LayerNorm persistent; never at world size 1 (0/100) nor on 0.19.8 (0/100).  The mechanism is "
-            "not traced to a DeepSpeed line; docs/world-size-2.md has the measurements.  Its scenario shows it "
-            "only in some runs, so a world-size-1 run of it (test_known_issue) finds nothing."),
-)
-
-
-from zerostate.known.setups import SETUP_ISSUE_FIELDS  # noqa: E402  (issue 11's training-setup findings)
-
-SETUP_ISSUES: tuple[KnownIssue, ...] = tuple(KnownIssue(**f) for f in SETUP_ISSUE_FIELDS)
-from zerostate.known.fixed import FIXED_ISSUE_FIELDS  # noqa: E402  (older releases' bugs that issue 11's options reach)
-
-FIXED_ISSUES: tuple[KnownIssue, ...] = tuple(KnownIssue(**f) for f in FIXED_ISSUE_FIELDS)
-
-def _kept_then_branch(sc: Scenario) -> bool:
-    """With a COMPLETE trace parameters are kept for a recorded later use (reuse distance or a prefetch's
-    mark) that a branch then skips: an eval forward keeps them for the backward and the train forward
-    takes another branch; or, after the first pass, a branch empties a non-reentrant block (its norm
-    skipped, its Linear unused), whose recorded recompute then never runs."""
-    if sc.stage != 3 or not (sc.max_reuse_distance > 0 or sc.prefetch_bucket_size > 0):
-        return False
-    if any(st.eval_before and any(m.skip for m in st.micro) for st in sc.steps):
-        return True
-    later = [m for k, (_, _, m) in enumerate(sc.micro_steps()) if k > 0]
-    return any(sc.blocks[i].checkpoint.value == "non_reentrant" and sc.blocks[i].lin.value == "unused"
-               for m in later for i in m.skip)
-
-
-Z3_KEPT_FOR_REUSE_THEN_BRANCH = KnownIssue(
-    id="z3-kept-for-reuse-then-branch",
-    title="ZeRO-3: parameters kept gathered for a recorded later use stay gathered when a branch skips that use",
-    owner="deepspeed",
-    releases=((0, 18, 4), (0, 20, 0)),  # its scenario's finding measured on 0.18.4, 0.19.2 and 0.19.8
-    scenario=Scenario.from_dict({"blocks": [{"norm": "frozen"}], "stage": 3,
-                                 "steps": [{"micro": [{"backward": "engine"}]},
-                                           {"micro": [{"backward": "engine", "skip": [0]}], "eval_before": True}]}),
-    checks=("released-after-backward",),
-    keys=("released-after-backward:still-gathered",),
-    explains=lambda f: f.check == "released-after-backward" and _kept_then_branch(f.scenario),
-    detail=("partitioned_param_coordinator.py (0.19.2 and 0.19.8 source; measured on 0.19.8): with a COMPLETE "
-            "trace, __params_to_release keeps a parameter whose module is recorded again within "
-            "stage3_max_reuse_distance (default 1e9: anywhere later in the iteration) or whose next use a "
-            "prefetch already walked past.  An eval forward fetches the frozen norm and keeps it for the "
-            "backward use the trace recorded; the train forward then takes a branch that skips the norm, "
-            "which invalidates the trace (_invalidate_trace releases only in-flight parameters) -- the "
-            "kept norm is never used again and nothing releases it until engine.step()'s "
-            "release_and_reset_all: gathered past the backward and its epilogue (0.19.3's "
-            "release_backward_leftovers only drains modules whose pre-backward ran).  zerostate's model "
-            "predicts it at DeepSpeed's default reuse distance (issue 10).  A second route (found by the "
-            "release refinement test): a branch that leaves a non-reentrant block computing nothing (its "
-            "norm skipped, its Linear unused) skips the block's recompute the trace recorded, so its "
-            "post-backward keeps every parameter for that recompute."),
-)
-
 # The older releases' issues first: their predicates name their option (and, for exceptions, the message),
-# so on a release they affect they win over a broader predicate (two-backwards-per-forward claims any
-# exception of a scenario that retains the graph) for a finding whose unshrunk scenario has both
-KNOWN_ISSUES: tuple[KnownIssue, ...] = FIXED_ISSUES + (Z3_KEPT_FOR_REUSE_THEN_BRANCH, Z3_LEAF_INPUT_NO_GRAD, ZERO12_NO_GRADIENT,
-                                        Z3_LEAF_KEPT_GATHERED) + SETUP_ISSUES + (
-    Z3_NO_POST_BACKWARD_NO_DRAIN, Z3_PERSISTENT_PARAM_RACE_WS2, Z3_REREGISTER_WHILE_RECORDING)
-# Retired: ``model-z3-leaf-hook-params`` (the model's leaf-hook gap, issue 10): the model now handles every
-# optimizer parameter of a z3 leaf module in its hook and counts only leaf modules with optimizer
-# parameters (`Network.leaf_hook_params`), as stage3.py's ``reduce_leaf_module_grads`` does.
+# so on a release they affect they win over a broader predicate for a finding whose unshrunk scenario has both
+KNOWN_ISSUES: tuple[KnownIssue, ...] = FIXED_ISSUES + HOOK_ISSUES + SETUP_ISSUES + LATE_HOOK_ISSUES + SEED_ISSUES
+
+_BY_ID = {k.id: k for k in KNOWN_ISSUES}
+
+
+def by_id(issue_id: str) -> KnownIssue | None:
+    return _BY_ID.get(issue_id)
 
 
 def explain(f: Finding) -> KnownIssue | None:
-    """The known issue that explains a finding on the release it was found on, or None."""
+    """The known issue that explains a finding on the release it was found on (any release when the finding
+    names none), or None."""
     for k in KNOWN_ISSUES:
         if k.explains(f) and (f.deepspeed is None or k.affects(f.deepspeed)):
             return k
     return None
 
 
-def tag_oracle(findings: list[Finding]) -> None:
-    """Give each ``oracle`` finding the id of the known issue that explains it (`Finding.known`, part of its
-    key): an oracle mismatch of a documented bug (two backwards per forward, ...) and an unexplained one
-    (a new bug) are then two findings, not one key that the first-found mismatch takes.  Call it once the
-    finding's world size is set (some issues show at world size 2 only)."""
-    for f in findings:
-        if f.check in ("oracle", "checkpoint"):  # checkpoint: one code (zero-to-fp32) covers two known issues
-            k = explain(f)
-            f.known = k.id if k is not None else ""
+SEED_BUGS = {"0.18.4": (SEED_000_PART1.id, SEED_000_PART1.explains),
+             "0.18.6": (SEED_000_PART2.id, SEED_000_PART2.explains),
+             "0.19.2": (SEED_002.id, SEED_002.explains)}
+"""Release -> (seed issue id, its rule): the release each seed bug's acceptance explores."""
 
-
-# ---------------------------------------------------------------- the seed bugs, for acceptance
-def is_seed_000_part1(f: Finding) -> bool:
-    """Seed 000 part 1 (0.18.4): the premature epilogue of a reentrant-checkpointed PyTorch-style backward
-    under ZeRO-3 -- the exception at the next step (CPU: RuntimeError 'unknown parameter type' from zero_grad)
-    or the spec violations it comes with."""
-    sc = f.scenario
-    return (f.check in ("exception", "epilogue-once", "grad-handled-once", "clean-step") and sc.stage == 3
-            and any(b.checkpoint.value == "reentrant" for b in sc.blocks)
-            and any(m.backward.pytorch_style for _, _, m in sc.micro_steps())
-            and (f.check != "exception" or "unknown parameter type" in f.error))
-
-
-def is_seed_000_part2(f: Finding) -> bool:
-    """Seed 000 part 2 (0.18.5, 0.18.6): count_used_parameters_in_backward in every hook."""
-    return f.check == "count-once-per-phase"
-
-
-def is_seed_002(f: Finding) -> bool:
-    """Seed 002 (0.19.2): a frozen parameter partitioned during a non-reentrant recompute."""
-    sc = f.scenario
-    return f.check == "saved-tensor-intact" and sc.stage == 3 and any(
-        b.checkpoint.value == "non_reentrant" and b.has_frozen for b in sc.blocks)
-
-
-SEED_BUGS = {"0.18.4": ("seed 000 part 1", is_seed_000_part1), "0.18.6": ("seed 000 part 2", is_seed_000_part2),
-             "0.19.2": ("seed 002", is_seed_002)}
-
-__all__ = ["KNOWN_ISSUES", "KnownIssue", "PINNED", "SEED_BUGS", "explain", "is_seed_000_part1", "is_seed_000_part2",
-           "is_seed_002"]
+__all__ = ["KNOWN_ISSUES", "KnownIssue", "PINNED", "SEED_BUGS", "Z3_KEPT_FOR_REUSE_THEN_BRANCH",
+           "Z3_LEAF_INPUT_NO_GRAD", "Z3_LEAF_KEPT_GATHERED", "Z3_NO_POST_BACKWARD_NO_DRAIN",
+           "Z3_PERSISTENT_PARAM_RACE_WS2", "Z3_REREGISTER_WHILE_RECORDING", "ZERO12_NO_GRADIENT", "by_id", "explain"]

@@ -1,63 +1,68 @@
 """Label each finding with the known issue that explains it, and group findings sharing a root cause.
 
-Reports (explore, diff; watch later) call these so a reader can tell the new from the known and see
-that several findings are one bug::
+The one labelling step is `labelled`: it returns the finding with ``known`` (the issue's id) and ``group``
+set, from the one table (`known.issues.explain`).  Reports (explore, diff, watch) read the same table
+through `label` / `annotate` / `groups`, so a reader can tell the new from the known and see that several
+findings are one bug::
 
-    from zerostate.known.labels import label, group_key, group_title, groups
-    lab = label(finding)          # {"id", "title", "owner", "fixed_in"} or None
-    key = group_key(finding)      # the known issue's id, else the root-cause key
+    from zerostate.known.labels import labelled, label, group_key, groups
+    f = labelled(f)               # Finding with known / group set
+    lab = label(f)                # {"id", "title", "owner", "fixed_in", "upstream_patch"} or None
+    key = group_key(f)            # the known issue's id, else the root-cause key
     groups(entries)               # report entries -> [{"key", "title", "known_issue", "count", "findings"}]
 
-Labels come from `targets.deepspeed.known`: its `KnownIssue` entries (the DeepSpeed bugs and model gaps
-on the pinned release; ``fixed_in`` is the first release without it, None while unfixed) and its seed bugs
-(`SEED_BUGS`: DeepSpeed #7882/#7885 fixed in 0.18.5, seed 000 part 2 fixed in 0.18.7, seed 002 fixed
-in 0.19.3), each only on a release it affects.
+A finding is labelled only on a release the issue affects, and only when it names its release (a model
+design's finding is not: the table describes real DeepSpeed).
 
 Without a label, findings share a root cause when they show the same exception or the same spec
 violation whatever the backward kind: an ``exception``'s key includes the DeepSpeed frame it was raised
 in, which differs between ``engine.backward`` and ``loss.backward`` for one bug, so the root key is the
-check plus the *shape* of the error's last line (`base.message_shape`: names and numbers blanked).
+check plus the *shape* of the error's last line (`findings.finding.message_shape`: names and numbers blanked).
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from zerostate.findings.finding import Finding, message_shape
+from zerostate.findings.harness import harness_error
+from zerostate.known.issue import KnownIssue
+from zerostate.known.issues import explain
+from zerostate.tracing import compat
 
-SEED_LABELS = (
-    # (id, title, release range [lo, hi), first fixed release, predicate name in known.py)
-    ("seed-000-part-1", "ZeRO-3: premature epilogue of a reentrant-checkpointed PyTorch-style backward "
-     "(DeepSpeed #7882/#7885)", ((0, 18, 4), (0, 18, 5)), "0.18.5", "is_seed_000_part1"),
-    ("seed-000-part-2", "count_used_parameters_in_backward counted in every gradient hook, not once per "
-     "backward phase", ((0, 18, 5), (0, 18, 7)), "0.18.7", "is_seed_000_part2"),
-    ("seed-002", "ZeRO-3: a frozen parameter partitioned during a non-reentrant recompute (CheckpointError)",
-     ((0, 18, 4), (0, 19, 3)), "0.19.3", "is_seed_002"),  # measured present on 0.18.4, 0.18.7, 0.19.2
-)
+
+def issue_of(f: Finding) -> KnownIssue | None:
+    """The known issue explaining ``f`` on the release it was found on; None without a release, and for a
+    harness error (`findings.harness`: zerostate's own failure is no DeepSpeed issue)."""
+    if not f.deepspeed or harness_error(f):
+        return None
+    try:
+        compat.version_tuple(f.deepspeed)
+    except compat.UnsupportedRelease:
+        return None
+    return explain(f)
+
+
+def labelled(f: Finding) -> Finding:
+    """``f`` with its known issue (``known``) and root-cause group (``group``): the one labelling step."""
+    k = issue_of(f)
+    return replace(f, known=k.id if k else "", group=k.id if k else root_key(f))
 
 
 def label(f: Finding) -> dict[str, Any] | None:
     """The known issue explaining ``f`` on the release it was found on: id, title, owner, fixed_in."""
-    if not f.deepspeed:
-        return None  # a model design's finding: known.py describes real DeepSpeed only
-    from zerostate.tracing import compat
-    from zerostate.known import issues as known
-    k = known.explain(f)
-    if k is not None:
-        return {"id": k.id, "title": k.title, "owner": k.owner, "fixed_in": getattr(k, "fixed_in", None),
-                "upstream_patch": getattr(k, "upstream_patch", None)}
-    try:
-        v = compat.version_tuple(f.deepspeed)
-    except compat.UnsupportedRelease:
+    k = issue_of(f)
+    if k is None:
         return None
-    for sid, title, (lo, hi), fixed, pred in SEED_LABELS:
-        if lo <= v < hi and getattr(known, pred)(f):
-            return {"id": sid, "title": title, "owner": "deepspeed", "fixed_in": fixed}
-    return None
+    return {"id": k.id, "title": k.title, "owner": k.owner, "fixed_in": k.fixed_in,
+            "upstream_patch": k.upstream_patch, "nature": k.nature.value, "cites": k.cites or None}
 
 
 def root_key(f: Finding) -> str:
     """The check plus the shape of what went wrong, independent of the backward kind."""
+    if harness_error(f):
+        return f"harness error: {harness_error(f)}"
     lines = [ln.strip() for ln in (f.error or "").strip().splitlines() if ln.strip()]
     if f.check in ("exception", "crash", "hang", "internal") and lines:
         exc = next((ln for ln in reversed(lines) if _looks_like_exception(ln)), lines[0])
@@ -66,18 +71,20 @@ def root_key(f: Finding) -> str:
 
 
 def group_key(f: Finding) -> str:
-    lab = label(f)
-    return lab["id"] if lab else root_key(f)
+    k = issue_of(f)
+    return k.id if k else root_key(f)
 
 
 def group_title(f: Finding) -> str:
-    lab = label(f)
-    return lab["title"] if lab else root_key(f)
+    k = issue_of(f)
+    return k.title if k else root_key(f)
 
 
 def annotate(f: Finding) -> dict[str, Any]:
-    """What a report entry records of a finding for labelling and grouping."""
-    return {"known_issue": label(f), "group": group_key(f), "group_title": group_title(f)}
+    """What a report entry records of a finding for labelling and grouping; ``harness_error`` says why it is
+    zerostate's own failure (None: a finding about DeepSpeed)."""
+    return {"known_issue": label(f), "group": group_key(f), "group_title": group_title(f),
+            "harness_error": harness_error(f)}
 
 
 def groups(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -97,8 +104,8 @@ def groups(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def _looks_like_exception(line: str) -> bool:
     head = line.split(":", 1)[0]
-    return head.replace(".", "").replace("_", "").isalnum() and (head.endswith("Error") or head.endswith(
-        "Exception") or head in ("KeyError", "AssertionError", "StopIteration"))
+    return head.replace(".", "").replace("_", "").isalnum() and (
+        head.endswith(("Error", "Exception")) or head in ("KeyError", "AssertionError", "StopIteration"))
 
 
-__all__ = ["SEED_LABELS", "annotate", "group_key", "group_title", "groups", "label", "root_key"]
+__all__ = ["annotate", "group_key", "group_title", "groups", "issue_of", "label", "labelled", "root_key"]

@@ -1,21 +1,22 @@
-"""Findings on the pinned DeepSpeed (0.19.8) in the training-setup dimensions of issue 11.
+"""Findings on the pinned DeepSpeed (0.19.8) in the training-setup dimensions (precision, offload, optimizer,
+parameter groups, engines in one process, checkpoints, ...).
 
 Found by ``zerostate explore`` once the default strategy drew these dimensions; each becomes a
-`known.KnownIssue` (``known.SETUP_ISSUES``; look them up by id there) with its exact (shrunk) scenario, kept as a strict expected failure by
+`known.KnownIssue` (``known.SETUP_ISSUES``; look them up by id there)
+with its exact (shrunk) scenario, kept as a strict expected failure by
 ``generated_tests/test_deepspeed_setups.py`` and ``test_deepspeed_target.py::test_known_issue``.
 docs/deepspeed-target.md has the details.
 """
 
 from __future__ import annotations
 
-from zerostate.model.scenario import Family, Outputs, ParamKind, Scenario
+from zerostate.model.scenario import Block, Family, Outputs, ParamKind, Scenario
 
+from zerostate.findings.finding import Finding
+from zerostate.known import rules
+from zerostate.known.issue import KnownIssue, Nature
+from zerostate.known.mechanism import narrow, params_named
 
-
-def KnownIssue(**fields):  # noqa: N802 -- the fields of known.KnownIssue; known.py builds the instances
-    """``known.py`` imports this module to build its `KnownIssue` list, so this one cannot import ``known``
-    (a cycle when this module is imported first): it keeps each issue's fields, known.py makes them issues."""
-    return fields
 
 
 def _retains(sc: Scenario) -> bool:
@@ -29,37 +30,33 @@ def nested_outputs_zero12(sc: Scenario) -> bool:
     return sc.stage in (1, 2) and sc.gas > 1 and nested
 
 
+def _scaled_twice(f: Finding) -> bool:
+    """Every differing parameter got between 1/gas and all of PyTorch's update: a share of its gradient (the
+    output computed from another output) was divided by gas once more."""
+    return rules.scaled_twice(f, f.scenario.gas if f.scenario is not None else 2)
+
+
+def _block_of(param: str, sc: Scenario) -> Block | None:
+    """The scenario's block ``param`` belongs to (``blocks.N.*``), or None."""
+    parts = param.split(".")
+    if len(parts) < 3 or parts[0] != "blocks" or not parts[1].isdigit() or int(parts[1]) >= len(sc.blocks):
+        return None
+    return sc.blocks[int(parts[1])]
+
+
+def _left_out_of_optimizer(param: str, sc: Scenario) -> bool:
+    """``param`` is in a block the client optimizer was not given."""
+    block = _block_of(param, sc)
+    return block is not None and not block.in_optimizer
+
+
+def _frozen_params(sc: Scenario) -> set[str]:
+    """The Linear parameters a step of ``sc`` turns requires_grad off for (``TrainStep.frozen``)."""
+    return {f"blocks.{b}.lin.{w}" for st in sc.steps for b in st.frozen for w in ("weight", "bias")}
+
+
 def _nested_outputs_pytorch_backward(sc: Scenario) -> bool:
     return nested_outputs_zero12(sc) and any(m.backward.value == "torch" for _, _, m in sc.micro_steps())
-
-
-def _frozen_step_without_gradient(sc: Scenario) -> bool:
-    """ZeRO-1/2 and a step whose requires_grad change leaves no parameter a gradient (the known
-    zero12-backward-without-gradients, reached through ``TrainStep.frozen``)."""
-    from zerostate.model.network import Network
-    from zerostate.model.scenario import Block, ParamKind
-    if sc.stage not in (1, 2) or sc.fused_head:
-        return False
-    out = [i for i, b in enumerate(sc.blocks) if not b.in_optimizer]  # no group: no hook either
-    if out:
-        bl = tuple(Block(b.checkpoint, _frz(b.norm), _frz(b.lin), b.leaf) if i in out else b
-                   for i, b in enumerate(sc.blocks))
-        net = Network(sc.with_(blocks=bl))
-        if not any(net.hooked_params(i) for i in range(len(bl))):
-            return True
-    for s in sc.steps:
-        if s.frozen:
-            bl = tuple(Block(b.checkpoint, b.norm, ParamKind.FROZEN, b.leaf) if i in s.frozen else b
-                       for i, b in enumerate(sc.blocks))
-            net = Network(sc.with_(blocks=bl))
-            if not any(net.hooked_params(i) for i in range(len(bl))):
-                return True
-    return False
-
-
-def _frz(kind):
-    from zerostate.model.scenario import ParamKind
-    return ParamKind.FROZEN if kind is ParamKind.TRAINABLE else kind
 
 
 def _shared_across_reentrant(sc: Scenario) -> bool:
@@ -78,9 +75,11 @@ SHARED_ACROSS_REENTRANT = KnownIssue(
                                  "steps": [{"micro": [{"backward": "engine"}]}]}),
     checks=("exception", "grad-handled-once"),
     keys=("exception:AssertionError@runtime.zero.stage_1_and_2.reduce_ipg_grads", "grad-handled-once:handled-twice"),
-    explains=lambda f: _shared_across_reentrant(f.scenario) and f.check in (
-        "exception", "grad-handled-once", "epilogue-once", "clean-step", "released-after-backward",
-        "trace-consistent", "oracle"),
+    explains=lambda f: rules.shared_param_hooked_twice(f) and narrow(f, _shared_across_reentrant),
+    nature=Nature.LIMITATION,
+    cites=("DeepSpeed's own assertion in runtime/zero/stage_1_and_2.py (reduce_independent_p_g_buckets_and_"
+           "remove_grads, reduce_ipg_grads): 'Gradient computed twice for this partition.  Multiple gradient "
+           "reduction(s) are currently not supported'"),
     detail=("Block 0 runs under torch.utils.checkpoint(use_reentrant=True) and its Linear is applied again after "
             "the blocks (a tied embedding / LM head with HF gradient checkpointing's reentrant mode) or its weight "
             "is used by the root.  The reentrant checkpoint's nested backward accumulates the weight's gradient "
@@ -93,7 +92,7 @@ SHARED_ACROSS_REENTRANT = KnownIssue(
 )
 
 
-# Retired (issue 10): ``tracer-on-demand-fetch-as-prefetch`` -- the tracer named a parameter gathered on demand
+# Retired: ``tracer-on-demand-fetch-as-prefetch`` -- the tracer named a parameter gathered on demand
 # (a ZeRO-3 external parameter, a Linear inside a z3 leaf block applied again) a prefetch because another
 # module owned it; it now names a status change by the status (gathered: FETCH, in flight: PREFETCH).
 
@@ -110,8 +109,7 @@ TWO_BACKWARDS_PER_FORWARD = KnownIssue(
     scenario=Scenario.from_dict({"stage": 1, "steps": [{"micro": [{"backward": "engine", "retain": True}]}]}),
     checks=("oracle",),
     keys=("oracle:two-backwards-per-forward",),
-    explains=lambda f: _retains(f.scenario) and f.check != "checkpoint",  # a checkpoint is judged against the
-    # engine itself once training disagrees with the oracle, so the divergence does not show there
+    explains=lambda f: rules.two_backwards(f) and narrow(f, _retains),
     detail=("engine.backward(0.5 * loss, retain_graph=True) then engine.backward(0.5 * loss) (or loss.backward "
             "twice) in one micro-step.  ZeRO-1/2: the gradients are copied, not accumulated, into the partition "
             "while micro_step_id is 0 (stage_1_and_2.py: accumulate only `if self.micro_step_id > 0`; the id "
@@ -140,8 +138,7 @@ STEP_WITHOUT_GRADIENT = KnownIssue(
                                                        {"idle": True, "micro": [{"backward": "engine"}]}]}),
     checks=("exception",),
     keys=("exception:TypeError@runtime.zero.stage3.get_grad_norm_direct",),
-    explains=lambda f: f.check in ("exception", "clean-step", "epilogue-once", "oracle") and (
-        any(s.idle for s in f.scenario.steps) or _frozen_step_without_gradient(f.scenario)),
+    explains=lambda f: rules.idle_step_crash(f) and narrow(f, lambda sc: any(s.idle for s in sc.steps)),
     detail=("A train step that skips its batches (no forward, no backward: a data-dependent skip, an empty "
             "batch) still calls engine.step().  ZeRO-3: KeyError: 0 in stage3.py _get_norm_groups "
             "(self.averaged_gradients[i] is filled only by a backward); ZeRO-1/2: TypeError: 'NoneType' object is "
@@ -149,8 +146,9 @@ STEP_WITHOUT_GRADIENT = KnownIssue(
             "previous step), or KeyError: 0 in scaled_global_norm when no backward ever ran.  With optimizer "
             "offload (ZeRO-1/2) it does not crash but is silently wrong: the previous step's gradients, still in "
             "the CPU buffer, are applied a second time (oracle mismatch).  PyTorch's optimizer skips parameters "
-            "without gradient.  ZeRO-1/2 steps whose requires_grad change leaves no gradient at all are the "
-            "same bug reached through zero12-backward-without-gradients' path.  fp16 (ZeRO-1/2, issue 11): the "
+            "without gradient.  A ZeRO-1/2 step whose requires_grad change leaves no gradient at all runs a "
+            "backward without hooks first: its finding shows zero12-backward-without-gradients' mechanism.  "
+            "fp16 (ZeRO-1/2): the "
             "loss scaler's overflow check reads the same missing gradients first -- KeyError: 0 in "
             "stage_1_and_2.py has_overflow_partitioned_grads_serial (``self.averaged_gradients[i]``, line 3232 "
             "on 0.19.8) where fp32 fails in scaled_global_norm."),
@@ -166,7 +164,8 @@ NESTED_OUTPUTS_SCALED_TWICE = KnownIssue(
                                  "steps": [{"micro": [{"backward": "torch"}, {"backward": "torch"}]}]}),
     checks=("oracle",),
     keys=("oracle:zero12-nested-outputs-scaled-twice",),
-    explains=lambda f: f.check == "oracle" and _nested_outputs_pytorch_backward(f.scenario),
+    explains=lambda f: _scaled_twice(f) and rules.pytorch_style_backward(f)
+    and narrow(f, _nested_outputs_pytorch_backward),
     detail=("engine.forward registers register_output_backward_hooks on *every* tensor of the output "
             "structure (runtime/utils.py OutputBackwardHookManager._traverse_and_register_hooks), and each "
             "hook divides its gradient by gradient_accumulation_steps (engine._backward_prologue_per_tensor).  "
@@ -190,8 +189,8 @@ Z3_UNGROUPED_NOT_GATHERED = KnownIssue(
                                  "steps": [{"micro": [{"backward": "torch"}]}]}),
     checks=("available-when-used",),
     keys=("available-when-used:unavailable-in-backward",),
-    explains=lambda f: f.check == "available-when-used" and f.scenario.stage == 3 and any(
-        not b.in_optimizer for b in f.scenario.blocks),
+    explains=lambda f: rules.released_by_early_epilogue(f) and narrow(f, lambda sc: sc.stage == 3 and all(
+        _left_out_of_optimizer(p, sc) for p in params_named(f.error))),
     detail=("Block 0's parameters require grad but the client optimizer was given only block 1's (a common "
             "pattern: freeze by leaving out of the optimizer instead of requires_grad=False).  In the first "
             "backward, blocks.0.norm's backward starts while its weight and bias are NOT_AVAILABLE (never "
@@ -209,15 +208,20 @@ Z3_LINEAR_OVERRIDE_OUTLIVES_ENGINE = KnownIssue(
     # 0.18.4 - 0.19.3 replace F.linear only inside a ``with zero.Init()`` block (patch_init_and_builtins), not
     # for a model handed to deepspeed.initialize; Init(module=...)'s _enable_mem_efficient_linear() is absent
     # from 0.19.3's source and present in 0.19.8's (read).  Its scenario: carried-state on 0.19.5, 0.19.7 and
-    # 0.19.8, none on 0.19.2 and 0.19.3 (measured; the default 0.19.7 exploration met it, 1 Dec).  0.19.4 is not
+    # 0.19.8, none on 0.19.2 and 0.19.3 (measured; the default 0.19.7 exploration met it).  0.19.4 is not
     # cached: the range starts there, the first release after the last one measured without it
     releases=((0, 19, 4), (0, 20, 0)),
     scenario=Scenario.from_dict({"stage": 2, "blocks": [{}, {}], "engines_before": [3],
                                  "steps": [{"micro": [{"backward": "engine"}]}]}),
     checks=("carried-state",),
     keys=("carried-state:torch-linear-replaced",),
-    explains=lambda f: f.check == "carried-state" and 3 in f.scenario.engines_before,
-    detail=("Several engines in one process (TRL: policy, reference, reward model; issue 15's engines_before). "
+    explains=lambda f: f.check == "carried-state" and f.code == "torch-linear-replaced"
+    and narrow(f, lambda sc: 3 in sc.engines_before),
+    nature=Nature.LIMITATION,
+    cites=("DeepSpeed logs it: runtime/zero/partition_parameters.py _enable_mem_efficient_linear prints "
+           "'nn.functional.linear has been overridden with a more memory efficient version. This will persist "
+           "unless manually reset.' (0.19.8)"),
+    detail=("Several engines in one process (TRL: policy, reference, reward model; the scenario's engines_before). "
             "A ZeRO-3 engine's DeepSpeedZeRoOffload._convert_to_zero_parameters (runtime/zero/parameter_offload.py "
             "line 270 in 0.19.8) builds zero.Init(module=...); Init.__init__ (runtime/zero/partition_parameters.py "
             "line 1090-1091) calls _enable_mem_efficient_linear, which sets torch.nn.functional.linear = "
@@ -245,9 +249,8 @@ FP16_SCALE_INCREASE_HALVES_STEP = KnownIssue(
     scenario=Scenario.from_dict({"stage": 3, "precision": "fp16", "blocks": [{}, {}], "steps": [{}, {}, {}]}),
     checks=("oracle",),
     keys=("oracle:fp16-scale-increase-halves-step",),
-    explains=lambda f: f.check == "oracle" and f.scenario.precision.value == "fp16" and len(f.scenario.steps) >= 3
-    and f.scenario.stage != 0,
-    detail=("Found by the fp16 oracle (issue 11: fp16 on the CPU accelerator, net.LossScale).  With "
+    explains=lambda f: rules.scale_grew_at(f) and narrow(f, lambda sc: sc.precision.value == "fp16" and sc.stage != 0),
+    detail=("Found by the fp16 oracle (fp16 on the CPU accelerator, net.LossScale).  With "
             "loss_scale_window 2 the scale doubles after the third clean step (2**8 -> 2**9).  The ZeRO optimizers "
             "update the scale before unscaling: stage3.py step() calls _loss_scale_update_and_overflow_cleanup "
             "(line 2891 on 0.19.8, loss_scaler.update_scale) and only then unscale_and_clip_grads (line 2918), "
@@ -270,13 +273,12 @@ Z3_LATE_MODULE_REREGISTERED = KnownIssue(
           "deepspeed.initialize crashes the forward (AttributeError: ... no attribute 'ds_external_parameters')",
     owner="deepspeed",
     releases=((0, 19, 1), (0, 20, 0)),  # measured on 0.19.2 and 0.19.8; before 0.19.1 the late module fails
-    # earlier, in the forward prologue (z3-module-attached-after-initialize, known_fixed.py)
+    # earlier, in the forward prologue (z3-module-attached-after-initialize, known/fixed.py)
     scenario=Scenario.from_dict({"stage": 3, "late_module": True, "steps": [{}, {"reregister": True}]}),
     checks=("exception",),
     keys=("exception:AttributeError@runtime.zero.partitioned_param_coordinator.get_all_parameters",),
-    explains=lambda f: f.check == "exception" and f.scenario.late_module and f.scenario.stage == 3
-    and "ds_external_parameters" in f.error,
-    detail=("Found by the default exploration once issue 11's options drew a late module (0.19.8).  A module "
+    explains=lambda f: rules.late_module_after_reregister(f) and narrow(f, lambda sc: sc.late_module and sc.stage == 3),
+    detail=("Found by the default exploration once the strategy drew a late module (0.19.8).  A module "
             "attached after initialize has no ZeRO-3 hooks, and since #8009 (0.19.1) its forward runs.  "
             "Re-registering the hooks (``_register_deepspeed_module``, what TRL's unwrap_model_for_generation "
             "does around generation) now hooks it too, but it never got the ``ds_external_parameters`` method "
@@ -294,9 +296,9 @@ OFFLOAD_STALE_GRAD_AFTER_FREEZE = KnownIssue(
     scenario=Scenario.from_dict({"stage": 3, "offload": "optimizer", "steps": [{}, {"frozen": [0]}]}),
     checks=("oracle",),
     keys=("oracle:offload-stale-grad-after-freeze",),
-    explains=lambda f: f.check == "oracle" and f.scenario.offload.value in ("optimizer", "both")
-    and any(s.frozen for s in f.scenario.steps),
-    detail=("Found by the default exploration on 0.19.8 (issue 11's requires_grad change drawn with optimizer "
+    explains=lambda f: rules.stale_gradient_replayed(f) and narrow(
+        f, lambda sc: sc.offload.value in ("optimizer", "both") and any(s.frozen for s in sc.steps)),
+    detail=("Found by the default exploration on 0.19.8 (a requires_grad change drawn with optimizer "
             "offload).  Step 0 trains block 0's Linear; step 1 runs with its requires_grad False (progressive "
             "freezing, a LoRA base frozen after warm-up).  PyTorch's optimizer skips a parameter without "
             "gradient; with offload_optimizer the CPU gradient partition of that parameter still holds step 0's "
@@ -315,7 +317,11 @@ ZERO0_FP16_LOSS_NOT_SCALED = KnownIssue(
     scenario=Scenario.from_dict({"stage": 0, "precision": "fp16", "steps": [{}, {}]}),
     checks=("oracle",),
     keys=("oracle:zero0-fp16-loss-not-scaled",),
-    explains=lambda f: f.check == "oracle" and f.scenario.stage == 0 and f.scenario.precision.value == "fp16",
+    # with SGD the update is divided by the scale (at most a few times 1/scale of it); Adam normalises that
+    # division away, and what shows is the fp16 gradient lost to underflow without the scale (0.15 of the update
+    # with config-adam, measured on 0.19.2 and 0.19.8)
+    explains=lambda f: (rules.update_unscaled(f, 0.05) or (_adam(f) and rules.update_scaled(f, 0.0, 0.5)))
+    and narrow(f, lambda sc: sc.stage == 0 and sc.precision.value == "fp16"),
     detail=("The fp16 sibling of #7839 (ZeRO-0 + bf16, fixed in 0.18.6 by turning loss scaling off for bf16).  "
             "engine.backward (runtime/engine.py, 0.19.8) scales the loss only for a ZeROOptimizer or torch "
             "autocast's GradScaler; at stage 0 the fp16 optimizer is FP16_UnfusedOptimizer (FP16_Optimizer for a "
@@ -323,10 +329,14 @@ ZERO0_FP16_LOSS_NOT_SCALED = KnownIssue(
             "optimizer's step divides the gradients by cur_scale.  Measured: the update's norm is 0.004 of "
             "PyTorch's with initial_scale_power 8 (1/256), 0.064 with 4 (1/16), 1.0 with 0; the gradients "
             "after engine.backward equal PyTorch's unscaled ones.  Present on every release measured from "
-            "0.18.4 to 0.19.8.  Found once stage 0 was drawn with fp16 (issue 11; it had been drawn as bf16, "
+            "0.18.4 to 0.19.8.  Found once stage 0 was drawn with fp16 (it had been drawn as bf16, "
             "'not investigated').  Upstream fix proposed in DeepSpeed PR #8393 (open, not in 0.19.8): route fp16 + "
             "ZeRO-0 through FP16_Optimizer.backward, which scales the loss."),
 )
+
+def _adam(f: Finding) -> bool:
+    return f.scenario is not None and f.scenario.optimizer.value == "config-adam"
+
 
 def _adam_frozen_in_group(sc: Scenario) -> bool:
     """A DeepSpeed-built Adam (``optimizer: config-adam``) at ZeRO-1/2/3 and a step that turns off
@@ -344,8 +354,9 @@ ZERO_ADAM_STEPS_FROZEN_PARAM = KnownIssue(
     scenario=Scenario.from_dict({"optimizer": "config-adam", "stage": 3, "steps": [{}, {"frozen": [0]}]}),
     checks=("oracle",),
     keys=("oracle:zero-adam-steps-frozen-param",),
-    explains=lambda f: f.check == "oracle" and _adam_frozen_in_group(f.scenario),
-    detail=("Found by exploring with issue 11's DeepSpeed-built optimizer (config AdamW, torch_adam) and its "
+    explains=lambda f: f.scenario is not None and _adam_frozen_in_group(f.scenario)
+    and rules.stepped_without_gradient(f, _frozen_params(f.scenario)),
+    detail=("Found by exploring with the DeepSpeed-built optimizer (config AdamW, torch_adam) and its "
             "requires_grad change between steps.  PyTorch's optimizers skip a parameter whose grad is None "
             "(torch.optim.AdamW: no update, no state change).  ZeRO keeps one flat fp32 partition per parameter "
             "group and steps it as one tensor: a parameter that got no gradient in this step has zeros in the "
@@ -363,7 +374,7 @@ ZERO_ADAM_STEPS_FROZEN_PARAM = KnownIssue(
             "offload-stale-grad-after-freeze comes first."),
 )
 
-def dropped_by_zero_to_fp32(f) -> str | None:
+def dropped_by_zero_to_fp32(f: Finding) -> str | None:
     """The parameter a ``checkpoint:zero-to-fp32`` finding says zero_to_fp32 left out, as ``"frozen"`` (its
     ``requires_grad`` is False: a frozen block sub-module, a LoRA base weight), ``"ungrouped"`` (trainable, in
     no optimizer group), ``"empty"`` (the parameter with no elements, ``empty_param``) or None (another
@@ -371,7 +382,7 @@ def dropped_by_zero_to_fp32(f) -> str | None:
     import re
     m = re.search(r"zero_to_fp32 rebuilds from the checkpoint: (\S+): shape \(.*?\) in \w[\w ]* vs None in ",
                   f.error or "")
-    if f.check != "checkpoint" or f.code != "zero-to-fp32" or not m:
+    if f.check != "checkpoint" or f.code != "zero-to-fp32" or not m or f.scenario is None:
         return None
     name, sc = m.group(1), f.scenario
     if name == "empty" and sc.empty_param:
@@ -381,8 +392,10 @@ def dropped_by_zero_to_fp32(f) -> str | None:
     parts = name.split(".")
     if parts[0] != "blocks" or len(parts) < 3 or not parts[1].isdigit() or int(parts[1]) >= len(sc.blocks):
         return None
+    if parts[2] not in ("norm", "lin"):  # a block holds a norm and a Linear: any other name is not the network's
+        return None
     blk = sc.blocks[int(parts[1])]
-    if getattr(blk, parts[2], None) is ParamKind.FROZEN:
+    if getattr(blk, parts[2]) is ParamKind.FROZEN:
         return "frozen"
     return "ungrouped" if not blk.in_optimizer else None
 
@@ -397,8 +410,8 @@ ZERO_TO_FP32_DROPS_UNGROUPED = KnownIssue(
                                  "steps": [{}, {"save_load": True}]}),
     checks=("checkpoint",),
     keys=("checkpoint:zero-to-fp32-drops-param-in-no-group",),
-    explains=lambda f: dropped_by_zero_to_fp32(f) == "ungrouped",
-    detail=("Found by issue 11's checkpoint round trip (save_load), which also rebuilds the fp32 weights with "
+    explains=lambda f: dropped_by_zero_to_fp32(f) == "ungrouped",  # the parameter it names, as the run built it
+    detail=("Found by the checkpoint round trip (save_load), which also rebuilds the fp32 weights with "
             "deepspeed.utils.zero_to_fp32.get_fp32_state_dict_from_zero_checkpoint, as users convert a ZeRO "
             "checkpoint.  Block 1's parameters require grad but the client optimizer was given only block 0's "
             "(freezing by leaving parameters out of the optimizer).  The checkpoint stores the optimizer's "
@@ -420,8 +433,8 @@ ZERO1_CHECKPOINT_DROPS_FROZEN = KnownIssue(
     scenario=Scenario.from_dict({"stage": 1, "blocks": [{"lin": "frozen"}, {}], "steps": [{}, {"save_load": True}]}),
     checks=("checkpoint",),
     keys=("checkpoint:zero1-checkpoint-drops-frozen-params",),
-    explains=lambda f: f.scenario.stage == 1 and dropped_by_zero_to_fp32(f) == "frozen",
-    detail=("Found by issue 11's checkpoint round trip (save_load), which rebuilds the fp32 weights with "
+    explains=lambda f: dropped_by_zero_to_fp32(f) == "frozen" and narrow(f, lambda sc: sc.stage == 1),
+    detail=("Found by the checkpoint round trip (save_load), which rebuilds the fp32 weights with "
             "zero_to_fp32.  engine.py saves frozen_param_shapes / fragments only when "
             "zero_optimization_partition_gradients() (ZeRO-2 and 3): at ZeRO-1 a requires_grad=False parameter "
             "(block 0's Linear here; every LoRA base weight of a PEFT model) is in neither the optimizer's flat "
@@ -441,9 +454,9 @@ Z3_MIXED_DTYPE_TRAINABLE_DEFRAGMENT = KnownIssue(
                                  "precision": "bf16", "zero_init": True}),
     checks=("exception",),
     keys=("exception:AssertionError@runtime.zero.utils.defragment",),
-    explains=lambda f: f.check == "exception" and f.scenario.stage == 3 and f.scenario.modules_to_save
-    and f.scenario.precision.value != "fp32" and "defragment" in ((f.origin or "") + (f.error or "")),
-    detail=("Found by the default exploration of 0.19.8 once `zero_init` was drawn (1 Dec).  Built as HF's "
+    explains=lambda f: rules.raised_at("AssertionError", "zero/utils.py", "defragment")(f) and narrow(
+        f, lambda sc: sc.stage == 3 and sc.modules_to_save and sc.precision.value != "fp32"),
+    detail=("Found by the default exploration of 0.19.8 once `zero_init` was drawn.  Built as HF's "
             "from_pretrained builds a model under ZeRO-3, the base weights are bf16 (fp16); PEFT then makes the "
             "LoRA adapters in fp32 (autocast_adapter_dtype) and the modules_to_save copy of lm_head in the model's "
             "dtype, so the trainable parameters have two dtypes.  Stage3's "
@@ -464,8 +477,9 @@ Z3_EMPTY_PARAM_NOT_GATHERED = KnownIssue(
     checks=("exception",),
     # on 0.19.8 (0.18.4 raises it one frame up: ...partitioned_param_coordinator.fetch_sub_module)
     keys=("exception:AssertionError@runtime.zero.partitioned_param_coordinator._fetch_sub_module_impl",),
-    explains=lambda f: f.check == "exception" and f.scenario.empty_param and f.scenario.stage == 3
-    and "NOT_AVAILABLE" in (f.error or ""),
+    explains=lambda f: rules.raised_at("AssertionError", "partitioned_param_coordinator.py", None,
+                                       "'status': 'NOT_AVAILABLE'", "'numel': 0")(f)
+    and narrow(f, lambda sc: sc.empty_param and sc.stage == 3),
     detail=("The coordinator gathers only parameters with elements (fetch_numel > 0), then asserts every "
             "parameter of the module is AVAILABLE: the zero-element one stays NOT_AVAILABLE and the first "
             "forward raises AssertionError (ds_summary: numel 0).  The same network trains at ZeRO-1/2 from 0.19.6 "
@@ -487,9 +501,9 @@ ZERO_TO_FP32_Z3_EMPTY_PARAM = KnownIssue(
     scenario=Scenario.from_dict({"stage": 3, "empty_param": True, "steps": [{"save_load": True}]}),
     checks=("exception",),
     keys=("exception:TypeError@utils.zero_to_fp32.contiguous",),
-    explains=lambda f: f.check == "exception" and f.scenario.empty_param and f.scenario.stage == 3
-    and "zero_to_fp32" in ((f.origin or "") + (f.error or "")),
-    detail=("Met by the default exploration of 0.19.7 (1 Dec) while polishing an empty_param finding to ZeRO-3: a "
+    explains=lambda f: rules.raised_at("TypeError", "utils/zero_to_fp32.py", "contiguous")(f)
+    and narrow(f, lambda sc: sc.empty_param and sc.stage == 3),
+    detail=("Met by the default exploration of 0.19.7 while polishing an empty_param finding to ZeRO-3: a "
             "checkpoint saved before the first forward (the parameter was never asked to be gathered).  "
             "utils/zero_to_fp32.py GatheredTensor.contiguous looks for the flat group holding [offset, offset + "
             "numel): for a zero-element parameter at the end of the flat groups no group satisfies offset < "
@@ -505,9 +519,9 @@ ZERO1_CHECKPOINT_DROPS_EMPTY_PARAM = KnownIssue(
     scenario=Scenario.from_dict({"stage": 1, "empty_param": True, "steps": [{"save_load": True}]}),
     checks=("checkpoint",),
     keys=("checkpoint:zero1-checkpoint-drops-empty-param",),
-    explains=lambda f: f.scenario.stage == 1 and dropped_by_zero_to_fp32(f) == "empty",
+    explains=lambda f: dropped_by_zero_to_fp32(f) == "empty" and narrow(f, lambda sc: sc.stage == 1),
     detail=("Found by test_deepspeed_target.py::test_every_finding_is_known in Hypothesis's random (dev) profile, "
-            "1 Dec, once empty_param was drawn: at ZeRO-1 the fp32 state dict zero_to_fp32 rebuilds from a "
+            "once empty_param was drawn: at ZeRO-1 the fp32 state dict zero_to_fp32 rebuilds from a "
             "0.19.8 checkpoint has no key for the zero-element parameter (``empty: shape (0,) in the engine vs "
             "None in the checkpoint``), so loading it strictly fails on a missing key.  0.19.7's checkpoint of the "
             "same scenario keeps it, and so does ZeRO-2 on 0.19.8 (measured); zero_to_fp32.py is the same in both "
@@ -519,22 +533,23 @@ ZERO_TO_FP32_BF16_OPTIMIZER = KnownIssue(
     title="zero_to_fp32 refuses the checkpoint of ZeRO-1 with bf16 and fp32 gradient accumulation (BF16_Optimizer): "
           "'... is not a zero checkpoint'",
     owner="deepspeed",
-    releases=((0, 19, 7), (0, 20, 0)),  # measured on 0.19.7 and 0.19.8; older releases not measured
+    releases=((0, 19, 2), (0, 20, 0)),  # measured on 0.19.2, 0.19.7 and 0.19.8; older releases not measured
     scenario=Scenario.from_dict({"stage": 1, "precision": "bf16", "fp32_grad_accum": True,
                                  "steps": [{"save_load": True}]}),
     checks=("exception",),
     keys=("exception:ValueError@utils.zero_to_fp32.parse_optim_states",),
-    explains=lambda f: f.check == "exception" and f.scenario.stage == 1 and f.scenario.fp32_grad_accum
-    and "is not a zero checkpoint" in (f.error or ""),
-    detail=("Found by `make explore` from a fresh clone (0.19.8, 1 Dec, last minutes of the session).  ZeRO-1 with "
+    explains=lambda f: rules.raised_at("ValueError", "utils/zero_to_fp32.py", "parse_optim_states",
+                                       "is not a zero checkpoint")(f)
+    and narrow(f, lambda sc: sc.stage == 1 and sc.fp32_grad_accum),
+    detail=("Found by `make explore` from a fresh clone (0.19.8).  ZeRO-1 with "
             "bf16 and grad_accum_dtype fp32 runs DeepSpeed's BF16_Optimizer, whose checkpoint files "
             "(bf16_zero_pp_rank_*_optim_states.pt) lack the ZeRO optimizer state keys parse_optim_states looks for, "
             "so zero_to_fp32 -- the script a checkpoint directory ships for turning it into fp32 weights -- raises "
             "ValueError.  load_checkpoint into the engine works (the run then trains); not traced further."),
 )
 
-SETUP_ISSUE_FIELDS: tuple[dict, ...] = (ZERO0_FP16_LOSS_NOT_SCALED, Z3_UNGROUPED_NOT_GATHERED, TWO_BACKWARDS_PER_FORWARD,
-                                        STEP_WITHOUT_GRADIENT, NESTED_OUTPUTS_SCALED_TWICE,
+SETUP_ISSUES: tuple[KnownIssue, ...] = (ZERO0_FP16_LOSS_NOT_SCALED, Z3_UNGROUPED_NOT_GATHERED,
+                                        TWO_BACKWARDS_PER_FORWARD, STEP_WITHOUT_GRADIENT, NESTED_OUTPUTS_SCALED_TWICE,
                                         SHARED_ACROSS_REENTRANT, Z3_LINEAR_OVERRIDE_OUTLIVES_ENGINE,
                                         FP16_SCALE_INCREASE_HALVES_STEP, Z3_LATE_MODULE_REREGISTERED,
                                         OFFLOAD_STALE_GRAD_AFTER_FREEZE, ZERO_ADAM_STEPS_FROZEN_PARAM,
@@ -543,4 +558,4 @@ SETUP_ISSUE_FIELDS: tuple[dict, ...] = (ZERO0_FP16_LOSS_NOT_SCALED, Z3_UNGROUPED
                                         ZERO_TO_FP32_Z3_EMPTY_PARAM, ZERO1_CHECKPOINT_DROPS_EMPTY_PARAM,
                                         ZERO_TO_FP32_BF16_OPTIMIZER)
 
-__all__ = ["SETUP_ISSUE_FIELDS"]
+__all__ = ["SETUP_ISSUES", "dropped_by_zero_to_fp32", "nested_outputs_zero12"]

@@ -28,8 +28,8 @@ def engine_support(engine: Any) -> str | None:
     * ``BF16_Optimizer`` (ZeRO-1 + bf16 + fp32 gradient accumulation): it runs its backward epilogue
       from ``engine.backward`` only and its gradient hooks (``immediate_grad_update``) never consult
       the backward hook state -- the design has nothing to decide there, and its hooks are not the
-      closures of `COMPAT` (install raised "unexpected ZeRO gradient hook" inside
-      ``deepspeed.initialize`` before issue 10);
+      closures of `COMPAT` (install would raise "unexpected ZeRO gradient hook" inside
+      ``deepspeed.initialize``);
     * NVMe offload (optimizer or parameters): its swap-in / swap-out paths around fetch and release
       are not verified with the release policy.
     """

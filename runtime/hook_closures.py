@@ -21,7 +21,8 @@ refused, and so is a PyTorch build without the internals the deferral needs -- b
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from .compat_table import CompatRow, fmt
 from .errors import UnsupportedEngineError, ZerostateInstallError
@@ -34,7 +35,7 @@ _HOOK_NAMES = {"grad_handling_hook": "stage12", "reduce_partition_and_remove_gra
 
 
 def cells(fn: Callable) -> dict[str, Any]:
-    return {name: cell.cell_contents for name, cell in zip(fn.__code__.co_freevars, fn.__closure__ or ())}
+    return {name: cell.cell_contents for name, cell in zip(fn.__code__.co_freevars, fn.__closure__ or (), strict=True)}
 
 
 def unwrap(fn: Callable) -> Callable:

@@ -31,7 +31,8 @@ refinement test can drive the very same class with the model's graph tasks.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 __all__ = ["MissingTorchInternalsError", "TorchAutograd", "ZerostateBackwardHookState",
            "OBSERVABLE_FIELDS", "observable"]
@@ -66,6 +67,7 @@ class TorchAutograd:
                 f"(torch {torch.__version__}) does not have: {', '.join(missing)}. "
                 "The zerostate hook state runs the backward epilogue from a callback queued on the "
                 "autograd engine; without these it cannot replace DeepSpeed's hook counting.")
+        assert task_id is not None and queue is not None  # else ``missing`` named them
         self.current_graph_task_id: Callable[[], int] = task_id
         self.queue_callback: Callable[[Callable[[], None]], None] = queue
 
@@ -74,7 +76,7 @@ _TORCH: TorchAutograd | None = None
 
 
 def _torch_autograd() -> TorchAutograd:
-    global _TORCH
+    global _TORCH  # noqa: PLW0603 -- built on first use: it probes torch internals that may be missing
     if _TORCH is None:
         _TORCH = TorchAutograd()
     return _TORCH
@@ -118,7 +120,7 @@ class ZerostateBackwardHookState:
         self.hooks_fired_this_backward = 0
         self.max_expected_hooks_seen = 0
         self.post_backward_callback_queued = False
-        self.post_backward_callback_graph_task_id = None
+        self.post_backward_callback_graph_task_id: int | None = None
 
     # ------------------------------------------------------------ conversion
     _STATE = ("remaining_grad_acc_hooks", "backward_active_depth", "backward_seen_this_step",
@@ -126,7 +128,7 @@ class ZerostateBackwardHookState:
               "post_backward_callback_queued", "post_backward_callback_graph_task_id")
 
     @classmethod
-    def from_manager(cls, other: Any, autograd: TorchAutograd | None = None) -> "ZerostateBackwardHookState":
+    def from_manager(cls, other: Any, autograd: TorchAutograd | None = None) -> ZerostateBackwardHookState:
         """A zerostate manager carrying ``other``'s registered post hooks and current counters."""
         new = cls(autograd)
         new.copy_state_from(other)

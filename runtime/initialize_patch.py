@@ -3,7 +3,7 @@
 ``deepspeed.initialize`` is replaced through a `Patcher` (so `unpatch_deepspeed` puts the identical
 function back) by a wrapper that installs the runtime into each ZeRO engine it returns.  The runtime
 never breaks the user's ``initialize``: an engine `install` refuses, or any failure inside it, is one
-WARNING on the ``zerostate.runtime`` logger and the engine stays stock (issue 10).
+WARNING on the ``zerostate.runtime`` logger and the engine stays stock.
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ import functools
 import logging
 import threading
 import weakref
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from .compat_table import compat_row
 from .errors import ZerostateInstallError
@@ -29,7 +30,7 @@ class _Patch:
 
     def __init__(self, kwargs: dict) -> None:
         self.kwargs = kwargs
-        self.engines: "weakref.WeakSet[Any]" = weakref.WeakSet()
+        self.engines: weakref.WeakSet[Any] = weakref.WeakSet()
         self.patcher = Patcher()
 
 
@@ -49,7 +50,8 @@ def _log_install(engine: Any, inst: Installation) -> None:
     path = os.environ.get("ZEROSTATE_RUNTIME_LOG")
     if not path:
         return
-    stage = getattr(getattr(engine, "zero_optimization_stage", None), "__call__", lambda: "?")()
+    stage_of = getattr(engine, "zero_optimization_stage", None)
+    stage = stage_of() if callable(stage_of) else "?"
     try:
         with open(path, "a") as f:
             f.write(f"{os.getpid()} deepspeed={inst.version} stage={stage} release_policy={inst.release_policy} "
@@ -66,7 +68,7 @@ def _install_or_warn(engine: Any, patch: _Patch) -> Installation | None:
     except ZerostateInstallError as e:
         log.warning("zerostate.runtime not installed; this engine runs stock DeepSpeed: %s", e)
         return None
-    except Exception as e:  # noqa: BLE001 - install() undid its own changes before re-raising
+    except Exception as e:
         log.warning("zerostate.runtime not installed (unexpected %s: %s); this engine runs stock DeepSpeed",
                     type(e).__name__, e, exc_info=True)
         return None
@@ -75,7 +77,7 @@ def _install_or_warn(engine: Any, patch: _Patch) -> Installation | None:
     return inst
 
 
-def patch_deepspeed(**install_kwargs: Any) -> "contextlib.AbstractContextManager[None]":
+def patch_deepspeed(**install_kwargs: Any) -> contextlib.AbstractContextManager[None]:
     """Make every engine ``deepspeed.initialize`` builds get `install` (for trainers that build it).
 
     Usable as a plain call (``zerostate.runtime.patch_deepspeed()`` before ``Trainer(...)``) or
@@ -84,7 +86,7 @@ def patch_deepspeed(**install_kwargs: Any) -> "contextlib.AbstractContextManager
     Engines without a ZeRO optimizer are returned untouched; an engine `install` refuses
     (`engine_support`) gets one warning on the ``zerostate.runtime`` logger and stays stock.
     """
-    global _PATCH
+    global _PATCH  # noqa: PLW0603 -- one patch per process, set and cleared under _LOCK
     import deepspeed
 
     compat_row(deepspeed.__version__)
@@ -121,7 +123,7 @@ def _patch_context() -> Iterator[None]:
 
 def unpatch_deepspeed(uninstall_engines: bool = False) -> bool:
     """Restore ``deepspeed.initialize``; optionally uninstall from the engines it built."""
-    global _PATCH
+    global _PATCH  # noqa: PLW0603 -- one patch per process, set and cleared under _LOCK
     with _LOCK:
         patch = _PATCH
         if patch is None:

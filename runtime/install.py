@@ -24,7 +24,7 @@ DeepSpeed release, a missing PyTorch internal, an engine the design does not cov
 (`engine_support`: no ZeRO optimizer, ``BF16_Optimizer``, NVMe offload, gradient hooks of
 an unknown shape) or an engine in the middle of a backward is refused with a clear error
 *before anything is changed*; under `patch_deepspeed` such an engine gets one warning and
-stays stock -- ``deepspeed.initialize`` never raises because of the runtime (issue 10).
+stays stock -- ``deepspeed.initialize`` never raises because of the runtime.
 
 Supported engines: ZeRO stage 1, 2 and 3 (``DeepSpeedZeroOptimizer``,
 ``DeepSpeedZeroOptimizer_Stage3``) in fp32, bf16 or fp16, with or without CPU offload of
@@ -53,13 +53,14 @@ import logging
 import threading
 import weakref
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from .compat_table import CompatRow, compat_row, release_policy_range
 from .engine_support import engine_support
 from .errors import UnsupportedEngineError, ZerostateInstallError
 from .hook_closures import ClosureSwap, plan_closure_swaps
 from .hook_state import MissingTorchInternalsError, TorchAutograd, ZerostateBackwardHookState
+from .leaf_deferral import Wrapper
 from .leaf_reuse_walk import PARAMS_TO_RELEASE, fixed_params_to_release
 from .patcher import Patcher
 from .release_policy import (ReleasePolicyState, check_release_policy_supported, install_release_policy,
@@ -99,7 +100,8 @@ class Installation:
     def describe(self) -> str:
         """What this installation changed, in one line (the install log line)."""
         parts = [f"hook state {type(self.manager).__name__} on {type(self.optimizer).__name__}"]
-        counted = [s for s in self.swaps if not s.leaf_deferral or s.replacement.__wrapped__ is not s.original]
+        counted = [s for s in self.swaps
+                   if not s.leaf_deferral or cast(Wrapper, s.replacement).__wrapped__ is not s.original]
         if counted:
             parts.append(f"{len(counted)} gradient-hook closures replaced (count in every hook, #7882)")
         else:
@@ -115,7 +117,7 @@ class Installation:
         return "; ".join(parts)
 
 
-_INSTALLED: "weakref.WeakKeyDictionary[Any, Installation]" = weakref.WeakKeyDictionary()
+_INSTALLED: weakref.WeakKeyDictionary[Any, Installation] = weakref.WeakKeyDictionary()
 _LOCK = threading.RLock()
 
 
@@ -208,7 +210,7 @@ def _stage(engine: Any) -> Any:
     return fn() if callable(fn) else "?"
 
 
-def _refresh_frozen_set(inst_ref: "weakref.ref[Installation]", module: Any, args: Any) -> None:
+def _refresh_frozen_set(inst_ref: weakref.ref[Installation], module: Any, args: Any) -> None:
     """Root forward pre-hook: when a parameter's ``requires_grad`` changed since the last check,
     re-collect the release policy's frozen set (uninstall + install through its public API; at a
     root forward no hold is in flight that the next ``reset_step`` would not drop anyway)."""

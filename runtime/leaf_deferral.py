@@ -22,11 +22,12 @@ once.  This is the model's ``zerostate`` hook design (``_leaf_hook_zerostate`` i
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any, Protocol, cast
 
 from .hook_state import MissingTorchInternalsError
 
-__all__ = ["LeafAutograd", "defer_leaf_hook", "leaf_autograd"]
+__all__ = ["LeafAutograd", "Wrapper", "defer_leaf_hook", "leaf_autograd"]
 
 
 class LeafAutograd:
@@ -44,10 +45,11 @@ class LeafAutograd:
         will = getattr(torch._C, "_will_engine_execute_node", None)
         if will is None:
             missing.append("torch._C._will_engine_execute_node")
+        node_of: Callable[[Any], Any] | None
         try:
-            from torch.autograd.graph import _get_grad_fn_or_grad_acc
+            from torch.autograd.graph import _get_grad_fn_or_grad_acc as node_of
         except ImportError:
-            _get_grad_fn_or_grad_acc = None
+            node_of = None
             missing.append("torch.autograd.graph._get_grad_fn_or_grad_acc")
         if not hasattr(torch.Tensor, "register_post_accumulate_grad_hook"):
             missing.append("torch.Tensor.register_post_accumulate_grad_hook")
@@ -57,9 +59,10 @@ class LeafAutograd:
                 f"does not have: {', '.join(missing)}. It defers a ZeRO-3 z3 leaf module's gradient reduction "
                 "until the gradients the running backward will still accumulate have accumulated "
                 "(DeepSpeed's z3-leaf-input-without-grad).")
+        assert will is not None and node_of is not None  # else ``missing`` named them
         self._torch = torch
         self._will = will
-        self._node = _get_grad_fn_or_grad_acc
+        self._node: Callable[[Any], Any] = node_of
 
     def pending(self, params: list) -> list:
         out = []
@@ -81,7 +84,7 @@ _LEAF: LeafAutograd | None = None
 
 def leaf_autograd() -> LeafAutograd:
     """The process's `LeafAutograd` (raises `MissingTorchInternalsError` naming what this torch lacks)."""
-    global _LEAF
+    global _LEAF  # noqa: PLW0603 -- built on first use: it probes torch internals that may be missing
     if _LEAF is None:
         _LEAF = LeafAutograd()
     return _LEAF
@@ -105,7 +108,15 @@ def _run_after_accumulated(params: list, fn: Callable[[], None], autograd: Any) 
         handles.append(autograd.after_accumulated(p, accumulated))
 
 
-def defer_leaf_hook(hook: Callable, params: list, autograd: Any) -> Callable:
+class Wrapper(Protocol):
+    """A hook standing in for another one, which it names as ``__wrapped__`` (as `functools.wraps` does)."""
+
+    __wrapped__: Callable[..., Any]
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any: ...
+
+
+def defer_leaf_hook(hook: Callable, params: list, autograd: Any) -> Wrapper:
     """``hook`` (a z3 leaf module's full backward hook over ``params``), deferred while gradients it
     would reduce are still to accumulate (z3-leaf-input-without-grad)."""
 
@@ -117,5 +128,6 @@ def defer_leaf_hook(hook: Callable, params: list, autograd: Any) -> Callable:
                 return None
         return hook(module, grad_input, grad_output)
 
-    leaf_module_backward_hook.__wrapped__ = hook
-    return leaf_module_backward_hook
+    wrapper: Wrapper = cast(Wrapper, leaf_module_backward_hook)
+    wrapper.__wrapped__ = hook
+    return wrapper

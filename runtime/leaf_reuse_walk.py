@@ -19,7 +19,8 @@ the model's ``zerostate`` coordinator design (``leaf_walk_fixed``), checked on r
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 __all__ = ["ATTRIBUTES", "PARAMS_TO_RELEASE", "fixed_params_to_release"]
 

@@ -23,7 +23,8 @@ tracer.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 _MISSING = object()
 

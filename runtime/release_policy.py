@@ -17,7 +17,7 @@ DeepSpeed by ``generated_tests/test_runtime_release_refinement.py``:
    every invalidation) DeepSpeed's ``release_sub_module`` partitions *every* parameter of the module,
    persistent ones included -- at DeepSpeed's default ``stage3_param_persistence_threshold`` (1e5)
    small frozen weights (LayerNorm / RMSNorm) are persistent, and 0.19.0-0.19.2 crash with seed
-   002's CheckpointError there (issue 10).  A persistent hold is only ever dropped, never released by
+   002's CheckpointError there.  A persistent hold is only ever dropped, never released by
    the policy itself: DeepSpeed decides (its trace-driven release skips ``ds_persist``).
 *  If ``M``'s recomputed output does **not** require grad, nothing of ``M`` was saved for backward:
    its frozen parameters are released by the post-forward release right away, exactly as in a plain
@@ -51,7 +51,8 @@ forward hooks on its modules); DeepSpeed's classes and files are not changed.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from .patcher import Patcher
 
@@ -246,7 +247,7 @@ def install_release_policy(engine: Any) -> ReleasePolicyState:
         try:
             return orig_fetch(current_submodule, forward)
         finally:
-            for p, (was_attr, had_id) in zip(frozen, before):
+            for p, (was_attr, had_id) in zip(frozen, before, strict=True):
                 if not was_attr and p in owner.ds_recompute_parameters:
                     owner.ds_recompute_parameters.discard(p)
                     state.stats["attribution_undone"] += 1

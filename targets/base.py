@@ -35,10 +35,11 @@ the same bug: the explorer reports one per key.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Protocol, runtime_checkable
+from collections.abc import Callable
+from typing import Any, Protocol, runtime_checkable
 
 from zerostate.model.designs import Design
-from zerostate.model.events import EventKind, Event
+from zerostate.model.events import Event
 from zerostate.model.scenario import Scenario
 from zerostate.findings.finding import Finding
 
@@ -78,19 +79,16 @@ class Target(Protocol):
 
 def spec_findings(events: list[Event], scenario: Scenario, target: str, version: str | None,
                   coordinator: bool | None = None) -> list[Finding]:
-    """Check the specs on a trace; one finding per violated spec: those of `specs_for_stage` (none at stage
-    0; coordinator-family specs at ZeRO-3 only, as the model checker does), or, with ``coordinator`` given,
-    the hook specs and the coordinator's when it is True."""
-    from zerostate.specs import check_all, specs_for, specs_for_stage
+    """Check the specs on a trace (`findings.decide.decide_trace`); one finding per violated spec: those of
+    `specs_for_stage` (none at stage 0; coordinator-family specs at ZeRO-3 only, as the model checker does),
+    or, with ``coordinator`` given, the hook specs and the coordinator's when it is True."""
+    from zerostate.specs import specs_for, specs_for_stage
+    from zerostate.findings.build import findings_of
+    from zerostate.findings.decide import decide_trace
     chosen = specs_for_stage(scenario.stage)
     if coordinator is not None and chosen:  # the model target says whether its design has a coordinator
         chosen = specs_for("both" if coordinator else "hooks")
-    out = []
-    for sid, v in check_all(events, chosen).items():
-        if v is None:
-            continue
-        out.append(Finding(sid, v.message, scenario, list(events), v.index, target, version, code=v.code))
-    return out
+    return findings_of(decide_trace(events, scenario.stage, specs=chosen), scenario, events, target, version)
 
 
 @dataclass(frozen=True)

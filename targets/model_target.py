@@ -18,8 +18,8 @@ from zerostate.targets.base import Outcome, TargetError, known_design, register,
 
 
 class ModelTarget:
-    name = "model"
-    version = None
+    name: str = "model"
+    version: str | None = None
 
     def __init__(self, design: str = "zerostate"):
         try:

@@ -22,6 +22,7 @@ import time
 from typing import Any
 
 from zerostate.watcher import process
+import zerostate.jit_ops as jit_ops
 from zerostate.watcher import report as watch_report
 from zerostate.cli.common import DEFAULT_OUT, CliError, non_negative_float
 
@@ -104,6 +105,7 @@ def run(args: argparse.Namespace) -> int:
         fh.write(SITECUSTOMIZE)
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([site] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    jit_ops.keep_apart(env)  # the job's DeepSpeed release builds its JIT ops apart from other releases
     env.update({"ZEROSTATE_WATCH_DIR": ranks, "ZEROSTATE_WATCH_STOP": "1" if args.stop_on_violation else "0",
                 "ZEROSTATE_WATCH_RUNTIME": "1" if args.runtime else "0",
                 "ZEROSTATE_WATCH_HANG": str(args.hang_after) if args.hang_after else "0"})

@@ -17,15 +17,19 @@ from typing import Any
 from collections.abc import Callable
 
 import torch
-import torch.utils.checkpoint as _ckpt
+import torch.utils.checkpoint as _ckpt_module
 
 from zerostate.model.events import EventKind
+
+_ckpt: Any = _ckpt_module
+"""torch.utils.checkpoint, whose private classes and methods the observer replaces in place (not the types
+its stubs declare)."""
 
 ACTIVE: list[Any] = []
 """The installed `zerostate.watcher.tracer.WatchTracer` s."""
 _CKPT_LOCK = threading.Lock()
-_CKPT_ORIG: dict[str, object] = {}
-_BWD_ORIG: dict[str, object] = {}
+_CKPT_ORIG: dict[str, Any] = {}
+_BWD_ORIG: dict[str, Any] = {}
 _ACTIVE = ACTIVE
 
 
@@ -65,7 +69,10 @@ def _install_checkpoint_observer() -> None:
         rec_cls, hook_cls = _ckpt._recomputation_hook, _ckpt._checkpoint_hook
         run_fn, check = _ckpt._run_fn_with_dynamo_disabled, _ckpt._CheckpointFrame.check_recomputed_tensors_match
 
-        class _WatchedRecomputation(rec_cls):
+        # the bases are rec_cls and hook_cls, named through `_ckpt` (Any): a variable is no base class to mypy
+        class _WatchedRecomputation(_ckpt._recomputation_hook):
+            pack_hook: Callable[[Any], Any]
+
             def __init__(self, *a: Any, **k: Any) -> None:
                 super().__init__(*a, **k)
                 inner = self.pack_hook
@@ -79,7 +86,9 @@ def _install_checkpoint_observer() -> None:
                     return inner(x)
                 self.pack_hook = pack_hook
 
-        class _WatchedCheckpoint(hook_cls):
+        class _WatchedCheckpoint(_ckpt._checkpoint_hook):
+            unpack_hook: Callable[[Any], Any]
+
             def __init__(self, *a: Any, **k: Any) -> None:
                 super().__init__(*a, **k)
                 inner = self.unpack_hook

@@ -34,70 +34,69 @@ outlives the run).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from zerostate.model.scenario import Scenario
 
 from zerostate.targets.base import Outcome, TargetError
 
-from zerostate.findings.finding import Finding
+from zerostate.harness import envs
 from zerostate.harness.cross_rank_checks import cross_rank_problems
-from zerostate.known.issues import tag_oracle
 from zerostate.harness.rank_pool import RankPool
 from zerostate.harness.process import WorkerDied, WorkerTimeout
+from zerostate.harness.protocol import Response, RunRequest, Stall
 from zerostate.targets.deepspeed.target import DeepSpeedTarget
 
 
 def _device_for(world_size: int) -> str:
     """``cuda`` (nccl, one GPU per rank) when there are at least ``world_size`` GPUs, else ``cpu`` (gloo)."""
-    try:
-        import torch
-        return "cuda" if torch.cuda.is_available() and torch.cuda.device_count() >= world_size else "cpu"
-    except Exception:  # pragma: no cover
-        return "cpu"
+    import torch
+    return "cuda" if torch.cuda.is_available() and torch.cuda.device_count() >= world_size else "cpu"
 
 
 class DeepSpeedRanksTarget(DeepSpeedTarget):
     """`DeepSpeedTarget` on a `RankPool` of ``world_size`` ranks; adds the cross-rank checks.
     ``timeout`` is per train step and rank (default 60 s, ``$ZEROSTATE_EXAMPLE_TIMEOUT``)."""
 
-    def __init__(self, *, world_size: int = 2, **kw: Any):
+    def __init__(self, *, world_size: int = 2, **kw: Any) -> None:
         if world_size < 2:
             raise TargetError(f"DeepSpeedRanksTarget needs world size 2 or more (asked for {world_size})")
         self.world_size = world_size
-        self._last: dict | None = None
-        self.stall: dict | None = None  # tests: {"rank": r, "seconds": s} simulates a rank that never arrives
+        self._last: Response | None = None
+        self.stall: Stall | None = None  # tests: {"rank": r, "seconds": s} simulates a rank that never arrives
         self.desync_restarts = 0
         self.unmatched: int | None = None  # tests: this rank issues one extra collective after the run
         super().__init__(**kw)
 
-    def _start(self) -> dict:
-        self.worker = self._take_spare() or self._new_worker()
+    def _start(self) -> Response:
+        self.worker = pool = self._take_spare() or self._new_worker()
         try:
-            hello = self.worker.request({"op": "hello"}, self.startup_timeout)
+            hello = pool.request({"op": "hello"}, self.startup_timeout)
         except BaseException as exc:
             if not isinstance(exc, (WorkerTimeout, WorkerDied)):  # Ctrl-C during start-up: no rank stays
-                self.worker.close(kill=True)
+                pool.close(kill=True)
                 self.worker = None
                 raise
-            tail = self.worker.log_tail()
-            self.worker.close(kill=True)
+            tail = pool.log_tail()
+            pool.close(kill=True)
             self.worker = None
             raise TargetError(f"the DeepSpeed rank pool ({self.world_size} ranks) did not start ({exc}):\n"
                               f"{tail}") from None
         if not hello.get("ok"):
-            self.worker.close(kill=True)
+            pool.close(kill=True)
             self.worker = None
             where = f" from {self._extra}" if self._extra else ""
             raise TargetError(f"DeepSpeed{where} does not import or initialise on {self.world_size} ranks: "
                               f"{hello.get('error')}\n{hello.get('traceback', '')}")
         if int(hello.get("world_size", 0)) != self.world_size:
-            self.worker.close(kill=True)
+            pool.close(kill=True)
             self.worker = None
             raise TargetError(f"the rank pool initialised world size {hello.get('world_size')}, "
                               f"not {self.world_size}")
         if self._keep_spare and self._spare is None:
             self._spare = self._new_worker()
+        self._note_start(hello)
         return hello
 
     def _new_worker(self) -> RankPool:
@@ -107,19 +106,25 @@ class DeepSpeedRanksTarget(DeepSpeedTarget):
             self._env["ZEROSTATE_RANKS_DEVICE"] = _device_for(self.world_size)
             if self._env["ZEROSTATE_RANKS_DEVICE"] == "cpu":
                 self._env["CUDA_VISIBLE_DEVICES"] = ""  # fewer GPUs than ranks: gloo on CPU
-        return RankPool(self._env, self.world_size, self._free_log_path())
+        # in the checkout's root, as the world-size-1 worker: a git checkout's DeepSpeed reads 'version.txt' there
+        return RankPool(self._env, self.world_size, self._free_log_path(), envs.worker_cwd(self.path))
 
-    def raw(self, scenario: Scenario) -> dict:
-        if self.worker is None:
-            self._start()
-        req: dict[str, Any] = {"op": "run", "scenario": scenario.to_dict()}
+    def raw(self, scenario: Scenario) -> Response:
+        req: RunRequest = {"op": "run", "scenario": scenario.to_dict()}
         if self.stall:
             req["stall"] = self.stall
         if self.unmatched is not None:
             req["unmatched"] = self.unmatched
-        resp = self.worker.request(req, self.timeout)
+        resp = self._worker().request(req, self.timeout)
         self._last = resp
         return resp
+
+    def _across_ranks(self, resp: Mapping[str, Any]) -> dict[str, tuple[str, str]] | None:
+        ranks = resp.get("ranks")
+        return cross_rank_problems(ranks) if ranks else None
+
+    def _other_ranks(self, resp: Mapping[str, Any]) -> list[dict[str, Any]]:
+        return [rk.get("result") or {} for rk in (resp.get("ranks") or [])[1:]]
 
     def run(self, scenario: Scenario) -> Outcome:
         self._last = None
@@ -132,20 +137,10 @@ class DeepSpeedRanksTarget(DeepSpeedTarget):
             self.desync_restarts += 1
             out.details["pool_restarted"] = f"ranks out of step after this example ({last['desync']})"
         if last is not None and last.get("ranks") and not out.details.get("skipped"):
-            problems = cross_rank_problems(last["ranks"])
-            have = {f.key for f in out.findings} | {f.check for f in out.findings}  # one oracle finding
-            for check, (text, code) in problems.items():
-                if check in have:
-                    continue
-                out.findings.append(Finding(check, f"DeepSpeed {self.version}, {self.world_size} ranks: {text}",
-                                            scenario, list(out.trace), None, self.name, self.version, code=code))
             out.details["ranks"] = [{"rank": rk["rank"], "steps": len(rk.get("steps") or []),
                                      "error": (rk.get("result") or {}).get("error") or rk.get("error")}
                                     for rk in last["ranks"]]
         out.details["world_size"] = self.world_size
-        for f in out.findings:
-            f.world_size = self.world_size  # read by repro.repro_script (torchrun / deepspeed launcher lines)
-        tag_oracle(out.findings)  # again, at this world size (some known issues show at world size 2 only)
         return out
 
 

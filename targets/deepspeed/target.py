@@ -8,8 +8,9 @@
     outcome = t.run(scenario); t.close()
 
 One worker process (``python -m zerostate.harness.worker``) serves every
-example; it is started with ``PYTHONPATH`` = the release and its own
-``TORCH_EXTENSIONS_DIR``.  Each example has a timeout (``timeout``, default 60 s,
+example; it is started with ``PYTHONPATH`` = the release and a ``TORCH_EXTENSIONS_DIR`` of that
+release and torch version (`zerostate.jit_ops`: releases never load each other's JIT-built ops).
+Each example has a timeout (``timeout``, default 60 s,
 or ``$ZEROSTATE_EXAMPLE_TIMEOUT``): no answer in time is a ``hang`` finding, and
 the worker is killed and restarted; a worker that dies is a ``crash`` finding.
 
@@ -28,26 +29,34 @@ Findings of one run (at most one per check id):
 
 from __future__ import annotations
 
-import json
 import os
-import selectors
-import subprocess
-import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, TypedDict
 
 from zerostate.model.events import Event
 from zerostate.model.scenario import Scenario
 
-from zerostate.targets.base import Outcome, TargetError, spec_findings
+from zerostate.targets.base import Outcome, TargetError
 
+from zerostate.findings.build import findings_of, unique_by_key
+from zerostate.findings.decide import Decision, ModelRun, decide, decide_failure
 from zerostate.findings.finding import Finding
+from zerostate.known.labels import labelled
+import zerostate.jit_ops as jit_ops
 from zerostate.tracing import compat
 from zerostate.harness import envs
-from zerostate.harness.process import Worker, WorkerDied, WorkerTimeout, default_timeout as _default_timeout
+from zerostate.harness.process import Worker, WorkerDied, WorkerLike, WorkerTimeout, default_timeout as _default_timeout
+from zerostate.harness.protocol import Response, RunRequest
+
+
+class Startup(TypedDict):
+    world_size: int
+    seconds: float | None
+    jit_builds: list[str]
 
 
 class DeepSpeedTarget:
@@ -56,12 +65,12 @@ class DeepSpeedTarget:
 
     def __init__(self, *, deepspeed: str | None = None, deepspeed_path: str | None = None,
                  design: str | None = None, timeout: float | None = None, check_model: bool = True,
-                 startup_timeout: float = 900.0, defer_start: bool = False):
+                 startup_timeout: float = 900.0, defer_start: bool = False) -> None:
         self.requested = deepspeed
         self.path = deepspeed_path
-        self._options = {"deepspeed": deepspeed, "deepspeed_path": deepspeed_path, "design": design,
+        self._options: dict[str, Any] = {"deepspeed": deepspeed, "deepspeed_path": deepspeed_path, "design": design,
                          "timeout": timeout, "check_model": check_model, "startup_timeout": startup_timeout}
-        self._wider: dict[int, Any] = {}  # world size -> the rank-pool target of the scenarios that ask for it
+        self._wider: dict[int, DeepSpeedTarget] = {}  # world size -> the rank pool of the scenarios that ask for it
         self._starting: threading.Thread | None = None  # `prestart`'s
         self._start_error: BaseException | None = None
         self.timeout = timeout or _default_timeout()
@@ -77,16 +86,15 @@ class DeepSpeedTarget:
                 extra = str(envs.ensure_release(deepspeed))
             except (compat.UnsupportedRelease, envs.InstallError) as exc:
                 raise TargetError(str(exc)) from None
-            env["TORCH_EXTENSIONS_DIR"] = str(envs.extensions_dir_for(f"deepspeed-{deepspeed}"))
         elif deepspeed_path:
             p = Path(deepspeed_path).expanduser().resolve()
             if not (p / "deepspeed" / "__init__.py").exists():
                 raise TargetError(f"--deepspeed-path {deepspeed_path}: no deepspeed/__init__.py under {p} "
                                   "(give the root of a DeepSpeed checkout)")
             extra = str(p)
-            env["TORCH_EXTENSIONS_DIR"] = str(envs.extensions_dir_for(envs.path_key(str(p))))
         if extra:
             env["PYTHONPATH"] = extra + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        env[jit_ops.ENV] = str(jit_ops.folder_for(env))  # this release's and torch's own, whatever the user set
         self._env = env
         self._extra = extra
         key = f"deepspeed-{deepspeed}" if deepspeed else (envs.path_key(deepspeed_path) if deepspeed_path
@@ -95,11 +103,13 @@ class DeepSpeedTarget:
         logs.mkdir(parents=True, exist_ok=True)
         self._log_path = Path(tempfile.mkstemp(prefix=f"worker-{key}-", suffix=".log", dir=logs)[1])
         self._spare_log_path = self._log_path.with_suffix(".spare.log")
-        self.worker: Worker | None = None
-        self._spare: Worker | None = None
+        self.worker: WorkerLike | None = None
+        self._spare: WorkerLike | None = None
         self._keep_spare = False  # from the first fresh(): a worker started ahead for the next fresh start
         self.examples = 0
         self.restarts = 0
+        self.first_start: Startup | None = None
+        """The first worker's start-up (a first JIT build of DeepSpeed's ops is in it), for reports."""
         self._sleep = 0.0  # tests: make the worker sleep before each run (a simulated hang)
         self._pending = (deepspeed_path, extra, design)
         if defer_start:  # `prestart`: the processes start now, from this thread; `_complete_start` waits for them
@@ -111,14 +121,15 @@ class DeepSpeedTarget:
         """Start the worker (the spare a deferred start made) and check what it imported."""
         deepspeed_path, extra, design = self._pending
         self.hello = self._start()
-        self.version: str = str(self.hello["deepspeed"]).strip()
-        if deepspeed_path and self.version.startswith("0.0.0"):
+        version = str(self.hello.get("deepspeed")).strip()
+        self.version: str | None = version
+        if deepspeed_path and version.startswith("0.0.0"):
             self.close()
             raise TargetError(f"--deepspeed-path {deepspeed_path}: the checkout reports DeepSpeed "
-                              f"{self.version} and has no readable version.txt at its root (a plain git "
+                              f"{version} and has no readable version.txt at its root (a plain git "
                               "checkout reads its version from there; see envs.checkout_version)")
         try:
-            compat.check_version(self.version)
+            compat.check_version(version)
         except compat.UnsupportedRelease as exc:
             self.close()
             raise TargetError(str(exc)) from None
@@ -126,10 +137,10 @@ class DeepSpeedTarget:
             self.close()
             raise TargetError(f"the worker imported DeepSpeed from {self.hello['file']}, not from {extra}")
         from zerostate.model.designs import design_for_release, get_design
-        self.design = get_design(design) if design else design_for_release(self.version)
+        self.design = get_design(design) if design else design_for_release(version)
 
     # ------------------------------------------------------------ worker life
-    def _new_worker(self) -> Worker:
+    def _new_worker(self) -> WorkerLike:
         """A worker process, started now; it imports DeepSpeed and initialises while the caller goes on.
         Its log is the one of the two log files the current worker does not write."""
         return Worker(self._env, self._free_log_path(), envs.worker_cwd(self.path))
@@ -139,31 +150,43 @@ class DeepSpeedTarget:
         busy = self.worker.log_path if self.worker is not None else None
         return self._spare_log_path if busy == self._log_path else self._log_path
 
-    def _take_spare(self) -> Any:
+    def _take_spare(self) -> WorkerLike | None:
         spare, self._spare = self._spare, None
         if spare is not None and not spare.alive():  # it died while waiting: start afresh
             spare.close(kill=True)
             spare = None
         return spare
 
-    def _start(self) -> dict:
-        self.worker = self._take_spare() or self._new_worker()
+    def _start(self) -> Response:
+        self.worker = worker = self._take_spare() or self._new_worker()
         try:
-            hello = self.worker.request({"op": "hello"}, self.startup_timeout)
+            hello = worker.request({"op": "hello"}, self.startup_timeout)
         except (WorkerTimeout, WorkerDied) as exc:
-            tail = self.worker.log_tail()
-            self.worker.close(kill=True)
+            tail = worker.log_tail()
+            worker.close(kill=True)
             self.worker = None
             raise TargetError(f"the DeepSpeed worker did not start ({exc}):\n{tail}") from None
         if not hello.get("ok"):
-            self.worker.close(kill=True)
+            worker.close(kill=True)
             self.worker = None
             where = f" from {self._extra}" if self._extra else ""
             raise TargetError(f"DeepSpeed{where} does not import or initialise: {hello.get('error')}\n"
                               f"{hello.get('traceback', '')}")
         if self._keep_spare and self._spare is None:
             self._spare = self._new_worker()
+        self._note_start(hello)
         return hello
+
+    def _note_start(self, hello: Response) -> None:
+        if self.first_start is None:
+            self.first_start = {"world_size": self.world_size, "seconds": hello.get("startup_seconds"),
+                                "jit_builds": list(hello.get("jit_builds") or [])}
+
+    def startup(self) -> list[Startup]:
+        """What starting this target's workers cost, per world size: seconds from the process's start to its
+        answer, and the ops DeepSpeed JIT-built meanwhile (a first build: minutes).  Reported as start-up."""
+        own = [self.first_start] if self.first_start is not None else []
+        return own + [s for ws in sorted(self._wider) for s in self._wider[ws].startup()]
 
     def _restart(self) -> None:
         if self.worker is not None:
@@ -173,7 +196,7 @@ class DeepSpeedTarget:
 
     def fresh(self) -> None:
         """A fresh worker (a fresh rank pool at world size 2) for the next run, nothing carried over from
-        the runs before: the explorer confirms each finding in one (`targets.confirm`, issue 15).  Not
+        the runs before: the explorer confirms each finding in one (`explorer.confirm`).  Not
         counted in ``restarts`` (those are the restarts a hang, a crash or ranks out of step forced).
 
         From the first call on, one more worker is kept started ahead (a *spare*: a new process that has
@@ -236,7 +259,7 @@ class DeepSpeedTarget:
         while self._wider:
             self._wider.popitem()[1].close()
 
-    def _target_for(self, scenario: Scenario) -> "DeepSpeedTarget":
+    def _target_for(self, scenario: Scenario) -> DeepSpeedTarget:
         """This target, or -- for a scenario that asks for more ranks than it has (``world_size``) -- a
         rank-pool target of that size, built like this one and started on first use (`ranks`)."""
         ws = scenario.world_size
@@ -266,21 +289,26 @@ class DeepSpeedTarget:
             except OSError:
                 pass
 
-    def __enter__(self) -> "DeepSpeedTarget":
+    def __enter__(self) -> DeepSpeedTarget:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     # ------------------------------------------------------------ running
-    def raw(self, scenario: Scenario) -> dict:
-        """The executor's result dict for one scenario (raises WorkerTimeout / WorkerDied)."""
+    def _worker(self) -> WorkerLike:
+        """The running worker, started if there is none."""
         if self.worker is None:
             self._start()
-        req = {"op": "run", "scenario": scenario.to_dict()}
+        assert self.worker is not None
+        return self.worker
+
+    def raw(self, scenario: Scenario) -> Response:
+        """The worker's answer for one scenario (raises WorkerTimeout / WorkerDied)."""
+        req: RunRequest = {"op": "run", "scenario": scenario.to_dict()}
         if self._sleep:
             req["sleep"] = self._sleep
-        return self.worker.request(req, self.timeout)
+        return self._worker().request(req, self.timeout)
 
     def run(self, scenario: Scenario) -> Outcome:
         t0 = time.perf_counter()
@@ -292,64 +320,28 @@ class DeepSpeedTarget:
                 return wider.run(scenario)
             finally:
                 self.restarts += wider.restarts - before
-        mk = lambda check, text, trace=None, index=None: Finding(  # noqa: E731
-            check, text, scenario, trace, index, self.name, self.version)
         try:
             resp = self.raw(scenario)
         except WorkerTimeout as exc:
             self._restart()
-            f = mk("hang", f"DeepSpeed {self.version}: {exc} (worker killed and restarted)")
-            return Outcome(scenario, [], f.error, [f], time.perf_counter() - t0)
+            return self._failed(scenario, "hang", f"DeepSpeed {self.version}: {exc} (worker killed and restarted)", t0)
         except WorkerDied as exc:
             tail = self.worker.log_tail(1500) if self.worker else ""
             self._restart()
-            f = mk("crash", f"DeepSpeed {self.version}: {exc}\n{tail}")
-            return Outcome(scenario, [], f.error, [f], time.perf_counter() - t0)
+            return self._failed(scenario, "crash", f"DeepSpeed {self.version}: {exc}\n{tail}", t0)
         if not resp.get("ok"):
-            f = mk("internal", f"zerostate's executor failed: {resp.get('error')}\n{resp.get('traceback', '')}")
-            return Outcome(scenario, [], f.error, [f], time.perf_counter() - t0)
+            return self._failed(scenario, "internal", f"zerostate's executor failed: {resp.get('error')}\n"
+                                f"{resp.get('traceback', '')}", t0)
         res = resp["result"]
         if res.get("skipped"):
             return Outcome(scenario, [], None, [], time.perf_counter() - t0, {"skipped": res["skipped"]})
         events = [Event.from_dict(d) for d in res["events"]]
-        findings: list[Finding] = []
-        if res.get("error"):
-            f = mk(res["error_check"], res["error"] + "\n" + (res.get("traceback") or ""), events)
-            f.origin = res.get("origin") if f.check == "exception" else (res.get("origin") or "").split("@")[0]
-            findings.append(f)
-        if res.get("mismatch"):
-            findings.append(mk("oracle", f"DeepSpeed {self.version} disagrees with PyTorch {res['mismatch']}",
-                               events))
-        if res.get("carried_state"):  # issue 15: process state an engine before it (engines_before) left
-            f = mk("carried-state", f"DeepSpeed {self.version}: {res['carried_state']}", events)
-            f.code = "torch-linear-replaced"
-            findings.append(f)
-        if res.get("checkpoint"):  # a checkpoint round trip (save_load) that disagreed
-            f = mk("checkpoint", f"DeepSpeed {self.version}: {res['checkpoint'][1]}", events)
-            f.code = res["checkpoint"][0]
-            findings.append(f)
-        for f in spec_findings(events, scenario, self.name, self.version):
-            if res.get("error") and f.index is None:
-                continue  # a truncated trace cannot fulfil end-of-run obligations
-            findings.append(f)
         beyond = scenario.beyond_model()
-        if self.check_model and not res.get("error") and not beyond:
-            msg = self._agreement(scenario, events)
-            if msg:
-                findings.append(mk("model-agreement", msg, events))
-        # torch's CheckpointError and the saved-tensor-intact spec describe one event: keep the spec's
-        # finding (it points at the event), with the exception's text appended
-        spec_sti = next((f for f in findings if f.check == "saved-tensor-intact" and f.origin is None), None)
-        if spec_sti is not None:
-            exc = [f for f in findings if f.check == "saved-tensor-intact" and f.origin is not None]
-            for f in exc:
-                spec_sti.error += "\n(torch raised) " + f.error
-            findings = [f for f in findings if f not in exc]
-        from zerostate.known.issues import tag_oracle
-        tag_oracle(findings)
-        seen: set[str] = set()
-        unique = [f for f in findings if not (f.key in seen or seen.add(f.key))]
-        return Outcome(scenario, events, res.get("error"), unique, time.perf_counter() - t0,
+        model = self._model_run(scenario) if self.check_model and not res.get("error") and not beyond else None
+        decisions = decide(res, scenario.stage, model, self._across_ranks(resp), other_ranks=self._other_ranks(resp),
+                           events=events)
+        found = self._findings(decisions, scenario, events)
+        return Outcome(scenario, events, res.get("error"), found, time.perf_counter() - t0,
                        {"steps": res.get("steps"), "seconds_in_worker": resp.get("seconds"),
                         "max_diff": res.get("max_diff"), "engine": res.get("engine"),
                         **({"torch_linear_replaced": True} if res.get("torch_linear_replaced") else {}),
@@ -359,14 +351,33 @@ class DeepSpeedTarget:
                         **({"agreement": "not checked: the model does not represent " + ", ".join(beyond)}
                            if beyond and self.check_model else {})})
 
-    def _agreement(self, scenario: Scenario, events: list[Event]) -> str | None:
+    def _findings(self, decisions: tuple[Decision, ...] | list[Decision], scenario: Scenario,
+                  events: list[Event] | None) -> list[Finding]:
+        """The findings of ``decisions`` (the decider's output), labelled, one per key."""
+        built = findings_of(decisions, scenario, events, self.name, self.version, self.world_size)
+        return unique_by_key(labelled(f) for f in built)
+
+    def _failed(self, scenario: Scenario, check: str, text: str, t0: float) -> Outcome:
+        """The outcome of a run that returned no result (a hang, a dead worker, the executor's own failure)."""
+        found = self._findings([decide_failure(check, text)], scenario, None)
+        return Outcome(scenario, [], text, found, time.perf_counter() - t0)
+
+    def _across_ranks(self, resp: Mapping[str, Any]) -> dict[str, tuple[str, str]] | None:
+        """The cross-rank checks' problems of a rank pool's answer (None: one rank)."""
+        return None
+
+    def _other_ranks(self, resp: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """The results of the ranks but rank 0 in a rank pool's answer (none: one rank)."""
+        return []
+
+    def _model_run(self, scenario: Scenario) -> ModelRun:
         from zerostate.model.explore import run as model_run
-        from zerostate.findings.agreement import compare
         try:
             model = model_run(self.design, scenario)
-        except Exception as exc:  # pragma: no cover - the model itself failed
-            return f"the model design {self.design.name} could not run this scenario: {exc}"
-        return compare(list(model.events), events, self.design.name)
+        except Exception as exc:  # noqa: BLE001 # pragma: no cover -- the model design's own bug, reported as such
+            return ModelRun(self.design.name, error=f"the model design {self.design.name} could not run this "
+                                                     f"scenario: {exc}")
+        return ModelRun(self.design.name, tuple(model.events))
 
 
-__all__ = ["DeepSpeedTarget", "WorkerDied", "WorkerTimeout"]
+__all__ = ["DeepSpeedTarget", "Startup", "WorkerDied", "WorkerTimeout"]

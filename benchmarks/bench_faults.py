@@ -1,0 +1,233 @@
+"""Fault injection: does the default exploration notice a small fault a pull request introduces?
+
+    python benchmarks/bench_faults.py [--faults ID ...] [--examples N] [--seed N] [--tree DIR]
+        [--runs DIR] [--full] [--rerun] [--table-only] [--json OUT] [--md OUT] [--list]
+
+Each fault of ``benchmarks/faults/catalogue.py`` is applied to a copy of the installed DeepSpeed (``--tree``,
+made once from the installed package, laid out as ``--deepspeed-path`` takes it) and explored with the
+default command, ``zerostate explore --deepspeed-path TREE`` (``--examples`` / ``--seed`` change the budget
+and seed, for the faulted and the unfaulted run alike).  The unfaulted tree is explored once with the same
+command and its report cached (``RUNS/baseline*/report.json``).  The rule (docs/faults.md,
+``faults/verdict.py``): killed when the faulted run reports a key the unfaulted run does not, tool errors
+apart.  By default a faulted run stops at the first such finding (Ctrl-C, the report kept); that finding is
+then replayed in a fresh worker on the faulted tree and on the unfaulted tree: a key the unfaulted tree shows
+on replay is not the fault's, and the faulted exploration runs again without it.  ``--full`` explores to the
+end whatever is found.  A fault that is not killed always ran to the end.
+
+Per fault: the verdict, the killing finding, seconds from the start of the exploration to the report write
+that first held it (the report is polled every 0.5 s), distinct runs by then, the replays.  Results are kept
+per fault (``RUNS/<id>.json``) and reused unless ``--rerun``; ``--table-only`` rewrites the table from them.
+Writes JSON (``--json``, default ``zerostate-bench/faults.json``) and a markdown table (``--md``, default
+docs/benchmarks-faults.md).  Nothing here asserts a time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from faults.apply import applied, make_tree  # noqa: E402
+from faults.catalogue import FAULTS, RELEASE, Fault, by_id  # noqa: E402
+from faults.runner import ExploreRun, explore, replay  # noqa: E402
+from faults.table import fault_lines, markdown, reached, summary  # noqa: E402
+from faults.verdict import SeenFinding, judge  # noqa: E402
+
+FAST_S = 120.0
+
+
+def installed_package() -> Path:
+    import deepspeed
+    return Path(deepspeed.__file__).resolve().parent
+
+
+def check_pristine(tree: Path, package: Path) -> None:
+    """Every file the catalogue touches is byte for byte the installed one (no fault left applied)."""
+    for f in {fault.file for fault in FAULTS}:
+        if (tree / "deepspeed" / f).read_bytes() != (package / f).read_bytes():
+            raise SystemExit(f"bench_faults: {tree / 'deepspeed' / f} differs from the installed release: "
+                             "a fault was left applied? remove the tree to rebuild it")
+
+
+def baseline(tree: Path, runs: Path, examples: int | None, seed: int | None) -> dict[str, Any]:
+    """The unfaulted run's report, explored once per (examples, seed) and cached."""
+    name = ("baseline" + (f"-e{examples}" if examples is not None else "")
+            + (f"-s{seed}" if seed is not None else ""))
+    report_path = runs / name / "report.json"
+    if report_path.exists():
+        report = json.loads(report_path.read_text())
+        if report.get("status") == "complete":
+            return report
+    print(f"baseline: exploring the unfaulted tree ({name}) ...", flush=True)
+    run = explore(tree, runs / name, runs / f"{name}.log", examples, seed)
+    if run.report.get("status") != "complete":
+        raise SystemExit(f"bench_faults: the unfaulted exploration did not complete (see {runs / name}.log)")
+    return run.report
+
+
+def _entry(report: dict[str, Any], key: str) -> dict[str, Any] | None:
+    return next((e for e in report.get("findings", []) if e.get("key") == key), None)
+
+
+def run_fault(fault: Fault, tree: Path, runs: Path, base: dict[str, Any], examples: int | None,
+              seed: int | None, full: bool, cut_s: float | None) -> dict[str, Any]:
+    """Explore ``fault`` applied to ``tree``; replay its killing finding on the faulted and unfaulted tree."""
+    base_findings = base.get("findings", [])
+    ignored: set[str] = set()
+    out = runs / fault.id
+    t0 = time.monotonic()
+    attempt = 0
+    while attempt < 3:  # a key the unfaulted tree shows on replay is dropped and the tree explored again
+        attempt += 1
+        frozen = frozenset(ignored)
+
+        def killed(seen: list[SeenFinding], frozen: frozenset[str] = frozen) -> bool:
+            return judge(base_findings, seen, frozen).status == "killed"
+
+        with applied(fault, tree):
+            run: ExploreRun = explore(tree, out, runs / f"{fault.id}.log", examples, seed,
+                                      None if full else killed, cut_s=cut_s)
+            verdict = judge(base_findings, run.seen, frozen)
+            replays: dict[str, Any] = {}
+            entry = _entry(run.report, verdict.killer["key"]) if verdict.killer else None
+            if entry is not None:
+                replays["faulted"] = replay(out / entry["files"]["scenario"], tree,
+                                            runs / f"{fault.id}.replay-faulted.log")
+        if entry is not None:
+            replays["unfaulted"] = replay(out / entry["files"]["scenario"], tree,
+                                          runs / f"{fault.id}.replay-unfaulted.log")
+            if _shows_key(replays["unfaulted"]):  # the unfaulted tree has it too: not the fault's
+                ignored.add(verdict.killer["key"] if verdict.killer else "")
+                continue
+        break
+    return {"id": fault.id, "area": fault.area, "file": fault.file, "rationale": fault.rationale,
+            "cpu_blind": fault.cpu_blind, "status": verdict.status,
+            "killer": verdict.killer, "hidden_by_label": verdict.hidden_by_label,
+            "new_keys": verdict.new_keys, "tool_errors": verdict.tool_errors,
+            "ignored_keys": sorted(ignored), "attempts": attempt,
+            "replays": {k: _short(v) for k, v in replays.items()},
+            "run": {"status": run.report.get("status"), "stopped_early": run.stopped_early,
+                    "cut_s": cut_s if run.cut else None,
+                    "examples_run": run.report.get("run", {}).get("examples_run"),
+                    "report_seconds": run.report.get("run", {}).get("seconds"), "wall_s": round(run.wall_s, 1),
+                    "returncode": run.returncode},
+            "bench_wall_s": round(time.monotonic() - t0, 1)}
+
+
+def _shows_key(answer: dict[str, Any]) -> bool:
+    return answer.get("passed") is False and bool(answer.get("same_key"))
+
+
+def _short(answer: dict[str, Any]) -> dict[str, Any]:
+    keep = ("passed", "check", "same_key", "error", "sequence", "runs")
+    out = {k: answer.get(k) for k in keep if k in answer}
+    if isinstance(out.get("error"), str):
+        out["error"] = out["error"].strip().splitlines()[0][:300] if out["error"].strip() else ""
+    return out
+
+
+def mark_reached(results: list[dict[str, Any]], lines_dir: Path) -> None:
+    """Set each result's ``line_reached``: did any request of the measured exploration run the fault's lines."""
+    covered: dict[str, set[int]] = {}
+    for path in sorted(lines_dir.glob("cov-*.jsonl")):
+        for raw in path.read_text().splitlines():
+            for f, arcs in json.loads(raw)["arcs"].items():
+                covered.setdefault(f, set()).update(abs(n) for arc in arcs for n in arc)
+    package = installed_package()
+    for r in results:
+        fault = by_id()[r["id"]]
+        lines = fault_lines(fault.original, (package / fault.file).read_text())
+        r["line_reached"] = reached(lines, covered.get(fault.file, set()))
+
+
+def _claimed(claim: Path) -> bool:
+    """Claim a fault for this process: two benchmarks sharing ``--runs`` (each on its own ``--tree``) never
+    run the same fault.  False when another holds it."""
+    try:
+        os.close(os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        print(f"{claim.stem}: claimed by another run, skipped", flush=True)
+        return False
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--faults", nargs="+", metavar="ID", help="run only these faults (default: all)")
+    ap.add_argument("--examples", type=int, default=None, help="explore's --examples (default: explore's own)")
+    ap.add_argument("--seed", type=int, default=None, help="explore's --seed (default: explore's own)")
+    ap.add_argument("--tree", default="/tmp/faults-tree", help="where the copy of the installed DeepSpeed lives")
+    ap.add_argument("--runs", default="/tmp/faults-runs", help="reports, logs and per-fault results")
+    ap.add_argument("--full", action="store_true", help="explore to the end even once a fault is killed")
+    ap.add_argument("--cut-s", type=float, default=None, metavar="S",
+                    help="end a faulted run with no kill after S seconds of exploring (its verdict then counts only "
+                         "what it saw: a kill can only be missed, never made); default: run to the end")
+    ap.add_argument("--rerun", action="store_true", help="run faults that already have a result")
+    ap.add_argument("--table-only", action="store_true", help="only rewrite the table from kept results")
+    ap.add_argument("--json", default="zerostate-bench/faults.json")
+    ap.add_argument("--md", default=str(HERE.parent / "docs" / "benchmarks-faults.md"))
+    ap.add_argument("--coverage", metavar="DIR", help="a bench_coverage.py lines folder: say for each fault "
+                    "whether the unfaulted exploration measured there ran its faulted lines")
+    ap.add_argument("--list", action="store_true", help="list the faults and exit")
+    args = ap.parse_args(argv)
+    # a SIGTERM unwinds like Ctrl-C: the applied fault is taken back and the running exploration ended
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    catalogue = by_id()
+    if args.list:
+        for f in FAULTS:
+            print(f"{f.id:36} {f.area:12} {f.file}{'  [cpu-blind]' if f.cpu_blind else ''}")
+        return 0
+    unknown = sorted(set(args.faults or []) - set(catalogue))
+    if unknown:
+        print(f"bench_faults: unknown fault(s) {', '.join(unknown)} (--list shows them)", file=sys.stderr)
+        return 2
+    chosen = [catalogue[i] for i in args.faults] if args.faults else list(FAULTS)
+    runs, tree = Path(args.runs), Path(args.tree)
+    runs.mkdir(parents=True, exist_ok=True)
+    results: list[dict[str, Any]] = []
+    if not args.table_only:
+        package = installed_package()
+        if not (tree / "deepspeed" / "__init__.py").exists():
+            make_tree(package, tree)
+        check_pristine(tree, package)
+        base = baseline(tree, runs, args.examples, args.seed)
+        print(f"baseline: {len(base.get('findings', []))} findings in {base['run'].get('seconds')} s", flush=True)
+    for fault in chosen:
+        kept = runs / f"{fault.id}.json"
+        if kept.exists() and (args.table_only or not args.rerun):
+            results.append(json.loads(kept.read_text()))
+            continue
+        if args.table_only or not _claimed(runs / f"{fault.id}.claim"):
+            continue
+        try:
+            print(f"{fault.id}: exploring ...", flush=True)
+            result = run_fault(fault, tree, runs, base, args.examples, args.seed, args.full, args.cut_s)
+            check_pristine(tree, package)
+            kept.write_text(json.dumps(result, indent=2) + "\n")
+        finally:
+            (runs / f"{fault.id}.claim").unlink(missing_ok=True)
+        results.append(result)
+        killer = result["killer"]
+        tail = f" by {killer['key']} at {killer['seconds']:.1f} s" if killer else ""
+        print(f"{fault.id}: {result['status']}{tail}", flush=True)
+    if args.coverage:
+        mark_reached(results, Path(args.coverage))
+    meta = {"release": RELEASE, "examples": args.examples, "seed": args.seed, "fast_s": FAST_S}
+    figures = summary(results, FAST_S)
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps({**meta, "summary": figures, "faults": results}, indent=2) + "\n")
+    Path(args.md).write_text(markdown(results, figures, meta))
+    print(figures["sentence"])
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,89 @@
+"""Whether an exploration killed a fault: the rule of docs/faults.md, as a pure function of two reports.
+
+A fault is **killed** when the faulted run reports a finding whose key (check, plus the exception's origin,
+the spec's violation code, or the oracle's known issue) the unfaulted run of the same command does not
+report, and that finding is about DeepSpeed: an error of the tool itself (the oracle raising, an internal
+error) is never a kill.  A faulted run whose only effects are more examples under keys the unfaulted run has
+is not a kill, whatever their number.  A killing finding may carry a known-issue label that also labels a
+finding of the unfaulted run: `zerostate diff` would then call it unchanged, so it is counted apart
+(``hidden_by_label``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, TypedDict
+
+
+TOOL_CHECKS = frozenset({"oracle-error", "internal"})
+"""Checks that report the tool failing, not DeepSpeed (the oracle raised; the harness or tracer broke)."""
+
+
+class SeenFinding(TypedDict):
+    """One finding of a run as the benchmark saw it appear in the report."""
+
+    key: str
+    check: str
+    error: str
+    known_issue: str | None
+    seconds: float
+    """Seconds from the start of the exploration to the report flush that first held it."""
+    examples: int | None
+    """Distinct runs done by then (the report's ``examples_run``)."""
+    n: int
+
+
+@dataclass
+class Verdict:
+    status: str
+    """killed | survived | tool-error"""
+    killer: SeenFinding | None = None
+    hidden_by_label: bool = False
+    """The killing finding's known-issue label also labels a finding of the unfaulted run."""
+    new_keys: list[str] = field(default_factory=list)
+    tool_errors: list[str] = field(default_factory=list)
+
+
+def is_tool_error(check: str) -> bool:
+    return check in TOOL_CHECKS or check.startswith("harness")
+
+
+def label_of(entry: dict[str, Any]) -> str | None:
+    """The known-issue id a report entry carries, if any."""
+    known = entry.get("known_issue")
+    if isinstance(known, dict):
+        return str(known.get("id")) if known.get("id") else None
+    return str(known) if known else None
+
+
+def judge(baseline: list[dict[str, Any]], seen: list[SeenFinding], ignored: frozenset[str] = frozenset()) -> Verdict:
+    """The verdict on a faulted run's findings ``seen`` (in the order they appeared) against the unfaulted
+    run's report entries ``baseline``.  ``ignored``: keys a replay on the unfaulted tree showed after all
+    (they are not the fault's)."""
+    base_keys = {str(e["key"]) for e in baseline}
+    base_labels = {label for label in map(label_of, baseline) if label}
+    new = [f for f in seen if f["key"] not in base_keys and f["key"] not in ignored]
+    real = [f for f in new if not is_tool_error(f["check"])]
+    tools = [f["key"] for f in new if is_tool_error(f["check"])]
+    if real:
+        killer = min(real, key=lambda f: (f["seconds"], f["n"]))
+        return Verdict("killed", killer, bool(killer["known_issue"] and killer["known_issue"] in base_labels),
+                       [f["key"] for f in real], tools)
+    return Verdict("tool-error" if tools else "survived", None, False, [], tools)
+
+
+def seen_in(report: dict[str, Any], already: dict[str, SeenFinding]) -> dict[str, SeenFinding]:
+    """``already`` plus the findings of ``report`` (a report.json) not in it, timed by this report's flush."""
+    out = dict(already)
+    run = report.get("run", {})
+    for entry in report.get("findings", []):
+        key = str(entry.get("key"))
+        if key in out:
+            continue
+        out[key] = SeenFinding(key=key, check=str(entry.get("check")), error=str(entry.get("error") or ""),
+                               known_issue=label_of(entry), seconds=float(run.get("seconds", 0.0)),
+                               examples=run.get("examples_run"), n=len(out) + 1)
+    return out
+
+
+__all__ = ["SeenFinding", "TOOL_CHECKS", "Verdict", "is_tool_error", "judge", "label_of", "seen_in"]

@@ -1,0 +1,179 @@
+"""What ``zerostate diff`` says of each finding: fixed, introduced, unmasked, unchanged or intermittent.
+
+Every finding is replayed on the other build (`replay`): first once (the other exploration's run of the
+scenario, when it made one), then -- when that run does not show it -- with confirm.py's bar for "not
+reproduced": its order-dependent ``sequence`` first, in a fresh worker, then `confirm.REPEAT` runs of the
+scenario alone in one fresh worker (fewer when they take over `confirm.REPEAT_SECONDS`).  A base finding is
+**fixed** only when none of those runs shows it on head: exactly when the explorer would call it not
+reproduced there.  The race the project measured (0.19.2's ZeRO-3 persistent-parameter race at world size 2)
+shows in 2-5 % of runs, so 100 runs all miss it with probability 0.95^100 = 0.6 % at 5 % and 0.98^100 = 13 %
+at 2 %; the entry says how many runs were made, so a reader can weigh it.  A finding that shows in some of
+those runs but not in the first is **intermittent** on the other build: neither fixed nor unchanged.
+
+The same finding on two builds is `same_bug`: the same mechanism, as each finding's own run shows it (the
+check, with the exception's type and origin, or the spec's violation code), never only the same label.  So
+a head finding whose scenario fails on base under the same known issue but by another mechanism (a patch
+swapping one crash for another) is **introduced**, not unchanged and not unmasked.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Protocol
+from collections.abc import Callable, Sequence
+
+from zerostate.explorer.confirm import REPEAT, REPEAT_SECONDS
+from zerostate.findings.finding import Finding
+from zerostate.model.scenario import Scenario
+from zerostate.targets.base import Outcome
+
+STATUSES = ("introduced", "fixed", "intermittent", "unmasked", "unchanged")
+"""In the order a diff lists them."""
+
+
+class Build(Protocol):
+    """One side of a diff (`cmd_diff.Recorder`): its release, memoised runs, and fresh repeated ones."""
+
+    version: str | None
+
+    def run(self, sc: Scenario) -> Outcome: ...
+
+    def repeat(self, sc: Scenario, shows: Callable[[Outcome], bool], before: Sequence[Scenario], runs: int,
+               max_seconds: float) -> tuple[int, int]: ...
+
+
+def mechanism(f: Finding) -> tuple[str, ...]:
+    """What went wrong, as the finding's own run shows it: its key (the check plus the exception's type and
+    origin, the spec's violation code and phase, or the known issue an oracle difference matches)."""
+    return (f.key,)
+
+
+def same_bug(a: Finding, b: Finding) -> bool:
+    """Two findings (one per build) are one bug when their mechanisms are equal: a shared label is not enough."""
+    return mechanism(a) == mechanism(b)
+
+
+@dataclass(frozen=True)
+class Replay:
+    """A finding's scenario on the other build: the first run (the evidence shown), then the repeated ones."""
+
+    first: Outcome
+    runs: int
+    hits: int
+    first_shows: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        lines = (self.first.error or "").strip().splitlines()
+        return {"clean": not self.first.findings, "error": lines[-1][:300] if lines else None,
+                "findings": [{"check": g.check, "key": g.key, "error": first_line(g.error)}
+                             for g in self.first.findings],
+                "runs": self.runs, "hits": self.hits}
+
+
+def replay(build: Build, f: Finding, runs: int = REPEAT, max_seconds: float = REPEAT_SECONDS) -> Replay:
+    """``f``'s scenario on ``build``: once; then, unless that showed it, after its sequence and ``runs``
+    times alone in a fresh worker, stopping early only where time runs out (`confirm.hits_alone`'s bar)."""
+    assert f.scenario is not None, "a report's findings come from scenarios that ran"
+    first = build.run(f.scenario)
+
+    def shows(out: Outcome) -> bool:
+        return any(same_bug(g, f) for g in out.findings)
+    if shows(first):
+        return Replay(first, 1, 1, True)
+    made, hits = 1, 0
+    sequence = _sequence(f)
+    if sequence:
+        h, n = build.repeat(f.scenario, shows, sequence, 1, max_seconds)
+        made, hits = made + n, hits + h
+    h, n = build.repeat(f.scenario, shows, (), runs, max_seconds)
+    return Replay(first, made + n, hits + h, False)
+
+
+def _sequence(f: Finding) -> Sequence[Scenario]:
+    c = f.confirmation
+    return c.sequence if c is not None and c.status == "order-dependent" else ()
+
+
+def repeat_runs(run: Callable[[Scenario], Outcome], fresh: Callable[[], object], sc: Scenario,
+                shows: Callable[[Outcome], bool], before: Sequence[Scenario], runs: int,
+                max_seconds: float) -> tuple[int, int]:
+    """``(hits, made)``: ``sc`` run ``runs`` times in one fresh worker (after ``before``, once), ``made`` fewer
+    when ``max_seconds`` ran out first; in how many it ``shows``."""
+    fresh()
+    for b in before:
+        run(b)
+    t0, hits, made = time.perf_counter(), 0, 0
+    while made < runs and (made == 0 or time.perf_counter() - t0 < max_seconds):
+        hits += shows(run(sc))
+        made += 1
+    return hits, made
+
+
+def classify(base_found: list[Finding], head_found: list[Finding], base: Build, head: Build) -> list[dict[str, Any]]:
+    """Every finding of either build, with its status and the other build's replay, numbered 1..n in
+    `STATUSES` order."""
+    entries: list[dict[str, Any]] = []
+    shown_on_head: list[Finding] = []
+    for fb in base_found:
+        r = replay(head, fb)
+        shown_on_head += [g for g in r.first.findings if same_bug(g, fb)]
+        entries.append(_entry(_status_of_base(r), fb, "base", r))
+    for fh in head_found:
+        if any(same_bug(fh, g) for g in list(base_found) + shown_on_head):
+            continue
+        r = replay(base, fh)
+        entries.append(_entry(_status_of_head(fh, r, base.version), fh, "head", r))
+    entries.sort(key=lambda e: STATUSES.index(e["status"]))
+    for n, e in enumerate(entries, 1):
+        e["n"] = n
+    return entries
+
+
+def _status_of_base(r: Replay) -> str:
+    return "unchanged" if r.first_shows else "intermittent" if r.hits else "fixed"
+
+
+def _status_of_head(fh: Finding, r: Replay, base_version: str | None) -> str:
+    """A head finding base does not show: unmasked when base stopped earlier or another bug changed its
+    course and a known issue of base explains it -- unless base's run shows that very known issue by
+    another mechanism (a swap of one failure for another: introduced)."""
+    if r.first_shows:
+        return "unchanged"
+    if r.hits:
+        return "intermittent"
+    masked = bool(r.first.error or r.first.findings)  # base raised, or another bug changed its course
+    label = _label_id(_on_release(fh, base_version)) if base_version else None
+    if not (masked and label is not None):
+        return "introduced"
+    swapped = any(_label_id(g) == label for g in r.first.findings)
+    return "introduced" if swapped else "unmasked"
+
+
+def _on_release(f: Finding, version: str) -> Finding:
+    """``f`` as if found on ``version``: what a known issue of that release would say of it."""
+    from dataclasses import replace
+    return replace(f, deepspeed=version)
+
+
+def _label_id(f: Finding) -> str | None:
+    """The id of the known issue explaining ``f`` on its release, or None."""
+    from zerostate.known.labels import label
+    lab = label(f)
+    return str(lab["id"]) if lab else None
+
+
+def _entry(status: str, f: Finding, side: str, other: Replay) -> dict[str, Any]:
+    from zerostate.known.labels import annotate
+    assert f.scenario is not None, "a report's findings come from scenarios that ran"
+    return {"status": status, "found_on": side, "check": f.check, "key": f.key, "error": f.error,
+            "scenario": f.scenario.to_dict(), "description": f.scenario.describe(), **annotate(f),
+            "replay_on_" + ("head" if side == "base" else "base"): other.to_dict()}
+
+
+def first_line(text: str) -> str:
+    return text.strip().splitlines()[0][:300] if text and text.strip() else ""
+
+
+__all__ = ["Build", "Replay", "STATUSES", "classify", "first_line", "mechanism", "repeat_runs", "replay",
+           "same_bug"]

@@ -1,0 +1,152 @@
+"""The fault-injection catalogue (benchmarks/faults/) is sound data, and its kill rule says what docs/faults.md says.
+
+Cheap: no DeepSpeed import, no exploration.  Every fault's original text occurs exactly once in the installed
+release's source; applying a fault and taking it back restores the file byte for byte, even when the block
+fails; a fault whose text is missing writes nothing.  The kill rule (`faults.verdict.judge`) and the
+kill rate (`faults.table.summary`) on hand-made findings.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+from faults.apply import FaultError, applied, faulted_text
+from faults.catalogue import FAULTS, RELEASE, Fault
+from faults.table import summary
+from faults.verdict import SeenFinding, judge
+
+
+def _installed() -> Path:
+    spec = importlib.util.find_spec("deepspeed")
+    assert spec is not None and spec.origin, "deepspeed is not installed (the test extra installs it)"
+    return Path(spec.origin).parent
+
+
+def test_catalogue_is_for_the_installed_release() -> None:
+    assert importlib.metadata.version("deepspeed") == RELEASE, (
+        f"the fault catalogue's texts are taken from DeepSpeed {RELEASE}; this environment has "
+        f"{importlib.metadata.version('deepspeed')}")
+
+
+def test_catalogue_has_at_least_twenty_distinct_faults_over_every_area() -> None:
+    assert len(FAULTS) >= 20
+    assert len({f.id for f in FAULTS}) == len(FAULTS)
+    assert {f.area for f in FAULTS} == {"hooks", "coordinator", "reduction", "step", "checkpoint"}
+    assert all(f.original != f.replacement and f.rationale for f in FAULTS)
+
+
+@pytest.mark.parametrize("fault", FAULTS, ids=[f.id for f in FAULTS])
+def test_original_text_occurs_exactly_once(fault: Fault) -> None:
+    source = (_installed() / fault.file).read_text()
+    assert source.count(fault.original) == 1
+
+
+@pytest.mark.parametrize("fault", FAULTS, ids=[f.id for f in FAULTS])
+def test_apply_then_revert_is_exact(fault: Fault, tmp_path: Path) -> None:
+    path = tmp_path / "deepspeed" / fault.file
+    path.parent.mkdir(parents=True)
+    original = (_installed() / fault.file).read_bytes()
+    path.write_bytes(original)
+    with applied(fault, tmp_path):
+        faulted = path.read_text()
+        assert faulted != original.decode()
+        assert faulted == original.decode().replace(fault.original, fault.replacement)
+        assert fault.original not in faulted or fault.original in fault.replacement
+    assert path.read_bytes() == original
+
+
+def test_revert_survives_a_failing_block(tmp_path: Path) -> None:
+    fault = FAULTS[0]
+    path = tmp_path / "deepspeed" / fault.file
+    path.parent.mkdir(parents=True)
+    original = (_installed() / fault.file).read_bytes()
+    path.write_bytes(original)
+    with pytest.raises(RuntimeError, match="boom"), applied(fault, tmp_path):
+        raise RuntimeError("boom")
+    assert path.read_bytes() == original
+
+
+def test_missing_or_repeated_text_writes_nothing(tmp_path: Path) -> None:
+    fault = Fault("x", "hooks", "runtime/a.py", "needle\n", "pin\n", "test")
+    path = tmp_path / "deepspeed" / "runtime" / "a.py"
+    path.parent.mkdir(parents=True)
+    for text in ("no such text\n", "needle\nneedle\n"):
+        path.write_text(text)
+        with pytest.raises(FaultError, match="occurs"), applied(fault, tmp_path):
+            pass
+        assert path.read_text() == text
+    with pytest.raises(FaultError, match="no file"), applied(Fault("y", "hooks", "runtime/b.py", "a", "b", "test"),
+                                                             tmp_path):
+        pass
+    assert faulted_text(fault, "x\nneedle\n") == "x\npin\n"
+
+
+def _seen(key: str, check: str, seconds: float, known: str | None = None, n: int = 1) -> SeenFinding:
+    return SeenFinding(key=key, check=check, error="e", known_issue=known, seconds=seconds, examples=n, n=n)
+
+
+BASE = [{"key": "oracle:two-backwards-per-forward", "check": "oracle",
+         "known_issue": {"id": "two-backwards-per-forward"}},
+        {"key": "grad-handled-once:handled-twice", "check": "grad-handled-once", "known_issue": None}]
+
+
+def test_only_a_new_key_about_deepspeed_kills() -> None:
+    same = [_seen("grad-handled-once:handled-twice", "grad-handled-once", 3.0)]
+    assert judge(BASE, same).status == "survived"
+    tool = same + [_seen("oracle-error", "oracle-error", 4.0, n=2)]
+    v = judge(BASE, tool)
+    assert v.status == "tool-error" and v.tool_errors == ["oracle-error"]
+    new = tool + [_seen("epilogue-once:no-epilogue", "epilogue-once", 9.0, n=3),
+                  _seen("oracle", "oracle", 5.0, n=4)]
+    v = judge(BASE, new)
+    assert v.status == "killed" and v.killer is not None and v.killer["key"] == "oracle"  # the earliest
+    assert set(v.new_keys) == {"epilogue-once:no-epilogue", "oracle"}
+    assert judge(BASE, new, frozenset({"oracle", "epilogue-once:no-epilogue"})).status == "tool-error"
+
+
+def test_a_kill_under_a_label_the_unfaulted_run_has_is_marked_hidden() -> None:
+    hidden = [_seen("exception:ValueError@x.y", "exception", 2.0, known="two-backwards-per-forward")]
+    assert judge(BASE, hidden).hidden_by_label
+    assert not judge(BASE, [_seen("exception:ValueError@x.y", "exception", 2.0, known="other")]).hidden_by_label
+
+
+def _result(status: str, cpu_blind: str = "", seconds: float = 1.0) -> dict[str, object]:
+    killer = _seen("k", "oracle", seconds) if status == "killed" else None
+    return {"status": status, "cpu_blind": cpu_blind, "killer": killer, "hidden_by_label": False}
+
+
+def test_kill_rate_counts_an_equivalence_argument_that_a_kill_refuted() -> None:
+    results = [_result("killed"), _result("killed", seconds=500.0), _result("survived"),
+               _result("survived", cpu_blind="streams"), _result("killed", cpu_blind="streams")]
+    figures = summary(results, 120.0)  # type: ignore[arg-type]
+    assert figures["non_equivalent"] == 4 and figures["killed_non_equivalent"] == 3
+    assert figures["killed_within_fast_s"] == 2
+
+
+def test_findings_are_timed_by_the_first_report_that_holds_them() -> None:
+    from faults.verdict import seen_in
+    first = {"run": {"seconds": 4.5, "examples_run": 7},
+             "findings": [{"key": "a", "check": "oracle", "error": "x", "known_issue": {"id": "k"}}]}
+    later = {"run": {"seconds": 9.0, "examples_run": 12},
+             "findings": [{"key": "a", "check": "oracle", "error": "x", "known_issue": {"id": "k"}},
+                          {"key": "b", "check": "hang", "error": "y", "known_issue": None}]}
+    seen = seen_in(later, seen_in(first, {}))
+    assert (seen["a"]["seconds"], seen["a"]["examples"], seen["a"]["known_issue"]) == (4.5, 7, "k")
+    assert (seen["b"]["seconds"], seen["b"]["n"]) == (9.0, 2)
+
+
+def test_the_table_says_which_survivors_were_cut() -> None:
+    from faults.table import markdown
+    results = [{**_result("survived"), "id": "f", "area": "hooks", "tool_errors": [],
+                "run": {"examples_run": 300, "cut_s": 480.0}},
+               {**_result("killed"), "id": "g", "area": "step", "replays": {}, "run": {}}]
+    text = markdown(results, summary(results, 120.0), {"release": RELEASE, "examples": None, "seed": None})  # type: ignore[arg-type]
+    assert "run cut at 480 s" in text and "`g` | step | killed" in text
+    assert "1/2 = 50%" in text

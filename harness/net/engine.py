@@ -1,0 +1,381 @@
+"""The real engine as the loop's backend (`DeepSpeedBackend`): ``deepspeed.initialize`` with ZeRO 0-3 and a
+client SGD (or, ``config-adam``, the optimizer DeepSpeed builds from the config over the same groups), the
+model built as HF's ``from_pretrained`` builds it under ZeRO-3 (`build_zero_init`), the engines a scenario
+runs before its own (`run_engines_before`), and what the built engine reports (`engine_settings`)."""
+
+from __future__ import annotations
+
+import types
+from dataclasses import replace
+from enum import Enum
+from collections.abc import Callable
+from typing import Any, Protocol, TypedDict, runtime_checkable
+
+import torch
+import torch.nn as nn
+
+from zerostate.harness.net import fp16
+from zerostate.harness.net.checkpoint import Counters, SaveLoadRecord, round_trip
+from zerostate.harness.net.compare import Params
+from zerostate.harness.net.config import LR, ds_config, param_groups
+from zerostate.harness.net.dist import rank_rows
+from zerostate.harness.net.llama import apply_lora
+from zerostate.harness.net.network import NetOutput, attach_late_module, blocks_of, build_model
+from zerostate.harness.net.schedule import generation_output, no_grad_forward, run_schedule
+from zerostate.model.scenario import (BackwardKind, Family, MicroStep, Offload, Optimizer, Precision,
+                                      Scenario, TrainStep)
+
+
+@runtime_checkable
+class _ZeroParam(Protocol):
+    """A ZeRO-3 parameter."""
+
+    ds_tensor: torch.Tensor
+    ds_status: Enum
+
+
+def _zero_status(p: object) -> str | None:
+    """A ZeRO-3 parameter's status (``AVAILABLE``, ``NOT_AVAILABLE``, ``INFLIGHT``); None for any other."""
+    return p.ds_status.name if isinstance(p, _ZeroParam) else None
+
+
+@runtime_checkable
+class _Held(Protocol):
+    """A ZeRO-3 parameter's holders (the modules that fetched it and have not released it)."""
+
+    ds_active_sub_modules: set[int]
+
+
+@runtime_checkable
+class _Gatherable(Protocol):
+    """A ZeRO-3 parameter's bound all-gather (a closure that captured the ``zero.Init`` converting it)."""
+
+    all_gather_coalesced: Callable[..., Any]
+
+
+@runtime_checkable
+class _ZeroInitFlags(Protocol):
+    use_all_reduce_for_fetch_params: bool
+
+
+@runtime_checkable
+class _Offloading(Protocol):
+    """ZeRO-3's optimizer: its ``DeepSpeedZeRoOffload`` holds the module hooks."""
+
+    parameter_offload: Any
+
+
+@runtime_checkable
+class _LossScaled(Protocol):
+    """An fp16 optimizer with a loss scaler."""
+
+    loss_scale: float
+
+
+@runtime_checkable
+class _Destroyable(Protocol):
+    def destroy(self) -> None: ...
+
+
+OptimizerBuilt = TypedDict("OptimizerBuilt", {"class": "str | None", "from_config": bool,
+                                               "groups": "list[dict[str, Any]]"})
+"""Which optimizer the engine holds under its ZeRO / precision wrapper (`optimizer_built`)."""
+
+
+class EngineSettings(TypedDict, total=False):
+    """What the built engine reports of the settings a scenario chooses (`engine_settings`)."""
+
+    gradient_accumulation_steps: int
+    contiguous_gradients: bool
+    overlap_comm: bool
+    late_module: bool
+    world_size: int
+    optimizer: OptimizerBuilt
+    all_reduce_fetch: bool | None
+    built_partitioned: int
+    unwrap_gathered: list[int]
+
+
+class Fp16State(TypedDict):
+    skipped_steps: int
+    loss_scale: float
+
+
+def optimizer_built(engine: Any) -> OptimizerBuilt:
+    """Which optimizer the engine holds under its ZeRO / precision wrapper (``engine.basic_optimizer``), and
+    whether DeepSpeed built it from the config (no client optimizer was passed)."""
+    opt = engine.basic_optimizer
+    return {"class": f"{type(opt).__module__}.{type(opt).__name__}" if opt is not None else None,
+            "from_config": engine.client_optimizer is None,
+            "groups": [{k: v for k, v in g.items() if k in ("lr", "eps", "betas", "weight_decay")}
+                       for g in (opt.param_groups if opt is not None else [])]}
+
+
+def _closure_cells(fn: object) -> list[object]:
+    """The values a function (or a bound method's function) closed over."""
+    if isinstance(fn, types.MethodType):
+        fn = fn.__func__
+    closure = fn.__closure__ if isinstance(fn, types.FunctionType) else None
+    return [c.cell_contents for c in closure or ()]
+
+
+def _all_reduce_fetch(module: nn.Module) -> bool | None:
+    """ZeRO-3's all-reduce fetch flag of the ``zero.Init`` that converted the parameters (held by each
+    parameter's bound ``all_gather_coalesced``, inside DeepSpeed's instrument_w_nvtx wrapper); None if absent."""
+    p = next(iter(module.parameters()), None)
+    fns: list[object] = [p.all_gather_coalesced] if isinstance(p, _Gatherable) else []
+    for _ in range(3):
+        cells = [c for fn in fns for c in _closure_cells(fn)]
+        init = next((c for c in cells if isinstance(c, _ZeroInitFlags)), None)
+        if init is not None:
+            return init.use_all_reduce_for_fetch_params
+        fns = [c for c in cells if callable(c)]
+    return None
+
+
+def engine_settings(engine: Any) -> EngineSettings:
+    """What the engine itself reports of the settings a scenario chooses (the executor returns it as
+    ``engine``): DeepSpeed's own accessors, and ZeRO-3's all-reduce fetch (`_all_reduce_fetch`)."""
+    return {"gradient_accumulation_steps": engine.gradient_accumulation_steps(),
+            "contiguous_gradients": bool(engine.zero_contiguous_gradients()),
+            "overlap_comm": bool(engine.zero_overlap_comm()),
+            "late_module": "late" in engine.module._modules, "world_size": int(engine.world_size),
+            "optimizer": optimizer_built(engine), "all_reduce_fetch": _all_reduce_fetch(engine.module)}
+
+
+def build_engine_model(sc: Scenario) -> nn.Module:
+    """The network DeepSpeed trains: `build_model`'s, or with ``zero_init`` (ZeRO-3) built the way Hugging
+    Face's ``from_pretrained`` builds it when ZeRO-3 is configured (`build_zero_init`)."""
+    if sc.zero_init and sc.stage == 3:
+        return build_zero_init(sc)
+    return build_model(sc)
+
+
+def build_zero_init(sc: Scenario) -> nn.Module:
+    """HF ``from_pretrained`` under ZeRO-3 (``HfDeepSpeedConfig`` / accelerate's ``zero3_init_flag``): the
+    modules are constructed inside ``deepspeed.zero.Init(config_dict_or_path=config)`` -- no ``dtype``, as HF
+    passes none: the config's bf16/fp16 decides it (an explicit ``dtype`` is ignored on an accelerator
+    without fp16, such as the CPU one: ``_set_dtype``'s ``dtype or torch.float16 if ... else torch.bfloat16``
+    parses as ``(dtype or fp16) if fp16_supported else bf16``) -- so each parameter is partitioned (and cast)
+    as it is made; the weights are then loaded into the partitioned parameters under
+    ``GatheredParameters(modifier_rank=0)``; PEFT's LoRA wraps the model afterwards, so its adapters are made
+    outside ``zero.Init`` and stay fp32 (PEFT's ``autocast_adapter_dtype``) while the base is bf16/fp16 -- the
+    mix of DeepSpeed #8072/#8073.  The values are `build_model`'s (the oracle's)."""
+    import deepspeed
+    ref = dict(build_model(sc).named_parameters())
+    with deepspeed.zero.Init(config_dict_or_path=ds_config(sc)):
+        model = build_model(replace(sc, lora=False, modules_to_save=False))
+    model = apply_lora(sc, model)
+    for name, p in model.named_parameters():
+        with deepspeed.zero.GatheredParameters([p], modifier_rank=0), torch.no_grad():
+            p.data.copy_(ref[name].data)
+    model.train()
+    return model
+
+
+def engine_before_scenario(sc: Scenario, stage: int) -> Scenario:
+    """The scenario of an engine that runs before the scenario's own (``engines_before``): the same network
+    (z3 leaf flags cleared) and setup with ZeRO ``stage``, one plain train step of ``gas`` engine.backward
+    calls, no engines before it.  Not validated: ZeRO-3 options stay set and mean nothing below ZeRO-3."""
+    offload = sc.offload
+    if stage != 3 and offload in (Offload.PARAM, Offload.BOTH):
+        offload = Offload.OPTIMIZER if offload is Offload.BOTH else Offload.NONE
+    return replace(sc, engines_before=(), stage=stage, offload=offload,
+                   blocks=tuple(replace(b, leaf=False) for b in sc.blocks),
+                   steps=(TrainStep(micro=tuple(MicroStep(backward=BackwardKind.ENGINE) for _ in range(sc.gas))),))
+
+
+def run_engines_before(sc: Scenario) -> list[str]:
+    """Build, train one plain step and destroy one engine per stage of ``engines_before``, in order, in this
+    process.  Returns one line per engine: ``"ZeRO-k: ok"`` or ``"ZeRO-k: ExcType: message"`` -- an engine
+    before that raises is part of the process's history like any other (its own bug is found when its
+    scenario is explored as the main one), so the next engine still runs."""
+    done = []
+    for stage in sc.engines_before:
+        sub = engine_before_scenario(sc, stage)
+        backend = None
+        try:
+            backend = DeepSpeedBackend(sub, build_engine_model(sub))
+            run_schedule(sub, backend)
+            done.append(f"ZeRO-{stage}: ok")
+        except Exception as exc:  # noqa: BLE001 -- whatever DeepSpeed raised is this engine's line
+            done.append(f"ZeRO-{stage}: {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}")
+        finally:
+            if backend is not None:
+                backend.close()
+    return done
+
+
+def carried_state(stage: int) -> str | None:
+    """Process-wide state an earlier engine left that this (not ZeRO-3) engine runs with, as a sentence, or
+    None.  A ZeRO-3 engine replaces ``torch.nn.functional.linear`` by ``zero3_linear_wrap``
+    (partition_parameters.py ``_enable_mem_efficient_linear``) and ``destroy()`` does not put it back."""
+    fn = torch.nn.functional.linear
+    if stage != 3 and "deepspeed" in (fn.__module__ or ""):
+        return (f"torch.nn.functional.linear is DeepSpeed's {fn.__name__} while this ZeRO-{stage} "
+                "engine runs: left in place by a ZeRO-3 engine destroyed before it in this process")
+    return None
+
+
+class DeepSpeedBackend:
+    """The engine's `schedule.Backend`.  With ``engines_before`` in the scenario, those engines run first."""
+
+    def __init__(self, sc: Scenario, model: nn.Module) -> None:
+        import deepspeed
+        self.sc = sc
+        self.stage = sc.stage
+        if sc.precision is Precision.FP16:
+            fp16.allow_fp16_on_cpu()
+        self.engines_before = run_engines_before(sc)
+        self.carried = carried_state(sc.stage)
+        if sc.stage == 3:
+            from deepspeed.utils import set_z3_leaf_module
+            for i, b in enumerate(sc.blocks):
+                if b.leaf:
+                    set_z3_leaf_module(blocks_of(model).block(i), True)
+        self.engine: Any
+        if sc.optimizer is Optimizer.CONFIG_ADAM:  # DeepSpeed builds it from the config, over these groups
+            self.engine, self.opt, _, _ = deepspeed.initialize(model=model, model_parameters=param_groups(sc, model),
+                                                               config=ds_config(sc))
+        else:
+            opt = torch.optim.SGD(param_groups(sc, model), lr=LR)  # type: ignore[arg-type]
+            self.engine, self.opt, _, _ = deepspeed.initialize(model=model, optimizer=opt, config=ds_config(sc))
+        if sc.precision is Precision.FP16:
+            engine = self.engine
+            fp16.set_loss_scale(lambda: float(engine.optimizer.loss_scale))
+        attach_late_module(sc, self.engine.module)
+        self.names = {id(p): n for n, p in self.engine.module.named_parameters()}
+        self.llama = sc.family is Family.LLAMA
+        self.dtype = {Precision.BF16: torch.bfloat16, Precision.FP16: torch.float16}.get(sc.precision)
+        self.fp32 = self.dtype is None
+        self.unwrapped: list[int] = []
+        """Per ``reregister`` (TRL's unwrap for generation): the parameters available while generating."""
+        self.generated: list[torch.Tensor] = []
+        """Per ``reregister``: what the unhooked module generated (compared with the oracle's)."""
+        self.manual = sc.manual_boundary
+        self.share = 1.0 / sc.gas if self.manual else 1.0
+        """``manual_boundary``: the engine's gradient_accumulation_steps is 1, so the loop divides each loss
+        by ``gas`` itself (what the engine does at gas > 1)."""
+
+    def module(self) -> nn.Module:
+        module: nn.Module = self.engine.module
+        return module
+
+    def _input(self, x: torch.Tensor) -> torch.Tensor:
+        x = rank_rows(x)
+        if self.dtype is not None and x.is_floating_point():  # the engine casts the module, not its input
+            x = x.detach().to(self.dtype).requires_grad_(x.requires_grad)
+        if x.device != self.engine.device:
+            x = x.detach().to(self.engine.device).requires_grad_(x.requires_grad)
+        return x
+
+    def forward(self, x: torch.Tensor, skip: tuple[int, ...] = ()) -> NetOutput:
+        x = self._input(x)
+        if self.llama:
+            return self.engine(input_ids=x, labels=x)
+        return self.engine(x, skip=tuple(skip)) if skip else self.engine(x)
+
+    def reregister(self, x: torch.Tensor | None = None) -> None:
+        """TRL's ``unwrap_model_for_generation`` at ZeRO-3 (``gather_deepspeed3_params``, its default): every
+        parameter gathered (``GatheredParameters``), ZeRO-3's module hooks removed (``remove_hooks``), the
+        unwrapped module generating -- here one no-grad forward of ``x`` in eval mode, without hooks --, the
+        hooks registered again (``add_hooks``), the parameters released when the gather ends."""
+        if not isinstance(self.engine.optimizer, _Offloading):
+            return
+        off = self.engine.optimizer.parameter_offload
+        if off is None:
+            return
+        import deepspeed
+        with deepspeed.zero.GatheredParameters(list(self.engine.module.parameters())):
+            for p in self.engine.module.parameters():
+                if isinstance(p, _Held):
+                    p.ds_active_sub_modules.clear()
+            for h in off.forward_hooks + off.backward_hooks:
+                h.remove()
+            off.forward_hooks, off.backward_hooks = [], []
+            if x is not None:
+                self._generate(x)
+            off._register_deepspeed_module(off.module)
+
+    def _generate(self, x: torch.Tensor) -> None:
+        module = self.engine.module
+        from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
+        self.unwrapped.append(sum(_zero_status(p) == ZeroParamStatus.AVAILABLE.name
+                                  for p in module.parameters()))  # gathered while generating (the executor reports it)
+        self.generated.append(generation_output(no_grad_forward(module, self._input(x), self.llama)).float())
+
+    def eval_forward(self, x: torch.Tensor) -> None:
+        no_grad_forward(self.engine, self._input(x), self.llama)
+
+    def boundary(self, boundary: bool) -> None:
+        """Before a micro-step's backward: ``manual_boundary`` tells the engine whether it is the last one."""
+        if self.manual:
+            self.engine.set_gradient_accumulation_boundary(boundary)
+
+    def backward(self, kind: BackwardKind, out: torch.Tensor, loss: torch.Tensor, fused: bool, part: float = 1.0,
+                 keep: bool = False) -> None:
+        part *= self.share
+        if kind is BackwardKind.ENGINE:
+            if keep:
+                self.engine.backward(part * loss, retain_graph=True)
+            else:
+                self.engine.backward(loss if part == 1.0 else part * loss)
+        elif kind is BackwardKind.TORCH:
+            loss = loss if part == 1.0 else part * loss
+            if self.dtype is torch.float16:  # DeepSpeed's API for a PyTorch-style backward with a loss scaler
+                loss = self.engine.scale(loss)
+            loss.backward(retain_graph=keep)
+        else:
+            g = torch.ones_like(loss) if fused else (2 * out / out.numel()).detach()
+            (loss if fused else out).backward(gradient=g if part == 1.0 else part * g, retain_graph=keep)
+
+    def micro_done(self, boundary: bool) -> None:
+        if self.manual and not boundary:
+            return  # manual boundary: one engine.step() per train step, after the last backward
+        self.engine.step()  # DeepSpeed's loop: step() after every micro-step; it updates at the boundary
+
+    def params(self) -> Params:
+        out = {}
+        for n, p in self.engine.module.named_parameters():
+            status = _zero_status(p)
+            if status == "AVAILABLE":
+                out[n] = p.detach().cpu().clone()  # gathered (persistent): GatheredParameters would partition it
+            elif status is not None:  # ZeRO-3: read the (world size 1: whole) partition
+                import deepspeed
+                with deepspeed.zero.GatheredParameters([p]):
+                    out[n] = p.detach().cpu().clone()
+            else:
+                out[n] = p.detach().cpu().clone()
+        return out
+
+    def save_load(self, step: int) -> SaveLoadRecord:
+        return round_trip(self, step)
+
+    def counters(self) -> Counters:
+        """The engine state a checkpoint round trip must keep: global / skipped steps, fp16's loss scale."""
+        opt = self.engine.optimizer
+        scale = opt.loss_scale if self.dtype is torch.float16 and isinstance(opt, _LossScaled) else None
+        return {"global_steps": int(self.engine.global_steps), "skipped_steps": int(self.engine.skipped_steps),
+                "loss_scale": None if scale is None else float(scale)}
+
+    def fp16_state(self) -> Fp16State | None:
+        """fp16: the train steps DeepSpeed skipped so far and its current loss scale, else None."""
+        if self.dtype is not torch.float16 or self.engine is None:
+            return None
+        return {"skipped_steps": int(self.engine.skipped_steps), "loss_scale": float(self.engine.optimizer.loss_scale)}
+
+    def close(self) -> str | None:
+        """Destroy the engine; what ``destroy()`` raised, as a line, else None."""
+        fp16.set_loss_scale(None)
+        eng, self.engine = self.engine, None
+        if isinstance(eng, _Destroyable):
+            try:
+                eng.destroy()
+            except Exception as exc:  # noqa: BLE001 -- a broken engine's teardown: reported, not judged
+                return f"{type(exc).__name__}: {exc}"
+        return None
+
+
+__all__ = ["DeepSpeedBackend", "EngineSettings", "Fp16State", "OptimizerBuilt", "build_engine_model",
+           "build_zero_init", "carried_state", "engine_before_scenario", "engine_settings", "optimizer_built",
+           "run_engines_before"]

@@ -1,0 +1,165 @@
+"""The oracle: the scenario's network and schedule trained with plain PyTorch and the same optimizer
+(`TorchBackend`, `oracle_params`).
+
+fp16 is mixed precision as DeepSpeed does it, with its dynamic loss scaling (`fp16.LossScale`): the model
+the optimizer updates is the fp32 master copy; forward and backward run on an fp16 copy with the loss
+multiplied by the current scale; at the step boundary a non-finite fp16 gradient skips the step (the scale
+halves), otherwise the gradients are unscaled into fp32, clipped, the master parameters stepped and copied
+back into the fp16 copy."""
+
+from __future__ import annotations
+
+import copy
+from typing import TypedDict
+
+import torch
+import torch.nn as nn
+
+from zerostate.harness.net import fp16
+from zerostate.harness.net.compare import Params
+from zerostate.harness.net.config import fp16_section, make_optimizer, param_groups
+from zerostate.harness.net.network import NetOutput, attach_late_module, build_model
+from zerostate.harness.net.schedule import generation_output, no_grad_forward, rows_share, run_schedule
+from zerostate.model.scenario import BackwardKind, Family, Precision, Scenario
+
+
+class NothingToDifferentiate(Exception):
+    """A micro-step's loss has no ``grad_fn``: no parameter that requires grad reaches it and the input does
+    not require grad.  PyTorch's ``backward`` refuses it ("element 0 of tensors does not require grad and does
+    not have a grad_fn"), and so does DeepSpeed's ``engine.backward`` ("loss must be a scalar tensor", its check
+    that the loss has a ``grad_fn``) and a PyTorch-style backward through the engine (torch's error): the
+    scenario is not training code either side can run, so it is skipped, not judged."""
+
+
+class OracleInfo(TypedDict, total=False):
+    """What `oracle_params` reports beside the parameters."""
+
+    initial: Params
+    """The parameters before training."""
+    skipped: list[int]
+    """fp16: the train steps the loss scaler skipped."""
+    scales: list[float]
+    """fp16: the scale each train step ran with."""
+    generated: list[torch.Tensor | None]
+    """The output of each generation (`reregister`), this rank's rows."""
+
+
+class TorchBackend:
+    """The oracle's `schedule.Backend`: plain PyTorch, the same optimizer, DeepSpeed's loss scaling in fp16."""
+
+    def __init__(self, sc: Scenario, model: nn.Module) -> None:
+        self.master, self.gas = model, sc.gas
+        self.clip = float(sc.gradient_clipping)
+        self.opt = make_optimizer(sc, param_groups(sc, model))
+        self.llama = sc.family is Family.LLAMA
+        self.scaler: fp16.LossScale | None = None
+        self.model = model
+        self.steps = 0
+        """fp16: train steps the loss scaler has seen."""
+        self.train_step = 0
+        """The train step the loop is in (counted at each boundary)."""
+        self.stage = sc.stage
+        self.generated: list[torch.Tensor | None] = []
+        """The output of each generation (`reregister`), this rank's rows."""
+        if sc.precision is Precision.FP16:
+            self.model = copy.deepcopy(model).half()
+            scaler = self.scaler = fp16.LossScale(fp16_section(sc))
+            fp16.set_loss_scale(lambda: scaler.scale)
+        attach_late_module(sc, self.model)
+
+    def module(self) -> nn.Module:
+        return self.model
+
+    def _input(self, x: torch.Tensor) -> torch.Tensor:
+        if self.scaler is not None and x.is_floating_point():
+            x = x.detach().half().requires_grad_(x.requires_grad)
+        return x
+
+    def forward(self, x: torch.Tensor, skip: tuple[int, ...] = ()) -> NetOutput:
+        x = self._input(x)
+        if self.llama:
+            return self.model(input_ids=x, labels=x)
+        return self.model(x, skip=tuple(skip)) if skip else self.model(x)
+
+    def reregister(self, x: torch.Tensor | None = None) -> None:
+        """Plain PyTorch has no hooks to remove: only the generation of TRL's unwrap (ZeRO-3, as the engine
+        side does it), whose output this rank's share of is kept (``generated``) to compare with DeepSpeed's."""
+        if x is None or self.stage != 3:
+            return
+        self.generated.append(rows_share(generation_output(no_grad_forward(self.model, self._input(x), self.llama))))
+
+    def save_load(self, step: int) -> None:
+        return None  # the oracle is unchanged: a checkpoint round trip must not change training
+
+    def eval_forward(self, x: torch.Tensor) -> None:
+        no_grad_forward(self.model, self._input(x), self.llama)
+
+    def backward(self, kind: BackwardKind, out: torch.Tensor, loss: torch.Tensor, fused: bool, part: float = 1.0,
+                 keep: bool = False) -> None:
+        """``part``: the share of the loss this backward takes; ``keep``: retain_graph (two backwards)."""
+        source = loss if kind is not BackwardKind.NONSCALAR or fused else out
+        if not source.requires_grad:
+            raise NothingToDifferentiate(
+                f"train step {self.train_step}'s {'output' if source is out and out is not loss else 'loss'} has "
+                "nothing to differentiate (no parameter that requires grad reaches it and the input does not "
+                "require grad): PyTorch's backward and DeepSpeed's engine.backward both refuse it")
+        scale = self.scaler.scale if self.scaler is not None else 1.0
+        if kind is BackwardKind.NONSCALAR:
+            g = torch.ones_like(loss) if fused else (2 * out / out.numel()).detach()
+            (loss if fused else out).backward(gradient=part * g / self.gas * scale, retain_graph=keep)
+        else:
+            (part * loss / self.gas * scale if scale != 1.0 else part * loss / self.gas).backward(retain_graph=keep)
+
+    def boundary(self, boundary: bool) -> None:
+        pass  # plain PyTorch: the step boundary is where the loop calls the optimizer
+
+    def micro_done(self, boundary: bool) -> None:
+        if not boundary:
+            return
+        self.train_step += 1
+        if self.scaler is not None:
+            grads = {n: p.grad for n, p in self.model.named_parameters() if p.grad is not None}
+            # DeepSpeed checks the gradients of the parameters its optimizer holds: a parameter in no group
+            # (``in_optimizer: false``) may overflow without skipping the step
+            held = {id(q) for g in self.opt.param_groups for q in g["params"]}
+            overflow = any(not torch.isfinite(grads[n]).all() for n, p in self.master.named_parameters()
+                           if id(p) in held and n in grads)
+            for n, p in self.master.named_parameters():
+                p.grad = None if overflow or n not in grads else grads[n].float() / self.scaler.scale
+            self.model.zero_grad(set_to_none=True)
+            self.scaler.update(overflow, self.steps)
+            self.steps += 1
+            if overflow:  # the step is skipped
+                return
+        if self.clip > 0:
+            torch.nn.utils.clip_grad_norm_([p for g in self.opt.param_groups for p in g["params"]], self.clip)
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        if self.scaler is not None:
+            with torch.no_grad():
+                for p, q in zip(self.master.parameters(), self.model.parameters(), strict=False):
+                    q.copy_(p)
+
+    def params(self) -> Params:
+        return {n: p.detach().clone() for n, p in self.master.named_parameters()}
+
+
+def oracle_params(sc: Scenario, info: OracleInfo | None = None) -> list[Params]:
+    """Parameters after each train step, trained with plain PyTorch.  ``info``: `OracleInfo`."""
+    model = build_model(sc)
+    if info is not None:
+        info["initial"] = {n: p.detach().clone() for n, p in model.named_parameters()}
+    try:
+        be = TorchBackend(sc, model)
+        out: list[Params] = []
+        run_schedule(sc, be, after_step=lambda i: out.append(be.params()))
+    finally:
+        fp16.set_loss_scale(None)
+    if info is not None and be.scaler is not None:
+        info["skipped"], info["scales"] = be.scaler.skipped, be.scaler.scales
+    if info is not None:
+        info["generated"] = be.generated
+    return out
+
+
+__all__ = ["NothingToDifferentiate", "OracleInfo", "TorchBackend", "oracle_params"]

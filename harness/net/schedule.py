@@ -1,0 +1,163 @@
+"""The one training loop (`run_schedule`), parameterised by a `Backend`: the DeepSpeed engine
+(`engine.DeepSpeedBackend`) or plain PyTorch (`oracle.TorchBackend`).  DeepSpeed divides by
+``gradient_accumulation_steps`` itself (``engine.backward`` scales the loss, the output hooks scale
+PyTorch-style gradients); the oracle divides explicitly.  Also the inputs (`batch`) and the no-grad
+forward both backends' evaluations and generations use."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+import torch.nn as nn
+
+from zerostate.harness.net.config import BATCH
+from zerostate.harness.net.dist import rank_rows, world_size
+from zerostate.harness.net.llama import SEQ, VOCAB
+from zerostate.harness.net.network import NetOutput, blocks_of
+from zerostate.model.scenario import BackwardKind, Family, Scenario
+
+
+class Mark(Protocol):
+    """Observes a schedule point (the tracer's marks): ``mark("step", step=i)`` ..."""
+
+    def __call__(self, what: str, **info: Any) -> None: ...
+
+
+class Backend(Protocol):
+    """What the loop drives: the engine or the oracle."""
+
+    def module(self) -> nn.Module:
+        """The network it trains (the engine's ``module``)."""
+        ...
+
+    def save_load(self, step: int) -> Any:
+        """A checkpoint round trip before train step ``step``: its record (`checkpoint.round_trip`), or None."""
+        ...
+
+    def reregister(self, x: torch.Tensor | None = None) -> None: ...
+
+    def eval_forward(self, x: torch.Tensor) -> None: ...
+
+    def forward(self, x: torch.Tensor, skip: tuple[int, ...] = ()) -> NetOutput: ...
+
+    def boundary(self, boundary: bool) -> None: ...
+
+    def backward(self, kind: BackwardKind, out: torch.Tensor, loss: torch.Tensor, fused: bool, part: float = 1.0,
+                 keep: bool = False) -> None: ...
+
+    def micro_done(self, boundary: bool) -> None: ...
+
+
+@runtime_checkable
+class _ModelOutput(Protocol):
+    """A Hugging Face model's output (a llama's forward)."""
+
+    logits: torch.Tensor
+
+
+def batch(sc: Scenario, step: int, micro: int, eval_: bool = False) -> torch.Tensor:
+    """The input of one micro-step (or of the step's eval forward / generation): seeded by the scenario."""
+    g = torch.Generator().manual_seed(1000003 * sc.seed + 1009 * step + 2 * micro + int(eval_))
+    if sc.family is Family.LLAMA:
+        return torch.randint(0, VOCAB, (BATCH, SEQ), generator=g)
+    x = torch.randn(BATCH, sc.width, generator=g)
+    if sc.input_requires_grad and not eval_:
+        x.requires_grad_(True)
+    return x
+
+
+def no_grad_forward(module: nn.Module, x: torch.Tensor, llama: bool) -> NetOutput:
+    """One forward of ``module`` in eval mode without autograd (an eval forward, a generation), its output."""
+    module.eval()
+    with torch.no_grad():
+        out = module(input_ids=x) if llama else module(x)
+    module.train()
+    return out
+
+
+def generation_output(res: NetOutput) -> torch.Tensor:
+    """The tensor a generation forward produced: a llama's logits, the blocks network's main output."""
+    if isinstance(res, _ModelOutput):
+        return res.logits.detach()
+    if isinstance(res, dict):
+        return res["out"].detach()
+    return (res[0] if isinstance(res, tuple) else res).detach()
+
+
+def rows_share(out: torch.Tensor) -> torch.Tensor | None:
+    """This rank's share of the oracle's output of the whole batch: its rows; None for a scalar (a fused
+    head's loss) at world size > 1, which each rank computes over its own rows only (not compared)."""
+    if out.dim() == 0:
+        return None if world_size() > 1 else out.float()
+    return rank_rows(out).float()
+
+
+def _loss(sc: Scenario, res: NetOutput) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(out, loss)`` of a forward's result: what a non-scalar backward starts from, and the scalar loss."""
+    if sc.family is Family.LLAMA:
+        return res.loss, res.loss
+    fused = sc.fused_head
+    out, aux = (res["out"], res["aux"]) if isinstance(res, dict) else res if isinstance(res, tuple) else (res, None)
+    loss = out if fused else out.pow(2).mean()
+    if sc.losses == 2:  # an auxiliary loss (on the hidden state's own output if none)
+        # a fused head's output is already its scalar loss: the auxiliary term on it is linear, since the
+        # square of one rank's mean is not the mean over the ranks (the oracle trains on the global batch,
+        # data parallelism averages the ranks' gradients)
+        loss = loss + (0.1 * out if fused and aux is None else 0.1 * (out if aux is None else aux).pow(2).mean())
+    return out, loss
+
+
+def _no_mark(what: str, **info: Any) -> None:
+    pass
+
+
+def run_schedule(sc: Scenario, backend: Backend, mark: Mark = _no_mark,
+                 after_step: Callable[[int], None] | None = None) -> None:
+    """The training loop.  ``mark(what, **info)`` observes schedule points; ``after_step(i)`` runs after
+    each train step's boundary ``engine.step()``."""
+    gas = sc.gas
+    for si, st in enumerate(sc.steps):
+        if st.save_load:  # a checkpoint saved and loaded after the previous step (HF Trainer)
+            mark("save_load_start", step=si)
+            record = backend.save_load(si)
+            mark("save_load_end", step=si, record=record)
+        if st.reregister:
+            mark("reregister")
+            backend.reregister(batch(sc, si, 0, eval_=True))
+        if st.eval_before:
+            mark("eval_start")
+            backend.eval_forward(batch(sc, si, 0, eval_=True))
+            mark("eval_end")
+        frozen = [p for b in st.frozen for p in blocks_of(backend.module()).block(b).lin.parameters()]
+        for p in frozen:  # requires_grad changed for this step only
+            p.requires_grad_(False)
+        for mi, m in enumerate(st.micro):
+            boundary = mi == gas - 1
+            if st.idle:  # engine.step() without any forward or backward
+                backend.boundary(boundary)
+                if boundary:
+                    mark("step", step=si)
+                backend.micro_done(boundary)
+                continue
+            x = batch(sc, si, mi)
+            mark("forward_start")
+            res = backend.forward(x, m.skip)
+            mark("forward_end")
+            out, loss = _loss(sc, res)
+            backend.boundary(boundary)
+            for part, keep in (((0.5, True), (0.5, False)) if m.retain else ((1.0, False),)):
+                mark("backward_start", kind=m.backward.value)
+                backend.backward(m.backward, out, loss, sc.fused_head, part, keep)
+                mark("backward_end", kind=m.backward.value)
+            if boundary:
+                mark("step", step=si)
+            backend.micro_done(boundary)
+        for p in frozen:
+            p.requires_grad_(True)
+        if after_step is not None:
+            after_step(si)
+
+
+__all__ = ["Backend", "Mark", "batch", "generation_output", "no_grad_forward", "rows_share", "run_schedule"]

@@ -1,0 +1,73 @@
+"""`KnownIssue`: the one record of a documented DeepSpeed bug (open or fixed, a seed bug included) or a gap
+in zerostate's model, with the scenario that shows it and the rule that recognises its findings."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from collections.abc import Callable
+
+from zerostate.model.scenario import Scenario
+
+from zerostate.findings.finding import Finding
+from zerostate.tracing import compat
+
+
+Release = tuple[int, int, int]
+
+
+class Nature(str, Enum):
+    """What a known issue is: a bug, or a limitation DeepSpeed documents (in its own tests or log lines)."""
+
+    BUG = "bug"
+    LIMITATION = "limitation"
+
+
+@dataclass(frozen=True)
+class KnownIssue:
+    id: str
+    title: str
+    owner: str
+    """``deepspeed`` (a DeepSpeed bug) or ``model`` (zerostate's model disagrees with DeepSpeed)."""
+    releases: tuple[Release, Release]
+    """Half-open range of releases observed to have it."""
+    scenario: Scenario
+    checks: tuple[str, ...]
+    explains: Callable[[Finding], bool]
+    detail: str
+    fixed_in: str | None = None
+    """The first DeepSpeed release without it; None while no release fixes it."""
+    upstream_patch: str | None = None
+    """A proposed fix checked by ``zerostate diff`` (docs/upstream/), when there is one."""
+    world_size: int = 1
+    """The smallest world size it shows at; at a smaller one its scenario must give no finding."""
+    keys: tuple[str, ...] = ()
+    """The finding keys (`Finding.key`) its scenario gives on the pinned release (`PINNED`), or, for an issue
+    the pinned release does not have, on the releases it affects:
+    ``test_known_issue`` requires exactly these there (other releases word exceptions differently)."""
+    runtime_prevents: bool = False
+    """``zerostate.runtime`` prevents it (docs/runtime.md); ``zerostate watch`` says so."""
+    scenario_shows_from: Release | None = None
+    """The first release on which ``scenario`` shows this issue's own finding, when later than ``releases``
+    starts: before it another issue's finding comes first in the scenario (one finding per key)."""
+    nature: Nature = Nature.BUG
+    cites: str = ""
+    """For a limitation: where DeepSpeed documents it (its test, its log line)."""
+
+    def __post_init__(self) -> None:
+        if self.nature is Nature.LIMITATION and not self.cites:
+            raise ValueError(f"known issue {self.id}: a limitation cites DeepSpeed's own test or log line")
+
+    def shows_on(self, version: str | None) -> bool:
+        """Its scenario shows its own finding on ``version``."""
+        return self.affects(version) and (self.scenario_shows_from is None
+                                          or compat.version_tuple(str(version)) >= self.scenario_shows_from)
+
+    def affects(self, version: str | None) -> bool:
+        if not version:
+            return False
+        v = compat.version_tuple(version)
+        return self.releases[0] <= v < self.releases[1]
+
+
+__all__ = ["KnownIssue", "Nature", "Release"]

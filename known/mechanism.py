@@ -1,0 +1,238 @@
+"""The vocabulary a known issue's rule reads a finding's own evidence with: the exception it raised and where,
+the event pattern in its trace, the parameters it names, the oracle's disagreement.
+
+Each predicate looks at the finding alone.  A rule (`KnownIssue.explains`) combines one or more of these with
+scenario conditions that may narrow it (`narrow`), never replace it: a finding in a matching scenario whose
+evidence does not show the mechanism is unexplained."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Sequence
+
+from zerostate.model.events import Event, EventKind
+from zerostate.model.scenario import Scenario
+
+from zerostate.findings.evidence import OracleDiff, Raised
+from zerostate.findings.finding import Finding
+
+K = EventKind
+_PARAM = re.compile(r"\b((?:blocks\.\d+|base_model|model|head|lm_head|empty)[\w.]*)")
+
+
+# ------------------------------------------------------------------ the scenario may narrow, never decide
+def narrow(f: Finding, pred: Callable[[Scenario], bool]) -> bool:
+    """``pred`` on the finding's scenario; a finding without one (a watched job) is not narrowed."""
+    return f.scenario is None or pred(f.scenario)
+
+
+# ------------------------------------------------------------------ the exception
+def raised(f: Finding, exc_type: str, *, check: str = "exception") -> Raised | None:
+    """The exception of an ``exception``-class finding when it is of ``exc_type``."""
+    r = f.evidence.raised
+    if f.check != check or r is None or r.type != exc_type:
+        return None
+    return r
+
+
+def raised_in(f: Finding, exc_type: str, file: str, function: str | None = None, *says: str) -> bool:
+    """An ``exception`` finding of ``exc_type`` whose innermost DeepSpeed frame is ``file`` (``function``), its
+    message holding every one of ``says``."""
+    r = raised(f, exc_type)
+    return r is not None and r.raised_in(file, function) and r.says(*says)
+
+
+def raised_through(f: Finding, exc_type: str, file: str, function: str | None = None, *says: str) -> bool:
+    """As `raised_in`, for an exception raised below DeepSpeed (in torch) on a path through ``file``."""
+    r = raised(f, exc_type)
+    return r is not None and r.passed(file, function) and r.says(*says)
+
+
+# ------------------------------------------------------------------ the trace
+def trace(f: Finding) -> Sequence[Event]:
+    return f.trace or ()
+
+
+def at(f: Finding) -> int:
+    """Where the finding happened in its trace: the violating event, else (an exception, an end-of-run
+    obligation) the end of the trace."""
+    return f.index if f.index is not None else len(trace(f))
+
+
+def violating(f: Finding) -> Event | None:
+    ev = trace(f)
+    return ev[f.index] if f.index is not None and 0 <= f.index < len(ev) else None
+
+
+def backward_windows(events: Sequence[Event]) -> list[tuple[int, int]]:
+    """Each user backward as ``(start, end)`` indices (end: its USER_BACKWARD_END, or the trace's end)."""
+    out, start = [], None
+    for i, e in enumerate(events):
+        if e.kind is K.USER_BACKWARD_START:
+            start = i
+        elif e.kind is K.USER_BACKWARD_END and start is not None:
+            out.append((start, i))
+            start = None
+    if start is not None:
+        out.append((start, len(events)))
+    return out
+
+
+def second_backward_start(events: Sequence[Event], upto: int) -> int | None:
+    """The index of the first user backward, before ``upto``, that is the second (or later) backward of one
+    forward (two backwards per forward, ``retain_graph``)."""
+    backwards = 0
+    for i, e in enumerate(events[:upto]):
+        if e.kind in (K.FORWARD_START, K.EVAL_FORWARD_START, K.STEP):
+            backwards = 0 if e.kind is not K.EVAL_FORWARD_START else backwards
+        elif e.kind is K.USER_BACKWARD_START:
+            backwards += 1
+            if backwards == 2:
+                return i
+    return None
+
+
+def idle_step(events: Sequence[Event], upto: int) -> bool:
+    """The last ``engine.step()`` at or before ``upto`` had no user backward since the step before it (or the
+    start): a step with no gradient produced for it."""
+    last = None
+    for i, e in enumerate(events[:upto + 1]):
+        if e.kind is K.STEP:
+            last = i
+    if last is None:
+        return False
+    for e in reversed(events[:last]):
+        if e.kind is K.USER_BACKWARD_START:
+            return False
+        if e.kind is K.STEP:
+            return True
+    return True
+
+
+def hookless_backward(events: Sequence[Event], upto: int) -> bool:
+    """The last user backward before ``upto`` fired no gradient or leaf hook: no parameter got a gradient."""
+    windows = [w for w in backward_windows(events) if w[0] < upto]
+    if not windows:
+        return False
+    lo, hi = windows[-1]
+    return not any(e.kind in (K.GRAD_HOOK, K.LEAF_HOOK, K.BUCKET_ADD) for e in events[lo:hi])
+
+
+def early_leaf_hooks(events: Sequence[Event], upto: int | None = None) -> set[str]:
+    """z3 leaf modules whose full backward hook fired in a user backward before the module's own backward
+    began (its pre-backward): torch fires it as soon as the output's gradient is known when no input of the
+    module requires grad."""
+    out: set[str] = set()
+    for lo, hi in backward_windows(events[:upto] if upto is not None else events):
+        started: set[str] = set()
+        for e in events[lo:hi]:
+            if e.kind is K.MODULE_PRE_BACKWARD and e.module:
+                started.add(e.module)
+            elif e.kind is K.LEAF_HOOK and e.module and e.module not in started:
+                out.add(e.module)
+    return out
+
+
+def hook_after_epilogue(events: Sequence[Event], upto: int | None = None) -> bool:
+    """In some user backward a gradient hook fired after its epilogue: the epilogue ran too early."""
+    for lo, hi in backward_windows(events[:upto] if upto is not None else events):
+        done = False
+        for e in events[lo:hi]:
+            if e.kind is K.EPILOGUE:
+                done = True
+            elif done and e.kind in (K.GRAD_HOOK, K.LEAF_HOOK):
+                return True
+    return False
+
+
+def hooked_in_two_tasks(events: Sequence[Event], upto: int | None = None) -> set[str]:
+    """Parameters whose gradient hook fired in two different graph tasks of one user backward (a reentrant
+    checkpoint's nested task and the outer one)."""
+    out: set[str] = set()
+    for lo, hi in backward_windows(events[:upto] if upto is not None else events):
+        tasks: dict[str, set[int | None]] = {}
+        for e in events[lo:hi]:
+            if e.kind is K.GRAD_HOOK and e.param:
+                tasks.setdefault(e.param, set()).add(e.task)
+        out |= {p for p, ts in tasks.items() if len(ts) > 1}
+    return out
+
+
+def gathered_at(events: Sequence[Event], upto: int, param: str) -> bool:
+    """``param`` was gathered (its last fetch / prefetch / release before ``upto`` is not a release)."""
+    for e in reversed(events[:upto]):
+        if e.param == param and e.kind in (K.FETCH, K.PREFETCH, K.RELEASE):
+            return e.kind is not K.RELEASE
+    return False
+
+
+def reregistered_before(events: Sequence[Event], upto: int) -> bool:
+    return any(e.kind is K.REREGISTER for e in events[:upto])
+
+
+def persistent(events: Sequence[Event]) -> set[str]:
+    return {e.param for e in events if e.kind is K.PERSISTENT and e.param}
+
+
+def module_of(param: str) -> str:
+    return param.rsplit(".", 1)[0]
+
+
+def this_iteration(events: Sequence[Event], upto: int) -> tuple[int, int]:
+    """``(start, upto)``: the events since the last train forward before ``upto``."""
+    start = 0
+    for i, e in enumerate(events[:upto]):
+        if e.kind is K.FORWARD_START:
+            start = i
+    return start, upto
+
+
+def ran_in(events: Sequence[Event], lo: int, hi: int, module: str, kinds: Iterable[EventKind]) -> bool:
+    """``module`` (or a module holding it: a z3 leaf block) had one of ``kinds`` between ``lo`` and ``hi``."""
+    kinds = tuple(kinds)
+    return any(e.kind in kinds and e.module is not None and (module == e.module or module.startswith(e.module + "."))
+               for e in events[lo:hi])
+
+
+# ------------------------------------------------------------------ what the finding names
+def params_named(text: str) -> set[str]:
+    """The parameter names a message mentions (``blocks.0.norm.weight`` ...; not module names), on its first
+    line."""
+    first = text.strip().splitlines()[0] if text.strip() else ""
+    names = {n for n in (m.rstrip(".,:") for m in _PARAM.findall(first)) if n.rsplit(".", 1)[-1] in ("weight", "bias")}
+    return names | ({"empty"} if re.search(r"\bempty: ", first) else set())  # the zero-element parameter
+
+
+def oracle(f: Finding) -> OracleDiff | None:
+    return f.evidence.oracle if f.check == "oracle" else None
+
+
+def update_ratios(f: Finding, lo: float, hi: float) -> bool:
+    """An oracle finding whose every differing parameter (and the whole update) got between ``lo`` and ``hi``
+    times PyTorch's update of that step: a partial (or scaled) update of the right direction."""
+    o = oracle(f)
+    if o is None or o.kind not in ("params", "update-norm") or not o.params or o.moved:
+        return False
+    rs = [p.ratio for p in o.params]
+    return all(r is not None and lo <= r <= hi for r in rs) and o.ratio is not None and lo <= o.ratio <= hi
+
+
+def replayed(f: Finding) -> tuple[str, ...]:
+    """The differing parameters PyTorch left where they were while DeepSpeed moved them by the update of the
+    step before again (its update projected on PyTorch's previous update: 1): a stale gradient applied twice."""
+    o = oracle(f)
+    if o is None:
+        return ()
+    return tuple(p.param for p in o.params if p.param in o.moved and p.again is not None and 0.9 <= p.again <= 1.1)
+
+
+def moved_without_gradient(f: Finding) -> bool:
+    """Every differing parameter is one PyTorch left where it was (it got no gradient) and DeepSpeed moved."""
+    o = oracle(f)
+    return o is not None and bool(o.params) and all(p.param in o.moved for p in o.params)
+
+
+__all__ = ["at", "backward_windows", "gathered_at", "early_leaf_hooks", "hook_after_epilogue", "hooked_in_two_tasks",
+           "hookless_backward", "idle_step", "module_of", "moved_without_gradient", "narrow", "oracle",
+           "params_named", "persistent", "raised", "raised_in", "raised_through", "ran_in", "replayed",
+           "reregistered_before", "second_backward_start", "this_iteration", "trace", "update_ratios", "violating"]

@@ -1,0 +1,380 @@
+"""What each known issue's mechanism leaves behind in a finding's own evidence: one predicate per issue (or
+family), read by the table's ``explains`` (`known.issues`), each combined there with the scenario conditions
+that narrow it.
+
+Every rule names the check(s) it explains and what their evidence must show: the exception's type, message and
+the DeepSpeed function it was raised in; the event pattern of the trace (`known.mechanism`); the parameters
+the finding names; the oracle's differing parameters and the size and direction of their update."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from zerostate.model.events import Event
+
+from zerostate.findings.finding import Finding
+from zerostate.known.mechanism import (K, at, early_leaf_hooks, gathered_at, hook_after_epilogue, hooked_in_two_tasks,
+                                       hookless_backward, idle_step, moved_without_gradient, oracle, params_named,
+                                       persistent, raised, raised_in, replayed, reregistered_before,
+                                       second_backward_start, this_iteration, trace, update_ratios, violating)
+
+
+def _inside(param: str, modules: set[str]) -> bool:
+    return any(param.startswith(m + ".") for m in modules)
+
+
+# ------------------------------------------------------------------ the exception alone
+def raised_at(exc_type: str, file: str, function: str | None = None, *says: str) -> Callable[[Finding], bool]:
+    """The rule of an issue whose whole evidence is one exception raised in one DeepSpeed function."""
+    return lambda f: raised_in(f, exc_type, file, function, *says)
+
+
+# ------------------------------------------------------------------ hooks, leaves, reduction
+def leaf_reduced_early(f: Finding) -> bool:
+    """A z3 leaf module's backward hook fired before the module's own backward (the trace), and what followed is
+    what reducing zero-filled, size-0 gradients leaves: the real gradient cannot accumulate into the size-0
+    ``.grad`` (RuntimeError, tensor a of size 0), or the reduce-scatter refuses a size-0 gradient, or the spec
+    sees the leaf's parameters handled before their gradient accumulated / unavailable in its backward, or the
+    oracle sees only the leaf's parameters off."""
+    early = early_leaf_hooks(trace(f), at(f) + 1)
+    if not early:
+        return False
+    if f.check == "exception":
+        r = raised(f, "RuntimeError")
+        return r is not None and (r.says("must match the size of tensor", "(0)")
+                                  or r.says("Cannot reduce scatter gradients whose size is not same"))
+    ev = violating(f)
+    if f.key == "grad-handled-once:handled-before-accumulated":
+        return ev is not None and ev.param is not None and _inside(ev.param, early)
+    if f.check == "available-when-used" and f.code == "unavailable-in-backward":
+        named = params_named(f.error)
+        return bool(named) and all(_inside(p, early) for p in named)
+    o = oracle(f)
+    return o is not None and bool(o.params) and all(_inside(p.param, early) for p in o.params)
+
+
+def no_gradient_crash(f: Finding) -> bool:
+    """The last user backward fired no gradient hook (the trace), then the epilogue indexed the empty bucket
+    (IndexError in reduce_ipg_grads) or step() found no gradient (KeyError in scaled_global_norm; bf16 with fp32
+    accumulation: torch.stack of an empty list under bf16_optimizer), or no epilogue ran at all."""
+    if not hookless_backward(trace(f), at(f) + 1):
+        return False
+    if f.check == "exception":
+        r = raised(f, "RuntimeError")
+        return (raised_in(f, "IndexError", "zero/stage_1_and_2.py", "reduce_ipg_grads")
+                or raised_in(f, "KeyError", "zero/stage_1_and_2.py", "scaled_global_norm")
+                or (r is not None and r.passed("runtime/bf16_optimizer.py") and r.says("non-empty TensorList")))
+    return f.key == "epilogue-once:no-epilogue"
+
+
+_NORM_OF_NO_GRADIENT = (("zero/stage3.py", "_get_norm_groups"), ("zero/stage3.py", "get_grad_norm_direct"),
+                        ("zero/stage_1_and_2.py", "get_grad_norm_direct"),
+                        ("zero/stage_1_and_2.py", "scaled_global_norm"),
+                        ("zero/stage_1_and_2.py", "has_overflow_partitioned_grads_serial"))
+
+
+def idle_step_crash(f: Finding) -> bool:
+    """engine.step() with no backward since the step before (the trace), and step() reading the gradients no
+    backward made (KeyError / TypeError in the norm or overflow check), or -- with optimizer offload -- moving
+    parameters PyTorch leaves (the stale CPU gradients applied again), or a spec violated at that very step."""
+    ev = trace(f)
+    if f.check == "exception":
+        return idle_step(ev, len(ev)) and any(raised_in(f, t, file, fn) for t in ("KeyError", "TypeError")
+                                              for file, fn in _NORM_OF_NO_GRADIENT)
+    o = oracle(f)
+    if o is not None:
+        return o.step is not None and _step_is_idle(f, o.step) and moved_without_gradient(f)
+    e = violating(f)
+    return e is not None and e.kind is K.STEP and idle_step(ev, at(f))
+
+
+def _step_is_idle(f: Finding, step: int) -> bool:
+    ev = trace(f)
+    at_step = next((i for i, e in enumerate(ev) if e.kind is K.STEP and e.value == step), None)
+    return at_step is not None and idle_step(ev, at_step)
+
+
+def shared_param_hooked_twice(f: Finding) -> bool:
+    """A parameter's gradient hook fired in two graph tasks of one backward (a reentrant checkpoint's nested
+    task and the outer one: the trace), and the second reduction was refused (ZeRO-2: AssertionError 'already
+    been reduced'; ZeRO-3: the assertion in __reduce_and_partition_ipg_grads) or the spec saw it handled twice."""
+    twice = hooked_in_two_tasks(trace(f), at(f) + 1)
+    if not twice:
+        return False
+    if f.check == "exception":
+        r = raised(f, "AssertionError")
+        return r is not None and (r.says("has already been reduced")
+                                  or r.raised_in("zero/stage3.py", "__reduce_and_partition_ipg_grads"))
+    e = violating(f)
+    return f.code == "handled-twice" and f.check == "grad-handled-once" and e is not None and e.param in twice
+
+
+def two_backwards(f: Finding) -> bool:
+    """A second user backward of one forward ran before it (the trace: retain_graph), and it is what that leaves:
+    ZeRO-1/2 copy the second backward's gradients over the first's (every parameter moved by half PyTorch's
+    update); ZeRO-3 accumulates into the partitioned size-0 gradient (RuntimeError, tensor a of size 0), leaves
+    the second backward without its epilogue (the bucket, the gathered parameters, step()'s zero_grad on stale
+    entries: 'unknown parameter type'), or finds no active backward submodule."""
+    ev = trace(f)
+    second = second_backward_start(ev, at(f) + 1)
+    if second is None:
+        return False
+    if f.check == "oracle":
+        o = oracle(f)
+        every = o is not None and o.step is not None and _every_forward_backs_twice(ev, o.step)
+        return update_ratios(f, 0.45, 0.55 if every else 0.99)
+    if f.check == "exception":
+        r = f.evidence.raised
+        return r is not None and (
+            (r.type == "RuntimeError" and r.says("must match the size of tensor", "(0)"))
+            or raised_in(f, "RuntimeError", "zero/stage3.py", "zero_grad", "unknown parameter type")
+            or (r.type == "AssertionError" and r.says("active_backward_submodules is empty")))
+    return f.key in _AFTER_A_SECOND_BACKWARD and f.index is not None and f.index >= second
+
+
+def _every_forward_backs_twice(events: Sequence[Event], step: int) -> bool:
+    """Every forward of train step ``step`` had two (or more) user backwards: each micro-step's gradient is
+    halved, so the whole update is; when only some are, it is between half and all of PyTorch's."""
+    lo = next((i + 1 for i, e in enumerate(events) if e.kind is K.STEP and e.value == step - 1), 0) if step else 0
+    hi = next((i for i, e in enumerate(events) if e.kind is K.STEP and e.value == step), len(events))
+    counts: list[int] = []
+    for e in events[lo:hi]:
+        if e.kind is K.FORWARD_START:
+            counts.append(0)
+        elif e.kind is K.USER_BACKWARD_START and counts:
+            counts[-1] += 1
+    return bool(counts) and all(c >= 2 for c in counts)
+
+
+_AFTER_A_SECOND_BACKWARD = ("epilogue-once:no-epilogue", "grad-handled-once:left-in-bucket",
+                            "released-after-backward:still-gathered", "released-after-backward:stale-holders")
+
+
+def premature_epilogue(f: Finding) -> bool:
+    """Seed 000 part 1: in a user backward a gradient hook fired after its epilogue (the trace), and the finding
+    is that epilogue's consequence: the next step's zero_grad on the stale bucket ('unknown parameter type' on
+    CPU, 'NoneType' ... 'numel' on GPU) or the epilogue / bucket / clean-step specs."""
+    if not hook_after_epilogue(trace(f), at(f) + 1):
+        return False
+    if f.check == "exception":
+        return (raised_in(f, "RuntimeError", "zero/stage3.py", None, "unknown parameter type")
+                or raised_in(f, "AttributeError", "zero/stage3.py", None, "numel"))
+    return f.code in _AFTER_A_PREMATURE_EPILOGUE.get(f.check, ())
+
+
+_AFTER_A_PREMATURE_EPILOGUE = {"epilogue-once": ("hook-after-epilogue", "epilogue-twice", "no-epilogue"),
+                               "grad-handled-once": ("left-in-bucket", "never-handled"),
+                               "clean-step": ("stale-bucket",)}
+
+
+def counted_in_every_hook(f: Finding) -> bool:
+    """Seed 000 part 2: count_used_parameters_in_backward evaluated twice in one graph task (the violating COUNT
+    event itself)."""
+    e = violating(f)
+    return f.key.startswith("count-once-per-phase:counted-twice-in-phase") and e is not None and e.kind is K.COUNT
+
+
+def frozen_partitioned_in_recompute(f: Finding) -> bool:
+    """Seed 002: the recompute saved a live reference to a frozen parameter (SAVE_LIVE), the coordinator
+    released that parameter, and torch's metadata check unpacked it partitioned (the violating UNPACK)."""
+    e, ev = violating(f), trace(f)
+    if f.check != "saved-tensor-intact" or e is None or e.kind is not K.UNPACK or not e.param:
+        return False
+    saved = [i for i, x in enumerate(ev[:f.index]) if x.kind is K.SAVE_LIVE and x.param == e.param]
+    return bool(saved) and any(x.kind is K.RELEASE and x.param == e.param for x in ev[saved[-1]:f.index])
+
+
+# ------------------------------------------------------------------ the ZeRO-3 coordinator
+def kept_by_leaf(f: Finding) -> bool:
+    """A still-gathered parameter was fetched in this iteration for a z3 leaf module (an enclosing module
+    gathers it, not its own) whose backward never began (no pre-backward of it since the forward)."""
+    if f.key != "released-after-backward:still-gathered":
+        return False
+    ev, upto = trace(f), at(f)
+    lo, _ = this_iteration(ev, upto)
+    for p in params_named(f.error):
+        if not gathered_at(ev, upto, p):
+            continue
+        leaves = {e.module for e in ev[lo:upto] if e.kind is K.FETCH and e.param == p and e.module
+                  and p.startswith(e.module + ".") and e.module != p.rsplit(".", 1)[0]}
+        if any(not any(e.kind is K.MODULE_PRE_BACKWARD and e.module == m for e in ev[lo:upto]) for m in leaves):
+            return True
+    return False
+
+
+def held_after_backward(f: Finding, upto: int) -> set[str]:
+    """Parameters that gained a holder inside a user backward before ``upto`` (a pre-backward fetch) and still
+    had it when that backward ended: no post-backward released them."""
+    out: set[str] = set()
+    held: dict[str, int] | None = None
+    for e in trace(f)[:upto]:
+        if e.kind is K.USER_BACKWARD_START:
+            held = {}
+        elif e.kind is K.USER_BACKWARD_END and held is not None:
+            out |= {p for p, n in held.items() if n > 0}
+            held = None
+        elif held is not None and e.kind is K.HOLDERS and e.param and e.note in ("+", "-"):
+            held[e.param] = held.get(e.param, 0) + (1 if e.note == "+" else -1)
+    return out
+
+
+def released_late(f: Finding) -> bool:
+    """Parameters took a holder in the backward (their module's pre-backward) and kept it past the backward's
+    end (their post-backward never fired): the still-gathered / stale-holder parameters are those; or, in a
+    run that shows such parameters, the coordinator's trace became INVALID without a cause."""
+    if f.key in ("released-after-backward:still-gathered", "released-after-backward:stale-holders"):
+        named = params_named(f.error)
+        return bool(named) and named <= held_after_backward(f, at(f) + 1)
+    if f.key == "trace-consistent:uncalled-for-invalid":
+        return bool(held_after_backward(f, len(trace(f))))
+    return False
+
+
+def kept_for_a_use_skipped(f: Finding) -> bool:
+    """A still-gathered parameter whose module (nor a module holding it) ran no hook in this train iteration:
+    it was gathered for a recorded use (reuse, prefetch, a recompute) that the branch taken skipped."""
+    if f.key != "released-after-backward:still-gathered":
+        return False
+    ev, upto = trace(f), at(f)
+    lo, _ = this_iteration(ev, upto)
+    named = params_named(f.error)
+    if not all(gathered_at(ev, upto, p) for p in named):
+        return False
+    ran = {e.module for e in ev[lo:upto] if e.module and e.kind in (K.MODULE_PRE_FORWARD, K.MODULE_PRE_BACKWARD)}
+    if not ran - {"model"}:  # a trace without module hooks (the llama family's) cannot show which module ran
+        return False
+    return bool(named) and all(not any(p.startswith(m + ".") for m in ran) for p in named)
+
+
+def released_by_early_epilogue(f: Finding) -> bool:
+    """The module computed its backward with parameters the epilogue had already released: an EPILOGUE in this
+    backward before the violation, and a RELEASE of every parameter named after it (the module's parameters
+    have no gradient hook, so the epilogue came before their backward)."""
+    if f.check != "available-when-used" or f.code != "unavailable-in-backward" or f.index is None:
+        return False
+    ev = trace(f)
+    start = max((i for i, e in enumerate(ev[:f.index]) if e.kind is K.USER_BACKWARD_START), default=None)
+    if start is None:
+        return False
+    epi = next((i for i in range(start, f.index) if ev[i].kind is K.EPILOGUE), None)
+    named = params_named(f.error)
+    return (epi is not None and bool(named)
+            and named <= {e.param for e in ev[epi:f.index] if e.kind is K.RELEASE and e.param})
+
+
+def recording_when_reregistered(f: Finding) -> bool:
+    """The hooks were re-registered (the trace's REREGISTER) before it, and it is what a trace left RECORD shows
+    next: record_parameters popping an empty deque, the trace not made INVALID, or the coordinator's holders
+    the design releases."""
+    if not reregistered_before(trace(f), at(f)):
+        return False
+    if f.check == "exception":
+        return raised_in(f, "IndexError", "partitioned_param_coordinator.py", "record_parameters", "empty deque")
+    if f.check == "model-agreement":
+        return f.error.startswith("coordinator:") and "holders" in f.error
+    return f.key == "trace-consistent:not-made-invalid"
+
+
+def late_module_after_reregister(f: Finding) -> bool:
+    """The hooks were re-registered (REREGISTER) and the next forward's pre-forward asked a module zero.Init
+    never converted for its external parameters (AttributeError 'ds_external_parameters' in get_all_parameters)."""
+    return reregistered_before(trace(f), at(f)) and raised_in(
+        f, "AttributeError", "partitioned_param_coordinator.py", "get_all_parameters", "ds_external_parameters")
+
+
+def differing_persistent(f: Finding) -> bool:
+    """At world size > 1, the parameters that differ (between the ranks, or from PyTorch) are all persistent
+    ones (the trace's PERSISTENT declarations)."""
+    if f.world_size < 2:
+        return False
+    pers = persistent(trace(f))
+    if f.check == "ranks-params":
+        named = set(f.evidence.ranks_differ)
+    elif f.check == "oracle" and f.evidence.oracle is not None:
+        named = set(f.evidence.oracle.names)
+    else:
+        return False
+    return bool(named) and named <= pers
+
+
+def ranks_gathered_apart(f: Finding) -> bool:
+    """At world size > 1 the ranks gathered different values of a parameter in this run (``ranks-params``), and
+    the oracle finding's differing parameters are among those."""
+    differ = set(f.evidence.ranks_differ)
+    if f.world_size < 2 or not differ:
+        return False
+    if f.check == "ranks-params":
+        return f.code == "gathered-params-differ"
+    o = oracle(f)
+    return o is not None and bool(set(o.names) & differ)
+
+
+# ------------------------------------------------------------------ the oracle: which parameters, which way
+def stale_gradient_replayed(f: Finding) -> bool:
+    """In a step with a backward, the parameters that got no gradient (PyTorch left them) moved by the step
+    before's update again (projected on it: 1): the stale gradient of the offloaded buffer applied twice."""
+    o = oracle(f)
+    if o is None or o.step is None or _step_is_idle(f, o.step):
+        return False
+    again = replayed(f)
+    return bool(again) and set(o.names) <= set(again)
+
+
+def stepped_without_gradient(f: Finding, frozen: set[str]) -> bool:
+    """The differing parameters are all ones the run turned off (``frozen``: named by the scenario), and what
+    moved them is not a replay of the step before's update: an optimizer step on a zero gradient (Adam's
+    momentum) or with another step count."""
+    o = oracle(f)
+    if o is None or not o.params or not all(p.param in frozen for p in o.params):
+        return False
+    return not replayed(f)
+
+
+def update_scaled(f: Finding, lo: float, hi: float) -> bool:
+    """Every differing parameter got between ``lo`` and ``hi`` times PyTorch's update (a single-step, same-
+    direction scale error), and no parameter PyTorch left moved."""
+    return update_ratios(f, lo, hi)
+
+
+def scale_grew_at(f: Finding) -> bool:
+    """fp16: the differing step's update is half PyTorch's, on the step after which the loss scale doubled
+    (the oracle's scaler runs DeepSpeed's policy: its scale for the next step, or DeepSpeed's final scale for the
+    last step, is above the step's own) -- and no second backward of one forward explains a half."""
+    o = oracle(f)
+    scales = f.evidence.loss_scales
+    if o is None or o.step is None or not update_ratios(f, 0.45, 0.55) or o.step >= len(scales):
+        return False
+    if second_backward_start(trace(f), len(trace(f))) is not None:
+        return False
+    after = scales[o.step + 1] if o.step + 1 < len(scales) else f.evidence.loss_scale
+    return after is not None and after > scales[o.step]
+
+
+def update_unscaled(f: Finding, hi: float) -> bool:
+    """The update is all but lost: every differing parameter moved by at most ``hi`` of PyTorch's update, in its
+    direction; with an fp16 loss scale, by at most a few times 1/scale of it (an update divided by the scale,
+    rounded to fp16 parameters: 0.2 to 0.9 of 1/scale measured at gas 1 and 2)."""
+    if not update_ratios(f, 0.0, hi):
+        return False
+    o, scale = oracle(f), f.evidence.loss_scale
+    return scale is None or o is None or o.ratio is None or o.ratio * scale <= 4.0
+
+
+def scaled_twice(f: Finding, gas: int) -> bool:
+    """A share of the gradient divided by ``gas`` once more (an output computed from another passes two output
+    hooks): every differing parameter got between 1/gas and all of PyTorch's update, with one backward per
+    forward (two would halve it: two-backwards-per-forward)."""
+    return (update_ratios(f, 1.0 / gas + 0.01, 0.9999)
+            and second_backward_start(trace(f), len(trace(f))) is None)
+
+
+def pytorch_style_backward(f: Finding) -> bool:
+    return any(e.kind is K.USER_BACKWARD_START and e.note in ("torch", "nonscalar") for e in trace(f))
+
+
+__all__ = ["counted_in_every_hook", "differing_persistent", "frozen_partitioned_in_recompute", "held_after_backward",
+           "idle_step_crash", "kept_by_leaf", "kept_for_a_use_skipped", "late_module_after_reregister",
+           "leaf_reduced_early", "no_gradient_crash", "premature_epilogue", "pytorch_style_backward",
+           "raised_at", "ranks_gathered_apart", "recording_when_reregistered", "released_by_early_epilogue",
+           "released_late", "scale_grew_at", "shared_param_hooked_twice", "stale_gradient_replayed",
+           "scaled_twice", "stepped_without_gradient", "two_backwards", "update_scaled", "update_unscaled"]
