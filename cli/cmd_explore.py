@@ -53,7 +53,8 @@ def add_target_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", choices=("deepspeed", "model"), default="deepspeed",
                    help="real DeepSpeed (default) or a model design")
     p.add_argument("--design", metavar="NAME", help="model design to explore (with --target model)")
-    p.add_argument("--deepspeed", metavar="VERSION", help="DeepSpeed release, in its own cached environment")
+    p.add_argument("--deepspeed", metavar="VERSION", help="DeepSpeed release, in its own cached environment; "
+                   "explore: a list (0.18.4,0.19.2,0.19.8) or range (0.19.2..0.19.8) for a release matrix")
     p.add_argument("--deepspeed-path", metavar="DIR", help="local DeepSpeed checkout (e.g. a pull request)")
     p.add_argument("--world-size", type=int, default=1, metavar="N",
                    help="ranks: 1 (default) or 2 (a rank pool on one process group; deepspeed target)")
@@ -87,6 +88,10 @@ def run(args: argparse.Namespace) -> int:
     from zerostate.cli.report import Report
 
     check_world_size(args.world_size)
+    from zerostate.cli import matrix
+    cols = matrix.columns(args)
+    if cols is not None:  # a list or range of releases (or designs): one report, finding x release
+        return matrix.run(args, cols)
     if args.target == "model" and args.design:
         design(args.design)
     cluster = cluster_cli.open_cluster(args)
