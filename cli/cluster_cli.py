@@ -33,6 +33,8 @@ class ClusterRun:
     def __init__(self, address: str, options: dict[str, Any], world_size: int, kind: str = "deepspeed"):
         from zerostate.cluster.ray_api import ClusterUnavailable
         self.owned: Any = None
+        self.opened: Any = None
+        """The session, once connected (closed by `close`)."""
         gang = 1 if kind == "model" else max(world_size, WORLD_SIZE_DRAWN)
         try:
             if address == "auto":
@@ -41,8 +43,7 @@ class ClusterRun:
                 require_ray(local=True)  # the missing extra is said before anything starts
                 address, self.owned = auto()
             from zerostate.cluster.session import ClusterSession
-            self.session = ClusterSession(address, kind=kind, options=options,
-                                          gang=gang)
+            self.opened = self.session = ClusterSession(address, kind=kind, options=options, gang=gang)
         except ClusterUnavailable as exc:
             self.close()
             raise CliError(str(exc)) from None
@@ -73,9 +74,9 @@ class ClusterRun:
         return [r.to_dict() for r in self.session.retries]
 
     def close(self) -> None:
-        session = getattr(self, "session", None)
-        if session is not None:
-            session.close()
+        if self.opened is not None:
+            self.opened.close()
+            self.opened = None
         if self.owned is not None:
             self.owned.stop()
             self.owned = None

@@ -79,6 +79,8 @@ class RemoteTarget:
         self._group = session.gang_group()
         self._actor: Any = None
         self._host_restarts = 0
+        self.node, self.pid = "?", 0
+        """The node and process the worker runs on now (`_start`)."""
         try:
             hello = self._start()
         except BaseException:
@@ -103,7 +105,7 @@ class RemoteTarget:
     def _recover(self, exc: BaseException) -> None:
         """The worker is lost: a new one, and the lane so far run again in it."""
         t0 = time.perf_counter()
-        lost = getattr(self, "node", "?")
+        lost = self.node
         for _ in range(MAX_RETRIES):
             self.session.forget(self._actor)
             try:
