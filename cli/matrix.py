@@ -297,18 +297,17 @@ def run(args: argparse.Namespace, cols: list[Column]) -> int:
         explored.setdefault(r, {"release": r, "status": "not explored", "error": "interrupted before it ran",
                                 "out": r, "path": str(out / r)})
     from zerostate.cli.matrix_report import write
-    result = {"command": "explore (release matrix)", "status": status, "releases": names,
-              "target": cols[0].target,
-              "explorations": {r: {k: v for k, v in explored[r].items() if k not in ("findings", "path")}
-                               | {"findings": [f.get("key") for f in explored[r].get("findings") or []]}
-                               for r in names},
-              "run": {"examples": args.examples, "seed": args.seed, "world size": args.world_size,
-                      "cluster": cluster.address if cluster else None,
-                      "side by side": bool(cluster), "seconds": round(time.monotonic() - t0, 1),
-                      "command line": "zerostate " + " ".join(sys.argv[1:])}}
+    seconds = round(time.monotonic() - t0, 1)
+    explorations = {r: {k: v for k, v in explored[r].items() if k not in ("findings", "path")}
+                    | {"findings": [f.get("key") for f in explored[r].get("findings") or []]} for r in names}
+    run_info = {"examples": args.examples, "seed": args.seed, "world size": args.world_size,
+                "cluster": cluster.address if cluster else None, "side by side": bool(cluster), "seconds": seconds,
+                "command line": "zerostate " + " ".join(sys.argv[1:])}
+    result: dict[str, Any] = {"command": "explore (release matrix)", "status": status, "releases": names,
+                              "target": cols[0].target, "explorations": explorations, "run": run_info}
     write(out, result, rows)
     print(f"release matrix {', '.join(names)}: {len(rows)} finding(s) over {len(names)} column(s), "
-          f"{result['run']['seconds']:.0f}s. Report: {out}/report.md")
+          f"{seconds:.0f}s. Report: {out}/report.md")
     for row in rows:
         print(f"  #{row['n']} {row['key']}: " + ", ".join(f"{r} {row['cells'].get(r, {}).get('status', 'not explored')}"
                                                       for r in names))
