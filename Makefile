@@ -24,7 +24,8 @@ $(STAMP): pyproject.toml
 	touch $(STAMP) $(EXPLORE_STAMP)
 
 # The tests run derandomized (Hypothesis profile `ci`: the same examples every run) unless HYPOTHESIS_PROFILE
-# says otherwise, on JOBS pytest-xdist workers (each test module's DeepSpeed workers are its own).
+# says otherwise, on JOBS pytest-xdist workers, a test module whole on one of them (its DeepSpeed worker,
+# Ray cluster or engine is started once and its tests keep their order).
 JOBS ?= 2
 PYTEST := CI=$${CI:-true} HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-ci} $(BIN)/python -m pytest
 
@@ -35,7 +36,7 @@ explore: $(EXPLORE_STAMP)
 	$(BIN)/zerostate explore $(ARGS)
 
 test: lint
-	$(PYTEST) generated_tests -n $(JOBS) --dist worksteal $(ARGS)
+	$(PYTEST) generated_tests -n $(JOBS) --dist loadfile $(ARGS)
 
 test-fast: $(STAMP)
 	$(PYTEST) generated_tests -m fast -n $(JOBS) $(ARGS)
