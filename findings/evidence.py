@@ -73,6 +73,11 @@ class ParamDiff:
     ds_norm: float = 0.0
     again: float | None = None
     """DeepSpeed's update projected on PyTorch's update of the step before (1: that update applied again)."""
+    last_only: bool | None = None
+    """DeepSpeed's parameter is (within the tolerance) where the step's last backward's gradient alone would
+    have moved it; None when the oracle could not say (an update that is not its gradient times one factor)."""
+    but_last: bool | None = None
+    """... where PyTorch's update without the last backward's share of the gradient would have moved it."""
 
 
 @dataclass(frozen=True)
@@ -157,8 +162,13 @@ def oracle_from(diff: Mapping[str, Any] | None) -> OracleDiff | None:
         return None
     return OracleDiff(str(diff.get("kind", "params")), diff.get("step"),
                       tuple(ParamDiff(str(row[0]), float(row[1]), _num(row[2]), float(row[3]), float(row[4]),
-                                      _num(row[5]) if len(row) > 5 else None) for row in diff.get("params") or ()),
+                                      _num(row[5]) if len(row) > 5 else None, _flag(row, 6), _flag(row, 7))
+                            for row in diff.get("params") or ()),
                       diff.get("ratio"), tuple(diff.get("moved") or ()))
+
+
+def _flag(row: Sequence[Any], i: int) -> bool | None:
+    return None if len(row) <= i or row[i] is None else bool(row[i])
 
 
 def _num(x: Any) -> float | None:

@@ -12,10 +12,12 @@ from collections.abc import Callable, Sequence
 
 from zerostate.model.events import Event
 
+from zerostate.findings.evidence import ParamDiff, Raised
 from zerostate.findings.finding import Finding
-from zerostate.known.mechanism import (K, at, early_leaf_hooks, gathered_at, hook_after_epilogue, hooked_in_two_tasks,
-                                       hookless_backward, idle_step, moved_without_gradient, oracle, params_named,
-                                       persistent, raised, raised_in, replayed, reregistered_before,
+from zerostate.known.mechanism import (K, at, bucketed_twice_after_second_backward, early_leaf_hooks, gathered_at,
+                                       hook_after_epilogue, hooked_in_two_tasks, hookless_backward, idle_step,
+                                       left_by_second_backward, moved_without_gradient, oracle, params_named, persistent, raised, raised_in,
+                                       raised_in_second_backward, replayed, reregistered_before,
                                        second_backward_start, this_iteration, trace, update_ratios, violating)
 
 
@@ -33,7 +35,8 @@ def raised_at(exc_type: str, file: str, function: str | None = None, *says: str)
 def leaf_reduced_early(f: Finding) -> bool:
     """A z3 leaf module's backward hook fired before the module's own backward (the trace), and what followed is
     what reducing zero-filled, size-0 gradients leaves: the real gradient cannot accumulate into the size-0
-    ``.grad`` (RuntimeError, tensor a of size 0), or the reduce-scatter refuses a size-0 gradient, or the spec
+    ``.grad`` (RuntimeError, tensor a of size 0), or the ZeRO-3 reduction refuses the size-0 gradient in its
+    bucket (RuntimeError 'Cannot reduce scatter gradients' in __reduce_and_partition_ipg_grads), or the spec
     sees the leaf's parameters handled before their gradient accumulated / unavailable in its backward, or the
     oracle sees only the leaf's parameters off."""
     early = early_leaf_hooks(trace(f), at(f) + 1)
@@ -42,7 +45,8 @@ def leaf_reduced_early(f: Finding) -> bool:
     if f.check == "exception":
         r = raised(f, "RuntimeError")
         return r is not None and (r.says("must match the size of tensor", "(0)")
-                                  or r.says("Cannot reduce scatter gradients whose size is not same"))
+                                  or (r.says("Cannot reduce scatter gradients whose size is not same")
+                                      and r.raised_in("zero/stage3.py", "__reduce_and_partition_ipg_grads")))
     ev = violating(f)
     if f.key == "grad-handled-once:handled-before-accumulated":
         return ev is not None and ev.param is not None and _inside(ev.param, early)
@@ -111,32 +115,76 @@ def shared_param_hooked_twice(f: Finding) -> bool:
 
 def two_backwards(f: Finding) -> bool:
     """A second user backward of one forward ran before it (the trace: retain_graph), and it is what that leaves:
-    ZeRO-1/2 copy the second backward's gradients over the first's (every parameter moved by half PyTorch's
-    update); ZeRO-3 accumulates into the partitioned size-0 gradient (RuntimeError, tensor a of size 0), leaves
-    the second backward without its epilogue (the bucket, the gathered parameters, step()'s zero_grad on stale
-    entries: 'unknown parameter type'), or finds no active backward submodule."""
+    ZeRO-1/2 copy the boundary's second backward's gradients over what the step had accumulated (the oracle's
+    counterfactuals; without them, a share of PyTorch's update between half and all of it).  ZeRO-3: the second
+    backward computes with parameters the first one released (torch meets a size-0 tensor, raised inside that
+    backward), or runs without its epilogue: its gradients stay in the bucket (left there; a later epilogue
+    finds them twice: DeepSpeed's assertion in __reduce_and_partition_ipg_grads; step()'s zero_grad on the stale
+    entries: 'unknown parameter type'), its parameters gathered; or no active backward submodule is found."""
     ev = trace(f)
     second = second_backward_start(ev, at(f) + 1)
     if second is None:
         return False
     if f.check == "oracle":
         o = oracle(f)
-        every = o is not None and o.step is not None and _every_forward_backs_twice(ev, o.step)
-        return update_ratios(f, 0.45, 0.55 if every else 0.99)
+        if o is None or o.step is None:
+            return False
+        if o.params and all(p.last_only is not None for p in o.params):
+            return _kept_one_backwards_share(ev, o.step, o.params) and not o.moved
+        return update_ratios(f, 0.45, 0.55 if _every_forward_backs_twice(ev, o.step) else 0.99)
     if f.check == "exception":
         r = f.evidence.raised
         return r is not None and (
-            (r.type == "RuntimeError" and r.says("must match the size of tensor", "(0)"))
+            (_partitioned_in_use(r) and raised_in_second_backward(ev))
             or raised_in(f, "RuntimeError", "zero/stage3.py", "zero_grad", "unknown parameter type")
-            or (r.type == "AssertionError" and r.says("active_backward_submodules is empty")))
+            or (r.type == "AssertionError" and r.says("active_backward_submodules is empty"))
+            or (raised_in(f, "AssertionError", "zero/stage3.py", "__reduce_and_partition_ipg_grads")
+                and bool(bucketed_twice_after_second_backward(ev, at(f) + 1))))
+    if f.key == "clean-step:stale-bucket":  # the second backward ran no epilogue: its gradients outlive step()
+        named = params_named(f.error)
+        return bool(named) and named <= left_by_second_backward(ev, at(f) + 1)
     return f.key in _AFTER_A_SECOND_BACKWARD and f.index is not None and f.index >= second
+
+
+def _partitioned_in_use(r: Raised) -> bool:
+    """torch met a size-0 tensor where a parameter's full shape belongs: a partitioned ZeRO-3 parameter (its
+    ``.data`` an empty tensor) or its size-0 gradient in the computation."""
+    return r.type == "RuntimeError" and (r.says("must match the size of tensor", "(0)") or r.says("of shape [0]"))
+
+
+def _kept_one_backwards_share(events: Sequence[Event], step: int, params: Sequence[ParamDiff]) -> bool:
+    """The step's last forward (its boundary micro-step) had a second backward, and every differing parameter
+    is where that backward's reduction copying over the gradient left it (the oracle's counterfactuals): the
+    last backward's gradient alone (engine.backward: everything accumulated before it in the step is lost), or
+    PyTorch's update without one backward's share (a PyTorch-style backward: the boundary micro-step's first
+    backward is lost).  Measured on 0.19.8, ZeRO-1 and 2, gas 1 to 3."""
+    if _backwards_of_last_forward(events, step) < 2:
+        return False
+    return all(p.last_only for p in params) or all(p.but_last for p in params)
+
+
+def _step_window(events: Sequence[Event], step: int) -> tuple[int, int]:
+    """The events of train step ``step``: after the step before's STEP, up to its own."""
+    lo = next((i + 1 for i, e in enumerate(events) if e.kind is K.STEP and e.value == step - 1), 0) if step else 0
+    hi = next((i for i, e in enumerate(events) if e.kind is K.STEP and e.value == step), len(events))
+    return lo, hi
+
+
+def _backwards_of_last_forward(events: Sequence[Event], step: int) -> int:
+    lo, hi = _step_window(events, step)
+    count = 0
+    for e in events[lo:hi]:
+        if e.kind is K.FORWARD_START:
+            count = 0
+        elif e.kind is K.USER_BACKWARD_START:
+            count += 1
+    return count
 
 
 def _every_forward_backs_twice(events: Sequence[Event], step: int) -> bool:
     """Every forward of train step ``step`` had two (or more) user backwards: each micro-step's gradient is
     halved, so the whole update is; when only some are, it is between half and all of PyTorch's."""
-    lo = next((i + 1 for i, e in enumerate(events) if e.kind is K.STEP and e.value == step - 1), 0) if step else 0
-    hi = next((i for i, e in enumerate(events) if e.kind is K.STEP and e.value == step), len(events))
+    lo, hi = _step_window(events, step)
     counts: list[int] = []
     for e in events[lo:hi]:
         if e.kind is K.FORWARD_START:

@@ -42,6 +42,18 @@ class OracleInfo(TypedDict, total=False):
     """fp16: the scale each train step ran with."""
     generated: list[torch.Tensor | None]
     """The output of each generation (`reregister`), this rank's rows."""
+    grads: list[StepGrads]
+    """fp32: each train step's gradients, whole and the last backward's share (`StepGrads`)."""
+
+
+class StepGrads(TypedDict):
+    """One train step's gradients as the optimizer got them (fp32, before clipping): what lets the oracle's
+    difference say which backwards' gradients DeepSpeed's update holds (`harness.evidence.oracle_diff`)."""
+
+    total: Params
+    """The step's whole gradient: every backward's, accumulated."""
+    last: Params
+    """The share of it the step's last backward added."""
 
 
 class TorchBackend:
@@ -61,6 +73,9 @@ class TorchBackend:
         self.stage = sc.stage
         self.generated: list[torch.Tensor | None] = []
         """The output of each generation (`reregister`), this rank's rows."""
+        self.grads: list[StepGrads] = []
+        """fp32: each train step's gradients (`StepGrads`)."""
+        self._last: Params = {}
         if sc.precision is Precision.FP16:
             self.model = copy.deepcopy(model).half()
             scaler = self.scaler = fp16.LossScale(fp16_section(sc))
@@ -104,11 +119,16 @@ class TorchBackend:
                 "nothing to differentiate (no parameter that requires grad reaches it and the input does not "
                 "require grad): PyTorch's backward and DeepSpeed's engine.backward both refuse it")
         scale = self.scaler.scale if self.scaler is not None else 1.0
+        before = self._grads()
         if kind is BackwardKind.NONSCALAR:
             g = torch.ones_like(loss) if fused else (2 * out / out.numel()).detach()
             (loss if fused else out).backward(gradient=part * g / self.gas * scale, retain_graph=keep)
         else:
             (part * loss / self.gas * scale if scale != 1.0 else part * loss / self.gas).backward(retain_graph=keep)
+        self._last = {n: g - before[n] if n in before else g for n, g in self._grads().items()}
+
+    def _grads(self) -> Params:
+        return {n: p.grad.detach().clone() for n, p in self.model.named_parameters() if p.grad is not None}
 
     def boundary(self, boundary: bool) -> None:
         pass  # plain PyTorch: the step boundary is where the loop calls the optimizer
@@ -131,6 +151,9 @@ class TorchBackend:
             self.steps += 1
             if overflow:  # the step is skipped
                 return
+        if self.scaler is None:  # fp16's gradients are scaled and its updates rounded: no share to compare
+            self.grads.append({"total": self._grads(), "last": self._last})
+        self._last = {}
         if self.clip > 0:
             torch.nn.utils.clip_grad_norm_([p for g in self.opt.param_groups for p in g["params"]], self.clip)
         self.opt.step()
@@ -158,8 +181,8 @@ def oracle_params(sc: Scenario, info: OracleInfo | None = None) -> list[Params]:
     if info is not None and be.scaler is not None:
         info["skipped"], info["scales"] = be.scaler.skipped, be.scaler.scales
     if info is not None:
-        info["generated"] = be.generated
+        info["generated"], info["grads"] = be.generated, be.grads
     return out
 
 
-__all__ = ["NothingToDifferentiate", "OracleInfo", "TorchBackend", "oracle_params"]
+__all__ = ["NothingToDifferentiate", "OracleInfo", "StepGrads", "TorchBackend", "oracle_params"]
