@@ -74,10 +74,11 @@ class ParamDiff:
     again: float | None = None
     """DeepSpeed's update projected on PyTorch's update of the step before (1: that update applied again)."""
     last_only: bool | None = None
-    """DeepSpeed's parameter is (within the tolerance) where the step's last backward's gradient alone would
-    have moved it; None when the oracle could not say (an update that is not its gradient times one factor)."""
+    """DeepSpeed's update of the step is (within the tolerance) the one PyTorch's optimizer makes from the step's
+    last backward's gradient alone; None when the oracle made no such counterfactual (a step the scaler skipped,
+    a run before it recorded them)."""
     but_last: bool | None = None
-    """... where PyTorch's update without the last backward's share of the gradient would have moved it."""
+    """... the one it makes from the step's gradient without the last backward's share."""
 
 
 @dataclass(frozen=True)

@@ -215,7 +215,8 @@ def test_a_label_preserving_swap_of_one_crash_for_another_is_introduced():
     fb = _leaf_early("0.19.8", sc, "exception")
     reduce_refuses = Raised("RuntimeError", "0 != 64 Cannot reduce scatter gradients whose size is not same as the "
                             "params", (Frame("deepspeed", "runtime/engine.py", "backward"),
-                                       Frame("deepspeed", "runtime/zero/stage3.py", "__reduce_and_partition_ipg_grads")))
+                                       Frame("deepspeed", "runtime/zero/stage3.py",
+                                             "__reduce_and_partition_ipg_grads")))
     fh = replace(fb, error=f"RuntimeError: {reduce_refuses.message}",
                  origin="RuntimeError@runtime.zero.stage3.__reduce_and_partition_ipg_grads",
                  evidence=Evidence(raised=reduce_refuses))

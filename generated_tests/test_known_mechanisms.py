@@ -264,7 +264,7 @@ def test_a_second_backward_is_recognised_by_what_it_left(ds, name):
         assert explain(one_backward) is None, (f.key, "labelled without a second backward")
         o = f.evidence.oracle
         if o is not None:
-            assert all(p.last_only is not None for p in o.params), o  # SGD: the counterfactuals are known
+            assert all(p.last_only is not None for p in o.params), o  # the oracle made its counterfactuals
             lost_more = replace(o, params=tuple(replace(p, last_only=False, but_last=False) for p in o.params))
             assert explain(replace(f, evidence=replace(f.evidence, oracle=lost_more))) is None
 

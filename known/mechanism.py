@@ -143,6 +143,14 @@ def left_by_second_backward(events: Sequence[Event], upto: int) -> set[str]:
             if e.kind is K.BUCKET_ADD and e.param}
 
 
+def unexited_second_backward(events: Sequence[Event], upto: int) -> bool:
+    """A second user backward of one forward before ``upto`` entered DeepSpeed's backward (ENTER_BACKWARD) and
+    ended without exiting it: no epilogue took the depth back."""
+    ev = events[:upto]
+    return any(sum(e.kind is K.ENTER_BACKWARD for e in ev[a:b]) > sum(e.kind is K.EXIT_BACKWARD for e in ev[a:b])
+               for a, b in second_backwards(ev) if b < len(ev))
+
+
 def idle_step(events: Sequence[Event], upto: int) -> bool:
     """The last ``engine.step()`` at or before ``upto`` had no user backward since the step before it (or the
     start): a step with no gradient produced for it."""
@@ -283,8 +291,9 @@ def moved_without_gradient(f: Finding) -> bool:
     return o is not None and bool(o.params) and all(p.param in o.moved for p in o.params)
 
 
-__all__ = ["at", "backward_windows", "gathered_at", "early_leaf_hooks", "hook_after_epilogue", "hooked_in_two_tasks",
-           "hookless_backward", "idle_step", "module_of", "moved_without_gradient", "narrow", "oracle",
-           "params_named", "persistent", "raised", "raised_in", "raised_through", "ran_in", "replayed",
-           "reregistered_before", "raised_in_second_backward", "second_backward_start", "second_backwards",
-           "bucketed_twice_after_second_backward", "left_by_second_backward", "this_iteration", "trace", "update_ratios", "violating"]
+__all__ = ["at", "backward_windows", "bucketed_twice_after_second_backward", "early_leaf_hooks", "gathered_at",
+           "hook_after_epilogue", "hooked_in_two_tasks", "hookless_backward", "idle_step", "left_by_second_backward",
+           "module_of", "moved_without_gradient", "narrow", "oracle", "params_named", "persistent", "raised",
+           "raised_in", "raised_in_second_backward", "raised_through", "ran_in", "replayed", "reregistered_before",
+           "second_backward_start", "second_backwards", "this_iteration", "trace", "unexited_second_backward",
+           "update_ratios", "violating"]

@@ -16,9 +16,10 @@ from zerostate.findings.evidence import ParamDiff, Raised
 from zerostate.findings.finding import Finding
 from zerostate.known.mechanism import (K, at, bucketed_twice_after_second_backward, early_leaf_hooks, gathered_at,
                                        hook_after_epilogue, hooked_in_two_tasks, hookless_backward, idle_step,
-                                       left_by_second_backward, moved_without_gradient, oracle, params_named, persistent, raised, raised_in,
-                                       raised_in_second_backward, replayed, reregistered_before,
-                                       second_backward_start, this_iteration, trace, update_ratios, violating)
+                                       left_by_second_backward, moved_without_gradient, oracle, params_named,
+                                       persistent, raised, raised_in, raised_in_second_backward, replayed,
+                                       reregistered_before, second_backward_start, this_iteration, trace,
+                                       unexited_second_backward, update_ratios, violating)
 
 
 def _inside(param: str, modules: set[str]) -> bool:
@@ -116,11 +117,13 @@ def shared_param_hooked_twice(f: Finding) -> bool:
 def two_backwards(f: Finding) -> bool:
     """A second user backward of one forward ran before it (the trace: retain_graph), and it is what that leaves:
     ZeRO-1/2 copy the boundary's second backward's gradients over what the step had accumulated (the oracle's
-    counterfactuals; without them, a share of PyTorch's update between half and all of it).  ZeRO-3: the second
+    counterfactual updates; without them, a share of PyTorch's update between half and all of it).  ZeRO-3: the second
     backward computes with parameters the first one released (torch meets a size-0 tensor, raised inside that
     backward), or runs without its epilogue: its gradients stay in the bucket (left there; a later epilogue
     finds them twice: DeepSpeed's assertion in __reduce_and_partition_ipg_grads; step()'s zero_grad on the stale
-    entries: 'unknown parameter type'), its parameters gathered; or no active backward submodule is found."""
+    entries: 'unknown parameter type'), its parameters gathered; or no active backward submodule is found.  Any
+    stage: a PyTorch-style second backward enters DeepSpeed's backward and, without an epilogue, never exits
+    (its gradients outlive step() in the bucket, the backward depth stays up)."""
     ev = trace(f)
     second = second_backward_start(ev, at(f) + 1)
     if second is None:
@@ -140,6 +143,8 @@ def two_backwards(f: Finding) -> bool:
             or (r.type == "AssertionError" and r.says("active_backward_submodules is empty"))
             or (raised_in(f, "AssertionError", "zero/stage3.py", "__reduce_and_partition_ipg_grads")
                 and bool(bucketed_twice_after_second_backward(ev, at(f) + 1))))
+    if f.key == "clean-step:backward-never-exited":  # the second backward entered and had no epilogue to exit
+        return unexited_second_backward(ev, at(f) + 1)
     if f.key == "clean-step:stale-bucket":  # the second backward ran no epilogue: its gradients outlive step()
         named = params_named(f.error)
         return bool(named) and named <= left_by_second_backward(ev, at(f) + 1)
@@ -157,7 +162,8 @@ def _kept_one_backwards_share(events: Sequence[Event], step: int, params: Sequen
     is where that backward's reduction copying over the gradient left it (the oracle's counterfactuals): the
     last backward's gradient alone (engine.backward: everything accumulated before it in the step is lost), or
     PyTorch's update without one backward's share (a PyTorch-style backward: the boundary micro-step's first
-    backward is lost).  Measured on 0.19.8, ZeRO-1 and 2, gas 1 to 3."""
+    backward is lost).  Measured on 0.19.8, ZeRO-1 and 2, gas 1 to 3, SGD and AdamW, clipping, fp16, world size
+    1 and 2."""
     if _backwards_of_last_forward(events, step) < 2:
         return False
     return all(p.last_only for p in params) or all(p.but_last for p in params)
