@@ -236,6 +236,9 @@ SECOND_BACKWARD = {  # scenario -> the checks its real run gives on 0.19.8, each
     "zero1-torch-retained-first": ({"stage": 1, "blocks": [{"norm": "frozen"}], "steps": [
         {"micro": [{"backward": "torch", "retain": True}, {"backward": "engine"}]}]},
         {"epilogue-once", "grad-handled-once", "clean-step"}),
+    "zero1-fused-head-after-unexited": ({"stage": 1, "fused_head": True, "blocks": [{"norm": "frozen"}], "steps": [
+        {"micro": [{"backward": "torch", "retain": True}, {"backward": "engine"}]}]},
+        {"oracle", "epilogue-once", "grad-handled-once", "no-epilogue-before-user-backward"}),
     "zero3-frozen-lin": ({"stage": 3, "blocks": [{"lin": "frozen"}], "persistence_threshold": 0,
                           "steps": [{"micro": [{"backward": "engine", "retain": True}]}]}, {"exception"}),
 }

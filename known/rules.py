@@ -18,8 +18,8 @@ from zerostate.known.mechanism import (K, at, bucketed_twice_after_second_backwa
                                        hook_after_epilogue, hooked_in_two_tasks, hookless_backward, idle_step,
                                        left_by_second_backward, moved_without_gradient, oracle, params_named,
                                        persistent, raised, raised_in, raised_in_second_backward, replayed,
-                                       reregistered_before, second_backward_start, this_iteration, trace,
-                                       unexited_second_backward, update_ratios, violating)
+                                       reregistered_before, second_backward_start, second_backwards, this_iteration,
+                                       trace, unexited_second_backward, update_ratios, violating)
 
 
 def _inside(param: str, modules: set[str]) -> bool:
@@ -143,7 +143,8 @@ def two_backwards(f: Finding) -> bool:
             or (r.type == "AssertionError" and r.says("active_backward_submodules is empty"))
             or (raised_in(f, "AssertionError", "zero/stage3.py", "__reduce_and_partition_ipg_grads")
                 and bool(bucketed_twice_after_second_backward(ev, at(f) + 1))))
-    if f.key == "clean-step:backward-never-exited":  # the second backward entered and had no epilogue to exit
+    if f.key in ("clean-step:backward-never-exited",  # the second backward entered and had no epilogue to exit
+                 "no-epilogue-before-user-backward:epilogue-outside-user-backward"):  # a later epilogue sees its depth
         return unexited_second_backward(ev, at(f) + 1)
     if f.key == "clean-step:stale-bucket":  # the second backward ran no epilogue: its gradients outlive step()
         named = params_named(f.error)
@@ -158,13 +159,15 @@ def _partitioned_in_use(r: Raised) -> bool:
 
 
 def _kept_one_backwards_share(events: Sequence[Event], step: int, params: Sequence[ParamDiff]) -> bool:
-    """The step's last forward (its boundary micro-step) had a second backward, and every differing parameter
-    is where that backward's reduction copying over the gradient left it (the oracle's counterfactuals): the
-    last backward's gradient alone (engine.backward: everything accumulated before it in the step is lost), or
-    PyTorch's update without one backward's share (a PyTorch-style backward: the boundary micro-step's first
+    """A forward of the step had a second backward, and every differing parameter is where one of the oracle's
+    counterfactual updates puts it: the last backward's gradient alone (a second engine.backward in the
+    boundary micro-step copies over everything the step accumulated; so does a PyTorch-style second backward
+    in an earlier one whose never-exited depth makes a fused head's in-forward backward run the epilogue), or
+    PyTorch's update without one backward's share (PyTorch-style backwards: the boundary micro-step's first
     backward is lost).  Measured on 0.19.8, ZeRO-1 and 2, gas 1 to 3, SGD and AdamW, clipping, fp16, world size
     1 and 2."""
-    if _backwards_of_last_forward(events, step) < 2:
+    lo, hi = _step_window(events, step)
+    if not any(lo <= a < hi for a, _ in second_backwards(events)):
         return False
     return all(p.last_only for p in params) or all(p.but_last for p in params)
 
@@ -174,17 +177,6 @@ def _step_window(events: Sequence[Event], step: int) -> tuple[int, int]:
     lo = next((i + 1 for i, e in enumerate(events) if e.kind is K.STEP and e.value == step - 1), 0) if step else 0
     hi = next((i for i, e in enumerate(events) if e.kind is K.STEP and e.value == step), len(events))
     return lo, hi
-
-
-def _backwards_of_last_forward(events: Sequence[Event], step: int) -> int:
-    lo, hi = _step_window(events, step)
-    count = 0
-    for e in events[lo:hi]:
-        if e.kind is K.FORWARD_START:
-            count = 0
-        elif e.kind is K.USER_BACKWARD_START:
-            count += 1
-    return count
 
 
 def _every_forward_backs_twice(events: Sequence[Event], step: int) -> bool:
