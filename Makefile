@@ -1,6 +1,6 @@
 # Two commands do all the set-up on a fresh machine:
 #   make explore   -- the main job: explore the installed DeepSpeed, write zerostate-report/
-#   make test      -- the tests: pytest generated_tests
+#   make test      -- the tests: ruff, mypy, then pytest generated_tests (make test-fast: the fast tier)
 # Both create .venv on first use: torch 2.13.0 (CPU build) first, then zerostate with the extra each
 # needs (`explore`: DeepSpeed 0.19.8, hypothesis, networkx, matplotlib + hf; `test`: explore + hf + pytest).
 # A runtime user needs neither: `pip install --no-deps zerostate` into the DeepSpeed environment.
@@ -23,14 +23,26 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[test]'
 	touch $(STAMP) $(EXPLORE_STAMP)
 
-.PHONY: setup explore test check bench
+# The tests run derandomized (Hypothesis profile `ci`: the same examples every run) unless HYPOTHESIS_PROFILE
+# says otherwise, on JOBS pytest-xdist workers (each test module's DeepSpeed workers are its own).
+JOBS ?= 2
+PYTEST := CI=$${CI:-true} HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-ci} $(BIN)/python -m pytest
+
+.PHONY: setup explore test test-fast lint check bench
 setup: $(STAMP)
 
 explore: $(EXPLORE_STAMP)
 	$(BIN)/zerostate explore $(ARGS)
 
-test: $(STAMP)
-	CI=$${CI:-} $(BIN)/python -m pytest generated_tests $(ARGS)
+test: lint
+	$(PYTEST) generated_tests -n $(JOBS) --dist worksteal $(ARGS)
+
+test-fast: $(STAMP)
+	$(PYTEST) generated_tests -m fast -n $(JOBS) $(ARGS)
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	PYTHON=$(BIN)/python tools/typecheck.sh all
 
 check: $(EXPLORE_STAMP)
 	$(BIN)/zerostate check $(ARGS)

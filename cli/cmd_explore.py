@@ -25,7 +25,7 @@ from zerostate.explorer.events import Confirmed, FindingEvent, Progress, Renumbe
 from zerostate.findings.finding import Finding
 from zerostate.targets.base import Target, TargetError
 
-from zerostate.cli import targets_api as api
+from zerostate.cli import cluster_cli, targets_api as api
 from zerostate.cli.common import (DEFAULT_OUT, EXIT_FINDINGS, EXIT_INTERRUPTED, EXIT_OK, CliError, check_world_size,
                                   design,
                      non_negative_float, positive_int)
@@ -53,7 +53,8 @@ def add_target_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", choices=("deepspeed", "model"), default="deepspeed",
                    help="real DeepSpeed (default) or a model design")
     p.add_argument("--design", metavar="NAME", help="model design to explore (with --target model)")
-    p.add_argument("--deepspeed", metavar="VERSION", help="DeepSpeed release, in its own cached environment")
+    p.add_argument("--deepspeed", metavar="VERSION", help="DeepSpeed release, in its own cached environment; "
+                   "explore: a list (0.18.4,0.19.2,0.19.8) or range (0.19.2..0.19.8) for a release matrix")
     p.add_argument("--deepspeed-path", metavar="DIR", help="local DeepSpeed checkout (e.g. a pull request)")
     p.add_argument("--world-size", type=int, default=1, metavar="N",
                    help="ranks: 1 (default) or 2 (a rank pool on one process group; deepspeed target)")
@@ -77,6 +78,7 @@ def add_parser(sub: Any) -> None:
                    help="Hypothesis seed (default: a fixed seed, 0: the same examples every run)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument("--out", default=DEFAULT_OUT, metavar="DIR", help=f"report folder (default {DEFAULT_OUT}/)")
+    cluster_cli.add_option(p)
     p.set_defaults(run=run)
 
 
@@ -86,23 +88,36 @@ def run(args: argparse.Namespace) -> int:
     from zerostate.cli.report import Report
 
     check_world_size(args.world_size)
+    from zerostate.cli import matrix
+    cols = matrix.columns(args)
+    if cols is not None:  # a list or range of releases (or designs): one report, finding x release
+        return matrix.run(args, cols)
     if args.target == "model" and args.design:
         design(args.design)
-    target = _prestarted(api.target(args))
+    cluster = cluster_cli.open_cluster(args)
+    try:
+        target = cluster.target() if cluster else _prestarted(api.target(args))
+    except BaseException:
+        if cluster:
+            cluster.close()
+        raise
     jobs = args.jobs or max(1, (os.cpu_count() or 1) // max(1, args.world_size))  # a job at ws 2: two ranks
-    if args.target == "model":
+    if cluster:
+        jobs = cluster.jobs(args.jobs)
+    elif args.target == "model":
         jobs = 1  # a pure function in this process: workers would only share its one interpreter
     who = api.describe_target(target)
     shown_as = _Column(column_of(args, who), who)
     report = Report(args.out, "explore", {**who, "examples": args.examples, "seed": args.seed,
                                           "time_budget": args.time_budget or None, "jobs": jobs,
-                                          "command_line": "zerostate " + " ".join(sys.argv[1:])},
+                                          "command_line": "zerostate " + " ".join(sys.argv[1:]),
+                                          **({"cluster": cluster.describe()} if cluster else {})},
                     columns=[shown_as.column], specs=SPECS, replay_args=_replay_args(args))
     if args.target != "model":  # counted apart from the findings about DeepSpeed, from the start (findings.harness)
         report.data["harness_errors"] = []
     progress = ProgressLine("explore")
     budget = TimeBudget(args.time_budget, clock)
-    spawn = (lambda: _prestarted(api.target(args))) if jobs > 1 else None
+    spawn = (cluster.target if cluster else lambda: _prestarted(api.target(args))) if jobs > 1 else None
     exp = api.exploration(target, args.examples, args.seed, jobs=jobs, spawn=spawn, first=_unexplained)
     failure: CliError | None = None
     with _ctrl_c_kept() as ctrl_c:
@@ -119,6 +134,10 @@ def run(args: argparse.Namespace) -> int:
                 api.close(target)
             except KeyboardInterrupt:  # a second Ctrl-C while closing: the report is still finished
                 status = "interrupted"
+            finally:
+                if cluster:  # lanes the cluster ran again (a worker or node lost) are counted, never hidden
+                    report.data["reliability"]["cluster_retries"] = cluster.retries()
+                    cluster.close()
         if ctrl_c.is_set():
             status = "interrupted"
         ctrl_c.hold()  # from here on a Ctrl-C is only noted: the final report is written whole
@@ -230,7 +249,9 @@ def _print_summary(args: argparse.Namespace, summary: dict[str, Any], report: An
     print(f"reliability: {rel['confirmed']}/{rel['reported']} confirmed by replay in a fresh worker, "
           f"{rel['order_dependent']} order-dependent, {rel['intermittent']} intermittent, "
           f"{rel['not_reproduced']} not reproduced, "
-          f"{len(rel['restarts'])} worker restart(s)")
+          f"{len(rel['restarts'])} worker restart(s)"
+          + (f", {len(rel['cluster_retries'])} lane(s) run again on the cluster (a worker lost)"
+             if "cluster_retries" in rel else ""))
     if "harness_errors" in report.data:
         print(f"harness errors: {len(report.data['harness_errors'])} (zerostate's own failures, not findings "
               "about DeepSpeed)")

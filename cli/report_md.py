@@ -8,7 +8,7 @@ _RUN_KEYS = (("target", "target"), ("deepspeed", "DeepSpeed release"), ("design"
              ("examples", "budget (examples)"), ("examples_run", "distinct runs (the examples, then shrinking)"),
              ("time_budget", "time budget (s)"), ("stopped", "stopped"), ("bound", "bound"),
              ("seed", "seed"), ("started", "started (UTC)"), ("seconds", "seconds"),
-             ("command_line", "command line"))
+             ("cluster", "cluster"), ("command_line", "command line"))
 
 
 def render_markdown(d: dict[str, Any]) -> str:
@@ -75,6 +75,11 @@ def _reliability(rel: dict[str, Any] | None) -> list[str]:
     out += [f"  - after example {r.get('example')}: {r.get('why')}" for r in rel["restarts"][:20]]
     if len(rel["restarts"]) > 20:
         out.append(f"  - ... ({len(rel['restarts']) - 20} more in report.json)")
+    if "cluster_retries" in rel:  # a lost cluster worker's lane is run again from its start: same examples
+        out.append(f"- lanes run again on the cluster (a worker or its node lost): {len(rel['cluster_retries'])}")
+        out += [f"  - worker {r['worker']} on node {str(r['node'])[:8]}: {r['why']}; {r['replayed']} run(s) of its "
+                f"lane run again first" + (f"; DIFFERED: {'; '.join(r['differed'])}" if r["differed"] else "")
+                for r in rel["cluster_retries"]]
     return out
 
 

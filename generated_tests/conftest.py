@@ -40,6 +40,7 @@ def pytest_addoption(parser):
 FAST_MODULES = frozenset({
     "test_checker", "test_coordinator_model", "test_hook_model", "test_model_core", "test_scenario",
     "test_event_kinds_and_fold", "test_cli_check", "test_cli_compare", "test_cli_errors", "test_fault_catalogue",
+    "test_one_place",
 })
 """The fast tier (``make test-fast``, ``-m fast``): the model, the specs, the strategies and the CLI on the model
 target, whole modules but their ``slow`` tests; the one real-DeepSpeed smoke is marked ``fast`` where it stands."""

@@ -21,6 +21,7 @@ LAYERS = {
     "harness": {"model", "specs", "findings", "tracing", "runtime", "atomic", "jit_ops"},
     "targets": {"model", "specs", "findings", "known", "tracing", "harness", "atomic", "jit_ops"},
     "explorer": {"model", "specs", "findings", "known", "targets", "atomic"},
+    "cluster": {"model", "targets", "harness"},
     "clients": {"model", "runtime", "watcher"},
     "watcher": {"model", "specs", "findings", "known", "tracing", "runtime", "atomic", "jit_ops", "cli"},
 }

@@ -1,0 +1,107 @@
+"""The Ray actor that hosts one exploration worker: a real target (a DeepSpeed worker, its rank pools) on one node.
+
+`LaneHost` is a plain class; `session.ClusterSession` makes it a Ray actor (so importing this module needs
+no Ray).  Its methods take and return what crosses the process boundary, typed: a `TargetSpec` in, a
+`Hello` and `RunReply` out.  Scenarios travel as their JSON (the explorer's memo key), outcomes as the
+`Outcome` they are.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import Any, Protocol, TypedDict, runtime_checkable
+
+from zerostate.model.scenario import Scenario
+from zerostate.targets.base import Outcome, Target, TargetError, get_target
+
+
+class TargetSpec(TypedDict):
+    """Which target a host builds: ``kind`` and ``options`` as `targets.base.get_target` takes them."""
+
+    kind: str
+    options: dict[str, Any]
+    gang: int
+    """The most ranks one of its scenarios may ask for: its rank pool of that size starts ahead."""
+    env: dict[str, str]
+    """The driver's zerostate and DeepSpeed settings (``ZEROSTATE_*``, ``DS_*``, ...) the target must see."""
+
+
+class Hello(TypedDict):
+    ok: bool
+    error: str
+    version: str | None
+    design: str
+    world_size: int
+    pid: int
+    node_id: str
+    host: str
+
+
+class RunReply(TypedDict):
+    outcome: Outcome
+    restarts: int
+    """The target's restart count after the run (hangs, crashes, ranks out of step)."""
+
+
+@runtime_checkable
+class _Restarting(Protocol):
+    restarts: int
+
+
+@runtime_checkable
+class _Refreshable(Protocol):
+    def fresh(self) -> None: ...
+
+
+@runtime_checkable
+class _Prestarting(Protocol):
+    def prestart(self, world_size: int) -> None: ...
+
+
+def _restarts(t: Target | None) -> int:
+    return int(t.restarts or 0) if isinstance(t, _Restarting) else 0
+
+
+class LaneHost:
+    """One worker of an exploration, on whatever node Ray placed it."""
+
+    def __init__(self, spec: TargetSpec):
+        self.spec = spec
+        self.target: Target | None = None
+
+    def hello(self) -> Hello:
+        """Build the target (start its worker); ``ok`` False with the one-line reason when it cannot."""
+        import ray
+        os.environ.update(self.spec["env"])
+        base: Hello = {"ok": False, "error": "", "version": None, "design": "", "world_size": 1,
+                       "pid": os.getpid(), "node_id": ray.get_runtime_context().get_node_id(),
+                       "host": socket.gethostname()}
+        try:
+            self.target = get_target(self.spec["kind"], **self.spec["options"])
+        except TargetError as exc:
+            return {**base, "error": str(exc).strip().splitlines()[0] if str(exc).strip() else "TargetError"}
+        t = self.target
+        if isinstance(t, _Prestarting) and self.spec["gang"] > 1:
+            t.prestart(self.spec["gang"])
+        return {**base, "ok": True, "version": t.version, "design": t.design.name,
+                "world_size": int(self.spec["options"].get("world_size", 1))}
+
+    def run(self, scenario_json: str) -> RunReply:
+        assert self.target is not None, "hello() first"
+        out = self.target.run(Scenario.from_json(scenario_json))
+        return {"outcome": out, "restarts": _restarts(self.target)}
+
+    def fresh(self) -> int:
+        """A fresh worker, nothing carried over; the restart count after it."""
+        if isinstance(self.target, _Refreshable):
+            self.target.fresh()
+        return _restarts(self.target)
+
+    def close(self) -> None:
+        if self.target is not None:
+            self.target.close()
+            self.target = None
+
+
+__all__ = ["Hello", "LaneHost", "RunReply", "TargetSpec"]
