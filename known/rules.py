@@ -84,8 +84,11 @@ def idle_step_crash(f: Finding) -> bool:
     parameters PyTorch leaves (the stale CPU gradients applied again), or a spec violated at that very step."""
     ev = trace(f)
     if f.check == "exception":
-        return idle_step(ev, len(ev)) and any(raised_in(f, t, file, fn) for t in ("KeyError", "TypeError")
-                                              for file, fn in _NORM_OF_NO_GRADIENT)
+        return idle_step(ev, len(ev)) and (
+            any(raised_in(f, t, file, fn) for t in ("KeyError", "TypeError") for file, fn in _NORM_OF_NO_GRADIENT)
+            # ZeRO-0 with clipping: clip_grad_norm_ filters out the parameters without a gradient, then indexes
+            # the empty list (parameters[0].device)
+            or raised_in(f, "IndexError", "runtime/utils.py", "clip_grad_norm_"))
     o = oracle(f)
     if o is not None:
         return o.step is not None and _step_is_idle(f, o.step) and moved_without_gradient(f)
@@ -142,7 +145,9 @@ def two_backwards(f: Finding) -> bool:
             or raised_in(f, "RuntimeError", "zero/stage3.py", "zero_grad", "unknown parameter type")
             or (r.type == "AssertionError" and r.says("active_backward_submodules is empty"))
             or (raised_in(f, "AssertionError", "zero/stage3.py", "__reduce_and_partition_ipg_grads")
-                and bool(bucketed_twice_after_second_backward(ev, at(f) + 1))))
+                and bool(bucketed_twice_after_second_backward(ev, at(f) + 1)))
+            or (_no_epilogue_after_unexited(ev) and any(raised_in(f, t, file, fn) for t in ("KeyError", "TypeError")
+                                                         for file, fn in _NORM_OF_NO_GRADIENT)))
     if f.key in ("clean-step:backward-never-exited",  # the second backward entered and had no epilogue to exit
                  "no-epilogue-before-user-backward:epilogue-outside-user-backward"):  # a later epilogue sees its depth
         return unexited_second_backward(ev, at(f) + 1)
@@ -150,6 +155,14 @@ def two_backwards(f: Finding) -> bool:
         named = params_named(f.error)
         return bool(named) and named <= left_by_second_backward(ev, at(f) + 1)
     return f.key in _AFTER_A_SECOND_BACKWARD and f.index is not None and f.index >= second
+
+
+def _no_epilogue_after_unexited(events: Sequence[Event]) -> bool:
+    """A second backward entered DeepSpeed's backward without exiting it, and no epilogue ran from then on: the
+    later backwards start deeper and never reduce, so step() finds no gradient (its norm of None)."""
+    unexited = [a for a, b in second_backwards(events) if b < len(events) and unexited_second_backward(events, b + 1)
+                and not unexited_second_backward(events, a)]
+    return bool(unexited) and not any(e.kind is K.EPILOGUE for e in events[unexited[0]:])
 
 
 def _partitioned_in_use(r: Raised) -> bool:
