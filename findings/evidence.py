@@ -73,6 +73,12 @@ class ParamDiff:
     ds_norm: float = 0.0
     again: float | None = None
     """DeepSpeed's update projected on PyTorch's update of the step before (1: that update applied again)."""
+    last_only: bool | None = None
+    """DeepSpeed's update of the step is (within the tolerance) the one PyTorch's optimizer makes from the step's
+    last backward's gradient alone; None when the oracle made no such counterfactual (a step the scaler skipped,
+    a run before it recorded them)."""
+    but_last: bool | None = None
+    """... the one it makes from the step's gradient without the last backward's share."""
 
 
 @dataclass(frozen=True)
@@ -157,8 +163,13 @@ def oracle_from(diff: Mapping[str, Any] | None) -> OracleDiff | None:
         return None
     return OracleDiff(str(diff.get("kind", "params")), diff.get("step"),
                       tuple(ParamDiff(str(row[0]), float(row[1]), _num(row[2]), float(row[3]), float(row[4]),
-                                      _num(row[5]) if len(row) > 5 else None) for row in diff.get("params") or ()),
+                                      _num(row[5]) if len(row) > 5 else None, _flag(row, 6), _flag(row, 7))
+                            for row in diff.get("params") or ()),
                       diff.get("ratio"), tuple(diff.get("moved") or ()))
+
+
+def _flag(row: Sequence[Any], i: int) -> bool | None:
+    return None if len(row) <= i or row[i] is None else bool(row[i])
 
 
 def _num(x: Any) -> float | None:

@@ -27,7 +27,7 @@ from zerostate.model.events import Event, EventKind
 from zerostate.model.scenario import Scenario
 from zerostate.targets.base import Outcome
 from zerostate.findings.finding import Finding
-from zerostate.findings.evidence import Evidence, Raised
+from zerostate.findings.evidence import Evidence, Frame, Raised
 from zerostate.known import issues as known
 from zerostate.known.labels import groups, label, root_key
 
@@ -39,15 +39,17 @@ UPSTREAM = Path(__file__).resolve().parents[1] / "docs" / "upstream"
 
 # ---------------------------------------------------------------- classification (made-up outcomes)
 class _Fake:
-    """A recorder stand-in: scenario JSON -> the findings a build shows on it."""
+    """A recorder stand-in: scenario JSON -> the findings a build shows on it, each ``(check, error, origin)`` or a
+    whole `Finding` (its trace and evidence: what a label reads)."""
 
     def __init__(self, version, table):
         self.version, self.table, self.runs = version, table, []
 
     def run(self, sc):
         self.runs.append(sc)
-        found = [Finding(c, e, sc, target="deepspeed", deepspeed=self.version, origin=o)
-                 for c, e, o in self.table.get(sc.to_json(None), [])]
+        found = [replace(x, scenario=sc, deepspeed=self.version) if isinstance(x, Finding)
+                 else Finding(x[0], x[1], sc, target="deepspeed", deepspeed=self.version, origin=x[2])
+                 for x in self.table.get(sc.to_json(None), [])]
         return Outcome(sc, [], next((f.error for f in found if f.check == "exception"), None), found)
 
     def repeat(self, sc, shows, before, runs, max_seconds):
@@ -204,17 +206,26 @@ def test_a_race_one_replay_misses_is_intermittent_not_fixed():
 
 
 def test_a_label_preserving_swap_of_one_crash_for_another_is_introduced():
-    """Head swaps base's crash for another one (another exception, from another place) in the same scenario,
+    """Head swaps base's crash for another one (another message, from another place) in the same scenario,
     under the same known issue: not unchanged, and not unmasked either -- base ran into that known issue
-    itself, by another mechanism."""
+    itself.  Both show the mechanism: the leaf's hook fired before its backward (the trace) and left size-0
+    gradients, which base's backward cannot accumulate into and head's ZeRO-3 reduction refuses (its own
+    RuntimeError in __reduce_and_partition_ipg_grads: a head that reduces the leaf's bucket first)."""
     sc = known.Z3_LEAF_INPUT_NO_GRAD.scenario
-    fb = _leaf_early("0.19.8", sc, "exception")  # both carry the mechanism's evidence: the leaf's early hook
-    fh = replace(fb, error="ValueError: a leaf module's inputs do not require grad",
-                 origin="ValueError@runtime.zero.parameter_offload._check_leaf_inputs",
-                 evidence=Evidence(raised=Raised("ValueError", "a leaf module's inputs do not require grad")))
-    old, new = (fb.check, fb.error, fb.origin), (fh.check, fh.error, fh.origin)
+    fb = _leaf_early("0.19.8", sc, "exception")
+    reduce_refuses = Raised("RuntimeError", "0 != 64 Cannot reduce scatter gradients whose size is not same as the "
+                            "params", (Frame("deepspeed", "runtime/engine.py", "backward"),
+                                       Frame("deepspeed", "runtime/zero/stage3.py",
+                                             "__reduce_and_partition_ipg_grads")))
+    fh = replace(fb, error=f"RuntimeError: {reduce_refuses.message}",
+                 origin="RuntimeError@runtime.zero.stage3.__reduce_and_partition_ipg_grads",
+                 evidence=Evidence(raised=reduce_refuses))
+    # a crash that does not show the mechanism is no swap under the label: it is the head's own finding
+    alien = replace(fh, evidence=Evidence(raised=replace(reduce_refuses, frames=(
+        Frame("deepspeed", "runtime/zero/stage3.py", "_injected_fault"),))))
+    assert label(alien) is None
     assert fb.key != fh.key and label(fb) is not None and label(fb) == label(fh)  # the same label
-    base, head = _Fake("0.19.8", {sc.to_json(None): [old]}), _Fake("0.19.8", {sc.to_json(None): [new]})
+    base, head = _Fake("0.19.8", {sc.to_json(None): [fb]}), _Fake("0.19.8", {sc.to_json(None): [fh]})
     entries = classify([fb], [fh], base, head)
     assert {e["found_on"]: e["status"] for e in entries} == {"base": "fixed", "head": "introduced"}
 

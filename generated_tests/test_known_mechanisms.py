@@ -21,6 +21,7 @@ from zerostate.findings.finding import Finding
 from zerostate.known.issue import KnownIssue, Nature
 from zerostate.known.issues import KNOWN_ISSUES, by_id, explain
 from zerostate.known.labels import labelled
+from zerostate.model.scenario import Scenario
 
 _CAT = Raised("ValueError", "torch.cat(): expected a non-empty list of Tensors",
               (Frame("zerostate", "harness/net.py", "backward"), Frame("deepspeed", "runtime/engine.py", "backward"),
@@ -222,3 +223,84 @@ def test_each_rule_refuses_an_injected_faults_evidence(ds):
                            evidence=Evidence())
             for g in (faulted, hang):
                 assert explain(g) is None, f"stage {stage}: {explain(g).id} explains {g.check} ({g.error})"
+
+
+# ---------------------------------------------------------------- a second backward of one forward
+SECOND_BACKWARD = {  # scenario -> the checks its real run gives on 0.19.8, each labelled two-backwards-per-forward
+    "zero1-engine-boundary": ({"stage": 1, "blocks": [{}], "steps": [
+        {"micro": [{"backward": "engine"}, {"backward": "engine"}]},
+        {"micro": [{"backward": "engine"}, {"backward": "engine", "retain": True}]}]}, {"oracle"}),
+    "zero2-torch-boundary": ({"stage": 2, "blocks": [{}], "steps": [
+        {"micro": [{"backward": "torch"}, {"backward": "torch", "retain": True}]}]},
+        {"oracle", "epilogue-once", "grad-handled-once", "clean-step"}),
+    "zero1-torch-retained-first": ({"stage": 1, "blocks": [{"norm": "frozen"}], "steps": [
+        {"micro": [{"backward": "torch", "retain": True}, {"backward": "engine"}]}]},
+        {"epilogue-once", "grad-handled-once", "clean-step"}),
+    "zero1-fused-head-after-unexited": ({"stage": 1, "fused_head": True, "blocks": [{"norm": "frozen"}], "steps": [
+        {"micro": [{"backward": "torch", "retain": True}, {"backward": "engine"}]}]},
+        {"oracle", "epilogue-once", "grad-handled-once", "no-epilogue-before-user-backward"}),
+    "zero3-frozen-lin": ({"stage": 3, "blocks": [{"lin": "frozen"}], "persistence_threshold": 0,
+                          "steps": [{"micro": [{"backward": "engine", "retain": True}]}]}, {"exception"}),
+}
+
+
+def _without_second_backward(trace: tuple) -> tuple:
+    """The trace as if every forward had one backward: each second backward's events dropped."""
+    from zerostate.known.mechanism import second_backwards
+    drop = {i for a, b in second_backwards(trace) for i in range(a, min(b + 1, len(trace)))}
+    return tuple(e for i, e in enumerate(trace) if i not in drop)
+
+
+@pytest.mark.deepspeed
+@pytest.mark.parametrize("name", sorted(SECOND_BACKWARD))
+def test_a_second_backward_is_recognised_by_what_it_left(ds, name):
+    """ZeRO-1/2 (gas 2, the second backward in the boundary micro-step): the step applies exactly the last
+    backward's gradient (engine.backward: the earlier micro-step's is lost too, update 1/3 of PyTorch's here) or
+    PyTorch's without the boundary's first backward (a PyTorch-style backward) -- the oracle's counterfactuals
+    say which; ZeRO-3 computes the second backward with a parameter the first one released (size 0).  Each is
+    labelled; the same finding with the second backward taken out of its trace, or with an update no
+    counterfactual matches (a fault that loses another share), is not."""
+    sc, checks = SECOND_BACKWARD[name]
+    out = ds.run(Scenario.from_dict(sc))
+    assert {f.check for f in out.findings} == checks, [(f.key, f.error) for f in out.findings]
+    for f in out.findings:
+        assert explain(f) is not None and explain(f).id == "two-backwards-per-forward", (f.key, f.error, f.evidence)
+        trace = _without_second_backward(f.trace)
+        one_backward = replace(f, trace=trace, index=None if f.index is None else min(f.index, len(trace) - 1))
+        assert explain(one_backward) is None, (f.key, "labelled without a second backward")
+        o = f.evidence.oracle
+        if o is not None:
+            assert all(p.last_only is not None for p in o.params), o  # the oracle made its counterfactuals
+            lost_more = replace(o, params=tuple(replace(p, last_only=False, but_last=False) for p in o.params))
+            assert explain(replace(f, evidence=replace(f.evidence, oracle=lost_more))) is None
+
+
+def test_a_bucket_holding_a_second_backwards_gradients_twice_is_that_mechanism():
+    """ZeRO-3 (with zerostate.runtime, which runs the epilogue stock skips): a second backward of one forward ran
+    no epilogue, its gradients stayed in the bucket, the next backward added the same parameters and its
+    epilogue met DeepSpeed's assertion that the bucket holds each parameter once.  Without the second
+    backward's additions (a parameter in the bucket twice for another reason) it is not that issue."""
+    from zerostate.model.events import Event, EventKind as K
+    k = by_id("two-backwards-per-forward")
+    w = "blocks.0.lin.weight"
+
+    trace = (Event(K.FORWARD_START),
+             Event(K.USER_BACKWARD_START, note="torch"), Event(K.BUCKET_ADD, param=w), Event(K.BUCKET_FLUSH, value=1),
+             Event(K.EPILOGUE), Event(K.USER_BACKWARD_END, note="torch"),
+             Event(K.USER_BACKWARD_START, note="torch"), Event(K.BUCKET_ADD, param=w),  # the second: no epilogue
+             Event(K.USER_BACKWARD_END, note="torch"),
+             Event(K.FORWARD_START),
+             Event(K.USER_BACKWARD_START, note="torch"), Event(K.BUCKET_ADD, param=w), Event(K.BUCKET_FLUSH, value=1),
+             Event(K.EPILOGUE))
+    raised = Raised("AssertionError", "", (Frame("deepspeed", "runtime/engine.py", "_backward_epilogue"),
+                                           Frame("deepspeed", "runtime/zero/stage3.py",
+                                                 "__reduce_and_partition_ipg_grads")))
+    sc = Scenario.from_dict({"stage": 3, "blocks": [{}], "steps": [{"micro": [
+        {"backward": "torch", "retain": True}, {"backward": "torch"}]}]})
+    f = Finding("exception", "AssertionError: ", sc, trace, None, "deepspeed", "0.19.8",
+                origin="AssertionError@runtime.zero.stage3.__reduce_and_partition_ipg_grads",
+                evidence=Evidence(raised=raised))
+    assert explain(f) is k
+    assert explain(replace(f, trace=trace[:7] + trace[8:])) is None  # the second backward added nothing
+    elsewhere = replace(raised, frames=(Frame("deepspeed", "runtime/zero/stage3.py", "_injected_fault"),))
+    assert explain(replace(f, evidence=Evidence(raised=elsewhere))) is None

@@ -14,7 +14,8 @@ from typing import Any
 def oracle_diff(kind: str, step: int | None, expected: Mapping[str, Any] | None = None,
                 got: Mapping[str, Any] | None = None, pt_before: Mapping[str, Any] | None = None,
                 ds_before: Mapping[str, Any] | None = None, atol: float = 0.0, rtol: float = 0.0,
-                pt_earlier: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                pt_earlier: Mapping[str, Any] | None = None,
+                counterfactuals: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, Any]:
     """How DeepSpeed's parameters after train ``step`` differ from PyTorch's.  ``kind``: ``params`` (a parameter
     beyond the tolerance), ``update-norm`` (mixed precision: the whole update's norm), ``generation``,
     ``loss-scaling``.  ``params``: the parameters beyond the tolerance, worst first, each ``[name, max |diff|,
@@ -23,7 +24,10 @@ def oracle_diff(kind: str, step: int | None, expected: Mapping[str, Any] | None 
     PyTorch left it where it was) and ``again`` the same on PyTorch's update of the step before (1: the step
     before's update applied a second time; None at the first step); ``ratio``: over every parameter;
     ``moved``: the parameters PyTorch left unchanged that DeepSpeed moved.  ``pt_earlier``: PyTorch's
-    parameters at the start of the step before."""
+    parameters at the start of the step before.  ``counterfactuals``: the oracle's updates of the step from a
+    part of its gradient (`harness.net.oracle.Counterfactuals`); with them each row ends with ``last_only`` and
+    ``but_last``: whether DeepSpeed's update is, within the tolerance, the one from the step's last backward's
+    gradient alone, and the one from the step's gradient without that backward's share (None: not known)."""
     out: dict[str, Any] = {"kind": kind, "step": step, "params": [], "ratio": None, "moved": []}
     if expected is None or got is None or pt_before is None or ds_before is None:
         return out
@@ -44,7 +48,8 @@ def oracle_diff(kind: str, step: int | None, expected: Mapping[str, Any] | None 
         if pt_norm == 0.0 and ds_norm > lim:
             out["moved"].append(n)
         if err > lim:
-            rows.append([n, err, dp / pp if pp > 0 else None, pt_norm, ds_norm, _again(ds, p0, pt_earlier, n)])
+            rows.append([n, err, dp / pp if pp > 0 else None, pt_norm, ds_norm, _again(ds, p0, pt_earlier, n),
+                         *_counterfactual(ds, counterfactuals, n, lim)])
     out["params"] = sorted(rows, key=lambda r: -r[1])[:12]
     out["ratio"] = num / den if den > 0 else None
     return out
@@ -58,6 +63,16 @@ def _again(ds: Any, p0: Any, pt_earlier: Mapping[str, Any] | None, name: str) ->
     prev = p0 - e0.float()
     pp = prev.pow(2).sum().item()
     return (ds * prev).sum().item() / pp if pp > 0 else None
+
+
+def _counterfactual(ds: Any, counterfactuals: Mapping[str, Mapping[str, Any]] | None, name: str,
+                    lim: float) -> list[bool | None]:
+    """``[last_only, but_last]`` (`oracle_diff`) of DeepSpeed's update ``ds`` of parameter ``name``."""
+    out: list[bool | None] = []
+    for key in ("last_only", "but_last"):
+        cf = None if counterfactuals is None else counterfactuals.get(key, {}).get(name)
+        out.append(None if cf is None or cf.shape != ds.shape else (ds - cf.float()).abs().max().item() <= lim)
+    return out
 
 
 __all__ = ["oracle_diff"]

@@ -254,8 +254,10 @@ def execute(sc: Scenario, on_step: OnStep | None = None) -> ExecResult:
                 msg, kind = compare_update(oracle_info["initial"], expected[i], initial_ds, got, eps), "update-norm"
             if msg and res["mismatch"] is None:
                 res["mismatch"] = f"after train step {i}: {msg}"
+                cfs = oracle_info.get("counterfactuals") or []
                 res["oracle_diff"] = evidence.oracle_diff(kind, i, expected[i], got, started["pt"], started["ds"],
-                                                          *tol, pt_earlier=started["pt_earlier"])
+                                                          *tol, pt_earlier=started["pt_earlier"],
+                                                          counterfactuals=cfs[i] if i < len(cfs) else None)
             started.update(pt_earlier=started["pt"], pt=expected[i], ds=got)
             if on_step is not None:
                 on_step(i, got)

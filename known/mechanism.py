@@ -92,6 +92,65 @@ def second_backward_start(events: Sequence[Event], upto: int) -> int | None:
     return None
 
 
+def second_backwards(events: Sequence[Event]) -> list[tuple[int, int]]:
+    """The ``(start, end)`` windows (`backward_windows`) of the user backwards that are the second (or later)
+    backward of one forward."""
+    starts, backwards = set(), 0
+    for i, e in enumerate(events):
+        if e.kind in (K.FORWARD_START, K.STEP):
+            backwards = 0
+        elif e.kind is K.USER_BACKWARD_START:
+            backwards += 1
+            if backwards >= 2:
+                starts.add(i)
+    return [w for w in backward_windows(events) if w[0] in starts]
+
+
+def raised_in_second_backward(events: Sequence[Event]) -> bool:
+    """The run ended (raised) inside a user backward that is the second of its forward: its window is still
+    open at the trace's end."""
+    windows = second_backwards(events)
+    return bool(windows) and windows[-1][1] == len(events)
+
+
+def bucketed_twice_after_second_backward(events: Sequence[Event], upto: int) -> set[str]:
+    """Parameters the reduce bucket held twice when its last flush before ``upto`` began: put there by a
+    second user backward of one forward, which flushed nothing, and again by a later backward."""
+    ev = events[:upto]
+    flushes = [i for i, e in enumerate(ev) if e.kind is K.BUCKET_FLUSH]
+    if not flushes:
+        return set()
+    lo = flushes[-2] + 1 if len(flushes) > 1 else 0
+    second = second_backwards(ev)
+    first: dict[str, bool] = {}  # parameter -> its first add since the flush before was in a second backward
+    out: set[str] = set()
+    for i in range(lo, flushes[-1]):
+        e = ev[i]
+        if e.kind is not K.BUCKET_ADD or not e.param:
+            continue
+        if first.get(e.param):
+            out.add(e.param)
+        first.setdefault(e.param, any(a <= i < b for a, b in second))
+    return out
+
+
+def left_by_second_backward(events: Sequence[Event], upto: int) -> set[str]:
+    """Parameters a second user backward of one forward put in the reduce bucket that no flush (epilogue) took
+    out before ``upto``."""
+    ev = events[:upto]
+    last_flush = max((i for i, e in enumerate(ev) if e.kind is K.BUCKET_FLUSH), default=-1)
+    return {e.param for a, b in second_backwards(ev) for e in ev[max(a, last_flush + 1):b]
+            if e.kind is K.BUCKET_ADD and e.param}
+
+
+def unexited_second_backward(events: Sequence[Event], upto: int) -> bool:
+    """A second user backward of one forward before ``upto`` entered DeepSpeed's backward (ENTER_BACKWARD) and
+    ended without exiting it: no epilogue took the depth back."""
+    ev = events[:upto]
+    return any(sum(e.kind is K.ENTER_BACKWARD for e in ev[a:b]) > sum(e.kind is K.EXIT_BACKWARD for e in ev[a:b])
+               for a, b in second_backwards(ev) if b < len(ev))
+
+
 def idle_step(events: Sequence[Event], upto: int) -> bool:
     """The last ``engine.step()`` at or before ``upto`` had no user backward since the step before it (or the
     start): a step with no gradient produced for it."""
@@ -232,7 +291,9 @@ def moved_without_gradient(f: Finding) -> bool:
     return o is not None and bool(o.params) and all(p.param in o.moved for p in o.params)
 
 
-__all__ = ["at", "backward_windows", "gathered_at", "early_leaf_hooks", "hook_after_epilogue", "hooked_in_two_tasks",
-           "hookless_backward", "idle_step", "module_of", "moved_without_gradient", "narrow", "oracle",
-           "params_named", "persistent", "raised", "raised_in", "raised_through", "ran_in", "replayed",
-           "reregistered_before", "second_backward_start", "this_iteration", "trace", "update_ratios", "violating"]
+__all__ = ["at", "backward_windows", "bucketed_twice_after_second_backward", "early_leaf_hooks", "gathered_at",
+           "hook_after_epilogue", "hooked_in_two_tasks", "hookless_backward", "idle_step", "left_by_second_backward",
+           "module_of", "moved_without_gradient", "narrow", "oracle", "params_named", "persistent", "raised",
+           "raised_in", "raised_in_second_backward", "raised_through", "ran_in", "replayed", "reregistered_before",
+           "second_backward_start", "second_backwards", "this_iteration", "trace", "unexited_second_backward",
+           "update_ratios", "violating"]

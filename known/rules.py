@@ -12,11 +12,14 @@ from collections.abc import Callable, Sequence
 
 from zerostate.model.events import Event
 
+from zerostate.findings.evidence import ParamDiff, Raised
 from zerostate.findings.finding import Finding
-from zerostate.known.mechanism import (K, at, early_leaf_hooks, gathered_at, hook_after_epilogue, hooked_in_two_tasks,
-                                       hookless_backward, idle_step, moved_without_gradient, oracle, params_named,
-                                       persistent, raised, raised_in, replayed, reregistered_before,
-                                       second_backward_start, this_iteration, trace, update_ratios, violating)
+from zerostate.known.mechanism import (K, at, bucketed_twice_after_second_backward, early_leaf_hooks, gathered_at,
+                                       hook_after_epilogue, hooked_in_two_tasks, hookless_backward, idle_step,
+                                       left_by_second_backward, moved_without_gradient, oracle, params_named,
+                                       persistent, raised, raised_in, raised_in_second_backward, replayed,
+                                       reregistered_before, second_backward_start, second_backwards, this_iteration,
+                                       trace, unexited_second_backward, update_ratios, violating)
 
 
 def _inside(param: str, modules: set[str]) -> bool:
@@ -33,7 +36,8 @@ def raised_at(exc_type: str, file: str, function: str | None = None, *says: str)
 def leaf_reduced_early(f: Finding) -> bool:
     """A z3 leaf module's backward hook fired before the module's own backward (the trace), and what followed is
     what reducing zero-filled, size-0 gradients leaves: the real gradient cannot accumulate into the size-0
-    ``.grad`` (RuntimeError, tensor a of size 0), or the reduce-scatter refuses a size-0 gradient, or the spec
+    ``.grad`` (RuntimeError, tensor a of size 0), or the ZeRO-3 reduction refuses the size-0 gradient in its
+    bucket (RuntimeError 'Cannot reduce scatter gradients' in __reduce_and_partition_ipg_grads), or the spec
     sees the leaf's parameters handled before their gradient accumulated / unavailable in its backward, or the
     oracle sees only the leaf's parameters off."""
     early = early_leaf_hooks(trace(f), at(f) + 1)
@@ -42,7 +46,8 @@ def leaf_reduced_early(f: Finding) -> bool:
     if f.check == "exception":
         r = raised(f, "RuntimeError")
         return r is not None and (r.says("must match the size of tensor", "(0)")
-                                  or r.says("Cannot reduce scatter gradients whose size is not same"))
+                                  or (r.says("Cannot reduce scatter gradients whose size is not same")
+                                      and r.raised_in("zero/stage3.py", "__reduce_and_partition_ipg_grads")))
     ev = violating(f)
     if f.key == "grad-handled-once:handled-before-accumulated":
         return ev is not None and ev.param is not None and _inside(ev.param, early)
@@ -79,8 +84,11 @@ def idle_step_crash(f: Finding) -> bool:
     parameters PyTorch leaves (the stale CPU gradients applied again), or a spec violated at that very step."""
     ev = trace(f)
     if f.check == "exception":
-        return idle_step(ev, len(ev)) and any(raised_in(f, t, file, fn) for t in ("KeyError", "TypeError")
-                                              for file, fn in _NORM_OF_NO_GRADIENT)
+        return idle_step(ev, len(ev)) and (
+            any(raised_in(f, t, file, fn) for t in ("KeyError", "TypeError") for file, fn in _NORM_OF_NO_GRADIENT)
+            # ZeRO-0 with clipping: clip_grad_norm_ filters out the parameters without a gradient, then indexes
+            # the empty list (parameters[0].device)
+            or raised_in(f, "IndexError", "runtime/utils.py", "clip_grad_norm_"))
     o = oracle(f)
     if o is not None:
         return o.step is not None and _step_is_idle(f, o.step) and moved_without_gradient(f)
@@ -111,32 +119,83 @@ def shared_param_hooked_twice(f: Finding) -> bool:
 
 def two_backwards(f: Finding) -> bool:
     """A second user backward of one forward ran before it (the trace: retain_graph), and it is what that leaves:
-    ZeRO-1/2 copy the second backward's gradients over the first's (every parameter moved by half PyTorch's
-    update); ZeRO-3 accumulates into the partitioned size-0 gradient (RuntimeError, tensor a of size 0), leaves
-    the second backward without its epilogue (the bucket, the gathered parameters, step()'s zero_grad on stale
-    entries: 'unknown parameter type'), or finds no active backward submodule."""
+    ZeRO-1/2 copy the boundary's second backward's gradients over what the step had accumulated (the oracle's
+    counterfactual updates; without them, a share of PyTorch's update between half and all of it).  ZeRO-3: the second
+    backward computes with parameters the first one released (torch meets a size-0 tensor, raised inside that
+    backward), or runs without its epilogue: its gradients stay in the bucket (left there; a later epilogue
+    finds them twice: DeepSpeed's assertion in __reduce_and_partition_ipg_grads; step()'s zero_grad on the stale
+    entries: 'unknown parameter type'), its parameters gathered; or no active backward submodule is found.  Any
+    stage: a PyTorch-style second backward enters DeepSpeed's backward and, without an epilogue, never exits
+    (its gradients outlive step() in the bucket, the backward depth stays up)."""
     ev = trace(f)
     second = second_backward_start(ev, at(f) + 1)
     if second is None:
         return False
     if f.check == "oracle":
         o = oracle(f)
-        every = o is not None and o.step is not None and _every_forward_backs_twice(ev, o.step)
-        return update_ratios(f, 0.45, 0.55 if every else 0.99)
+        if o is None or o.step is None:
+            return False
+        if o.params and all(p.last_only is not None for p in o.params):
+            return _kept_one_backwards_share(ev, o.step, o.params) and not o.moved
+        return update_ratios(f, 0.45, 0.55 if _every_forward_backs_twice(ev, o.step) else 0.99)
     if f.check == "exception":
         r = f.evidence.raised
         return r is not None and (
-            (r.type == "RuntimeError" and r.says("must match the size of tensor", "(0)"))
+            (_partitioned_in_use(r) and raised_in_second_backward(ev))
             or raised_in(f, "RuntimeError", "zero/stage3.py", "zero_grad", "unknown parameter type")
-            or (r.type == "AssertionError" and r.says("active_backward_submodules is empty")))
+            or (r.type == "AssertionError" and r.says("active_backward_submodules is empty"))
+            or (raised_in(f, "AssertionError", "zero/stage3.py", "__reduce_and_partition_ipg_grads")
+                and bool(bucketed_twice_after_second_backward(ev, at(f) + 1)))
+            or (_no_epilogue_after_unexited(ev) and any(raised_in(f, t, file, fn) for t in ("KeyError", "TypeError")
+                                                         for file, fn in _NORM_OF_NO_GRADIENT)))
+    if f.key in ("clean-step:backward-never-exited",  # the second backward entered and had no epilogue to exit
+                 "no-epilogue-before-user-backward:epilogue-outside-user-backward"):  # a later epilogue sees its depth
+        return unexited_second_backward(ev, at(f) + 1)
+    if f.key == "clean-step:stale-bucket":  # the second backward ran no epilogue: its gradients outlive step()
+        named = params_named(f.error)
+        return bool(named) and named <= left_by_second_backward(ev, at(f) + 1)
     return f.key in _AFTER_A_SECOND_BACKWARD and f.index is not None and f.index >= second
+
+
+def _no_epilogue_after_unexited(events: Sequence[Event]) -> bool:
+    """A second backward entered DeepSpeed's backward without exiting it, and no epilogue ran from then on: the
+    later backwards start deeper and never reduce, so step() finds no gradient (its norm of None)."""
+    unexited = [a for a, b in second_backwards(events) if b < len(events) and unexited_second_backward(events, b + 1)
+                and not unexited_second_backward(events, a)]
+    return bool(unexited) and not any(e.kind is K.EPILOGUE for e in events[unexited[0]:])
+
+
+def _partitioned_in_use(r: Raised) -> bool:
+    """torch met a size-0 tensor where a parameter's full shape belongs: a partitioned ZeRO-3 parameter (its
+    ``.data`` an empty tensor) or its size-0 gradient in the computation."""
+    return r.type == "RuntimeError" and (r.says("must match the size of tensor", "(0)") or r.says("of shape [0]"))
+
+
+def _kept_one_backwards_share(events: Sequence[Event], step: int, params: Sequence[ParamDiff]) -> bool:
+    """A forward of the step had a second backward, and every differing parameter is where one of the oracle's
+    counterfactual updates puts it: the last backward's gradient alone (a second engine.backward in the
+    boundary micro-step copies over everything the step accumulated; so does a PyTorch-style second backward
+    in an earlier one whose never-exited depth makes a fused head's in-forward backward run the epilogue), or
+    PyTorch's update without one backward's share (PyTorch-style backwards: the boundary micro-step's first
+    backward is lost).  Measured on 0.19.8, ZeRO-1 and 2, gas 1 to 3, SGD and AdamW, clipping, fp16, world size
+    1 and 2."""
+    lo, hi = _step_window(events, step)
+    if not any(lo <= a < hi for a, _ in second_backwards(events)):
+        return False
+    return all(p.last_only for p in params) or all(p.but_last for p in params)
+
+
+def _step_window(events: Sequence[Event], step: int) -> tuple[int, int]:
+    """The events of train step ``step``: after the step before's STEP, up to its own."""
+    lo = next((i + 1 for i, e in enumerate(events) if e.kind is K.STEP and e.value == step - 1), 0) if step else 0
+    hi = next((i for i, e in enumerate(events) if e.kind is K.STEP and e.value == step), len(events))
+    return lo, hi
 
 
 def _every_forward_backs_twice(events: Sequence[Event], step: int) -> bool:
     """Every forward of train step ``step`` had two (or more) user backwards: each micro-step's gradient is
     halved, so the whole update is; when only some are, it is between half and all of PyTorch's."""
-    lo = next((i + 1 for i, e in enumerate(events) if e.kind is K.STEP and e.value == step - 1), 0) if step else 0
-    hi = next((i for i, e in enumerate(events) if e.kind is K.STEP and e.value == step), len(events))
+    lo, hi = _step_window(events, step)
     counts: list[int] = []
     for e in events[lo:hi]:
         if e.kind is K.FORWARD_START:

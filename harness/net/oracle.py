@@ -42,6 +42,19 @@ class OracleInfo(TypedDict, total=False):
     """fp16: the scale each train step ran with."""
     generated: list[torch.Tensor | None]
     """The output of each generation (`reregister`), this rank's rows."""
+    counterfactuals: list[Counterfactuals]
+    """Each train step's counterfactual updates (`Counterfactuals`); empty ones for a step the scaler skipped."""
+
+
+class Counterfactuals(TypedDict):
+    """The update the oracle's step (its optimizer, clipping included) would have made from a part of the step's
+    gradient, from where the step started: what lets the oracle's difference say which backwards' gradients
+    DeepSpeed's update holds (`harness.evidence.oracle_diff`)."""
+
+    last_only: Params
+    """From the step's last backward's gradient alone (the others' zero)."""
+    but_last: Params
+    """From the step's gradient without the last backward's share."""
 
 
 class TorchBackend:
@@ -61,6 +74,9 @@ class TorchBackend:
         self.stage = sc.stage
         self.generated: list[torch.Tensor | None] = []
         """The output of each generation (`reregister`), this rank's rows."""
+        self.counterfactuals: list[Counterfactuals] = []
+        """Each train step's counterfactual updates (`Counterfactuals`)."""
+        self._last: Params = {}
         if sc.precision is Precision.FP16:
             self.model = copy.deepcopy(model).half()
             scaler = self.scaler = fp16.LossScale(fp16_section(sc))
@@ -104,11 +120,38 @@ class TorchBackend:
                 "nothing to differentiate (no parameter that requires grad reaches it and the input does not "
                 "require grad): PyTorch's backward and DeepSpeed's engine.backward both refuse it")
         scale = self.scaler.scale if self.scaler is not None else 1.0
+        before = self._grads()
         if kind is BackwardKind.NONSCALAR:
             g = torch.ones_like(loss) if fused else (2 * out / out.numel()).detach()
             (loss if fused else out).backward(gradient=part * g / self.gas * scale, retain_graph=keep)
         else:
             (part * loss / self.gas * scale if scale != 1.0 else part * loss / self.gas).backward(retain_graph=keep)
+        self._last = {n: g - before[n] if n in before else g for n, g in self._grads().items()}
+
+    def _grads(self) -> Params:
+        """The gradients the backwards accumulated so far (fp16: scaled, on the fp16 copy)."""
+        return {n: p.grad.detach().clone() for n, p in self.model.named_parameters() if p.grad is not None}
+
+    def _counterfactuals(self, unscale: float) -> Counterfactuals:
+        """The step's updates from the last backward's share of its gradient alone and from the rest (the master
+        parameters' gradients are the step's, unscaled; ``unscale`` takes the last share to them)."""
+        total = {n: p.grad.detach().clone() for n, p in self.master.named_parameters() if p.grad is not None}
+        last = {n: self._last[n].float() * unscale if n in self._last else torch.zeros_like(g)
+                for n, g in total.items()}
+        return {"last_only": self._update_from(last), "but_last": self._update_from(
+            {n: g - last[n] for n, g in total.items()})}
+
+    def _update_from(self, grads: Params) -> Params:
+        """What this step's optimizer (clipping included) does with ``grads``, on copies of the master parameters
+        and the optimizer's state."""
+        master, opt = copy.deepcopy((self.master, self.opt))
+        before = {n: p.detach().clone() for n, p in master.named_parameters()}
+        for n, p in master.named_parameters():
+            p.grad = grads[n].clone() if n in grads else None
+        if self.clip > 0:
+            torch.nn.utils.clip_grad_norm_([p for g in opt.param_groups for p in g["params"]], self.clip)
+        opt.step()
+        return {n: p.detach() - before[n] for n, p in master.named_parameters()}
 
     def boundary(self, boundary: bool) -> None:
         pass  # plain PyTorch: the step boundary is where the loop calls the optimizer
@@ -117,6 +160,7 @@ class TorchBackend:
         if not boundary:
             return
         self.train_step += 1
+        overflow, unscale = False, 1.0
         if self.scaler is not None:
             grads = {n: p.grad for n, p in self.model.named_parameters() if p.grad is not None}
             # DeepSpeed checks the gradients of the parameters its optimizer holds: a parameter in no group
@@ -124,13 +168,17 @@ class TorchBackend:
             held = {id(q) for g in self.opt.param_groups for q in g["params"]}
             overflow = any(not torch.isfinite(grads[n]).all() for n, p in self.master.named_parameters()
                            if id(p) in held and n in grads)
+            unscale = 1.0 / self.scaler.scale
             for n, p in self.master.named_parameters():
-                p.grad = None if overflow or n not in grads else grads[n].float() / self.scaler.scale
+                p.grad = None if overflow or n not in grads else grads[n].float() * unscale
             self.model.zero_grad(set_to_none=True)
             self.scaler.update(overflow, self.steps)
             self.steps += 1
-            if overflow:  # the step is skipped
-                return
+        self.counterfactuals.append(self._counterfactuals(unscale) if not overflow else {"last_only": {},
+                                                                                          "but_last": {}})
+        self._last = {}
+        if overflow:  # the step is skipped
+            return
         if self.clip > 0:
             torch.nn.utils.clip_grad_norm_([p for g in self.opt.param_groups for p in g["params"]], self.clip)
         self.opt.step()
@@ -158,8 +206,8 @@ def oracle_params(sc: Scenario, info: OracleInfo | None = None) -> list[Params]:
     if info is not None and be.scaler is not None:
         info["skipped"], info["scales"] = be.scaler.skipped, be.scaler.scales
     if info is not None:
-        info["generated"] = be.generated
+        info["generated"], info["counterfactuals"] = be.generated, be.counterfactuals
     return out
 
 
-__all__ = ["NothingToDifferentiate", "OracleInfo", "TorchBackend", "oracle_params"]
+__all__ = ["NothingToDifferentiate", "Counterfactuals", "OracleInfo", "TorchBackend", "oracle_params"]
