@@ -15,7 +15,7 @@ def oracle_diff(kind: str, step: int | None, expected: Mapping[str, Any] | None 
                 got: Mapping[str, Any] | None = None, pt_before: Mapping[str, Any] | None = None,
                 ds_before: Mapping[str, Any] | None = None, atol: float = 0.0, rtol: float = 0.0,
                 pt_earlier: Mapping[str, Any] | None = None,
-                counterfactuals: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, Any]:
+                counterfactuals: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """How DeepSpeed's parameters after train ``step`` differ from PyTorch's.  ``kind``: ``params`` (a parameter
     beyond the tolerance), ``update-norm`` (mixed precision: the whole update's norm), ``generation``,
     ``loss-scaling``.  ``params``: the parameters beyond the tolerance, worst first, each ``[name, max |diff|,
@@ -65,7 +65,7 @@ def _again(ds: Any, p0: Any, pt_earlier: Mapping[str, Any] | None, name: str) ->
     return (ds * prev).sum().item() / pp if pp > 0 else None
 
 
-def _counterfactual(ds: Any, counterfactuals: Mapping[str, Mapping[str, Any]] | None, name: str,
+def _counterfactual(ds: Any, counterfactuals: Mapping[str, Any] | None, name: str,
                     lim: float) -> list[bool | None]:
     """``[last_only, but_last]`` (`oracle_diff`) of DeepSpeed's update ``ds`` of parameter ``name``."""
     out: list[bool | None] = []
