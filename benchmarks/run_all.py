@@ -1,6 +1,7 @@
 """Run every benchmark in this folder, one after another, each in its own process, and write the report.
 
-    python benchmarks/run_all.py [--only NAME ...] [--out zerostate-bench] [--doc docs/benchmarks.md] [--list]
+    python benchmarks/run_all.py [--only NAME ...] [--with NAME=ARGS ...] [--out zerostate-bench]
+        [--doc docs/benchmarks.md] [--list]
 
 ``NAME`` is a script's stem without ``bench_`` (``hook_overhead``, ``model_check``, ...).  Each
 ``bench_*.py`` runs with its own defaults and writes ``OUT/<NAME>.json`` (scripts that take ``--json``).
@@ -18,9 +19,11 @@ import ast
 import datetime as dt
 import os
 import re
+import shlex
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -51,9 +54,9 @@ def _commit() -> str:
     return out.stdout.strip() or "unknown"
 
 
-def run_one(name: str, path: Path, out_dir: str) -> tuple[int, str]:
-    """Run one benchmark; its section of the report (markdown)."""
-    cmd = [sys.executable, str(path)]
+def run_one(name: str, path: Path, out_dir: str, extra: Sequence[str] = ()) -> tuple[int, str]:
+    """Run one benchmark (with ``extra`` arguments); its section of the report (markdown)."""
+    cmd = [sys.executable, str(path), *extra]
     helptext = subprocess.run(cmd + ["--help"], capture_output=True, text=True, check=False).stdout
     if "--json" in helptext:
         cmd += ["--json", os.path.join(out_dir, f"{name}.json")]
@@ -102,7 +105,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="zerostate-bench", help="folder for the JSON figures")
     ap.add_argument("--doc", default=str(ROOT / "docs" / "benchmarks.md"), help="the generated report")
     ap.add_argument("--list", action="store_true", help="list the benchmarks and exit")
+    ap.add_argument("--with", dest="extra", action="append", default=[], metavar="NAME=ARGS",
+                    help="arguments for one benchmark (shell words), e.g. --with watch='--only trl-paired'; "
+                         "its section shows the command as run")
     args = ap.parse_args(argv)
+    extra: dict[str, list[str]] = {}
+    for item in args.extra:
+        name, sep, words = item.partition("=")
+        if not sep or name not in found:
+            ap.error(f"--with {item!r}: expected NAME=ARGS with NAME one of {', '.join(sorted(found))}")
+        extra[name] = shlex.split(words)
     if args.list:
         print("\n".join(found))
         return 0
@@ -110,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     failed = []
     sections: dict[str, str] = {}
     for name in args.only or found:
-        rc, sections[name] = run_one(name, found[name], args.out)
+        rc, sections[name] = run_one(name, found[name], args.out, extra.get(name, ()))
         if rc:
             failed.append(name)
         write_doc(Path(args.doc), sections)  # after each one: a long run keeps what it measured
