@@ -53,13 +53,21 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.fast)
 
 
+@pytest.fixture(autouse=True)
+def no_inherited_master_port(monkeypatch):
+    """No test inherits ``MASTER_PORT``: a test that ran DeepSpeed inside this pytest process (test_runtime_install)
+    leaves it at the port its live process group still listens on, and a job, repro script or CLI command that
+    a later test launches from this process (pytest-xdist may put any module after it) would fail with
+    EADDRINUSE; without it each picks a free port.  The rest of the rendezvous stays: DeepSpeed in this process
+    reads ``LOCAL_RANK`` when it builds an engine."""
+    monkeypatch.delenv("MASTER_PORT", raising=False)
+
+
 @pytest.fixture
 def no_inherited_rendezvous(monkeypatch):
-    """For tests that launch DeepSpeed jobs as subprocesses (test_watch, test_hf_trainer): the jobs pick their own
-    free rendezvous port -- unless MASTER_PORT is set, and an earlier test that ran DeepSpeed inside this pytest
-    process (test_runtime_install) set it to the port its live process group still listens on: the job then fails
-    with EADDRINUSE.  Launch every job without it."""
-    for name in ("MASTER_PORT", "MASTER_ADDR", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
+    """For tests that launch DeepSpeed jobs as subprocesses (test_watch, test_hf_trainer): the whole rendezvous
+    (``MASTER_ADDR``, ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` too) is the job's own, as under a launcher."""
+    for name in ("MASTER_PORT", "MASTER_ADDR", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
         monkeypatch.delenv(name, raising=False)
 
 

@@ -28,6 +28,18 @@ class InstallError(RuntimeError):
     """pip could not install the requested release."""
 
 
+RENDEZVOUS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")
+"""torch.distributed's rendezvous variables.  A worker never inherits them: set in the parent (zerostate run
+inside a launched job, or after DeepSpeed ran in this process) they name a port that process group still
+listens on, and the worker's own init fails with EADDRINUSE.  A world-size-1 worker picks a free port; a rank
+pool sets its own."""
+
+
+def without_rendezvous(env: dict[str, str]) -> dict[str, str]:
+    """``env`` without `RENDEZVOUS`'s variables."""
+    return {k: v for k, v in env.items() if k not in RENDEZVOUS}
+
+
 def cache_root() -> Path:
     return jit_ops.cache_root()
 

@@ -76,7 +76,7 @@ class DeepSpeedTarget:
         self.timeout = timeout or _default_timeout()
         self.startup_timeout = startup_timeout
         self.check_model = check_model
-        env = dict(os.environ)
+        env = envs.without_rendezvous(dict(os.environ))  # the worker's rendezvous is its own
         env.setdefault("OMP_NUM_THREADS", "1")
         env.pop("PYTHONSTARTUP", None)
         extra = None
