@@ -67,7 +67,8 @@ def no_inherited_master_port(monkeypatch):
 def no_inherited_rendezvous(monkeypatch):
     """For tests that launch DeepSpeed jobs as subprocesses (test_watch, test_hf_trainer): the whole rendezvous
     (``MASTER_ADDR``, ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` too) is the job's own, as under a launcher."""
-    for name in ("MASTER_PORT", "MASTER_ADDR", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+    from zerostate.harness.envs import RENDEZVOUS
+    for name in RENDEZVOUS:
         monkeypatch.delenv(name, raising=False)
 
 

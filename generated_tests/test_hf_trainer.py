@@ -40,18 +40,18 @@ pytest.importorskip("accelerate")
 STEPS = 4
 CKPTS = ["reentrant", "non_reentrant"]
 SEED002_RELEASES = ("0.19.0", "0.19.1", "0.19.2")
-_ENV_DROP = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
 
 
 def run_jobs(tmp_path, jobs: list[tuple[str, bool, str | None]], steps: int = STEPS) -> list[dict]:
     """Run ``python -m zerostate.clients.hf_job`` once per (ckpt, runtime, release), each in its own
     process, all at once (2 cores: a stock/runtime pair costs one job's wall time); their JSON records."""
     import zerostate.jit_ops as jit_ops
+    from zerostate.harness.envs import without_rendezvous
 
     procs = []
     try:
         for ckpt, runtime, release in jobs:
-            env = {k: v for k, v in os.environ.items() if k not in _ENV_DROP}
+            env = without_rendezvous(dict(os.environ))
             env.update(OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", HF_HUB_OFFLINE="1", DS_ACCELERATOR="cpu")
             if release:
                 from zerostate.harness import envs
