@@ -33,6 +33,8 @@ from zerostate.cli.progress import Progress as ProgressLine
 from zerostate.cli.repro import repro_for
 
 DEFAULT_EXAMPLES = 200
+STEERS = ("coverage",)
+"""``--steer``'s choices (`explorer.explore.STEERS` less the default; that module imports Hypothesis)."""
 DEFAULT_TIME_BUDGET = 0.0
 """No time budget by default: a run cut by the clock stops at a clock-dependent example."""
 
@@ -76,6 +78,12 @@ def add_parser(sub: Any) -> None:
                         "the findings are the same whatever N")
     p.add_argument("--seed", type=int, default=None, metavar="N",
                    help="Hypothesis seed (default: a fixed seed, 0: the same examples every run)")
+    p.add_argument("--steer", choices=STEERS, default=None,
+                   help="coverage: generate in rounds of 50 distinct examples, each round's draw rates moved "
+                        "towards the choices whose examples ran DeepSpeed ZeRO code (arcs) and spec-monitor "
+                        "states no earlier example had (every example measured with coverage.py, about x2.4 "
+                        "slower); the first round is the default sequence's start, the findings do not depend "
+                        "on --jobs, and the report records every round's rates (default: the fixed rates)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument("--out", default=DEFAULT_OUT, metavar="DIR", help=f"report folder (default {DEFAULT_OUT}/)")
     cluster_cli.add_option(p)
@@ -90,6 +98,7 @@ def run(args: argparse.Namespace) -> int:
     check_world_size(args.world_size)
     from zerostate.cli import matrix
     cols = matrix.columns(args)
+    _check_steer(args, cols is not None)
     if cols is not None:  # a list or range of releases (or designs): one report, finding x release
         return matrix.run(args, cols)
     if args.target == "model" and args.design:
@@ -110,6 +119,7 @@ def run(args: argparse.Namespace) -> int:
     shown_as = _Column(column_of(args, who), who)
     report = Report(args.out, "explore", {**who, "examples": args.examples, "seed": args.seed,
                                           "time_budget": args.time_budget or None, "jobs": jobs,
+                                          **({"steer": args.steer} if args.steer else {}),
                                           "command_line": "zerostate " + " ".join(sys.argv[1:]),
                                           **({"cluster": cluster.describe()} if cluster else {})},
                     columns=[shown_as.column], specs=SPECS, replay_args=_replay_args(args))
@@ -118,7 +128,8 @@ def run(args: argparse.Namespace) -> int:
     progress = ProgressLine("explore")
     budget = TimeBudget(args.time_budget, clock)
     spawn = (cluster.target if cluster else lambda: _prestarted(api.target(args))) if jobs > 1 else None
-    exp = api.exploration(target, args.examples, args.seed, jobs=jobs, spawn=spawn, first=_unexplained)
+    exp = api.exploration(target, args.examples, args.seed, jobs=jobs, spawn=spawn, first=_unexplained,
+                          **({"steer": args.steer} if args.steer else {}))
     failure: CliError | None = None
     with _ctrl_c_kept() as ctrl_c:
         try:
@@ -154,6 +165,9 @@ def run(args: argparse.Namespace) -> int:
                    "reliability": report.data["reliability"], "startup": api.startup(target)}
         if "harness_errors" in report.data:
             summary["harness_errors"] = report.data["harness_errors"]
+        if res.schedules:
+            report.data["steering"] = _steering(res)
+            summary["steering"] = {"rounds": len(res.schedules), "new_units": res.new_units}
         report.finish(status, summary)
     if failure is not None:
         raise failure
@@ -220,6 +234,27 @@ def _follow(exp: Any, report: Any, shown_as: _Column, progress: ProgressLine, bu
                 with ctrl_c.held():  # renumbering rewrites every finding: never leave it halfway
                     _renumber(report, ev, shown_as)
     return "complete"
+
+
+def _check_steer(args: argparse.Namespace, matrix: bool) -> None:
+    """``--steer`` where it cannot work is one error line, before anything starts."""
+    if not args.steer:
+        return
+    if matrix or args.cluster:
+        raise CliError(f"--steer {args.steer} explores one target on this machine: not with a release matrix "
+                       "or --cluster")
+    import importlib.util
+    if args.target == "deepspeed" and importlib.util.find_spec("coverage") is None:
+        raise CliError(f"--steer {args.steer} measures DeepSpeed's coverage with coverage.py, which is not "
+                       "installed (pip install coverage)")
+
+
+def _steering(res: Any) -> dict[str, Any]:
+    """The report's record of a steered run: every round's draw weights (`explorer.choices.Weights`: per choice
+    point, each alternative's weight, today's rates times 16 in round 0), the signal units each round reached
+    first, and the round each finding's search replayed."""
+    return {"steer": "coverage", "schedules": res.schedules, "new_units": res.new_units,
+            "finding_rounds": res.rounds}
 
 
 def _summary_line(e: dict[str, Any]) -> dict[str, Any]:

@@ -54,11 +54,17 @@ from zerostate.explorer.confirm import Confirmation, ConfirmQueue, Job, Landed
 from zerostate.explorer.events import (Confirmed, Event, FindingEvent, Progress, Renumbered, Restarted, Seen,
                                        Shrunk, Stage)
 from zerostate.explorer.generate import DEFAULT_SEED, LANE, Lanes, generated
+from zerostate.explorer.rounds import ROUND, Rounds
+from zerostate.explorer.signal import units
 from zerostate.explorer.polish import polished
 from zerostate.explorer.polish import rank as _rank
 from zerostate.explorer.search import ShrinkSearch
-from zerostate.explorer.workers import (LaneStep, close_quietly, has_run, refresh, restarts_of, run_lanes,
-                                        spawn_workers)
+from zerostate.explorer.workers import (LaneStep, Measuring, close_quietly, has_run, refresh, restarts_of,
+                                        run_lanes, spawn_workers)
+
+STEERS = (None, "coverage")
+"""``steer``: None (the fixed draw rates), or ``coverage`` -- rounds whose draw rates follow the new DeepSpeed
+arcs and spec-monitor states each choice's examples reached (`rounds`, `schedule`)."""
 
 
 def hard_cap(examples: int) -> int:
@@ -84,6 +90,12 @@ class ExploreResult:
     """Finding key -> seconds from the start until its final (shrunk, confirmed) finding was handed over."""
     stopped: bool = False
     """`Exploration.request_stop` cut the run (the rest handed over as seen)."""
+    schedules: list[dict[str, list[int]]] = field(default_factory=list)
+    """A steered run: the draw weights ``W_k`` of each round drawn (`choices.Weights.to_dict`)."""
+    rounds: dict[str, int] = field(default_factory=dict)
+    """A steered run: finding key -> the round whose strategy and seed its search replayed."""
+    new_units: list[int] = field(default_factory=list)
+    """A steered run: per round folded, the signal units (arcs, monitor states) its examples reached first."""
 
     @property
     def reliability(self) -> dict[str, Any]:
@@ -189,12 +201,21 @@ class Exploration:
     def __init__(self, target: Target, *, examples: int, seed: int | None = None, strategy: Any = None,
                  stop: Callable[[list[Finding]], bool] | None = None, polish: bool = True, confirm: bool = True,
                  jobs: int = 1, spawn: Callable[[], Target] | None = None, lane: int = LANE,
-                 first: Callable[[Finding], bool] | None = None):
+                 first: Callable[[Finding], bool] | None = None, steer: str | None = None, round_size: int = ROUND,
+                 shrink: bool = True):
         from zerostate.explorer.strategies import scenarios
         self.strategy = strategy if strategy is not None else scenarios()
         self.examples, self.seed, self.lane = examples, seed, lane
         self.stop, self.first, self.polish, self.confirm = stop, first, polish, confirm
         self.jobs, self.spawn = jobs, spawn
+        if steer not in STEERS:
+            raise ValueError(f"unknown steering {steer!r}; known: {', '.join(s for s in STEERS if s)}")
+        if steer is not None and strategy is not None:
+            raise ValueError("a steered exploration draws from strategies.scenarios(weights=...), not a strategy given")
+        self.steer, self.round_size, self.shrink = steer, round_size, shrink
+        self.rounds: Rounds | None = None
+        self.round_of: dict[str, int] = {}
+        self._search_round = 0
         self.workers: list[Target] = [target]
         self.memo: dict[str, Outcome] = {}
         self.book = _Book()
@@ -232,16 +253,26 @@ class Exploration:
     def result(self) -> ExploreResult:
         end = self._ended if self._ended is not None else time.perf_counter()
         b = self.book
+        r = self.rounds
         return ExploreResult(b.findings(), len(self.memo), end - self._t0, dict(b.first_seen), dict(b.generated_at),
                              dict(b.seconds_to), [r.to_dict() for r in self.restarts], dict(b.seconds_final),
-                             self._stopped)
+                             self._stopped, [w.to_dict() for w in r.weights] if r else [],
+                             dict(self.round_of) if r else {}, list(r.new_units) if r else [])
+
+    @property
+    def positions(self) -> dict[str, int]:
+        """Generated scenario (JSON) -> its first position in the generation sequence (steered runs; {} else)."""
+        return dict(self.rounds.position) if self.rounds is not None else {}
 
     # ------------------------------------------------------------ phases
     def _phases(self) -> Generator[Event, None, None]:
         try:
             stopped = yield from self._generate()
             self._start_shrinking()
-            stopped = yield from self._shrink(stopped)
+            if self.shrink:
+                stopped = yield from self._shrink(stopped)
+            else:
+                stopped = False
             if not stopped:  # the hard cap came first: the rest as seen, confirmed
                 yield from self._rest_as_seen(self.book.queue)
             yield from self._land(block=True)
@@ -255,6 +286,8 @@ class Exploration:
 
     def _generate(self) -> Generator[Event, None, bool]:
         """Run the generated lanes; whether ``stop`` ended generation."""
+        if self.steer is not None:
+            return (yield from self._generate_steered())
         stream = generated(self.strategy, self.examples, self.seed)
         lanes = Lanes(stream, self.lane)
         before = [restarts_of(w) for w in self.workers]
@@ -278,8 +311,43 @@ class Exploration:
             stream.close()
         return False
 
-    def _note_position(self, step: LaneStep, position: int) -> None:
+    def _generate_steered(self) -> Generator[Event, None, bool]:
+        """`_generate` in rounds (`rounds.Rounds`): every run measured, each outcome's units noted; whether
+        ``stop`` ended generation."""
+        for w in self.workers:
+            if isinstance(w, Measuring):
+                w.measure_coverage(True)
+        self.rounds = rounds = Rounds(self.examples, self.seed, self.round_size,
+                                      max(1, min(self.lane, self.round_size // 2)), self._lanes_stop)
+        before = [restarts_of(w) for w in self.workers]
+        steps = run_lanes(self.workers, iter(rounds), self._lanes_stop, [has_run(w) for w in self.workers])
+        try:
+            for step in steps:
+                if step.error is not None:
+                    raise step.error
+                if step.scenario is None or step.outcome is None:
+                    self.history.started_fresh(step.worker)
+                else:
+                    yield from self._record(step.worker, step.scenario, step.outcome,
+                                            step.restarts != before[step.worker])
+                    key = step.scenario.to_json(None)
+                    self._note_position(step, rounds.position[key], rounds.round_at[key])
+                    rounds.note(step.scenario, units(step.outcome.trace, step.outcome.details))
+                before[step.worker] = step.restarts
+                if step.scenario is not None and self.stop is not None and self.stop(self.book.findings()):
+                    return True
+        finally:
+            self._lanes_stop.set()
+            steps.close()
+            for w in self.workers:
+                if isinstance(w, Measuring):
+                    w.measure_coverage(False)
+        return False
+
+    def _note_position(self, step: LaneStep, position: int, round_k: int = 0) -> None:
         for f in step.outcome.findings if step.outcome is not None else ():
+            if position < self.book.generated_at.get(f.key, position + 1):
+                self.round_of[f.key] = round_k
             self.book.generated_at[f.key] = min(self.book.generated_at.get(f.key, position), position)
 
     def _start_shrinking(self) -> None:
@@ -325,8 +393,13 @@ class Exploration:
         return min(todo, key=lambda k: not first(self.book.handed[k].finding))
 
     def _search(self, want: str) -> Generator[Event, None, Scenario | None]:
-        search = ShrinkSearch(self.strategy, self.examples, self.seed, want,
-                              lambda sc: self.memo.get(sc.to_json(None)))
+        """Hypothesis's search for ``want`` over the strategy and seed that generated it (a steered run: its
+        round's)."""
+        strategy, seed = self.strategy, self.seed
+        if self.rounds is not None:
+            self._search_round = k = self.round_of.setdefault(want, 0)
+            strategy, seed = self.rounds.strategy(k), self.rounds.seed_of_round(k)
+        search = ShrinkSearch(strategy, self.examples, seed, want, lambda sc: self.memo.get(sc.to_json(None)))
         try:
             for sc in search.requests():
                 out = yield from self._run(sc)
@@ -364,6 +437,8 @@ class Exploration:
         for f in out.findings:
             seen = self.book.see(f, len(self.memo), self._elapsed())
             if seen is not None:
+                if self.rounds is not None and self.rounds.stop.is_set():  # met while shrinking: its search's round
+                    self.round_of.setdefault(f.key, self._search_round)
                 yield seen
         yield Progress(len(self.memo), len(self.book.handed), self._elapsed())
         if self._stop_requested.is_set():

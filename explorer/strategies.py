@@ -29,6 +29,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
+from zerostate.explorer.choices import Weights, pick
 from zerostate.model.network import Network
 from zerostate.model.scenario import (BackwardKind, Block, Checkpoint, Family, MicroStep, Offload, Optimizer,
                                       Outputs, ParamKind, Precision, Scenario, TrainStep)
@@ -95,8 +96,12 @@ def across_ranks(sc: Scenario) -> bool:
             or (sc.stage == 1 and sc.precision is Precision.BF16 and sc.fp32_grad_accum))
 
 
-def _world_size_2(draw, sc: Scenario) -> bool:
-    w = draw(WORLD2_RATE)
+_WORLD_VALUES = (_WorldDraw(0, False), _WorldDraw(0, True), _WorldDraw(1, True))
+"""`WORLD2_RATE`'s alternatives, for a steered draw (`choices.pick`): its default counts are 2, 5, 1."""
+
+
+def _world_size_2(draw, sc: Scenario, weights: Weights | None = None) -> bool:
+    w = draw(pick(weights, "world", WORLD2_RATE, _WORLD_VALUES))
     return bool(w) or (w.across and across_ranks(sc))
 
 
@@ -111,12 +116,12 @@ draw shifts the whole derandomized sequence)."""
 
 
 @st.composite
-def blocks(draw, kinds=KINDS, checkpoints=CHECKPOINTS, leaf: bool = True) -> Block:
+def blocks(draw, kinds=KINDS, checkpoints=CHECKPOINTS, leaf: bool = True, weights: Weights | None = None) -> Block:
     return Block(
-        checkpoint=draw(st.sampled_from(checkpoints)),
+        checkpoint=draw(pick(weights, "checkpoint", st.sampled_from(checkpoints), checkpoints)),
         norm=draw(st.sampled_from(kinds)),
         lin=draw(st.sampled_from(kinds)),
-        leaf=draw(LEAF_RATE) if leaf else False,
+        leaf=draw(pick(weights, "leaf", LEAF_RATE, (False, True))) if leaf else False,
     )
 
 
@@ -133,21 +138,25 @@ def train_steps(draw, gas: int, backwards=BACKWARDS, eval_forwards: bool = True,
 
 
 @st.composite
-def setups(draw, sc: Scenario, llama: bool = True) -> Scenario:
-    """The training-setup dimensions drawn onto a drawn scenario (each shrinks to plain)."""
+def setups(draw, sc: Scenario, llama: bool = True, weights: Weights | None = None) -> Scenario:
+    """The training-setup dimensions drawn onto a drawn scenario (each shrinks to plain); ``weights``: a steered
+    exploration's rates (`choices.pick`)."""
     base = sc
-    if llama and draw(st.sampled_from((False,) * 7 + (True,))):
+    if llama and draw(pick(weights, "llama", st.sampled_from((False,) * 7 + (True,)), (False, True))):
         sc = _llama(draw, sc)
-    precision = draw(st.sampled_from(PRECISIONS))
+    precision = draw(pick(weights, "precision", st.sampled_from(PRECISIONS), (Precision.FP32, Precision.BF16,
+                                                                              Precision.FP16)))
     offloads = (Offload.NONE, Offload.OPTIMIZER) + ((Offload.PARAM, Offload.BOTH) if sc.stage == 3 else ())
     changes: dict[str, Any] = {
         "precision": precision,
-        "fp32_grad_accum": precision is Precision.BF16 and draw(st.booleans()),
-        "gradient_clipping": (clip := draw(st.sampled_from(CLIPPING))),
+        "fp32_grad_accum": precision is Precision.BF16 and draw(pick(weights, "fp32_grad_accum", st.booleans(),
+                                                                     (False, True))),
+        "gradient_clipping": (clip := draw(pick(weights, "clipping", st.sampled_from(CLIPPING), CLIPPING))),
         # no draw of its own (a draw shifts the whole derandomized sequence): DeepSpeed's default initial
         # scale 2**16 goes with DeepSpeed's default clipping 1.0 -- the fp16 user of DeepSpeed's defaults
         "loss_scale_power": 16 if precision is Precision.FP16 and clip == 1.0 else 8,
-        "offload": draw(st.sampled_from(offloads)),
+        "offload": draw(pick(weights, "offload", st.sampled_from(offloads),
+                             (Offload.NONE, Offload.OPTIMIZER, Offload.PARAM, Offload.BOTH), range(len(offloads)))),
         "tie": draw(st.booleans()) and sc.blocks[0].lin is not ParamKind.UNUSED,
     }
     # The blocks family's draws, made on the llama path too and discarded there: a path that draws fewer
@@ -160,7 +169,7 @@ def setups(draw, sc: Scenario, llama: bool = True) -> Scenario:
         "blocks": tuple(b if i not in out else Block(b.checkpoint, b.norm, b.lin, b.leaf, in_optimizer=False)
                         for i, b in enumerate(base.blocks)),
         "external": draw(st.booleans()) and base.blocks[0].lin is not ParamKind.UNUSED,
-        "outputs": draw(st.sampled_from((Outputs.TENSOR, Outputs.TUPLE, Outputs.DICT))),
+        "outputs": draw(pick(weights, "outputs", st.sampled_from(_OUTPUTS), _OUTPUTS)),
         "losses": draw(st.integers(1, 2))}
     freezable = [i for i, b in enumerate(base.blocks) if b.lin is ParamKind.TRAINABLE and Network(base.with_(
         blocks=base.blocks[:i] + (Block(b.checkpoint, b.norm, ParamKind.FROZEN, b.leaf),) + base.blocks[i + 1:])
@@ -171,16 +180,20 @@ def setups(draw, sc: Scenario, llama: bool = True) -> Scenario:
         changes.update(family_changes)
         steps = tuple(TrainStep(s.micro, s.eval_before, s.reregister, frozen=f)
                       for s, f in zip(steps, frozen, strict=False))
-    steps = tuple(TrainStep(tuple(MicroStep(m.backward, m.skip, retain=draw(RARE)) for m in s.micro),
+    retain = pick(weights, "retain", RARE, (False, True))
+    steps = tuple(TrainStep(tuple(MicroStep(m.backward, m.skip, retain=draw(retain)) for m in s.micro),
                             s.eval_before, s.reregister, frozen=s.frozen) for s in steps)
     if precision is Precision.FP16:  # DeepSpeed has no loss-scaled non-scalar backward: PyTorch-style instead
         steps = tuple(TrainStep(tuple(MicroStep(BackwardKind.TORCH if m.backward is BackwardKind.NONSCALAR
                                                 else m.backward, m.skip, m.retain) for m in s.micro),
                                 s.eval_before, s.reregister, frozen=s.frozen) for s in steps)
-    if len(steps) > 1 and draw(RARE):  # one step runs no forward or backward, only engine.step()
+    if len(steps) > 1 and draw(pick(weights, "idle", RARE, (False, True))):  # a step with only engine.step()
         i = draw(st.integers(0, len(steps) - 1))
         steps = steps[:i] + (TrainStep(tuple(MicroStep() for _ in range(sc.gas)), idle=True),) + steps[i + 1:]
     return sc.with_(steps=steps, **changes)
+
+
+_OUTPUTS = (Outputs.TENSOR, Outputs.TUPLE, Outputs.DICT)
 
 
 def _pick(take: bool, k: int, among: list[int]) -> tuple[int, ...]:
@@ -241,13 +254,13 @@ at one in two every combination of ``test_default_explore_sequence_draws_each_co
 (measured; fewest: ZeRO-0 + bf16, 2 of 200).  Half the draws keep the client SGD."""
 
 
-def extras(draw, sc: Scenario, zero0: bool = True) -> Scenario:
+def extras(draw, sc: Scenario, zero0: bool = True, weights: Weights | None = None) -> Scenario:
     """Each option of `EXTRAS` drawn on its own, in one draw of four (`EXTRA_RATE`: another rate; several may
     combine), applied last of all; each shrinks to off.  (A single ``sampled_from`` over the options, one per
     example, drew too few of
     the combinations the bugs need in the default 200 examples: no manual boundary with optimizer offload
     at ZeRO-1/2, two late modules at ZeRO-3 -- measured on the explorer's own sequence.)"""
-    on = {opt for opt in EXTRAS if draw(EXTRA_RATE.get(opt, QUARTER))}
+    on = {opt for opt in EXTRAS if draw(pick(weights, f"extra:{opt}", EXTRA_RATE.get(opt, QUARTER), (False, True)))}
     if "stage0" in on and sc.stage in (1, 2) and zero0:
         steps = tuple(TrainStep(tuple(MicroStep(BackwardKind.ENGINE, m.skip, m.retain) for m in s.micro),
                                 s.eval_before, s.reregister, s.idle, s.frozen) for s in sc.steps)
@@ -306,12 +319,13 @@ ENGINES_BEFORE = ((3,), (1,), (2,), (3, 3), (3, 1), (3, 2), (1, 3), (2, 3))
 changes process-wide state, ``torch.nn.functional.linear``), then one of ZeRO-1/2, then two."""
 
 
-def engines_before(draw) -> tuple[int, ...]:
+def engines_before(draw, weights: Weights | None = None) -> tuple[int, ...]:
     """``engines_before``: () in seven draws of eight, else one of `ENGINES_BEFORE`; shrinks to (), then to
     one ZeRO-3 engine.  One choice per example (a ``sampled_from``), so the dimension shifts the
     derandomized sequence of the other draws as little as a draw can: with a list draw (a flag, a length,
     the stages) the 400-draw coverage test lost 'llama + lora + checkpoint' (measured)."""
-    return draw(st.sampled_from(((),) * 7 * len(ENGINES_BEFORE) + ENGINES_BEFORE))
+    return draw(pick(weights, "engines_before", st.sampled_from(((),) * 7 * len(ENGINES_BEFORE) + ENGINES_BEFORE),
+                     ((),) + ENGINES_BEFORE))
 
 
 EDGES = {"prefetch_bucket_size": (0, 1), "max_live_parameters": ("w*w", 0)}
@@ -333,7 +347,7 @@ def scenarios(draw, *, max_blocks: int = 3, max_steps: int = 2, max_gas: int = 2
               knobs: bool = True, width: int = 8, branches: bool = True,
               reregister: bool = True, setup: bool = True, llama: bool = True,
               several_engines: bool = True, options: bool = True, zero0: bool = True,
-              world2: bool = True) -> Scenario:
+              world2: bool = True, weights: Weights | None = None) -> Scenario:
     """A trainable scenario: the loss requires grad, so every backward call is legal.
 
     ``branches``: micro-steps may skip frozen norms (a different branch: the ZeRO-3 module order
@@ -351,8 +365,8 @@ def scenarios(draw, *, max_blocks: int = 3, max_steps: int = 2, max_gas: int = 2
     default exploration, at about twice the cost of a world-size-1 example).  All on by default:
     ``zerostate explore`` draws every dimension.
     """
-    stage = draw(st.sampled_from(stages))
-    bl = tuple(draw(st.lists(blocks(kinds, checkpoints, leaf and stage == 3), min_size=1,
+    stage = draw(pick(weights, "stage", st.sampled_from(stages), stages))
+    bl = tuple(draw(st.lists(blocks(kinds, checkpoints, leaf and stage == 3, weights), min_size=1,
                              max_size=max_blocks)))
     gas = draw(st.integers(1, max_gas))
     skippable = tuple(i for i, b in enumerate(bl) if b.norm is ParamKind.FROZEN) if branches else ()
@@ -364,7 +378,8 @@ def scenarios(draw, *, max_blocks: int = 3, max_steps: int = 2, max_gas: int = 2
         input_requires_grad=not draw(st.booleans()) if knobs else True,
         width=(w := width if not setup else draw(st.sampled_from((width, width - 1)))),
         # each ZeRO-3 knob: 0 / a value between these parameters' sizes / DeepSpeed's default
-        persistence_threshold=draw(st.sampled_from((0, width, DS_PERSISTENCE_THRESHOLD))) if knobs else 0,
+        persistence_threshold=draw(pick(weights, "persistence", st.sampled_from(
+            (0, width, DS_PERSISTENCE_THRESHOLD)), (0, width, DS_PERSISTENCE_THRESHOLD))) if knobs else 0,
         # at the odd width (setup), the knob edges instead of 0 / w*w: a prefetch bucket of 1 (smaller
         # than any parameter) and max live 0 (nothing prefetched) -- no draw of their own, see `EDGES`
         prefetch_bucket_size=_edge(draw(st.sampled_from((0, 4 * width * width, DS_PREFETCH_BUCKET_SIZE))), 0, 1,
@@ -374,7 +389,8 @@ def scenarios(draw, *, max_blocks: int = 3, max_steps: int = 2, max_gas: int = 2
         max_live_parameters=_edge(draw(st.sampled_from((DS_MAX_LIVE_PARAMETERS, width * width))), width * width, 0,
                                   w != width) if knobs
         else DS_MAX_LIVE_PARAMETERS,
-        reduce_bucket_size=draw(st.sampled_from((500_000_000, 2 * width * width))) if knobs else 500_000_000,
+        reduce_bucket_size=draw(pick(weights, "reduce_bucket", st.sampled_from((500_000_000, 2 * width * width)),
+                                     (500_000_000, 2 * width * width))) if knobs else 500_000_000,
     )
     if not Network(sc).loss_requires_grad:
         # Nothing trainable reaches the loss: backward() would raise in plain PyTorch too.
@@ -382,12 +398,12 @@ def scenarios(draw, *, max_blocks: int = 3, max_steps: int = 2, max_gas: int = 2
         last = bl[-1]
         sc = sc.with_(blocks=bl[:-1] + (Block(Checkpoint.NONE, last.norm, ParamKind.TRAINABLE, last.leaf),))
     if setup:
-        sc = draw(setups(sc, llama))
+        sc = draw(setups(sc, llama, weights))
         if several_engines:
-            sc = sc.with_(engines_before=engines_before(draw))
+            sc = sc.with_(engines_before=engines_before(draw, weights))
         if options:
-            sc = extras(draw, sc, zero0)
-            if world2 and _world_size_2(draw, sc):
+            sc = extras(draw, sc, zero0, weights)
+            if world2 and _world_size_2(draw, sc, weights):
                 sc = sc.with_(world_size=2)
     return sc.validate()
 

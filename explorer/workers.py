@@ -33,6 +33,13 @@ class Counting(Protocol):
     examples: int
 
 
+@runtime_checkable
+class Measuring(Protocol):
+    """A target that can return each run's DeepSpeed arcs (``Outcome.details["coverage"]``): the deepspeed one."""
+
+    def measure_coverage(self, on: bool) -> None: ...
+
+
 def restarts_of(w: Target) -> int:
     return int(w.restarts or 0) if isinstance(w, Restarting) else 0
 
@@ -179,5 +186,5 @@ def _run_lane(workers: list[Target], wid: int, lane: list[Scenario], stop: threa
         results.put(LaneStep(wid, sc, out, restarts_of(workers[wid])))
 
 
-__all__ = ["LaneStep", "Refreshable", "Restarting", "close_quietly", "has_run", "refresh", "restarts_of",
+__all__ = ["LaneStep", "Measuring", "Refreshable", "Restarting", "close_quietly", "has_run", "refresh", "restarts_of",
            "run_lanes", "spawn_workers"]

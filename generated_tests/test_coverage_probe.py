@@ -72,3 +72,36 @@ def test_a_sample_measures_one_request_in_k(tmp_path: Path, monkeypatch: pytest.
     assert [a["i"] for a in answers] == list(range(7))
     lines = next((tmp_path / "out").glob("cov-*.jsonl")).read_text().splitlines()
     assert len(lines) == 3  # requests 0, 3 and 6
+
+
+def test_arc_ids_round_trip() -> None:
+    arcs = [(-1, 1), (1, -1), (3, 4), (524287, -524287), (0, 0)]
+    assert [coverage_probe.arc_of(coverage_probe.arc_id(a)) for a in arcs] == arcs
+    assert len({coverage_probe.arc_id(a) for a in arcs}) == len(arcs)
+
+
+@pytest.mark.deepspeed
+def test_a_run_that_asks_gets_its_arcs_in_band(ds) -> None:  # type: ignore[no-untyped-def]
+    """Real DeepSpeed: a run request with ``coverage`` answers with the arcs of the measured files (the ZeRO-3
+    coordinator's among them, for a ZeRO-3 scenario); without it, no field and nothing measured."""
+    pytest.importorskip("coverage", reason="the opt-in's dependency (test extra)")
+    from zerostate.model.scenario import Scenario
+    sc = Scenario(stage=3)
+    assert "coverage" not in ds.run(sc).details
+    ds.measure_coverage(True)
+    try:
+        first, second = ds.run(sc), ds.run(sc.with_(stage=2))
+    finally:
+        ds.measure_coverage(False)
+    assert not first.findings and not second.findings
+    got, other = first.details["coverage"], second.details["coverage"]
+    assert set(got) <= set(coverage_probe.FILES) and set(other) <= set(coverage_probe.FILES)
+    assert got["runtime/zero/partitioned_param_coordinator.py"] and got["runtime/engine.py"]
+    assert "runtime/zero/partitioned_param_coordinator.py" not in other or not other[
+        "runtime/zero/partitioned_param_coordinator.py"]
+    assert other["runtime/zero/stage_1_and_2.py"]
+    engine = Path(str(ds.hello["file"])).parent / "runtime/engine.py"
+    length = len(engine.read_text().splitlines())
+    assert all(0 < abs(a) <= length and 0 < abs(b) <= length
+               for a, b in map(coverage_probe.arc_of, got["runtime/engine.py"]))
+    assert "coverage" not in ds.run(sc).details

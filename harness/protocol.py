@@ -45,6 +45,8 @@ class RunRequest(_RunRequestBase, total=False):
     stall: Stall
     unmatched: int
     """Tests: this rank issues one extra collective after the run (ranks out of step)."""
+    coverage: bool
+    """Measure the run's arcs of DeepSpeed's ZeRO files and return them (`RunAnswer.coverage`)."""
 
 
 Request = HelloRequest | RunRequest | ExitRequest
@@ -133,6 +135,9 @@ class _RunAnswerBase(TypedDict):
 class RunAnswer(_RunAnswerBase, total=False):
     sync: dict[str, int]
     """A rank: each process group's collective sequence number after the run."""
+    coverage: dict[str, list[int]]
+    """Asked for by the request: per measured DeepSpeed file, the arcs the run executed
+    (`coverage_probe.arc_id` integers, sorted).  A rank pool answers with rank 0's."""
 
 
 class StepProgress(TypedDict):
@@ -161,6 +166,7 @@ class PoolAnswer(TypedDict, total=False):
     sync: dict[str, int]
     ranks: list[RankRecord]
     desync: str
+    coverage: dict[str, list[int]]
 
 
 Answer = Hello | RunAnswer | Failure

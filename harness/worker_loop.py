@@ -9,7 +9,8 @@ sequence numbers).  The protocol::
     {"op": "hello"}                  -> the start-up answer (``{"ok": true, "deepspeed": ..., ...}``), or
                                         ``{"ok": false, "error": ..., "traceback": ...}`` when DeepSpeed did
                                         not import or initialise (that answer is given to every request)
-    {"op": "run", "scenario": {...}} -> ``run(request, reply)``'s answer (plus any lines it sends itself)
+    {"op": "run", "scenario": {...}} -> ``run(request, reply)``'s answer (plus any lines it sends itself);
+                                        with ``"coverage": true`` also the arcs it ran (`coverage_probe`)
     {"op": "exit"}                   -> (the loop returns)
     anything else                    -> {"ok": false, "error": "unknown op ..."}
 
@@ -27,14 +28,15 @@ import os
 import sys
 import time
 import traceback
+from pathlib import Path
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol, cast, runtime_checkable
 
 if TYPE_CHECKING:
-    from zerostate.harness.coverage_probe import Probe
+    from zerostate.harness.coverage_probe import Meter, Probe
 
 import zerostate.jit_ops as jit_ops
-from zerostate.harness.protocol import Answer, Failure, Hello, RunRequest, StepProgress
+from zerostate.harness.protocol import Answer, Failure, Hello, RunAnswer, RunRequest, StepProgress
 
 _IMPORTED = time.time()
 
@@ -156,6 +158,7 @@ def serve(hello: Hello | Failure, run: Run, reply: Reply, error_prefix: str = ""
     answer to a ``run`` request; an exception it raises is answered as a failure (``error_prefix`` first:
     the rank worker names its rank)."""
     probe, hello = _coverage_probe(hello)
+    meters: list[Meter] = []  # the in-band meter, made by the first request that asks for coverage
     for raw in sys.stdin:
         line = raw.strip()
         if not line:
@@ -171,14 +174,35 @@ def serve(hello: Hello | Failure, run: Run, reply: Reply, error_prefix: str = ""
             answer: Answer
             try:
                 run_request = cast(RunRequest, req)
-                answer = (probe.around(run_request, functools.partial(run, run_request, reply)) if probe
-                          else run(run_request, reply))
+                answer = _measured(run_request, functools.partial(run, run_request, reply), probe, meters, hello)
             except BaseException as exc:  # noqa: BLE001 - report anything; the worker serves on
                 answer = failure(exc, error_prefix)
             reply(answer)
         else:
             reply({"ok": False, "error": f"unknown op {op!r}"})
     return 0
+
+
+def _measured(req: RunRequest, run: Callable[[], Answer], probe: Probe | None, meters: list[Meter],
+              hello: Hello | Failure) -> Answer:
+    """``run()``'s answer; measured to the probe's file when the probe samples it, and with its arcs in the
+    answer (``coverage``, `coverage_probe.ArcIds`) when the request asks for them."""
+    if not req.get("coverage"):
+        return probe.around(req, run) if probe else run()
+    from zerostate.harness import coverage_probe
+    arcs: list[coverage_probe.ArcIds] = []
+
+    def keep(measured: dict[str, list[tuple[int, int]]]) -> None:
+        arcs.append(coverage_probe.in_band(measured))
+    if probe is not None:  # one tracer at a time: the file's probe measures for both
+        answer = probe.around(req, run, also=keep)
+    else:
+        if not meters:
+            meters.append(coverage_probe.Meter(Path(str(hello.get("file"))).resolve().parent))
+        answer = meters[0].measure(run, keep)
+    if answer.get("ok") and arcs:
+        cast(RunAnswer, answer)["coverage"] = arcs[0]
+    return answer
 
 
 def _coverage_probe(hello: Hello | Failure) -> tuple[Probe | None, Hello | Failure]:

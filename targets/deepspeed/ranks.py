@@ -45,7 +45,7 @@ from zerostate.harness import envs
 from zerostate.harness.cross_rank_checks import cross_rank_problems
 from zerostate.harness.rank_pool import RankPool
 from zerostate.harness.process import WorkerDied, WorkerTimeout
-from zerostate.harness.protocol import Response, RunRequest, Stall
+from zerostate.harness.protocol import Response, Stall
 from zerostate.targets.deepspeed.target import DeepSpeedTarget
 
 
@@ -110,7 +110,7 @@ class DeepSpeedRanksTarget(DeepSpeedTarget):
         return RankPool(self._env, self.world_size, self._free_log_path(), envs.worker_cwd(self.path))
 
     def raw(self, scenario: Scenario) -> Response:
-        req: RunRequest = {"op": "run", "scenario": scenario.to_dict()}
+        req = self.run_request(scenario)
         if self.stall:
             req["stall"] = self.stall
         if self.unmatched is not None:

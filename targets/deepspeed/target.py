@@ -65,11 +65,14 @@ class DeepSpeedTarget:
 
     def __init__(self, *, deepspeed: str | None = None, deepspeed_path: str | None = None,
                  design: str | None = None, timeout: float | None = None, check_model: bool = True,
-                 startup_timeout: float = 900.0, defer_start: bool = False) -> None:
+                 startup_timeout: float = 900.0, defer_start: bool = False, coverage: bool = False) -> None:
         self.requested = deepspeed
+        self.coverage = coverage
+        """Ask the worker for each run's arcs of DeepSpeed's ZeRO files (``Outcome.details["coverage"]``)."""
         self.path = deepspeed_path
         self._options: dict[str, Any] = {"deepspeed": deepspeed, "deepspeed_path": deepspeed_path, "design": design,
-                         "timeout": timeout, "check_model": check_model, "startup_timeout": startup_timeout}
+                         "timeout": timeout, "check_model": check_model, "startup_timeout": startup_timeout,
+                                         "coverage": coverage}
         self._wider: dict[int, DeepSpeedTarget] = {}  # world size -> the rank pool of the scenarios that ask for it
         self._starting: threading.Thread | None = None  # `prestart`'s
         self._start_error: BaseException | None = None
@@ -303,9 +306,24 @@ class DeepSpeedTarget:
         assert self.worker is not None
         return self.worker
 
+    def measure_coverage(self, on: bool) -> None:
+        """From the next run on, ask (or stop asking) every worker of this target, rank pools included, for
+        the arcs each run executes (`harness.coverage_probe`: about x2.4 per run)."""
+        self._settle()
+        self.coverage = on
+        self._options["coverage"] = on
+        for wider in self._wider.values():
+            wider.measure_coverage(on)
+
+    def run_request(self, scenario: Scenario) -> RunRequest:
+        req: RunRequest = {"op": "run", "scenario": scenario.to_dict()}
+        if self.coverage:
+            req["coverage"] = True
+        return req
+
     def raw(self, scenario: Scenario) -> Response:
         """The worker's answer for one scenario (raises WorkerTimeout / WorkerDied)."""
-        req: RunRequest = {"op": "run", "scenario": scenario.to_dict()}
+        req = self.run_request(scenario)
         if self._sleep:
             req["sleep"] = self._sleep
         return self._worker().request(req, self.timeout)
@@ -348,6 +366,7 @@ class DeepSpeedTarget:
                         **({"fp16": res["fp16"]} if res.get("fp16") else {}),
                         **({"engines_before": res["engines_before"]} if res.get("engines_before") else {}),
                         **({"save_load": res["save_load"]} if res.get("save_load") else {}),
+                        **({"coverage": resp["coverage"]} if "coverage" in resp else {}),
                         **({"agreement": "not checked: the model does not represent " + ", ".join(beyond)}
                            if beyond and self.check_model else {})})
 
