@@ -3,6 +3,7 @@
     python benchmarks/bench_coverage.py explore [--dir DIR] [--examples N] [--seed N]
     python benchmarks/bench_coverage.py [overhead [--examples N]]
     python benchmarks/bench_coverage.py fold DIR [--unit-tests DATA_FILE] [--json OUT] [--md OUT]
+    python benchmarks/bench_coverage.py steer [--examples N] [--round N] [--seed N] [--json OUT] [--md OUT]
 
 ``explore`` runs the default exploration of the installed DeepSpeed (``zerostate explore``, its own budget
 and seed unless given) with ``ZEROSTATE_COVERAGE=DIR/lines`` (harness/coverage_probe.py: every run request of
@@ -14,6 +15,15 @@ data file (``--unit-tests``: DeepSpeed's own unit tests run under ``coverage run
 two fresh workers, one measured, and prints the seconds per example of each.  Writes JSON (default
 ``zerostate-bench/coverage.json``) and a markdown table (default docs/benchmarks-coverage.md).  Nothing here
 asserts a time.
+
+``steer`` compares, at the same budget, the generation phase of the installed DeepSpeed's exploration without
+and with ``--steer coverage`` (explorer/rounds.py), every run measured in band (`coverage_probe`): the arcs of
+the nine files each reached (importing DeepSpeed's included in both), the arcs only one reached (with the
+function each lies in), the findings each met, and the steered run's schedules.  "The same budget" is the
+same number of distinct runs: the unsteered run's ``--examples`` are Hypothesis examples, duplicates
+included, so the steered one is cut to as many distinct runs, in sequence order, as the unsteered one made.
+Shrinking and confirming are off in both (they would add runs the budget does not count).  Default JSON
+``zerostate-bench/coverage_steer.json``, markdown docs/benchmarks-steer.md.
 """
 
 from __future__ import annotations
@@ -194,6 +204,141 @@ def overhead(n: int) -> dict[str, Any]:
     return out
 
 
+def _generation(steer: str | None, examples: int, seed: int | None, round_size: int) -> dict[str, Any]:
+    """One exploration's generation phase on the installed DeepSpeed, every run measured: per distinct run in
+    sequence order, its arcs per file, and the run's findings, schedules and seconds."""
+    import contextlib
+
+    from zerostate.explorer.explore import Exploration
+    from zerostate.harness.coverage_probe import arc_of
+    from zerostate.targets.base import get_target
+    target = get_target("deepspeed")
+    try:
+        if steer is None:
+            target.measure_coverage(True)  # type: ignore[attr-defined]
+        exp = Exploration(target, examples=examples, seed=seed, steer=steer, round_size=round_size, shrink=False,
+                          confirm=False)
+        t0 = time.monotonic()
+        with contextlib.closing(exp.events()) as events:
+            for _ in events:
+                pass
+        seconds = time.monotonic() - t0
+    finally:
+        target.close()
+    res = exp.result()
+    order = sorted(exp.positions, key=exp.positions.__getitem__)
+    runs = [{f: {arc_of(i) for i in ids} for f, ids in (exp.memo[k].details.get("coverage") or {}).items()}
+            for k in order if k in exp.memo]
+    firsts = {f.key: exp.positions.get(f.scenario.to_json(None)) if f.scenario else None for f in res.findings}
+    return {"runs": runs, "findings": firsts, "seconds": round(seconds, 1), "schedules": res.schedules,
+            "new_units": res.new_units, "unmeasured": sum(1 for k in order if k in exp.memo
+                                                          and "coverage" not in exp.memo[k].details)}
+
+
+def _function_at(package: Path, f: str, line: int) -> str:
+    """The ``def`` a line of a measured file lies in (the nearest one above it)."""
+    src = (package / f).read_text().splitlines()
+    for i in range(min(abs(line), len(src)) - 1, -1, -1):
+        text = src[i].strip()
+        if text.startswith(("def ", "async def ")):
+            return text.split("(")[0].split()[-1]
+    return "<module>"
+
+
+MODES = {"unsteered": None, "flat": "flat", "steered": "coverage"}
+"""The three runs ``steer`` compares: the default generation, the rounds with the default rates (``flat``: what
+the rounds' own seeds change) and the rounds reweighed by coverage."""
+
+
+def steer(examples: int, seed: int | None, round_size: int, json_out: Path, md_out: Path) -> dict[str, Any]:
+    package = package_dir()
+    base = import_arcs(package)
+    got = {name: _generation(mode, examples, seed, round_size) for name, mode in MODES.items()}
+    budget = min(len(g["runs"]) for g in got.values())
+
+    def union(runs: list[dict[str, set[tuple[int, int]]]]) -> dict[str, set[tuple[int, int]]]:
+        out = {f: set(a) for f, a in base.items()}
+        for run in runs[:budget]:
+            for f, arcs in run.items():
+                out.setdefault(f, set()).update(arcs)
+        return out
+    u = {name: union(g["runs"]) for name, g in got.items()}
+    files = sorted(set().union(*(set(x) for x in u.values())))
+
+    def minus(a: str, *others: str) -> dict[str, list[list[Any]]]:
+        out = {}
+        for f in files:
+            extra = sorted(u[a].get(f, set()) - set().union(*(u[o].get(f, set()) for o in others)))
+            if extra:
+                out[f] = [[x, y, _function_at(package, f, x if x > 0 else y)] for x, y in extra]
+        return out
+    only = {"steered-not-unsteered": minus("steered", "unsteered"),
+            "unsteered-not-steered": minus("unsteered", "steered"),
+            "steered-not-flat": minus("steered", "flat"), "flat-not-steered": minus("flat", "steered"),
+            "steered-only": minus("steered", "unsteered", "flat")}
+    fig = {name: figures(x, package) for name, x in u.items()}
+    total = {k: {m: sum(v[m] for v in fig[k].values()) for m in ("covered_lines", "covered_branches",
+                                                                  "num_statements", "num_branches")} for k in fig}
+    result = {"deepspeed": _version(), "examples": examples, "seed": seed, "round": round_size,
+              "distinct_runs": {**{k: len(g["runs"]) for k, g in got.items()}, "compared": budget},
+              "seconds": {k: g["seconds"] for k, g in got.items()},
+              "unmeasured_runs": {k: g["unmeasured"] for k, g in got.items()},
+              "arcs": {k: sum(len(a) for a in x.values()) for k, x in u.items()}, "files": fig, "total": total,
+              "only": only, "findings": {k: g["findings"] for k, g in got.items()},
+              "schedules": got["steered"]["schedules"],
+              "new_units": {k: got[k]["new_units"] for k in ("flat", "steered")},
+              "load": os.getloadavg()[0]}
+    json_out.parent.mkdir(parents=True, exist_ok=True)
+    json_out.write_text(json.dumps(result, indent=2, default=str) + "\n")
+    md_out.write_text(_steer_markdown(result))
+    print(_steer_markdown(result))
+    return result
+
+
+def _version() -> str:
+    import importlib.metadata
+    return importlib.metadata.version("deepspeed")
+
+
+def _steer_markdown(r: dict[str, Any]) -> str:
+    names = list(MODES)
+    rows = ["| file | " + " | ".join(f"branches: {n}" for n in names) + " | arcs steered, not unsteered | "
+            "arcs steered, neither other |", "| --- |" + " --- |" * (len(names) + 2)]
+    for f in r["files"]["steered"]:
+        per = [r["files"][n][f] for n in names]
+        rows.append(f"| `{f}` | " + " | ".join(_pct(v["covered_branches"], v["num_branches"]) for v in per)
+                    + f" | {len(r['only']['steered-not-unsteered'].get(f, []))} | "
+                    f"{len(r['only']['steered-only'].get(f, []))} |")
+    t = r["total"]
+    rows.append("| all nine | " + " | ".join(_pct(t[n]["covered_branches"], t[n]["num_branches"]) for n in names)
+                + f" | {sum(map(len, r['only']['steered-not-unsteered'].values()))} | "
+                f"{sum(map(len, r['only']['steered-only'].values()))} |")
+    funcs: dict[str, int] = {}
+    for f, arcs in r["only"]["steered-only"].items():
+        for _, _, fn in arcs:
+            funcs[f"{f}:{fn}"] = funcs.get(f"{f}:{fn}", 0) + 1
+    top = sorted(funcs.items(), key=lambda kv: (-kv[1], kv[0]))[:15]
+    keys = {n: set(r["findings"][n]) for n in names}
+    d = r["distinct_runs"]
+    return ("# Coverage-guided steering: the generated comparison\n\n"
+            f"Generated by `python benchmarks/bench_coverage.py steer --examples {r['examples']} --round {r['round']}` "
+            f"on DeepSpeed {r['deepspeed']} (installed), seed {r['seed'] if r['seed'] is not None else 'default'}, "
+            f"one job, shrinking and confirming off, every run measured in band (load average at the end "
+            f"{r['load']:.1f}).  Three generations: the default one (unsteered), rounds of {r['round']} with the "
+            "default rates and their own seeds (flat: the control), and the same rounds reweighed by coverage "
+            f"(steered).  Distinct runs: {d['unsteered']}, {d['flat']}, {d['steered']}; compared over the first "
+            f"{d['compared']} of each, in sequence order (importing DeepSpeed's arcs counted in all).  Seconds: "
+            f"{r['seconds']}.  Method: [faults.md](faults.md).\n\n" + "\n".join(rows) + "\n\n"
+            f"Arcs of the nine files: {r['arcs']}.  Runs not measured (no coverage in the answer): "
+            f"{r['unmeasured_runs']}.\n\n"
+            "Where the arcs only the steered run reached (neither the unsteered nor the flat one) lie "
+            "(file:function, arcs):\n\n" + "".join(f"- `{k}`: {n}\n" for k, n in top)
+            + "\nFinding keys: " + "; ".join(f"{n} {len(keys[n])}" for n in names)
+            + f"; only steered: {sorted(keys['steered'] - keys['unsteered'] - keys['flat']) or 'none'}; "
+            f"not steered: {sorted((keys['unsteered'] | keys['flat']) - keys['steered']) or 'none'}.\n\n"
+            f"New signal units per folded round (arcs + monitor states): {r['new_units']}.\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", default="zerostate-bench/coverage.json", help="(no command) the overhead's JSON")
@@ -206,6 +351,12 @@ def main(argv: list[str] | None = None) -> int:
     o.add_argument("--examples", type=int, default=40)
     f = sub.add_parser("fold")
     f.add_argument("dir")
+    st = sub.add_parser("steer")
+    st.add_argument("--examples", type=int, default=100)
+    st.add_argument("--round", type=int, default=50, help="examples per steering round")
+    st.add_argument("--seed", type=int, default=None)
+    st.add_argument("--json", default="zerostate-bench/coverage_steer.json")
+    st.add_argument("--md", default=str(HERE.parent / "docs" / "benchmarks-steer.md"))
     for p in (e, f):
         p.add_argument("--unit-tests", default=None, help="a coverage.py data file of DeepSpeed's unit tests")
         p.add_argument("--json", default="zerostate-bench/coverage.json")
@@ -216,6 +367,9 @@ def main(argv: list[str] | None = None) -> int:
         out = Path(args.json if args.cmd is None else "zerostate-bench/coverage_overhead.json")
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(result, indent=2) + "\n")
+        return 0
+    if args.cmd == "steer":
+        steer(args.examples, args.seed, args.round, Path(args.json), Path(args.md))
         return 0
     folder = Path(args.dir)
     if args.cmd == "explore":

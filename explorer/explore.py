@@ -62,9 +62,10 @@ from zerostate.explorer.search import ShrinkSearch
 from zerostate.explorer.workers import (LaneStep, Measuring, close_quietly, has_run, refresh, restarts_of,
                                         run_lanes, spawn_workers)
 
-STEERS = (None, "coverage")
-"""``steer``: None (the fixed draw rates), or ``coverage`` -- rounds whose draw rates follow the new DeepSpeed
-arcs and spec-monitor states each choice's examples reached (`rounds`, `schedule`)."""
+STEERS = (None, "coverage", "flat")
+"""``steer``: None (the fixed draw rates), ``coverage`` -- rounds whose draw rates follow the new DeepSpeed
+arcs and spec-monitor states each choice's examples reached (`rounds`, `schedule`) --, or ``flat``: the same
+rounds and round seeds with the fixed rates, measured alike (the control a benchmark compares steering with)."""
 
 
 def hard_cap(examples: int) -> int:
@@ -214,6 +215,7 @@ class Exploration:
             raise ValueError("a steered exploration draws from strategies.scenarios(weights=...), not a strategy given")
         self.steer, self.round_size, self.shrink = steer, round_size, shrink
         self.rounds: Rounds | None = None
+        self._positions: dict[str, int] = {}
         self.round_of: dict[str, int] = {}
         self._search_round = 0
         self.workers: list[Target] = [target]
@@ -261,8 +263,8 @@ class Exploration:
 
     @property
     def positions(self) -> dict[str, int]:
-        """Generated scenario (JSON) -> its first position in the generation sequence (steered runs; {} else)."""
-        return dict(self.rounds.position) if self.rounds is not None else {}
+        """Generated scenario (JSON) -> its first position in the generation sequence (steered or not)."""
+        return dict(self._positions)
 
     # ------------------------------------------------------------ phases
     def _phases(self) -> Generator[Event, None, None]:
@@ -290,6 +292,7 @@ class Exploration:
             return (yield from self._generate_steered())
         stream = generated(self.strategy, self.examples, self.seed)
         lanes = Lanes(stream, self.lane)
+        self._positions = lanes.position
         before = [restarts_of(w) for w in self.workers]
         steps = run_lanes(self.workers, iter(lanes), self._lanes_stop, [has_run(w) for w in self.workers])
         try:
@@ -318,7 +321,9 @@ class Exploration:
             if isinstance(w, Measuring):
                 w.measure_coverage(True)
         self.rounds = rounds = Rounds(self.examples, self.seed, self.round_size,
-                                      max(1, min(self.lane, self.round_size // 2)), self._lanes_stop)
+                                      max(1, min(self.lane, self.round_size // 2)), self._lanes_stop,
+                                      reweigh=self.steer == "coverage")
+        self._positions = rounds.position
         before = [restarts_of(w) for w in self.workers]
         steps = run_lanes(self.workers, iter(rounds), self._lanes_stop, [has_run(w) for w in self.workers])
         try:

@@ -40,9 +40,11 @@ class Rounds:
     """The lanes of a steered exploration (an iterator of lanes, like `generate.Lanes`), and its schedules."""
 
     def __init__(self, examples: int, seed: int | None, size: int, lane: int, stop: threading.Event,
-                 strategy_of: Callable[[Weights], Any] = steered_strategy):
+                 strategy_of: Callable[[Weights], Any] = steered_strategy, reweigh: bool = True):
         self.examples, self.seed, self.size, self.lane = examples, seed_of(seed), size, lane
         self.strategy_of = strategy_of
+        self.reweigh = reweigh
+        """False: every round keeps the default weights (the control that tells steering from the rounds' seeds)."""
         self.stop = stop
         self.weights: list[Weights] = [DEFAULT]
         """``W_k`` of each round drawn so far."""
@@ -77,7 +79,7 @@ class Rounds:
                 folded = self._wait_and_fold(k - 1)
                 if folded is None:
                     return
-                self.weights.append(schedule(self.weights[k - 1], folded))
+                self.weights.append(schedule(self.weights[k - 1], folded) if self.reweigh else self.weights[k - 1])
             mine = self._draw(k)
             if not mine:
                 return
