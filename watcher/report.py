@@ -60,7 +60,7 @@ def build(engines: list[dict[str, Any]], hung: list[dict[str, Any]], command: li
     """The merged report.  ``processes``: the processes' records (`zerostate.watcher.process`): what was not
     watched, and crashes outside the engine calls, come from them; ``runtime``: ``--runtime`` was asked for."""
     processes = processes or []
-    crashed = observed.crashes(engines, processes)
+    crashed = observed.crashes(engines, processes, exit_status)
     versions = sorted({e["deepspeed"] for e in engines} | {p["deepspeed"] for p in processes if p.get("deepspeed")})
     column = f"deepspeed {', '.join(versions) or '?'}"
     stage = max((e.get("stage", 0) for e in engines), default=0)
