@@ -86,9 +86,20 @@ def configuration(engines: list[dict[str, Any]]) -> dict[str, Any]:
     nonre = sum(e.get("checkpointing", {}).get("non_reentrant_recomputes", 0) for e in engines)
     re_ = sum(e.get("checkpointing", {}).get("reentrant_module_recomputes", 0) for e in engines)
     kinds = [k for k, n in (("non-reentrant", nonre), ("reentrant", re_)) if n]
-    return {"zero_stage": max((e.get("stage", 0) for e in engines), default=None),
-            "activation_checkpointing": " and ".join(kinds) if kinds else "none seen",
-            "non_reentrant_recomputes": nonre, "reentrant_module_recomputes": re_}
+    steps: dict[str, list[int]] = {}
+    for e in engines:
+        for kind, (first, last) in e.get("checkpointing", {}).get("steps", {}).items():
+            f0, l0 = steps.get(kind, [first, last])
+            steps[kind] = [min(f0, first), max(l0, last)]
+    out = {"zero_stage": max((e.get("stage", 0) for e in engines), default=None),
+           "activation_checkpointing": " and ".join(kinds) if kinds else "none seen",
+           "non_reentrant_recomputes": nonre, "reentrant_module_recomputes": re_, "checkpointing_steps": steps}
+    if len(steps) == 2:
+        out["checkpointing_switched"] = ("the job switched activation checkpointing while it trained: "
+                                         + ", ".join(f"{k} in train steps {a + 1}-{b + 1}"
+                                                     for k, (a, b) in sorted(steps.items(), key=lambda kv: kv[1]))
+                                         + " (something enabled checkpointing again with other settings)")
+    return out
 
 
 def crashes(engines: list[dict[str, Any]], processes: list[dict[str, Any]],

@@ -241,6 +241,8 @@ def render_markdown(d: dict[str, Any]) -> str:
     if conf.get("zero_stage") is not None:
         out += ["", (f"What the job ran: ZeRO-{conf['zero_stage']}, activation checkpointing "
                     f"{conf['activation_checkpointing']} (as the trainer left it).")]
+        if conf.get("checkpointing_switched"):
+            out += ["", conf["checkpointing_switched"].capitalize() + "."]
     if d.get("not_checked"):
         out += ["", "Not checked in this job:", ""] + [f"- {n}" for n in d["not_checked"]]
     out += ["", f"**{d['summary_text']}**", "", "## Specs", "",
