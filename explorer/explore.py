@@ -35,6 +35,12 @@ generation and after each shrunk finding: once true during generation, the keys 
 first; once true on the shrunk findings, the run ends and the others stay as handed over (tests and
 benchmarks looking for one bug).  ``seed=None`` explores the fixed seed `generate.DEFAULT_SEED`; no
 Hypothesis database is read or written.
+
+Steering (``steer="coverage"``, opt-in): generation runs in rounds of ``round_size`` distinct scenarios
+(`rounds`), each drawn from draw weights that the rounds before it earned by the DeepSpeed arcs and
+spec-monitor states their examples reached first (`schedule`, `signal`); a finding's search replays its
+round's strategy and seed.  ``shrink=False`` hands every finding over as seen after generation (benchmarks
+that compare generations).
 """
 
 from __future__ import annotations
@@ -255,11 +261,11 @@ class Exploration:
     def result(self) -> ExploreResult:
         end = self._ended if self._ended is not None else time.perf_counter()
         b = self.book
-        r = self.rounds
+        rounds = self.rounds
         return ExploreResult(b.findings(), len(self.memo), end - self._t0, dict(b.first_seen), dict(b.generated_at),
                              dict(b.seconds_to), [r.to_dict() for r in self.restarts], dict(b.seconds_final),
-                             self._stopped, [w.to_dict() for w in r.weights] if r else [],
-                             dict(self.round_of) if r else {}, list(r.new_units) if r else [])
+                             self._stopped, [w.to_dict() for w in rounds.weights] if rounds else [],
+                             dict(self.round_of) if rounds else {}, list(rounds.new_units) if rounds else [])
 
     @property
     def positions(self) -> dict[str, int]:
