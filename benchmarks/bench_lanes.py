@@ -151,7 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'':10} {'seconds':>8} {'lanes/min':>10} {'runs':>5}  findings")
     for name in ("local", "cluster"):
         r = result[name]
-        print(f"{name:10} {r['seconds']:8.1f} {r['lanes_per_minute']:10.2f} {r['runs']:5}  {', '.join(r['findings']) or '-'}")
+        found = ", ".join(r["findings"]) or "-"
+        print(f"{name:10} {r['seconds']:8.1f} {r['lanes_per_minute']:10.2f} {r['runs']:5}  {found}")
     print(f"same findings: {result['same_findings']}")
     print(f"worker first start: local {start_local:.2f} s, cluster {start_cluster:.2f} s "
           f"(placement group + actor + worker); difference {per_lane['first_start_s']:.2f} s")
