@@ -13,6 +13,9 @@ started worker:
   processes on this machine, 2 CPUs declared each; `cluster.session.ClusterSession`, a gang of 1 CPU per
   worker), the cluster's own start-up timed apart and not counted.
 
+Both run while the cluster is up (its idle processes load the machine alike), local first unless
+``--cluster-first``: on a loaded machine the order matters, so compare both orders.
+
 Lanes per minute = lanes / wall minutes of the exploration (the first worker's start included, as a user waits
 for it).  The two runs must hand over the same finding keys (printed; a difference is a bug, not a figure).
 
@@ -93,6 +96,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lane", type=int, default=3, help="distinct scenarios per lane (the explorer's is 100)")
     ap.add_argument("--jobs", type=int, default=2, help="workers at once, locally and on the cluster")
     ap.add_argument("--probes", type=int, default=5, help="paired probes for the per-lane overhead")
+    ap.add_argument("--cluster-first", action="store_true",
+                    help="run the cluster's exploration before the local one (the order effect on a loaded machine)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     from zerostate.cluster.ray_api import ClusterUnavailable, require_ray
@@ -111,16 +116,20 @@ def main(argv: list[str] | None = None) -> int:
     lanes = lanes_of(strategy, args.examples, args.lane)
     print(f"{args.kind} target, {args.examples} examples, lanes of {args.lane}: {lanes} lanes, {args.jobs} workers")
 
-    local = _explore(get_target(args.kind, **opts), lambda: get_target(args.kind, **opts), args, strategy)
-    print(f"local:   {local['seconds']:.1f} s, {local['runs']} runs", flush=True)
-
     t0 = time.perf_counter()
     with LocalCluster(nodes=2, cpus_per_node=2) as cluster:
         up = time.perf_counter() - t0
         with ClusterSession(cluster.address, kind=args.kind, options=opts, gang=1) as session:
-            remote = _explore(session.target(), session.target, args, strategy)
-            print(f"cluster: {remote['seconds']:.1f} s, {remote['runs']} runs (cluster start {up:.1f} s apart)",
-                  flush=True)
+            runs: dict[str, dict[str, Any]] = {}
+            for where in (("cluster", "local") if args.cluster_first else ("local", "cluster")):
+                if where == "local":
+                    runs[where] = _explore(get_target(args.kind, **opts), lambda: get_target(args.kind, **opts),
+                                           args, strategy)
+                else:
+                    runs[where] = _explore(session.target(), session.target, args, strategy)
+                print(f"{where + ':':8} {runs[where]['seconds']:.1f} s, {runs[where]['runs']} runs", flush=True)
+            local, remote = runs["local"], runs["cluster"]
+            print(f"(the cluster started in {up:.1f} s, not counted; both runs with it up)")
             t1 = time.perf_counter()
             here = get_target(args.kind, **opts)
             start_local = time.perf_counter() - t1
@@ -139,7 +148,8 @@ def main(argv: list[str] | None = None) -> int:
         "transfer_per_lane_s": round((p["run_cluster"] - p["run_local"]) * args.lane, 3),
     }
     result = {
-        "kind": args.kind, "examples": args.examples, "lane": args.lane, "lanes": lanes, "jobs": args.jobs,
+        "kind": args.kind, "examples": args.examples, "order": list(runs), "lane": args.lane, "lanes": lanes,
+        "jobs": args.jobs,
         "local": {**local, "lanes_per_minute": round(lanes / (local["seconds"] / 60), 2)},
         "cluster": {**remote, "lanes_per_minute": round(lanes / (remote["seconds"] / 60), 2),
                     "cluster_start_s": round(up, 2)},
