@@ -34,6 +34,27 @@ def _issue(issue_id: str):
     return next(k for k in KNOWN_ISSUES if k.id == issue_id)
 
 
+def _rank(r: int, events: list, digests: list, error: str | None = None) -> dict:
+    res = {"events": events, "error": error, "error_check": "exception" if error else None, "steps": len(digests)}
+    return {"rank": r, "ok": True, "result": res, "steps": digests}
+
+
+def test_the_cross_rank_checks_name_the_rank_that_differs_among_four():
+    """Every rank is compared with rank 0, not only rank 1: the last of four ranks differing is found and named."""
+    from zerostate.harness.cross_rank_checks import cross_rank_problems
+    ev = [{"kind": "module_pre_forward", "module": "blocks.0", "phase": "forward"},
+          {"kind": "fetch", "param": "blocks.0.lin.weight"}, {"kind": "step", "value": 0}]
+    d = [{"blocks.0.lin.weight": "a"}]
+    same = [_rank(r, ev, d) for r in range(4)]
+    assert cross_rank_problems(same) == {}
+    params = cross_rank_problems(same[:3] + [_rank(3, ev, [{"blocks.0.lin.weight": "b"}])])
+    assert set(params) == {"ranks-params"} and "rank 3" in params["ranks-params"][0]
+    order = cross_rank_problems(same[:3] + [_rank(3, [ev[0], {"kind": "fetch", "param": "head.weight"}, ev[2]], d)])
+    assert order["ranks-trace"][1] == "parameter-order" and "rank 3 saw" in order["ranks-trace"][0]
+    raised = cross_rank_problems(same[:2] + [_rank(2, ev, d, error="RuntimeError: boom"), same[3]])
+    assert raised["ranks-outcome"][1] == "one-rank-raised" and "rank 2 raised" in raised["ranks-outcome"][0]
+
+
 @pytest.mark.parametrize("n", [3, 16, 0])
 def test_a_world_size_zerostate_does_not_run_is_one_error_line(tmp_path, n):
     p = _zerostate("explore", "--world-size", str(n), "--examples", "1", "--out", str(tmp_path / "r"))
