@@ -12,7 +12,7 @@ import pytest
 from zerostate.cli.diff_classify import classify
 from zerostate.findings.evidence import Evidence, OracleDiff, ParamDiff
 from zerostate.findings.finding import Finding
-from zerostate.findings.oracle_class import ratio_class, update_class
+from zerostate.findings.oracle_class import OTHER, ratio_class, update_class
 from zerostate.known.labels import annotate, groups, labelled
 from zerostate.model.events import Event, EventKind as K
 from zerostate.model.scenario import Scenario
@@ -46,15 +46,27 @@ def _oracle(sc: Scenario, step: int, rows: list[tuple[str, float | None]], trace
 
 def test_the_ratio_classes():
     assert [ratio_class(r) for r in (0.0, 0.01, -1.0, -0.3, 2.04, 0.49, 1.0, 0.7, 1.6, 3.0, None)] == [
-        "not-updated", "not-updated", "sign-flipped", "reversed", "x2", "x0.5", "skewed", "shrunk", "grown", "grown",
-        "kept-apart"]
+        "not-updated", "not-updated", "sign-flipped", OTHER, "x2", "x0.5", OTHER, OTHER, OTHER, OTHER, OTHER]
     p = ParamDiff("blocks.0.lin.weight", 1e-3, None, 0.0, 1.0, 1.0)
     assert update_class(p, ("blocks.0.lin.weight",)) == "stale-update-again"
     assert update_class(replace(p, again=None), ("blocks.0.lin.weight",)) == "moved-without-update"
     cf = ParamDiff("head.weight", 1e-3, 0.33, 1.0, 0.3, None, True, False)
     assert update_class(cf, ()) == "last-backward-only"
     assert update_class(replace(cf, last_only=False, but_last=True), ()) == "without-last-backward"
-    assert update_class(replace(cf, last_only=False), ()) == "shrunk"  # no counterfactual matches: the ratio
+    assert update_class(replace(cf, last_only=False), ()) == OTHER  # no counterfactual matches: the ratio
+
+
+def test_a_mixture_over_the_parameters_is_one_class_whatever_the_mixture():
+    """A distorted update (clipping with another norm, a share lost) gives each parameter its own ratio: the
+    mixture is ``other``, so a shape with other parameters (other ratios) keeps the key; what PyTorch left where
+    it was is said apart."""
+    mixed = _oracle(SC_SMALL, 0, [("blocks.0.lin.weight", 0.5), ("head.weight", 1.4), ("blocks.0.norm.bias", -0.2)],
+                    _steps(True))
+    other_mix = _oracle(SC_BIG, 0, [("blocks.1.lin.weight", 0.0), ("head.weight", 0.8)], _steps(True))
+    assert mixed.key == other_mix.key == "oracle:other@first-step"
+    rows = [("blocks.1.lin.weight", 0.0), ("head.weight", 0.01), ("blocks.0.norm.weight", None)]
+    with_kept = _oracle(SC_BIG, 1, rows, _steps(True, True), moved=("blocks.0.norm.weight",))
+    assert with_kept.key == "oracle:not-updated+moved-without-update@later-step"
 
 
 def test_two_mechanisms_are_two_keys_and_one_mechanism_in_two_shapes_is_one():
@@ -128,3 +140,38 @@ def test_no_update_is_not_updated_whatever_the_counterfactuals_say():
     one_backward = _oracle(SC_SMALL, 0, [("blocks.0.lin.weight", 0.0)], _steps(True), last_only=False, but_last=True)
     two_backwards = _oracle(SC_BIG, 0, [("head.weight", 0.01)], _steps(True), last_only=False, but_last=False)
     assert one_backward.key == two_backwards.key == "oracle:not-updated@first-step"
+
+
+@pytest.mark.deepspeed
+@pytest.mark.slow
+def test_faults_injected_into_real_deepspeed_give_one_key_per_mechanism(tmp_path):
+    """Real DeepSpeed with a fault of the benchmark's catalogue applied to a copy of the installed release:
+    engine.backward no longer dividing the loss by gas 2 doubles the update (``x2``) at ZeRO-1, 2 and 3 alike,
+    with other widths, block counts and steps; ZeRO-3 overwriting the second micro-step's gradient keeps the last
+    backward's share alone (the oracle's counterfactual) -- another key in the same shapes."""
+    import sys
+    from pathlib import Path
+
+    import deepspeed
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from faults.apply import applied, make_tree
+    from faults.catalogue import by_id
+    from zerostate.targets.base import get_target
+
+    def sc(stage: int, blocks: int, width: int, steps: int = 1) -> Scenario:
+        return Scenario.from_dict({"stage": stage, "blocks": [{}] * blocks, "width": width,
+                                   "steps": [{"micro": [{"backward": "engine"}] * 2}] * steps})
+
+    tree = make_tree(Path(deepspeed.__file__).resolve().parent, tmp_path / "tree")
+    keys: dict[str, list[list[str]]] = {}
+    for fault, shapes in (("engine-gas-scaling-inverted", (sc(1, 1, 8), sc(2, 2, 7, 2), sc(3, 3, 8))),
+                          ("z3-accumulate-from-second", (sc(3, 1, 8), sc(3, 2, 7, 2)))):
+        with applied(by_id()[fault], tree):
+            t = get_target("deepspeed", deepspeed_path=str(tree))
+            try:
+                keys[fault] = [[f.key for f in t.run(s).findings] for s in shapes]
+            finally:
+                t.close()
+    assert keys == {"engine-gas-scaling-inverted": [["oracle:x2@first-step"]] * 3,
+                    "z3-accumulate-from-second": [["oracle:last-backward-only@first-step"]] * 2}, keys
