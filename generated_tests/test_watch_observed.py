@@ -48,8 +48,31 @@ def _finding(rep, check):
 def test_watch_keeps_the_commands_exit_status(tmp_path):
     proc, rep, _ = _watch(tmp_path, sys.executable, "-c", "import sys; sys.exit(5)")
     assert proc.returncode == 5
-    assert "0 violations in 0 backwards, 0 steps" in proc.stderr.splitlines()[-1]
-    assert rep["status"] == "complete" and rep["run"]["exit_status"] == 5 and rep["findings"] == []
+    last = proc.stderr.splitlines()[-1]
+    assert "0 backwards, 0 steps" in last and "died first, of SystemExit: 5" in last, last
+    assert rep["status"] == "complete" and rep["run"]["exit_status"] == 5
+    assert [f["error"] for f in rep["findings"]] == ["SystemExit: 5"]
+
+
+@pytest.mark.deepspeed
+@pytest.mark.parametrize("then", ["sys-exit", "die"])
+def test_a_job_that_fails_without_an_exception_is_never_clean(tmp_path, then):
+    """A watched job that catches its error and calls ``sys.exit(1)`` has that error in the report, with its rank
+    and step; one that dies with no exception at all (``os._exit``) is said loudly not to have told why."""
+    env = dict(os.environ, DS_ACCELERATOR="cpu")
+    proc, rep, _ = _watch(tmp_path, sys.executable, JOBS, "gathered", "--steps", "1", "--then", then, env=env)
+    assert rep["summary"]["watched"], proc.stderr[-2000:]
+    if then == "sys-exit":
+        assert proc.returncode == 1 and rep["summary"]["backwards"] == 1
+        crash = _finding(rep, "exception")
+        assert [c["error"] for c in crash] == [
+            "SystemExit: 1, handling RuntimeError: the job gave up after its steps (test_watch_observed)"]
+        assert crash[0]["rank"] == 0 and crash[0]["step"] == 1 and "raise RuntimeError" in crash[0]["traceback"]
+        assert rep["summary"]["violations"] == 1
+    else:
+        assert proc.returncode == 3 and rep["findings"] == []
+        assert any("the job failed (exit status 3) but no process recorded why" in t for t in rep["not_observed"])
+        assert "NOT OBSERVED" in proc.stderr.splitlines()[-1]
 
 
 @pytest.mark.parametrize("job,cause", [

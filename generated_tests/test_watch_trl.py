@@ -6,8 +6,9 @@ On the installed DeepSpeed (0.19.8), two steps each: the SFT job importing trl f
 TRL ask ``importlib.util.find_spec("deepspeed")`` before the job imports it) is watched and clean, and the report
 names the checkpointing it ran (non-reentrant: TRL's "forced" reentrant does not reach transformers 5.2x's
 Trainer); the reentrant job importing deepspeed first is clean too; GRPO (TRL's generation re-registers the ZeRO-3
-hooks) has no violation and trains reentrant, which the report says leaves recompute unchecked; DPO is clean; the
-SFT job under ``accelerate launch`` with a DeepSpeed plugin config is watched and clean.
+hooks) has no violation and trains reentrant, which the report says leaves recompute unchecked; DPO is clean
+and switches from non-reentrant to reentrant after its first step (the report names the steps); the SFT job
+under ``accelerate launch`` with a DeepSpeed plugin config is watched and clean.
 
 Opt-in (``ZEROSTATE_RELEASES=0.19.2``; the release is installed on first use): SFT at TRL's defaults importing trl
 first, and non-reentrant importing deepspeed first, names ``saved-tensor-intact`` on the user's parameter names
@@ -125,8 +126,16 @@ def test_grpo_generation_is_no_false_alarm_and_its_reentrant_recompute_is_said_u
     assert rep["not_checked"] and "reentrant checkpoint recompute" in rep["not_checked"][0]
 
 
-def test_dpo_is_clean(tmp_path):
-    _clean(*_job(tmp_path, "--trainer", "dpo"))
+def test_dpo_is_clean_and_its_checkpointing_switch_is_named(tmp_path):
+    """DPO's reference forward runs under TRL's ``disable_gradient_checkpointing``, which enables checkpointing again
+    with TRL's kwargs (``use_reentrant=True``): the first step's backward recomputes non-reentrant (the Trainer's
+    choice), every later one reentrant.  The report says so, step by step."""
+    proc, rep, res = _job(tmp_path, "--trainer", "dpo", steps=3)
+    _clean(proc, rep, res, steps=3)
+    conf = rep["configuration"]
+    assert conf["checkpointing_steps"] == {"non-reentrant": [0, 0], "reentrant": [1, 2]}, conf
+    assert "non-reentrant in train steps 1-1, reentrant in train steps 2-3" in conf["checkpointing_switched"]
+    assert rep["not_checked"] and "reentrant checkpoint recompute" in rep["not_checked"][0]
 
 
 def test_sft_under_accelerate_launch_is_watched(tmp_path):

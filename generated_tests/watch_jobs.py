@@ -15,7 +15,8 @@ transformers, accelerate and TRL do when imported first).
 (``released-after-backward``; known issue ``z3-leaf-kept-gathered``).  ``--then crash`` raises after the
 steps, ``exit`` ends the process at once (``os._exit``, no atexit), ``interrupt`` sends itself SIGINT (Ctrl-C),
 ``forever`` keeps training until interrupted, ``hang``
-never returns from the next ``engine.forward``.
+never returns from the next ``engine.forward``.  ``sys-exit`` catches an error after the steps and calls
+``sys.exit(1)``; ``die`` ends with ``os._exit(3)``, no exception at all.
 """
 
 from __future__ import annotations
@@ -125,6 +126,14 @@ def main(argv: list[str]) -> int:
         print(json.dumps({"losses": losses}), flush=True)
         if then == "crash":
             raise RuntimeError("the job crashed after its steps (test_watch)")
+        if then == "sys-exit":  # as scripts do: catch the error, log it, exit 1 (sys.excepthook never sees it)
+            try:
+                raise RuntimeError("the job gave up after its steps (test_watch_observed)")
+            except RuntimeError as exc:
+                print(f"error: {exc}", file=sys.stderr)
+                sys.exit(1)
+        if then == "die":  # fails without any exception (as a native crash or a kill would)
+            os._exit(3)
         if then == "exit":  # ends without atexit (as a rank killed by its launcher): its watch is never closed
             os._exit(0)
         if then == "interrupt":

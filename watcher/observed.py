@@ -21,11 +21,12 @@ def _no_engine_cause(processes: list[dict[str, Any]], exit_status: int | None) -
         return ("no Python process of the command ran zerostate's sitecustomize (the command is not a Python job, "
                 "or its launcher replaced PYTHONPATH)")
     imported = [p for p in processes if p.get("deepspeed")]
-    crashed = sorted((p for p in processes if p.get("crash")), key=lambda p: p["crash"].get("time", 0.0))
+    ends = [(p, p.get("crash") or (p.get("exit") if exit_status else None)) for p in processes]
+    crashed = sorted(((p, c) for p, c in ends if c), key=lambda pc: pc[1].get("time", 0.0))
     crash = ""
     if crashed:
-        c = crashed[0]["crash"]
-        crash = f"; rank {c['rank']} (pid {crashed[0]['pid']}) died first, of {c['type']}: {c['message'][:200]}"
+        c = crashed[0][1]
+        crash = f"; rank {c['rank']} (pid {crashed[0][0]['pid']}) died first, of {c['type']}: {c['message'][:200]}"
     errors = [e for p in processes for e in p.get("watch_errors", [])]
     if errors:
         return f"the watch failed: {errors[0]}"
@@ -51,6 +52,11 @@ def problems(engines: list[dict[str, Any]], processes: list[dict[str, Any]], sta
         if not e.get("closed") and status == "complete":
             out.append(f"rank {e['rank']} (pid {e.get('pid')}) ended without closing its watch (killed?): its last "
                        "events (up to 255) and its end-of-run obligations were not checked")
+    if exit_status not in (None, 0) and engines and not crashes(engines, processes, exit_status) \
+            and not any(e.get("broken_in") for e in engines):
+        out.append(f"the job failed (exit status {exit_status}) but no process recorded why: no exception escaped "
+                   "to sys.excepthook or sys.exit (killed by a signal, os._exit, SystemExit raised directly, or a "
+                   "native crash)")
     for p in processes:
         for err in p.get("watch_errors", []) if engines else ():
             out.append(f"pid {p['pid']}: {err}")
@@ -80,16 +86,30 @@ def configuration(engines: list[dict[str, Any]]) -> dict[str, Any]:
     nonre = sum(e.get("checkpointing", {}).get("non_reentrant_recomputes", 0) for e in engines)
     re_ = sum(e.get("checkpointing", {}).get("reentrant_module_recomputes", 0) for e in engines)
     kinds = [k for k, n in (("non-reentrant", nonre), ("reentrant", re_)) if n]
-    return {"zero_stage": max((e.get("stage", 0) for e in engines), default=None),
-            "activation_checkpointing": " and ".join(kinds) if kinds else "none seen",
-            "non_reentrant_recomputes": nonre, "reentrant_module_recomputes": re_}
+    steps: dict[str, list[int]] = {}
+    for e in engines:
+        for kind, (first, last) in e.get("checkpointing", {}).get("steps", {}).items():
+            f0, l0 = steps.get(kind, [first, last])
+            steps[kind] = [min(f0, first), max(l0, last)]
+    out = {"zero_stage": max((e.get("stage", 0) for e in engines), default=None),
+           "activation_checkpointing": " and ".join(kinds) if kinds else "none seen",
+           "non_reentrant_recomputes": nonre, "reentrant_module_recomputes": re_, "checkpointing_steps": steps}
+    if len(steps) == 2:
+        out["checkpointing_switched"] = ("the job switched activation checkpointing while it trained: "
+                                         + ", ".join(f"{k} in train steps {a + 1}-{b + 1}"
+                                                     for k, (a, b) in sorted(steps.items(), key=lambda kv: kv[1]))
+                                         + " (something enabled checkpointing again with other settings)")
+    return out
 
 
-def crashes(engines: list[dict[str, Any]], processes: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Exceptions that ended a process outside a watched engine's calls (those inside are engine findings)."""
+def crashes(engines: list[dict[str, Any]], processes: list[dict[str, Any]],
+            exit_status: int | None = None) -> list[dict[str, Any]]:
+    """Exceptions that ended a process outside a watched engine's calls (those inside are engine findings); a
+    non-zero ``sys.exit`` counts when the command failed (the exception it was handling, if any, in its message)."""
     out = []
+    failed = exit_status not in (None, 0)
     for p in processes:
-        c = p.get("crash")
+        c = p.get("crash") or (p.get("exit") if failed else None)
         if not c or c.get("in_engine_call"):
             continue
         out.append({"spec": "exception", "message": f"{c['type']}: {c['message']}", "event": None,

@@ -3,7 +3,9 @@
 Each Python process the command starts (under ``zerostate watch``) writes ``proc-<pid>.json`` beside the
 per-engine files: whether it imported deepspeed, how many engines ``deepspeed.initialize`` built and how many
 were watched (and why one was not), why ``--runtime`` could not install, a failure of the watch itself, and
-an exception that ended the process (with the rank and the train step it was in).  The report reads them
+an exception that ended the process (with the rank and the train step it was in), and a non-zero
+``sys.exit`` with the exception being handled when it was called (a script that catches an error, logs it
+and exits 1 never reaches ``sys.excepthook``).  The report reads them
 to name the cause when no engine was watched, and to put a crash outside DeepSpeed's engine calls in the
 report.  Written atomically when something changes and at exit; a process killed before its exit keeps
 what it last wrote.
@@ -53,6 +55,8 @@ class ProcessFile(TypedDict):
     runtime_errors: list[str]
     watch_errors: list[str]
     crash: Crash | None
+    exit: Crash | None
+    """The last ``sys.exit`` with a non-zero status: a crash only if the command failed (it may have been caught)."""
     ended: bool
 
 
@@ -77,7 +81,8 @@ class ProcessRecord:
         self.data: ProcessFile = {
             "pid": os.getpid(), "rank": None, "argv": [str(a) for a in sys.argv[:8]], "deepspeed": None,
             "initialize_patched": False, "engines_built": 0, "engines_watched": 0, "skipped": [],
-            "runtime_requested": runtime, "runtime_errors": [], "watch_errors": [], "crash": None, "ended": False}
+            "runtime_requested": runtime, "runtime_errors": [], "watch_errors": [], "crash": None, "exit": None,
+            "ended": False}
         self.where: Callable[[], tuple[int | None, int | None, bool]] = lambda: (None, None, False)
         """(train step, user backward, whether an engine call was running) of the watched engine, for a crash."""
         if runtime:
@@ -106,12 +111,26 @@ class ProcessRecord:
         self.write()
 
     def crashed(self, exc_type: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
-        step, backward, in_call = self.where()
-        self.data["crash"] = {
-            "type": exc_type.__name__, "message": str(exc)[:2000],
-            "traceback": "".join(traceback.format_exception(exc_type, exc, tb)[-12:])[-4000:],
-            "rank": _rank(), "step": step, "backward": backward, "in_engine_call": in_call, "time": time.time()}
+        self.data["crash"] = self._crash(exc_type.__name__, str(exc),
+                                         "".join(traceback.format_exception(exc_type, exc, tb)[-12:]))
         self.write()
+
+    def exiting(self, status: object) -> None:
+        """``sys.exit(status)`` with a non-zero status: the exception being handled, if any, is the cause."""
+        _, cause, _ = sys.exc_info()
+        where = "".join(traceback.format_stack(limit=8)[:-2])
+        if cause is not None:
+            message = f"{status!r}, handling {type(cause).__name__}: {cause}"
+            text = "".join(traceback.format_exception(type(cause), cause, cause.__traceback__)[-12:]) + where
+        else:
+            message, text = repr(status), where
+        self.data["exit"] = self._crash("SystemExit", message, text)
+        self.write()
+
+    def _crash(self, kind: str, message: str, text: str) -> Crash:
+        step, backward, in_call = self.where()
+        return {"type": kind, "message": message[:2000], "traceback": text[-4000:], "rank": _rank(), "step": step,
+                "backward": backward, "in_engine_call": in_call, "time": time.time()}
 
     def ended(self) -> None:
         self.data["ended"] = True
@@ -160,6 +179,14 @@ def start(out: str, runtime: bool) -> ProcessRecord:
         previous(exc_type, exc, tb)
 
     sys.excepthook = excepthook
+    real_exit = sys.exit
+
+    def exit_recorded(status: object = None) -> None:
+        if status not in (None, 0):
+            rec.exiting(status)
+        real_exit(status)
+
+    sys.exit = exit_recorded
     atexit.register(rec.ended)
     return rec
 

@@ -60,7 +60,7 @@ def build(engines: list[dict[str, Any]], hung: list[dict[str, Any]], command: li
     """The merged report.  ``processes``: the processes' records (`zerostate.watcher.process`): what was not
     watched, and crashes outside the engine calls, come from them; ``runtime``: ``--runtime`` was asked for."""
     processes = processes or []
-    crashed = observed.crashes(engines, processes)
+    crashed = observed.crashes(engines, processes, exit_status)
     versions = sorted({e["deepspeed"] for e in engines} | {p["deepspeed"] for p in processes if p.get("deepspeed")})
     column = f"deepspeed {', '.join(versions) or '?'}"
     stage = max((e.get("stage", 0) for e in engines), default=0)
@@ -241,6 +241,8 @@ def render_markdown(d: dict[str, Any]) -> str:
     if conf.get("zero_stage") is not None:
         out += ["", (f"What the job ran: ZeRO-{conf['zero_stage']}, activation checkpointing "
                     f"{conf['activation_checkpointing']} (as the trainer left it).")]
+        if conf.get("checkpointing_switched"):
+            out += ["", conf["checkpointing_switched"].capitalize() + "."]
     if d.get("not_checked"):
         out += ["", "Not checked in this job:", ""] + [f"- {n}" for n in d["not_checked"]]
     out += ["", f"**{d['summary_text']}**", "", "## Specs", "",

@@ -123,11 +123,20 @@ class UserModelView:
         self.recomputes_unobserved = 0
         """Module pre-forwards inside a backward outside those: a reentrant checkpoint's recompute (or a forward in
         a custom backward), whose saved tensors the watch does not observe."""
+        self.step = 0
+        """The train step the job is in (0-based; the tracer advances it at each accumulation boundary)."""
+        self.recompute_steps: dict[str, tuple[int, int]] = {}
+        """``non-reentrant`` / ``reentrant`` -> (first, last) train step it was seen in: a trainer that enables
+        checkpointing again with other settings mid-job switches kinds."""
         self.on_root_forward: Callable[[torch.nn.Module, bool], None] | None = None
         """Called at the root module's pre-forward (True) and post-forward (False) outside a backward."""
         self.bwd_pre: dict[str, torch.nn.Module] = {}
         """Modules whose pre-backward ran in the current user backward (name -> module)."""
         self.bwd_post: set[str] = set()
+
+    def saw_recompute(self, kind: str) -> None:
+        first, _ = self.recompute_steps.get(kind, (self.step, self.step))
+        self.recompute_steps[kind] = (first, self.step)
 
     def leaf_module_of(self, param: str) -> str:
         """The user's z3 leaf module holding ``param`` (any depth), else the parameter's own module."""
@@ -157,6 +166,7 @@ class UserModelView:
                 phase = "eval" if c.eval else ("recompute" if task is not None else "forward")
                 if task is not None and pre_fwd and not view.recompute_depth:
                     view.recomputes_unobserved += 1  # a reentrant checkpoint's (or a custom backward's) forward
+                    view.saw_recompute("reentrant")
             c.poll_trace()
             c.emit(kind, None, name, None, None, phase)
             r = f(module, *a, **k)
@@ -262,6 +272,10 @@ class WatchTracer:
     def recomputes_unobserved(self) -> int:
         return self.view.recomputes_unobserved
 
+    @property
+    def recompute_steps(self) -> dict[str, tuple[int, int]]:
+        return dict(self.view.recompute_steps)
+
     def params_of(self, module: str) -> tuple[str, ...]:
         """The parameters ZeRO-3 fetches for ``module``: its own, or all under it for a z3 leaf module."""
         return self.view.own.get(module, ())
@@ -344,6 +358,7 @@ class WatchTracer:
         if start:
             self.core.task()
             view.recomputes_observed += 1
+            view.saw_recompute("non-reentrant")
             view.recompute_depth += 1
             self.core.emit(EventKind.RECOMPUTE_START, module=name)
         else:
@@ -409,6 +424,7 @@ class WatchTracer:
             r = f(*a, **k)
             if boundary:
                 self.steps += 1
+                self.view.step = self.steps
             return r
         return step
 

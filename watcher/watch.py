@@ -165,7 +165,8 @@ class WatchHandle:
                 "violations": self.violations, "memory": self.memory,
                 "leaf_modules": {k: {"input_requires_grad": v} for k, v in self.tracer.leaf_inputs.items()},
                 "checkpointing": {"non_reentrant_recomputes": self.tracer.recomputes_observed,
-                                  "reentrant_module_recomputes": self.tracer.recomputes_unobserved}}
+                                  "reentrant_module_recomputes": self.tracer.recomputes_unobserved,
+                                  "steps": {k: list(v) for k, v in self.tracer.recompute_steps.items()}}}
 
     def _runtime_installed(self) -> bool:
         """The runtime is in this engine (only a process that imported the runtime can have installed it)."""
