@@ -111,7 +111,8 @@ def run_fault(fault: Fault, tree: Path, runs: Path, base: dict[str, Any], exampl
                 replays["faulted"] = replay(out / entry["files"]["scenario"], tree,
                                             runs / f"{fault.id}.replay-faulted.log")
             old = old_key_candidates(base_findings, run.seen, replay_old,
-                                     verdict.killer["seconds"] if verdict.killer else None)
+                                     verdict.killer["seconds"] if verdict.killer else None,
+                                     run.report.get("findings", []))
         old_replays = _replay_each(old, run.report, out, tree, runs / f"{fault.id}.replay-old", "unfaulted")
         if any(r["unfaulted"].get("passed") is True for r in old_replays.values()):
             with applied(fault, tree):  # only an example the unfaulted tree passes can be the fault's

@@ -188,6 +188,12 @@ def test_the_old_key_findings_replayed_are_bounded_and_come_before_the_kill() ->
     assert [f["n"] for f in old_key_candidates(base, seen, 1)] == [1]
     assert [f["n"] for f in old_key_candidates(base, seen, 3, before_s=5.0)] == [1]
     assert old_key_candidates(base, seen, 0) == []
+    # the faulted run showed that key on the very example the unfaulted run did: nothing to replay
+    sc = {"stage": 1, "blocks": [{}]}
+    base_sc = [{**e, "scenario": sc} for e in base]
+    report = [{"key": "grad-handled-once:handled-twice", "scenario": sc},
+              {"key": "oracle:two-backwards-per-forward", "scenario": {**sc, "stage": 2}}]
+    assert [f["n"] for f in old_key_candidates(base_sc, seen, 3, report=report)] == [3]
 
 
 def test_the_table_says_a_kill_was_by_an_introduced_example() -> None:

@@ -99,11 +99,16 @@ def introduced(faulted: Mapping[str, Any], unfaulted: Mapping[str, Any]) -> bool
 
 
 def old_key_candidates(baseline: list[dict[str, Any]], seen: list[SeenFinding], limit: int,
-                       before_s: float | None = None) -> list[SeenFinding]:
+                       before_s: float | None = None, report: list[dict[str, Any]] | None = None) -> list[SeenFinding]:
     """The findings worth replaying for `introduced`: the first ``limit`` (in the order they appeared) whose
-    key the unfaulted run also has, about DeepSpeed, and (``before_s``) seen before a kill already made."""
+    key the unfaulted run also has, about DeepSpeed, and (``before_s``) seen before a kill already made.  With
+    the faulted run's ``report`` entries, a finding whose example is the very scenario the unfaulted run showed
+    that key on is left out: the unfaulted tree already failed it."""
     base_keys = {str(e["key"]) for e in baseline}
-    old = [f for f in seen if f["key"] in base_keys and not is_tool_error(f["check"])
+    shown_on = {str(b["key"]): b.get("scenario") for b in baseline}
+    same = {str(e["key"]) for e in report or ()
+            if e.get("scenario") is not None and e.get("scenario") == shown_on.get(str(e.get("key")))}
+    old = [f for f in seen if f["key"] in base_keys and f["key"] not in same and not is_tool_error(f["check"])
            and (before_s is None or f["seconds"] < before_s)]
     return sorted(old, key=lambda f: (f["seconds"], f["n"]))[:max(0, limit)]
 
