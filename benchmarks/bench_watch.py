@@ -12,7 +12,7 @@
    (forward + backward + step) as the job measures them, the first two dropped.
 
 3. TRL's SFT job (`zerostate.clients.trl_job`: the same tiny Llama + LoRA, ``SFTTrainer``, gradient checkpointing
-   as TRL sets it -- reentrant with PEFT + ZeRO-3 -- ZeRO-3 at DeepSpeed's defaults), paired only
+   as TRL leaves it -- non-reentrant, whatever TRL logs (docs/watch.md) -- ZeRO-3 at DeepSpeed's defaults), paired only
    (``--only trl-paired``): each step timed from a ``TrainerCallback`` (``on_step_begin`` to ``on_step_end``).
 
 Paired (the figures to trust on a shared machine; run by default after the above, or alone with

@@ -63,7 +63,7 @@ def add_parser(sub: Any) -> None:
                                    "memory and all-gathers per scenario family.")
     p.add_argument("--base", required=True, metavar="REL|PATH", help="base build: a release (0.19.2) or a checkout")
     p.add_argument("--head", required=True, metavar="REL|PATH", help="head build: a release or a checkout")
-    p.add_argument("--world-size", type=int, default=1, metavar="N", help="ranks: 1 (default) or 2")
+    p.add_argument("--world-size", type=int, default=1, metavar="N", help="ranks: 1 (default), 2, 4 or 8")
     p.add_argument("--examples", type=positive_int, default=DEFAULT_EXAMPLES, metavar="N",
                    help=f"examples per search, on each build (default {DEFAULT_EXAMPLES})")
     p.add_argument("--time-budget", type=non_negative_float, default=DEFAULT_TIME_BUDGET, metavar="SECONDS",

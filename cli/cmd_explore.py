@@ -57,7 +57,8 @@ def add_target_options(p: argparse.ArgumentParser) -> None:
                    "explore: a list (0.18.4,0.19.2,0.19.8) or range (0.19.2..0.19.8) for a release matrix")
     p.add_argument("--deepspeed-path", metavar="DIR", help="local DeepSpeed checkout (e.g. a pull request)")
     p.add_argument("--world-size", type=int, default=1, metavar="N",
-                   help="ranks: 1 (default) or 2 (a rank pool on one process group; deepspeed target)")
+                   help="ranks: 1 (default), 2, 4 or 8 (a rank pool on one process group; deepspeed target); "
+                        "at 1 the scenarios drawn at world size 2 still run on 2 ranks")
 
 
 def add_parser(sub: Any) -> None:

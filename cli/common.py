@@ -66,9 +66,11 @@ def non_negative_float(text: str) -> float:
 
 
 def check_world_size(n: int) -> None:
-    """World size 1, or 2 (the deepspeed target's rank pool: ``targets/deepspeed/ranks.py``)."""
-    if n not in (1, 2):
-        raise CliError(f"--world-size {n}: zerostate runs world size 1 or 2")
+    """One of the deepspeed target's `WORLD_SIZES` (above 1 a rank pool: ``targets/deepspeed/ranks.py``)."""
+    from zerostate.targets.deepspeed.kind import WORLD_SIZES
+    if n not in WORLD_SIZES:
+        raise CliError(f"--world-size {n}: zerostate runs world size {', '.join(map(str, WORLD_SIZES[:-1]))} "
+                       f"or {WORLD_SIZES[-1]}")
 
 
 __all__ = ["CliError", "DEFAULT_OUT", "EXIT_FINDINGS", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE",

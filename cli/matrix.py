@@ -219,13 +219,14 @@ def _sequence(finding_file: Path) -> list[Scenario]:
 
 
 def _ws(row: dict[str, Any]) -> str:
-    ws = row["scenario"].world_size
+    ws = max(row["scenario"].world_size, row["world_size"])
     return f" --world-size {ws}" if ws > 1 else ""
 
 
-def rows_of(cols: list[Column], explored: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+def rows_of(cols: list[Column], explored: dict[str, dict[str, Any]], world_size: int = 1) -> list[dict[str, Any]]:
     """One row per finding key, in the order of the first column that found it and its number there; the
-    cells its own explorations give."""
+    cells its own explorations give.  ``world_size``: the matrix's (``--world-size``); a row replays at it, or at
+    its scenario's when that is larger."""
     rows: dict[str, dict[str, Any]] = {}
     for col in cols:
         r = col.name
@@ -237,7 +238,8 @@ def rows_of(cols: list[Column], explored: dict[str, dict[str, Any]]) -> list[dic
                 rows[key] = {"key": key, "check": f["check"], "error": _line(f.get("error", "")),
                              "known_issue": (f.get("known_issue") or {}).get("id"), "source": r,
                              "source_file": f"{explored[r]['out']}/finding_{i}.json",
-                             "scenario": Scenario.from_dict(f["scenario"]), "sequence": seq, "cells": {}}
+                             "scenario": Scenario.from_dict(f["scenario"]), "sequence": seq, "cells": {},
+                             "world_size": world_size}
             row = rows[key]
             link = f"{explored[r]['out']}/finding_{i}.json"
             row["cells"][r] = {"status": PRESENT, "by": "exploration", "link": link,
@@ -285,7 +287,7 @@ def run(args: argparse.Namespace, cols: list[Column]) -> int:
             list(pool.map(one, cols))
         if any(e["status"] == "interrupted" for e in explored.values()):
             raise KeyboardInterrupt
-        rows = rows_of(cols, explored)
+        rows = rows_of(cols, explored, args.world_size)
         make = cluster.target_for if cluster else lambda c: _local_target(c, args.world_size)
         replay_cells(rows, cols, explored, out, make, side_by_side=cluster is not None)
     except KeyboardInterrupt:

@@ -88,7 +88,7 @@ def test_get_target_checks_the_kind_and_its_options_before_building():
     for name, kw, match in (("nope", {}, "known targets: model, deepspeed"),
                             ("model", {"deepspeed": "0.19.8"}, "apply to the deepspeed target"),
                             ("model", {"design": "nope"}, "unknown design"),
-                            ("deepspeed", {"world_size": 3}, "world size 1 or 2"),
+                            ("deepspeed", {"world_size": 3}, "world size 1, 2, 4 or 8"),
                             ("deepspeed", {"design": "nope"}, "unknown design")):
         with pytest.raises(TargetError, match=match):
             get_target(name, **kw)

@@ -515,7 +515,7 @@ def test_hf_job_on_0_19_2_names_seed_002_and_runtime_prevents_it(tmp_path):
     got = _finding(rep, "saved-tensor-intact")
     assert got, [(f["check"], f["error"]) for f in rep["findings"]]
     e = got[0]["explanation"]
-    assert e["id"] == "seed 002" and e["fixed_in"] == "0.19.3" and e["runtime_prevents"] is True
+    assert e["id"] == "seed-002" and e["fixed_in"] == "0.19.3" and e["runtime_prevents"] is True
     assert any("base_model.model.model.layers." in p for p in got[0]["params"])
     _proc, rep, res = _hf(tmp_path, opts=("--runtime",), env=env)
     assert "error" not in res and len(res["losses"]) == 3, res.get("error")  # the runtime prevents the crash

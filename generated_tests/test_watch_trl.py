@@ -156,7 +156,7 @@ def _seed_002(proc: subprocess.CompletedProcess, rep: dict, res: dict) -> None:
     assert proc.returncode != 0
     got = [f for f in rep["findings"] if f["check"] == "saved-tensor-intact"]
     assert got, _checks(rep)
-    assert got[0]["explanation"]["id"] == "seed 002" and got[0]["explanation"]["runtime_prevents"] is True
+    assert got[0]["explanation"]["id"] == "seed-002" and got[0]["explanation"]["runtime_prevents"] is True
     assert any(p.startswith("base_model.model.model.layers.") and "layernorm" in p for p in got[0]["params"])
 
 

@@ -21,7 +21,7 @@ import threading
 import time
 import traceback
 from types import TracebackType
-from typing import Any, TypedDict
+from typing import Any, NoReturn, TypedDict
 from collections.abc import Callable
 
 
@@ -181,7 +181,7 @@ def start(out: str, runtime: bool) -> ProcessRecord:
     sys.excepthook = excepthook
     real_exit = sys.exit
 
-    def exit_recorded(status: object = None) -> None:
+    def exit_recorded(status: str | int | None = None) -> NoReturn:
         if status not in (None, 0):
             rec.exiting(status)
         real_exit(status)

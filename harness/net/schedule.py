@@ -57,12 +57,20 @@ class _ModelOutput(Protocol):
     logits: torch.Tensor
 
 
+def global_rows() -> int:
+    """The global batch's rows: `BATCH`, or one per rank where there are more ranks (world size 4, 8), so every
+    rank has an equal share; world sizes 1 and 2 keep `BATCH` rows, and with them their draws' inputs."""
+    ws = world_size()
+    return BATCH if ws <= BATCH else ws
+
+
 def batch(sc: Scenario, step: int, micro: int, eval_: bool = False) -> torch.Tensor:
     """The input of one micro-step (or of the step's eval forward / generation): seeded by the scenario."""
     g = torch.Generator().manual_seed(1000003 * sc.seed + 1009 * step + 2 * micro + int(eval_))
+    rows = global_rows()
     if sc.family is Family.LLAMA:
-        return torch.randint(0, VOCAB, (BATCH, SEQ), generator=g)
-    x = torch.randn(BATCH, sc.width, generator=g)
+        return torch.randint(0, VOCAB, (rows, SEQ), generator=g)
+    x = torch.randn(rows, sc.width, generator=g)
     if sc.input_requires_grad and not eval_:
         x.requires_grad_(True)
     return x

@@ -1,7 +1,7 @@
 """The ``deepspeed`` target kind in the target registry (`zerostate.targets.base.register`).
 
 Validation runs first and imports nothing heavy; the factory imports `DeepSpeedTarget` (world size 1) or
-`DeepSpeedRanksTarget` (world size 2), whose constructors check the release and start the worker."""
+`DeepSpeedRanksTarget` (world size 2, 4, 8), whose constructors check the release and start the worker."""
 
 from __future__ import annotations
 
@@ -9,19 +9,24 @@ from typing import Any
 
 from zerostate.targets.base import Target, TargetError, known_design, register
 
+WORLD_SIZES = (1, 2, 4, 8)
+"""World size 1 is one worker; above it a rank pool of that many processes (gloo on CPU, nccl with as many GPUs):
+powers of two up to one node's 8 GPUs.  The default strategy draws 2 (`explorer.strategies`); 4 and 8 are asked
+for (``--world-size``)."""
+
 
 def validate(*, deepspeed: str | None = None, deepspeed_path: str | None = None, design: str | None = None,
              world_size: int = 1, **_: Any) -> None:
     if deepspeed and deepspeed_path:
         raise TargetError("give --deepspeed VERSION or --deepspeed-path DIR, not both")
-    if world_size not in (1, 2):
-        raise TargetError(f"the deepspeed target runs world size 1 or 2 (asked for {world_size})")
+    if world_size not in WORLD_SIZES:
+        raise TargetError(f"the deepspeed target runs world size 1, 2, 4 or 8 (asked for {world_size})")
     if design is not None:
         known_design(design)
 
 
 def build(*, world_size: int = 1, **options: Any) -> Target:
-    if world_size == 2:
+    if world_size > 1:
         from zerostate.targets.deepspeed.ranks import DeepSpeedRanksTarget
         return DeepSpeedRanksTarget(world_size=world_size, **options)
     from zerostate.targets.deepspeed.target import DeepSpeedTarget
@@ -30,4 +35,4 @@ def build(*, world_size: int = 1, **options: Any) -> Target:
 
 register("deepspeed", build, validate)
 
-__all__ = ["build", "validate"]
+__all__ = ["WORLD_SIZES", "build", "validate"]
