@@ -8,10 +8,12 @@ made once from the installed package, laid out as ``--deepspeed-path`` takes it)
 default command, ``zerostate explore --deepspeed-path TREE`` (``--examples`` / ``--seed`` change the budget
 and seed, for the faulted and the unfaulted run alike).  The unfaulted tree is explored once with the same
 command and its report cached (``RUNS/baseline*/report.json``).  The rule (docs/faults.md,
-``faults/verdict.py``): killed when the faulted run reports a key the unfaulted run does not, tool errors
-apart.  By default a faulted run stops at the first such finding (Ctrl-C, the report kept); that finding is
-then replayed in a fresh worker on the faulted tree and on the unfaulted tree: a key the unfaulted tree shows
-on replay is not the fault's, and the faulted exploration runs again without it.  ``--full`` explores to the
+``faults/verdict.py``): killed when the faulted run reports a key the unfaulted run does not, or a finding
+under an old key whose example fails on the faulted tree and passes on the unfaulted one (the first
+``--replay-old`` such findings are replayed on both trees, after the run), tool errors apart.  By default a
+faulted run stops at the first new key (Ctrl-C, the report kept); that finding is then replayed in a fresh
+worker on the faulted tree and on the unfaulted tree: a key the unfaulted tree shows on replay is not the
+fault's, and the faulted exploration runs again without it.  ``--full`` explores to the
 end whatever is found.  A fault that is not killed always ran to the end.
 
 Per fault: the verdict, the killing finding, seconds from the start of the exploration to the report write
@@ -39,9 +41,14 @@ from faults.apply import applied, make_tree  # noqa: E402
 from faults.catalogue import FAULTS, RELEASE, Fault, by_id  # noqa: E402
 from faults.runner import ExploreRun, explore, replay  # noqa: E402
 from faults.table import fault_lines, markdown, reached, summary  # noqa: E402
-from faults.verdict import SeenFinding, judge  # noqa: E402
+from faults.verdict import SeenFinding, introduced, judge, old_key_candidates  # noqa: E402
 
 FAST_S = 120.0
+REPLAY_OLD = 8
+"""How many findings under old keys (the unfaulted run's) a faulted run replays, first seen first: each on the
+unfaulted tree, and on the faulted tree those the unfaulted tree passed."""
+REPLAY_OLD_S = 300.0
+"""The most one such replay may take (a hang there is not judged)."""
 
 
 def installed_package() -> Path:
@@ -78,8 +85,10 @@ def _entry(report: dict[str, Any], key: str) -> dict[str, Any] | None:
 
 
 def run_fault(fault: Fault, tree: Path, runs: Path, base: dict[str, Any], examples: int | None,
-              seed: int | None, full: bool, cut_s: float | None) -> dict[str, Any]:
-    """Explore ``fault`` applied to ``tree``; replay its killing finding on the faulted and unfaulted tree."""
+              seed: int | None, full: bool, cut_s: float | None, replay_old: int = REPLAY_OLD) -> dict[str, Any]:
+    """Explore ``fault`` applied to ``tree``; replay its killing finding on the faulted and unfaulted tree, and
+    the first ``replay_old`` findings under keys the unfaulted run has (seen before that kill) on the unfaulted
+    tree, and on the faulted tree those it passed."""
     base_findings = base.get("findings", [])
     ignored: set[str] = set()
     out = runs / fault.id
@@ -101,6 +110,13 @@ def run_fault(fault: Fault, tree: Path, runs: Path, base: dict[str, Any], exampl
             if entry is not None:
                 replays["faulted"] = replay(out / entry["files"]["scenario"], tree,
                                             runs / f"{fault.id}.replay-faulted.log")
+            old = old_key_candidates(base_findings, run.seen, replay_old,
+                                     verdict.killer["seconds"] if verdict.killer else None,
+                                     run.report.get("findings", []))
+        old_replays = _replay_each(old, run.report, out, tree, runs / f"{fault.id}.replay-old", "unfaulted")
+        if any(r["unfaulted"].get("passed") is True for r in old_replays.values()):
+            with applied(fault, tree):  # only an example the unfaulted tree passes can be the fault's
+                _replay_each(old, run.report, out, tree, runs / f"{fault.id}.replay-old", "faulted", old_replays)
         if entry is not None:
             replays["unfaulted"] = replay(out / entry["files"]["scenario"], tree,
                                           runs / f"{fault.id}.replay-unfaulted.log")
@@ -108,18 +124,39 @@ def run_fault(fault: Fault, tree: Path, runs: Path, base: dict[str, Any], exampl
                 ignored.add(verdict.killer["key"] if verdict.killer else "")
                 continue
         break
+    made = frozenset(k for k, r in old_replays.items() if introduced(r.get("faulted", {}), r.get("unfaulted", {})))
+    verdict = judge(base_findings, run.seen, frozenset(ignored), made)
+    if verdict.rule == "introduced" and verdict.killer is not None:
+        replays = old_replays[verdict.killer["key"]]
     return {"id": fault.id, "area": fault.area, "file": fault.file, "rationale": fault.rationale,
-            "cpu_blind": fault.cpu_blind, "status": verdict.status,
+            "cpu_blind": fault.cpu_blind, "status": verdict.status, "rule": verdict.rule,
             "killer": verdict.killer, "hidden_by_label": verdict.hidden_by_label,
             "new_keys": verdict.new_keys, "tool_errors": verdict.tool_errors,
             "ignored_keys": sorted(ignored), "attempts": attempt,
             "replays": {k: _short(v) for k, v in replays.items()},
+            "old_key_replays": {k: {side: _short(a) for side, a in r.items()} for k, r in old_replays.items()},
             "run": {"status": run.report.get("status"), "stopped_early": run.stopped_early,
                     "cut_s": cut_s if run.cut else None,
                     "examples_run": run.report.get("run", {}).get("examples_run"),
                     "report_seconds": run.report.get("run", {}).get("seconds"), "wall_s": round(run.wall_s, 1),
                     "returncode": run.returncode},
             "bench_wall_s": round(time.monotonic() - t0, 1)}
+
+
+def _replay_each(found: list[SeenFinding], report: dict[str, Any], out: Path, tree: Path, log: Path, side: str,
+                 into: dict[str, dict[str, Any]] | None = None) -> dict[str, dict[str, Any]]:
+    """Replay each of ``found`` (its finding file in ``report``) on ``tree`` as ``side``, into ``into`` (key ->
+    side -> `runner.replay`'s answer).  The unfaulted side comes first; the faulted side replays only what
+    the unfaulted tree passed (the others cannot be `introduced`)."""
+    into = {} if into is None else into
+    for f in found:
+        entry = _entry(report, f["key"])
+        passed_unfaulted = into.get(f["key"], {}).get("unfaulted", {}).get("passed") is True
+        if entry is None or (side == "faulted" and not passed_unfaulted):
+            continue
+        into.setdefault(f["key"], {})[side] = replay(out / entry["files"]["scenario"], tree,
+                                                     Path(f"{log}-{f['n']}-{side}.log"), timeout_s=REPLAY_OLD_S)
+    return into
 
 
 def _shows_key(answer: dict[str, Any]) -> bool:
@@ -170,6 +207,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cut-s", type=float, default=None, metavar="S",
                     help="end a faulted run with no kill after S seconds of exploring (its verdict then counts only "
                          "what it saw: a kill can only be missed, never made); default: run to the end")
+    ap.add_argument("--replay-old", type=int, default=REPLAY_OLD, metavar="N",
+                    help="replay the first N findings under keys the unfaulted run also has on both trees: one "
+                         "that fails on the faulted tree and passes on the unfaulted one kills (default %(default)s)")
     ap.add_argument("--rerun", action="store_true", help="run faults that already have a result")
     ap.add_argument("--table-only", action="store_true", help="only rewrite the table from kept results")
     ap.add_argument("--json", default="zerostate-bench/faults.json")
@@ -209,14 +249,15 @@ def main(argv: list[str] | None = None) -> int:
             continue
         try:
             print(f"{fault.id}: exploring ...", flush=True)
-            result = run_fault(fault, tree, runs, base, args.examples, args.seed, args.full, args.cut_s)
+            result = run_fault(fault, tree, runs, base, args.examples, args.seed, args.full, args.cut_s,
+                               args.replay_old)
             check_pristine(tree, package)
             kept.write_text(json.dumps(result, indent=2) + "\n")
         finally:
             (runs / f"{fault.id}.claim").unlink(missing_ok=True)
         results.append(result)
         killer = result["killer"]
-        tail = f" by {killer['key']} at {killer['seconds']:.1f} s" if killer else ""
+        tail = f" by {killer['key']} ({result['rule']}) at {killer['seconds']:.1f} s" if killer else ""
         print(f"{fault.id}: {result['status']}{tail}", flush=True)
     if args.coverage:
         mark_reached(results, Path(args.coverage))

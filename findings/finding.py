@@ -3,7 +3,8 @@
 A finding is a value: frozen once built.  What later steps add -- the known issue and root-cause group
 (`known.labels.labelled`), the explorer's ``shrunk`` and ``confirmation`` -- comes as a new value from
 `dataclasses.replace`.  ``Finding.key`` (check id, plus origin for exceptions or the spec's violation code)
-is what makes two findings the same bug: the explorer reports one per key.
+is what makes two findings the same bug: the explorer reports one per key.  An unlabelled oracle
+difference is keyed by its own evidence (`findings.oracle_class`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from zerostate.model.events import Event, EventKind
 from zerostate.model.scenario import Scenario
 
 from zerostate.findings.evidence import NO_EVIDENCE, Evidence
+from zerostate.findings.oracle_class import signature
 
 
 _SINGLE_KEY = frozenset({"oracle", "model-agreement", "hang", "crash", "internal", "exception"})
@@ -86,11 +88,15 @@ class Finding:
         """What makes two findings the same bug: the check id, plus where an exception was raised, or the
         spec's violation code (``epilogue-once:no-epilogue`` and ``epilogue-once:hook-after-epilogue`` are
         two findings), plus the phase.  Never the message: rewording a message changes no finding's
-        identity (every spec monitor and the cross-rank checks give a code; a check without one is one key)."""
+        identity (every spec monitor and the cross-rank checks give a code; a check without one is one key).
+        An ``oracle`` difference carries the known issue explaining it, else what its own run shows of it
+        (`oracle_class.signature`: ``oracle:x0.5@first-step``); ``oracle`` alone when the run left no evidence."""
         if self.origin:
             return f"{self.check}:{self.origin}"
         if self.known and self.check in _KNOWN_IN_KEY:
             return f"{self.check}:{self.known}"
+        if self.check == "oracle" and self.evidence.oracle is not None:
+            return f"oracle:{signature(self.evidence.oracle, self.trace)}"
         if self.check in _SINGLE_KEY or not self.code:
             return self.check
         return f"{self.check}:{self.code}{self._phase()}"

@@ -150,3 +150,56 @@ def test_the_table_says_which_survivors_were_cut() -> None:
     text = markdown(results, summary(results, 120.0), {"release": RELEASE, "examples": None, "seed": None})  # type: ignore[arg-type]
     assert "run cut at 480 s" in text and "`g` | step | killed" in text
     assert "1/2 = 50%" in text
+
+
+def test_an_old_key_whose_example_the_fault_made_fail_kills() -> None:
+    """diff's rule: a finding under a key the unfaulted run has kills when its example fails (same key) on the
+    faulted tree and passes its check on the unfaulted tree; failing there too, failing there under another key,
+    or not reproducing on the faulted tree does not.  The killer is the earliest killing finding of either kind."""
+    from faults.verdict import introduced
+    fails = {"passed": False, "same_key": True}
+    assert introduced(fails, {"passed": True})
+    assert not introduced(fails, fails)
+    assert not introduced(fails, {"passed": False, "same_key": False})  # another key there: not counted
+    assert not introduced({"passed": True}, {"passed": True})  # the faulted tree did not reproduce it
+    assert not introduced({"passed": False, "same_key": False}, {"passed": True})
+    assert not introduced({"error": "replay did not finish in 300 s"}, {"passed": True})
+    old = _seen("grad-handled-once:handled-twice", "grad-handled-once", 3.0, n=1)
+    assert judge(BASE, [old]).status == "survived"
+    v = judge(BASE, [old], introduced_keys=frozenset({old["key"]}))
+    assert (v.status, v.rule, v.killer) == ("killed", "introduced", old) and v.new_keys == []
+    later_new = _seen("epilogue-once:no-epilogue", "epilogue-once", 9.0, n=2)
+    v = judge(BASE, [old, later_new], introduced_keys=frozenset({old["key"]}))
+    assert (v.rule, v.killer, v.new_keys) == ("introduced", old, ["epilogue-once:no-epilogue"])
+    assert judge(BASE, [old, later_new]).rule == "new-key"
+    # a new key is never "introduced" (it already kills as new), a tool error never kills either way
+    tool = _seen("oracle-error", "oracle-error", 1.0, n=3)
+    assert judge(BASE, [tool], introduced_keys=frozenset({"oracle-error"})).status == "tool-error"
+
+
+def test_the_old_key_findings_replayed_are_bounded_and_come_before_the_kill() -> None:
+    from faults.verdict import old_key_candidates
+    seen = [_seen("oracle:two-backwards-per-forward", "oracle", 8.0, n=3),
+            _seen("grad-handled-once:handled-twice", "grad-handled-once", 2.0, n=1),
+            _seen("epilogue-once:no-epilogue", "epilogue-once", 5.0, n=2),  # new: kills by itself
+            _seen("oracle-error", "oracle-error", 1.0, n=4)]
+    base = BASE + [{"key": "oracle-error", "check": "oracle-error", "known_issue": None}]
+    assert [f["n"] for f in old_key_candidates(base, seen, 3)] == [1, 3]  # first seen first; no tool error
+    assert [f["n"] for f in old_key_candidates(base, seen, 1)] == [1]
+    assert [f["n"] for f in old_key_candidates(base, seen, 3, before_s=5.0)] == [1]
+    assert old_key_candidates(base, seen, 0) == []
+    # the faulted run showed that key on the very example the unfaulted run did: nothing to replay
+    sc = {"stage": 1, "blocks": [{}]}
+    base_sc = [{**e, "scenario": sc} for e in base]
+    report = [{"key": "grad-handled-once:handled-twice", "scenario": sc},
+              {"key": "oracle:two-backwards-per-forward", "scenario": {**sc, "stage": 2}}]
+    assert [f["n"] for f in old_key_candidates(base_sc, seen, 3, report=report)] == [3]
+
+
+def test_the_table_says_a_kill_was_by_an_introduced_example() -> None:
+    from faults.table import markdown
+    r = {**_result("killed"), "rule": "introduced", "id": "f", "area": "reduction", "replays": {}, "run": {}}
+    figures = summary([r], 120.0)  # type: ignore[list-item]
+    assert figures["introduced"] == 1 and "1 of the kills by an old key's example" in figures["sentence"]
+    assert "killed (introduced: old key)" in markdown([r], figures, {"release": RELEASE, "examples": None,  # type: ignore[list-item]
+                                                                      "seed": None})

@@ -60,10 +60,13 @@ def label(f: Finding) -> dict[str, Any] | None:
 
 
 def root_key(f: Finding) -> str:
-    """The check plus the shape of what went wrong, independent of the backward kind."""
+    """The check plus the shape of what went wrong, independent of the backward kind; for an oracle difference
+    its key (what its run shows of the update: `findings.oracle_class`)."""
     if harness_error(f):
         return f"harness error: {harness_error(f)}"
     lines = [ln.strip() for ln in (f.error or "").strip().splitlines() if ln.strip()]
+    if f.check == "oracle" and f.evidence.oracle is not None:  # its message names parameters; its key the mechanism
+        return f.key
     if f.check in ("exception", "crash", "hang", "internal") and lines:
         exc = next((ln for ln in reversed(lines) if _looks_like_exception(ln)), lines[0])
         return f"{f.check}: {message_shape(exc)}"

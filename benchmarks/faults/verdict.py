@@ -1,17 +1,25 @@
 """Whether an exploration killed a fault: the rule of docs/faults.md, as a pure function of two reports.
 
-A fault is **killed** when the faulted run reports a finding whose key (check, plus the exception's origin,
-the spec's violation code, or the oracle's known issue) the unfaulted run of the same command does not
-report, and that finding is about DeepSpeed: an error of the tool itself (the oracle raising, an internal
-error) is never a kill.  A faulted run whose only effects are more examples under keys the unfaulted run has
-is not a kill, whatever their number.  A killing finding may carry a known-issue label that also labels a
-finding of the unfaulted run: `zerostate diff` would then call it unchanged, so it is counted apart
-(``hidden_by_label``).
+A fault is **killed** by a finding about DeepSpeed (an error of the tool itself -- the oracle raising, an
+internal error -- never kills) of one of two kinds, the two ways ``zerostate diff`` calls a head finding
+introduced:
+
+* ``new-key``: its key (check, plus the exception's origin, the spec's violation code, the oracle's known
+  issue or the oracle difference's own mechanism) is not among the unfaulted run's keys;
+* ``introduced``: its key is one the unfaulted run has, but its own example, replayed in a fresh worker, fails
+  its check with that key on the faulted tree and passes that check on the unfaulted tree (`introduced`): the
+  fault made that example fail, whatever key the unfaulted run found elsewhere.
+
+A faulted run whose only effects are more examples under keys the unfaulted run has, each failing on the
+unfaulted tree too (or not replayed: replays are bounded, `old_key_candidates`), is not a kill, whatever their
+number.  A killing finding may carry a known-issue label that also labels a finding of the unfaulted run: it is
+counted apart (``hidden_by_label``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from collections.abc import Mapping
 from typing import Any, TypedDict
 
 
@@ -38,6 +46,8 @@ class Verdict:
     status: str
     """killed | survived | tool-error"""
     killer: SeenFinding | None = None
+    rule: str = ""
+    """What killed it: ``new-key`` or ``introduced`` (module docstring); "" when not killed."""
     hidden_by_label: bool = False
     """The killing finding's known-issue label also labels a finding of the unfaulted run."""
     new_keys: list[str] = field(default_factory=list)
@@ -56,20 +66,51 @@ def label_of(entry: dict[str, Any]) -> str | None:
     return str(known) if known else None
 
 
-def judge(baseline: list[dict[str, Any]], seen: list[SeenFinding], ignored: frozenset[str] = frozenset()) -> Verdict:
+def judge(baseline: list[dict[str, Any]], seen: list[SeenFinding], ignored: frozenset[str] = frozenset(),
+          introduced_keys: frozenset[str] = frozenset()) -> Verdict:
     """The verdict on a faulted run's findings ``seen`` (in the order they appeared) against the unfaulted
     run's report entries ``baseline``.  ``ignored``: keys a replay on the unfaulted tree showed after all
-    (they are not the fault's)."""
+    (they are not the fault's); ``introduced_keys``: old keys whose finding's replays were `introduced`.
+    The killer is the earliest killing finding of either kind."""
     base_keys = {str(e["key"]) for e in baseline}
     base_labels = {label for label in map(label_of, baseline) if label}
     new = [f for f in seen if f["key"] not in base_keys and f["key"] not in ignored]
     real = [f for f in new if not is_tool_error(f["check"])]
     tools = [f["key"] for f in new if is_tool_error(f["check"])]
-    if real:
-        killer = min(real, key=lambda f: (f["seconds"], f["n"]))
-        return Verdict("killed", killer, bool(killer["known_issue"] and killer["known_issue"] in base_labels),
+    made = [f for f in seen if f["key"] in base_keys and f["key"] in introduced_keys and not is_tool_error(f["check"])]
+    if real or made:
+        killer = min(real + made, key=lambda f: (f["seconds"], f["n"]))
+        return Verdict("killed", killer, "new-key" if killer in real else "introduced",
+                       bool(killer["known_issue"] and killer["known_issue"] in base_labels),
                        [f["key"] for f in real], tools)
-    return Verdict("tool-error" if tools else "survived", None, False, [], tools)
+    return Verdict("tool-error" if tools else "survived", None, "", False, [], tools)
+
+
+def shows(answer: Mapping[str, Any]) -> bool:
+    """A replay (``zerostate replay --json``) failed the finding's check with the finding's key."""
+    return answer.get("passed") is False and bool(answer.get("same_key"))
+
+
+def introduced(faulted: Mapping[str, Any], unfaulted: Mapping[str, Any]) -> bool:
+    """The fault made this example fail: its replay shows the finding on the faulted tree, and on the unfaulted
+    tree the finding's check holds.  A replay that errs, or an unfaulted tree failing the same check under
+    another key, is not counted (conservative: it can miss a kill, never make one)."""
+    return shows(faulted) and unfaulted.get("passed") is True
+
+
+def old_key_candidates(baseline: list[dict[str, Any]], seen: list[SeenFinding], limit: int,
+                       before_s: float | None = None, report: list[dict[str, Any]] | None = None) -> list[SeenFinding]:
+    """The findings worth replaying for `introduced`: the first ``limit`` (in the order they appeared) whose
+    key the unfaulted run also has, about DeepSpeed, and (``before_s``) seen before a kill already made.  With
+    the faulted run's ``report`` entries, a finding whose example is the very scenario the unfaulted run showed
+    that key on is left out: the unfaulted tree already failed it."""
+    base_keys = {str(e["key"]) for e in baseline}
+    shown_on = {str(b["key"]): b.get("scenario") for b in baseline}
+    same = {str(e["key"]) for e in report or ()
+            if e.get("scenario") is not None and e.get("scenario") == shown_on.get(str(e.get("key")))}
+    old = [f for f in seen if f["key"] in base_keys and f["key"] not in same and not is_tool_error(f["check"])
+           and (before_s is None or f["seconds"] < before_s)]
+    return sorted(old, key=lambda f: (f["seconds"], f["n"]))[:max(0, limit)]
 
 
 def seen_in(report: dict[str, Any], already: dict[str, SeenFinding]) -> dict[str, SeenFinding]:
@@ -86,4 +127,5 @@ def seen_in(report: dict[str, Any], already: dict[str, SeenFinding]) -> dict[str
     return out
 
 
-__all__ = ["SeenFinding", "TOOL_CHECKS", "Verdict", "is_tool_error", "judge", "label_of", "seen_in"]
+__all__ = ["SeenFinding", "TOOL_CHECKS", "Verdict", "introduced", "is_tool_error", "judge", "label_of",
+           "old_key_candidates", "seen_in", "shows"]
