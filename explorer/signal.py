@@ -19,7 +19,6 @@ from collections.abc import Hashable, Iterable, Sequence
 from typing import Any
 
 from zerostate.model.events import Event
-from zerostate.model.monitor import Failure
 
 from zerostate.explorer.choices import Taken
 from zerostate.explorer.schedule import Folded
@@ -49,17 +48,16 @@ def shape(x: Any) -> Hashable:
 def monitor_states(events: Sequence[Event]) -> frozenset[Unit]:
     """Every (spec, state shape, event kind) the run's trace drives each spec's monitor through (a step that
     fails keeps the state before it, as `model.fold` does)."""
+    from zerostate.model.fold import Fold
     from zerostate.specs import SPECS
+    specs = list(SPECS.values())
+    fold = Fold(specs, on_failure=lambda *_: None)
     out: set[Unit] = set()
-    for spec in SPECS.values():
-        m = spec.init()
-        for ev in events:
-            if spec.reacts_to is not None and ev.kind not in spec.reacts_to:
-                continue
-            nxt = spec.step(m, ev)
-            if not isinstance(nxt, Failure):
-                m = nxt
-            out.add((spec.id, ev.kind.name, shape(m)))
+    for ev in events:
+        fold.feed(ev)
+        for spec in specs:
+            if spec.reacts_to is None or ev.kind in spec.reacts_to:
+                out.add((spec.id, ev.kind.name, shape(fold.state[spec.id])))
     return frozenset(out)
 
 
