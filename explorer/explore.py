@@ -61,7 +61,7 @@ from zerostate.explorer.events import (Confirmed, Event, FindingEvent, Progress,
                                        Shrunk, Stage)
 from zerostate.explorer.generate import DEFAULT_SEED, LANE, Lanes, generated
 from zerostate.explorer.rounds import ROUND, Rounds
-from zerostate.explorer.signal import units
+from zerostate.explorer.signal import Unit, units
 from zerostate.explorer.polish import polished
 from zerostate.explorer.polish import rank as _rank
 from zerostate.explorer.search import ShrinkSearch
@@ -299,26 +299,10 @@ class Exploration:
         stream = generated(self.strategy, self.examples, self.seed)
         lanes = Lanes(stream, self.lane)
         self._positions = lanes.position
-        before = [restarts_of(w) for w in self.workers]
-        steps = run_lanes(self.workers, iter(lanes), self._lanes_stop, [has_run(w) for w in self.workers])
         try:
-            for step in steps:
-                if step.error is not None:
-                    raise step.error
-                if step.scenario is None or step.outcome is None:  # the worker started fresh for a lane
-                    self.history.started_fresh(step.worker)
-                else:
-                    restarted = step.restarts != before[step.worker]
-                    yield from self._record(step.worker, step.scenario, step.outcome, restarted)
-                    self._note_position(step, lanes.position[step.scenario.to_json(None)])
-                before[step.worker] = step.restarts
-                if step.scenario is not None and self.stop is not None and self.stop(self.book.findings()):
-                    return True
+            return (yield from self._run_lanes(iter(lanes), lanes.position))
         finally:
-            self._lanes_stop.set()
-            steps.close()
             stream.close()
-        return False
 
     def _generate_steered(self) -> Generator[Event, None, bool]:
         """`_generate` in rounds (`rounds.Rounds`): every run measured, each outcome's units noted; whether
@@ -330,29 +314,39 @@ class Exploration:
                                       max(1, min(self.lane, self.round_size // 2)), self._lanes_stop,
                                       reweigh=self.steer == "coverage")
         self._positions = rounds.position
+        try:
+            return (yield from self._run_lanes(iter(rounds), rounds.position, rounds.round_at, rounds.note))
+        finally:
+            for w in self.workers:
+                if isinstance(w, Measuring):
+                    w.measure_coverage(False)
+
+    def _run_lanes(self, lanes: Iterator[list[Scenario]], position: dict[str, int],
+                   round_at: dict[str, int] | None = None,
+                   note: Callable[[Scenario, frozenset[Unit]], None] | None = None) -> Generator[Event, None, bool]:
+        """Run ``lanes`` on the workers, recording each outcome at its sequence ``position`` (and round); ``note``
+        gets each outcome's steering units.  Whether ``stop`` ended generation."""
         before = [restarts_of(w) for w in self.workers]
-        steps = run_lanes(self.workers, iter(rounds), self._lanes_stop, [has_run(w) for w in self.workers])
+        steps = run_lanes(self.workers, lanes, self._lanes_stop, [has_run(w) for w in self.workers])
         try:
             for step in steps:
                 if step.error is not None:
                     raise step.error
-                if step.scenario is None or step.outcome is None:
+                if step.scenario is None or step.outcome is None:  # the worker started fresh for a lane
                     self.history.started_fresh(step.worker)
                 else:
                     yield from self._record(step.worker, step.scenario, step.outcome,
                                             step.restarts != before[step.worker])
                     key = step.scenario.to_json(None)
-                    self._note_position(step, rounds.position[key], rounds.round_at[key])
-                    rounds.note(step.scenario, units(step.outcome.trace, step.outcome.details))
+                    self._note_position(step, position[key], round_at[key] if round_at is not None else 0)
+                    if note is not None:
+                        note(step.scenario, units(step.outcome.trace, step.outcome.details))
                 before[step.worker] = step.restarts
                 if step.scenario is not None and self.stop is not None and self.stop(self.book.findings()):
                     return True
         finally:
             self._lanes_stop.set()
             steps.close()
-            for w in self.workers:
-                if isinstance(w, Measuring):
-                    w.measure_coverage(False)
         return False
 
     def _note_position(self, step: LaneStep, position: int, round_k: int = 0) -> None:
