@@ -308,7 +308,8 @@ class DeepSpeedTarget:
 
     def measure_coverage(self, on: bool) -> None:
         """From the next run on, ask (or stop asking) every worker of this target, rank pools included, for
-        the arcs each run executes (`harness.coverage_probe`: about x2.4 per run)."""
+        the arcs each run executes (`harness.coverage_probe`; its cost per run is in
+        docs/benchmarks-coverage.md)."""
         self._settle()
         self.coverage = on
         self._options["coverage"] = on
