@@ -33,6 +33,7 @@ CASES = {
     "z2-offload": {"stage": 2, "offload": "optimizer", "steps": TWO},
     "z3-offload-both": {"stage": 3, "offload": "both", "blocks": [{}, {}], "steps": TWO},
     "z1-bf16": {"stage": 1, "precision": "bf16", "blocks": [{}, {}], "steps": TWO},
+    "z2-fp16": {"stage": 2, "precision": "fp16", "steps": TWO},
     "z2-bf16-frozen": {"stage": 2, "precision": "bf16", "blocks": [{"lin": "frozen"}, {}], "steps": TWO},
     "z3-bf16": {"stage": 3, "precision": "bf16", "persistence_threshold": 8, "blocks": [{}, {}], "steps": TWO},
     "z3-fp16-skip": {"stage": 3, "precision": "fp16", "loss_scale_power": 16, "steps": TWO + [{}]},
@@ -107,7 +108,7 @@ def test_compare_save_load_passes_a_faithful_round_trip():
 
 
 @pytest.mark.parametrize("code", ["no-files", "not-loaded", "16-bit-state-dict", "round-trip", "counters",
-                                  "zero-to-fp32"])
+                                  "zero-to-fp32", "master-weights"])
 def test_compare_save_load_fails_each_check(code):
     """Each check fails on a record that differs from a faithful one in its own part only: one ulp off the
     engine's parameters (exact checks), a missing parameter, another counter, no files, nothing loaded."""
@@ -116,10 +117,23 @@ def test_compare_save_load_fails_each_check(code):
            "16-bit-state-dict": {"state16": _nudged(rec["state16"])},
            "round-trip": {"after": _nudged(rec["after"], "b")},
            "counters": {"counters": [rec["counters"][0], {**rec["counters"][0], "loss_scale": 128.0}]},
-           "zero-to-fp32": {"fp32": {"a": rec["fp32"]["a"]}}}[code]
+           "zero-to-fp32": {"fp32": {"a": rec["fp32"]["a"]}},
+           "master-weights": {"master": rec["fp32"], "master_after": _nudged(rec["fp32"], "b")}}[code]
     rec.update(bad)
     got = checkpoint.compare_save_load(rec, oracle, (compare.ATOL, compare.RTOL))
     assert got is not None and got[0] == code and "checkpoint before train step 1" in got[1], got
+
+
+def test_compare_save_load_master_weights_must_be_the_saved_ones_exactly():
+    """The fp32 master partitions after the load against those saved, exactly in every precision (they are
+    fp32 whatever the model's dtype); a record without them (stage 0) is not judged on them."""
+    rec, oracle = _record(fp32_exact=False)
+    rec.update(master={"fp32 master group 0": torch.tensor([1.0, 2.0, 0.5])})
+    rec["master_after"] = {k: v.clone() for k, v in rec["master"].items()}
+    assert checkpoint.compare_save_load(rec, oracle, (compare.ATOL, compare.RTOL)) is None
+    rec["master_after"] = _nudged(rec["master"], "fp32 master group 0")
+    got = checkpoint.compare_save_load(rec, oracle, (compare.ATOL, compare.RTOL))
+    assert got is not None and got[0] == "master-weights" and "fp32 master group 0" in got[1], got
 
 
 def test_compare_save_load_zero_to_fp32_is_exact_only_in_fp32():
