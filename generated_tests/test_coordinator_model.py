@@ -41,8 +41,9 @@ from zerostate.model.network import Network
 from zerostate.model.scenario import (Block, Checkpoint, MicroStep, ParamKind, Scenario, ScenarioError,
                                       TrainStep)
 from zerostate.specs import SPECS, check_trace
-from zerostate.specs.coordinator_specs import (AVAILABLE_WHEN_USED, COORDINATOR_SPECS, RELEASED_AFTER_BACKWARD,
-                                               SAVED_TENSOR_INTACT, TRACE_CONSISTENT, allgathers, gathered_peak)
+from zerostate.specs.coordinator_specs import (AVAILABLE_WHEN_USED, COORDINATOR_SPECS, PERSISTENT_RESIDENT,
+                                               RELEASED_AFTER_BACKWARD, SAVED_TENSOR_INTACT, TRACE_CONSISTENT,
+                                               allgathers, gathered_peak)
 from zerostate.explorer.strategies import scenarios
 
 ALL = ("ds-0.19.2", "pr-8130", "ds-0.19.3", "zerostate")
@@ -441,3 +442,26 @@ def test_block_containers_are_traced_and_prefetch_like_any_module():
         elif inside:
             effects.append(e)
     assert effects and all(e.kind in (EventKind.PREFETCH, EventKind.TRACE_STATE) for e in effects), effects
+
+
+def test_persistent_resident_judges_only_the_releases_a_complete_trace_drives():
+    """A persistent parameter released by a module hook fails ``persistent-resident`` only while the trace is
+    COMPLETE and a train step runs: in the recording step (every parameter is released then), and between
+    engine.step() and the next forward (the step's partition and re-gather), it passes."""
+    sc = Scenario(blocks=(Block(NR, F, T), Block(PLAIN, T, T)), persistence_threshold=10 ** 5,
+                  steps=(TrainStep(), TrainStep(), TrainStep()))
+    events = list(run(get_design("ds-0.19.3"), sc).events)  # the design of 0.19.3 - 0.19.8
+    assert check_trace(PERSISTENT_RESIDENT, events) is None
+    persistent = next(e.param for e in events if e.kind is EventKind.PERSISTENT)
+    complete = next(i for i, e in enumerate(events) if e.kind is EventKind.TRACE_STATE and e.note == "COMPLETE")
+    steps = [i for i, e in enumerate(events) if e.kind is EventKind.STEP]
+    released = Event(EventKind.RELEASE, param=persistent)
+
+    def at(i):
+        return events[:i + 1] + [released] + events[i + 1:]
+
+    v = check_trace(PERSISTENT_RESIDENT, at(complete + 1))
+    assert v is not None and persistent in v.message and v.code == "persistent-released"
+    record = next(i for i, e in enumerate(events) if e.kind is EventKind.TRACE_STATE and e.note == "RECORD")
+    assert check_trace(PERSISTENT_RESIDENT, at(record + 1)) is None  # the recording step
+    assert check_trace(PERSISTENT_RESIDENT, at(steps[1])) is None  # engine.step()'s partition

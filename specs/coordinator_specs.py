@@ -26,6 +26,7 @@ from zerostate.model.events import DRIVER_EVENTS, Event, EventKind
 from zerostate.model.network import Network, params_of_module
 
 from .base import Failure, Metric, Spec, fail
+from .persistence_specs import PERSISTENT_RESIDENT
 
 _STATUS = (EventKind.FETCH, EventKind.PREFETCH, EventKind.RELEASE)
 _RECOMPUTE_PARTS = frozenset({EventKind.RECOMPUTE_START, EventKind.MODULE_PRE_FORWARD, EventKind.MODULE_POST_FORWARD,
@@ -476,9 +477,10 @@ ALLGATHERS = Metric(
     measure=allgathers,
 )
 
-COORDINATOR_SPECS = (AVAILABLE_WHEN_USED, SAVED_TENSOR_INTACT, RELEASED_AFTER_BACKWARD, TRACE_CONSISTENT)
+COORDINATOR_SPECS = (AVAILABLE_WHEN_USED, SAVED_TENSOR_INTACT, RELEASED_AFTER_BACKWARD, TRACE_CONSISTENT,
+                     PERSISTENT_RESIDENT)
 COORDINATOR_METRICS = (GATHERED_PEAK, ALLGATHERS)
 
 __all__ = ["ALLGATHERS", "AVAILABLE_WHEN_USED", "COORDINATOR_METRICS", "COORDINATOR_SPECS", "GATHERED_PEAK",
-           "RELEASED_AFTER_BACKWARD", "SAVED_TENSOR_INTACT", "TRACE_CONSISTENT", "allgathers", "ancestor_regions",
-           "available_when_used", "gathered_peak", "used_step"]
+           "PERSISTENT_RESIDENT", "RELEASED_AFTER_BACKWARD", "SAVED_TENSOR_INTACT", "TRACE_CONSISTENT", "allgathers",
+           "ancestor_regions", "available_when_used", "gathered_peak", "used_step"]

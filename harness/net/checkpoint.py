@@ -117,7 +117,7 @@ def round_trip(backend: Checkpointable, step: int) -> SaveLoadRecord:
         rec["loaded"], _ = engine.load_checkpoint(path)
         if flat is not None:
             if not rec["loaded"]:
-                for t, saved in zip(flat, rec["master"].values()):
+                for t, saved in zip(flat, rec["master"].values(), strict=True):
                     t.data.copy_(saved)
             rec["master_after"] = _snapshot(master_partitions(engine.optimizer) or flat)
     finally:

@@ -1,0 +1,81 @@
+"""Checks added for faults of the catalogue (benchmarks/faults/) that survived the default exploration, each
+shown to see its fault on a faulted copy of the installed release, run through ``--deepspeed-path`` as the
+fault benchmark does; the unfaulted release passes the same scenarios.
+
+* The checkpoint round trip loaded into the engine that had just saved: its master weights already were
+  the saved ones.  `checkpoint.round_trip` now moves them before the load (a resume loads into an engine
+  whose master weights differ), and the ``checkpoint`` check compares them with the saved ones exactly.
+* A recompute that released persistent parameters was seen only by model-agreement, which judges only the
+  scenarios the model represents; the ``persistent-resident`` spec judges every ZeRO-3 run.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+from faults.apply import applied, make_tree
+from faults.catalogue import by_id
+
+from zerostate.model.scenario import Scenario
+
+TWO = [{}, {"save_load": True}]
+CASES = {
+    # ZeRO-3 load keeps the engine's fp32 partitions: the 16-bit parameters are rebuilt from them
+    "z3-load-skips-fp32-restore": ({"stage": 3, "steps": TWO}, {"checkpoint:round-trip", "checkpoint:master-weights"}),
+    # ZeRO-1/2 load rebuilds the fp32 master weights from the 16-bit copies: bf16 rounds them
+    "z12-load-from-bit16": ({"stage": 2, "precision": "bf16", "steps": TWO}, {"checkpoint:master-weights"}),
+}
+
+
+@pytest.mark.deepspeed
+@pytest.mark.parametrize("fault_id", sorted(CASES))
+def test_the_checkpoint_check_kills_a_load_that_keeps_other_master_weights(fault_id, tmp_path):
+    from zerostate.targets.base import get_target
+    spec = importlib.util.find_spec("deepspeed")
+    assert spec is not None and spec.origin
+    tree = tmp_path / "tree"
+    make_tree(Path(spec.origin).parent, tree)
+    scenario, keys = CASES[fault_id]
+    with applied(by_id()[fault_id], tree):
+        target = get_target("deepspeed", deepspeed_path=str(tree))
+        try:
+            out = target.run(Scenario.from_dict(scenario))
+        finally:
+            target.close()
+    got = {f.key for f in out.findings}
+    assert got & keys, [(f.key, f.error[:300]) for f in out.findings]
+
+
+@pytest.mark.deepspeed
+def test_persistent_resident_kills_a_recompute_that_releases_persistent_parameters(tmp_path):
+    """Fault ``release-persistent-recompute`` (a recompute owner's persistent frozen parameters released with
+    it) survived the default exploration: model-agreement, which sees it, judges only scenarios the model
+    represents.  The ``persistent-resident`` spec judges every ZeRO-3 run: here one with bf16, clipping and
+    offload (beyond the model), on the faulted copy and on the release."""
+    from zerostate.targets.base import get_target
+    spec = importlib.util.find_spec("deepspeed")
+    assert spec is not None and spec.origin
+    tree = tmp_path / "tree"
+    make_tree(Path(spec.origin).parent, tree)
+    sc = Scenario.from_dict({"stage": 3, "persistence_threshold": 100000, "precision": "bf16",
+                             "gradient_clipping": 1.0, "offload": "both",
+                             "blocks": [{"checkpoint": "reentrant", "norm": "frozen"}, {}], "steps": [{}, {}, {}]})
+    assert sc.beyond_model()
+    def keys_of_a_run() -> set[str]:  # a fresh worker imports the tree as it is now
+        target = get_target("deepspeed", deepspeed_path=str(tree))
+        try:
+            return {f.key for f in target.run(sc).findings}
+        finally:
+            target.close()
+
+    with applied(by_id()["release-persistent-recompute"], tree):
+        keys = {True: keys_of_a_run()}
+    keys[False] = keys_of_a_run()
+    assert "persistent-resident:persistent-released" in keys[True], keys
+    assert not keys[False], keys

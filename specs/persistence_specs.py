@@ -1,0 +1,66 @@
+"""ZeRO-3's persistent parameters stay gathered while the coordinator's trace drives its releases.
+
+A parameter of at most ``stage3_param_persistence_threshold`` elements is persistent (``ds_persist``): it is
+gathered once and kept, trading memory for all-gathers.  Every trace-driven release honours that
+(``__params_to_release``, the epilogue's ``release_backward_leftovers``, a recompute owner's attributed
+parameters), so once the trace is COMPLETE no module hook of a forward, recompute or backward partitions one.
+While the trace is RECORD or INVALID ``release_sub_module`` partitions every parameter of the module,
+persistent ones included (docs/coordinator.md), and ``engine.step()`` and a checkpoint's prologue partition
+them before gathering them again: neither is judged.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, TypeAlias
+
+from zerostate.model.events import Event, EventKind
+
+from .base import Failure, Spec, fail
+
+_Params: TypeAlias = frozenset[str]
+
+
+class _Resident(NamedTuple):
+    persistent: _Params = frozenset()
+    complete: bool = False
+    """The coordinator's trace is COMPLETE (the last TRACE_STATE said so)."""
+    training: bool = False
+    """Between a root forward's start and the next ``engine.step()``: module hooks run."""
+
+
+def _resident_step(m: _Resident, ev: Event) -> _Resident | Failure:
+    k = ev.kind
+    if k is EventKind.PERSISTENT and ev.param is not None:
+        return m._replace(persistent=m.persistent | {ev.param})
+    if k is EventKind.TRACE_STATE:
+        complete = ev.note == "COMPLETE"
+        return m if complete == m.complete else m._replace(complete=complete)
+    if k in (EventKind.FORWARD_START, EventKind.EVAL_FORWARD_START):
+        return m if m.training else m._replace(training=True)
+    if k is EventKind.STEP:
+        return m._replace(training=False) if m.training else m
+    if k is EventKind.RELEASE and m.complete and m.training and ev.param in m.persistent:
+        return fail(f"persistent parameter {ev.param} was partitioned by a module hook while the trace is COMPLETE "
+                    "(it is gathered again at its next use: an all-gather per use instead of none)",
+                    "persistent-released")
+    return m
+
+
+PERSISTENT_RESIDENT = Spec(
+    id="persistent-resident",
+    sentence=("While the coordinator's trace is COMPLETE, no forward, recompute or backward releases a "
+              "persistent parameter."),
+    provenance=(("deepspeedai/DeepSpeed#8148 (release_backward_leftovers skips persistent parameters, "
+                 "as __params_to_release does)"),
+                ("DeepSpeed 0.19.8 release_sub_module: a recompute owner's attributed parameters, persistent ones "
+                 "excluded")),
+    family="coordinator",
+    init=_Resident, step=_resident_step, finish=lambda m: None,
+    checks=("Folds PERSISTENT, TRACE_STATE, root forward starts and engine.step(): a RELEASE of a persistent "
+            "parameter between a root forward's start and the next engine.step() while the last TRACE_STATE "
+            "was COMPLETE fails."),
+    reacts_to=frozenset({EventKind.PERSISTENT, EventKind.TRACE_STATE, EventKind.FORWARD_START,
+                         EventKind.EVAL_FORWARD_START, EventKind.STEP, EventKind.RELEASE}),
+)
+
+__all__ = ["PERSISTENT_RESIDENT"]
