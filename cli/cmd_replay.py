@@ -30,6 +30,10 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--repeat", type=positive_int, default=None, metavar="N",
                    help="run the scenario up to N times in one worker, failing on the first run with the "
                         "finding's check (an intermittent finding's file sets it; default 1)")
+    p.add_argument("--ablate", action="store_true",
+                   help="then replay the scenario without each of its triggers in turn (a second backward, a "
+                        "between-step event, each training-setup dimension), each in a fresh worker, and show "
+                        "what each leaves: evidence beside an unexplained finding, never its label")
     p.add_argument("--json", action="store_true", help="print the outcome as JSON")
     p.add_argument("--out", metavar="DIR", help="also write a report folder (with a repro script when it fails)")
     p.set_defaults(run=run)
@@ -97,6 +101,7 @@ def run(args: argparse.Namespace) -> int:
         passed = not this
         check, error = (want, this[0].error) if this else (None, "")
     same_key = bool(this) and key is not None and this[0].key == key
+    ablated = _ablate(args, scenario) if args.ablate else None
     if args.out:
         _report(args, who, outcome)
     where = f"model design {who['design']}" if args.target == "model" else f"DeepSpeed {who['deepspeed']}"
@@ -108,7 +113,8 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps({**who, "scenario": scenario.to_dict(), "passed": passed, "check": check,
                           "error": error, "finding_check": want, "finding_key": key,
                           "same_key": same_key if want else None, "sequence": len(sequence), "runs": ran,
-                          "other_failing_checks": other}, indent=2))
+                          "other_failing_checks": other,
+                          **({"ablations": ablated} if ablated is not None else {})}, indent=2))
     elif passed:
         what = (f"the finding's check {want} holds{ran_first}" if want else
                 "every spec holds and the PyTorch oracle agrees")
@@ -128,7 +134,39 @@ def run(args: argparse.Namespace) -> int:
               "other failing checks:")
         for o in other:
             print(f"  {o['check']}: {o['error']}")
+    if ablated is not None and not args.json:
+        _print_ablations(ablated)
     return EXIT_OK if passed else EXIT_FINDINGS
+
+
+def _ablate(args: argparse.Namespace, scenario: Scenario) -> list[dict[str, Any]]:
+    """Each ablation of ``scenario`` (`explorer.ablate`) in a fresh worker: what it changed and the findings
+    it gives, each with the known issue its own evidence shows (None: unexplained)."""
+    from zerostate.explorer.ablate import ablations
+    from zerostate.known.labels import issue_of
+    rows = []
+    for what, sc in ablations(scenario):
+        target = api.target(args)
+        try:
+            found = api.findings(api.run_scenario(target, sc))
+        finally:
+            api.close(target)
+        rows.append({"change": what, "scenario": sc.to_dict(),
+                     "findings": [{"key": f.key, "check": f.check, "known_issue": _issue_id(issue_of, f)}
+                                  for f in found]})
+    return rows
+
+
+def _issue_id(issue_of: Any, f: Any) -> str | None:
+    k = issue_of(f) if f.deepspeed else None
+    return k.id if k else None
+
+
+def _print_ablations(rows: list[dict[str, Any]]) -> None:
+    print(f"ablations ({len(rows)}, each replayed alone in a fresh worker; evidence, not a label):")
+    for r in rows:
+        found = ", ".join(f"{f['key']} [{f['known_issue'] or 'unexplained'}]" for f in r["findings"]) or "no finding"
+        print(f"  {r['change']}: {found}")
 
 
 def _report(args: argparse.Namespace, who: dict[str, Any], outcome: Any) -> None:
