@@ -116,6 +116,8 @@ def _finding(f: dict[str, Any]) -> list[str]:
     out += ["", "Replay:", "", "```sh", f["replay"]]
     if f.get("replay_release"):
         out += [f["replay_release"] + "    # on the real release this design models"]
+    if "known_issue" in f and not f.get("known_issue") and not f.get("harness_error") and f.get("where"):
+        out += [f["replay"] + " --ablate    # without each trigger in turn: what is left of it"]
     out += ["```", ""]
     if "repro" in files:
         out += [f"Standalone repro ([{files['repro']}]({files['repro']})), exits non-zero while the bug is present:",

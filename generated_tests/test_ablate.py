@@ -59,3 +59,18 @@ def test_replay_ablate_takes_two_known_mechanisms_apart(tmp_path):
     assert {f["known_issue"] for f in rows["without a second backward per micro-step (retain_graph)"]} == {
         "offload-stale-grad-after-freeze"}, rows
     assert {f["known_issue"] for f in rows["with offload=none"]} == {"two-backwards-per-forward"}, rows
+
+
+@pytest.mark.fast
+def test_the_report_offers_the_ablation_for_an_unexplained_deepspeed_finding_only():
+    from zerostate.cli.report_md import _finding
+    base = {"n": 3, "files": {}, "check": "oracle", "error": "differs", "description": "ZeRO-3", "scenario": {},
+            "events_around": [], "notes": [], "where": "DeepSpeed 0.19.8",
+            "replay": "zerostate replay finding_3.json --deepspeed 0.19.8"}
+    ablate = "zerostate replay finding_3.json --deepspeed 0.19.8 --ablate"
+    assert any(line.startswith(ablate) for line in _finding({**base, "known_issue": None}))
+    assert not any(ablate in line for line in _finding({**base, "known_issue": {
+        "id": "k", "owner": "deepspeed", "title": "t", "fixed_in": None, "nature": "bug"}}))
+    assert not any(ablate in line for line in _finding({**base, "known_issue": None, "harness_error": "oracle raised"}))
+    model = {**base, "where": None, "design": "ds-0.18.4", "known_issue": None}
+    assert not any("--ablate" in line for line in _finding(model))
