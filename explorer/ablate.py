@@ -11,17 +11,18 @@ from __future__ import annotations
 
 from dataclasses import replace
 from collections.abc import Iterator
+from typing import Any
 
 from zerostate.model.scenario import Precision, Scenario, ScenarioError
 
 from zerostate.explorer.polish import setup_candidates
 
 
-def _steps(sc: Scenario, **plain: object) -> Scenario:
+def _steps(sc: Scenario, **plain: Any) -> Scenario:
     return sc.with_(steps=tuple(replace(st, **plain) for st in sc.steps))
 
 
-def _micro(sc: Scenario, **plain: object) -> Scenario:
+def _micro(sc: Scenario, **plain: Any) -> Scenario:
     return sc.with_(steps=tuple(replace(st, micro=tuple(replace(m, **plain) for m in st.micro)) for st in sc.steps))
 
 
