@@ -203,3 +203,17 @@ def test_the_table_says_a_kill_was_by_an_introduced_example() -> None:
     assert figures["introduced"] == 1 and "1 of the kills by an old key's example" in figures["sentence"]
     assert "killed (introduced: old key)" in markdown([r], figures, {"release": RELEASE, "examples": None,  # type: ignore[list-item]
                                                                       "seed": None})
+
+
+def test_a_result_kept_from_an_earlier_run_says_so() -> None:
+    """A fault not run again keeps its earlier result: the table marks it and the figures count it apart."""
+    from faults.table import markdown
+    r = {"id": "f", "area": "hooks", "cpu_blind": "", "status": "killed", "hidden_by_label": False,
+         "killer": {"key": "k", "error": "e", "seconds": 10.0}, "replays": {}, "run": {},
+         "measured": "1 Dec, new-key rule"}
+    figures = summary([r], 120.0)
+    assert "1 of the 1 results kept from an earlier run (1 Dec, new-key rule)" in figures["sentence"]
+    assert "killed (earlier run: 1 Dec, new-key rule)" in markdown([r], figures, {  # type: ignore[list-item]
+        "release": RELEASE, "examples": None, "seed": None})
+    r.pop("measured")
+    assert "earlier run" not in summary([r], 120.0)["sentence"]

@@ -24,6 +24,10 @@ def summary(results: list[dict[str, Any]], fast_s: float) -> dict[str, Any]:
                 f"within {fast_s:.0f} s: {len(fast)}/{len(counted)} = {fast_rate:.0%}; "
                 f"{len(made)} of the kills by an old key's example the fault made fail (introduced); "
                 f"{len(hidden)} of the kills carry a known-issue label the unfaulted run also has")
+    earlier = sorted({r["measured"] for r in results if r.get("measured")})
+    if earlier:
+        kept = sum(bool(r.get("measured")) for r in results)
+        sentence += f"; {kept} of the {len(results)} results kept from an earlier run ({'; '.join(earlier)})"
     return {"faults": len(results), "killed": len(killed), "non_equivalent": len(counted),
             "killed_non_equivalent": len(counted_killed), "kill_rate": round(rate, 4),
             "killed_within_fast_s": len(fast), "fast_kill_rate": round(fast_rate, 4),
@@ -84,7 +88,8 @@ def markdown(results: list[dict[str, Any]], figures: dict[str, Any], meta: dict[
     for r in results:
         k = r.get("killer")
         verdict = r["status"] + (" (CPU-blind)" if r["cpu_blind"] else "") + (
-            " (introduced: old key)" if r.get("rule") == "introduced" else "")
+            " (introduced: old key)" if r.get("rule") == "introduced" else "") + (
+            f" (earlier run: {r['measured']})" if r.get("measured") else "")
         if k:
             label = (k.get("known_issue") or "none") + (" (also in unfaulted run)" if r["hidden_by_label"] else "")
             lines.append(f"| `{r['id']}` | {r['area']} | {verdict} | `{k['key']}`: {_first_line(k['error'], 70)} | "
