@@ -126,6 +126,9 @@ def run_fault(fault: Fault, tree: Path, runs: Path, base: dict[str, Any], exampl
         break
     made = frozenset(k for k, r in old_replays.items() if introduced(r.get("faulted", {}), r.get("unfaulted", {})))
     verdict = judge(base_findings, run.seen, frozenset(ignored), made)
+    if verdict.status != "killed" and not finished(run):
+        return {"id": fault.id, "status": "incomplete", "run": {
+            "status": run.report.get("status"), "returncode": run.returncode, "wall_s": round(run.wall_s, 1)}}
     if verdict.rule == "introduced" and verdict.killer is not None:
         replays = old_replays[verdict.killer["key"]]
     return {"id": fault.id, "area": fault.area, "file": fault.file, "rationale": fault.rationale,
@@ -141,6 +144,12 @@ def run_fault(fault: Fault, tree: Path, runs: Path, base: dict[str, Any], exampl
                     "report_seconds": run.report.get("run", {}).get("seconds"), "wall_s": round(run.wall_s, 1),
                     "returncode": run.returncode},
             "bench_wall_s": round(time.monotonic() - t0, 1)}
+
+
+def finished(run: ExploreRun) -> bool:
+    """A run that can say "survived": it ran to its end, or this benchmark cut it (``--cut-s``).  One stopped
+    from outside (a signal, a worker killed, explore's own error) saw only part of the sequence: no verdict."""
+    return run.report.get("status") == "complete" or run.cut
 
 
 def _replay_each(found: list[SeenFinding], report: dict[str, Any], out: Path, tree: Path, log: Path, side: str,
@@ -252,6 +261,10 @@ def main(argv: list[str] | None = None) -> int:
             result = run_fault(fault, tree, runs, base, args.examples, args.seed, args.full, args.cut_s,
                                args.replay_old)
             check_pristine(tree, package)
+            if result["status"] == "incomplete":  # not kept: the next run of the benchmark runs it again
+                print(f"{fault.id}: incomplete -- the exploration ended before its end or its cut "
+                      f"({result['run']}): no verdict, run it again", flush=True)
+                continue
             kept.write_text(json.dumps(result, indent=2) + "\n")
         finally:
             (runs / f"{fault.id}.claim").unlink(missing_ok=True)

@@ -217,3 +217,14 @@ def test_a_result_kept_from_an_earlier_run_says_so() -> None:
         "release": RELEASE, "examples": None, "seed": None})
     r.pop("measured")
     assert "earlier run" not in summary([r], 120.0)["sentence"]
+
+
+def test_a_run_stopped_from_outside_gives_no_verdict() -> None:
+    """Only a run that reached its end, or this benchmark's cut, can say "survived": one interrupted by a
+    signal or ended by explore's own error saw part of the sequence: no verdict, the fault runs again."""
+    from bench_faults import finished
+    from faults.runner import ExploreRun
+    assert finished(ExploreRun({"status": "complete"}, [], 300.0, False, 1, False))
+    assert finished(ExploreRun({"status": "interrupted"}, [], 500.0, True, 130, True))  # cut at --cut-s
+    assert not finished(ExploreRun({"status": "interrupted"}, [], 25.6, False, 130, False))  # a SIGINT from outside
+    assert not finished(ExploreRun({}, [], 5.5, False, 2, False))  # explore failed
