@@ -224,6 +224,24 @@ def test_every_finding_is_known(ds, sc):
     assert not bad, _fmt(bad)
 
 
+@pytest.mark.deepspeed
+def test_a_tied_weight_whose_gradient_the_bucket_already_took_is_the_shared_param_limitation(ds):
+    """ZeRO-3, the tied Linear inside a reentrant block, a reduce bucket its first gradient fills: the second
+    hook of the weight finds its gradient partitioned away (AttributeError in __add_grad_to_ipg_bucket).  The
+    run's own evidence -- the hook fired in two graph tasks, the exception's origin and message -- is
+    ``param-shared-across-reentrant-checkpoint``'s mechanism; without the tie the scenario is clean."""
+    tied = {"stage": 3, "tie": True, "reduce_bucket_size": 128, "blocks": [{"checkpoint": "reentrant"}],
+            "steps": [{}]}
+    if ds.version != PINNED:
+        pytest.skip(f"measured on {PINNED}")
+    out = ds.run(Scenario.from_dict(tied))
+    keys = {f.key: (explain(f).id if explain(f) else None) for f in out.findings}
+    assert keys.get("exception:AttributeError@runtime.zero.stage3.__add_grad_to_ipg_bucket") == \
+        "param-shared-across-reentrant-checkpoint", keys
+    assert set(keys.values()) == {"param-shared-across-reentrant-checkpoint"}, keys
+    assert not ds.run(Scenario.from_dict({**tied, "tie": False})).findings
+
+
 class ScheduleMachine(RuleBasedStateMachine):
     """Grow a training schedule step by step on one network; after each step the run so far must be clean."""
 

@@ -105,14 +105,19 @@ def _step_is_idle(f: Finding, step: int) -> bool:
 def shared_param_hooked_twice(f: Finding) -> bool:
     """A parameter's gradient hook fired in two graph tasks of one backward (a reentrant checkpoint's nested
     task and the outer one: the trace), and the second reduction was refused (ZeRO-2: AssertionError 'already
-    been reduced'; ZeRO-3: the assertion in __reduce_and_partition_ipg_grads) or the spec saw it handled twice."""
+    been reduced'; ZeRO-3: the assertion in __reduce_and_partition_ipg_grads, or -- when the first gradient
+    filled the reduce bucket and was partitioned away -- the second hook's ``param.grad.numel()`` on None in
+    __add_grad_to_ipg_bucket) or the spec saw it handled twice."""
     twice = hooked_in_two_tasks(trace(f), at(f) + 1)
     if not twice:
         return False
     if f.check == "exception":
         r = raised(f, "AssertionError")
-        return r is not None and (r.says("has already been reduced")
-                                  or r.raised_in("zero/stage3.py", "__reduce_and_partition_ipg_grads"))
+        gone = raised(f, "AttributeError")
+        return (r is not None and (r.says("has already been reduced")
+                                   or r.raised_in("zero/stage3.py", "__reduce_and_partition_ipg_grads"))) or (
+            gone is not None and gone.raised_in("zero/stage3.py", "__add_grad_to_ipg_bucket")
+            and gone.says("'NoneType' object has no attribute 'numel'"))
     e = violating(f)
     return f.code == "handled-twice" and f.check == "grad-handled-once" and e is not None and e.param in twice
 

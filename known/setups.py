@@ -86,7 +86,9 @@ SHARED_ACROSS_REENTRANT = KnownIssue(
             "and fires its AccumulateGrad hook; the outer backward accumulates the other use and fires it again. "
             "ZeRO-2: AssertionError 'The parameter blocks.0.lin.weight has already been reduced' "
             "(stage_1_and_2.py reduce_independent_p_g_buckets_and_remove_grads); ZeRO-3: AssertionError in "
-            "stage3.py __reduce_and_partition_ipg_grads (the parameter is in the bucket twice); ZeRO-1 handles "
+            "stage3.py __reduce_and_partition_ipg_grads (the parameter is in the bucket twice), or, when the first "
+            "gradient filled the reduce bucket and was partitioned away, AttributeError 'NoneType' object has no "
+            "attribute 'numel' in __add_grad_to_ipg_bucket (the second hook); ZeRO-1 handles "
             "it twice but the values agree with PyTorch.  Non-reentrant checkpointing has one AccumulateGrad call "
             "and is clean."),
 )
