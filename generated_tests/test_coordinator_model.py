@@ -446,8 +446,9 @@ def test_block_containers_are_traced_and_prefetch_like_any_module():
 
 def test_persistent_resident_judges_only_the_releases_a_complete_trace_drives():
     """A persistent parameter released by a module hook fails ``persistent-resident`` only while the trace is
-    COMPLETE and a train step runs: in the recording step (every parameter is released then), and between
-    engine.step() and the next forward (the step's partition and re-gather), it passes."""
+    COMPLETE and a train step runs: in the recording step (every parameter is released then), between
+    engine.step() and the next forward (the step's partition and re-gather), and in the hook that invalidates the
+    trace (its cleanup of what it prefetched, reported before the INVALID), it passes."""
     sc = Scenario(blocks=(Block(NR, F, T), Block(PLAIN, T, T)), persistence_threshold=10 ** 5,
                   steps=(TrainStep(), TrainStep(), TrainStep()))
     events = list(run(get_design("ds-0.19.3"), sc).events)  # the design of 0.19.3 - 0.19.8
@@ -465,3 +466,7 @@ def test_persistent_resident_judges_only_the_releases_a_complete_trace_drives():
     record = next(i for i, e in enumerate(events) if e.kind is EventKind.TRACE_STATE and e.note == "RECORD")
     assert check_trace(PERSISTENT_RESIDENT, at(record + 1)) is None  # the recording step
     assert check_trace(PERSISTENT_RESIDENT, at(steps[1])) is None  # engine.step()'s partition
+    # the hook that finds the order changed releases what it prefetched, then reports the trace INVALID
+    invalidated = at(complete + 1)
+    invalidated.insert(complete + 3, Event(EventKind.TRACE_STATE, note="INVALID"))
+    assert check_trace(PERSISTENT_RESIDENT, invalidated) is None

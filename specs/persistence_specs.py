@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import NamedTuple, TypeAlias
 
-from zerostate.model.events import Event, EventKind
+from zerostate.model.events import DRIVER_EVENTS, Event, EventKind
 
 from .base import Failure, Spec, fail
 
@@ -26,6 +26,14 @@ class _Resident(NamedTuple):
     """The coordinator's trace is COMPLETE (the last TRACE_STATE said so)."""
     training: bool = False
     """Between a root forward's start and the next ``engine.step()``: module hooks run."""
+    released: str | None = None
+    """A persistent parameter released while COMPLETE, judged at the next driver event: the hook that finds the
+    module order changed releases what it prefetched and only then reports the trace INVALID (its cleanup)."""
+
+
+def _resident_problem(m: _Resident) -> Failure:
+    return fail(f"persistent parameter {m.released} was partitioned by a module hook while the trace is COMPLETE "
+                "(it is gathered again at its next use: an all-gather per use instead of none)", "persistent-released")
 
 
 def _resident_step(m: _Resident, ev: Event) -> _Resident | Failure:
@@ -34,15 +42,17 @@ def _resident_step(m: _Resident, ev: Event) -> _Resident | Failure:
         return m._replace(persistent=m.persistent | {ev.param})
     if k is EventKind.TRACE_STATE:
         complete = ev.note == "COMPLETE"
-        return m if complete == m.complete else m._replace(complete=complete)
+        return m if complete == m.complete and m.released is None else m._replace(complete=complete, released=None)
+    if k is EventKind.RELEASE:
+        if m.complete and m.training and m.released is None and ev.param in m.persistent:
+            return m._replace(released=ev.param)
+        return m
+    if m.released is not None and k in DRIVER_EVENTS:
+        return _resident_problem(m)
     if k in (EventKind.FORWARD_START, EventKind.EVAL_FORWARD_START):
         return m if m.training else m._replace(training=True)
     if k is EventKind.STEP:
         return m._replace(training=False) if m.training else m
-    if k is EventKind.RELEASE and m.complete and m.training and ev.param in m.persistent:
-        return fail(f"persistent parameter {ev.param} was partitioned by a module hook while the trace is COMPLETE "
-                    "(it is gathered again at its next use: an all-gather per use instead of none)",
-                    "persistent-released")
     return m
 
 
@@ -55,12 +65,12 @@ PERSISTENT_RESIDENT = Spec(
                 ("DeepSpeed 0.19.8 release_sub_module: a recompute owner's attributed parameters, persistent ones "
                  "excluded")),
     family="coordinator",
-    init=_Resident, step=_resident_step, finish=lambda m: None,
+    init=_Resident, step=_resident_step, finish=lambda m: _resident_problem(m) if m.released else None,
     checks=("Folds PERSISTENT, TRACE_STATE, root forward starts and engine.step(): a RELEASE of a persistent "
             "parameter between a root forward's start and the next engine.step() while the last TRACE_STATE "
-            "was COMPLETE fails."),
-    reacts_to=frozenset({EventKind.PERSISTENT, EventKind.TRACE_STATE, EventKind.FORWARD_START,
-                         EventKind.EVAL_FORWARD_START, EventKind.STEP, EventKind.RELEASE}),
+            "was COMPLETE fails at the next driver event, unless a TRACE_STATE that is not COMPLETE comes first "
+            "(the invalidating hook's cleanup of what it prefetched)."),
+    reacts_to=frozenset({EventKind.PERSISTENT, EventKind.TRACE_STATE, EventKind.RELEASE, *DRIVER_EVENTS}),
 )
 
 __all__ = ["PERSISTENT_RESIDENT"]
