@@ -152,14 +152,10 @@ def _ablate(args: argparse.Namespace, scenario: Scenario) -> list[dict[str, Any]
         finally:
             api.close(target)
         rows.append({"change": what, "scenario": sc.to_dict(),
-                     "findings": [{"key": f.key, "check": f.check, "known_issue": _issue_id(issue_of, f)}
+                     "findings": [{"key": f.key, "check": f.check,
+                                   "known_issue": k.id if f.deepspeed and (k := issue_of(f)) else None}
                                   for f in found]})
     return rows
-
-
-def _issue_id(issue_of: Any, f: Any) -> str | None:
-    k = issue_of(f) if f.deepspeed else None
-    return k.id if k else None
 
 
 def _print_ablations(rows: list[dict[str, Any]]) -> None:

@@ -12,8 +12,8 @@ from zerostate.model.scenario import Scenario
 
 from test_cli_util import zs
 
-# finding 34 of the 0.19.8 default exploration (2 Dec): a second backward of one forward, optimizer and
-# parameter offload, hooks re-registered and block 0 frozen for step 1 -- oracle:x0.5+stale-update-again
+# a second backward of one forward, optimizer and parameter offload, hooks re-registered and block 0 frozen for
+# step 1: oracle:x0.5+stale-update-again on 0.19.8 (docs/results.md)
 TWO_MECHANISMS = {"stage": 3, "offload": "both", "persistence_threshold": 100000, "input_requires_grad": False,
                   "blocks": [{}], "steps": [{}, {"reregister": True, "frozen": [0],
                                                  "micro": [{"backward": "engine", "retain": True}]}]}
