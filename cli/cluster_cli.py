@@ -15,8 +15,8 @@ from zerostate.targets.base import Target, TargetError
 
 from zerostate.cli.common import CliError, design
 
-WORLD_SIZE_DRAWN = 2
-"""The most ranks a scenario of the default strategy asks for (`explorer.strategies`): a world-size-1
+WORLD_SIZE_DRAWN = 4
+"""The most ranks a scenario of the default strategy asks for (`explorer.strategies._world_size`): a world-size-1
 worker's gang on the cluster (its own rank pool runs that many ranks beside it)."""
 
 
@@ -41,7 +41,7 @@ class ClusterRun:
                 from zerostate.cluster.local import auto
                 from zerostate.cluster.ray_api import require_ray
                 require_ray(local=True)  # the missing extra is said before anything starts
-                address, self.owned = auto()
+                address, self.owned = auto(min_cpus=gang)
             from zerostate.cluster.session import ClusterSession
             self.opened = self.session = ClusterSession(address, kind=kind, options=options, gang=gang)
         except ClusterUnavailable as exc:

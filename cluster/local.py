@@ -184,13 +184,14 @@ def recorded() -> str | None:
         return None
 
 
-def auto(cpus: int | None = None) -> tuple[str, LocalCluster | None]:
+def auto(cpus: int | None = None, min_cpus: int = 1) -> tuple[str, LocalCluster | None]:
     """``--cluster auto``: the recorded local cluster's address (joined, not owned), or a one-node cluster
-    started now with this machine's CPUs (owned: the caller stops it)."""
+    started now with this machine's CPUs (owned: the caller stops it), at least ``min_cpus`` of them declared:
+    one worker's gang fits on a machine with fewer cores, its ranks sharing them as a local run's do."""
     address = recorded()
     if address is not None:
         return address, None
-    c = LocalCluster(nodes=1, cpus_per_node=cpus or os.cpu_count() or 1).start()
+    c = LocalCluster(nodes=1, cpus_per_node=max(cpus or os.cpu_count() or 1, min_cpus)).start()
     record(c)
     return c.address, c
 

@@ -69,12 +69,16 @@ def _persistence(sc: Scenario) -> Taken:
 
 
 def _world(sc: Scenario) -> Taken:
-    """(world size 1, across-ranks options ignored), (world size 1 unless they apply), world size 2: a world-size-1
-    scenario with an across-ranks option shows the first; without one it cannot tell which."""
+    """(world size 1, across-ranks options ignored), (several ranks only with them), (several ranks, four with
+    them): what the world size and an across-ranks option show of the draw (`strategies._world_size`); a
+    world-size-1 scenario without one cannot tell the first two apart."""
     from zerostate.explorer.strategies import across_ranks
-    if sc.world_size == 2:
+    across = across_ranks(sc)
+    if sc.world_size == 4 or (sc.world_size == 2 and not across):
         return _one(2)
-    return _one(0) if across_ranks(sc) else frozenset()
+    if sc.world_size == 2:
+        return _one(1)
+    return _one(0) if across else frozenset()
 
 
 POINTS: tuple[Point, ...] = (

@@ -59,7 +59,7 @@ RARE = st.sampled_from((False,) * 7 + (True,))
 QUARTER = st.sampled_from((False,) * 3 + (True,))
 EIGHTH = st.sampled_from((False,) * 7 + (True,))
 class _WorldDraw(int):
-    """One of `WORLD2_RATE`'s eight choices: 1 -- world size 2 --, or 0 -- world size 1, unless ``across``
+    """One of `WORLD2_RATE`'s eight choices: 1 -- several ranks --, or 0 -- world size 1, unless ``across``
     and the scenario chose an option whose bugs show across ranks (`across_ranks`).  An ``int``: the eight
     hash as ``(False,) * 7 + (True,)`` does, and Hypothesis labels a ``sampled_from`` by that hash, so its
     generation -- which splices earlier examples' choices by label -- makes the same choices as with plain
@@ -81,7 +81,10 @@ across ranks (`across_ranks`).  Hypothesis's generation is not uniform -- it mut
 of near copies, which share their world-size choice: the explorer's default 200 hold 61 world-size-2
 examples (40 before the across-ranks rate).  At one in two the three runs of ZeRO-1/2 examples with
 ``contiguous_gradients`` off and no offload all stayed at world size 1, so 0.19.8's CPU reduce fix was not
-met; at three in four the first of them (the 21st example) is at world size 2 (measured)."""
+met; at three in four the first of them (the 21st example) is at world size 2 (measured).  The one draw in
+eight that gives several ranks to any scenario gives an across-ranks one four (`_world_size`): so world size 4
+is drawn where its collectives carry something, in one across-ranks scenario of eight, and the sequence of
+scenarios is the same but for their world size."""
 
 
 def across_ranks(sc: Scenario) -> bool:
@@ -100,9 +103,15 @@ _WORLD_VALUES = (_WorldDraw(0, False), _WorldDraw(0, True), _WorldDraw(1, True))
 """`WORLD2_RATE`'s alternatives, for a steered draw (`choices.pick`): its default counts are 2, 5, 1."""
 
 
-def _world_size_2(draw, sc: Scenario, weights: Weights | None = None) -> bool:
+def _world_size(draw, sc: Scenario, weights: Weights | None = None) -> int:
+    """1, 2, or -- the one-in-eight draw for a scenario with an across-ranks option -- 4: the reduce-scatter
+    partitions, all-gather padding and persistent-parameter races grow with the ranks, and four is the fewest
+    where a rank's partition has neighbours on both sides."""
     w = draw(pick(weights, "world", WORLD2_RATE, _WORLD_VALUES))
-    return bool(w) or (w.across and across_ranks(sc))
+    across = w.across and across_ranks(sc)
+    if w:
+        return 4 if across else 2
+    return 2 if across else 1
 
 
 LEAF_RATE = QUARTER
@@ -360,9 +369,10 @@ def scenarios(draw, *, max_blocks: int = 3, max_steps: int = 2, max_gas: int = 2
     each on its own (gas 3, a manual accumulation boundary, ZeRO knobs, a module attached late, stage 0);
     ``zero0``: the ``stage0`` option may apply (the model-based tests turn it off: stage 0 has no hook
     manager, and the model's hook machine is ZeRO-1/2/3's); ``world2`` (with ``options``): world size 2 in
-    one draw of eight, drawn last of all (shrinks to 1; a world-size-1 target runs it on a rank pool of its
-    own: what only several ranks show -- gradient averaging, all-gathers across ranks -- is reached by the
-    default exploration, at about twice the cost of a world-size-1 example).  All on by default:
+    one draw of eight, 4 for some across-ranks options (`_world_size`), drawn last of all (shrinks to 1; a
+    world-size-1 target runs it on a rank pool of its own: what only several ranks show -- gradient averaging,
+    all-gathers across ranks -- is reached by the default exploration, at about twice the cost of a
+    world-size-1 example at 2 ranks).  All on by default:
     ``zerostate explore`` draws every dimension.
     """
     stage = draw(pick(weights, "stage", st.sampled_from(stages), stages))
@@ -403,8 +413,9 @@ def scenarios(draw, *, max_blocks: int = 3, max_steps: int = 2, max_gas: int = 2
             sc = sc.with_(engines_before=engines_before(draw, weights))
         if options:
             sc = extras(draw, sc, zero0, weights)
-            if world2 and _world_size_2(draw, sc, weights):
-                sc = sc.with_(world_size=2)
+            ws = _world_size(draw, sc, weights) if world2 else 1
+            if ws > 1:
+                sc = sc.with_(world_size=ws)
     return sc.validate()
 
 

@@ -2,8 +2,9 @@
 lane run again, and the one-line error without Ray.
 
 A two-node Ray cluster on this machine (`LocalCluster`: two node processes on the loopback address, each
-declaring 2 CPUs, so a world-size-2 gang fits on one node).  Every test but the first needs the ``cluster``
-extra (Ray): skipped, saying so, where it is not installed (``make test`` installs it).
+declaring 4 CPUs, so the gang of a worker whose scenarios may ask for four ranks fits on one node).  Every test
+but the first needs the ``cluster`` extra (Ray): skipped, saying so, where it is not installed (``make test``
+installs it).
 """
 
 from __future__ import annotations
@@ -47,11 +48,12 @@ if importlib.util.find_spec("ray") is None:  # not imported here: ray reads its 
 
 from zerostate.cluster.local import LocalCluster  # noqa: E402 -- needs Ray
 from zerostate.cluster.session import ClusterSession  # noqa: E402
+from zerostate.cli.cluster_cli import WORLD_SIZE_DRAWN  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def two_nodes():
-    with LocalCluster(nodes=2, cpus_per_node=2) as c:
+    with LocalCluster(nodes=2, cpus_per_node=WORLD_SIZE_DRAWN) as c:
         yield c
 
 
@@ -76,7 +78,7 @@ def _keys(res):
 
 
 def _session(c, kind, **options):
-    return ClusterSession(c.address, kind=kind, options=options, gang=1 if kind == "model" else 2)
+    return ClusterSession(c.address, kind=kind, options=options, gang=1 if kind == "model" else WORLD_SIZE_DRAWN)
 
 
 def test_model_target_on_two_nodes_equals_the_local_run(two_nodes, local_run):

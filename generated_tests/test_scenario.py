@@ -299,6 +299,7 @@ EXPLORED = {
     "ZeRO-1/2 + contiguous_gradients off + no offload at world size 2": lambda s: s.world_size == 2
     and s.stage in (1, 2) and not s.contiguous_gradients and s.offload.value == "none",
     "world size 2": lambda s: s.world_size == 2,
+    "world size 4 (an across-ranks option)": lambda s: s.world_size == 4,
     "ZeRO-1/2 + a parameter with no elements (DeepSpeed #8279)": lambda s: s.empty_param and s.stage in (1, 2),
     "ZeRO-3 + zero_init": lambda s: s.zero_init,
     "ZeRO-0 + fp16 (zero0-fp16-loss-not-scaled)": lambda s: s.stage == 0 and s.precision.value == "fp16",
@@ -313,10 +314,11 @@ def test_default_explore_sequence_draws_each_combination():
     assert seen == set(EXPLORED), sorted(set(EXPLORED) - seen)
 
 
-def test_across_ranks_options_draw_world_size_2_more_often_without_changing_the_sequence():
-    """An option whose bugs show across ranks (`strategies.across_ranks`) gets world size 2 in three draws of four,
-    the rest in one of eight -- through the same eight-way choice, so the generated sequence is the same scenarios
-    but for their world size (Hypothesis labels a strategy by its elements' hash: another strategy would shift it)."""
+def test_across_ranks_options_draw_more_ranks_without_changing_the_sequence():
+    """An option whose bugs show across ranks (`strategies.across_ranks`) gets world size 2 in five draws of eight
+    and 4 in one, the rest world size 2 in one of eight -- through the same eight-way choice, so the generated
+    sequence is the same scenarios but for their world size (Hypothesis labels a strategy by its elements' hash:
+    another strategy would shift it)."""
     from zerostate.explorer import strategies as S
     from zerostate.explorer.explore import generated
 
@@ -338,6 +340,8 @@ def test_across_ranks_options_draw_world_size_2_more_often_without_changing_the_
     others = [(a.world_size, b.world_size) for a, b in zip(with_rate, without, strict=True) if not S.across_ranks(a)]
     assert all(a == b for a, b in others)  # the rate changes only the across-ranks scenarios
     assert any(a == 2 and b == 1 for a, b in across) and not any(a == 1 and b == 2 for a, b in across)
+    assert any(a == 4 and b == 2 for a, b in across)  # the one-in-eight draw gives an across-ranks scenario four
+    assert {a for a, _ in across} == {1, 2, 4} and {a for a, _ in others} == {1, 2}
     assert S.across_ranks(Scenario.from_dict({"stage": 2, "contiguous_gradients": False}))
     assert not S.across_ranks(Scenario.from_dict({"stage": 3, "contiguous_gradients": False}))
     assert S.across_ranks(Scenario.from_dict({"stage": 3, "all_reduce_fetch": True}))

@@ -1,11 +1,13 @@
-"""World size 4 on CPU (gloo): four rank processes on one process group, opt-in with ``--world-size 4``.
+"""World size 4 on CPU (gloo): four rank processes on one process group.
 
-The default strategy draws world size 2 only (`explorer.strategies`); 4 is asked for: ``zerostate explore
---world-size 4`` runs every drawn scenario on a pool of four ranks (`targets.deepspeed.ranks`), the global batch
-one row per rank (`harness.net.schedule.global_rows`), the cross-rank checks comparing every rank with rank 0.
-Here: the command line's accepted world sizes, a short exploration at 4, a real DeepSpeed finding made at 4
-replayed from its finding file and its repro script run under ``torchrun --nproc-per-node 4``, and (opt-in, the
-0.19.2 release) a cross-rank bug of 0.19.2 shown and labelled at 4 and absent on 0.19.8 at 4.
+The default strategy draws world size 4 for one in eight scenarios with an option whose bugs show across ranks
+(`explorer.strategies._world_size`), which a world-size-1 target runs on a rank pool of four of its own;
+``zerostate explore --world-size 4`` runs every drawn scenario on a pool of four ranks (`targets.deepspeed.ranks`),
+the global batch one row per rank (`harness.net.schedule.global_rows`), the cross-rank checks comparing every rank
+with rank 0.  Here: the command line's accepted world sizes, a drawn world-size-4 scenario's finding replayed
+from its own file, a short exploration at 4, a real DeepSpeed finding made at 4 replayed from its finding file
+and its repro script run under ``torchrun --nproc-per-node 4``, and (opt-in, the 0.19.2 release) a cross-rank bug
+of 0.19.2 shown and labelled at 4 and absent on 0.19.8 at 4.
 """
 
 from __future__ import annotations
@@ -62,6 +64,33 @@ def test_a_world_size_zerostate_does_not_run_is_one_error_line(tmp_path, n):
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and f"--world-size {n}" in lines[0] and "4" in lines[0], p.stderr
     assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.deepspeed
+@pytest.mark.slow
+def test_a_drawn_world_size_4_finding_replays_from_its_own_file(tmp_path):
+    """The default 200's last world-size-4 scenario (a ZeRO-1 one without contiguous gradients that saves and
+    loads a checkpoint) runs from a world-size-1 command on a pool of four: its finding's file keeps world size
+    4, and ``zerostate replay`` of that file alone -- no ``--world-size`` -- runs four ranks and shows the same
+    key.  On 0.19.8 the finding is the frozen parameters a ZeRO-1 checkpoint drops (the check names them)."""
+    from zerostate.explorer.explore import generated
+    from zerostate.explorer.strategies import scenarios
+    drawn = [sc for sc in generated(scenarios(), 200, None) if sc.world_size == 4]
+    assert drawn, "the default 200 draw world size 4"
+    scenario = tmp_path / "drawn.json"
+    scenario.write_text(drawn[-1].to_json())
+    out = tmp_path / "first"
+    p = _zerostate("replay", str(scenario), "--out", str(out), "--json")
+    assert p.returncode == 1, p.stdout[-2000:] + p.stderr[-3000:]
+    report = json.loads((out / "report.json").read_text())
+    (entry,) = report["findings"]
+    assert entry["key"] == "checkpoint:zero1-checkpoint-drops-frozen-params", entry
+    assert "torchrun --nproc-per-node 4" in (out / entry["files"]["repro"]).read_text()
+    saved = out / entry["files"]["scenario"]
+    assert json.loads(saved.read_text())["scenario"]["world_size"] == 4
+    again = _zerostate("replay", str(saved), "--json")
+    assert again.returncode == 1, again.stdout[-2000:] + again.stderr[-3000:]
+    assert json.loads(again.stdout)["same_key"] is True
 
 
 @pytest.mark.deepspeed

@@ -169,7 +169,8 @@ def judge(executor, failed_checks, cross_rank_checks, scenario):
 def main():
     """Run the finding's scenario (REPEAT times for an intermittent finding: a race), after BEFORE."""
     if CHECK.startswith("ranks-") and int(os.environ.get("WORLD_SIZE", "1")) < 2:
-        print(f"{CHECK!r} compares ranks: run this script with torchrun --nproc-per-node 2")
+        print(f"{CHECK!r} compares ranks: run this script with torchrun --nproc-per-node "
+              f"{max(2, SPEC.get('world_size', 1))}")
         return 2
     install_embedded()
     from zerostate import jit_ops

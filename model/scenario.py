@@ -49,6 +49,10 @@ from .scenario_fields import (PARAMS_PER_SUBMODULE, SUBMODULES, BackwardKind, Bl
                               Offload, Optimizer, Outputs, ParamKind, Precision, TrainStep)
 
 
+WORLD_SIZES = (1, 2, 4, 8)
+"""A scenario's ranks: one process, or a rank pool of 2, 4 or 8 (powers of two up to one node's 8 GPUs)."""
+
+
 class ScenarioError(ValueError):
     """A scenario value or file is malformed.  The message names the field."""
 
@@ -127,8 +131,8 @@ class Scenario:
     made), weights loaded under ``GatheredParameters``; PEFT's LoRA adapters made afterwards stay fp32
     (the mixed dtypes of DeepSpeed #8072/#8073)."""
     world_size: int = 1
-    """The ranks this scenario runs on, at least (1 or 2; written to JSON only when 2).  A world-size-1
-    DeepSpeed target runs a world-size-2 scenario on a rank pool of its own (`targets.deepspeed.ranks`), so
+    """The ranks this scenario runs on, at least (`WORLD_SIZES`; written to JSON only above 1).  A world-size-1
+    DeepSpeed target runs a world-size-2 or -4 scenario on a rank pool of its own (`targets.deepspeed.ranks`), so
     the default exploration reaches what only several ranks show: gradient averaging across ranks
     (DeepSpeed's 0.19.8 CPU reduce fix), all-gathers of mixed dtypes (#8072/#8073), partition padding
     (#8158).  Each rank trains on its own rows of the batch; the oracle trains on the whole batch.  The model
@@ -280,8 +284,8 @@ class Scenario:
             raise ScenarioError(f"zero_init: a ZeRO-3 option, got stage {self.stage}")
         if self.empty_param and self.family is not Family.BLOCKS:
             raise ScenarioError("empty_param: only for family blocks")
-        if self.world_size not in (1, 2):
-            raise ScenarioError(f"world_size: 1 or 2, got {self.world_size!r}")
+        if self.world_size not in WORLD_SIZES:
+            raise ScenarioError(f"world_size: 1, 2, 4 or 8, got {self.world_size!r}")
         if not isinstance(self.optimizer, Optimizer):
             raise ScenarioError(f"optimizer: expected one of {[o.value for o in Optimizer]}, got {self.optimizer!r}")
         if len(self.engines_before) > 3 or any(k not in (1, 2, 3) for k in self.engines_before):
@@ -523,5 +527,5 @@ def _parse_scenario(data: object) -> Scenario:
 __all__ = [
     "BackwardKind", "Block", "Checkpoint", "Family", "MicroStep", "Offload", "Outputs", "PARAMS_PER_SUBMODULE",
     "ParamKind", "Precision", "Optimizer",
-    "SUBMODULES", "Scenario", "ScenarioError", "TrainStep",
+    "SUBMODULES", "Scenario", "ScenarioError", "TrainStep", "WORLD_SIZES",
 ]

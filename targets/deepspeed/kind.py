@@ -7,12 +7,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from zerostate.model.scenario import WORLD_SIZES
 from zerostate.targets.base import Target, TargetError, known_design, register
 
-WORLD_SIZES = (1, 2, 4, 8)
-"""World size 1 is one worker; above it a rank pool of that many processes (gloo on CPU, nccl with as many GPUs):
-powers of two up to one node's 8 GPUs.  The default strategy draws 2 (`explorer.strategies`); 4 and 8 are asked
-for (``--world-size``)."""
+# World size 1 is one worker; above it a rank pool of that many processes (gloo on CPU, nccl with as many GPUs).
 
 
 def validate(*, deepspeed: str | None = None, deepspeed_path: str | None = None, design: str | None = None,
