@@ -13,6 +13,8 @@ What fails:
   ``oracle-error``) when the run raised, with its origin (``ExcType@module.function``);
 * ``oracle`` when the parameters after a train step differ from plain PyTorch;
 * ``carried-state`` when an engine ran with process state an engine before it left;
+* ``persistence`` when a ZeRO-3 engine marked other parameters persistent than its threshold says
+  (`harness.net.persistence`);
 * ``checkpoint`` when a checkpoint round trip (``save_load``) disagrees, with its code;
 * every spec of `zerostate.specs` the trace violates (coordinator specs on ZeRO-3 runs only; after an
   exception, only violations at an event: a truncated trace cannot fulfil end-of-run obligations),
@@ -105,6 +107,8 @@ def decide(result: Mapping[str, Any], stage: int, model: ModelRun | None = None,
         out.append(Decision("oracle", result["mismatch"], evidence=shown))
     if result.get("carried_state"):
         out.append(Decision("carried-state", result["carried_state"], code="torch-linear-replaced", evidence=ran))
+    if result.get("persistence"):
+        out.append(Decision("persistence", result["persistence"], code="threshold-not-honoured", evidence=ran))
     if result.get("checkpoint"):
         code, sentence = result["checkpoint"]
         out.append(Decision("checkpoint", sentence, code=code, evidence=ran))

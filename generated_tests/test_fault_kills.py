@@ -7,6 +7,9 @@ fault benchmark does; the unfaulted release passes the same scenarios.
   whose master weights differ), and the ``checkpoint`` check compares them with the saved ones exactly.
 * A recompute that released persistent parameters was seen only by model-agreement, which judges only the
   scenarios the model represents; the ``persistent-resident`` spec judges every ZeRO-3 run.
+* A threshold that marks other parameters persistent changes every all-gather and release after it, but no
+  spec sees an order it forbids: the ``persistence`` check compares the engine's persistent set with the
+  configured threshold on every ZeRO-3 run.
 """
 
 from __future__ import annotations
@@ -79,3 +82,32 @@ def test_persistent_resident_kills_a_recompute_that_releases_persistent_paramete
     keys[False] = keys_of_a_run()
     assert "persistent-resident:persistent-released" in keys[True], keys
     assert not keys[False], keys
+
+
+@pytest.mark.deepspeed
+def test_the_persistence_check_kills_a_threshold_that_excludes_its_boundary(tmp_path):
+    """Fault ``persistence-threshold-strict`` (``<`` for ``<=``: a parameter of exactly the threshold's size is
+    partitioned) changes only which parameters stay gathered.  At threshold 8 and width 8 every bias and norm
+    weight is at the boundary: the faulted copy leaves them partitioned, the release keeps them persistent."""
+    from zerostate.targets.base import get_target
+    spec = importlib.util.find_spec("deepspeed")
+    assert spec is not None and spec.origin
+    tree = tmp_path / "tree"
+    make_tree(Path(spec.origin).parent, tree)
+    sc = Scenario.from_dict({"stage": 3, "persistence_threshold": 8, "width": 8, "precision": "bf16",
+                             "blocks": [{}, {"checkpoint": "reentrant"}], "steps": [{}, {}]})
+
+    def run() -> list:
+        target = get_target("deepspeed", deepspeed_path=str(tree))
+        try:
+            return target.run(sc).findings
+        finally:
+            target.close()
+
+    with applied(by_id()["persistence-threshold-strict"], tree):
+        faulted = run()
+    clean = run()
+    (found,) = [f for f in faulted if f.check == "persistence"]
+    assert found.key == "persistence:threshold-not-honoured"
+    assert "blocks.0.lin.bias (8 elements) is not persistent" in found.error, found.error
+    assert not clean, [(f.key, f.error[:300]) for f in clean]

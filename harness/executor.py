@@ -63,6 +63,7 @@ from zerostate.harness.net.compare import (Params, compare, compare_generated, c
                                            tolerance)
 from zerostate.harness.net.engine import DeepSpeedBackend, build_engine_model, engine_settings
 from zerostate.harness.net.oracle import NothingToDifferentiate, OracleInfo, oracle_params
+from zerostate.harness.net.persistence import persistence_problem
 from zerostate.harness.net.schedule import run_schedule
 from zerostate.harness.protocol import ExecResult
 from zerostate.model.scenario import BackwardKind, Family, ParamKind, Precision, Scenario
@@ -226,6 +227,10 @@ def execute(sc: Scenario, on_step: OnStep | None = None) -> ExecResult:
             res["engines_before"] = built.engines_before
         if built.carried:
             res["carried_state"] = built.carried
+        if sc.stage == 3:
+            persistence = persistence_problem(built.engine.module, sc.persistence_threshold)
+            if persistence:
+                res["persistence"] = persistence
         settings = engine_settings(built.engine)
         settings["built_partitioned"] = built_partitioned  # parameters zero.Init had partitioned before
         res["engine"] = dict(settings)

@@ -114,6 +114,7 @@ class ExecResult(_ExecBase, total=False):
     skipped: str
     engines_before: list[str]
     carried_state: str
+    persistence: str
     engine: dict[str, Any]
     save_load: list[SaveLoadResult]
     checkpoint: list[str]
