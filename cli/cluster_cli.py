@@ -9,7 +9,8 @@ Ray is the optional extra ``zerostate[cluster]``: without it ``--cluster`` is on
 from __future__ import annotations
 
 import argparse
-from typing import Any
+import sys
+from typing import Any, TextIO
 
 from zerostate.targets.base import Target, TargetError
 
@@ -36,6 +37,10 @@ class ClusterRun:
         self.opened: Any = None
         """The session, once connected (closed by `close`)."""
         gang = 1 if kind == "model" else max(world_size, WORLD_SIZE_DRAWN)
+        # Ray's driver prints a worker's death to sys.stdout from a thread of its own (listen_error_messages):
+        # while a session is open stdout is stderr, so a --json command's output stays one JSON document.
+        self._stdout: TextIO | None = sys.stdout if sys.stdout is not sys.stderr else None  # (the outermost)
+        sys.stdout = sys.stderr
         try:
             if address == "auto":
                 from zerostate.cluster.local import auto
@@ -47,6 +52,9 @@ class ClusterRun:
         except ClusterUnavailable as exc:
             self.close()
             raise CliError(str(exc)) from None
+        except BaseException:
+            self.close()
+            raise
         self.address = address
 
     def target(self) -> Target:
@@ -74,12 +82,16 @@ class ClusterRun:
         return [r.to_dict() for r in self.session.retries]
 
     def close(self) -> None:
-        if self.opened is not None:
-            self.opened.close()
-            self.opened = None
-        if self.owned is not None:
-            self.owned.stop()
-            self.owned = None
+        try:
+            if self.opened is not None:
+                self.opened.close()
+                self.opened = None
+            if self.owned is not None:
+                self.owned.stop()
+                self.owned = None
+        finally:
+            if self._stdout is not None:
+                sys.stdout, self._stdout = self._stdout, None
 
 
 def open_cluster(args: argparse.Namespace) -> ClusterRun | None:

@@ -82,11 +82,14 @@ class RemoteTarget:
         self.node, self.pid = "?", 0
         """The node and process the worker runs on now (`_start`)."""
         try:
-            hello = self._start()
+            try:
+                self._start()
+            except session.lost_errors as exc:  # lost while starting: a retry of a lane with no runs yet
+                self._recover(exc)
         except BaseException:
             self.close()
             raise
-        self.hello = hello
+        hello = self.hello
         self.version: str | None = hello["version"]
         self.design: Design = get_design(hello["design"])
         self.world_size = hello["world_size"]
@@ -100,6 +103,7 @@ class RemoteTarget:
         self.node = hello["node_id"]
         self.pid = hello["pid"]
         self._host_restarts = 0
+        self.hello = hello
         return hello
 
     def _recover(self, exc: BaseException) -> None:

@@ -219,6 +219,43 @@ def test_cli_explore_of_deepspeed_on_two_nodes_equals_local_jobs(two_nodes, tmp_
     assert remote["reliability"]["cluster_retries"] == []
 
 
+def _lane_hosts(cluster) -> list[int]:
+    """The worker actors' processes (``ray::LaneHost``) the cluster's nodes run now."""
+    out = []
+    for pid in _descendants([n.proc.pid for n in cluster.nodes]):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if cmd.startswith(b"ray::LaneHost"):
+            out.append(pid)
+    return sorted(out)
+
+
+def test_a_worker_killed_under_cli_explore_json_is_counted_and_stdout_stays_json(two_nodes, tmp_path):
+    """``zerostate explore --cluster ADDRESS --json`` while one worker's actor is killed (SIGKILL) as soon as both
+    run -- often while the second is still starting: stdout is one JSON document (Ray's driver prints the death
+    from a thread of its own), the lost worker is replaced and counted, and the findings are those of the local
+    run."""
+    common = ("explore", "--target", "model", "--design", "ds-0.18.5", "--examples", "600", "--json")
+    local = _zerostate(*common, "--out", str(tmp_path / "local"))
+    proc = subprocess.Popen([sys.executable, "-m", "zerostate.cli.main", *common, "--cluster", two_nodes.address,
+                             "--jobs", "2", "--out", str(tmp_path / "cluster")], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "CI": "true"})
+    killed = None
+    while proc.poll() is None and killed is None:
+        hosts = _lane_hosts(two_nodes)
+        if len(hosts) == 2:
+            os.kill(hosts[-1], signal.SIGKILL)
+            killed = hosts[-1]
+    out, err = proc.communicate(timeout=900)
+    assert killed is not None, "both workers ran while the command did"
+    assert out.lstrip().startswith("{"), out[:2000] + err[-3000:]
+    ran = json.loads(out)  # the whole of stdout
+    assert len(ran["reliability"]["cluster_retries"]) == 1, err[-3000:]
+    assert _shown(ran) == _shown(json.loads(local.stdout))
+
+
 def test_stopping_the_cluster_leaves_no_process(two_nodes):
     """Last in this file (it stops the module's cluster).  After a worker ran on it, the session closed and the
     cluster stopped: not one of the processes the nodes started (control store, raylets, agents, the worker

@@ -61,6 +61,7 @@ from zerostate.harness.net import fp16
 from zerostate.harness.net.checkpoint import SaveLoadRecord, compare_save_load
 from zerostate.harness.net.compare import (Params, compare, compare_generated, compare_update, max_abs, rounding_eps,
                                            tolerance)
+from zerostate.harness.net.dist import without_tmpdir
 from zerostate.harness.net.engine import DeepSpeedBackend, build_engine_model, engine_settings
 from zerostate.harness.net.oracle import NothingToDifferentiate, OracleInfo, oracle_params
 from zerostate.harness.net.persistence import persistence_problem
@@ -298,7 +299,7 @@ def execute(sc: Scenario, on_step: OnStep | None = None) -> ExecResult:
                                    f"PyTorch's loss scaler {len(skipped)} (steps "
                                    f"{oracle_info.get('skipped')}, scales {oracle_info.get('scales')})")
     except Exception as exc:  # noqa: BLE001 -- whatever DeepSpeed (or torch inside it) raised is the finding
-        res["error"] = f"{type(exc).__name__}: {exc}"
+        res["error"] = without_tmpdir(f"{type(exc).__name__}: {exc}")
         res["error_check"] = "saved-tensor-intact" if compat.is_checkpoint_error(exc) else "exception"
         res["traceback"] = "".join(traceback.format_exc().splitlines(True)[-12:])
         res["origin"] = origin(exc)

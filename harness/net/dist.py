@@ -4,6 +4,7 @@ global batch (`rank_rows`), a barrier and a directory every rank shares."""
 from __future__ import annotations
 
 import os
+import re
 import socket
 import tempfile
 import warnings
@@ -44,10 +45,20 @@ def barrier() -> None:
         dist.barrier()
 
 
+CKPT_PREFIX = "zerostate-ckpt-"
+_CKPT_PATH = re.compile(r"/\S*?" + CKPT_PREFIX + r"[A-Za-z0-9_]+")
+
+
+def without_tmpdir(text: str) -> str:
+    """``text`` with each checkpoint directory `shared_tmpdir` made named ``<checkpoint dir>``: an error that
+    quotes a path in it reads the same in every run (two runs of one example, a local and a cluster run)."""
+    return _CKPT_PATH.sub("<checkpoint dir>", text)
+
+
 def shared_tmpdir() -> str:
     """A temporary directory every rank uses (rank 0 makes it and sends its path): a DeepSpeed checkpoint
     is one directory, rank 0's model states read by every rank at load."""
-    path = [tempfile.mkdtemp(prefix="zerostate-ckpt-") if not rank_of() else None]
+    path = [tempfile.mkdtemp(prefix=CKPT_PREFIX) if not rank_of() else None]
     if _initialized() and dist.get_world_size() > 1:
         dist.broadcast_object_list(path, src=0)
     assert path[0] is not None
@@ -67,4 +78,5 @@ def rank_rows(x: torch.Tensor) -> torch.Tensor:
     return x.detach().chunk(ws)[rank].clone().requires_grad_(x.requires_grad)
 
 
-__all__ = ["barrier", "rank_of", "rank_rows", "setup_distributed", "shared_tmpdir", "world_size"]
+__all__ = ["CKPT_PREFIX", "barrier", "rank_of", "rank_rows", "setup_distributed", "shared_tmpdir", "without_tmpdir",
+           "world_size"]
