@@ -78,8 +78,8 @@ WORLD2_RATE = st.sampled_from(tuple(_WorldDraw(0, i >= 2) for i in range(7)) + (
 """How often ``world_size`` 2 is drawn (`scenarios`, ``world2``): one draw in eight (a world-size-2 example costs
 about two of world size 1: a rank pool); three in four for a scenario that chose an option whose bugs show
 across ranks (`across_ranks`).  Hypothesis's generation is not uniform -- it mutates an example into a run
-of near copies, which share their world-size choice: the explorer's default 200 hold 61 world-size-2
-examples (40 before the across-ranks rate).  At one in two the three runs of ZeRO-1/2 examples with
+of near copies, which share their world-size choice: the explorer's default 200 hold 61 with several ranks
+(40 before the across-ranks rate; 48 at world size 2, 13 at 4).  At one in two the three runs of ZeRO-1/2 examples with
 ``contiguous_gradients`` off and no offload all stayed at world size 1, so 0.19.8's CPU reduce fix was not
 met; at three in four the first of them (the 21st example) is at world size 2 (measured).  The one draw in
 eight that gives several ranks to any scenario gives an across-ranks one four (`_world_size`): so world size 4
