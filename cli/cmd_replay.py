@@ -17,6 +17,8 @@ from typing import Any
 
 from zerostate.cli import targets_api as api
 from zerostate.cli.cmd_explore import add_target_options
+from zerostate.findings.finding import Finding
+from zerostate.known.labels import label
 from zerostate.model.scenario import Scenario, ScenarioError
 
 from zerostate.cli.common import EXIT_FINDINGS, EXIT_OK, CliError, check_world_size, design, load_scenario, positive_int
@@ -101,6 +103,7 @@ def run(args: argparse.Namespace) -> int:
         passed = not this
         check, error = (want, this[0].error) if this else (None, "")
     same_key = bool(this) and key is not None and this[0].key == key
+    known = label(this[0]) if this else None  # by the replay's own evidence, as explore labels its findings
     ablated = _ablate(args, scenario) if args.ablate else None
     if args.out:
         _report(args, who, outcome)
@@ -113,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps({**who, "scenario": scenario.to_dict(), "passed": passed, "check": check,
                           "error": error, "finding_check": want, "finding_key": key,
                           "same_key": same_key if want else None, "sequence": len(sequence), "runs": ran,
-                          "other_failing_checks": other,
+                          "known_issue": known, "other_failing_checks": other,
                           **({"ablations": ablated} if ablated is not None else {})}, indent=2))
     elif passed:
         what = (f"the finding's check {want} holds{ran_first}" if want else
@@ -126,6 +129,7 @@ def run(args: argparse.Namespace) -> int:
             tag = (" (the finding reproduced" + ("" if same_key or key is None else
                                                   ", same check but another message shape than the finding's")
                    + f"){ran_first}")
+        tag += _label_tag(this[0], known) if this else ""
         print(f"FAIL on {where}: {check}: {lines[0] if lines else ''}{tag}\n{scenario.describe()}")
         if len(lines) > 1:
             print("details:\n  " + "\n  ".join(lines[1:12]) + ("\n  ..." if len(lines) > 12 else ""))
@@ -156,6 +160,19 @@ def _ablate(args: argparse.Namespace, scenario: Scenario) -> list[dict[str, Any]
                                    "known_issue": k.id if f.deepspeed and (k := issue_of(f)) else None}
                                   for f in found]})
     return rows
+
+
+def _label_tag(f: Finding, known: dict[str, Any] | None) -> str:
+    """What the replay's own evidence says of a DeepSpeed finding: the known bug or limitation, a harness error,
+    or that nothing known explains it (a model design's findings have no known issues)."""
+    from zerostate.findings.harness import harness_error
+    if not f.deepspeed:
+        return ""
+    if harness_error(f):
+        return f" [harness error: {harness_error(f)}]"
+    if known is None:
+        return " [no known issue explains it]"
+    return f" [known {'limitation' if known['nature'] == 'limitation' else 'bug'}: {known['id']}]"
 
 
 def _print_ablations(rows: list[dict[str, Any]]) -> None:
