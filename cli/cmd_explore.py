@@ -293,7 +293,7 @@ def _print_summary(args: argparse.Namespace, summary: dict[str, Any], report: An
         print(f"harness errors: {len(report.data['harness_errors'])} (zerostate's own failures, not findings "
               "about DeepSpeed)")
     for i, f in enumerate(findings, 1):
-        print(f"  #{i} {f['check']}: {f['error'].splitlines()[0] if f['error'] else ''}{_tag(f)}")
+        print(f"  #{i} {f['check']}: {f['error'].splitlines()[0] if f['error'] else ''}{summary_tag(f)}")
 
 
 class _CtrlC(threading.Event):
@@ -343,7 +343,7 @@ def _ctrl_c_kept() -> Iterator[_CtrlC]:
         signal.signal(signal.SIGINT, previous)
 
 
-def _tag(f: dict[str, Any]) -> str:
+def summary_tag(f: dict[str, Any]) -> str:
     """A summary line's label: a harness error, a known bug or a known (documented) limitation."""
     if f.get("harness_error"):
         return f" [harness error: {f['harness_error']}]"
@@ -416,4 +416,4 @@ def _replay_args(args: argparse.Namespace) -> str:
     return ""
 
 
-__all__ = ["DEFAULT_EXAMPLES", "add_parser", "add_target_options", "column_of", "run", "shown"]
+__all__ = ["DEFAULT_EXAMPLES", "add_parser", "add_target_options", "column_of", "run", "shown", "summary_tag"]

@@ -16,7 +16,7 @@ import sys
 from typing import Any
 
 from zerostate.cli import targets_api as api
-from zerostate.cli.cmd_explore import add_target_options
+from zerostate.cli.cmd_explore import add_target_options, summary_tag
 from zerostate.findings.finding import Finding
 from zerostate.known.labels import label
 from zerostate.model.scenario import Scenario, ScenarioError
@@ -163,16 +163,12 @@ def _ablate(args: argparse.Namespace, scenario: Scenario) -> list[dict[str, Any]
 
 
 def _label_tag(f: Finding, known: dict[str, Any] | None) -> str:
-    """What the replay's own evidence says of a DeepSpeed finding: the known bug or limitation, a harness error,
-    or that nothing known explains it (a model design's findings have no known issues)."""
+    """What the replay's own evidence says of a DeepSpeed finding, as explore's summary line says it, or that
+    nothing known explains it (a model design's findings have no known issues)."""
     from zerostate.findings.harness import harness_error
     if not f.deepspeed:
         return ""
-    if harness_error(f):
-        return f" [harness error: {harness_error(f)}]"
-    if known is None:
-        return " [no known issue explains it]"
-    return f" [known {'limitation' if known['nature'] == 'limitation' else 'bug'}: {known['id']}]"
+    return summary_tag({"harness_error": harness_error(f), "known_issue": known}) or " [no known issue explains it]"
 
 
 def _print_ablations(rows: list[dict[str, Any]]) -> None:

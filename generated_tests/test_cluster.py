@@ -15,6 +15,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -248,6 +249,7 @@ def test_a_worker_killed_under_cli_explore_json_is_counted_and_stdout_stays_json
         if len(hosts) == 2:
             os.kill(hosts[-1], signal.SIGKILL)
             killed = hosts[-1]
+        time.sleep(0.05)  # (a scan of /proc per poll, not a busy loop beside the run on a small machine)
     out, err = proc.communicate(timeout=900)
     assert killed is not None, "both workers ran while the command did"
     assert out.lstrip().startswith("{"), out[:2000] + err[-3000:]

@@ -27,6 +27,23 @@ from faults.catalogue import by_id
 
 from zerostate.model.scenario import Scenario
 
+def _tree(tmp_path: Path) -> Path:
+    """A copy of the installed release, laid out as ``--deepspeed-path`` takes it (faults are applied to it)."""
+    spec = importlib.util.find_spec("deepspeed")
+    assert spec is not None and spec.origin
+    return make_tree(Path(spec.origin).parent, tmp_path / "tree")
+
+
+def _findings_on(tree: Path, sc: Scenario) -> list:
+    """``sc``'s findings in a fresh worker, which imports the tree as it is now."""
+    from zerostate.targets.base import get_target
+    target = get_target("deepspeed", deepspeed_path=str(tree))
+    try:
+        return target.run(sc).findings
+    finally:
+        target.close()
+
+
 TWO = [{}, {"save_load": True}]
 CASES = {
     # ZeRO-3 load keeps the engine's fp32 partitions: the 16-bit parameters are rebuilt from them
@@ -39,20 +56,12 @@ CASES = {
 @pytest.mark.deepspeed
 @pytest.mark.parametrize("fault_id", sorted(CASES))
 def test_the_checkpoint_check_kills_a_load_that_keeps_other_master_weights(fault_id, tmp_path):
-    from zerostate.targets.base import get_target
-    spec = importlib.util.find_spec("deepspeed")
-    assert spec is not None and spec.origin
-    tree = tmp_path / "tree"
-    make_tree(Path(spec.origin).parent, tree)
+    tree = _tree(tmp_path)
     scenario, keys = CASES[fault_id]
     with applied(by_id()[fault_id], tree):
-        target = get_target("deepspeed", deepspeed_path=str(tree))
-        try:
-            out = target.run(Scenario.from_dict(scenario))
-        finally:
-            target.close()
-    got = {f.key for f in out.findings}
-    assert got & keys, [(f.key, f.error[:300]) for f in out.findings]
+        found = _findings_on(tree, Scenario.from_dict(scenario))
+    got = {f.key for f in found}
+    assert got & keys, [(f.key, f.error[:300]) for f in found]
 
 
 @pytest.mark.deepspeed
@@ -61,25 +70,14 @@ def test_persistent_resident_kills_a_recompute_that_releases_persistent_paramete
     it) survived the default exploration: model-agreement, which sees it, judges only scenarios the model
     represents.  The ``persistent-resident`` spec judges every ZeRO-3 run: here one with bf16, clipping and
     offload (beyond the model), on the faulted copy and on the release."""
-    from zerostate.targets.base import get_target
-    spec = importlib.util.find_spec("deepspeed")
-    assert spec is not None and spec.origin
-    tree = tmp_path / "tree"
-    make_tree(Path(spec.origin).parent, tree)
+    tree = _tree(tmp_path)
     sc = Scenario.from_dict({"stage": 3, "persistence_threshold": 100000, "precision": "bf16",
                              "gradient_clipping": 1.0, "offload": "both",
                              "blocks": [{"checkpoint": "reentrant", "norm": "frozen"}, {}], "steps": [{}, {}, {}]})
     assert sc.beyond_model()
-    def keys_of_a_run() -> set[str]:  # a fresh worker imports the tree as it is now
-        target = get_target("deepspeed", deepspeed_path=str(tree))
-        try:
-            return {f.key for f in target.run(sc).findings}
-        finally:
-            target.close()
-
     with applied(by_id()["release-persistent-recompute"], tree):
-        keys = {True: keys_of_a_run()}
-    keys[False] = keys_of_a_run()
+        keys = {True: {f.key for f in _findings_on(tree, sc)}}
+    keys[False] = {f.key for f in _findings_on(tree, sc)}
     assert "persistent-resident:persistent-released" in keys[True], keys
     assert not keys[False], keys
 
@@ -89,24 +87,12 @@ def test_the_persistence_check_kills_a_threshold_that_excludes_its_boundary(tmp_
     """Fault ``persistence-threshold-strict`` (``<`` for ``<=``: a parameter of exactly the threshold's size is
     partitioned) changes only which parameters stay gathered.  At threshold 8 and width 8 every bias and norm
     weight is at the boundary: the faulted copy leaves them partitioned, the release keeps them persistent."""
-    from zerostate.targets.base import get_target
-    spec = importlib.util.find_spec("deepspeed")
-    assert spec is not None and spec.origin
-    tree = tmp_path / "tree"
-    make_tree(Path(spec.origin).parent, tree)
+    tree = _tree(tmp_path)
     sc = Scenario.from_dict({"stage": 3, "persistence_threshold": 8, "width": 8, "precision": "bf16",
                              "blocks": [{}, {"checkpoint": "reentrant"}], "steps": [{}, {}]})
-
-    def run() -> list:
-        target = get_target("deepspeed", deepspeed_path=str(tree))
-        try:
-            return target.run(sc).findings
-        finally:
-            target.close()
-
     with applied(by_id()["persistence-threshold-strict"], tree):
-        faulted = run()
-    clean = run()
+        faulted = _findings_on(tree, sc)
+    clean = _findings_on(tree, sc)
     (found,) = [f for f in faulted if f.check == "persistence"]
     assert found.key == "persistence:threshold-not-honoured"
     assert "blocks.0.lin.bias (8 elements) is not persistent" in found.error, found.error

@@ -1,7 +1,8 @@
 """The ``deepspeed`` target kind in the target registry (`zerostate.targets.base.register`).
 
 Validation runs first and imports nothing heavy; the factory imports `DeepSpeedTarget` (world size 1) or
-`DeepSpeedRanksTarget` (world size 2, 4, 8), whose constructors check the release and start the worker."""
+`DeepSpeedRanksTarget` (world size 2, 4, 8: a rank pool of that many processes, gloo on CPU, nccl with as many
+GPUs), whose constructors check the release and start the worker."""
 
 from __future__ import annotations
 
@@ -9,8 +10,6 @@ from typing import Any
 
 from zerostate.model.scenario import WORLD_SIZES
 from zerostate.targets.base import Target, TargetError, known_design, register
-
-# World size 1 is one worker; above it a rank pool of that many processes (gloo on CPU, nccl with as many GPUs).
 
 
 def validate(*, deepspeed: str | None = None, deepspeed_path: str | None = None, design: str | None = None,
