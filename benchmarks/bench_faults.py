@@ -41,7 +41,7 @@ from faults.apply import applied, make_tree  # noqa: E402
 from faults.catalogue import FAULTS, RELEASE, Fault, by_id  # noqa: E402
 from faults.runner import ExploreRun, explore, replay  # noqa: E402
 from faults.table import fault_lines, markdown, reached, summary  # noqa: E402
-from faults.verdict import SeenFinding, introduced, judge, old_key_candidates  # noqa: E402
+from faults.verdict import SeenFinding, changed_examples, introduced, judge, old_key_candidates  # noqa: E402
 
 FAST_S = 120.0
 REPLAY_OLD = 8
@@ -49,6 +49,9 @@ REPLAY_OLD = 8
 unfaulted tree, and on the faulted tree those the unfaulted tree passed."""
 REPLAY_OLD_S = 300.0
 """The most one such replay may take (a hang there is not judged)."""
+EXAMPLE_REPEAT = 3
+"""A changed example is replayed up to this many times on each tree (`changed_examples`): it passes on the
+unfaulted tree only if no run shows its key -- an intermittent one is not the fault's."""
 
 
 def installed_package() -> Path:
@@ -64,10 +67,22 @@ def check_pristine(tree: Path, package: Path) -> None:
                              "a fault was left applied? remove the tree to rebuild it")
 
 
+def baseline_dir(runs: Path, examples: int | None, seed: int | None) -> Path:
+    return runs / ("baseline" + (f"-e{examples}" if examples is not None else "")
+                   + (f"-s{seed}" if seed is not None else ""))
+
+
+def read_examples(out: Path) -> list[dict[str, Any]]:
+    """A run's ``examples.jsonl`` (each generated example's outcome); empty if it wrote none."""
+    path = out / "examples.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
 def baseline(tree: Path, runs: Path, examples: int | None, seed: int | None) -> dict[str, Any]:
     """The unfaulted run's report, explored once per (examples, seed) and cached."""
-    name = ("baseline" + (f"-e{examples}" if examples is not None else "")
-            + (f"-s{seed}" if seed is not None else ""))
+    name = baseline_dir(runs, examples, seed).name
     report_path = runs / name / "report.json"
     if report_path.exists():
         report = json.loads(report_path.read_text())
@@ -126,11 +141,18 @@ def run_fault(fault: Fault, tree: Path, runs: Path, base: dict[str, Any], exampl
         break
     made = frozenset(k for k, r in old_replays.items() if introduced(r.get("faulted", {}), r.get("unfaulted", {})))
     verdict = judge(base_findings, run.seen, frozenset(ignored), made)
+    example_replays = _replay_changed(fault, tree, out, baseline_dir(runs, examples, seed), base_findings,
+                                      replay_old, verdict.killer["seconds"] if verdict.killer else None)
+    made_examples = [SeenFinding(key=r["key"], check=r["check"], error="", known_issue=None, seconds=r["seconds"],
+                                 examples=r["position"] + 1, n=10_000 + r["position"])
+                     for r in example_replays if introduced(r["faulted"], r["unfaulted"])]
+    verdict = judge(base_findings, run.seen, frozenset(ignored), made, made_examples)
     if verdict.status != "killed" and not finished(run):
         return {"id": fault.id, "status": "incomplete", "run": {
             "status": run.report.get("status"), "returncode": run.returncode, "wall_s": round(run.wall_s, 1)}}
     if verdict.rule == "introduced" and verdict.killer is not None:
-        replays = old_replays[verdict.killer["key"]]
+        replays = next(({"faulted": r["faulted"], "unfaulted": r["unfaulted"]} for r in example_replays
+                        if 10_000 + r["position"] == verdict.killer["n"]), None) or old_replays[verdict.killer["key"]]
     return {"id": fault.id, "area": fault.area, "file": fault.file, "rationale": fault.rationale,
             "cpu_blind": fault.cpu_blind, "status": verdict.status, "rule": verdict.rule,
             "killer": verdict.killer, "hidden_by_label": verdict.hidden_by_label,
@@ -138,12 +160,43 @@ def run_fault(fault: Fault, tree: Path, runs: Path, base: dict[str, Any], exampl
             "ignored_keys": sorted(ignored), "attempts": attempt,
             "replays": {k: _short(v) for k, v in replays.items()},
             "old_key_replays": {k: {side: _short(a) for side, a in r.items()} for k, r in old_replays.items()},
+            "example_replays": [{**{k: r[k] for k in ("position", "seconds", "key", "check")},
+                                 **{side: _short(r[side]) for side in ("unfaulted", "faulted") if r[side]}}
+                                for r in example_replays],
             "run": {"status": run.report.get("status"), "stopped_early": run.stopped_early,
                     "cut_s": cut_s if run.cut else None,
                     "examples_run": run.report.get("run", {}).get("examples_run"),
                     "report_seconds": run.report.get("run", {}).get("seconds"), "wall_s": round(run.wall_s, 1),
                     "returncode": run.returncode},
             "bench_wall_s": round(time.monotonic() - t0, 1)}
+
+
+def _replay_changed(fault: Fault, tree: Path, out: Path, base_dir: Path, base_findings: list[dict[str, Any]],
+                    limit: int, before_s: float | None) -> list[dict[str, Any]]:
+    """`changed_examples` of the faulted run (``out``) against the unfaulted one (seen before a kill already
+    made), each replayed in a fresh worker up to `EXAMPLE_REPEAT` times: on the unfaulted tree, then on the
+    faulted tree those the unfaulted tree passed.  Each: the example's row plus ``unfaulted`` and ``faulted``
+    (`runner.replay`'s answers; ``{}`` where not replayed)."""
+    runs = out.parent
+    changed = [r for r in changed_examples(read_examples(base_dir), read_examples(out), base_findings, limit)
+               if before_s is None or r["seconds"] < before_s]
+    folder = runs / f"{fault.id}.examples"
+    folder.mkdir(exist_ok=True)
+    rows = []
+    for r in changed:
+        path = folder / f"example_{r['position']}.json"
+        path.write_text(json.dumps({"check": r["check"], "key": r["key"], "scenario": r["scenario"],
+                                    "repeat": EXAMPLE_REPEAT}, indent=2) + "\n")
+        log = runs / f"{fault.id}.example-{r['position']}"
+        rows.append({**r, "file": path, "unfaulted": replay(path, tree, Path(f"{log}-unfaulted.log"),
+                                                            timeout_s=REPLAY_OLD_S), "faulted": {}})
+    if any(r["unfaulted"].get("passed") is True for r in rows):
+        with applied(fault, tree):
+            for r in rows:
+                if r["unfaulted"].get("passed") is True:
+                    r["faulted"] = replay(r["file"], tree, Path(f"{runs / fault.id}.example-{r['position']}"
+                                                                f"-faulted.log"), timeout_s=REPLAY_OLD_S)
+    return rows
 
 
 def finished(run: ExploreRun) -> bool:

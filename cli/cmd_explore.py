@@ -170,6 +170,7 @@ def run(args: argparse.Namespace) -> int:
         if res.schedules:
             report.data["steering"] = _steering(res)
             summary["steering"] = {"rounds": len(res.schedules), "new_units": res.new_units}
+        report.write_examples(res.generated)
         report.finish(status, summary)
     if failure is not None:
         raise failure

@@ -19,7 +19,7 @@ import signal
 import threading
 import time
 from dataclasses import dataclass, field
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from zerostate import __version__
@@ -32,7 +32,7 @@ from zerostate.atomic import replace_file
 from zerostate.cli.report_md import render_markdown
 
 FORMAT = 1
-_STALE = ("report.md", "report.json", "repro_*.py", "finding_*.json", "trace_*.svg", "trace_*.png",
+_STALE = ("report.md", "report.json", "examples.jsonl", "repro_*.py", "finding_*.json", "trace_*.svg", "trace_*.png",
           "graph_*.svg", "graph_*.png")
 AROUND = 8
 """Events shown before and after the violating one in report.md."""
@@ -193,6 +193,11 @@ class Report:
         if text is not None:
             self.data["summary_text"] = text
         self.flush()
+
+    def write_examples(self, rows: Sequence[Mapping[str, Any]]) -> None:
+        """``examples.jsonl``: each generated example's outcome, one JSON object a line, in sequence order -- what
+        two runs of the same seed compare example by example (``explorer.explore.GeneratedRun``)."""
+        replace_file(os.path.join(self.dir, "examples.jsonl"), "".join(json.dumps(r) + "\n" for r in rows))
 
     def flush(self) -> None:
         self.data["run"]["seconds"] = round(time.monotonic() - self._t0, 2)

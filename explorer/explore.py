@@ -46,10 +46,11 @@ that compare generations).
 from __future__ import annotations
 
 import contextlib
+import json
 import threading
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypedDict
 from collections.abc import Callable, Generator, Iterator
 
 from zerostate.findings.finding import Finding
@@ -79,6 +80,18 @@ def hard_cap(examples: int) -> int:
     return 5 * examples + 100
 
 
+class GeneratedRun(TypedDict):
+    """One generated example's outcome, as ``examples.jsonl`` holds it: the same seed draws the same examples
+    in the same order, so a finding shown at a position by one tree and not by another is that tree's doing."""
+
+    position: int
+    seconds: float
+    """Seconds from the start of the exploration to its outcome."""
+    scenario: dict[str, Any]
+    findings: list[dict[str, str]]
+    """``{"key", "check"}`` of each finding of its run (empty: it passed)."""
+
+
 @dataclass
 class ExploreResult:
     findings: list[Finding]
@@ -103,6 +116,9 @@ class ExploreResult:
     """A steered run: finding key -> the round whose strategy and seed its search replayed."""
     new_units: list[int] = field(default_factory=list)
     """A steered run: per round folded, the signal units (arcs, monitor states) its examples reached first."""
+    generated: list[GeneratedRun] = field(default_factory=list)
+    """Every distinct generated example's outcome, in sequence order (shrinking's runs left out): what two
+    explorations of the same seed compare example by example (`GeneratedRun`)."""
 
     @property
     def reliability(self) -> dict[str, Any]:
@@ -222,6 +238,7 @@ class Exploration:
         self.steer, self.round_size, self.shrink = steer, round_size, shrink
         self.rounds: Rounds | None = None
         self._positions: dict[str, int] = {}
+        self._generated_at: dict[int, tuple[str, float]] = {}
         self.round_of: dict[str, int] = {}
         self._search_round = 0
         self.workers: list[Target] = [target]
@@ -265,7 +282,13 @@ class Exploration:
         return ExploreResult(b.findings(), len(self.memo), end - self._t0, dict(b.first_seen), dict(b.generated_at),
                              dict(b.seconds_to), [r.to_dict() for r in self.restarts], dict(b.seconds_final),
                              self._stopped, [w.to_dict() for w in rounds.weights] if rounds else [],
-                             dict(self.round_of) if rounds else {}, list(rounds.new_units) if rounds else [])
+                             dict(self.round_of) if rounds else {}, list(rounds.new_units) if rounds else [],
+                             self._generated_runs())
+
+    def _generated_runs(self) -> list[GeneratedRun]:
+        return [GeneratedRun(position=pos, seconds=round(t, 2), scenario=json.loads(sc),
+                             findings=[{"key": f.key, "check": f.check} for f in self.memo[sc].findings])
+                for pos, (sc, t) in sorted(self._generated_at.items())]
 
     @property
     def positions(self) -> dict[str, int]:
@@ -350,6 +373,8 @@ class Exploration:
         return False
 
     def _note_position(self, step: LaneStep, position: int, round_k: int = 0) -> None:
+        if step.scenario is not None:
+            self._generated_at.setdefault(position, (step.scenario.to_json(None), self._elapsed()))
         for f in step.outcome.findings if step.outcome is not None else ():
             if position < self.book.generated_at.get(f.key, position + 1):
                 self.round_of[f.key] = round_k
@@ -520,5 +545,5 @@ def explore(target: Target, *, examples: int, seed: int | None = None,
     return exp.result()
 
 
-__all__ = ["DEFAULT_SEED", "Exploration", "ExploreResult", "LANE", "_rank", "explore", "generated", "hard_cap",
-           "reliability"]
+__all__ = ["DEFAULT_SEED", "Exploration", "ExploreResult", "GeneratedRun", "LANE", "_rank", "explore", "generated",
+           "hard_cap", "reliability"]

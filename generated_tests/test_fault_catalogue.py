@@ -196,6 +196,41 @@ def test_the_old_key_findings_replayed_are_bounded_and_come_before_the_kill() ->
     assert [f["n"] for f in old_key_candidates(base_sc, seen, 3, report=report)] == [3]
 
 
+def test_a_generated_example_the_fault_made_show_an_old_key_is_a_candidate() -> None:
+    """The same position and scenario on both runs, an old key about DeepSpeed the unfaulted run of that example
+    did not show: a candidate (first such key, position order, bounded); a new key (a kill already), a tool
+    error, another scenario at that position, a key both runs showed: not.  A replayed candidate kills as
+    ``introduced``, timed by its own run."""
+    from faults.verdict import changed_examples
+    a, b = {"stage": 1, "blocks": [{}]}, {"stage": 3, "blocks": [{}]}
+    gh = {"key": "grad-handled-once:handled-twice", "check": "grad-handled-once"}
+    two = {"key": "oracle:two-backwards-per-forward", "check": "oracle"}
+    tool = {"key": "oracle-error", "check": "oracle-error"}
+    new = {"key": "epilogue-once:no-epilogue", "check": "epilogue-once"}
+    base = BASE + [{"key": "oracle-error", "check": "oracle-error", "known_issue": None}]
+    unfaulted = [{"position": 0, "seconds": 1.0, "scenario": a, "findings": [two]},
+                 {"position": 1, "seconds": 2.0, "scenario": b, "findings": []},
+                 {"position": 2, "seconds": 3.0, "scenario": a, "findings": []},
+                 {"position": 3, "seconds": 4.0, "scenario": b, "findings": []},
+                 {"position": 5, "seconds": 6.0, "scenario": b, "findings": []}]
+    faulted = [{"position": 0, "seconds": 1.5, "scenario": a, "findings": [two, gh]},  # gained an old key
+               {"position": 1, "seconds": 2.5, "scenario": b, "findings": [new, tool]},  # new key; tool error
+               {"position": 2, "seconds": 3.5, "scenario": b, "findings": [gh]},  # not the same example
+               {"position": 3, "seconds": 4.5, "scenario": b, "findings": [two, gh]},
+               {"position": 4, "seconds": 5.5, "scenario": a, "findings": [gh]},  # the unfaulted run has no 4
+               {"position": 5, "seconds": 6.5, "scenario": b, "findings": []}]
+    got = changed_examples(unfaulted, faulted, base, 8)
+    assert [(r["position"], r["key"], r["seconds"]) for r in got] == [(0, gh["key"], 1.5), (3, two["key"], 4.5)]
+    assert [r["position"] for r in changed_examples(unfaulted, faulted, base, 1)] == [0]
+    assert changed_examples(unfaulted, unfaulted, base, 8) == []
+    made = _seen(gh["key"], gh["check"], 4.5, n=10_004)
+    later_new = _seen("epilogue-once:no-epilogue", "epilogue-once", 9.0, n=2)
+    v = judge(BASE, [_seen(gh["key"], gh["check"], 3.0), later_new], introduced_examples=[made])
+    assert (v.status, v.rule, v.killer) == ("killed", "introduced", made)
+    assert judge(BASE, [_seen(gh["key"], gh["check"], 3.0)]).status == "survived"
+    assert judge(BASE, [], introduced_examples=[_seen("oracle-error", "oracle-error", 1.0)]).status == "survived"
+
+
 def test_the_table_says_a_kill_was_by_an_introduced_example() -> None:
     from faults.table import markdown
     r = {**_result("killed"), "rule": "introduced", "id": "f", "area": "reduction", "replays": {}, "run": {}}

@@ -10,16 +10,20 @@ introduced:
   its check with that key on the faulted tree and passes that check on the unfaulted tree (`introduced`): the
   fault made that example fail, whatever key the unfaulted run found elsewhere.
 
-A faulted run whose only effects are more examples under keys the unfaulted run has, each failing on the
-unfaulted tree too (or not replayed: replays are bounded, `old_key_candidates`), is not a kill, whatever their
-number.  A killing finding may carry a known-issue label that also labels a finding of the unfaulted run: it is
-counted apart (``hidden_by_label``).
+The `introduced` candidates are of two sources: the first findings under old keys as the faulted run's report
+holds them (`old_key_candidates`: the example it first met the key on, or the one shrinking ended on), and the
+generated examples whose run on the faulted tree showed an old key the same example's run on the unfaulted tree
+did not (`changed_examples`, read from both runs' ``examples.jsonl``: one seed generates the same examples in
+the same order, so only the tree differs).  A faulted run whose only effects are more examples under keys the
+unfaulted run has, each failing on the unfaulted tree too (or not replayed: replays are bounded), is not a kill,
+whatever their number.  A killing finding may carry a known-issue label that also labels a finding of the
+unfaulted run: it is counted apart (``hidden_by_label``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, TypedDict
 
 
@@ -67,17 +71,19 @@ def label_of(entry: dict[str, Any]) -> str | None:
 
 
 def judge(baseline: list[dict[str, Any]], seen: list[SeenFinding], ignored: frozenset[str] = frozenset(),
-          introduced_keys: frozenset[str] = frozenset()) -> Verdict:
+          introduced_keys: frozenset[str] = frozenset(), introduced_examples: Sequence[SeenFinding] = ()) -> Verdict:
     """The verdict on a faulted run's findings ``seen`` (in the order they appeared) against the unfaulted
     run's report entries ``baseline``.  ``ignored``: keys a replay on the unfaulted tree showed after all
-    (they are not the fault's); ``introduced_keys``: old keys whose finding's replays were `introduced`.
-    The killer is the earliest killing finding of either kind."""
+    (they are not the fault's); ``introduced_keys``: old keys whose finding's replays were `introduced`;
+    ``introduced_examples``: generated examples whose replays were (`changed_examples`), each timed by its
+    own run.  The killer is the earliest killing finding of any kind."""
     base_keys = {str(e["key"]) for e in baseline}
     base_labels = {label for label in map(label_of, baseline) if label}
     new = [f for f in seen if f["key"] not in base_keys and f["key"] not in ignored]
     real = [f for f in new if not is_tool_error(f["check"])]
     tools = [f["key"] for f in new if is_tool_error(f["check"])]
     made = [f for f in seen if f["key"] in base_keys and f["key"] in introduced_keys and not is_tool_error(f["check"])]
+    made += [f for f in introduced_examples if not is_tool_error(f["check"])]
     if real or made:
         killer = min(real + made, key=lambda f: (f["seconds"], f["n"]))
         return Verdict("killed", killer, "new-key" if killer in real else "introduced",
@@ -113,6 +119,30 @@ def old_key_candidates(baseline: list[dict[str, Any]], seen: list[SeenFinding], 
     return sorted(old, key=lambda f: (f["seconds"], f["n"]))[:max(0, limit)]
 
 
+def changed_examples(unfaulted: Sequence[Mapping[str, Any]], faulted: Sequence[Mapping[str, Any]],
+                     baseline: list[dict[str, Any]], limit: int) -> list[dict[str, Any]]:
+    """The first ``limit`` generated examples (``examples.jsonl`` rows of both runs, by position) that are the
+    same scenario at the same position and whose faulted run showed a key about DeepSpeed, one the unfaulted run
+    has somewhere (a new key is a kill already), that the same example's unfaulted run did not: ``{"position",
+    "seconds", "scenario", "key", "check"}``, one per example (its first such key)."""
+    base_keys = {str(e["key"]) for e in baseline}
+    before = {int(r["position"]): r for r in unfaulted}
+    out: list[dict[str, Any]] = []
+    for row in sorted(faulted, key=lambda r: int(r["position"])):
+        other = before.get(int(row["position"]))
+        if other is None or other.get("scenario") != row.get("scenario"):
+            continue
+        had = {str(f["key"]) for f in other.get("findings", [])}
+        gained = [f for f in row.get("findings", []) if str(f["key"]) in base_keys and str(f["key"]) not in had
+                  and not is_tool_error(str(f["check"]))]
+        if gained:
+            out.append({"position": int(row["position"]), "seconds": float(row["seconds"]),
+                        "scenario": row["scenario"], "key": str(gained[0]["key"]), "check": str(gained[0]["check"])})
+        if len(out) >= limit:
+            break
+    return out
+
+
 def seen_in(report: dict[str, Any], already: dict[str, SeenFinding]) -> dict[str, SeenFinding]:
     """``already`` plus the findings of ``report`` (a report.json) not in it, timed by this report's flush."""
     out = dict(already)
@@ -127,5 +157,5 @@ def seen_in(report: dict[str, Any], already: dict[str, SeenFinding]) -> dict[str
     return out
 
 
-__all__ = ["SeenFinding", "TOOL_CHECKS", "Verdict", "introduced", "is_tool_error", "judge", "label_of",
-           "old_key_candidates", "seen_in", "shows"]
+__all__ = ["SeenFinding", "TOOL_CHECKS", "Verdict", "changed_examples", "introduced", "is_tool_error", "judge",
+           "label_of", "old_key_candidates", "seen_in", "shows"]
