@@ -167,6 +167,8 @@ def run(args: argparse.Namespace) -> int:
                    "reliability": report.data["reliability"], "startup": api.startup(target)}
         if "harness_errors" in report.data:
             summary["harness_errors"] = report.data["harness_errors"]
+        if res.pairs is not None:
+            report.data["pairs"] = summary["pairs"] = res.pairs
         if res.schedules:
             report.data["steering"] = _steering(res)
             summary["steering"] = {"rounds": len(res.schedules), "new_units": res.new_units}
@@ -290,11 +292,21 @@ def _print_summary(args: argparse.Namespace, summary: dict[str, Any], report: An
           f"{len(rel['restarts'])} worker restart(s)"
           + (f", {len(rel['cluster_retries'])} lane(s) run again on the cluster (a worker lost)"
              if "cluster_retries" in rel else ""))
+    if summary.get("pairs"):
+        print(_pairs_line(summary["pairs"]))
     if "harness_errors" in report.data:
         print(f"harness errors: {len(report.data['harness_errors'])} (zerostate's own failures, not findings "
               "about DeepSpeed)")
     for i, f in enumerate(findings, 1):
         print(f"  #{i} {f['check']}: {f['error'].splitlines()[0] if f['error'] else ''}{summary_tag(f)}")
+
+
+def _pairs_line(p: dict[str, Any]) -> str:
+    """What the exploration never ran, said next to what it found (never a silent clean)."""
+    left = (f"; NOT RUN (budget spent): {len(p['left'])}, e.g. {', '.join(p['left'][:3])}" if p["left"]
+            else "; every drawable pair ran")
+    return (f"setup pairs: {p['missing_after_generation']} not taken by the generated examples; "
+            f"{p['examples']} completion example(s) ran them, {len(p['not_drawable'])} not drawable{left}")
 
 
 class _CtrlC(threading.Event):

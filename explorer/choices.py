@@ -158,6 +158,8 @@ def pick(weights: Weights | None, name: str, own: Any, values: Sequence[Any],
     if _reduced([w[i] for i in idx]) == _reduced([point.default[i] for i in idx]):
         return own
     counts = _reduced([w[i] for i in idx])
+    if not any(counts):  # weight only on alternatives this draw does not offer (param offload at ZeRO-1/2)
+        return own
     return st.sampled_from(tuple(v for i, c in zip(idx, counts, strict=True) for v in (values[i],) * c))
 
 

@@ -15,6 +15,10 @@ The phases:
    in *lanes* of ``lane`` distinct scenarios, each lane in order in a worker started fresh for it, on
    ``jobs`` workers at once (``spawn()`` makes the others).  The first example with a finding key not seen
    yet is handed over at once, unshrunk (`Seen`, numbered in hand-over order).
+   Then (``pairs``, the default strategy only, not steered) the **pairwise completion** (`pairs`): the setup
+   pairs no generated example took, each drawn once in a scenario of its own, up to one example per six,
+   run after the generated ones in lanes of `COMPLETION_LANE` at the positions after theirs.  A key first met
+   there is shrunk by polish alone (the generated sequence its search replays never meets it).
 2. **Shrink** (`search`, `polish`).  On the first worker alone (started fresh), each key in the order of its
    first generated example (``first``'s keys before the others) gets a Hypothesis search of its own, then
    a greedy polish (``polish``); the result is `Shrunk`.  A key first met while shrinking is handed over
@@ -61,6 +65,7 @@ from zerostate.explorer.confirm import Confirmation, ConfirmQueue, Job, Landed
 from zerostate.explorer.events import (Confirmed, Event, FindingEvent, Progress, Renumbered, Restarted, Seen,
                                        Shrunk, Stage)
 from zerostate.explorer.generate import DEFAULT_SEED, LANE, Lanes, generated
+from zerostate.explorer.pairs import Completion, budget_for, complete
 from zerostate.explorer.rounds import ROUND, Rounds
 from zerostate.explorer.signal import Unit, units
 from zerostate.explorer.polish import polished
@@ -76,8 +81,14 @@ rounds and round seeds with the fixed rates, measured alike (the control a bench
 
 
 def hard_cap(examples: int) -> int:
-    """Distinct target runs one exploration may make at most, shrinking included."""
+    """Distinct target runs one exploration may make at most, shrinking included (and the pairwise
+    completion's examples on top: `Exploration._cap`)."""
     return 5 * examples + 100
+
+
+COMPLETION_LANE = 8
+"""The pairwise completion's examples per lane (a fixed size, so which examples share a worker does not depend
+on ``jobs``)."""
 
 
 class GeneratedRun(TypedDict):
@@ -119,6 +130,8 @@ class ExploreResult:
     generated: list[GeneratedRun] = field(default_factory=list)
     """Every distinct generated example's outcome, in sequence order (shrinking's runs left out): what two
     explorations of the same seed compare example by example (`GeneratedRun`)."""
+    pairs: dict[str, Any] | None = None
+    """The pairwise completion (`pairs.Completion.to_dict`); None where it did not run."""
 
     @property
     def reliability(self) -> dict[str, Any]:
@@ -225,7 +238,7 @@ class Exploration:
                  stop: Callable[[list[Finding]], bool] | None = None, polish: bool = True, confirm: bool = True,
                  jobs: int = 1, spawn: Callable[[], Target] | None = None, lane: int = LANE,
                  first: Callable[[Finding], bool] | None = None, steer: str | None = None, round_size: int = ROUND,
-                 shrink: bool = True):
+                 shrink: bool = True, pairs: bool = True):
         from zerostate.explorer.strategies import scenarios
         self.strategy = strategy if strategy is not None else scenarios()
         self.examples, self.seed, self.lane = examples, seed, lane
@@ -236,6 +249,9 @@ class Exploration:
         if steer is not None and strategy is not None:
             raise ValueError("a steered exploration draws from strategies.scenarios(weights=...), not a strategy given")
         self.steer, self.round_size, self.shrink = steer, round_size, shrink
+        # completion draws from the default strategy's own choice points: not with a strategy of the caller's
+        self.pairs = pairs and strategy is None and steer is None
+        self.completion: Completion | None = None
         self.rounds: Rounds | None = None
         self._positions: dict[str, int] = {}
         self._generated_at: dict[int, tuple[str, float]] = {}
@@ -283,7 +299,7 @@ class Exploration:
                              dict(b.seconds_to), [r.to_dict() for r in self.restarts], dict(b.seconds_final),
                              self._stopped, [w.to_dict() for w in rounds.weights] if rounds else [],
                              dict(self.round_of) if rounds else {}, list(rounds.new_units) if rounds else [],
-                             self._generated_runs())
+                             self._generated_runs(), self.completion.to_dict() if self.completion else None)
 
     def _generated_runs(self) -> list[GeneratedRun]:
         return [GeneratedRun(position=pos, seconds=round(t, 2), scenario=json.loads(sc),
@@ -299,6 +315,8 @@ class Exploration:
     def _phases(self) -> Generator[Event, None, None]:
         try:
             stopped = yield from self._generate()
+            if self.pairs and not stopped:
+                stopped = yield from self._complete()
             self._start_shrinking()
             if self.shrink:
                 stopped = yield from self._shrink(stopped)
@@ -326,6 +344,19 @@ class Exploration:
             return (yield from self._run_lanes(iter(lanes), lanes.position))
         finally:
             stream.close()
+
+    def _complete(self) -> Generator[Event, None, bool]:
+        """Run `pairs.complete`'s examples after the generated ones, at the positions after them, in lanes of
+        `COMPLETION_LANE`; whether ``stop`` ended it."""
+        if self._stop_requested.is_set():
+            raise _Stopped()
+        ran = [Scenario.from_json(k) for k in self._positions]
+        self.completion = done = complete(ran, budget_for(self.examples), self.seed)
+        position = {sc.to_json(None): self.examples + n for n, sc in enumerate(done.examples, 1)}
+        self._positions.update(position)
+        lanes = [done.examples[i:i + COMPLETION_LANE] for i in range(0, len(done.examples), COMPLETION_LANE)]
+        self._lanes_stop.clear()
+        return (yield from self._run_lanes(iter(lanes), position))
 
     def _generate_steered(self) -> Generator[Event, None, bool]:
         """`_generate` in rounds (`rounds.Rounds`): every run measured, each outcome's units noted; whether
@@ -448,7 +479,7 @@ class Exploration:
         out = self.memo.get(sc.to_json(None))
         if out is not None:
             return out
-        if len(self.memo) >= hard_cap(self.examples):
+        if len(self.memo) >= hard_cap(self.examples) + (len(self.completion.examples) if self.completion else 0):
             raise _BudgetSpent()
         w = self.workers[0]
         before = restarts_of(w)

@@ -334,7 +334,7 @@ def test_findings_end_shrunk_under_the_number_they_were_handed_over_with(buggy_r
     as_seen = [f for f in rep["findings"] if f["shrunk"] is not True]
     assert all(f.get("stage") == "as seen" for f in as_seen), as_seen
     if as_seen:
-        assert rep["run"]["examples_run"] == hard_cap(40)
+        assert rep["run"]["examples_run"] == hard_cap(40) + rep["pairs"]["examples"]
     md = (out / "report.md").read_text()
     assert "Scenario (unshrunk" not in md and md.count("Scenario (as seen, not shrunk") == len(as_seen)
     for f in rep["findings"]:
