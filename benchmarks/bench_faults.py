@@ -41,7 +41,8 @@ from faults.apply import applied, make_tree  # noqa: E402
 from faults.catalogue import FAULTS, RELEASE, Fault, by_id  # noqa: E402
 from faults.runner import ExploreRun, explore, replay  # noqa: E402
 from faults.table import fault_lines, markdown, reached, summary  # noqa: E402
-from faults.verdict import SeenFinding, changed_examples, introduced, judge, old_key_candidates  # noqa: E402
+from faults.verdict import (SeenFinding, changed_examples, fixed, introduced, judge, old_key_candidates,  # noqa: E402
+                            shows)
 
 FAST_S = 120.0
 REPLAY_OLD = 8
@@ -143,14 +144,18 @@ def run_fault(fault: Fault, tree: Path, runs: Path, base: dict[str, Any], exampl
     verdict = judge(base_findings, run.seen, frozenset(ignored), made)
     example_replays = _replay_changed(fault, tree, out, baseline_dir(runs, examples, seed), base_findings,
                                       replay_old, verdict.killer["seconds"] if verdict.killer else None)
-    made_examples = [SeenFinding(key=r["key"], check=r["check"], error="", known_issue=None, seconds=r["seconds"],
-                                 examples=r["position"] + 1, n=10_000 + r["position"])
-                     for r in example_replays if introduced(r["faulted"], r["unfaulted"])]
-    verdict = judge(base_findings, run.seen, frozenset(ignored), made, made_examples)
+    def as_seen(r: dict[str, Any]) -> SeenFinding:
+        return SeenFinding(key=r["key"], check=r["check"], error="", known_issue=None, seconds=r["seconds"],
+                           examples=r["position"], n=10_000 + r["position"])
+    made_examples = [as_seen(r) for r in example_replays
+                     if r["direction"] == "gained" and introduced(r["faulted"], r["unfaulted"])]
+    fixed_examples = [as_seen(r) for r in example_replays
+                      if r["direction"] == "lost" and fixed(r["faulted"], r["unfaulted"])]
+    verdict = judge(base_findings, run.seen, frozenset(ignored), made, made_examples, fixed_examples)
     if verdict.status != "killed" and not finished(run):
         return {"id": fault.id, "status": "incomplete", "run": {
             "status": run.report.get("status"), "returncode": run.returncode, "wall_s": round(run.wall_s, 1)}}
-    if verdict.rule == "introduced" and verdict.killer is not None:
+    if verdict.rule in ("introduced", "fixed") and verdict.killer is not None:
         replays = next(({"faulted": r["faulted"], "unfaulted": r["unfaulted"]} for r in example_replays
                         if 10_000 + r["position"] == verdict.killer["n"]), None) or old_replays[verdict.killer["key"]]
     return {"id": fault.id, "area": fault.area, "file": fault.file, "rationale": fault.rationale,
@@ -160,7 +165,7 @@ def run_fault(fault: Fault, tree: Path, runs: Path, base: dict[str, Any], exampl
             "ignored_keys": sorted(ignored), "attempts": attempt,
             "replays": {k: _short(v) for k, v in replays.items()},
             "old_key_replays": {k: {side: _short(a) for side, a in r.items()} for k, r in old_replays.items()},
-            "example_replays": [{**{k: r[k] for k in ("position", "seconds", "key", "check")},
+            "example_replays": [{**{k: r[k] for k in ("position", "seconds", "key", "check", "direction")},
                                  **{side: _short(r[side]) for side in ("unfaulted", "faulted") if r[side]}}
                                 for r in example_replays],
             "run": {"status": run.report.get("status"), "stopped_early": run.stopped_early,
@@ -175,7 +180,8 @@ def _replay_changed(fault: Fault, tree: Path, out: Path, base_dir: Path, base_fi
                     limit: int, before_s: float | None) -> list[dict[str, Any]]:
     """`changed_examples` of the faulted run (``out``) against the unfaulted one (seen before a kill already
     made), each replayed in a fresh worker up to `EXAMPLE_REPEAT` times: on the unfaulted tree, then on the
-    faulted tree those the unfaulted tree passed.  Each: the example's row plus ``unfaulted`` and ``faulted``
+    faulted tree those where the unfaulted replay can still make a kill (``gained``: it passed; ``lost``: it
+    showed the key).  Each: the example's row plus ``unfaulted`` and ``faulted``
     (`runner.replay`'s answers; ``{}`` where not replayed)."""
     runs = out.parent
     changed = [r for r in changed_examples(read_examples(base_dir), read_examples(out), base_findings, limit)
@@ -190,10 +196,12 @@ def _replay_changed(fault: Fault, tree: Path, out: Path, base_dir: Path, base_fi
         log = runs / f"{fault.id}.example-{r['position']}"
         rows.append({**r, "file": path, "unfaulted": replay(path, tree, Path(f"{log}-unfaulted.log"),
                                                             timeout_s=REPLAY_OLD_S), "faulted": {}})
-    if any(r["unfaulted"].get("passed") is True for r in rows):
+    def worth(r: dict[str, Any]) -> bool:
+        return r["unfaulted"].get("passed") is True if r["direction"] == "gained" else shows(r["unfaulted"])
+    if any(map(worth, rows)):
         with applied(fault, tree):
             for r in rows:
-                if r["unfaulted"].get("passed") is True:
+                if worth(r):
                     r["faulted"] = replay(r["file"], tree, Path(f"{runs / fault.id}.example-{r['position']}"
                                                                 f"-faulted.log"), timeout_s=REPLAY_OLD_S)
     return rows

@@ -212,15 +212,20 @@ def test_a_generated_example_the_fault_made_show_an_old_key_is_a_candidate() -> 
                  {"position": 1, "seconds": 2.0, "scenario": b, "findings": []},
                  {"position": 2, "seconds": 3.0, "scenario": a, "findings": []},
                  {"position": 3, "seconds": 4.0, "scenario": b, "findings": []},
-                 {"position": 5, "seconds": 6.0, "scenario": b, "findings": []}]
+                 {"position": 5, "seconds": 6.0, "scenario": b, "findings": []},
+                 {"position": 6, "seconds": 7.0, "scenario": a, "findings": [gh]},
+                 {"position": 7, "seconds": 8.0, "scenario": a, "findings": [gh]}]
     faulted = [{"position": 0, "seconds": 1.5, "scenario": a, "findings": [two, gh]},  # gained an old key
                {"position": 1, "seconds": 2.5, "scenario": b, "findings": [new, tool]},  # new key; tool error
                {"position": 2, "seconds": 3.5, "scenario": b, "findings": [gh]},  # not the same example
                {"position": 3, "seconds": 4.5, "scenario": b, "findings": [two, gh]},
                {"position": 4, "seconds": 5.5, "scenario": a, "findings": [gh]},  # the unfaulted run has no 4
-               {"position": 5, "seconds": 6.5, "scenario": b, "findings": []}]
+               {"position": 5, "seconds": 6.5, "scenario": b, "findings": []},
+               {"position": 6, "seconds": 7.5, "scenario": a, "findings": []},  # the fault made it pass
+               {"position": 7, "seconds": 8.5, "scenario": a, "findings": [tool]}]  # the tool failed: not judged
     got = changed_examples(unfaulted, faulted, base, 8)
-    assert [(r["position"], r["key"], r["seconds"]) for r in got] == [(0, gh["key"], 1.5), (3, two["key"], 4.5)]
+    assert [(r["position"], r["key"], r["seconds"], r["direction"]) for r in got] == [
+        (0, gh["key"], 1.5, "gained"), (3, two["key"], 4.5, "gained"), (6, gh["key"], 7.5, "lost")]
     assert [r["position"] for r in changed_examples(unfaulted, faulted, base, 1)] == [0]
     assert changed_examples(unfaulted, unfaulted, base, 8) == []
     made = _seen(gh["key"], gh["check"], 4.5, n=10_004)
@@ -229,6 +234,15 @@ def test_a_generated_example_the_fault_made_show_an_old_key_is_a_candidate() -> 
     assert (v.status, v.rule, v.killer) == ("killed", "introduced", made)
     assert judge(BASE, [_seen(gh["key"], gh["check"], 3.0)]).status == "survived"
     assert judge(BASE, [], introduced_examples=[_seen("oracle-error", "oracle-error", 1.0)]).status == "survived"
+    # the other direction: an example failing on the unfaulted tree that the fault made pass
+    from faults.verdict import fixed
+    fails, passes = {"passed": False, "same_key": True}, {"passed": True}
+    assert fixed(passes, fails) and not fixed(fails, fails) and not fixed(passes, passes)
+    assert not fixed(passes, {"passed": False, "same_key": False})  # the unfaulted replay showed another key
+    assert not fixed({"error": "replay did not finish in 300 s"}, fails)
+    gone = _seen(gh["key"], gh["check"], 2.0, n=10_006)
+    v = judge(BASE, [_seen(gh["key"], gh["check"], 3.0)], introduced_examples=[made], fixed_examples=[gone])
+    assert (v.status, v.rule, v.killer) == ("killed", "fixed", gone)
 
 
 def test_the_table_says_a_kill_was_by_an_introduced_example() -> None:

@@ -14,6 +14,7 @@ def summary(results: list[dict[str, Any]], fast_s: float) -> dict[str, Any]:
     fast = [r for r in counted_killed if r["killer"]["seconds"] < fast_s]
     hidden = [r for r in counted_killed if r["hidden_by_label"]]
     made = [r for r in counted_killed if r.get("rule") == "introduced"]
+    gone = [r for r in counted_killed if r.get("rule") == "fixed"]
     rate = len(counted_killed) / len(counted) if counted else 0.0
     fast_rate = len(fast) / len(counted) if counted else 0.0
     sentence = (f"{len(results)} faults: {len(killed)} killed, "
@@ -22,7 +23,9 @@ def summary(results: list[dict[str, Any]], fast_s: float) -> dict[str, Any]:
                 f"{len(results) - len(counted)} argued equivalent (CPU-blind). Kill rate over the "
                 f"{len(counted)} non-equivalent: {len(counted_killed)}/{len(counted)} = {rate:.0%}; "
                 f"within {fast_s:.0f} s: {len(fast)}/{len(counted)} = {fast_rate:.0%}; "
-                f"{len(made)} of the kills by an old key's example the fault made fail (introduced); "
+                f"{len(made)} of the kills by an old key's example the fault made fail (introduced), "
+                f"{len(gone)} by an example failing on the release that the fault made pass (fixed; without "
+                f"them {len(counted_killed) - len(gone)}/{len(counted)}); "
                 f"{len(hidden)} of the kills carry a known-issue label the unfaulted run also has")
     earlier = sorted({r["measured"] for r in results if r.get("measured")})
     if earlier:
@@ -31,7 +34,7 @@ def summary(results: list[dict[str, Any]], fast_s: float) -> dict[str, Any]:
     return {"faults": len(results), "killed": len(killed), "non_equivalent": len(counted),
             "killed_non_equivalent": len(counted_killed), "kill_rate": round(rate, 4),
             "killed_within_fast_s": len(fast), "fast_kill_rate": round(fast_rate, 4),
-            "hidden_by_label": len(hidden), "introduced": len(made), "sentence": sentence}
+            "hidden_by_label": len(hidden), "introduced": len(made), "fixed": len(gone), "sentence": sentence}
 
 
 def fault_lines(original: str, source: str) -> range:
@@ -88,7 +91,8 @@ def markdown(results: list[dict[str, Any]], figures: dict[str, Any], meta: dict[
     for r in results:
         k = r.get("killer")
         verdict = r["status"] + (" (CPU-blind)" if r["cpu_blind"] else "") + (
-            " (introduced: old key)" if r.get("rule") == "introduced" else "") + (
+            " (introduced: old key)" if r.get("rule") == "introduced" else
+            " (fixed: an example failing on the release passes)" if r.get("rule") == "fixed" else "") + (
             f" (earlier run: {r['measured']})" if r.get("measured") else "")
         if k:
             label = (k.get("known_issue") or "none") + (" (also in unfaulted run)" if r["hidden_by_label"] else "")

@@ -71,12 +71,14 @@ def label_of(entry: dict[str, Any]) -> str | None:
 
 
 def judge(baseline: list[dict[str, Any]], seen: list[SeenFinding], ignored: frozenset[str] = frozenset(),
-          introduced_keys: frozenset[str] = frozenset(), introduced_examples: Sequence[SeenFinding] = ()) -> Verdict:
+          introduced_keys: frozenset[str] = frozenset(), introduced_examples: Sequence[SeenFinding] = (),
+          fixed_examples: Sequence[SeenFinding] = ()) -> Verdict:
     """The verdict on a faulted run's findings ``seen`` (in the order they appeared) against the unfaulted
     run's report entries ``baseline``.  ``ignored``: keys a replay on the unfaulted tree showed after all
     (they are not the fault's); ``introduced_keys``: old keys whose finding's replays were `introduced`;
     ``introduced_examples``: generated examples whose replays were (`changed_examples`), each timed by its
-    own run.  The killer is the earliest killing finding of any kind."""
+    own run; ``fixed_examples``: those whose replays were `fixed` (rule ``fixed``).  The killer is the
+    earliest killing finding of any kind."""
     base_keys = {str(e["key"]) for e in baseline}
     base_labels = {label for label in map(label_of, baseline) if label}
     new = [f for f in seen if f["key"] not in base_keys and f["key"] not in ignored]
@@ -84,9 +86,10 @@ def judge(baseline: list[dict[str, Any]], seen: list[SeenFinding], ignored: froz
     tools = [f["key"] for f in new if is_tool_error(f["check"])]
     made = [f for f in seen if f["key"] in base_keys and f["key"] in introduced_keys and not is_tool_error(f["check"])]
     made += [f for f in introduced_examples if not is_tool_error(f["check"])]
-    if real or made:
-        killer = min(real + made, key=lambda f: (f["seconds"], f["n"]))
-        return Verdict("killed", killer, "new-key" if killer in real else "introduced",
+    lost = [f for f in fixed_examples if not is_tool_error(f["check"])]
+    if real or made or lost:
+        killer = min(real + made + lost, key=lambda f: (f["seconds"], f["n"]))
+        return Verdict("killed", killer, "new-key" if killer in real else "introduced" if killer in made else "fixed",
                        bool(killer["known_issue"] and killer["known_issue"] in base_labels),
                        [f["key"] for f in real], tools)
     return Verdict("tool-error" if tools else "survived", None, "", False, [], tools)
@@ -122,9 +125,13 @@ def old_key_candidates(baseline: list[dict[str, Any]], seen: list[SeenFinding], 
 def changed_examples(unfaulted: Sequence[Mapping[str, Any]], faulted: Sequence[Mapping[str, Any]],
                      baseline: list[dict[str, Any]], limit: int) -> list[dict[str, Any]]:
     """The first ``limit`` generated examples (``examples.jsonl`` rows of both runs, by position) that are the
-    same scenario at the same position and whose faulted run showed a key about DeepSpeed, one the unfaulted run
-    has somewhere (a new key is a kill already), that the same example's unfaulted run did not: ``{"position",
-    "seconds", "scenario", "key", "check"}``, one per example (its first such key)."""
+    same scenario at the same position and whose outcome the fault changed, one per example: ``{"position",
+    "seconds", "scenario", "key", "check", "direction"}`` where ``direction`` is
+
+    * ``gained``: the faulted run showed a key about DeepSpeed, one the unfaulted run has somewhere (a new key
+      is a kill already), that the same example's unfaulted run did not (its first such key);
+    * ``lost``: the unfaulted run showed a key about DeepSpeed that the same example's faulted run did not,
+      and the faulted run shows no failure of the tool's own (which could hide it)."""
     base_keys = {str(e["key"]) for e in baseline}
     before = {int(r["position"]): r for r in unfaulted}
     out: list[dict[str, Any]] = []
@@ -132,15 +139,28 @@ def changed_examples(unfaulted: Sequence[Mapping[str, Any]], faulted: Sequence[M
         other = before.get(int(row["position"]))
         if other is None or other.get("scenario") != row.get("scenario"):
             continue
-        had = {str(f["key"]) for f in other.get("findings", [])}
-        gained = [f for f in row.get("findings", []) if str(f["key"]) in base_keys and str(f["key"]) not in had
+        had = [f for f in other.get("findings", []) if not is_tool_error(str(f["check"]))]
+        has = row.get("findings", [])
+        keys_had, keys_has = {str(f["key"]) for f in had}, {str(f["key"]) for f in has}
+        gained = [f for f in has if str(f["key"]) in base_keys and str(f["key"]) not in keys_had
                   and not is_tool_error(str(f["check"]))]
-        if gained:
-            out.append({"position": int(row["position"]), "seconds": float(row["seconds"]),
-                        "scenario": row["scenario"], "key": str(gained[0]["key"]), "check": str(gained[0]["check"])})
+        lost = [f for f in had if str(f["key"]) not in keys_has] if not any(
+            is_tool_error(str(f["check"])) for f in has) else []
+        for direction, changed in (("gained", gained), ("lost", lost)):
+            if changed:
+                out.append({"position": int(row["position"]), "seconds": float(row["seconds"]),
+                            "scenario": row["scenario"], "key": str(changed[0]["key"]),
+                            "check": str(changed[0]["check"]), "direction": direction})
+                break
         if len(out) >= limit:
             break
     return out
+
+
+def fixed(faulted: Mapping[str, Any], unfaulted: Mapping[str, Any]) -> bool:
+    """The fault made this example pass: its replay shows the finding on the unfaulted tree, and on the faulted
+    tree the finding's check holds (an outcome the fault changed, in the other direction from `introduced`)."""
+    return shows(unfaulted) and faulted.get("passed") is True
 
 
 def seen_in(report: dict[str, Any], already: dict[str, SeenFinding]) -> dict[str, SeenFinding]:
@@ -157,5 +177,5 @@ def seen_in(report: dict[str, Any], already: dict[str, SeenFinding]) -> dict[str
     return out
 
 
-__all__ = ["SeenFinding", "TOOL_CHECKS", "Verdict", "changed_examples", "introduced", "is_tool_error", "judge",
+__all__ = ["SeenFinding", "TOOL_CHECKS", "Verdict", "changed_examples", "fixed", "introduced", "is_tool_error", "judge",
            "label_of", "old_key_candidates", "seen_in", "shows"]
