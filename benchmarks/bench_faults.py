@@ -145,8 +145,10 @@ def run_fault(fault: Fault, tree: Path, runs: Path, base: dict[str, Any], exampl
     example_replays = _replay_changed(fault, tree, out, baseline_dir(runs, examples, seed), base_findings,
                                       replay_old, verdict.killer["seconds"] if verdict.killer else None)
     def as_seen(r: dict[str, Any]) -> SeenFinding:
-        return SeenFinding(key=r["key"], check=r["check"], error="", known_issue=None, seconds=r["seconds"],
-                           examples=r["position"], n=10_000 + r["position"])
+        shown = r["faulted"] if r["direction"] == "gained" else r["unfaulted"]  # the run that failed
+        return SeenFinding(key=r["key"], check=r["check"], error=str(shown.get("error") or ""), known_issue=None,
+                           seconds=r["seconds"],
+                           examples=None, n=10_000 + r["position"])  # distinct runs by then: not recorded
     made_examples = [as_seen(r) for r in example_replays
                      if r["direction"] == "gained" and introduced(r["faulted"], r["unfaulted"])]
     fixed_examples = [as_seen(r) for r in example_replays

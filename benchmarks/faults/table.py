@@ -65,6 +65,8 @@ def _replays(r: dict[str, Any]) -> str:
             return "error"
         return fail if a["passed"] is False and a.get("same_key") else (ok if a["passed"] else "other key")
 
+    if r.get("rule") == "fixed":  # the finding is the unfaulted tree's; the fault made the example pass
+        return f"{word(faulted, 'SHOWN', 'passes')} / {word(unfaulted, 'fails', 'not reproduced')}"
     return f"{word(faulted, 'reproduced', 'not reproduced')} / {word(unfaulted, 'SHOWN', 'clean')}"
 
 
