@@ -136,7 +136,7 @@ def run_fault(fault: Fault, tree: Path, runs: Path, base: dict[str, Any], exampl
         if entry is not None:
             replays["unfaulted"] = replay(out / entry["files"]["scenario"], tree,
                                           runs / f"{fault.id}.replay-unfaulted.log")
-            if _shows_key(replays["unfaulted"]):  # the unfaulted tree has it too: not the fault's
+            if shows(replays["unfaulted"]):  # the unfaulted tree has it too: not the fault's
                 ignored.add(verdict.killer["key"] if verdict.killer else "")
                 continue
         break
@@ -229,10 +229,6 @@ def _replay_each(found: list[SeenFinding], report: dict[str, Any], out: Path, tr
         into.setdefault(f["key"], {})[side] = replay(out / entry["files"]["scenario"], tree,
                                                      Path(f"{log}-{f['n']}-{side}.log"), timeout_s=REPLAY_OLD_S)
     return into
-
-
-def _shows_key(answer: dict[str, Any]) -> bool:
-    return answer.get("passed") is False and bool(answer.get("same_key"))
 
 
 def _short(answer: dict[str, Any]) -> dict[str, Any]:

@@ -82,7 +82,7 @@ rounds and round seeds with the fixed rates, measured alike (the control a bench
 
 def hard_cap(examples: int) -> int:
     """Distinct target runs one exploration may make at most, shrinking included (and the pairwise
-    completion's examples on top: `Exploration._cap`)."""
+    completion's examples on top: `Exploration._run`)."""
     return 5 * examples + 100
 
 

@@ -30,11 +30,11 @@ Pair = tuple[int, int, int, int]
 """(point i, its alternative a, point j > i, its alternative b), indices into `choices.POINTS`."""
 
 DRAWS = 64
-"""Scenarios drawn per pair before it is called not drawable (at 20, ZeRO-1 with fp32 gradient accumulation --
-drawn only in bf16, one draw in four -- was missed: measured)."""
+"""Scenarios drawn per pair before it is called not drawable: enough to meet a pair whose second alternative is
+drawn only under another point's one-in-four alternative (fp32 accumulation exists only in bf16)."""
 BUDGET_SHARE = 6
-"""The completion's budget: one example per this many of the exploration's ``examples`` (33 for 200, where the
-default sequence's completion needs 27: `test_pairs`)."""
+"""The completion's budget: one example per this many of the exploration's ``examples`` (`test_pairs` checks that
+the default sequence's completion fits in it)."""
 
 _COLLAPSED = "engines_before"
 _INDEX = {p.name: k for k, p in enumerate(POINTS)}
@@ -119,10 +119,9 @@ class Completion:
 
 def complete(ran: Iterable[Scenario], budget: int, seed: int | None) -> Completion:
     """The completion of ``ran`` (module docstring): at most ``budget`` new scenarios."""
+    ran = list(ran)
     seen = {sc.to_json(None) for sc in ran}
-    covered: set[Pair] = set()
-    for k in seen:
-        covered |= pairs_of(Scenario.from_json(k))
+    covered: set[Pair] = set().union(*map(pairs_of, ran))
     missing = [p for p in all_pairs() if p not in covered]
     out = Completion(missing=len(missing))
     todo = list(missing)
