@@ -305,8 +305,11 @@ def _pairs_line(p: dict[str, Any]) -> str:
     """What the exploration never ran, said next to what it found (never a silent clean)."""
     left = (f"; NOT RUN (budget spent): {len(p['left'])}, e.g. {', '.join(p['left'][:3])}" if p["left"]
             else "; every drawable pair ran")
-    return (f"setup pairs: {p['missing_after_generation']} not taken by the generated examples; "
-            f"{p['examples']} completion example(s) ran them, {len(p['not_drawable'])} not drawable{left}")
+    ended = p.get("ended_early") or []
+    cut = (f"; {len(ended)} only in runs that ended on an exception (the rest of their scenario did not run), "
+           f"e.g. {', '.join(ended[:2])}" if ended else "")
+    return (f"setup pairs: {p['missing_after_generation']} not taken by the generated examples run to their end; "
+            f"{p['examples']} completion example(s) ran them, {len(p['not_drawable'])} not drawable{left}{cut}")
 
 
 class _CtrlC(threading.Event):

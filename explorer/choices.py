@@ -109,6 +109,7 @@ POINTS: tuple[Point, ...] = (
     _extra("zero_init", lambda sc: sc.zero_init if sc.stage == 3 else sc.empty_param
            if sc.family is _BLOCKS_FAMILY else None),
     _extra("config_adam", lambda sc: sc.optimizer is Optimizer.CONFIG_ADAM, default=(1, 1)),
+    _extra("reduce_scatter", lambda sc: None if sc.stage == 0 else not sc.reduce_scatter, default=(1, 0)),
     Point("world", (2, 5, 1), _world),
 )
 BY_NAME = {p.name: p for p in POINTS}

@@ -16,8 +16,9 @@ The phases:
    ``jobs`` workers at once (``spawn()`` makes the others).  The first example with a finding key not seen
    yet is handed over at once, unshrunk (`Seen`, numbered in hand-over order).
    Then (``pairs``, the default strategy only, not steered) the **pairwise completion** (`pairs`): the setup
-   pairs no generated example took, each drawn once in a scenario of its own, up to one example per six,
-   run after the generated ones in lanes of `COMPLETION_LANE` at the positions after theirs.  A key first met
+   pairs no generated example took (or took only in runs that ended on an exception), drawn in scenarios of
+   their own, up to one example per four, run after the generated ones in lanes of `COMPLETION_LANE` at the
+   positions after theirs, in two rounds (the second redraws what the first's early-ended runs left).  A key first met
    there is shrunk by polish alone (the generated sequence its search replays never meets it).
 2. **Shrink** (`search`, `polish`).  On the first worker alone (started fresh), each key in the order of its
    first generated example (``first``'s keys before the others) gets a Hypothesis search of its own, then
@@ -65,7 +66,7 @@ from zerostate.explorer.confirm import Confirmation, ConfirmQueue, Job, Landed
 from zerostate.explorer.events import (Confirmed, Event, FindingEvent, Progress, Renumbered, Restarted, Seen,
                                        Shrunk, Stage)
 from zerostate.explorer.generate import DEFAULT_SEED, LANE, Lanes, generated
-from zerostate.explorer.pairs import Completion, budget_for, complete
+from zerostate.explorer.pairs import ROUNDS, Completion, budget_for, complete, ended_only, ran_through
 from zerostate.explorer.rounds import ROUND, Rounds
 from zerostate.explorer.signal import Unit, units
 from zerostate.explorer.polish import polished
@@ -347,16 +348,36 @@ class Exploration:
 
     def _complete(self) -> Generator[Event, None, bool]:
         """Run `pairs.complete`'s examples after the generated ones, at the positions after them, in lanes of
-        `COMPLETION_LANE`; whether ``stop`` ended it."""
+        `COMPLETION_LANE`, in up to `ROUNDS` rounds (a pair whose examples all ended early is drawn again);
+        whether ``stop`` ended it."""
         if self._stop_requested.is_set():
             raise _Stopped()
         ran = [Scenario.from_json(k) for k in self._positions]
-        self.completion = done = complete(ran, budget_for(self.examples), self.seed)
-        position = {sc.to_json(None): self.examples + n for n, sc in enumerate(done.examples, 1)}
-        self._positions.update(position)
-        lanes = [done.examples[i:i + COMPLETION_LANE] for i in range(0, len(done.examples), COMPLETION_LANE)]
-        self._lanes_stop.clear()
-        return (yield from self._run_lanes(iter(lanes), position))
+        budget = budget_for(self.examples)
+        self.completion = done = Completion()
+        for k in range(ROUNDS):
+            step = complete(ran, budget - len(done.examples), self.seed, self._ended_early(ran), done.not_drawable)
+            done.missing = done.missing if k else step.missing
+            done.not_drawable += step.not_drawable
+            done.left = step.left
+            if not step.examples:
+                break
+            position = {sc.to_json(None): self.examples + len(done.examples) + n
+                        for n, sc in enumerate(step.examples, 1)}
+            done.examples += step.examples
+            self._positions.update(position)
+            lanes = [step.examples[i:i + COMPLETION_LANE] for i in range(0, len(step.examples), COMPLETION_LANE)]
+            self._lanes_stop.clear()
+            if (yield from self._run_lanes(iter(lanes), position)):
+                return True
+            ran += step.examples
+        done.ended_early = ended_only(ran, self._ended_early(ran))
+        return False
+
+    def _ended_early(self, ran: list[Scenario]) -> list[Scenario]:
+        """The scenarios of ``ran`` whose run ended on an exception (`pairs.ran_through`)."""
+        outcomes = [self.memo.get(sc.to_json(None)) for sc in ran]
+        return [sc for sc, o in zip(ran, outcomes, strict=True) if o is not None and not ran_through(o.checks)]
 
     def _generate_steered(self) -> Generator[Event, None, bool]:
         """`_generate` in rounds (`rounds.Rounds`): every run measured, each outcome's units noted; whether

@@ -8,20 +8,32 @@ over the strategy itself: for the first pair (in `POINTS` order) still not taken
 with that pair's two alternatives forced and every other point at its default rate (`forced`), keep the
 draw that takes the most pairs still not taken, and go on until every pair is taken, found not drawable
 (no draw took it: ZeRO-1 with a z3 leaf module, offload of parameters below ZeRO-3), or ``budget``
-examples are made.  Deterministic given the examples run and the seed; it reads no outcome, so it favours
-no finding and no known bug.
+examples are made.  Deterministic given the examples run and the seed.
+
+Of an example's outcome it reads one thing: whether the run reached its end (`ran_through`).  A run that ended on
+an exception (DeepSpeed's, a hang, a crash, the tool's own) did not run the rest of its scenario -- a known
+crash at a checkpoint round trip hides every later step --, so a pair taken only by such runs counts as not
+taken, and `explore` completes in `ROUNDS` rounds: the second redraws the pairs whose first-round examples
+ended early (another draw of the same 64; the scenarios run are never drawn again).  It reads no finding, so it
+favours no check and no known bug.
 
 ``engines_before`` counts as two alternatives here, none or some (its eight orders of engines each paired
 with every other alternative would take more examples than the rest together).
+
+One point is *derived*, not drawn: ``wrapper``, the optimizer wrapper DeepSpeed builds around the optimizer
+(`WRAPPER`), which no single choice decides -- ZeRO-1 bf16 with fp32 gradient accumulation and no offload
+builds ``BF16_Optimizer``, stage 0 builds ``FP16_Optimizer`` or none --, so pairs of points alone can leave a
+wrapper stepping under none of the other alternatives (clipping, several steps, ...).  Its pairs are drawn by
+forcing the points that select it (`Derived.selects`).
 """
 
 from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass, field
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
-from zerostate.model.scenario import Scenario
+from zerostate.model.scenario import Offload, Precision, Scenario
 
 from zerostate.explorer.choices import DEFAULT, POINTS, SCALE, Taken, Weights, taken
 from zerostate.explorer.generate import generated, seed_of
@@ -32,12 +44,44 @@ Pair = tuple[int, int, int, int]
 DRAWS = 64
 """Scenarios drawn per pair before it is called not drawable: enough to meet a pair whose second alternative is
 drawn only under another point's one-in-four alternative (fp32 accumulation exists only in bf16)."""
-BUDGET_SHARE = 6
+BUDGET_SHARE = 4
 """The completion's budget: one example per this many of the exploration's ``examples`` (`test_pairs` checks that
 the default sequence's completion fits in it)."""
 
 _COLLAPSED = "engines_before"
 _INDEX = {p.name: k for k, p in enumerate(POINTS)}
+
+
+@dataclass(frozen=True)
+class Derived:
+    """A point read from the scenario, not drawn: ``of`` its alternative; ``selects[a]``: for alternative
+    ``a``, the drawn points' alternatives (`POINTS` names) a draw must take to show it."""
+
+    name: str
+    labels: tuple[str, ...]
+    of: Callable[[Scenario], int]
+    selects: tuple[dict[str, frozenset[int]], ...]
+
+
+def _wrapper(sc: Scenario) -> int:
+    """DeepSpeed's ``_do_optimizer_sanity_check``: ZeRO-1 + bf16 + fp32 accumulation without offload wraps in
+    BF16_Optimizer; stage 0 in FP16_Optimizer (fp16, bf16) or nothing (fp32); else the ZeRO optimizer."""
+    if sc.stage == 0:
+        return 3 if sc.precision is Precision.FP32 else 2
+    if sc.stage == 1 and sc.precision is Precision.BF16 and sc.fp32_grad_accum and sc.offload is Offload.NONE:
+        return 1
+    return 0
+
+
+_ZERO12, _ON, _OFF = frozenset((1, 2)), frozenset((1,)), frozenset((0,))
+WRAPPER = Derived("wrapper", ("zero", "BF16_Optimizer", "FP16_Optimizer", "none"), _wrapper, (
+    {"extra:stage0": _OFF},
+    {"stage": frozenset((1,)), "precision": frozenset((1,)), "fp32_grad_accum": _ON, "offload": _OFF,
+     "extra:stage0": _OFF},
+    {"stage": _ZERO12, "precision": frozenset((1, 2)), "extra:stage0": _ON},
+    {"stage": _ZERO12, "precision": _OFF, "extra:stage0": _ON}))
+DERIVED: tuple[Derived, ...] = (WRAPPER,)
+"""Derived points, indexed after `POINTS` in a `Pair`."""
 LABELS: dict[str, tuple[str, ...]] = {
     "stage": ("3", "1", "2"), "checkpoint": ("none", "reentrant", "non-reentrant"),
     "persistence": ("0", "width", "100000"), "reduce_bucket": ("default", "small"),
@@ -49,15 +93,15 @@ LABELS: dict[str, tuple[str, ...]] = {
 
 
 def sizes() -> tuple[int, ...]:
-    return tuple(2 if p.name == _COLLAPSED else len(p.default) for p in POINTS)
+    return tuple(2 if p.name == _COLLAPSED else len(p.default) for p in POINTS) + tuple(len(d.labels) for d in DERIVED)
 
 
 def alternatives(sc: Scenario) -> tuple[Taken, ...]:
-    """`choices.taken`, with ``engines_before`` as none (0) or some (1)."""
+    """`choices.taken`, with ``engines_before`` as none (0) or some (1), then the `DERIVED` points'."""
     t = list(taken(sc))
     k = _INDEX[_COLLAPSED]
     t[k] = frozenset(min(x, 1) for x in t[k])
-    return tuple(t)
+    return tuple(t) + tuple(frozenset((d.of(sc),)) for d in DERIVED)
 
 
 def pairs_of(sc: Scenario) -> frozenset[Pair]:
@@ -76,21 +120,36 @@ def pair_name(pair: Pair) -> str:
 
 
 def _alt(k: int, a: int) -> str:
+    if k >= len(POINTS):
+        d = DERIVED[k - len(POINTS)]
+        return f"{d.name}={d.labels[a]}"
     name = POINTS[k].name
     labels = LABELS.get(name, ("off", "on"))
     return f"{name.removeprefix('extra:')}={labels[a] if a < len(labels) else a}"
 
 
-def forced(pair: Pair) -> Weights:
+def _selects(k: int, a: int) -> dict[int, frozenset[int]]:
+    """The drawn points' alternatives (by index) that alternative ``a`` of point ``k`` needs."""
+    if k >= len(POINTS):
+        return {_INDEX[name]: alts for name, alts in DERIVED[k - len(POINTS)].selects[a].items()}
+    if POINTS[k].name == _COLLAPSED:
+        return {k: frozenset(range(1, len(POINTS[k].default))) if a else frozenset((0,))}
+    return {k: frozenset((a,))}
+
+
+def forced(pair: Pair) -> Weights | None:
     """The default rates with the pair's two points drawn only at its two alternatives (``engines_before``
-    "some": its eight orders at equal rates)."""
+    "some": its eight orders at equal rates; a derived point: the alternatives that select it); None when the
+    two need different alternatives of one point (not drawable)."""
     i, a, j, b = pair
+    need = _selects(i, a)
+    for k, alts in _selects(j, b).items():
+        need[k] = need.get(k, alts) & alts
+    if not all(need.values()):
+        return None
     table = [list(w) for w in DEFAULT.table]
-    for k, v in ((i, a), (j, b)):
-        if POINTS[k].name == _COLLAPSED:
-            table[k] = [0] + [SCALE] * (len(table[k]) - 1) if v else [SCALE] + [0] * (len(table[k]) - 1)
-        else:
-            table[k] = [SCALE if x == v else 0 for x in range(len(table[k]))]
+    for k, alts in need.items():
+        table[k] = [SCALE if x in alts else 0 for x in range(len(table[k]))]
     return Weights(tuple(tuple(w) for w in table))
 
 
@@ -110,19 +169,26 @@ class Completion:
     """Pairs no draw with both alternatives forced took."""
     left: list[Pair] = field(default_factory=list)
     """Pairs still not taken when the budget was spent (drawable or not: not tried)."""
+    ended_early: list[Pair] = field(default_factory=list)
+    """Pairs whose every example (after the last round) ended on an exception: drawn, not run to the end."""
 
     def to_dict(self) -> dict[str, object]:
         return {"missing_after_generation": self.missing, "examples": len(self.examples),
                 "not_drawable": [pair_name(p) for p in self.not_drawable],
-                "left": [pair_name(p) for p in self.left]}
+                "left": [pair_name(p) for p in self.left], "ended_early": [pair_name(p) for p in self.ended_early]}
 
 
-def complete(ran: Iterable[Scenario], budget: int, seed: int | None) -> Completion:
-    """The completion of ``ran`` (module docstring): at most ``budget`` new scenarios."""
+def complete(ran: Iterable[Scenario], budget: int, seed: int | None, ended: Iterable[Scenario] = (),
+             skip: Iterable[Pair] = ()) -> Completion:
+    """The completion of ``ran`` (module docstring): at most ``budget`` new scenarios.  ``ended``: those of
+    ``ran`` whose run ended early (their pairs do not count as taken); ``skip``: pairs not to draw again (found
+    not drawable before)."""
     ran = list(ran)
     seen = {sc.to_json(None) for sc in ran}
-    covered: set[Pair] = set().union(*map(pairs_of, ran))
-    missing = [p for p in all_pairs() if p not in covered]
+    early = {sc.to_json(None) for sc in ended}
+    covered: set[Pair] = set().union(*(pairs_of(sc) for sc in ran if sc.to_json(None) not in early))
+    passed = set(skip)
+    missing = [p for p in all_pairs() if p not in covered and p not in passed]
     out = Completion(missing=len(missing))
     todo = list(missing)
     while todo and len(out.examples) < budget:
@@ -145,8 +211,11 @@ def draw_for(pair: Pair, seed: int | None, seen: set[str] | frozenset[str] = fro
     """Of `DRAWS` scenarios drawn with ``pair`` forced, one not in ``seen`` (scenario JSON) that takes it and
     the most of ``left`` (the first such); None: none took it."""
     from zerostate.explorer.strategies import scenarios
+    weights = forced(pair)
+    if weights is None:
+        return None
     best, gain = None, -1
-    for sc in generated(scenarios(weights=forced(pair)), DRAWS, _seed(seed, pair)):
+    for sc in generated(scenarios(weights=weights), DRAWS, _seed(seed, pair)):
         got = pairs_of(sc)
         if pair not in got or sc.to_json(None) in seen:
             continue
@@ -155,9 +224,30 @@ def draw_for(pair: Pair, seed: int | None, seen: set[str] | frozenset[str] = fro
     return best
 
 
+ROUNDS = 2
+"""Completion rounds: the second redraws what the first's early-ended runs left not taken (module docstring)."""
+
+ENDS_RUN = frozenset({"exception", "saved-tensor-intact", "hang", "crash", "oracle-error", "internal"})
+"""Checks whose finding means the run stopped there (the rest of the scenario did not run)."""
+
+
+def ran_through(checks: Iterable[str]) -> bool:
+    """Whether a run whose findings have these checks reached its end."""
+    return not any(c in ENDS_RUN or c.startswith("harness") for c in checks)
+
+
+def ended_only(ran: Iterable[Scenario], ended: Iterable[Scenario]) -> list[Pair]:
+    """The pairs some scenario of ``ran`` takes and only those of ``ended`` (runs that ended early) do."""
+    ran = list(ran)
+    early = {sc.to_json(None) for sc in ended}
+    through: set[Pair] = set().union(*(pairs_of(sc) for sc in ran if sc.to_json(None) not in early))
+    return sorted(set().union(*map(pairs_of, ran)) - through)
+
+
 def budget_for(examples: int) -> int:
     return examples // BUDGET_SHARE
 
 
 __all__ = ["BUDGET_SHARE", "Completion", "DRAWS", "LABELS", "Pair", "all_pairs", "alternatives", "budget_for",
-           "complete", "draw_for", "forced", "pair_name", "pairs_of", "sizes"]
+           "DERIVED", "Derived", "ENDS_RUN", "ROUNDS", "WRAPPER", "ended_only", "ran_through", "complete", "draw_for",
+           "forced", "pair_name", "pairs_of", "sizes"]

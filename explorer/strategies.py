@@ -228,7 +228,7 @@ two of the four: ZeRO-3 + modules_to_save, DeepSpeed #8144's shape, was absent f
 with one in three, measured)."""
 
 EXTRAS = ("gas3", "manual_boundary", "contiguous_gradients", "overlap_comm", "all_reduce_fetch", "late_module",
-          "stage0", "zero_init", "config_adam")
+          "stage0", "zero_init", "config_adam", "reduce_scatter")
 """Engine and loop options users set (`extras`: each drawn on its own), in draw order:
 
 * ``gas3`` -- three micro-steps per train step (the last one repeated): DeepSpeed #7967 needs gas >= 3;
@@ -250,17 +250,21 @@ EXTRAS = ("gas3", "manual_boundary", "contiguous_gradients", "overlap_comm", "al
   (``"optimizer": {"type": "AdamW", ..., "torch_adam": true}``, as HF Trainer's integration writes it) over the
   scenario's parameter groups, instead of
   the client SGD (``Scenario.optimizer``; Adam state under offload / mixed precision, DeepSpeed #7948's path).
+* ``reduce_scatter`` (never in the generated sequence, `EXTRA_RATE`; drawn by the pairwise completion,
+  `pairs`) -- off at ZeRO-1/2/3: ZeRO-1/2 all-reduce their buckets, ZeRO-3 reduces from its contiguous buffer.
 
 An option that does not apply to the drawn scenario (all-reduce fetch at ZeRO-1/2, a late module on the llama
 family) leaves it plain."""
 
 
-EXTRA_RATE = {"config_adam": st.booleans()}
+EXTRA_RATE = {"config_adam": st.booleans(), "reduce_scatter": st.just(False)}
 """Options of `EXTRAS` drawn at another rate than one in four.  ``config_adam`` is drawn in one of two: the
 appended draw shifts the explorer's whole generated sequence, and at one in four its default 200 examples
 lost ZeRO-1/2 + optimizer offload + manual boundary (DeepSpeed #7981), at one in eight ZeRO-0 + bf16 (#7839);
 at one in two every combination of ``test_default_explore_sequence_draws_each_combination`` is there
-(measured; fewest: ZeRO-0 + bf16, 2 of 200).  Half the draws keep the client SGD."""
+(measured; fewest: ZeRO-0 + bf16, 2 of 200).  Half the draws keep the client SGD.  ``reduce_scatter`` is
+``just(False)``: it takes no byte of the generated sequence (which stays the one before the option existed), and
+only the completion's forced weights turn it on (`choices.pick`)."""
 
 
 def extras(draw, sc: Scenario, zero0: bool = True, weights: Weights | None = None) -> Scenario:
@@ -293,6 +297,8 @@ def extras(draw, sc: Scenario, zero0: bool = True, weights: Weights | None = Non
         sc = sc.with_(empty_param=True)
     if "config_adam" in on:
         sc = sc.with_(optimizer=Optimizer.CONFIG_ADAM)
+    if "reduce_scatter" in on and sc.stage != 0:
+        sc = sc.with_(reduce_scatter=False)
 
     if sc.reduce_bucket_size != 500_000_000:  # `SAVE_LOAD`: no draw of its own
         sc = sc.with_(steps=sc.steps[:-1] + (replace(sc.steps[-1], save_load=True),))

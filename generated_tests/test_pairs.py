@@ -1,6 +1,7 @@
 """The pairwise completion (`explorer.pairs`): which setup pairs the generated examples left out, drawn and run.
 
-Drawing only (no target runs), except the last test, which explores the model target."""
+Drawing only (no target runs), except the last test, which explores the model target (a wrapper of it whose
+ZeRO-1 runs end on an exception)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,18 @@ import itertools
 
 from zerostate.explorer.choices import POINTS
 from zerostate.explorer.generate import generated
-from zerostate.explorer.pairs import (Completion, all_pairs, budget_for, complete, draw_for, pair_name, pairs_of,
-                                      sizes)
+from zerostate.explorer.pairs import (WRAPPER, Completion, all_pairs, budget_for, complete, draw_for, ended_only,
+                                      forced, pair_name, pairs_of, ran_through, sizes)
 from zerostate.explorer.strategies import scenarios
-from zerostate.model.scenario import Precision
+from zerostate.findings.finding import Finding
+from zerostate.harness.net.config import ds_config
+from zerostate.model.scenario import Offload, Precision, Scenario
+from zerostate.targets.base import Outcome, get_target
 
 _K = {p.name: k for k, p in enumerate(POINTS)}
+
+
+_K[WRAPPER.name] = len(POINTS)
 
 
 def _pair(p: str, a: int, q: str, b: int) -> tuple[int, int, int, int]:
@@ -68,3 +75,81 @@ def test_at_the_default_budget_every_drawable_pair_of_the_default_sequence_runs(
     done: Completion = complete(ran, budget_for(200), None)
     assert done.left == [] and len(done.examples) <= budget_for(200)
     assert any(s.stage == 1 and s.precision is Precision.BF16 and s.fp32_grad_accum for s in done.examples)
+
+
+def test_the_optimizer_wrapper_is_a_point_and_its_pairs_are_drawn_by_what_selects_it() -> None:
+    """BF16_Optimizer (ZeRO-1 + bf16 + fp32 accumulation, no offload) paired with clipping 0.05 comes out of the
+    forced draw; paired with ZeRO-3, or with optimizer offload, it cannot (forced refuses at once)."""
+    bf16_clip = _pair("wrapper", 1, "clipping", 2)
+    sc = draw_for(bf16_clip, None)
+    assert sc is not None and WRAPPER.of(sc) == 1 and sc.gradient_clipping == 0.05
+    assert (sc.stage, sc.precision, sc.fp32_grad_accum, sc.offload) == (1, Precision.BF16, True, Offload.NONE)
+    assert forced(_pair("stage", 0, "wrapper", 1)) is None and forced(_pair("offload", 1, "wrapper", 1)) is None
+    assert pair_name(bf16_clip) == "clipping=0.05 x wrapper=BF16_Optimizer"
+    assert [WRAPPER.of(Scenario.from_dict(d)) for d in (
+        {"stage": 2}, {"stage": 1, "precision": "bf16", "fp32_grad_accum": True},
+        {"stage": 1, "precision": "bf16", "fp32_grad_accum": True, "offload": "optimizer"},
+        {"stage": 0, "precision": "fp16"}, {"stage": 0})] == [0, 1, 0, 2, 3]
+
+
+def test_reduce_scatter_off_is_drawn_by_the_completion_alone() -> None:
+    """The generated sequence never turns ZeRO's reduce_scatter off (the option takes none of its bytes); a
+    forced pair does, and the engine config says so."""
+    assert all(s.reduce_scatter for s in _distinct(200))
+    sc = draw_for(_pair("stage", 0, "extra:reduce_scatter", 1), None)
+    assert sc is not None and sc.stage == 3 and not sc.reduce_scatter
+    assert ds_config(sc)["zero_optimization"]["reduce_scatter"] is False
+    assert "reduce_scatter" not in ds_config(sc.with_(reduce_scatter=True))["zero_optimization"]
+    assert Scenario.from_json(sc.to_json()) == sc and "reduce_scatter=False" in sc.beyond_model()
+
+
+def test_a_pair_taken_only_by_runs_that_ended_early_is_drawn_again() -> None:
+    ran = _distinct(40)
+    ended = [s for s in ran if s.stage == 1]
+    only = set(ended_only(ran, ended))
+    assert only and only == set().union(*map(pairs_of, ran)) - set().union(*(pairs_of(s) for s in ran if s.stage != 1))
+    plain, again = complete(ran, 0, None), complete(ran, 0, None, ended)
+    assert again.missing == plain.missing + len(only)
+    assert ran_through(["oracle", "epilogue-once"]) and not ran_through(["oracle", "exception"])
+    assert not ran_through(["harness-error"]) and not ran_through(["hang"])
+
+
+class _EndsAtZero1:
+    """The model target, but every ZeRO-1 run ends on an exception (as a known crash would end it)."""
+
+    name, version = "ends-at-zero1", None
+
+    def __init__(self) -> None:
+        self.inner = get_target("model", design="zerostate")
+        self.design = self.inner.design
+
+    def run(self, sc: Scenario) -> Outcome:
+        out = self.inner.run(sc)
+        if sc.stage == 1:
+            out.findings.append(Finding("exception", "RuntimeError: ended here", sc, target=self.name))
+        return out
+
+    def close(self) -> None:
+        pass
+
+
+def test_explore_redraws_in_a_second_round_what_the_first_rounds_runs_ended_on(monkeypatch) -> None:
+    """Over three pairs (the rest monkeypatched away), a ZeRO-1 pair is drawn in both rounds -- each of its
+    runs ends early -- and the report says it ran only in runs that ended; the ZeRO-2 pair once."""
+    from zerostate.explorer import pairs
+    from zerostate.explorer.explore import explore
+    three = [_pair("stage", 1, "precision", 1), _pair("stage", 1, "precision", 2), _pair("stage", 2, "precision", 2)]
+    monkeypatch.setattr(pairs, "all_pairs", lambda: three)
+    res = explore(_EndsAtZero1(), examples=12, seed=None)
+    done = res.pairs
+    assert done is not None
+    names = [pair_name(p) for p in three]
+    zero1 = [s for s in res_examples(res) if s.stage == 1]
+    assert set(done["ended_early"]) >= {n for n in names[:2] if n not in done["not_drawable"]}
+    assert done["examples"] == len(res_examples(res)) and len(zero1) >= 2
+    assert names[2] not in done["ended_early"]
+
+
+def res_examples(res) -> list[Scenario]:
+    """The completion's scenarios, by position after the generated ones."""
+    return [Scenario.from_dict(g["scenario"]) for g in res.generated if g["position"] > 12]

@@ -114,6 +114,9 @@ class Scenario:
     ``buffered_reduce_fallback`` path, fixed for CPU tensors in 0.19.8)."""
     overlap_comm: bool | None = None
     """ZeRO ``overlap_comm``; None: DeepSpeed's default (on for ZeRO-3, off for ZeRO-1/2)."""
+    reduce_scatter: bool = True
+    """ZeRO ``reduce_scatter`` (DeepSpeed's default true); false reduces ZeRO-1/2's buckets by all-reduce and
+    makes ZeRO-3 reduce from its contiguous gradient buffer."""
     all_reduce_fetch: bool = False
     """ZeRO-3 ``stage3_use_all_reduce_for_fetch_params`` (DeepSpeed #8158 fixed its padding in 0.19.4)."""
     late_module: bool = False
@@ -274,6 +277,8 @@ class Scenario:
             raise ScenarioError("lora: only for family llama")
         if self.modules_to_save and not self.lora:
             raise ScenarioError("modules_to_save: only with lora (family llama)")
+        if not self.reduce_scatter and self.stage == 0:
+            raise ScenarioError("reduce_scatter: a ZeRO-1/2/3 option, got stage 0")
         if self.all_reduce_fetch and self.stage != 3:
             raise ScenarioError(f"all_reduce_fetch: a ZeRO-3 option, got stage {self.stage}")
         if self.late_module and self.family is not Family.BLOCKS:
@@ -455,7 +460,8 @@ _EXTENDED_DEFAULTS: dict[str, Any] = {
     "offload": Offload.NONE,
     "param_groups": 1, "tie": False, "external": False, "outputs": Outputs.TENSOR, "losses": 1,
     "family": Family.BLOCKS, "lora": False, "modules_to_save": False, "manual_boundary": False,
-    "contiguous_gradients": True, "overlap_comm": None, "all_reduce_fetch": False, "late_module": False,
+    "contiguous_gradients": True, "overlap_comm": None, "reduce_scatter": True, "all_reduce_fetch": False,
+    "late_module": False,
     "world_size": 1, "zero_init": False, "optimizer": Optimizer.SGD, "empty_param": False}
 """Scenario fields written to JSON only when not at their default, with those defaults."""
 _MODEL_NEUTRAL = ("optimizer", "world_size")
@@ -505,8 +511,8 @@ def _parse_scenario(data: object) -> Scenario:
                  "reduce_bucket_size", "seed", "max_reuse_distance", "max_live_parameters", "world_size"):
         kwargs[name] = _int(d.get(name, getattr(defaults, name)), name)
     for name in ("fused_head", "input_requires_grad", "fp32_grad_accum", "tie", "external", "lora",
-                 "modules_to_save", "manual_boundary", "contiguous_gradients", "all_reduce_fetch", "late_module",
-                 "zero_init", "empty_param"):
+                 "modules_to_save", "manual_boundary", "contiguous_gradients", "reduce_scatter", "all_reduce_fetch",
+                 "late_module", "zero_init", "empty_param"):
         kwargs[name] = _bool(d.get(name, getattr(defaults, name)), name)
     for name in ("param_groups", "losses", "loss_scale_power"):
         kwargs[name] = _int(d.get(name, getattr(defaults, name)), name)

@@ -58,6 +58,8 @@ def ds_config(sc: Scenario) -> dict[str, Any]:
         zero["contiguous_gradients"] = False
     if sc.overlap_comm is not None:
         zero["overlap_comm"] = bool(sc.overlap_comm)
+    if not sc.reduce_scatter:
+        zero["reduce_scatter"] = False
     if sc.offload in (Offload.OPTIMIZER, Offload.BOTH):
         zero["offload_optimizer"] = {"device": "cpu"}
     if sc.offload in (Offload.PARAM, Offload.BOTH):

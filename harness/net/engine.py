@@ -88,6 +88,7 @@ class EngineSettings(TypedDict, total=False):
     gradient_accumulation_steps: int
     contiguous_gradients: bool
     overlap_comm: bool
+    reduce_scatter: bool
     late_module: bool
     world_size: int
     optimizer: OptimizerBuilt
@@ -139,6 +140,7 @@ def engine_settings(engine: Any) -> EngineSettings:
     return {"gradient_accumulation_steps": engine.gradient_accumulation_steps(),
             "contiguous_gradients": bool(engine.zero_contiguous_gradients()),
             "overlap_comm": bool(engine.zero_overlap_comm()),
+            "reduce_scatter": bool(engine.zero_reduce_scatter()),
             "late_module": "late" in engine.module._modules, "world_size": int(engine.world_size),
             "optimizer": optimizer_built(engine), "all_reduce_fetch": _all_reduce_fetch(engine.module)}
 
