@@ -113,6 +113,9 @@ POINTS: tuple[Point, ...] = (
     Point("world", (2, 5, 1), _world),
 )
 BY_NAME = {p.name: p for p in POINTS}
+COMPLETION_ONLY = frozenset(p.name for p in POINTS if 0 in p.default)
+"""Points with an alternative at rate 0: the generated sequence never draws it, only the pairwise completion's
+forced weights do (`pairs`)."""
 
 SCALE = 16
 """A schedule's weights are counts in units of 1/SCALE of a default count: room to halve any rate exactly."""
@@ -169,4 +172,4 @@ def taken(sc: Scenario) -> tuple[Taken, ...]:
     return tuple(p.taken(sc) for p in POINTS)
 
 
-__all__ = ["BY_NAME", "DEFAULT", "POINTS", "SCALE", "Point", "Taken", "Weights", "pick", "taken"]
+__all__ = ["BY_NAME", "COMPLETION_ONLY", "DEFAULT", "POINTS", "SCALE", "Point", "Taken", "Weights", "pick", "taken"]

@@ -66,7 +66,7 @@ from zerostate.explorer.confirm import Confirmation, ConfirmQueue, Job, Landed
 from zerostate.explorer.events import (Confirmed, Event, FindingEvent, Progress, Renumbered, Restarted, Seen,
                                        Shrunk, Stage)
 from zerostate.explorer.generate import DEFAULT_SEED, LANE, Lanes, generated
-from zerostate.explorer.pairs import ROUNDS, Completion, budget_for, complete, ended_only, ran_through
+from zerostate.explorer.pairs import ROUNDS, Completion, budget_for, complete, ended_only, pairs_of, ran_through
 from zerostate.explorer.rounds import ROUND, Rounds
 from zerostate.explorer.signal import Unit, units
 from zerostate.explorer.polish import polished
@@ -372,6 +372,8 @@ class Exploration:
                 return True
             ran += step.examples
         done.ended_early = ended_only(ran, self._ended_early(ran))
+        ran_at_all = set().union(*map(pairs_of, ran))  # a retry the budget cut ran once: ended early, not "left"
+        done.left = [p for p in done.left if p not in ran_at_all]
         return False
 
     def _ended_early(self, ran: list[Scenario]) -> list[Scenario]:

@@ -168,7 +168,8 @@ class Completion:
     not_drawable: list[Pair] = field(default_factory=list)
     """Pairs no draw with both alternatives forced took."""
     left: list[Pair] = field(default_factory=list)
-    """Pairs still not taken when the budget was spent (drawable or not: not tried)."""
+    """Pairs no example took when the budget was spent (drawable or not: not tried; a pair run once in a run that
+    ended early, whose retry the budget cut, is in ``ended_early``)."""
     ended_early: list[Pair] = field(default_factory=list)
     """Pairs whose every example (after the last round) ended on an exception: drawn, not run to the end."""
 

@@ -101,6 +101,13 @@ def test_default_weights_draw_the_unsteered_sequence_and_moved_ones_move_the_dra
     assert Counter(moved)[Precision.FP16] > Counter(before)[Precision.FP16]
 
 
+def test_a_completion_only_alternative_is_never_generated() -> None:
+    assert choices.COMPLETION_ONLY == {"extra:reduce_scatter"}
+    for sc in generated(scenarios(), 200, 0):
+        took = dict(zip([p.name for p in POINTS], choices.taken(sc), strict=True))
+        assert all(1 not in took[name] for name in choices.COMPLETION_ONLY)
+
+
 def test_each_point_default_is_the_strategy_rate() -> None:
     expand = {p.name: p.default for p in POINTS}
     assert expand["precision"] == tuple(PRECISIONS.count(x) for x in (Precision.FP32, Precision.BF16,
@@ -180,6 +187,7 @@ def test_cli_steer_records_every_round_and_refuses_a_matrix(tmp_path: Path) -> N
 @pytest.mark.parametrize("name", [p.name for p in POINTS])
 def test_every_point_has_a_default_and_a_reading(name: str) -> None:
     p = choices.BY_NAME[name]
-    assert len(p.default) >= 2 and all(d > 0 for d in p.default)
+    assert len(p.default) >= 2 and p.default[0] > 0
+    assert all(d > 0 for d in p.default) or name in choices.COMPLETION_ONLY
     sc = next(iter(generated(scenarios(), 1, 0)))
     assert all(0 <= a < len(p.default) for a in p.taken(sc))
