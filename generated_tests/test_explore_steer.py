@@ -102,7 +102,7 @@ def test_default_weights_draw_the_unsteered_sequence_and_moved_ones_move_the_dra
 
 
 def test_a_completion_only_alternative_is_never_generated() -> None:
-    assert choices.COMPLETION_ONLY == {"extra:reduce_scatter"}
+    assert {"extra:reduce_scatter"} == choices.COMPLETION_ONLY
     for sc in generated(scenarios(), 200, 0):
         took = dict(zip([p.name for p in POINTS], choices.taken(sc), strict=True))
         assert all(1 not in took[name] for name in choices.COMPLETION_ONLY)
