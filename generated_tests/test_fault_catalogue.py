@@ -268,6 +268,18 @@ def test_a_result_kept_from_an_earlier_run_says_so() -> None:
     assert "earlier run" not in summary([r], 120.0)["sentence"]
 
 
+def test_a_kept_kill_not_judged_again_counts_as_not_killed() -> None:
+    """A kept kill whose killing key a newer unfaulted run also shows is not a kill until judged again."""
+    from faults.table import markdown
+    r = {"id": "f", "area": "hooks", "cpu_blind": "", "status": "unjudged", "hidden_by_label": False,
+         "killer": {"key": "k", "error": "e", "seconds": 10.0}, "replays": {}, "run": {}, "measured": "1 Dec"}
+    figures = summary([r], 120.0)
+    assert figures["killed_non_equivalent"] == 0 and figures["unjudged"] == 1 and figures["non_equivalent"] == 1
+    assert "1 kept kill(s) not judged again" in figures["sentence"]
+    assert "unjudged (earlier run: 1 Dec)" in markdown([r], figures, {  # type: ignore[list-item]
+        "release": RELEASE, "examples": None, "seed": None})
+
+
 def test_a_run_stopped_from_outside_gives_no_verdict() -> None:
     """Only a run that reached its end, or this benchmark's cut, can say "survived": one interrupted by a
     signal or ended by explore's own error saw part of the sequence: no verdict, the fault runs again."""

@@ -27,6 +27,10 @@ def summary(results: list[dict[str, Any]], fast_s: float) -> dict[str, Any]:
                 f"{len(gone)} by an example failing on the release that the fault made pass (fixed; without "
                 f"them {len(counted_killed) - len(gone)}/{len(counted)}); "
                 f"{len(hidden)} of the kills carry a known-issue label the unfaulted run also has")
+    unjudged = sum(r["status"] == "unjudged" for r in results)
+    if unjudged:  # a kept kill whose killing key a newer unfaulted run also shows: unknown, so not a kill
+        sentence += (f"; {unjudged} kept kill(s) not judged again against the newer unfaulted run "
+                     "(counted as not killed)")
     earlier = sorted({r["measured"] for r in results if r.get("measured")})
     if earlier:
         kept = sum(bool(r.get("measured")) for r in results)
@@ -34,7 +38,8 @@ def summary(results: list[dict[str, Any]], fast_s: float) -> dict[str, Any]:
     return {"faults": len(results), "killed": len(killed), "non_equivalent": len(counted),
             "killed_non_equivalent": len(counted_killed), "kill_rate": round(rate, 4),
             "killed_within_fast_s": len(fast), "fast_kill_rate": round(fast_rate, 4),
-            "hidden_by_label": len(hidden), "introduced": len(made), "fixed": len(gone), "sentence": sentence}
+            "hidden_by_label": len(hidden), "introduced": len(made), "fixed": len(gone), "unjudged": unjudged,
+            "sentence": sentence}
 
 
 def fault_lines(original: str, source: str) -> range:
