@@ -268,6 +268,12 @@ OPTIONS = {
                                       "precision": "bf16", "steps": [{}, {}]}, {"built_partitioned": 12}),
     "plain-z3": ({"stage": 3, "steps": GAS2}, {"built_partitioned": 0}),
     "world-size-2-z2": ({"stage": 2, "world_size": 2, "steps": GAS2}, {"world_size": 2}),
+    # drawn by the pairwise completion only (`choices.COMPLETION_ONLY`)
+    "reduce-scatter-off-z1": ({"stage": 1, "reduce_scatter": False, "steps": GAS2}, {"reduce_scatter": False}),
+    "reduce-scatter-off-z2-ws2": ({"stage": 2, "reduce_scatter": False, "world_size": 2, "steps": GAS2},
+                                  {"reduce_scatter": False}),
+    "reduce-scatter-off-z3": ({"stage": 3, "reduce_scatter": False, "reduce_bucket_size": 128, "steps": GAS2},
+                              {"reduce_scatter": False}),
 }
 
 
