@@ -186,8 +186,7 @@ def complete(ran: Iterable[Scenario], budget: int, seed: int | None, ended: Iter
     not drawable before)."""
     ran = list(ran)
     seen = {sc.to_json(None) for sc in ran}
-    early = {sc.to_json(None) for sc in ended}
-    covered: set[Pair] = set().union(*(pairs_of(sc) for sc in ran if sc.to_json(None) not in early))
+    covered = _taken_through(ran, ended)
     passed = set(skip)
     missing = [p for p in all_pairs() if p not in covered and p not in passed]
     out = Completion(missing=len(missing))
@@ -240,9 +239,13 @@ def ran_through(checks: Iterable[str]) -> bool:
 def ended_only(ran: Iterable[Scenario], ended: Iterable[Scenario]) -> list[Pair]:
     """The pairs some scenario of ``ran`` takes and only those of ``ended`` (runs that ended early) do."""
     ran = list(ran)
+    return sorted(set().union(*map(pairs_of, ran)) - _taken_through(ran, ended))
+
+
+def _taken_through(ran: list[Scenario], ended: Iterable[Scenario]) -> set[Pair]:
+    """The pairs the scenarios of ``ran`` not in ``ended`` (runs that reached their end) take."""
     early = {sc.to_json(None) for sc in ended}
-    through: set[Pair] = set().union(*(pairs_of(sc) for sc in ran if sc.to_json(None) not in early))
-    return sorted(set().union(*map(pairs_of, ran)) - through)
+    return set().union(*(pairs_of(sc) for sc in ran if sc.to_json(None) not in early))
 
 
 def budget_for(examples: int) -> int:
