@@ -85,7 +85,9 @@ class ParamDiff:
 class OracleDiff:
     kind: str
     """``params`` (a parameter beyond the tolerance), ``update-norm`` (mixed precision: the whole update's
-    norm), ``generation`` (TRL's unwrap generated something else), ``loss-scaling`` (skipped steps differ)."""
+    norm), ``master`` (bf16: the fp32 master weights against the mixed-precision oracle's; its rows compare
+    master weights), ``generation`` (TRL's unwrap generated something else), ``loss-scaling`` (skipped steps
+    differ)."""
     step: int | None
     params: tuple[ParamDiff, ...] = ()
     """The parameters beyond the tolerance, worst first."""

@@ -10,6 +10,8 @@ fault benchmark does; the unfaulted release passes the same scenarios.
 * A threshold that marks other parameters persistent changes every all-gather and release after it, but no
   spec sees an order it forbids: the ``persistence`` check compares the engine's persistent set with the
   configured threshold on every ZeRO-3 run.
+* A ``BF16_Optimizer`` step without its clipping stayed inside the bf16 tolerance against an fp32 oracle; the
+  mixed-precision oracle's fp32 master weights (`compare.compare_masters`) see it.
 """
 
 from __future__ import annotations
@@ -96,4 +98,20 @@ def test_the_persistence_check_kills_a_threshold_that_excludes_its_boundary(tmp_
     (found,) = [f for f in faulted if f.check == "persistence"]
     assert found.key == "persistence:threshold-not-honoured"
     assert "blocks.0.lin.bias (8 elements) is not persistent" in found.error, found.error
+    assert not clean, [(f.key, f.error[:300]) for f in clean]
+
+
+@pytest.mark.deepspeed
+def test_the_master_weights_check_kills_a_bf16_step_that_skips_its_clipping(tmp_path):
+    """Fault ``bf16-clip-threshold`` (``BF16_Optimizer`` clips only above 1.0) was reached by the default
+    exploration and survived: against an fp32 oracle, bf16's per-element tolerance and the update's norm hide
+    it.  The mixed-precision oracle's master weights start where DeepSpeed's do and take the same bf16
+    gradients, so the ``master`` comparison sees the unclipped step; the release passes the same scenario."""
+    tree = _tree(tmp_path)
+    sc = Scenario.from_dict({"stage": 1, "precision": "bf16", "fp32_grad_accum": True, "gradient_clipping": 0.05,
+                             "steps": [{}, {}]})
+    with applied(by_id()["bf16-clip-threshold"], tree):
+        faulted = _findings_on(tree, sc)
+    clean = _findings_on(tree, sc)
+    assert any(f.key.startswith("oracle:master:") for f in faulted), [(f.key, f.error[:300]) for f in faulted]
     assert not clean, [(f.key, f.error[:300]) for f in clean]

@@ -17,7 +17,8 @@ def oracle_diff(kind: str, step: int | None, expected: Mapping[str, Any] | None 
                 pt_earlier: Mapping[str, Any] | None = None,
                 counterfactuals: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """How DeepSpeed's parameters after train ``step`` differ from PyTorch's.  ``kind``: ``params`` (a parameter
-    beyond the tolerance), ``update-norm`` (mixed precision: the whole update's norm), ``generation``,
+    beyond the tolerance), ``update-norm`` (mixed precision: the whole update's norm), ``master`` (bf16: the
+    fp32 master weights, `compare.compare_masters`), ``generation``,
     ``loss-scaling``.  ``params``: the parameters beyond the tolerance, worst first, each ``[name, max |diff|,
     ratio, PyTorch's update norm, DeepSpeed's update norm, again]`` where ``ratio`` is DeepSpeed's update of
     that step projected on PyTorch's (1: the same update, 0.5: half of it, negative: the other way; None when

@@ -12,6 +12,9 @@
 ``oracle_diff`` the first oracle disagreement's parameters, sizes and update ratios (`evidence.oracle_diff`);
 ``steps``       train steps compared with the oracle;
 ``max_diff``    the largest |DeepSpeed - PyTorch| over every parameter and compared step;
+``masters``     bf16 only, per train step: ``[|DeepSpeed - PyTorch|, |PyTorch's update|, |DeepSpeed's update|]``
+                of the fp32 master weights (`compare.master_error`); beyond `compare.MASTER_RTOL` of PyTorch's
+                update (and the parameters within the tolerance) it is an oracle ``mismatch`` of kind ``master``;
 ``fp16``        fp16 only: ``skipped_steps`` and ``loss_scale`` of DeepSpeed's loss scaler at the end, the
                 oracle's ``oracle_skipped`` (train steps skipped for an overflow) and ``oracle_scales``;
                 a different number of skipped steps is an oracle ``mismatch``;
@@ -59,8 +62,8 @@ from zerostate.findings.evidence import frames_of
 from zerostate.harness import evidence
 from zerostate.harness.net import fp16
 from zerostate.harness.net.checkpoint import SaveLoadRecord, compare_save_load
-from zerostate.harness.net.compare import (Params, compare, compare_generated, compare_update, max_abs, rounding_eps,
-                                           tolerance)
+from zerostate.harness.net.compare import (Params, compare, compare_generated, compare_masters, compare_update,
+                                           master_error, max_abs, rounding_eps, tolerance)
 from zerostate.harness.net.dist import without_tmpdir
 from zerostate.harness.net.engine import DeepSpeedBackend, build_engine_model, engine_settings
 from zerostate.harness.net.oracle import NothingToDifferentiate, OracleInfo, oracle_params
@@ -237,13 +240,18 @@ def execute(sc: Scenario, on_step: OnStep | None = None) -> ExecResult:
         res["engine"] = dict(settings)
         eps = rounding_eps(sc)
         initial_ds = built.params() if eps else None  # mixed precision: the update's norm (compare_update)
+        masters0 = built.masters() if sc.precision is Precision.BF16 else None  # bf16: compare_masters
         started: dict[str, Any] = {"pt": oracle_info["initial"], "ds": initial_ds or oracle_info["initial"],
-                                   "pt_earlier": None}  # where each step started, both sides
+                                   "pt_earlier": None, "ds_masters": masters0}  # where each step started, both sides
         tracer = traced = Tracer(built.engine, sc.to_dict()).install()
 
         def after_step(i: int) -> None:
             with traced.paused():
                 got = built.params()
+                got_masters = built.masters() if masters0 is not None else None
+            if got_masters is not None:
+                res.setdefault("masters", []).append(list(master_error(oracle_info["initial"], expected[i],
+                                                                       got_masters)))
             res["steps"] = i + 1
             res["max_diff"] = max(res.get("max_diff", 0.0), max(
                 (max_abs(got[n].float() - e.float()) for n, e in expected[i].items()
@@ -258,13 +266,17 @@ def execute(sc: Scenario, on_step: OnStep | None = None) -> ExecResult:
             kind = "params"
             if not msg and eps and initial_ds is not None:
                 msg, kind = compare_update(oracle_info["initial"], expected[i], initial_ds, got, eps), "update-norm"
+            atol, rtol, ds_now, ds_start = *tol, got, started["ds"]
+            if not msg and got_masters is not None and started["ds_masters"] is not None:
+                msg, atol = compare_masters(oracle_info["initial"], expected[i], got_masters, sc.world_size)
+                kind, rtol, ds_now, ds_start = "master", 0.0, got_masters, started["ds_masters"]
             if msg and res["mismatch"] is None:
                 res["mismatch"] = f"after train step {i}: {msg}"
                 cfs = oracle_info.get("counterfactuals") or []
-                res["oracle_diff"] = evidence.oracle_diff(kind, i, expected[i], got, started["pt"], started["ds"],
-                                                          *tol, pt_earlier=started["pt_earlier"],
+                res["oracle_diff"] = evidence.oracle_diff(kind, i, expected[i], ds_now, started["pt"], ds_start,
+                                                          atol, rtol, pt_earlier=started["pt_earlier"],
                                                           counterfactuals=cfs[i] if i < len(cfs) else None)
-            started.update(pt_earlier=started["pt"], pt=expected[i], ds=got)
+            started.update(pt_earlier=started["pt"], pt=expected[i], ds=got, ds_masters=got_masters)
             if on_step is not None:
                 on_step(i, got)
 

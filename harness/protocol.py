@@ -110,6 +110,7 @@ class ExecResult(_ExecBase, total=False):
     """`zerostate.harness.executor.execute`'s result; its module docstring says what each field holds."""
 
     max_diff: float
+    masters: list[list[float]]
     fp16: Fp16Result
     skipped: str
     engines_before: list[str]

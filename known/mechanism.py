@@ -270,7 +270,7 @@ def update_ratios(f: Finding, lo: float, hi: float) -> bool:
     """An oracle finding whose every differing parameter (and the whole update) got between ``lo`` and ``hi``
     times PyTorch's update of that step: a partial (or scaled) update of the right direction."""
     o = oracle(f)
-    if o is None or o.kind not in ("params", "update-norm") or not o.params or o.moved:
+    if o is None or o.kind not in ("params", "update-norm", "master") or not o.params or o.moved:
         return False
     rs = [p.ratio for p in o.params]
     return all(r is not None and lo <= r <= hi for r in rs) and o.ratio is not None and lo <= o.ratio <= hi

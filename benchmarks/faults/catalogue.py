@@ -190,7 +190,11 @@ FAULTS: tuple[Fault, ...] = (
     Fault("bf16-step-keeps-hp-grads", "step", "runtime/bf16_optimizer.py",
           "        self.update_lp_params()\n\n        self.clear_hp_grads()\n",
           "        self.update_lp_params()\n",
-          "dropped call: BF16_Optimizer.step no longer clears the fp32 gradients it stepped with"),
+          "dropped call: BF16_Optimizer.step no longer clears the fp32 gradients it stepped with",
+          cpu_blind="the engine is the only caller of BF16_Optimizer.step, and engine._take_model_step calls "
+                    "optimizer.zero_grad() right after it whenever bf16 is enabled, which clears the fp32 "
+                    "gradients (BF16_Optimizer.zero_grad -> clear_hp_grads): argued on 2 Dec after the fault "
+                    "survived; equivalent through the engine whatever the device"),
     # ------------------------------------------------------------------ checkpoint save / load
     Fault("z12-load-from-bit16", "checkpoint", _STAGE12,
           "        if load_from_fp32_weights:\n            # option 2 from above\n",

@@ -350,6 +350,20 @@ class DeepSpeedBackend:
                 out[n] = p.detach().cpu().clone()
         return out
 
+    def masters(self) -> Params | None:
+        """The fp32 master copy of each parameter the optimizer steps (``deepspeed.utils.safe_get_full_fp32_param``:
+        ZeRO-1/2/3 and ``BF16_Optimizer``; at ZeRO-3 a collective every rank calls); None in fp32, at stage 0
+        (its ``FP16_Optimizer`` keeps no per-parameter mapping) and when no parameter has one."""
+        if self.fp32 or self.stage == 0:
+            return None
+        from deepspeed.utils import safe_get_full_fp32_param
+        out = {}
+        for n, p in self.engine.module.named_parameters():
+            m = safe_get_full_fp32_param(p)
+            if m is not None:
+                out[n] = m.detach().float().cpu().clone()
+        return out or None
+
     def save_load(self, step: int) -> SaveLoadRecord:
         return round_trip(self, step)
 

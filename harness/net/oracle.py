@@ -1,11 +1,13 @@
 """The oracle: the scenario's network and schedule trained with plain PyTorch and the same optimizer
 (`TorchBackend`, `oracle_params`).
 
-fp16 is mixed precision as DeepSpeed does it, with its dynamic loss scaling (`fp16.LossScale`): the model
-the optimizer updates is the fp32 master copy; forward and backward run on an fp16 copy with the loss
-multiplied by the current scale; at the step boundary a non-finite fp16 gradient skips the step (the scale
-halves), otherwise the gradients are unscaled into fp32, clipped, the master parameters stepped and copied
-back into the fp16 copy."""
+fp16 and bf16 are mixed precision as DeepSpeed does it: the model the optimizer updates is the fp32 master
+copy; forward and backward run on a 16-bit copy; at the step boundary the gradients are taken into fp32,
+clipped, the master parameters stepped and copied back into the 16-bit copy.  fp16 adds DeepSpeed's dynamic
+loss scaling (`fp16.LossScale`): the loss is multiplied by the current scale, a non-finite gradient skips the
+step (the scale halves), the others are unscaled.  bf16's master copy starts as DeepSpeed's does, from the
+bf16-rounded parameters, and with ``fp32_grad_accum`` each micro-step's gradient is added into fp32 at once
+(DeepSpeed's ``grad_accum_dtype``); without it they accumulate in bf16 until the boundary."""
 
 from __future__ import annotations
 
@@ -21,6 +23,16 @@ from zerostate.harness.net.config import fp16_section, make_optimizer, param_gro
 from zerostate.harness.net.network import NetOutput, attach_late_module, build_model
 from zerostate.harness.net.schedule import generation_output, no_grad_forward, rows_share, run_schedule
 from zerostate.model.scenario import BackwardKind, Family, Precision, Scenario
+
+
+HALF = {Precision.FP16: torch.float16, Precision.BF16: torch.bfloat16}
+"""The dtype of the copy forward and backward run on, by mixed precision."""
+
+
+def stays_fp32(sc: Scenario, name: str) -> bool:
+    """Mixed precision: whether DeepSpeed's engine keeps parameter ``name`` in fp32: with ``zero_init`` only
+    what ``zero.Init`` made is cast, and PEFT's LoRA adapters are made after it (`engine.build_zero_init`)."""
+    return sc.zero_init and sc.stage == 3 and sc.lora and "lora_" in name
 
 
 class NothingToDifferentiate(Exception):
@@ -77,8 +89,15 @@ class TorchBackend:
         self.counterfactuals: list[Counterfactuals] = []
         """Each train step's counterfactual updates (`Counterfactuals`)."""
         self._last: Params = {}
+        self.half = HALF.get(sc.precision)
+        """The 16-bit dtype forward and backward run in (mixed precision), else None."""
+        self.fp32_accum = sc.precision is Precision.BF16 and sc.fp32_grad_accum
+        if self.half is not None:
+            self.model = copy.deepcopy(model).to(self.half)
+            for n, q in self.model.named_parameters():
+                if stays_fp32(sc, n):
+                    q.data = q.data.float()
         if sc.precision is Precision.FP16:
-            self.model = copy.deepcopy(model).half()
             scaler = self.scaler = fp16.LossScale(fp16_section(sc))
             fp16.set_loss_scale(lambda: scaler.scale)
         attach_late_module(sc, self.model)
@@ -87,8 +106,8 @@ class TorchBackend:
         return self.model
 
     def _input(self, x: torch.Tensor) -> torch.Tensor:
-        if self.scaler is not None and x.is_floating_point():
-            x = x.detach().half().requires_grad_(x.requires_grad)
+        if self.half is not None and x.is_floating_point():
+            x = x.detach().to(self.half).requires_grad_(x.requires_grad)
         return x
 
     def forward(self, x: torch.Tensor, skip: tuple[int, ...] = ()) -> NetOutput:
@@ -156,11 +175,22 @@ class TorchBackend:
     def boundary(self, boundary: bool) -> None:
         pass  # plain PyTorch: the step boundary is where the loop calls the optimizer
 
+    def _take_grads(self) -> None:
+        """bf16: the 16-bit copy's gradients added into the master parameters' (fp32), the copy's cleared."""
+        for p, q in zip(self.master.parameters(), self.model.parameters(), strict=True):
+            if q.grad is not None:
+                p.grad = q.grad.float() if p.grad is None else p.grad + q.grad.float()
+        self.model.zero_grad(set_to_none=True)
+
     def micro_done(self, boundary: bool) -> None:
+        if self.fp32_accum:
+            self._take_grads()
         if not boundary:
             return
         self.train_step += 1
         overflow, unscale = False, 1.0
+        if self.half is torch.bfloat16:
+            self._take_grads()
         if self.scaler is not None:
             grads = {n: p.grad for n, p in self.model.named_parameters() if p.grad is not None}
             # DeepSpeed checks the gradients of the parameters its optimizer holds: a parameter in no group
@@ -183,7 +213,7 @@ class TorchBackend:
             torch.nn.utils.clip_grad_norm_([p for g in self.opt.param_groups for p in g["params"]], self.clip)
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
-        if self.scaler is not None:
+        if self.half is not None:
             with torch.no_grad():
                 for p, q in zip(self.master.parameters(), self.model.parameters(), strict=False):
                     q.copy_(p)
@@ -195,6 +225,11 @@ class TorchBackend:
 def oracle_params(sc: Scenario, info: OracleInfo | None = None) -> list[Params]:
     """Parameters after each train step, trained with plain PyTorch.  ``info``: `OracleInfo`."""
     model = build_model(sc)
+    if sc.precision is Precision.BF16:  # DeepSpeed's fp32 master copy is made from the bf16-cast parameters
+        with torch.no_grad():
+            for n, p in model.named_parameters():
+                if not stays_fp32(sc, n):
+                    p.copy_(p.to(torch.bfloat16))
     if info is not None:
         info["initial"] = {n: p.detach().clone() for n, p in model.named_parameters()}
     try:
@@ -210,4 +245,5 @@ def oracle_params(sc: Scenario, info: OracleInfo | None = None) -> list[Params]:
     return out
 
 
-__all__ = ["NothingToDifferentiate", "Counterfactuals", "OracleInfo", "TorchBackend", "oracle_params"]
+__all__ = ["HALF", "Counterfactuals", "NothingToDifferentiate", "OracleInfo", "TorchBackend", "oracle_params",
+           "stays_fp32"]

@@ -365,6 +365,7 @@ class DeepSpeedTarget:
                         "max_diff": res.get("max_diff"), "engine": res.get("engine"),
                         **({"torch_linear_replaced": True} if res.get("torch_linear_replaced") else {}),
                         **({"fp16": res["fp16"]} if res.get("fp16") else {}),
+                        **({"masters": res["masters"]} if res.get("masters") else {}),
                         **({"engines_before": res["engines_before"]} if res.get("engines_before") else {}),
                         **({"save_load": res["save_load"]} if res.get("save_load") else {}),
                         **({"coverage": resp["coverage"]} if "coverage" in resp else {}),
