@@ -55,6 +55,18 @@ EXAMPLE_REPEAT = 3
 unfaulted tree only if no run shows its key -- an intermittent one is not the fault's."""
 
 
+def keep_from(table: Path, runs: Path, label: str) -> list[str]:
+    """The results of an earlier ``--json`` output written to ``runs`` for the faults that have none there, each
+    with the run it was measured in (``measured``: its own, else ``label``); the ids written."""
+    written = []
+    for r in json.loads(table.read_text())["faults"]:
+        path = runs / f"{r['id']}.json"
+        if r["id"] in by_id() and not path.exists():
+            path.write_text(json.dumps({**r, "measured": r.get("measured") or label}, indent=2) + "\n")
+            written.append(r["id"])
+    return written
+
+
 def installed_package() -> Path:
     import deepspeed
     return Path(deepspeed.__file__).resolve().parent
@@ -284,6 +296,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--md", default=str(HERE.parent / "docs" / "benchmarks-faults.md"))
     ap.add_argument("--coverage", metavar="DIR", help="a bench_coverage.py lines folder: say for each fault "
                     "whether the unfaulted exploration measured there ran its faulted lines")
+    ap.add_argument("--keep-from", metavar="JSON", help="an earlier --json output (docs/benchmarks-faults.json): "
+                    "its results are kept for the faults RUNS has none for, each labelled with the run it came from")
+    ap.add_argument("--label", default="an earlier run", help="with --keep-from: the label of its results that "
+                    "carry none (the ones its own run measured)")
     ap.add_argument("--list", action="store_true", help="list the faults and exit")
     args = ap.parse_args(argv)
     # a SIGTERM unwinds like Ctrl-C: the applied fault is taken back and the running exploration ended
@@ -300,6 +316,8 @@ def main(argv: list[str] | None = None) -> int:
     chosen = [catalogue[i] for i in args.faults] if args.faults else list(FAULTS)
     runs, tree = Path(args.runs), Path(args.tree)
     runs.mkdir(parents=True, exist_ok=True)
+    if args.keep_from:
+        print(f"kept from {args.keep_from}: {', '.join(keep_from(Path(args.keep_from), runs, args.label)) or 'none'}")
     results: list[dict[str, Any]] = []
     if not args.table_only:
         package = installed_package()
@@ -311,7 +329,8 @@ def main(argv: list[str] | None = None) -> int:
     for fault in chosen:
         kept = runs / f"{fault.id}.json"
         if kept.exists() and (args.table_only or not args.rerun):
-            results.append(json.loads(kept.read_text()))
+            # whether it is argued equivalent is the catalogue's, now: an argument made since applies to it
+            results.append({**json.loads(kept.read_text()), "cpu_blind": fault.cpu_blind})
             continue
         if args.table_only or not _claimed(runs / f"{fault.id}.claim"):
             continue

@@ -289,3 +289,42 @@ def test_a_run_stopped_from_outside_gives_no_verdict() -> None:
     assert finished(ExploreRun({"status": "interrupted"}, [], 500.0, True, 130, True))  # cut at --cut-s
     assert not finished(ExploreRun({"status": "interrupted"}, [], 25.6, False, 130, False))  # a SIGINT from outside
     assert not finished(ExploreRun({}, [], 5.5, False, 2, False))  # explore failed
+
+
+def test_results_kept_from_an_earlier_table_are_labelled_and_never_overwrite(tmp_path) -> None:
+    """``--keep-from``: an earlier ``--json`` output seeds the runs folder (a new machine keeps the table's
+    results): each result keeps its own label or takes the one given; a fault with a result already there, and
+    an id the catalogue no longer has, are left alone."""
+    import json
+    from bench_faults import keep_from
+    ids = [f.id for f in FAULTS[:3]]
+    table = tmp_path / "faults.json"
+    table.write_text(json.dumps({"faults": [
+        {"id": ids[0], "status": "killed"}, {"id": ids[1], "status": "survived", "measured": "1 Dec"},
+        {"id": ids[2], "status": "killed"}, {"id": "no-such-fault", "status": "killed"}]}))
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    (runs / f"{ids[2]}.json").write_text(json.dumps({"id": ids[2], "status": "survived"}))
+    assert keep_from(table, runs, "2 Dec, main") == ids[:2]
+    got = {i: json.loads((runs / f"{i}.json").read_text()) for i in ids}
+    assert got[ids[0]]["measured"] == "2 Dec, main" and got[ids[1]]["measured"] == "1 Dec"
+    assert got[ids[2]] == {"id": ids[2], "status": "survived"}
+    assert not (runs / "no-such-fault.json").exists()
+
+
+def test_a_kept_result_takes_the_catalogues_equivalence_argument(tmp_path) -> None:
+    """An equivalence argued after a fault's run applies to its kept result: the table counts it apart."""
+    import json
+    from bench_faults import main
+    fault = next(f for f in FAULTS if f.cpu_blind)
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    (runs / f"{fault.id}.json").write_text(json.dumps(
+        {"id": fault.id, "area": fault.area, "cpu_blind": "", "status": "survived", "killer": None,
+         "hidden_by_label": False, "run": {"examples_run": 10, "cut_s": None}}))
+    out = tmp_path / "faults.json"
+    assert main(["--table-only", "--runs", str(runs), "--faults", fault.id, "--json", str(out),
+                 "--md", str(tmp_path / "faults.md")]) == 0
+    table = json.loads(out.read_text())
+    assert table["faults"][0]["cpu_blind"] == fault.cpu_blind
+    assert table["summary"]["non_equivalent"] == 0
