@@ -12,6 +12,7 @@
 ``oracle_diff`` the first oracle disagreement's parameters, sizes and update ratios (`evidence.oracle_diff`);
 ``steps``       train steps compared with the oracle;
 ``max_diff``    the largest |DeepSpeed - PyTorch| over every parameter and compared step;
+``masters_unread`` bf16: the parameters DeepSpeed's accessor gave no master copy of (its error; left out)
 ``masters``     bf16 only, per train step: ``[|DeepSpeed - PyTorch|, |PyTorch's update|, |DeepSpeed's update|]``
                 of the fp32 master weights (`compare.master_error`); beyond `compare.MASTER_RTOL` of PyTorch's
                 update (and the parameters within the tolerance) it is an oracle ``mismatch`` of kind ``master``;
@@ -297,7 +298,11 @@ def execute(sc: Scenario, on_step: OnStep | None = None) -> ExecResult:
             if failed and "checkpoint" not in res:
                 res["checkpoint"] = list(failed)
 
-        run_schedule(sc, built, mark=mark, after_step=after_step)
+        try:
+            run_schedule(sc, built, mark=mark, after_step=after_step)
+        finally:
+            if built.masters_unread:  # parameters left out of the master-weight comparison, and why
+                res["masters_unread"] = dict(built.masters_unread)
         if built.unwrapped:
             res["engine"]["unwrap_gathered"] = built.unwrapped
         state = built.fp16_state()

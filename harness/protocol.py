@@ -111,6 +111,7 @@ class ExecResult(_ExecBase, total=False):
 
     max_diff: float
     masters: list[list[float]]
+    masters_unread: dict[str, str]
     fp16: Fp16Result
     skipped: str
     engines_before: list[str]

@@ -252,6 +252,8 @@ class DeepSpeedBackend:
         self.fp32 = self.dtype is None
         self.unwrapped: list[int] = []
         """Per ``reregister`` (TRL's unwrap for generation): the parameters available while generating."""
+        self.masters_unread: dict[str, str] = {}
+        """`masters`: the parameters whose master copy DeepSpeed's accessor could not give, and its error."""
         self.generated: list[torch.Tensor] = []
         """Per ``reregister``: what the unhooked module generated (compared with the oracle's)."""
         self.manual = sc.manual_boundary
@@ -359,7 +361,14 @@ class DeepSpeedBackend:
         from deepspeed.utils import safe_get_full_fp32_param
         out = {}
         for n, p in self.engine.module.named_parameters():
-            m = safe_get_full_fp32_param(p)
+            if n in self.masters_unread:
+                continue
+            try:
+                m = safe_get_full_fp32_param(p)
+            except Exception as exc:  # noqa: BLE001 -- zerostate's probe, not the user's code: never a finding
+                # ZeRO-3 raises KeyError for a parameter in no optimizer group (it has no fp32 partition)
+                self.masters_unread[n] = f"{type(exc).__name__}: {exc}"
+                continue
             if m is not None:
                 out[n] = m.detach().float().cpu().clone()
         return out or None

@@ -366,6 +366,7 @@ class DeepSpeedTarget:
                         **({"torch_linear_replaced": True} if res.get("torch_linear_replaced") else {}),
                         **({"fp16": res["fp16"]} if res.get("fp16") else {}),
                         **({"masters": res["masters"]} if res.get("masters") else {}),
+                        **({"masters_unread": res["masters_unread"]} if res.get("masters_unread") else {}),
                         **({"engines_before": res["engines_before"]} if res.get("engines_before") else {}),
                         **({"save_load": res["save_load"]} if res.get("save_load") else {}),
                         **({"coverage": resp["coverage"]} if "coverage" in resp else {}),
