@@ -426,9 +426,10 @@ def update_unscaled(f: Finding, hi: float) -> bool:
 
 def scaled_twice(f: Finding, gas: int) -> bool:
     """A share of the gradient divided by ``gas`` once more (an output computed from another passes two output
-    hooks): every differing parameter got between 1/gas and all of PyTorch's update, with one backward per
-    forward (two would halve it: two-backwards-per-forward)."""
-    return (update_ratios(f, 1.0 / gas + 0.01, 0.9999)
+    hooks): every differing parameter got between 1/gas and all of PyTorch's update -- exactly 1/gas when the
+    whole loss passes both (HF's loss from its logits) --, with one backward per forward (two would halve it:
+    two-backwards-per-forward)."""
+    return (update_ratios(f, 1.0 / gas - 0.001, 0.9999)
             and second_backward_start(trace(f), len(trace(f))) is None)
 
 
