@@ -21,9 +21,9 @@ FP16_RTOL = 5e-3
 MASTER_RTOL = (0.01, 0.1)
 """bf16: how far DeepSpeed's fp32 master weights may be from the mixed-precision oracle's, as a share of the norm
 of PyTorch's update since the start (`compare_masters`), at world size 1 and above it.  Measured on 0.19.8
-(docs/deepspeed-target.md, *The fp32 master weights*): at world size 1 both sides run the same bf16 operations in the same order (0 in most runs,
-at most 0.0017: CPU Adam, LoRA); above it DeepSpeed sums the ranks' bf16 gradients where the oracle takes
-the whole batch's (at most 0.043)."""
+(docs/deepspeed-target.md, *The fp32 master weights*): at world size 1 both sides run the same bf16
+operations in the same order (0 in most runs, at most 0.0017: CPU Adam, LoRA); above it DeepSpeed sums the
+ranks' bf16 gradients where the oracle takes the whole batch's (at most 0.043)."""
 UPDATE_RATIO = (0.5, 2.0)
 """Mixed precision: the bounds of ``|DeepSpeed's update| / |PyTorch's update|`` (`compare_update`)."""
 
