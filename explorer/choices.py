@@ -68,6 +68,14 @@ def _persistence(sc: Scenario) -> Taken:
     return _one(0 if sc.persistence_threshold == 0 else 2 if sc.persistence_threshold == 100_000 else 1)
 
 
+def _reduce_bucket(sc: Scenario) -> Taken:
+    """DeepSpeed's default, small (two weights' worth: ``2 * width**2`` of the drawn width), or exactly one Linear
+    weight of the scenario (``width**2``: a gradient that fills an emptied bucket to its size; completion only)."""
+    if sc.reduce_bucket_size == sc.width * sc.width:
+        return _one(2)
+    return _flag(sc.reduce_bucket_size != 500_000_000)
+
+
 def _world(sc: Scenario) -> Taken:
     """(world size 1, across-ranks options ignored), (several ranks only with them), (several ranks, four with
     them): what the world size and an across-ranks option show of the draw (`strategies._world_size`); a
@@ -87,7 +95,7 @@ POINTS: tuple[Point, ...] = (
     Point("leaf", (3, 1), lambda sc: frozenset(int(b.leaf) for b in sc.blocks)
           if sc.stage == 3 and sc.family is _BLOCKS_FAMILY else frozenset()),
     Point("persistence", (1, 1, 1), _persistence),
-    Point("reduce_bucket", (1, 1), lambda sc: _flag(sc.reduce_bucket_size != 500_000_000)),
+    Point("reduce_bucket", (1, 1, 0), _reduce_bucket),
     Point("llama", (7, 1), lambda sc: _flag(sc.family is not _BLOCKS_FAMILY)),
     Point("precision", (2, 1, 1), lambda sc: _index(sc.precision, _PRECISIONS)),
     Point("fp32_grad_accum", (1, 1), lambda sc: _flag(sc.fp32_grad_accum)

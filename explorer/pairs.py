@@ -24,7 +24,9 @@ One point is *derived*, not drawn: ``wrapper``, the optimizer wrapper DeepSpeed 
 (`WRAPPER`), which no single choice decides -- ZeRO-1 bf16 with fp32 gradient accumulation and no offload
 builds ``BF16_Optimizer``, stage 0 builds ``FP16_Optimizer`` or none --, so pairs of points alone can leave a
 wrapper stepping under none of the other alternatives (clipping, several steps, ...).  Its pairs are drawn by
-forcing the points that select it (`Derived.selects`).
+forcing the points that select it (`Derived.selects`).  So is ``z3_reduce``, the route by which ZeRO-3 reduces a
+gradient bucket (`Z3_REDUCE`: its contiguous buffer only with ``contiguous_gradients`` on and ``reduce_scatter``
+off), paired with the bucket sizes that decide how that buffer fills.
 """
 
 from __future__ import annotations
@@ -80,11 +82,26 @@ WRAPPER = Derived("wrapper", ("zero", "BF16_Optimizer", "FP16_Optimizer", "none"
      "extra:stage0": _OFF},
     {"stage": _ZERO12, "precision": frozenset((1, 2)), "extra:stage0": _ON},
     {"stage": _ZERO12, "precision": _OFF, "extra:stage0": _ON}))
-DERIVED: tuple[Derived, ...] = (WRAPPER,)
+
+
+def _z3_reduce(sc: Scenario) -> int:
+    """ZeRO-3's ``__reduce_and_partition_ipg_grads``: with ``contiguous_gradients`` on and ``reduce_scatter`` off it
+    reduces the bucket's contiguous buffer (into which `__add_grad_to_ipg_bucket` copied each gradient that fit),
+    else each gradient tensor itself; below ZeRO-3 neither."""
+    if sc.stage != 3:
+        return 0
+    return 2 if sc.contiguous_gradients and not sc.reduce_scatter else 1
+
+
+Z3_REDUCE = Derived("z3_reduce", ("not ZeRO-3", "per tensor", "contiguous buffer"), _z3_reduce, (
+    {"stage": _ZERO12},
+    {"stage": frozenset((0,)), "extra:reduce_scatter": _OFF},
+    {"stage": frozenset((0,)), "extra:reduce_scatter": _ON, "extra:contiguous_gradients": _OFF}))
+DERIVED: tuple[Derived, ...] = (WRAPPER, Z3_REDUCE)
 """Derived points, indexed after `POINTS` in a `Pair`."""
 LABELS: dict[str, tuple[str, ...]] = {
     "stage": ("3", "1", "2"), "checkpoint": ("none", "reentrant", "non-reentrant"),
-    "persistence": ("0", "width", "100000"), "reduce_bucket": ("default", "small"),
+    "persistence": ("0", "width", "100000"), "reduce_bucket": ("default", "small", "one weight"),
     "precision": ("fp32", "bf16", "fp16"), "clipping": ("0", "1.0", "0.05"),
     "offload": ("none", "optimizer", "param", "both"), "outputs": ("tensor", "tuple", "dict"),
     "engines_before": ("none", "some"), "world": ("1", "2 (across-ranks option)", "several"),
@@ -253,5 +270,6 @@ def budget_for(examples: int) -> int:
 
 
 __all__ = ["BUDGET_SHARE", "Completion", "DRAWS", "LABELS", "Pair", "all_pairs", "alternatives", "budget_for",
-           "DERIVED", "Derived", "ENDS_RUN", "ROUNDS", "WRAPPER", "ended_only", "ran_through", "complete", "draw_for",
+           "DERIVED", "Derived", "ENDS_RUN", "ROUNDS", "WRAPPER", "Z3_REDUCE",
+           "ended_only", "ran_through", "complete", "draw_for",
            "forced", "pair_name", "pairs_of", "sizes"]

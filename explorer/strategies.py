@@ -405,8 +405,9 @@ def scenarios(draw, *, max_blocks: int = 3, max_steps: int = 2, max_gas: int = 2
         max_live_parameters=_edge(draw(st.sampled_from((DS_MAX_LIVE_PARAMETERS, width * width))), width * width, 0,
                                   w != width) if knobs
         else DS_MAX_LIVE_PARAMETERS,
+        # the third, one Linear weight exactly (a bucket filled to its size), only where the completion forces it
         reduce_bucket_size=draw(pick(weights, "reduce_bucket", st.sampled_from((500_000_000, 2 * width * width)),
-                                     (500_000_000, 2 * width * width))) if knobs else 500_000_000,
+                                     (500_000_000, 2 * width * width, w * w))) if knobs else 500_000_000,
     )
     if not Network(sc).loss_requires_grad:
         # Nothing trainable reaches the loss: backward() would raise in plain PyTorch too.

@@ -10,6 +10,8 @@ fault benchmark does; the unfaulted release passes the same scenarios.
 * A threshold that marks other parameters persistent changes every all-gather and release after it, but no
   spec sees an order it forbids: the ``persistence`` check compares the engine's persistent set with the
   configured threshold on every ZeRO-3 run.
+* No example filled a ZeRO-3 bucket exactly, so a gradient that fills it to its size was never left out of the
+  contiguous buffer: the completion pairs ZeRO-3's contiguous-buffer route with a bucket of exactly one weight.
 * A ``BF16_Optimizer`` step without its clipping stayed inside the bf16 tolerance against an fp32 oracle; the
   mixed-precision oracle's fp32 master weights (`compare.compare_masters`) see it.
 """
@@ -114,4 +116,22 @@ def test_the_master_weights_check_kills_a_bf16_step_that_skips_its_clipping(tmp_
         faulted = _findings_on(tree, sc)
     clean = _findings_on(tree, sc)
     assert any(f.key.startswith("oracle:master:") for f in faulted), [(f.key, f.error[:300]) for f in faulted]
+    assert not clean, [(f.key, f.error[:300]) for f in clean]
+
+
+@pytest.mark.deepspeed
+def test_an_exactly_filled_zero3_bucket_sees_a_gradient_left_out_of_the_contiguous_buffer(tmp_path):
+    """Fault ``z3-contiguous-exact-fit`` (``<`` for ``<=``: a gradient that fills the bucket exactly is not copied
+    into its contiguous buffer) survived: no example's bucket was filled exactly.  With ``reduce_scatter`` off
+    ZeRO-3 reduces that buffer; a bucket of one Linear weight (width 8: 64 elements, the completion's pair
+    ``reduce_bucket=one weight x z3_reduce=contiguous buffer``) reduces whatever the buffer held instead of
+    the weight's gradient, and the oracle sees it; the release passes the same scenario."""
+    tree = _tree(tmp_path)
+    sc = Scenario.from_dict({"stage": 3, "reduce_scatter": False, "reduce_bucket_size": 64, "width": 8,
+                             "steps": [{"save_load": True}]})
+    with applied(by_id()["z3-contiguous-exact-fit"], tree):
+        faulted = _findings_on(tree, sc)
+    clean = _findings_on(tree, sc)
+    assert any(f.key.startswith("oracle:") and "lin.weight" in f.error for f in faulted), \
+        [(f.key, f.error[:300]) for f in faulted]
     assert not clean, [(f.key, f.error[:300]) for f in clean]

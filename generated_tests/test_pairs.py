@@ -9,8 +9,8 @@ import itertools
 
 from zerostate.explorer.choices import POINTS
 from zerostate.explorer.generate import generated
-from zerostate.explorer.pairs import (WRAPPER, Completion, all_pairs, budget_for, complete, draw_for, ended_only,
-                                      forced, pair_name, pairs_of, ran_through, sizes)
+from zerostate.explorer.pairs import (WRAPPER, Z3_REDUCE, Completion, all_pairs, budget_for, complete, draw_for,
+                                      ended_only, forced, pair_name, pairs_of, ran_through, sizes)
 from zerostate.explorer.strategies import scenarios
 from zerostate.findings.finding import Finding
 from zerostate.harness.net.config import ds_config
@@ -21,6 +21,7 @@ _K = {p.name: k for k, p in enumerate(POINTS)}
 
 
 _K[WRAPPER.name] = len(POINTS)
+_K[Z3_REDUCE.name] = len(POINTS) + 1
 
 
 def _pair(p: str, a: int, q: str, b: int) -> tuple[int, int, int, int]:
@@ -90,6 +91,21 @@ def test_the_optimizer_wrapper_is_a_point_and_its_pairs_are_drawn_by_what_select
         {"stage": 2}, {"stage": 1, "precision": "bf16", "fp32_grad_accum": True},
         {"stage": 1, "precision": "bf16", "fp32_grad_accum": True, "offload": "optimizer"},
         {"stage": 0, "precision": "fp16"}, {"stage": 0})] == [0, 1, 0, 2, 3]
+
+
+def test_zero3s_reduce_route_is_a_point_paired_with_a_bucket_of_exactly_one_weight() -> None:
+    """ZeRO-3 reduces its bucket's contiguous buffer only with contiguous gradients on and reduce_scatter off (a
+    derived point); the bucket of exactly one Linear weight (``width**2``) is never generated, so the pair comes
+    only from the completion's forced draw, and the drawn scenario shows both."""
+    route = _pair("z3_reduce", 2, "reduce_bucket", 2)
+    sc = draw_for(route, None)
+    assert sc is not None and pair_name(route) == "reduce_bucket=one weight x z3_reduce=contiguous buffer"
+    assert (sc.stage, sc.contiguous_gradients, sc.reduce_scatter, sc.reduce_bucket_size) == (3, True, False,
+                                                                                         sc.width * sc.width)
+    assert [Z3_REDUCE.of(Scenario.from_dict(d)) for d in (
+        {"stage": 2, "reduce_scatter": False}, {"stage": 3}, {"stage": 3, "reduce_scatter": False},
+        {"stage": 3, "reduce_scatter": False, "contiguous_gradients": False})] == [0, 1, 2, 1]
+    assert not any(sc.reduce_bucket_size == sc.width * sc.width for sc in generated(scenarios(), 200, None))
 
 
 def test_reduce_scatter_off_is_drawn_by_the_completion_alone() -> None:
