@@ -9,8 +9,8 @@ import itertools
 
 from zerostate.explorer.choices import POINTS
 from zerostate.explorer.generate import generated
-from zerostate.explorer.pairs import (WRAPPER, Z3_REDUCE, Completion, all_pairs, budget_for, complete, draw_for,
-                                      ended_only, forced, pair_name, pairs_of, ran_through, sizes)
+from zerostate.explorer.pairs import (DERIVED, WRAPPER, Z3_REDUCE, Completion, all_pairs, budget_for, complete,
+                                      draw_for, ended_only, forced, pair_name, pairs_of, ran_through, sizes)
 from zerostate.explorer.strategies import scenarios
 from zerostate.findings.finding import Finding
 from zerostate.harness.net.config import ds_config
@@ -20,8 +20,7 @@ from zerostate.targets.base import Outcome, get_target
 _K = {p.name: k for k, p in enumerate(POINTS)}
 
 
-_K[WRAPPER.name] = len(POINTS)
-_K[Z3_REDUCE.name] = len(POINTS) + 1
+_K.update({d.name: len(POINTS) + k for k, d in enumerate(DERIVED)})
 
 
 def _pair(p: str, a: int, q: str, b: int) -> tuple[int, int, int, int]:
@@ -105,7 +104,7 @@ def test_zero3s_reduce_route_is_a_point_paired_with_a_bucket_of_exactly_one_weig
     assert [Z3_REDUCE.of(Scenario.from_dict(d)) for d in (
         {"stage": 2, "reduce_scatter": False}, {"stage": 3}, {"stage": 3, "reduce_scatter": False},
         {"stage": 3, "reduce_scatter": False, "contiguous_gradients": False})] == [0, 1, 2, 1]
-    assert not any(sc.reduce_bucket_size == sc.width * sc.width for sc in generated(scenarios(), 200, None))
+    assert not any(g.reduce_bucket_size == g.width * g.width for g in generated(scenarios(), 200, None))
 
 
 def test_reduce_scatter_off_is_drawn_by_the_completion_alone() -> None:
