@@ -304,3 +304,23 @@ def test_a_bucket_holding_a_second_backwards_gradients_twice_is_that_mechanism()
     assert explain(replace(f, trace=trace[:7] + trace[8:])) is None  # the second backward added nothing
     elsewhere = replace(raised, frames=(Frame("deepspeed", "runtime/zero/stage3.py", "_injected_fault"),))
     assert explain(replace(f, evidence=Evidence(raised=elsewhere))) is None
+
+
+def test_the_in_forward_gradient_rule_reads_which_parameter_lost_its_update():
+    """`bf16-optimizer-clears-in-forward-grads` names the fused head's weight unmoved and every other differing
+    parameter moved at least fully (the measured evidence: 0.000 and 1.157 with clipping); a head moved halfway,
+    a block parameter short of its update too, or the ZeRO optimizer instead of BF16_Optimizer is not it."""
+    k = by_id("bf16-optimizer-clears-in-forward-grads")
+
+    def finding(rows, scenario=k.scenario):
+        o = OracleDiff("master", 0, tuple(ParamDiff(p, 0.01, r, 0.02, 0.02 * abs(r)) for p, r in rows), 0.86)
+        return Finding("oracle", "after train step 0: the fp32 master weights ...", scenario, (), None, "deepspeed",
+                       "0.19.8", evidence=Evidence(oracle=o))
+
+    own = [("head.weight", 0.0), ("blocks.0.lin.weight", 1.157)]
+    assert k.explains(finding(own)) and k.explains(finding(own[:1]))
+    assert not k.explains(finding([("head.weight", 0.5)]))
+    assert not k.explains(finding([("head.weight", 0.0), ("blocks.0.lin.weight", 0.4)]))
+    assert not k.explains(finding([("blocks.0.lin.weight", 0.0)]))
+    assert not k.explains(finding(own, replace(k.scenario, stage=2)))
+    assert not k.explains(finding(own, replace(k.scenario, fp32_grad_accum=False)))

@@ -384,6 +384,20 @@ def stale_gradient_replayed(f: Finding) -> bool:
     return bool(again) and set(o.names) <= set(again)
 
 
+def in_forward_gradient_lost(f: Finding, made_in_forward: Callable[[str], bool]) -> bool:
+    """The parameters whose gradient a backward inside the forward made (``made_in_forward``: a fused loss head's)
+    got none of PyTorch's update (within 0.05 of it, either way), at least one of them differs, and every other
+    differing parameter got at least all of its own (clipping measured a smaller norm without the lost share):
+    that gradient was dropped between the forward and the step, the rest of the backward reached it."""
+    o = oracle(f)
+    if o is None or o.kind not in ("params", "update-norm", "master") or not o.params or o.moved:
+        return False
+    lost = [p for p in o.params if made_in_forward(p.param)]
+    rest = [p for p in o.params if not made_in_forward(p.param)]
+    return (bool(lost) and all(p.ratio is not None and abs(p.ratio) <= 0.05 for p in lost)
+            and all(p.ratio is not None and p.ratio >= 0.99 for p in rest))
+
+
 def stepped_without_gradient(f: Finding, frozen: set[str]) -> bool:
     """The differing parameters are all ones the run turned off (``frozen``: named by the scenario), and what
     moved them is not a replay of the step before's update: an optimizer step on a zero gradient (Adam's
@@ -438,7 +452,8 @@ def pytorch_style_backward(f: Finding) -> bool:
 
 
 __all__ = ["counted_in_every_hook", "differing_persistent", "frozen_partitioned_in_recompute", "held_after_backward",
-           "idle_step_crash", "kept_by_leaf", "kept_for_a_use_skipped", "late_module_after_reregister",
+           "idle_step_crash", "in_forward_gradient_lost", "kept_by_leaf", "kept_for_a_use_skipped",
+           "late_module_after_reregister",
            "leaf_reduced_early", "no_gradient_crash", "premature_epilogue", "pytorch_style_backward",
            "raised_at", "ranks_gathered_apart", "recording_when_reregistered", "released_by_early_epilogue",
            "released_late", "scale_grew_at", "shared_param_hooked_twice", "stale_gradient_replayed",

@@ -557,6 +557,44 @@ ZERO_TO_FP32_BF16_OPTIMIZER = KnownIssue(
             "ValueError.  load_checkpoint into the engine works (the run then trains); not traced further."),
 )
 
+def _bf16_optimizer(sc: Scenario) -> bool:
+    """DeepSpeed wraps the optimizer in ``BF16_Optimizer`` (``_do_optimizer_sanity_check``): ZeRO-1, bf16, fp32
+    gradient accumulation, no offload."""
+    return (sc.stage == 1 and sc.precision.value == "bf16" and sc.fp32_grad_accum
+            and sc.offload.value == "none")
+
+
+def _fused_head_param(name: str) -> bool:
+    """The fused loss head's weight: the one parameter whose gradient its backward inside the forward makes."""
+    return name == "head.weight"
+
+
+BF16_OPTIMIZER_CLEARS_IN_FORWARD_GRADS = KnownIssue(
+    id="bf16-optimizer-clears-in-forward-grads",
+    title="BF16_Optimizer (ZeRO-1 + bf16 + fp32 gradient accumulation): engine.backward clears the gradient a "
+          "backward inside the forward already wrote (a fused logits+loss head), so that parameter never steps",
+    owner="deepspeed",
+    releases=((0, 19, 2), (0, 20, 0)),  # measured on 0.19.2 and 0.19.8
+    scenario=Scenario.from_dict({"stage": 1, "precision": "bf16", "fp32_grad_accum": True, "fused_head": True,
+                                 "blocks": [{}], "width": 7, "steps": [{}]}),
+    checks=("oracle",),
+    keys=("oracle:bf16-optimizer-clears-in-forward-grads",),
+    upstream_patch="docs/upstream/bf16-optimizer-clears-in-forward-grads/",
+    explains=lambda f: rules.in_forward_gradient_lost(f, _fused_head_param) and narrow(
+        f, lambda sc: sc.fused_head and _bf16_optimizer(sc)),
+    detail=("Found by the default exploration on 0.19.8 once the optimizer wrapper was a pairwise point "
+            "(docs/results.md).  A loss head that computes its gradients inside the forward (DeepSpeed's own "
+            "TiledFusedLogitsLoss, ALST) writes the head weight's gradient into its bf16 .grad before "
+            "engine.backward runs.  With bf16.immediate_grad_update off (the default) BF16_Optimizer keeps "
+            "gradients in the bf16 .grad until the backward's epilogue adds them to the fp32 buffer, and "
+            "engine._backward_prologue calls optimizer.backward_prologue() -> clear_lp_grads() at the start of "
+            "every engine.backward: the head's gradient is wiped, at every gas, and the head's fp32 master weight "
+            "does not move (ratio 0.000; with clipping the other parameters get 1.157 of their update, the norm "
+            "having lost the head's share).  With immediate_grad_update true the master weights equal PyTorch's "
+            "exactly; ZeRO-2/3 and ZeRO-1 without fp32 accumulation (the ZeRO optimizer, whose prologue does not "
+            "clear .grad) are correct."),
+)
+
 SETUP_ISSUES: tuple[KnownIssue, ...] = (ZERO0_FP16_LOSS_NOT_SCALED, Z3_UNGROUPED_NOT_GATHERED,
                                         TWO_BACKWARDS_PER_FORWARD, STEP_WITHOUT_GRADIENT, NESTED_OUTPUTS_SCALED_TWICE,
                                         SHARED_ACROSS_REENTRANT, Z3_LINEAR_OVERRIDE_OUTLIVES_ENGINE,
@@ -565,6 +603,6 @@ SETUP_ISSUES: tuple[KnownIssue, ...] = (ZERO0_FP16_LOSS_NOT_SCALED, Z3_UNGROUPED
                                         ZERO_TO_FP32_DROPS_UNGROUPED, ZERO1_CHECKPOINT_DROPS_FROZEN,
                                         Z3_MIXED_DTYPE_TRAINABLE_DEFRAGMENT, Z3_EMPTY_PARAM_NOT_GATHERED,
                                         ZERO_TO_FP32_Z3_EMPTY_PARAM, ZERO1_CHECKPOINT_DROPS_EMPTY_PARAM,
-                                        ZERO_TO_FP32_BF16_OPTIMIZER)
+                                        ZERO_TO_FP32_BF16_OPTIMIZER, BF16_OPTIMIZER_CLEARS_IN_FORWARD_GRADS)
 
 __all__ = ["SETUP_ISSUES", "dropped_by_zero_to_fp32", "nested_outputs_zero12"]
