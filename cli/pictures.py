@@ -33,7 +33,7 @@ MARKS: dict[EventKind, tuple[str, str]] = {
     EventKind.RECOMPUTE_START: ("R>", _TEAL), EventKind.RECOMPUTE_END: ("R|", _TEAL), EventKind.SAVE_LIVE: ("S", _TEAL),
     EventKind.UNPACK: ("U", _TEAL),
     EventKind.ENTER_BACKWARD: ("E+", _ORANGE), EventKind.EXIT_BACKWARD: ("E-", _ORANGE),
-    EventKind.COUNT: ("#", _ORANGE),
+    EventKind.COUNT: ("#", _ORANGE), EventKind.EXPECTED: ("#E", _ORANGE),
     EventKind.CALLBACK_QUEUED: ("Q", _ORANGE), EventKind.CALLBACK_RUN: ("Q!", _ORANGE),
     EventKind.POST_HOOKS: ("P", _ORANGE),
     EventKind.EPILOGUE: ("EP", _ORANGE), EventKind.BUCKET_ADD: ("+", _ORANGE), EventKind.BUCKET_FLUSH: ("FL", _ORANGE),

@@ -14,6 +14,8 @@ fault benchmark does; the unfaulted release passes the same scenarios.
   contiguous buffer: the completion pairs ZeRO-3's contiguous-buffer route with a bucket of exactly one weight.
 * A ``BF16_Optimizer`` step without its clipping stayed inside the bf16 tolerance against an fp32 oracle; the
   mixed-precision oracle's fp32 master weights (`compare.compare_masters`) see it.
+* A miscounted backward phase changed nothing downstream while the post-backward callback decides the epilogue:
+  ``count-matches-hooks`` compares the count and the expectation with the hooks that fire in the task.
 """
 
 from __future__ import annotations
@@ -134,4 +136,30 @@ def test_an_exactly_filled_zero3_bucket_sees_a_gradient_left_out_of_the_contiguo
     clean = _findings_on(tree, sc)
     assert any(f.key.startswith("oracle:") and "lin.weight" in f.error for f in faulted), \
         [(f.key, f.error[:300]) for f in faulted]
+    assert not clean, [(f.key, f.error[:300]) for f in clean]
+
+
+COUNT_CASES = {
+    # the count takes every seen gradient node, executed or not: ZeRO-1 with a norm in no loss path
+    "count-all-grad-nodes": ({"stage": 1, "blocks": [{"norm": "unused"}]}, "count-matches-hooks:count-not-hooks"),
+    # ZeRO-3 leaves the z3 leaf modules out of the expected count; the leaf's hook fires in the counted task
+    "z3-count-misses-leaf-modules": ({"stage": 3, "blocks": [{"leaf": True}, {}]},
+                                     "count-matches-hooks:expected-short"),
+}
+
+
+@pytest.mark.deepspeed
+@pytest.mark.parametrize("fault_id", sorted(COUNT_CASES))
+def test_count_matches_hooks_kills_a_miscounted_phase(fault_id, tmp_path):
+    """Faults ``count-all-grad-nodes`` and ``z3-count-misses-leaf-modules`` survived: with the post-backward
+    callback queued the expected count decides no epilogue, so nothing downstream changed.  The tracer records
+    what count_used_parameters_in_backward returned (COUNT) and the count DeepSpeed's hook state is handed
+    (EXPECTED), and ``count-matches-hooks`` compares both with the hooks that fire in that graph task."""
+    tree = _tree(tmp_path)
+    sc_dict, key = COUNT_CASES[fault_id]
+    sc = Scenario.from_dict(sc_dict)
+    with applied(by_id()[fault_id], tree):
+        faulted = _findings_on(tree, sc)
+    clean = _findings_on(tree, sc)
+    assert key in {f.key for f in faulted}, [(f.key, f.error[:300]) for f in faulted]
     assert not clean, [(f.key, f.error[:300]) for f in clean]

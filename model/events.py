@@ -88,7 +88,12 @@ class EventKind(str, Enum):
     EXIT_BACKWARD = "exit_backward"
     """``exit_backward()``; ``value`` is the new depth."""
     COUNT = "count"
-    """``count_used_parameters_in_backward`` evaluated in ``task``; ``value`` is what it returned."""
+    """``count_used_parameters_in_backward`` evaluated in ``task``; ``value`` is what it returned: the parameters
+    (ZeRO-3: outside z3 leaf modules) whose gradient the running graph task will accumulate."""
+    EXPECTED = "expected"
+    """The hook count DeepSpeed expects for the phase, derived from the COUNT just before it in ``task`` (ZeRO-3
+    adds one per z3 leaf module): ``value``, as handed to its hook state (``update_hook_state_and_maybe_run_epilogue``;
+    before 0.18.5, where the count is the remaining-hooks counter itself, the count plus the leaf modules)."""
     CALLBACK_QUEUED = "callback_queued"
     """A post-backward callback queued on graph task ``task`` (``queue_callback``)."""
     CALLBACK_RUN = "callback_run"

@@ -96,10 +96,12 @@ def process_gradients(params: tuple[str, ...]) -> Effects:
     return tuple(Event(EventKind.BUCKET_ADD, param=p) for p in params)
 
 
-def count_used(ctx: Ctx) -> tuple[int, Event]:
-    """``count_used_parameters_in_backward(...) (+ leaf_module_count under ZeRO-3)``."""
+def count_used(ctx: Ctx) -> tuple[int, Effects]:
+    """``count_used_parameters_in_backward(...) (+ leaf_module_count under ZeRO-3)``: the expected count, and its
+    COUNT (the function's own result) and EXPECTED (with the leaf modules) events."""
     value = ctx.expected_count()
-    return value, Event(EventKind.COUNT, task=ctx.task, value=value)
+    return value, (Event(EventKind.COUNT, task=ctx.task, value=value - ctx.net.leaf_module_count),
+                   Event(EventKind.EXPECTED, task=ctx.task, value=value))
 
 
 def queue_post_backward_callback(hs: HookState, ctx: Ctx) -> tuple[HookState, Effects, bool]:

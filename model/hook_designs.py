@@ -106,8 +106,8 @@ def _grad_hook_0184(hs: HookState, ctx: Ctx, params: tuple[str, ...]) -> Result:
     """stage3.py / stage_1_and_2.py 0.18.4: ``if remaining == 0: remaining = count(...)``."""
     effects: tuple[Event, ...] = ()
     if hs.remaining == 0:
-        value, ev = hook_actions.count_used(ctx)
-        hs, effects = hs.with_(remaining=value), (ev,)
+        value, effects = hook_actions.count_used(ctx)
+        hs = hs.with_(remaining=value)
     effects += hook_actions.process_gradients(params)
     hs = hs.with_(remaining=hs.remaining - 1)
     if hs.remaining == 0:
@@ -128,9 +128,9 @@ def _grad_hook_0185(hs: HookState, ctx: Ctx, params: tuple[str, ...]) -> Result:
     """0.18.5/0.18.6: reenter, process, ``count_used_parameters_in_backward`` in every hook."""
     hs, eff = hook_actions.reenter_backward_if_needed(hs, ctx)
     eff += hook_actions.process_gradients(params)
-    value, ev = hook_actions.count_used(ctx)
+    value, counted = hook_actions.count_used(ctx)
     hs, more = hook_actions.update_hook_state_and_maybe_run_epilogue(hs, value, ctx)
-    return hs, eff + (ev,) + more
+    return hs, eff + counted + more
 
 
 def _callback(hs: HookState, ctx: Ctx) -> Result:
@@ -158,8 +158,8 @@ def _grad_hook_0187(hs: HookState, ctx: Ctx, params: tuple[str, ...]) -> Result:
     hs, eff = hook_actions.reenter_backward_if_needed(hs, ctx)
     eff += hook_actions.process_gradients(params)
     if refresh:
-        value, ev = hook_actions.count_used(ctx)
-        eff += (ev,)
+        value, counted = hook_actions.count_used(ctx)
+        eff += counted
     else:
         value = hs.max_expected
     hs, more = hook_actions.update_hook_state_and_maybe_run_epilogue(hs, value, ctx)

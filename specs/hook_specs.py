@@ -179,6 +179,73 @@ COUNT_ONCE_PER_PHASE = Spec(
 )
 
 
+# ---------------------------------------------------------- count-matches-hooks
+class _Phase(NamedTuple):
+    """One graph task's hooks so far, and the count / expectation evaluated in it (None: not evaluated)."""
+    params: frozenset[str] = frozenset()
+    leaves: frozenset[str] = frozenset()
+    count: int | None = None
+    expected: int | None = None
+
+
+_Phases = tuple[tuple[int | None, _Phase], ...]
+
+
+def _phase_of(m: _Phases, task: int | None) -> _Phase:
+    return next((ph for t, ph in m if t == task), _Phase())
+
+
+def _with_phase(m: _Phases, task: int | None, ph: _Phase) -> _Phases:
+    return tuple((t, x) for t, x in m if t != task) + ((task, ph),)
+
+
+def _phase_verdict(task: int | None, ph: _Phase) -> Failure | None:
+    fired = len(ph.params) + len(ph.leaves)
+    if ph.count is not None and ph.count != len(ph.params):
+        return fail(f"count_used_parameters_in_backward returned {ph.count} in graph task {task}, where the gradient "
+                    f"hooks of {len(ph.params)} parameter(s) fired", "count-not-hooks")
+    if ph.expected is not None and ph.expected < fired:
+        return fail(f"DeepSpeed expected {ph.expected} hook(s) for graph task {task}, fewer than the {fired} that "
+                    f"fired there ({len(ph.params)} parameter(s), {len(ph.leaves)} z3 leaf module(s))",
+                    "expected-short")
+    return None
+
+
+def _count_hooks_step(m: _Phases, ev: Event) -> _Phases | Failure:
+    k = ev.kind
+    if k is EventKind.TASK_START:
+        return _with_phase(m, ev.task, _Phase())
+    if k is EventKind.TASK_END:
+        failed = _phase_verdict(ev.task, _phase_of(m, ev.task))
+        return failed if failed else tuple((t, x) for t, x in m if t != ev.task)
+    ph = _phase_of(m, ev.task)
+    if k is EventKind.GRAD_HOOK and ev.param is not None:
+        return _with_phase(m, ev.task, ph._replace(params=ph.params | {ev.param}))
+    if k is EventKind.LEAF_HOOK and ev.module is not None:
+        return _with_phase(m, ev.task, ph._replace(leaves=ph.leaves | {ev.module}))
+    if k is EventKind.COUNT and ev.value is not None:
+        return _with_phase(m, ev.task, ph._replace(count=ev.value))
+    if k is EventKind.EXPECTED and ev.value is not None:
+        return _with_phase(m, ev.task, ph._replace(expected=ev.value))
+    return m
+
+
+COUNT_MATCHES_HOOKS = Spec(
+    id="count-matches-hooks",
+    sentence=("count_used_parameters_in_backward counts exactly the parameters whose gradient hook fires in its graph "
+              "task, and the hook count DeepSpeed expects from it covers every hook that fires there."),
+    provenance=("deepspeedai/DeepSpeed#7882", "deepspeedai/DeepSpeed#7886",
+                "count_used_parameters_in_backward's docstring (runtime/utils.py)"),
+    family="hooks",
+    init=tuple, step=_count_hooks_step, finish=lambda m: None,
+    checks=("At each graph task's TASK_END, for a task in which a COUNT was evaluated: its value equals the distinct "
+            "parameters of the GRAD_HOOKs of that task, and the EXPECTED after it is at least those plus the z3 "
+            "leaf modules of its LEAF_HOOKs.  A task that never ends (the run raised) is not judged."),
+    reacts_to=frozenset({EventKind.TASK_START, EventKind.TASK_END, EventKind.GRAD_HOOK, EventKind.LEAF_HOOK,
+                         EventKind.COUNT, EventKind.EXPECTED}),
+)
+
+
 # ---------------------------------------------------------------- clean-step
 class _Clean(NamedTuple):
     after_step: bool = False
@@ -225,7 +292,7 @@ CLEAN_STEP = Spec(
 )
 
 HOOK_SPECS = (EPILOGUE_ONCE, GRAD_HANDLED_ONCE, NO_EPILOGUE_BEFORE_USER_BACKWARD, COUNT_ONCE_PER_PHASE,
-              CLEAN_STEP)
+              COUNT_MATCHES_HOOKS, CLEAN_STEP)
 
-__all__ = ["CLEAN_STEP", "COUNT_ONCE_PER_PHASE", "EPILOGUE_ONCE", "GRAD_HANDLED_ONCE", "HOOK_SPECS",
-           "NO_EPILOGUE_BEFORE_USER_BACKWARD"]
+__all__ = ["CLEAN_STEP", "COUNT_MATCHES_HOOKS", "COUNT_ONCE_PER_PHASE", "EPILOGUE_ONCE", "GRAD_HANDLED_ONCE",
+           "HOOK_SPECS", "NO_EPILOGUE_BEFORE_USER_BACKWARD"]

@@ -24,7 +24,8 @@ queue_post_backward_callback           CALLBACK_QUEUED (when it newly queued)
 run_grad_acc_post_hooks                CALLBACK_RUN (when called from the queued callback), POST_HOOKS
 engine._backward_epilogue              BUCKET_FLUSH (gradients handled since the last flush), EPILOGUE
 gradient sink (reduce / process)       GRAD_HOOK or LEAF_HOOK (by the calling hook closure), BUCKET_ADD
-count_used_parameters_in_backward      COUNT (task, value = result + ZeRO-3 leaf-module count)
+count_used_parameters_in_backward      COUNT (task, value = its result)
+hook state's update after a count      EXPECTED (task, value = the expected count it is handed)
 stage3 _pre_step                       BUCKET_CLEAR (value = stale params found in the real ipg buckets)
 ZeRO-3 offload pre/post fwd/bwd        the view's module events (MODULE_PRE/POST_FORWARD / BACKWARD ...)
 parameter ds_status / holders / mode   FETCH (note ``inflight``: waited on a prefetch) / PREFETCH /
@@ -127,6 +128,10 @@ class TraceCore:
         self.task_hook: Callable[[], None] | None = None
         """Called at every graph-task lookup while set (the watch opens a PyTorch-style backward's window there)."""
         self._declared = False
+        self._counted: tuple[int | None, int] | None = None
+        """A COUNT emitted whose EXPECTED is still to come: ``(task, count + leaf modules)``."""
+        self._state_expects = False
+        """The hook state takes the expected count (``update_hook_state_and_maybe_run_epilogue``, 0.18.5+)."""
 
     # ------------------------------------------------------------ emitting
     def emit(self, kind: EventKind, param: str | None = None, module: str | None = None, task: int | None = None,
@@ -305,6 +310,8 @@ class TraceCore:
         self.patch(owner, "exit_backward", lambda f: self._w_depth(f, EventKind.EXIT_BACKWARD))
         self.patch(owner, "run_grad_acc_post_hooks", self._w_post_hooks)
         self.patch(owner, "queue_post_backward_callback", self._w_queue)
+        self._state_expects = hasattr(owner, "update_hook_state_and_maybe_run_epilogue")
+        self.patch(owner, "update_hook_state_and_maybe_run_epilogue", self._w_expected)
         self.patch(opt, compat.grad_sink(self.stage), self._w_sink)
         for modname in compat.COUNT_MODULES:
             self.patch(importlib.import_module(modname), compat.COUNT_NAME, self._w_count)
@@ -431,10 +438,26 @@ class TraceCore:
         def count(*a: Any, **k: Any) -> Any:
             task = self.task()
             v = f(*a, **k)
-            self.emit(EventKind.COUNT, task=task, value=int(v) + self.view.leaf_count)  # type: ignore[union-attr]
+            self.emit(EventKind.COUNT, task=task, value=int(v))
+            expected = int(v) + self.view.leaf_count  # type: ignore[union-attr]
+            if self._state_expects:  # DeepSpeed's own sum comes with the hook state's update (`_w_expected`)
+                self._counted = (task, expected)
+            else:  # before 0.18.5 the sum is the remaining-hooks counter itself: the leaf modules as configured
+                self.emit(EventKind.EXPECTED, task=task, value=expected)
             self.flush()
             return v
         return count
+
+    def _w_expected(self, f: Wrapper) -> Wrapper:
+        """The count the hook state is handed right after a COUNT is DeepSpeed's expectation for the phase (the
+        count plus its z3 leaf modules, as the hook computed it); later hooks hand it the maximum seen."""
+        def update(*a: Any, **k: Any) -> Any:
+            counted, self._counted = self._counted, None
+            if counted is not None:
+                given = a[0] if a else next(iter(k.values()), counted[1])
+                self.emit(EventKind.EXPECTED, task=counted[0], value=int(given))
+            return f(*a, **k)
+        return update
 
     def _w_pre_step(self, f: Wrapper) -> Wrapper:
         def pre_step(*a: Any, **k: Any) -> Any:
