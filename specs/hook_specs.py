@@ -184,7 +184,7 @@ class _Phase(NamedTuple):
     """One graph task's hooks so far, and the count / expectation evaluated in it (None: not evaluated)."""
     params: frozenset[str] = frozenset()
     leaves: frozenset[str] = frozenset()
-    count: int | None = None
+    returned: int | None = None
     expected: int | None = None
 
 
@@ -201,9 +201,9 @@ def _with_phase(m: _Phases, task: int | None, ph: _Phase) -> _Phases:
 
 def _phase_verdict(task: int | None, ph: _Phase) -> Failure | None:
     fired = len(ph.params) + len(ph.leaves)
-    if ph.count is not None and ph.count != len(ph.params):
-        return fail(f"count_used_parameters_in_backward returned {ph.count} in graph task {task}, where the gradient "
-                    f"hooks of {len(ph.params)} parameter(s) fired", "count-not-hooks")
+    if ph.returned is not None and ph.returned != len(ph.params):
+        return fail(f"count_used_parameters_in_backward returned {ph.returned} in graph task {task}, where the "
+                    f"gradient hooks of {len(ph.params)} parameter(s) fired", "count-not-hooks")
     if ph.expected is not None and ph.expected < fired:
         return fail(f"DeepSpeed expected {ph.expected} hook(s) for graph task {task}, fewer than the {fired} that "
                     f"fired there ({len(ph.params)} parameter(s), {len(ph.leaves)} z3 leaf module(s))",
@@ -224,7 +224,7 @@ def _count_hooks_step(m: _Phases, ev: Event) -> _Phases | Failure:
     if k is EventKind.LEAF_HOOK and ev.module is not None:
         return _with_phase(m, ev.task, ph._replace(leaves=ph.leaves | {ev.module}))
     if k is EventKind.COUNT and ev.value is not None:
-        return _with_phase(m, ev.task, ph._replace(count=ev.value))
+        return _with_phase(m, ev.task, ph._replace(returned=ev.value))
     if k is EventKind.EXPECTED and ev.value is not None:
         return _with_phase(m, ev.task, ph._replace(expected=ev.value))
     return m
