@@ -352,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{fault.id}: {result['status']}{tail}", flush=True)
     if args.coverage:
         mark_reached(results, Path(args.coverage))
-    meta = {"release": RELEASE, "examples": args.examples, "seed": args.seed, "fast_s": FAST_S}
+    meta = {"release": RELEASE, "examples": args.examples, "seed": args.seed, "fast_s": FAST_S, "cut_s": args.cut_s}
     figures = summary(results, FAST_S)
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps({**meta, "summary": figures, "faults": results}, indent=2) + "\n")

@@ -150,6 +150,10 @@ def test_the_table_says_which_survivors_were_cut() -> None:
     text = markdown(results, summary(results, 120.0), {"release": RELEASE, "examples": None, "seed": None})  # type: ignore[arg-type]
     assert "run cut at 480 s" in text and "`g` | step | killed" in text
     assert "1/2 = 50%" in text
+    assert "each faulted run cut" not in text  # a run with no --cut-s says none
+    cut = markdown(results, summary(results, 120.0), {"release": RELEASE, "examples": None, "seed": None,  # type: ignore[arg-type]
+                                                      "cut_s": 480.0})
+    assert "default seed, each faulted run cut at 480 s of exploring without a kill)" in cut
 
 
 def test_an_old_key_whose_example_the_fault_made_fail_kills() -> None:
