@@ -308,8 +308,10 @@ def _pairs_line(p: dict[str, Any]) -> str:
     ended = p.get("ended_early") or []
     cut = (f"; {len(ended)} only in runs that ended on an exception (the rest of their scenario did not run), "
            f"e.g. {', '.join(ended[:2])}" if ended else "")
+    slow = (f"; its draws were made in this process, the draw helpers failed: {p['draw_helpers_failed']}"
+            if p.get("draw_helpers_failed") else "")
     return (f"setup pairs: {p['missing_after_generation']} not taken by the generated examples run to their end; "
-            f"{p['examples']} completion example(s) ran them, {len(p['not_drawable'])} not drawable{left}{cut}")
+            f"{p['examples']} completion example(s) ran them, {len(p['not_drawable'])} not drawable{left}{cut}{slow}")
 
 
 class _CtrlC(threading.Event):

@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import threading
 import time
 from dataclasses import dataclass, field, replace
@@ -66,6 +67,7 @@ from zerostate.explorer.confirm import Confirmation, ConfirmQueue, Job, Landed
 from zerostate.explorer.events import (Confirmed, Event, FindingEvent, Progress, Renumbered, Restarted, Seen,
                                        Shrunk, Stage)
 from zerostate.explorer.generate import DEFAULT_SEED, LANE, Lanes, generated
+from zerostate.explorer.draw_pool import DrawPool
 from zerostate.explorer.pairs import ROUNDS, Completion, budget_for, complete, ended_only, pairs_of, ran_through
 from zerostate.explorer.rounds import ROUND, Rounds
 from zerostate.explorer.signal import Unit, units
@@ -355,8 +357,21 @@ class Exploration:
         ran = [Scenario.from_json(k) for k in self._positions]
         budget = budget_for(self.examples)
         self.completion = done = Completion()
+        # the workers wait for the completion's first lane: its forced draws use this machine's cores meanwhile
+        helpers = min(self.jobs, os.cpu_count() or 1)
+        with contextlib.ExitStack() as stack:
+            pool = stack.enter_context(DrawPool(self.seed, helpers)) if helpers > 1 else None
+            stopped = yield from self._complete_rounds(ran, budget, done, pool)
+            done.draw_helpers = pool.failure if pool is not None else None
+        return stopped
+
+    def _complete_rounds(self, ran: list[Scenario], budget: int, done: Completion,
+                         pool: DrawPool | None) -> Generator[Event, None, bool]:
         for k in range(ROUNDS):
-            step = complete(ran, budget - len(done.examples), self.seed, self._ended_early(ran), done.not_drawable)
+            t0 = time.perf_counter()
+            step = complete(ran, budget - len(done.examples), self.seed, self._ended_early(ran), done.not_drawable,
+                            drawer=pool)
+            done.draw_seconds += time.perf_counter() - t0
             done.missing = done.missing if k else step.missing
             done.not_drawable += step.not_drawable
             done.left = step.left

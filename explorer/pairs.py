@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass, field
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 from zerostate.model.scenario import Offload, Precision, Scenario
 
@@ -189,18 +189,31 @@ class Completion:
     ended early, whose retry the budget cut, is in ``ended_early``)."""
     ended_early: list[Pair] = field(default_factory=list)
     """Pairs whose every example (after the last round) ended on an exception: drawn, not run to the end."""
+    draw_seconds: float = 0.0
+    """Wall seconds spent drawing the completion (the workers wait for its lanes meanwhile)."""
+    draw_helpers: str | None = None
+    """Why the helper processes drawing ahead were given up (`draw_pool.DrawPool`; the draws were then made in the
+    exploration's process, the same draws, only later), or None."""
 
     def to_dict(self) -> dict[str, object]:
         return {"missing_after_generation": self.missing, "examples": len(self.examples),
                 "not_drawable": [pair_name(p) for p in self.not_drawable],
-                "left": [pair_name(p) for p in self.left], "ended_early": [pair_name(p) for p in self.ended_early]}
+                "left": [pair_name(p) for p in self.left], "ended_early": [pair_name(p) for p in self.ended_early],
+                "draw_seconds": round(self.draw_seconds, 1),
+                **({"draw_helpers_failed": self.draw_helpers} if self.draw_helpers else {})}
+
+
+Drawer = Callable[[Pair, Sequence[Pair]], "tuple[Scenario, ...] | None"]
+"""``(pair, next) -> draws(pair, seed)``: the forced draws of ``pair``; ``next`` are the pairs `complete` is likely
+to ask for after it (a pool may draw them meanwhile)."""
 
 
 def complete(ran: Iterable[Scenario], budget: int, seed: int | None, ended: Iterable[Scenario] = (),
-             skip: Iterable[Pair] = ()) -> Completion:
+             skip: Iterable[Pair] = (), drawer: Drawer | None = None) -> Completion:
     """The completion of ``ran`` (module docstring): at most ``budget`` new scenarios.  ``ended``: those of
     ``ran`` whose run ended early (their pairs do not count as taken); ``skip``: pairs not to draw again (found
-    not drawable before)."""
+    not drawable before); ``drawer``: where the forced draws are made (default: here, one pair at a time; the
+    result is the same wherever they are drawn)."""
     ran = list(ran)
     seen = {sc.to_json(None) for sc in ran}
     covered = _taken_through(ran, ended)
@@ -208,9 +221,10 @@ def complete(ran: Iterable[Scenario], budget: int, seed: int | None, ended: Iter
     missing = [p for p in all_pairs() if p not in covered and p not in passed]
     out = Completion(missing=len(missing))
     todo = list(missing)
+    draw = drawer or (lambda pair, _next: draws(pair, seed))
     while todo and len(out.examples) < budget:
         pair = todo[0]
-        best = draw_for(pair, seed, seen, set(todo))
+        best = best_of(pair, draw(pair, todo[1:]), seen, set(todo))
         if best is None:
             out.not_drawable.append(pair)
             todo.pop(0)
@@ -223,22 +237,35 @@ def complete(ran: Iterable[Scenario], budget: int, seed: int | None, ended: Iter
     return out
 
 
-def draw_for(pair: Pair, seed: int | None, seen: set[str] | frozenset[str] = frozenset(),
-             left: set[Pair] | frozenset[Pair] = frozenset()) -> Scenario | None:
-    """Of `DRAWS` scenarios drawn with ``pair`` forced, one not in ``seen`` (scenario JSON) that takes it and
-    the most of ``left`` (the first such); None: none took it."""
+def draws(pair: Pair, seed: int | None) -> tuple[Scenario, ...] | None:
+    """The `DRAWS` scenarios drawn with ``pair`` forced, in order (None: its two alternatives need different
+    alternatives of one point).  A function of (pair, seed) alone, so any process draws the same."""
     from zerostate.explorer.strategies import scenarios
     weights = forced(pair)
     if weights is None:
         return None
+    return tuple(generated(scenarios(weights=weights), DRAWS, _seed(seed, pair)))
+
+
+def best_of(pair: Pair, drawn: Iterable[Scenario] | None, seen: set[str] | frozenset[str] = frozenset(),
+            left: set[Pair] | frozenset[Pair] = frozenset()) -> Scenario | None:
+    """Of ``drawn``, the first scenario not in ``seen`` (scenario JSON) that takes ``pair`` and the most of
+    ``left``; None: none took it."""
     best, gain = None, -1
-    for sc in generated(scenarios(weights=weights), DRAWS, _seed(seed, pair)):
+    for sc in drawn or ():
         got = pairs_of(sc)
         if pair not in got or sc.to_json(None) in seen:
             continue
         if len(got & left) > gain:
             best, gain = sc, len(got & left)
     return best
+
+
+def draw_for(pair: Pair, seed: int | None, seen: set[str] | frozenset[str] = frozenset(),
+             left: set[Pair] | frozenset[Pair] = frozenset()) -> Scenario | None:
+    """Of `DRAWS` scenarios drawn with ``pair`` forced, one not in ``seen`` (scenario JSON) that takes it and
+    the most of ``left`` (the first such); None: none took it."""
+    return best_of(pair, draws(pair, seed), seen, left)
 
 
 ROUNDS = 2
@@ -271,5 +298,5 @@ def budget_for(examples: int) -> int:
 
 __all__ = ["BUDGET_SHARE", "Completion", "DRAWS", "LABELS", "Pair", "all_pairs", "alternatives", "budget_for",
            "DERIVED", "Derived", "ENDS_RUN", "ROUNDS", "WRAPPER", "Z3_REDUCE",
-           "ended_only", "ran_through", "complete", "draw_for",
+           "Drawer", "ended_only", "ran_through", "best_of", "complete", "draw_for", "draws",
            "forced", "pair_name", "pairs_of", "sizes"]

@@ -168,3 +168,47 @@ def test_explore_redraws_in_a_second_round_what_the_first_rounds_runs_ended_on(m
 def res_examples(res) -> list[Scenario]:
     """The completion's scenarios, by position after the generated ones."""
     return [Scenario.from_dict(g["scenario"]) for g in res.generated if g["position"] > 12]
+
+
+def _same(a: Completion, b: Completion) -> None:
+    assert [s.to_json(None) for s in a.examples] == [s.to_json(None) for s in b.examples]
+    assert (a.not_drawable, a.left, a.missing) == (b.not_drawable, b.left, b.missing)
+
+
+def test_helpers_drawing_ahead_make_the_completion_drawn_here() -> None:
+    """The forced draws made in helper processes, pairs ahead (`draw_pool`), give the completion drawn in this
+    process: the same examples in the same order, the same pairs found not drawable."""
+    from zerostate.explorer.draw_pool import DrawPool
+    ran = _distinct(40)
+    here = complete(ran, 4, None)
+    with DrawPool(None, 2) as pool:
+        helped = complete(ran, 4, None, drawer=pool)
+        assert pool.failure is None
+    _same(here, helped)
+    assert here.not_drawable, "the case that costs: pairs drawn 64 times in vain"
+
+
+def test_a_helper_that_fails_is_said_and_the_draws_are_made_here(monkeypatch) -> None:
+    """A helper that dies (here: exits at once) gives up the helpers, says why, and the completion is the one
+    drawn here -- never a completion cut short or changed."""
+    import sys
+
+    from zerostate.explorer import draw_pool
+    monkeypatch.setattr(draw_pool, "HELPER", (sys.executable, "-c", "raise SystemExit(3)"))
+    ran = _distinct(40)
+    with draw_pool.DrawPool(None, 2) as pool:
+        helped = complete(ran, 2, None, drawer=pool)
+        assert pool.failure is not None and "exit status 3" in pool.failure, pool.failure
+    _same(complete(ran, 2, None), helped)
+    helped.draw_helpers = pool.failure
+    assert "exit status 3" in str(helped.to_dict()["draw_helpers_failed"])
+
+
+def test_the_summary_line_says_the_draws_were_made_here_when_the_helpers_failed() -> None:
+    from zerostate.cli.cmd_explore import _pairs_line
+    done = Completion(examples=[], missing=3)
+    assert "draw helpers" not in _pairs_line(done.to_dict())
+    done.draw_helpers = "RuntimeError: a draw helper ended (helper exit status 3, 3)"
+    line = _pairs_line(done.to_dict())
+    assert line.endswith("its draws were made in this process, the draw helpers failed: RuntimeError: a draw helper "
+                         "ended (helper exit status 3, 3)"), line
