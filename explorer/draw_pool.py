@@ -56,7 +56,10 @@ class _Helper:
         return None if got is None else tuple(Scenario.from_json(s) for s in got)
 
     def close(self) -> int:
-        """End the helper; its exit status."""
+        """End the helper; its exit status.  One still drawing (or blocked writing an answer nobody will read) is
+        killed; an idle one ends at the end of its input."""
+        if self.pair is not None:
+            self.proc.kill()
         if self.proc.stdin is not None:
             try:
                 self.proc.stdin.close()
