@@ -1,8 +1,8 @@
 """The pairwise completion's forced draws, made in helper processes a few pairs ahead (`DrawPool`).
 
 `pairs.complete` draws `pairs.DRAWS` scenarios for each pair it tries, and most pairs it tries prove not
-drawable: on the default exploration that is about 180 pairs of 64 draws, a minute and a half on one core,
-while the exploration's workers -- all of them waiting for the completion's first lane -- sit idle.  A pair's
+drawable, while the exploration's workers -- all of them waiting for the completion's first lane -- sit idle
+(`benchmarks/bench_completion.py` times it).  A pair's
 draws are a function of (pair, seed) alone (`pairs.draws`), so they can be made anywhere: the pool draws the
 pair asked for and the next ones `complete` will likely ask for, in ``jobs`` processes.  `complete` picks from
 the same draws in the same order, so the completion is the one drawn in-process; a pair drawn ahead and then
