@@ -1,8 +1,8 @@
 """The pairwise completion's forced draws, made in helper processes a few pairs ahead (`DrawPool`).
 
 `pairs.complete` draws `pairs.DRAWS` scenarios for each pair it tries, and most pairs it tries prove not
-drawable, while the exploration's workers -- all of them waiting for the completion's first lane -- sit idle
-(`benchmarks/bench_completion.py` times it).  A pair's
+drawable (`benchmarks/bench_completion.py` times it); a worker that has run its generated lane waits for the
+completion's first lane meanwhile.  A pair's
 draws are a function of (pair, seed) alone (`pairs.draws`), so they can be made anywhere: the pool draws the
 pair asked for and the next ones `complete` will likely ask for, in ``jobs`` processes.  `complete` picks from
 the same draws in the same order, so the completion is the one drawn in-process; a pair drawn ahead and then
@@ -15,7 +15,9 @@ helper that fails is a harness error, never a silent change of the completion: t
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -30,6 +32,9 @@ _Draws = tuple[Scenario, ...] | None
 
 HELPER = (sys.executable, "-m", "zerostate.explorer.draw_pool")
 """The command a helper runs."""
+NICE = 10
+"""How much lower a helper's priority is than the exploration's: its draws run while the workers run the generated
+lanes (`first_round`), and should take only the CPU they leave."""
 
 
 class _Helper:
@@ -135,6 +140,8 @@ def _serve() -> None:
     """A helper: for each line ``[pair, seed]`` on stdin, one line of its draws (scenario JSON list, or null).
     It ends when stdin closes; a Ctrl-C at the terminal is the exploration's to handle, not its helpers'."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    with contextlib.suppress(OSError, AttributeError):  # no nice (another OS): the same draws, at normal priority
+        os.nice(NICE)
     for line in sys.stdin:
         pair, seed = json.loads(line)
         got = draws((pair[0], pair[1], pair[2], pair[3]), seed)
@@ -145,4 +152,4 @@ def _serve() -> None:
 if __name__ == "__main__":
     _serve()
 
-__all__ = ["HELPER", "DrawPool"]
+__all__ = ["HELPER", "NICE", "DrawPool"]

@@ -16,10 +16,11 @@ The phases:
    ``jobs`` workers at once (``spawn()`` makes the others).  The first example with a finding key not seen
    yet is handed over at once, unshrunk (`Seen`, numbered in hand-over order).
    Then (``pairs``, the default strategy only, not steered) the **pairwise completion** (`pairs`): the setup
-   pairs no generated example took (or took only in runs that ended on an exception), drawn in scenarios of
-   their own, up to one example per four, run after the generated ones in lanes of `COMPLETION_LANE` at the
-   positions after theirs, in two rounds (the second redraws what the first's early-ended runs left).  A key first met
-   there is shrunk by polish alone (the generated sequence its search replays never meets it).
+   pairs no generated example took, drawn in scenarios of their own, up to one example per four, in lanes of
+   `COMPLETION_LANE` at the positions after the generated ones, in two rounds.  The first reads no outcome, so
+   it is drawn while the generated lanes run and a worker with no generated lane left runs its lanes
+   (`first_round`); the second, after every run, redraws the pairs taken only by runs that ended on an exception.
+   A key first met there is shrunk by polish alone (the generated sequence its search replays never meets it).
 2. **Shrink** (`search`, `polish`).  On the first worker alone (started fresh), each key in the order of its
    first generated example (``first``'s keys before the others) gets a Hypothesis search of its own, then
    a greedy polish (``polish``); the result is `Shrunk`.  A key first met while shrinking is handed over
@@ -51,6 +52,7 @@ that compare generations).
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import threading
@@ -68,6 +70,7 @@ from zerostate.explorer.events import (Confirmed, Event, FindingEvent, Progress,
                                        Shrunk, Stage)
 from zerostate.explorer.generate import DEFAULT_SEED, LANE, Lanes, generated
 from zerostate.explorer.draw_pool import DrawPool
+from zerostate.explorer.first_round import FirstRound
 from zerostate.explorer.pairs import ROUNDS, Completion, budget_for, complete, ended_only, pairs_of, ran_through
 from zerostate.explorer.rounds import ROUND, Rounds
 from zerostate.explorer.signal import Unit, units
@@ -318,8 +321,6 @@ class Exploration:
     def _phases(self) -> Generator[Event, None, None]:
         try:
             stopped = yield from self._generate()
-            if self.pairs and not stopped:
-                stopped = yield from self._complete()
             self._start_shrinking()
             if self.shrink:
                 stopped = yield from self._shrink(stopped)
@@ -337,9 +338,11 @@ class Exploration:
         yield from self._renumbered()
 
     def _generate(self) -> Generator[Event, None, bool]:
-        """Run the generated lanes; whether ``stop`` ended generation."""
+        """Run the generated lanes (and the pairwise completion after them); whether ``stop`` ended generation."""
         if self.steer is not None:
             return (yield from self._generate_steered())
+        if self.pairs:
+            return (yield from self._generate_and_complete())
         stream = generated(self.strategy, self.examples, self.seed)
         lanes = Lanes(stream, self.lane)
         self._positions = lanes.position
@@ -348,31 +351,53 @@ class Exploration:
         finally:
             stream.close()
 
-    def _complete(self) -> Generator[Event, None, bool]:
-        """Run `pairs.complete`'s examples after the generated ones, at the positions after them, in lanes of
-        `COMPLETION_LANE`, in up to `ROUNDS` rounds (a pair whose examples all ended early is drawn again);
-        whether ``stop`` ended it."""
-        if self._stop_requested.is_set():
-            raise _Stopped()
-        ran = [Scenario.from_json(k) for k in self._positions]
+    def _generate_and_complete(self) -> Generator[Event, None, bool]:
+        """The generated lanes, then `pairs.completing`'s examples at the positions after them, in lanes of
+        `COMPLETION_LANE`, in `ROUNDS` rounds: the first (`first_round`) reads no outcome and is drawn while the
+        generated lanes run, its lanes handed out as soon as a worker has no generated lane left; the second,
+        after every run, redraws the pairs whose runs all ended early.  Whether ``stop`` ended it."""
+        with contextlib.closing(generated(self.strategy, self.examples, self.seed)) as stream:
+            sequence = list(stream)  # the first round completes the whole sequence's pairs
+        lanes = Lanes(iter(sequence), self.lane)
+        self._positions = lanes.position
+        ran = list({sc.to_json(None): sc for sc in sequence}.values())
         budget = budget_for(self.examples)
         self.completion = done = Completion()
-        # the workers wait for the completion's first lane: its forced draws use this machine's cores meanwhile
+        # drawn in helpers at a lower priority, the round takes the cores the generated lanes leave
         helpers = min(self.jobs, os.cpu_count() or 1)
         with contextlib.ExitStack() as stack:
             pool = stack.enter_context(DrawPool(self.seed, helpers)) if helpers > 1 else None
-            stopped = yield from self._complete_rounds(ran, budget, done, pool)
+            first = stack.enter_context(FirstRound(done, ran, budget, self.seed, pool))
+            if (yield from self._run_lanes(itertools.chain(lanes, self._completion_lanes(first)), self._positions)):
+                return True
+            first.close()
+            ran += done.examples
+            stopped = yield from self._second_round(ran, budget, done, pool)
             done.draw_helpers = pool.failure if pool is not None else None
         return stopped
 
-    def _complete_rounds(self, ran: list[Scenario], budget: int, done: Completion,
-                         pool: DrawPool | None) -> Generator[Event, None, bool]:
-        for k in range(ROUNDS):
+    def _completion_lanes(self, first: FirstRound) -> Iterator[list[Scenario]]:
+        """The first round's lanes, each as soon as its examples are chosen, their positions noted first."""
+        lane: list[Scenario] = []
+        for n, sc in enumerate(first.examples(self._lanes_stop), 1):
+            self._positions[sc.to_json(None)] = self.examples + n
+            lane.append(sc)
+            if len(lane) == COMPLETION_LANE:
+                yield lane
+                lane = []
+        if lane:
+            yield lane
+
+    def _second_round(self, ran: list[Scenario], budget: int, done: Completion,
+                      pool: DrawPool | None) -> Generator[Event, None, bool]:
+        """Redraw the pairs taken only by runs that ended early and run them; the completion's last figures."""
+        if self._stop_requested.is_set():
+            raise _Stopped()
+        for _ in range(ROUNDS - 1):
             t0 = time.perf_counter()
             step = complete(ran, budget - len(done.examples), self.seed, self._ended_early(ran), done.not_drawable,
                             drawer=pool)
             done.draw_seconds += time.perf_counter() - t0
-            done.missing = done.missing if k else step.missing
             done.not_drawable += step.not_drawable
             done.left = step.left
             if not step.examples:

@@ -13,9 +13,10 @@ examples are made.  Deterministic given the examples run and the seed.
 Of an example's outcome it reads one thing: whether the run reached its end (`ran_through`).  A run that ended on
 an exception (DeepSpeed's, a hang, a crash, the tool's own) did not run the rest of its scenario -- a known
 crash at a checkpoint round trip hides every later step --, so a pair taken only by such runs counts as not
-taken, and `explore` completes in `ROUNDS` rounds: the second redraws the pairs whose first-round examples
-ended early (another draw of the same 64; the scenarios run are never drawn again).  It reads no finding, so it
-favours no check and no known bug.
+taken, and `explore` completes in `ROUNDS` rounds.  The first reads no outcome: it completes the pairs no
+generated scenario takes, so it is drawn and run while the generated lanes still run.  The second, after every
+generated and first-round run, redraws the pairs taken only by runs that ended early (another draw of the same
+64; the scenarios run are never drawn again).  It reads no finding, so it favours no check and no known bug.
 
 ``engines_before`` counts as two alternatives here, none or some (its eight orders of engines each paired
 with every other alternative would take more examples than the rest together).
@@ -33,7 +34,7 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass, field
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Generator, Iterable, Sequence
 
 from zerostate.model.scenario import Offload, Precision, Scenario
 
@@ -214,12 +215,23 @@ def complete(ran: Iterable[Scenario], budget: int, seed: int | None, ended: Iter
     ``ran`` whose run ended early (their pairs do not count as taken); ``skip``: pairs not to draw again (found
     not drawable before); ``drawer``: where the forced draws are made (default: here, one pair at a time; the
     result is the same wherever they are drawn)."""
+    out = Completion()
+    for _ in completing(out, ran, budget, seed, ended, skip, drawer):
+        pass
+    return out
+
+
+def completing(out: Completion, ran: Iterable[Scenario], budget: int, seed: int | None,
+               ended: Iterable[Scenario] = (), skip: Iterable[Pair] = (),
+               drawer: Drawer | None = None) -> Generator[Scenario, None, None]:
+    """`complete`, one example at a time: each is yielded as soon as it is chosen (its lane can run while the
+    next ones are drawn), and ``out`` holds what is known so far (``left`` once the generator is exhausted)."""
     ran = list(ran)
     seen = {sc.to_json(None) for sc in ran}
     covered = _taken_through(ran, ended)
     passed = set(skip)
     missing = [p for p in all_pairs() if p not in covered and p not in passed]
-    out = Completion(missing=len(missing))
+    out.missing = len(missing)
     todo = list(missing)
     draw = drawer or (lambda pair, _next: draws(pair, seed))
     while todo and len(out.examples) < budget:
@@ -233,8 +245,8 @@ def complete(ran: Iterable[Scenario], budget: int, seed: int | None, ended: Iter
         seen.add(best.to_json(None))
         took = pairs_of(best)
         todo = [p for p in todo if p not in took]
+        yield best
     out.left = todo
-    return out
 
 
 def draws(pair: Pair, seed: int | None) -> tuple[Scenario, ...] | None:
@@ -269,7 +281,8 @@ def draw_for(pair: Pair, seed: int | None, seen: set[str] | frozenset[str] = fro
 
 
 ROUNDS = 2
-"""Completion rounds: the second redraws what the first's early-ended runs left not taken (module docstring)."""
+"""Completion rounds: the first completes the generated scenarios' pairs (no outcome read), the second redraws
+what runs that ended early, generated or first-round, left not taken (module docstring)."""
 
 ENDS_RUN = frozenset({"exception", "saved-tensor-intact", "hang", "crash", "oracle-error", "internal"})
 """Checks whose finding means the run stopped there (the rest of the scenario did not run)."""
@@ -298,5 +311,5 @@ def budget_for(examples: int) -> int:
 
 __all__ = ["BUDGET_SHARE", "Completion", "DRAWS", "LABELS", "Pair", "all_pairs", "alternatives", "budget_for",
            "DERIVED", "Derived", "ENDS_RUN", "ROUNDS", "WRAPPER", "Z3_REDUCE",
-           "Drawer", "ended_only", "ran_through", "best_of", "complete", "draw_for", "draws",
+           "Drawer", "ended_only", "ran_through", "best_of", "complete", "completing", "draw_for", "draws",
            "forced", "pair_name", "pairs_of", "sizes"]

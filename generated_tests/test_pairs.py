@@ -17,6 +17,7 @@ from zerostate.findings.finding import Finding
 from zerostate.harness.net.config import ds_config
 from zerostate.model.scenario import Offload, Precision, Scenario
 from zerostate.targets.base import Outcome, get_target
+from zerostate.explorer.explore import COMPLETION_LANE
 
 _K = {p.name: k for k, p in enumerate(POINTS)}
 
@@ -213,3 +214,56 @@ def test_the_summary_line_says_the_draws_were_made_here_when_the_helpers_failed(
     line = _pairs_line(done.to_dict())
     assert line.endswith("its draws were made in this process, the draw helpers failed: RuntimeError: a draw helper "
                          "ended (helper exit status 3, 3)"), line
+
+
+def test_the_first_round_reads_no_outcome() -> None:
+    """The first round completes the generated scenarios' pairs whatever their runs did: an exploration whose
+    ZeRO-1 runs all end early runs the same first-round examples, at the same positions, as one whose runs do
+    not (a completion that read them would differ)."""
+    from zerostate.explorer.explore import explore
+    ran = _distinct(12)
+    first = complete(ran, budget_for(12), None).examples
+    hid = complete(ran, budget_for(12), None, [s for s in ran if s.stage == 1]).examples
+    assert first and [s.to_json(None) for s in hid] != [s.to_json(None) for s in first], "reading outcomes would differ"
+    plain = explore(get_target("model", design="zerostate"), examples=12, seed=None)
+    ended = explore(_EndsAtZero1(), examples=12, seed=None)
+    for res in (plain, ended):
+        assert [s.to_json(None) for s in res_examples(res)[:len(first)]] == [s.to_json(None) for s in first]
+
+
+def test_the_first_round_is_drawn_before_its_lanes_are_asked_for() -> None:
+    """With a drawer (helper processes), the first round is drawn in a thread from the start: a worker that runs
+    out of generated lanes finds its examples chosen, not drawn then.  They are the examples drawn in one piece."""
+    import threading
+
+    from zerostate.explorer.first_round import FirstRound
+    from zerostate.explorer.pairs import draws
+    ran = _distinct(40)
+    drawn = threading.Event()
+
+    def drawer(pair, _next):
+        drawn.set()
+        return draws(pair, None)
+    done = Completion()
+    with FirstRound(done, ran, 4, None, drawer) as first:
+        assert drawn.wait(60), "nothing was drawn before the round's examples were asked for"
+        got = list(first.examples(threading.Event()))
+    _same(complete(ran, 4, None), done)
+    assert [s.to_json(None) for s in got] == [s.to_json(None) for s in done.examples] and done.draw_seconds > 0
+
+
+def test_two_jobs_drawing_in_helpers_run_the_completion_of_one_job(monkeypatch) -> None:
+    """Two workers, the first round drawn in helper processes while the generated lanes run, give the examples,
+    positions and outcomes of one worker drawing after them (the round is handed out lane by lane as drawn)."""
+    from zerostate.explorer import explore as explore_mod
+    monkeypatch.setattr(explore_mod.os, "cpu_count", lambda: 2)  # helpers, whatever this machine has
+
+    def run(jobs: int):
+        return explore_mod.explore(get_target("model", design="ds-0.18.5"), examples=40, seed=None, jobs=jobs,
+                                   spawn=lambda: get_target("model", design="ds-0.18.5"), lane=25, shrink=False)
+    one, two = run(1), run(2)
+    assert [(g["position"], g["scenario"], g["findings"]) for g in two.generated] == \
+        [(g["position"], g["scenario"], g["findings"]) for g in one.generated]
+    assert one.pairs and two.pairs and one.pairs["examples"] > COMPLETION_LANE
+    assert {k: v for k, v in two.pairs.items() if k != "draw_seconds"} == \
+        {k: v for k, v in one.pairs.items() if k != "draw_seconds"}
