@@ -310,7 +310,7 @@ def _pairs_line(p: dict[str, Any]) -> str:
            f"e.g. {', '.join(ended[:2])}" if ended else "")
     slow = (f"; its draws were made in this process, the draw helpers failed: {p['draw_helpers_failed']}"
             if p.get("draw_helpers_failed") else "")
-    return (f"setup pairs: {p['missing_after_generation']} not taken by the generated examples run to their end; "
+    return (f"setup pairs: {p['missing_after_generation']} not taken by the generated examples; "
             f"{p['examples']} completion example(s) ran them, {len(p['not_drawable'])} not drawable{left}{cut}{slow}")
 
 

@@ -379,7 +379,14 @@ class Exploration:
     def _completion_lanes(self, first: FirstRound) -> Iterator[list[Scenario]]:
         """The first round's lanes, each as soon as its examples are chosen, their positions noted first."""
         lane: list[Scenario] = []
-        for n, sc in enumerate(first.examples(self._lanes_stop), 1):
+        examples, n = first.examples(self._lanes_stop), 0
+        while True:
+            t0 = time.perf_counter()  # a worker wants a lane (the lanes are handed out one at a time)
+            sc = next(examples, None)
+            first.out.waited_seconds += time.perf_counter() - t0
+            if sc is None:
+                break
+            n += 1
             self._positions[sc.to_json(None)] = self.examples + n
             lane.append(sc)
             if len(lane) == COMPLETION_LANE:
@@ -398,6 +405,7 @@ class Exploration:
             step = complete(ran, budget - len(done.examples), self.seed, self._ended_early(ran), done.not_drawable,
                             drawer=pool)
             done.draw_seconds += time.perf_counter() - t0
+            done.waited_seconds += time.perf_counter() - t0  # every worker waits for the second round
             done.not_drawable += step.not_drawable
             done.left = step.left
             if not step.examples:

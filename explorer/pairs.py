@@ -191,7 +191,10 @@ class Completion:
     ended_early: list[Pair] = field(default_factory=list)
     """Pairs whose every example (after the last round) ended on an exception: drawn, not run to the end."""
     draw_seconds: float = 0.0
-    """Wall seconds spent drawing the completion (the workers wait for its lanes meanwhile)."""
+    """Wall seconds spent in the forced draws, both rounds (the first round's beside the generated lanes, at a
+    lower priority: mostly not waited for)."""
+    waited_seconds: float = 0.0
+    """Wall seconds a worker waited for the completion's next examples: its cost to the run."""
     draw_helpers: str | None = None
     """Why the helper processes drawing ahead were given up (`draw_pool.DrawPool`; the draws were then made in the
     exploration's process, the same draws, only later), or None."""
@@ -200,7 +203,7 @@ class Completion:
         return {"missing_after_generation": self.missing, "examples": len(self.examples),
                 "not_drawable": [pair_name(p) for p in self.not_drawable],
                 "left": [pair_name(p) for p in self.left], "ended_early": [pair_name(p) for p in self.ended_early],
-                "draw_seconds": round(self.draw_seconds, 1),
+                "draw_seconds": round(self.draw_seconds, 1), "waited_seconds": round(self.waited_seconds, 1),
                 **({"draw_helpers_failed": self.draw_helpers} if self.draw_helpers else {})}
 
 
