@@ -154,6 +154,12 @@ def reliability(findings: list[Finding], restarts: list[dict[str, Any]]) -> dict
             "restarts": list(restarts)}
 
 
+def _then(stream: Iterator[Scenario], done: Callable[[], None]) -> Iterator[Scenario]:
+    """``stream``, then ``done()`` once it is exhausted (a huge sequence is never drawn whole up front)."""
+    yield from stream
+    done()
+
+
 class _BudgetSpent(Exception):
     """The hard cap is reached: no more distinct runs."""
 
@@ -356,28 +362,37 @@ class Exploration:
         `COMPLETION_LANE`, in `ROUNDS` rounds: the first (`first_round`) reads no outcome and is drawn while the
         generated lanes run, its lanes handed out as soon as a worker has no generated lane left; the second,
         after every run, redraws the pairs whose runs all ended early.  Whether ``stop`` ended it."""
-        with contextlib.closing(generated(self.strategy, self.examples, self.seed)) as stream:
-            sequence = list(stream)  # the first round completes the whole sequence's pairs
-        lanes = Lanes(iter(sequence), self.lane)
-        self._positions = lanes.position
-        ran = list({sc.to_json(None): sc for sc in sequence}.values())
+        stream = generated(self.strategy, self.examples, self.seed)
         budget = budget_for(self.examples)
         self.completion = done = Completion()
         # drawn in helpers at a lower priority, the round takes the cores the generated lanes leave
         helpers = min(self.jobs, os.cpu_count() or 1)
+        firsts: list[FirstRound] = []
+        generated_ran: list[Scenario] = []
         with contextlib.ExitStack() as stack:
+            stack.callback(stream.close)
             pool = stack.enter_context(DrawPool(self.seed, helpers)) if helpers > 1 else None
-            first = stack.enter_context(FirstRound(done, ran, budget, self.seed, pool))
-            if (yield from self._run_lanes(itertools.chain(lanes, self._completion_lanes(first)), self._positions)):
+
+            def drawn_whole() -> None:  # the generated sequence is known (its last lane not handed out yet)
+                generated_ran.extend(Scenario.from_json(k) for k in lanes.position)
+                firsts.append(stack.enter_context(FirstRound(done, generated_ran, budget, self.seed, pool)))
+            lanes = Lanes(_then(stream, drawn_whole), self.lane)
+            self._positions = lanes.position
+            if (yield from self._run_lanes(itertools.chain(lanes, self._completion_lanes(firsts)), self._positions)):
                 return True
-            first.close()
-            ran += done.examples
+            for first in firsts:
+                first.close()
+            ran = generated_ran + done.examples
             stopped = yield from self._second_round(ran, budget, done, pool)
             done.draw_helpers = pool.failure if pool is not None else None
         return stopped
 
-    def _completion_lanes(self, first: FirstRound) -> Iterator[list[Scenario]]:
-        """The first round's lanes, each as soon as its examples are chosen, their positions noted first."""
+    def _completion_lanes(self, firsts: list[FirstRound]) -> Iterator[list[Scenario]]:
+        """The first round's lanes (``firsts``: the round, made once the generated sequence was drawn whole), each
+        as soon as its examples are chosen, their positions noted first."""
+        if not firsts:
+            return
+        first = firsts[0]
         lane: list[Scenario] = []
         examples, n = first.examples(self._lanes_stop), 0
         while True:
