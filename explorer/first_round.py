@@ -2,8 +2,9 @@
 
 The first round reads no outcome -- it completes the pairs no generated scenario takes (`pairs.completing`) --, so it
 can be drawn as soon as the generated sequence is known.  With helper processes to draw in (`draw_pool`), the round is
-drawn in a thread from the start and its lanes go to the first worker that has no generated lane left, as their
-examples are chosen: with more workers than generated lanes (the default 200 are two), at once.  The helpers draw at
+drawn in a thread from then on (explore makes it when the generated stream ends) and its lanes go to the first worker
+that has no generated lane left, as their examples are chosen: with more workers than generated lanes (the default
+200 are two), at once.  The helpers draw at
 a lower priority (`draw_pool.NICE`), so they take the CPU the workers leave.  The examples, their order and their
 positions are those drawn in one piece afterwards: only when they run changes.
 """
