@@ -419,8 +419,9 @@ class Exploration:
             t0 = time.perf_counter()
             step = complete(ran, budget - len(done.examples), self.seed, self._ended_early(ran), done.not_drawable,
                             drawer=pool)
-            done.draw_seconds += time.perf_counter() - t0
-            done.waited_seconds += time.perf_counter() - t0  # every worker waits for the second round
+            drew = time.perf_counter() - t0
+            done.draw_seconds += drew
+            done.waited_seconds += drew  # every worker waits for the second round
             done.not_drawable += step.not_drawable
             done.left = step.left
             if not step.examples:
