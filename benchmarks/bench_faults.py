@@ -33,6 +33,7 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+from collections.abc import Callable
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -41,8 +42,8 @@ from faults.apply import applied, make_tree  # noqa: E402
 from faults.catalogue import FAULTS, RELEASE, Fault, by_id  # noqa: E402
 from faults.runner import ExploreRun, explore, replay  # noqa: E402
 from faults.table import fault_lines, markdown, reached, summary  # noqa: E402
-from faults.verdict import (SeenFinding, changed_examples, fixed, introduced, judge, old_key_candidates,  # noqa: E402
-                            shows)
+from faults.verdict import (SeenFinding, changed_examples, fixed, grown_examples, introduced, judge,  # noqa: E402
+                            old_key_candidates, peak_grew, shows)
 
 FAST_S = 120.0
 REPLAY_OLD = 8
@@ -166,10 +167,21 @@ def run_fault(fault: Fault, tree: Path, runs: Path, base: dict[str, Any], exampl
     fixed_examples = [as_seen(r) for r in example_replays
                       if r["direction"] == "lost" and fixed(r["faulted"], r["unfaulted"])]
     verdict = judge(base_findings, run.seen, frozenset(ignored), made, made_examples, fixed_examples)
+    grown_rows = _measure_grown(fault, tree, out, baseline_dir(runs, examples, seed), replay_old,
+                                verdict.killer["seconds"] if verdict.killer else None)
+    grown = [SeenFinding(key="memory:gathered-peak", check="gathered-peak", error=(
+        f"gathered-parameter peak {r['base']} -> {r['head']} elements in the exploration, "
+        f"{_peak(r['unfaulted'])} -> {_peak(r['faulted'])} measured again (unfaulted -> faulted)"),
+        known_issue=None, seconds=r["seconds"], examples=None, n=10_000 + r["position"])
+        for r in grown_rows if confirmed_growth(r)]
+    verdict = judge(base_findings, run.seen, frozenset(ignored), made, made_examples, fixed_examples, grown)
     if verdict.status != "killed" and not finished(run):
         return {"id": fault.id, "status": "incomplete", "run": {
             "status": run.report.get("status"), "returncode": run.returncode, "wall_s": round(run.wall_s, 1)}}
-    if verdict.rule in ("introduced", "fixed") and verdict.killer is not None:
+    if verdict.rule == "memory" and verdict.killer is not None:
+        replays = next({"faulted": r["faulted"], "unfaulted": r["unfaulted"]} for r in grown_rows
+                       if 10_000 + r["position"] == verdict.killer["n"])
+    elif verdict.rule in ("introduced", "fixed") and verdict.killer is not None:
         replays = next(({"faulted": r["faulted"], "unfaulted": r["unfaulted"]} for r in example_replays
                         if 10_000 + r["position"] == verdict.killer["n"]), None) or old_replays[verdict.killer["key"]]
     return {"id": fault.id, "area": fault.area, "file": fault.file, "rationale": fault.rationale,
@@ -182,6 +194,9 @@ def run_fault(fault: Fault, tree: Path, runs: Path, base: dict[str, Any], exampl
             "example_replays": [{**{k: r[k] for k in ("position", "seconds", "key", "check", "direction")},
                                  **{side: _short(r[side]) for side in ("unfaulted", "faulted") if r[side]}}
                                 for r in example_replays],
+            "grown_examples": [{**{k: r[k] for k in ("position", "seconds", "base", "head")},
+                                **{side: _short(r[side]) for side in ("unfaulted", "faulted") if r[side]}}
+                               for r in grown_rows],
             "run": {"status": run.report.get("status"), "stopped_early": run.stopped_early,
                     "cut_s": cut_s if run.cut else None,
                     "examples_run": run.report.get("run", {}).get("examples_run"),
@@ -197,28 +212,58 @@ def _replay_changed(fault: Fault, tree: Path, out: Path, base_dir: Path, base_fi
     faulted tree those where the unfaulted replay can still make a kill (``gained``: it passed; ``lost``: it
     showed the key).  Each: the example's row plus ``unfaulted`` and ``faulted``
     (`runner.replay`'s answers; ``{}`` where not replayed)."""
-    runs = out.parent
     changed = [r for r in changed_examples(read_examples(base_dir), read_examples(out), base_findings, limit)
                if before_s is None or r["seconds"] < before_s]
+
+    def worth(r: dict[str, Any]) -> bool:
+        return r["unfaulted"].get("passed") is True if r["direction"] == "gained" else shows(r["unfaulted"])
+    return _replay_both(fault, tree, out.parent, changed, "example", lambda r: {
+        "check": r["check"], "key": r["key"], "scenario": r["scenario"], "repeat": EXAMPLE_REPEAT}, worth)
+
+
+def _measure_grown(fault: Fault, tree: Path, out: Path, base_dir: Path, limit: int,
+                   before_s: float | None) -> list[dict[str, Any]]:
+    """`grown_examples` of the faulted run (``out``) against the unfaulted one (seen before a kill already
+    made), each run again in a fresh worker on both trees (`runner.replay` of the plain scenario, whose answer
+    holds the run's ``gathered`` metrics).  Each: the example's row plus ``unfaulted`` and ``faulted``."""
+    grown = [r for r in grown_examples(read_examples(base_dir), read_examples(out), limit)
+             if before_s is None or r["seconds"] < before_s]
+    return _replay_both(fault, tree, out.parent, grown, "grown", lambda r: r["scenario"], lambda r: True)
+
+
+def _replay_both(fault: Fault, tree: Path, runs: Path, found: list[dict[str, Any]], tag: str,
+                 content: Callable[[dict[str, Any]], dict[str, Any]],
+                 worth: Callable[[dict[str, Any]], bool]) -> list[dict[str, Any]]:
+    """Each of ``found`` written as a file ``content(row)`` and replayed in a fresh worker on the unfaulted
+    tree, then on the faulted tree where ``worth(row)`` says the unfaulted answer can still make a kill."""
     folder = runs / f"{fault.id}.examples"
     folder.mkdir(exist_ok=True)
     rows = []
-    for r in changed:
-        path = folder / f"example_{r['position']}.json"
-        path.write_text(json.dumps({"check": r["check"], "key": r["key"], "scenario": r["scenario"],
-                                    "repeat": EXAMPLE_REPEAT}, indent=2) + "\n")
-        log = runs / f"{fault.id}.example-{r['position']}"
+    for r in found:
+        path = folder / f"{tag}_{r['position']}.json"
+        path.write_text(json.dumps(content(r), indent=2) + "\n")
+        log = runs / f"{fault.id}.{tag}-{r['position']}"
         rows.append({**r, "file": path, "unfaulted": replay(path, tree, Path(f"{log}-unfaulted.log"),
                                                             timeout_s=REPLAY_OLD_S), "faulted": {}})
-    def worth(r: dict[str, Any]) -> bool:
-        return r["unfaulted"].get("passed") is True if r["direction"] == "gained" else shows(r["unfaulted"])
     if any(map(worth, rows)):
         with applied(fault, tree):
             for r in rows:
                 if worth(r):
-                    r["faulted"] = replay(r["file"], tree, Path(f"{runs / fault.id}.example-{r['position']}"
+                    r["faulted"] = replay(r["file"], tree, Path(f"{runs / fault.id}.{tag}-{r['position']}"
                                                                 f"-faulted.log"), timeout_s=REPLAY_OLD_S)
     return rows
+
+
+def _peak(answer: dict[str, Any]) -> str:
+    gathered = answer.get("gathered")
+    return str(gathered["peak_elements"]) if isinstance(gathered, dict) else "unmeasured"
+
+
+def confirmed_growth(row: dict[str, Any]) -> bool:
+    """The growth seen in the exploration holds when the example is run again, on each tree in a fresh worker."""
+    a, b = row["unfaulted"].get("gathered"), row["faulted"].get("gathered")
+    return isinstance(a, dict) and isinstance(b, dict) and peak_grew(int(a["peak_elements"]),
+                                                                     int(b["peak_elements"]))
 
 
 def finished(run: ExploreRun) -> bool:
@@ -244,7 +289,7 @@ def _replay_each(found: list[SeenFinding], report: dict[str, Any], out: Path, tr
 
 
 def _short(answer: dict[str, Any]) -> dict[str, Any]:
-    keep = ("passed", "check", "same_key", "error", "sequence", "runs")
+    keep = ("passed", "check", "same_key", "error", "sequence", "runs", "gathered")
     out = {k: answer.get(k) for k in keep if k in answer}
     if isinstance(out.get("error"), str):
         out["error"] = out["error"].strip().splitlines()[0][:300] if out["error"].strip() else ""

@@ -94,14 +94,14 @@ class Recorder:
         self.measured: dict[str, dict[str, int]] = {}
 
     def run(self, sc: Scenario) -> Outcome:
-        from zerostate.cli.diff_metrics import metrics
+        from zerostate.explorer.gathered import measured
         key = sc.to_json(None)
         if key not in self.outcomes:
             out = api.run_scenario(self.target, sc)
             self.outcomes[key] = out
-            if sc.stage == 3 and not out.error and out.trace and not any(
-                    f.check in ("hang", "crash", "internal") for f in out.findings):
-                self.measured[key] = metrics(sc, out.trace)
+            m = measured(sc, out)
+            if m is not None:
+                self.measured[key] = m
         return self.outcomes[key]
 
     def repeat(self, sc: Scenario, shows: Callable[[Outcome], bool], before: Sequence[Scenario], runs: int,

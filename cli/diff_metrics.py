@@ -1,16 +1,8 @@
-"""Gathered-parameter memory and all-gathers of one real DeepSpeed run, and their comparison base vs head.
+"""Gathered-parameter memory and all-gathers compared base vs head, per scenario family.
 
-From a ZeRO-3 trace (`targets.deepspeed.tracer`: FETCH / PREFETCH when a parameter becomes gathered,
-RELEASE when it is partitioned again):
-
-* **peak gathered elements**: the largest sum, over the parameters gathered at once, of their element
-  counts (`zerostate.model.network.Network.params` gives each parameter's numel) -- the real
-  gathered-parameter memory high-water mark of the run, in elements;
-* **all-gathers**: parameters brought in, each FETCH of a partitioned parameter or PREFETCH counted once
-  (a FETCH noted ``inflight`` only waits on a prefetch already counted).
-
-ZeRO-1/2 gather nothing (no coordinator): only ZeRO-3 scenarios are compared.  A run that raised has a
-truncated trace, so only scenarios that ran to the end on both builds are paired.
+The metrics of one run (peak gathered elements, all-gathers) are `explorer.gathered`'s; ZeRO-1/2 gather
+nothing (no coordinator): only ZeRO-3 scenarios are compared.  A run that raised has a truncated trace, so
+only scenarios that ran to the end on both builds are paired.
 """
 
 from __future__ import annotations
@@ -19,31 +11,8 @@ import math
 import statistics
 from typing import Any
 
-from zerostate.model.events import EventKind
+from zerostate.explorer.gathered import metrics
 from zerostate.model.scenario import Scenario
-
-
-def metrics(scenario: Scenario, events: list[Any]) -> dict[str, int]:
-    """``{"peak_elements", "peak_params", "all_gathers"}`` of one traced run."""
-    from zerostate.model.network import Network
-    numel = {name: p.numel for name, p in Network(scenario).params.items()}
-    gathered: set[str] = set()
-    size = peak = peak_n = gathers = 0
-    for e in events:
-        kind = EventKind(getattr(e.kind, "value", e.kind))
-        if kind in (EventKind.FETCH, EventKind.PREFETCH) and e.param:
-            if not (kind is EventKind.FETCH and e.note == "inflight"):
-                gathers += 1
-            if e.param not in gathered:
-                gathered.add(e.param)
-                size += numel.get(e.param, 0)
-        elif kind is EventKind.RELEASE and e.param in gathered:
-            gathered.discard(e.param)
-            size -= numel.get(e.param, 0)
-        if size > peak:
-            peak = size
-        peak_n = max(peak_n, len(gathered))
-    return {"peak_elements": peak, "peak_params": peak_n, "all_gathers": gathers}
 
 
 def family(sc: Scenario) -> str:

@@ -71,6 +71,7 @@ from zerostate.explorer.events import (Confirmed, Event, FindingEvent, Progress,
 from zerostate.explorer.generate import DEFAULT_SEED, LANE, Lanes, generated
 from zerostate.explorer.draw_pool import DrawPool
 from zerostate.explorer.first_round import FirstRound
+from zerostate.explorer.gathered import measured
 from zerostate.explorer.pairs import ROUNDS, Completion, budget_for, complete, ended_only, pairs_of, ran_through
 from zerostate.explorer.rounds import ROUND, Rounds
 from zerostate.explorer.signal import Unit, units
@@ -97,7 +98,7 @@ COMPLETION_LANE = 8
 on ``jobs``)."""
 
 
-class GeneratedRun(TypedDict):
+class _GeneratedRunBase(TypedDict):
     """One generated example's outcome, as ``examples.jsonl`` holds it: the same seed draws the same examples
     in the same order, so a finding shown at a position by one tree and not by another is that tree's doing."""
 
@@ -107,6 +108,11 @@ class GeneratedRun(TypedDict):
     scenario: dict[str, Any]
     findings: list[dict[str, str]]
     """``{"key", "check"}`` of each finding of its run (empty: it passed)."""
+
+
+class GeneratedRun(_GeneratedRunBase, total=False):
+    gathered: dict[str, int]
+    """A ZeRO-3 run that ran to its end: its gathered-parameter peak and all-gathers (`gathered.measured`)."""
 
 
 @dataclass
@@ -314,9 +320,16 @@ class Exploration:
                              self._generated_runs(), self.completion.to_dict() if self.completion else None)
 
     def _generated_runs(self) -> list[GeneratedRun]:
-        return [GeneratedRun(position=pos, seconds=round(t, 2), scenario=json.loads(sc),
-                             findings=[{"key": f.key, "check": f.check} for f in self.memo[sc].findings])
-                for pos, (sc, t) in sorted(self._generated_at.items())]
+        rows = []
+        for pos, (sc, t) in sorted(self._generated_at.items()):
+            out = self.memo[sc]
+            row = GeneratedRun(position=pos, seconds=round(t, 2), scenario=json.loads(sc),
+                               findings=[{"key": f.key, "check": f.check} for f in out.findings])
+            m = measured(Scenario.from_json(sc), out)
+            if m is not None:
+                row["gathered"] = m
+            rows.append(row)
+        return rows
 
     @property
     def positions(self) -> dict[str, int]:

@@ -15,6 +15,7 @@ from test_cli_util import (BIN, FINDING_KEYS, REPORT_KEYS, FailingTarget, assert
 
 import zerostate.explorer.explore  # a broken import fails, never skips
 import zerostate.targets.model_target  # noqa: F401  (a broken import fails, never skips)
+from zerostate.model.scenario import Scenario
 
 BUGGY = ("--target", "model", "--design", "ds-0.18.4")
 
@@ -289,6 +290,23 @@ def test_report_has_the_reliability_figure(buggy_run):
                for i in range(1, rel["reported"] + 1))
 
 
+def test_replay_json_gives_the_runs_gathered_parameter_metrics(tmp_path):
+    """What the fault benchmark's ``memory`` rule measures again: a ZeRO-3 run's peak and all-gathers, the
+    metrics ``diff`` compares (`explorer.gathered.measured`); none for ZeRO-1/2."""
+    from zerostate.explorer.gathered import metrics
+    from zerostate.targets.model_target import ModelTarget
+    z3, z1 = {"stage": 3, "blocks": [{}, {}]}, {"stage": 1, "blocks": [{}, {}]}
+    got = {}
+    for name, sc in (("z3", z3), ("z1", z1)):
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps(sc))
+        r = zs("replay", str(path), *BUGGY, "--json")
+        got[name] = json.loads(r.stdout)["gathered"]
+    expected = metrics(Scenario.from_dict(z3), ModelTarget("ds-0.18.4").run(Scenario.from_dict(z3)).trace)
+    assert got["z3"] == expected and expected["all_gathers"] > 0 and expected["peak_elements"] > 0
+    assert got["z1"] is None
+
+
 def test_replay_judges_the_findings_own_check(buggy_run, tmp_path):
     """The exit status follows the finding's check; other failing checks are listed apart."""
     from zerostate.model.scenario import Scenario
@@ -451,3 +469,9 @@ def test_examples_jsonl_holds_each_generated_examples_outcome_in_sequence_order(
     failing = [r for r in rows if r["findings"]]
     assert failing and len(failing) < len(rows)  # ds-0.18.4 fails some examples and passes others
     assert shown <= {f["key"] for f in report["findings"]}
+    # the gathered-parameter metrics `diff` compares: each ZeRO-3 example that ran to its end, no other one
+    stage = {r["position"]: Scenario.from_dict(r["scenario"]).stage for r in rows}
+    z3_passed = [r for r in rows if stage[r["position"]] == 3 and not r["findings"]]
+    assert all("gathered" not in r for r in rows if stage[r["position"]] != 3)
+    assert z3_passed and all("gathered" in r for r in z3_passed)
+    assert any(r["gathered"]["all_gathers"] > 0 and r["gathered"]["peak_elements"] > 0 for r in z3_passed)

@@ -249,6 +249,56 @@ def test_a_generated_example_the_fault_made_show_an_old_key_is_a_candidate() -> 
     assert (v.status, v.rule, v.killer) == ("killed", "fixed", gone)
 
 
+def test_a_gathered_peak_the_fault_raised_beyond_diffs_tolerance_kills_as_memory() -> None:
+    """The same position and scenario on both runs, each measured (a ZeRO-3 run to its end): a faulted peak
+    above 1.1 x the unfaulted one (diff's default tolerance), or a peak where there was none, is a candidate;
+    10 % exactly, a lower peak, an unmeasured side or another scenario is not.  Confirmed, it kills as
+    ``memory``, timed by its own run; a finding seen earlier still kills first."""
+    from faults.verdict import grown_examples, peak_grew
+    assert peak_grew(100, 111) and peak_grew(0, 1)
+    assert not peak_grew(100, 110) and not peak_grew(100, 90) and not peak_grew(0, 0)
+    a, b = {"stage": 3, "blocks": [{}]}, {"stage": 3, "blocks": [{}, {}]}
+
+    def row(pos: int, sc: dict, peak: int | None) -> dict:
+        r = {"position": pos, "seconds": pos + 0.5, "scenario": sc, "findings": []}
+        return r if peak is None else {**r, "gathered": {"peak_elements": peak, "peak_params": 1, "all_gathers": 3}}
+    unfaulted = [row(0, a, 100), row(1, a, 100), row(2, a, 100), row(3, a, None), row(4, a, 100), row(5, a, 0)]
+    faulted = [row(0, a, 110), row(1, a, 90), row(2, b, 500), row(3, a, 500), row(4, a, 300), row(5, a, 64)]
+    got = grown_examples(unfaulted, faulted, 8)
+    assert [(r["position"], r["base"], r["head"], r["seconds"]) for r in got] == [(4, 100, 300, 4.5), (5, 0, 64, 5.5)]
+    assert [r["position"] for r in grown_examples(unfaulted, faulted, 1)] == [4]
+    assert grown_examples(unfaulted, unfaulted, 8) == []
+    grew = _seen("memory:gathered-peak", "gathered-peak", 4.5, n=10_004)
+    v = judge(BASE, [_seen("grad-handled-once:handled-twice", "grad-handled-once", 1.0)], grown=[grew])
+    assert (v.status, v.rule, v.killer) == ("killed", "memory", grew)
+    earlier = _seen("epilogue-once:no-epilogue", "epilogue-once", 2.0, n=2)
+    assert judge(BASE, [earlier], grown=[grew]).rule == "new-key"
+
+
+def test_a_memory_kill_counts_only_when_measuring_again_shows_it() -> None:
+    """The growth an exploration saw is confirmed by running the example again in a fresh worker on each tree
+    (``zerostate replay --json``'s ``gathered``); an unmeasured or smaller replay does not confirm it."""
+    from bench_faults import confirmed_growth
+
+    def answer(peak: int | None) -> dict:
+        return {"passed": True, "gathered": None if peak is None else {"peak_elements": peak}}
+    assert confirmed_growth({"unfaulted": answer(100), "faulted": answer(300)})
+    assert not confirmed_growth({"unfaulted": answer(100), "faulted": answer(105)})
+    assert not confirmed_growth({"unfaulted": answer(None), "faulted": answer(300)})
+    assert not confirmed_growth({"unfaulted": answer(100), "faulted": {"error": "replay did not finish in 300 s"}})
+
+
+def test_the_table_says_a_kill_was_by_a_raised_peak() -> None:
+    from faults.table import markdown
+    r = {**_result("killed"), "rule": "memory", "id": "f", "area": "coordinator", "run": {},
+         "replays": {"faulted": {"gathered": {"peak_elements": 300}},
+                     "unfaulted": {"gathered": {"peak_elements": 100}}}}
+    figures = summary([r], 120.0)  # type: ignore[list-item]
+    assert figures["memory"] == 1 and "1 by a gathered-parameter peak the fault raised" in figures["sentence"]
+    table = markdown([r], figures, {"release": RELEASE, "examples": None, "seed": None})  # type: ignore[list-item]
+    assert "killed (memory: a gathered-parameter peak raised)" in table and "peak 300 / peak 100" in table
+
+
 def test_the_table_says_a_kill_was_by_an_introduced_example() -> None:
     from faults.table import markdown
     r = {**_result("killed"), "rule": "introduced", "id": "f", "area": "reduction", "replays": {}, "run": {}}

@@ -163,3 +163,22 @@ def test_count_matches_hooks_kills_a_miscounted_phase(fault_id, tmp_path):
     clean = _findings_on(tree, sc)
     assert key in {f.key for f in faulted}, [(f.key, f.error[:300]) for f in faulted]
     assert not clean, [(f.key, f.error[:300]) for f in clean]
+
+
+@pytest.mark.deepspeed
+def test_the_loss_scale_after_the_last_step_kills_a_scaler_that_grows_on_overflow(tmp_path):
+    """Fault ``loss-scale-grows-on-overflow`` (the dynamic scale doubles after an overflow instead of halving)
+    skips the same steps as the release when only the last step overflows, so the skipped-step count cannot
+    see it.  The oracle runs DeepSpeed's scaler policy, so the scale the next step would run with is compared
+    too: one fp16 step at scale 2**24 overflows on both trees; the release halves the scale as the oracle
+    does, the faulted copy doubles it.  Three clean steps at 2**8 double the scale once (window 2) on both."""
+    tree = _tree(tmp_path)
+    overflow = Scenario.from_dict({"stage": 2, "precision": "fp16", "loss_scale_power": 24, "steps": [{}]})
+    grows = Scenario.from_dict({"stage": 2, "precision": "fp16", "steps": [{}, {}, {}]})
+    with applied(by_id()["loss-scale-grows-on-overflow"], tree):
+        faulted = _findings_on(tree, overflow)
+    clean = _findings_on(tree, overflow) + _findings_on(tree, grows)
+    (found,) = [f for f in faulted if f.check == "oracle"]
+    assert "loss scale after the last step is 3.35544e+07, PyTorch's loss scaler's 8.38861e+06" in found.error, \
+        found.error
+    assert not clean, [(f.key, f.error[:300]) for f in clean]

@@ -17,8 +17,9 @@
                 of the fp32 master weights (`compare.master_error`); beyond `compare.MASTER_RTOL` of PyTorch's
                 update (and the parameters within the tolerance) it is an oracle ``mismatch`` of kind ``master``;
 ``fp16``        fp16 only: ``skipped_steps`` and ``loss_scale`` of DeepSpeed's loss scaler at the end, the
-                oracle's ``oracle_skipped`` (train steps skipped for an overflow) and ``oracle_scales``;
-                a different number of skipped steps is an oracle ``mismatch``;
+                oracle's ``oracle_skipped`` (train steps skipped for an overflow), ``oracle_scales`` and
+                ``oracle_scale`` (after the last step); a different number of skipped steps, or else a
+                different scale at the end (the one the next step would run with), is an oracle ``mismatch``;
 ``skipped``     a reason when the scenario cannot be trained at all (no trainable parameter, no parameter
                 in the optimizer, a loss with nothing to differentiate: `oracle.NothingToDifferentiate`)
                 or not here (fp16 on a GPU accelerator without fp16 -- DeepSpeed's CPU
@@ -308,13 +309,21 @@ def execute(sc: Scenario, on_step: OnStep | None = None) -> ExecResult:
         state = built.fp16_state()
         if state is not None:  # the loss scaler: the steps skipped for an overflow and the scale, both sides
             skipped = oracle_info.get("skipped", [])
+            final = oracle_info.get("scale")
             res["fp16"] = {**state, "oracle_skipped": oracle_info.get("skipped"),
-                           "oracle_scales": oracle_info.get("scales")}
+                           "oracle_scales": oracle_info.get("scales"), "oracle_scale": final}
             if res["mismatch"] is None and state["skipped_steps"] != len(skipped):
                 res["oracle_diff"] = evidence.oracle_diff("loss-scaling", None)
                 res["mismatch"] = (f"loss scaling: DeepSpeed skipped {state['skipped_steps']} step(s) for an overflow, "
                                    f"PyTorch's loss scaler {len(skipped)} (steps "
                                    f"{oracle_info.get('skipped')}, scales {oracle_info.get('scales')})")
+            elif res["mismatch"] is None and final is not None and state["loss_scale"] != final:
+                # same steps skipped, yet the scale the next step would run with differs: the scaler's update
+                res["oracle_diff"] = evidence.oracle_diff("loss-scaling", None)
+                res["mismatch"] = (f"loss scaling: DeepSpeed's loss scale after the last step is "
+                                   f"{state['loss_scale']:g}, PyTorch's loss scaler's {final:g} (both skipped steps "
+                                   f"{oracle_info.get('skipped')}; the scales the steps ran with "
+                                   f"{oracle_info.get('scales')})")
     except Exception as exc:  # noqa: BLE001 -- whatever DeepSpeed (or torch inside it) raised is the finding
         res["error"] = without_tmpdir(f"{type(exc).__name__}: {exc}")
         res["error_check"] = "saved-tensor-intact" if compat.is_checkpoint_error(exc) else "exception"

@@ -85,6 +85,8 @@ class Fp16Result(TypedDict, total=False):
     loss_scale: float
     oracle_skipped: list[int] | None
     oracle_scales: list[float] | None
+    oracle_scale: float | None
+    """The oracle's scale after the last step, compared with ``loss_scale`` (the one the next step would use)."""
 
 
 class SaveLoadResult(TypedDict):

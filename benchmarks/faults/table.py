@@ -15,6 +15,7 @@ def summary(results: list[dict[str, Any]], fast_s: float) -> dict[str, Any]:
     hidden = [r for r in counted_killed if r["hidden_by_label"]]
     made = [r for r in counted_killed if r.get("rule") == "introduced"]
     gone = [r for r in counted_killed if r.get("rule") == "fixed"]
+    grew = [r for r in counted_killed if r.get("rule") == "memory"]
     rate = len(counted_killed) / len(counted) if counted else 0.0
     fast_rate = len(fast) / len(counted) if counted else 0.0
     sentence = (f"{len(results)} faults: {len(killed)} killed, "
@@ -25,7 +26,8 @@ def summary(results: list[dict[str, Any]], fast_s: float) -> dict[str, Any]:
                 f"within {fast_s:.0f} s: {len(fast)}/{len(counted)} = {fast_rate:.0%}; "
                 f"{len(made)} of the kills by an old key's example the fault made fail (introduced), "
                 f"{len(gone)} by an example failing on the release that the fault made pass (fixed; without "
-                f"them {len(counted_killed) - len(gone)}/{len(counted)}); "
+                f"them {len(counted_killed) - len(gone)}/{len(counted)}), "
+                f"{len(grew)} by a gathered-parameter peak the fault raised (memory); "
                 f"{len(hidden)} of the kills carry a known-issue label the unfaulted run also has")
     unjudged = sum(r["status"] == "unjudged" for r in results)
     if unjudged:  # a kept kill whose killing key a newer unfaulted run also shows: unknown, so not a kill
@@ -38,8 +40,8 @@ def summary(results: list[dict[str, Any]], fast_s: float) -> dict[str, Any]:
     return {"faults": len(results), "killed": len(killed), "non_equivalent": len(counted),
             "killed_non_equivalent": len(counted_killed), "kill_rate": round(rate, 4),
             "killed_within_fast_s": len(fast), "fast_kill_rate": round(fast_rate, 4),
-            "hidden_by_label": len(hidden), "introduced": len(made), "fixed": len(gone), "unjudged": unjudged,
-            "sentence": sentence}
+            "hidden_by_label": len(hidden), "introduced": len(made), "fixed": len(gone), "memory": len(grew),
+            "unjudged": unjudged, "sentence": sentence}
 
 
 def fault_lines(original: str, source: str) -> range:
@@ -70,6 +72,11 @@ def _replays(r: dict[str, Any]) -> str:
             return "error"
         return fail if a["passed"] is False and a.get("same_key") else (ok if a["passed"] else "other key")
 
+    if r.get("rule") == "memory":  # measured again: the gathered-parameter peak on each tree
+        def peak(a: dict[str, Any]) -> str:
+            g = a.get("gathered")
+            return f"peak {g['peak_elements']}" if isinstance(g, dict) else "unmeasured"
+        return f"{peak(faulted)} / {peak(unfaulted)}"
     if r.get("rule") == "fixed":  # the finding is the unfaulted tree's; the fault made the example pass
         return f"{word(faulted, 'SHOWN', 'passes')} / {word(unfaulted, 'fails', 'not reproduced')}"
     return f"{word(faulted, 'reproduced', 'not reproduced')} / {word(unfaulted, 'SHOWN', 'clean')}"
@@ -101,7 +108,8 @@ def markdown(results: list[dict[str, Any]], figures: dict[str, Any], meta: dict[
         k = r.get("killer")
         verdict = r["status"] + (" (CPU-blind)" if r["cpu_blind"] else "") + (
             " (introduced: old key)" if r.get("rule") == "introduced" else
-            " (fixed: an example failing on the release passes)" if r.get("rule") == "fixed" else "") + (
+            " (fixed: an example failing on the release passes)" if r.get("rule") == "fixed" else
+            " (memory: a gathered-parameter peak raised)" if r.get("rule") == "memory" else "") + (
             f" (earlier run: {r['measured']})" if r.get("measured") else "")
         if k:
             label = (k.get("known_issue") or "none") + (" (also in unfaulted run)" if r["hidden_by_label"] else "")

@@ -1,14 +1,20 @@
 """Whether an exploration killed a fault: the rule of docs/faults.md, as a pure function of two reports.
 
-A fault is **killed** by a finding about DeepSpeed (an error of the tool itself -- the oracle raising, an
-internal error -- never kills) of one of two kinds, the two ways ``zerostate diff`` calls a head finding
-introduced:
+A fault is **killed** by a change ``zerostate diff --base RELEASE --head FAULTED_TREE`` shows a reviewer:
+a finding about DeepSpeed (an error of the tool itself -- the oracle raising, an internal error -- never
+kills) that is new or that the fault made an example show, an example failing on the release that the fault
+made pass, or a raised gathered-parameter peak:
 
 * ``new-key``: its key (check, plus the exception's origin, the spec's violation code, the oracle's known
   issue or the oracle difference's own mechanism) is not among the unfaulted run's keys;
 * ``introduced``: its key is one the unfaulted run has, but its own example, replayed in a fresh worker, fails
   its check with that key on the faulted tree and passes that check on the unfaulted tree (`introduced`): the
-  fault made that example fail, whatever key the unfaulted run found elsewhere.
+  fault made that example fail, whatever key the unfaulted run found elsewhere;
+* ``fixed``: a generated example failing on the unfaulted tree passes its check on the faulted tree, in
+  repeated fresh replays (`fixed`, `changed_examples`' ``lost``);
+* ``memory``: a generated example that ran to its end on both trees (ZeRO-3) whose gathered-parameter peak
+  the fault raised beyond ``diff``'s default tolerance (`grown_examples`, from both runs' ``examples.jsonl``),
+  measured again in a fresh worker on each tree -- a memory regression, which ``diff`` reports per scenario.
 
 The `introduced` candidates are of two sources: the first findings under old keys as the faulted run's report
 holds them (`old_key_candidates`: the example it first met the key on, or the one shrinking ended on), and the
@@ -23,7 +29,7 @@ unfaulted run: it is counted apart (``hidden_by_label``).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, TypedDict
 
 
@@ -51,7 +57,8 @@ class Verdict:
     """killed | survived | tool-error"""
     killer: SeenFinding | None = None
     rule: str = ""
-    """What killed it: ``new-key`` or ``introduced`` (module docstring); "" when not killed."""
+    """What killed it: ``new-key``, ``introduced``, ``fixed`` or ``memory`` (module docstring); "" when not
+    killed."""
     hidden_by_label: bool = False
     """The killing finding's known-issue label also labels a finding of the unfaulted run."""
     new_keys: list[str] = field(default_factory=list)
@@ -72,13 +79,14 @@ def label_of(entry: dict[str, Any]) -> str | None:
 
 def judge(baseline: list[dict[str, Any]], seen: list[SeenFinding], ignored: frozenset[str] = frozenset(),
           introduced_keys: frozenset[str] = frozenset(), introduced_examples: Sequence[SeenFinding] = (),
-          fixed_examples: Sequence[SeenFinding] = ()) -> Verdict:
+          fixed_examples: Sequence[SeenFinding] = (), grown: Sequence[SeenFinding] = ()) -> Verdict:
     """The verdict on a faulted run's findings ``seen`` (in the order they appeared) against the unfaulted
     run's report entries ``baseline``.  ``ignored``: keys a replay on the unfaulted tree showed after all
     (they are not the fault's); ``introduced_keys``: old keys whose finding's replays were `introduced`;
     ``introduced_examples``: generated examples whose replays were (`changed_examples`), each timed by its
-    own run; ``fixed_examples``: those whose replays were `fixed` (rule ``fixed``).  The killer is the
-    earliest killing finding of any kind."""
+    own run; ``fixed_examples``: those whose replays were `fixed` (rule ``fixed``); ``grown``: examples whose
+    gathered-parameter peak the fault raised, confirmed (rule ``memory``).  The killer is the earliest killing
+    finding of any kind."""
     base_keys = {str(e["key"]) for e in baseline}
     base_labels = {label for label in map(label_of, baseline) if label}
     new = [f for f in seen if f["key"] not in base_keys and f["key"] not in ignored]
@@ -87,10 +95,12 @@ def judge(baseline: list[dict[str, Any]], seen: list[SeenFinding], ignored: froz
     made = [f for f in seen if f["key"] in base_keys and f["key"] in introduced_keys and not is_tool_error(f["check"])]
     made += [f for f in introduced_examples if not is_tool_error(f["check"])]
     lost = [f for f in fixed_examples if not is_tool_error(f["check"])]
-    if real or made or lost:
-        killer = min(real + made + lost, key=lambda f: (f["seconds"], f["n"]))
-        return Verdict("killed", killer, "new-key" if killer in real else "introduced" if killer in made else "fixed",
-                       bool(killer["known_issue"] and killer["known_issue"] in base_labels),
+    grew = list(grown)
+    if real or made or lost or grew:
+        killer = min(real + made + lost + grew, key=lambda f: (f["seconds"], f["n"]))
+        rule = ("new-key" if killer in real else "introduced" if killer in made else "fixed" if killer in lost
+                else "memory")
+        return Verdict("killed", killer, rule, bool(killer["known_issue"] and killer["known_issue"] in base_labels),
                        [f["key"] for f in real], tools)
     return Verdict("tool-error" if tools else "survived", None, "", False, [], tools)
 
@@ -122,6 +132,17 @@ def old_key_candidates(baseline: list[dict[str, Any]], seen: list[SeenFinding], 
     return sorted(old, key=lambda f: (f["seconds"], f["n"]))[:max(0, limit)]
 
 
+def same_examples(unfaulted: Sequence[Mapping[str, Any]], faulted: Sequence[Mapping[str, Any]]
+                  ) -> Iterator[tuple[Mapping[str, Any], Mapping[str, Any]]]:
+    """``(unfaulted row, faulted row)`` of each generated example both runs ran: the same scenario at the same
+    position (``examples.jsonl``), in position order."""
+    before = {int(r["position"]): r for r in unfaulted}
+    for row in sorted(faulted, key=lambda r: int(r["position"])):
+        other = before.get(int(row["position"]))
+        if other is not None and other.get("scenario") == row.get("scenario"):
+            yield other, row
+
+
 def changed_examples(unfaulted: Sequence[Mapping[str, Any]], faulted: Sequence[Mapping[str, Any]],
                      baseline: list[dict[str, Any]], limit: int) -> list[dict[str, Any]]:
     """The first ``limit`` generated examples (``examples.jsonl`` rows of both runs, by position) that are the
@@ -133,12 +154,8 @@ def changed_examples(unfaulted: Sequence[Mapping[str, Any]], faulted: Sequence[M
     * ``lost``: the unfaulted run showed a key about DeepSpeed that the same example's faulted run did not,
       and the faulted run shows no failure of the tool's own (which could hide it)."""
     base_keys = {str(e["key"]) for e in baseline}
-    before = {int(r["position"]): r for r in unfaulted}
     out: list[dict[str, Any]] = []
-    for row in sorted(faulted, key=lambda r: int(r["position"])):
-        other = before.get(int(row["position"]))
-        if other is None or other.get("scenario") != row.get("scenario"):
-            continue
+    for other, row in same_examples(unfaulted, faulted):
         had = [f for f in other.get("findings", []) if not is_tool_error(str(f["check"]))]
         has = row.get("findings", [])
         keys_had, keys_has = {str(f["key"]) for f in had}, {str(f["key"]) for f in has}
@@ -154,6 +171,33 @@ def changed_examples(unfaulted: Sequence[Mapping[str, Any]], faulted: Sequence[M
                 break
         if len(out) >= limit:
             break
+    return out
+
+
+MEMORY_TOLERANCE = 0.10
+"""``zerostate diff``'s default ``--memory-tolerance``: a head peak above (1 + this) x base's is a regression."""
+
+
+def peak_grew(base: int, head: int, tolerance: float = MEMORY_TOLERANCE) -> bool:
+    """``diff``'s regression rule (`cli.diff_metrics.compare`): head's gathered peak beyond (1 + tolerance)
+    times base's, or a peak where base had none."""
+    return head > 0 if base == 0 else head / base > 1.0 + tolerance
+
+
+def grown_examples(unfaulted: Sequence[Mapping[str, Any]], faulted: Sequence[Mapping[str, Any]],
+                   limit: int, tolerance: float = MEMORY_TOLERANCE) -> list[dict[str, Any]]:
+    """The first ``limit`` generated examples, the same scenario at the same position in both runs, measured
+    in both (``gathered``: a ZeRO-3 run to its end), whose gathered-parameter peak is `peak_grew` on the
+    faulted tree: ``{"position", "seconds", "scenario", "base", "head"}`` (the peaks, in elements)."""
+    out: list[dict[str, Any]] = []
+    for other, row in same_examples(unfaulted, faulted):
+        a, b = other.get("gathered"), row.get("gathered")
+        if a and b and peak_grew(int(a["peak_elements"]), int(b["peak_elements"]), tolerance):
+            out.append({"position": int(row["position"]), "seconds": float(row["seconds"]),
+                        "scenario": row["scenario"], "base": int(a["peak_elements"]),
+                        "head": int(b["peak_elements"])})
+            if len(out) >= limit:
+                break
     return out
 
 
@@ -177,5 +221,6 @@ def seen_in(report: dict[str, Any], already: dict[str, SeenFinding]) -> dict[str
     return out
 
 
-__all__ = ["SeenFinding", "TOOL_CHECKS", "Verdict", "changed_examples", "fixed", "introduced", "is_tool_error", "judge",
-           "label_of", "old_key_candidates", "seen_in", "shows"]
+__all__ = ["MEMORY_TOLERANCE", "SeenFinding", "TOOL_CHECKS", "Verdict", "changed_examples", "fixed", "grown_examples",
+           "introduced", "is_tool_error", "judge", "label_of", "old_key_candidates", "peak_grew", "same_examples",
+           "seen_in", "shows"]

@@ -52,6 +52,8 @@ class OracleInfo(TypedDict, total=False):
     """fp16: the train steps the loss scaler skipped."""
     scales: list[float]
     """fp16: the scale each train step ran with."""
+    scale: float
+    """fp16: the scale after the last train step (the one the next step would run with)."""
     generated: list[torch.Tensor | None]
     """The output of each generation (`reregister`), this rank's rows."""
     counterfactuals: list[Counterfactuals]
@@ -239,7 +241,7 @@ def oracle_params(sc: Scenario, info: OracleInfo | None = None) -> list[Params]:
     finally:
         fp16.set_loss_scale(None)
     if info is not None and be.scaler is not None:
-        info["skipped"], info["scales"] = be.scaler.skipped, be.scaler.scales
+        info["skipped"], info["scales"], info["scale"] = be.scaler.skipped, be.scaler.scales, be.scaler.scale
     if info is not None:
         info["generated"], info["counterfactuals"] = be.generated, be.counterfactuals
     return out
