@@ -23,6 +23,7 @@ from __future__ import annotations
 import importlib.util
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -40,14 +41,18 @@ def _tree(tmp_path: Path) -> Path:
     return make_tree(Path(spec.origin).parent, tmp_path / "tree")
 
 
-def _findings_on(tree: Path, sc: Scenario) -> list:
-    """``sc``'s findings in a fresh worker, which imports the tree as it is now."""
+def _outcome_on(tree: Path, sc: Scenario) -> Any:
+    """``sc``'s outcome in a fresh worker, which imports the tree as it is now."""
     from zerostate.targets.base import get_target
     target = get_target("deepspeed", deepspeed_path=str(tree))
     try:
-        return target.run(sc).findings
+        return target.run(sc)
     finally:
         target.close()
+
+
+def _findings_on(tree: Path, sc: Scenario) -> list:
+    return _outcome_on(tree, sc).findings
 
 
 TWO = [{}, {"save_load": True}]
@@ -177,8 +182,12 @@ def test_the_loss_scale_after_the_last_step_kills_a_scaler_that_grows_on_overflo
     grows = Scenario.from_dict({"stage": 2, "precision": "fp16", "steps": [{}, {}, {}]})
     with applied(by_id()["loss-scale-grows-on-overflow"], tree):
         faulted = _findings_on(tree, overflow)
-    clean = _findings_on(tree, overflow) + _findings_on(tree, grows)
+    doubled = _outcome_on(tree, grows)
+    clean = _findings_on(tree, overflow) + doubled.findings
     (found,) = [f for f in faulted if f.check == "oracle"]
-    assert "loss scale after the last step is 3.35544e+07, PyTorch's loss scaler's 8.38861e+06" in found.error, \
+    grown, halved = 2.0 ** 25, 2.0 ** 23
+    assert f"loss scale after the last step is {grown:g}, PyTorch's loss scaler's {halved:g}" in found.error, \
         found.error
     assert not clean, [(f.key, f.error[:300]) for f in clean]
+    fp16 = doubled.details["fp16"]
+    assert fp16["skipped_steps"] == 0 and fp16["loss_scale"] == fp16["oracle_scale"] == 2.0 ** 9, fp16
