@@ -228,13 +228,13 @@ def _generation(steer: str | None, examples: int, seed: int | None, round_size: 
     res = exp.result()
     order = sorted(exp.positions, key=exp.positions.__getitem__)
     ran = [k for k in order if k in exp.memo]
-    runs = [{f: {arc_of(i) for i in ids} for f, ids in (exp.memo[k].details.get("coverage") or {}).items()}
+    runs = [{f: {arc_of(i) for i in ids} for f, ids in (exp.memo[k].coverage or {}).items()}
             for k in ran]
     keys = [sorted({f.key for f in exp.memo[k].findings}) for k in ran]
     firsts = {f.key: exp.positions.get(f.scenario.to_json(None)) if f.scenario else None for f in res.findings}
     return {"runs": runs, "keys": keys, "findings": firsts, "seconds": round(seconds, 1), "schedules": res.schedules,
             "new_units": res.new_units, "unmeasured": sum(1 for k in order if k in exp.memo
-                                                          and "coverage" not in exp.memo[k].details)}
+                                                          and exp.memo[k].coverage is None)}
 
 
 def _function_at(package: Path, f: str, line: int) -> str:

@@ -242,7 +242,7 @@ class _History:
 
 
 def _restart_reason(out: Outcome) -> str:
-    why = out.details.get("pool_restarted")
+    why = out.pool_restarted
     if why:
         return str(why)
     return next((f"{f.check}: {f.error.strip().splitlines()[0][:160]}" for f in out.findings
@@ -494,7 +494,7 @@ class Exploration:
                     key = step.scenario.to_json(None)
                     self._note_position(step, position[key], round_at[key] if round_at is not None else 0)
                     if note is not None:
-                        note(step.scenario, units(step.outcome.trace, step.outcome.details))
+                        note(step.scenario, units(step.outcome.trace, step.outcome.coverage))
                 before[step.worker] = step.restarts
                 if step.scenario is not None and self.stop is not None and self.stop(self.book.findings()):
                     return True

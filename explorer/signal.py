@@ -1,7 +1,7 @@
 """What a run reached, as hashable units: the steering signal.
 
 Two kinds of unit.  **Arcs**: ``("arc", file, arc id)`` for each arc of DeepSpeed's ZeRO files the run
-executed (``Outcome.details["coverage"]``, in band from the worker: `harness.coverage_probe`).  **Monitor
+executed (``Outcome.coverage``, in band from the worker: `harness.coverage_probe`).  **Monitor
 states**: ``(spec, state shape, event kind)`` for each spec monitor's state after each event of the run's
 trace -- DeepSpeed-independent, so the model target has a signal too.  A monitor state holds parameter and
 module names; `shape` keeps its structure and drops the names (a set becomes how many it holds, 0, 1 or
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from typing import Any
 
 from zerostate.model.events import Event
@@ -61,13 +61,13 @@ def monitor_states(events: Sequence[Event]) -> frozenset[Unit]:
     return frozenset(out)
 
 
-def arcs(details: dict[str, Any]) -> frozenset[Unit]:
-    cov = details.get("coverage") or {}
-    return frozenset(("arc", f, i) for f, ids in cov.items() for i in ids)
+def arcs(coverage: Mapping[str, Sequence[int]] | None) -> frozenset[Unit]:
+    """The run's DeepSpeed arcs (`Outcome.coverage`), as units."""
+    return frozenset(("arc", f, i) for f, ids in (coverage or {}).items() for i in ids)
 
 
-def units(events: Sequence[Event], details: dict[str, Any]) -> frozenset[Unit]:
-    return monitor_states(events) | arcs(details)
+def units(events: Sequence[Event], coverage: Mapping[str, Sequence[int]] | None) -> frozenset[Unit]:
+    return monitor_states(events) | arcs(coverage)
 
 
 def fold(round_in_order: Iterable[tuple[tuple[Taken, ...], frozenset[Unit]]], union: set[Unit]) -> list[Folded]:

@@ -35,7 +35,7 @@ class Counting(Protocol):
 
 @runtime_checkable
 class Measuring(Protocol):
-    """A target that can return each run's DeepSpeed arcs (``Outcome.details["coverage"]``): the deepspeed one."""
+    """A target that can return each run's DeepSpeed arcs (``Outcome.coverage``): the deepspeed one."""
 
     def measure_coverage(self, on: bool) -> None: ...
 

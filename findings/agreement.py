@@ -95,7 +95,7 @@ _STATUS_AFTER = {EventKind.FETCH: "AVAILABLE", EventKind.PREFETCH: "INFLIGHT", E
 
 
 def coordinator_project(events: Iterable[Event], params: Iterable[str] | None = None,
-                        holders: bool = True) -> dict[str, list[tuple]]:
+                        holders: bool = True) -> dict[str, list[tuple[str | int | None, ...]]]:
     """Per parameter: ``(fetch | prefetch | release, anchor)`` in order, anchor = the last module hook
     (``module_post_backward:blocks.0.norm:``) or schedule mark before it, and with ``holders`` the
     holder count at the end of each anchor where it changed.
@@ -113,7 +113,7 @@ def coordinator_project(events: Iterable[Event], params: Iterable[str] | None = 
     if params is None:
         params = sorted({e.param for e in events if e.param and e.kind in (*_PARAM, EventKind.HOLDERS)})
     params = list(params)
-    out: dict[str, list[tuple]] = {p: [] for p in params}
+    out: dict[str, list[tuple[str | int | None, ...]]] = {p: [] for p in params}
     count: dict[str, int | None] = dict.fromkeys(params, 0)
     shown = dict(count)
     status = dict.fromkeys(params, "NOT_AVAILABLE")

@@ -30,13 +30,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from zerostate.model.events import Event
+from zerostate.model.scenario import Scenario
 from zerostate.specs import Spec, check_all, specs_for_stage
 
 from zerostate.findings.agreement import compare
-from zerostate.findings.evidence import NO_EVIDENCE, Evidence, from_result, oracle_from
+from zerostate.findings.checkpoint_judgement import round_trip_problem
+from zerostate.findings.evidence import NO_EVIDENCE, Evidence, raised_of
+from zerostate.findings.oracle_judgement import mismatch_before, verdict
+from zerostate.findings.origin import error_text, exception_check, origin_of
+from zerostate.findings.record import ExceptionRecord, Persistent, RunRecord
+from zerostate.findings.tolerance import tolerance
 
 
 class Failed(NamedTuple):
@@ -78,56 +84,68 @@ class ModelRun:
     error: str | None = None
 
 
-def decide(result: Mapping[str, Any], stage: int, model: ModelRun | None = None,
-           cross_rank: Mapping[str, tuple[str, str]] | None = None,
-           specs: Sequence[Spec] | None = None, other_ranks: Sequence[Mapping[str, Any]] = (),
-           events: Sequence[Event] | None = None) -> tuple[Decision, ...]:
-    """Every check ``result`` (an `executor.execute` dict) fails, in report order.  ``model``: compare with
+def decide(record: RunRecord, scenario: Scenario, model: ModelRun | None = None,
+           cross_rank: Mapping[str, tuple[str, str]] | None = None, specs: Sequence[Spec] | None = None,
+           other_ranks: Sequence[RunRecord] = ()) -> tuple[Decision, ...]:
+    """Every check the run of ``scenario`` that ``record`` holds fails, in report order.  ``model``: compare with
     the model design (None: not compared); ``cross_rank``: check id -> (text, code) from
     `harness.cross_rank_checks.cross_rank_problems` at world size > 1, and ``other_ranks`` the other ranks'
-    results (the evidence of another rank's oracle disagreement); ``specs``: the specs judged (default:
-    those of the ZeRO ``stage``, `specs_for_stage`); ``events``: the trace when the caller holds it as events
-    already (else read from ``result["events"]``)."""
-    if result.get("skipped"):
+    records (the evidence of another rank's oracle disagreement); ``specs``: the specs judged (default: those of
+    the scenario's ZeRO stage, `specs_for_stage`)."""
+    return _judge(record, scenario.stage, scenario, model, cross_rank, specs, other_ranks, origin_of(record.raised))
+
+
+def _judge(record: RunRecord, stage: int, sc: Scenario | None, model: ModelRun | None,
+           cross_rank: Mapping[str, tuple[str, str]] | None, specs: Sequence[Spec] | None,
+           other_ranks: Sequence[RunRecord], origin: str) -> tuple[Decision, ...]:
+    if record.skipped:
         return ()
-    events = list(events) if events is not None else [Event.from_dict(d) for d in result.get("events") or []]
-    error = result.get("error")
+    events = list(record.events)
+    raised = record.raised
     differ = _params_listed((cross_rank or {}).get("ranks-params", ("", ""))[0])
-    shown = replace(from_result(result), ranks_differ=differ)
+    oracle = verdict(record, sc) if sc is not None else None
+    ls = record.loss_scaling
+    shown = Evidence(raised_of(raised), oracle.diff if oracle else None,
+                     tuple(ls.pt_scales or ()) if ls else (), ls.ds_scale if ls else None, ranks_differ=differ)
     ran = Evidence(raised=shown.raised, ranks_differ=differ)  # what every check of the run can point to
     out: list[Decision] = []
-    raised: Decision | None = None
-    if error:
-        check = result["error_check"]
-        origin = result.get("origin") or ""
-        raised = Decision(check, error + "\n" + (result.get("traceback") or ""),
-                          origin=origin if check == "exception" else origin.split("@")[0], evidence=ran)
-        out.append(raised)
-    if result.get("mismatch"):
-        out.append(Decision("oracle", result["mismatch"], evidence=shown))
-    if result.get("carried_state"):
-        out.append(Decision("carried-state", result["carried_state"], code="torch-linear-replaced", evidence=ran))
-    if result.get("persistence"):
-        out.append(Decision("persistence", result["persistence"], code="threshold-not-honoured", evidence=ran))
-    if result.get("checkpoint"):
-        code, sentence = result["checkpoint"]
-        out.append(Decision("checkpoint", sentence, code=code, evidence=ran))
-    for d in _spec_decisions(events, specs_for_stage(stage) if specs is None else specs, truncated=bool(error)):
+    first: Decision | None = None
+    if raised is not None:
+        check = exception_check(raised)
+        first = Decision(check, error_text(raised) + "\n" + raised.traceback,
+                         origin=origin if check == "exception" else origin.split("@")[0], evidence=ran)
+        out.append(first)
+    if oracle is not None:
+        out.append(Decision("oracle", oracle.message, evidence=shown))
+    carried = _carried_state(record.torch_linear, stage)
+    if carried:
+        out.append(Decision("carried-state", carried, code="torch-linear-replaced", evidence=ran))
+    persistence = _persistence_problem(record.persistence, sc.persistence_threshold) if sc is not None else None
+    if persistence:
+        out.append(Decision("persistence", persistence, code="threshold-not-honoured", evidence=ran))
+    if sc is not None:
+        for rt in record.checkpoints:
+            problem = round_trip_problem(rt, tolerance(sc), against_oracle=not mismatch_before(record, sc, rt.step))
+            if problem:
+                out.append(Decision("checkpoint", problem[1], code=problem[0], evidence=ran))
+                break
+    for d in _spec_decisions(events, specs_for_stage(stage) if specs is None else specs, truncated=raised is not None):
         decision = d
-        if raised is not None and d.check == raised.check:  # CheckpointError: the spec points at the event
-            out.remove(raised)
-            decision = Decision(d.check, d.message + "\n(torch raised) " + raised.message, code=d.code,
+        if first is not None and d.check == first.check:  # CheckpointError: the spec points at the event
+            out.remove(first)
+            decision = Decision(d.check, d.message + "\n(torch raised) " + first.message, code=d.code,
                                 index=d.index)
         out.append(replace(decision, evidence=ran))
-    if model is not None and not error:
+    if model is not None and raised is None:
         msg = model.error or compare(list(model.events), events, model.design)
         if msg:
             out.append(Decision("model-agreement", msg, evidence=ran))
     failing = {d.check for d in out}
     for check, (text, code) in (cross_rank or {}).items():
         if check not in failing:
-            off = next((r for r in other_ranks if r.get("mismatch")), None) if check == "oracle" else None
-            seen = Evidence(ran.raised, oracle_from(off.get("oracle_diff")) if off else None, ranks_differ=differ)
+            off = next((v for v in (verdict(r, sc) for r in other_ranks) if v), None) \
+                if check == "oracle" and sc is not None else None
+            seen = Evidence(ran.raised, off.diff if off else None, ranks_differ=differ)
             out.append(Decision(check, text, code=code, across_ranks=True, evidence=seen))
     return tuple(out)
 
@@ -137,8 +155,31 @@ def decide_trace(events: Sequence[Event], stage: int, error: str | None = None, 
     """The checks a trace alone fails, for a run with no scenario and no oracle (``zerostate watch``: a
     user's job; the model target's run of a design): the exception it raised (``error``: ``"ExcType:
     message"``, ``origin``) and the specs (``specs``: as `decide`)."""
-    result = {"error": error, "origin": origin, "error_check": "exception" if error else None}
-    return decide(result, stage, specs=specs, events=events)
+    record = RunRecord(events=tuple(events), raised=ExceptionRecord(error, "") if error else None)
+    return _judge(record, stage, None, None, None, specs, (), origin)
+
+
+def _carried_state(torch_linear: str, stage: int) -> str | None:
+    """Process-wide state an earlier engine left that this (not ZeRO-3) engine ran with, as a sentence: a ZeRO-3
+    engine replaces ``torch.nn.functional.linear`` by ``zero3_linear_wrap`` and ``destroy()`` does not put it
+    back."""
+    module, _, name = torch_linear.rpartition(".")
+    if stage != 3 and "deepspeed" in module:
+        return (f"torch.nn.functional.linear is DeepSpeed's {name} while this ZeRO-{stage} "
+                "engine runs: left in place by a ZeRO-3 engine destroyed before it in this process")
+    return None
+
+
+def _persistence_problem(params: Sequence[Persistent] | None, threshold: int) -> str | None:
+    """None when every parameter is persistent exactly when it has at most ``threshold`` elements (DeepSpeed's
+    ``mark_persistent_parameters``); else the sentence naming those that are not."""
+    wrong = [f"{p.name} ({p.numel} elements) is {'not ' if p.numel <= threshold else ''}persistent"
+             for p in params or () if p.persistent != (p.numel <= threshold)]
+    if not wrong:
+        return None
+    return (f"stage3_param_persistence_threshold {threshold}: " + "; ".join(wrong[:4])
+            + (f"; and {len(wrong) - 4} more" if len(wrong) > 4 else "")
+            + " (a parameter of at most that many elements is persistent: mark_persistent_parameters)")
 
 
 def decide_failure(check: str, text: str) -> Decision:
@@ -159,11 +200,11 @@ def _spec_decisions(events: list[Event], specs: Sequence[Spec], truncated: bool)
             yield Decision(sid, v.message, code=v.code, index=v.index)
 
 
-def failed_checks(result: Mapping[str, Any], stage: int, model_events: Iterable[Event] | None = None,
+def failed_checks(record: RunRecord, scenario: Scenario, model_events: Iterable[Event] | None = None,
                   design: str = "", cross_rank: Mapping[str, tuple[str, str]] | None = None) -> dict[str, Failed]:
-    """check id -> `Failed`, for every check ``result`` fails (`decide`), as a repro script reads them."""
+    """check id -> `Failed`, for every check ``record`` fails (`decide`), as a repro script reads them."""
     model = ModelRun(design, tuple(model_events)) if model_events is not None else None
-    return {d.check: Failed(d.message, d.detail) for d in decide(result, stage, model, cross_rank)}
+    return {d.check: Failed(d.message, d.detail) for d in decide(record, scenario, model, cross_rank)}
 
 
 __all__ = ["Decision", "Failed", "ModelRun", "decide", "decide_failure", "decide_trace", "failed_checks"]

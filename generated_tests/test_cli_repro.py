@@ -180,12 +180,14 @@ def test_model_agreement_repro_judges_with_the_embedded_projection(hook_repro, t
 @pytest.mark.deepspeed
 def test_failed_checks_is_the_targets_judgement():
     """`run_checks.failed_checks` (what a repro judges with) gives the check ids of the findings
-    `DeepSpeedTarget.run` reports, on the same executor result -- a clean run and one with findings."""
+    `DeepSpeedTarget.run` reports, on the same run record -- a clean run and one with findings."""
     from zerostate.model.scenario import Scenario
     from zerostate.findings.decide import failed_checks
     from zerostate.targets.deepspeed.target import DeepSpeedTarget
     from zerostate.model.explore import run as model_run
     from zerostate.model.events import Event
+    from zerostate.findings.record import RunRecord
+    from zerostate.findings.wire import from_wire
     with DeepSpeedTarget(deepspeed="0.19.2") as t:
         for spec in (SEED_002, {"blocks": [{"checkpoint": "non_reentrant"}, {"leaf": True}], "stage": 3},
                      {"blocks": [{}], "stage": 2}):
@@ -196,7 +198,7 @@ def test_failed_checks_is_the_targets_judgement():
             del t.raw
             model = None if sc.beyond_model() else [Event.from_dict(e.to_dict())
                                                              for e in model_run(t.design, sc).events]
-            got = failed_checks(res, sc.stage, model, t.design.name)
+            got = failed_checks(from_wire(RunRecord, res), sc, model, t.design.name)
             assert set(got) == {f.check for f in outcome.findings}, (spec, set(got), outcome.findings)
             for f in outcome.findings:
                 if f.code:

@@ -87,14 +87,14 @@ def test_a_run_that_asks_gets_its_arcs_in_band(ds) -> None:  # type: ignore[no-u
     pytest.importorskip("coverage", reason="the opt-in's dependency (test extra)")
     from zerostate.model.scenario import Scenario
     sc = Scenario(stage=3)
-    assert "coverage" not in ds.run(sc).details
+    assert ds.run(sc).coverage is None
     ds.measure_coverage(True)
     try:
         first, second = ds.run(sc), ds.run(sc.with_(stage=2))
     finally:
         ds.measure_coverage(False)
     assert not first.findings and not second.findings
-    got, other = first.details["coverage"], second.details["coverage"]
+    got, other = first.coverage, second.coverage
     assert set(got) <= set(coverage_probe.FILES) and set(other) <= set(coverage_probe.FILES)
     assert got["runtime/zero/partitioned_param_coordinator.py"] and got["runtime/engine.py"]
     assert "runtime/zero/partitioned_param_coordinator.py" not in other or not other[
@@ -104,4 +104,4 @@ def test_a_run_that_asks_gets_its_arcs_in_band(ds) -> None:  # type: ignore[no-u
     length = len(engine.read_text().splitlines())
     assert all(0 < abs(a) <= length and 0 < abs(b) <= length
                for a, b in map(coverage_probe.arc_of, got["runtime/engine.py"]))
-    assert "coverage" not in ds.run(sc).details
+    assert ds.run(sc).coverage is None

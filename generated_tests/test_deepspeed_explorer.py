@@ -158,7 +158,7 @@ class _Restarting(_Leaky):
         if self.n % 7 == 0:
             self.restarts += 1
             self.poisoned = False
-            out.details["pool_restarted"] = "test: restarted after this example"
+            out.pool_restarted = "test: restarted after this example"
         return out
 
 

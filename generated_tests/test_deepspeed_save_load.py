@@ -3,7 +3,8 @@ world size 1).
 
 Before a ``save_load`` step the engine saves a checkpoint and loads it back, as HF Trainer does every
 ``save_steps`` and on resume; at ZeRO-3 it first builds the consolidated 16-bit state dict HF saves the model
-with.  `checkpoint.compare_save_load` judges the round trip (the ``checkpoint`` check); the oracle judges the training
+with.  the executor records the round trip (`executor.round_trip_record`) and
+`checkpoint_judgement.round_trip_problem` judges it (the ``checkpoint`` check); the oracle judges the training
 after it.  Here: the checkpoint really happens (files written, a checkpoint loaded, the state dicts built and
 compared, the directory removed), and DeepSpeed agrees with the oracle across the dimensions users combine it
 with; the comparison itself is shown to fail on records that differ.  ZeRO-1 with frozen parameters and a
@@ -19,7 +20,10 @@ import pytest
 import torch
 
 from zerostate.model.scenario import Scenario
-from zerostate.harness.net import checkpoint, compare, config
+from zerostate.findings.checkpoint_judgement import round_trip_problem
+from zerostate.findings.tolerance import ATOL, RTOL
+from zerostate.harness.executor import round_trip_record
+from zerostate.harness.net import config
 from zerostate.harness.net.oracle import oracle_params
 
 ONE, TWO = [{}], [{}, {"save_load": True}]
@@ -55,27 +59,28 @@ def test_save_load_happens_and_agrees(ds, name):
     documented = lambda f: explain(f) is not None or any(p(f) for _, p in SEED_BUGS.values())  # noqa: E731
     sc = Scenario.from_dict(CASES[name])
     out = ds.run(sc)
-    assert not out.details.get("skipped"), out.details
+    assert not out.skipped, out.skipped
     explained = all(documented(f) for f in out.findings)
     if out.error is not None and ds.version != "0.19.8":  # an older release's known exception before the checkpoint
         assert explained, [(f.key, f.error[:300]) for f in out.findings]
         return
-    recs = out.details.get("save_load") or []
-    assert [r["step"] for r in recs] == [i for i, s in enumerate(sc.steps) if s.save_load], out.details
+    recs = out.record.checkpoints
+    assert [r.step for r in recs] == [i for i, s in enumerate(sc.steps) if s.save_load], recs
     names = sorted(oracle_params(sc, info := {}) and info["initial"])
     for r in recs:
-        assert "latest" in r["files"] and any(f.startswith(f"global_step{r['step']}/") for f in r["files"]), r
-        top = r["loaded"].split(os.sep + f"global_step{r['step']}")[0]
-        assert os.path.basename(top).startswith("zerostate-ckpt-") and not os.path.exists(top), r["loaded"]
-        assert (r["state16"] is not None) == (sc.stage == 3), r
-        assert r["state16"] is None or set(names) <= set(r["state16"]), (names, r["state16"])
-        assert (r["fp32"] is not None) == (sc.stage > 0), r
-        assert r["fp32"] is None or set(names) <= set(r["fp32"]), (names, r["fp32"])
+        assert "latest" in r.files and any(f.startswith(f"global_step{r.step}/") for f in r.files), r
+        top = r.loaded.split(os.sep + f"global_step{r.step}")[0]
+        assert os.path.basename(top).startswith("zerostate-ckpt-") and not os.path.exists(top), r.loaded
+        assert (r.state16 is not None) == (sc.stage == 3), r
+        assert r.state16 is None or set(names) <= set(r.state16), (names, r.state16)
+        assert (r.fp32 is not None) == (sc.stage > 0), r
+        assert r.fp32 is None or set(names) <= set(r.fp32), (names, r.fp32)
     assert all(documented(f) for f in out.findings), [(f.key, f.error[:300]) for f in out.findings]
     if ds.version == "0.19.8":
         assert not out.findings, [(f.key, f.error[:300]) for f in out.findings]
     if name == "z3-fp16-skip":  # the loss scaler's state crossed the round trip: a step skipped before it
-        assert out.details["fp16"]["skipped_steps"] >= 1 and out.details["fp16"]["oracle_skipped"] == [0], out.details
+        fp16 = out.record.loss_scaling
+        assert fp16.ds_skipped >= 1 and fp16.pt_skipped == (0,), fp16
 
 
 def test_save_load_without_a_checkpoint_step_saves_nothing():
@@ -96,6 +101,12 @@ def _record(**over):
     return rec, {k: v.clone() for k, v in p.items()}
 
 
+def compare_save_load(rec, oracle, tol):
+    """The worker's record of the round trip ``rec``, judged (``oracle`` None: training already disagreed)."""
+    observed = round_trip_record(rec, oracle if oracle is not None else rec["before"])
+    return round_trip_problem(observed, tol, against_oracle=oracle is not None)
+
+
 def _nudged(d, key="a"):
     out = {k: v.clone() for k, v in d.items()}
     out[key] = torch.nextafter(out[key], torch.full_like(out[key], 10.0))
@@ -104,7 +115,7 @@ def _nudged(d, key="a"):
 
 def test_compare_save_load_passes_a_faithful_round_trip():
     rec, oracle = _record()
-    assert checkpoint.compare_save_load(rec, oracle, (compare.ATOL, compare.RTOL)) is None
+    assert compare_save_load(rec, oracle, (ATOL, RTOL)) is None
 
 
 @pytest.mark.parametrize("code", ["no-files", "not-loaded", "16-bit-state-dict", "round-trip", "counters",
@@ -120,7 +131,7 @@ def test_compare_save_load_fails_each_check(code):
            "zero-to-fp32": {"fp32": {"a": rec["fp32"]["a"]}},
            "master-weights": {"master": rec["fp32"], "master_after": _nudged(rec["fp32"], "b")}}[code]
     rec.update(bad)
-    got = checkpoint.compare_save_load(rec, oracle, (compare.ATOL, compare.RTOL))
+    got = compare_save_load(rec, oracle, (ATOL, RTOL))
     assert got is not None and got[0] == code and "checkpoint before train step 1" in got[1], got
 
 
@@ -130,9 +141,9 @@ def test_compare_save_load_master_weights_must_be_the_saved_ones_exactly():
     rec, oracle = _record(fp32_exact=False)
     rec.update(master={"fp32 master group 0": torch.tensor([1.0, 2.0, 0.5])})
     rec["master_after"] = {k: v.clone() for k, v in rec["master"].items()}
-    assert checkpoint.compare_save_load(rec, oracle, (compare.ATOL, compare.RTOL)) is None
+    assert compare_save_load(rec, oracle, (ATOL, RTOL)) is None
     rec["master_after"] = _nudged(rec["master"], "fp32 master group 0")
-    got = checkpoint.compare_save_load(rec, oracle, (compare.ATOL, compare.RTOL))
+    got = compare_save_load(rec, oracle, (ATOL, RTOL))
     assert got is not None and got[0] == "master-weights" and "fp32 master group 0" in got[1], got
 
 
@@ -141,9 +152,9 @@ def test_compare_save_load_zero_to_fp32_is_exact_only_in_fp32():
     rounding: compared with the oracle at its tolerance, not exactly with the parameters."""
     rec, oracle = _record()
     rec.update(fp32=_nudged(rec["fp32"]), fp32_exact=False)
-    assert checkpoint.compare_save_load(rec, oracle, (compare.ATOL, compare.RTOL)) is None
+    assert compare_save_load(rec, oracle, (ATOL, RTOL)) is None
     rec["fp32_exact"] = True
-    assert checkpoint.compare_save_load(rec, oracle, (compare.ATOL, compare.RTOL))[0] == "zero-to-fp32"
+    assert compare_save_load(rec, oracle, (ATOL, RTOL))[0] == "zero-to-fp32"
 
 
 def test_compare_save_load_leaves_a_divergence_to_the_oracle():
@@ -151,7 +162,7 @@ def test_compare_save_load_leaves_a_divergence_to_the_oracle():
     faithful checkpoint of the diverged engine passes; with the oracle it would be a second finding."""
     rec, oracle = _record()
     far = {k: v + 1.0 for k, v in oracle.items()}
-    assert checkpoint.compare_save_load(rec, far, (compare.ATOL, compare.RTOL))[0] == "16-bit-state-dict"
-    assert checkpoint.compare_save_load(rec, None, (compare.ATOL, compare.RTOL)) is None
+    assert compare_save_load(rec, far, (ATOL, RTOL))[0] == "16-bit-state-dict"
+    assert compare_save_load(rec, None, (ATOL, RTOL)) is None
     rec["state16"] = _nudged(rec["state16"])  # the checkpoint against the engine itself is still checked
-    assert checkpoint.compare_save_load(rec, None, (compare.ATOL, compare.RTOL))[0] == "16-bit-state-dict"
+    assert compare_save_load(rec, None, (ATOL, RTOL))[0] == "16-bit-state-dict"

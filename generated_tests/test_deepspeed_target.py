@@ -77,7 +77,7 @@ def test_correct_release_agrees_with_everything(ds, request, name):
         request.applymarker(pytest.mark.xfail(strict=False, reason=f"DeepSpeed {ds.version} predates the seed fixes"))
     out = ds.run(Scenario.from_dict(CLEAN[name]))
     assert not out.findings, _fmt(out.findings)
-    assert out.details.get("steps") == len(CLEAN[name]["steps"])
+    assert out.steps == len(CLEAN[name]["steps"])
 
 
 class KnownIssuePresent(Exception):
@@ -170,10 +170,10 @@ def test_a_loss_with_nothing_to_differentiate_is_skipped_not_a_harness_error(ds)
     assert Scenario.from_dict(NOTHING_TO_DIFFERENTIATE) in list(_candidates(drawn))  # polish deletes block 1
     out = ds.run(Scenario.from_dict(NOTHING_TO_DIFFERENTIATE))
     assert not out.findings, _fmt(out.findings)
-    assert "nothing to differentiate" in out.details.get("skipped", ""), out.details
+    assert "nothing to differentiate" in (out.skipped or ""), out.record
     trained = ds.run(Scenario.from_dict({**NOTHING_TO_DIFFERENTIATE, "steps": NOTHING_TO_DIFFERENTIATE["steps"][:1]}))
-    assert not trained.findings and not trained.details.get("skipped") and trained.details["steps"] == 1, \
-        (_fmt(trained.findings), trained.details)
+    assert not trained.findings and not trained.skipped and trained.steps == 1, \
+        (_fmt(trained.findings), trained.record)
 
 
 def test_deepspeed_refuses_a_backward_of_a_loss_without_grad_fn():
@@ -421,15 +421,15 @@ def test_a_world_size_2_scenario_runs_on_a_rank_pool_of_its_own():
     try:
         two = t.run(Scenario.from_dict({"stage": 3, "width": 7, "world_size": 2}))
         assert not two.findings, _fmt(two.findings)
-        assert two.details["engine"]["world_size"] == 2 and len(two.details["ranks"]) == 2
-        assert two.details["world_size"] == 2 and set(t._wider) == {2}
+        assert two.record.engine.world_size == 2 and len(two.ranks) == 2
+        assert two.world_size == 2 and set(t._wider) == {2}
         one = t.run(Scenario.from_dict({"stage": 3, "width": 7}))
-        assert not one.findings and one.details["engine"]["world_size"] == 1 and "ranks" not in one.details
+        assert not one.findings and one.record.engine.world_size == 1 and not one.ranks
         wider = t._wider[2]
         first = wider.worker
         t.fresh()
         assert t._wider[2] is wider and wider.worker is None and not first.alive()
-        assert t.run(Scenario.from_dict({"stage": 2, "world_size": 2})).details["engine"]["world_size"] == 2
+        assert t.run(Scenario.from_dict({"stage": 2, "world_size": 2})).record.engine.world_size == 2
         assert wider.worker is not first and wider.worker.alive() and wider._spare is not None
         pools = [wider.worker, wider._spare]
     finally:
@@ -446,7 +446,7 @@ def test_prestart_starts_the_rank_pool_in_the_background_and_hands_over_its_erro
         t.prestart(2)
         assert t._starting is not None  # started, not waited for
         out = t.run(Scenario.from_dict({"stage": 2, "world_size": 2}))
-        assert not out.findings and out.details["engine"]["world_size"] == 2 and set(t._wider) == {2}
+        assert not out.findings and out.record.engine.world_size == 2 and set(t._wider) == {2}
         t.close()
         t._options = dict(t._options, deepspeed_path="/nonexistent/DeepSpeed")  # a pool that cannot start
         t.prestart(2)

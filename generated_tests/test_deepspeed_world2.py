@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 
+from zerostate.model.events import Event
 from zerostate.model.scenario import Scenario
 from zerostate.targets.base import get_target
 from zerostate.known.issues import KNOWN_ISSUES, explain
@@ -98,9 +99,9 @@ def test_ranks_agree_with_each_other_and_the_oracle(ds2, request, name):
     sc = Scenario.from_dict(EXACT[name])
     out = ds2.run(sc)
     assert not _unexplained(out), _fmt(out.findings)
-    assert out.details["world_size"] == 2
-    assert [r["steps"] for r in out.details["ranks"]] == [len(sc.steps)] * 2
-    assert out.details["max_diff"] is not None and out.details["max_diff"] < 1e-5
+    assert out.world_size == 2
+    assert [r.steps for r in out.ranks] == [len(sc.steps)] * 2
+    assert out.record is not None and out.record.steps and out.record.max_diff < 1e-5
 
 
 @pytest.mark.parametrize("issue", KNOWN_ISSUES, ids=lambda k: k.id)
@@ -122,7 +123,7 @@ def test_a_fused_heads_auxiliary_loss_agrees_with_the_oracle_at_world_size_2(ds2
                              "steps": [{"micro": [{"backward": "engine"}]}]})
     out = ds2.run(sc)
     assert not out.findings, _fmt(out.findings)
-    assert out.details["max_diff"] < 1e-5
+    assert out.record.max_diff < 1e-5
 
 
 def test_state_an_earlier_engine_left_is_reported_at_world_size_2(ds2):
@@ -136,7 +137,7 @@ def test_state_an_earlier_engine_left_is_reported_at_world_size_2(ds2):
         return
     assert [f.key for f in out.findings] == ["carried-state:torch-linear-replaced"], _fmt(out.findings)
     assert explain(out.findings[0]) is issue
-    assert out.details["engines_before"] == ["ZeRO-3: ok"]
+    assert out.record.engines_before == ("ZeRO-3: ok",)
 
 
 def test_ranks_out_of_step_restart_the_pool(ds2):
@@ -148,15 +149,18 @@ def test_ranks_out_of_step_restart_the_pool(ds2):
         out = ds2.run(sc)
     finally:
         ds2.unmatched = None
-    assert ds2.desync_restarts == before + 1 and "out of step" in out.details.get("pool_restarted", "")
+    assert ds2.desync_restarts == before + 1 and "out of step" in (out.pool_restarted or "")
     out = ds2.run(sc)
-    assert not out.findings and "pool_restarted" not in out.details, _fmt(out.findings)
+    assert not out.findings and out.pool_restarted is None, _fmt(out.findings)
 
 
 # ------------------------------------------------------------ cross-rank checks (no processes)
 def _rank(r, events, digests, error=None):
-    res = {"events": events, "error": error, "error_check": "exception" if error else None, "steps": len(digests)}
-    return {"rank": r, "ok": True, "result": res, "steps": digests}
+    from zerostate.findings.record import ExceptionRecord, RunRecord
+    from zerostate.harness.cross_rank_checks import RankRun
+    from zerostate.model.events import Event
+    raised = ExceptionRecord(error, "") if error else None
+    return RankRun(r, RunRecord(events=tuple(Event.from_dict(e) for e in events), raised=raised), tuple(digests))
 
 
 EV = [{"kind": "module_pre_forward", "module": "blocks.0", "phase": "forward"},
@@ -167,20 +171,21 @@ EV = [{"kind": "module_pre_forward", "module": "blocks.0", "phase": "forward"},
 
 def test_cross_rank_checks_detect_each_disagreement():
     d = [{"blocks.0.lin.weight": "a"}, {"blocks.0.lin.weight": "b"}]
-    assert cross_rank_problems([_rank(0, EV, d), _rank(1, EV, d)]) == {}
-    assert len(per_step(EV)) == 3 and per_step(EV)[1]["params"] == ["fetch blocks.0.lin.weight"]
+    assert cross_rank_problems([_rank(0, EV, d), _rank(1, EV, d)], Scenario()) == {}
+    events = [Event.from_dict(e) for e in EV]
+    assert len(per_step(events)) == 3 and per_step(events)[1]["params"] == ["fetch blocks.0.lin.weight"]
     other = EV[:4] + [{"kind": "fetch", "param": "blocks.0.norm.weight"}] + EV[5:]
-    p = cross_rank_problems([_rank(0, EV, d), _rank(1, other, d)])
+    p = cross_rank_problems([_rank(0, EV, d), _rank(1, other, d)], Scenario())
     assert set(p) == {"ranks-trace"}
     assert "train step 1" in p["ranks-trace"][0] and "parameter order" in p["ranks-trace"][0]
     assert p["ranks-trace"][1] == "parameter-order"
-    p = cross_rank_problems([_rank(0, EV, d), _rank(1, EV[1:], d)])
+    p = cross_rank_problems([_rank(0, EV, d), _rank(1, EV[1:], d)], Scenario())
     assert "module trace" in p["ranks-trace"][0] and "train step 0" in p["ranks-trace"][0]
     assert p["ranks-trace"][1] == "module-trace"
-    p = cross_rank_problems([_rank(0, EV, d), _rank(1, EV, [d[0], {"blocks.0.lin.weight": "c"}])])
+    p = cross_rank_problems([_rank(0, EV, d), _rank(1, EV, [d[0], {"blocks.0.lin.weight": "c"}])], Scenario())
     assert set(p) == {"ranks-params"} and "after train step 1" in p["ranks-params"][0]
     assert p["ranks-params"][1] == "gathered-params-differ"
-    p = cross_rank_problems([_rank(0, EV, d), _rank(1, EV, d, error="RuntimeError: boom")])
+    p = cross_rank_problems([_rank(0, EV, d), _rank(1, EV, d, error="RuntimeError: boom")], Scenario())
     assert "ranks-outcome" in p and "rank 1 raised RuntimeError: boom" in p["ranks-outcome"][0]
     assert p["ranks-outcome"][1] == "one-rank-raised"
 
@@ -192,7 +197,7 @@ def test_cross_rank_findings_are_keyed_by_code_not_by_their_message():
     keys = set()
     for param in ("blocks.0.norm.weight", "blocks.3.lin.bias"):
         other = EV[:4] + [{"kind": "fetch", "param": param}] + EV[5:]
-        text, code = cross_rank_problems([_rank(0, EV, d), _rank(1, other, d)])["ranks-trace"]
+        text, code = cross_rank_problems([_rank(0, EV, d), _rank(1, other, d)], Scenario())["ranks-trace"]
         keys.add(Finding("ranks-trace", text, None, [], None, "deepspeed", "0.19.8", code=code).key)
     assert keys == {"ranks-trace:parameter-order"}
 
@@ -476,7 +481,7 @@ def test_a_git_checkouts_rank_pool_sees_its_version(tmp_path):
     try:
         for sc in first:
             out = t.run(sc)
-            assert out.details.get("world_size") == 2 and not _unexplained(out), (out.details, _fmt(out.findings))
+            assert out.world_size == 2 and not _unexplained(out), (out.ranks, _fmt(out.findings))
         pool = t._wider[2]
         assert pool.version == t.version == deepspeed.__version__
         assert os.path.realpath(pool.hello["file"]).startswith(os.path.realpath(root)), pool.hello

@@ -13,7 +13,7 @@ fault benchmark does; the unfaulted release passes the same scenarios.
 * No example filled a ZeRO-3 bucket exactly, so a gradient that fills it to its size was never left out of the
   contiguous buffer: the completion pairs ZeRO-3's contiguous-buffer route with a bucket of exactly one weight.
 * A ``BF16_Optimizer`` step without its clipping stayed inside the bf16 tolerance against an fp32 oracle; the
-  mixed-precision oracle's fp32 master weights (`compare.compare_masters`) see it.
+  mixed-precision oracle's fp32 master weights (`oracle_judgement.masters_text`) see it.
 * A miscounted backward phase changed nothing downstream while the post-backward callback decides the epilogue:
   ``count-matches-hooks`` compares the count and the expectation with the hooks that fire in the task.
 """
@@ -189,5 +189,5 @@ def test_the_loss_scale_after_the_last_step_kills_a_scaler_that_grows_on_overflo
     assert f"loss scale after the last step is {grown:g}, PyTorch's loss scaler's {halved:g}" in found.error, \
         found.error
     assert not clean, [(f.key, f.error[:300]) for f in clean]
-    fp16 = doubled.details["fp16"]
-    assert fp16["skipped_steps"] == 0 and fp16["loss_scale"] == fp16["oracle_scale"] == 2.0 ** 9, fp16
+    fp16 = doubled.record.loss_scaling
+    assert fp16.ds_skipped == 0 and fp16.ds_scale == fp16.pt_scale == 2.0 ** 9, fp16

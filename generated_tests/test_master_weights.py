@@ -1,4 +1,4 @@
-"""bf16: DeepSpeed's fp32 master weights against the mixed-precision oracle's (`compare.compare_masters`).
+"""bf16: DeepSpeed's fp32 master weights against the mixed-precision oracle's (`oracle_judgement.masters_text`).
 
 The oracle runs bf16 as DeepSpeed does (forward and backward on a bf16 copy, fp32 master weights that start
 from the bf16-rounded parameters, fp32 gradient accumulation where the scenario asks for it), so at world
@@ -11,7 +11,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from zerostate.harness.net.compare import MASTER_RTOL, compare_masters, master_error
+from zerostate.findings import oracle_judgement
+from zerostate.findings.tolerance import MASTER_RTOL
+from zerostate.harness.observe import param_steps
 from zerostate.model.scenario import Scenario
 
 
@@ -21,6 +23,19 @@ def _params(**kw: list[float]) -> dict[str, torch.Tensor]:
 
 START = _params(w=[1.0, -1.0, 0.5], b=[0.0, 0.25])
 PT = _params(w=[0.9, -0.9, 0.6], b=[0.1, 0.15])
+
+
+def _observed(start, expected, got):
+    """What the worker records of DeepSpeed's master weights ``got`` (both sides began at ``start``)."""
+    return param_steps(expected, got, start, start, pt_run_start=start, ds_run_start=start, only_got=True)
+
+
+def compare_masters(start, expected, got, world_size):
+    return oracle_judgement.masters_text(_observed(start, expected, got), world_size)
+
+
+def master_error(start, expected, got):
+    return oracle_judgement.master_error(_observed(start, expected, got))
 
 
 def test_the_same_master_weights_pass_and_the_error_is_zero():
@@ -70,8 +85,8 @@ def test_master_weights_are_read_every_step_and_agree_on_the_release(ds, name):
     and compared; on 0.19.8 they agree within world size 1's share (no finding)."""
     sc = Scenario.from_dict(CASES[name])
     out = ds.run(sc)
-    masters = out.details.get("masters")
-    assert masters is not None and len(masters) == len(sc.steps), out.details
+    masters = [oracle_judgement.master_error(s.masters) for s in out.record.steps if s.masters is not None]
+    assert len(masters) == len(sc.steps), out.record
     assert all(u > 0 for _, u, _ in masters), masters
     if ds.version == "0.19.8":
         assert all(d <= MASTER_RTOL[0] * u for d, u, _ in masters), masters
@@ -83,8 +98,8 @@ def test_stage_0_has_no_master_weights_to_compare(ds):
     """ZeRO-0 bf16 steps through ``FP16_Optimizer``, which links no master copy to its parameters: nothing is
     read, and the per-element and update-norm comparisons still judge the run."""
     out = ds.run(Scenario.from_dict({"stage": 0, **BF16}))
-    assert "masters" not in out.details, out.details
-    assert out.details.get("steps") == 2, out.details
+    assert all(s.masters is None for s in out.record.steps), out.record
+    assert out.steps == 2, out.record
 
 
 @pytest.mark.deepspeed
@@ -96,7 +111,7 @@ def test_a_parameter_with_no_master_copy_is_left_out_and_said_never_a_finding(ds
                              "blocks": [{"in_optimizer": False}, {}], "steps": [{}]})
     out = ds.run(sc)
     assert not [f for f in out.findings if f.check == "exception"], [(f.key, f.error[:300]) for f in out.findings]
-    unread = out.details.get("masters_unread") or {}
-    assert set(unread) >= {"blocks.0.lin.weight", "blocks.0.lin.bias"}, out.details
+    unread = dict(out.record.masters_unread)
+    assert set(unread) >= {"blocks.0.lin.weight", "blocks.0.lin.bias"}, out.record.masters_unread
     assert all(v.startswith("KeyError") for v in unread.values()), unread
-    assert out.details.get("masters"), out.details
+    assert any(s.masters for s in out.record.steps), out.record

@@ -120,7 +120,7 @@ def test_real_release_points_match_the_zerostate_model(runtime_target, sc):
         return  # no optimizer can be built (the target skips it)
     model = run(get_design("zerostate"), sc)
     out = runtime_target.run(sc)
-    if out.details.get("skipped"):
+    if out.skipped:
         return
     if out.error is not None:
         from zerostate.known.issues import explain
@@ -288,5 +288,5 @@ def test_runtime_reports_nothing_across_a_checkpoint(runtime_target, stage, thre
     out = runtime_target.run(sc)
     assert out.error is None, out.error
     assert not out.findings, [(f.check, f.error.splitlines()[0]) for f in out.findings]
-    recs = out.details.get("save_load") or []
-    assert len(recs) == 1 and recs[0]["files"] and recs[0]["loaded"], out.details
+    recs = out.record.checkpoints if out.record else ()
+    assert len(recs) == 1 and recs[0].files and recs[0].loaded, out.record

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from zerostate.known.issues import KNOWN_ISSUES, explain
+from zerostate.model.scenario import Scenario
 
 BIN = Path(sys.executable).parent / "zerostate"
 
@@ -37,8 +38,11 @@ def _issue(issue_id: str):
 
 
 def _rank(r: int, events: list, digests: list, error: str | None = None) -> dict:
-    res = {"events": events, "error": error, "error_check": "exception" if error else None, "steps": len(digests)}
-    return {"rank": r, "ok": True, "result": res, "steps": digests}
+    from zerostate.findings.record import ExceptionRecord, RunRecord
+    from zerostate.harness.cross_rank_checks import RankRun
+    from zerostate.model.events import Event
+    raised = ExceptionRecord(error, "") if error else None
+    return RankRun(r, RunRecord(events=tuple(Event.from_dict(e) for e in events), raised=raised), tuple(digests))
 
 
 def test_the_cross_rank_checks_name_the_rank_that_differs_among_four():
@@ -48,12 +52,13 @@ def test_the_cross_rank_checks_name_the_rank_that_differs_among_four():
           {"kind": "fetch", "param": "blocks.0.lin.weight"}, {"kind": "step", "value": 0}]
     d = [{"blocks.0.lin.weight": "a"}]
     same = [_rank(r, ev, d) for r in range(4)]
-    assert cross_rank_problems(same) == {}
-    params = cross_rank_problems(same[:3] + [_rank(3, ev, [{"blocks.0.lin.weight": "b"}])])
+    assert cross_rank_problems(same, Scenario()) == {}
+    params = cross_rank_problems(same[:3] + [_rank(3, ev, [{"blocks.0.lin.weight": "b"}])], Scenario())
     assert set(params) == {"ranks-params"} and "rank 3" in params["ranks-params"][0]
-    order = cross_rank_problems(same[:3] + [_rank(3, [ev[0], {"kind": "fetch", "param": "head.weight"}, ev[2]], d)])
+    order = cross_rank_problems(same[:3] + [_rank(3, [ev[0], {"kind": "fetch", "param": "head.weight"}, ev[2]], d)],
+                                Scenario())
     assert order["ranks-trace"][1] == "parameter-order" and "rank 3 saw" in order["ranks-trace"][0]
-    raised = cross_rank_problems(same[:2] + [_rank(2, ev, d, error="RuntimeError: boom"), same[3]])
+    raised = cross_rank_problems(same[:2] + [_rank(2, ev, d, error="RuntimeError: boom"), same[3]], Scenario())
     assert raised["ranks-outcome"][1] == "one-rank-raised" and "rank 2 raised" in raised["ranks-outcome"][0]
 
 
@@ -174,7 +179,7 @@ def at_four() -> dict[str, dict[str, dict[str, str | None]]]:
         try:
             for issue_id in (MIXED_DTYPE, NO_REDUCE):
                 run = t.run(_issue(issue_id).scenario)
-                assert run.details["world_size"] == 4 and len(run.details["ranks"]) == 4
+                assert run.world_size == 4 and len(run.ranks) == 4
                 labels = {f.key: (lambda k: k.id if k else None)(explain(f)) for f in run.findings}
                 out.setdefault(version, {})[issue_id] = labels
         finally:

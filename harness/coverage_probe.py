@@ -2,7 +2,7 @@
 
 Two ways to ask, both off by default.  **In band**: a run request with ``"coverage": true`` is measured and its
 answer carries ``coverage`` (`ArcIds`: per file, the arcs it ran as `arc_id` integers), which the target puts on
-``Outcome.details["coverage"]`` (what ``zerostate explore --steer coverage`` steers by).  **To files**: off
+``Outcome.coverage`` (what ``zerostate explore --steer coverage`` steers by).  **To files**: off
 unless ``ZEROSTATE_COVERAGE=DIR`` is in a worker's environment (a worker inherits the environment of the
 ``zerostate`` command that starts it), so the default exploration runs exactly as without it.  When set, every
 ``run`` request a worker serves (generated, shrinking and confirming runs alike, in both kinds of worker) is

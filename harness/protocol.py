@@ -1,5 +1,4 @@
-"""The payloads that cross a process boundary: the worker's and the rank pool's JSON-lines protocol, and the
-executor's result inside it.
+"""The payloads that cross a process boundary: the worker's and the rank pool's JSON-lines protocol.
 
 Requests (one JSON line each on a worker's stdin)::
 
@@ -8,15 +7,16 @@ Requests (one JSON line each on a worker's stdin)::
     {"op": "exit"}                       -> (the worker exits)
 
 The scenario travels as ``Scenario.to_dict()`` and is parsed once, by the receiving worker
-(``Scenario.from_dict``).  Stdlib only: repro scripts embed this module.
+(``Scenario.from_dict``); a run's `findings.record.RunRecord` travels as ``wire.to_wire(record)`` and is read
+once, by the parent (``wire.from_wire``).  Every field is typed: JSON values are `Json`, never ``Any``.
+Stdlib only: repro scripts embed this module.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal, TypedDict
+from typing import Literal, TypedDict
 
-EventDict = dict[str, Any]
-"""One tracer event (`zerostate.model.events.Event.to_dict`)."""
+from zerostate.findings.wire import Json
 
 
 class HelloRequest(TypedDict):
@@ -36,7 +36,8 @@ class Stall(TypedDict):
 
 class _RunRequestBase(TypedDict):
     op: Literal["run"]
-    scenario: dict[str, Any]
+    scenario: Json
+    """``Scenario.to_dict()``."""
 
 
 class RunRequest(_RunRequestBase, total=False):
@@ -80,60 +81,10 @@ class Hello(TypedDict, total=False):
     traceback: str
 
 
-class Fp16Result(TypedDict, total=False):
-    skipped_steps: int
-    loss_scale: float
-    oracle_skipped: list[int] | None
-    oracle_scales: list[float] | None
-    oracle_scale: float | None
-    """The oracle's scale after the last step, compared with ``loss_scale`` (the one the next step would use)."""
-
-
-class SaveLoadResult(TypedDict):
-    """One checkpoint round trip as the executor reports it."""
-
-    step: int
-    files: list[str] | None
-    loaded: Any
-    state16: list[str] | None
-    fp32: list[str] | None
-
-
-class _ExecBase(TypedDict):
-    events: list[EventDict]
-    error: str | None
-    error_check: str | None
-    traceback: str | None
-    mismatch: str | None
-    steps: int
-
-
-class ExecResult(_ExecBase, total=False):
-    """`zerostate.harness.executor.execute`'s result; its module docstring says what each field holds."""
-
-    max_diff: float
-    masters: list[list[float]]
-    masters_unread: dict[str, str]
-    fp16: Fp16Result
-    skipped: str
-    engines_before: list[str]
-    carried_state: str
-    persistence: str
-    engine: dict[str, Any]
-    save_load: list[SaveLoadResult]
-    checkpoint: list[str]
-    torch_linear_replaced: bool
-    origin: str
-    teardown_error: str
-    oracle_diff: dict[str, Any]
-    """How DeepSpeed's parameters differ from PyTorch's (`harness.evidence.oracle_diff`)."""
-    frames: list[list[Any]]
-    """The raised exception's frames (`findings.evidence.frames_of`)."""
-
-
 class _RunAnswerBase(TypedDict):
     ok: Literal[True]
-    result: ExecResult
+    result: Json
+    """The run's `findings.record.RunRecord`, as ``wire.to_wire`` writes it."""
     seconds: float
 
 
@@ -158,7 +109,8 @@ class RankRecord(TypedDict):
 
     rank: int
     ok: bool | None
-    result: ExecResult | None
+    result: Json
+    """The rank's `RunRecord` (``wire.to_wire``), or null when the rank answered with a `Failure`."""
     steps: list[dict[str, str]]
     error: str | None
 
@@ -166,7 +118,7 @@ class RankRecord(TypedDict):
 class PoolAnswer(TypedDict, total=False):
     """The rank pool's answer: rank 0's (or the first failing rank's) with every rank's record."""
 
-    result: ExecResult
+    result: Json
     seconds: float
     sync: dict[str, int]
     ranks: list[RankRecord]
@@ -181,6 +133,5 @@ Answer = Hello | RunAnswer | Failure
 class Response(Hello, PoolAnswer, total=False):
     """An answer as the parent reads it, before ``ok`` says which it is: every field any answer may hold."""
 
-__all__ = ["Answer", "EventDict", "ExecResult", "ExitRequest", "Failure", "Fp16Result", "Hello", "HelloRequest",
-           "PoolAnswer", "RankRecord", "Request", "Response", "RunAnswer", "RunRequest", "SaveLoadResult", "Stall",
-           "StepProgress"]
+__all__ = ["Answer", "ExitRequest", "Failure", "Hello", "HelloRequest", "Json", "PoolAnswer", "RankRecord", "Request",
+           "Response", "RunAnswer", "RunRequest", "Stall", "StepProgress"]

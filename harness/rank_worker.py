@@ -10,7 +10,7 @@ progress line per train step::
 
     {"op": "hello"}                  -> {"ok": true, "deepspeed": ..., "rank": r, "world_size": n, ...}
     {"op": "run", "scenario": {...}} -> {"progress": "step", "step": i, "digests": {param: sha1}} per step,
-                                        then {"ok": true, "result": <executor.execute's ExecResult>, "seconds": s}
+                                        then {"ok": true, "result": <the RunRecord, wire.to_wire>, "seconds": s}
     {"op": "exit"}                   -> (exits)
 
 The pool waits for a warm-up example (imports) before the first request is answered.
@@ -33,6 +33,7 @@ from typing import Protocol, runtime_checkable
 
 from zerostate.harness.cross_rank_checks import digests
 from zerostate.harness.net.compare import Params
+from zerostate.findings.wire import to_wire
 from zerostate.harness.protocol import Failure, Hello, RunAnswer, RunRequest
 from zerostate.harness.worker_loop import Reply, failure, open_protocol, serve, start_deepspeed
 from zerostate.model.scenario import Block, Checkpoint, Scenario
@@ -110,10 +111,10 @@ def main() -> int:
 
         def on_step(i: int, got: Params) -> None:
             reply({"progress": "step", "step": i, "digests": digests(got)})
-        result = execute(Scenario.from_dict(req["scenario"]), on_step=on_step)
+        record = execute(Scenario.from_dict(req["scenario"]), on_step=on_step)
         if req.get("unmatched") == rank:  # tests: one collective the other ranks never issue
             dist.all_reduce(torch.zeros(1), async_op=True)
-        return {"ok": True, "result": result, "seconds": time.perf_counter() - t0, "sync": sync_state()}
+        return {"ok": True, "result": to_wire(record), "seconds": time.perf_counter() - t0, "sync": sync_state()}
 
     return serve(hello, run, reply, error_prefix=f"rank {rank}: ")
 

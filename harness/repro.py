@@ -139,31 +139,31 @@ def run_before(executor, Scenario):
     engine, built, trained and destroyed by zerostate's executor as its worker ran them; their own
     outcome is not judged."""
     for i, spec in enumerate(BEFORE):
-        res = executor.execute(Scenario.from_dict(spec))
-        if res.get("error"):
-            print(f"(sequence [{i + 1}] raised {res['error'].splitlines()[0][:120]})")
+        record = executor.execute(Scenario.from_dict(spec))
+        if record.error:
+            print(f"(sequence [{i + 1}] raised {record.error.splitlines()[0][:120]})")
 
 
 def judge(executor, failed_checks, cross_rank_checks, scenario):
-    """Run the scenario once; return (the failed checks, the executor's result)."""
+    """Run the scenario once; return (the failed checks, the run's record)."""
     import torch.distributed as dist
     steps = []
-    res = executor.execute(scenario, on_step=lambda i, got: steps.append(cross_rank_checks.digests(got)))
+    record = executor.execute(scenario, on_step=lambda i, got: steps.append(cross_rank_checks.digests(got)))
     model_events = None
     if MODEL_EVENTS is not None:
         from zerostate.model.events import Event
         model_events = [Event.from_dict(d) for d in MODEL_EVENTS]
-    failed = failed_checks(res, scenario.stage, model_events, DESIGN)
+    failed = failed_checks(record, scenario, model_events, DESIGN)
     if dist.is_initialized() and dist.get_world_size() > 1:
         ranks = [None] * dist.get_world_size()
-        dist.all_gather_object(ranks, {"rank": dist.get_rank(), "ok": True, "result": res, "steps": steps})
+        dist.all_gather_object(ranks, cross_rank_checks.RankRun(dist.get_rank(), record, tuple(steps)))
         mine = failed
-        failed = failed_checks(ranks[0]["result"], scenario.stage, model_events, DESIGN)  # rank 0's, as the pool
-        for check, problem in cross_rank_checks.cross_rank_problems(ranks).items():
+        failed = failed_checks(ranks[0].record, scenario, model_events, DESIGN)  # rank 0's, as the pool
+        for check, problem in cross_rank_checks.cross_rank_problems(ranks, scenario).items():
             failed.setdefault(check, problem)
         if mine.keys() - failed.keys():
             print(f"(rank {dist.get_rank()} also fails: {sorted(mine.keys() - failed.keys())})")
-    return failed, res
+    return failed, record
 
 
 def main():
@@ -187,25 +187,25 @@ def main():
         import faulthandler
         faulthandler.dump_traceback_later(TIMEOUT, exit=True)  # exits 1 with every thread's stack
     for i in range(REPEAT):
-        failed, res = judge(executor, failed_checks, cross_rank_checks, scenario)
+        failed, record = judge(executor, failed_checks, cross_rank_checks, scenario)
         others = {k: v for k, v in failed.items() if k != CHECK}
         for check, (msg, detail) in sorted(others.items()):
             print(f"(also failed, not this finding's check: {check}{' ' + detail if detail else ''}: "
                   f"{msg.splitlines()[0][:300]})")
         if CHECK in failed:
             msg, detail = failed[CHECK]
-            if res.get("traceback"):
-                print(res["traceback"])
+            if record.raised is not None and record.raised.traceback:
+                print(record.raised.traceback)
             same = "" if not DETAIL or detail == DETAIL else f" [{detail}; the finding's was {DETAIL}]"
             print(f"BUG PRESENT ({CHECK}){same}: {msg.splitlines()[0]}")
             if REPEAT > 1:
                 print(f"(reproduced on run {i + 1} of up to {REPEAT})")
             return 1
-        if res.get("error"):
-            print(f"the run raised before {CHECK!r} could be judged: {res['error'].splitlines()[0]}")
+        if record.error:
+            print(f"the run raised before {CHECK!r} could be judged: {record.error.splitlines()[0]}")
             return 2
-        if res.get("skipped"):
-            print(f"the scenario did not run: {res['skipped']}")
+        if record.skipped:
+            print(f"the scenario did not run: {record.skipped}")
             return 2
     print(f"OK: {CHECK} not reproduced (fixed?)" + (f" in {REPEAT} runs" if REPEAT > 1 else ""))
     return 0

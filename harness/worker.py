@@ -12,7 +12,7 @@ Requests and responses::
 
     {"op": "hello"}                -> {"ok": true, "deepspeed": "0.19.8", "file": ..., "torch": ...,
                                        "device": "cpu", "rank": 0, "world_size": 1}
-    {"op": "run", "scenario": {...}} -> {"ok": true, "result": <executor.execute's ExecResult>, "seconds": s}
+    {"op": "run", "scenario": {...}} -> {"ok": true, "result": <the RunRecord, wire.to_wire>, "seconds": s}
     {"op": "exit"}                 -> (exits)
 
 A failure to import DeepSpeed or to initialise torch.distributed is answered
@@ -29,6 +29,7 @@ import os
 import sys
 import time
 
+from zerostate.findings.wire import to_wire
 from zerostate.harness.protocol import Failure, Hello, RunAnswer, RunRequest
 from zerostate.harness.worker_loop import Reply, failure, open_protocol, serve, start_deepspeed
 from zerostate.model.scenario import Scenario
@@ -48,8 +49,8 @@ def main() -> int:
         t0 = time.perf_counter()
         if req.get("sleep"):  # test hook: simulate a hang
             time.sleep(float(req["sleep"]))
-        result = execute(Scenario.from_dict(req["scenario"]))
-        return {"ok": True, "result": result, "seconds": time.perf_counter() - t0}
+        record = execute(Scenario.from_dict(req["scenario"]))
+        return {"ok": True, "result": to_wire(record), "seconds": time.perf_counter() - t0}
 
     return serve(hello, run, reply)
 

@@ -140,7 +140,8 @@ ZERO0_BF16_UPDATE_LOST = KnownIssue(
             "skipped zero_grad: the update is about 1/65536 of PyTorch's, below bf16's resolution of the "
             "parameters (the module's bf16 parameters do not move at all here).  Issue #7837, fixed in 0.18.6 "
             "by DeepSpeed PR #7839.  The oracle's per-element bf16 tolerance hides a lost update of this size "
-            "on these small networks; `net.compare_update` (the update's norm) shows it: ratio 0 on 0.18.4."),
+            "on these small networks; `oracle_judgement.update_norm_text` (the update's norm) shows it: ratio 0 "
+            "on 0.18.4."),
 )
 
 def _engine_backward_nested_outputs(sc: Scenario) -> bool:

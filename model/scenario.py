@@ -368,7 +368,8 @@ class Scenario:
         return json.dumps(self.to_dict(), indent=indent, sort_keys=True)
 
     @staticmethod
-    def from_dict(data: Mapping[str, Any]) -> Scenario:
+    def from_dict(data: object) -> Scenario:
+        """The scenario a parsed JSON value holds (`ScenarioError` naming the field when it holds none)."""
         return _parse_scenario(data)
 
     @staticmethod

@@ -29,24 +29,35 @@ the same bug: the explorer reports one per key.
 
 `Outcome` fields: ``scenario``, ``trace`` (list of events, possibly partial),
 ``error`` (text when the run raised, else None), ``findings`` (at most one per key),
-``seconds``, ``details`` (e.g. ``skipped``: why a scenario could not be run at all).
+``seconds``, ``record`` (what a real-DeepSpeed run showed: `findings.record.RunRecord`; ``skipped`` says why a
+scenario could not be run at all), and what the worker or rank pool adds (its time, coverage, ranks).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from zerostate.model.designs import Design
 from zerostate.model.events import Event
 from zerostate.model.scenario import Scenario
 from zerostate.findings.finding import Finding
+from zerostate.findings.record import RunRecord
 
 
 
 class TargetError(ValueError):
     """A target cannot be set up (unknown name or design, unsupported or uninstallable release, bad path)."""
+
+
+@dataclass(frozen=True)
+class RankSummary:
+    """One rank of a rank pool's run: the train steps it reported and what it raised."""
+
+    rank: int
+    steps: int
+    error: str | None = None
 
 
 @dataclass
@@ -56,11 +67,34 @@ class Outcome:
     error: str | None = None
     findings: list[Finding] = field(default_factory=list)
     seconds: float = 0.0
-    details: dict[str, Any] = field(default_factory=dict)
+    record: RunRecord | None = None
+    """What the run showed (real DeepSpeed: `findings.record.RunRecord`); None for the model target and for a
+    run that returned nothing (a hang, a dead worker, the executor's own failure)."""
+    worker_seconds: float | None = None
+    """The run's time inside the worker (the rest is the protocol and the judgement)."""
+    coverage: Mapping[str, Sequence[int]] | None = None
+    """Asked for (``measure_coverage``): per measured DeepSpeed file, the arcs the run executed."""
+    agreement: str | None = None
+    """Why the run was not compared with the model design (a dimension the model does not represent)."""
+    world_size: int = 1
+    ranks: tuple[RankSummary, ...] = ()
+    """A rank pool's run: each rank's part."""
+    pool_restarted: str | None = None
+    """A rank pool restarted after this run (its ranks were out of step), and why."""
 
     @property
     def checks(self) -> list[str]:
         return [f.check for f in self.findings]
+
+    @property
+    def skipped(self) -> str | None:
+        """Why the scenario could not run at all, or None."""
+        return self.record.skipped if self.record is not None else None
+
+    @property
+    def steps(self) -> int:
+        """The train steps that ran and were compared with the oracle."""
+        return len(self.record.steps) if self.record is not None else 0
 
 
 @runtime_checkable
@@ -136,5 +170,5 @@ def get_target(name: str, **options: Any) -> Target:
     return kind.factory(**options)
 
 
-__all__ = ["Finding", "Outcome", "Target", "TargetError", "TargetKind", "get_target", "register", "spec_findings",
-           "target_kinds"]
+__all__ = ["Finding", "Outcome", "RankSummary", "Target", "TargetError", "TargetKind", "get_target", "register",
+           "spec_findings", "target_kinds"]

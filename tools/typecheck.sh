@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# mypy over zerostate's packages: strict on the pure core (model, specs, analysis), a plain pass on the rest.
+# mypy over zerostate's packages: strict on the pure core (model, specs, analysis), the findings and the worker
+# protocol (what crosses a process boundary), a plain pass on the rest.
 #
 # The import packages are mapped from top-level folders (pyproject's [tool.setuptools] package-dir) and installed
 # editable through an import hook mypy cannot follow, so this builds the package tree mypy expects as symlinks
@@ -10,7 +11,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
 WHICH=${1:-all}
-STRICT_PKGS=(zerostate.model zerostate.specs zerostate.analysis)
+STRICT_PKGS=(zerostate.model zerostate.specs zerostate.analysis zerostate.findings)
+STRICT_MODS=(zerostate.harness.protocol)
 
 layout=$("$PY" - "${STRICT_PKGS[@]}" <<'PYEOF'
 import os, sys, tomllib
@@ -70,10 +72,10 @@ args() { for p in "$@"; do printf -- '-p\n%s\n' "$p"; done; }
 status=0
 
 if [[ $WHICH == strict || $WHICH == all ]]; then
-    echo "== mypy --strict: ${STRICT_PKGS[*]}"
-    mapfile -t a < <(args "${STRICT_PKGS[@]}")
-    # Modules outside the three packages are not checked here (skip); only zerostate/__init__.py's lazy
-    # imports reach them.  Stub files (networkx's) are still followed.
+    echo "== mypy --strict: ${STRICT_PKGS[*]} ${STRICT_MODS[*]}"
+    mapfile -t a < <(args "${STRICT_PKGS[@]}"; for m in "${STRICT_MODS[@]}"; do printf -- '-m\n%s\n' "$m"; done)
+    # Modules outside these are not checked here (skip); only zerostate/__init__.py's lazy imports reach
+    # them.  Stub files (networkx's) are still followed.
     "${MYPY[@]}" --strict --follow-imports=skip "${a[@]}" 2>&1 | sed -E "$PATHS" || status=1
 fi
 if [[ $WHICH == rest || $WHICH == all ]]; then

@@ -1,5 +1,5 @@
-"""DeepSpeed checkpoints (not activation checkpointing): the round trip HF Trainer makes (`round_trip`) and
-its judgement (`compare_save_load`)."""
+"""DeepSpeed checkpoints (not activation checkpointing): the round trip HF Trainer makes (`round_trip`); the
+executor records it (`executor.round_trip_record`) and `findings.checkpoint_judgement` judges it."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import os
 import shutil
 from typing import Any, Protocol, TypedDict
 
-from zerostate.harness.net.compare import Params, compare
+from zerostate.harness.net.compare import Params
 from zerostate.harness.net.dist import barrier, rank_of, shared_tmpdir
 
 
@@ -89,7 +89,7 @@ def round_trip(backend: Checkpointable, step: int) -> SaveLoadRecord:
     (``engine._zero3_consolidated_16bit_state_dict()``, what Accelerate's ``get_state_dict`` -- HF
     Trainer's model save -- calls: a ``GatheredParameters`` per module), then
     ``engine.save_checkpoint(dir)`` and ``engine.load_checkpoint(dir)``; the directory is shared by the
-    ranks and removed.  Returns the record `compare_save_load` judges.
+    ranks and removed.  Returns what the executor records of it.
 
     Between the save and the load every fp32 master partition is moved by +1: a resume loads into an engine
     whose master weights are not the saved ones (HF Trainer's ``--resume_from_checkpoint`` starts a fresh
@@ -130,57 +130,5 @@ def round_trip(backend: Checkpointable, step: int) -> SaveLoadRecord:
     return rec
 
 
-def compare_save_load(rec: SaveLoadRecord, expected: Params | None,
-                      tol: tuple[float, float]) -> tuple[str, str] | None:
-    """A checkpoint round trip (`round_trip`): None, or ``(code, sentence)`` for the first of these that
-    fails.  ``expected``: the oracle's parameters at that point (before the step), or None when the
-    training already disagrees with the oracle (its own finding says so; the checkpoint is then judged against
-    the engine alone, so a divergence is not reported twice).
-
-    * ``no-files`` / ``not-loaded``: ``save_checkpoint`` wrote nothing, ``load_checkpoint`` found nothing;
-    * ``16-bit-state-dict`` (ZeRO-3): the consolidated 16-bit state dict exactly against the engine's own
-      parameters (it is a copy of them), and against the oracle (``tol``);
-    * ``round-trip``: after the load, the parameters are exactly what they were before the save;
-    * ``counters``: so are the engine's global / skipped steps and fp16's loss scale (a round trip must
-      not change training);
-    * ``zero-to-fp32`` (ZeRO-1/2/3): the fp32 weights ``zero_to_fp32`` rebuilds from the checkpoint against
-      the engine's parameters (exactly in fp32 training; at ``tol`` in bf16 / fp16, whose fp32 master copies
-      differ from the 16-bit parameters by a rounding) and against the oracle (``tol``);
-    * ``master-weights`` (ZeRO-1/2/3, ``BF16_Optimizer``): after the load this rank's fp32 master partitions
-      are exactly the saved ones, though they were moved before the load (`round_trip`): the optimizer
-      steps them, so a restore skipped or rebuilt from 16-bit copies changes training below the oracle's
-      16-bit tolerance."""
-    where = f"checkpoint before train step {rec['step']}"
-    own = ("the engine", "the checkpoint")
-    if not rec.get("files"):
-        return "no-files", f"{where}: save_checkpoint wrote no file"
-    if not rec.get("loaded"):
-        return "not-loaded", f"{where}: load_checkpoint loaded nothing (returned {rec.get('loaded')!r})"
-    if "state16" in rec:
-        msg = compare(rec["before"], rec["state16"], 0.0, 0.0, own) or (
-            expected is not None and compare(expected, rec["state16"], *tol))
-        if msg:
-            return "16-bit-state-dict", f"{where}: the consolidated 16-bit state dict: {msg}"
-    msg = compare(rec["before"], rec["after"], 0.0, 0.0, ("the engine before save_checkpoint",
-                                                          "the engine after load_checkpoint"))
-    if msg:
-        return "round-trip", f"{where}: the parameters after load_checkpoint: {msg}"
-    if rec["counters"][0] != rec["counters"][1]:
-        return "counters", (f"{where}: the engine's counters before save / after load: {rec['counters'][0]} / "
-                            f"{rec['counters'][1]}")
-    if "fp32" in rec:
-        exact = (0.0, 0.0) if rec.get("fp32_exact") else tol
-        msg = compare(rec["before"], rec["fp32"], *exact, own) or (
-            expected is not None and compare(expected, rec["fp32"], *tol))
-        if msg:
-            return "zero-to-fp32", f"{where}: the fp32 weights zero_to_fp32 rebuilds from the checkpoint: {msg}"
-    if "master" in rec:
-        msg = compare(rec["master"], rec.get("master_after", {}), 0.0, 0.0,
-                      ("the saved checkpoint", "the engine after load_checkpoint"))
-        if msg:
-            return "master-weights", f"{where}: the fp32 master weights load_checkpoint restored: {msg}"
-    return None
-
-
-__all__ = ["MASTER_ATTRIBUTES", "Checkpointable", "Counters", "SaveLoadRecord", "compare_save_load",
+__all__ = ["MASTER_ATTRIBUTES", "Checkpointable", "Counters", "SaveLoadRecord",
            "fp32_from_zero_checkpoint", "master_partitions", "round_trip"]

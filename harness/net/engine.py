@@ -14,6 +14,7 @@ from typing import Any, Protocol, TypedDict, runtime_checkable
 import torch
 import torch.nn as nn
 
+from zerostate.findings.record import EngineSettings, GroupSettings, OptimizerBuilt
 from zerostate.harness.net import fp16
 from zerostate.harness.net.checkpoint import Counters, SaveLoadRecord, round_trip
 from zerostate.harness.net.compare import Params
@@ -77,26 +78,6 @@ class _Destroyable(Protocol):
     def destroy(self) -> None: ...
 
 
-OptimizerBuilt = TypedDict("OptimizerBuilt", {"class": "str | None", "from_config": bool,
-                                               "groups": "list[dict[str, Any]]"})
-"""Which optimizer the engine holds under its ZeRO / precision wrapper (`optimizer_built`)."""
-
-
-class EngineSettings(TypedDict, total=False):
-    """What the built engine reports of the settings a scenario chooses (`engine_settings`)."""
-
-    gradient_accumulation_steps: int
-    contiguous_gradients: bool
-    overlap_comm: bool
-    reduce_scatter: bool
-    late_module: bool
-    world_size: int
-    optimizer: OptimizerBuilt
-    all_reduce_fetch: bool | None
-    built_partitioned: int
-    unwrap_gathered: list[int]
-
-
 class Fp16State(TypedDict):
     skipped_steps: int
     loss_scale: float
@@ -106,10 +87,17 @@ def optimizer_built(engine: Any) -> OptimizerBuilt:
     """Which optimizer the engine holds under its ZeRO / precision wrapper (``engine.basic_optimizer``), and
     whether DeepSpeed built it from the config (no client optimizer was passed)."""
     opt = engine.basic_optimizer
-    return {"class": f"{type(opt).__module__}.{type(opt).__name__}" if opt is not None else None,
-            "from_config": engine.client_optimizer is None,
-            "groups": [{k: v for k, v in g.items() if k in ("lr", "eps", "betas", "weight_decay")}
-                       for g in (opt.param_groups if opt is not None else [])]}
+    return OptimizerBuilt(f"{type(opt).__module__}.{type(opt).__name__}" if opt is not None else None,
+                          engine.client_optimizer is None,
+                          tuple(_group_settings(g) for g in (opt.param_groups if opt is not None else [])))
+
+
+def _group_settings(group: dict[str, Any]) -> GroupSettings:
+    def num(key: str) -> float | None:
+        return None if group.get(key) is None else float(group[key])
+    betas = group.get("betas")
+    return GroupSettings(num("lr"), num("eps"), None if betas is None else tuple(float(b) for b in betas),
+                         num("weight_decay"))
 
 
 def _closure_cells(fn: object) -> list[object]:
@@ -134,15 +122,13 @@ def _all_reduce_fetch(module: nn.Module) -> bool | None:
     return None
 
 
-def engine_settings(engine: Any) -> EngineSettings:
-    """What the engine itself reports of the settings a scenario chooses (the executor returns it as
-    ``engine``): DeepSpeed's own accessors, and ZeRO-3's all-reduce fetch (`_all_reduce_fetch`)."""
-    return {"gradient_accumulation_steps": engine.gradient_accumulation_steps(),
-            "contiguous_gradients": bool(engine.zero_contiguous_gradients()),
-            "overlap_comm": bool(engine.zero_overlap_comm()),
-            "reduce_scatter": bool(engine.zero_reduce_scatter()),
-            "late_module": "late" in engine.module._modules, "world_size": int(engine.world_size),
-            "optimizer": optimizer_built(engine), "all_reduce_fetch": _all_reduce_fetch(engine.module)}
+def engine_settings(engine: Any, built_partitioned: int = 0) -> EngineSettings:
+    """What the engine itself reports of the settings a scenario chooses: DeepSpeed's own accessors, and ZeRO-3's
+    all-reduce fetch (`_all_reduce_fetch`); ``built_partitioned``: the parameters ``zero.Init`` had partitioned."""
+    return EngineSettings(int(engine.gradient_accumulation_steps()), bool(engine.zero_contiguous_gradients()),
+                          bool(engine.zero_overlap_comm()), bool(engine.zero_reduce_scatter()),
+                          "late" in engine.module._modules, int(engine.world_size), optimizer_built(engine),
+                          _all_reduce_fetch(engine.module), built_partitioned)
 
 
 def build_engine_model(sc: Scenario) -> nn.Module:
@@ -208,15 +194,12 @@ def run_engines_before(sc: Scenario) -> list[str]:
     return done
 
 
-def carried_state(stage: int) -> str | None:
-    """Process-wide state an earlier engine left that this (not ZeRO-3) engine runs with, as a sentence, or
-    None.  A ZeRO-3 engine replaces ``torch.nn.functional.linear`` by ``zero3_linear_wrap``
-    (partition_parameters.py ``_enable_mem_efficient_linear``) and ``destroy()`` does not put it back."""
+def linear_in_use() -> str:
+    """``module.name`` of the ``torch.nn.functional.linear`` an engine runs with: DeepSpeed's ``zero3_linear_wrap``
+    when a ZeRO-3 engine replaced it (partition_parameters.py ``_enable_mem_efficient_linear``) and ``destroy()``
+    did not put it back."""
     fn = torch.nn.functional.linear
-    if stage != 3 and "deepspeed" in (fn.__module__ or ""):
-        return (f"torch.nn.functional.linear is DeepSpeed's {fn.__name__} while this ZeRO-{stage} "
-                "engine runs: left in place by a ZeRO-3 engine destroyed before it in this process")
-    return None
+    return f"{fn.__module__ or ''}.{getattr(fn, '__name__', '')}"
 
 
 class DeepSpeedBackend:
@@ -229,7 +212,7 @@ class DeepSpeedBackend:
         if sc.precision is Precision.FP16:
             fp16.allow_fp16_on_cpu()
         self.engines_before = run_engines_before(sc)
-        self.carried = carried_state(sc.stage)
+        self.torch_linear = linear_in_use()
         if sc.stage == 3:
             from deepspeed.utils import set_z3_leaf_module
             for i, b in enumerate(sc.blocks):
@@ -402,5 +385,5 @@ class DeepSpeedBackend:
 
 
 __all__ = ["DeepSpeedBackend", "EngineSettings", "Fp16State", "OptimizerBuilt", "build_engine_model",
-           "build_zero_init", "carried_state", "engine_before_scenario", "engine_settings", "optimizer_built",
+           "build_zero_init", "linear_in_use", "engine_before_scenario", "engine_settings", "optimizer_built",
            "run_engines_before"]

@@ -12,23 +12,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from zerostate.findings.record import Persistent
 from zerostate.tracing import compat
 
 
-def persistence_problem(module: Any, threshold: int) -> str | None:
-    """None when every parameter of ``module`` (a ZeRO-3 engine's) is persistent exactly when it has at most
-    ``threshold`` elements; else the sentence naming those that are not."""
-    wrong = []
-    for name, p in module.named_parameters():
-        numel = int(p.ds_numel)
-        expected = numel <= threshold
-        if compat.is_persistent(p) != expected:
-            wrong.append(f"{name} ({numel} elements) is {'not ' if expected else ''}persistent")
-    if not wrong:
-        return None
-    return (f"stage3_param_persistence_threshold {threshold}: " + "; ".join(wrong[:4])
-            + (f"; and {len(wrong) - 4} more" if len(wrong) > 4 else "")
-            + " (a parameter of at most that many elements is persistent: mark_persistent_parameters)")
+def persistence_of(module: Any) -> tuple[Persistent, ...]:
+    """Every parameter of ``module`` (a ZeRO-3 engine's): its size and whether the engine marked it persistent
+    (`findings.decide` holds it against the threshold)."""
+    return tuple(Persistent(name, int(p.ds_numel), compat.is_persistent(p)) for name, p in module.named_parameters())
 
 
-__all__ = ["persistence_problem"]
+__all__ = ["persistence_of"]

@@ -24,7 +24,7 @@ step, then its trace and result.  The parent (Hypothesis drives it, as at world 
 Ranks out of step: each rank reports every process group's collective sequence number after an
 example; when they differ (one rank raised before a collective another issued), the next example's
 collectives would pair wrongly and produce garbage, so the pool is restarted first
-(``desync_restarts``; ``details["pool_restarted"]``).  Ranks that both raise at the same point stay in
+(``desync_restarts``; ``Outcome.pool_restarted``).  Ranks that both raise at the same point stay in
 step and keep the pool.
 
 Hangs: a rank that sends nothing for ``timeout`` seconds (per train step) is a ``hang`` finding, with
@@ -34,15 +34,15 @@ outlives the run).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 from zerostate.model.scenario import Scenario
 
-from zerostate.targets.base import Outcome, TargetError
+from zerostate.findings.record import RunRecord
+from zerostate.targets.base import Outcome, RankSummary, TargetError
 
 from zerostate.harness import envs
-from zerostate.harness.cross_rank_checks import cross_rank_problems
+from zerostate.harness.cross_rank_checks import cross_rank_problems, rank_runs
 from zerostate.harness.rank_pool import RankPool
 from zerostate.harness.process import WorkerDied, WorkerTimeout
 from zerostate.harness.protocol import Response, Stall
@@ -119,12 +119,12 @@ class DeepSpeedRanksTarget(DeepSpeedTarget):
         self._last = resp
         return resp
 
-    def _across_ranks(self, resp: Mapping[str, Any]) -> dict[str, tuple[str, str]] | None:
+    def _across_ranks(self, resp: Response, scenario: Scenario) -> dict[str, tuple[str, str]] | None:
         ranks = resp.get("ranks")
-        return cross_rank_problems(ranks) if ranks else None
+        return cross_rank_problems(rank_runs(ranks), scenario) if ranks else None
 
-    def _other_ranks(self, resp: Mapping[str, Any]) -> list[dict[str, Any]]:
-        return [rk.get("result") or {} for rk in (resp.get("ranks") or [])[1:]]
+    def _other_ranks(self, resp: Response) -> list[RunRecord]:
+        return [r.record for r in rank_runs((resp.get("ranks") or [])[1:]) if r.record is not None]
 
     def run(self, scenario: Scenario) -> Outcome:
         self._last = None
@@ -135,12 +135,11 @@ class DeepSpeedRanksTarget(DeepSpeedTarget):
             # next example would pair collectives wrongly; start from a fresh process group instead
             self._restart()
             self.desync_restarts += 1
-            out.details["pool_restarted"] = f"ranks out of step after this example ({last['desync']})"
-        if last is not None and last.get("ranks") and not out.details.get("skipped"):
-            out.details["ranks"] = [{"rank": rk["rank"], "steps": len(rk.get("steps") or []),
-                                     "error": (rk.get("result") or {}).get("error") or rk.get("error")}
-                                    for rk in last["ranks"]]
-        out.details["world_size"] = self.world_size
+            out.pool_restarted = f"ranks out of step after this example ({last['desync']})"
+        if last is not None and last.get("ranks") and not out.skipped:
+            out.ranks = tuple(RankSummary(r.rank, len(r.steps), (r.record.error if r.record else None) or r.error)
+                              for r in rank_runs(last["ranks"]))
+        out.world_size = self.world_size
         return out
 
 

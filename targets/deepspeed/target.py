@@ -34,7 +34,6 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from collections.abc import Mapping
 from typing import Any, TypedDict
 
 from zerostate.model.events import Event
@@ -45,6 +44,8 @@ from zerostate.targets.base import Outcome, TargetError
 from zerostate.findings.build import findings_of, unique_by_key
 from zerostate.findings.decide import Decision, ModelRun, decide, decide_failure
 from zerostate.findings.finding import Finding
+from zerostate.findings.record import RunRecord
+from zerostate.findings.wire import from_wire
 from zerostate.known.labels import labelled
 import zerostate.jit_ops as jit_ops
 from zerostate.tracing import compat
@@ -68,7 +69,7 @@ class DeepSpeedTarget:
                  startup_timeout: float = 900.0, defer_start: bool = False, coverage: bool = False) -> None:
         self.requested = deepspeed
         self.coverage = coverage
-        """Ask the worker for each run's arcs of DeepSpeed's ZeRO files (``Outcome.details["coverage"]``)."""
+        """Ask the worker for each run's arcs of DeepSpeed's ZeRO files (``Outcome.coverage``)."""
         self.path = deepspeed_path
         self._options: dict[str, Any] = {"deepspeed": deepspeed, "deepspeed_path": deepspeed_path, "design": design,
                          "timeout": timeout, "check_model": check_model, "startup_timeout": startup_timeout,
@@ -351,27 +352,19 @@ class DeepSpeedTarget:
         if not resp.get("ok"):
             return self._failed(scenario, "internal", f"zerostate's executor failed: {resp.get('error')}\n"
                                 f"{resp.get('traceback', '')}", t0)
-        res = resp["result"]
-        if res.get("skipped"):
-            return Outcome(scenario, [], None, [], time.perf_counter() - t0, {"skipped": res["skipped"]})
-        events = [Event.from_dict(d) for d in res["events"]]
+        record = from_wire(RunRecord, resp["result"])
+        if record.skipped:
+            return Outcome(scenario, [], None, [], time.perf_counter() - t0, record, resp.get("seconds"))
+        events = list(record.events)
         beyond = scenario.beyond_model()
-        model = self._model_run(scenario) if self.check_model and not res.get("error") and not beyond else None
-        decisions = decide(res, scenario.stage, model, self._across_ranks(resp), other_ranks=self._other_ranks(resp),
-                           events=events)
+        model = self._model_run(scenario) if self.check_model and not record.raised and not beyond else None
+        others = self._other_ranks(resp)
+        decisions = decide(record, scenario, model, self._across_ranks(resp, scenario), other_ranks=others)
         found = self._findings(decisions, scenario, events)
-        return Outcome(scenario, events, res.get("error"), found, time.perf_counter() - t0,
-                       {"steps": res.get("steps"), "seconds_in_worker": resp.get("seconds"),
-                        "max_diff": res.get("max_diff"), "engine": res.get("engine"),
-                        **({"torch_linear_replaced": True} if res.get("torch_linear_replaced") else {}),
-                        **({"fp16": res["fp16"]} if res.get("fp16") else {}),
-                        **({"masters": res["masters"]} if res.get("masters") else {}),
-                        **({"masters_unread": res["masters_unread"]} if res.get("masters_unread") else {}),
-                        **({"engines_before": res["engines_before"]} if res.get("engines_before") else {}),
-                        **({"save_load": res["save_load"]} if res.get("save_load") else {}),
-                        **({"coverage": resp["coverage"]} if "coverage" in resp else {}),
-                        **({"agreement": "not checked: the model does not represent " + ", ".join(beyond)}
-                           if beyond and self.check_model else {})})
+        return Outcome(scenario, events, record.error, found, time.perf_counter() - t0, record, resp.get("seconds"),
+                       resp.get("coverage"),
+                       "not checked: the model does not represent " + ", ".join(beyond)
+                       if beyond and self.check_model else None)
 
     def _findings(self, decisions: tuple[Decision, ...] | list[Decision], scenario: Scenario,
                   events: list[Event] | None) -> list[Finding]:
@@ -384,12 +377,12 @@ class DeepSpeedTarget:
         found = self._findings([decide_failure(check, text)], scenario, None)
         return Outcome(scenario, [], text, found, time.perf_counter() - t0)
 
-    def _across_ranks(self, resp: Mapping[str, Any]) -> dict[str, tuple[str, str]] | None:
+    def _across_ranks(self, resp: Response, scenario: Scenario) -> dict[str, tuple[str, str]] | None:
         """The cross-rank checks' problems of a rank pool's answer (None: one rank)."""
         return None
 
-    def _other_ranks(self, resp: Mapping[str, Any]) -> list[dict[str, Any]]:
-        """The results of the ranks but rank 0 in a rank pool's answer (none: one rank)."""
+    def _other_ranks(self, resp: Response) -> list[RunRecord]:
+        """The records of the ranks but rank 0 in a rank pool's answer (none: one rank)."""
         return []
 
     def _model_run(self, scenario: Scenario) -> ModelRun:

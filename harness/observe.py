@@ -1,0 +1,128 @@
+"""The worker's observations, as `findings.record` values: tensors in, numbers out.
+
+Beside the executor, inside the worker: `param_steps` compares one train step's parameters with the oracle's,
+`comparison` any two sets of tensors, `frames_of` / `exception_record` what was raised.  Nothing here judges:
+`findings.decide` does, in the parent, from these numbers alone."""
+
+from __future__ import annotations
+
+import traceback
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from zerostate.findings.record import (MAX_FRAMES, PACKAGES, Comparison, Counterfactual, Elementwise,
+                                       ExceptionRecord, Frame, ParamStep)
+
+Params = Mapping[str, torch.Tensor]
+
+
+def _max_abs(t: torch.Tensor) -> float:
+    return t.abs().max().item() if t.numel() else 0.0
+
+
+def _shape(t: torch.Tensor) -> tuple[int, ...]:
+    return tuple(int(s) for s in t.shape)
+
+
+def comparison(want: Params, got: Params) -> Comparison:
+    """Each tensor of ``want`` against ``got``'s of the same name, in ``want``'s order."""
+    out = []
+    for n, e in want.items():
+        a = got.get(n)
+        if a is None or a.shape != e.shape:
+            out.append(Elementwise(n, _shape(e), None if a is None else _shape(a)))
+            continue
+        out.append(Elementwise(n, _shape(e), _shape(a), _max_abs(a.float() - e.float()), _max_abs(e.float())))
+    return tuple(out)
+
+
+def param_steps(expected: Params, got: Params, pt_start: Params | None, ds_start: Params | None,
+                pt_earlier: Params | None = None, counterfactuals: Mapping[str, Params] | None = None,
+                pt_run_start: Params | None = None, ds_run_start: Params | None = None,
+                only_got: bool = False) -> tuple[ParamStep, ...]:
+    """Every parameter of ``expected`` (PyTorch's after the step) against ``got`` (DeepSpeed's), in
+    ``expected``'s order; ``only_got``: the parameters ``got`` has (the master weights DeepSpeed keeps).
+    ``pt_start`` / ``ds_start``: where each side began the step; ``pt_earlier``: where PyTorch began the step
+    before; ``counterfactuals``: the oracle's updates of the step from a part of its gradient;
+    ``pt_run_start`` / ``ds_run_start``: where each side began the run."""
+    out = []
+    for n, want in expected.items():
+        a = got.get(n)
+        if a is None and only_got:
+            continue
+        if a is None or a.shape != want.shape:
+            out.append(ParamStep(n, _shape(want), None if a is None else _shape(a)))
+            continue
+        e, a = want.float(), a.float()
+        fields: dict[str, Any] = {"err_max": _max_abs(a - e), "want_max": _max_abs(e),
+                                  "want_sq": e.pow(2).sum().item(), "diff_sq": (a - e).pow(2).sum().item()}
+        p0 = None if pt_start is None else pt_start.get(n)
+        d0 = None if ds_start is None else ds_start.get(n)
+        if p0 is not None and d0 is not None and p0.shape == want.shape and d0.shape == a.shape:
+            p0, d0 = p0.float(), d0.float()
+            pt, ds = e - p0, a - d0
+            fields.update(update_sq=pt.pow(2).sum().item(), dot=(ds * pt).sum().item(), ds_update_norm=ds.norm().item())
+            e0 = None if pt_earlier is None else pt_earlier.get(n)
+            if e0 is not None and e0.shape == p0.shape:
+                prev = p0 - e0.float()
+                fields.update(again_dot=(ds * prev).sum().item(), again_sq=prev.pow(2).sum().item())
+            fields["counterfactuals"] = tuple(
+                Counterfactual(name, _max_abs(ds - cf[n].float()))
+                for name, cf in (counterfactuals or {}).items() if n in cf and cf[n].shape == ds.shape)
+        r0 = None if pt_run_start is None else pt_run_start.get(n)
+        if r0 is not None and r0.shape == want.shape:
+            fields.update(run_update_sq=(e - r0.float()).pow(2).sum().item(),
+                          run_update_max=_max_abs(e - r0.float()))
+            s0 = None if ds_run_start is None else ds_run_start.get(n)
+            if s0 is not None and s0.shape == a.shape:
+                fields["ds_run_update_sq"] = (a - s0.float()).pow(2).sum().item()
+        out.append(ParamStep(n, _shape(want), _shape(a), **fields))
+    return tuple(out)
+
+
+def generation(want: torch.Tensor | None, got: torch.Tensor) -> tuple[tuple[int, ...] | None, tuple[int, ...],
+                                                                        float, float]:
+    """One generation's output against the oracle's: shapes, max |got - want|, max |want|."""
+    if want is None or want.shape != got.shape:
+        return (None if want is None else _shape(want)), _shape(got), 0.0, 0.0
+    return _shape(want), _shape(got), _max_abs(got - want), _max_abs(want)
+
+
+_OWN_FOLDERS = ("harness", "tracing", "model", "specs", "runtime", "findings", "known", "targets")
+
+
+def _place(filename: str) -> tuple[str, str]:
+    """The package a file belongs to: the rightmost ``/<package>/`` of its path wins (a release cached under
+    ``~/.cache/zerostate/deepspeed/0.19.8/site/deepspeed/`` is DeepSpeed's)."""
+    norm = filename.replace("\\", "/")
+    at, pkg = max((norm.rfind(f"/{p}/"), p) for p in PACKAGES)
+    if at >= 0:
+        return pkg, norm[at + len(pkg) + 2:]
+    parent, _, name = norm.rpartition("/")
+    if parent.rsplit("/", 1)[-1] in _OWN_FOLDERS:  # zerostate's worktree layout (pyproject's package-dir)
+        return "zerostate", parent.rsplit("/", 1)[-1] + "/" + name
+    return "other", name
+
+
+def frames_of(exc: BaseException) -> tuple[Frame, ...]:
+    """Each frame of ``exc``'s traceback, outermost first (the innermost `MAX_FRAMES`), placed by module."""
+    walked = list(traceback.walk_tb(exc.__traceback__))[-MAX_FRAMES:]
+    out = []
+    for frame, line in walked:
+        package, file = _place(frame.f_code.co_filename)
+        out.append(Frame(package, file, frame.f_code.co_name, int(line or 0),
+                         str(frame.f_globals.get("__name__", "") or "")))
+    return tuple(out)
+
+
+def exception_record(exc: BaseException, text: str, tail_lines: int, checkpoint_error: bool = False,
+                     in_oracle: bool = False) -> ExceptionRecord:
+    """What was raised: ``text`` (``"ExcType: message"`` as the caller blanked it), the traceback's last
+    ``tail_lines`` lines, the frames."""
+    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)).splitlines(True)[-tail_lines:]
+    return ExceptionRecord(text, "".join(tb), frames_of(exc), checkpoint_error, in_oracle)
+
+
+__all__ = ["comparison", "exception_record", "frames_of", "generation", "param_steps"]
