@@ -28,7 +28,7 @@ def _untyped(tp: object, seen: set[object], where: str) -> list[str]:
         return []
     if tp is Any or tp in (dict, list, tuple):
         return [where]
-    if isinstance(tp, type) and typing.is_typeddict(tp) or dataclasses.is_dataclass(tp):
+    if (isinstance(tp, type) and typing.is_typeddict(tp)) or dataclasses.is_dataclass(tp):
         if tp in seen:
             return []
         seen.add(tp)
