@@ -1,11 +1,14 @@
-"""The oracle's verdict on a run, from its record alone: where DeepSpeed first disagrees with plain PyTorch,
-the sentence a report shows, and the evidence a known issue's rule reads.
+"""The oracle's verdict on a run, from its record alone: every train step at which DeepSpeed's update differs
+from plain PyTorch's, the sentence a report shows, and the evidence a known issue's rule reads.
 
-Step by step, as training ran: a generation of TRL's unwrap against the oracle's, then each parameter against
-the precision's tolerance (`tolerance`), then in mixed precision the norm of the whole update since the start,
-then in bf16 DeepSpeed's fp32 master weights; at the end fp16's loss scaler.  The first disagreement is the
-run's; `mismatch_before` says whether one was found before a step (a checkpoint round trip is then judged
-against the engine alone, so one divergence is not reported twice)."""
+At every step each parameter's update (after minus before, each side from where it began the step) is held
+against PyTorch's, with a tolerance relative to that update and a floor of a few units in the last place of the
+parameter's dtype (`update_limit`; the figures in `tolerance`).  fp16 and bf16 compare the fp32 master weights'
+updates wherever DeepSpeed keeps one (stage 0 included), and the 16-bit parameters' updates with the 16-bit
+floor.  Then a generation of TRL's unwrap against the oracle's, and at the end fp16's loss scaler.  Every step's
+difference is kept (`differences`): a known difference at one step never hides another at a later one.
+`mismatch_before` says whether one was found before a step (a checkpoint round trip is then judged against the
+engine alone, so one divergence is not reported twice)."""
 
 from __future__ import annotations
 
@@ -14,11 +17,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from zerostate.model.scenario import Scenario
+from zerostate.model.scenario import Precision, Scenario
 
 from zerostate.findings.evidence import OracleDiff, ParamDiff
-from zerostate.findings.record import Generation, ParamStep, RunRecord, Shape, StepObservation
-from zerostate.findings.tolerance import MASTER_RTOL, UPDATE_RATIO, rounding_eps, tolerance
+from zerostate.findings.record import Generation, LossScaling, ParamStep, RunRecord, Shape, StepObservation
+from zerostate.findings.tolerance import ULPS, tolerance, update_rtol
 
 _ROWS = 12
 """The differing parameters the evidence keeps, worst first."""
@@ -39,16 +42,6 @@ class Compared(Protocol):
     def want_max(self) -> float: ...
 
 
-@dataclass(frozen=True)
-class OracleVerdict:
-    """The run's first disagreement with the oracle."""
-
-    message: str
-    diff: OracleDiff
-    step: int | None
-    """The train step after which it showed (None: the loss scaler at the end)."""
-
-
 def compare_text(entries: Sequence[Compared], atol: float, rtol: float,
                  names: tuple[str, str] = ("PyTorch", "DeepSpeed")) -> str | None:
     """None when every tensor agrees within ``atol + rtol * max|reference|``; else a sentence naming the first
@@ -63,57 +56,6 @@ def compare_text(entries: Sequence[Compared], atol: float, rtol: float,
     if worst:
         return f"{worst[0]}: max |{names[1]} - {names[0]}| = {worst[1]:.3g} > tolerance {worst[2]:.3g}"
     return None
-
-
-def update_norm_text(params: Sequence[ParamStep], eps: float) -> str | None:
-    """Mixed precision: the norm of the whole update since the start, over every parameter, DeepSpeed's against
-    PyTorch's.  The per-element tolerance must absorb the 16-bit rounding of each parameter (about
-    ``eps * |p|``), which is as large as a step's update here, so an engine that applies a twentieth of the update
-    still passes it; the update's norm over all parameters is not hidden that way.  Judged when PyTorch's update
-    is above twice the bound on the rounding noise of DeepSpeed's parameters at both ends (``eps * |params|``);
-    None when the ratio is inside `UPDATE_RATIO`."""
-    num = den = noise = 0.0
-    for p in params:
-        if p.got_shape != p.want_shape or p.run_update_sq is None or p.ds_run_update_sq is None:
-            continue
-        num += p.ds_run_update_sq
-        den += p.run_update_sq
-        noise += p.want_sq
-    num, den, noise = math.sqrt(num), math.sqrt(den), eps * math.sqrt(noise)
-    if den <= 2 * noise:
-        return None
-    ratio = num / den
-    if UPDATE_RATIO[0] <= ratio <= UPDATE_RATIO[1]:
-        return None
-    return (f"the update's norm over all parameters: DeepSpeed {num:.3g}, PyTorch {den:.3g} (ratio {ratio:.3g}, "
-            f"outside [{UPDATE_RATIO[0]}, {UPDATE_RATIO[1]}])")
-
-
-def master_error(masters: Sequence[ParamStep]) -> tuple[float, float, float]:
-    """bf16: ``(|DeepSpeed - PyTorch|, |PyTorch - start|, |DeepSpeed - start|)`` of the fp32 master weights, norms
-    over every parameter DeepSpeed keeps one of (both sides start from the same bf16-rounded weights)."""
-    diff = upd = ds = 0.0
-    for p in masters:
-        if p.got_shape != p.want_shape or p.run_update_sq is None:
-            continue
-        diff += p.diff_sq
-        upd += p.run_update_sq
-        ds += p.ds_run_update_sq or 0.0
-    return math.sqrt(diff), math.sqrt(upd), math.sqrt(ds)
-
-
-def masters_text(masters: Sequence[ParamStep], world_size: int) -> tuple[str | None, float]:
-    """bf16: ``(sentence or None, per-element limit)``: None when DeepSpeed's fp32 master weights are within
-    `MASTER_RTOL` of PyTorch's update (`master_error`); the limit is the same share of PyTorch's largest
-    element-wise update, for the evidence's rows."""
-    diff, upd, ds = master_error(masters)
-    rtol = MASTER_RTOL[0 if world_size == 1 else 1]
-    biggest = max((p.run_update_max for p in masters
-                   if p.got_shape == p.want_shape and p.run_update_sq is not None), default=0.0)
-    if diff <= rtol * upd + 1e-7:
-        return None, rtol * biggest
-    return (f"the fp32 master weights: |DeepSpeed - PyTorch| = {diff:.3g} against PyTorch's update {upd:.3g} "
-            f"(DeepSpeed's {ds:.3g}); more than {rtol:g} of it"), rtol * biggest
 
 
 def generation_text(generations: Sequence[Generation], oracle_count: int, atol: float,
@@ -134,46 +76,89 @@ def generation_text(generations: Sequence[Generation], oracle_count: int, atol: 
     return None
 
 
-def oracle_diff(kind: str, step: int | None, rows_of: Sequence[ParamStep] = (), atol: float = 0.0,
-                rtol: float = 0.0) -> OracleDiff:
-    """How DeepSpeed's parameters (or master weights) after train ``step`` differ from PyTorch's: the parameters
-    beyond ``atol + rtol * max|PyTorch|``, worst first, each with DeepSpeed's update projected on PyTorch's
-    (``ratio``), on PyTorch's update of the step before (``again``), and whether it is, within the same
-    tolerance, an update the oracle's counterfactuals made (``last_only``, ``but_last``); the projection over
-    every parameter; the parameters PyTorch left where they were and DeepSpeed moved."""
+@dataclass(frozen=True)
+class StepDifference:
+    """One train step at which DeepSpeed's parameters differ from the reference's."""
+
+    step: int | None
+    """None: the loss scaler at the end of the run."""
+    kind: str
+    """``params`` (a parameter's update), ``master`` (an fp32 master weight's update), ``shape``, ``generation``,
+    ``loss-scaling``."""
+    message: str
+    diff: OracleDiff
+    names: tuple[str, ...] = ()
+    """Every parameter beyond its limit (the evidence keeps the worst `_ROWS`)."""
+
+
+def ulp(dtype: str, x: float) -> float:
+    """The spacing of ``dtype``'s numbers at magnitude ``x``."""
+    bits = {"bfloat16": 7, "float16": 10}.get(dtype, 23)
+    if not x > 0 or math.isinf(x):
+        return 2.0 ** (-126 - bits) if x == 0 else math.inf
+    return 2.0 ** (math.frexp(x)[1] - 1 - bits)
+
+
+def update_limit(p: ParamStep, kind: str, sc: Scenario) -> float:
+    """How far DeepSpeed's update of ``p`` may be from PyTorch's: `tolerance.update_rtol` of PyTorch's update plus
+    `tolerance.ULPS` units in the last place of ``p``'s dtype at its magnitude."""
+    return update_rtol(kind, sc) * p.update_max + ULPS * ulp(p.dtype, max(p.want_max, p.err_max))
+
+
+def _rows(kind: str, step: int, params: Sequence[ParamStep], sc: Scenario) -> tuple[OracleDiff, tuple[str, ...]]:
+    """The evidence of one step's comparison: the parameters beyond their limit, worst first (relative to their
+    limit), each with DeepSpeed's update projected on PyTorch's, on PyTorch's update of the step before and
+    whether an update the oracle's one-step counterfactuals made is it; the projection over every parameter;
+    the parameters PyTorch left where they were and DeepSpeed moved."""
     num = den = 0.0
-    rows: list[ParamDiff] = []
+    rows: list[tuple[float, ParamDiff]] = []
     moved: list[str] = []
-    for p in rows_of:
-        if p.update_sq is None:
+    for p in params:
+        if p.update_sq is None or p.update_err_max is None:
             continue
         num, den = num + p.dot, den + p.update_sq
-        lim = atol + rtol * p.want_max
+        lim = update_limit(p, kind, sc)
+        if p.update_err_max <= lim:
+            continue
         pt_norm = math.sqrt(p.update_sq)
-        if pt_norm == 0.0 and p.ds_update_norm > lim:
+        if pt_norm == 0.0:
             moved.append(p.name)
-        if p.err_max > lim:
-            again = (p.again_dot / p.again_sq if p.again_sq else None) if p.again_dot is not None else None
-            cf = {c.name: c.err_max <= lim for c in p.counterfactuals}
-            rows.append(ParamDiff(p.name, p.err_max, p.dot / p.update_sq if p.update_sq > 0 else None, pt_norm,
-                                  p.ds_update_norm, again, cf.get("last_only"), cf.get("but_last")))
-    rows.sort(key=lambda r: -r.max_abs)
-    return OracleDiff(kind, step, tuple(rows[:_ROWS]), num / den if den > 0 else None, tuple(moved))
+        again = (p.again_dot / p.again_sq if p.again_sq else None) if p.again_dot is not None else None
+        cf = {c.name: c.err_max <= lim for c in p.counterfactuals}
+        rows.append((p.update_err_max / lim if lim > 0 else math.inf,
+                     ParamDiff(p.name, p.update_err_max, p.dot / p.update_sq if p.update_sq > 0 else None, pt_norm,
+                               p.ds_update_norm, again, cf.get("last_only"), cf.get("but_last"))))
+    rows.sort(key=lambda r: -r[0])
+    names = tuple(r.param for _, r in rows)
+    return OracleDiff(kind, step, tuple(r for _, r in rows[:_ROWS]), num / den if den > 0 else None,
+                      tuple(moved)), names
 
 
-def _step_verdict(obs: StepObservation, sc: Scenario) -> tuple[str, OracleDiff] | None:
-    atol, rtol = tolerance(sc)
-    msg = compare_text(obs.params, atol, rtol)
-    kind, rows = "params", obs.params
-    eps = rounding_eps(sc)
-    if not msg and eps and obs.ds_run_start_known:
-        msg, kind = update_norm_text(obs.params, eps), "update-norm"
-    if not msg and obs.masters is not None:
-        msg, atol = masters_text(obs.masters, sc.world_size)
-        kind, rtol, rows = "master", 0.0, obs.masters
-    if not msg:
-        return None
-    return f"after train step {obs.step}: {msg}", oracle_diff(kind, obs.step, rows, atol, rtol)
+def _worst_text(kind: str, diff: OracleDiff, count: int) -> str:
+    worst = diff.params[0]
+    what = "the fp32 master weight of " if kind == "master" else ""
+    others = f" (and {count - 1} more)" if count > 1 else ""
+    ratio = f"{worst.ratio:.3g}" if worst.ratio is not None else "n/a"
+    return (f"{what}{worst.param}{others}: |DeepSpeed's update - PyTorch's| = {worst.max_abs:.3g} against "
+            f"PyTorch's update {worst.pt_norm:.3g} (norm; DeepSpeed's {worst.ds_norm:.3g}, projected ratio {ratio})")
+
+
+def step_difference(obs: StepObservation, sc: Scenario) -> StepDifference | None:
+    """Whether DeepSpeed's update of the step differs from PyTorch's (see the module docstring)."""
+    for p in obs.params:
+        if p.got_shape is None or p.got_shape != p.want_shape:
+            return StepDifference(obs.step, "shape", f"after train step {obs.step}: {p.name}: shape {p.want_shape} "
+                                  f"in PyTorch vs {p.got_shape} in DeepSpeed", OracleDiff("shape", obs.step),
+                                  (p.name,))
+    mixed = sc.precision is not Precision.FP32
+    checks = [("master", obs.masters)] if mixed and obs.masters else []
+    checks.append(("params", obs.params))
+    for kind, params in checks:
+        diff, names = _rows(kind, obs.step, params, sc)
+        if names:
+            return StepDifference(obs.step, kind, f"after train step {obs.step}: "
+                                  f"{_worst_text(kind, diff, len(names))}", diff, names)
+    return None
 
 
 def _reregister_steps(sc: Scenario) -> list[int]:
@@ -181,32 +166,68 @@ def _reregister_steps(sc: Scenario) -> list[int]:
     return [i for i, st in enumerate(sc.steps) if st.reregister]
 
 
-def verdict(record: RunRecord, sc: Scenario) -> OracleVerdict | None:
-    """The run's first disagreement with the oracle, or None."""
+@dataclass(frozen=True)
+class OracleVerdict:
+    """Every difference of a run from the oracle, in order; the first is the run's verdict."""
+
+    differences: tuple[StepDifference, ...]
+
+    @property
+    def first(self) -> StepDifference:
+        return self.differences[0]
+
+    @property
+    def message(self) -> str:
+        more = len(self.differences) - 1
+        return self.first.message + (f" (and at {more} later step(s))" if more else "")
+
+    @property
+    def diff(self) -> OracleDiff:
+        return self.first.diff
+
+    @property
+    def step(self) -> int | None:
+        return self.first.step
+
+
+def differences(steps: Sequence[StepObservation], generations: Sequence[Generation], oracle_generations: int,
+                loss_scaling: LossScaling | None, sc: Scenario) -> tuple[StepDifference, ...]:
+    """Every step at which DeepSpeed differs from the reference these observations compare it with."""
     atol, rtol = tolerance(sc)
-    for obs in record.steps:
-        gen = generation_text(record.generations[:obs.generations], record.oracle_generations, atol, rtol)
-        if gen is not None:
-            return OracleVerdict(f"generation before train step {_reregister_steps(sc)[gen[0]]} (TRL's unwrap): "
-                                 f"{gen[1]}", OracleDiff("generation", obs.step), obs.step)
-        found = _step_verdict(obs, sc)
+    out: list[StepDifference] = []
+    generated = False
+    for obs in steps:
+        gen = generation_text(generations[:obs.generations], oracle_generations, atol, rtol)
+        if gen is not None and not generated:
+            generated = True
+            out.append(StepDifference(obs.step, "generation", f"generation before train step "
+                                      f"{_reregister_steps(sc)[gen[0]]} (TRL's unwrap): {gen[1]}",
+                                      OracleDiff("generation", obs.step)))
+        found = step_difference(obs, sc)
         if found is not None:
-            return OracleVerdict(found[0], found[1], obs.step)
-    ls = record.loss_scaling
+            out.append(found)
+    ls = loss_scaling
     if ls is None:
-        return None
+        return tuple(out)
     skipped = list(ls.pt_skipped) if ls.pt_skipped is not None else None
     scales = list(ls.pt_scales) if ls.pt_scales is not None else None
     if ls.ds_skipped != len(skipped or []):
-        return OracleVerdict(f"loss scaling: DeepSpeed skipped {ls.ds_skipped} step(s) for an overflow, PyTorch's "
-                             f"loss scaler {len(skipped or [])} (steps {skipped}, scales {scales})",
-                             OracleDiff("loss-scaling", None), None)
-    if ls.pt_scale is not None and ls.ds_scale != ls.pt_scale:
+        out.append(StepDifference(None, "loss-scaling", f"loss scaling: DeepSpeed skipped {ls.ds_skipped} step(s) for "
+                                  f"an overflow, PyTorch's loss scaler {len(skipped or [])} (steps {skipped}, scales "
+                                  f"{scales})", OracleDiff("loss-scaling", None)))
+    elif ls.pt_scale is not None and ls.ds_scale != ls.pt_scale:
         # same steps skipped, yet the scale the next step would run with differs: the scaler's update
-        return OracleVerdict(f"loss scaling: DeepSpeed's loss scale after the last step is {ls.ds_scale:g}, "
-                             f"PyTorch's loss scaler's {ls.pt_scale:g} (both skipped steps {skipped}; the scales "
-                             f"the steps ran with {scales})", OracleDiff("loss-scaling", None), None)
-    return None
+        out.append(StepDifference(None, "loss-scaling", f"loss scaling: DeepSpeed's loss scale after the last step is "
+                                  f"{ls.ds_scale:g}, PyTorch's loss scaler's {ls.pt_scale:g} (both skipped steps "
+                                  f"{skipped}; the scales the steps ran with {scales})",
+                                  OracleDiff("loss-scaling", None)))
+    return tuple(out)
+
+
+def verdict(record: RunRecord, sc: Scenario) -> OracleVerdict | None:
+    """Every difference of the run from the correct reference, or None when it agrees."""
+    found = differences(record.steps, record.generations, record.oracle_generations, record.loss_scaling, sc)
+    return OracleVerdict(found) if found else None
 
 
 def mismatch_before(record: RunRecord, sc: Scenario, step: int) -> bool:
@@ -215,5 +236,5 @@ def mismatch_before(record: RunRecord, sc: Scenario, step: int) -> bool:
     return found is not None and found.step is not None and found.step < step
 
 
-__all__ = ["OracleVerdict", "compare_text", "generation_text", "master_error", "masters_text", "mismatch_before",
-           "oracle_diff", "update_norm_text", "verdict"]
+__all__ = ["OracleVerdict", "StepDifference", "compare_text", "differences", "generation_text", "mismatch_before",
+           "step_difference", "ulp", "update_limit", "verdict"]

@@ -144,6 +144,13 @@ class ParamStep:
     """|ds - pt|^2."""
     run_update_max: float = 0.0
     """max |pt - pt's run start|."""
+    update_err_max: float | None = None
+    """max |(ds - ds's start) - (pt - pt's start)|: how far DeepSpeed's update of the step is from PyTorch's; None
+    when an update field is (a start is unknown or a shape differs)."""
+    update_max: float = 0.0
+    """max |pt - pt's start|."""
+    dtype: str = "float32"
+    """DeepSpeed's tensor's dtype (``float32``, ``bfloat16``, ``float16``): the resolution its update has."""
 
 
 @dataclass(frozen=True)
@@ -185,6 +192,18 @@ class LossScaling:
     """The scale each of the oracle's train steps ran with."""
     pt_scale: float | None = None
     """The oracle's scale after the last step (the one the next step would run with)."""
+
+
+@dataclass(frozen=True)
+class CounterfactualRun:
+    """DeepSpeed's run against a counterfactual reference: the same run trained by plain PyTorch with known bugs'
+    mechanisms applied (`harness.net.counterfactual`), observed as against the correct one."""
+
+    mechanisms: tuple[str, ...]
+    steps: tuple[StepObservation, ...] = ()
+    loss_scaling: LossScaling | None = None
+    error: str | None = None
+    """The counterfactual reference could not be computed (what it raised)."""
 
 
 @dataclass(frozen=True)
@@ -311,6 +330,9 @@ class RunRecord:
     """After the run ``torch.nn.functional.linear`` was DeepSpeed's (a ZeRO-3 engine ran); put back since."""
     teardown_error: str | None = None
     """What the engine's ``destroy()`` raised, when it did."""
+    counterfactuals: tuple[CounterfactualRun, ...] = ()
+    """When DeepSpeed differs from the correct reference: the same run against each counterfactual reference of
+    the known mechanisms the scenario can trigger, alone and, when none alone explains it, in pairs."""
 
     @property
     def error(self) -> str | None:
@@ -323,6 +345,6 @@ class RunRecord:
         return max((p.err_max for s in self.steps for p in s.params if p.got_shape == p.want_shape), default=0.0)
 
 
-__all__ = ["MAX_FRAMES", "PACKAGES", "CheckpointRoundTrip", "Comparison", "Counterfactual", "Counters",
-           "Elementwise", "EngineSettings", "ExceptionRecord", "Frame", "Generation", "GroupSettings",
+__all__ = ["MAX_FRAMES", "PACKAGES", "CheckpointRoundTrip", "Comparison", "Counterfactual", "CounterfactualRun",
+           "Counters", "Elementwise", "EngineSettings", "ExceptionRecord", "Frame", "Generation", "GroupSettings",
            "LossScaling", "OptimizerBuilt", "ParamStep", "Persistent", "RunRecord", "Shape", "StepObservation"]

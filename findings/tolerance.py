@@ -22,6 +22,30 @@ UPDATE_RATIO = (0.5, 2.0)
 """Mixed precision: the bounds of ``|DeepSpeed's update| / |PyTorch's update|`` (`oracle_judgement`)."""
 
 
+ULPS = 4.0
+"""The floor of an update comparison, in units in the last place of the parameter's dtype at its magnitude: a
+parameter's value is rounded to its dtype on both sides at both ends of a step, so an update cannot be compared
+more finely than that."""
+
+UPDATE_RTOL = {("params", "fp32"): (1e-3, 1e-3), ("params", "mixed"): (2e-2, 2e-2),
+               ("master", "bf16"): (2e-2, 5e-2), ("master", "fp16"): (2e-2, 5e-2)}
+"""How far DeepSpeed's update of a parameter may be from PyTorch's, as a share of PyTorch's update (max element
+over max element), at world size 1 and above it: fp32 parameters (the same arithmetic, sums in another order);
+16-bit parameters against the mixed-precision oracle's fp32 masters (their rounding is the `ULPS` floor); the fp32
+master weights of bf16 and fp16 training (gradients computed in 16 bits; above world size 1 DeepSpeed sums the
+ranks' 16-bit gradients where the oracle takes the whole batch's).  The noise each bounds is measured in
+docs/benchmarks-noise.md."""
+
+
+def update_rtol(kind: str, sc: Scenario) -> float:
+    """`UPDATE_RTOL` of a comparison ``kind`` (``params`` or ``master``) for the scenario's precision and ranks."""
+    if kind == "master":
+        key = (kind, "fp16" if sc.precision is Precision.FP16 else "bf16")
+    else:
+        key = (kind, "fp32" if sc.precision is Precision.FP32 else "mixed")
+    return UPDATE_RTOL[key][0 if sc.world_size == 1 else 1]
+
+
 def tolerance(sc: Scenario) -> tuple[float, float]:
     """``(atol, rtol)`` of the oracle comparison: fp32 (offload too: the same fp32 arithmetic on the CPU) is
     compared tightly; bf16 parameters are rounded to an 8-bit mantissa (against an fp32 oracle); fp16 ones to an
@@ -40,5 +64,5 @@ def rounding_eps(sc: Scenario) -> float | None:
     return {Precision.BF16: 2.0 ** -8, Precision.FP16: 2.0 ** -11}.get(sc.precision)
 
 
-__all__ = ["ATOL", "BF16_ATOL", "BF16_RTOL", "FP16_ATOL", "FP16_RTOL", "MASTER_RTOL", "RTOL", "UPDATE_RATIO",
-           "rounding_eps", "tolerance"]
+__all__ = ["ATOL", "BF16_ATOL", "BF16_RTOL", "FP16_ATOL", "FP16_RTOL", "MASTER_RTOL", "RTOL", "ULPS", "UPDATE_RATIO",
+           "UPDATE_RTOL", "rounding_eps", "tolerance", "update_rtol"]

@@ -23,14 +23,17 @@ from __future__ import annotations
 
 import gc
 from collections.abc import Callable
+from itertools import combinations
 from dataclasses import replace
 from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-from zerostate.findings.record import (CheckpointRoundTrip, Counters, EngineSettings, Generation, LossScaling,
-                                       RunRecord, StepObservation)
+from zerostate.findings.oracle_judgement import differences, verdict
+from zerostate.findings.record import (CheckpointRoundTrip, CounterfactualRun, Counters, EngineSettings, Generation,
+                                       LossScaling, RunRecord, StepObservation)
 from zerostate.harness.net import fp16
+from zerostate.harness.net.counterfactual import applicable
 from zerostate.harness.net.checkpoint import SaveLoadRecord
 from zerostate.findings.tolerance import rounding_eps
 from zerostate.harness.net.compare import Params
@@ -153,9 +156,10 @@ def execute(sc: Scenario, on_step: OnStep | None = None) -> RunRecord:
             rec.fields["persistence"] = persistence_of(built.engine.module)
         rec.settings = engine_settings(built.engine, built_partitioned)
         initial_ds = built.params() if rounding_eps(sc) else None  # mixed precision: the update's norm
-        masters0 = built.masters() if sc.precision is Precision.BF16 else None  # bf16: the master weights
+        masters0 = built.masters() if sc.precision is not Precision.FP32 else None  # the fp32 master weights
         started: dict[str, Any] = {"pt": oracle_info["initial"], "ds": initial_ds or oracle_info["initial"],
                                    "pt_earlier": None, "ds_masters": masters0}  # where each step started, both sides
+        rec.start = (started["ds"], masters0)
         tracer = traced = Tracer(built.engine, sc.to_dict()).install()
         counterfactuals = oracle_info.get("counterfactuals") or []
 
@@ -173,6 +177,7 @@ def execute(sc: Scenario, on_step: OnStep | None = None) -> RunRecord:
                                       started["pt_earlier"], cfs, oracle_info["initial"], oracle_info["initial"],
                                       only_got=True)
             rec.steps.append(StepObservation(i, params, masters, len(built.generated), initial_ds is not None))
+            rec.seen.append((got, got_masters))
             started.update(pt_earlier=started["pt"], pt=expected[i], ds=got, ds_masters=got_masters)
             if on_step is not None:
                 on_step(i, got)
@@ -218,7 +223,61 @@ def execute(sc: Scenario, on_step: OnStep | None = None) -> RunRecord:
         _RUNS[0] += 1
         gc.collect()
         gc.freeze()
-    return rec.record()
+    record = rec.record()
+    if rec.seen and verdict(record, sc) is not None:  # only to spare the references when nothing differs
+        record = replace(record, counterfactuals=counterfactual_runs(sc, rec, oracle_info["initial"], initial_ds))
+    return record
+
+
+def _against(sc: Scenario, rec: _Observed, mechanisms: tuple[str, ...], pt_initial: Params,
+             ds_initial: Params | None) -> CounterfactualRun:
+    """DeepSpeed's run (its parameters after each step: ``rec.seen``) against the counterfactual reference of
+    ``mechanisms``, observed as against the correct one."""
+    info: OracleInfo = {}
+    try:
+        expected = oracle_params(sc, info, mechanisms)
+    except Exception as exc:  # noqa: BLE001 -- a reference that cannot be computed is said, never judged
+        return CounterfactualRun(mechanisms, error=f"{type(exc).__name__}: {exc}")
+    steps = []
+    pt_start, pt_earlier = info["initial"], None
+    ds_start, ds_masters_start = rec.start
+    for i, (got, got_masters) in enumerate(rec.seen[:len(expected)]):
+        params = param_steps(expected[i], got, pt_start, ds_start, pt_earlier, None, info["initial"], ds_initial)
+        masters = None
+        if got_masters is not None and ds_masters_start is not None:
+            masters = param_steps(expected[i], got_masters, pt_start, ds_masters_start, pt_earlier, None,
+                                  info["initial"], info["initial"], only_got=True)
+        steps.append(StepObservation(i, params, masters, rec.steps[i].generations, ds_initial is not None))
+        pt_start, pt_earlier, ds_start, ds_masters_start = expected[i], pt_start, got, got_masters
+    ls = rec.fields.get("loss_scaling")
+    if isinstance(ls, LossScaling):
+        skipped, scales = info.get("skipped"), info.get("scales")
+        ls = LossScaling(ls.ds_skipped, ls.ds_scale, None if skipped is None else tuple(skipped),
+                         None if scales is None else tuple(scales), info.get("scale"))
+    return CounterfactualRun(mechanisms, tuple(steps), ls)
+
+
+PAIRS = 12
+"""At most this many pairs of mechanisms are tried when no mechanism alone explains a difference."""
+
+
+def counterfactual_runs(sc: Scenario, rec: _Observed, pt_initial: Params,
+                        ds_initial: Params | None) -> tuple[CounterfactualRun, ...]:
+    """DeepSpeed against the counterfactual reference of each mechanism the scenario can trigger, and of pairs of
+    them when none alone explains every difference (a finding may be the sum of two known bugs)."""
+    names = applicable(sc)
+    runs = [_against(sc, rec, (m,), pt_initial, ds_initial) for m in names]
+    if any(_explains(r, sc) for r in runs):
+        return tuple(runs)
+    for pair in list(combinations(names, 2))[:PAIRS]:
+        runs.append(_against(sc, rec, pair, pt_initial, ds_initial))
+    return tuple(runs)
+
+
+def _explains(run: CounterfactualRun, sc: Scenario) -> bool:
+    """DeepSpeed agrees with the reference at every step (the worker's only use of the judgement: whether to
+    compute more references)."""
+    return run.error is None and not differences(run.steps, (), 0, run.loss_scaling, sc)
 
 
 class _Observed:
@@ -230,6 +289,10 @@ class _Observed:
         self.checkpoints: list[CheckpointRoundTrip] = []
         self.settings: EngineSettings | None = None
         self.unwrapped: tuple[int, ...] = ()
+        self.seen: list[tuple[Params, Params | None]] = []
+        """DeepSpeed's parameters and master weights after each train step (held against counterfactuals)."""
+        self.start: tuple[Params, Params | None] = ({}, None)
+        """DeepSpeed's parameters and master weights before training."""
 
     def record(self) -> RunRecord:
         engine = self.settings

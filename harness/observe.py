@@ -55,6 +55,7 @@ def param_steps(expected: Params, got: Params, pt_start: Params | None, ds_start
         if a is None or a.shape != want.shape:
             out.append(ParamStep(n, _shape(want), None if a is None else _shape(a)))
             continue
+        dtype = str(a.dtype).removeprefix("torch.")
         e, a = want.float(), a.float()
         fields: dict[str, Any] = {"err_max": _max_abs(a - e), "want_max": _max_abs(e),
                                   "want_sq": e.pow(2).sum().item(), "diff_sq": (a - e).pow(2).sum().item()}
@@ -63,7 +64,8 @@ def param_steps(expected: Params, got: Params, pt_start: Params | None, ds_start
         if p0 is not None and d0 is not None and p0.shape == want.shape and d0.shape == a.shape:
             p0, d0 = p0.float(), d0.float()
             pt, ds = e - p0, a - d0
-            fields.update(update_sq=pt.pow(2).sum().item(), dot=(ds * pt).sum().item(), ds_update_norm=ds.norm().item())
+            fields.update(update_sq=pt.pow(2).sum().item(), dot=(ds * pt).sum().item(), ds_update_norm=ds.norm().item(),
+                          update_err_max=_max_abs(ds - pt), update_max=_max_abs(pt))
             e0 = None if pt_earlier is None else pt_earlier.get(n)
             if e0 is not None and e0.shape == p0.shape:
                 prev = p0 - e0.float()
@@ -78,7 +80,7 @@ def param_steps(expected: Params, got: Params, pt_start: Params | None, ds_start
             s0 = None if ds_run_start is None else ds_run_start.get(n)
             if s0 is not None and s0.shape == a.shape:
                 fields["ds_run_update_sq"] = (a - s0.float()).pow(2).sum().item()
-        out.append(ParamStep(n, _shape(want), _shape(a), **fields))
+        out.append(ParamStep(n, _shape(want), _shape(a), dtype=dtype, **fields))
     return tuple(out)
 
 

@@ -202,6 +202,32 @@ def linear_in_use() -> str:
     return f"{fn.__module__ or ''}.{getattr(fn, '__name__', '')}"
 
 
+def stage0_masters(module: nn.Module, optimizer: Any) -> Params:
+    """ZeRO-0 mixed precision: each parameter's fp32 master, from the optimizer wrapper's own groups:
+    ``FP16_Optimizer`` keeps one flat fp32 tensor per group over the group's trainable 16-bit parameters in
+    order (``fp16_groups``, ``fp32_groups_flat``), ``FP16_UnfusedOptimizer`` one fp32 parameter per 16-bit one
+    (``fp32_groups``).  Empty for any other optimizer."""
+    names = {id(p): n for n, p in module.named_parameters()}
+    fp16_groups = getattr(optimizer, "fp16_groups", None)
+    flat = getattr(optimizer, "fp32_groups_flat", None)
+    per_param = getattr(optimizer, "fp32_groups", None)
+    out: Params = {}
+    if not isinstance(fp16_groups, list):
+        return out
+    for i, group in enumerate(fp16_groups):
+        if isinstance(flat, list) and i < len(flat):
+            from torch._utils import _unflatten_dense_tensors
+            masters = _unflatten_dense_tensors(flat[i].detach(), group)
+        elif isinstance(per_param, list) and i < len(per_param):
+            masters = per_param[i]
+        else:
+            continue
+        for p, m in zip(group, masters, strict=False):
+            if id(p) in names:
+                out[names[id(p)]] = m.detach().float().cpu().clone()
+    return out
+
+
 class DeepSpeedBackend:
     """The engine's `schedule.Backend`.  With ``engines_before`` in the scenario, those engines run first."""
 
@@ -336,11 +362,14 @@ class DeepSpeedBackend:
         return out
 
     def masters(self) -> Params | None:
-        """The fp32 master copy of each parameter the optimizer steps (``deepspeed.utils.safe_get_full_fp32_param``:
-        ZeRO-1/2/3 and ``BF16_Optimizer``; at ZeRO-3 a collective every rank calls); None in fp32, at stage 0
-        (its ``FP16_Optimizer`` keeps no per-parameter mapping) and when no parameter has one."""
-        if self.fp32 or self.stage == 0:
+        """The fp32 master copy of each parameter the optimizer steps, in mixed precision: at ZeRO-1/2/3 and with
+        ``BF16_Optimizer`` through ``deepspeed.utils.safe_get_full_fp32_param`` (at ZeRO-3 a collective every rank
+        calls), at ZeRO-0 from ``FP16_Optimizer``'s flat fp32 groups or ``FP16_UnfusedOptimizer``'s fp32 groups
+        (`stage0_masters`); None in fp32 and when no parameter has one."""
+        if self.fp32:
             return None
+        if self.stage == 0:
+            return stage0_masters(self.engine.module, self.engine.optimizer) or None
         from deepspeed.utils import safe_get_full_fp32_param
         out = {}
         for n, p in self.engine.module.named_parameters():
@@ -385,5 +414,5 @@ class DeepSpeedBackend:
 
 
 __all__ = ["DeepSpeedBackend", "EngineSettings", "Fp16State", "OptimizerBuilt", "build_engine_model",
-           "build_zero_init", "linear_in_use", "engine_before_scenario", "engine_settings", "optimizer_built",
-           "run_engines_before"]
+           "build_zero_init", "engine_before_scenario", "engine_settings", "linear_in_use", "optimizer_built",
+           "run_engines_before", "stage0_masters"]

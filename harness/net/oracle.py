@@ -12,6 +12,7 @@ bf16-rounded parameters, and with ``fp32_grad_accum`` each micro-step's gradient
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 from typing import TypedDict
 
 import torch
@@ -19,6 +20,8 @@ import torch.nn as nn
 
 from zerostate.harness.net import fp16
 from zerostate.harness.net.compare import Params
+from zerostate.harness.net.counterfactual import MECHANISMS, Contribution, Mechanism
+from zerostate.harness.net.dist import rank_rows
 from zerostate.harness.net.config import fp16_section, make_optimizer, param_groups
 from zerostate.harness.net.network import NetOutput, attach_late_module, build_model
 from zerostate.harness.net.schedule import generation_output, no_grad_forward, rows_share, run_schedule
@@ -74,8 +77,19 @@ class Counterfactuals(TypedDict):
 class TorchBackend:
     """The oracle's `schedule.Backend`: plain PyTorch, the same optimizer, DeepSpeed's loss scaling in fp16."""
 
-    def __init__(self, sc: Scenario, model: nn.Module) -> None:
+    def __init__(self, sc: Scenario, model: nn.Module, mechanisms: Sequence[Mechanism] = ()) -> None:
         self.master, self.gas = model, sc.gas
+        self.mechanisms = tuple(mechanisms)
+        """Counterfactual: the known bugs' mechanisms this reference applies (`counterfactual`); none for the
+        correct reference."""
+        self._contributions: list[Contribution] = []
+        self._seen: Params = {}
+        self._micro = 0
+        self._prev: Params = {}
+        self._scale_before = 1.0
+        self._hooked = False
+        """Counterfactual: the output hooks divide this backward's gradient by gas (`_hook_outputs`)."""
+        """Counterfactual: the gradient the step before stepped with (a stale one applied again)."""
         self.clip = float(sc.gradient_clipping)
         self.opt = make_optimizer(sc, param_groups(sc, model))
         self.llama = sc.family is Family.LLAMA
@@ -113,10 +127,31 @@ class TorchBackend:
         return x
 
     def forward(self, x: torch.Tensor, skip: tuple[int, ...] = ()) -> NetOutput:
+        if self.mechanisms:
+            self._seen = self._total()
         x = self._input(x)
+        if any(m.own_rows for m in self.mechanisms):
+            x = rank_rows(x).detach().requires_grad_(x.requires_grad)
         if self.llama:
-            return self.model(input_ids=x, labels=x)
-        return self.model(x, skip=tuple(skip)) if skip else self.model(x)
+            res: NetOutput = self.model(input_ids=x, labels=x)
+        else:
+            res = self.model(x, skip=tuple(skip)) if skip else self.model(x)
+        if any(m.output_hooks for m in self.mechanisms):
+            self._hook_outputs(res)
+        return res
+
+    def _hook_outputs(self, res: object) -> None:
+        """Counterfactual: each output tensor divides its gradient by gas while `_hooked` (DeepSpeed's output
+        backward hooks)."""
+        if isinstance(res, torch.Tensor):
+            if res.requires_grad:
+                res.register_hook(lambda g: g / self.gas if self._hooked else g)
+        elif isinstance(res, (tuple, list)):
+            for r in res:
+                self._hook_outputs(r)
+        elif isinstance(res, dict) or hasattr(res, "values"):
+            for r in res.values():
+                self._hook_outputs(r)
 
     def reregister(self, x: torch.Tensor | None = None) -> None:
         """Plain PyTorch has no hooks to remove: only the generation of TRL's unwrap (ZeRO-3, as the engine
@@ -140,14 +175,22 @@ class TorchBackend:
                 f"train step {self.train_step}'s {'output' if source is out and out is not loss else 'loss'} has "
                 "nothing to differentiate (no parameter that requires grad reaches it and the input does not "
                 "require grad): PyTorch's backward and DeepSpeed's engine.backward both refuse it")
-        scale = self.scaler.scale if self.scaler is not None else 1.0
+        scale = self.scaler.scale if self.scaler is not None and not self._loss_unscaled() else 1.0
+        pytorch_style = kind is not BackwardKind.ENGINE
+        self._hooked = any(m.output_hooks == "all" or (m.output_hooks == "pytorch-style" and pytorch_style)
+                           for m in self.mechanisms)
+        gas = 1 if self._hooked else self.gas  # the hooks divide instead
         before = self._grads()
+        if self.mechanisms:
+            self._note_backward_start()
         if kind is BackwardKind.NONSCALAR:
             g = torch.ones_like(loss) if fused else (2 * out / out.numel()).detach()
-            (loss if fused else out).backward(gradient=part * g / self.gas * scale, retain_graph=keep)
+            (loss if fused else out).backward(gradient=part * g / gas * scale, retain_graph=keep)
         else:
-            (part * loss / self.gas * scale if scale != 1.0 else part * loss / self.gas).backward(retain_graph=keep)
+            (part * loss / gas * scale if scale != 1.0 else part * loss / gas).backward(retain_graph=keep)
         self._last = {n: g - before[n] if n in before else g for n, g in self._grads().items()}
+        if self.mechanisms:
+            self._note_backward_end()
 
     def _grads(self) -> Params:
         """The gradients the backwards accumulated so far (fp16: scaled, on the fp16 copy)."""
@@ -187,6 +230,7 @@ class TorchBackend:
     def micro_done(self, boundary: bool) -> None:
         if self.fp32_accum:
             self._take_grads()
+        self._micro += 1
         if not boundary:
             return
         self.train_step += 1
@@ -204,11 +248,14 @@ class TorchBackend:
             for n, p in self.master.named_parameters():
                 p.grad = None if overflow or n not in grads else grads[n].float() * unscale
             self.model.zero_grad(set_to_none=True)
+            self._scale_before = self.scaler.scale
             self.scaler.update(overflow, self.steps)
             self.steps += 1
         self.counterfactuals.append(self._counterfactuals(unscale) if not overflow else {"last_only": {},
                                                                                           "but_last": {}})
         self._last = {}
+        if self.mechanisms:
+            self._apply_mechanisms(overflow)
         if overflow:  # the step is skipped
             return
         if self.clip > 0:
@@ -223,9 +270,81 @@ class TorchBackend:
     def params(self) -> Params:
         return {n: p.detach().clone() for n, p in self.master.named_parameters()}
 
+    # ------------------------------------------------------------ counterfactual references
+    def _loss_unscaled(self) -> bool:
+        return any(m.loss_unscaled for m in self.mechanisms)
 
-def oracle_params(sc: Scenario, info: OracleInfo | None = None) -> list[Params]:
-    """Parameters after each train step, trained with plain PyTorch.  ``info``: `OracleInfo`."""
+    def _total(self) -> Params:
+        """The gradient the step has so far, in fp32 and unscaled (the master parameters' units)."""
+        unscale = 1.0 / self.scaler.scale if self.scaler is not None else 1.0
+        out: Params = {}
+        for (n, p), q in zip(self.master.named_parameters(), self.model.parameters(), strict=True):
+            g = p.grad.detach().float().clone() if p.grad is not None else None
+            if q is not p and q.grad is not None:
+                add = q.grad.detach().float() * unscale
+                g = add.clone() if g is None else g + add
+            if g is not None:
+                out[n] = g
+        return out
+
+    def _delta(self, before: Params) -> Params:
+        now = self._total()
+        return {n: g - before[n] if n in before else g for n, g in now.items()
+                if n not in before or not torch.equal(g, before[n])}
+
+    def _note_backward_start(self) -> None:
+        made = self._delta(self._seen)  # what a backward inside the forward added since it began
+        if made and not any(c.micro == self._micro for c in self._contributions):
+            self._contributions.append(Contribution("forward", self._micro, 0, made))
+        self._seen = self._total()
+
+    def _note_backward_end(self) -> None:
+        index = sum(c.kind == "backward" and c.micro == self._micro for c in self._contributions)
+        self._contributions.append(Contribution("backward", self._micro, index, self._delta(self._seen)))
+        self._seen = self._total()
+
+    def _apply_mechanisms(self, overflow: bool) -> None:
+        """At the step's boundary: the master parameters' gradient as the mechanisms make it."""
+        contributions, self._contributions, self._micro = self._contributions, [], 0
+        if overflow:
+            return
+        kept: list[Contribution] | None = None
+        for m in self.mechanisms:
+            if m.keep is not None:
+                chosen = m.keep(kept if kept is not None else contributions, self.gas)
+                if chosen is not None:
+                    kept = list(chosen)
+        if kept is not None:
+            summed: Params = {}
+            for c in kept:
+                for n, g in c.grads.items():
+                    summed[n] = summed[n] + g if n in summed else g.clone()
+            for n, p in self.master.named_parameters():
+                p.grad = summed.get(n)
+        held = {id(q) for g in self.opt.param_groups for q in g["params"]}
+        frozen = {n for (n, p), q in zip(self.master.named_parameters(), self.model.parameters(), strict=True)
+                  if not q.requires_grad}
+        idle = not contributions
+        for m in self.mechanisms:
+            for n, p in self.master.named_parameters():
+                stale = (m.gradient == "stale-frozen" and n in frozen) or (m.gradient == "stale-idle" and idle)
+                if stale and p.grad is None and n in self._prev:
+                    p.grad = self._prev[n].clone()
+                elif m.gradient == "zero-for-frozen" and p.grad is None and n in frozen and id(p) in held:
+                    p.grad = torch.zeros_like(p)
+                elif p.grad is None:
+                    continue
+                elif m.gradient == "halved-when-scale-grows" and self.scaler is not None \
+                        and self.scaler.scale > self._scale_before:
+                    p.grad = p.grad * (self._scale_before / self.scaler.scale)
+                elif m.gradient == "unscaled-by-65536":
+                    p.grad = p.grad * 2.0 ** -16
+        self._prev = {n: p.grad.detach().clone() for n, p in self.master.named_parameters() if p.grad is not None}
+
+
+def oracle_params(sc: Scenario, info: OracleInfo | None = None, mechanisms: Sequence[str] = ()) -> list[Params]:
+    """Parameters after each train step, trained with plain PyTorch.  ``info``: `OracleInfo`; ``mechanisms``: a
+    counterfactual reference, with those known bugs' mechanisms applied (`counterfactual.MECHANISMS`)."""
     model = build_model(sc)
     if sc.precision is Precision.BF16:  # DeepSpeed's fp32 master copy is made from the bf16-cast parameters
         with torch.no_grad():
@@ -235,7 +354,7 @@ def oracle_params(sc: Scenario, info: OracleInfo | None = None) -> list[Params]:
     if info is not None:
         info["initial"] = {n: p.detach().clone() for n, p in model.named_parameters()}
     try:
-        be = TorchBackend(sc, model)
+        be = TorchBackend(sc, model, [MECHANISMS[m] for m in mechanisms])
         out: list[Params] = []
         run_schedule(sc, be, after_step=lambda i: out.append(be.params()))
     finally:

@@ -1,0 +1,172 @@
+"""Counterfactual references: the same run trained by plain PyTorch with a known bug's mechanism applied.
+
+A known issue that explains an oracle difference states its bug as a computation on the PyTorch reference
+(`MECHANISMS`): which of the step's gradient contributions the step keeps (only the last backward's, without
+micro-step 0's earlier backward, without the gradients a backward inside the forward made ...), or what happens
+to the step's gradient (a frozen parameter's stale gradient applied again, a zero gradient stepped by Adam, the
+update halved where the fp16 loss scale grew ...).  `oracle.oracle_params(sc, mechanisms=...)` trains the run
+with those applied from the start, so the trajectory is the bug's own; `findings.oracle_judgement` labels a
+difference with a mechanism only when DeepSpeed is as close to that trajectory as a correct DeepSpeed is to
+PyTorch, and farther from the correct one.
+
+A step's *contributions* are the gradient each part of it added, in fp32 and unscaled (the master parameters'
+units): ``forward`` for what a backward inside a forward added (a fused loss head), ``backward`` for each user
+backward, in order, with its micro-step and its index in the micro-step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from zerostate.model.scenario import Family, Offload, Optimizer, Outputs, Precision, Scenario
+
+Grads = dict[str, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class Contribution:
+    kind: str
+    """``forward`` (a backward inside the forward) or ``backward`` (a user backward)."""
+    micro: int
+    index: int
+    """Its place among the micro-step's user backwards (0 for a forward's)."""
+    grads: Grads
+
+
+Keep = Callable[[Sequence[Contribution], int], Sequence[Contribution] | None]
+"""Which contributions a step keeps (given the step's micro-step count), or None when the mechanism does not act
+on the step (nothing in it triggers the bug)."""
+
+
+@dataclass(frozen=True)
+class Mechanism:
+    """A known bug's computation on the PyTorch reference."""
+
+    name: str
+    applies: Callable[[Scenario], bool]
+    """Whether the scenario can trigger it at all (only to spare computing a reference that equals the correct
+    one; the label comes from the numbers alone)."""
+    keep: Keep | None = None
+    gradient: str = ""
+    """A transformation of the step's gradient after the contributions: ``stale-frozen`` (a parameter frozen for
+    the step gets the gradient of the step before again), ``stale-idle`` (at a step with no backward every
+    parameter does), ``zero-for-frozen`` (a parameter of an optimizer group frozen for the step gets a zero one),
+    ``halved-when-scale-grows``, ``unscaled-by-65536``."""
+    loss_unscaled: bool = False
+    """fp16: the loss is not multiplied by the scale, the gradient is still divided by it."""
+    own_rows: bool = False
+    """At world size > 1: each rank steps with the gradient of its own rows alone (no reduction across ranks)."""
+    output_hooks: str = ""
+    """Every tensor of the forward's output divides its gradient by gas on its way back (DeepSpeed's output
+    backward hooks) instead of the loss being divided once: for ``pytorch-style`` backwards only, or ``all``.  An
+    output computed from another (an auxiliary mean of the hidden state, a loss from its logits) then passes two
+    hooks."""
+
+
+def _backwards(cs: Sequence[Contribution]) -> list[Contribution]:
+    return [c for c in cs if c.kind == "backward"]
+
+
+def _two_in_a_micro(cs: Sequence[Contribution], micro: int | None = None) -> bool:
+    return any(c.index >= 1 and (micro is None or c.micro == micro) for c in _backwards(cs))
+
+
+def _last_backward_only(cs: Sequence[Contribution], micros: int) -> Sequence[Contribution] | None:
+    """ZeRO-1/2: a second backward of one forward in the boundary micro-step copies its gradient over what the
+    step had accumulated; what a backward inside the forward made is kept."""
+    if not _two_in_a_micro(cs, micros - 1):
+        return None
+    last = _backwards(cs)[-1]
+    return [c for c in cs if c is last or c.kind == "forward"]
+
+
+def _micro0_earlier_backward_lost(cs: Sequence[Contribution], micros: int) -> Sequence[Contribution] | None:
+    """ZeRO-3: ``partition_grads`` copies (does not add) while ``micro_step_id == 0``, so micro-step 0's earlier
+    backwards are overwritten by its last."""
+    if not _two_in_a_micro(cs, 0):
+        return None
+    last0 = max(c.index for c in _backwards(cs) if c.micro == 0)
+    return [c for c in cs if not (c.kind == "backward" and c.micro == 0 and c.index < last0)]
+
+
+def _boundary_first_backward_lost(cs: Sequence[Contribution], micros: int) -> Sequence[Contribution] | None:
+    """A PyTorch-style second backward in the boundary micro-step: its first backward's share is lost."""
+    if not _two_in_a_micro(cs, micros - 1):
+        return None
+    first = next((c for c in _backwards(cs) if c.micro == micros - 1 and c.index == 0), None)
+    return [c for c in cs if c is not first] if first is not None else None
+
+
+def _in_forward_dropped(cs: Sequence[Contribution], micros: int) -> Sequence[Contribution] | None:
+    """What a backward inside the forward made is wiped before the step (BF16_Optimizer's backward prologue)."""
+    return [c for c in cs if c.kind != "forward"] if any(c.kind == "forward" for c in cs) else None
+
+
+def _middle_micro_steps_dropped(cs: Sequence[Contribution], micros: int) -> Sequence[Contribution] | None:
+    """Offloaded ZeRO-1/2: only the first and the last micro-step's gradients reach the step."""
+    if micros < 3:
+        return None
+    return [c for c in cs if c.micro in (0, micros - 1)]
+
+
+def _last_micro_step_only(cs: Sequence[Contribution], micros: int) -> Sequence[Contribution] | None:
+    """A caller-owned boundary with offload: each backward's gradient replaces the one before."""
+    backs = _backwards(cs)
+    if len(backs) < 2:
+        return None
+    return [backs[-1]]
+
+
+def _offloaded(sc: Scenario) -> bool:
+    return sc.offload in (Offload.OPTIMIZER, Offload.BOTH)
+
+
+def _several_outputs(sc: Scenario) -> bool:
+    """The forward returns more than one tensor, one computed from another (the blocks' ``(hidden, aux)``, a
+    llama's loss and logits)."""
+    return sc.outputs is not Outputs.TENSOR or sc.family is Family.LLAMA
+
+
+def _retains(sc: Scenario) -> bool:
+    return any(m.retain for _, _, m in sc.micro_steps())
+
+
+MECHANISMS: dict[str, Mechanism] = {m.name: m for m in (
+    Mechanism("last-backward-only", lambda sc: _retains(sc) and sc.stage in (1, 2), keep=_last_backward_only),
+    Mechanism("micro0-earlier-backward-lost", lambda sc: _retains(sc) and sc.stage == 3,
+              keep=_micro0_earlier_backward_lost),
+    Mechanism("boundary-first-backward-lost", _retains, keep=_boundary_first_backward_lost),
+    Mechanism("in-forward-gradient-dropped", lambda sc: sc.fused_head, keep=_in_forward_dropped),
+    Mechanism("middle-micro-steps-dropped", lambda sc: _offloaded(sc) and sc.gas >= 3,
+              keep=_middle_micro_steps_dropped),
+    Mechanism("last-micro-step-only", lambda sc: _offloaded(sc) and sc.manual_boundary, keep=_last_micro_step_only),
+    Mechanism("stale-gradient-replayed-when-frozen", lambda sc: _offloaded(sc) and any(s.frozen for s in sc.steps),
+              gradient="stale-frozen"),
+    Mechanism("stale-gradient-replayed-at-idle-step", lambda sc: _offloaded(sc) and any(s.idle for s in sc.steps),
+              gradient="stale-idle"),
+    Mechanism("frozen-stepped-with-zero-gradient",
+              lambda sc: sc.optimizer is Optimizer.CONFIG_ADAM and any(s.frozen for s in sc.steps),
+              gradient="zero-for-frozen"),
+    Mechanism("update-halved-when-scale-grows", lambda sc: sc.precision is Precision.FP16 and sc.stage != 0,
+              gradient="halved-when-scale-grows"),
+    Mechanism("loss-not-scaled", lambda sc: sc.precision is Precision.FP16 and sc.stage == 0, loss_unscaled=True),
+    Mechanism("output-hooks-divide-by-gas", lambda sc: sc.gas > 1 and sc.stage in (1, 2) and _several_outputs(sc),
+              output_hooks="pytorch-style"),
+    Mechanism("output-hooks-divide-by-gas-engine-backward",
+              lambda sc: sc.gas > 1 and sc.stage in (1, 2) and _several_outputs(sc), output_hooks="all"),
+    Mechanism("update-unscaled-by-65536", lambda sc: sc.precision is Precision.BF16 and sc.stage == 0,
+              gradient="unscaled-by-65536"),
+    Mechanism("own-rows-only", lambda sc: sc.world_size > 1 and sc.stage in (1, 2), own_rows=True),
+)}
+"""Every mechanism a known issue names (`known.issue.KnownIssue.mechanism`), by name."""
+
+
+def applicable(sc: Scenario) -> list[str]:
+    """The mechanisms the scenario can trigger, in `MECHANISMS`' order."""
+    return [name for name, m in MECHANISMS.items() if m.applies(sc)]
+
+
+__all__ = ["MECHANISMS", "Contribution", "Grads", "Mechanism", "applicable"]
