@@ -39,7 +39,7 @@ from zerostate.specs import Spec, check_all, specs_for_stage
 from zerostate.findings.agreement import compare
 from zerostate.findings.checkpoint_judgement import round_trip_problem
 from zerostate.findings.evidence import NO_EVIDENCE, Evidence, raised_of
-from zerostate.findings.oracle_judgement import mismatch_before, verdict
+from zerostate.findings.oracle_judgement import Explanation, explaining, mismatch_before, verdict
 from zerostate.findings.origin import error_text, exception_check, origin_of
 from zerostate.findings.record import ExceptionRecord, Persistent, RunRecord
 from zerostate.findings.tolerance import tolerance
@@ -116,7 +116,7 @@ def _judge(record: RunRecord, stage: int, sc: Scenario | None, model: ModelRun |
                          origin=origin if check == "exception" else origin.split("@")[0], evidence=ran)
         out.append(first)
     if oracle is not None:
-        out.append(Decision("oracle", oracle.message, evidence=shown))
+        out += _oracle_decisions(oracle.message, explaining(record, sc) if sc is not None else None, shown)
     carried = _carried_state(record.torch_linear, stage)
     if carried:
         out.append(Decision("carried-state", carried, code="torch-linear-replaced", evidence=ran))
@@ -157,6 +157,21 @@ def decide_trace(events: Sequence[Event], stage: int, error: str | None = None, 
     message"``, ``origin``) and the specs (``specs``: as `decide`)."""
     record = RunRecord(events=tuple(events), raised=ExceptionRecord(error, "") if error else None)
     return _judge(record, stage, None, None, None, specs, (), origin)
+
+
+def _oracle_decisions(message: str, ex: Explanation | None, shown: Evidence) -> list[Decision]:
+    """The oracle's decisions: one, labelled by the known mechanisms whose reference explains every difference;
+    or, when one explains only the first steps, that one and a second for what is left beyond it (a new bug
+    after a known one is its own finding)."""
+    if ex is None:
+        return [Decision("oracle", message, evidence=shown)]
+    out = [Decision("oracle", message, evidence=replace(shown, explained_by=ex.mechanisms))]
+    if ex.remaining:
+        rest = ex.remaining[0]
+        out.append(Decision("oracle", f"beyond {' + '.join(ex.mechanisms)} (known mechanisms): {rest.message}",
+                            evidence=Evidence(shown.raised, rest.diff, shown.loss_scales, shown.loss_scale,
+                                              shown.ranks_differ)))
+    return out
 
 
 def _carried_state(torch_linear: str, stage: int) -> str | None:

@@ -98,6 +98,9 @@ class Evidence:
     """fp16: DeepSpeed's loss scale at the end of the run."""
     ranks_differ: tuple[str, ...] = ()
     """At world size > 1: the parameters whose gathered values differed between the ranks in this run."""
+    explained_by: tuple[str, ...] | None = None
+    """An oracle difference: the known mechanisms whose counterfactual reference DeepSpeed matches at every step
+    (`oracle_judgement.explaining`); None when no reference does."""
 
 
 NO_EVIDENCE = Evidence()

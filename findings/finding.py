@@ -2,9 +2,8 @@
 
 A finding is a value: frozen once built.  What later steps add -- the known issue and root-cause group
 (`known.labels.labelled`), the explorer's ``shrunk`` and ``confirmation`` -- comes as a new value from
-`dataclasses.replace`.  ``Finding.key`` (check id, plus origin for exceptions or the spec's violation code)
-is what makes two findings the same bug: the explorer reports one per key.  An unlabelled oracle
-difference is keyed by its own evidence (`findings.oracle_class`).
+`dataclasses.replace`.  ``Finding.key`` is its fingerprint (`findings.fingerprint`), what makes two findings
+the same bug: the explorer reports one per key, shrinking keeps it, ``diff`` matches by it.
 """
 
 from __future__ import annotations
@@ -14,17 +13,11 @@ from dataclasses import dataclass
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from zerostate.model.events import Event, EventKind
+from zerostate.model.events import Event
 from zerostate.model.scenario import Scenario
 
 from zerostate.findings.evidence import NO_EVIDENCE, Evidence
-from zerostate.findings.oracle_class import signature
-
-
-_SINGLE_KEY = frozenset({"oracle", "model-agreement", "hang", "crash", "internal", "exception"})
-_KNOWN_IN_KEY = frozenset({"oracle", "checkpoint"})
-"""Checks whose key carries the known issue explaining them: one key (``oracle``; ``checkpoint``'s one code
-``zero-to-fp32`` covers two issues) would otherwise let a documented bug hide an unexplained one."""
+from zerostate.findings.fingerprint import fingerprint, params_in
 
 
 class Confirmed(Protocol):
@@ -75,8 +68,11 @@ class Finding:
     world_size: int = 1
     """The ranks it ran on (its repro script runs under torchrun when more than one)."""
     known: str = ""
-    """The id of the known issue that explains it (`known.labels.labelled`), "" when none does.  Part of the
-    key of ``oracle`` and ``checkpoint`` findings (`_KNOWN_IN_KEY`)."""
+    """The id of the known issue that explains it (`known.labels.labelled`), "" when none does; never part of
+    its key."""
+    also_known: tuple[str, ...] = ()
+    """For an oracle difference that a sum of known mechanisms explains: the ids of the known issues besides
+    ``known`` (`known.labels.labelled`)."""
     group: str = ""
     """Its root-cause group (`known.labels.labelled`): the known issue's id, else the shape of what went wrong."""
     evidence: Evidence = NO_EVIDENCE
@@ -85,34 +81,12 @@ class Finding:
 
     @property
     def key(self) -> str:
-        """What makes two findings the same bug: the check id, plus where an exception was raised, or the
-        spec's violation code (``epilogue-once:no-epilogue`` and ``epilogue-once:hook-after-epilogue`` are
-        two findings), plus the phase.  Never the message: rewording a message changes no finding's
-        identity (every spec monitor and the cross-rank checks give a code; a check without one is one key).
-        An ``oracle`` difference carries the known issue explaining it, else what its own run shows of it
-        (`oracle_class.signature`: ``oracle:x0.5@first-step``); ``oracle`` alone when the run left no evidence."""
-        if self.origin:
-            return f"{self.check}:{self.origin}"
-        if self.known and self.check in _KNOWN_IN_KEY:
-            return f"{self.check}:{self.known}"
-        if self.check == "oracle" and self.evidence.oracle is not None:
-            return f"oracle:{signature(self.evidence.oracle, self.trace)}"
-        if self.check in _SINGLE_KEY or not self.code:
-            return self.check
-        return f"{self.check}:{self.code}{self._phase()}"
-
-    def _phase(self) -> str:
-        """`` (in a nested task)`` when the violating event happened in a reentrant checkpoint's nested
-        graph task (a later backward phase): the same message from the outer task is another mechanism."""
-        if not self.trace or self.index is None or not 0 <= self.index < len(self.trace):
-            return ""
-        task = self.trace[self.index].task
-        if task is None:
-            return ""
-        for e in self.trace:
-            if e.kind is EventKind.TASK_START and e.task == task:
-                return " (in a nested task)" if e.note == "nested" else ""
-        return ""
+        """What makes two findings the same bug: its fingerprint, built only from what its run showed
+        (`fingerprint.fingerprint`: an exception's type, innermost DeepSpeed frame and abstracted message; a
+        spec's code, the violating event's pattern and the roles of the parameters involved; an oracle
+        difference's counterfactual class).  Never the message's specifics, never the known issue's label."""
+        return fingerprint(self.check, self.code, self.evidence, self.trace, self.index, self.error, self.scenario,
+                           params_in(self.error))
 
     def to_json_dict(self) -> dict[str, Any]:
         sc = self.scenario

@@ -230,11 +230,46 @@ def verdict(record: RunRecord, sc: Scenario) -> OracleVerdict | None:
     return OracleVerdict(found) if found else None
 
 
+@dataclass(frozen=True)
+class Explanation:
+    """The counterfactual reference that explains a run's differences best: its mechanisms, and what is left of
+    DeepSpeed's differences against it (nothing: it explains every one)."""
+
+    mechanisms: tuple[str, ...]
+    remaining: tuple[StepDifference, ...]
+
+
+def _order(step: int | None) -> float:
+    return math.inf if step is None else float(step)
+
+
+def explaining(record: RunRecord, sc: Scenario) -> Explanation | None:
+    """The counterfactual reference DeepSpeed is as close to as a correct DeepSpeed is to PyTorch, at every step
+    where it differs from the correct one, or at least at the first: the one that explains the most steps, with
+    the fewest mechanisms; None when none explains even the first difference."""
+    correct = verdict(record, sc)
+    if correct is None:
+        return None
+    first = _order(correct.step)
+    best: tuple[tuple[bool, float, int], Explanation] | None = None
+    for cf in record.counterfactuals:
+        if cf.error is not None:
+            continue
+        left = differences(cf.steps, (), 0, cf.loss_scaling, sc)
+        reach = _order(left[0].step) if left else math.inf
+        if left and reach <= first:
+            continue
+        score = (not left, reach, -len(cf.mechanisms))
+        if best is None or score > best[0]:
+            best = (score, Explanation(cf.mechanisms, left))
+    return best[1] if best else None
+
+
 def mismatch_before(record: RunRecord, sc: Scenario, step: int) -> bool:
     """Whether the oracle disagreed after a train step before ``step``."""
     found = verdict(record, sc)
     return found is not None and found.step is not None and found.step < step
 
 
-__all__ = ["OracleVerdict", "StepDifference", "compare_text", "differences", "generation_text", "mismatch_before",
-           "step_difference", "ulp", "update_limit", "verdict"]
+__all__ = ["Explanation", "OracleVerdict", "StepDifference", "compare_text", "differences", "explaining",
+           "generation_text", "mismatch_before", "step_difference", "ulp", "update_limit", "verdict"]

@@ -12,18 +12,13 @@ the cached releases 0.18.4, 0.18.7, 0.19.2 and 0.19.3; the upper bound is the fi
 
 from __future__ import annotations
 
-from zerostate.model.scenario import Family, Offload, Scenario
+from zerostate.model.scenario import Family, Scenario
 
 from zerostate.findings.finding import Finding
 
 from zerostate.known import rules
 from zerostate.known.issue import KnownIssue
 from zerostate.known.mechanism import narrow
-from zerostate.known.setups import nested_outputs_zero12
-
-
-def _offload_zero12(sc: Scenario) -> bool:
-    return sc.stage in (1, 2) and sc.offload is Offload.OPTIMIZER
 
 
 ZERO12_OFFLOAD_GAS3 = KnownIssue(
@@ -36,8 +31,8 @@ ZERO12_OFFLOAD_GAS3 = KnownIssue(
     scenario=Scenario.from_dict({"stage": 2, "offload": "optimizer", "steps": [{"micro": [{}, {}, {}]}]}),
     checks=("oracle",),
     keys=("oracle:zero12-offload-drops-middle-micro-steps",),  # measured on 0.18.4 and 0.18.7
-    explains=lambda f: rules.update_scaled(f, 0.05, 0.97) and narrow(
-        f, lambda sc: _offload_zero12(sc) and sc.gas >= 3 and not sc.manual_boundary),
+    explains=None,
+    mechanisms=("middle-micro-steps-dropped",),
     detail=("stage_1_and_2.py's CPU-offload accumulation (async_accumulate_grad_in_cpu_via_gpu) copied a "
             "gradient into the CPU accumulator only at micro-step 0 and added it only at the boundary, so "
             "micro-steps 1 .. gas-2 never reach the update or the gradient norm.  Introduced by #6550, fixed in "
@@ -56,8 +51,8 @@ ZERO12_OFFLOAD_MANUAL_BOUNDARY = KnownIssue(
                                  "steps": [{"micro": [{}, {}]}, {"micro": [{}, {}]}]}),
     checks=("oracle",),
     keys=("oracle:zero12-offload-manual-boundary-drops-backwards",),  # measured on 0.18.4 and 0.18.7
-    explains=lambda f: rules.update_scaled(f, 0.05, 0.97) and narrow(
-        f, lambda sc: _offload_zero12(sc) and sc.manual_boundary),
+    explains=None,
+    mechanisms=("last-micro-step-only",),
     detail=("With gradient_accumulation_steps 1 the CPU-offload path of stage_1_and_2.py accumulated across "
             "backwards only when gas > 1, so the backwards made under set_gradient_accumulation_boundary(False) "
             "(the API of #7665) were overwritten by the last one.  Fixed in 0.19.0 by DeepSpeed PR #7981."),
@@ -113,8 +108,8 @@ ZERO12_UNREDUCED_WITHOUT_CONTIGUOUS = KnownIssue(
     scenario=Scenario.from_dict({"stage": 2, "contiguous_gradients": False, "steps": [{}], "world_size": 2}),
     checks=("oracle",),
     keys=("oracle:zero12-cpu-no-reduce-without-contiguous-gradients",),  # measured at ws 2 on 0.18.4, 0.19.3
-    explains=lambda f: f.world_size > 1 and rules.update_scaled(f, 0.6, 1.5) and narrow(
-        f, lambda sc: sc.stage in (1, 2) and not sc.contiguous_gradients),
+    explains=None,
+    mechanisms=("own-rows-only",),
     detail=("Without contiguous gradients stage_1_and_2.py reduces through buffered_reduce_fallback, whose "
             "split_half_float_double groups tensors by legacy type strings (torch.cuda.FloatTensor, ...); a CPU "
             "tensor's type string matches none of them, so every bucket is dropped and each rank steps on its "
@@ -133,8 +128,8 @@ ZERO0_BF16_UPDATE_LOST = KnownIssue(
     scenario=Scenario.from_dict({"stage": 0, "precision": "bf16", "steps": [{}, {}]}),
     checks=("oracle",),
     keys=("oracle:zero0-bf16-update-lost",),  # measured on 0.18.4 (0.18.6: agrees)
-    explains=lambda f: rules.update_unscaled(f, 0.02) and narrow(
-        f, lambda sc: sc.stage == 0 and sc.precision.value == "bf16"),
+    explains=None,
+    mechanisms=("update-unscaled-by-65536",),
     detail=("With bf16 and no ZeRO the engine wrapped the client optimizer in FP16_UnfusedOptimizer, which "
             "unscales the gradients by its dynamic loss scale (65536) although bf16 never scales the loss, and "
             "skipped zero_grad: the update is about 1/65536 of PyTorch's, below bf16's resolution of the "
@@ -143,13 +138,6 @@ ZERO0_BF16_UPDATE_LOST = KnownIssue(
             "on these small networks; `oracle_judgement.update_norm_text` (the update's norm) shows it: ratio 0 "
             "on 0.18.4."),
 )
-
-def _engine_backward_nested_outputs(sc: Scenario) -> bool:
-    """ZeRO-1/2's nested-outputs shape with engine.backward only -- and the same at ZeRO stage 0 (the engine's
-    output hooks are the same; measured on 0.19.3 and 0.19.5 at stage 0, agreeing on 0.19.7 and 0.19.8)."""
-    shape = nested_outputs_zero12(sc.with_(stage=1) if sc.stage == 0 else sc)
-    return shape and all(m.backward.value == "engine" for _, _, m in sc.micro_steps())
-
 
 ZERO12_NESTED_OUTPUTS_ENGINE_BACKWARD = KnownIssue(
     id="zero12-nested-outputs-engine-backward",
@@ -163,8 +151,8 @@ ZERO12_NESTED_OUTPUTS_ENGINE_BACKWARD = KnownIssue(
                                  "steps": [{"micro": [{}, {}]}]}),
     checks=("oracle",),
     keys=("oracle:zero12-nested-outputs-engine-backward",),
-    explains=lambda f: (rules.scaled_twice(f, f.scenario.gas if f.scenario else 2)
-                        and not rules.pytorch_style_backward(f) and narrow(f, _engine_backward_nested_outputs)),
+    explains=None,
+    mechanisms=("output-hooks-divide-by-gas-engine-backward",),
     detail=("The engine-backward form of zero12-nested-outputs-scaled-twice (known/setups.py, still present on "
             "0.19.8 for a PyTorch-style backward).  Likely mechanism (the same as that issue's; not traced in these "
             "releases' source): the engine's output backward hooks divide by gradient_accumulation_steps, and "

@@ -33,7 +33,9 @@ class KnownIssue:
     """Half-open range of releases observed to have it."""
     scenario: Scenario
     checks: tuple[str, ...]
-    explains: Callable[[Finding], bool]
+    explains: Callable[[Finding], bool] | None
+    """What its mechanism leaves in a finding's own evidence besides an oracle difference (the exception, the
+    violating events, the parameters involved: `known.rules`); None when it shows only as an oracle difference."""
     detail: str
     fixed_in: str | None = None
     """The first DeepSpeed release without it; None while no release fixes it."""
@@ -53,10 +55,32 @@ class KnownIssue:
     nature: Nature = Nature.BUG
     cites: str = ""
     """For a limitation: where DeepSpeed documents it (its test, its log line)."""
+    mechanisms: tuple[str, ...] = ()
+    """For a bug that shows as an oracle difference: its computation on the PyTorch reference
+    (`harness.net.counterfactual.MECHANISMS`); an oracle finding is its own exactly when DeepSpeed matches that
+    counterfactual reference (`findings.oracle_judgement.explaining`)."""
+    variants: tuple[Scenario, ...] = ()
+    """More repros of the same mechanism in other forms (another backward kind, another stage): the fingerprints
+    their findings give are recorded with the scenario's (`known.recorded`)."""
 
     def __post_init__(self) -> None:
         if self.nature is Nature.LIMITATION and not self.cites:
             raise ValueError(f"known issue {self.id}: a limitation cites DeepSpeed's own test or log line")
+
+    @property
+    def fingerprints(self) -> frozenset[str]:
+        """The fingerprints recorded from its own repros (`known.recorded`): an exception or spec finding is its own
+        only with one of these."""
+        from zerostate.known.recorded import recorded
+        return recorded(self.id)
+
+    def recognises(self, f: Finding) -> bool:
+        """``f`` shows this issue's mechanism: an oracle difference that one of its `mechanisms`' counterfactual
+        references explains; any other finding (an oracle difference of an issue stated by what the ranks
+        gathered) whose fingerprint its repros recorded and whose evidence shows the mechanism (`explains`)."""
+        if f.check == "oracle" and self.mechanisms:
+            return bool(set(self.mechanisms) & set(f.evidence.explained_by or ()))
+        return self.explains is not None and f.key in self.fingerprints and self.explains(f)
 
     def shows_on(self, version: str | None) -> bool:
         """Its scenario shows its own finding on ``version``."""

@@ -38,11 +38,24 @@ def by_id(issue_id: str) -> KnownIssue | None:
 
 def explain(f: Finding) -> KnownIssue | None:
     """The known issue that explains a finding on the release it was found on (any release when the finding
-    names none), or None."""
-    for k in KNOWN_ISSUES:
-        if k.explains(f) and (f.deepspeed is None or k.affects(f.deepspeed)):
-            return k
-    return None
+    names none), or None; for a sum of known mechanisms, the first of `explain_all`."""
+    found = explain_all(f)
+    return found[0] if found else None
+
+
+def explain_all(f: Finding) -> tuple[KnownIssue, ...]:
+    """Every known issue the finding's evidence shows, on the release it was found on: one, or for an oracle
+    difference that a sum of known mechanisms explains, the issue of each mechanism -- and none when any of its
+    mechanisms is no known issue of that release (a sum is known only whole)."""
+    def here(k: KnownIssue) -> bool:
+        return f.deepspeed is None or k.affects(f.deepspeed)
+    if f.check == "oracle" and f.evidence.explained_by:
+        mechanisms = f.evidence.explained_by
+        issues = [next((k for k in KNOWN_ISSUES if m in k.mechanisms and here(k)), None) for m in mechanisms]
+        if not issues or any(k is None for k in issues):
+            return ()
+        return tuple(dict.fromkeys(k for k in issues if k is not None))
+    return next(((k,) for k in KNOWN_ISSUES if k.recognises(f) and here(k)), ())
 
 
 SEED_BUGS = {"0.18.4": (SEED_000_PART1.id, SEED_000_PART1.explains),
@@ -52,4 +65,5 @@ SEED_BUGS = {"0.18.4": (SEED_000_PART1.id, SEED_000_PART1.explains),
 
 __all__ = ["KNOWN_ISSUES", "KnownIssue", "PINNED", "SEED_BUGS", "Z3_KEPT_FOR_REUSE_THEN_BRANCH",
            "Z3_LEAF_INPUT_NO_GRAD", "Z3_LEAF_KEPT_GATHERED", "Z3_NO_POST_BACKWARD_NO_DRAIN",
-           "Z3_PERSISTENT_PARAM_RACE_WS2", "Z3_REREGISTER_WHILE_RECORDING", "ZERO12_NO_GRADIENT", "by_id", "explain"]
+           "Z3_PERSISTENT_PARAM_RACE_WS2", "Z3_REREGISTER_WHILE_RECORDING", "ZERO12_NO_GRADIENT", "by_id", "explain",
+           "explain_all"]

@@ -28,35 +28,49 @@ from typing import Any
 from zerostate.findings.finding import Finding, message_shape
 from zerostate.findings.harness import harness_error
 from zerostate.known.issue import KnownIssue
-from zerostate.known.issues import explain
+from zerostate.known.issues import explain_all
 from zerostate.tracing import compat
 
 
-def issue_of(f: Finding) -> KnownIssue | None:
-    """The known issue explaining ``f`` on the release it was found on; None without a release, and for a
-    harness error (`findings.harness`: zerostate's own failure is no DeepSpeed issue)."""
+def issues_of(f: Finding) -> tuple[KnownIssue, ...]:
+    """The known issues explaining ``f`` on the release it was found on (several: a sum of known mechanisms);
+    none without a release, and for a harness error (`findings.harness`: zerostate's own failure is no DeepSpeed
+    issue)."""
     if not f.deepspeed or harness_error(f):
-        return None
+        return ()
     try:
         compat.version_tuple(f.deepspeed)
     except compat.UnsupportedRelease:
-        return None
-    return explain(f)
+        return ()
+    return explain_all(f)
+
+
+def issue_of(f: Finding) -> KnownIssue | None:
+    """The (first) known issue explaining ``f`` (`issues_of`)."""
+    found = issues_of(f)
+    return found[0] if found else None
 
 
 def labelled(f: Finding) -> Finding:
-    """``f`` with its known issue (``known``) and root-cause group (``group``): the one labelling step."""
-    k = issue_of(f)
-    return replace(f, known=k.id if k else "", group=k.id if k else root_key(f))
+    """``f`` with its known issue (``known``, and ``also_known`` for a sum) and root-cause group (``group``): the
+    one labelling step."""
+    found = issues_of(f)
+    ids = tuple(k.id for k in found)
+    return replace(f, known=ids[0] if ids else "", also_known=ids[1:], group="+".join(ids) if ids else root_key(f))
 
 
 def label(f: Finding) -> dict[str, Any] | None:
-    """The known issue explaining ``f`` on the release it was found on: id, title, owner, fixed_in."""
-    k = issue_of(f)
-    if k is None:
+    """The known issue explaining ``f`` on the release it was found on: id, title, owner, fixed_in; for a sum of
+    known mechanisms the first, with ``also``: the others' ids and titles."""
+    found = issues_of(f)
+    if not found:
         return None
-    return {"id": k.id, "title": k.title, "owner": k.owner, "fixed_in": k.fixed_in,
-            "upstream_patch": k.upstream_patch, "nature": k.nature.value, "cites": k.cites or None}
+    k = found[0]
+    out: dict[str, Any] = {"id": k.id, "title": k.title, "owner": k.owner, "fixed_in": k.fixed_in,
+                           "upstream_patch": k.upstream_patch, "nature": k.nature.value, "cites": k.cites or None}
+    if found[1:]:
+        out["also"] = [{"id": o.id, "title": o.title} for o in found[1:]]
+    return out
 
 
 def root_key(f: Finding) -> str:
@@ -74,13 +88,13 @@ def root_key(f: Finding) -> str:
 
 
 def group_key(f: Finding) -> str:
-    k = issue_of(f)
-    return k.id if k else root_key(f)
+    found = issues_of(f)
+    return "+".join(k.id for k in found) if found else root_key(f)
 
 
 def group_title(f: Finding) -> str:
-    k = issue_of(f)
-    return k.title if k else root_key(f)
+    found = issues_of(f)
+    return " + ".join(k.title for k in found) if found else root_key(f)
 
 
 def annotate(f: Finding) -> dict[str, Any]:
@@ -111,4 +125,4 @@ def _looks_like_exception(line: str) -> bool:
         head.endswith(("Error", "Exception")) or head in ("KeyError", "AssertionError", "StopIteration"))
 
 
-__all__ = ["annotate", "group_key", "group_title", "groups", "issue_of", "label", "labelled", "root_key"]
+__all__ = ["annotate", "group_key", "group_title", "groups", "issue_of", "issues_of", "label", "labelled", "root_key"]

@@ -266,34 +266,14 @@ def oracle(f: Finding) -> OracleDiff | None:
     return f.evidence.oracle if f.check == "oracle" else None
 
 
-def update_ratios(f: Finding, lo: float, hi: float) -> bool:
-    """An oracle finding whose every differing parameter (and the whole update) got between ``lo`` and ``hi``
-    times PyTorch's update of that step: a partial (or scaled) update of the right direction."""
-    o = oracle(f)
-    if o is None or o.kind not in ("params", "update-norm", "master") or not o.params or o.moved:
-        return False
-    rs = [p.ratio for p in o.params]
-    return all(r is not None and lo <= r <= hi for r in rs) and o.ratio is not None and lo <= o.ratio <= hi
 
 
-def replayed(f: Finding) -> tuple[str, ...]:
-    """The differing parameters PyTorch left where they were while DeepSpeed moved them by the update of the
-    step before again (its update projected on PyTorch's previous update: 1): a stale gradient applied twice."""
-    o = oracle(f)
-    if o is None:
-        return ()
-    return tuple(p.param for p in o.params if p.param in o.moved and p.again is not None and 0.9 <= p.again <= 1.1)
 
 
-def moved_without_gradient(f: Finding) -> bool:
-    """Every differing parameter is one PyTorch left where it was (it got no gradient) and DeepSpeed moved."""
-    o = oracle(f)
-    return o is not None and bool(o.params) and all(p.param in o.moved for p in o.params)
 
 
 __all__ = ["at", "backward_windows", "bucketed_twice_after_second_backward", "early_leaf_hooks", "gathered_at",
            "hook_after_epilogue", "hooked_in_two_tasks", "hookless_backward", "idle_step", "left_by_second_backward",
-           "module_of", "moved_without_gradient", "narrow", "oracle", "params_named", "persistent", "raised",
-           "raised_in", "raised_in_second_backward", "raised_through", "ran_in", "replayed", "reregistered_before",
-           "second_backward_start", "second_backwards", "this_iteration", "trace", "unexited_second_backward",
-           "update_ratios", "violating"]
+           "module_of", "narrow", "oracle", "params_named", "persistent", "raised", "raised_in",
+           "raised_in_second_backward", "raised_through", "ran_in", "reregistered_before", "second_backward_start",
+           "second_backwards", "this_iteration", "trace", "unexited_second_backward", "violating"]

@@ -12,14 +12,13 @@ from collections.abc import Callable, Sequence
 
 from zerostate.model.events import Event
 
-from zerostate.findings.evidence import ParamDiff, Raised
+from zerostate.findings.evidence import Raised
 from zerostate.findings.finding import Finding
 from zerostate.known.mechanism import (K, at, bucketed_twice_after_second_backward, early_leaf_hooks, gathered_at,
                                        hook_after_epilogue, hooked_in_two_tasks, hookless_backward, idle_step,
-                                       left_by_second_backward, moved_without_gradient, oracle, params_named,
-                                       persistent, raised, raised_in, raised_in_second_backward, replayed,
-                                       reregistered_before, second_backward_start, second_backwards, this_iteration,
-                                       trace, unexited_second_backward, update_ratios, violating)
+                                       left_by_second_backward, oracle, params_named, persistent, raised, raised_in,
+                                       raised_in_second_backward, reregistered_before, second_backward_start,
+                                       second_backwards, this_iteration, trace, unexited_second_backward, violating)
 
 
 def _inside(param: str, modules: set[str]) -> bool:
@@ -89,17 +88,10 @@ def idle_step_crash(f: Finding) -> bool:
             # ZeRO-0 with clipping: clip_grad_norm_ filters out the parameters without a gradient, then indexes
             # the empty list (parameters[0].device)
             or raised_in(f, "IndexError", "runtime/utils.py", "clip_grad_norm_"))
-    o = oracle(f)
-    if o is not None:
-        return o.step is not None and _step_is_idle(f, o.step) and moved_without_gradient(f)
     e = violating(f)
     return e is not None and e.kind is K.STEP and idle_step(ev, at(f))
 
 
-def _step_is_idle(f: Finding, step: int) -> bool:
-    ev = trace(f)
-    at_step = next((i for i, e in enumerate(ev) if e.kind is K.STEP and e.value == step), None)
-    return at_step is not None and idle_step(ev, at_step)
 
 
 def shared_param_hooked_twice(f: Finding) -> bool:
@@ -136,13 +128,6 @@ def two_backwards(f: Finding) -> bool:
     second = second_backward_start(ev, at(f) + 1)
     if second is None:
         return False
-    if f.check == "oracle":
-        o = oracle(f)
-        if o is None or o.step is None:
-            return False
-        if o.params and all(p.last_only is not None for p in o.params):
-            return _kept_one_backwards_share(ev, o.step, o.params) and not o.moved
-        return update_ratios(f, 0.45, 0.55 if _every_forward_backs_twice(ev, o.step) else 0.99)
     if f.check == "exception":
         r = f.evidence.raised
         return r is not None and (
@@ -176,38 +161,10 @@ def _partitioned_in_use(r: Raised) -> bool:
     return r.type == "RuntimeError" and (r.says("must match the size of tensor", "(0)") or r.says("of shape [0]"))
 
 
-def _kept_one_backwards_share(events: Sequence[Event], step: int, params: Sequence[ParamDiff]) -> bool:
-    """A forward of the step had a second backward, and every differing parameter is where one of the oracle's
-    counterfactual updates puts it: the last backward's gradient alone (a second engine.backward in the
-    boundary micro-step copies over everything the step accumulated; so does a PyTorch-style second backward
-    in an earlier one whose never-exited depth makes a fused head's in-forward backward run the epilogue), or
-    PyTorch's update without one backward's share (PyTorch-style backwards: the boundary micro-step's first
-    backward is lost).  Measured on 0.19.8, ZeRO-1 and 2, gas 1 to 3, SGD and AdamW, clipping, fp16, world size
-    1 and 2."""
-    lo, hi = _step_window(events, step)
-    if not any(lo <= a < hi for a, _ in second_backwards(events)):
-        return False
-    return all(p.last_only for p in params) or all(p.but_last for p in params)
 
 
-def _step_window(events: Sequence[Event], step: int) -> tuple[int, int]:
-    """The events of train step ``step``: after the step before's STEP, up to its own."""
-    lo = next((i + 1 for i, e in enumerate(events) if e.kind is K.STEP and e.value == step - 1), 0) if step else 0
-    hi = next((i for i, e in enumerate(events) if e.kind is K.STEP and e.value == step), len(events))
-    return lo, hi
 
 
-def _every_forward_backs_twice(events: Sequence[Event], step: int) -> bool:
-    """Every forward of train step ``step`` had two (or more) user backwards: each micro-step's gradient is
-    halved, so the whole update is; when only some are, it is between half and all of PyTorch's."""
-    lo, hi = _step_window(events, step)
-    counts: list[int] = []
-    for e in events[lo:hi]:
-        if e.kind is K.FORWARD_START:
-            counts.append(0)
-        elif e.kind is K.USER_BACKWARD_START and counts:
-            counts[-1] += 1
-    return bool(counts) and all(c >= 2 for c in counts)
 
 
 _AFTER_A_SECOND_BACKWARD = ("epilogue-once:no-epilogue", "grad-handled-once:left-in-bucket",
@@ -374,77 +331,18 @@ def ranks_gathered_apart(f: Finding) -> bool:
 
 
 # ------------------------------------------------------------------ the oracle: which parameters, which way
-def stale_gradient_replayed(f: Finding) -> bool:
-    """In a step with a backward, the parameters that got no gradient (PyTorch left them) moved by the step
-    before's update again (projected on it: 1): the stale gradient of the offloaded buffer applied twice."""
-    o = oracle(f)
-    if o is None or o.step is None or _step_is_idle(f, o.step):
-        return False
-    again = replayed(f)
-    return bool(again) and set(o.names) <= set(again)
 
 
-def in_forward_gradient_lost(f: Finding, made_in_forward: Callable[[str], bool]) -> bool:
-    """The parameters whose gradient a backward inside the forward made (``made_in_forward``: a fused loss head's)
-    got none of PyTorch's update (within 0.05 of it, either way), at least one of them differs, and every other
-    differing parameter got at least all of its own (clipping measured a smaller norm without the lost share):
-    that gradient was dropped between the forward and the step, the rest of the backward reached it."""
-    o = oracle(f)
-    if o is None or o.kind not in ("params", "update-norm", "master") or not o.params or o.moved:
-        return False
-    lost = [p for p in o.params if made_in_forward(p.param)]
-    rest = [p for p in o.params if not made_in_forward(p.param)]
-    return (bool(lost) and all(p.ratio is not None and abs(p.ratio) <= 0.05 for p in lost)
-            and all(p.ratio is not None and p.ratio >= 0.99 for p in rest))
 
 
-def stepped_without_gradient(f: Finding, frozen: set[str]) -> bool:
-    """The differing parameters are all ones the run turned off (``frozen``: named by the scenario), and what
-    moved them is not a replay of the step before's update: an optimizer step on a zero gradient (Adam's
-    momentum) or with another step count."""
-    o = oracle(f)
-    if o is None or not o.params or not all(p.param in frozen for p in o.params):
-        return False
-    return not replayed(f)
 
 
-def update_scaled(f: Finding, lo: float, hi: float) -> bool:
-    """Every differing parameter got between ``lo`` and ``hi`` times PyTorch's update (a single-step, same-
-    direction scale error), and no parameter PyTorch left moved."""
-    return update_ratios(f, lo, hi)
 
 
-def scale_grew_at(f: Finding) -> bool:
-    """fp16: the differing step's update is half PyTorch's, on the step after which the loss scale doubled
-    (the oracle's scaler runs DeepSpeed's policy: its scale for the next step, or DeepSpeed's final scale for the
-    last step, is above the step's own) -- and no second backward of one forward explains a half."""
-    o = oracle(f)
-    scales = f.evidence.loss_scales
-    if o is None or o.step is None or not update_ratios(f, 0.45, 0.55) or o.step >= len(scales):
-        return False
-    if second_backward_start(trace(f), len(trace(f))) is not None:
-        return False
-    after = scales[o.step + 1] if o.step + 1 < len(scales) else f.evidence.loss_scale
-    return after is not None and after > scales[o.step]
 
 
-def update_unscaled(f: Finding, hi: float) -> bool:
-    """The update is all but lost: every differing parameter moved by at most ``hi`` of PyTorch's update, in its
-    direction; with an fp16 loss scale, by at most a few times 1/scale of it (an update divided by the scale,
-    rounded to fp16 parameters: 0.2 to 0.9 of 1/scale measured at gas 1 and 2)."""
-    if not update_ratios(f, 0.0, hi):
-        return False
-    o, scale = oracle(f), f.evidence.loss_scale
-    return scale is None or o is None or o.ratio is None or o.ratio * scale <= 4.0
 
 
-def scaled_twice(f: Finding, gas: int) -> bool:
-    """A share of the gradient divided by ``gas`` once more (an output computed from another passes two output
-    hooks): every differing parameter got between 1/gas and all of PyTorch's update -- exactly 1/gas when the
-    whole loss passes both (HF's loss from its logits) --, with one backward per forward (two would halve it:
-    two-backwards-per-forward)."""
-    return (update_ratios(f, 1.0 / gas - 0.001, 0.9999)
-            and second_backward_start(trace(f), len(trace(f))) is None)
 
 
 def pytorch_style_backward(f: Finding) -> bool:
@@ -452,9 +350,7 @@ def pytorch_style_backward(f: Finding) -> bool:
 
 
 __all__ = ["counted_in_every_hook", "differing_persistent", "frozen_partitioned_in_recompute", "held_after_backward",
-           "idle_step_crash", "in_forward_gradient_lost", "kept_by_leaf", "kept_for_a_use_skipped",
-           "late_module_after_reregister",
-           "leaf_reduced_early", "no_gradient_crash", "premature_epilogue", "pytorch_style_backward",
-           "raised_at", "ranks_gathered_apart", "recording_when_reregistered", "released_by_early_epilogue",
-           "released_late", "scale_grew_at", "shared_param_hooked_twice", "stale_gradient_replayed",
-           "scaled_twice", "stepped_without_gradient", "two_backwards", "update_scaled", "update_unscaled"]
+           "idle_step_crash", "kept_by_leaf", "kept_for_a_use_skipped", "late_module_after_reregister",
+           "leaf_reduced_early", "no_gradient_crash", "premature_epilogue", "pytorch_style_backward", "raised_at",
+           "ranks_gathered_apart", "recording_when_reregistered", "released_by_early_epilogue", "released_late",
+           "shared_param_hooked_twice", "two_backwards"]

@@ -18,7 +18,6 @@ from zerostate.known.issue import KnownIssue, Nature
 from zerostate.known.mechanism import narrow, params_named
 
 
-
 def _retains(sc: Scenario) -> bool:
     return any(m.retain for _, _, m in sc.micro_steps())
 
@@ -28,12 +27,6 @@ def nested_outputs_zero12(sc: Scenario) -> bool:
     or ``(hidden, hidden.mean(-1))`` with a loss on both): the shape of the nested-outputs issues."""
     nested = sc.family is Family.LLAMA or (sc.outputs is not Outputs.TENSOR and sc.losses == 2 and not sc.fused_head)
     return sc.stage in (1, 2) and sc.gas > 1 and nested
-
-
-def _scaled_twice(f: Finding) -> bool:
-    """Every differing parameter got between 1/gas and all of PyTorch's update: a share of its gradient (the
-    output computed from another output) was divided by gas once more."""
-    return rules.scaled_twice(f, f.scenario.gas if f.scenario is not None else 2)
 
 
 def _block_of(param: str, sc: Scenario) -> Block | None:
@@ -48,15 +41,6 @@ def _left_out_of_optimizer(param: str, sc: Scenario) -> bool:
     """``param`` is in a block the client optimizer was not given."""
     block = _block_of(param, sc)
     return block is not None and not block.in_optimizer
-
-
-def _frozen_params(sc: Scenario) -> set[str]:
-    """The Linear parameters a step of ``sc`` turns requires_grad off for (``TrainStep.frozen``)."""
-    return {f"blocks.{b}.lin.{w}" for st in sc.steps for b in st.frozen for w in ("weight", "bias")}
-
-
-def _nested_outputs_pytorch_backward(sc: Scenario) -> bool:
-    return nested_outputs_zero12(sc) and any(m.backward.value == "torch" for _, _, m in sc.micro_steps())
 
 
 def _shared_across_reentrant(sc: Scenario) -> bool:
@@ -112,6 +96,7 @@ TWO_BACKWARDS_PER_FORWARD = KnownIssue(
     checks=("oracle",),
     keys=("oracle:two-backwards-per-forward",),
     explains=lambda f: rules.two_backwards(f) and narrow(f, _retains),
+    mechanisms=("last-backward-only", "micro0-earlier-backward-lost", "boundary-first-backward-lost"),
     detail=("engine.backward(0.5 * loss, retain_graph=True) then engine.backward(0.5 * loss) (or loss.backward "
             "twice) in one micro-step.  ZeRO-1/2: the gradients are copied, not accumulated, into the partition "
             "while micro_step_id is 0 (stage_1_and_2.py: accumulate only `if self.micro_step_id > 0`; the id "
@@ -148,6 +133,7 @@ STEP_WITHOUT_GRADIENT = KnownIssue(
     checks=("exception",),
     keys=("exception:TypeError@runtime.zero.stage3.get_grad_norm_direct",),
     explains=lambda f: rules.idle_step_crash(f) and narrow(f, lambda sc: any(s.idle for s in sc.steps)),
+    mechanisms=("stale-gradient-replayed-at-idle-step",),
     detail=("A train step that skips its batches (no forward, no backward: a data-dependent skip, an empty "
             "batch) still calls engine.step().  ZeRO-3: KeyError: 0 in stage3.py _get_norm_groups "
             "(self.averaged_gradients[i] is filled only by a backward); ZeRO-1/2: TypeError: 'NoneType' object is "
@@ -173,8 +159,8 @@ NESTED_OUTPUTS_SCALED_TWICE = KnownIssue(
                                  "steps": [{"micro": [{"backward": "torch"}, {"backward": "torch"}]}]}),
     checks=("oracle",),
     keys=("oracle:zero12-nested-outputs-scaled-twice",),
-    explains=lambda f: _scaled_twice(f) and rules.pytorch_style_backward(f)
-    and narrow(f, _nested_outputs_pytorch_backward),
+    explains=None,
+    mechanisms=("output-hooks-divide-by-gas",),
     detail=("engine.forward registers register_output_backward_hooks on *every* tensor of the output "
             "structure (runtime/utils.py OutputBackwardHookManager._traverse_and_register_hooks), and each "
             "hook divides its gradient by gradient_accumulation_steps (engine._backward_prologue_per_tensor).  "
@@ -258,7 +244,8 @@ FP16_SCALE_INCREASE_HALVES_STEP = KnownIssue(
     scenario=Scenario.from_dict({"stage": 3, "precision": "fp16", "blocks": [{}, {}], "steps": [{}, {}, {}]}),
     checks=("oracle",),
     keys=("oracle:fp16-scale-increase-halves-step",),
-    explains=lambda f: rules.scale_grew_at(f) and narrow(f, lambda sc: sc.precision.value == "fp16" and sc.stage != 0),
+    explains=None,
+    mechanisms=("update-halved-when-scale-grows",),
     detail=("Found by the fp16 oracle (fp16 on the CPU accelerator, net.LossScale).  With "
             "loss_scale_window 2 the scale doubles after the third clean step (2**8 -> 2**9).  The ZeRO optimizers "
             "update the scale before unscaling: stage3.py step() calls _loss_scale_update_and_overflow_cleanup "
@@ -305,8 +292,8 @@ OFFLOAD_STALE_GRAD_AFTER_FREEZE = KnownIssue(
     scenario=Scenario.from_dict({"stage": 3, "offload": "optimizer", "steps": [{}, {"frozen": [0]}]}),
     checks=("oracle",),
     keys=("oracle:offload-stale-grad-after-freeze",),
-    explains=lambda f: rules.stale_gradient_replayed(f) and narrow(
-        f, lambda sc: sc.offload.value in ("optimizer", "both") and any(s.frozen for s in sc.steps)),
+    explains=None,
+    mechanisms=("stale-gradient-replayed-when-frozen",),
     detail=("Found by the default exploration on 0.19.8 (a requires_grad change drawn with optimizer "
             "offload).  Step 0 trains block 0's Linear; step 1 runs with its requires_grad False (progressive "
             "freezing, a LoRA base frozen after warm-up).  PyTorch's optimizer skips a parameter without "
@@ -329,8 +316,8 @@ ZERO0_FP16_LOSS_NOT_SCALED = KnownIssue(
     # with SGD the update is divided by the scale (at most a few times 1/scale of it); Adam normalises that
     # division away, and what shows is the fp16 gradient lost to underflow without the scale (0.15 of the update
     # with config-adam, measured on 0.19.2 and 0.19.8)
-    explains=lambda f: (rules.update_unscaled(f, 0.05) or (_adam(f) and rules.update_scaled(f, 0.0, 0.5)))
-    and narrow(f, lambda sc: sc.stage == 0 and sc.precision.value == "fp16"),
+    explains=None,
+    mechanisms=("loss-not-scaled",),
     detail=("The fp16 sibling of #7839 (ZeRO-0 + bf16, fixed in 0.18.6 by turning loss scaling off for bf16).  "
             "engine.backward (runtime/engine.py, 0.19.8) scales the loss only for a ZeROOptimizer or torch "
             "autocast's GradScaler; at stage 0 the fp16 optimizer is FP16_UnfusedOptimizer (FP16_Optimizer for a "
@@ -343,17 +330,6 @@ ZERO0_FP16_LOSS_NOT_SCALED = KnownIssue(
             "ZeRO-0 through FP16_Optimizer.backward, which scales the loss."),
 )
 
-def _adam(f: Finding) -> bool:
-    return f.scenario is not None and f.scenario.optimizer.value == "config-adam"
-
-
-def _adam_frozen_in_group(sc: Scenario) -> bool:
-    """A DeepSpeed-built Adam (``optimizer: config-adam``) at ZeRO-1/2/3 and a step that turns off
-    ``requires_grad`` of a Linear the optimizer holds."""
-    return (sc.optimizer.value == "config-adam" and sc.stage in (1, 2, 3)
-            and any(sc.blocks[b].in_optimizer for s in sc.steps for b in s.frozen))
-
-
 ZERO_ADAM_STEPS_FROZEN_PARAM = KnownIssue(
     id="zero-adam-steps-frozen-param",
     title="ZeRO-1/2/3 with Adam: a parameter whose requires_grad is off for a step is stepped as if its gradient "
@@ -363,8 +339,8 @@ ZERO_ADAM_STEPS_FROZEN_PARAM = KnownIssue(
     scenario=Scenario.from_dict({"optimizer": "config-adam", "stage": 3, "steps": [{}, {"frozen": [0]}]}),
     checks=("oracle",),
     keys=("oracle:zero-adam-steps-frozen-param",),
-    explains=lambda f: f.scenario is not None and _adam_frozen_in_group(f.scenario)
-    and rules.stepped_without_gradient(f, _frozen_params(f.scenario)),
+    explains=None,
+    mechanisms=("frozen-stepped-with-zero-gradient",),
     detail=("Found by exploring with the DeepSpeed-built optimizer (config AdamW, torch_adam) and its "
             "requires_grad change between steps.  PyTorch's optimizers skip a parameter whose grad is None "
             "(torch.optim.AdamW: no update, no state change).  ZeRO keeps one flat fp32 partition per parameter "
@@ -557,18 +533,6 @@ ZERO_TO_FP32_BF16_OPTIMIZER = KnownIssue(
             "ValueError.  load_checkpoint into the engine works (the run then trains); not traced further."),
 )
 
-def _bf16_optimizer(sc: Scenario) -> bool:
-    """DeepSpeed wraps the optimizer in ``BF16_Optimizer`` (``_do_optimizer_sanity_check``): ZeRO-1, bf16, fp32
-    gradient accumulation, no offload."""
-    return (sc.stage == 1 and sc.precision.value == "bf16" and sc.fp32_grad_accum
-            and sc.offload.value == "none")
-
-
-def _fused_head_param(name: str) -> bool:
-    """The fused loss head's weight: the one parameter whose gradient its backward inside the forward makes."""
-    return name == "head.weight"
-
-
 BF16_OPTIMIZER_CLEARS_IN_FORWARD_GRADS = KnownIssue(
     id="bf16-optimizer-clears-in-forward-grads",
     title="BF16_Optimizer (ZeRO-1 + bf16 + fp32 gradient accumulation): engine.backward clears the gradient a "
@@ -580,8 +544,8 @@ BF16_OPTIMIZER_CLEARS_IN_FORWARD_GRADS = KnownIssue(
     checks=("oracle",),
     keys=("oracle:bf16-optimizer-clears-in-forward-grads",),
     upstream_patch="docs/upstream/bf16-optimizer-clears-in-forward-grads/",
-    explains=lambda f: rules.in_forward_gradient_lost(f, _fused_head_param) and narrow(
-        f, lambda sc: sc.fused_head and _bf16_optimizer(sc)),
+    explains=None,
+    mechanisms=("in-forward-gradient-dropped",),
     detail=("Found by the default exploration on 0.19.8 once the optimizer wrapper was a pairwise point "
             "(docs/results.md).  A loss head that computes its gradients inside the forward (DeepSpeed's own "
             "TiledFusedLogitsLoss, ALST) writes the head weight's gradient into its bf16 .grad before "

@@ -1,0 +1,169 @@
+"""A finding's identity, built only from what its run showed: `fingerprint`.
+
+Two findings are one bug exactly when their fingerprints are equal: the explorer keeps one finding per
+fingerprint, shrinking keeps it, ``diff`` matches base and head by it, and a known issue's exception and spec
+labels hold only on the fingerprints recorded from the issue's own repro.  Never a parameter's or a module's
+name, a size, a count or a step number, which shrinking changes; never the known issue that explains it.
+
+* an exception: its check, its type, the innermost DeepSpeed frame it passed (module and function; zerostate's
+  calling frame or the innermost one when it passed none) and its message with numbers, names and paths
+  blanked (`abstract`);
+* a spec violation: the spec's code, the violating event's kind and phase, where it happened (the user's
+  backward's own graph task, a reentrant checkpoint's nested one, outside any backward), and the roles of the
+  parameters involved (`roles`);
+* an oracle difference: the counterfactual class that explains it (the known mechanisms whose reference
+  DeepSpeed matches: `oracle_judgement`), or how its update relates to PyTorch's when none does, with the roles
+  of the differing parameters; the kind of comparison; whether a step before had trained;
+* anything else (a checkpoint round trip, the carried state, the cross-rank checks, a hang, a crash): its check
+  and code.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+
+from zerostate.model.events import Event, EventKind
+from zerostate.model.scenario import Family, ParamKind, Scenario
+
+from zerostate.findings.evidence import Evidence, OracleDiff, Raised
+from zerostate.findings.oracle_class import signature, trained_before
+
+RAISED_CHECKS = frozenset({"exception", "saved-tensor-intact", "oracle-error"})
+
+_PARAM_NAME = re.compile(r"\b(?:[A-Za-z_][\w]*\.)+(?:weight|bias)\b|\bempty\b")
+_PATH = re.compile(r"(?:<[^>]+>|/[\w.\-]+)(?:/[\w.\-<>]+)+")
+_QUOTED = re.compile(r"'[^']*'|\"[^\"]*\"")
+_NUMBER = re.compile(r"(?<![A-Za-z_])[-+]?\d+(?:\.\d+)?(?:e[-+]?\d+)?")
+_LIST = re.compile(r"\[[^\]]*\]|\([\d, ]*\)")
+
+
+def params_in(message: str) -> tuple[str, ...]:
+    """The parameter names a message's first line mentions, in order."""
+    first = message.strip().splitlines()[0] if message.strip() else ""
+    return tuple(dict.fromkeys(m for m in _PARAM_NAME.findall(first)))
+
+
+def abstract(message: str) -> str:
+    """A message with its specifics blanked: paths, quoted names, parameter names, lists and shapes, numbers."""
+    text = message.strip().splitlines()[0] if message.strip() else ""
+    text = _PATH.sub("<path>", text)
+    text = _QUOTED.sub("'X'", text)
+    text = _PARAM_NAME.sub("P", text)
+    text = _LIST.sub("[...]", text)
+    return _NUMBER.sub("N", text)
+
+
+def _innermost_deepspeed(r: Raised) -> str:
+    for f in reversed(r.frames):
+        if f.package == "deepspeed":
+            name = f.module.removeprefix("deepspeed.") if f.module.startswith("deepspeed") else \
+                f.file.removesuffix(".py").replace("/", ".")
+            return f"{name}.{f.function}"
+    for f in reversed(r.frames):
+        if f.package == "zerostate":
+            return f"zerostate.{f.function}"
+    return f"{r.frames[-1].file.rsplit('/', 1)[-1].removesuffix('.py')}.{r.frames[-1].function}" if r.frames else "?"
+
+
+def exception_fingerprint(check: str, r: Raised) -> str:
+    return f"{check}:{r.type}@{_innermost_deepspeed(r)}:{abstract(r.message)}"
+
+
+def _param_roles(sc: Scenario | None, trace: Sequence[Event]) -> dict[str, set[str]]:
+    """Each parameter's roles: trainable or frozen (for the whole run or a step), in no optimizer group, in a z3
+    leaf module, persistent (the trace's declaration), the fused head's, a LoRA adapter's."""
+    roles: dict[str, set[str]] = {}
+    persistent = {e.param for e in trace if e.kind is EventKind.PERSISTENT and e.param}
+    if sc is not None and sc.family is Family.BLOCKS:
+        frozen_steps = {b for st in sc.steps for b in st.frozen}
+        for i, b in enumerate(sc.blocks):
+            for sub in ("norm", "lin"):
+                kind = b.kind_of(sub)
+                for leaf in ("weight", "bias"):
+                    r = roles.setdefault(f"blocks.{i}.{sub}.{leaf}", set())
+                    r.add("frozen" if kind is ParamKind.FROZEN else "trainable")
+                    if sub == "lin" and i in frozen_steps:
+                        r.add("frozen-for-a-step")
+                    if not b.in_optimizer:
+                        r.add("no-group")
+                    if b.leaf:
+                        r.add("leaf")
+        roles.setdefault("head.weight", set()).add("head")
+    for p in persistent:
+        roles.setdefault(p, set()).add("persistent")
+    return roles
+
+
+def roles(names: Iterable[str], sc: Scenario | None, trace: Sequence[Event]) -> str:
+    """The roles the named parameters play (`_param_roles`; ``adapter`` for a LoRA one, ``param`` for one the
+    scenario says nothing of), as one sorted set."""
+    table = _param_roles(sc, trace)
+    out: set[str] = set()
+    for n in names:
+        r = set(table.get(n, ()))
+        if "lora_" in n:
+            r.add("adapter")
+        out |= r or {"param"}
+    return ",".join(sorted(out)) or "none"
+
+
+def _where(trace: Sequence[Event], index: int) -> str:
+    """Where the violating event happened: in a user backward's own graph task (``outer``), in a reentrant
+    checkpoint's nested task (``nested``), inside a user backward but in no graph task the tracer saw
+    (``backward``), or outside any user backward (``none``)."""
+    task = trace[index].task
+    if task is not None:
+        start = next((e for e in trace if e.kind is EventKind.TASK_START and e.task == task), None)
+        return "nested" if start is not None and start.note == "nested" else "outer"
+    depth = 0
+    for e in trace[:index]:
+        if e.kind is EventKind.USER_BACKWARD_START:
+            depth += 1
+        elif e.kind is EventKind.USER_BACKWARD_END:
+            depth = max(depth - 1, 0)
+    return "backward" if depth else "none"
+
+
+def spec_fingerprint(check: str, code: str, trace: Sequence[Event] | None, index: int | None, named: Iterable[str],
+                     sc: Scenario | None) -> str:
+    if not trace or index is None or not 0 <= index < len(trace):
+        return f"{check}:{code}@end:{roles(named, sc, trace or ())}"
+    e = trace[index]
+    involved = set(named) | ({e.param} if e.param else set())
+    return (f"{check}:{code}@{e.kind.value}/{e.phase or '-'}/{_where(trace, index)}:"
+            f"{roles(involved, sc, trace)}")
+
+
+def oracle_fingerprint(o: OracleDiff | None, explained_by: tuple[str, ...] | None, events: Sequence[Event] | None,
+                       sc: Scenario | None) -> str:
+    if o is None:
+        return "oracle"
+    when = "" if o.step is None else (
+        "@later-step" if (trained_before(events, o.step) if events else o.step > 0) else "@first-step")
+    if explained_by:
+        return f"oracle:{'+'.join(explained_by)}{when}"
+    shape = signature(o, events).split("@", 1)[0]
+    who = roles(o.names, sc, events or ()) if o.names else "none"
+    return f"oracle:unexplained:{shape}{when}:{who}"
+
+
+def fingerprint(check: str, code: str, evidence: Evidence, trace: Sequence[Event] | None, index: int | None,
+                message: str, sc: Scenario | None, named: Iterable[str] = ()) -> str:
+    """The finding's identity (see the module docstring)."""
+    if check in RAISED_CHECKS and evidence.raised is not None and index is None:
+        return exception_fingerprint(check, evidence.raised)
+    if check == "oracle":
+        return oracle_fingerprint(evidence.oracle, evidence.explained_by, trace, sc)
+    if index is not None or (trace and code and check not in _CODED):
+        return spec_fingerprint(check, code, trace, index, named, sc)
+    return f"{check}:{code}" if code else check
+
+
+_CODED = frozenset({"checkpoint", "carried-state", "persistence", "ranks-trace", "ranks-params", "ranks-outcome",
+                    "model-agreement", "hang", "crash", "internal"})
+"""Checks whose code alone says what went wrong."""
+
+
+__all__ = ["RAISED_CHECKS", "abstract", "exception_fingerprint", "fingerprint", "oracle_fingerprint", "params_in",
+           "roles", "spec_fingerprint"]
