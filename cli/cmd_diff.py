@@ -45,7 +45,7 @@ from zerostate.cli import targets_api as api
 from zerostate.cli.common import EXIT_FINDINGS, EXIT_INTERRUPTED, EXIT_OK, CliError, check_world_size, load_scenario, \
     non_negative_float, positive_int
 from zerostate.cli.cmd_explore import TimeBudget, _ctrl_c_kept, clock
-from zerostate.cli.diff_classify import STATUSES, classify, first_line, repeat_runs
+from zerostate.reports.diff_classify import STATUSES, classify, first_line, repeat_runs
 from zerostate.cli.progress import Progress as ProgressLine
 
 DEFAULT_OUT = "zerostate-diff"
@@ -152,8 +152,8 @@ def explore_side(rec: Recorder, label: str, args: argparse.Namespace, ctrl_c: An
 
 
 def run(args: argparse.Namespace) -> int:
-    from zerostate.cli.diff_metrics import compare
-    from zerostate.cli.diff_report import write_report
+    from zerostate.reports.diff_memory import compare
+    from zerostate.reports.diff_report import write_report
     check_world_size(args.world_size)
     extra = [load_scenario(path) for path in args.scenario]  # bad files fail before any build starts
     t0 = time.monotonic()

@@ -30,7 +30,7 @@ from zerostate.cli.common import (DEFAULT_OUT, EXIT_FINDINGS, EXIT_INTERRUPTED, 
                                   design,
                      non_negative_float, positive_int)
 from zerostate.cli.progress import Progress as ProgressLine
-from zerostate.cli.repro import repro_for
+from zerostate.reports.repro_file import repro_for
 
 DEFAULT_EXAMPLES = 200
 STEERS = ("coverage",)
@@ -95,7 +95,7 @@ def add_parser(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from zerostate.specs import SPECS
 
-    from zerostate.cli.report import Report
+    from zerostate.reports.report_folder import Report
 
     check_world_size(args.world_size)
     from zerostate.cli import matrix

@@ -298,7 +298,7 @@ def run(args: argparse.Namespace, cols: list[Column]) -> int:
     for r in names:
         explored.setdefault(r, {"release": r, "status": "not explored", "error": "interrupted before it ran",
                                 "out": r, "path": str(out / r)})
-    from zerostate.cli.matrix_report import write
+    from zerostate.reports.matrix_report import write
     seconds = round(time.monotonic() - t0, 1)
     explorations = {r: {k: v for k, v in explored[r].items() if k not in ("findings", "path")}
                     | {"findings": [f.get("key") for f in explored[r].get("findings") or []]} for r in names}

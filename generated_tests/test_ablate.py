@@ -63,7 +63,7 @@ def test_replay_ablate_takes_two_known_mechanisms_apart(tmp_path):
 
 @pytest.mark.fast
 def test_the_report_offers_the_ablation_for_an_unexplained_deepspeed_finding_only():
-    from zerostate.cli.report_md import _finding
+    from zerostate.reports.report_markdown import _finding
     base = {"n": 3, "files": {}, "check": "oracle", "error": "differs", "description": "ZeRO-3", "scenario": {},
             "events_around": [], "notes": [], "where": "DeepSpeed 0.19.8",
             "replay": "zerostate replay finding_3.json --deepspeed 0.19.8"}

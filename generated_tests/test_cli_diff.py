@@ -21,8 +21,8 @@ from test_cli_util import FailingTarget, assert_one_line_error, zs
 
 import deepspeed
 
-from zerostate.cli.diff_classify import classify
-from zerostate.cli.diff_metrics import compare, metrics
+from zerostate.reports.diff_classify import classify
+from zerostate.reports.diff_memory import compare, metrics
 from zerostate.model.events import Event, EventKind
 from zerostate.model.scenario import Scenario
 from zerostate.targets.base import Outcome

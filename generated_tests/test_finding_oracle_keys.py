@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import pytest
 
-from zerostate.cli.diff_classify import classify
+from zerostate.reports.diff_classify import classify
 from zerostate.findings.evidence import Evidence, OracleDiff, ParamDiff
 from zerostate.findings.finding import Finding
 from zerostate.findings.oracle_class import OTHER, ratio_class, update_class

@@ -134,7 +134,7 @@ def test_a_harness_error_is_never_labelled():
 
 
 def test_reports_show_harness_errors_and_limitations_apart():
-    from zerostate.cli.report_md import render_markdown
+    from zerostate.reports.report_markdown import render_markdown
     from zerostate.known.labels import annotate
     k = by_id("z3-linear-override-outlives-engine")
     lim = Finding("carried-state", "DeepSpeed 0.19.8: torch.nn.functional.linear is ...", k.scenario,

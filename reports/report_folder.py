@@ -26,10 +26,10 @@ from zerostate import __version__
 from zerostate.model.events import Event
 from zerostate.findings.finding import Finding
 
-from zerostate.cli import pictures
-from zerostate.cli.graph_picture import graph_picture
+from zerostate.reports import trace_picture as pictures
+from zerostate.reports.graph_picture import graph_picture
 from zerostate.atomic import replace_file
-from zerostate.cli.report_md import render_markdown
+from zerostate.reports.report_markdown import render_markdown
 
 FORMAT = 1
 _STALE = ("report.md", "report.json", "examples.jsonl", "repro_*.py", "finding_*.json", "trace_*.svg", "trace_*.png",

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from zerostate.model.events import EventKind, Event
 
 from zerostate.atomic import replace_file
-from zerostate.cli.canvas import Canvas
+from zerostate.reports.canvas import Canvas
 
 WINDOW = 120
 """Most events one picture shows; a longer trace is cut to the window ending just after the violation."""
