@@ -192,7 +192,7 @@ def _report(args: argparse.Namespace, who: dict[str, Any], outcome: Any) -> None
     for f in api.findings(outcome):
         report.add_finding(f, column=column, **shown(f, who))
     for sid in SPECS:
-        if report.data["specs"][sid]["results"][column] == "not checked":
+        if report.model.specs[sid].results[column] == "not checked":
             report.set_result(sid, column, "ok")
     report.finish("complete")
 
