@@ -23,7 +23,7 @@ LAYERS = {
     "explorer": {"model", "specs", "findings", "known", "targets", "atomic"},
     "cluster": {"model", "targets", "harness"},
     "clients": {"model", "runtime", "watcher"},
-    "reports": {"model", "specs", "analysis", "findings", "known", "harness", "targets", "explorer", "atomic"},
+    "reports": {"model", "analysis", "findings", "known", "harness", "targets", "explorer", "atomic"},
     "watcher": {"model", "specs", "findings", "known", "tracing", "runtime", "reports", "atomic", "jit_ops"},
     "cli": {"model", "specs", "analysis", "runtime", "findings", "known", "tracing", "harness", "targets", "explorer",
             "cluster", "reports", "watcher", "atomic", "jit_ops"},

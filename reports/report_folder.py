@@ -236,7 +236,7 @@ class Report:
             self._update(summary_text=text)
         self.flush()
 
-    def write_examples(self, rows: Sequence[JsonObject]) -> None:
+    def write_examples(self, rows: Sequence[Mapping[str, object]]) -> None:
         """``examples.jsonl``: each generated example's outcome, one JSON object a line, in sequence order -- what
         two runs of the same seed compare example by example (``explorer.explore.GeneratedRun``)."""
         replace_file(os.path.join(self.dir, "examples.jsonl"), "".join(json.dumps(r) + "\n" for r in rows))
