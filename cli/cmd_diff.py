@@ -45,7 +45,7 @@ from zerostate.cli import targets_api as api
 from zerostate.cli.common import EXIT_FINDINGS, EXIT_INTERRUPTED, EXIT_OK, CliError, check_world_size, load_scenario, \
     non_negative_float, positive_int
 from zerostate.cli.cmd_explore import TimeBudget, _ctrl_c_kept, clock
-from zerostate.cli.diff_classify import STATUSES, classify, first_line, repeat_runs
+from zerostate.reports.diff_classify import STATUSES, classify, first_line, repeat_runs
 from zerostate.cli.progress import Progress as ProgressLine
 
 DEFAULT_OUT = "zerostate-diff"
@@ -152,8 +152,9 @@ def explore_side(rec: Recorder, label: str, args: argparse.Namespace, ctrl_c: An
 
 
 def run(args: argparse.Namespace) -> int:
-    from zerostate.cli.diff_metrics import compare
-    from zerostate.cli.diff_report import write_report
+    from zerostate.reports.diff_memory import compare
+    from zerostate.reports.diff_model import DiffReport, DiffSide
+    from zerostate.reports.diff_report import write_report
     check_world_size(args.world_size)
     extra = [load_scenario(path) for path in args.scenario]  # bad files fail before any build starts
     t0 = time.monotonic()
@@ -181,31 +182,28 @@ def run(args: argparse.Namespace) -> int:
     common = [k for k in base.measured if k in head.measured]
     pairs = [(Scenario.from_json(k), base.measured[k], head.measured[k]) for k in common]
     memory = compare(pairs, args.memory_tolerance)
-    counts = {s: sum(e["status"] == s for e in entries) for s in STATUSES}
-    result = {"base": {"spec": args.base, "name": base_name, "deepspeed": base.version, "runs": len(base.outcomes),
-                       "exploration": st_b},
-              "head": {"spec": args.head, "name": head_name, "deepspeed": head.version, "runs": len(head.outcomes),
-                       "exploration": st_h},
-              "status": status, "examples": args.examples, "scenarios": list(args.scenario), "seed": args.seed,
-              "world_size": args.world_size,
-              "seconds": round(time.monotonic() - t0, 1), "counts": counts, "findings": entries,
-              "memory": memory, "command_line": "zerostate " + " ".join(sys.argv[1:])}
-    regress = bool(memory["regressions"])
-    result["verdict"] = ("interrupted" if status != "complete" else
-                         "head introduces findings" if counts["introduced"] else
-                         "head regresses gathered-parameter memory" if regress else "no regression")
+    counts = {s: sum(e.status == s for e in entries) for s in STATUSES}
+    regress = bool(memory.regressions)
+    result = DiffReport(
+        DiffSide(args.base, base_name, base.version, len(base.outcomes), st_b),
+        DiffSide(args.head, head_name, head.version, len(head.outcomes), st_h),
+        status, args.examples, tuple(args.scenario), args.seed, args.world_size, round(time.monotonic() - t0, 1),
+        counts, tuple(entries), memory, "zerostate " + " ".join(sys.argv[1:]),
+        verdict=("interrupted" if status != "complete" else
+                 "head introduces findings" if counts["introduced"] else
+                 "head regresses gathered-parameter memory" if regress else "no regression"))
     write_report(args.out, result)
     if args.json:
-        print(json.dumps(result, indent=2))
+        print(json.dumps(result.to_json(), indent=2))
     else:
         print(f"diff {base_name} -> {head_name}: {counts['fixed']} fixed, {counts['introduced']} introduced, "
               f"{counts['intermittent']} intermittent, {counts['unmasked']} unmasked, {counts['unchanged']} unchanged; "
               f"{len(pairs)} ZeRO-3 scenario(s) compared, "
-              f"{len(memory['regressions'])} memory regression(s) beyond {args.memory_tolerance:.0%}; "
-              f"{result['seconds']:.0f}s. Report: {args.out}/diff.md")
-        for e in entries:
-            known = f" [{e['known_issue']['id']}]" if e.get("known_issue") else ""
-            print(f"  {e['status']:<12} {e['check']}: {first_line(e['error'])[:120]}{known}")
+              f"{len(memory.regressions)} memory regression(s) beyond {args.memory_tolerance:.0%}; "
+              f"{result.seconds:.0f}s. Report: {args.out}/diff.md")
+        for e in result.findings:
+            known = f" [{e.known_issue.id}]" if e.known_issue else ""
+            print(f"  {e.status:<12} {e.check}: {first_line(e.error)[:120]}{known}")
     if status != "complete":
         return EXIT_INTERRUPTED
     return EXIT_FINDINGS if counts["introduced"] or regress else EXIT_OK

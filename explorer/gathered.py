@@ -10,7 +10,7 @@ RELEASE when it is partitioned again):
   (a FETCH noted ``inflight`` only waits on a prefetch already counted).
 
 ZeRO-1/2 gather nothing (no coordinator), and a run that raised, hung or broke the tool has a truncated
-trace: `measured` gives None for them.  ``zerostate diff`` compares these per scenario (`cli.diff_metrics`);
+trace: `measured` gives None for them.  ``zerostate diff`` compares these per scenario (`reports.diff_memory`);
 ``explore`` writes them into each generated example's row (``examples.jsonl``), so two explorations of one
 seed compare them example by example (the fault benchmark's ``memory`` rule).
 """

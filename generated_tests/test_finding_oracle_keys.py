@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import pytest
 
-from zerostate.cli.diff_classify import classify
+from zerostate.reports.diff_classify import classify
 from zerostate.findings.evidence import Evidence, OracleDiff, ParamDiff
 from zerostate.findings.finding import Finding
 from zerostate.findings.oracle_class import OTHER, ratio_class, update_class
@@ -128,10 +128,10 @@ def test_diff_calls_a_swap_of_one_oracle_mechanism_for_another_introduced():
     fb = _oracle(SC_SMALL, 0, [("blocks.0.lin.weight", 0.5)], _steps(True))
     fh = _oracle(SC_SMALL, 0, [("blocks.0.lin.weight", 0.0)], _steps(True))
     entries = classify([fb], [fh], _Build("0.19.8", {sc: [fb]}), _Build("0.19.8", {sc: [fh]}))
-    assert {e["found_on"]: e["status"] for e in entries} == {"base": "fixed", "head": "introduced"}
+    assert {e.found_on: e.status for e in entries} == {"base": "fixed", "head": "introduced"}
     same = _oracle(SC_SMALL, 0, [("head.weight", 0.502)], _steps(True))
     entries = classify([fb], [same], _Build("0.19.8", {sc: [fb]}), _Build("0.19.8", {sc: [same]}))
-    assert [e["status"] for e in entries] == ["unchanged"]
+    assert [e.status for e in entries] == ["unchanged"]
 
 
 def test_no_update_is_not_updated_whatever_the_counterfactuals_say():

@@ -22,7 +22,7 @@ then its ``factory``.  This module imports none of its kinds.
 or None), ``target``, ``deepspeed`` (the release, or None), ``origin`` (for
 ``exception``: ``ExcType@module.function`` of the innermost DeepSpeed frame), ``code``
 (a spec finding's violation code, from the monitor's `Violation`), and, set by the explorer,
-``confirmation`` and ``shrunk``.  Reports read these fields directly (``cli/report.py``).
+``confirmation`` and ``shrunk``.  Reports read these fields directly (``reports/report_folder.py``).
 ``Finding.key`` (check id, plus origin for exceptions or the spec's violation code) is what makes two findings
 the same bug: the explorer reports one per key.
 ``Finding.to_json_dict()`` gives ``{"check", "key", "error", "blocks", "steps", "scenario"}``.
