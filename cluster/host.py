@@ -2,8 +2,8 @@
 
 `LaneHost` is a plain class; `session.ClusterSession` makes it a Ray actor (so importing this module needs
 no Ray).  Its methods take and return what crosses the process boundary, typed: a `TargetSpec` in, a
-`Hello` and `RunReply` out.  Scenarios travel as their JSON (the explorer's memo key), outcomes as the
-`Outcome` they are.
+`Hello` and `RunReply` out.  Scenarios and outcomes travel as the `Scenario` and `Outcome` they are (Ray
+pickles them): nothing to parse on either side.
 """
 
 from __future__ import annotations
@@ -87,9 +87,9 @@ class LaneHost:
         return {**base, "ok": True, "version": t.version, "design": t.design.name,
                 "world_size": int(self.spec["options"].get("world_size", 1))}
 
-    def run(self, scenario_json: str) -> RunReply:
+    def run(self, scenario: Scenario) -> RunReply:
         assert self.target is not None, "hello() first"
-        out = self.target.run(Scenario.from_json(scenario_json))
+        out = self.target.run(scenario)
         return {"outcome": out, "restarts": _restarts(self.target)}
 
     def fresh(self) -> int:

@@ -56,10 +56,10 @@ class Retry:
 class _Lane:
     """The runs since the worker's last fresh start: what a new worker runs again before going on."""
 
-    runs: list[tuple[str, frozenset[str]]] = field(default_factory=list)
+    runs: list[tuple[Scenario, frozenset[str]]] = field(default_factory=list)
 
-    def ran(self, scenario_json: str, out: Outcome) -> None:
-        self.runs.append((scenario_json, frozenset(f.key for f in out.findings)))
+    def ran(self, scenario: Scenario, out: Outcome) -> None:
+        self.runs.append((scenario, frozenset(f.key for f in out.findings)))
 
     def restart(self) -> None:
         self.runs = []
@@ -126,19 +126,18 @@ class RemoteTarget:
         raise TargetError(f"cluster worker {self.index} was lost {MAX_RETRIES} times in one lane "
                           f"(last: {_one_line(exc)})") from None
 
-    def _again(self, scenario_json: str, keys: frozenset[str]) -> str:
-        reply: RunReply = self.session.get(self._actor.run.remote(scenario_json))
+    def _again(self, scenario: Scenario, keys: frozenset[str]) -> str:
+        reply: RunReply = self.session.get(self._actor.run.remote(scenario))
         self._host_restarts = reply["restarts"]
         now = frozenset(f.key for f in reply["outcome"].findings)
-        return "" if now == keys else f"{scenario_json[:80]}: {sorted(keys)} -> {sorted(now)}"
+        return "" if now == keys else f"{scenario.to_json(None)[:80]}: {sorted(keys)} -> {sorted(now)}"
 
     # ------------------------------------------------------------ the Target
     def run(self, scenario: Scenario) -> Outcome:
         self.examples += 1
-        sj = scenario.to_json(None)
         while True:
             try:
-                reply: RunReply = self.session.get(self._actor.run.remote(sj))
+                reply: RunReply = self.session.get(self._actor.run.remote(scenario))
                 break
             except self.session.lost_errors as exc:
                 self._recover(exc)
@@ -149,7 +148,7 @@ class RemoteTarget:
         if restarted:  # the worker restarted itself after this run: the lane goes on from a fresh start
             self._lane.restart()
         else:
-            self._lane.ran(sj, out)
+            self._lane.ran(scenario, out)
         return out
 
     def fresh(self) -> None:

@@ -245,7 +245,7 @@ def execute(sc: Scenario, on_step: OnStep | None = None) -> ExecResult:
         masters0 = built.masters() if sc.precision is Precision.BF16 else None  # bf16: compare_masters
         started: dict[str, Any] = {"pt": oracle_info["initial"], "ds": initial_ds or oracle_info["initial"],
                                    "pt_earlier": None, "ds_masters": masters0}  # where each step started, both sides
-        tracer = traced = Tracer(built.engine, sc.to_dict()).install()
+        tracer = traced = Tracer(built.engine, sc).install()
 
         def after_step(i: int) -> None:
             with traced.paused():
