@@ -213,7 +213,7 @@ def _generation(steer: str | None, examples: int, seed: int | None, round_size: 
     target = get_target("deepspeed")
     try:
         if steer is None:
-            target.measure_coverage(True)  # type: ignore[attr-defined]
+            target.measure_coverage(True)
         exp = Exploration(target, examples=examples, seed=seed, steer=steer, round_size=round_size, shrink=False,
                           confirm=False)
         t0 = time.monotonic()

@@ -81,9 +81,11 @@ def add_parser(sub: Any) -> None:
     p.set_defaults(run=run)
 
 
-class Recorder:
+class Recorder(Target):
     """A build under diff: a target whose runs are memoised by scenario and whose finished ZeRO-3 runs are
-    measured; `repeat` makes fresh, unmemoised runs (a finding's replays before it is called fixed)."""
+    measured; `repeat` makes fresh, unmemoised runs (a finding's replays before it is called fixed).  To the
+    exploration it is a target never started afresh (``can_refresh`` False): a memoised run would not run again
+    in a fresh worker; `repeat` starts the build's own target afresh."""
 
     def __init__(self, target: Target):
         self.target = target

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import socket
-from typing import Any, Protocol, TypedDict, runtime_checkable
+from typing import Any, TypedDict
 
 from zerostate.model.scenario import Scenario
 from zerostate.targets.base import Outcome, Target, TargetError, get_target
@@ -44,25 +44,6 @@ class RunReply(TypedDict):
     """The target's restart count after the run (hangs, crashes, ranks out of step)."""
 
 
-@runtime_checkable
-class _Restarting(Protocol):
-    restarts: int
-
-
-@runtime_checkable
-class _Refreshable(Protocol):
-    def fresh(self) -> None: ...
-
-
-@runtime_checkable
-class _Prestarting(Protocol):
-    def prestart(self, world_size: int) -> None: ...
-
-
-def _restarts(t: Target | None) -> int:
-    return int(t.restarts or 0) if isinstance(t, _Restarting) else 0
-
-
 class LaneHost:
     """One worker of an exploration, on whatever node Ray placed it."""
 
@@ -82,7 +63,7 @@ class LaneHost:
         except TargetError as exc:
             return {**base, "error": str(exc).strip().splitlines()[0] if str(exc).strip() else "TargetError"}
         t = self.target
-        if isinstance(t, _Prestarting) and self.spec["gang"] > 1:
+        if self.spec["gang"] > 1:
             t.prestart(self.spec["gang"])
         return {**base, "ok": True, "version": t.version, "design": t.design.name,
                 "world_size": int(self.spec["options"].get("world_size", 1))}
@@ -90,13 +71,14 @@ class LaneHost:
     def run(self, scenario: Scenario) -> RunReply:
         assert self.target is not None, "hello() first"
         out = self.target.run(scenario)
-        return {"outcome": out, "restarts": _restarts(self.target)}
+        return {"outcome": out, "restarts": self.target.restarts}
 
     def fresh(self) -> int:
-        """A fresh worker, nothing carried over; the restart count after it."""
-        if isinstance(self.target, _Refreshable):
-            self.target.fresh()
-        return _restarts(self.target)
+        """A fresh worker, nothing carried over; the restart count after it (0: no target built)."""
+        if self.target is None:
+            return 0
+        self.target.fresh()
+        return self.target.restarts
 
     def close(self) -> None:
         if self.target is not None:

@@ -1,8 +1,8 @@
 """`RemoteTarget`: an exploration worker on a Ray cluster, driven by the explorer as it drives a local one.
 
-It is a `Target` with ``fresh()``, ``restarts`` and ``examples``, so the explorer's lanes, shrinking and
-confirmation run on it unchanged: each call goes to its `host.LaneHost` actor, in a placement group of its
-own (`session.ClusterSession.gang_group`).
+It is a `Target` that can start afresh (``fresh()``) and counts ``restarts`` and ``examples``, so the explorer's
+lanes, shrinking and confirmation run on it unchanged: each call goes to its `host.LaneHost` actor, in a placement
+group of its own (`session.ClusterSession.gang_group`).
 
 A lost worker is a fault of the cluster, not a result: when the actor (or its node) dies, a new actor is
 started -- in the same placement group, which Ray places again elsewhere when the node itself is gone --
@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from zerostate.model.designs import Design, get_design
 from zerostate.model.scenario import Scenario
-from zerostate.targets.base import Outcome, TargetError
+from zerostate.targets.base import Outcome, Target, TargetError
 
 from zerostate.cluster.host import Hello, RunReply
 
@@ -65,8 +65,11 @@ class _Lane:
         self.runs = []
 
 
-class RemoteTarget:
+class RemoteTarget(Target):
     """One worker of an exploration on the cluster of ``session``."""
+
+    can_refresh = True
+    """`fresh` asks the host for a fresh worker (a lost one is replaced by a new one, as fresh)."""
 
     def __init__(self, session: ClusterSession, index: int):
         self.session = session

@@ -78,8 +78,7 @@ from zerostate.explorer.signal import Unit, units
 from zerostate.explorer.polish import polished
 from zerostate.explorer.polish import rank as _rank
 from zerostate.explorer.search import ShrinkSearch
-from zerostate.explorer.workers import (LaneStep, Measuring, close_quietly, has_run, refresh, restarts_of,
-                                        run_lanes, spawn_workers)
+from zerostate.explorer.workers import LaneStep, close_quietly, has_run, refresh, run_lanes, spawn_workers
 
 STEERS = (None, "coverage", "flat")
 """``steer``: None (the fixed draw rates), ``coverage`` -- rounds whose draw rates follow the new DeepSpeed
@@ -463,8 +462,7 @@ class Exploration:
         """`_generate` in rounds (`rounds.Rounds`): every run measured, each outcome's units noted; whether
         ``stop`` ended generation."""
         for w in self.workers:
-            if isinstance(w, Measuring):
-                w.measure_coverage(True)
+            w.measure_coverage(True)
         self.rounds = rounds = Rounds(self.examples, self.seed, self.round_size,
                                       max(1, min(self.lane, self.round_size // 2)), self._lanes_stop,
                                       reweigh=self.steer == "coverage")
@@ -473,15 +471,14 @@ class Exploration:
             return (yield from self._run_lanes(iter(rounds), rounds.position, rounds.round_at, rounds.note))
         finally:
             for w in self.workers:
-                if isinstance(w, Measuring):
-                    w.measure_coverage(False)
+                w.measure_coverage(False)
 
     def _run_lanes(self, lanes: Iterator[list[Scenario]], position: dict[Scenario, int],
                    round_at: dict[Scenario, int] | None = None,
                    note: Callable[[Scenario, frozenset[Unit]], None] | None = None) -> Generator[Event, None, bool]:
         """Run ``lanes`` on the workers, recording each outcome at its sequence ``position`` (and round); ``note``
         gets each outcome's steering units.  Whether ``stop`` ended generation."""
-        before = [restarts_of(w) for w in self.workers]
+        before = [w.restarts for w in self.workers]
         steps = run_lanes(self.workers, lanes, self._lanes_stop, [has_run(w) for w in self.workers])
         try:
             for step in steps:
@@ -583,9 +580,9 @@ class Exploration:
         if len(self.memo) >= hard_cap(self.examples) + (len(self.completion.examples) if self.completion else 0):
             raise _BudgetSpent()
         w = self.workers[0]
-        before = restarts_of(w)
+        before = w.restarts
         out = w.run(sc)
-        yield from self._record(0, sc, out, restarts_of(w) != before)
+        yield from self._record(0, sc, out, w.restarts != before)
         return out
 
     def _record(self, wid: int, sc: Scenario, out: Outcome, restarted: bool) -> Iterator[Event]:

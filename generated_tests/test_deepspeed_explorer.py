@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from zerostate.model.scenario import Scenario
-from zerostate.targets.base import Outcome, get_target
+from zerostate.targets.base import Outcome, Target, get_target
 from zerostate.findings.finding import Finding
 from zerostate.explorer.explore import _rank, explore, hard_cap
 from zerostate.explorer.strategies import scenarios
@@ -48,7 +48,7 @@ def test_stop_and_seed():
     assert len({f.key for f in res.findings}) >= 1
 
 
-class _Broken:
+class _Broken(Target):
     name, version = "broken", None
 
     def __init__(self, after: int, exc: BaseException):
@@ -60,9 +60,6 @@ class _Broken:
         if self.n > self.after:
             raise self.exc
         return self.inner.run(sc)
-
-    def close(self) -> None:
-        pass
 
 
 def test_a_broken_target_stops_the_run_with_its_own_error():
@@ -78,13 +75,14 @@ def test_ctrl_c_hands_over_what_was_seen():
 
 
 # ------------------------------------------------------------------ confirmation before hand-over
-class _Leaky:
+class _Leaky(Target):
     """A test-only target whose worker leaks state (the knob lives here, not in the production worker):
     once it has run a ZeRO-1 scenario, every later scenario with two or more train steps gets a
     ``leaked`` finding, until ``fresh()`` starts a clean worker.  Like a rank pool carrying a collective
     over, or DeepSpeed carrying state from one engine to the next in one process."""
 
     name, version = "leaky", None
+    can_refresh = True
 
     def __init__(self):
         self.inner = get_target("model", design="zerostate")
@@ -102,9 +100,6 @@ class _Leaky:
         if sc.stage == 1:
             self.poisoned = True
         return out
-
-    def close(self) -> None:
-        pass
 
 
 def test_a_finding_that_needs_earlier_examples_is_reported_order_dependent_with_its_sequence():

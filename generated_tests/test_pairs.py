@@ -16,7 +16,7 @@ from zerostate.explorer.strategies import scenarios
 from zerostate.findings.finding import Finding
 from zerostate.harness.net.config import ds_config
 from zerostate.model.scenario import Offload, Precision, Scenario
-from zerostate.targets.base import Outcome, get_target
+from zerostate.targets.base import Outcome, Target, get_target
 from zerostate.explorer.explore import COMPLETION_LANE
 
 _K = {p.name: k for k, p in enumerate(POINTS)}
@@ -127,7 +127,7 @@ def test_a_pair_taken_only_by_runs_that_ended_early_is_drawn_again() -> None:
     assert not ran_through(["harness-error"]) and not ran_through(["hang"])
 
 
-class _EndsAtZero1:
+class _EndsAtZero1(Target):
     """The model target, but every ZeRO-1 run ends on an exception (as a known crash would end it)."""
 
     name, version = "ends-at-zero1", None
@@ -141,9 +141,6 @@ class _EndsAtZero1:
         if sc.stage == 1:
             out.findings.append(Finding("exception", "RuntimeError: ended here", sc, target=self.name))
         return out
-
-    def close(self) -> None:
-        pass
 
 
 def test_explore_redraws_in_a_second_round_what_the_first_rounds_runs_ended_on(monkeypatch) -> None:
