@@ -2,7 +2,7 @@
 
 `LaneHost` is a plain class; `session.ClusterSession` makes it a Ray actor (so importing this module needs
 no Ray).  Its methods take and return what crosses the process boundary, typed: a `TargetSpec` in, a
-`Hello` and `RunReply` out.  Scenarios and outcomes travel as the `Scenario` and `Outcome` they are (Ray
+`HostReady` and `RunReply` out.  Scenarios and outcomes travel as the `Scenario` and `Outcome` they are (Ray
 pickles them): nothing to parse on either side.
 """
 
@@ -27,7 +27,10 @@ class TargetSpec(TypedDict):
     """The driver's zerostate and DeepSpeed settings (``ZEROSTATE_*``, ``DS_*``, ...) the target must see."""
 
 
-class Hello(TypedDict):
+class HostReady(TypedDict):
+    """A host's answer to `LaneHost.start`: whether its target was built (else the one-line reason), what it
+    runs, and where."""
+
     ok: bool
     error: str
     version: str | None
@@ -51,13 +54,13 @@ class LaneHost:
         self.spec = spec
         self.target: Target | None = None
 
-    def hello(self) -> Hello:
+    def start(self) -> HostReady:
         """Build the target (start its worker); ``ok`` False with the one-line reason when it cannot."""
         import ray
         os.environ.update(self.spec["env"])
-        base: Hello = {"ok": False, "error": "", "version": None, "design": "", "world_size": 1,
-                       "pid": os.getpid(), "node_id": ray.get_runtime_context().get_node_id(),
-                       "host": socket.gethostname()}
+        base: HostReady = {"ok": False, "error": "", "version": None, "design": "", "world_size": 1,
+                           "pid": os.getpid(), "node_id": ray.get_runtime_context().get_node_id(),
+                           "host": socket.gethostname()}
         try:
             self.target = get_target(self.spec["kind"], **self.spec["options"])
         except TargetError as exc:
@@ -69,7 +72,7 @@ class LaneHost:
                 "world_size": int(self.spec["options"].get("world_size", 1))}
 
     def run(self, scenario: Scenario) -> RunReply:
-        assert self.target is not None, "hello() first"
+        assert self.target is not None, "start() first"
         out = self.target.run(scenario)
         return {"outcome": out, "restarts": self.target.restarts}
 
@@ -86,4 +89,4 @@ class LaneHost:
             self.target = None
 
 
-__all__ = ["Hello", "LaneHost", "RunReply", "TargetSpec"]
+__all__ = ["HostReady", "LaneHost", "RunReply", "TargetSpec"]

@@ -23,7 +23,7 @@ from zerostate.model.designs import Design, get_design
 from zerostate.model.scenario import Scenario
 from zerostate.targets.base import Outcome, Target, TargetError
 
-from zerostate.cluster.host import Hello, RunReply
+from zerostate.cluster.host import HostReady, RunReply
 
 if TYPE_CHECKING:
     from zerostate.cluster.session import ClusterSession
@@ -92,22 +92,22 @@ class RemoteTarget(Target):
         except BaseException:
             self.close()
             raise
-        hello = self.hello
-        self.version: str | None = hello["version"]
-        self.design: Design = get_design(hello["design"])
-        self.world_size = hello["world_size"]
+        ready = self.ready
+        self.version: str | None = ready["version"]
+        self.design: Design = get_design(ready["design"])
+        self.world_size = ready["world_size"]
 
     # ------------------------------------------------------------ the actor
-    def _start(self) -> Hello:
+    def _start(self) -> HostReady:
         self._actor = self.session.new_host(self._group)
-        hello: Hello = self.session.get(self._actor.hello.remote(), self.session.startup_timeout)
-        if not hello["ok"]:
-            raise TargetError(hello["error"])
-        self.node = hello["node_id"]
-        self.pid = hello["pid"]
+        ready: HostReady = self.session.get(self._actor.start.remote(), self.session.startup_timeout)
+        if not ready["ok"]:
+            raise TargetError(ready["error"])
+        self.node = ready["node_id"]
+        self.pid = ready["pid"]
         self._host_restarts = 0
-        self.hello = hello
-        return hello
+        self.ready = ready
+        return ready
 
     def _recover(self, exc: BaseException) -> None:
         """The worker is lost: a new one, and the lane so far run again in it."""
