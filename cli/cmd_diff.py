@@ -81,28 +81,29 @@ def add_parser(sub: Any) -> None:
     p.set_defaults(run=run)
 
 
-class Recorder:
+class Recorder(Target):
     """A build under diff: a target whose runs are memoised by scenario and whose finished ZeRO-3 runs are
-    measured; `repeat` makes fresh, unmemoised runs (a finding's replays before it is called fixed)."""
+    measured; `repeat` makes fresh, unmemoised runs (a finding's replays before it is called fixed).  To the
+    exploration it is a target never started afresh (``can_refresh`` False): a memoised run would not run again
+    in a fresh worker; `repeat` starts the build's own target afresh."""
 
     def __init__(self, target: Target):
         self.target = target
         self.name = target.name
         self.version = target.version
         self.design = target.design
-        self.outcomes: dict[str, Outcome] = {}
-        self.measured: dict[str, dict[str, int]] = {}
+        self.outcomes: dict[Scenario, Outcome] = {}
+        self.measured: dict[Scenario, dict[str, int]] = {}
 
     def run(self, sc: Scenario) -> Outcome:
         from zerostate.explorer.gathered import measured
-        key = sc.to_json(None)
-        if key not in self.outcomes:
+        if sc not in self.outcomes:
             out = api.run_scenario(self.target, sc)
-            self.outcomes[key] = out
+            self.outcomes[sc] = out
             m = measured(sc, out)
             if m is not None:
-                self.measured[key] = m
-        return self.outcomes[key]
+                self.measured[sc] = m
+        return self.outcomes[sc]
 
     def repeat(self, sc: Scenario, shows: Callable[[Outcome], bool], before: Sequence[Scenario], runs: int,
                max_seconds: float) -> tuple[int, int]:
@@ -179,8 +180,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         base.close()
         head.close()
-    common = [k for k in base.measured if k in head.measured]
-    pairs = [(Scenario.from_json(k), base.measured[k], head.measured[k]) for k in common]
+    pairs = [(sc, m, head.measured[sc]) for sc, m in base.measured.items() if sc in head.measured]
     memory = compare(pairs, args.memory_tolerance)
     counts = {s: sum(e.status == s for e in entries) for s in STATUSES}
     regress = bool(memory.regressions)

@@ -18,7 +18,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any
 from collections.abc import Callable, Iterator
 
 from zerostate.explorer.events import Confirmed, FindingEvent, Progress, Renumbered, Restarted, Seen
@@ -43,16 +43,10 @@ DEFAULT_TIME_BUDGET = 0.0
 """No time budget by default: a run cut by the clock stops at a clock-dependent example."""
 
 
-@runtime_checkable
-class _Prestarting(Protocol):
-    def prestart(self, world_size: int = 2) -> None: ...
-
-
 def _prestarted(target: Target) -> Target:
     """The target, with the rank pool of the world-size-2 scenarios the default strategy draws starting in the
-    background (`DeepSpeedTarget.prestart`; the model target has none)."""
-    if isinstance(target, _Prestarting):
-        target.prestart(2)
+    background (`DeepSpeedTarget.prestart`; the model target has none to start)."""
+    target.prestart(2)
     return target
 
 def add_target_options(p: argparse.ArgumentParser) -> None:
