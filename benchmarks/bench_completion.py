@@ -44,7 +44,7 @@ def _timed(ran: list[Any], budget: int, jobs: int) -> tuple[float, Any]:
 
 
 def _key(done: Any) -> tuple[Any, ...]:
-    return tuple(s.to_json(None) for s in done.examples), tuple(done.not_drawable), tuple(done.left)
+    return tuple(done.examples), tuple(done.not_drawable), tuple(done.left)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     from zerostate.explorer.generate import generated
     from zerostate.explorer.pairs import budget_for
     from zerostate.explorer.strategies import scenarios
-    ran = list({sc.to_json(None): sc for sc in generated(scenarios(), args.examples, None)}.values())
+    ran = list(dict.fromkeys(generated(scenarios(), args.examples, None)))
     budget = budget_for(args.examples)
     here_s, here = _timed(ran, budget, 1)
     helped_s, helped = _timed(ran, budget, args.jobs)

@@ -177,9 +177,7 @@ def overhead(n: int) -> dict[str, Any]:
     from zerostate.explorer.explore import generated
     from zerostate.explorer.strategies import scenarios
     from zerostate.targets.base import get_target
-    seen: set[str] = set()
-    chosen = [sc for sc in generated(scenarios(), 4 * n, None)
-              if sc.world_size == 1 and not (sc.to_json(None) in seen or seen.add(sc.to_json(None)))][:n]
+    chosen = [sc for sc in dict.fromkeys(generated(scenarios(), 4 * n, None)) if sc.world_size == 1][:n]
     plain = get_target("deepspeed")
     os.environ["ZEROSTATE_COVERAGE"] = tempfile.mkdtemp(prefix="zerostate-cov-overhead-")
     try:
@@ -215,7 +213,7 @@ def _generation(steer: str | None, examples: int, seed: int | None, round_size: 
     target = get_target("deepspeed")
     try:
         if steer is None:
-            target.measure_coverage(True)  # type: ignore[attr-defined]
+            target.measure_coverage(True)
         exp = Exploration(target, examples=examples, seed=seed, steer=steer, round_size=round_size, shrink=False,
                           confirm=False)
         t0 = time.monotonic()
@@ -231,7 +229,7 @@ def _generation(steer: str | None, examples: int, seed: int | None, round_size: 
     runs = [{f: {arc_of(i) for i in ids} for f, ids in (exp.memo[k].coverage or {}).items()}
             for k in ran]
     keys = [sorted({f.key for f in exp.memo[k].findings}) for k in ran]
-    firsts = {f.key: exp.positions.get(f.scenario.to_json(None)) if f.scenario else None for f in res.findings}
+    firsts = {f.key: exp.positions.get(f.scenario) if f.scenario else None for f in res.findings}
     return {"runs": runs, "keys": keys, "findings": firsts, "seconds": round(seconds, 1), "schedules": res.schedules,
             "new_units": res.new_units, "unmeasured": sum(1 for k in order if k in exp.memo
                                                           and exp.memo[k].coverage is None)}

@@ -72,9 +72,7 @@ def throughput_jobs(n: int, jobs: int) -> dict:
     for w in workers:
         w.wait_prestarted()  # the rank pool's start-up is start-up, not the first world-size-2 example's
     startup = time.perf_counter() - t0
-    seen: set[str] = set()
-    unique = [sc for sc in generated(scenarios(), n, None)
-              if not (sc.to_json(None) in seen or seen.add(sc.to_json(None)))]
+    unique = list(dict.fromkeys(generated(scenarios(), n, None)))
     lanes = iter([unique[i:i + LANE] for i in range(0, len(unique), LANE)])
     t1 = time.perf_counter()
     ran = sum(1 for step in run_lanes(workers, lanes, threading.Event(), [False] * jobs) if step.scenario is not None)

@@ -52,7 +52,7 @@ def _options(kind: str) -> dict[str, Any]:
 def lanes_of(strategy: Any, examples: int, lane: int) -> int:
     """How many lanes the exploration cuts its generated sequence into (distinct scenarios / lane, rounded up)."""
     from zerostate.explorer.generate import generated
-    distinct = {sc.to_json(None) for sc in generated(strategy, examples, None)}
+    distinct = set(generated(strategy, examples, None))
     return math.ceil(len(distinct) / lane)
 
 

@@ -7,7 +7,7 @@ import json
 import sys
 from typing import Any
 
-from zerostate.cli import cex
+from zerostate.reports import model_counterexample as cex
 from zerostate.cli.common import DEFAULT_OUT, EXIT_FINDINGS, EXIT_OK, CliError, design, need, positive_int
 
 
@@ -31,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
     from zerostate.model.designs import designs
     from zerostate.specs import SPECS
 
-    from zerostate.cli.report import Report
+    from zerostate.reports.report_folder import Report
 
     names = args.design or list(designs())
     for n in names:

@@ -12,7 +12,7 @@ import json
 import sys
 from typing import Any
 
-from zerostate.cli import cex
+from zerostate.reports import model_counterexample as cex
 from zerostate.cli.common import DEFAULT_OUT, EXIT_OK, design, need, positive_int
 
 
@@ -33,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
     mod = need("zerostate.analysis.compare", "zerostate compare")
     from zerostate.specs import SPECS
 
-    from zerostate.cli.report import Report
+    from zerostate.reports.report_folder import Report
 
     a, b = args.design_a, args.design_b
     result = mod.compare(a, b, scenarios=mod.default_scenarios(args.max_blocks))

@@ -45,7 +45,7 @@ from zerostate.cli import targets_api as api
 from zerostate.cli.common import EXIT_FINDINGS, EXIT_INTERRUPTED, EXIT_OK, CliError, check_world_size, load_scenario, \
     non_negative_float, positive_int
 from zerostate.cli.cmd_explore import TimeBudget, _ctrl_c_kept, clock
-from zerostate.cli.diff_classify import STATUSES, classify, first_line, repeat_runs
+from zerostate.reports.diff_classify import STATUSES, classify, first_line, repeat_runs
 from zerostate.cli.progress import Progress as ProgressLine
 
 DEFAULT_OUT = "zerostate-diff"
@@ -81,28 +81,29 @@ def add_parser(sub: Any) -> None:
     p.set_defaults(run=run)
 
 
-class Recorder:
+class Recorder(Target):
     """A build under diff: a target whose runs are memoised by scenario and whose finished ZeRO-3 runs are
-    measured; `repeat` makes fresh, unmemoised runs (a finding's replays before it is called fixed)."""
+    measured; `repeat` makes fresh, unmemoised runs (a finding's replays before it is called fixed).  To the
+    exploration it is a target never started afresh (``can_refresh`` False): a memoised run would not run again
+    in a fresh worker; `repeat` starts the build's own target afresh."""
 
     def __init__(self, target: Target):
         self.target = target
         self.name = target.name
         self.version = target.version
         self.design = target.design
-        self.outcomes: dict[str, Outcome] = {}
-        self.measured: dict[str, dict[str, int]] = {}
+        self.outcomes: dict[Scenario, Outcome] = {}
+        self.measured: dict[Scenario, dict[str, int]] = {}
 
     def run(self, sc: Scenario) -> Outcome:
         from zerostate.explorer.gathered import measured
-        key = sc.to_json(None)
-        if key not in self.outcomes:
+        if sc not in self.outcomes:
             out = api.run_scenario(self.target, sc)
-            self.outcomes[key] = out
+            self.outcomes[sc] = out
             m = measured(sc, out)
             if m is not None:
-                self.measured[key] = m
-        return self.outcomes[key]
+                self.measured[sc] = m
+        return self.outcomes[sc]
 
     def repeat(self, sc: Scenario, shows: Callable[[Outcome], bool], before: Sequence[Scenario], runs: int,
                max_seconds: float) -> tuple[int, int]:
@@ -152,8 +153,9 @@ def explore_side(rec: Recorder, label: str, args: argparse.Namespace, ctrl_c: An
 
 
 def run(args: argparse.Namespace) -> int:
-    from zerostate.cli.diff_metrics import compare
-    from zerostate.cli.diff_report import write_report
+    from zerostate.reports.diff_memory import compare
+    from zerostate.reports.diff_model import DiffReport, DiffSide
+    from zerostate.reports.diff_report import write_report
     check_world_size(args.world_size)
     extra = [load_scenario(path) for path in args.scenario]  # bad files fail before any build starts
     t0 = time.monotonic()
@@ -178,34 +180,30 @@ def run(args: argparse.Namespace) -> int:
     finally:
         base.close()
         head.close()
-    common = [k for k in base.measured if k in head.measured]
-    pairs = [(Scenario.from_json(k), base.measured[k], head.measured[k]) for k in common]
+    pairs = [(sc, m, head.measured[sc]) for sc, m in base.measured.items() if sc in head.measured]
     memory = compare(pairs, args.memory_tolerance)
-    counts = {s: sum(e["status"] == s for e in entries) for s in STATUSES}
-    result = {"base": {"spec": args.base, "name": base_name, "deepspeed": base.version, "runs": len(base.outcomes),
-                       "exploration": st_b},
-              "head": {"spec": args.head, "name": head_name, "deepspeed": head.version, "runs": len(head.outcomes),
-                       "exploration": st_h},
-              "status": status, "examples": args.examples, "scenarios": list(args.scenario), "seed": args.seed,
-              "world_size": args.world_size,
-              "seconds": round(time.monotonic() - t0, 1), "counts": counts, "findings": entries,
-              "memory": memory, "command_line": "zerostate " + " ".join(sys.argv[1:])}
-    regress = bool(memory["regressions"])
-    result["verdict"] = ("interrupted" if status != "complete" else
-                         "head introduces findings" if counts["introduced"] else
-                         "head regresses gathered-parameter memory" if regress else "no regression")
+    counts = {s: sum(e.status == s for e in entries) for s in STATUSES}
+    regress = bool(memory.regressions)
+    result = DiffReport(
+        DiffSide(args.base, base_name, base.version, len(base.outcomes), st_b),
+        DiffSide(args.head, head_name, head.version, len(head.outcomes), st_h),
+        status, args.examples, tuple(args.scenario), args.seed, args.world_size, round(time.monotonic() - t0, 1),
+        counts, tuple(entries), memory, "zerostate " + " ".join(sys.argv[1:]),
+        verdict=("interrupted" if status != "complete" else
+                 "head introduces findings" if counts["introduced"] else
+                 "head regresses gathered-parameter memory" if regress else "no regression"))
     write_report(args.out, result)
     if args.json:
-        print(json.dumps(result, indent=2))
+        print(json.dumps(result.to_json(), indent=2))
     else:
         print(f"diff {base_name} -> {head_name}: {counts['fixed']} fixed, {counts['introduced']} introduced, "
               f"{counts['intermittent']} intermittent, {counts['unmasked']} unmasked, {counts['unchanged']} unchanged; "
               f"{len(pairs)} ZeRO-3 scenario(s) compared, "
-              f"{len(memory['regressions'])} memory regression(s) beyond {args.memory_tolerance:.0%}; "
-              f"{result['seconds']:.0f}s. Report: {args.out}/diff.md")
-        for e in entries:
-            known = f" [{e['known_issue']['id']}]" if e.get("known_issue") else ""
-            print(f"  {e['status']:<12} {e['check']}: {first_line(e['error'])[:120]}{known}")
+              f"{len(memory.regressions)} memory regression(s) beyond {args.memory_tolerance:.0%}; "
+              f"{result.seconds:.0f}s. Report: {args.out}/diff.md")
+        for e in result.findings:
+            known = f" [{e.known_issue.id}]" if e.known_issue else ""
+            print(f"  {e.status:<12} {e.check}: {first_line(e.error)[:120]}{known}")
     if status != "complete":
         return EXIT_INTERRUPTED
     return EXIT_FINDINGS if counts["introduced"] or regress else EXIT_OK

@@ -18,7 +18,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any
 from collections.abc import Callable, Iterator
 
 from zerostate.explorer.events import Confirmed, FindingEvent, Progress, Renumbered, Restarted, Seen
@@ -30,7 +30,11 @@ from zerostate.cli.common import (DEFAULT_OUT, EXIT_FINDINGS, EXIT_INTERRUPTED, 
                                   design,
                      non_negative_float, positive_int)
 from zerostate.cli.progress import Progress as ProgressLine
-from zerostate.cli.repro import repro_for
+from zerostate.reports.repro_file import repro_for
+
+if TYPE_CHECKING:
+    from zerostate.reports.finding_entry import Labels
+    from zerostate.reports.report_folder import Report
 
 DEFAULT_EXAMPLES = 200
 STEERS = ("coverage",)
@@ -39,16 +43,10 @@ DEFAULT_TIME_BUDGET = 0.0
 """No time budget by default: a run cut by the clock stops at a clock-dependent example."""
 
 
-@runtime_checkable
-class _Prestarting(Protocol):
-    def prestart(self, world_size: int = 2) -> None: ...
-
-
 def _prestarted(target: Target) -> Target:
     """The target, with the rank pool of the world-size-2 scenarios the default strategy draws starting in the
-    background (`DeepSpeedTarget.prestart`; the model target has none)."""
-    if isinstance(target, _Prestarting):
-        target.prestart(2)
+    background (`DeepSpeedTarget.prestart`; the model target has none to start)."""
+    target.prestart(2)
     return target
 
 def add_target_options(p: argparse.ArgumentParser) -> None:
@@ -95,7 +93,7 @@ def add_parser(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from zerostate.specs import SPECS
 
-    from zerostate.cli.report import Report
+    from zerostate.reports.report_folder import Report
 
     check_world_size(args.world_size)
     from zerostate.cli import matrix
@@ -126,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
                                           **({"cluster": cluster.describe()} if cluster else {})},
                     columns=[shown_as.column], specs=SPECS, replay_args=_replay_args(args))
     if args.target != "model":  # counted apart from the findings about DeepSpeed, from the start (findings.harness)
-        report.data["harness_errors"] = []
+        report.count_harness_errors()
     progress = ProgressLine("explore")
     budget = TimeBudget(args.time_budget, clock)
     spawn = (cluster.target if cluster else lambda: _prestarted(api.target(args))) if jobs > 1 else None
@@ -140,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
             status = "interrupted"
         except (CliError, TargetError) as exc:  # the target broke: the report keeps what was found, then one line
             status, failure = "interrupted", api.target_failed(exc, exp.result().examples)
-            report.data["run"]["stopped"] = str(failure)
+            report.set_stopped(str(failure))
         finally:
             progress.close()
             try:
@@ -149,28 +147,28 @@ def run(args: argparse.Namespace) -> int:
                 status = "interrupted"
             finally:
                 if cluster:  # lanes the cluster ran again (a worker or node lost) are counted, never hidden
-                    report.data["reliability"]["cluster_retries"] = cluster.retries()
+                    report.set_cluster_retries(cluster.retries())
                     cluster.close()
         if ctrl_c.is_set():
             status = "interrupted"
         ctrl_c.hold()  # from here on a Ctrl-C is only noted: the final report is written whole
         res = exp.result()
         if res.stopped:
-            report.data["run"]["stopped"] = ("time budget spent: the clock chose the last example, so this run "
-                                             "is not repeatable")
+            report.set_stopped("time budget spent: the clock chose the last example, so this run is not repeatable")
         for sid in SPECS:
-            if report.data["specs"][sid]["results"][shown_as.column] == "not checked" and status == "complete":
+            if report.model.specs[sid].results[shown_as.column] == "not checked" and status == "complete":
                 report.set_result(sid, shown_as.column, "ok")
-        findings = [_summary_line(e) for e in report.data["findings"]]
+        findings = [e.summary_line() for e in report.model.findings]
         summary = {"target": who["target"], "deepspeed": who["deepspeed"], "examples": res.examples or
                    args.examples, "seconds": round(budget.elapsed(), 2), "findings": findings,
-                   "reliability": report.data["reliability"], "startup": api.startup(target)}
-        if "harness_errors" in report.data:
-            summary["harness_errors"] = report.data["harness_errors"]
+                   "reliability": _reliability(report), "startup": api.startup(target)}
+        if report.model.harness_errors is not None:
+            summary["harness_errors"] = [h.to_json() for h in report.model.harness_errors]
         if res.pairs is not None:
-            report.data["pairs"] = summary["pairs"] = res.pairs
+            report.set_pairs(res.pairs)
+            summary["pairs"] = res.pairs
         if res.schedules:
-            report.data["steering"] = _steering(res)
+            report.set_steering(_steering(res))
             summary["steering"] = {"rounds": len(res.schedules), "new_units": res.new_units}
         report.write_examples(res.generated)
         report.finish(status, summary)
@@ -214,7 +212,7 @@ clock: Callable[[], float] = time.monotonic
 """The clock `TimeBudget` reads (a test gives a fake one: no test depends on the machine's speed)."""
 
 
-def _follow(exp: Any, report: Any, shown_as: _Column, progress: ProgressLine, budget: TimeBudget,
+def _follow(exp: Any, report: Report, shown_as: _Column, progress: ProgressLine, budget: TimeBudget,
             ctrl_c: _CtrlC) -> str:
     """Consume the exploration's events into the report; the run's status.  A Ctrl-C that Python swallowed
     (`_ctrl_c_kept`) closes the stream at the next event; a spent budget asks it to stop."""
@@ -227,10 +225,10 @@ def _follow(exp: Any, report: Any, shown_as: _Column, progress: ProgressLine, bu
                     _write(report, ev, shown_as)
                 if isinstance(ev, Confirmed) and ev.finding.confirmation is not None:
                     budget.replaying += ev.finding.confirmation.seconds
-                progress.update(report.data["run"].get("examples_run", 0), len(report.data["findings"]), force=True)
+                progress.update(report.model.run.examples_run or 0, len(report.model.findings), force=True)
             elif isinstance(ev, Progress):
-                report.data["run"]["examples_run"] = ev.examples_run
-                progress.update(ev.examples_run, len(report.data["findings"]))
+                report.set_examples_run(ev.examples_run)
+                progress.update(ev.examples_run, len(report.model.findings))
                 if budget.spent():
                     exp.request_stop()
             elif isinstance(ev, Restarted):
@@ -262,16 +260,13 @@ def _steering(res: Any) -> dict[str, Any]:
             "finding_rounds": res.rounds}
 
 
-def _summary_line(e: dict[str, Any]) -> dict[str, Any]:
-    """A report entry's line of the JSON summary."""
-    tags: dict[str, Any] = {k: e[k] for k in ("known_issue", "group", "group_title", "harness_error")
-                              if k in e}
-    return {"check": e["check"], "error": e["error"], "blocks": e["blocks"], "steps": e["steps"],
-            "scenario": e["scenario"], "shrunk": e["shrunk"],
-            "confirmation": (e.get("confirmation") or {}).get("status"), **tags}
+def _reliability(report: Report) -> dict[str, Any]:
+    """The report's reliability section, as the JSON summary repeats it."""
+    assert report.model.reliability is not None, "explore's report counts its reliability"
+    return report.model.reliability.to_json()
 
 
-def _print_summary(args: argparse.Namespace, summary: dict[str, Any], report: Any, column: str,
+def _print_summary(args: argparse.Namespace, summary: dict[str, Any], report: Report, column: str,
                    status: str) -> None:
     if args.json:
         print(json.dumps(summary, indent=2))
@@ -279,23 +274,24 @@ def _print_summary(args: argparse.Namespace, summary: dict[str, Any], report: An
     findings = summary["findings"]
     print(f"explore {column}: {summary['examples']} example(s), {len(findings)} finding(s), "
           f"{summary['seconds']:.0f}s{' (interrupted)' if status != 'complete' else ''}"
-          f"{' (time budget spent)' if report.data['run'].get('stopped') else ''}. "
+          f"{' (time budget spent)' if report.model.run.stopped else ''}. "
           f"Report: {args.out}/report.md")
-    if report.data["run"].get("stopped"):
+    if report.model.run.stopped:
         print(f"the time budget ({args.time_budget:g} s) cut this run: which examples ran depends on the "
               "clock, so another run may find other findings (without --time-budget the examples "
               "alone bound the run)")
-    rel = report.data["reliability"]
-    print(f"reliability: {rel['confirmed']}/{rel['reported']} confirmed by replay in a fresh worker, "
-          f"{rel['order_dependent']} order-dependent, {rel['intermittent']} intermittent, "
-          f"{rel['not_reproduced']} not reproduced, "
-          f"{len(rel['restarts'])} worker restart(s)"
-          + (f", {len(rel['cluster_retries'])} lane(s) run again on the cluster (a worker lost)"
-             if "cluster_retries" in rel else ""))
+    rel = report.model.reliability
+    assert rel is not None, "explore's report counts its reliability"
+    print(f"reliability: {rel.confirmed}/{rel.reported} confirmed by replay in a fresh worker, "
+          f"{rel.order_dependent} order-dependent, {rel.intermittent} intermittent, "
+          f"{rel.not_reproduced} not reproduced, "
+          f"{len(rel.restarts)} worker restart(s)"
+          + (f", {len(rel.cluster_retries)} lane(s) run again on the cluster (a worker lost)"
+             if rel.cluster_retries is not None else ""))
     if summary.get("pairs"):
         print(_pairs_line(summary["pairs"]))
-    if "harness_errors" in report.data:
-        print(f"harness errors: {len(report.data['harness_errors'])} (zerostate's own failures, not findings "
+    if report.model.harness_errors is not None:
+        print(f"harness errors: {len(report.model.harness_errors)} (zerostate's own failures, not findings "
               "about DeepSpeed)")
     for i, f in enumerate(findings, 1):
         print(f"  #{i} {f['check']}: {f['error'].splitlines()[0] if f['error'] else ''}{summary_tag(f)}")
@@ -377,7 +373,7 @@ def _unexplained(f: Finding) -> bool:
     return label(f) is None
 
 
-def _renumber(report: Any, ev: Renumbered, shown_as: _Column) -> None:
+def _renumber(report: Report, ev: Renumbered, shown_as: _Column) -> None:
     """A complete run's findings in their final order (the explorer's numbering: the order the generated
     sequence first met them, whatever order the workers handed them over in), files and replay commands
     renamed with them."""
@@ -387,18 +383,15 @@ def _renumber(report: Any, ev: Renumbered, shown_as: _Column) -> None:
     report.flush()
 
 
-def _write(report: Any, ev: FindingEvent, shown_as: _Column, append: bool = False) -> None:
+def _write(report: Report, ev: FindingEvent, shown_as: _Column, append: bool = False) -> None:
     """Write finding ``ev.n`` into the report (a new one for `Seen`, else over the one with its number) with
     its known-issue and root-cause tags.  Past its hand-over (shrunk, or as seen) its confirmation is shown."""
     f = ev.finding
     new = append or isinstance(ev, Seen)
-    entry = report.add_finding(f, column=shown_as.column, replace=None if new else ev.n,
-                               with_confirmation=ev.past_hand_over, **shown(f, shown_as.who))
-    entry["shrunk"] = f.shrunk
-    if entry["shrunk"] is False:
-        entry["stage"] = ev.stage.value
-    entry.update(_annotate(f))  # known issue and root-cause group (known/labels.py)
-    report.flush()
+    report.add_finding(f, column=shown_as.column, replace=None if new else ev.n, with_confirmation=ev.past_hand_over,
+                       shrunk=f.shrunk, stage=None if f.shrunk else ev.stage.value,
+                       labels=_labels(f),  # known issue and root-cause group (known/labels.py)
+                       **shown(f, shown_as.who))
 
 
 def shown(f: Finding, who: dict[str, Any]) -> dict[str, Any]:
@@ -408,13 +401,15 @@ def shown(f: Finding, who: dict[str, Any]) -> dict[str, Any]:
             "repro": repro_for(f.scenario, f.check, f.error, f)}
 
 
-def _annotate(f: Finding) -> dict[str, Any]:
-    """Known-issue label and root-cause group of a real DeepSpeed finding ({} for a model design's: known.py
+def _labels(f: Finding) -> Labels | None:
+    """Known-issue label and root-cause group of a real DeepSpeed finding (None for a model design's: known.py
     describes DeepSpeed releases)."""
     if not f.deepspeed:
-        return {}
+        return None
     from zerostate.known.labels import annotate
-    return annotate(f)
+
+    from zerostate.reports.finding_entry import Labels
+    return Labels.of(annotate(f))
 
 
 def column_of(args: argparse.Namespace, who: dict[str, Any]) -> str:

@@ -184,7 +184,7 @@ def _report(args: argparse.Namespace, who: dict[str, Any], outcome: Any) -> None
     from zerostate.specs import SPECS
 
     from zerostate.cli.cmd_explore import _replay_args, column_of, shown
-    from zerostate.cli.report import Report
+    from zerostate.reports.report_folder import Report
 
     column = column_of(args, who)
     report = Report(args.out, "replay", {**who, "command_line": "zerostate " + " ".join(sys.argv[1:])},
@@ -192,7 +192,7 @@ def _report(args: argparse.Namespace, who: dict[str, Any], outcome: Any) -> None
     for f in api.findings(outcome):
         report.add_finding(f, column=column, **shown(f, who))
     for sid in SPECS:
-        if report.data["specs"][sid]["results"][column] == "not checked":
+        if report.model.specs[sid].results[column] == "not checked":
             report.set_result(sid, column, "ok")
     report.finish("complete")
 

@@ -15,8 +15,7 @@ from typing import NoReturn
 
 from zerostate import __version__
 
-from zerostate.cli import cmd_bisect, cmd_check, cmd_compare, cmd_diff, cmd_explore, cmd_replay
-from zerostate.watcher import command as cmd_watch
+from zerostate.cli import cmd_bisect, cmd_check, cmd_compare, cmd_diff, cmd_explore, cmd_replay, cmd_watch
 from zerostate.cli.common import EXIT_INTERRUPTED, EXIT_USAGE, CliError
 from zerostate.targets.base import TargetError
 

@@ -8,10 +8,10 @@ their fields, with no fallbacks.
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any
 
 from zerostate.model.scenario import Scenario
-from zerostate.targets.base import Outcome, Target, TargetError, get_target
+from zerostate.targets.base import Outcome, Startup, Target, TargetError, get_target
 from zerostate.findings.finding import Finding
 
 if TYPE_CHECKING:
@@ -59,15 +59,10 @@ def close(t: Target) -> None:
     t.close()
 
 
-@runtime_checkable
-class _Started(Protocol):
-    def startup(self) -> list[Any]: ...
-
-
-def startup(t: Target) -> list[Any]:
+def startup(t: Target) -> list[Startup]:
     """What starting the target's workers cost, per world size (seconds; the DeepSpeed ops JIT-built then: a
     first build is start-up, not exploring); [] for a target without workers."""
-    return t.startup() if isinstance(t, _Started) else []
+    return t.startup()
 
 
 def describe_target(t: Target) -> dict[str, Any]:

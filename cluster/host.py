@@ -2,15 +2,15 @@
 
 `LaneHost` is a plain class; `session.ClusterSession` makes it a Ray actor (so importing this module needs
 no Ray).  Its methods take and return what crosses the process boundary, typed: a `TargetSpec` in, a
-`Hello` and `RunReply` out.  Scenarios travel as their JSON (the explorer's memo key), outcomes as the
-`Outcome` they are.
+`HostReady` and `RunReply` out.  Scenarios and outcomes travel as the `Scenario` and `Outcome` they are (Ray
+pickles them): nothing to parse on either side.
 """
 
 from __future__ import annotations
 
 import os
 import socket
-from typing import Any, Protocol, TypedDict, runtime_checkable
+from typing import Any, TypedDict
 
 from zerostate.model.scenario import Scenario
 from zerostate.targets.base import Outcome, Target, TargetError, get_target
@@ -27,7 +27,10 @@ class TargetSpec(TypedDict):
     """The driver's zerostate and DeepSpeed settings (``ZEROSTATE_*``, ``DS_*``, ...) the target must see."""
 
 
-class Hello(TypedDict):
+class HostReady(TypedDict):
+    """A host's answer to `LaneHost.start`: whether its target was built (else the one-line reason), what it
+    runs, and where."""
+
     ok: bool
     error: str
     version: str | None
@@ -44,25 +47,6 @@ class RunReply(TypedDict):
     """The target's restart count after the run (hangs, crashes, ranks out of step)."""
 
 
-@runtime_checkable
-class _Restarting(Protocol):
-    restarts: int
-
-
-@runtime_checkable
-class _Refreshable(Protocol):
-    def fresh(self) -> None: ...
-
-
-@runtime_checkable
-class _Prestarting(Protocol):
-    def prestart(self, world_size: int) -> None: ...
-
-
-def _restarts(t: Target | None) -> int:
-    return int(t.restarts or 0) if isinstance(t, _Restarting) else 0
-
-
 class LaneHost:
     """One worker of an exploration, on whatever node Ray placed it."""
 
@@ -70,33 +54,34 @@ class LaneHost:
         self.spec = spec
         self.target: Target | None = None
 
-    def hello(self) -> Hello:
+    def start(self) -> HostReady:
         """Build the target (start its worker); ``ok`` False with the one-line reason when it cannot."""
         import ray
         os.environ.update(self.spec["env"])
-        base: Hello = {"ok": False, "error": "", "version": None, "design": "", "world_size": 1,
-                       "pid": os.getpid(), "node_id": ray.get_runtime_context().get_node_id(),
-                       "host": socket.gethostname()}
+        base: HostReady = {"ok": False, "error": "", "version": None, "design": "", "world_size": 1,
+                           "pid": os.getpid(), "node_id": ray.get_runtime_context().get_node_id(),
+                           "host": socket.gethostname()}
         try:
             self.target = get_target(self.spec["kind"], **self.spec["options"])
         except TargetError as exc:
             return {**base, "error": str(exc).strip().splitlines()[0] if str(exc).strip() else "TargetError"}
         t = self.target
-        if isinstance(t, _Prestarting) and self.spec["gang"] > 1:
+        if self.spec["gang"] > 1:
             t.prestart(self.spec["gang"])
         return {**base, "ok": True, "version": t.version, "design": t.design.name,
                 "world_size": int(self.spec["options"].get("world_size", 1))}
 
-    def run(self, scenario_json: str) -> RunReply:
-        assert self.target is not None, "hello() first"
-        out = self.target.run(Scenario.from_json(scenario_json))
-        return {"outcome": out, "restarts": _restarts(self.target)}
+    def run(self, scenario: Scenario) -> RunReply:
+        assert self.target is not None, "start() first"
+        out = self.target.run(scenario)
+        return {"outcome": out, "restarts": self.target.restarts}
 
     def fresh(self) -> int:
-        """A fresh worker, nothing carried over; the restart count after it."""
-        if isinstance(self.target, _Refreshable):
-            self.target.fresh()
-        return _restarts(self.target)
+        """A fresh worker, nothing carried over; the restart count after it (0: no target built)."""
+        if self.target is None:
+            return 0
+        self.target.fresh()
+        return self.target.restarts
 
     def close(self) -> None:
         if self.target is not None:
@@ -104,4 +89,4 @@ class LaneHost:
             self.target = None
 
 
-__all__ = ["Hello", "LaneHost", "RunReply", "TargetSpec"]
+__all__ = ["HostReady", "LaneHost", "RunReply", "TargetSpec"]

@@ -1,8 +1,8 @@
 """`RemoteTarget`: an exploration worker on a Ray cluster, driven by the explorer as it drives a local one.
 
-It is a `Target` with ``fresh()``, ``restarts`` and ``examples``, so the explorer's lanes, shrinking and
-confirmation run on it unchanged: each call goes to its `host.LaneHost` actor, in a placement group of its
-own (`session.ClusterSession.gang_group`).
+It is a `Target` that can start afresh (``fresh()``) and counts ``restarts`` and ``examples``, so the explorer's
+lanes, shrinking and confirmation run on it unchanged: each call goes to its `host.LaneHost` actor, in a placement
+group of its own (`session.ClusterSession.gang_group`).
 
 A lost worker is a fault of the cluster, not a result: when the actor (or its node) dies, a new actor is
 started -- in the same placement group, which Ray places again elsewhere when the node itself is gone --
@@ -21,9 +21,9 @@ from typing import TYPE_CHECKING, Any
 
 from zerostate.model.designs import Design, get_design
 from zerostate.model.scenario import Scenario
-from zerostate.targets.base import Outcome, TargetError
+from zerostate.targets.base import Outcome, Target, TargetError
 
-from zerostate.cluster.host import Hello, RunReply
+from zerostate.cluster.host import HostReady, RunReply
 
 if TYPE_CHECKING:
     from zerostate.cluster.session import ClusterSession
@@ -56,17 +56,20 @@ class Retry:
 class _Lane:
     """The runs since the worker's last fresh start: what a new worker runs again before going on."""
 
-    runs: list[tuple[str, frozenset[str]]] = field(default_factory=list)
+    runs: list[tuple[Scenario, frozenset[str]]] = field(default_factory=list)
 
-    def ran(self, scenario_json: str, out: Outcome) -> None:
-        self.runs.append((scenario_json, frozenset(f.key for f in out.findings)))
+    def ran(self, scenario: Scenario, out: Outcome) -> None:
+        self.runs.append((scenario, frozenset(f.key for f in out.findings)))
 
     def restart(self) -> None:
         self.runs = []
 
 
-class RemoteTarget:
+class RemoteTarget(Target):
     """One worker of an exploration on the cluster of ``session``."""
+
+    can_refresh = True
+    """`fresh` asks the host for a fresh worker (a lost one is replaced by a new one, as fresh)."""
 
     def __init__(self, session: ClusterSession, index: int):
         self.session = session
@@ -89,22 +92,22 @@ class RemoteTarget:
         except BaseException:
             self.close()
             raise
-        hello = self.hello
-        self.version: str | None = hello["version"]
-        self.design: Design = get_design(hello["design"])
-        self.world_size = hello["world_size"]
+        ready = self.ready
+        self.version: str | None = ready["version"]
+        self.design: Design = get_design(ready["design"])
+        self.world_size = ready["world_size"]
 
     # ------------------------------------------------------------ the actor
-    def _start(self) -> Hello:
+    def _start(self) -> HostReady:
         self._actor = self.session.new_host(self._group)
-        hello: Hello = self.session.get(self._actor.hello.remote(), self.session.startup_timeout)
-        if not hello["ok"]:
-            raise TargetError(hello["error"])
-        self.node = hello["node_id"]
-        self.pid = hello["pid"]
+        ready: HostReady = self.session.get(self._actor.start.remote(), self.session.startup_timeout)
+        if not ready["ok"]:
+            raise TargetError(ready["error"])
+        self.node = ready["node_id"]
+        self.pid = ready["pid"]
         self._host_restarts = 0
-        self.hello = hello
-        return hello
+        self.ready = ready
+        return ready
 
     def _recover(self, exc: BaseException) -> None:
         """The worker is lost: a new one, and the lane so far run again in it."""
@@ -126,19 +129,18 @@ class RemoteTarget:
         raise TargetError(f"cluster worker {self.index} was lost {MAX_RETRIES} times in one lane "
                           f"(last: {_one_line(exc)})") from None
 
-    def _again(self, scenario_json: str, keys: frozenset[str]) -> str:
-        reply: RunReply = self.session.get(self._actor.run.remote(scenario_json))
+    def _again(self, scenario: Scenario, keys: frozenset[str]) -> str:
+        reply: RunReply = self.session.get(self._actor.run.remote(scenario))
         self._host_restarts = reply["restarts"]
         now = frozenset(f.key for f in reply["outcome"].findings)
-        return "" if now == keys else f"{scenario_json[:80]}: {sorted(keys)} -> {sorted(now)}"
+        return "" if now == keys else f"{scenario.to_json(None)[:80]}: {sorted(keys)} -> {sorted(now)}"
 
     # ------------------------------------------------------------ the Target
     def run(self, scenario: Scenario) -> Outcome:
         self.examples += 1
-        sj = scenario.to_json(None)
         while True:
             try:
-                reply: RunReply = self.session.get(self._actor.run.remote(sj))
+                reply: RunReply = self.session.get(self._actor.run.remote(scenario))
                 break
             except self.session.lost_errors as exc:
                 self._recover(exc)
@@ -149,7 +151,7 @@ class RemoteTarget:
         if restarted:  # the worker restarted itself after this run: the lane goes on from a fresh start
             self._lane.restart()
         else:
-            self._lane.ran(sj, out)
+            self._lane.ran(scenario, out)
         return out
 
     def fresh(self) -> None:

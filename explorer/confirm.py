@@ -34,7 +34,7 @@ from collections.abc import Iterator
 from zerostate.model.scenario import Scenario
 from zerostate.targets.base import Target
 
-from zerostate.explorer.workers import Refreshable, refresh, restarts_of
+from zerostate.explorer.workers import refresh
 
 REPEAT = 100
 """Runs of the scenario alone, in one fresh worker, before a finding is called not reproduced."""
@@ -109,7 +109,7 @@ def confirm(target: Target, key: str, scenario: Scenario, history: list[Scenario
 
     if attempt([]):
         return done("confirmed")
-    if not isinstance(target, Refreshable):
+    if not target.can_refresh:
         return done("not-reproduced")
     if not history or not attempt(history):
         tries[0] += 1
@@ -230,9 +230,9 @@ class ConfirmQueue(Generic[T]):
 
     def _inline(self) -> Landed[T]:
         job = self._pending.pop(0)
-        before = restarts_of(self.first)
+        before = self.first.restarts
         c = confirm(self.first, job.key, job.scenario, job.history)
-        return Landed(job.item, c, True, restarts_of(self.first) != before)
+        return Landed(job.item, c, True, self.first.restarts != before)
 
     def _help(self, w: Target) -> None:
         while True:

@@ -9,8 +9,9 @@ the same draws in the same order, so the completion is the one drawn in-process;
 taken by another example costs only a helper's otherwise idle time.
 
 The helpers are ``python -m zerostate.explorer.draw_pool`` processes reading one pair per line and writing its
-draws as scenario JSON (not `multiprocessing`, whose spawned children re-import the caller's ``__main__``).  A
-helper that fails is a harness error, never a silent change of the completion: the draws are then made here.
+draws as one JSON line of scenario dicts, parsed back into scenarios on receipt (not `multiprocessing`, whose
+spawned children re-import the caller's ``__main__``).  A helper that fails is a harness error, never a silent
+change of the completion: the draws are then made here.
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ class _Helper:
         if not line:
             raise RuntimeError("a draw helper ended")
         got = json.loads(line)
-        return None if got is None else tuple(Scenario.from_json(s) for s in got)
+        return None if got is None else tuple(Scenario.from_dict(d) for d in got)
 
     def close(self) -> int:
         """End the helper; its exit status.  One still drawing (or blocked writing an answer nobody will read) is
@@ -137,7 +138,8 @@ class DrawPool:
 
 
 def _serve() -> None:
-    """A helper: for each line ``[pair, seed]`` on stdin, one line of its draws (scenario JSON list, or null).
+    """A helper: for each line ``[pair, seed]`` on stdin, one line of its draws (a list of scenario dicts, or
+    null).
     It ends when stdin closes; a Ctrl-C at the terminal is the exploration's to handle, not its helpers'."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     with contextlib.suppress(OSError, AttributeError):  # no nice (another OS): the same draws, at normal priority
@@ -145,7 +147,7 @@ def _serve() -> None:
     for line in sys.stdin:
         pair, seed = json.loads(line)
         got = draws((pair[0], pair[1], pair[2], pair[3]), seed)
-        sys.stdout.write(json.dumps(None if got is None else [sc.to_json(None) for sc in got]) + "\n")
+        sys.stdout.write(json.dumps(None if got is None else [sc.to_dict() for sc in got]) + "\n")
         sys.stdout.flush()
 
 

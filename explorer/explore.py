@@ -78,8 +78,7 @@ from zerostate.explorer.signal import Unit, units
 from zerostate.explorer.polish import polished
 from zerostate.explorer.polish import rank as _rank
 from zerostate.explorer.search import ShrinkSearch
-from zerostate.explorer.workers import (LaneStep, Measuring, close_quietly, has_run, refresh, restarts_of,
-                                        run_lanes, spawn_workers)
+from zerostate.explorer.workers import LaneStep, close_quietly, has_run, refresh, run_lanes, spawn_workers
 
 STEERS = (None, "coverage", "flat")
 """``steer``: None (the fixed draw rates), ``coverage`` -- rounds whose draw rates follow the new DeepSpeed
@@ -219,11 +218,11 @@ class _History:
     def __init__(self, workers: int):
         self.logs: list[list[Scenario]] = [[] for _ in range(workers)]
         self.starts = [0] * workers
-        self.ran_at: dict[str, tuple[int, int, int]] = {}
+        self.ran_at: dict[Scenario, tuple[int, int, int]] = {}
 
     def ran(self, wid: int, sc: Scenario) -> None:
         self.logs[wid].append(sc)
-        self.ran_at[sc.to_json(None)] = (wid, self.starts[wid], len(self.logs[wid]) - 1)
+        self.ran_at[sc] = (wid, self.starts[wid], len(self.logs[wid]) - 1)
 
     def started_fresh(self, wid: int) -> None:
         self.starts[wid] = len(self.logs[wid])
@@ -232,7 +231,7 @@ class _History:
         return bool(self.logs[wid][self.starts[wid]:])
 
     def before(self, sc: Scenario) -> list[Scenario]:
-        wid, start, idx = self.ran_at.get(sc.to_json(None), (0, 0, 0))
+        wid, start, idx = self.ran_at.get(sc, (0, 0, 0))
         return list(self.logs[wid][start:idx])
 
     def replayed_on_first(self, c: Confirmation, restarted: bool) -> None:
@@ -271,12 +270,12 @@ class Exploration:
         self.pairs = pairs and strategy is None and steer is None
         self.completion: Completion | None = None
         self.rounds: Rounds | None = None
-        self._positions: dict[str, int] = {}
-        self._generated_at: dict[int, tuple[str, float]] = {}
+        self._positions: dict[Scenario, int] = {}
+        self._generated_at: dict[int, tuple[Scenario, float]] = {}
         self.round_of: dict[str, int] = {}
         self._search_round = 0
         self.workers: list[Target] = [target]
-        self.memo: dict[str, Outcome] = {}
+        self.memo: dict[Scenario, Outcome] = {}
         self.book = _Book()
         self.history = _History(1)
         self.restarts: list[Restarted] = []
@@ -323,17 +322,18 @@ class Exploration:
         rows = []
         for pos, (sc, t) in sorted(self._generated_at.items()):
             out = self.memo[sc]
-            row = GeneratedRun(position=pos, seconds=round(t, 2), scenario=json.loads(sc),
+            # the scenario as a scenario file holds it (keys sorted)
+            row = GeneratedRun(position=pos, seconds=round(t, 2), scenario=json.loads(sc.to_json(None)),
                                findings=[{"key": f.key, "check": f.check} for f in out.findings])
-            m = measured(Scenario.from_json(sc), out)
+            m = measured(sc, out)
             if m is not None:
                 row["gathered"] = m
             rows.append(row)
         return rows
 
     @property
-    def positions(self) -> dict[str, int]:
-        """Generated scenario (JSON) -> its first position in the generation sequence (steered or not)."""
+    def positions(self) -> dict[Scenario, int]:
+        """Generated scenario -> its first position in the generation sequence (steered or not)."""
         return dict(self._positions)
 
     # ------------------------------------------------------------ phases
@@ -387,7 +387,7 @@ class Exploration:
             pool = stack.enter_context(DrawPool(self.seed, helpers)) if helpers > 1 else None
 
             def drawn_whole() -> None:  # the generated sequence is known (its last lane not handed out yet)
-                generated_ran.extend(Scenario.from_json(k) for k in lanes.position)
+                generated_ran.extend(lanes.position)
                 firsts.append(stack.enter_context(FirstRound(done, generated_ran, budget, self.seed, pool)))
             lanes = Lanes(_then(stream, drawn_whole), self.lane)
             self._positions = lanes.position
@@ -415,7 +415,7 @@ class Exploration:
             if sc is None:
                 break
             n += 1
-            self._positions[sc.to_json(None)] = self.examples + n
+            self._positions[sc] = self.examples + n
             lane.append(sc)
             if len(lane) == COMPLETION_LANE:
                 yield lane
@@ -439,7 +439,7 @@ class Exploration:
             done.left = step.left
             if not step.examples:
                 break
-            position = {sc.to_json(None): self.examples + len(done.examples) + n
+            position = {sc: self.examples + len(done.examples) + n
                         for n, sc in enumerate(step.examples, 1)}
             done.examples += step.examples
             self._positions.update(position)
@@ -455,15 +455,14 @@ class Exploration:
 
     def _ended_early(self, ran: list[Scenario]) -> list[Scenario]:
         """The scenarios of ``ran`` whose run ended on an exception (`pairs.ran_through`)."""
-        outcomes = [self.memo.get(sc.to_json(None)) for sc in ran]
+        outcomes = [self.memo.get(sc) for sc in ran]
         return [sc for sc, o in zip(ran, outcomes, strict=True) if o is not None and not ran_through(o.checks)]
 
     def _generate_steered(self) -> Generator[Event, None, bool]:
         """`_generate` in rounds (`rounds.Rounds`): every run measured, each outcome's units noted; whether
         ``stop`` ended generation."""
         for w in self.workers:
-            if isinstance(w, Measuring):
-                w.measure_coverage(True)
+            w.measure_coverage(True)
         self.rounds = rounds = Rounds(self.examples, self.seed, self.round_size,
                                       max(1, min(self.lane, self.round_size // 2)), self._lanes_stop,
                                       reweigh=self.steer == "coverage")
@@ -472,15 +471,14 @@ class Exploration:
             return (yield from self._run_lanes(iter(rounds), rounds.position, rounds.round_at, rounds.note))
         finally:
             for w in self.workers:
-                if isinstance(w, Measuring):
-                    w.measure_coverage(False)
+                w.measure_coverage(False)
 
-    def _run_lanes(self, lanes: Iterator[list[Scenario]], position: dict[str, int],
-                   round_at: dict[str, int] | None = None,
+    def _run_lanes(self, lanes: Iterator[list[Scenario]], position: dict[Scenario, int],
+                   round_at: dict[Scenario, int] | None = None,
                    note: Callable[[Scenario, frozenset[Unit]], None] | None = None) -> Generator[Event, None, bool]:
         """Run ``lanes`` on the workers, recording each outcome at its sequence ``position`` (and round); ``note``
         gets each outcome's steering units.  Whether ``stop`` ended generation."""
-        before = [restarts_of(w) for w in self.workers]
+        before = [w.restarts for w in self.workers]
         steps = run_lanes(self.workers, lanes, self._lanes_stop, [has_run(w) for w in self.workers])
         try:
             for step in steps:
@@ -491,8 +489,8 @@ class Exploration:
                 else:
                     yield from self._record(step.worker, step.scenario, step.outcome,
                                             step.restarts != before[step.worker])
-                    key = step.scenario.to_json(None)
-                    self._note_position(step, position[key], round_at[key] if round_at is not None else 0)
+                    sc = step.scenario
+                    self._note_position(step, position[sc], round_at[sc] if round_at is not None else 0)
                     if note is not None:
                         note(step.scenario, units(step.outcome.trace, step.outcome.coverage))
                 before[step.worker] = step.restarts
@@ -505,7 +503,7 @@ class Exploration:
 
     def _note_position(self, step: LaneStep, position: int, round_k: int = 0) -> None:
         if step.scenario is not None:
-            self._generated_at.setdefault(position, (step.scenario.to_json(None), self._elapsed()))
+            self._generated_at.setdefault(position, (step.scenario, self._elapsed()))
         for f in step.outcome.findings if step.outcome is not None else ():
             if position < self.book.generated_at.get(f.key, position + 1):
                 self.round_of[f.key] = round_k
@@ -539,7 +537,7 @@ class Exploration:
                 sc = yield from self._search(key)
             except _BudgetSpent:
                 return False
-            hit = next((f for f in self.memo[sc.to_json(None)].findings if f.key == key), None) if sc else None
+            hit = next((f for f in self.memo[sc].findings if f.key == key), None) if sc else None
             yield from self._shrunk(hit if hit is not None else b.seen[key], shrink=True)
             yield from self._land(block=False)
             if self.stop is not None and self.stop([b.handed[k].finding for k in b.done]):
@@ -560,7 +558,7 @@ class Exploration:
         if self.rounds is not None:
             self._search_round = k = self.round_of.setdefault(want, 0)
             strategy, seed = self.rounds.strategy(k), self.rounds.seed_of_round(k)
-        search = ShrinkSearch(strategy, self.examples, seed, want, lambda sc: self.memo.get(sc.to_json(None)))
+        search = ShrinkSearch(strategy, self.examples, seed, want, self.memo.get)
         try:
             for sc in search.requests():
                 out = yield from self._run(sc)
@@ -576,20 +574,20 @@ class Exploration:
     # ------------------------------------------------------------ runs
     def _run(self, sc: Scenario) -> Generator[Event, None, Outcome]:
         """One scenario on the first worker, memoised."""
-        out = self.memo.get(sc.to_json(None))
+        out = self.memo.get(sc)
         if out is not None:
             return out
         if len(self.memo) >= hard_cap(self.examples) + (len(self.completion.examples) if self.completion else 0):
             raise _BudgetSpent()
         w = self.workers[0]
-        before = restarts_of(w)
+        before = w.restarts
         out = w.run(sc)
-        yield from self._record(0, sc, out, restarts_of(w) != before)
+        yield from self._record(0, sc, out, w.restarts != before)
         return out
 
     def _record(self, wid: int, sc: Scenario, out: Outcome, restarted: bool) -> Iterator[Event]:
         """A distinct run's outcome: memoised, logged in its worker's history, its new keys handed over."""
-        self.memo[sc.to_json(None)] = out
+        self.memo[sc] = out
         self.history.ran(wid, sc)
         if restarted:  # the next example in this worker starts in a fresh one
             self.history.started_fresh(wid)

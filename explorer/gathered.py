@@ -10,30 +10,29 @@ RELEASE when it is partitioned again):
   (a FETCH noted ``inflight`` only waits on a prefetch already counted).
 
 ZeRO-1/2 gather nothing (no coordinator), and a run that raised, hung or broke the tool has a truncated
-trace: `measured` gives None for them.  ``zerostate diff`` compares these per scenario (`cli.diff_metrics`);
+trace: `measured` gives None for them.  ``zerostate diff`` compares these per scenario (`reports.diff_memory`);
 ``explore`` writes them into each generated example's row (``examples.jsonl``), so two explorations of one
 seed compare them example by example (the fault benchmark's ``memory`` rule).
 """
 
 from __future__ import annotations
 
-from typing import Any
-
-from zerostate.model.events import EventKind
+from zerostate.model.events import Event, EventKind
 from zerostate.model.scenario import Scenario
+from zerostate.targets.base import Outcome
 
 UNMEASURED_CHECKS = frozenset({"hang", "crash", "internal"})
 """Findings whose run's trace is cut short or not DeepSpeed's: no metrics from it."""
 
 
-def metrics(scenario: Scenario, events: list[Any]) -> dict[str, int]:
+def metrics(scenario: Scenario, events: list[Event]) -> dict[str, int]:
     """``{"peak_elements", "peak_params", "all_gathers"}`` of one traced run."""
     from zerostate.model.network import Network
     numel = {name: p.numel for name, p in Network(scenario).params.items()}
     gathered: set[str] = set()
     size = peak = peak_n = gathers = 0
     for e in events:
-        kind = EventKind(getattr(e.kind, "value", e.kind))
+        kind = e.kind
         if kind in (EventKind.FETCH, EventKind.PREFETCH) and e.param:
             if not (kind is EventKind.FETCH and e.note == "inflight"):
                 gathers += 1
@@ -49,10 +48,10 @@ def metrics(scenario: Scenario, events: list[Any]) -> dict[str, int]:
     return {"peak_elements": peak, "peak_params": peak_n, "all_gathers": gathers}
 
 
-def measured(scenario: Scenario, outcome: Any) -> dict[str, int] | None:
+def measured(scenario: Scenario, outcome: Outcome) -> dict[str, int] | None:
     """`metrics` of a ZeRO-3 run that ran to its end (no exception, a trace, no hang, crash or tool error);
     None otherwise."""
-    if scenario.stage != 3 or getattr(outcome, "error", None) or not getattr(outcome, "trace", None):
+    if scenario.stage != 3 or outcome.error or not outcome.trace:
         return None
     if any(f.check in UNMEASURED_CHECKS for f in outcome.findings):
         return None

@@ -117,16 +117,15 @@ class Lanes:
     def __init__(self, stream: Iterator[Scenario], size: int):
         self.stream = stream
         self.size = size
-        self.position: dict[str, int] = {}
-        """Scenario (JSON) -> its first position in the generated sequence, from 1."""
+        self.position: dict[Scenario, int] = {}
+        """Scenario -> its first position in the generated sequence, from 1."""
 
     def __iter__(self) -> Iterator[list[Scenario]]:
         batch: list[Scenario] = []
         for i, sc in enumerate(self.stream, 1):
-            k = sc.to_json(None)
-            if k in self.position:
+            if sc in self.position:
                 continue
-            self.position[k] = i
+            self.position[sc] = i
             batch.append(sc)
             if len(batch) == self.size:
                 yield batch

@@ -230,7 +230,7 @@ def completing(out: Completion, ran: Iterable[Scenario], budget: int, seed: int 
     """`complete`, one example at a time: each is yielded as soon as it is chosen (its lane can run while the
     next ones are drawn), and ``out`` holds what is known so far (``left`` once the generator is exhausted)."""
     ran = list(ran)
-    seen = {sc.to_json(None) for sc in ran}
+    seen = set(ran)
     covered = _taken_through(ran, ended)
     passed = set(skip)
     missing = [p for p in all_pairs() if p not in covered and p not in passed]
@@ -245,7 +245,7 @@ def completing(out: Completion, ran: Iterable[Scenario], budget: int, seed: int 
             todo.pop(0)
             continue
         out.examples.append(best)
-        seen.add(best.to_json(None))
+        seen.add(best)
         took = pairs_of(best)
         todo = [p for p in todo if p not in took]
         yield best
@@ -262,23 +262,23 @@ def draws(pair: Pair, seed: int | None) -> tuple[Scenario, ...] | None:
     return tuple(generated(scenarios(weights=weights), DRAWS, _seed(seed, pair)))
 
 
-def best_of(pair: Pair, drawn: Iterable[Scenario] | None, seen: set[str] | frozenset[str] = frozenset(),
+def best_of(pair: Pair, drawn: Iterable[Scenario] | None, seen: set[Scenario] | frozenset[Scenario] = frozenset(),
             left: set[Pair] | frozenset[Pair] = frozenset()) -> Scenario | None:
-    """Of ``drawn``, the first scenario not in ``seen`` (scenario JSON) that takes ``pair`` and the most of
+    """Of ``drawn``, the first scenario not in ``seen`` that takes ``pair`` and the most of
     ``left``; None: none took it."""
     best, gain = None, -1
     for sc in drawn or ():
         got = pairs_of(sc)
-        if pair not in got or sc.to_json(None) in seen:
+        if pair not in got or sc in seen:
             continue
         if len(got & left) > gain:
             best, gain = sc, len(got & left)
     return best
 
 
-def draw_for(pair: Pair, seed: int | None, seen: set[str] | frozenset[str] = frozenset(),
+def draw_for(pair: Pair, seed: int | None, seen: set[Scenario] | frozenset[Scenario] = frozenset(),
              left: set[Pair] | frozenset[Pair] = frozenset()) -> Scenario | None:
-    """Of `DRAWS` scenarios drawn with ``pair`` forced, one not in ``seen`` (scenario JSON) that takes it and
+    """Of `DRAWS` scenarios drawn with ``pair`` forced, one not in ``seen`` that takes it and
     the most of ``left`` (the first such); None: none took it."""
     return best_of(pair, draws(pair, seed), seen, left)
 
@@ -304,8 +304,8 @@ def ended_only(ran: Iterable[Scenario], ended: Iterable[Scenario]) -> list[Pair]
 
 def _taken_through(ran: list[Scenario], ended: Iterable[Scenario]) -> set[Pair]:
     """The pairs the scenarios of ``ran`` not in ``ended`` (runs that reached their end) take."""
-    early = {sc.to_json(None) for sc in ended}
-    return set().union(*(pairs_of(sc) for sc in ran if sc.to_json(None) not in early))
+    early = set(ended)
+    return set().union(*(pairs_of(sc) for sc in ran if sc not in early))
 
 
 def budget_for(examples: int) -> int:

@@ -48,16 +48,16 @@ class Rounds:
         self.stop = stop
         self.weights: list[Weights] = [DEFAULT]
         """``W_k`` of each round drawn so far."""
-        self.position: dict[str, int] = {}
-        """Scenario (JSON) -> its first position in the whole steered sequence (every round's stream drawn up to
+        self.position: dict[Scenario, int] = {}
+        """Scenario -> its first position in the whole steered sequence (every round's stream drawn up to
         its last new scenario, one after the other, duplicates included), from 1."""
         self.drawn = 0
-        self.round_at: dict[str, int] = {}
-        """Scenario (JSON) -> the round that first drew it."""
+        self.round_at: dict[Scenario, int] = {}
+        """Scenario -> the round that first drew it."""
         self.union: set[Unit] = set()
         self.new_units: list[int] = []
         """Per round folded: the units its examples reached first."""
-        self._units: dict[str, tuple[frozenset[Unit], Scenario]] = {}
+        self._units: dict[Scenario, frozenset[Unit]] = {}
         self._landed = threading.Condition()
 
     def strategy(self, k: int) -> Any:
@@ -69,7 +69,7 @@ class Rounds:
     def note(self, sc: Scenario, units: frozenset[Unit]) -> None:
         """A generated scenario's outcome landed (any thread, any order)."""
         with self._landed:
-            self._units[sc.to_json(None)] = (units, sc)
+            self._units[sc] = units
             self._landed.notify_all()
 
     def __iter__(self) -> Iterator[list[Scenario]]:
@@ -97,11 +97,10 @@ class Rounds:
                 if len(out) == take:
                     break
                 self.drawn += 1
-                key = sc.to_json(None)
-                if key in self.position:
+                if sc in self.position:
                     continue
-                self.position[key] = self.drawn
-                self.round_at[key] = k
+                self.position[sc] = self.drawn
+                self.round_at[sc] = k
                 out.append(sc)
         finally:
             stream.close()
@@ -109,14 +108,14 @@ class Rounds:
 
     def _wait_and_fold(self, k: int) -> list[Any] | None:
         """Round ``k``'s examples folded in position order, once all have landed (None: stopped first)."""
-        mine = sorted((p, key) for key, p in self.position.items() if self.round_at[key] == k)
+        mine = sorted((sc for sc, at in self.round_at.items() if at == k), key=self.position.__getitem__)
         with self._landed:
-            while not all(key in self._units for _, key in mine):
+            while not all(sc in self._units for sc in mine):
                 if self.stop.is_set():
                     return None
                 self._landed.wait(0.2)
-            ordered = [self._units[key] for _, key in mine]
-        folded = fold(((taken(sc), units) for units, sc in ordered), self.union)
+            ordered = [(sc, self._units[sc]) for sc in mine]
+        folded = fold(((taken(sc), units) for sc, units in ordered), self.union)
         self.new_units.append(sum(f.new for f in folded))
         return folded
 

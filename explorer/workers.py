@@ -1,9 +1,8 @@
 """The workers an exploration runs on, and the generated lanes run on them.
 
-A worker is a `Target`; some have more: ``fresh()`` (a worker started afresh, nothing carried over: the
-deepspeed target), ``restarts`` (how often a hang, a crash or ranks out of step forced a restart) and
-``examples`` (runs so far).  These are `Protocol`s, so a target without them (the model target, a pure
-function) is simply never refreshed and never restarted.
+A worker is a `Target`: ``fresh()`` starts it afresh, nothing carried over, where it can be (``can_refresh``: the
+deepspeed target; the model target, a pure function, cannot and need not), ``restarts`` counts how often a hang, a
+crash or ranks out of step forced a restart and ``examples`` its runs so far.
 """
 
 from __future__ import annotations
@@ -11,50 +10,23 @@ from __future__ import annotations
 import queue
 import threading
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
 from collections.abc import Callable, Generator, Iterator
 
 from zerostate.model.scenario import Scenario
 from zerostate.targets.base import Outcome, Target
 
 
-@runtime_checkable
-class Refreshable(Protocol):
-    def fresh(self) -> None: ...
-
-
-@runtime_checkable
-class Restarting(Protocol):
-    restarts: int
-
-
-@runtime_checkable
-class Counting(Protocol):
-    examples: int
-
-
-@runtime_checkable
-class Measuring(Protocol):
-    """A target that can return each run's DeepSpeed arcs (``Outcome.coverage``): the deepspeed one."""
-
-    def measure_coverage(self, on: bool) -> None: ...
-
-
-def restarts_of(w: Target) -> int:
-    return int(w.restarts or 0) if isinstance(w, Restarting) else 0
-
-
 def has_run(w: Target) -> bool:
     """Whether the worker ran examples already (then a lane starts it afresh first)."""
-    return bool(w.examples) if isinstance(w, Counting) else False
+    return w.examples > 0
 
 
 def refresh(w: Target) -> bool:
-    """Start ``w`` afresh when it can be; whether it was."""
-    if isinstance(w, Refreshable):
-        w.fresh()
-        return True
-    return False
+    """Start ``w`` afresh when it can be (`Target.can_refresh`); whether it was."""
+    if not w.can_refresh:
+        return False
+    w.fresh()
+    return True
 
 
 def close_quietly(w: Target) -> None:
@@ -123,7 +95,7 @@ def _inline(w: Target, lanes: Iterator[list[Scenario]], stop: threading.Event,
         if stop.is_set():
             return
         _start_lane([w], 0, fresh_first)
-        yield LaneStep(0, None, None, restarts_of(w))
+        yield LaneStep(0, None, None, w.restarts)
         for sc in lane:
             if stop.is_set():
                 return
@@ -132,7 +104,7 @@ def _inline(w: Target, lanes: Iterator[list[Scenario]], stop: threading.Event,
             except Exception as exc:  # noqa: BLE001 -- the caller stops with it
                 yield LaneStep(0, sc, None, 0, exc)
                 return
-            yield LaneStep(0, sc, out, restarts_of(w))
+            yield LaneStep(0, sc, out, w.restarts)
 
 
 def _threaded(workers: list[Target], lanes: Iterator[list[Scenario]], stop: threading.Event,
@@ -178,13 +150,12 @@ def _run_lane(workers: list[Target], wid: int, lane: list[Scenario], stop: threa
               fresh_first: list[bool], results: queue.Queue[LaneStep | int]) -> None:
     """One lane on worker ``wid`` (in its thread); a target error ends the lane and is raised to `work`."""
     _start_lane(workers, wid, fresh_first)
-    results.put(LaneStep(wid, None, None, restarts_of(workers[wid])))
+    results.put(LaneStep(wid, None, None, workers[wid].restarts))
     for sc in lane:
         if stop.is_set():
             return
         out = workers[wid].run(sc)
-        results.put(LaneStep(wid, sc, out, restarts_of(workers[wid])))
+        results.put(LaneStep(wid, sc, out, workers[wid].restarts))
 
 
-__all__ = ["LaneStep", "Measuring", "Refreshable", "Restarting", "close_quietly", "has_run", "refresh", "restarts_of",
-           "run_lanes", "spawn_workers"]
+__all__ = ["LaneStep", "close_quietly", "has_run", "refresh", "run_lanes", "spawn_workers"]

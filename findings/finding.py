@@ -96,7 +96,8 @@ class Finding:
 
     @property
     def size(self) -> tuple[int, int, int]:
-        """A total order on how small the scenario is (blocks, micro-steps, JSON length)."""
+        """A total order on how small the scenario is (blocks, micro-steps, JSON length): the compact JSON's length
+        measures the settings away from their defaults (a scenario is its own key; this is a size, not an identity)."""
         sc = self.scenario
         if sc is None:
             return (0, 0, 0)

@@ -63,14 +63,18 @@ def test_replay_ablate_takes_two_known_mechanisms_apart(tmp_path):
 
 @pytest.mark.fast
 def test_the_report_offers_the_ablation_for_an_unexplained_deepspeed_finding_only():
-    from zerostate.cli.report_md import _finding
-    base = {"n": 3, "files": {}, "check": "oracle", "error": "differs", "description": "ZeRO-3", "scenario": {},
-            "events_around": [], "notes": [], "where": "DeepSpeed 0.19.8",
-            "replay": "zerostate replay finding_3.json --deepspeed 0.19.8"}
+    from dataclasses import replace
+
+    from zerostate.reports.finding_entry import FindingEntry, KnownIssue, Labels
+    from zerostate.reports.report_markdown import _finding
+    base = FindingEntry(3, "oracle", "differs", None, "DeepSpeed 0.19.8", 1, 1, {}, "ZeRO-3", None, (), {}, (),
+                        "oracle", "zerostate replay finding_3.json --deepspeed 0.19.8")
+    unexplained = Labels(None, "oracle", "oracle", None)
     ablate = "zerostate replay finding_3.json --deepspeed 0.19.8 --ablate"
-    assert any(line.startswith(ablate) for line in _finding({**base, "known_issue": None}))
-    assert not any(ablate in line for line in _finding({**base, "known_issue": {
-        "id": "k", "owner": "deepspeed", "title": "t", "fixed_in": None, "nature": "bug"}}))
-    assert not any(ablate in line for line in _finding({**base, "known_issue": None, "harness_error": "oracle raised"}))
-    model = {**base, "where": None, "design": "ds-0.18.4", "known_issue": None}
+    assert any(line.startswith(ablate) for line in _finding(replace(base, labels=unexplained)))
+    known = KnownIssue("k", "t", "deepspeed", None, None, "bug", None)
+    assert not any(ablate in line for line in _finding(replace(base, labels=replace(unexplained, known_issue=known))))
+    assert not any(ablate in line for line in _finding(replace(base, labels=replace(unexplained,
+                                                                                     harness_error="oracle raised"))))
+    model = replace(base, where=None, design="ds-0.18.4", labels=unexplained)
     assert not any("--ablate" in line for line in _finding(model))

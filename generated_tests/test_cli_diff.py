@@ -21,8 +21,9 @@ from test_cli_util import FailingTarget, assert_one_line_error, zs
 
 import deepspeed
 
-from zerostate.cli.diff_classify import classify
-from zerostate.cli.diff_metrics import compare, metrics
+from zerostate.reports.diff_classify import classify
+from zerostate.explorer.gathered import metrics
+from zerostate.reports.diff_memory import compare
 from zerostate.model.events import Event, EventKind
 from zerostate.model.scenario import Scenario
 from zerostate.targets.base import Outcome
@@ -39,7 +40,7 @@ UPSTREAM = Path(__file__).resolve().parents[1] / "docs" / "upstream"
 
 # ---------------------------------------------------------------- classification (made-up outcomes)
 class _Fake:
-    """A recorder stand-in: scenario JSON -> the findings a build shows on it, each ``(check, error, origin)`` or a
+    """A recorder stand-in: scenario -> the findings a build shows on it, each ``(check, error, origin)`` or a
     whole `Finding` (its trace and evidence: what a label reads)."""
 
     def __init__(self, version, table):
@@ -49,7 +50,7 @@ class _Fake:
         self.runs.append(sc)
         found = [replace(x, scenario=sc, deepspeed=self.version) if isinstance(x, Finding)
                  else Finding(x[0], x[1], sc, target="deepspeed", deepspeed=self.version, origin=x[2])
-                 for x in self.table.get(sc.to_json(None), [])]
+                 for x in self.table.get(sc, [])]
         return Outcome(sc, [], next((f.error for f in found if f.check == "exception"), None), found)
 
     def repeat(self, sc, shows, before, runs, max_seconds):
@@ -102,45 +103,45 @@ def _leaf_early(ver, sc, check="available-when-used"):
 
 def test_classify_fixed_introduced_unchanged_with_the_other_sides_replay():
     a = ("exception", "ValueError: a", "ValueError@x.f")
-    base = _Fake("0.19.8", {SC_A.to_json(None): [a], SC_B.to_json(None): [("clean-step", "stale", None)]})
-    head = _Fake("0.19.8", {SC_B.to_json(None): [("clean-step", "stale", None)],
-                            SC_C.to_json(None): [("oracle", "differs", None)]})
+    base = _Fake("0.19.8", {SC_A: [a], SC_B: [("clean-step", "stale", None)]})
+    head = _Fake("0.19.8", {SC_B: [("clean-step", "stale", None)],
+                            SC_C: [("oracle", "differs", None)]})
     entries = classify([_fs("0.19.8", SC_A, *a), _fs("0.19.8", SC_B, "clean-step", "stale")],
                        [_fs("0.19.8", SC_B, "clean-step", "stale"), _fs("0.19.8", SC_C, "oracle", "differs")],
                        base, head)
-    status = {e["check"]: e["status"] for e in entries}
+    status = {e.check: e.status for e in entries}
     assert status == {"exception": "fixed", "clean-step": "unchanged", "oracle": "introduced"}
-    assert [e["status"] for e in entries] == ["introduced", "fixed", "unchanged"]
-    fixed = next(e for e in entries if e["status"] == "fixed")
-    assert fixed["replay_on_head"]["clean"] and fixed["found_on"] == "base"
-    new = next(e for e in entries if e["status"] == "introduced")
-    assert new["replay_on_base"]["clean"] and new["found_on"] == "head"
+    assert [e.status for e in entries] == ["introduced", "fixed", "unchanged"]
+    fixed = next(e for e in entries if e.status == "fixed")
+    assert fixed.replay.clean and fixed.other_side == "head" and fixed.found_on == "base"
+    new = next(e for e in entries if e.status == "introduced")
+    assert new.replay.clean and new.other_side == "base" and new.found_on == "head"
     assert SC_C in base.runs and SC_A in head.runs  # each finding replayed on the other build
 
 
 def test_a_finding_the_head_exploration_missed_is_unchanged_when_its_replay_shows_it():
     f = ("exception", "IndexError: list index out of range", "IndexError@s.reduce_ipg_grads")
-    base = _Fake("0.19.8", {SC_A.to_json(None): [f]})
-    head = _Fake("0.19.8", {SC_A.to_json(None): [f]})
+    base = _Fake("0.19.8", {SC_A: [f]})
+    head = _Fake("0.19.8", {SC_A: [f]})
     entries = classify([_fs("0.19.8", SC_A, *f)], [], base, head)
-    assert [e["status"] for e in entries] == ["unchanged"]
+    assert [e.status for e in entries] == ["unchanged"]
 
 
 def test_a_known_bug_of_base_that_a_crash_hid_is_unmasked_not_introduced():
     sc = known.Z3_LEAF_KEPT_GATHERED.scenario
     kept = ("released-after-backward", "after the backward (and its epilogue) X are still gathered", None)
     crash = ("exception", "RuntimeError: The size of tensor a (0) must match", "RuntimeError@stage3.hook")
-    head = _Fake("0.19.8", {sc.to_json(None): [kept]})
-    entries = classify([], [_leaf_kept("0.19.8", sc)], _Fake("0.19.8", {sc.to_json(None): [crash]}), head)
-    assert [e["status"] for e in entries] == ["unmasked"]
+    head = _Fake("0.19.8", {sc: [kept]})
+    entries = classify([], [_leaf_kept("0.19.8", sc)], _Fake("0.19.8", {sc: [crash]}), head)
+    assert [e.status for e in entries] == ["unmasked"]
     # the same finding where base ran to the end without it is introduced
     entries = classify([], [_leaf_kept("0.19.8", sc)], _Fake("0.19.8", {}), head)
-    assert [e["status"] for e in entries] == ["introduced"]
+    assert [e.status for e in entries] == ["introduced"]
     # and a finding no known issue explains is introduced even behind a crash
     other = ("clean-step", "stale gradients survive engine.step()", None)
-    entries = classify([], [_fs("0.19.8", SC_A, *other[:2])], _Fake("0.19.8", {SC_A.to_json(None): [crash]}),
-                       _Fake("0.19.8", {SC_A.to_json(None): [other]}))
-    assert [e["status"] for e in entries] == ["introduced"]
+    entries = classify([], [_fs("0.19.8", SC_A, *other[:2])], _Fake("0.19.8", {SC_A: [crash]}),
+                       _Fake("0.19.8", {SC_A: [other]}))
+    assert [e.status for e in entries] == ["introduced"]
 
 
 def test_a_known_bug_of_base_that_another_bug_hid_is_unmasked_not_introduced():
@@ -151,13 +152,13 @@ def test_a_known_bug_of_base_that_another_bug_hid_is_unmasked_not_introduced():
                              "steps": [{"micro": [{"backward": "engine"}, {"backward": "engine"}]}]})
     unavailable = _leaf_early("0.19.3", sc)
     head = _Fake("0.19.3", {})
-    leak = _Fake("0.19.2", {sc.to_json(None): [("released-after-backward", "X are still gathered", None)]})
-    assert [e["status"] for e in classify([], [unavailable], leak, head)] == ["unmasked"]
+    leak = _Fake("0.19.2", {sc: [("released-after-backward", "X are still gathered", None)]})
+    assert [e.status for e in classify([], [unavailable], leak, head)] == ["unmasked"]
     # base ran clean: introduced; and a finding no known issue explains is introduced behind another bug
-    assert [e["status"] for e in classify([], [unavailable], _Fake("0.19.2", {}), head)] == ["introduced"]
+    assert [e.status for e in classify([], [unavailable], _Fake("0.19.2", {}), head)] == ["introduced"]
     other = _fs("0.19.3", SC_A, "clean-step", "stale gradients survive engine.step()")
-    leak_a = _Fake("0.19.2", {SC_A.to_json(None): [("released-after-backward", "X are still gathered", None)]})
-    assert [e["status"] for e in classify([], [other], leak_a, head)] == ["introduced"]
+    leak_a = _Fake("0.19.2", {SC_A: [("released-after-backward", "X are still gathered", None)]})
+    assert [e.status for e in classify([], [other], leak_a, head)] == ["introduced"]
 
 
 class _Racy(_Fake):
@@ -184,9 +185,9 @@ def test_a_base_finding_is_fixed_only_after_as_many_replays_as_confirmation_make
     from zerostate.explorer.confirm import REPEAT
     a = ("exception", "ValueError: a", "ValueError@x.f")
     head = _Fake("0.19.8", {})
-    entries = classify([_fs("0.19.8", SC_A, *a)], [], _Fake("0.19.8", {SC_A.to_json(None): [a]}), head)
-    assert [e["status"] for e in entries] == ["fixed"]
-    assert entries[0]["replay_on_head"]["runs"] == REPEAT + 1 and entries[0]["replay_on_head"]["hits"] == 0
+    entries = classify([_fs("0.19.8", SC_A, *a)], [], _Fake("0.19.8", {SC_A: [a]}), head)
+    assert [e.status for e in entries] == ["fixed"]
+    assert entries[0].replay.runs == REPEAT + 1 and entries[0].replay.hits == 0
     assert head.runs.count(SC_A) == REPEAT + 1
 
 
@@ -196,13 +197,13 @@ def test_a_race_one_replay_misses_is_intermittent_not_fixed():
     from zerostate.explorer.confirm import REPEAT
     a = ("exception", "ValueError: a", "ValueError@x.f")
     head = _Racy("0.19.8", SC_A, a, every=7)
-    entries = classify([_fs("0.19.8", SC_A, *a)], [], _Fake("0.19.8", {SC_A.to_json(None): [a]}), head)
-    assert [e["status"] for e in entries] == ["intermittent"]
-    rep = entries[0]["replay_on_head"]
-    assert rep["runs"] == REPEAT + 1 and rep["hits"] == (REPEAT + 1) // 7
+    entries = classify([_fs("0.19.8", SC_A, *a)], [], _Fake("0.19.8", {SC_A: [a]}), head)
+    assert [e.status for e in entries] == ["intermittent"]
+    rep = entries[0].replay
+    assert entries[0].other_side == "head" and rep.runs == REPEAT + 1 and rep.hits == (REPEAT + 1) // 7
     # a head finding that base shows in some runs only exists on base: intermittent, not introduced
     entries = classify([], [_fs("0.19.8", SC_A, *a)], _Racy("0.19.8", SC_A, a, every=7), _Fake("0.19.8", {}))
-    assert [e["status"] for e in entries] == ["intermittent"]
+    assert [e.status for e in entries] == ["intermittent"]
 
 
 def test_a_label_preserving_swap_of_one_crash_for_another_is_introduced():
@@ -225,9 +226,9 @@ def test_a_label_preserving_swap_of_one_crash_for_another_is_introduced():
         Frame("deepspeed", "runtime/zero/stage3.py", "_injected_fault"),))))
     assert label(alien) is None
     assert fb.key != fh.key and label(fb) is not None and label(fb) == label(fh)  # the same label
-    base, head = _Fake("0.19.8", {sc.to_json(None): [fb]}), _Fake("0.19.8", {sc.to_json(None): [fh]})
+    base, head = _Fake("0.19.8", {sc: [fb]}), _Fake("0.19.8", {sc: [fh]})
     entries = classify([fb], [fh], base, head)
-    assert {e["found_on"]: e["status"] for e in entries} == {"base": "fixed", "head": "introduced"}
+    assert {e.found_on: e.status for e in entries} == {"base": "fixed", "head": "introduced"}
 
 
 def test_a_build_that_breaks_while_running_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys):
@@ -258,10 +259,10 @@ def test_a_head_peak_beyond_the_tolerance_is_a_regression_and_a_lower_one_is_not
     sc = Scenario.from_dict({"blocks": [{"leaf": True}], "stage": 3})
     base = {"peak_elements": 100, "peak_params": 2, "all_gathers": 4}
     up = compare([(sc, base, {**base, "peak_elements": 111})], 0.10)
-    assert len(up["regressions"]) == 1 and up["families"][0]["peak_elements"]["worst_ratio"] == pytest.approx(1.11)
+    assert len(up.regressions) == 1 and up.families[0].peak_elements.worst_ratio == pytest.approx(1.11)
     down = compare([(sc, base, {**base, "peak_elements": 50})], 0.10)
-    assert not down["regressions"] and down["families"][0]["peak_elements"]["differ_most"]["head"] == 50
-    assert not compare([(sc, base, {**base, "peak_elements": 110})], 0.10)["regressions"]
+    assert not down.regressions and down.families[0].peak_elements.differ_most.head == 50
+    assert not compare([(sc, base, {**base, "peak_elements": 110})], 0.10).regressions
 
 
 # ---------------------------------------------------------------- labels and groups

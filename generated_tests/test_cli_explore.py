@@ -146,7 +146,7 @@ def swallow(phase, info):
     # raise it after the block, in ordinary code).
     if (fired or phase != "start" or threading.current_thread() is not threading.main_thread()
             or not os.path.exists(os.path.join(out, "finding_1.json"))
-            or getattr(signal.getsignal(signal.SIGINT), "__module__", "") == "zerostate.cli.report"):
+            or getattr(signal.getsignal(signal.SIGINT), "__module__", "") == "zerostate.reports.report_folder"):
         return
     fired.append(1)
     signal.raise_signal(signal.SIGINT)  # its handler runs before raise_signal returns: here
@@ -396,7 +396,7 @@ def test_a_complete_run_numbers_its_findings_in_generation_order(tmp_path):
     handed over in (with --jobs > 1 the lanes' timing decides it): the same command, the same report.  The
     CLI rewrites its report from that event, files and replay commands renamed with the numbers."""
     from zerostate.cli.cmd_explore import _Column, _renumber, _write
-    from zerostate.cli.report import Report
+    from zerostate.reports.report_folder import Report
     from zerostate.explorer.events import Renumbered, Seen
     from zerostate.explorer.explore import Exploration
     from zerostate.explorer.strategies import scenarios

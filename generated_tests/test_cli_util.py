@@ -16,6 +16,8 @@ import xml.etree.ElementTree as ET
 import zlib
 from pathlib import Path
 
+from zerostate.targets.base import Target
+
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent / "zerostate"
 
@@ -98,7 +100,7 @@ def assert_png(path: Path) -> tuple[int, int]:
     return size
 
 
-class FailingTarget:
+class FailingTarget(Target):
     """The model target until its ``after``-th run, then the error a deepspeed target raises when its world-size-2
     rank pool cannot start (``TargetError``, several lines: the reason, then the pool's log)."""
 
@@ -115,9 +117,6 @@ class FailingTarget:
             raise TargetError("the DeepSpeed rank pool (2 ranks) did not start (rank 1 exited (code 1)):\n"
                               "Traceback (most recent call last):\n  File \"rank_worker.py\", line 1\nImportError: x")
         return self.inner.run(sc)
-
-    def close(self):
-        pass
 
 
 def assert_one_line_error(rc: int, err: str, *words: str) -> None:

@@ -74,8 +74,7 @@ def _keys(res):
     sequence first met it: `ExploreResult.findings` is in hand-over order, which two workers' timing decides), its
     shrunk scenario, its confirmation."""
     numbered = sorted(res.findings, key=lambda f: (res.generated_at.get(f.key, float("inf")), f.key))
-    return [(f.key, f.scenario.to_json(None), f.shrunk, f.confirmation.status,
-             [s.to_json(None) for s in f.confirmation.sequence]) for f in numbered]
+    return [(f.key, f.scenario, f.shrunk, f.confirmation.status, f.confirmation.sequence) for f in numbered]
 
 
 def _session(c, kind, **options):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from zerostate.model.scenario import Scenario
-from zerostate.targets.base import Outcome, get_target
+from zerostate.targets.base import Outcome, Target, get_target
 from zerostate.findings.finding import Finding
 from zerostate.explorer.explore import _rank, explore, hard_cap
 from zerostate.explorer.strategies import scenarios
@@ -23,7 +23,7 @@ added to it (test_scenario.py checks what the default sequence draws)."""
 def test_deterministic_and_shrunk():
     t = get_target("model", design="ds-0.18.4")
     runs = [explore(t, examples=60, seed=None) for _ in range(2)]
-    keys = [sorted((f.key, f.scenario.to_json(None)) for f in r.findings) for r in runs]
+    keys = [{f.key: f.scenario for f in r.findings} for r in runs]
     assert keys[0] == keys[1] and keys[0]
     for f in runs[0].findings:  # 0.18.4's double count needs plain, reentrant, plain: 3 blocks is minimal
         assert len(f.scenario.blocks) <= 3 and len(f.scenario.steps) <= 2, f.scenario.describe()
@@ -48,7 +48,7 @@ def test_stop_and_seed():
     assert len({f.key for f in res.findings}) >= 1
 
 
-class _Broken:
+class _Broken(Target):
     name, version = "broken", None
 
     def __init__(self, after: int, exc: BaseException):
@@ -60,9 +60,6 @@ class _Broken:
         if self.n > self.after:
             raise self.exc
         return self.inner.run(sc)
-
-    def close(self) -> None:
-        pass
 
 
 def test_a_broken_target_stops_the_run_with_its_own_error():
@@ -78,13 +75,14 @@ def test_ctrl_c_hands_over_what_was_seen():
 
 
 # ------------------------------------------------------------------ confirmation before hand-over
-class _Leaky:
+class _Leaky(Target):
     """A test-only target whose worker leaks state (the knob lives here, not in the production worker):
     once it has run a ZeRO-1 scenario, every later scenario with two or more train steps gets a
     ``leaked`` finding, until ``fresh()`` starts a clean worker.  Like a rank pool carrying a collective
     over, or DeepSpeed carrying state from one engine to the next in one process."""
 
     name, version = "leaky", None
+    can_refresh = True
 
     def __init__(self):
         self.inner = get_target("model", design="zerostate")
@@ -103,9 +101,6 @@ class _Leaky:
             self.poisoned = True
         return out
 
-    def close(self) -> None:
-        pass
-
 
 def test_a_finding_that_needs_earlier_examples_is_reported_order_dependent_with_its_sequence():
     from zerostate.explorer.confirm import reproduces
@@ -120,8 +115,7 @@ def test_a_finding_that_needs_earlier_examples_is_reported_order_dependent_with_
     assert not reproduces(_Leaky(), leaked[0].key, leaked[0].scenario, [])
     assert runs[0].reliability["order_dependent"] == 1
     # the same seed gives the same findings, sequences included
-    same = [sorted((f.key, f.scenario.to_json(None), [s.to_json(None) for s in f.confirmation.sequence])
-                   for f in r.findings) for r in runs]
+    same = [{f.key: (f.scenario, f.confirmation.sequence) for f in r.findings} for r in runs]
     assert same[0] == same[1]
 
 
@@ -220,8 +214,7 @@ def test_each_new_key_is_handed_over_unshrunk_at_once_then_updated_shrunk():
 
 
 def _keys(res):
-    return sorted((f.key, f.scenario.to_json(None), f.confirmation.status,
-                   [s.to_json(None) for s in f.confirmation.sequence]) for f in res.findings)
+    return {f.key: (f.scenario, f.confirmation.status, f.confirmation.sequence) for f in res.findings}
 
 
 def test_the_same_findings_whatever_the_number_of_jobs():

@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import pytest
 
-from zerostate.cli.diff_classify import classify
+from zerostate.reports.diff_classify import classify
 from zerostate.findings.evidence import Evidence, OracleDiff, ParamDiff
 from zerostate.findings.finding import Finding
 from zerostate.findings.oracle_class import OTHER, ratio_class, update_class
@@ -107,13 +107,13 @@ def test_a_known_oracle_issue_keeps_its_id_in_the_key_and_unlabelled_ones_group_
 
 
 class _Build:
-    """A diff side that shows, on every scenario, the findings of its table (scenario JSON -> findings)."""
+    """A diff side that shows, on every scenario, the findings of its table (scenario -> findings)."""
 
-    def __init__(self, version: str, table: dict[str, list[Finding]]) -> None:
+    def __init__(self, version: str, table: dict[Scenario, list[Finding]]) -> None:
         self.version, self.table = version, table
 
     def run(self, sc: Scenario) -> Outcome:
-        found = [replace(f, scenario=sc, deepspeed=self.version) for f in self.table.get(sc.to_json(None), [])]
+        found = [replace(f, scenario=sc, deepspeed=self.version) for f in self.table.get(sc, [])]
         return Outcome(sc, [], None, found)
 
     def repeat(self, sc, shows, before, runs, max_seconds):  # type: ignore[no-untyped-def]
@@ -124,14 +124,14 @@ def test_diff_calls_a_swap_of_one_oracle_mechanism_for_another_introduced():
     """Base's scenario shows a halved update, head's the same scenario not updated at all: one bug fixed and
     another introduced, where the key ``oracle`` alone read unchanged.  The same mechanism on head (other
     parameters) is unchanged."""
-    sc = SC_SMALL.to_json(None)
+    sc = SC_SMALL
     fb = _oracle(SC_SMALL, 0, [("blocks.0.lin.weight", 0.5)], _steps(True))
     fh = _oracle(SC_SMALL, 0, [("blocks.0.lin.weight", 0.0)], _steps(True))
     entries = classify([fb], [fh], _Build("0.19.8", {sc: [fb]}), _Build("0.19.8", {sc: [fh]}))
-    assert {e["found_on"]: e["status"] for e in entries} == {"base": "fixed", "head": "introduced"}
+    assert {e.found_on: e.status for e in entries} == {"base": "fixed", "head": "introduced"}
     same = _oracle(SC_SMALL, 0, [("head.weight", 0.502)], _steps(True))
     entries = classify([fb], [same], _Build("0.19.8", {sc: [fb]}), _Build("0.19.8", {sc: [same]}))
-    assert [e["status"] for e in entries] == ["unchanged"]
+    assert [e.status for e in entries] == ["unchanged"]
 
 
 def test_no_update_is_not_updated_whatever_the_counterfactuals_say():

@@ -134,19 +134,20 @@ def test_a_harness_error_is_never_labelled():
 
 
 def test_reports_show_harness_errors_and_limitations_apart():
-    from zerostate.cli.report_md import render_markdown
     from zerostate.known.labels import annotate
+    from zerostate.reports.finding_entry import FindingEntry, Labels
+    from zerostate.reports.report_markdown import render_markdown
+    from zerostate.reports.run_report import HarnessError, RunRecord, RunReport
     k = by_id("z3-linear-override-outlives-engine")
     lim = Finding("carried-state", "DeepSpeed 0.19.8: torch.nn.functional.linear is ...", k.scenario,
                   deepspeed="0.19.8", code="torch-linear-replaced")
     own = Finding("oracle-error", "oracle: RuntimeError: element 0 of tensors does not require grad", k.scenario,
                   deepspeed="0.19.8", evidence=Evidence(raised=Raised("RuntimeError", "element 0 of tensors")))
-    entries = []
-    for n, f in enumerate((lim, own), 1):
-        entries.append({"n": n, "check": f.check, "error": f.error, "description": "", "files": {}, "notes": [],
-                        "events_around": [], "replay": "zerostate replay x", **annotate(f)})
-    md = render_markdown({"command": "explore", "status": "complete", "run": {}, "columns": [], "specs": {},
-                          "findings": entries, "harness_errors": [{"n": 2}]})
+    entries = tuple(FindingEntry(n, f.check, f.error, None, None, 1, 1, {}, "", None, (), {}, (), f.key,
+                                 "zerostate replay x", labels=Labels.of(annotate(f)))
+                    for n, f in enumerate((lim, own), 1))
+    md = render_markdown(RunReport("0", "explore", "complete", RunRecord({}, ""), (), {}, entries, {},
+                                   harness_errors=(HarnessError(2, own.key, "oracle raised"),)))
     assert "harness errors: 1" in md and "## Harness errors (1)" in md and "## Findings (1)" in md
     assert "documented limitation" in md and "Known documented limitation `z3-linear-override-outlives-engine`" in md
     roots = [ln for ln in md.split("## Root causes")[1].split("##")[0].splitlines() if ln.startswith("|")]

@@ -23,12 +23,16 @@ LAYERS = {
     "explorer": {"model", "specs", "findings", "known", "targets", "atomic"},
     "cluster": {"model", "targets", "harness"},
     "clients": {"model", "runtime", "watcher"},
-    "watcher": {"model", "specs", "findings", "known", "tracing", "runtime", "atomic", "jit_ops", "cli"},
+    "reports": {"model", "analysis", "findings", "known", "harness", "targets", "explorer", "atomic"},
+    "watcher": {"model", "specs", "findings", "known", "tracing", "runtime", "reports", "atomic", "jit_ops"},
+    "cli": {"model", "specs", "analysis", "runtime", "findings", "known", "tracing", "harness", "targets", "explorer",
+            "cluster", "reports", "watcher", "atomic", "jit_ops"},
 }
 """What each package may import of the project (beside itself).  The runtime (shipped alone to DeepSpeed
-users) imports only the model's era table; only ``cli`` and ``watcher`` (its command shares the CLI's
-errors and pictures) import the CLI.  ``atomic`` and ``jit_ops`` are stdlib-only leaves of the ``zerostate``
-package (a file written whole; the torch extensions folder of each DeepSpeed release)."""
+users) imports only the model's era table; nothing imports the CLI (it holds the commands only: the reports
+and pictures they write are ``reports``', which the watcher shares).  ``atomic`` and ``jit_ops`` are
+stdlib-only leaves of the ``zerostate`` package (a file written whole; the torch extensions folder of each
+DeepSpeed release)."""
 
 
 def _project_imports(path: Path) -> set[str]:

@@ -18,6 +18,19 @@ def test_json_round_trip(sc):
     assert Scenario.from_dict(json.loads(sc.to_json(indent=None))) == sc
 
 
+@given(scenarios(), scenarios())
+def test_a_scenario_is_its_own_key(a, b):
+    """The explorer keys its memo and sets by the scenario: equal exactly when the JSON is, hashed alike."""
+    assert (a == b) == (a.to_json(None) == b.to_json(None))
+    back = Scenario.from_json(a.to_json())
+    assert back == a and hash(back) == hash(a) and {a: 1}[back] == 1
+
+
+def test_an_integer_clipping_is_the_float_it_equals():
+    assert Scenario(gradient_clipping=1).to_json(None) == Scenario(gradient_clipping=1.0).to_json(None)
+    assert type(Scenario(gradient_clipping=1).gradient_clipping) is float
+
+
 @pytest.mark.parametrize("data, field", [
     ({"blocks": [{"checkpoint": "sometimes"}]}, "blocks[0].checkpoint"),
     ({"blocks": [{"norm": "thawed"}]}, "blocks[0].norm"),

@@ -160,7 +160,7 @@ def execute(sc: Scenario, on_step: OnStep | None = None) -> RunRecord:
         started: dict[str, Any] = {"pt": oracle_info["initial"], "ds": initial_ds or oracle_info["initial"],
                                    "pt_earlier": None, "ds_masters": masters0}  # where each step started, both sides
         rec.start = (started["ds"], masters0)
-        tracer = traced = Tracer(built.engine, sc.to_dict()).install()
+        tracer = traced = Tracer(built.engine, sc).install()
         counterfactuals = oracle_info.get("counterfactuals") or []
 
         def after_step(i: int) -> None:

@@ -1,6 +1,8 @@
 """Scenario: the one input every target takes.
 
-A scenario is a plain, immutable, JSON-serialisable value with three parts:
+A scenario is a plain, immutable, hashable, JSON-serialisable value, and its own key: the explorer's memo,
+positions and sets hold scenarios, and two scenarios are equal exactly when their JSON is equal.  It has three
+parts:
 
 * the **network**: a sequence of blocks.  Each block is ``norm -> lin`` (a
   LayerNorm followed by a Linear, the shape of seed 002's MRE); each of the two
@@ -154,6 +156,12 @@ class Scenario:
     applies (or who constructed it) changes none of them -- the same scenario with SGD and with config Adam gives
     the same trace (test_deepspeed_setups.py ``test_config_adam_leaves_the_trace_unchanged``), so the model's
     agreement check still applies."""
+
+    def __post_init__(self) -> None:
+        """Equal scenarios have one JSON form: an integer clipping (equal to its float, so the same key) is held as
+        the float the JSON and the parser give."""
+        if type(self.gradient_clipping) is int:
+            object.__setattr__(self, "gradient_clipping", float(self.gradient_clipping))
 
     # ------------------------------------------------------------------ derived
     @property

@@ -22,7 +22,7 @@ then its ``factory``.  This module imports none of its kinds.
 or None), ``target``, ``deepspeed`` (the release, or None), ``origin`` (for
 ``exception``: ``ExcType@module.function`` of the innermost DeepSpeed frame), ``code``
 (a spec finding's violation code, from the monitor's `Violation`), and, set by the explorer,
-``confirmation`` and ``shrunk``.  Reports read these fields directly (``cli/report.py``).
+``confirmation`` and ``shrunk``.  Reports read these fields directly (``reports/report_folder.py``).
 ``Finding.key`` (check id, plus origin for exceptions or the spec's violation code) is what makes two findings
 the same bug: the explorer reports one per key.
 ``Finding.to_json_dict()`` gives ``{"check", "key", "error", "blocks", "steps", "scenario"}``.
@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypedDict
 
 from zerostate.model.designs import Design
 from zerostate.model.events import Event
@@ -97,18 +97,58 @@ class Outcome:
         return len(self.record.steps) if self.record is not None else 0
 
 
-@runtime_checkable
+class Startup(TypedDict):
+    """What starting one of a target's workers cost: its world size, the seconds from the process's start to its
+    answer, and the DeepSpeed ops JIT-built meanwhile."""
+
+    world_size: int
+    seconds: float | None
+    jit_builds: list[str]
+
+
 class Target(Protocol):
+    """Everything the explorer, the cluster and the CLI ask of a target.  A target derives from it and inherits
+    a no-op for each capability it lacks (a pure function such as the model is never started afresh, never
+    restarted, has no workers to start ahead or measure), so no caller asks whether a target has one.  (The no-ops
+    return None explicitly: a protocol method whose body is only a docstring is abstract to a type checker.)"""
+
     name: str
     """The kind: ``model`` or ``deepspeed``."""
     version: str | None
     """The DeepSpeed release it runs (None for the model)."""
     design: Design
     """The model design: the one run (model target) or the one its traces are compared with (deepspeed)."""
+    examples: int = 0
+    """Runs so far (a worker that ran some is started afresh before a lane)."""
+    restarts: int = 0
+    """How often a hang, a crash or ranks out of step forced a restart of its worker."""
+    can_refresh: bool = False
+    """Whether `fresh` starts a fresh worker; False: it does nothing, and a finding that does not reproduce
+    at once is not replayed after its history (there is no fresh worker to replay it in)."""
 
     def run(self, scenario: Scenario) -> Outcome: ...
 
-    def close(self) -> None: ...
+    def close(self) -> None:
+        """Release the target's workers; nothing to release by default."""
+        return None
+
+    def fresh(self) -> None:
+        """A fresh worker for the next run, nothing carried over from the runs before (`can_refresh`); by
+        default there is no worker and nothing to do."""
+        return None
+
+    def prestart(self, world_size: int) -> None:
+        """Start the workers of ``world_size``-rank scenarios ahead, in the background; by default none."""
+        return None
+
+    def measure_coverage(self, on: bool) -> None:
+        """From the next run on, return (or stop returning) the DeepSpeed arcs each run executes; by default its
+        runs execute no DeepSpeed code."""
+        return None
+
+    def startup(self) -> list[Startup]:
+        """What starting the target's workers cost, per world size (reported as start-up); [] without workers."""
+        return []
 
 
 def spec_findings(events: list[Event], scenario: Scenario, target: str, version: str | None,
@@ -170,5 +210,5 @@ def get_target(name: str, **options: Any) -> Target:
     return kind.factory(**options)
 
 
-__all__ = ["Finding", "Outcome", "RankSummary", "Target", "TargetError", "TargetKind", "get_target", "register",
-           "spec_findings", "target_kinds"]
+__all__ = ["Finding", "Outcome", "RankSummary", "Startup", "Target", "TargetError", "TargetKind", "get_target",
+           "register", "spec_findings", "target_kinds"]

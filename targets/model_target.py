@@ -2,7 +2,8 @@
 
 ``ModelTarget("ds-0.18.7").run(scenario)`` drives one interleaving (PyTorch's CPU
 order) of the design with `zerostate.model.explore.run` and checks every spec
-on the trace: one `Finding` per violated spec.  Cheap (milliseconds), no torch.
+on the trace: one `Finding` per violated spec.  Cheap (milliseconds), no torch.  A pure function: it has no
+worker to start afresh, restart, start ahead or measure (`Target`'s no-ops).
 """
 
 from __future__ import annotations
@@ -14,10 +15,10 @@ from typing import Any
 from zerostate.model.designs import UnknownDesignError, get_design
 from zerostate.model.scenario import Scenario
 
-from zerostate.targets.base import Outcome, TargetError, known_design, register, spec_findings
+from zerostate.targets.base import Outcome, Target, TargetError, known_design, register, spec_findings
 
 
-class ModelTarget:
+class ModelTarget(Target):
     name: str = "model"
     version: str | None = None
 
@@ -31,13 +32,11 @@ class ModelTarget:
     def run(self, scenario: Scenario) -> Outcome:
         from zerostate.model.explore import run as model_run
         t0 = time.perf_counter()
+        self.examples += 1
         from zerostate.model.explore import needs_coordinator
         trace = list(model_run(self.design, scenario).events)
         findings = spec_findings(trace, scenario, self.name, None, needs_coordinator(self.design, scenario))
         return Outcome(scenario, trace, None, findings, time.perf_counter() - t0)
-
-    def close(self) -> None:
-        pass
 
 
 def validate(*, deepspeed: str | None = None, deepspeed_path: str | None = None, design: str | None = None,

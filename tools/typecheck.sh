@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # mypy over zerostate's packages: strict on the pure core (model, specs, analysis), the findings and the worker
-# protocol (what crosses a process boundary), a plain pass on the rest.
+# protocol (what crosses a process boundary) and the reports, a plain pass on the rest.
 #
 # The import packages are mapped from top-level folders (pyproject's [tool.setuptools] package-dir) and installed
 # editable through an import hook mypy cannot follow, so this builds the package tree mypy expects as symlinks
@@ -11,7 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
 WHICH=${1:-all}
-STRICT_PKGS=(zerostate.model zerostate.specs zerostate.analysis zerostate.findings)
+STRICT_PKGS=(zerostate.model zerostate.specs zerostate.analysis zerostate.findings zerostate.reports)
 STRICT_MODS=(zerostate.harness.protocol)
 
 layout=$("$PY" - "${STRICT_PKGS[@]}" <<'PYEOF'

@@ -1,8 +1,8 @@
 """The harness's tracer: `TraceCore` on zerostate's own network, its events kept as a list of dicts.
 
-``Tracer(engine, scenario).install()`` in the worker (`zerostate.harness.executor`); ``tracer.events`` (dicts, what
-crosses back to the parent process), ``tracer.mark(what)`` from the training loop, ``tracer.paused()`` around the
-harness's own reads of the parameters, ``tracer.uninstall()``.  The network's names
+``Tracer(engine, scenario).install()`` in the worker (`zerostate.harness.executor`; the `Scenario` the worker
+parsed); ``tracer.events`` (dicts, what crosses back to the parent process), ``tracer.mark(what)`` from the training
+loop, ``tracer.paused()`` around the harness's own reads of the parameters, ``tracer.uninstall()``.  The network's names
 (``blocks.<i>.norm`` / ``.lin`` / ``head``) say what the module hooks are (`NetworkView`):
 
 =====================================  ==============================================================
@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from zerostate.model.events import EventKind
+from zerostate.model.scenario import SUBMODULES, Block, Checkpoint, ParamKind, Scenario
 
 from zerostate.tracing import marks
 from zerostate.tracing.core import MODULE_HOOK_KINDS, ROOT, TraceCore, Wrapper
@@ -56,11 +57,11 @@ class NetworkView:
     """zerostate's network seen by the core: which module hooks are events, the z3 leaf blocks, the frozen
     parameters a non-reentrant block's recompute keeps live references to."""
 
-    def __init__(self, core: TraceCore, spec: dict[str, Any]) -> None:
+    def __init__(self, core: TraceCore, scenario: Scenario) -> None:
         self.core = core
-        self.blocks: list[dict[str, Any]] = spec.get("blocks", [{}])
+        self.blocks = scenario.blocks
         stage = core.stage
-        self.leaf_blocks = {i for i, b in enumerate(self.blocks) if b.get("leaf") and stage == 3}
+        self.leaf_blocks = {i for i, b in enumerate(self.blocks) if b.leaf and stage == 3}
         self.leaf_count = len(self.leaf_blocks) if stage == 3 else 0
         self.recomputed: set[int] = set()
         """Non-reentrant blocks recomputed in the current user backward."""
@@ -69,7 +70,7 @@ class NetworkView:
         """The z3 leaf module whose backward hook handles ``param`` (the scenario's ``blocks.<i>``)."""
         return ".".join(param.split(".")[:2])
 
-    def block_info(self, name: str) -> tuple[int | None, dict[str, Any] | None]:
+    def block_info(self, name: str) -> tuple[int | None, Block | None]:
         parts = name.split(".")
         if len(parts) >= 2 and parts[0] == "blocks":
             i = int(parts[1])
@@ -81,7 +82,8 @@ class NetworkView:
         if b is None:
             return []
         subs = ("norm", "lin") if module_name.count(".") == 1 else (module_name.split(".")[2],)
-        return [f"blocks.{i}.{s}.{p}" for s in subs if b.get(s, "trainable") == "frozen" for p in ("weight", "bias")]
+        return [f"blocks.{i}.{s}.{p}" for s in subs if s in SUBMODULES and b.kind_of(s) is ParamKind.FROZEN
+                for p in ("weight", "bias")]
 
     def module_hook(self, what: str, f: Wrapper) -> Wrapper:
         core = self.core
@@ -97,7 +99,7 @@ class NetworkView:
             phase = None
             if what in ("pre_forward", "post_forward"):
                 phase = "eval" if core.eval else ("recompute" if task is not None else "forward")
-            nonre = b is not None and b.get("checkpoint") == "non_reentrant"
+            nonre = b is not None and b.checkpoint is Checkpoint.NON_REENTRANT
             core.poll_trace()
             if tracked:
                 core.emit(kind, module=name, phase=phase)
@@ -142,7 +144,7 @@ class NetworkView:
         i, b = self.block_info(name)
         core.poll()
         core.emit(EventKind.RECOMPUTE_END, module=name)
-        if b is not None and b.get("checkpoint") == "non_reentrant" and i is not None:
+        if b is not None and b.checkpoint is Checkpoint.NON_REENTRANT and i is not None:
             self.recomputed.add(i)
             skipped = f"{name}.norm." if getattr(blk, "norm_skipped", False) else None  # a branch: norm not run
             for p in self.frozen_params(name):
@@ -151,13 +153,13 @@ class NetworkView:
 
 
 class Tracer:
-    """The worker's tracer of one engine running a scenario (``spec``: the scenario's dict)."""
+    """The worker's tracer of one engine running ``scenario`` (parsed once, by the worker that received it)."""
 
-    def __init__(self, engine: Any, spec: dict[str, Any]) -> None:
-        self.spec = spec
+    def __init__(self, engine: Any, scenario: Scenario) -> None:
+        self.scenario = scenario
         self._sink = ListSink()
-        self.core = TraceCore(engine, spec.get("stage", 3), self._sink)
-        self.view = NetworkView(self.core, spec)
+        self.core = TraceCore(engine, scenario.stage, self._sink)
+        self.view = NetworkView(self.core, scenario)
 
     @property
     def events(self) -> list[dict[str, Any]]:

@@ -6,7 +6,8 @@ Import packages:
 * ``zerostate.specs``   -- the properties every correct design must satisfy.
 * ``zerostate.targets`` -- things that turn a scenario into a trace: the model, the runtime, real DeepSpeed.
 * ``zerostate.runtime`` -- the verified implementation, installable into a live DeepSpeed engine.
-* ``zerostate.cli``     -- the ``zerostate`` command and its reports.
+* ``zerostate.reports`` -- the reports the commands write (typed models, report.json / report.md, pictures).
+* ``zerostate.cli``     -- the ``zerostate`` command.
 """
 
 __version__ = "0.1.0"

@@ -179,7 +179,7 @@ MEMORY_TOLERANCE = 0.10
 
 
 def peak_grew(base: int, head: int, tolerance: float = MEMORY_TOLERANCE) -> bool:
-    """``diff``'s regression rule (`cli.diff_metrics.compare`): head's gathered peak beyond (1 + tolerance)
+    """``diff``'s regression rule (`reports.diff_memory.compare`): head's gathered peak beyond (1 + tolerance)
     times base's, or a peak where base had none."""
     return head > 0 if base == 0 else head / base > 1.0 + tolerance
 

@@ -34,12 +34,12 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any
 
 from zerostate.model.events import Event
 from zerostate.model.scenario import Scenario
 
-from zerostate.targets.base import Outcome, TargetError
+from zerostate.targets.base import Outcome, Startup, Target, TargetError
 
 from zerostate.findings.build import findings_of, unique_by_key
 from zerostate.findings.decide import Decision, ModelRun, decide, decide_failure
@@ -54,15 +54,11 @@ from zerostate.harness.process import Worker, WorkerDied, WorkerLike, WorkerTime
 from zerostate.harness.protocol import Response, RunRequest
 
 
-class Startup(TypedDict):
-    world_size: int
-    seconds: float | None
-    jit_builds: list[str]
-
-
-class DeepSpeedTarget:
+class DeepSpeedTarget(Target):
     name = "deepspeed"
     world_size = 1
+    can_refresh = True
+    """`fresh` starts a fresh worker process (a fresh rank pool)."""
 
     def __init__(self, *, deepspeed: str | None = None, deepspeed_path: str | None = None,
                  design: str | None = None, timeout: float | None = None, check_model: bool = True,

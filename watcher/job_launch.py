@@ -1,30 +1,25 @@
-"""``zerostate watch [--out DIR] [--stop-on-violation] [--runtime] -- COMMAND ...``: check a user's own job.
+"""Running a user's job watched (``zerostate watch``, whose command is `zerostate.cli.cmd_watch`).
 
-Runs COMMAND (``python train.py``, ``accelerate launch ...``, ``torchrun ...``, ``deepspeed --num_gpus N
-...``) with a ``sitecustomize.py`` first on ``PYTHONPATH``, so every Python process it starts watches
+The job runs with a ``sitecustomize.py`` first on ``PYTHONPATH``, so every Python process it starts watches
 every engine ``deepspeed.initialize`` builds (`zerostate.watcher.watch.enable`); each writes
 ``DIR/ranks/rank<r>-<pid>-<n>.json`` as it goes, and this process merges them into ``DIR/report.json``
-and ``report.md`` while the job runs (every 2 s) and at its end.  The exit status is COMMAND's (a
-signal death reads 128+N); the last line printed is ``watch: N violations in M backwards, K steps``.
-Ctrl-C reaches the job (same process group) and the report keeps everything seen; ``"status":
-"interrupted"``.
+and ``report.md`` (`zerostate.watcher.job_report`) while the job runs (every 2 s) and at its end.  Ctrl-C
+reaches the job (same process group) and the report keeps everything seen; ``"status": "interrupted"``.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from zerostate.watcher import process
 import zerostate.jit_ops as jit_ops
-from zerostate.watcher import report as watch_report
-from zerostate.cli.common import DEFAULT_OUT, CliError, non_negative_float
+from zerostate.watcher import job_report as watch_report
 
 NOT_OBSERVED = 3
 """Exit status of a job that exited 0 but that the watch did not fully observe (`zerostate.watcher.observed`)."""
@@ -60,35 +55,29 @@ _chain()
 '''
 
 
-def add_parser(sub: Any) -> None:
-    p = sub.add_parser("watch", help="run your own DeepSpeed job with the specs checked live",
-                       description=("Run COMMAND with zerostate's tracer in every DeepSpeed engine of every rank; "
-                                    "check every hook and coordinator spec on the real events; write a report."),
-                       usage="zerostate watch [--out DIR] [--stop-on-violation] [--runtime] [--hang-after S] "
-                             "-- COMMAND ...")
-    p.add_argument("--out", default=DEFAULT_OUT, metavar="DIR", help=f"report folder (default {DEFAULT_OUT}/)")
-    p.add_argument("--stop-on-violation", action="store_true",
-                   help="stop the job (raise in it) at the end of the engine call that saw the first violation")
-    p.add_argument("--runtime", action="store_true", help="install zerostate.runtime into every engine as well")
-    p.add_argument("--hang-after", type=non_negative_float, default=300.0, metavar="S",
-                   help="write a rank's stack when one engine call lasts longer than S seconds (0: never; default 300)")
-    p.add_argument("job", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
-    p.set_defaults(run=run)
+
+class JobNotStarted(Exception):
+    """The job's command could not be started; the message is the operating system's."""
+
+
+@dataclass(frozen=True)
+class WatchOptions:
+    """What the watch does inside the job (``zerostate watch``'s options)."""
+
+    stop_on_violation: bool = False
+    runtime: bool = False
+    hang_after: float = 300.0
+    """Seconds one engine call may last before the rank writes its stack (0: never)."""
 
 
 def _exit_status(rc: int) -> int:
     return 128 - rc if rc < 0 else rc
 
 
-def run(args: argparse.Namespace) -> int:
-    job = list(args.job)
-    if job and job[0] == "--":
-        job = job[1:]
-    if not job:
-        raise CliError("watch: no command given (zerostate watch [options] -- COMMAND ...)")
-    if shutil.which(job[0]) is None and not os.path.exists(job[0]):
-        raise CliError(f"watch: {job[0]}: command not found")
-    out = os.path.abspath(args.out)
+def run_watched(job: list[str], out_dir: str, options: WatchOptions) -> tuple[int, dict[str, Any]]:
+    """Run ``job`` watched into the report folder ``out_dir``: its exit status (a signal death reads 128+N) and
+    the merged report."""
+    out = os.path.abspath(out_dir)
     ranks = os.path.join(out, "ranks")
     site = os.path.join(out, ".site")
     for d in (ranks, site):
@@ -106,9 +95,9 @@ def run(args: argparse.Namespace) -> int:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([site] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     jit_ops.keep_apart(env)  # the job's DeepSpeed release builds its JIT ops apart from other releases
-    env.update({"ZEROSTATE_WATCH_DIR": ranks, "ZEROSTATE_WATCH_STOP": "1" if args.stop_on_violation else "0",
-                "ZEROSTATE_WATCH_RUNTIME": "1" if args.runtime else "0",
-                "ZEROSTATE_WATCH_HANG": str(args.hang_after) if args.hang_after else "0"})
+    env.update({"ZEROSTATE_WATCH_DIR": ranks, "ZEROSTATE_WATCH_STOP": "1" if options.stop_on_violation else "0",
+                "ZEROSTATE_WATCH_RUNTIME": "1" if options.runtime else "0",
+                "ZEROSTATE_WATCH_HANG": str(options.hang_after) if options.hang_after else "0"})
     started, t0 = watch_report.now(), time.monotonic()
     interrupted = []
 
@@ -120,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
         proc = subprocess.Popen(job, env=env)
     except OSError as exc:
         signal.signal(signal.SIGINT, previous)
-        raise CliError(f"watch: cannot run {job[0]}: {exc}") from None
+        raise JobNotStarted(str(exc)) from None
     forwarded = False
     stamp = None
     try:
@@ -133,15 +122,12 @@ def run(args: argparse.Namespace) -> int:
             if interrupted and not forwarded and time.monotonic() - interrupted[0] > 2.0:
                 proc.send_signal(signal.SIGINT)  # Ctrl-C sent to us alone (kill -INT): pass it on once
                 forwarded = True
-            stamp = _merge_if_changed(out, ranks, job, "running", None, started, t0, args.runtime, stamp)
+            stamp = _merge_if_changed(out, ranks, job, "running", None, started, t0, options.runtime, stamp)
     finally:
         signal.signal(signal.SIGINT, previous)
     status = "interrupted" if interrupted else "complete"
-    data = _merge(out, ranks, job, status, _exit_status(rc), started, t0, args.runtime)
-    for problem in data["not_observed"]:
-        print(f"watch: NOT OBSERVED: {problem}", file=sys.stderr)
-    print(f"watch: {data['summary_text']} (report: {os.path.join(args.out, 'report.md')})", file=sys.stderr)
-    return exit_status(_exit_status(rc), data)
+    data = _merge(out, ranks, job, status, _exit_status(rc), started, t0, options.runtime)
+    return _exit_status(rc), data
 
 
 def exit_status(job: int, data: dict[str, Any]) -> int:
@@ -170,4 +156,4 @@ def _merge_if_changed(out: str, ranks: str, job: list[str], status: str, rc: int
     return now
 
 
-__all__ = ["add_parser", "run"]
+__all__ = ["JobNotStarted", "NOT_OBSERVED", "SITECUSTOMIZE", "WatchOptions", "exit_status", "run_watched"]

@@ -10,7 +10,7 @@ from zerostate.model.monitor import Violation
 from zerostate.model.scenario import Scenario
 from zerostate.findings.finding import Finding
 
-from zerostate.cli.repro import repro_for
+from zerostate.reports.repro_file import repro_for
 
 MAX_GRAPH_STATES = 4000
 """Larger state graphs are not drawn (the picture would be a smear)."""

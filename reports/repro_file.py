@@ -1,4 +1,5 @@
-"""The standalone repro script of a finding, from the deepspeed target's generator."""
+"""The standalone repro script written beside a finding (``repro_<n>.py``), from the deepspeed target's generator
+(`zerostate.harness.repro`, which builds its text)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ def repro_for(scenario: Scenario | None, check: str, error: str, finding: Any = 
 
     def script(n: int) -> str:
         from zerostate.harness import repro as generator  # imports torch: only when a script is written
-        return generator.repro_script(finding, n)
+        text: str = generator.repro_script(finding, n)
+        return text
     return script
 
 

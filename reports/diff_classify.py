@@ -19,14 +19,17 @@ swapping one crash for another) is **introduced**, not unchanged and not unmaske
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
-from typing import Any, Protocol
+from dataclasses import dataclass, replace
+from typing import Protocol
 from collections.abc import Callable, Sequence
 
 from zerostate.explorer.confirm import REPEAT, REPEAT_SECONDS
 from zerostate.findings.finding import Finding
 from zerostate.model.scenario import Scenario
 from zerostate.targets.base import Outcome
+
+from zerostate.reports.diff_model import DiffEntry, OtherBuildReplay, ReplayedFinding
+from zerostate.reports.finding_entry import Labels
 
 STATUSES = ("introduced", "fixed", "intermittent", "unmasked", "unchanged")
 """In the order a diff lists them."""
@@ -63,12 +66,12 @@ class Replay:
     hits: int
     first_shows: bool
 
-    def to_dict(self) -> dict[str, Any]:
+    def record(self) -> OtherBuildReplay:
+        """What the diff report says of it."""
         lines = (self.first.error or "").strip().splitlines()
-        return {"clean": not self.first.findings, "error": lines[-1][:300] if lines else None,
-                "findings": [{"check": g.check, "key": g.key, "error": first_line(g.error)}
-                             for g in self.first.findings],
-                "runs": self.runs, "hits": self.hits}
+        shown = tuple(ReplayedFinding(g.check, g.key, first_line(g.error)) for g in self.first.findings)
+        return OtherBuildReplay(not self.first.findings, lines[-1][:300] if lines else None, shown, self.runs,
+                                self.hits)
 
 
 def replay(build: Build, f: Finding, runs: int = REPEAT, max_seconds: float = REPEAT_SECONDS) -> Replay:
@@ -110,10 +113,10 @@ def repeat_runs(run: Callable[[Scenario], Outcome], fresh: Callable[[], object],
     return hits, made
 
 
-def classify(base_found: list[Finding], head_found: list[Finding], base: Build, head: Build) -> list[dict[str, Any]]:
+def classify(base_found: list[Finding], head_found: list[Finding], base: Build, head: Build) -> list[DiffEntry]:
     """Every finding of either build, with its status and the other build's replay, numbered 1..n in
     `STATUSES` order."""
-    entries: list[dict[str, Any]] = []
+    entries: list[DiffEntry] = []
     shown_on_head: list[Finding] = []
     for fb in base_found:
         r = replay(head, fb)
@@ -124,10 +127,8 @@ def classify(base_found: list[Finding], head_found: list[Finding], base: Build, 
             continue
         r = replay(base, fh)
         entries.append(_entry(_status_of_head(fh, r, base.version), fh, "head", r))
-    entries.sort(key=lambda e: STATUSES.index(e["status"]))
-    for n, e in enumerate(entries, 1):
-        e["n"] = n
-    return entries
+    entries.sort(key=lambda e: STATUSES.index(e.status))
+    return [replace(e, n=n) for n, e in enumerate(entries, 1)]
 
 
 def _status_of_base(r: Replay) -> str:
@@ -152,7 +153,6 @@ def _status_of_head(fh: Finding, r: Replay, base_version: str | None) -> str:
 
 def _on_release(f: Finding, version: str) -> Finding:
     """``f`` as if found on ``version``: what a known issue of that release would say of it."""
-    from dataclasses import replace
     return replace(f, deepspeed=version)
 
 
@@ -163,12 +163,11 @@ def _label_id(f: Finding) -> str | None:
     return str(lab["id"]) if lab else None
 
 
-def _entry(status: str, f: Finding, side: str, other: Replay) -> dict[str, Any]:
+def _entry(status: str, f: Finding, side: str, other: Replay) -> DiffEntry:
     from zerostate.known.labels import annotate
     assert f.scenario is not None, "a report's findings come from scenarios that ran"
-    return {"status": status, "found_on": side, "check": f.check, "key": f.key, "error": f.error,
-            "scenario": f.scenario.to_dict(), "description": f.scenario.describe(), **annotate(f),
-            "replay_on_" + ("head" if side == "base" else "base"): other.to_dict()}
+    return DiffEntry(status, side, f.check, f.key, f.error, f.scenario.to_dict(), f.scenario.describe(),
+                     Labels.of(annotate(f)), other.record())
 
 
 def first_line(text: str) -> str:

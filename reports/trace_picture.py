@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from zerostate.model.events import EventKind, Event
 
 from zerostate.atomic import replace_file
-from zerostate.cli.canvas import Canvas
+from zerostate.reports.canvas import Canvas
 
 WINDOW = 120
 """Most events one picture shows; a longer trace is cut to the window ending just after the violation."""
@@ -67,7 +67,7 @@ def lane_of(ev: Event) -> str:
     return ev.module or ENGINE
 
 
-def _lane_key(name: str) -> tuple:
+def _lane_key(name: str) -> tuple[int | tuple[int, int | str, int], ...]:
     if name == ENGINE:
         return (0,)
     parts = [int(p) if p.isdigit() else p for p in re.split(r"[.]", name)]
@@ -108,7 +108,9 @@ def trace_picture(events: Sequence[Event], violation: int | None, title: str, su
     height = top + lane_h * len(lanes) + 50 + 22 * legend_rows + 36
     c = Canvas(int(width), int(height))
     titles(c, title, subtitle)
-    x0 = lambda i: left + col * (i - lo)  # noqa: E731
+
+    def x0(i: int) -> int:
+        return left + col * (i - lo)
     y_lanes = top + lane_h * len(lanes)
     for phase, start, end in phase_spans(events):
         a, b = max(start, lo), min(end, hi - 1)

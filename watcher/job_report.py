@@ -153,7 +153,7 @@ def _pictures(out_dir: str, data: dict[str, Any]) -> None:
         if not evs:
             continue
         try:
-            from zerostate.cli import pictures
+            from zerostate.reports import trace_picture as pictures
             canvas = pictures.trace_picture(evs, vi, f"{f['check']} violated ({f['where']})", f["error"])
             for k, name in pictures.write_picture(canvas, os.path.join(out_dir, f"trace_{f['n']}")).items():
                 f["files"][f"trace_{k}"] = name

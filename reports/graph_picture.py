@@ -7,8 +7,8 @@ from collections.abc import Iterable
 from itertools import pairwise
 from typing import Any
 
-from zerostate.cli.canvas import Canvas
-from zerostate.cli.pictures import titles
+from zerostate.reports.canvas import Canvas
+from zerostate.reports.trace_picture import titles
 
 
 def graph_picture(graph: Any, path: Iterable[Any] = (), title: str = "", subtitle: str = "") -> Canvas:
