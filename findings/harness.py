@@ -1,14 +1,20 @@
 """Which failures are zerostate's own, not DeepSpeed's: `harness_error`, the one place that says so.
 
 A harness error is a project bug -- the PyTorch oracle raised (``oracle-error``), the executor failed
-(``internal``), zerostate's own code (its tracer, its network or loop) raised, or the scenario could not be
-built before any DeepSpeed code ran.  Reports count and list these apart from the findings about DeepSpeed
-("harness errors: N"); no known issue explains one; a CI test fails on any in the derandomized exploration.
+(``internal``), zerostate's own code raised (its tracer, its executor: not the network and loop DeepSpeed runs),
+or the scenario could not be built before any DeepSpeed code ran.  Frames are zerostate's by the module their
+code was imported as, never by the folder that holds it (`harness.observe.frames_of`).  Reports count and list
+these apart from the findings about DeepSpeed ("harness errors: N"); no known issue explains one; a CI test fails
+on any in the derandomized exploration.
 """
 
 from __future__ import annotations
 
 from zerostate.findings.finding import Finding
+
+_TRAINING_CODE = "zerostate.harness.net."
+"""The network, its loop and the engine's wrapper: code DeepSpeed runs (its hooks around the network's forward,
+its engine under the loop), so what raises there is what DeepSpeed did, unless no DeepSpeed code ran at all."""
 
 _OWN_CHECKS = {"oracle-error": "the PyTorch oracle raised", "internal": "zerostate's executor failed"}
 
@@ -21,7 +27,7 @@ def harness_error(f: Finding) -> str | None:
     if f.check != "exception" or r is None or not r.frames:
         return None
     last = r.frames[-1]
-    if last.package == "zerostate":
+    if last.package == "zerostate" and not last.module.startswith(_TRAINING_CODE):
         return f"zerostate's own code raised ({last.file}, {last.function})"
     if not r.deepspeed_frames and not f.trace:
         return "the scenario could not be built: it raised before any DeepSpeed code ran"

@@ -92,20 +92,17 @@ def generation(want: torch.Tensor | None, got: torch.Tensor) -> tuple[tuple[int,
     return _shape(want), _shape(got), _max_abs(got - want), _max_abs(want)
 
 
-_OWN_FOLDERS = ("harness", "tracing", "model", "specs", "runtime", "findings", "known", "targets")
-
-
-def _place(filename: str) -> tuple[str, str]:
-    """The package a file belongs to: the rightmost ``/<package>/`` of its path wins (a release cached under
-    ``~/.cache/zerostate/deepspeed/0.19.8/site/deepspeed/`` is DeepSpeed's)."""
-    norm = filename.replace("\\", "/")
-    at, pkg = max((norm.rfind(f"/{p}/"), p) for p in PACKAGES)
-    if at >= 0:
-        return pkg, norm[at + len(pkg) + 2:]
-    parent, _, name = norm.rpartition("/")
-    if parent.rsplit("/", 1)[-1] in _OWN_FOLDERS:  # zerostate's worktree layout (pyproject's package-dir)
-        return "zerostate", parent.rsplit("/", 1)[-1] + "/" + name
-    return "other", name
+def _placed(module: str, filename: str) -> tuple[str, str]:
+    """The package a frame's code belongs to and its file inside that package, by the module it was imported as
+    (its globals' ``__name__``): the same in a checkout folder of any name, an installed wheel, a DeepSpeed
+    checkout given by ``--deepspeed-path`` and a repro script's embedded modules.  Code no package of `PACKAGES`
+    holds is ``other``, named by its file."""
+    parts = module.split(".") if module else []
+    tail = filename.replace("\\", "/").rsplit("/", 1)[-1]
+    if not parts or parts[0] not in PACKAGES:
+        return "other", tail
+    inner = parts[1:] if tail == "__init__.py" else parts[1:-1]
+    return parts[0], "/".join([*inner, tail])
 
 
 def frames_of(exc: BaseException) -> tuple[Frame, ...]:
@@ -113,9 +110,9 @@ def frames_of(exc: BaseException) -> tuple[Frame, ...]:
     walked = list(traceback.walk_tb(exc.__traceback__))[-MAX_FRAMES:]
     out = []
     for frame, line in walked:
-        package, file = _place(frame.f_code.co_filename)
-        out.append(Frame(package, file, frame.f_code.co_name, int(line or 0),
-                         str(frame.f_globals.get("__name__", "") or "")))
+        module = str(frame.f_globals.get("__name__", "") or "")
+        package, file = _placed(module, frame.f_code.co_filename)
+        out.append(Frame(package, file, frame.f_code.co_name, int(line or 0), module))
     return tuple(out)
 
 
