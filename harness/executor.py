@@ -124,10 +124,27 @@ def unrunnable(sc: Scenario) -> str | None:
     return None
 
 
-def execute(sc: Scenario, on_step: OnStep | None = None) -> RunRecord:
+Perturbation = tuple[tuple[str, float], ...]
+"""Tests only: ``(parameter name or "*", factor)``: DeepSpeed's update of those parameters (and of their master
+weights) is observed multiplied by the factor -- an injected error on top of a real run's own noise, for the
+oracle's tolerance tests."""
+
+
+def _perturbed(got: Params | None, start: Params | None, perturb: Perturbation) -> Params | None:
+    if got is None or start is None or not perturb:
+        return got
+    out = dict(got)
+    for n, t in got.items():
+        factor = next((f for name, f in perturb if name in ("*", n)), None)
+        if factor is not None and n in start and start[n].shape == t.shape:
+            out[n] = start[n] + factor * (t - start[n])
+    return out
+
+
+def execute(sc: Scenario, on_step: OnStep | None = None, perturb: Perturbation = ()) -> RunRecord:
     """Run ``sc`` on the engine, traced, beside the oracle, and record what it showed.  ``on_step(i, params)``:
     called after train step ``i`` with the gathered parameters (the rank pool reports checksums to the parent
-    after every step)."""
+    after every step); ``perturb``: tests only (`Perturbation`)."""
     reason = untrainable(sc)
     if reason:
         return RunRecord(skipped=reason)
@@ -169,15 +186,17 @@ def execute(sc: Scenario, on_step: OnStep | None = None) -> RunRecord:
                 got_masters = built.masters() if masters0 is not None else None
             cf = counterfactuals[i] if i < len(counterfactuals) else None
             cfs = {"last_only": cf["last_only"], "but_last": cf["but_last"]} if cf is not None else None
-            params = param_steps(expected[i], got, started["pt"], started["ds"], started["pt_earlier"], cfs,
+            seen = _perturbed(got, started["ds"], perturb) or got
+            seen_masters = _perturbed(got_masters, started["ds_masters"], perturb)
+            params = param_steps(expected[i], seen, started["pt"], started["ds"], started["pt_earlier"], cfs,
                                  oracle_info["initial"], initial_ds)
             masters = None
-            if got_masters is not None and started["ds_masters"] is not None:
-                masters = param_steps(expected[i], got_masters, started["pt"], started["ds_masters"],
+            if seen_masters is not None and started["ds_masters"] is not None:
+                masters = param_steps(expected[i], seen_masters, started["pt"], started["ds_masters"],
                                       started["pt_earlier"], cfs, oracle_info["initial"], oracle_info["initial"],
                                       only_got=True)
             rec.steps.append(StepObservation(i, params, masters, len(built.generated), initial_ds is not None))
-            rec.seen.append((got, got_masters))
+            rec.seen.append((seen, seen_masters))
             started.update(pt_earlier=started["pt"], pt=expected[i], ds=got, ds_masters=got_masters)
             if on_step is not None:
                 on_step(i, got)

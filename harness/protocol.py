@@ -48,6 +48,8 @@ class RunRequest(_RunRequestBase, total=False):
     """Tests: this rank issues one extra collective after the run (ranks out of step)."""
     coverage: bool
     """Measure the run's arcs of DeepSpeed's ZeRO files and return them (`RunAnswer.coverage`)."""
+    perturb: list[tuple[str, float]]
+    """Tests: DeepSpeed's update of these parameters is observed multiplied by the factor (`executor.execute`)."""
 
 
 Request = HelloRequest | RunRequest | ExitRequest

@@ -111,7 +111,8 @@ def main() -> int:
 
         def on_step(i: int, got: Params) -> None:
             reply({"progress": "step", "step": i, "digests": digests(got)})
-        record = execute(Scenario.from_dict(req["scenario"]), on_step=on_step)
+        record = execute(Scenario.from_dict(req["scenario"]), on_step=on_step,
+                         perturb=tuple((str(n), float(f)) for n, f in req.get("perturb") or ()))
         if req.get("unmatched") == rank:  # tests: one collective the other ranks never issue
             dist.all_reduce(torch.zeros(1), async_op=True)
         return {"ok": True, "result": to_wire(record), "seconds": time.perf_counter() - t0, "sync": sync_state()}

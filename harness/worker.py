@@ -49,7 +49,8 @@ def main() -> int:
         t0 = time.perf_counter()
         if req.get("sleep"):  # test hook: simulate a hang
             time.sleep(float(req["sleep"]))
-        record = execute(Scenario.from_dict(req["scenario"]))
+        record = execute(Scenario.from_dict(req["scenario"]),
+                         perturb=tuple((str(n), float(f)) for n, f in req.get("perturb") or ()))
         return {"ok": True, "result": to_wire(record), "seconds": time.perf_counter() - t0}
 
     return serve(hello, run, reply)

@@ -111,6 +111,9 @@ class DeepSpeedTarget(Target):
         self.first_start: Startup | None = None
         """The first worker's start-up (a first JIT build of DeepSpeed's ops is in it), for reports."""
         self._sleep = 0.0  # tests: make the worker sleep before each run (a simulated hang)
+        self.perturb: tuple[tuple[str, float], ...] = ()
+        """Tests: DeepSpeed's update of these parameters is observed multiplied by the factor (an injected error
+        on a real run: `executor.Perturbation`); rank pools started from this target get it too."""
         self._pending = (deepspeed_path, extra, design)
         if defer_start:  # `prestart`: the processes start now, from this thread; `_complete_start` waits for them
             self._spare = self._new_worker()
@@ -272,6 +275,7 @@ class DeepSpeedTarget(Target):
         if ws not in self._wider:
             from zerostate.targets.deepspeed.ranks import DeepSpeedRanksTarget
             self._wider[ws] = DeepSpeedRanksTarget(world_size=ws, **self._options)
+        self._wider[ws].perturb = self.perturb
         return self._wider[ws]
 
     def close(self) -> None:
@@ -315,6 +319,8 @@ class DeepSpeedTarget(Target):
 
     def run_request(self, scenario: Scenario) -> RunRequest:
         req: RunRequest = {"op": "run", "scenario": scenario.to_dict()}
+        if self.perturb:
+            req["perturb"] = [(n, f) for n, f in self.perturb]
         if self.coverage:
             req["coverage"] = True
         return req
