@@ -31,11 +31,18 @@ from zerostate.findings.oracle_class import signature, trained_before
 
 RAISED_CHECKS = frozenset({"exception", "saved-tensor-intact", "oracle-error"})
 
-_PARAM_NAME = re.compile(r"\b(?:[A-Za-z_][\w]*\.)+(?:weight|bias)\b|\bempty\b")
+_PARAM_NAME = re.compile(r"\b[A-Za-z_]\w*\.(?:\w+\.)*(?:weight|bias)\b|\bempty\b")
 _PATH = re.compile(r"(?:<[^>]+>|/[\w.\-]+)(?:/[\w.\-<>]+)+")
 _QUOTED = re.compile(r"'[^']*'|\"[^\"]*\"")
 _NUMBER = re.compile(r"(?<![A-Za-z_])[-+]?\d+(?:\.\d+)?(?:e[-+]?\d+)?")
 _LIST = re.compile(r"\[[^\]]*\]|\([\d, ]*\)")
+
+
+def _quoted(m: re.Match[str]) -> str:
+    """A quoted name stays when it is an identifier (an attribute, a key: part of what went wrong); a dotted
+    name, a path or a number is blanked (a parameter's, a module's, a file's)."""
+    inner = m.group(0)[1:-1]
+    return m.group(0) if re.fullmatch(r"[A-Za-z_]\w*", inner) else "'X'"
 
 
 def params_in(message: str) -> tuple[str, ...]:
@@ -45,10 +52,12 @@ def params_in(message: str) -> tuple[str, ...]:
 
 
 def abstract(message: str) -> str:
-    """A message with its specifics blanked: paths, quoted names, parameter names, lists and shapes, numbers."""
-    text = message.strip().splitlines()[0] if message.strip() else ""
+    """A message with its specifics blanked: paths, quoted names, parameter names, lists and shapes, numbers;
+    runs of white space as one."""
+    text = " ".join(message.split()[:60]) if message.strip() else ""
+    text = text.split(" Traceback ")[0]
     text = _PATH.sub("<path>", text)
-    text = _QUOTED.sub("'X'", text)
+    text = _QUOTED.sub(_quoted, text)
     text = _PARAM_NAME.sub("P", text)
     text = _LIST.sub("[...]", text)
     return _NUMBER.sub("N", text)
