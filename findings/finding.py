@@ -88,6 +88,12 @@ class Finding:
         return fingerprint(self.check, self.code, self.evidence, self.trace, self.index, self.error, self.scenario,
                            params_in(self.error))
 
+    @property
+    def violation(self) -> str:
+        """``check:code`` (``released-after-backward:still-gathered``): which failure of its check it is, what a
+        known issue's evidence rule reads beside the events (never its identity: that is `key`)."""
+        return f"{self.check}:{self.code}" if self.code else self.check
+
     def to_json_dict(self) -> dict[str, Any]:
         sc = self.scenario
         return {"check": self.check, "key": self.key, "error": self.error,

@@ -48,7 +48,7 @@ def leaf_reduced_early(f: Finding) -> bool:
                                   or (r.says("Cannot reduce scatter gradients whose size is not same")
                                       and r.raised_in("zero/stage3.py", "__reduce_and_partition_ipg_grads")))
     ev = violating(f)
-    if f.key == "grad-handled-once:handled-before-accumulated":
+    if f.violation == "grad-handled-once:handled-before-accumulated":
         return ev is not None and ev.param is not None and _inside(ev.param, early)
     if f.check == "available-when-used" and f.code == "unavailable-in-backward":
         named = params_named(f.error)
@@ -68,7 +68,7 @@ def no_gradient_crash(f: Finding) -> bool:
         return (raised_in(f, "IndexError", "zero/stage_1_and_2.py", "reduce_ipg_grads")
                 or raised_in(f, "KeyError", "zero/stage_1_and_2.py", "scaled_global_norm")
                 or (r is not None and r.passed("runtime/bf16_optimizer.py") and r.says("non-empty TensorList")))
-    return f.key == "epilogue-once:no-epilogue"
+    return f.violation == "epilogue-once:no-epilogue"
 
 
 _NORM_OF_NO_GRADIENT = (("zero/stage3.py", "_get_norm_groups"), ("zero/stage3.py", "get_grad_norm_direct"),
@@ -138,13 +138,13 @@ def two_backwards(f: Finding) -> bool:
                 and bool(bucketed_twice_after_second_backward(ev, at(f) + 1)))
             or (_no_epilogue_after_unexited(ev) and any(raised_in(f, t, file, fn) for t in ("KeyError", "TypeError")
                                                          for file, fn in _NORM_OF_NO_GRADIENT)))
-    if f.key in ("clean-step:backward-never-exited",  # the second backward entered and had no epilogue to exit
+    if f.violation in ("clean-step:backward-never-exited",  # the second backward entered and had no epilogue to exit
                  "no-epilogue-before-user-backward:epilogue-outside-user-backward"):  # a later epilogue sees its depth
         return unexited_second_backward(ev, at(f) + 1)
-    if f.key == "clean-step:stale-bucket":  # the second backward ran no epilogue: its gradients outlive step()
+    if f.violation == "clean-step:stale-bucket":  # the second backward ran no epilogue: its gradients outlive step()
         named = params_named(f.error)
         return bool(named) and named <= left_by_second_backward(ev, at(f) + 1)
-    return f.key in _AFTER_A_SECOND_BACKWARD and f.index is not None and f.index >= second
+    return f.violation in _AFTER_A_SECOND_BACKWARD and f.index is not None and f.index >= second
 
 
 def _no_epilogue_after_unexited(events: Sequence[Event]) -> bool:
@@ -192,7 +192,7 @@ def counted_in_every_hook(f: Finding) -> bool:
     """Seed 000 part 2: count_used_parameters_in_backward evaluated twice in one graph task (the violating COUNT
     event itself)."""
     e = violating(f)
-    return f.key.startswith("count-once-per-phase:counted-twice-in-phase") and e is not None and e.kind is K.COUNT
+    return f.violation.startswith("count-once-per-phase:counted-twice-in-phase") and e is not None and e.kind is K.COUNT
 
 
 def frozen_partitioned_in_recompute(f: Finding) -> bool:
@@ -209,7 +209,7 @@ def frozen_partitioned_in_recompute(f: Finding) -> bool:
 def kept_by_leaf(f: Finding) -> bool:
     """A still-gathered parameter was fetched in this iteration for a z3 leaf module (an enclosing module
     gathers it, not its own) whose backward never began (no pre-backward of it since the forward)."""
-    if f.key != "released-after-backward:still-gathered":
+    if f.violation != "released-after-backward:still-gathered":
         return False
     ev, upto = trace(f), at(f)
     lo, _ = this_iteration(ev, upto)
@@ -243,10 +243,10 @@ def released_late(f: Finding) -> bool:
     """Parameters took a holder in the backward (their module's pre-backward) and kept it past the backward's
     end (their post-backward never fired): the still-gathered / stale-holder parameters are those; or, in a
     run that shows such parameters, the coordinator's trace became INVALID without a cause."""
-    if f.key in ("released-after-backward:still-gathered", "released-after-backward:stale-holders"):
+    if f.violation in ("released-after-backward:still-gathered", "released-after-backward:stale-holders"):
         named = params_named(f.error)
         return bool(named) and named <= held_after_backward(f, at(f) + 1)
-    if f.key == "trace-consistent:uncalled-for-invalid":
+    if f.violation == "trace-consistent:uncalled-for-invalid":
         return bool(held_after_backward(f, len(trace(f))))
     return False
 
@@ -254,7 +254,7 @@ def released_late(f: Finding) -> bool:
 def kept_for_a_use_skipped(f: Finding) -> bool:
     """A still-gathered parameter whose module (nor a module holding it) ran no hook in this train iteration:
     it was gathered for a recorded use (reuse, prefetch, a recompute) that the branch taken skipped."""
-    if f.key != "released-after-backward:still-gathered":
+    if f.violation != "released-after-backward:still-gathered":
         return False
     ev, upto = trace(f), at(f)
     lo, _ = this_iteration(ev, upto)
@@ -293,7 +293,7 @@ def recording_when_reregistered(f: Finding) -> bool:
         return raised_in(f, "IndexError", "partitioned_param_coordinator.py", "record_parameters", "empty deque")
     if f.check == "model-agreement":
         return f.error.startswith("coordinator:") and "holders" in f.error
-    return f.key == "trace-consistent:not-made-invalid"
+    return f.violation == "trace-consistent:not-made-invalid"
 
 
 def late_module_after_reregister(f: Finding) -> bool:
