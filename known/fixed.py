@@ -30,7 +30,6 @@ ZERO12_OFFLOAD_GAS3 = KnownIssue(
     fixed_in="0.19.0",
     scenario=Scenario.from_dict({"stage": 2, "offload": "optimizer", "steps": [{"micro": [{}, {}, {}]}]}),
     checks=("oracle",),
-    keys=("oracle:zero12-offload-drops-middle-micro-steps",),  # measured on 0.18.4 and 0.18.7
     explains=None,
     mechanisms=("middle-micro-steps-dropped",),
     detail=("stage_1_and_2.py's CPU-offload accumulation (async_accumulate_grad_in_cpu_via_gpu) copied a "
@@ -50,7 +49,6 @@ ZERO12_OFFLOAD_MANUAL_BOUNDARY = KnownIssue(
     scenario=Scenario.from_dict({"stage": 2, "offload": "optimizer", "manual_boundary": True,
                                  "steps": [{"micro": [{}, {}]}, {"micro": [{}, {}]}]}),
     checks=("oracle",),
-    keys=("oracle:zero12-offload-manual-boundary-drops-backwards",),  # measured on 0.18.4 and 0.18.7
     explains=None,
     mechanisms=("last-micro-step-only",),
     detail=("With gradient_accumulation_steps 1 the CPU-offload path of stage_1_and_2.py accumulated across "
@@ -68,8 +66,6 @@ PEFT_MODULES_TO_SAVE = KnownIssue(
     scenario=Scenario.from_dict({"family": "llama", "lora": True, "modules_to_save": True, "stage": 3,
                                  "steps": [{}, {}]}),
     checks=("exception",),
-    keys=("exception:AttributeError@runtime.zero.parameter_offload.forward",  # measured on 0.18.4 and 0.18.7
-          "exception:AttributeError@runtime.zero.parameter_offload.setup_context"),  # on 0.19.2
     explains=lambda f: rules.raised_at("AttributeError", "zero/parameter_offload.py", None, "ds_grads_remaining")(f)
     and narrow(f, lambda sc: sc.modules_to_save and sc.stage == 3),
     detail=("PEFT's ModulesToSaveWrapper forwards attribute lookups to the module it wraps, so ZeRO-3's hook "
@@ -89,7 +85,6 @@ LATE_MODULE = KnownIssue(
     fixed_in="0.19.1",
     scenario=Scenario.from_dict({"stage": 3, "late_module": True, "steps": [{}, {}]}),
     checks=("exception",),
-    keys=("exception:AttributeError@runtime.engine._forward_prologue",),  # measured on 0.18.4 and 0.18.7
     explains=lambda f: rules.raised_at("AttributeError", "runtime/engine.py", "_forward_prologue", "_in_forward")(f)
     and narrow(f, lambda sc: sc.late_module and sc.stage == 3 and sc.family is Family.BLOCKS),
     detail=("ZeRO-3's forward hooks treat a module's _parameters as DeepSpeed's ZeROOrderedDict; a module "
@@ -107,7 +102,6 @@ ZERO12_UNREDUCED_WITHOUT_CONTIGUOUS = KnownIssue(
     fixed_in="0.19.8",
     scenario=Scenario.from_dict({"stage": 2, "contiguous_gradients": False, "steps": [{}], "world_size": 2}),
     checks=("oracle",),
-    keys=("oracle:zero12-cpu-no-reduce-without-contiguous-gradients",),  # measured at ws 2 on 0.18.4, 0.19.3
     explains=None,
     mechanisms=("own-rows-only",),
     detail=("Without contiguous gradients stage_1_and_2.py reduces through buffered_reduce_fallback, whose "
@@ -127,7 +121,6 @@ ZERO0_BF16_UPDATE_LOST = KnownIssue(
     fixed_in="0.18.6",
     scenario=Scenario.from_dict({"stage": 0, "precision": "bf16", "steps": [{}, {}]}),
     checks=("oracle",),
-    keys=("oracle:zero0-bf16-update-lost",),  # measured on 0.18.4 (0.18.6: agrees)
     explains=None,
     mechanisms=("update-unscaled-by-65536",),
     detail=("With bf16 and no ZeRO the engine wrapped the client optimizer in FP16_UnfusedOptimizer, which "
@@ -150,7 +143,6 @@ ZERO12_NESTED_OUTPUTS_ENGINE_BACKWARD = KnownIssue(
     scenario=Scenario.from_dict({"stage": 1, "outputs": "tuple", "losses": 2,
                                  "steps": [{"micro": [{}, {}]}]}),
     checks=("oracle",),
-    keys=("oracle:zero12-nested-outputs-engine-backward",),
     explains=None,
     mechanisms=("output-hooks-divide-by-gas-engine-backward",),
     detail=("The engine-backward form of zero12-nested-outputs-scaled-twice (known/setups.py, still present on "
@@ -182,7 +174,6 @@ Z3_ZERO_INIT_MIXED_DTYPES = KnownIssue(
     scenario=Scenario.from_dict({"stage": 3, "family": "llama", "lora": True, "precision": "bf16", "zero_init": True,
                                  "persistence_threshold": 100000, "world_size": 2}),
     checks=("exception",),
-    keys=("exception:RuntimeError@comm.torch.all_gather_into_tensor",),  # measured on 0.19.2 at world size 2
     explains=lambda f: (_allgather_raised(f, "invalid tensor type") or _allgather_raised(f, "must have the same type"))
     and narrow(f, lambda sc: sc.zero_init and sc.stage == 3),
     detail=("partition_parameters._allgather_params_coalesced allocated every output buffer with the dtype of the "
@@ -209,7 +200,6 @@ Z3_ALL_REDUCE_FETCH_PADDING = KnownIssue(
                                  "outputs": "dict", "blocks": [{"in_optimizer": False}],
                                  "steps": [{"frozen": [0]}, {}]}),
     checks=("ranks-params", "oracle"),
-    keys=("ranks-params:gathered-params-differ", "oracle:z3-all-reduce-fetch-padding"),
     explains=lambda f: rules.ranks_gathered_apart(f) and narrow(f, lambda sc: sc.all_reduce_fetch and sc.stage == 3),
     detail=("DeepSpeed #8158 (fixed in 0.19.4): the all-reduce fetch sizes its buffer by the aligned numel but walks "
             "it by the unaligned one, so a partition's padding -- uninitialised memory -- is summed into the next "
@@ -230,7 +220,6 @@ ZERO12_TRAILING_EMPTY_PARAM = KnownIssue(
     fixed_in="0.19.6",
     scenario=Scenario.from_dict({"stage": 2, "empty_param": True, "steps": [{}]}),
     checks=("exception",),
-    keys=("exception:KeyError@runtime.zero.stage_1_and_2.average_tensor",),  # measured on 0.18.4 and 0.19.5
     explains=lambda f: rules.raised_at("KeyError", "zero/stage_1_and_2.py", "average_tensor")(f)
     and narrow(f, lambda sc: sc.empty_param and sc.stage in (1, 2)),
     detail=("stage_1_and_2.py buckets every gradient it reduces, the zero-element one of a parameter made with "
@@ -258,7 +247,6 @@ ZERO12_EMPTY_PARAM_INSIDE_PARTITION = KnownIssue(
     fixed_in="0.19.7",
     scenario=Scenario.from_dict({"stage": 1, "fused_head": True, "empty_param": True, "steps": [{}]}),
     checks=("exception",),
-    keys=("exception:AssertionError@utils.tensor_fragment.get_hp_fragment_mapping",),
     explains=lambda f: (rules.raised_at("AssertionError", "utils/tensor_fragment.py", "get_hp_fragment_mapping",
                                         "fragment start", "fragment_end")(f) or _stuck_in_initialize(f))
     and narrow(f, lambda sc: sc.empty_param and sc.stage in (1, 2)),

@@ -43,10 +43,6 @@ class KnownIssue:
     """A proposed fix checked by ``zerostate diff`` (docs/upstream/), when there is one."""
     world_size: int = 1
     """The smallest world size it shows at; at a smaller one its scenario must give no finding."""
-    keys: tuple[str, ...] = ()
-    """The finding keys (`Finding.key`) its scenario gives on the pinned release (`PINNED`), or, for an issue
-    the pinned release does not have, on the releases it affects:
-    ``test_known_issue`` requires exactly these there (other releases word exceptions differently)."""
     runtime_prevents: bool = False
     """``zerostate.runtime`` prevents it (docs/runtime.md); ``zerostate watch`` says so."""
     scenario_shows_from: Release | None = None

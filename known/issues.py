@@ -23,7 +23,7 @@ from zerostate.known.zero_hooks import (HOOK_ISSUES, LATE_HOOK_ISSUES, Z3_KEPT_F
                                         ZERO12_NO_GRADIENT)
 
 PINNED = "0.19.8"
-"""The release the ``explore`` extra pins; each issue's `KnownIssue.keys` were measured on it."""
+"""The release the ``explore`` extra pins."""
 
 # The older releases' issues first: their predicates name their option (and, for exceptions, the message),
 # so on a release they affect they win over a broader predicate for a finding whose unshrunk scenario has both

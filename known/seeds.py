@@ -44,7 +44,6 @@ SEED_000_PART1 = KnownIssue(
                                  "steps": [{"micro": [{"backward": "torch"}]},
                                            {"micro": [{"backward": "nonscalar"}]}]}),
     checks=("exception", "epilogue-once", "grad-handled-once", "clean-step"),
-    keys=("exception:RuntimeError@runtime.zero.stage3.zero_grad",),
     explains=is_seed_000_part1,
     runtime_prevents=True,
     detail=("0.18.4's remaining-hooks counter reaches 0 at the end of the first autograd phase of a reentrant "
@@ -63,7 +62,6 @@ SEED_000_PART2 = KnownIssue(
     fixed_in="0.18.7",
     scenario=Scenario.from_dict({"blocks": [{}, {}], "stage": 2, "steps": [{"micro": [{"backward": "engine"}]}]}),
     checks=("count-once-per-phase",),
-    keys=("count-once-per-phase:counted-twice-in-phase",),
     explains=is_seed_000_part2,
     runtime_prevents=True,
     detail=("0.18.5 and 0.18.6 re-count the parameters used by the backward in every hook (PR #7780 put the call "
@@ -80,7 +78,6 @@ SEED_002 = KnownIssue(
     scenario=Scenario.from_dict({"blocks": [{"checkpoint": "non_reentrant", "norm": "frozen"}], "stage": 3,
                                  "steps": [{"micro": [{"backward": "engine"}]}]}),
     checks=("saved-tensor-intact",),
-    keys=("saved-tensor-intact:partitioned-at-check",),
     explains=is_seed_002,
     runtime_prevents=True,
     detail=("torch.utils.checkpoint keeps a frozen tensor saved by the recompute as itself (x.detach() only if "

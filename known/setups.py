@@ -58,7 +58,6 @@ SHARED_ACROSS_REENTRANT = KnownIssue(
     scenario=Scenario.from_dict({"blocks": [{"checkpoint": "reentrant"}], "stage": 2, "tie": True,
                                  "steps": [{"micro": [{"backward": "engine"}]}]}),
     checks=("exception", "grad-handled-once"),
-    keys=("exception:AssertionError@runtime.zero.stage_1_and_2.reduce_ipg_grads", "grad-handled-once:handled-twice"),
     explains=lambda f: rules.shared_param_hooked_twice(f) and narrow(f, _shared_across_reentrant),
     nature=Nature.LIMITATION,
     cites=("DeepSpeed's own assertion in runtime/zero/stage_1_and_2.py (reduce_independent_p_g_buckets_and_"
@@ -94,7 +93,6 @@ TWO_BACKWARDS_PER_FORWARD = KnownIssue(
     releases=((0, 18, 4), (0, 20, 0)),  # its scenario's oracle finding measured on 0.18.4 too
     scenario=Scenario.from_dict({"stage": 1, "steps": [{"micro": [{"backward": "engine", "retain": True}]}]}),
     checks=("oracle",),
-    keys=("oracle:two-backwards-per-forward",),
     explains=lambda f: rules.two_backwards(f) and narrow(f, _retains),
     mechanisms=("last-backward-only", "micro0-earlier-backward-lost", "boundary-first-backward-lost"),
     detail=("engine.backward(0.5 * loss, retain_graph=True) then engine.backward(0.5 * loss) (or loss.backward "
@@ -131,7 +129,6 @@ STEP_WITHOUT_GRADIENT = KnownIssue(
     scenario=Scenario.from_dict({"stage": 3, "steps": [{"micro": [{"backward": "engine"}]},
                                                        {"idle": True, "micro": [{"backward": "engine"}]}]}),
     checks=("exception",),
-    keys=("exception:TypeError@runtime.zero.stage3.get_grad_norm_direct",),
     explains=lambda f: rules.idle_step_crash(f) and narrow(f, lambda sc: any(s.idle for s in sc.steps)),
     mechanisms=("stale-gradient-replayed-at-idle-step",),
     detail=("A train step that skips its batches (no forward, no backward: a data-dependent skip, an empty "
@@ -158,7 +155,6 @@ NESTED_OUTPUTS_SCALED_TWICE = KnownIssue(
     scenario=Scenario.from_dict({"stage": 1, "outputs": "tuple", "losses": 2,
                                  "steps": [{"micro": [{"backward": "torch"}, {"backward": "torch"}]}]}),
     checks=("oracle",),
-    keys=("oracle:zero12-nested-outputs-scaled-twice",),
     explains=None,
     mechanisms=("output-hooks-divide-by-gas",),
     detail=("engine.forward registers register_output_backward_hooks on *every* tensor of the output "
@@ -183,7 +179,6 @@ Z3_UNGROUPED_NOT_GATHERED = KnownIssue(
     scenario=Scenario.from_dict({"blocks": [{"in_optimizer": False}, {}], "stage": 3, "input_requires_grad": False,
                                  "steps": [{"micro": [{"backward": "torch"}]}]}),
     checks=("available-when-used",),
-    keys=("available-when-used:unavailable-in-backward",),
     explains=lambda f: rules.released_by_early_epilogue(f) and narrow(f, lambda sc: sc.stage == 3 and all(
         _left_out_of_optimizer(p, sc) for p in params_named(f.error))),
     detail=("Block 0's parameters require grad but the client optimizer was given only block 1's (a common "
@@ -209,7 +204,6 @@ Z3_LINEAR_OVERRIDE_OUTLIVES_ENGINE = KnownIssue(
     scenario=Scenario.from_dict({"stage": 2, "blocks": [{}, {}], "engines_before": [3],
                                  "steps": [{"micro": [{"backward": "engine"}]}]}),
     checks=("carried-state",),
-    keys=("carried-state:torch-linear-replaced",),
     explains=lambda f: f.check == "carried-state" and f.code == "torch-linear-replaced"
     and narrow(f, lambda sc: 3 in sc.engines_before),
     nature=Nature.LIMITATION,
@@ -243,7 +237,6 @@ FP16_SCALE_INCREASE_HALVES_STEP = KnownIssue(
     releases=((0, 18, 4), (0, 20, 0)),  # measured on 0.18.4, 0.19.2 and 0.19.8 (ZeRO-1, 2 and 3 on 0.19.8)
     scenario=Scenario.from_dict({"stage": 3, "precision": "fp16", "blocks": [{}, {}], "steps": [{}, {}, {}]}),
     checks=("oracle",),
-    keys=("oracle:fp16-scale-increase-halves-step",),
     explains=None,
     mechanisms=("update-halved-when-scale-grows",),
     detail=("Found by the fp16 oracle (fp16 on the CPU accelerator, net.LossScale).  With "
@@ -272,7 +265,6 @@ Z3_LATE_MODULE_REREGISTERED = KnownIssue(
     # earlier, in the forward prologue (z3-module-attached-after-initialize, known/fixed.py)
     scenario=Scenario.from_dict({"stage": 3, "late_module": True, "steps": [{}, {"reregister": True}]}),
     checks=("exception",),
-    keys=("exception:AttributeError@runtime.zero.partitioned_param_coordinator.get_all_parameters",),
     explains=lambda f: rules.late_module_after_reregister(f) and narrow(f, lambda sc: sc.late_module and sc.stage == 3),
     detail=("Found by the default exploration once the strategy drew a late module (0.19.8).  A module "
             "attached after initialize has no ZeRO-3 hooks, and since #8009 (0.19.1) its forward runs.  "
@@ -291,7 +283,6 @@ OFFLOAD_STALE_GRAD_AFTER_FREEZE = KnownIssue(
     releases=((0, 18, 4), (0, 20, 0)),  # measured on 0.18.4, 0.19.2 and 0.19.8 (ZeRO-3; ZeRO-2 on 0.19.8)
     scenario=Scenario.from_dict({"stage": 3, "offload": "optimizer", "steps": [{}, {"frozen": [0]}]}),
     checks=("oracle",),
-    keys=("oracle:offload-stale-grad-after-freeze",),
     explains=None,
     mechanisms=("stale-gradient-replayed-when-frozen",),
     detail=("Found by the default exploration on 0.19.8 (a requires_grad change drawn with optimizer "
@@ -312,7 +303,6 @@ ZERO0_FP16_LOSS_NOT_SCALED = KnownIssue(
     releases=((0, 18, 4), (0, 20, 0)),  # measured on 0.18.4, 0.18.7, 0.19.2, 0.19.5, 0.19.7 and 0.19.8
     scenario=Scenario.from_dict({"stage": 0, "precision": "fp16", "steps": [{}, {}]}),
     checks=("oracle",),
-    keys=("oracle:zero0-fp16-loss-not-scaled",),
     # with SGD the update is divided by the scale (at most a few times 1/scale of it); Adam normalises that
     # division away, and what shows is the fp16 gradient lost to underflow without the scale (0.15 of the update
     # with config-adam, measured on 0.19.2 and 0.19.8)
@@ -338,7 +328,6 @@ ZERO_ADAM_STEPS_FROZEN_PARAM = KnownIssue(
     releases=((0, 18, 4), (0, 20, 0)),  # measured on 0.18.4, 0.18.7, 0.19.2 and 0.19.8 (ZeRO-1/2/3)
     scenario=Scenario.from_dict({"optimizer": "config-adam", "stage": 3, "steps": [{}, {"frozen": [0]}]}),
     checks=("oracle",),
-    keys=("oracle:zero-adam-steps-frozen-param",),
     explains=None,
     mechanisms=("frozen-stepped-with-zero-gradient",),
     detail=("Found by exploring with the DeepSpeed-built optimizer (config AdamW, torch_adam) and its "
@@ -394,7 +383,6 @@ ZERO_TO_FP32_DROPS_UNGROUPED = KnownIssue(
     scenario=Scenario.from_dict({"stage": 2, "blocks": [{}, {"in_optimizer": False}],
                                  "steps": [{}, {"save_load": True}]}),
     checks=("checkpoint",),
-    keys=("checkpoint:zero-to-fp32-drops-param-in-no-group",),
     explains=lambda f: dropped_by_zero_to_fp32(f) == "ungrouped",  # the parameter it names, as the run built it
     detail=("Found by the checkpoint round trip (save_load), which also rebuilds the fp32 weights with "
             "deepspeed.utils.zero_to_fp32.get_fp32_state_dict_from_zero_checkpoint, as users convert a ZeRO "
@@ -417,7 +405,6 @@ ZERO1_CHECKPOINT_DROPS_FROZEN = KnownIssue(
     releases=((0, 18, 4), (0, 20, 0)),  # measured on 0.18.4, 0.19.2 and 0.19.8 (blocks; llama + LoRA on 0.19.8)
     scenario=Scenario.from_dict({"stage": 1, "blocks": [{"lin": "frozen"}, {}], "steps": [{}, {"save_load": True}]}),
     checks=("checkpoint",),
-    keys=("checkpoint:zero1-checkpoint-drops-frozen-params",),
     explains=lambda f: dropped_by_zero_to_fp32(f) == "frozen" and narrow(f, lambda sc: sc.stage == 1),
     detail=("Found by the checkpoint round trip (save_load), which rebuilds the fp32 weights with "
             "zero_to_fp32.  engine.py saves frozen_param_shapes / fragments only when "
@@ -438,7 +425,6 @@ Z3_MIXED_DTYPE_TRAINABLE_DEFRAGMENT = KnownIssue(
     scenario=Scenario.from_dict({"stage": 3, "family": "llama", "lora": True, "modules_to_save": True,
                                  "precision": "bf16", "zero_init": True}),
     checks=("exception",),
-    keys=("exception:AssertionError@runtime.zero.utils.defragment",),
     explains=lambda f: rules.raised_at("AssertionError", "zero/utils.py", "defragment")(f) and narrow(
         f, lambda sc: sc.stage == 3 and sc.modules_to_save and sc.precision.value != "fp32"),
     detail=("Found by the default exploration of 0.19.8 once `zero_init` was drawn.  Built as HF's "
@@ -461,7 +447,6 @@ Z3_EMPTY_PARAM_NOT_GATHERED = KnownIssue(
     scenario=Scenario.from_dict({"stage": 3, "empty_param": True, "steps": [{}]}),
     checks=("exception",),
     # on 0.19.8 (0.18.4 raises it one frame up: ...partitioned_param_coordinator.fetch_sub_module)
-    keys=("exception:AssertionError@runtime.zero.partitioned_param_coordinator._fetch_sub_module_impl",),
     explains=lambda f: rules.raised_at("AssertionError", "partitioned_param_coordinator.py", None,
                                        "'status': 'NOT_AVAILABLE'", "'numel': 0")(f)
     and narrow(f, lambda sc: sc.empty_param and sc.stage == 3),
@@ -485,7 +470,6 @@ ZERO_TO_FP32_Z3_EMPTY_PARAM = KnownIssue(
     releases=((0, 18, 4), (0, 19, 8)),
     scenario=Scenario.from_dict({"stage": 3, "empty_param": True, "steps": [{"save_load": True}]}),
     checks=("exception",),
-    keys=("exception:TypeError@utils.zero_to_fp32.contiguous",),
     explains=lambda f: rules.raised_at("TypeError", "utils/zero_to_fp32.py", "contiguous")(f)
     and narrow(f, lambda sc: sc.empty_param and sc.stage == 3),
     detail=("Met by the default exploration of 0.19.7 while polishing an empty_param finding to ZeRO-3: a "
@@ -503,7 +487,6 @@ ZERO1_CHECKPOINT_DROPS_EMPTY_PARAM = KnownIssue(
     releases=((0, 19, 8), (0, 20, 0)),  # measured: 0.19.8 drops it; 0.19.5 and 0.19.7 keep it; ZeRO-2 keeps it
     scenario=Scenario.from_dict({"stage": 1, "empty_param": True, "steps": [{"save_load": True}]}),
     checks=("checkpoint",),
-    keys=("checkpoint:zero1-checkpoint-drops-empty-param",),
     explains=lambda f: dropped_by_zero_to_fp32(f) == "empty" and narrow(f, lambda sc: sc.stage == 1),
     detail=("Found by test_deepspeed_target.py::test_every_finding_is_known in Hypothesis's random (dev) profile, "
             "once empty_param was drawn: at ZeRO-1 the fp32 state dict zero_to_fp32 rebuilds from a "
@@ -522,7 +505,6 @@ ZERO_TO_FP32_BF16_OPTIMIZER = KnownIssue(
     scenario=Scenario.from_dict({"stage": 1, "precision": "bf16", "fp32_grad_accum": True,
                                  "steps": [{"save_load": True}]}),
     checks=("exception",),
-    keys=("exception:ValueError@utils.zero_to_fp32.parse_optim_states",),
     explains=lambda f: rules.raised_at("ValueError", "utils/zero_to_fp32.py", "parse_optim_states",
                                        "is not a zero checkpoint")(f)
     and narrow(f, lambda sc: sc.stage == 1 and sc.fp32_grad_accum),
@@ -542,7 +524,6 @@ BF16_OPTIMIZER_CLEARS_IN_FORWARD_GRADS = KnownIssue(
     scenario=Scenario.from_dict({"stage": 1, "precision": "bf16", "fp32_grad_accum": True, "fused_head": True,
                                  "blocks": [{}], "width": 7, "steps": [{}]}),
     checks=("oracle",),
-    keys=("oracle:bf16-optimizer-clears-in-forward-grads",),
     upstream_patch="docs/upstream/bf16-optimizer-clears-in-forward-grads/",
     explains=None,
     mechanisms=("in-forward-gradient-dropped",),

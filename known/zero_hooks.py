@@ -25,7 +25,6 @@ Z3_LEAF_INPUT_NO_GRAD = KnownIssue(
     scenario=Scenario.from_dict({"blocks": [{"leaf": True}], "input_requires_grad": False, "stage": 3,
                                  "steps": [{"micro": [{"backward": "engine"}]}]}),
     checks=("exception",),
-    keys=("exception:RuntimeError@runtime.engine.backward",),
     upstream_patch="docs/upstream/z3-leaf-input-without-grad/",
     runtime_prevents=True,  # runtime/leaf_deferral.py
     # and its side effect on the spec: the hook fired before the leaf's pre-backward, so the next driver
@@ -54,7 +53,6 @@ ZERO12_NO_GRADIENT = KnownIssue(
     scenario=Scenario.from_dict({"blocks": [{"norm": "unused", "lin": "unused"}], "stage": 1,
                                  "steps": [{"micro": [{"backward": "engine"}]}]}),
     checks=("exception",),
-    keys=("exception:IndexError@runtime.zero.stage_1_and_2.reduce_ipg_grads",),
     upstream_patch="docs/upstream/zero12-backward-without-gradients/",
     # an exception in the epilogue or step(): the IndexError of the epilogue, step()'s KeyError, or with bf16
     # and fp32 gradient accumulation (BF16_Optimizer) step()'s "stack expects a non-empty TensorList"
@@ -85,7 +83,6 @@ Z3_LEAF_KEPT_GATHERED = KnownIssue(
                                  "input_requires_grad": False, "stage": 3,
                                  "steps": [{"micro": [{"backward": "engine"}]}, {"micro": [{"backward": "engine"}]}]}),
     checks=("released-after-backward",),
-    keys=("released-after-backward:still-gathered",),
     upstream_patch="docs/upstream/z3-leaf-kept-gathered/",
     # before 0.19.3 the first leak of its scenario is z3-released-late-input-without-grad's (blocks.1.norm, whose
     # input is the frozen leaf's output, at step 0; measured on 0.19.2): the leaf's own leak comes after it
@@ -125,7 +122,6 @@ Z3_NO_POST_BACKWARD_NO_DRAIN = KnownIssue(
     scenario=Scenario.from_dict({"stage": 3, "input_requires_grad": False,
                                  "steps": [{"micro": [{"backward": "engine"}]}]}),
     checks=("released-after-backward",),
-    keys=("released-after-backward:still-gathered",),  # measured on 0.18.4, 0.18.6 and 0.19.2
     # and, with an eval forward before the step, the trace made INVALID by the parameters left gathered
     # (trace-consistent:uncalled-for-invalid; llama + LoRA, measured on 0.18.7 and 0.19.2, gone on 0.19.3)
     explains=lambda f: rules.released_late(f) and narrow(f, _input_without_grad_z3),
@@ -155,8 +151,6 @@ Z3_REREGISTER_WHILE_RECORDING = KnownIssue(
     scenario=Scenario.from_dict({"stage": 3, "steps": [{"micro": [{"backward": "engine"}]},
                                                        {"micro": [{"backward": "engine"}], "reregister": True}]}),
     checks=("exception", "trace-consistent"),
-    keys=("exception:IndexError@runtime.zero.partitioned_param_coordinator.record_parameters",
-          "trace-consistent:not-made-invalid"),  # measured on 0.18.4 and 0.18.7
     # model-agreement: the model design for these releases (ds-0.19.2) re-registers as #8043 does, so after a
     # re-registration the real coordinator keeps holders the design releases (measured on 0.18.7; absent
     # without the re-registration and on 0.19.2)
@@ -188,7 +182,6 @@ Z3_PERSISTENT_PARAM_RACE_WS2 = KnownIssue(
                                  "steps": [{"micro": [{"backward": "engine"}], "eval_before": True}]}),
     checks=("oracle", "ranks-params"),
     # measured on 0.19.2 at world size 2, in the runs that show it
-    keys=("oracle:z3-persistent-param-race-ws2", "ranks-params:gathered-params-differ"),
     explains=_persistent_race_ws2,
     world_size=2,
     detail=("Intermittent (2-5 % of the engines built one after another in one rank pool; confirmation reports "
@@ -224,7 +217,6 @@ Z3_KEPT_FOR_REUSE_THEN_BRANCH = KnownIssue(
                                  "steps": [{"micro": [{"backward": "engine"}]},
                                            {"micro": [{"backward": "engine", "skip": [0]}], "eval_before": True}]}),
     checks=("released-after-backward",),
-    keys=("released-after-backward:still-gathered",),
     explains=lambda f: rules.kept_for_a_use_skipped(f) and narrow(f, _kept_then_branch),
     detail=("partitioned_param_coordinator.py (0.19.2 and 0.19.8 source; measured on 0.19.8): with a COMPLETE "
             "trace, __params_to_release keeps a parameter whose module is recorded again within "

@@ -1,12 +1,15 @@
 """Record each known issue's fingerprints from its own repros: known/fingerprints.json.
 
     python tools/record_fingerprints.py [--releases 0.19.8,0.19.2] [--issues ID,ID]
+    python tools/record_fingerprints.py --from-report zerostate-report/report.json --releases 0.19.8
 
 Each issue's scenario and variants run on every given release the issue affects; the fingerprint of each finding
 its evidence rule accepts (`KnownIssue.explains`: the exception, the violating events, the parameters involved)
-is recorded with the release and the repro that gave it.  An issue stated by counterfactual mechanisms alone has
-nothing to record (its oracle findings are labelled by the reference they match).  Issues not run keep what the
-file holds.  ``test_known_issue`` checks that each issue's scenario still gives its recorded fingerprints.
+is recorded with the release and the repro that gave it (the scenario itself).  ``--from-report``: the findings
+of a report whose label a triage confirmed are more repros of their issue -- each one's scenario is run again,
+and a fingerprint the issue's evidence rule accepts is recorded with that scenario as its repro.  An issue stated
+by counterfactual mechanisms alone has nothing to record (its oracle findings are labelled by the reference they
+match).  Issues not run keep what the file holds.  ``test_known_issue`` checks that each issue's scenario still gives its recorded fingerprints.
 """
 
 from __future__ import annotations
@@ -25,9 +28,14 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--releases", default="0.19.8")
     ap.add_argument("--issues", default="")
+    ap.add_argument("--from-report", default=None, metavar="REPORT_JSON")
     args = ap.parse_args(argv)
     wanted = set(filter(None, args.issues.split(",")))
     data = json.loads(FILE.read_text()) if FILE.exists() else {}
+    if args.from_report:
+        _from_report(data, args.from_report, args.releases.split(",")[0])
+        FILE.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+        return 0
     for release in args.releases.split(","):
         issues = [k for k in KNOWN_ISSUES if k.affects(release) and k.explains is not None
                   and (not wanted or k.id in wanted)]
@@ -37,17 +45,41 @@ def main(argv: list[str] | None = None) -> int:
             for k in issues:
                 entry = data.setdefault(k.id, {"fingerprints": [], "from": {}})
                 for i, sc in enumerate((k.scenario, *k.variants)):
-                    out = target.run(sc)
+                    out = target.run(sc.with_(world_size=max(sc.world_size, k.world_size)))
                     for f in out.findings:
                         if k.explains(f) and f.key not in entry["fingerprints"]:
                             entry["fingerprints"].append(f.key)
                             entry["from"][f.key] = {"release": release, "repro": "scenario" if i == 0 else
-                                                    f"variant {i}"}
+                                                    f"variant {i}", "scenario": sc.to_dict()}
                 print(f"{release} {k.id}: {len(entry['fingerprints'])} fingerprint(s)", file=sys.stderr)
         finally:
             target.close()
     FILE.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
     return 0
+
+
+def _from_report(data: dict, path: str, release: str) -> None:
+    from zerostate.known.issues import by_id
+    from zerostate.model.scenario import Scenario
+    import deepspeed
+    with open(path) as fh:
+        report = json.load(fh)
+    target = get_target("deepspeed", deepspeed=None if release == deepspeed.__version__ else release)
+    try:
+        for entry in report["findings"]:
+            issue = by_id((entry.get("known_issue") or {}).get("id") or "")
+            if issue is None or issue.explains is None:
+                continue
+            sc = Scenario.from_dict(entry["scenario"])
+            for f in target.run(sc).findings:
+                rec = data.setdefault(issue.id, {"fingerprints": [], "from": {}})
+                if issue.explains(f) and f.key not in rec["fingerprints"]:
+                    rec["fingerprints"].append(f.key)
+                    rec["from"][f.key] = {"release": release, "repro": f"report finding {entry['n']}",
+                                          "scenario": sc.to_dict()}
+                    print(f"{release} {issue.id}: + {f.key[:120]}", file=sys.stderr)
+    finally:
+        target.close()
 
 
 if __name__ == "__main__":
