@@ -9,7 +9,8 @@ is recorded with the release and the repro that gave it (the scenario itself).  
 of a report whose label a triage confirmed are more repros of their issue -- each one's scenario is run again,
 and a fingerprint the issue's evidence rule accepts is recorded with that scenario as its repro.  An issue stated
 by counterfactual mechanisms alone has nothing to record (its oracle findings are labelled by the reference they
-match).  Issues not run keep what the file holds.  ``test_known_issue`` checks that each issue's scenario still gives its recorded fingerprints.
+match).  Issues not run keep what the file holds.  ``test_known_issue`` checks that each issue's scenario still
+gives its recorded fingerprints.
 """
 
 from __future__ import annotations
