@@ -86,7 +86,7 @@ class Finding:
         spec's code, the violating event's pattern and the roles of the parameters involved; an oracle
         difference's counterfactual class).  Never the message's specifics, never the known issue's label."""
         return fingerprint(self.check, self.code, self.evidence, self.trace, self.index, self.error, self.scenario,
-                           params_in(self.error))
+                           params_in(self.error), self.origin or "")
 
     @property
     def violation(self) -> str:

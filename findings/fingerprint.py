@@ -104,17 +104,27 @@ def _param_roles(sc: Scenario | None, trace: Sequence[Event]) -> dict[str, set[s
     return roles
 
 
+_PLAIN = frozenset({"trainable", "head", "param"})
+"""Roles every network has: the parameters involved say nothing of the mechanism by them (shrinking keeps or drops
+a plain parameter, the fingerprint does not change)."""
+
+
 def roles(names: Iterable[str], sc: Scenario | None, trace: Sequence[Event]) -> str:
-    """The roles the named parameters play (`_param_roles`; ``adapter`` for a LoRA one, ``param`` for one the
-    scenario says nothing of), as one sorted set."""
+    """The roles that set the named parameters apart (`_param_roles`: frozen, frozen for a step, in no optimizer
+    group, in a z3 leaf module, persistent; ``adapter`` for a LoRA one), as one sorted set; "" when they are plain
+    trainable parameters."""
     table = _param_roles(sc, trace)
     out: set[str] = set()
     for n in names:
         r = set(table.get(n, ()))
         if "lora_" in n:
             r.add("adapter")
-        out |= r or {"param"}
-    return ",".join(sorted(out)) or "none"
+        out |= r - _PLAIN
+    return ",".join(sorted(out))
+
+
+def _with_roles(head: str, who: str) -> str:
+    return f"{head}:{who}" if who else head
 
 
 def _where(trace: Sequence[Event], index: int) -> str:
@@ -137,11 +147,11 @@ def _where(trace: Sequence[Event], index: int) -> str:
 def spec_fingerprint(check: str, code: str, trace: Sequence[Event] | None, index: int | None, named: Iterable[str],
                      sc: Scenario | None) -> str:
     if not trace or index is None or not 0 <= index < len(trace):
-        return f"{check}:{code}@end:{roles(named, sc, trace or ())}"
+        return _with_roles(f"{check}:{code}@end", roles(named, sc, trace or ()))
     e = trace[index]
     involved = set(named) | ({e.param} if e.param else set())
-    return (f"{check}:{code}@{e.kind.value}/{e.phase or '-'}/{_where(trace, index)}:"
-            f"{roles(involved, sc, trace)}")
+    return _with_roles(f"{check}:{code}@{e.kind.value}/{e.phase or '-'}/{_where(trace, index)}",
+                       roles(involved, sc, trace))
 
 
 def oracle_fingerprint(o: OracleDiff | None, explained_by: tuple[str, ...] | None, events: Sequence[Event] | None,
@@ -153,15 +163,17 @@ def oracle_fingerprint(o: OracleDiff | None, explained_by: tuple[str, ...] | Non
     if explained_by:
         return f"oracle:{'+'.join(explained_by)}{when}"
     shape = signature(o, events).split("@", 1)[0]
-    who = roles(o.names, sc, events or ()) if o.names else "none"
-    return f"oracle:unexplained:{shape}{when}:{who}"
+    return _with_roles(f"oracle:unexplained:{shape}{when}", roles(o.names, sc, events or ()))
 
 
 def fingerprint(check: str, code: str, evidence: Evidence, trace: Sequence[Event] | None, index: int | None,
-                message: str, sc: Scenario | None, named: Iterable[str] = ()) -> str:
-    """The finding's identity (see the module docstring)."""
+                message: str, sc: Scenario | None, named: Iterable[str] = (), origin: str = "") -> str:
+    """The finding's identity (see the module docstring); ``origin``: where an exception was raised, for a
+    finding whose run left no frames (a watched job's)."""
     if check in RAISED_CHECKS and evidence.raised is not None and index is None:
         return exception_fingerprint(check, evidence.raised)
+    if check in RAISED_CHECKS and origin and index is None:
+        return f"{check}:{origin}"
     if check == "oracle":
         return oracle_fingerprint(evidence.oracle, evidence.explained_by, trace, sc)
     if index is not None or (trace and code and check not in _CODED):

@@ -1,4 +1,4 @@
-"""An oracle difference no known issue explains is keyed by what its own run shows (`findings.oracle_class`):
+"""An oracle difference no counterfactual explains is keyed by what its own run shows (`findings.oracle_class`):
 two different mechanisms are two keys (two findings, two groups, and ``diff`` calls a swap of one for the other
 introduced), one mechanism in two shapes (other parameter names, sizes, counts, step numbers) is one key.
 No DeepSpeed: the findings carry made-up evidence of the form the executor gives (`harness.evidence`)."""
@@ -63,10 +63,10 @@ def test_a_mixture_over_the_parameters_is_one_class_whatever_the_mixture():
     mixed = _oracle(SC_SMALL, 0, [("blocks.0.lin.weight", 0.5), ("head.weight", 1.4), ("blocks.0.norm.bias", -0.2)],
                     _steps(True))
     other_mix = _oracle(SC_BIG, 0, [("blocks.1.lin.weight", 0.0), ("head.weight", 0.8)], _steps(True))
-    assert mixed.key == other_mix.key == "oracle:other@first-step"
+    assert mixed.key == other_mix.key == "oracle:unexplained:other@first-step"
     rows = [("blocks.1.lin.weight", 0.0), ("head.weight", 0.01), ("blocks.0.norm.weight", None)]
     with_kept = _oracle(SC_BIG, 1, rows, _steps(True, True), moved=("blocks.0.norm.weight",))
-    assert with_kept.key == "oracle:not-updated+moved-without-update@later-step"
+    assert with_kept.key == "oracle:unexplained:not-updated+moved-without-update@later-step"
 
 
 def test_two_mechanisms_are_two_keys_and_one_mechanism_in_two_shapes_is_one():
@@ -77,33 +77,34 @@ def test_two_mechanisms_are_two_keys_and_one_mechanism_in_two_shapes_is_one():
     none = _oracle(SC_SMALL, 0, [("blocks.0.lin.weight", 0.0)], _steps(True))
     later = _oracle(SC_BIG, 1, [("blocks.0.lin.weight", 0.5)], _steps(True, True))
     frozen = _oracle(SC_SMALL, 0, [("blocks.0.lin.weight", None)], _steps(True), moved=("blocks.0.lin.weight",))
-    assert halved.key == halved_big.key == "oracle:x0.5@first-step"
+    assert halved.key == halved_big.key == "oracle:unexplained:x0.5@first-step"
     keys = [f.key for f in (halved, doubled, none, later, frozen)]
     assert len(set(keys)) == len(keys), keys
-    assert later.key == "oracle:x0.5@later-step" and frozen.key == "oracle:moved-without-update@first-step"
+    assert later.key == "oracle:unexplained:x0.5@later-step"
+    assert frozen.key == "oracle:unexplained:moved-without-update@first-step"
     # without a trace (a watched job's shape), the step's number stands in for "a step trained before"
-    assert replace(halved, trace=None).key == "oracle:x0.5@first-step"
-    assert replace(later, trace=None).key == "oracle:x0.5@later-step"
+    assert replace(halved, trace=None).key == "oracle:unexplained:x0.5@first-step"
+    assert replace(later, trace=None).key == "oracle:unexplained:x0.5@later-step"
 
 
 @pytest.mark.parametrize("kind", ["generation", "loss-scaling"])
 def test_a_difference_without_parameters_is_keyed_by_its_kind(kind):
     f = Finding("oracle", "x", SC_SMALL, (), None, "deepspeed", "0.19.8",
                 evidence=Evidence(oracle=OracleDiff(kind, None)))
-    assert f.key == f"oracle:{kind}"
+    assert f.key == f"oracle:unexplained:{kind}"
     assert Finding("oracle", "x", SC_SMALL).key == "oracle"  # no evidence (a run from before): the check alone
 
 
-def test_a_known_oracle_issue_keeps_its_id_in_the_key_and_unlabelled_ones_group_by_mechanism():
-    """The label still wins for a difference it explains; unlabelled ones are grouped by mechanism, not lumped
-    into one group by their common wording."""
+def test_a_label_is_never_in_the_key_and_unlabelled_ones_group_by_mechanism():
+    """A finding's key is its evidence, whatever label it carries; unlabelled ones are grouped by mechanism, not
+    lumped into one group by their common wording."""
     a = labelled(_oracle(SC_SMALL, 0, [("blocks.0.lin.weight", 0.5)], _steps(True)))
     b = labelled(_oracle(SC_SMALL, 0, [("blocks.0.lin.weight", 2.0)], _steps(True)))
     assert not a.known and not b.known
-    assert replace(a, known="two-backwards-per-forward").key == "oracle:two-backwards-per-forward"
+    assert replace(a, known="two-backwards-per-forward").key == a.key  # a label is never part of the key
     entries = [{"n": i + 1, **annotate(f)} for i, f in enumerate((a, b, a))]
-    assert [(g["key"], g["findings"]) for g in groups(entries)] == [("oracle:x0.5@first-step", [1, 3]),
-                                                                    ("oracle:x2@first-step", [2])]
+    assert [(g["key"], g["findings"]) for g in groups(entries)] == [("oracle:unexplained:x0.5@first-step", [1, 3]),
+                                                                    ("oracle:unexplained:x2@first-step", [2])]
 
 
 class _Build:
@@ -139,7 +140,7 @@ def test_no_update_is_not_updated_whatever_the_counterfactuals_say():
     updated nothing is ``not-updated`` in that shape too, as in a shape with several backwards."""
     one_backward = _oracle(SC_SMALL, 0, [("blocks.0.lin.weight", 0.0)], _steps(True), last_only=False, but_last=True)
     two_backwards = _oracle(SC_BIG, 0, [("head.weight", 0.01)], _steps(True), last_only=False, but_last=False)
-    assert one_backward.key == two_backwards.key == "oracle:not-updated@first-step"
+    assert one_backward.key == two_backwards.key == "oracle:unexplained:not-updated@first-step"
 
 
 @pytest.mark.deepspeed
@@ -173,5 +174,5 @@ def test_faults_injected_into_real_deepspeed_give_one_key_per_mechanism(tmp_path
                 keys[fault] = [[f.key for f in t.run(s).findings] for s in shapes]
             finally:
                 t.close()
-    assert keys == {"engine-gas-scaling-inverted": [["oracle:x2@first-step"]] * 3,
-                    "z3-accumulate-from-second": [["oracle:last-backward-only@first-step"]] * 2}, keys
+    assert keys == {"engine-gas-scaling-inverted": [["oracle:unexplained:x2@first-step"]] * 3,
+                    "z3-accumulate-from-second": [["oracle:unexplained:last-backward-only@first-step"]] * 2}, keys
