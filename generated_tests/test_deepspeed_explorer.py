@@ -28,7 +28,7 @@ def test_deterministic_and_shrunk():
     for f in runs[0].findings:  # 0.18.4's double count needs plain, reentrant, plain: 3 blocks is minimal
         assert len(f.scenario.blocks) <= 3 and len(f.scenario.steps) <= 2, f.scenario.describe()
     # no epilogue at all needs one block and one step (hook-after-epilogue needs a plain block after a reentrant one)
-    epi = next(f for f in runs[0].findings if f.key == "epilogue-once:no-epilogue")
+    epi = next(f for f in runs[0].findings if f.violation == "epilogue-once:no-epilogue")
     assert len(epi.scenario.blocks) == 1 and len(epi.scenario.steps) == 1, epi.scenario.describe()
 
 

@@ -71,7 +71,7 @@ def test_the_checkpoint_check_kills_a_load_that_keeps_other_master_weights(fault
     scenario, keys = CASES[fault_id]
     with applied(by_id()[fault_id], tree):
         found = _findings_on(tree, Scenario.from_dict(scenario))
-    got = {f.key for f in found}
+    got = {f.violation for f in found}
     assert got & keys, [(f.key, f.error[:300]) for f in found]
 
 
@@ -87,8 +87,8 @@ def test_persistent_resident_kills_a_recompute_that_releases_persistent_paramete
                              "blocks": [{"checkpoint": "reentrant", "norm": "frozen"}, {}], "steps": [{}, {}, {}]})
     assert sc.beyond_model()
     with applied(by_id()["release-persistent-recompute"], tree):
-        keys = {True: {f.key for f in _findings_on(tree, sc)}}
-    keys[False] = {f.key for f in _findings_on(tree, sc)}
+        keys = {True: {f.violation for f in _findings_on(tree, sc)}}
+    keys[False] = {f.violation for f in _findings_on(tree, sc)}
     assert "persistent-resident:persistent-released" in keys[True], keys
     assert not keys[False], keys
 

@@ -233,7 +233,7 @@ def test_zerostate_design_releases_a_z3_leaf_whose_backward_never_runs():
     from zerostate.known.issues import Z3_LEAF_KEPT_GATHERED
     sc = Z3_LEAF_KEPT_GATHERED.scenario
     for design in ("ds-0.19.2", "ds-0.19.3"):
-        assert "released-after-backward:still-gathered" in {f.key for f in get_target("model", design=design).run(
+        assert "released-after-backward:still-gathered" in {f.violation for f in get_target("model", design=design).run(
             sc).findings}, design
     assert not get_target("model", design="zerostate").run(sc).findings
 
@@ -264,7 +264,7 @@ def test_leaf_reduction_deferred_until_its_gradients_accumulated(name):
     from zerostate.targets.base import get_target
     sc = _leaf_input_no_grad_scenarios()[name]
     for design in ("ds-0.18.4", "ds-0.18.7", "ds-0.19.3"):
-        keys = {f.key for f in get_target("model", design=design).run(sc).findings}
+        keys = {f.violation for f in get_target("model", design=design).run(sc).findings}
         assert "grad-handled-once:handled-before-accumulated" in keys, (design, keys)
     assert not get_target("model", design="zerostate").run(sc).findings
     events = run(get_design("zerostate"), sc, coordinator=True).events
