@@ -36,5 +36,13 @@ def check_all(events: Iterable[Event], specs: Iterable[Spec] | None = None) -> d
     return {s.id: check_trace(s, events) for s in (SPECS.values() if specs is None else specs)}
 
 
-__all__ = ["METRICS", "Metric", "SPECS", "Spec", "Violation", "check_all", "check_trace", "specs_for",
+def exercised(events: Iterable[Event], specs: Iterable[Spec] | None = None) -> frozenset[str]:
+    """The specs (of ``specs``, default every one) that at least one of ``events`` gives something to judge
+    (`Spec.exercised_by`): "ok" needs an observation."""
+    kinds = {e.kind for e in events}
+    return frozenset(s.id for s in (SPECS.values() if specs is None else specs)
+                     if (not s.exercised_by and kinds) or s.exercised_by & kinds)
+
+
+__all__ = ["METRICS", "Metric", "SPECS", "Spec", "Violation", "check_all", "check_trace", "exercised", "specs_for",
            "specs_for_stage"]

@@ -38,6 +38,9 @@ class Spec:
     """The event kinds ``step`` can change the monitor on or fail at; for every other kind ``step(m, ev)``
     returns ``m`` itself, so a fold may skip them (``zerostate watch``'s online checker dispatches by kind).
     None: every kind.  Stated by each spec, checked on model traces by test_watch."""
+    exercised_by: frozenset[EventKind] = frozenset()
+    """The events that give it something to judge: a run with none of them leaves it *not exercised* (never
+    "ok": an epilogue spec on a run without a user backward has seen nothing).  Empty: any event."""
 
     def check(self, events: Iterable[Event]) -> Violation | None:
         return check_trace(self, events)

@@ -191,6 +191,7 @@ def available_when_used(params_of: Callable[[str], Iterable[str]] = params_of_mo
                 "driver event; after every MODULE_PRE_BACKWARD they are AVAILABLE at the next driver event outside "
                 "a recompute/unpack and at the module's MODULE_POST_BACKWARD -- except in blocks recomputed by a "
                 "non-reentrant checkpoint, whose backward reads the recompute's saved tensors."),
+        exercised_by=frozenset({EventKind.MODULE_PRE_FORWARD}),
         reacts_to=frozenset({*_STATUS, *DRIVER_EVENTS}),
     )
 
@@ -245,6 +246,7 @@ SAVED_TENSOR_INTACT = Spec(
             "module's backward) of a parameter, that parameter is AVAILABLE.  ZeRO-3 swaps param.data in place, "
             "so a live reference sees whatever param.data is at unpack time: a release in between is harmless "
             "if a fetch re-gathered it before the unpack (0.19.3 does), fatal otherwise (0.19.2: CheckpointError)."),
+    exercised_by=frozenset({EventKind.UNPACK}),
     reacts_to=frozenset({*_STATUS, EventKind.SAVE_LIVE, EventKind.UNPACK}),
 )
 
@@ -303,6 +305,7 @@ RELEASED_AFTER_BACKWARD = Spec(
     finish=lambda m: _released_problem(m) if m.pending else None,
     checks=("At the first driver event after each USER_BACKWARD_END (or the end of the run) -- so after the "
             "epilogue -- no non-persistent parameter is AVAILABLE or INFLIGHT and no parameter has holders."),
+    exercised_by=frozenset({EventKind.USER_BACKWARD_END}),
     reacts_to=frozenset({*_STATUS, EventKind.HOLDERS, EventKind.PERSISTENT, *DRIVER_EVENTS}),
 )
 
@@ -429,6 +432,7 @@ TRACE_CONSISTENT = Spec(
             "invalidation nothing stays INFLIGHT and nothing is PREFETCHed until a trace is COMPLETE again.  "
             "Traces that never report a TRACE_STATE (ZeRO-1/2; a tracer that does not record the mode) are not "
             "judged."),
+    exercised_by=frozenset({EventKind.TRACE_STATE}),
     reacts_to=frozenset({*_STATUS, EventKind.TRACE_STATE, EventKind.CONTAINER_HOOK, *DRIVER_EVENTS}),
 )
 

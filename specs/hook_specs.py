@@ -61,6 +61,7 @@ EPILOGUE_ONCE = Spec(
     family="hooks",
     init=_EpilogueOnce, step=_epilogue_once_step, finish=_epilogue_once_finish,
     checks="In every user-backward window: exactly one EPILOGUE, and no GRAD_HOOK / LEAF_HOOK after it.",
+    exercised_by=frozenset({EventKind.USER_BACKWARD_START}),
     reacts_to=frozenset({EventKind.USER_BACKWARD_START, *_CLOSERS, EventKind.EPILOGUE, *_HOOKS}),
 )
 
@@ -127,6 +128,7 @@ GRAD_HANDLED_ONCE = Spec(
     checks=("In every user-backward window: each GRAD_HOOK param gets one BUCKET_ADD, no param gets two, "
             "no param's gradient accumulates (LEAF_GRAD) after its BUCKET_ADD, "
             "and the bucket is empty when the window closes."),
+    exercised_by=frozenset({EventKind.GRAD_HOOK}),
     reacts_to=frozenset({EventKind.USER_BACKWARD_START, *_CLOSERS, EventKind.BUCKET_ADD, EventKind.GRAD_HOOK,
                          EventKind.BUCKET_FLUSH, EventKind.BUCKET_CLEAR, EventKind.LEAF_GRAD}),
 )
@@ -151,6 +153,7 @@ NO_EPILOGUE_BEFORE_USER_BACKWARD = Spec(
     family="hooks",
     init=lambda: False, step=_no_early_step, finish=lambda m: None,
     checks="No EPILOGUE event outside a user-backward window.",
+    exercised_by=frozenset({EventKind.USER_BACKWARD_START}),
     reacts_to=frozenset({EventKind.USER_BACKWARD_START, *_CLOSERS, EventKind.EPILOGUE}),
 )
 
@@ -175,6 +178,7 @@ COUNT_ONCE_PER_PHASE = Spec(
     family="hooks",
     init=frozenset, step=_count_step, finish=lambda m: None,
     checks="At most one COUNT event per autograd graph task (a phase is one graph task).",
+    exercised_by=frozenset({EventKind.COUNT}),
     reacts_to=frozenset({EventKind.FORWARD_START, EventKind.COUNT}),
 )
 
@@ -241,6 +245,7 @@ COUNT_MATCHES_HOOKS = Spec(
     checks=("At each graph task's TASK_END, for a task in which a COUNT was evaluated: its value equals the distinct "
             "parameters of the GRAD_HOOKs of that task, and the EXPECTED after it is at least those plus the z3 "
             "leaf modules of its LEAF_HOOKs.  A task that never ends (the run raised) is not judged."),
+    exercised_by=frozenset({EventKind.COUNT}),
     reacts_to=frozenset({EventKind.TASK_START, EventKind.TASK_END, EventKind.GRAD_HOOK, EventKind.LEAF_HOOK,
                          EventKind.COUNT, EventKind.EXPECTED}),
 )
@@ -286,6 +291,7 @@ CLEAN_STEP = Spec(
     family="hooks",
     init=_Clean, step=_clean_step, finish=lambda m: _clean_problem(m) if m.after_step else None,
     checks="At the first forward after STEP (or the end of the run): the bucket is empty and backward depth is 0.",
+    exercised_by=frozenset({EventKind.STEP}),
     reacts_to=frozenset({EventKind.FORWARD_START, EventKind.EVAL_FORWARD_START, EventKind.STEP,
                          EventKind.ENTER_BACKWARD, EventKind.EXIT_BACKWARD, EventKind.BUCKET_ADD,
                          EventKind.BUCKET_FLUSH, EventKind.BUCKET_CLEAR}),

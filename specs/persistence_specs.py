@@ -70,6 +70,7 @@ PERSISTENT_RESIDENT = Spec(
             "parameter between a root forward's start and the next engine.step() while the last TRACE_STATE "
             "was COMPLETE fails at the next driver event, unless a TRACE_STATE that is not COMPLETE comes first "
             "(the invalidating hook's cleanup of what it prefetched)."),
+    exercised_by=frozenset({EventKind.PERSISTENT}),
     reacts_to=frozenset({EventKind.PERSISTENT, EventKind.TRACE_STATE, EventKind.RELEASE, *DRIVER_EVENTS}),
 )
 
