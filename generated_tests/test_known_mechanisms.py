@@ -137,7 +137,7 @@ def test_reports_show_harness_errors_and_limitations_apart():
     from zerostate.known.labels import annotate
     from zerostate.reports.finding_entry import FindingEntry, Labels
     from zerostate.reports.report_markdown import render_markdown
-    from zerostate.reports.run_report import HarnessError, RunRecord, RunReport
+    from zerostate.reports.run_report import HarnessError, RunReport, WhatRan
     k = by_id("z3-linear-override-outlives-engine")
     lim = Finding("carried-state", "DeepSpeed 0.19.8: torch.nn.functional.linear is ...", k.scenario,
                   deepspeed="0.19.8", code="torch-linear-replaced")
@@ -146,7 +146,7 @@ def test_reports_show_harness_errors_and_limitations_apart():
     entries = tuple(FindingEntry(n, f.check, f.error, None, None, 1, 1, {}, "", None, (), {}, (), f.key,
                                  "zerostate replay x", labels=Labels.of(annotate(f)))
                     for n, f in enumerate((lim, own), 1))
-    md = render_markdown(RunReport("0", "explore", "complete", RunRecord({}, ""), (), {}, entries, {},
+    md = render_markdown(RunReport("0", "explore", "complete", WhatRan({}, ""), (), {}, entries, {},
                                    harness_errors=(HarnessError(2, own.key, "oracle raised"),)))
     assert "harness errors: 1" in md and "## Harness errors (1)" in md and "## Findings (1)" in md
     assert "documented limitation" in md and "Known documented limitation `z3-linear-override-outlives-engine`" in md
