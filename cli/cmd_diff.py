@@ -6,7 +6,10 @@ e.g. the pull request's tree).  Every finding is then replayed on the other buil
 then, when that run does not show it, as often as the explorer replays a finding before it calls it not
 reproduced) and classified:
 
-* **fixed**: found on base; no replay on head shows it (the same mechanism: `diff_classify.same_bug`);
+* **fixed**: found on base; no replay on head shows it (the same mechanism: `diff_classify.same_bug`), and
+  head's run went past the train step where base failed;
+* **not-reached**: found on base; head's replay stopped before that step (raised earlier, or zerostate could not
+  observe it): not judged, never "fixed";
 * **intermittent**: a replay on the other build shows it in some runs but not in the first;
 * **introduced**: found on head; no replay on base shows it -- also when base fails there under the same
   known issue by another mechanism (a crash swapped for another);
@@ -196,7 +199,8 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result.to_json(), indent=2))
     else:
-        print(f"diff {base_name} -> {head_name}: {counts['fixed']} fixed, {counts['introduced']} introduced, "
+        print(f"diff {base_name} -> {head_name}: {counts['fixed']} fixed, {counts['not-reached']} not reached, "
+              f"{counts['introduced']} introduced, "
               f"{counts['intermittent']} intermittent, {counts['unmasked']} unmasked, {counts['unchanged']} unchanged; "
               f"{len(pairs)} ZeRO-3 scenario(s) compared, "
               f"{len(memory.regressions)} memory regression(s) beyond {args.memory_tolerance:.0%}; "

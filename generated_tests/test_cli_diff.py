@@ -96,7 +96,8 @@ def _leaf_early(ver, sc, check="available-when-used"):
         msg = "The size of tensor a (0) must match the size of tensor b (8) at non-singleton dimension 1"
         return Finding("exception", f"RuntimeError: {msg}", sc, trace, None, "deepspeed", ver,
                        origin="RuntimeError@runtime.engine.backward",
-                       evidence=Evidence(raised=Raised("RuntimeError", msg)))
+                       evidence=Evidence(raised=Raised("RuntimeError", msg, (
+                           Frame("deepspeed", "runtime/engine.py", "backward", 1, "deepspeed.runtime.engine"),))))
     return Finding("available-when-used", f"blocks.0 computes (backward) with {_W} not AVAILABLE", sc, trace,
                    len(trace) - 1, "deepspeed", ver, code="unavailable-in-backward")
 
@@ -215,20 +216,22 @@ def test_a_label_preserving_swap_of_one_crash_for_another_is_introduced():
     sc = known.Z3_LEAF_INPUT_NO_GRAD.scenario
     fb = _leaf_early("0.19.8", sc, "exception")
     reduce_refuses = Raised("RuntimeError", "0 != 64 Cannot reduce scatter gradients whose size is not same as the "
-                            "params", (Frame("deepspeed", "runtime/engine.py", "backward"),
+                            "params", (Frame("deepspeed", "runtime/engine.py", "backward", 1,
+                                             "deepspeed.runtime.engine"),
                                        Frame("deepspeed", "runtime/zero/stage3.py",
-                                             "__reduce_and_partition_ipg_grads")))
+                                             "__reduce_and_partition_ipg_grads", 1, "deepspeed.runtime.zero.stage3")))
     fh = replace(fb, error=f"RuntimeError: {reduce_refuses.message}",
                  origin="RuntimeError@runtime.zero.stage3.__reduce_and_partition_ipg_grads",
                  evidence=Evidence(raised=reduce_refuses))
     # a crash that does not show the mechanism is no swap under the label: it is the head's own finding
     alien = replace(fh, evidence=Evidence(raised=replace(reduce_refuses, frames=(
-        Frame("deepspeed", "runtime/zero/stage3.py", "_injected_fault"),))))
+        Frame("deepspeed", "runtime/zero/stage3.py", "_injected_fault", 1, "deepspeed.runtime.zero.stage3"),))))
     assert label(alien) is None
     assert fb.key != fh.key and label(fb) is not None and label(fb) == label(fh)  # the same label
     base, head = _Fake("0.19.8", {sc: [fb]}), _Fake("0.19.8", {sc: [fh]})
     entries = classify([fb], [fh], base, head)
-    assert {e.found_on: e.status for e in entries} == {"base": "fixed", "head": "introduced"}
+    # head raised where base did: base's crash is not judged fixed there, head's is introduced
+    assert {e.found_on: e.status for e in entries} == {"base": "not-reached", "head": "introduced"}
 
 
 def test_a_build_that_breaks_while_running_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys):
@@ -270,7 +273,8 @@ def test_the_known_issues_scenarios_are_labelled_and_backward_kinds_share_a_grou
     from zerostate.findings.evidence import Evidence, Frame, Raised
     no_grad = known.ZERO12_NO_GRADIENT.scenario
     index = Raised("IndexError", "list index out of range",
-                   (Frame("deepspeed", "runtime/zero/stage_1_and_2.py", "reduce_ipg_grads"),))
+                   (Frame("deepspeed", "runtime/zero/stage_1_and_2.py", "reduce_ipg_grads", 1,
+                          "deepspeed.runtime.zero.stage_1_and_2"),))
     hookless = (_evt("forward_start"), _evt("user_backward_start", note="engine"),
                 _evt("user_backward_end", note="engine"))
     for k, f in ((known.Z3_LEAF_INPUT_NO_GRAD,
@@ -291,13 +295,13 @@ def test_the_known_issues_scenarios_are_labelled_and_backward_kinds_share_a_grou
 
 def test_seed_bugs_are_labelled_with_their_first_fixed_release_only_on_releases_that_have_them():
     sc = Scenario.from_dict({"blocks": [{"checkpoint": "non_reentrant", "norm": "frozen"}], "stage": 3})
-    trace = (_evt("save_live", _W, module="blocks.0"), _evt("release", _W, module="blocks.0.norm"),
-             _evt("unpack", _W, module="blocks.0", note="check"))
-    seed = Finding("saved-tensor-intact", f"{_W} is partitioned in place after the recompute saved it", sc, trace, 2,
+    trace = (_evt("user_backward_start", note="engine"), _evt("save_live", _W, module="blocks.0"),
+             _evt("release", _W, module="blocks.0.norm"), _evt("unpack", _W, module="blocks.0", note="check"))
+    seed = Finding("saved-tensor-intact", f"{_W} is partitioned in place after the recompute saved it", sc, trace, 3,
                    "deepspeed", "0.19.2", code="partitioned-at-check")
     assert label(seed)["fixed_in"] == "0.19.3"
     assert label(replace(seed, deepspeed="0.19.3")) is None
-    assert label(replace(seed, trace=trace[::2], index=1)) is None  # never released after the save: not seed 002
+    assert label(replace(seed, trace=trace[:2] + trace[3:], index=2)) is None  # never released after the save
 
 
 # ---------------------------------------------------------------- the command on real DeepSpeed
@@ -490,3 +494,41 @@ def test_each_upstream_patch_applies_to_the_pinned_release(issue, tmp_path):
     assert r.returncode == 0 and "FAILED" not in r.stdout and "offset" not in r.stdout, r.stdout + r.stderr
     for name in ("README.md", "fix.patch"):
         assert (UPSTREAM / issue / name).exists()
+
+
+# ---------------------------------------------------------------- one identity per bug: the fingerprint
+def _crash(ver, sc, message, function="__reduce_and_partition_ipg_grads", steps=1):
+    """An AssertionError raised in ZeRO-3's ``function`` after ``steps`` train steps, with ``message``."""
+    trace = tuple(e for _ in range(steps) for e in (_evt("forward_start"), _evt("step"))) + (_evt("forward_start"),)
+    frames = (Frame("zerostate", "harness/executor.py", "execute", 1, "zerostate.harness.executor"),
+              Frame("deepspeed", "runtime/zero/stage3.py", function, 1, "deepspeed.runtime.zero.stage3"))
+    return Finding("exception", f"AssertionError: {message}", sc, trace, None, "deepspeed", ver,
+                   origin=f"AssertionError@runtime.zero.stage3.{function}",
+                   evidence=Evidence(raised=Raised("AssertionError", message, frames)))
+
+
+def test_two_mechanisms_with_one_old_key_are_two_findings_and_a_swap_is_introduced():
+    """The same exception type from the same DeepSpeed function (one key before fingerprints) with two
+    messages is two bugs: kept apart, and a head that swaps one for the other introduces the second."""
+    from zerostate.findings.build import unique_by_key
+    one = _crash("0.19.8", SC_B, "param 3 already reduced")
+    other = _crash("0.19.8", SC_B, "bucket of 4 elements is not empty")
+    assert one.origin == other.origin and one.key != other.key
+    assert unique_by_key([one, other]) == [one, other]
+    base, head = _Fake("0.19.8", {SC_B: [one]}), _Fake("0.19.8", {SC_B: [other]})
+    status = {(e.found_on, e.status) for e in classify([one], [other], base, head)}
+    # head raised at the step where base did: it never ran past base's failure, so base's is not judged fixed
+    assert status == {("base", "not-reached"), ("head", "introduced")}, status
+
+
+def test_a_head_that_crashes_earlier_does_not_fix_base_findings():
+    """Base fails at train step 2; head raises another exception at step 0: head never reached the point where
+    base failed, so base's finding is not reached, not fixed (and head's crash is introduced)."""
+    late = _crash("0.19.8", SC_B, "param 3 already reduced", steps=2)
+    early = _crash("0.19.8", SC_B, "bucket of 4 elements is not empty", function="partition_grads", steps=0)
+    base, head = _Fake("0.19.8", {SC_B: [late]}), _Fake("0.19.8", {SC_B: [early]})
+    head.run = lambda sc, _run=head.run: replace(_run(sc), trace=list(early.trace))  # its run's own trace
+    status = {(e.found_on, e.status) for e in classify([late], [early], base, head)}
+    assert status == {("base", "not-reached"), ("head", "introduced")}, status
+    clean = _Fake("0.19.8", {})  # a head that runs the scenario to its end does fix it
+    assert [e.status for e in classify([late], [], base, clean)] == ["fixed"]

@@ -1,19 +1,19 @@
-"""What ``zerostate diff`` says of each finding: fixed, introduced, unmasked, unchanged or intermittent.
+"""What ``zerostate diff`` says of each finding: fixed, not reached, introduced, unmasked, unchanged, intermittent.
 
 Every finding is replayed on the other build (`replay`): first once (the other exploration's run of the
 scenario, when it made one), then -- when that run does not show it -- with confirm.py's bar for "not
 reproduced": its order-dependent ``sequence`` first, in a fresh worker, then `confirm.REPEAT` runs of the
 scenario alone in one fresh worker (fewer when they take over `confirm.REPEAT_SECONDS`).  A base finding is
-**fixed** only when none of those runs shows it on head: exactly when the explorer would call it not
-reproduced there.  The race the project measured (0.19.2's ZeRO-3 persistent-parameter race at world size 2)
-shows in 2-5 % of runs, so 100 runs all miss it with probability 0.95^100 = 0.6 % at 5 % and 0.98^100 = 13 %
-at 2 %; the entry says how many runs were made, so a reader can weigh it.  A finding that shows in some of
-those runs but not in the first is **intermittent** on the other build: neither fixed nor unchanged.
+**fixed** only when none of those runs shows it on head -- exactly when the explorer would call it not
+reproduced there -- and head's run went past the train step where base failed (`reached`); a head that
+stopped earlier or broke the tracer has not judged it: **not-reached**.  A race that shows in a few runs in a
+hundred can still miss all of them; the entry says how many runs were made, so a reader can weigh it.  A
+finding that shows in some of those runs but not in the first is **intermittent** on the other build: neither
+fixed nor unchanged.
 
-The same finding on two builds is `same_bug`: the same mechanism, as each finding's own run shows it (the
-check, with the exception's type and origin, or the spec's violation code), never only the same label.  So
-a head finding whose scenario fails on base under the same known issue but by another mechanism (a patch
-swapping one crash for another) is **introduced**, not unchanged and not unmasked.
+The same finding on two builds is `same_bug`: the same fingerprint (`Finding.key`: the finding's own evidence),
+never only the same label.  So a head finding whose scenario fails on base under the same known issue but by
+another mechanism (a patch swapping one crash for another) is **introduced**, not unchanged and not unmasked.
 """
 
 from __future__ import annotations
@@ -25,13 +25,15 @@ from collections.abc import Callable, Sequence
 
 from zerostate.explorer.confirm import REPEAT, REPEAT_SECONDS
 from zerostate.findings.finding import Finding
+from zerostate.findings.harness import harness_error
+from zerostate.model.events import EventKind
 from zerostate.model.scenario import Scenario
 from zerostate.targets.base import Outcome
 
 from zerostate.reports.diff_model import DiffEntry, OtherBuildReplay, ReplayedFinding
 from zerostate.reports.finding_entry import Labels
 
-STATUSES = ("introduced", "fixed", "intermittent", "unmasked", "unchanged")
+STATUSES = ("introduced", "fixed", "not-reached", "intermittent", "unmasked", "unchanged")
 """In the order a diff lists them."""
 
 
@@ -47,8 +49,7 @@ class Build(Protocol):
 
 
 def mechanism(f: Finding) -> tuple[str, ...]:
-    """What went wrong, as the finding's own run shows it: its key (the check plus the exception's type and
-    origin, the spec's violation code and phase, or the known issue an oracle difference matches)."""
+    """What went wrong, as the finding's own run shows it: its fingerprint (`Finding.key`)."""
     return (f.key,)
 
 
@@ -121,7 +122,7 @@ def classify(base_found: list[Finding], head_found: list[Finding], base: Build, 
     for fb in base_found:
         r = replay(head, fb)
         shown_on_head += [g for g in r.first.findings if same_bug(g, fb)]
-        entries.append(_entry(_status_of_base(r), fb, "base", r))
+        entries.append(_entry(_status_of_base(fb, r), fb, "base", r))
     for fh in head_found:
         if any(same_bug(fh, g) for g in list(base_found) + shown_on_head):
             continue
@@ -131,8 +132,37 @@ def classify(base_found: list[Finding], head_found: list[Finding], base: Build, 
     return [replace(e, n=n) for n, e in enumerate(entries, 1)]
 
 
-def _status_of_base(r: Replay) -> str:
-    return "unchanged" if r.first_shows else "intermittent" if r.hits else "fixed"
+def _status_of_base(fb: Finding, r: Replay) -> str:
+    """A base finding head's replays never show is fixed only when head's run went past where base failed;
+    a head that raised earlier, or whose run zerostate could not observe (a harness error: the tracer broke),
+    has not been judged there: ``not-reached``."""
+    if r.first_shows:
+        return "unchanged"
+    if r.hits:
+        return "intermittent"
+    return "fixed" if reached(fb, r.first) else "not-reached"
+
+
+def _step_of(f: Finding) -> int:
+    """The train step (0-based) at which ``f`` showed on its build: an oracle difference's step, the step of a
+    spec's violating event, the step an exception ended; 0 when its run left no trace."""
+    o = f.evidence.oracle
+    if f.check == "oracle" and o is not None and o.step is not None:
+        return o.step
+    trace = list(f.trace or ())
+    upto = f.index if f.index is not None and f.index < len(trace) else len(trace)
+    return sum(e.kind is EventKind.STEP for e in trace[:upto])
+
+
+def reached(f: Finding, out: Outcome) -> bool:
+    """The other build's run of ``f``'s scenario went past the train step where ``f`` showed: it finished, or
+    raised later; never when zerostate could not observe it."""
+    if any(harness_error(g) for g in out.findings):
+        return False
+    if out.error is None:
+        return True
+    done = sum(e.kind is EventKind.STEP for e in out.trace)
+    return done > _step_of(f)
 
 
 def _status_of_head(fh: Finding, r: Replay, base_version: str | None) -> str:

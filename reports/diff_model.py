@@ -43,7 +43,7 @@ class OtherBuildReplay:
 
 @dataclass(frozen=True)
 class DiffEntry:
-    """One finding of either build: fixed, introduced, intermittent, unmasked or unchanged."""
+    """One finding of either build: fixed, not-reached, introduced, intermittent, unmasked or unchanged."""
 
     status: str
     found_on: str

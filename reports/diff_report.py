@@ -62,7 +62,8 @@ def _issue(k: KnownIssue | None) -> str:
 def _head(r: DiffReport) -> list[str]:
     """The title, the verdict with the counts, the two builds and how they were explored."""
     b, h, c = r.base, r.head, r.counts
-    verdict = (f"**{r.verdict}**: {c['fixed']} fixed, {c['introduced']} introduced, {c['intermittent']} "
+    verdict = (f"**{r.verdict}**: {c['fixed']} fixed, {c['not-reached']} not reached (head's run stopped before the "
+               f"step where base failed), {c['introduced']} introduced, {c['intermittent']} "
                f"intermittent (shown on the other build in some replays only), {c['unmasked']} unmasked (a known "
                f"bug of base that base's run stopped before), {c['unchanged']} unchanged; "
                f"{len(r.memory.regressions)} gathered-parameter memory regression(s) beyond "
