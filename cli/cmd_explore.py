@@ -26,6 +26,7 @@ from zerostate.findings.finding import Finding
 from zerostate.targets.base import Target, TargetError
 
 from zerostate.cli import cluster_cli, targets_api as api
+from zerostate.reports.run_report import NOT_EXERCISED
 from zerostate.cli.common import (DEFAULT_OUT, EXIT_FINDINGS, EXIT_INTERRUPTED, EXIT_OK, CliError, check_world_size,
                                   design,
                      non_negative_float, positive_int)
@@ -155,12 +156,14 @@ def run(args: argparse.Namespace) -> int:
         res = exp.result()
         if res.stopped:
             report.set_stopped("time budget spent: the clock chose the last example, so this run is not repeatable")
-        for sid in SPECS:
+        for sid in SPECS:  # "ok" needs an observation: a spec no run gave anything to judge is not exercised
             if report.model.specs[sid].results[shown_as.column] == "not checked" and status == "complete":
-                report.set_result(sid, shown_as.column, "ok")
+                report.set_result(sid, shown_as.column, "ok" if sid in res.exercised else NOT_EXERCISED)
         findings = [e.summary_line() for e in report.model.findings]
         summary = {"target": who["target"], "deepspeed": who["deepspeed"], "examples": res.examples or
-                   args.examples, "seconds": round(budget.elapsed(), 2), "findings": findings,
+                   args.examples, "skipped": res.skipped,
+                   "not_exercised": sorted(sid for sid in SPECS if sid not in res.exercised),
+                   "seconds": round(budget.elapsed(), 2), "findings": findings,
                    "reliability": _reliability(report), "startup": api.startup(target)}
         if report.model.harness_errors is not None:
             summary["harness_errors"] = [h.to_json() for h in report.model.harness_errors]
@@ -293,6 +296,10 @@ def _print_summary(args: argparse.Namespace, summary: dict[str, Any], report: Re
     if report.model.harness_errors is not None:
         print(f"harness errors: {len(report.model.harness_errors)} (zerostate's own failures, not findings "
               "about DeepSpeed)")
+    not_exercised = summary.get("not_exercised") or []
+    print(f"observed: {summary.get('skipped', 0)} example(s) skipped (could not be trained, or not here); "
+          + (f"NOT EXERCISED by any run (nothing judged them): {', '.join(not_exercised)}" if not_exercised
+             else "every spec exercised by some run"))
     for i, f in enumerate(findings, 1):
         print(f"  #{i} {f['check']}: {f['error'].splitlines()[0] if f['error'] else ''}{summary_tag(f)}")
 

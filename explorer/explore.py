@@ -63,6 +63,7 @@ from collections.abc import Callable, Generator, Iterator
 
 from zerostate.findings.finding import Finding
 from zerostate.model.scenario import Scenario
+from zerostate.specs import exercised, specs_for_stage
 from zerostate.targets.base import Outcome, Target
 
 from zerostate.explorer.confirm import Confirmation, ConfirmQueue, Job, Landed
@@ -143,6 +144,11 @@ class ExploreResult:
     explorations of the same seed compare example by example (`GeneratedRun`)."""
     pairs: dict[str, Any] | None = None
     """The pairwise completion (`pairs.Completion.to_dict`); None where it did not run."""
+    exercised: frozenset[str] = frozenset()
+    """The specs some distinct run gave something to judge (`specs.exercised`): a spec no run exercised is not
+    "ok", it is not exercised."""
+    skipped: int = 0
+    """Distinct runs whose scenario could not be trained at all, or not here (`Outcome.skipped`)."""
 
     @property
     def reliability(self) -> dict[str, Any]:
@@ -276,6 +282,9 @@ class Exploration:
         self._search_round = 0
         self.workers: list[Target] = [target]
         self.memo: dict[Scenario, Outcome] = {}
+        self.exercised: set[str] = set()
+        """The specs some distinct run so far exercised (`ExploreResult.exercised`)."""
+        self.skipped = 0
         self.book = _Book()
         self.history = _History(1)
         self.restarts: list[Restarted] = []
@@ -316,7 +325,8 @@ class Exploration:
                              dict(b.seconds_to), [r.to_dict() for r in self.restarts], dict(b.seconds_final),
                              self._stopped, [w.to_dict() for w in rounds.weights] if rounds else [],
                              dict(self.round_of) if rounds else {}, list(rounds.new_units) if rounds else [],
-                             self._generated_runs(), self.completion.to_dict() if self.completion else None)
+                             self._generated_runs(), self.completion.to_dict() if self.completion else None,
+                             frozenset(self.exercised), self.skipped)
 
     def _generated_runs(self) -> list[GeneratedRun]:
         rows = []
@@ -588,6 +598,8 @@ class Exploration:
     def _record(self, wid: int, sc: Scenario, out: Outcome, restarted: bool) -> Iterator[Event]:
         """A distinct run's outcome: memoised, logged in its worker's history, its new keys handed over."""
         self.memo[sc] = out
+        self.exercised |= exercised(out.trace, specs_for_stage(sc.stage))
+        self.skipped += out.skipped is not None
         self.history.ran(wid, sc)
         if restarted:  # the next example in this worker starts in a fresh one
             self.history.started_fresh(wid)

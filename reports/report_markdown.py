@@ -166,7 +166,7 @@ def _known(f: FindingEntry) -> list[str]:
 
 
 def _result(r: str) -> str:
-    return {"violated": "**violated**"}.get(r, r)
+    return {"violated": "**violated**", "not exercised": "_not exercised_"}.get(r, r)
 
 
 def _cell(v: Json) -> str:

@@ -12,6 +12,8 @@ from zerostate.reports.json_value import Json, JsonObject
 
 FORMAT = 1
 NOT_CHECKED = "not checked"
+NOT_EXERCISED = "not exercised"
+"""A spec no run gave anything to judge (`specs.exercised`): never "ok"."""
 
 
 @dataclass(frozen=True)
@@ -152,4 +154,4 @@ class RunReport:
         return out
 
 
-__all__ = ["FORMAT", "HarnessError", "NOT_CHECKED", "Reliability", "WhatRan", "RunReport", "SpecRow"]
+__all__ = ["FORMAT", "HarnessError", "NOT_CHECKED", "NOT_EXERCISED", "Reliability", "WhatRan", "RunReport", "SpecRow"]
