@@ -3,9 +3,12 @@
 Runs COMMAND (``python train.py``, ``accelerate launch ...``, ``torchrun ...``, ``deepspeed --num_gpus N
 ...``) watched (`zerostate.watcher.job_launch`): every DeepSpeed engine of every rank traced, every hook and
 coordinator spec checked on the real events, ``DIR/report.json`` and ``report.md`` rewritten while the job
-runs and at its end.  The exit status is COMMAND's (a signal death reads 128+N); the last line printed is
-``watch: N violations in M backwards, K steps``.  Ctrl-C reaches the job (same process group) and the report
-keeps everything seen; ``"status": "interrupted"``.
+runs and at its end.  The exit status is COMMAND's (a signal death reads 128+N), except that a job that exited 0
+but that the watch did not fully observe -- no engine watched, a rank of its world size never watched, a spec no
+event exercised ("not observed"), a rank gone before its events were checked, ``--runtime`` not installed -- exits
+3 (`zerostate.watcher.job_launch.NOT_OBSERVED`), each problem on a ``watch: NOT OBSERVED:`` line; the last line
+printed is ``watch: N violations in M backwards, K steps ...``.  Ctrl-C reaches the job (same process group) and
+the report keeps everything seen; ``"status": "interrupted"``.
 """
 
 from __future__ import annotations

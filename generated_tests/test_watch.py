@@ -37,7 +37,6 @@ from zerostate.model.explore import run
 from zerostate.model.monitor import is_failure
 from zerostate.model.network import params_of_module
 from zerostate.specs import SPECS, check_trace
-from zerostate.known.watch import explain
 from zerostate.watcher.monitor import UNMEMOIZED, OnlineChecker, watch_specs
 from zerostate.explorer.strategies import scenarios
 
@@ -258,17 +257,6 @@ def test_transition_memo_starting_again_or_switched_off_gives_the_full_fold(monk
         assert fast.fold._memo is not None and fast.fold._since > 0, "started again (and kept) at least once"
 
 
-def test_explanations_follow_release_and_context():
-    ctx = {"stage": 3}
-    assert explain("saved-tensor-intact", "0.19.2", ctx).fixed_in == "0.19.3"
-    assert explain("saved-tensor-intact", "0.19.2", ctx).runtime_prevents
-    assert explain("saved-tensor-intact", "0.19.8", ctx) is None  # fixed there: a new finding
-    leaf = dict(ctx, leaf_without_grad=True, error="RuntimeError: The size of tensor a (0) must match the size")
-    assert explain("exception", "0.19.8", leaf).id == "z3-leaf-input-without-grad"
-    assert explain("exception", "0.19.8", dict(leaf, leaf_without_grad=False)) is None
-    assert explain("count-once-per-phase", "0.18.6", ctx).id == "seed-000-part-2"
-
-
 def test_importing_zerostate_imports_no_torch():
     code = "import sys, zerostate; zerostate.watch; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -334,10 +322,13 @@ def test_crash_after_a_violation_keeps_it(tmp_path):
     assert any(p.startswith("blocks.0.") for p in got[0]["params"])
     assert "trace_svg" in got[0]["files"] and (out / got[0]["files"]["trace_svg"]).exists()
     assert rep["summary"]["steps"] == 2 and rep["summary"]["backwards"] == 2
-    crash = _finding(rep, "exception")  # the crash itself, outside the engine's calls, with its rank and step
+    # the crash itself, raised by the job's own code: the job's crash, with its rank and step, not a finding
+    assert not _finding(rep, "exception"), rep["findings"]
+    crash = rep["job_crashes"]
     assert crash and "the job crashed after its steps" in crash[0]["error"] and crash[0]["rank"] == 0
     assert crash[0]["step"] == 2 and "outside DeepSpeed's engine calls" in crash[0]["in"]
-    assert "watch: 2 violations in 2 backwards, 2 steps" in proc.stderr
+    assert crash[0]["known_issue"] is None and "watch_jobs.py" in crash[0]["where"]
+    assert "watch: 1 violation in 2 backwards, 2 steps; the job's own code raised RuntimeError" in proc.stderr
 
 
 @pytest.mark.deepspeed
@@ -415,6 +406,9 @@ def test_two_ranks_one_report_tagged_by_rank(tmp_path):
                           "--steps", "2", timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert rep["run"]["ranks"] == [0, 1] and set(rep["memory"]) == {"rank 0", "rank 1"}
+    assert rep["run"]["world_size"] == 2 and rep["not_observed"] == [], rep["not_observed"]
+    assert [(r["rank"], r["watched"], r["backwards"], r["steps"]) for r in rep["ranks"]] == [(0, True, 2, 2),
+                                                                                          (1, True, 2, 2)]
     got = _finding(rep, "released-after-backward")
     assert sorted(f["rank"] for f in got) == [0, 1], [(f["rank"], f["check"]) for f in rep["findings"]]
     assert all(f["explanation"]["id"] == "z3-leaf-kept-gathered" for f in got)

@@ -2,10 +2,14 @@
 
 A job with no engine watched exits non-zero naming the cause (no deepspeed import; deepspeed imported and never
 initialised; the rank that died first, and of what; a command that runs no Python); a rank gone before its events
-were checked; ``--runtime`` that could not install, and why; a ``WatchCallback`` that saw no engine.  And what
-makes the watch attach and judge right on the jobs users run: an engine found after ``importlib.util.find_spec``
-(transformers, accelerate and TRL ask it first), a root-module forward outside ``engine.forward`` (DPO's reference
-pass), findings keyed by spec + code.
+were checked; a rank of the job's world size never watched (a launcher that does not pass the watch's environment
+to every rank); a spec no event exercised ("not observed": an eval-only job's backward specs); ``--runtime`` that
+could not install, and why; a ``WatchCallback`` that saw no engine.  The watch labels by evidence, through
+`known.labels` (explore's table and rules): a crash in the job's own code is the job's crash, never a known
+DeepSpeed issue, and a violation carries the label explore gives the same mechanism.  And what makes the watch
+attach and judge right on the jobs users run: an engine found after ``importlib.util.find_spec`` (transformers,
+accelerate and TRL ask it first), a root-module forward outside ``engine.forward`` (DPO's reference pass), findings
+keyed by spec + code.
 """
 
 from __future__ import annotations
@@ -51,7 +55,7 @@ def test_watch_keeps_the_commands_exit_status(tmp_path):
     last = proc.stderr.splitlines()[-1]
     assert "0 backwards, 0 steps" in last and "died first, of SystemExit: 5" in last, last
     assert rep["status"] == "complete" and rep["run"]["exit_status"] == 5
-    assert [f["error"] for f in rep["findings"]] == ["SystemExit: 5"]
+    assert rep["findings"] == [] and [c["error"] for c in rep["job_crashes"]] == ["SystemExit: 5"]
 
 
 @pytest.mark.deepspeed
@@ -62,13 +66,13 @@ def test_a_job_that_fails_without_an_exception_is_never_clean(tmp_path, then):
     env = dict(os.environ, DS_ACCELERATOR="cpu")
     proc, rep, _ = _watch(tmp_path, sys.executable, JOBS, "gathered", "--steps", "1", "--then", then, env=env)
     assert rep["summary"]["watched"], proc.stderr[-2000:]
-    if then == "sys-exit":
+    if then == "sys-exit":  # the job's own error, caught and exited on: the job's crash, not a finding
         assert proc.returncode == 1 and rep["summary"]["backwards"] == 1
-        crash = _finding(rep, "exception")
+        crash = rep["job_crashes"]
         assert [c["error"] for c in crash] == [
             "SystemExit: 1, handling RuntimeError: the job gave up after its steps (test_watch_observed)"]
         assert crash[0]["rank"] == 0 and crash[0]["step"] == 1 and "raise RuntimeError" in crash[0]["traceback"]
-        assert rep["summary"]["violations"] == 1
+        assert rep["summary"]["violations"] == 0 and rep["findings"] == [] and crash[0]["known_issue"] is None
     else:
         assert proc.returncode == 3 and rep["findings"] == []
         assert any("the job failed (exit status 3) but no process recorded why" in t for t in rep["not_observed"])
@@ -92,8 +96,8 @@ def test_a_job_with_no_engine_watched_exits_non_zero_naming_the_cause(tmp_path, 
     assert last.startswith("watch: no DeepSpeed engine was watched: ") and cause in last, proc.stderr[-2000:]
     assert rep["not_observed"] and cause in rep["not_observed"][0] and rep["summary"]["watched"] is False
     assert "NOT OBSERVED" in (out / "report.md").read_text()
-    if "raise" in job:  # the crash is in the report, with its rank
-        crash = _finding(rep, "exception")
+    if "raise" in job:  # the crash is in the report, with its rank: the job's own
+        crash = rep["job_crashes"]
         assert crash and crash[0]["error"] == "ValueError: dies before its engine" and crash[0]["rank"] == 0
 
 
@@ -191,3 +195,191 @@ def test_watch_callback_without_an_engine_says_so(capsys):
         watch.unpatch_initialize()
     assert cb.summary().startswith("no DeepSpeed engine was watched: the Trainer built no DeepSpeed engine")
     assert "no DeepSpeed engine was watched" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- what the watch saw against what the job ran
+def test_a_spec_reads_ok_only_when_an_event_exercised_it():
+    """An engine that saw only eval forwards: the backward specs (and ``clean-step``, a train step) read "not
+    observed", never "ok", and the problem says what was missing; a trained engine exercises every spec.  ZeRO-1/2
+    engines do not check the coordinator specs ("not checked")."""
+    from zerostate.specs import SPECS
+    from zerostate.watcher import observed
+    evals = ["eval_forward_start", "eval_forward_end", "fetch", "release", "module_pre_forward",
+             "module_post_forward", "trace_state", "persistent"]
+    eng = {"rank": 0, "stage": 3, "specs": list(SPECS), "kinds": evals}
+    got = observed.spec_results([eng])
+    backward = {"epilogue-once", "grad-handled-once", "no-epilogue-before-user-backward", "count-once-per-phase",
+                "count-matches-hooks", "clean-step", "released-after-backward"}
+    assert {s for s, r in got.items() if r == "not observed"} == backward, got
+    assert {s for s, r in got.items() if r == "ok"} == set(SPECS) - backward
+    problems = observed.unexercised_specs([eng], got, "complete")
+    assert any(p.startswith("no user backward was watched on any rank: `epilogue-once`") for p in problems), problems
+    assert any("no train step" in p and "`clean-step`" in p for p in problems), problems
+    trained = dict(eng, kinds=evals + ["forward_start", "user_backward_start", "grad_hook", "epilogue", "step",
+                                       "task_start", "user_backward_end"])
+    assert set(observed.spec_results([trained]).values()) == {"ok"}
+    z2 = {"rank": 0, "stage": 2, "specs": [s for s, v in SPECS.items() if v.family == "hooks"],
+          "kinds": trained["kinds"]}
+    assert {s for s, r in observed.spec_results([z2]).items() if r == "not checked"} == {
+        s for s, v in SPECS.items() if v.family == "coordinator"}
+
+
+def test_every_rank_of_the_world_size_is_watched_or_said_not_to_be(tmp_path):
+    """The world size a rank saw (else the launcher's ``--nproc-per-node``): a rank without a watch file is named,
+    with why; an unreadable watch file is named, with why, never dropped silently."""
+    from zerostate.watcher import job_launch, job_report, observed
+    eng = {"rank": 0, "pid": 10, "world_size": 2, "backwards": 3, "steps": 3, "events": 99}
+    procs = [{"pid": 10, "rank": 0, "rank_known": True, "world_size": 2, "deepspeed": "0.19.8"},
+             {"pid": 9, "rank": 0, "rank_known": False, "world_size": None}]  # the launcher
+    world = observed.world_size([eng], procs, None)
+    assert world == 2 and observed.world_size([], [], 4) == 4
+    got = observed.unwatched_ranks([eng], procs, world, [], "complete")
+    assert len(got) == 1 and got[0].startswith("rank 1 of 2 was never watched: no process of that rank ran the watch")
+    assert [(r["rank"], r["watched"], r["backwards"], r["steps"]) for r in observed.ranks([eng], world)] == [
+        (0, True, 3, 3), (1, False, 0, 0)]
+    (tmp_path / "rank1-11-1.json").write_text('{"rank": 1, "trunc')
+    (tmp_path / "rank0-10-1.json").write_text(json.dumps(eng))
+    engines, bad = job_report.read_rank_files(str(tmp_path))
+    assert [e["rank"] for e in engines] == [0] and [b["file"] for b in bad] == ["rank1-11-1.json"]
+    got = observed.unwatched_ranks(engines, procs, world, bad, "complete")
+    assert got[0].startswith("the watch file rank1-11-1.json could not be read (JSONDecodeError")
+    assert "rank 1 of 2 was never watched: its watch file rank1-11-1.json could not be read" in got[1]
+    assert job_launch.launcher_world_size(["torchrun", "--master_port", "1", "--nproc-per-node", "2", "a.py",
+                                           "--nproc-per-node", "5"]) == 2
+    assert job_launch.launcher_world_size(["deepspeed", "--num_gpus=2", "--num_nodes", "2", "a.py"]) == 4
+    assert job_launch.launcher_world_size(["python", "a.py"]) is None
+
+
+def test_the_watch_labels_by_evidence_through_known_labels():
+    """A crash is labelled on its own evidence by `known.labels` (the table and rules explore labels with): step()'s
+    KeyError in DeepSpeed's scaled_global_norm after a backward that fired no gradient hook is
+    zero12-backward-without-gradients; the same KeyError raised by the job's own data code is the job's crash,
+    unlabelled, whatever the stage."""
+    from zerostate.known.labels import label
+    from zerostate.watcher import judge
+    trace = (Event(EventKind.FORWARD_START), Event(EventKind.FORWARD_END),
+             Event(EventKind.USER_BACKWARD_START, note="engine"), Event(EventKind.USER_BACKWARD_END, note="engine"))
+    main = {"package": "other", "file": "train.py", "function": "main", "line": 3, "module": "__main__"}
+    in_ds = [main, {"package": "zerostate", "file": "watcher/watch.py", "function": "call", "line": 1,
+                    "module": "zerostate.watcher.watch"},
+             {"package": "deepspeed", "file": "runtime/engine.py", "function": "step", "line": 1,
+              "module": "deepspeed.runtime.engine"},
+             {"package": "deepspeed", "file": "runtime/zero/stage_1_and_2.py", "function": "scaled_global_norm",
+              "line": 1, "module": "deepspeed.runtime.zero.stage_1_and_2"}]
+    f = judge.exception("KeyError: 0", in_ds, trace, 2, "0.19.8")
+    assert f.known == "zero12-backward-without-gradients" and not judge.raised_by_the_job(in_ds)
+    assert judge.judged(f)["known_issue"] == label(f) and judge.explanation(f)["runtime_prevents"] is False
+    own = [main, {"package": "other", "file": "train.py", "function": "collate", "line": 9, "module": "__main__"}]
+    f = judge.exception("KeyError: 'input_ids'", own, trace, 2, "0.19.8")
+    assert judge.raised_by_the_job(own) and f.known == "" and judge.where_in_the_job(own) == "train.py:9 in collate"
+    # the job's own function called from DeepSpeed (a model's forward) raising: still the job's own code
+    assert judge.raised_by_the_job([*in_ds[:3], own[1]])
+    # a violation: the same labelling
+    counted = (Event(EventKind.FORWARD_START), Event(EventKind.COUNT, task=1), Event(EventKind.COUNT, task=1))
+    f = judge.violation("count-once-per-phase", "counted twice", "counted-twice-in-phase", counted, 2, "0.18.6")
+    assert f.known == "seed-000-part-2" and judge.judged(f)["known_issue"]["fixed_in"] == "0.18.7"
+
+
+def _torchrun() -> str:
+    import shutil
+    return shutil.which("torchrun") or os.path.join(os.path.dirname(sys.executable), "torchrun")
+
+
+def _free_port() -> str:
+    import socket
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return str(sock.getsockname()[1])
+
+
+UNFORWARDED = """#!/bin/sh
+# A launcher that does not forward every variable to every rank (pdsh forwards PYTHON*, NCCL*, ... and
+# .deepspeed_env, a scheduler its own list): rank 1 starts without the watch's ZEROSTATE_WATCH_* variables.
+if [ "$LOCAL_RANK" = "1" ]; then
+  exec env -u ZEROSTATE_WATCH_DIR -u ZEROSTATE_WATCH_STOP -u ZEROSTATE_WATCH_RUNTIME -u ZEROSTATE_WATCH_HANG "$@"
+fi
+exec "$@"
+"""
+
+
+@pytest.mark.deepspeed
+def test_a_rank_started_without_the_watchs_environment_is_named_and_the_exit_is_non_zero(tmp_path):
+    """``torchrun --nproc-per-node 2`` where rank 1 runs without the watch's environment: rank 0 is watched (3
+    backwards, 3 steps), rank 1 is named as never watched, and the watch exits 3 though the job exited 0."""
+    wrapper = tmp_path / "unforwarded.sh"
+    wrapper.write_text(UNFORWARDED)
+    wrapper.chmod(0o755)
+    proc, rep, out = _watch(tmp_path, _torchrun(), "--nproc-per-node", "2", "--master_port", _free_port(),
+                            "--no-python", str(wrapper), sys.executable, JOBS, "train", "--steps", "3",
+                            env=dict(os.environ, DS_ACCELERATOR="cpu"), timeout=400)
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    assert rep["run"]["ranks"] == [0] and rep["run"]["world_size"] == 2
+    assert [(r["rank"], r["watched"], r["backwards"], r["steps"]) for r in rep["ranks"]] == [(0, True, 3, 3),
+                                                                                          (1, False, 0, 0)]
+    assert rep["summary"]["ranks_not_watched"] == [1] and rep["findings"] == [], rep["findings"]
+    assert any(p.startswith("rank 1 of 2 was never watched: no process of that rank ran the watch")
+               for p in rep["not_observed"]), rep["not_observed"]
+    assert "watch: NOT OBSERVED: rank 1 of 2 was never watched" in proc.stderr
+    last = proc.stderr.splitlines()[-1]
+    assert last.startswith("watch: 0 violations in 3 backwards, 3 steps on 1 of 2 ranks; NOT OBSERVED"), last
+    assert "**no: not observed**" in (out / "report.md").read_text()
+
+
+@pytest.mark.deepspeed
+def test_an_eval_only_job_s_backward_specs_read_not_observed(tmp_path):
+    """An engine built for training that only evaluates (no_grad forwards, no backward): its backward specs read "not
+    observed", not ok, and the watch exits 3 though the job exited 0 -- ok needs an observation."""
+    proc, rep, out = _watch(tmp_path, sys.executable, JOBS, "eval", "--steps", "2",
+                            env=dict(os.environ, DS_ACCELERATOR="cpu"))
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    results = {sid: row["results"][rep["columns"][0]] for sid, row in rep["specs"].items()}
+    backward = {"epilogue-once", "grad-handled-once", "no-epilogue-before-user-backward", "count-once-per-phase",
+                "count-matches-hooks", "clean-step", "released-after-backward"}
+    assert {s for s, r in results.items() if r == "not observed"} == backward, results
+    assert results["available-when-used"] == "ok"  # eval forwards did exercise it (ZeRO-3 fetches for them)
+    assert rep["summary"]["backwards"] == 0 and set(rep["summary"]["specs_not_observed"]) == backward
+    assert any(p.startswith("no user backward was watched on any rank") for p in rep["not_observed"])
+    assert "| `epilogue-once` | **not observed** |" in (out / "report.md").read_text()
+    assert "NOT OBSERVED" in proc.stderr.splitlines()[-1]
+
+
+@pytest.mark.deepspeed
+def test_a_key_error_in_the_job_s_own_data_code_at_zero_2_is_the_job_s_crash(tmp_path):
+    """A ZeRO-2 job whose own collate function raises ``KeyError: 'input_ids'`` at train step 1: the job's crash, with
+    its rank, step and where in the job's code; no finding, no known-issue label (the KeyError of
+    zero12-backward-without-gradients is raised in DeepSpeed's step())."""
+    proc, rep, out = _watch(tmp_path, sys.executable, JOBS, "datakey", "--steps", "3",
+                            env=dict(os.environ, DS_ACCELERATOR="cpu"))
+    assert proc.returncode == 1, proc.stderr[-3000:]  # the job's own exit status
+    assert rep["findings"] == [], [(f["check"], f["error"], f.get("known_issue")) for f in rep["findings"]]
+    (crash,) = rep["job_crashes"]
+    assert crash["error"] == "KeyError: 'input_ids'" and crash["known_issue"] is None
+    assert crash["rank"] == 0 and crash["step"] == 1 and crash["where"].startswith("watch_jobs.py:")
+    assert crash["where"].endswith("in collate")
+    assert rep["configuration"]["zero_stage"] == 2 and rep["not_observed"] == [], rep["not_observed"]
+    md = (out / "report.md").read_text()
+    assert "## The job's own crash" in md and "zero12-backward-without-gradients" not in md
+    assert "the job's own code raised KeyError: 'input_ids' (rank 0)" in proc.stderr.splitlines()[-1]
+
+
+@pytest.mark.deepspeed
+def test_a_watched_violation_carries_the_label_explore_gives(tmp_path):
+    """The frozen z3 leaf job is z3-leaf-kept-gathered's scenario written as a user's script: the watch's finding
+    carries exactly the label (`known.labels.label`) explore gives that scenario's finding on the same release."""
+    from zerostate.known.issues import by_id
+    from zerostate.known.labels import label
+    from zerostate.targets.base import get_target
+    proc, rep, _ = _watch(tmp_path, sys.executable, JOBS, "gathered", "--steps", "2",
+                          env=dict(os.environ, DS_ACCELERATOR="cpu"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (watched,) = _finding(rep, "released-after-backward")
+    target = get_target("deepspeed")
+    try:
+        explored = [f for f in target.run(by_id("z3-leaf-kept-gathered").scenario).findings
+                    if f.check == "released-after-backward"]
+    finally:
+        target.close()
+    assert explored and explored[0].deepspeed == rep["run"]["deepspeed"]
+    assert watched["known_issue"] == label(explored[0]) and watched["known_issue"]["id"] == "z3-leaf-kept-gathered"
+    assert watched["key"] == explored[0].key == "released-after-backward:still-gathered"
+    assert watched["explanation"]["runtime_prevents"] is True

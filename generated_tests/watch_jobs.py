@@ -6,6 +6,9 @@
     python generated_tests/watch_jobs.py direct [--steps N]   # engine.module(x) under no_grad before each step
     python generated_tests/watch_jobs.py plain [--stage 2|3] [--late N] [--steps N]
                                                             # loss.backward(), no leaf; watched after N steps
+    python generated_tests/watch_jobs.py train [--stage N] [--steps N]   # a clean job: no leaf, engine.backward
+    python generated_tests/watch_jobs.py eval [--stage N] [--steps N]    # eval only: forwards under no_grad
+    python generated_tests/watch_jobs.py datakey [--stage N] [--steps N] # its data code raises KeyError at step 1
 
 ``--find-spec-first`` asks ``importlib.util.find_spec("deepspeed")`` before the job imports deepspeed (as
 transformers, accelerate and TRL do when imported first).
@@ -17,6 +20,10 @@ steps, ``exit`` ends the process at once (``os._exit``, no atexit), ``interrupt`
 ``forever`` keeps training until interrupted, ``hang``
 never returns from the next ``engine.forward``.  ``sys-exit`` catches an error after the steps and calls
 ``sys.exit(1)``; ``die`` ends with ``os._exit(3)``, no exception at all.
+
+``eval``: an engine built for training (with its optimizer) that only evaluates -- ``engine.eval()``, forwards under
+``torch.no_grad()``, no backward, no step.  ``datakey``: the job's own data code (a collate function reading
+``batch["input_ids"]``) raises ``KeyError: 'input_ids'`` at train step 1, outside DeepSpeed's calls.
 """
 
 from __future__ import annotations
@@ -160,6 +167,31 @@ def main(argv: list[str]) -> int:
         handle.close()
         print(json.dumps({"losses": losses, "steps": handle.steps, "backwards": handle.backwards,
                           "violations": handle.violations, "memory": handle.memory}, default=str))
+        return 0
+    if what in ("train", "eval", "datakey"):
+        import torch
+        stage = int(argv[argv.index("--stage") + 1]) if "--stage" in argv else (3 if what != "datakey" else 2)
+        engine = engine_for(build(leaf_frozen=False, blocks=2), stage=stage, leaf=False)
+        if what == "train":
+            print(json.dumps({"losses": train(engine, steps)}))
+            return 0
+        if what == "eval":
+            engine.eval()
+            with torch.no_grad():
+                losses = [float(engine(torch.randn(2, 8, generator=torch.Generator().manual_seed(i))))
+                          for i in range(steps)]
+            print(json.dumps({"losses": losses}))
+            return 0
+
+        def collate(example: dict) -> torch.Tensor:  # the job's own data code
+            return example["input_ids"]
+
+        for i in range(steps):
+            x = torch.randn(2, 8, generator=torch.Generator().manual_seed(i))
+            batch = collate({"input_ids": x} if i == 0 else {"inputs": x})  # step 1: the key is not there
+            loss = engine(batch)
+            engine.backward(loss)
+            engine.step()
         return 0
     if what == "direct":  # the root module called outside engine.forward, as DPO's reference pass does
         import torch

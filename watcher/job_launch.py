@@ -22,7 +22,9 @@ import zerostate.jit_ops as jit_ops
 from zerostate.watcher import job_report as watch_report
 
 NOT_OBSERVED = 3
-"""Exit status of a job that exited 0 but that the watch did not fully observe (`zerostate.watcher.observed`)."""
+"""Exit status of a job that exited 0 but that the watch did not fully observe (`zerostate.watcher.observed`): no
+engine watched, a rank of the job's world size never watched (or its file unreadable), a spec no event exercised
+(read "not observed"), a rank that ended before its events were checked, ``--runtime`` not installed."""
 
 SITECUSTOMIZE = '''\
 """Written by `zerostate watch`: watch every DeepSpeed engine this process builds, then run the
@@ -130,17 +132,74 @@ def run_watched(job: list[str], out_dir: str, options: WatchOptions) -> tuple[in
     return _exit_status(rc), data
 
 
+_WORLD_OPTIONS = {"torchrun": ("--nproc-per-node", "--nproc_per_node"),
+                  "torch.distributed.run": ("--nproc-per-node", "--nproc_per_node"),
+                  "torch.distributed.launch": ("--nproc-per-node", "--nproc_per_node"),
+                  "deepspeed": ("--num_gpus", "--num-gpus"),
+                  "accelerate": ("--num_processes", "--num-processes")}
+_FLAGS = frozenset({"--standalone", "--no-python", "--no_python", "--run-path", "--run_path", "-m", "--module",
+                    "--no_local_rank", "--no-local-rank", "--force_multi", "--use_deepspeed", "--multi_gpu", "--cpu",
+                    "--debug", "-h", "--help"})
+"""Launcher options that take no value."""
+_NODE_OPTIONS = {"torchrun": ("--nnodes",), "torch.distributed.run": ("--nnodes",),
+                 "torch.distributed.launch": ("--nnodes",), "deepspeed": ("--num_nodes", "--num-nodes")}
+
+
+def launcher_world_size(job: list[str]) -> int | None:
+    """The world size a launcher's command line gives: ``torchrun`` / ``python -m torch.distributed.run``
+    ``--nproc-per-node N`` (times ``--nnodes M``), ``deepspeed --num_gpus N`` (times ``--num_nodes M``),
+    ``accelerate launch --num_processes N``; None when the command is no such launcher or does not say (``auto``,
+    a range of nodes, a hostfile).  Only the launcher's own options are read: those before the training script."""
+    if not job:
+        return None
+    name = os.path.basename(job[0])
+    args = job[1:]
+    if name.startswith("python") and len(args) >= 2 and args[0] == "-m":
+        name, args = args[1], args[2:]
+    if name == "accelerate":
+        if not args or args[0] != "launch":
+            return None
+        args = args[1:]
+    if name not in _WORLD_OPTIONS:
+        return None
+    found: dict[str, str] = {}
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if not a.startswith("-"):
+            break  # the training script: what follows is its own
+        key, eq, value = a.partition("=")
+        if not eq and key not in _FLAGS and i + 1 < len(args) and not args[i + 1].startswith("-") and (
+                key in _WORLD_OPTIONS[name] or key in _NODE_OPTIONS.get(name, ())
+                or not (args[i + 1].endswith(".py") or os.path.exists(args[i + 1]))):
+            value = args[i + 1]  # an option's value (a script is a .py or an existing file)
+            i += 1
+        found[key] = value
+        i += 1
+    per = next((found[k] for k in _WORLD_OPTIONS[name] if k in found), None)
+    nodes = next((found[k] for k in _NODE_OPTIONS.get(name, ()) if k in found), "1")
+    if per is None or not per.isdigit():
+        return None
+    lo, _, hi = nodes.partition(":")
+    if not lo.isdigit() or (hi and hi != lo):
+        return None
+    return int(per) * int(lo)
+
+
 def exit_status(job: int, data: dict[str, Any]) -> int:
     """The job's own exit status; `NOT_OBSERVED` when it exited 0 but the watch failed to observe it (no engine
-    watched, a rank that ended before its events were checked, ``--runtime`` not installed)."""
+    watched, a rank never watched, a spec no event exercised, a rank that ended before its events were checked,
+    ``--runtime`` not installed)."""
     return job if job or not data["not_observed"] else NOT_OBSERVED
 
 
 def _merge(out: str, ranks: str, job: list[str], status: str, rc: int | None, started: str, t0: float,
            runtime: bool) -> dict[str, Any]:
-    data = watch_report.build(watch_report.rank_files(ranks), watch_report.hung_stacks(ranks) if
-                              status != "complete" or rc else [], job, status, rc, started,
-                              time.monotonic() - t0, process.load(ranks), runtime)
+    engines, unreadable = watch_report.read_rank_files(ranks)
+    processes, unreadable_procs = process.load_all(ranks)
+    data = watch_report.build(engines, watch_report.hung_stacks(ranks) if status != "complete" or rc else [], job,
+                              status, rc, started, time.monotonic() - t0, processes, runtime,
+                              launcher_world_size(job), unreadable + unreadable_procs)
     watch_report.write(out, data)
     return data
 
@@ -156,4 +215,5 @@ def _merge_if_changed(out: str, ranks: str, job: list[str], status: str, rc: int
     return now
 
 
-__all__ = ["JobNotStarted", "NOT_OBSERVED", "SITECUSTOMIZE", "WatchOptions", "exit_status", "run_watched"]
+__all__ = ["JobNotStarted", "NOT_OBSERVED", "SITECUSTOMIZE", "WatchOptions", "exit_status", "launcher_world_size",
+           "run_watched"]

@@ -3,9 +3,12 @@
 Same folder layout and top-level keys as every other report (docs/report-format.md): ``report.json`` /
 ``report.md`` rewritten atomically, ``trace_<n>.svg`` per finding.  What is particular to watch (the
 job has no scenario, so no ``finding_<n>.json``, replay or repro): each finding carries ``rank``,
-``step``, ``backward``, ``count``, ``modules`` / ``params`` (the user's names), ``explanation`` (the
-known issue: id, title, ``fixed_in``, ``runtime_prevents``) and the top level a ``memory`` section and
-``memory.svg`` (gathered parameter elements over one train step).  docs/watch.md has the details.
+``step``, ``backward``, ``count``, ``modules`` / ``params`` (the user's names), ``known_issue`` (`known.labels.label`,
+as explore's reports) and ``explanation`` (the same with the issue's ``runtime_prevents`` and detail); the top level
+``ranks`` (each rank of the job's world size: watched or not, its backwards and steps), ``job_crashes`` (exceptions
+the job's own code raised: not findings, never labelled), a ``memory`` section and ``memory.svg`` (gathered parameter
+elements over one train step).  Each spec reads ``ok`` only when an event exercised it (``not observed`` otherwise).
+docs/watch.md has the details.
 """
 
 from __future__ import annotations
@@ -26,17 +29,26 @@ from zerostate.watcher import observed
 FORMAT = 1
 
 
-def _load(path: str) -> dict[str, Any] | None:
-    try:
-        with open(path, encoding="utf-8") as fh:
-            return json.load(fh)
-    except (OSError, ValueError):
-        return None
-
-
 def rank_files(ranks_dir: str) -> list[dict[str, Any]]:
-    out = [d for d in (_load(p) for p in sorted(glob.glob(os.path.join(ranks_dir, "rank*.json")))) if d]
-    return sorted(out, key=lambda d: (d.get("rank", 0), d.get("pid", 0), d.get("engine", 0)))
+    """Every readable per-engine file (`read_rank_files` says which could not be read)."""
+    return read_rank_files(ranks_dir)[0]
+
+
+def read_rank_files(ranks_dir: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(every per-engine file ``rank<r>-<pid>-<n>.json``, by rank; each that could not be read: ``{"file", "why"}``).
+    The files are replaced atomically: one that cannot be read is lost, not being written."""
+    out, bad = [], []
+    for p in sorted(glob.glob(os.path.join(ranks_dir, "rank*.json"))):
+        try:
+            with open(p, encoding="utf-8") as fh:
+                d = json.load(fh)
+            if not isinstance(d, dict) or not isinstance(d.get("rank"), int):
+                raise ValueError("not a watch file (no rank)")
+            out.append(d)
+        except (OSError, ValueError) as exc:
+            bad.append({"file": os.path.basename(p), "why": f"{type(exc).__name__}: {exc}"})
+    out.sort(key=lambda d: (d.get("rank", 0), d.get("pid", 0), d.get("engine", 0)))
+    return out, bad
 
 
 def hung_stacks(ranks_dir: str) -> list[dict[str, Any]]:
@@ -56,22 +68,25 @@ def hung_stacks(ranks_dir: str) -> list[dict[str, Any]]:
 
 def build(engines: list[dict[str, Any]], hung: list[dict[str, Any]], command: list[str], status: str,
           exit_status: int | None, started: str, seconds: float, processes: list[dict[str, Any]] | None = None,
-          runtime: bool = False) -> dict[str, Any]:
+          runtime: bool = False, launcher_world: int | None = None,
+          unreadable: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """The merged report.  ``processes``: the processes' records (`zerostate.watcher.process`): what was not
-    watched, and crashes outside the engine calls, come from them; ``runtime``: ``--runtime`` was asked for."""
+    watched, and crashes outside the engine calls, come from them; ``runtime``: ``--runtime`` was asked for;
+    ``launcher_world``: the world size the launcher's command line gives (`zerostate.watcher.job_launch`), used when no
+    rank saw one; ``unreadable``: the watch files that could not be read, and why."""
     processes = processes or []
+    unreadable = unreadable or []
     crashed = observed.crashes(engines, processes, exit_status)
     versions = sorted({e["deepspeed"] for e in engines} | {p["deepspeed"] for p in processes if p.get("deepspeed")})
     column = f"deepspeed {', '.join(versions) or '?'}"
     stage = max((e.get("stage", 0) for e in engines), default=0)
-    specs = {sid: {"sentence": s.sentence, "family": s.family,
-                   "results": {column: ("ok" if engines and (s.family == "hooks" or stage == 3) else "not checked")},
-                   "findings": []}
+    results = observed.spec_results(engines)
+    specs = {sid: {"sentence": s.sentence, "family": s.family, "results": {column: results[sid]}, "findings": []}
              for sid, s in SPECS.items()}
     findings: list[dict[str, Any]] = []
-    sources = [(e, v) for e in engines for v in e.get("violations", [])]
-    sources += [({"deepspeed": c.get("deepspeed") or "?", "rank": c["rank"], "pid": c["pid"], "stage": stage},
-                 dict(c, explanation=_explain_crash(c, stage))) for c in crashed]
+    sources = [(e, v) for e in engines for v in e.get("violations", []) if not v.get("job_crash")]
+    sources += [({"deepspeed": c.get("deepspeed") or "?", "rank": c["rank"], "pid": c["pid"], "stage": stage}, c)
+                for c in crashed if not c.get("job_crash")]
     for e, v in sources:
         n = len(findings) + 1
         check = v["spec"]
@@ -86,26 +101,46 @@ def build(engines: list[dict[str, Any]], hung: list[dict[str, Any]], command: li
             "step": v.get("step"), "backward": v.get("backward"), "count": v.get("count", 1),
             "in": v.get("in"), "traceback": v.get("traceback"),
             "modules": v.get("modules", []), "params": v.get("params", []),
-            "explanation": v.get("explanation"), "evidence": v.get("evidence"), "violation_event": idx,
+            "key": v.get("key"), "group": v.get("group"), "origin": v.get("origin"),
+            "known_issue": v.get("known_issue"), "explanation": v.get("explanation"),
+            "harness_error": v.get("harness_error"), "label_error": v.get("label_error"),
+            "evidence": v.get("evidence"), "violation_event": idx,
             "events_around": [{"index": j, "event": s, "violation": j == idx} for j, s in v.get("events", [])
                               if idx is None or abs(j - idx) <= 8][-17:],
             "files": {}, "notes": [], "_events": v.get("events", [])})
-    steps = max((e.get("steps", 0) for e in engines), default=0)
-    backwards = max((e.get("backwards", 0) for e in engines), default=0)
+    job_crashes = [_job_crash(e.get("deepspeed"), dict(e["job_crash"], pid=e.get("pid")))
+                   for e in engines if e.get("job_crash")]
+    job_crashes += [_job_crash(c.get("deepspeed"), c) for c in crashed if c.get("job_crash")]
+    for k, c in enumerate(job_crashes, 1):
+        c["n"] = k
+    world = observed.world_size(engines, processes, launcher_world)
+    per_rank = observed.ranks(engines, world)
+    watched = [r["rank"] for r in per_rank if r["watched"]]
+    steps = max((r["steps"] for r in per_rank), default=0)
+    backwards = max((r["backwards"] for r in per_rank), default=0)
     nv = len(findings)
     line = f"{nv} violation{'s' if nv != 1 else ''} in {backwards} backwards, {steps} steps"
-    trouble = observed.problems(engines, processes, status, exit_status, runtime)
+    if engines and (len(per_rank) > 1 or len(watched) != len(per_rank)):
+        line += f" on {len(watched)} of {len(per_rank)} ranks"
+    trouble = (observed.problems(engines, processes, status, exit_status, runtime)
+               + observed.unwatched_ranks(engines, processes, world, unreadable, status)
+               + observed.unexercised_specs(engines, results, status))
+    if job_crashes:
+        c = job_crashes[0]
+        line += f"; the job's own code raised {c['error'][:200]} (rank {c['rank']})"
     if trouble:
         many = "s" if len(trouble) != 1 else ""
         line = (f"{trouble[0]} -- {line}" if trouble[0].startswith(observed.NO_ENGINE)
                 else f"{line}; NOT OBSERVED: {len(trouble)} problem{many} (see the report)")
+    not_observed_specs = [sid for sid, r in results.items() if r == observed.NOT_OBSERVED]
     return {
         "format": FORMAT, "zerostate": __version__, "command": "watch", "status": status,
         "run": {"target": "deepspeed (your job)", "deepspeed": ", ".join(versions) or None,
-                "ranks": sorted({e["rank"] for e in engines}), "engines": len(engines),
+                "ranks": sorted({e["rank"] for e in engines}), "world_size": world, "engines": len(engines),
                 "runtime": any(e.get("runtime") for e in engines), "exit_status": exit_status,
                 "started": started, "seconds": round(seconds, 2), "command_line": " ".join(command)},
-        "columns": [column], "specs": specs, "findings": findings,
+        "columns": [column], "specs": specs, "findings": findings, "job_crashes": job_crashes,
+        "ranks": per_rank,
         "memory": {_memory_label(e): e.get("memory", {}) for e in engines},
         "hung": hung,
         "not_observed": trouble, "not_checked": observed.not_checked(engines),
@@ -113,20 +148,24 @@ def build(engines: list[dict[str, Any]], hung: list[dict[str, Any]], command: li
         "processes": [{k: p.get(k) for k in ("pid", "rank", "argv", "deepspeed", "engines_built", "engines_watched",
                                              "ended")} for p in processes],
         "summary": {"violations": nv, "backwards": backwards, "steps": steps, "exit_status": exit_status,
-                    "watched": bool(engines), "not_observed": len(trouble)},
+                    "watched": bool(engines), "not_observed": len(trouble), "world_size": world,
+                    "ranks_watched": watched, "ranks_not_watched": [r["rank"] for r in per_rank if not r["watched"]],
+                    "specs_not_observed": not_observed_specs if engines else sorted(SPECS),
+                    "job_crashes": len(job_crashes)},
         "summary_text": line,
     }
 
 
+def _job_crash(version: str | None, c: dict[str, Any]) -> dict[str, Any]:
+    """An exception the job's own code raised (`zerostate.watcher.judge.raised_by_the_job`): the job's crash, reported
+    apart from the findings about DeepSpeed and never labelled."""
+    return {"n": 0, "error": c["message"], "rank": c.get("rank"), "pid": c.get("pid"), "step": c.get("step"),
+            "backward": c.get("backward"), "in": c.get("in"), "where": c.get("where") or None,
+            "traceback": c.get("traceback"), "deepspeed": version, "known_issue": None}
+
+
 def _memory_label(e: dict[str, Any]) -> str:
     return f"rank {e['rank']}" + (f" engine {e['engine']}" if e.get("engine", 1) > 1 else "")
-
-
-def _explain_crash(crash: dict[str, Any], stage: int) -> dict[str, Any] | None:
-    """The known issue that explains a crash outside the engine calls, by its exception (known/watch.py)."""
-    from zerostate.known.watch import explain
-    e = explain("exception", crash.get("deepspeed"), {"error": crash["message"], "stage": stage})
-    return e.to_dict() if e is not None else None
 
 
 def write(out_dir: str, data: dict[str, Any], pictures: bool = True) -> None:
@@ -229,7 +268,8 @@ def render_markdown(d: dict[str, Any]) -> str:
     if d["status"] != "complete":
         out += [f"**Status: {d['status']}** — this report holds every violation seen so far.", ""]
     out += ["| | |", "|---|---|"]
-    for key, label in (("command_line", "command"), ("deepspeed", "DeepSpeed release"), ("ranks", "ranks"),
+    for key, label in (("command_line", "command"), ("deepspeed", "DeepSpeed release"), ("ranks", "ranks watched"),
+                       ("world_size", "world size"),
                        ("runtime", "zerostate.runtime installed"), ("exit_status", "exit status"),
                        ("started", "started (UTC)"), ("seconds", "seconds")):
         if run.get(key) is not None:
@@ -245,11 +285,28 @@ def render_markdown(d: dict[str, Any]) -> str:
             out += ["", conf["checkpointing_switched"].capitalize() + "."]
     if d.get("not_checked"):
         out += ["", "Not checked in this job:", ""] + [f"- {n}" for n in d["not_checked"]]
-    out += ["", f"**{d['summary_text']}**", "", "## Specs", "",
-            "| spec | " + " | ".join(d["columns"]) + " | findings |", "|---" * (len(d["columns"]) + 2) + "|"]
+    out += ["", f"**{d['summary_text']}**", ""]
+    if d.get("ranks"):
+        out += ["## Ranks", "", "| rank | watched | engines | backwards | steps | events folded |",
+                "|---|---|---|---|---|---|"]
+        for r in d["ranks"]:
+            out.append(f"| {r['rank']} | {'yes' if r['watched'] else '**no: not observed**'} | {r['engines']} | "
+                       f"{r['backwards']} | {r['steps']} | {r['events']} |")
+        out.append("")
+    if d.get("job_crashes"):
+        out += ["## The job's own crash", "",
+                ("Raised in your code (no DeepSpeed frame between your code and the raise): the job's crash, not a "
+                 "finding about DeepSpeed, and never labelled with a known DeepSpeed issue."), ""]
+        for c in d["job_crashes"]:
+            at = f" at {c['where']}" if c.get("where") else ""
+            out += [f"- rank {c['rank']} (pid {c['pid']}), train step {c['step']}{at}, {c.get('in') or ''}:", "",
+                    "  ```text", *("  " + ln for ln in (c.get("traceback") or c["error"]).rstrip().splitlines()),
+                    "  ```", ""]
+    out += ["## Specs", "", "A spec reads ok only when an event of some rank exercised it; `not observed`: none did.",
+            "", "| spec | " + " | ".join(d["columns"]) + " | findings |", "|---" * (len(d["columns"]) + 2) + "|"]
     for sid, row in d["specs"].items():
-        cells = [{"violated": "**violated**"}.get(r, r) for r in (row["results"].get(c, "not checked")
-                                                                   for c in d["columns"])]
+        cells = [{"violated": "**violated**", "not observed": "**not observed**"}.get(r, r)
+                 for r in (row["results"].get(c, "not checked") for c in d["columns"])]
         found = ", ".join(f"[#{n}](#finding-{n})" for n in row["findings"]) or "—"
         out.append(f"| `{sid}` | " + " | ".join(cells) + f" | {found} |")
     out += ["", "## Memory (ZeRO-3)", ""]
@@ -267,6 +324,14 @@ def render_markdown(d: dict[str, Any]) -> str:
     out += ["", f"## Findings ({len(d['findings'])})", ""]
     if not d["findings"]:
         out += ["None.", ""]
+    else:
+        out += ["| # | check | rank | train step | known issue |", "|---|---|---|---|---|"]
+        for f in d["findings"]:
+            k = f.get("known_issue")
+            out.append(f"| [{f['n']}](#finding-{f['n']}) | `{f['check']}` | {f['rank']} | {f['step']} | "
+                       + (f"`{k['id']}`" if k else ("zerostate's own failure" if f.get("harness_error") else "—"))
+                       + " |")
+        out.append("")
     for f in d["findings"]:
         out += [f'<a id="finding-{f["n"]}"></a>',
                 f"### Finding {f['n']}: `{f['check']}` on {f['where']}, train step {f['step']}, backward "
@@ -278,8 +343,11 @@ def render_markdown(d: dict[str, Any]) -> str:
             prevents = "**prevents it**" if e.get("runtime_prevents") else "does not prevent it"
             out += [(f"Known issue **{e['id']}**: {e['title']} ({fixed}); `zerostate.runtime` {prevents} "
                     "(`zerostate watch --runtime`)."), "", f"> {e['detail']}", ""]
+        elif f.get("harness_error"):
+            out += [f"Not a DeepSpeed finding: {f['harness_error']} -- a bug in zerostate watch.", ""]
         else:
-            out += ["No known issue explains it: a new finding, or a gap in the watcher (see docs/watch.md).", ""]
+            out += ["No known issue's evidence matches it: a new finding, or a gap in the watcher (see docs/watch.md).",
+                    ""]
         left = (f.get("evidence") or {}).get("left_by_module_without_post_backward")
         if left:
             out += ["Evidence: " + ", ".join(f"`{p}` (pre-backward of `{m}` ran, its post-backward did not)"
@@ -310,4 +378,4 @@ def now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-__all__ = ["build", "hung_stacks", "memory_svg", "now", "rank_files", "render_markdown", "write"]
+__all__ = ["build", "hung_stacks", "memory_svg", "now", "rank_files", "read_rank_files", "render_markdown", "write"]

@@ -47,6 +47,12 @@ _MEMORY_KINDS = frozenset({EventKind.USER_BACKWARD_START, EventKind.USER_BACKWAR
 _SERIES_KINDS = frozenset({EventKind.FETCH, EventKind.PREFETCH, EventKind.RELEASE, EventKind.FORWARD_START,
                            EventKind.USER_BACKWARD_START, EventKind.STEP, EventKind.RECOMPUTE_START})
 """The kinds a point of the memory series is drawn at."""
+EVIDENCE_MAX = 200_000
+"""Events the evidence window holds at most (`OnlineChecker.evidence`; normally two train steps' worth)."""
+_STICKY = frozenset({EventKind.PERSISTENT, EventKind.REREGISTER})
+"""Kinds a known issue's rule reads from anywhere before a finding (the persistent parameters, hooks registered
+again): kept when the window moves past them."""
+_STICKY_MAX = 20_000
 
 
 class OnlineChecker:
@@ -78,7 +84,15 @@ class OnlineChecker:
         self.series: list[tuple[int, int, str]] = []
         """(event index, gathered elements, event kind) over one train step."""
         self._series_now: list[tuple[int, int, str]] = []
-        self.context: dict[str, Any] = {}
+        self.kinds: set[EventKind] = set()
+        """Every event kind folded so far (which specs an event exercised: `zerostate.watcher.observed`)."""
+        self._window: list[Event] = []
+        """The events of the train step before this one and of this one so far (the evidence of a finding)."""
+        self._window_base = 0
+        """The index of ``_window[0]``."""
+        self._step_start = 0
+        """The index of the first event of the current train step."""
+        self._sticky: list[tuple[int, Event]] = []
 
     # ------------------------------------------------------------ feeding
     @property
@@ -103,8 +117,18 @@ class OnlineChecker:
         self.fold.restart(spec_id)
 
     def _record(self, i: int, ev: Event) -> None:
-        """Before event ``i`` is folded: add it to the violations still collecting the events after them, and to
-        the recent window (a violation at it shows it)."""
+        """Before event ``i`` is folded: add it to the violations still collecting the events after them, to
+        the recent window (a violation at it shows it) and to the evidence window."""
+        w = self._window
+        w.append(ev)
+        if len(w) > EVIDENCE_MAX:  # a step longer than that (or a job that never steps): keep its later half
+            del w[:EVIDENCE_MAX // 2]
+            self._window_base += EVIDENCE_MAX // 2
+        k = ev.kind
+        if k not in self.kinds:
+            self.kinds.add(k)
+        if k in _STICKY and len(self._sticky) < _STICKY_MAX:
+            self._sticky.append((i, ev))
         if self._filling:
             for rec in list(self._filling):
                 rec["events"].append((i, str(ev)))
@@ -161,6 +185,26 @@ class OnlineChecker:
         """The violations as `Finding` s (one per key, the first message)."""
         return [rec["_finding"] for rec in self.violations]
 
+    def evidence(self, i: int | None) -> tuple[tuple[Event, ...], int | None]:
+        """(the events a finding at event ``i`` rests on, ``i``'s index among them): the events of the train step
+        before and of the current one up to now, after the persistent-parameter and re-registration events from
+        before them (what a known issue's rule reads, `zerostate.known.mechanism`).  ``i`` None (an obligation
+        open at the end, an exception): index None."""
+        base = self._window_base
+        before = [ev for j, ev in self._sticky if j < base]
+        trace = (*before, *self._window)
+        if i is None or i < base:
+            return trace, None
+        return trace, len(before) + i - base
+
+    def _move_window(self, i: int) -> None:
+        """At the STEP event ``i``: the window keeps the train step it ends and moves on."""
+        drop = self._step_start - self._window_base
+        if drop > 0:
+            del self._window[:drop]
+            self._window_base = self._step_start
+        self._step_start = i + 1
+
     # ------------------------------------------------------------ memory
     def _memory(self, i: int, ev: Event) -> None:
         k = ev.kind
@@ -171,6 +215,7 @@ class OnlineChecker:
             self.peaks.append(self._peak)
             self._peak = None
         elif k is EventKind.STEP:
+            self._move_window(i)
             self.allgathers.append(self._ag)
             self._ag = 0
             if self.steps <= SERIES_STEP:

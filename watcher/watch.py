@@ -59,8 +59,10 @@ def _rank() -> int:
 
 
 class WatchHandle:
-    """One watched engine.  ``violations``: list of dicts (spec, message, step, backward, rank, explanation,
-    events around); ``memory``: gathered-parameter peak per backward, all-gathers per step, one step's series."""
+    """One watched engine.  ``violations``: list of dicts (spec, message, step, backward, rank, the known issue
+    explaining it -- ``known_issue`` / ``explanation``, `zerostate.watcher.judge` --, events around); ``job_crash``: an
+    exception the job's own code raised inside an engine call (never labelled); ``memory``: gathered-parameter peak
+    per backward, all-gathers per step, one step's series."""
 
     def __init__(self, engine: Any, out: str | None = None, stop_on_violation: bool = False,
                  hang_s: float | None = None, runtime: bool = False) -> None:
@@ -70,6 +72,8 @@ class WatchHandle:
         from zerostate.watcher.tracer import WatchTracer
         self.engine = engine
         self.rank = _rank()
+        from zerostate.watcher.process import world_size
+        self.world_size = world_size()
         self.version = deepspeed.__version__
         self.stop_on_violation = stop_on_violation
         self.out = out
@@ -92,7 +96,6 @@ class WatchHandle:
         self._hang = _HangWatch(out, self.rank, hang_s) if out and hang_s else None
         self._wrap_calls()
         self.tracer.install()
-        self.checker.context.update(stage=self.tracer.stage, leaves=sorted(self.tracer.leaves))
         self.started = time.time()
         _HANDLES.append(self)
         self.flush(force=True)
@@ -105,15 +108,15 @@ class WatchHandle:
     @property
     def violations(self) -> list[dict[str, Any]]:
         self.tracer.deliver()  # the events the tracer still holds are checked first
-        out = []
-        for rec in self.checker.to_dict():
-            v = dict(rec, rank=self.rank)
-            if "explanation" not in v:
-                v["explanation"] = self._explain(v["spec"], v["message"])
-            out.append(v)
-        if self.error is not None:
-            out.append(dict(self.error, rank=self.rank, explanation=self._explain("exception", self.error["message"])))
+        out = [dict(rec, rank=self.rank) for rec in self.checker.to_dict()]
+        if self.error is not None and not self.error.get("job_crash"):
+            out.append(dict(self.error, rank=self.rank))
         return out
+
+    @property
+    def job_crash(self) -> dict[str, Any] | None:
+        """The exception the job's own code raised inside an engine call (its model's forward, say), if one did."""
+        return dict(self.error, rank=self.rank) if self.error is not None and self.error.get("job_crash") else None
 
     @property
     def memory(self) -> dict[str, Any]:
@@ -143,26 +146,24 @@ class WatchHandle:
         n = len(self.violations)
         return f"{n} violation{'s' if n != 1 else ''} in {self.backwards} backwards, {self.steps} steps"
 
-    def _explain(self, check: str, message: str) -> dict[str, Any] | None:
-        """The known issue this violation's own evidence shows (known/watch.py), from what the tracer saw up to now:
-        called when the violation is found, so the evidence is that of the backward it happened in."""
-        from zerostate.known.watch import explain
-        named = [n for n in self.tracer.param_names.values() if n in message.replace(",", " ").split()]
-        leftovers = self.tracer.backward_leftovers
-        ctx = dict(self.checker.context, error=message,
-                   leaf_without_grad=any(not g for g in self.tracer.leaf_inputs.values()),
-                   named_leftovers=bool(named) and all(n in leftovers for n in named))
-        e = explain(check, self.version, ctx)
-        return e.to_dict() if e is not None else None
+    def judge_exception(self, text: str, frames: list[Any]) -> dict[str, Any]:
+        """What the watch makes of an exception raised after this engine's events (`zerostate.watcher.judge`):
+        ``job_crash`` when the job's own code raised it, else the finding's key, origin and known issue, from the
+        exception's frames and this engine's evidence trace."""
+        self.tracer.deliver()
+        trace, _ = self.checker.evidence(None)
+        return _judge_exception(text, frames, trace, self.tracer.stage, self.version, self.world_size)
 
     def to_dict(self) -> dict[str, Any]:
         self.tracer.deliver()
         return {"rank": self.rank, "pid": os.getpid(), "engine": self.n, "deepspeed": self.version,
+                "world_size": self.world_size,
                 "stage": self.tracer.stage, "runtime": self.runtime, "runtime_installed": self._runtime_installed(),
                 "steps": self.steps,
                 "backwards": self.backwards, "events": self.checker.events_seen, "closed": self._closed,
                 "broken_in": self._broken,
-                "violations": self.violations, "memory": self.memory,
+                "specs": [s.id for s in self.checker.specs], "kinds": sorted(k.value for k in self.checker.kinds),
+                "violations": self.violations, "job_crash": self.job_crash, "memory": self.memory,
                 "leaf_modules": {k: {"input_requires_grad": v} for k, v in self.tracer.leaf_inputs.items()},
                 "checkpointing": {"non_reentrant_recomputes": self.tracer.recomputes_observed,
                                   "reentrant_module_recomputes": self.tracer.recomputes_unobserved,
@@ -189,7 +190,15 @@ class WatchHandle:
             print(f"zerostate watch: cannot write {self.path}: {exc}", file=sys.stderr)
 
     def _on_violation(self, rec: dict[str, Any]) -> None:
-        rec["explanation"] = self._explain(rec["spec"], rec["message"])
+        """A new violation: labelled now, on the evidence of the train step it happened in (and the one before)."""
+        from zerostate.watcher import judge
+        trace, index = self.checker.evidence(rec["event"])
+        try:
+            rec.update(judge.judged(judge.violation(rec["spec"], rec["message"], rec["code"], trace, index,
+                                                    self.version, self.world_size or 1)))
+        except Exception as exc:  # noqa: BLE001 - never break the job over a label; the report says so
+            rec.update(known_issue=None, explanation=None,
+                       label_error=f"labelling failed: {type(exc).__name__}: {exc}")
         leftovers = {n: m for n, m in self.tracer.backward_leftovers.items() if n in rec["message"]}
         if leftovers:  # the evidence the label rests on
             rec["evidence"] = {"left_by_module_without_post_backward": leftovers}
@@ -242,12 +251,7 @@ class WatchHandle:
                 self.tracer.deliver()  # every event up to the exception is checked and kept
                 self._broken = self._broken or f"engine.{name}"
                 if self.error is None and not isinstance(exc, (WatchStop, KeyboardInterrupt)):
-                    self.error = {"spec": "exception", "message": f"{type(exc).__name__}: {exc}",
-                                  "event": None, "step": self.steps, "backward": self.backwards, "count": 1,
-                                  "in": f"engine.{name}",
-                                  "traceback": "".join(traceback.format_exc().splitlines(True)[-12:]),
-                                  "events": [(j, str(e)) for j, e in self.checker.recent][-40:],
-                                  "modules": [], "params": []}
+                    self._record_error(name, exc)
                 self.flush(force=True)
                 raise
             finally:
@@ -262,6 +266,31 @@ class WatchHandle:
                 raise WatchStop(f"zerostate watch: stopping on the first violation: {msg}")
             return r
         return call
+
+    def _record_error(self, name: str, exc: BaseException) -> None:
+        """The exception that escaped ``engine.<name>``: a finding (labelled on its frames and this engine's
+        evidence), the job's crash when its own code raised it, or -- torch's ``CheckpointError`` after a
+        ``saved-tensor-intact`` violation -- part of that violation (one event, as `findings.decide` judges it)."""
+        from zerostate.watcher.process import frames
+        text = f"{type(exc).__name__}: {exc}"
+        fs = frames(exc.__traceback__)
+        if type(exc).__name__ == "CheckpointError":
+            for rec in self.checker.violations:
+                if rec["spec"] == "saved-tensor-intact":
+                    rec["message"] += "\n(torch raised) " + text
+                    rec["raised"] = text
+                    return
+        error = {"spec": "exception", "message": text, "event": None, "step": self.steps,
+                 "backward": self.backwards, "count": 1, "in": f"engine.{name}",
+                 "traceback": "".join(traceback.format_exc().splitlines(True)[-12:]),
+                 "events": [(j, str(e)) for j, e in self.checker.recent][-40:], "modules": [], "params": [],
+                 "frames": fs}
+        try:
+            error.update(self.judge_exception(text, fs))
+        except Exception as judging:  # noqa: BLE001 - never break the job over a label; the report says so
+            error.update(known_issue=None, explanation=None,
+                         label_error=f"labelling failed: {type(judging).__name__}: {judging}")
+        self.error = error
 
 
 class _HangWatch:
@@ -406,9 +435,39 @@ def enable() -> None:
                           "hang_s": float(os.environ.get(ENV_HANG) or DEFAULT_HANG_S),
                           "runtime": os.environ.get(ENV_RUNTIME) == "1"}
     if out:
-        process.start(out, settings["runtime"]).where = _where
+        rec = process.start(out, settings["runtime"])
+        rec.where = _where
+        rec.judge = _judge_crash
     from zerostate.runtime.autoinstall import after_deepspeed_import
     after_deepspeed_import(lambda: patch_initialize(**settings))
+
+
+def _judge_crash(crash: dict[str, Any]) -> dict[str, Any]:
+    """What the watch makes of the exception that ends this process outside an engine call (`process.Crash`): the
+    job's crash (its own code raised it; a ``sys.exit`` that handled no exception), or a finding labelled with the
+    evidence of the last engine watched here (none: no trace)."""
+    from zerostate.watcher import process
+    text = crash.get("cause") or f"{crash['type']}: {crash['message']}"
+    frames = crash.get("frames") or []
+    if crash["type"] == "SystemExit" and not crash.get("cause"):
+        return {"job_crash": True, "where": "sys.exit", "known_issue": None, "explanation": None}
+    if _HANDLES:
+        return _HANDLES[-1].judge_exception(text, frames)
+    rec = process.record()
+    return _judge_exception(text, frames, (), 0, rec.data["deepspeed"] if rec is not None else None,
+                            process.world_size())
+
+
+def _judge_exception(text: str, frames: list[Any], trace: tuple[Any, ...], stage: int, version: str | None,
+                     world_size: int | None) -> dict[str, Any]:
+    """``job_crash`` (and where in the job's code) when the job's own code raised ``text``; else the labelled
+    finding's fields (`zerostate.watcher.judge.judged`)."""
+    from zerostate.watcher import judge
+    f = judge.exception(text, frames, trace, stage, version, world_size or 1)
+    if judge.raised_by_the_job(frames):
+        return {"job_crash": True, "where": judge.where_in_the_job(frames), "origin": f.origin, "known_issue": None,
+                "explanation": None}
+    return dict(judge.judged(f), job_crash=False)
 
 
 def _where() -> tuple[int | None, int | None, bool]:
