@@ -85,8 +85,8 @@ class Finding:
         (`fingerprint.fingerprint`: an exception's type, innermost DeepSpeed frame and abstracted message; a
         spec's code, the violating event's pattern and the roles of the parameters involved; an oracle
         difference's counterfactual class).  Never the message's specifics, never the known issue's label."""
-        return fingerprint(self.check, self.code, self.evidence, self.trace, self.index, self.error, self.scenario,
-                           params_in(self.error), self.origin or "")
+        return fingerprint(self.check, self.code, self.evidence, self.trace, self.index, params_in(self.error),
+                           self.origin or "")
 
     @property
     def violation(self) -> str:

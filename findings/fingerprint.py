@@ -24,7 +24,6 @@ import re
 from collections.abc import Iterable, Sequence
 
 from zerostate.model.events import Event, EventKind
-from zerostate.model.scenario import Family, ParamKind, Scenario
 
 from zerostate.findings.evidence import Evidence, OracleDiff, Raised
 from zerostate.findings.oracle_class import signature, trained_before
@@ -79,28 +78,16 @@ def exception_fingerprint(check: str, r: Raised) -> str:
     return f"{check}:{r.type}@{_innermost_deepspeed(r)}:{abstract(r.message)}"
 
 
-def _param_roles(sc: Scenario | None, trace: Sequence[Event]) -> dict[str, set[str]]:
-    """Each parameter's roles: trainable or frozen (for the whole run or a step), in no optimizer group, in a z3
-    leaf module, persistent (the trace's declaration), the fused head's, a LoRA adapter's."""
+def _param_roles(trace: Sequence[Event]) -> dict[str, set[str]]:
+    """Each parameter's roles, as the trace declares them (ROLE, PERSISTENT): frozen (for the whole run or a
+    step), a z3 leaf module's, persistent.  The same in explore and watch: the tracer declares them from the live
+    engine, never from a scenario."""
     roles: dict[str, set[str]] = {}
-    persistent = {e.param for e in trace if e.kind is EventKind.PERSISTENT and e.param}
-    if sc is not None and sc.family is Family.BLOCKS:
-        frozen_steps = {b for st in sc.steps for b in st.frozen}
-        for i, b in enumerate(sc.blocks):
-            for sub in ("norm", "lin"):
-                kind = b.kind_of(sub)
-                for leaf in ("weight", "bias"):
-                    r = roles.setdefault(f"blocks.{i}.{sub}.{leaf}", set())
-                    r.add("frozen" if kind is ParamKind.FROZEN else "trainable")
-                    if sub == "lin" and i in frozen_steps:
-                        r.add("frozen-for-a-step")
-                    if not b.in_optimizer:
-                        r.add("no-group")
-                    if b.leaf:
-                        r.add("leaf")
-        roles.setdefault("head.weight", set()).add("head")
-    for p in persistent:
-        roles.setdefault(p, set()).add("persistent")
+    for e in trace:
+        if e.param and e.kind is EventKind.PERSISTENT:
+            roles.setdefault(e.param, set()).add("persistent")
+        elif e.param and e.kind is EventKind.ROLE and e.note in ("frozen", "leaf"):
+            roles.setdefault(e.param, set()).add(e.note)
     return roles
 
 
@@ -109,11 +96,10 @@ _PLAIN = frozenset({"trainable", "head", "param"})
 a plain parameter, the fingerprint does not change)."""
 
 
-def roles(names: Iterable[str], sc: Scenario | None, trace: Sequence[Event]) -> str:
-    """The roles that set the named parameters apart (`_param_roles`: frozen, frozen for a step, in no optimizer
-    group, in a z3 leaf module, persistent; ``adapter`` for a LoRA one), as one sorted set; "" when they are plain
-    trainable parameters."""
-    table = _param_roles(sc, trace)
+def roles(names: Iterable[str], trace: Sequence[Event]) -> str:
+    """The roles that set the named parameters apart (`_param_roles`: frozen, in a z3 leaf module, persistent;
+    ``adapter`` for a LoRA one), as one sorted set; "" when they are plain trainable parameters."""
+    table = _param_roles(trace)
     out: set[str] = set()
     for n in names:
         r = set(table.get(n, ()))
@@ -144,18 +130,18 @@ def _where(trace: Sequence[Event], index: int) -> str:
     return "backward" if depth else "none"
 
 
-def spec_fingerprint(check: str, code: str, trace: Sequence[Event] | None, index: int | None, named: Iterable[str],
-                     sc: Scenario | None) -> str:
+def spec_fingerprint(check: str, code: str, trace: Sequence[Event] | None, index: int | None,
+                     named: Iterable[str]) -> str:
     if not trace or index is None or not 0 <= index < len(trace):
-        return _with_roles(f"{check}:{code}@end", roles(named, sc, trace or ()))
+        return _with_roles(f"{check}:{code}@end", roles(named, trace or ()))
     e = trace[index]
     involved = set(named) | ({e.param} if e.param else set())
     return _with_roles(f"{check}:{code}@{e.kind.value}/{e.phase or '-'}/{_where(trace, index)}",
-                       roles(involved, sc, trace))
+                       roles(involved, trace[:index + 1]))
 
 
-def oracle_fingerprint(o: OracleDiff | None, explained_by: tuple[str, ...] | None, events: Sequence[Event] | None,
-                       sc: Scenario | None) -> str:
+def oracle_fingerprint(o: OracleDiff | None, explained_by: tuple[str, ...] | None,
+                       events: Sequence[Event] | None) -> str:
     if o is None:
         return "oracle"
     when = "" if o.step is None else (
@@ -163,11 +149,11 @@ def oracle_fingerprint(o: OracleDiff | None, explained_by: tuple[str, ...] | Non
     if explained_by:
         return f"oracle:{'+'.join(explained_by)}{when}"
     shape = signature(o, events).split("@", 1)[0]
-    return _with_roles(f"oracle:unexplained:{shape}{when}", roles(o.names, sc, events or ()))
+    return _with_roles(f"oracle:unexplained:{shape}{when}", roles(o.names, events or ()))
 
 
 def fingerprint(check: str, code: str, evidence: Evidence, trace: Sequence[Event] | None, index: int | None,
-                message: str, sc: Scenario | None, named: Iterable[str] = (), origin: str = "") -> str:
+                named: Iterable[str] = (), origin: str = "") -> str:
     """The finding's identity (see the module docstring); ``origin``: where an exception was raised, for a
     finding whose run left no frames (a watched job's)."""
     if check in RAISED_CHECKS and evidence.raised is not None and index is None:
@@ -175,9 +161,9 @@ def fingerprint(check: str, code: str, evidence: Evidence, trace: Sequence[Event
     if check in RAISED_CHECKS and origin and index is None:
         return f"{check}:{origin}"
     if check == "oracle":
-        return oracle_fingerprint(evidence.oracle, evidence.explained_by, trace, sc)
+        return oracle_fingerprint(evidence.oracle, evidence.explained_by, trace)
     if index is not None or (trace and code and check not in _CODED):
-        return spec_fingerprint(check, code, trace, index, named, sc)
+        return spec_fingerprint(check, code, trace, index, named)
     return f"{check}:{code}" if code else check
 
 

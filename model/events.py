@@ -125,6 +125,10 @@ class EventKind(str, Enum):
     PERSISTENT = "persistent"
     """``param`` is persistent (``ds_persist``: at most ``stage3_param_persistence_threshold`` elements);
     declared once, before the coordinator's first fetch."""
+    ROLE = "role"
+    """What ``param`` is in the model as a forward begins, where it is not a plain trainable parameter: ``note``
+    ``frozen`` (``requires_grad`` off; again ``trainable`` when it is back on) or ``leaf`` (a z3 leaf module's);
+    declared when it changes.  Read by a finding's fingerprint (`findings.fingerprint.roles`), never by a spec."""
 
 
 DRIVER_EVENTS = frozenset({

@@ -112,6 +112,9 @@ class TraceCore:
         self.module = engine.module
         self.param_names: dict[int, str] = {id(p): n for n, p in self.module.named_parameters()}
         self.params: list[tuple[str, torch.nn.Parameter]] = list(self.module.named_parameters())
+        self._frozen: dict[str, bool] = {}
+        """Each parameter's ``requires_grad`` off as last declared (ROLE)."""
+        self._leaves_declared = False
         self.mod_names: dict[int, str] = {id(m): (n or ROOT) for n, m in self.module.named_modules()}
         self.coord = compat.coordinator(self.opt) if stage == 3 else None
         self.emitted: dict[str, str] = {}
@@ -339,11 +342,27 @@ class TraceCore:
             self.emit(kind, value=info.get("step") if kind is EventKind.STEP else None, note=note)
             if kind in (EventKind.FORWARD_START, EventKind.EVAL_FORWARD_START):
                 self._declare_persistent()
+                self._declare_roles()
         elif what == "save_load_start":  # a checkpoint round trip: no hook runs in it; ZeRO-3's gathers (16-bit
             self.paused_depth += 1  # state dict, checkpoint prologue / epilogue) are not traced
         elif what == "save_load_end":
             self.paused_depth -= 1
             self.poll()  # what it changed for good is reported (a parameter it released, at ZeRO-3)
+
+    def _declare_roles(self) -> None:
+        """A ROLE for each parameter whose role changed since the last forward (frozen, trainable again, a z3 leaf
+        module's): what a finding's fingerprint says of the parameters involved, the same in explore and watch."""
+        if not self._leaves_declared:
+            self._leaves_declared = True
+            for m_name, m in self.module.named_modules():
+                if getattr(m, "_z3_leaf", False):
+                    for p_name, _ in m.named_parameters():
+                        self.emit(EventKind.ROLE, param=f"{m_name}.{p_name}" if m_name else p_name, note="leaf")
+        for n, p in self.params:
+            frozen = not p.requires_grad
+            if frozen != self._frozen.get(n, False):
+                self._frozen[n] = frozen
+                self.emit(EventKind.ROLE, param=n, note="frozen" if frozen else "trainable")
 
     def _declare_persistent(self) -> None:
         if self.stage == 3 and not self._declared:
