@@ -43,7 +43,7 @@ from faults.catalogue import FAULTS, RELEASE, Fault, by_id  # noqa: E402
 from faults.runner import ExploreRun, explore, replay  # noqa: E402
 from faults.table import fault_lines, markdown, reached, summary  # noqa: E402
 from faults.verdict import (SeenFinding, changed_examples, fixed, grown_examples, introduced, judge,  # noqa: E402
-                            old_key_candidates, peak_grew, shows)
+                            new_labels, old_key_candidates, peak_grew, shows, wrong_labels)
 
 FAST_S = 120.0
 REPLAY_OLD = 8
@@ -188,6 +188,8 @@ def run_fault(fault: Fault, tree: Path, runs: Path, base: dict[str, Any], exampl
             "cpu_blind": fault.cpu_blind, "status": verdict.status, "rule": verdict.rule,
             "killer": verdict.killer, "hidden_by_label": verdict.hidden_by_label,
             "new_keys": verdict.new_keys, "tool_errors": verdict.tool_errors,
+            "new_labels": new_labels(base_findings, run.seen),
+            "wrong_labels": wrong_labels(base_findings, run.seen, fault.reintroduces),
             "ignored_keys": sorted(ignored), "attempts": attempt,
             "replays": {k: _short(v) for k, v in replays.items()},
             "old_key_replays": {k: {side: _short(a) for side, a in r.items()} for k, r in old_replays.items()},

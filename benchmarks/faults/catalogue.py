@@ -25,6 +25,9 @@ class Fault:
     rationale: str
     cpu_blind: str = ""
     """Why no run on DeepSpeed's CPU accelerator can observe it ("" when one can)."""
+    reintroduces: str = ""
+    """The known issue whose mechanism the fault puts back ("" for none): the only label a finding it introduces
+    may carry (`verdict.wrong_labels`)."""
 
 
 RELEASE = "0.19.8"

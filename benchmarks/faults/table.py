@@ -29,6 +29,11 @@ def summary(results: list[dict[str, Any]], fast_s: float) -> dict[str, Any]:
                 f"them {len(counted_killed) - len(gone)}/{len(counted)}), "
                 f"{len(grew)} by a gathered-parameter peak the fault raised (memory); "
                 f"{len(hidden)} of the kills carry a known-issue label the unfaulted run also has")
+    recorded = [r for r in results if "new_labels" in r]
+    mislabelled = [r["id"] for r in recorded if r.get("wrong_labels")]
+    sentence += (f"; labels of the findings faults introduced: {len(mislabelled)} of {len(recorded)} faults with "
+                 f"such a finding labelled by another known issue than the one they reintroduce"
+                 + (f" ({', '.join(mislabelled)})" if mislabelled else ""))
     unjudged = sum(r["status"] == "unjudged" for r in results)
     if unjudged:  # a kept kill whose killing key a newer unfaulted run also shows: unknown, so not a kill
         sentence += (f"; {unjudged} kept kill(s) not judged again against the newer unfaulted run "
@@ -87,6 +92,16 @@ def _reached(r: dict[str, Any]) -> str:
     return "" if value is None else ("yes" if value else "**no**")
 
 
+def _new_labels(r: dict[str, Any]) -> str:
+    """The labels the fault's new findings carry: "none" for unlabelled ones, **WRONG** for a label that is not
+    the issue the fault reintroduces (a fault read as known)."""
+    if "new_labels" not in r:
+        return "(not recorded)"
+    labels = sorted({x["label"] or "none" for x in r["new_labels"]})
+    wrong = {x["label"] for x in r.get("wrong_labels") or ()}
+    return ", ".join(f"**WRONG: {lab}**" if lab in wrong else lab for lab in labels) or "no new finding"
+
+
 def markdown(results: list[dict[str, Any]], figures: dict[str, Any], meta: dict[str, Any]) -> str:
     budget = "default budget" if meta["examples"] is None else f"--examples {meta['examples']}"
     seed = "default seed" if meta["seed"] is None else f"--seed {meta['seed']}"
@@ -101,8 +116,8 @@ def markdown(results: list[dict[str, Any]], figures: dict[str, Any], meta: dict[
         f"**{figures['sentence']}.**",
         "",
         ("| fault | area | verdict | killing finding | known-issue label | s to it | runs by then | "
-         "replay faulted / unfaulted | faulted line run (coverage run) |"),
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+         "replay faulted / unfaulted | faulted line run (coverage run) | labels its new findings carry |"),
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in results:
         k = r.get("killer")
@@ -114,14 +129,15 @@ def markdown(results: list[dict[str, Any]], figures: dict[str, Any], meta: dict[
         if k:
             label = (k.get("known_issue") or "none") + (" (also in unfaulted run)" if r["hidden_by_label"] else "")
             lines.append(f"| `{r['id']}` | {r['area']} | {verdict} | `{k['key']}`: {_first_line(k['error'], 70)} | "
-                         f"{label} | {k['seconds']:.1f} | {k.get('examples') or ''} | {_replays(r)} | {_reached(r)} |")
+                         f"{label} | {k['seconds']:.1f} | {k.get('examples') or ''} | {_replays(r)} | {_reached(r)} | "
+                         f"{_new_labels(r)} |")
         else:
             tools = ", ".join(r.get("tool_errors") or [])
             what = f"tool errors only: {tools}" if tools else "no new key"
             cut = r["run"].get("cut_s")
             whole = f"run cut at {cut:.0f} s" if cut else "whole run"
             lines.append(f"| `{r['id']}` | {r['area']} | {verdict} | {what} | | | "
-                         f"{r['run'].get('examples_run') or ''} ({whole}) | | {_reached(r)} |")
+                         f"{r['run'].get('examples_run') or ''} ({whole}) | | {_reached(r)} | {_new_labels(r)} |")
     lines.append("")
     return "\n".join(lines)
 

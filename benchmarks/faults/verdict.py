@@ -65,6 +65,20 @@ class Verdict:
     tool_errors: list[str] = field(default_factory=list)
 
 
+def wrong_labels(baseline: list[dict[str, Any]], seen: list[SeenFinding], reintroduces: str) -> list[dict[str, Any]]:
+    """The findings a faulted run introduced (keys the unfaulted run has not) that carry a known-issue label other
+    than the one the fault reintroduces: a fault read as "known, not yours"."""
+    old = {e["key"] for e in baseline}
+    return [{"key": s["key"], "label": s["known_issue"]} for s in seen
+            if s["key"] not in old and s["known_issue"] and s["known_issue"] != reintroduces]
+
+
+def new_labels(baseline: list[dict[str, Any]], seen: list[SeenFinding]) -> list[dict[str, Any]]:
+    """Each finding a faulted run introduced, with the known-issue label it carries (None: unlabelled)."""
+    old = {e["key"] for e in baseline}
+    return [{"key": s["key"], "label": s["known_issue"]} for s in seen if s["key"] not in old]
+
+
 def is_tool_error(check: str) -> bool:
     return check in TOOL_CHECKS or check.startswith("harness")
 
