@@ -29,7 +29,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-from zerostate.findings.oracle_judgement import differences, verdict
+from zerostate.findings.oracle_judgement import StepDifference, differences, verdict
 from zerostate.findings.record import (CheckpointRoundTrip, CounterfactualRun, Counters, EngineSettings, Generation,
                                        LossScaling, RunRecord, StepObservation)
 from zerostate.harness.net import fp16
@@ -282,15 +282,34 @@ PAIRS = 12
 
 def counterfactual_runs(sc: Scenario, rec: _Observed, pt_initial: Params,
                         ds_initial: Params | None) -> tuple[CounterfactualRun, ...]:
-    """DeepSpeed against the counterfactual reference of each mechanism the scenario can trigger, and of pairs of
-    them when none alone explains every difference (a finding may be the sum of two known bugs)."""
+    """DeepSpeed against the counterfactual reference of each mechanism the scenario can trigger, and, when none
+    alone explains every difference, of pairs of those that explain a part of it (a finding may be the sum of two
+    known bugs; a mechanism that explains nothing of it is no part of a sum)."""
     names = applicable(sc)
     runs = [_against(sc, rec, (m,), pt_initial, ds_initial) for m in names]
     if any(_explains(r, sc) for r in runs):
         return tuple(runs)
-    for pair in list(combinations(names, 2))[:PAIRS]:
+    correct = differences(tuple(rec.steps), (), 0, rec.fields.get("loss_scaling"), sc)
+    parts = [r.mechanisms[0] for r in runs if _explains_a_part(r, correct, sc)]
+    for pair in list(combinations(parts, 2))[:PAIRS]:
         runs.append(_against(sc, rec, pair, pt_initial, ds_initial))
     return tuple(runs)
+
+
+def _explains_a_part(run: CounterfactualRun, correct: tuple[StepDifference, ...], sc: Scenario) -> bool:
+    """The reference explains some of what differs: its first difference comes later than the correct one's, or
+    at the same step with fewer differing parameters."""
+    if run.error is not None or not correct:
+        return False
+    left = differences(run.steps, (), 0, run.loss_scaling, sc)
+    if not left:
+        return True
+    first, mine = correct[0], left[0]
+    if (mine.step is None) != (first.step is None):
+        return mine.step is None
+    if mine.step is not None and first.step is not None and mine.step != first.step:
+        return mine.step > first.step
+    return set(mine.names) < set(first.names)
 
 
 def _explains(run: CounterfactualRun, sc: Scenario) -> bool:
