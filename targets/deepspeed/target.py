@@ -45,7 +45,7 @@ from zerostate.findings.build import findings_of, unique_by_key
 from zerostate.findings.decide import Decision, ModelRun, decide, decide_failure
 from zerostate.findings.finding import Finding
 from zerostate.findings.record import RunRecord
-from zerostate.findings.wire import from_wire
+from zerostate.findings.wire import WireError, from_wire
 from zerostate.known.labels import labelled
 import zerostate.jit_ops as jit_ops
 from zerostate.tracing import compat
@@ -354,7 +354,10 @@ class DeepSpeedTarget(Target):
         if not resp.get("ok"):
             return self._failed(scenario, "internal", f"zerostate's executor failed: {resp.get('error')}\n"
                                 f"{resp.get('traceback', '')}", t0)
-        record = from_wire(RunRecord, resp["result"])
+        try:
+            record = from_wire(RunRecord, resp["result"])
+        except (WireError, ValueError, TypeError) as exc:  # a worker of another zerostate than this one, a bad line
+            return self._failed(scenario, "internal", f"zerostate could not read the worker's record: {exc}", t0)
         if record.skipped:
             return Outcome(scenario, [], None, [], time.perf_counter() - t0, record, resp.get("seconds"))
         events = list(record.events)
