@@ -30,7 +30,10 @@ from zerostate.findings.oracle_class import signature, trained_before
 
 RAISED_CHECKS = frozenset({"exception", "saved-tensor-intact", "oracle-error"})
 
-_PARAM_NAME = re.compile(r"\b[A-Za-z_]\w*\.(?:\w+\.)*(?:weight|bias)\b|\bempty\b")
+_DOTTED = r"\b[A-Za-z_]\w*\.(?:\w+\.)*(?:weight|bias)\b"
+_PARAM_NAME = re.compile(_DOTTED + r"|\bempty\b(?=[:,\]' ]|$)")
+"""A parameter's name in a message: dotted, or the network's zero-element parameter ``empty``."""
+_PARAM_IN_TEXT = re.compile(_DOTTED)
 _PATH = re.compile(r"(?:<[^>]+>|/[\w.\-]+)(?:/[\w.\-<>]+)+")
 _QUOTED = re.compile(r"'[^']*'|\"[^\"]*\"")
 _NUMBER = re.compile(r"(?<![A-Za-z_])[-+]?\d+(?:\.\d+)?(?:e[-+]?\d+)?")
@@ -57,7 +60,7 @@ def abstract(message: str) -> str:
     text = text.split(" Traceback ")[0]
     text = _PATH.sub("<path>", text)
     text = _QUOTED.sub(_quoted, text)
-    text = _PARAM_NAME.sub("P", text)
+    text = _PARAM_IN_TEXT.sub("P", text)
     text = _LIST.sub("[...]", text)
     return _NUMBER.sub("N", text)
 

@@ -79,19 +79,26 @@ _NORM_OF_NO_GRADIENT = (("zero/stage3.py", "_get_norm_groups"), ("zero/stage3.py
 
 def idle_step_crash(f: Finding) -> bool:
     """engine.step() with no backward since the step before (the trace), and step() reading the gradients no
-    backward made (KeyError / TypeError in the norm or overflow check), or -- with optimizer offload -- moving
-    parameters PyTorch leaves (the stale CPU gradients applied again), or a spec violated at that very step."""
+    backward made (KeyError / TypeError in the norm or overflow check; BF16_Optimizer's norm of an empty list), or a
+    spec violated at that very step.  (With optimizer offload the stale CPU gradients are applied again: an oracle
+    difference, stated as the counterfactual ``stale-gradient-replayed-at-idle-step``.)"""
     ev = trace(f)
     if f.check == "exception":
         return idle_step(ev, len(ev)) and (
             any(raised_in(f, t, file, fn) for t in ("KeyError", "TypeError") for file, fn in _NORM_OF_NO_GRADIENT)
             # ZeRO-0 with clipping: clip_grad_norm_ filters out the parameters without a gradient, then indexes
             # the empty list (parameters[0].device)
-            or raised_in(f, "IndexError", "runtime/utils.py", "clip_grad_norm_"))
+            or raised_in(f, "IndexError", "runtime/utils.py", "clip_grad_norm_")
+            # BF16_Optimizer (ZeRO-1 bf16 with fp32 accumulation): the norm of no gradient is torch.stack([])
+            or (raised_in(f, "RuntimeError", "runtime/utils.py", "get_global_norm_of_tensors",
+                          "stack expects a non-empty TensorList") and _passed_bf16_optimizer(f)))
     e = violating(f)
     return e is not None and e.kind is K.STEP and idle_step(ev, at(f))
 
 
+def _passed_bf16_optimizer(f: Finding) -> bool:
+    r = f.evidence.raised
+    return r is not None and r.passed("runtime/bf16_optimizer.py", "step")
 
 
 def shared_param_hooked_twice(f: Finding) -> bool:

@@ -131,6 +131,9 @@ STEP_WITHOUT_GRADIENT = KnownIssue(
     checks=("exception",),
     explains=lambda f: rules.idle_step_crash(f) and narrow(f, lambda sc: any(s.idle for s in sc.steps)),
     mechanisms=("stale-gradient-replayed-at-idle-step",),
+    # BF16_Optimizer's form: the gradient norm of no gradient is torch.stack of an empty list
+    variants=(Scenario.from_dict({"stage": 1, "precision": "bf16", "fp32_grad_accum": True,
+                                  "steps": [{"idle": True}]}),),
     detail=("A train step that skips its batches (no forward, no backward: a data-dependent skip, an empty "
             "batch) still calls engine.step().  ZeRO-3: KeyError: 0 in stage3.py _get_norm_groups "
             "(self.averaged_gradients[i] is filled only by a backward); ZeRO-1/2: TypeError: 'NoneType' object is "
