@@ -31,7 +31,7 @@ from zerostate.findings.oracle_class import signature, trained_before
 RAISED_CHECKS = frozenset({"exception", "saved-tensor-intact", "oracle-error"})
 
 _DOTTED = r"\b[A-Za-z_]\w*\.(?:\w+\.)*(?:weight|bias)\b"
-_PARAM_NAME = re.compile(_DOTTED + r"|\bempty\b(?=[:,\]' ]|$)")
+_PARAM_NAME = re.compile(_DOTTED + r"|(?<![-\w])empty(?=[:,\]' ]|$)")
 """A parameter's name in a message: dotted, or the network's zero-element parameter ``empty``."""
 _PARAM_IN_TEXT = re.compile(_DOTTED)
 _PATH = re.compile(r"(?:<[^>]+>|/[\w.\-]+)(?:/[\w.\-<>]+)+")
