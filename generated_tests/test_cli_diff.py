@@ -79,7 +79,8 @@ _W = "blocks.0.norm.weight"
 def _leaf_kept(ver, sc):
     """z3-leaf-kept-gathered's evidence: the leaf blocks.0 gathered its norm in this forward, its backward never
     began, the norm is still gathered at the step."""
-    trace = (_evt("forward_start"), _evt("module_pre_forward", module="blocks.0"), _evt("fetch", _W, module="blocks.0"),
+    trace = (_evt("forward_start"), _evt("role", _W, note="leaf"), _evt("role", _W, note="frozen"),
+             _evt("module_pre_forward", module="blocks.0"), _evt("fetch", _W, module="blocks.0"),
              _evt("module_post_forward", module="blocks.0"), _evt("user_backward_start", note="engine"),
              _evt("user_backward_end", note="engine"), _evt("step"))
     return Finding("released-after-backward", f"after the backward (and its epilogue) {_W} is still gathered", sc,
@@ -295,13 +296,14 @@ def test_the_known_issues_scenarios_are_labelled_and_backward_kinds_share_a_grou
 
 def test_seed_bugs_are_labelled_with_their_first_fixed_release_only_on_releases_that_have_them():
     sc = Scenario.from_dict({"blocks": [{"checkpoint": "non_reentrant", "norm": "frozen"}], "stage": 3})
-    trace = (_evt("user_backward_start", note="engine"), _evt("save_live", _W, module="blocks.0"),
+    trace = (_evt("role", _W, note="frozen"), _evt("user_backward_start", note="engine"),
+             _evt("save_live", _W, module="blocks.0"),
              _evt("release", _W, module="blocks.0.norm"), _evt("unpack", _W, module="blocks.0", note="check"))
-    seed = Finding("saved-tensor-intact", f"{_W} is partitioned in place after the recompute saved it", sc, trace, 3,
+    seed = Finding("saved-tensor-intact", f"{_W} is partitioned in place after the recompute saved it", sc, trace, 4,
                    "deepspeed", "0.19.2", code="partitioned-at-check")
     assert label(seed)["fixed_in"] == "0.19.3"
     assert label(replace(seed, deepspeed="0.19.3")) is None
-    assert label(replace(seed, trace=trace[:2] + trace[3:], index=2)) is None  # never released after the save
+    assert label(replace(seed, trace=trace[:3] + trace[4:], index=3)) is None  # never released after the save
 
 
 # ---------------------------------------------------------------- the command on real DeepSpeed
