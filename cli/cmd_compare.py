@@ -12,7 +12,7 @@ import json
 import sys
 from typing import Any
 
-from zerostate.reports import model_counterexample as cex
+from zerostate.reports import model_counterexample
 from zerostate.cli.common import DEFAULT_OUT, EXIT_OK, design, need, positive_int
 
 
@@ -49,9 +49,9 @@ def run(args: argparse.Namespace) -> int:
             first = result.first_violation(name, sid)
             if first is not None:
                 sc, v, events = first
-                f = cex.finding(v, sc, events)
+                f = model_counterexample.finding(v, sc, events)
                 report.add_finding(f, column=name, replay_args=f" --target model --design {name}",
-                                   **cex.shown(name, f))
+                                   **model_counterexample.shown(name, f))
     report.finish("complete", data, text=result.to_text())
     if args.json:
         print(json.dumps(data, indent=2))

@@ -6,7 +6,7 @@ parameters, ``engine.backward`` and ZeRO-3 (the first value of each choice), and
 training-setup dimensions (`setups`) towards fp32, no clipping, no offload, one parameter
 group, no tying / external parameter, a tensor output, one loss, one backward per micro-step, the
 blocks family.  The setup dimensions are drawn *after* everything else, and the ones that make every
-run fail on the pinned release (`RARE`: two backwards per micro-step, a step without gradient) only in
+run fail on the pinned release (`FAILS_EVERY_RUN_RATE`: two backwards per micro-step, a step without gradient) only in
 one draw in eight, so they do not hide other findings.  Which draw rates keep each seed bug within the
 default budget is a property of the whole derandomized sequence, not of one rate: drawing tying and the
 external parameter in one draw in four instead of two lost seed 002 on 0.19.2 within 200 examples
@@ -54,10 +54,15 @@ first step of most blocks scenarios (the step is skipped and the scale halves: t
 path, checked against the oracle's own loss scaler)."""
 CLIPPING = (0.0, 1.0, 0.05)
 """Off, DeepSpeed's default from 0.19.5 (rarely reached by these small gradients), and one that clips."""
-RARE = st.sampled_from((False,) * 7 + (True,))
+ONE_IN_FOUR = st.sampled_from((False,) * 3 + (True,))
+"""True in one draw of four; shrinks to False."""
+ONE_IN_EIGHT = st.sampled_from((False,) * 7 + (True,))
 """True in one draw of eight; shrinks to False."""
-QUARTER = st.sampled_from((False,) * 3 + (True,))
-EIGHTH = st.sampled_from((False,) * 7 + (True,))
+FAILS_EVERY_RUN_RATE = ONE_IN_EIGHT
+"""How often a setup dimension that makes every run fail on the pinned release is drawn (``retain``: two
+backwards per micro-step; ``idle``: a step without gradient): rarely, so its failure does not hide the other
+findings of the scenarios that draw it.  The one-in-eight strategy itself, not a copy: Hypothesis labels a
+``sampled_from`` by its values, so a copy would draw the same -- but a reader would not know it."""
 class _WorldDraw(int):
     """One of `WORLD2_RATE`'s eight choices: 1 -- several ranks --, or 0 -- world size 1, unless ``across``
     and the scenario chose an option whose bugs show across ranks (`across_ranks`).  An ``int``: the eight
@@ -114,7 +119,7 @@ def _world_size(draw, sc: Scenario, weights: Weights | None = None) -> int:
     return 2 if across else 1
 
 
-LEAF_RATE = QUARTER
+LEAF_RATE = ONE_IN_FOUR
 """How often a ZeRO-3 block is a z3 leaf module (`blocks`): one in four (a MoE-style choice, rarer than a plain
 module).  At one in two -- with world size, ``zero_init``, config Adam and checkpoints drawn too -- no example of
 the explorer's default 200 had seed 002's shape (a plain non-reentrant block with frozen parameters: the model's
@@ -151,7 +156,7 @@ def setups(draw, sc: Scenario, llama: bool = True, weights: Weights | None = Non
     """The training-setup dimensions drawn onto a drawn scenario (each shrinks to plain); ``weights``: a steered
     exploration's rates (`choices.pick`)."""
     base = sc
-    if llama and draw(pick(weights, "llama", st.sampled_from((False,) * 7 + (True,)), (False, True))):
+    if llama and draw(pick(weights, "llama", ONE_IN_EIGHT, (False, True))):
         sc = _llama(draw, sc)
     precision = draw(pick(weights, "precision", st.sampled_from(PRECISIONS), (Precision.FP32, Precision.BF16,
                                                                               Precision.FP16)))
@@ -172,7 +177,7 @@ def setups(draw, sc: Scenario, llama: bool = True, weights: Weights | None = Non
     # choices is "simpler" to Hypothesis's shrinker (shorter choice sequence), so a shrink would otherwise
     # end on the llama family whenever it reached it.  Draws of a fixed shape whatever the number of blocks
     # (index modulo it), so deleting a block while shrinking leaves the rest of the draw in place.
-    out = (draw(st.integers(0, 2)) % len(base.blocks),) if draw(QUARTER) else ()
+    out = (draw(st.integers(0, 2)) % len(base.blocks),) if draw(ONE_IN_FOUR) else ()
     family_changes = {
         "param_groups": draw(st.integers(1, 3)),
         "blocks": tuple(b if i not in out else Block(b.checkpoint, b.norm, b.lin, b.leaf, in_optimizer=False)
@@ -183,20 +188,21 @@ def setups(draw, sc: Scenario, llama: bool = True, weights: Weights | None = Non
     freezable = [i for i, b in enumerate(base.blocks) if b.lin is ParamKind.TRAINABLE and Network(base.with_(
         blocks=base.blocks[:i] + (Block(b.checkpoint, b.norm, ParamKind.FROZEN, b.leaf),) + base.blocks[i + 1:])
     ).loss_requires_grad]  # freezing it for a step leaves the loss requiring grad
-    frozen = [_pick(draw(QUARTER), draw(st.integers(0, 2)), freezable) for _ in base.steps]
+    frozen = [_pick(draw(ONE_IN_FOUR), draw(st.integers(0, 2)), freezable) for _ in base.steps]
     steps = sc.steps
     if sc.family is Family.BLOCKS:
         changes.update(family_changes)
         steps = tuple(TrainStep(s.micro, s.eval_before, s.reregister, frozen=f)
                       for s, f in zip(steps, frozen, strict=False))
-    retain = pick(weights, "retain", RARE, (False, True))
+    retain = pick(weights, "retain", FAILS_EVERY_RUN_RATE, (False, True))
     steps = tuple(TrainStep(tuple(MicroStep(m.backward, m.skip, retain=draw(retain)) for m in s.micro),
                             s.eval_before, s.reregister, frozen=s.frozen) for s in steps)
     if precision is Precision.FP16:  # DeepSpeed has no loss-scaled non-scalar backward: PyTorch-style instead
         steps = tuple(TrainStep(tuple(MicroStep(BackwardKind.TORCH if m.backward is BackwardKind.NONSCALAR
                                                 else m.backward, m.skip, m.retain) for m in s.micro),
                                 s.eval_before, s.reregister, frozen=s.frozen) for s in steps)
-    if len(steps) > 1 and draw(pick(weights, "idle", RARE, (False, True))):  # a step with only engine.step()
+    # a step with only engine.step()
+    if len(steps) > 1 and draw(pick(weights, "idle", FAILS_EVERY_RUN_RATE, (False, True))):
         i = draw(st.integers(0, len(steps) - 1))
         steps = steps[:i] + (TrainStep(tuple(MicroStep() for _ in range(sc.gas)), idle=True),) + steps[i + 1:]
     return sc.with_(steps=steps, **changes)
@@ -273,7 +279,7 @@ def extras(draw, sc: Scenario, zero0: bool = True, weights: Weights | None = Non
     example, drew too few of
     the combinations the bugs need in the default 200 examples: no manual boundary with optimizer offload
     at ZeRO-1/2, two late modules at ZeRO-3 -- measured on the explorer's own sequence.)"""
-    on = {opt for opt in EXTRAS if draw(pick(weights, f"extra:{opt}", EXTRA_RATE.get(opt, QUARTER), (False, True)))}
+    on = {opt for opt in EXTRAS if draw(pick(weights, f"extra:{opt}", EXTRA_RATE.get(opt, ONE_IN_FOUR), (False, True)))}
     if "stage0" in on and sc.stage in (1, 2) and zero0:
         steps = tuple(TrainStep(tuple(MicroStep(BackwardKind.ENGINE, m.skip, m.retain) for m in s.micro),
                                 s.eval_before, s.reregister, s.idle, s.frozen) for s in sc.steps)

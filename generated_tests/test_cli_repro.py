@@ -192,10 +192,10 @@ def test_failed_checks_is_the_targets_judgement():
         for spec in (SEED_002, {"blocks": [{"checkpoint": "non_reentrant"}, {"leaf": True}], "stage": 3},
                      {"blocks": [{}], "stage": 2}):
             sc = Scenario.from_dict(spec)
-            res = t.raw(sc)["result"]
-            t.raw = lambda _sc, _res={"ok": True, "result": res}: _res  # the same result, judged by run()
+            res = t.worker_response(sc)["result"]
+            t.worker_response = lambda _sc, _res={"ok": True, "result": res}: _res  # the same result, judged by run()
             outcome = t.run(sc)
-            del t.raw
+            del t.worker_response
             model = None if sc.beyond_model() else [Event.from_dict(e.to_dict())
                                                              for e in model_run(t.design, sc).events]
             got = failed_checks(from_wire(RunRecord, res), sc, model, t.design.name)

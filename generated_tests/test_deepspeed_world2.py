@@ -482,7 +482,7 @@ def test_a_git_checkouts_rank_pool_sees_its_version(tmp_path):
         for sc in first:
             out = t.run(sc)
             assert out.world_size == 2 and not _unexplained(out), (out.ranks, _fmt(out.findings))
-        pool = t._wider[2]
+        pool = t._rank_pools[2]
         assert pool.version == t.version == deepspeed.__version__
         assert os.path.realpath(pool.hello["file"]).startswith(os.path.realpath(root)), pool.hello
     finally:

@@ -109,7 +109,7 @@ class DeepSpeedRanksTarget(DeepSpeedTarget):
         # in the checkout's root, as the world-size-1 worker: a git checkout's DeepSpeed reads 'version.txt' there
         return RankPool(self._env, self.world_size, self._free_log_path(), envs.worker_cwd(self.path))
 
-    def raw(self, scenario: Scenario) -> Response:
+    def worker_response(self, scenario: Scenario) -> Response:
         req = self.run_request(scenario)
         if self.stall:
             req["stall"] = self.stall
