@@ -1,4 +1,4 @@
-"""``zerostate compare A B``: two designs over the same scenarios, side by side (analysis/compare.py).
+"""``zerostate compare A B``: two designs over the same scenarios, side by side (analysis/design_comparison.py).
 
 Prints `Comparison.to_text()` (or ``--json``: `Comparison.to_json()`), and writes a report
 whose spec table has one column per design and a finding (trace picture, state graph,
@@ -30,7 +30,7 @@ def add_parser(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     design(args.design_a)
     design(args.design_b)
-    mod = need("zerostate.analysis.compare", "zerostate compare")
+    mod = need("zerostate.analysis.design_comparison", "zerostate compare")
     from zerostate.specs import SPECS
 
     from zerostate.reports.report_folder import Report

@@ -35,11 +35,11 @@ from types import SimpleNamespace
 from typing import Any
 from collections.abc import Callable, Sequence
 
-from zerostate.explorer.events import Progress
+from zerostate.explorer.exploration_events import Progress
 from zerostate.explorer.workers import refresh
 from zerostate.findings.finding import Finding
 from zerostate.model.scenario import Scenario
-from zerostate.targets.base import Outcome, Target
+from zerostate.targets.interface import Outcome, Target
 
 from zerostate.cli import targets_api as api
 from zerostate.cli.common import EXIT_FINDINGS, EXIT_INTERRUPTED, EXIT_OK, CliError, check_world_size, load_scenario, \

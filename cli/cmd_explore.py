@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from collections.abc import Callable, Iterator
 
-from zerostate.explorer.events import Confirmed, FindingEvent, Progress, Renumbered, Restarted, Seen
+from zerostate.explorer.exploration_events import Confirmed, FindingEvent, Progress, Renumbered, Restarted, Seen
 from zerostate.findings.finding import Finding
-from zerostate.targets.base import Target, TargetError
+from zerostate.targets.interface import Target, TargetError
 
 from zerostate.cli import cluster_cli, targets_api as api
 from zerostate.cli.common import (DEFAULT_OUT, EXIT_FINDINGS, EXIT_INTERRUPTED, EXIT_OK, CliError, check_world_size,
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 
 DEFAULT_EXAMPLES = 200
 STEERS = ("coverage",)
-"""``--steer``'s choices (`explorer.explore.STEERS` less the default; that module imports Hypothesis)."""
+"""``--steer``'s choices (`explorer.exploration.STEERS` less the default; that module imports Hypothesis)."""
 DEFAULT_TIME_BUDGET = 0.0
 """No time budget by default: a run cut by the clock stops at a clock-dependent example."""
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from zerostate.model.events import Event, EventKind
 from zerostate.model.scenario import Scenario
-from zerostate.targets.base import Outcome
+from zerostate.targets.interface import Outcome
 
 UNMEASURED_CHECKS = frozenset({"hang", "crash", "internal"})
 """Findings whose run's trace is cut short or not DeepSpeed's: no metrics from it."""

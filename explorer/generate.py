@@ -55,7 +55,7 @@ def import_what_hypothesis_peeks_at() -> None:
 
 def generated(strategy: Any, examples: int, seed: int | None) -> Generator[Scenario, None, None]:
     """The first ``examples`` scenarios of the deterministic generation sequence of ``seed`` (duplicates
-    included, in order): what every search of `explore` replays.  Drawing runs no target: a test that never
+    included, in order): what every search of `exploration` replays.  Drawing runs no target: a test that never
     fails makes Hypothesis generate exactly the sequence a failing search generates up to its failure.
     Drawn in a thread, a little ahead of the consumer (so ``examples`` may be huge); closing the iterator
     ends the drawing."""

@@ -13,7 +13,7 @@ examples are made.  Deterministic given the examples run and the seed.
 Of an example's outcome it reads one thing: whether the run reached its end (`ran_through`).  A run that ended on
 an exception (DeepSpeed's, a hang, a crash, the tool's own) did not run the rest of its scenario -- a known
 crash at a checkpoint round trip hides every later step --, so a pair taken only by such runs counts as not
-taken, and `explore` completes in `ROUNDS` rounds.  The first reads no outcome: it completes the pairs no
+taken, and `exploration` completes in `ROUNDS` rounds.  The first reads no outcome: it completes the pairs no
 generated scenario takes, so it is drawn and run while the generated lanes still run.  The second, after every
 generated and first-round run, redraws the pairs taken only by runs that ended early (another draw of the same
 64; the scenarios run are never drawn again).  It reads no finding, so it favours no check and no known bug.

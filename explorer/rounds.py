@@ -2,7 +2,7 @@
 
 Round ``k`` is the first ``size`` scenarios new to the run in the generation sequence (`generate.generated`,
 the whole budget as Hypothesis's ``max_examples``, as unsteered) of ``scenarios(weights=W_k)`` with the seed
-`schedule.round_seed` ``(seed, k)``.  ``W_0`` is `choices.DEFAULT` and round 0's seed is ``seed``: round 0
+`steering_schedule.round_seed` ``(seed, k)``.  ``W_0`` is `choices.DEFAULT` and round 0's seed is ``seed``: round 0
 is the unsteered sequence's start.  Counted in *distinct* scenarios, unlike the unsteered budget (every
 Hypothesis run starts from its simplest examples, so each round's stream begins with scenarios an earlier
 round ran: counting them would spend a quarter of a round on nothing); the rounds end when ``examples``
@@ -10,7 +10,7 @@ distinct scenarios were drawn or a round's stream has nothing new.  A round's sc
 lanes of ``lane`` (a lane never spans two rounds: every example still runs after the
 same examples, whatever ``jobs`` is).  Before drawing round ``k+1``, `Rounds` waits until every scenario
 of round ``k`` has its outcome (`note`, called by the exploration as each lands, in any order), folds them
-in sequence position order (`signal.fold`) and asks `schedule.schedule` for ``W_{k+1}``: so given the seed
+in sequence position order (`signal.fold`) and asks `steering_schedule.schedule` for ``W_{k+1}``: so given the seed
 and a target whose runs reach the same units each time, the sequence does not depend on ``jobs``.
 """
 
@@ -24,7 +24,7 @@ from zerostate.model.scenario import Scenario
 
 from zerostate.explorer.choices import DEFAULT, Weights, taken
 from zerostate.explorer.generate import generated, seed_of
-from zerostate.explorer.schedule import round_seed, schedule
+from zerostate.explorer.steering_schedule import round_seed, schedule
 from zerostate.explorer.signal import Unit, fold
 
 ROUND = 50

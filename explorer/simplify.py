@@ -15,9 +15,9 @@ from collections.abc import Callable, Generator, Iterator
 
 from zerostate.findings.finding import Finding
 from zerostate.model.scenario import _EXTENDED_DEFAULTS, BackwardKind, Checkpoint, ParamKind, Precision, Scenario
-from zerostate.targets.base import Outcome
+from zerostate.targets.interface import Outcome
 
-from zerostate.explorer.events import Event
+from zerostate.explorer.exploration_events import Event
 
 RunStep = Callable[[Scenario], Generator[Event, None, Outcome]]
 """Run one scenario (memoised), yielding the events its run causes, returning its outcome."""

@@ -76,7 +76,7 @@ def no_inherited_rendezvous(monkeypatch):
 def ds(request):
     """One world-size-1 DeepSpeed target per test module: the release ``--deepspeed`` / ``--deepspeed-path``
     name, else the installed one (a module that also honours ``--world-size`` defines its own)."""
-    from zerostate.targets.base import get_target
+    from zerostate.targets.interface import get_target
     opts = {"deepspeed": request.config.getoption("--deepspeed"),
             "deepspeed_path": request.config.getoption("--deepspeed-path")}
     t = get_target("deepspeed", **{k: v for k, v in opts.items() if v})

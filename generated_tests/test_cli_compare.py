@@ -8,7 +8,7 @@ import re
 import pytest
 from test_cli_util import assert_pictures, load_report, zs
 
-import zerostate.analysis.compare  # noqa: F401  (a broken import fails, never skips)
+import zerostate.analysis.design_comparison  # noqa: F401  (a broken import fails, never skips)
 
 
 @pytest.fixture(scope="module")

@@ -26,7 +26,7 @@ from zerostate.explorer.gathered import metrics
 from zerostate.reports.diff_memory import compare
 from zerostate.model.events import Event, EventKind
 from zerostate.model.scenario import Scenario
-from zerostate.targets.base import Outcome
+from zerostate.targets.interface import Outcome
 from zerostate.findings.finding import Finding
 from zerostate.findings.evidence import Evidence, Frame, Raised
 from zerostate.known import issues as known

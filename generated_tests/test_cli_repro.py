@@ -116,11 +116,11 @@ def test_repro_embeds_the_projects_own_checks_verbatim(hook_repro):
     import zerostate.findings.agreement
     import zerostate.harness.executor
     import zerostate.findings.decide
-    import zerostate.tracing.tracer
+    import zerostate.tracing.harness_tracer
     embedded = _scripts_namespace(hook_repro.read_text())["EMBEDDED"]
     for mod in (zerostate.specs.hook_specs, zerostate.specs.coordinator_specs, zerostate.findings.agreement,
                 zerostate.harness.executor, zerostate.findings.decide,
-                zerostate.tracing.tracer):
+                zerostate.tracing.harness_tracer):
         assert embedded[mod.__name__][1] == Path(inspect.getsourcefile(mod)).read_text(), mod.__name__
     assert embedded["zerostate.specs"][0] is True  # a package: its __init__ (SPECS) is embedded too
     outside = hook_repro.read_text().split("EMBEDDED = {}")[0]

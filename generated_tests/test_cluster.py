@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from zerostate.explorer.explore import explore
+from zerostate.explorer.exploration import explore
 from zerostate.explorer.strategies import scenarios
 from zerostate.model.scenario import Scenario
-from zerostate.targets.base import get_target
+from zerostate.targets.interface import get_target
 
 ROOT = Path(__file__).resolve().parents[1]
 CORE = scenarios(setup=False)

@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from zerostate.model import get_design
-from zerostate.analysis.compare import compare
+from zerostate.analysis.design_comparison import compare
 from zerostate.model.coordinator_designs import COORDINATOR_DESIGNS
 from zerostate.model.coordinator_state import AVAILABLE, HOLD, INFLIGHT, NOT_AVAILABLE, index_for
 from zerostate.model.designs import Design

@@ -1,4 +1,4 @@
-"""The explorer the deepspeed target is driven by (explorer/explore.py), exercised on the model target.
+"""The explorer the deepspeed target is driven by (explorer/exploration.py), exercised on the model target.
 
 Fast (no DeepSpeed): determinism, shrinking, the example budget, findings handed over as they are
 final, a broken target, Ctrl-C.
@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 
 from zerostate.model.scenario import Scenario
-from zerostate.targets.base import Outcome, Target, get_target
+from zerostate.targets.interface import Outcome, Target, get_target
 from zerostate.findings.finding import Finding
-from zerostate.explorer.explore import explore, hard_cap
+from zerostate.explorer.exploration import explore, hard_cap
 from zerostate.explorer.simplify import distance_from_simplest
 from zerostate.explorer.strategies import scenarios
 
@@ -299,8 +299,8 @@ def test_polish_takes_out_the_config_optimizer_the_finding_does_not_need():
 def test_the_stream_numbers_each_key_and_hands_it_over_seen_shrunk_confirmed():
     import dataclasses
 
-    from zerostate.explorer.events import Confirmed, Progress, Seen, Shrunk, Stage
-    from zerostate.explorer.explore import Exploration
+    from zerostate.explorer.exploration_events import Confirmed, Progress, Seen, Shrunk, Stage
+    from zerostate.explorer.exploration import Exploration
     exp = Exploration(get_target("model", design="ds-0.18.5"), examples=10, strategy=CORE)
     events = list(exp.events())
     seen = [e for e in events if isinstance(e, Seen)]
@@ -317,8 +317,8 @@ def test_the_stream_numbers_each_key_and_hands_it_over_seen_shrunk_confirmed():
 
 
 def test_closing_the_stream_stops_it_at_once_with_the_findings_as_handed_over():
-    from zerostate.explorer.events import Progress, Seen
-    from zerostate.explorer.explore import Exploration
+    from zerostate.explorer.exploration_events import Progress, Seen
+    from zerostate.explorer.exploration import Exploration
     t = _Broken(10 ** 6, RuntimeError("never"))
     exp = Exploration(t, examples=60, strategy=CORE)
     stream = exp.events()
@@ -334,8 +334,8 @@ def test_closing_the_stream_stops_it_at_once_with_the_findings_as_handed_over():
 
 
 def test_a_stop_request_ends_at_the_next_run_and_confirms_what_was_seen_as_seen():
-    from zerostate.explorer.events import Progress
-    from zerostate.explorer.explore import Exploration
+    from zerostate.explorer.exploration_events import Progress
+    from zerostate.explorer.exploration import Exploration
     exp = Exploration(get_target("model", design="ds-0.18.4"), examples=60, strategy=CORE)
     for ev in exp.events():
         if isinstance(ev, Progress) and ev.findings:

@@ -24,7 +24,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 from zerostate.model.events import EventKind
 from zerostate.model.scenario import BackwardKind, MicroStep, Scenario, ScenarioError, TrainStep
-from zerostate.targets.base import TargetError, get_target
+from zerostate.targets.interface import TargetError, get_target
 from zerostate.known.issues import KNOWN_ISSUES, PINNED, explain
 from zerostate.explorer.strategies import BACKWARDS, scenarios
 

@@ -221,7 +221,7 @@ LEAF_INPUT_NO_GRAD = {
 @pytest.mark.parametrize("check", sorted(LEAF_INPUT_NO_GRAD))
 def test_zerostate_design_z3_leaf_whose_input_does_not_require_grad(check):
     from zerostate.model.scenario import Scenario
-    from zerostate.targets.base import get_target
+    from zerostate.targets.interface import get_target
     out = get_target("model", design="zerostate").run(Scenario.from_dict(LEAF_INPUT_NO_GRAD[check]))
     assert not out.findings, [f.key for f in out.findings]
 
@@ -229,7 +229,7 @@ def test_zerostate_design_z3_leaf_whose_input_does_not_require_grad(check):
 def test_zerostate_design_releases_a_z3_leaf_whose_backward_never_runs():
     """z3-leaf-kept-gathered on its own scenario: DeepSpeed's coordinator designs keep the leaf gathered
     after the backward (released-after-backward); the zerostate design releases it after its forward."""
-    from zerostate.targets.base import get_target
+    from zerostate.targets.interface import get_target
     from zerostate.known.issues import Z3_LEAF_KEPT_GATHERED
     sc = Z3_LEAF_KEPT_GATHERED.scenario
     for design in ("ds-0.19.2", "ds-0.19.3"):
@@ -261,7 +261,7 @@ def test_leaf_reduction_deferred_until_its_gradients_accumulated(name):
     zerostate design reduces the leaf's parameters after the last LEAF_GRAD it awaits, once per backward, and
     judges clean."""
     from zerostate.model.explore import run
-    from zerostate.targets.base import get_target
+    from zerostate.targets.interface import get_target
     sc = _leaf_input_no_grad_scenarios()[name]
     for design in ("ds-0.18.4", "ds-0.18.7", "ds-0.19.3"):
         keys = {f.key for f in get_target("model", design=design).run(sc).findings}

@@ -73,13 +73,13 @@ def test_designs_and_specs_implement_their_protocols():
 def test_target_kinds_register_themselves_and_base_imports_none_of_them():
     import subprocess
     import sys
-    base = ROOT / "targets" / "base.py"
+    base = ROOT / "targets" / "interface.py"
     imported = {(node.module or "").removeprefix("zerostate.targets.") for node in ast.walk(ast.parse(base.read_text()))
                 if isinstance(node, ast.ImportFrom) and
                    (node.level > 0 or (node.module or "").startswith("zerostate.targets"))}
     kinds = {m for m in imported if m.split(".")[0] in ("model_target", "deepspeed")}
-    assert not kinds, f"targets/base.py imports its kinds: {kinds}"
-    code = ("import sys, zerostate.targets.base as b; print(','.join(b.target_kinds())); "
+    assert not kinds, f"targets/interface.py imports its kinds: {kinds}"
+    code = ("import sys, zerostate.targets.interface as b; print(','.join(b.target_kinds())); "
             "print(sorted(m for m in ('torch', 'deepspeed') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split("\n")
     assert out[0].split(",") == ["model", "deepspeed"]
@@ -88,7 +88,7 @@ def test_target_kinds_register_themselves_and_base_imports_none_of_them():
 
 def test_get_target_checks_the_kind_and_its_options_before_building():
     import pytest
-    from zerostate.targets.base import TargetError, get_target
+    from zerostate.targets.interface import TargetError, get_target
     for name, kw, match in (("nope", {}, "known targets: model, deepspeed"),
                             ("model", {"deepspeed": "0.19.8"}, "apply to the deepspeed target"),
                             ("model", {"design": "nope"}, "unknown design"),

@@ -488,7 +488,7 @@ def test_autoinstall_on_unsupported_release_warns_instead_of_raising(monkeypatch
 def test_runtime_import_pulls_no_explorer_dependency():
     """`import zerostate.runtime` (and its modules) imports neither the explorer's dependencies nor torch/deepspeed."""
     code = ("import sys, zerostate.runtime, zerostate.runtime.install, zerostate.runtime.autoinstall, "
-            "zerostate.runtime.release_policy, zerostate.runtime.hook_state, zerostate.runtime.selfcheck, "
+            "zerostate.runtime.release_policy, zerostate.runtime.hook_state_manager, zerostate.runtime.selfcheck, "
             "zerostate.runtime.compat_table, zerostate.runtime.engine_support, zerostate.runtime.errors, "
             "zerostate.runtime.hook_closures, zerostate.runtime.initialize_patch, zerostate.runtime.patcher\n"
             "bad = sorted({m.split('.')[0] for m in sys.modules} & "

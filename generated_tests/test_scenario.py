@@ -320,7 +320,7 @@ EXPLORED = {
 
 
 def test_default_explore_sequence_draws_each_combination():
-    from zerostate.explorer.explore import generated
+    from zerostate.explorer.exploration import generated
     seen: set[str] = set()
     for sc in generated(scenarios(), 200, None):
         seen.update(name for name, pred in EXPLORED.items() if pred(sc))
@@ -333,7 +333,7 @@ def test_across_ranks_options_draw_more_ranks_without_changing_the_sequence():
     sequence is the same scenarios but for their world size (Hypothesis labels a strategy by its elements' hash:
     another strategy would shift it)."""
     from zerostate.explorer import strategies as S
-    from zerostate.explorer.explore import generated
+    from zerostate.explorer.exploration import generated
 
     def sequence():
         return list(generated(S.scenarios(), 200, None))

@@ -135,13 +135,13 @@ def _warm_imports() -> None:
 
 
 def _warm_llama() -> None:
-    """Build, run and drop one tiny PEFT-wrapped HF Llama (`network.build_model`, the ``llama`` family), so
+    """Build, run and drop one tiny PEFT-wrapped HF Llama (`torch_network.build_model`, the ``llama`` family), so
     the imports transformers and PEFT make lazily -- on their first model, first forward and first
     backward -- are paid at start-up and frozen with the rest: the first llama example a worker ran took
     ~1.2-2 s more than the next (measured on 0.19.8).  Without transformers or PEFT installed (the ``hf``
     extra) there is nothing to warm; the llama examples then fail on their own import."""
     from zerostate.harness.net.llama import SEQ
-    from zerostate.harness.net.network import build_model
+    from zerostate.harness.net.torch_network import build_model
     from zerostate.model.scenario import Block, Checkpoint, Family, Scenario
     try:
         model = build_model(Scenario(family=Family.LLAMA, lora=True, modules_to_save=True,

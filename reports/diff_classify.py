@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 from zerostate.explorer.confirm import REPEAT, REPEAT_SECONDS
 from zerostate.findings.finding import Finding
 from zerostate.model.scenario import Scenario
-from zerostate.targets.base import Outcome
+from zerostate.targets.interface import Outcome
 
 from zerostate.reports.diff_model import DiffEntry, OtherBuildReplay, ReplayedFinding
 from zerostate.reports.finding_entry import Labels

@@ -238,7 +238,7 @@ class Report:
 
     def write_examples(self, rows: Sequence[Mapping[str, object]]) -> None:
         """``examples.jsonl``: each generated example's outcome, one JSON object a line, in sequence order -- what
-        two runs of the same seed compare example by example (``explorer.explore.GeneratedRun``)."""
+        two runs of the same seed compare example by example (``explorer.exploration.GeneratedRun``)."""
         replace_file(os.path.join(self.dir, "examples.jsonl"), "".join(json.dumps(r) + "\n" for r in rows))
 
     def flush(self) -> None:

@@ -39,7 +39,7 @@ from typing import Any
 from zerostate.model.events import Event
 from zerostate.model.scenario import Scenario
 
-from zerostate.targets.base import Outcome, Startup, Target, TargetError
+from zerostate.targets.interface import Outcome, Startup, Target, TargetError
 
 from zerostate.findings.build import findings_of, unique_by_key
 from zerostate.findings.decide import Decision, ModelRun, decide, decide_failure
@@ -50,7 +50,8 @@ from zerostate.known.labels import labelled
 import zerostate.jit_ops as jit_ops
 from zerostate.tracing import compat
 from zerostate.harness import envs
-from zerostate.harness.process import Worker, WorkerDied, WorkerLike, WorkerTimeout, default_timeout as _default_timeout
+from zerostate.harness.worker_process import (Worker, WorkerDied, WorkerLike, WorkerTimeout,
+                                              default_timeout as _default_timeout)
 from zerostate.harness.protocol import Response, RunRequest
 
 

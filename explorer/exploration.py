@@ -2,10 +2,10 @@
 
 ::
 
-    from zerostate.targets.base import get_target
-    from zerostate.explorer.explore import Exploration
+    from zerostate.targets.interface import get_target
+    from zerostate.explorer.exploration import Exploration
     exp = Exploration(get_target("deepspeed", deepspeed="0.18.4"), examples=200)
-    for event in exp.events():      # Seen, Shrunk, Confirmed, Progress, Restarted, Renumbered (events.py)
+    for event in exp.events():      # Seen, Shrunk, Confirmed, Progress, Restarted, Renumbered (exploration_events.py)
         ...                         # exp.request_stop(): the rest as seen, confirmed; closing: stop now
     res = exp.result()              # findings, examples, seconds, first_seen, generated_at, ...
 
@@ -44,7 +44,7 @@ Hypothesis database is read or written.
 
 Steering (``steer="coverage"``, opt-in): generation runs in rounds of ``round_size`` distinct scenarios
 (`rounds`), each drawn from draw weights that the rounds before it earned by the DeepSpeed arcs and
-spec-monitor states their examples reached first (`schedule`, `signal`); a finding's search replays its
+spec-monitor states their examples reached first (`steering_schedule`, `signal`); a finding's search replays its
 round's strategy and seed.  ``shrink=False`` hands every finding over as seen after generation (benchmarks
 that compare generations).
 """
@@ -63,11 +63,11 @@ from collections.abc import Callable, Generator, Iterator
 
 from zerostate.findings.finding import Finding
 from zerostate.model.scenario import Scenario
-from zerostate.targets.base import Outcome, Target
+from zerostate.targets.interface import Outcome, Target
 
 from zerostate.explorer.confirm import Confirmation, ConfirmQueue, Job, Landed
-from zerostate.explorer.events import (Confirmed, Event, FindingEvent, Progress, Renumbered, Restarted, Seen,
-                                       Shrunk, Stage)
+from zerostate.explorer.exploration_events import (Confirmed, Event, FindingEvent, Progress, Renumbered,
+                                                  Restarted, Seen, Shrunk, Stage)
 from zerostate.explorer.generate import DEFAULT_SEED, LANE, Lanes, generated
 from zerostate.explorer.draw_pool import DrawPool
 from zerostate.explorer.first_round import FirstRound
@@ -81,7 +81,7 @@ from zerostate.explorer.workers import LaneStep, close_quietly, has_run, refresh
 
 STEERS = (None, "coverage", "flat")
 """``steer``: None (the fixed draw rates), ``coverage`` -- rounds whose draw rates follow the new DeepSpeed
-arcs and spec-monitor states each choice's examples reached (`rounds`, `schedule`) --, or ``flat``: the same
+arcs and spec-monitor states each choice's examples reached (`rounds`, `steering_schedule`) --, or ``flat``: the same
 rounds and round seeds with the fixed rates, measured alike (the control a benchmark compares steering with)."""
 
 
