@@ -17,7 +17,7 @@ from typing import Any
 
 from zerostate.cli import targets_api as api
 from zerostate.cli.cmd_explore import add_target_options, summary_tag
-from zerostate.explorer.gathered import measured
+from zerostate.explorer.gathered import gathered_metrics
 from zerostate.findings.finding import Finding
 from zerostate.known.labels import label
 from zerostate.model.scenario import Scenario, ScenarioError
@@ -119,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
                           "error": error, "finding_check": want, "finding_key": key,
                           "same_key": same_key if want else None, "sequence": len(sequence), "runs": ran,
                           "known_issue": known, "other_failing_checks": other,
-                          "gathered": measured(scenario, outcome),
+                          "gathered": gathered_metrics(scenario, outcome),
                           **({"ablations": ablated} if ablated is not None else {})}, indent=2))
     elif passed:
         what = (f"the finding's check {want} holds{ran_first}" if want else

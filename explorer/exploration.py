@@ -71,7 +71,7 @@ from zerostate.explorer.exploration_events import (Confirmed, Event, FindingEven
 from zerostate.explorer.generate import DEFAULT_SEED, LANE, Lanes, generated
 from zerostate.explorer.draw_pool import DrawPool
 from zerostate.explorer.first_round import FirstRound
-from zerostate.explorer.gathered import measured
+from zerostate.explorer.gathered import gathered_metrics
 from zerostate.explorer.pairs import ROUNDS, Completion, budget_for, complete, ended_only, pairs_of, ran_through
 from zerostate.explorer.rounds import ROUND, Rounds
 from zerostate.explorer.signal import Unit, units
@@ -82,7 +82,7 @@ from zerostate.explorer.workers import LaneStep, close_quietly, has_run, refresh
 STEERS = (None, "coverage", "flat")
 """``steer``: None (the fixed draw rates), ``coverage`` -- rounds whose draw rates follow the new DeepSpeed
 arcs and spec-monitor states each choice's examples reached (`rounds`, `steering_schedule`) --, or ``flat``: the same
-rounds and round seeds with the fixed rates, measured alike (the control a benchmark compares steering with)."""
+rounds, round seeds and coverage reads with the fixed rates (the control a benchmark compares steering with)."""
 
 
 def hard_cap(examples: int) -> int:
@@ -110,7 +110,7 @@ class _GeneratedRunBase(TypedDict):
 
 class GeneratedRun(_GeneratedRunBase, total=False):
     gathered: dict[str, int]
-    """A ZeRO-3 run that ran to its end: its gathered-parameter peak and all-gathers (`gathered.measured`)."""
+    """A ZeRO-3 run that ran to its end: its gathered-parameter peak and all-gathers (`gathered.gathered_metrics`)."""
 
 
 @dataclass
@@ -325,7 +325,7 @@ class Exploration:
             # the scenario as a scenario file holds it (keys sorted)
             row = GeneratedRun(position=pos, seconds=round(t, 2), scenario=json.loads(sc.to_json(None)),
                                findings=[{"key": f.key, "check": f.check} for f in out.findings])
-            m = measured(sc, out)
+            m = gathered_metrics(sc, out)
             if m is not None:
                 row["gathered"] = m
             rows.append(row)
@@ -459,7 +459,7 @@ class Exploration:
         return [sc for sc, o in zip(ran, outcomes, strict=True) if o is not None and not ran_through(o.checks)]
 
     def _generate_steered(self) -> Generator[Event, None, bool]:
-        """`_generate` in rounds (`rounds.Rounds`): every run measured, each outcome's units noted; whether
+        """`_generate` in rounds (`rounds.Rounds`): every run's coverage read, each outcome's units noted; whether
         ``stop`` ended generation."""
         for w in self.workers:
             w.measure_coverage(True)

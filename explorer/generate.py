@@ -30,7 +30,8 @@ LANE = 100
 each run in order in a worker started fresh for it, whatever ``jobs`` is -- so every example runs after
 the same examples, and an example whose outcome depends on what ran before it in the worker (state
 carried over) has the same outcome with one job or eight.  Each lane costs a worker start (a few
-seconds; a rank pool's at world size 2), so lanes are long: the default 200 examples are two."""
+seconds; a rank pool's at world size 2), so lanes are long: the default budget
+(`cli.cmd_explore.DEFAULT_EXAMPLES`) is two."""
 
 
 def seed_of(seed: int | None) -> int:

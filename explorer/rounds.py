@@ -28,7 +28,8 @@ from zerostate.explorer.steering_schedule import round_seed, schedule
 from zerostate.explorer.signal import Unit, fold
 
 ROUND = 50
-"""Examples per round (the default 200: four rounds)."""
+"""Examples per round: the default budget (`cli.cmd_explore.DEFAULT_EXAMPLES`) runs in four rounds, so its draw
+weights are re-cut three times."""
 
 
 def steered_strategy(weights: Weights) -> Any:

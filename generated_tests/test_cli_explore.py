@@ -292,7 +292,7 @@ def test_report_has_the_reliability_figure(buggy_run):
 
 def test_replay_json_gives_the_runs_gathered_parameter_metrics(tmp_path):
     """What the fault benchmark's ``memory`` rule measures again: a ZeRO-3 run's peak and all-gathers, the
-    metrics ``diff`` compares (`explorer.gathered.measured`); none for ZeRO-1/2."""
+    metrics ``diff`` compares (`explorer.gathered.gathered_metrics`); none for ZeRO-1/2."""
     from zerostate.explorer.gathered import metrics
     from zerostate.targets.model_target import ModelTarget
     z3, z1 = {"stage": 3, "blocks": [{}, {}]}, {"stage": 1, "blocks": [{}, {}]}
