@@ -110,3 +110,23 @@ def test_a_findings_key_is_its_check_and_code_never_its_message():
     assert Finding("oracle-error", "oracle: ValueError: x", None).key == \
         Finding("oracle-error", "oracle: KeyError: 7", None).key == "oracle-error"
     assert Finding("exception", "boom", None, origin="KeyError@runtime.x").key == "exception:KeyError@runtime.x"
+
+
+def test_the_era_table_reads_release_numbers_and_gives_each_release_one_row():
+    from itertools import pairwise
+
+    import pytest
+
+    from zerostate.model import eras
+    from zerostate.model.coordinator_designs import COORDINATOR_DESIGNS
+    from zerostate.model.hook_designs import HOOK_DESIGNS
+    assert eras.parse_release("0.19.8+cpu") == (0, 19, 8) and eras.parse_release("v0.19.3rc1") == (0, 19, 3)
+    assert eras.parse_release("1.2") == (1, 2, 0)
+    with pytest.raises(eras.UnknownRelease):
+        eras.parse_release("latest")
+    rows = eras.ERAS
+    assert all(a.end == b.first for a, b in pairwise(rows)), "contiguous, no release twice"
+    assert eras.era_of((0, 19, 8)).design == "ds-0.19.3" and eras.era_of((0, 18, 3)) is None
+    assert eras.span(rows) == "0.18.4 <= version < 0.20.0"
+    assert all(e.design in designs() and e.hook_design in HOOK_DESIGNS and e.coordinator_design in COORDINATOR_DESIGNS
+               for e in rows), "every row names designs the model has"

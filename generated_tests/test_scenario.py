@@ -419,3 +419,18 @@ def test_save_load_must_be_a_boolean(bad):
     sc = Scenario(steps=(TrainStep(), TrainStep(save_load=bad)))
     with pytest.raises(ScenarioError, match=r"steps\[1\]\.save_load"):
         sc.validate()
+
+
+def test_scenario_fields_are_plain_values_named_as_the_json_writes_them():
+    from zerostate.model.scenario_fields import BackwardKind, Checkpoint, MicroStep, ParamKind
+    assert [k.pytorch_style for k in BackwardKind] == [False, True, True]
+    assert Checkpoint("non_reentrant") is Checkpoint.NON_REENTRANT and ParamKind.FROZEN == "frozen"
+    b = Block(norm=ParamKind.FROZEN)
+    assert b.has_frozen and b.has_trainable and b.kind_of("norm") is ParamKind.FROZEN
+    assert hash(b) == hash(Block(norm=ParamKind.FROZEN))  # a value: equal blocks hash alike
+    with pytest.raises(AttributeError, match="no sub-module 'head'"):
+        b.kind_of("head")
+    sc = Scenario.from_dict({"blocks": [{"checkpoint": "reentrant"}],
+                             "steps": [{"micro": [{"backward": "torch"}]}]})
+    assert sc.blocks[0].checkpoint is Checkpoint.REENTRANT and sc.steps[0].micro == (MicroStep(BackwardKind.TORCH),)
+    assert sc.steps[0] == TrainStep(micro=(MicroStep(BackwardKind.TORCH),))
