@@ -1,4 +1,10 @@
-"""Hypothesis profiles and pytest options shared by every generated test.
+"""Hypothesis profiles, pytest options and the fixtures more than one test module uses.
+
+Where a module's tests are: a module's tests are the test files that import it (``import zerostate.x.y`` or
+``from zerostate.x import y``, at the top or inside a test).  ``python generated_tests/test_test_map.py
+[zerostate.x.y ...]`` prints that map, module -> test files, and test_test_map.py checks that every source module
+has at least one; ``pytest --co -q generated_tests/test_<name>.py`` lists a file's tests.  A fixture two test
+modules need is defined here, once; one module's own fixtures stay in it.
 
 Profiles (``HYPOTHESIS_PROFILE``; ``ci`` is the default under ``CI=true``,
 ``dev`` otherwise):
@@ -40,10 +46,11 @@ def pytest_addoption(parser):
 FAST_MODULES = frozenset({
     "test_checker", "test_coordinator_model", "test_hook_model", "test_model_core", "test_scenario",
     "test_event_kinds_and_fold", "test_cli_check", "test_cli_compare", "test_cli_errors", "test_fault_catalogue",
-    "test_one_place",
+    "test_one_place", "test_test_map", "test_cli_common", "test_atomic", "test_reports", "test_explorer",
 })
-"""The fast tier (``make test-fast``, ``-m fast``): the model, the specs, the strategies and the CLI on the model
-target, whole modules but their ``slow`` tests; the one real-DeepSpeed smoke is marked ``fast`` where it stands."""
+"""The fast tier (``make test-fast``, ``-m fast``): the model, the specs, the strategies, the explorer's and the
+reports' parts and the CLI on the model target, and the test map, whole modules but their ``slow`` tests; the one
+real-DeepSpeed smoke is marked ``fast`` where it stands."""
 
 
 def pytest_collection_modifyitems(config, items):
