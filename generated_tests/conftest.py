@@ -81,11 +81,25 @@ def no_inherited_rendezvous(monkeypatch):
 
 @pytest.fixture(scope="module")
 def ds(request):
-    """One world-size-1 DeepSpeed target per test module: the release ``--deepspeed`` / ``--deepspeed-path``
-    name, else the installed one (a module that also honours ``--world-size`` defines its own)."""
+    """One DeepSpeed target per test module: the release ``--deepspeed`` / ``--deepspeed-path`` name, else the
+    installed one; at world size 1, or at ``--world-size`` in a module that sets ``DS_HONOURS_WORLD_SIZE = True``
+    (its tests hold at any world size).  Module scope: starting a worker costs seconds, and ``make test`` runs a
+    module whole on one pytest-xdist worker (``--dist loadfile``), so its tests share the target in order."""
     from zerostate.targets.interface import get_target
     opts = {"deepspeed": request.config.getoption("--deepspeed"),
             "deepspeed_path": request.config.getoption("--deepspeed-path")}
+    if getattr(request.module, "DS_HONOURS_WORLD_SIZE", False):
+        opts["world_size"] = request.config.getoption("--world-size")
     t = get_target("deepspeed", **{k: v for k, v in opts.items() if v})
     yield t
     t.close()
+
+
+@pytest.fixture(scope="module")
+def single_rank_process_group():
+    """torch.distributed initialised in this pytest process, one rank on gloo (`runtime.selfcheck._setup_dist`),
+    for the modules that build DeepSpeed engines in-process (test_runtime_install, test_runtime_leaf_deferral).
+    Module scope, as DeepSpeed initialises its process group once per process; it is never torn down (DeepSpeed
+    keeps using it)."""
+    from zerostate.runtime import selfcheck
+    selfcheck._setup_dist()

@@ -31,14 +31,8 @@ from zerostate.explorer.strategies import BACKWARDS, scenarios
 pytestmark = pytest.mark.deepspeed
 
 
-@pytest.fixture(scope="module")
-def ds(request):
-    opts = {"deepspeed": request.config.getoption("--deepspeed"),
-            "deepspeed_path": request.config.getoption("--deepspeed-path"),
-            "world_size": request.config.getoption("--world-size")}
-    t = get_target("deepspeed", **{k: v for k, v in opts.items() if v})
-    yield t
-    t.close()
+DS_HONOURS_WORLD_SIZE = True
+"""conftest's ``ds`` runs at ``--world-size``: these tests hold at any world size."""
 
 
 def _unexplained(outcome):

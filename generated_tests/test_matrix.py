@@ -31,15 +31,15 @@ def _zerostate(*argv: str, cwd: Path | None = None) -> subprocess.CompletedProce
 
 
 @pytest.fixture(scope="module")
-def matrix(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess[str], Path]:
+def design_matrix(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess[str], Path]:
     out = tmp_path_factory.mktemp("matrix")
     p = _zerostate("explore", "--target", "model", "--design", ",".join(COLUMNS), "--examples", "10",
                    "--out", str(out))
     return p, out
 
 
-def test_one_report_has_a_cell_per_finding_and_column(matrix):
-    p, out = matrix
+def test_one_report_has_a_cell_per_finding_and_column(design_matrix):
+    p, out = design_matrix
     assert p.returncode == 1, p.stdout + p.stderr  # findings
     report = json.loads((out / "report.json").read_text())
     assert report["releases"] == list(COLUMNS) and report["status"] == "complete"
@@ -59,10 +59,10 @@ def test_one_report_has_a_cell_per_finding_and_column(matrix):
     assert len(table) == 2 + len(rows)
 
 
-def test_every_cell_has_a_replay_command_that_agrees_with_it(matrix):
+def test_every_cell_has_a_replay_command_that_agrees_with_it(design_matrix):
     """A present cell's command replays a failure (exit 1), an absent cell's a pass (exit 0), run as written
     from the report's folder."""
-    _, out = matrix
+    _, out = design_matrix
     rows = json.loads((out / "report.json").read_text())["findings"]
     row = rows[0]
     ran = {}

@@ -16,7 +16,7 @@ from itertools import pairwise
 
 import pytest
 
-pytestmark = pytest.mark.deepspeed
+pytestmark = [pytest.mark.deepspeed, pytest.mark.usefixtures("single_rank_process_group")]
 
 torch = pytest.importorskip("torch")
 deepspeed = pytest.importorskip("deepspeed")
@@ -27,12 +27,6 @@ from zerostate.runtime import (UnsupportedDeepSpeedError, UnsupportedEngineError
 from zerostate.runtime import selfcheck  # noqa: E402
 from zerostate.runtime.compat_table import COMPAT, compat_row, parse_version  # noqa: E402
 from zerostate.runtime.release_policy import HOLD_ID  # noqa: E402
-
-
-@pytest.fixture(scope="module", autouse=True)
-def dist():
-    selfcheck._setup_dist()
-    yield
 
 
 def _engine(stage: int, frozen: bool = False):
