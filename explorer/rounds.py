@@ -59,7 +59,7 @@ class Rounds:
         self.new_units: list[int] = []
         """Per round folded: the units its examples reached first."""
         self._units: dict[Scenario, frozenset[Unit]] = {}
-        self._landed = threading.Condition()
+        self._outcome_noted = threading.Condition()  # notified by `note`; `_wait_and_fold` waits on it
 
     def strategy(self, k: int) -> Any:
         return self.strategy_of(self.weights[k])
@@ -69,9 +69,9 @@ class Rounds:
 
     def note(self, sc: Scenario, units: frozenset[Unit]) -> None:
         """A generated scenario's outcome landed (any thread, any order)."""
-        with self._landed:
+        with self._outcome_noted:
             self._units[sc] = units
-            self._landed.notify_all()
+            self._outcome_noted.notify_all()
 
     def __iter__(self) -> Iterator[list[Scenario]]:
         k = 0
@@ -110,11 +110,11 @@ class Rounds:
     def _wait_and_fold(self, k: int) -> list[Any] | None:
         """Round ``k``'s examples folded in position order, once all have landed (None: stopped first)."""
         mine = sorted((sc for sc, at in self.round_at.items() if at == k), key=self.position.__getitem__)
-        with self._landed:
+        with self._outcome_noted:
             while not all(sc in self._units for sc in mine):
                 if self.stop.is_set():
                     return None
-                self._landed.wait(0.2)
+                self._outcome_noted.wait(0.2)
             ordered = [(sc, self._units[sc]) for sc in mine]
         folded = fold(((taken(sc), units) for sc, units in ordered), self.union)
         self.new_units.append(sum(f.new for f in folded))
