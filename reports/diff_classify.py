@@ -5,9 +5,9 @@ scenario, when it made one), then -- when that run does not show it -- with conf
 reproduced": its order-dependent ``sequence`` first, in a fresh worker, then `confirm.REPEAT` runs of the
 scenario alone in one fresh worker (fewer when they take over `confirm.REPEAT_SECONDS`).  A base finding is
 **fixed** only when none of those runs shows it on head: exactly when the explorer would call it not
-reproduced there.  The race the project measured (0.19.2's ZeRO-3 persistent-parameter race at world size 2)
-shows in 2-5 % of runs, so 100 runs all miss it with probability 0.95^100 = 0.6 % at 5 % and 0.98^100 = 13 %
-at 2 %; the entry says how many runs were made, so a reader can weigh it.  A finding that shows in some of
+reproduced there.  A race can show in a few runs in a hundred, so even that many runs can all miss it (the
+odds for the race the project knows: docs/world-size-2.md, "What a diff's replays can miss"); the entry says
+how many runs were made, so a reader can weigh it.  A finding that shows in some of
 those runs but not in the first is **intermittent** on the other build: neither fixed nor unchanged.
 
 The same finding on two builds is `same_bug`: the same mechanism, as each finding's own run shows it (the
@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 from zerostate.explorer.confirm import REPEAT, REPEAT_SECONDS
 from zerostate.findings.finding import Finding
 from zerostate.model.scenario import Scenario
-from zerostate.targets.base import Outcome
+from zerostate.targets.interface import Outcome
 
 from zerostate.reports.diff_model import DiffEntry, OtherBuildReplay, ReplayedFinding
 from zerostate.reports.finding_entry import Labels
