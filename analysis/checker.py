@@ -31,7 +31,7 @@ from zerostate.model.designs import Design, get_design
 from zerostate.model.driver import CoordinatorMode
 from zerostate.model.events import Event
 from zerostate.model.explore import StateGraph, state_graph
-from zerostate.model.monitor import Violation
+from zerostate.model.failure import Violation
 from zerostate.model.network import Network
 from zerostate.model.scenario import BackwardKind, Block, Checkpoint, MicroStep, ParamKind, Scenario, TrainStep
 from zerostate.specs import SPECS, Spec, specs_for

@@ -174,9 +174,9 @@ def overhead(n: int) -> dict[str, Any]:
     alternately (each scenario on one, then on the other) so that a change of machine load hits both alike."""
     import tempfile
 
-    from zerostate.explorer.explore import generated
+    from zerostate.explorer.exploration import generated
     from zerostate.explorer.strategies import scenarios
-    from zerostate.targets.base import get_target
+    from zerostate.targets.interface import get_target
     chosen = [sc for sc in dict.fromkeys(generated(scenarios(), 4 * n, None)) if sc.world_size == 1][:n]
     plain = get_target("deepspeed")
     os.environ["ZEROSTATE_COVERAGE"] = tempfile.mkdtemp(prefix="zerostate-cov-overhead-")
@@ -207,9 +207,9 @@ def _generation(steer: str | None, examples: int, seed: int | None, round_size: 
     sequence order, its arcs per file, and the run's findings, schedules and seconds."""
     import contextlib
 
-    from zerostate.explorer.explore import Exploration
+    from zerostate.explorer.exploration import Exploration
     from zerostate.harness.coverage_probe import arc_of
-    from zerostate.targets.base import get_target
+    from zerostate.targets.interface import get_target
     target = get_target("deepspeed")
     try:
         if steer is None:

@@ -17,7 +17,7 @@ Two measurements, both on CPU (gloo, world size 1, ``OMP_NUM_THREADS=1``):
   The default strategy draws the training-setup dimensions too (bf16, offload, parameter groups, the HF
   Llama family ...); the fp16 draws (about one in four) run on DeepSpeed's CPU accelerator too
   (`fp16.allow_fp16_on_cpu`), so every drawn example is a trained one.
-* **time to each seed bug** -- ``zerostate.explorer.explore.explore`` from scratch (no
+* **time to each seed bug** -- ``zerostate.explorer.exploration.explore`` from scratch (no
   Hypothesis database; the ci profile's derandomized sequence) with ``--examples`` per
   search, per release, stopping once the seed's finding is final: seconds from the start of
   exploring (target start-up reported separately) until it is first handed over (unshrunk, the
@@ -61,7 +61,7 @@ def throughput_jobs(n: int, jobs: int) -> dict:
     """``n`` scenarios of the explorer's own generated sequence, in its lanes, on ``jobs`` workers."""
     import threading
 
-    from zerostate.targets.base import get_target
+    from zerostate.targets.interface import get_target
     from zerostate.explorer.generate import LANE, generated
     from zerostate.explorer.workers import run_lanes
     from zerostate.explorer.strategies import scenarios
@@ -89,7 +89,7 @@ def throughput_jobs(n: int, jobs: int) -> dict:
 def throughput(n: int) -> dict:
     from hypothesis import HealthCheck, Phase, given, settings
 
-    from zerostate.targets.base import get_target
+    from zerostate.targets.interface import get_target
     from zerostate.explorer.strategies import scenarios
     t0 = time.perf_counter()
     target = get_target("deepspeed")
@@ -119,9 +119,9 @@ def throughput(n: int) -> dict:
 
 
 def time_to_seed(version: str, examples: int) -> dict:
-    from zerostate.targets.base import get_target
+    from zerostate.targets.interface import get_target
     from zerostate.known.issues import SEED_BUGS
-    from zerostate.explorer.explore import explore
+    from zerostate.explorer.exploration import explore
     seed, is_seed = SEED_BUGS[version]
     t0 = time.perf_counter()
     target = get_target("deepspeed", deepspeed=version)

@@ -3,12 +3,12 @@
     python benchmarks/bench_lanes.py [--kind deepspeed|model] [--examples 12] [--lane 3] [--jobs 2]
         [--probes 5] [--json zerostate-bench/lanes.json]
 
-One exploration (`explorer.explore.explore`, the derandomized core strategy ``scenarios(setup=False)``: world
+One exploration (`explorer.exploration.explore`, the derandomized core strategy ``scenarios(setup=False)``: world
 size 1 only, no shrinking cost from the setup dimensions' findings; confirmation and polish off, so the time is
 the lanes') of ``--examples`` examples cut into lanes of ``--lane`` distinct scenarios, each lane in a freshly
 started worker:
 
-* **local** -- ``--jobs`` local workers (`targets.base.get_target`);
+* **local** -- ``--jobs`` local workers (`targets.interface.get_target`);
 * **cluster** -- ``--jobs`` workers on a local two-node Ray cluster (`cluster.local.LocalCluster`: two node
   processes on this machine, 2 CPUs declared each; `cluster.session.ClusterSession`, a gang of 1 CPU per
   worker), the cluster's own start-up timed apart and not counted.
@@ -57,7 +57,7 @@ def lanes_of(strategy: Any, examples: int, lane: int) -> int:
 
 
 def _explore(first: Any, spawn: Any, args: argparse.Namespace, strategy: Any) -> dict[str, Any]:
-    from zerostate.explorer.explore import explore
+    from zerostate.explorer.exploration import explore
     t0 = time.perf_counter()
     res = explore(first, examples=args.examples, seed=None, strategy=strategy, jobs=args.jobs, spawn=spawn,
                   lane=args.lane, confirm=False, polish=False)
@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     from zerostate.cluster.local import LocalCluster
     from zerostate.cluster.session import ClusterSession
     from zerostate.explorer.strategies import scenarios
-    from zerostate.targets.base import get_target
+    from zerostate.targets.interface import get_target
 
     strategy = scenarios(setup=False)
     opts = _options(args.kind)

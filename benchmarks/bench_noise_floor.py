@@ -26,7 +26,7 @@ from zerostate.explorer.generate import generated
 from zerostate.explorer.strategies import scenarios
 from zerostate.findings.oracle_judgement import ulp
 from zerostate.findings.tolerance import ULPS, UPDATE_RTOL
-from zerostate.targets.base import get_target
+from zerostate.targets.interface import get_target
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -40,7 +40,7 @@ def is_seed_002(f) -> bool:
 def throughput(world_size: int, n: int) -> dict:
     from hypothesis import HealthCheck, Phase, given, settings
 
-    from zerostate.targets.base import get_target
+    from zerostate.targets.interface import get_target
     from zerostate.explorer.strategies import scenarios
     t0 = time.perf_counter()
     target = get_target("deepspeed", world_size=world_size)
@@ -71,8 +71,8 @@ def throughput(world_size: int, n: int) -> dict:
 
 
 def time_to_seed(world_size: int, version: str, examples: int, stages: tuple[int, ...] | None = None) -> dict:
-    from zerostate.targets.base import get_target
-    from zerostate.explorer.explore import explore
+    from zerostate.targets.interface import get_target
+    from zerostate.explorer.exploration import explore
     from zerostate.explorer.strategies import scenarios
     t0 = time.perf_counter()
     target = get_target("deepspeed", deepspeed=version, world_size=world_size)

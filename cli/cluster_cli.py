@@ -12,7 +12,7 @@ import argparse
 import sys
 from typing import Any, TextIO
 
-from zerostate.targets.base import Target, TargetError
+from zerostate.targets.interface import Target, TargetError
 
 from zerostate.cli.common import CliError, design
 
@@ -117,7 +117,7 @@ def open_cluster(args: argparse.Namespace) -> ClusterRun | None:
 
 
 def target_options(args: argparse.Namespace) -> dict[str, Any]:
-    """The deepspeed target's options from the command line, as `targets.base.get_target` takes them."""
+    """The deepspeed target's options from the command line, as `targets.interface.get_target` takes them."""
     opts = {"deepspeed": args.deepspeed, "deepspeed_path": args.deepspeed_path, "design": args.design,
             "world_size": args.world_size}
     return {k: v for k, v in opts.items() if v is not None}

@@ -7,7 +7,7 @@ import json
 import sys
 from typing import Any
 
-from zerostate.reports import model_counterexample as cex
+from zerostate.reports import model_counterexample
 from zerostate.cli.common import DEFAULT_OUT, EXIT_FINDINGS, EXIT_OK, CliError, design, need, positive_int
 
 
@@ -53,9 +53,9 @@ def run(args: argparse.Namespace) -> int:
             judged = sid in d.judged
             report.set_result(sid, name, "holds" if d.holds(sid) else "violated" if judged else "violated (not judged)")
             if not d.holds(sid) and judged:
-                f = cex.finding(d.violations[sid], *d.counterexamples[sid])
+                f = model_counterexample.finding(d.violations[sid], *d.counterexamples[sid])
                 report.add_finding(f, column=name, replay_args=f" --target model --design {name}",
-                                   **cex.shown(name, f))
+                                   **model_counterexample.shown(name, f))
     summary = result.to_json()
     report.finish("complete", summary, text=table(result))
     if args.json:

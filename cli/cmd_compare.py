@@ -1,4 +1,4 @@
-"""``zerostate compare A B``: two designs over the same scenarios, side by side (analysis/compare.py).
+"""``zerostate compare A B``: two designs over the same scenarios, side by side (analysis/design_comparison.py).
 
 Prints `Comparison.to_text()` (or ``--json``: `Comparison.to_json()`), and writes a report
 whose spec table has one column per design and a finding (trace picture, state graph,
@@ -12,7 +12,7 @@ import json
 import sys
 from typing import Any
 
-from zerostate.reports import model_counterexample as cex
+from zerostate.reports import model_counterexample
 from zerostate.cli.common import DEFAULT_OUT, EXIT_OK, design, need, positive_int
 
 
@@ -30,7 +30,7 @@ def add_parser(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     design(args.design_a)
     design(args.design_b)
-    mod = need("zerostate.analysis.compare", "zerostate compare")
+    mod = need("zerostate.analysis.design_comparison", "zerostate compare")
     from zerostate.specs import SPECS
 
     from zerostate.reports.report_folder import Report
@@ -49,9 +49,9 @@ def run(args: argparse.Namespace) -> int:
             first = result.first_violation(name, sid)
             if first is not None:
                 sc, v, events = first
-                f = cex.finding(v, sc, events)
+                f = model_counterexample.finding(v, sc, events)
                 report.add_finding(f, column=name, replay_args=f" --target model --design {name}",
-                                   **cex.shown(name, f))
+                                   **model_counterexample.shown(name, f))
     report.finish("complete", data, text=result.to_text())
     if args.json:
         print(json.dumps(data, indent=2))

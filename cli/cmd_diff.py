@@ -38,11 +38,11 @@ from types import SimpleNamespace
 from typing import Any
 from collections.abc import Callable, Sequence
 
-from zerostate.explorer.events import Progress
+from zerostate.explorer.exploration_events import Progress
 from zerostate.explorer.workers import refresh
 from zerostate.findings.finding import Finding
 from zerostate.model.scenario import Scenario
-from zerostate.targets.base import Outcome, Target
+from zerostate.targets.interface import Outcome, Target
 
 from zerostate.cli import targets_api as api
 from zerostate.cli.common import EXIT_FINDINGS, EXIT_INTERRUPTED, EXIT_OK, CliError, check_world_size, load_scenario, \
@@ -85,10 +85,10 @@ def add_parser(sub: Any) -> None:
 
 
 class Recorder(Target):
-    """A build under diff: a target whose runs are memoised by scenario and whose finished ZeRO-3 runs are
-    measured; `repeat` makes fresh, unmemoised runs (a finding's replays before it is called fixed).  To the
-    exploration it is a target never started afresh (``can_refresh`` False): a memoised run would not run again
-    in a fresh worker; `repeat` starts the build's own target afresh."""
+    """A build under diff: a target whose runs are memoised by scenario, with the gathered-parameter metrics of
+    its finished ZeRO-3 runs; `repeat` makes fresh, unmemoised runs (a finding's replays before it is called
+    fixed).  To the exploration it is a target never started afresh (``can_refresh`` False): a memoised run
+    would not run again in a fresh worker; `repeat` starts the build's own target afresh."""
 
     def __init__(self, target: Target):
         self.target = target
@@ -96,16 +96,16 @@ class Recorder(Target):
         self.version = target.version
         self.design = target.design
         self.outcomes: dict[Scenario, Outcome] = {}
-        self.measured: dict[Scenario, dict[str, int]] = {}
+        self.gathered: dict[Scenario, dict[str, int]] = {}  # finished ZeRO-3 runs' metrics
 
     def run(self, sc: Scenario) -> Outcome:
-        from zerostate.explorer.gathered import measured
+        from zerostate.explorer.gathered import gathered_metrics
         if sc not in self.outcomes:
             out = api.run_scenario(self.target, sc)
             self.outcomes[sc] = out
-            m = measured(sc, out)
+            m = gathered_metrics(sc, out)
             if m is not None:
-                self.measured[sc] = m
+                self.gathered[sc] = m
         return self.outcomes[sc]
 
     def repeat(self, sc: Scenario, shows: Callable[[Outcome], bool], before: Sequence[Scenario], runs: int,
@@ -183,7 +183,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         base.close()
         head.close()
-    pairs = [(sc, m, head.measured[sc]) for sc, m in base.measured.items() if sc in head.measured]
+    pairs = [(sc, m, head.gathered[sc]) for sc, m in base.gathered.items() if sc in head.gathered]
     memory = compare(pairs, args.memory_tolerance)
     counts = {s: sum(e.status == s for e in entries) for s in STATUSES}
     regress = bool(memory.regressions)

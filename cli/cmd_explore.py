@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from collections.abc import Callable, Iterator
 
-from zerostate.explorer.events import Confirmed, FindingEvent, Progress, Renumbered, Restarted, Seen
+from zerostate.explorer.exploration_events import Confirmed, FindingEvent, Progress, Renumbered, Restarted, Seen
 from zerostate.findings.finding import Finding
-from zerostate.targets.base import Target, TargetError
+from zerostate.targets.interface import Target, TargetError
 
 from zerostate.cli import cluster_cli, targets_api as api
 from zerostate.reports.run_report import NOT_EXERCISED
@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 
 DEFAULT_EXAMPLES = 200
 STEERS = ("coverage",)
-"""``--steer``'s choices (`explorer.explore.STEERS` less the default; that module imports Hypothesis)."""
+"""``--steer``'s choices (`explorer.exploration.STEERS` less the default; that module imports Hypothesis)."""
 DEFAULT_TIME_BUDGET = 0.0
 """No time budget by default: a run cut by the clock stops at a clock-dependent example."""
 
@@ -116,9 +116,9 @@ def run(args: argparse.Namespace) -> int:
         jobs = cluster.jobs(args.jobs)
     elif args.target == "model":
         jobs = 1  # a pure function in this process: workers would only share its one interpreter
-    who = api.describe_target(target)
-    shown_as = _Column(column_of(args, who), who)
-    report = Report(args.out, "explore", {**who, "examples": args.examples, "seed": args.seed,
+    target_info = api.describe_target(target)
+    shown_as = _Column(column_of(args, target_info), target_info)
+    report = Report(args.out, "explore", {**target_info, "examples": args.examples, "seed": args.seed,
                                           "time_budget": args.time_budget or None, "jobs": jobs,
                                           **({"steer": args.steer} if args.steer else {}),
                                           "command_line": "zerostate " + " ".join(sys.argv[1:]),
@@ -160,11 +160,11 @@ def run(args: argparse.Namespace) -> int:
             if report.model.specs[sid].results[shown_as.column] == "not checked" and status == "complete":
                 report.set_result(sid, shown_as.column, "ok" if sid in res.exercised else NOT_EXERCISED)
         findings = [e.summary_line() for e in report.model.findings]
-        summary = {"target": who["target"], "deepspeed": who["deepspeed"], "examples": res.examples or
-                   args.examples, "skipped": res.skipped,
+        summary = {"target": target_info["target"], "deepspeed": target_info["deepspeed"],
+                   "examples": res.examples or args.examples, "skipped": res.skipped,
                    "not_exercised": sorted(sid for sid in SPECS if sid not in res.exercised),
-                   "seconds": round(budget.elapsed(), 2), "findings": findings,
-                   "reliability": _reliability(report), "startup": api.startup(target)}
+                   "seconds": round(budget.elapsed(), 2), "findings": findings, "reliability": _reliability(report),
+                   "startup": api.startup(target)}
         if report.model.harness_errors is not None:
             summary["harness_errors"] = [h.to_json() for h in report.model.harness_errors]
         if res.pairs is not None:
@@ -185,10 +185,10 @@ def run(args: argparse.Namespace) -> int:
 
 @dataclass(frozen=True)
 class _Column:
-    """Where a finding goes in the report: its column and who produced it."""
+    """Where a finding goes in the report: its column and the target that produced it."""
 
     column: str
-    who: dict[str, Any]
+    target_info: dict[str, Any]
 
 
 @dataclass
@@ -398,13 +398,14 @@ def _write(report: Report, ev: FindingEvent, shown_as: _Column, append: bool = F
     report.add_finding(f, column=shown_as.column, replace=None if new else ev.n, with_confirmation=ev.past_hand_over,
                        shrunk=f.shrunk, stage=None if f.shrunk else ev.stage.value,
                        labels=_labels(f),  # known issue and root-cause group (known/labels.py)
-                       **shown(f, shown_as.who))
+                       **shown(f, shown_as.target_info))
 
 
-def shown(f: Finding, who: dict[str, Any]) -> dict[str, Any]:
-    """How the report shows a target's finding (`report.Shown`'s fields): who produced it, its repro script."""
-    return {"design": who["design"] if who["target"] == "model" else None,
-            "where": None if who["target"] == "model" else f"DeepSpeed {who['deepspeed']}",
+def shown(f: Finding, target_info: dict[str, Any]) -> dict[str, Any]:
+    """How the report shows a target's finding (`report.Shown`'s fields): the target that produced it, its repro
+    script."""
+    return {"design": target_info["design"] if target_info["target"] == "model" else None,
+            "where": None if target_info["target"] == "model" else f"DeepSpeed {target_info['deepspeed']}",
             "repro": repro_for(f.scenario, f.check, f.error, f)}
 
 
@@ -419,8 +420,10 @@ def _labels(f: Finding) -> Labels | None:
     return Labels.of(annotate(f))
 
 
-def column_of(args: argparse.Namespace, who: dict[str, Any]) -> str:
-    return f"model:{who['design']}" if args.target == "model" else f"deepspeed {who['deepspeed'] or ''}".strip()
+def column_of(args: argparse.Namespace, target_info: dict[str, Any]) -> str:
+    if args.target == "model":
+        return f"model:{target_info['design']}"
+    return f"deepspeed {target_info['deepspeed'] or ''}".strip()
 
 
 def _replay_args(args: argparse.Namespace) -> str:

@@ -17,7 +17,7 @@ from typing import Any
 
 from zerostate.cli import targets_api as api
 from zerostate.cli.cmd_explore import add_target_options, summary_tag
-from zerostate.explorer.gathered import measured
+from zerostate.explorer.gathered import gathered_metrics
 from zerostate.findings.finding import Finding
 from zerostate.known.labels import label
 from zerostate.model.scenario import Scenario, ScenarioError
@@ -81,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
     if args.target == "model" and args.design:
         design(args.design)
     target = api.target(args)
-    who = api.describe_target(target)
+    target_info = api.describe_target(target)
     try:
         for sc in sequence:  # an order-dependent finding: what ran before it, in this fresh worker
             api.run_scenario(target, sc)
@@ -107,18 +107,19 @@ def run(args: argparse.Namespace) -> int:
     known = label(this[0]) if this else None  # by the replay's own evidence, as explore labels its findings
     ablated = _ablate(args, scenario) if args.ablate else None
     if args.out:
-        _report(args, who, outcome)
-    where = f"model design {who['design']}" if args.target == "model" else f"DeepSpeed {who['deepspeed']}"
+        _report(args, target_info, outcome)
+    where = (f"model design {target_info['design']}" if args.target == "model"
+             else f"DeepSpeed {target_info['deepspeed']}")
     other = [{"check": f.check, "error": _first(f.error)} for f in others]
     ran_first = f" (after the {len(sequence)} example(s) of its sequence)" if sequence else ""
     if repeat > 1:
         ran_first += f" (run {ran} of up to {repeat})"
     if args.json:
-        print(json.dumps({**who, "scenario": scenario.to_dict(), "passed": passed, "check": check,
+        print(json.dumps({**target_info, "scenario": scenario.to_dict(), "passed": passed, "check": check,
                           "error": error, "finding_check": want, "finding_key": key,
                           "same_key": same_key if want else None, "sequence": len(sequence), "runs": ran,
                           "known_issue": known, "other_failing_checks": other,
-                          "gathered": measured(scenario, outcome),
+                          "gathered": gathered_metrics(scenario, outcome),
                           **({"ablations": ablated} if ablated is not None else {})}, indent=2))
     elif passed:
         what = (f"the finding's check {want} holds{ran_first}" if want else
@@ -180,17 +181,17 @@ def _print_ablations(rows: list[dict[str, Any]]) -> None:
         print(f"  {r['change']}: {found}")
 
 
-def _report(args: argparse.Namespace, who: dict[str, Any], outcome: Any) -> None:
+def _report(args: argparse.Namespace, target_info: dict[str, Any], outcome: Any) -> None:
     from zerostate.specs import SPECS
 
     from zerostate.cli.cmd_explore import _replay_args, column_of, shown
     from zerostate.reports.report_folder import Report
 
-    column = column_of(args, who)
-    report = Report(args.out, "replay", {**who, "command_line": "zerostate " + " ".join(sys.argv[1:])},
+    column = column_of(args, target_info)
+    report = Report(args.out, "replay", {**target_info, "command_line": "zerostate " + " ".join(sys.argv[1:])},
                     columns=[column], specs=SPECS, replay_args=_replay_args(args))
     for f in api.findings(outcome):
-        report.add_finding(f, column=column, **shown(f, who))
+        report.add_finding(f, column=column, **shown(f, target_info))
     for sid in SPECS:
         if report.model.specs[sid].results[column] == "not checked":
             report.set_result(sid, column, "ok")

@@ -17,7 +17,7 @@ from zerostate import __version__
 
 from zerostate.cli import cmd_bisect, cmd_check, cmd_compare, cmd_diff, cmd_explore, cmd_replay, cmd_watch
 from zerostate.cli.common import EXIT_INTERRUPTED, EXIT_USAGE, CliError
-from zerostate.targets.base import TargetError
+from zerostate.targets.interface import TargetError
 
 COMMANDS = (cmd_explore, cmd_check, cmd_compare, cmd_replay, cmd_bisect, cmd_diff, cmd_watch)
 

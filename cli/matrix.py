@@ -32,7 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from zerostate.targets.base import Target
+from zerostate.targets.interface import Target
 
 from zerostate.reports.matrix_cells import first_line, replay_cells, rows_of
 from zerostate.reports.matrix_model import NOT_EXPLORED, Column, ColumnExploration, MatrixReport, MatrixRow, MatrixRun
@@ -171,7 +171,7 @@ def run(args: argparse.Namespace, cols: list[Column]) -> int:
 
 
 def _local_target(col: Column, world_size: int) -> Target:
-    from zerostate.targets.base import get_target
+    from zerostate.targets.interface import get_target
     return get_target(col.target, **col.options(world_size))
 
 

@@ -1,7 +1,7 @@
-"""The one place the CLI meets the targets package and the explorer (targets/base.py, explorer/explore.py).
+"""The one place the CLI meets the targets package and the explorer (targets/interface.py, explorer/exploration.py).
 
 The CLI builds, describes, runs and closes targets through here (options checked, errors as `CliError`),
-and reads the one typed shape the targets produce -- `Finding` and `Outcome` (targets/base.py) -- by
+and reads the one typed shape the targets produce -- `Finding` and `Outcome` (targets/interface.py) -- by
 their fields, with no fallbacks.
 """
 
@@ -11,11 +11,11 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from zerostate.model.scenario import Scenario
-from zerostate.targets.base import Outcome, Startup, Target, TargetError, get_target
+from zerostate.targets.interface import Outcome, Startup, Target, TargetError, get_target
 from zerostate.findings.finding import Finding
 
 if TYPE_CHECKING:
-    from zerostate.explorer.explore import Exploration
+    from zerostate.explorer.exploration import Exploration
 
 from zerostate.cli.common import CliError, need
 
@@ -73,7 +73,7 @@ def describe_target(t: Target) -> dict[str, Any]:
 def exploration(t: Target, examples: int, seed: int | None, **options: Any) -> Exploration:
     """An exploration of ``t`` to iterate (`Exploration.events`); ``options``: its other keywords (``jobs``,
     ``spawn``, ``first``, ``confirm``)."""
-    mod = need("zerostate.explorer.explore", "zerostate explore")
+    mod = need("zerostate.explorer.exploration", "zerostate explore")
     exp: Exploration = mod.Exploration(t, examples=examples, seed=seed, **options)
     return exp
 

@@ -13,11 +13,11 @@ import socket
 from typing import Any, TypedDict
 
 from zerostate.model.scenario import Scenario
-from zerostate.targets.base import Outcome, Target, TargetError, get_target
+from zerostate.targets.interface import Outcome, Target, TargetError, get_target
 
 
 class TargetSpec(TypedDict):
-    """Which target a host builds: ``kind`` and ``options`` as `targets.base.get_target` takes them."""
+    """Which target a host builds: ``kind`` and ``options`` as `targets.interface.get_target` takes them."""
 
     kind: str
     options: dict[str, Any]

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from zerostate.model.designs import Design, get_design
 from zerostate.model.scenario import Scenario
-from zerostate.targets.base import Outcome, Target, TargetError
+from zerostate.targets.interface import Outcome, Target, TargetError
 
 from zerostate.cluster.host import HostReady, RunReply
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from zerostate.model.scenario import Precision, Scenario, ScenarioError
 
-from zerostate.explorer.polish import setup_candidates
+from zerostate.explorer.simplify import setup_simplifications
 
 
 def _steps(sc: Scenario, **plain: Any) -> Scenario:
@@ -54,7 +54,7 @@ def ablations(sc: Scenario) -> Iterator[tuple[str, Scenario]]:
         out.append(("without the fused head", sc.with_(fused_head=False)))
     if not sc.input_requires_grad:
         out.append(("with an input that requires grad", sc.with_(input_requires_grad=True)))
-    for cand in setup_candidates(sc, Scenario()):
+    for cand in setup_simplifications(sc, Scenario()):
         if cand.steps == sc.steps and cand.blocks == sc.blocks:
             out.append((f"with {_changed(sc, cand)}", cand))
     if sc.precision is Precision.FP16 and sc.loss_scale_power != 8:

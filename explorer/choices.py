@@ -7,7 +7,7 @@ alternatives' draw order (the first alternative is the one Hypothesis shrinks to
 strategy's own draw unchanged -- so the default sequence is the one without steering, draw for draw --,
 otherwise a ``sampled_from`` of the alternatives repeated by their weights (same order: shrinking goes
 the same way).  `taken` reads back from a finished scenario which alternatives it took: what the
-scheduler credits (`schedule`); a draw that a scenario cannot show (offload at stage 0, an option that did
+scheduler credits (`steering_schedule`); a draw that a scenario cannot show (offload at stage 0, an option that did
 not apply) credits nothing.
 
 Pure: no Hypothesis import at module level but the strategies' own (`pick` builds one).

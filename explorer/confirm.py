@@ -32,7 +32,7 @@ from typing import Any, Generic, TypeVar
 from collections.abc import Iterator
 
 from zerostate.model.scenario import Scenario
-from zerostate.targets.base import Target
+from zerostate.targets.interface import Target
 
 from zerostate.explorer.workers import refresh
 

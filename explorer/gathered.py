@@ -10,7 +10,7 @@ RELEASE when it is partitioned again):
   (a FETCH noted ``inflight`` only waits on a prefetch already counted).
 
 ZeRO-1/2 gather nothing (no coordinator), and a run that raised, hung or broke the tool has a truncated
-trace: `measured` gives None for them.  ``zerostate diff`` compares these per scenario (`reports.diff_memory`);
+trace: `gathered_metrics` gives None for them.  ``zerostate diff`` compares these per scenario (`reports.diff_memory`);
 ``explore`` writes them into each generated example's row (``examples.jsonl``), so two explorations of one
 seed compare them example by example (the fault benchmark's ``memory`` rule).
 """
@@ -19,9 +19,9 @@ from __future__ import annotations
 
 from zerostate.model.events import Event, EventKind
 from zerostate.model.scenario import Scenario
-from zerostate.targets.base import Outcome
+from zerostate.targets.interface import Outcome
 
-UNMEASURED_CHECKS = frozenset({"hang", "crash", "internal"})
+CUT_SHORT_CHECKS = frozenset({"hang", "crash", "internal"})
 """Findings whose run's trace is cut short or not DeepSpeed's: no metrics from it."""
 
 
@@ -48,14 +48,14 @@ def metrics(scenario: Scenario, events: list[Event]) -> dict[str, int]:
     return {"peak_elements": peak, "peak_params": peak_n, "all_gathers": gathers}
 
 
-def measured(scenario: Scenario, outcome: Outcome) -> dict[str, int] | None:
+def gathered_metrics(scenario: Scenario, outcome: Outcome) -> dict[str, int] | None:
     """`metrics` of a ZeRO-3 run that ran to its end (no exception, a trace, no hang, crash or tool error);
     None otherwise."""
     if scenario.stage != 3 or outcome.error or not outcome.trace:
         return None
-    if any(f.check in UNMEASURED_CHECKS for f in outcome.findings):
+    if any(f.check in CUT_SHORT_CHECKS for f in outcome.findings):
         return None
     return metrics(scenario, outcome.trace)
 
 
-__all__ = ["UNMEASURED_CHECKS", "measured", "metrics"]
+__all__ = ["CUT_SHORT_CHECKS", "gathered_metrics", "metrics"]

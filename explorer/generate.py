@@ -30,7 +30,8 @@ LANE = 100
 each run in order in a worker started fresh for it, whatever ``jobs`` is -- so every example runs after
 the same examples, and an example whose outcome depends on what ran before it in the worker (state
 carried over) has the same outcome with one job or eight.  Each lane costs a worker start (a few
-seconds; a rank pool's at world size 2), so lanes are long: the default 200 examples are two."""
+seconds; a rank pool's at world size 2), so lanes are long: the default budget
+(`cli.cmd_explore.DEFAULT_EXAMPLES`) is two."""
 
 
 def seed_of(seed: int | None) -> int:
@@ -55,7 +56,7 @@ def import_what_hypothesis_peeks_at() -> None:
 
 def generated(strategy: Any, examples: int, seed: int | None) -> Generator[Scenario, None, None]:
     """The first ``examples`` scenarios of the deterministic generation sequence of ``seed`` (duplicates
-    included, in order): what every search of `explore` replays.  Drawing runs no target: a test that never
+    included, in order): what every search of `exploration` replays.  Drawing runs no target: a test that never
     fails makes Hypothesis generate exactly the sequence a failing search generates up to its failure.
     Drawn in a thread, a little ahead of the consumer (so ``examples`` may be huge); closing the iterator
     ends the drawing."""

@@ -1,19 +1,19 @@
 """Pairwise completion: after the generated examples, the setup pairs none of them took, drawn and run.
 
-A *pair* is two alternatives of two choice points (`choices.POINTS`: ZeRO stage x precision, offload x world
-size, ...).  The generated sequence's draw rates leave pairs out by chance -- the default 200 examples hold
-47 ZeRO-1 scenarios and none in bf16 --, and a combination no example ran is a part of DeepSpeed no example
-judged, whatever the report says of the rest.  `complete` is the greedy step of AETG-style pairwise testing,
-over the strategy itself: for the first pair (in `POINTS` order) still not taken, draw `DRAWS` scenarios
-with that pair's two alternatives forced and every other point at its default rate (`forced`), keep the
-draw that takes the most pairs still not taken, and go on until every pair is taken, found not drawable
-(no draw took it: ZeRO-1 with a z3 leaf module, offload of parameters below ZeRO-3), or ``budget``
-examples are made.  Deterministic given the examples run and the seed.
+A *pair* is two alternatives of two choice points (`choices.POINTS`: ZeRO stage x precision, offload x world size,
+...).  The generated sequence's draw rates leave pairs out by chance -- the default budget once held no ZeRO-1
+scenario in bf16 (docs/deepspeed-target.md, pairwise completion) --, and a combination no example ran is a part of
+DeepSpeed no example judged, whatever the report says of the rest.  `complete` is the greedy step of AETG-style
+pairwise testing, over the strategy itself: for the first pair (in `POINTS` order) still not taken, draw `DRAWS`
+scenarios with that pair's two alternatives forced and every other point at its default rate (`forced`), keep the
+draw that takes the most pairs still not taken, and go on until every pair is taken, found not drawable (no draw
+took it: ZeRO-1 with a z3 leaf module, offload of parameters below ZeRO-3), or ``budget`` examples are made.
+Deterministic given the examples run and the seed.
 
 Of an example's outcome it reads one thing: whether the run reached its end (`ran_through`).  A run that ended on
 an exception (DeepSpeed's, a hang, a crash, the tool's own) did not run the rest of its scenario -- a known
 crash at a checkpoint round trip hides every later step --, so a pair taken only by such runs counts as not
-taken, and `explore` completes in `ROUNDS` rounds.  The first reads no outcome: it completes the pairs no
+taken, and `exploration` completes in `ROUNDS` rounds.  The first reads no outcome: it completes the pairs no
 generated scenario takes, so it is drawn and run while the generated lanes still run.  The second, after every
 generated and first-round run, redraws the pairs taken only by runs that ended early (another draw of the same
 64; the scenarios run are never drawn again).  It reads no finding, so it favours no check and no known bug.

@@ -2,7 +2,7 @@
 
 Round ``k`` is the first ``size`` scenarios new to the run in the generation sequence (`generate.generated`,
 the whole budget as Hypothesis's ``max_examples``, as unsteered) of ``scenarios(weights=W_k)`` with the seed
-`schedule.round_seed` ``(seed, k)``.  ``W_0`` is `choices.DEFAULT` and round 0's seed is ``seed``: round 0
+`steering_schedule.round_seed` ``(seed, k)``.  ``W_0`` is `choices.DEFAULT` and round 0's seed is ``seed``: round 0
 is the unsteered sequence's start.  Counted in *distinct* scenarios, unlike the unsteered budget (every
 Hypothesis run starts from its simplest examples, so each round's stream begins with scenarios an earlier
 round ran: counting them would spend a quarter of a round on nothing); the rounds end when ``examples``
@@ -10,7 +10,7 @@ distinct scenarios were drawn or a round's stream has nothing new.  A round's sc
 lanes of ``lane`` (a lane never spans two rounds: every example still runs after the
 same examples, whatever ``jobs`` is).  Before drawing round ``k+1``, `Rounds` waits until every scenario
 of round ``k`` has its outcome (`note`, called by the exploration as each lands, in any order), folds them
-in sequence position order (`signal.fold`) and asks `schedule.schedule` for ``W_{k+1}``: so given the seed
+in sequence position order (`signal.fold`) and asks `steering_schedule.schedule` for ``W_{k+1}``: so given the seed
 and a target whose runs reach the same units each time, the sequence does not depend on ``jobs``.
 """
 
@@ -24,11 +24,12 @@ from zerostate.model.scenario import Scenario
 
 from zerostate.explorer.choices import DEFAULT, Weights, taken
 from zerostate.explorer.generate import generated, seed_of
-from zerostate.explorer.schedule import round_seed, schedule
+from zerostate.explorer.steering_schedule import round_seed, schedule
 from zerostate.explorer.signal import Unit, fold
 
 ROUND = 50
-"""Examples per round (the default 200: four rounds)."""
+"""Examples per round: the default budget (`cli.cmd_explore.DEFAULT_EXAMPLES`) runs in four rounds, so its draw
+weights are re-cut three times."""
 
 
 def steered_strategy(weights: Weights) -> Any:
@@ -58,7 +59,7 @@ class Rounds:
         self.new_units: list[int] = []
         """Per round folded: the units its examples reached first."""
         self._units: dict[Scenario, frozenset[Unit]] = {}
-        self._landed = threading.Condition()
+        self._outcome_noted = threading.Condition()  # notified by `note`; `_wait_and_fold` waits on it
 
     def strategy(self, k: int) -> Any:
         return self.strategy_of(self.weights[k])
@@ -68,9 +69,9 @@ class Rounds:
 
     def note(self, sc: Scenario, units: frozenset[Unit]) -> None:
         """A generated scenario's outcome landed (any thread, any order)."""
-        with self._landed:
+        with self._outcome_noted:
             self._units[sc] = units
-            self._landed.notify_all()
+            self._outcome_noted.notify_all()
 
     def __iter__(self) -> Iterator[list[Scenario]]:
         k = 0
@@ -109,11 +110,11 @@ class Rounds:
     def _wait_and_fold(self, k: int) -> list[Any] | None:
         """Round ``k``'s examples folded in position order, once all have landed (None: stopped first)."""
         mine = sorted((sc for sc, at in self.round_at.items() if at == k), key=self.position.__getitem__)
-        with self._landed:
+        with self._outcome_noted:
             while not all(sc in self._units for sc in mine):
                 if self.stop.is_set():
                     return None
-                self._landed.wait(0.2)
+                self._outcome_noted.wait(0.2)
             ordered = [(sc, self._units[sc]) for sc in mine]
         folded = fold(((taken(sc), units) for sc, units in ordered), self.union)
         self.new_units.append(sum(f.new for f in folded))

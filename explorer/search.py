@@ -23,7 +23,7 @@ from hypothesis.control import current_build_context
 from hypothesis.internal.conjecture import engine as hypothesis_engine
 
 from zerostate.model.scenario import Scenario
-from zerostate.targets.base import Outcome
+from zerostate.targets.interface import Outcome
 
 from zerostate.explorer.generate import Abort, import_what_hypothesis_peeks_at, seed_of
 

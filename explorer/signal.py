@@ -21,7 +21,7 @@ from typing import Any
 from zerostate.model.events import Event
 
 from zerostate.explorer.choices import Taken
-from zerostate.explorer.schedule import Folded
+from zerostate.explorer.steering_schedule import Folded
 
 Unit = tuple[str, str, Hashable]
 

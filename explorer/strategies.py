@@ -6,11 +6,12 @@ parameters, ``engine.backward`` and ZeRO-3 (the first value of each choice), and
 training-setup dimensions (`setups`) towards fp32, no clipping, no offload, one parameter
 group, no tying / external parameter, a tensor output, one loss, one backward per micro-step, the
 blocks family.  The setup dimensions are drawn *after* everything else, and the ones that make every
-run fail on the pinned release (`RARE`: two backwards per micro-step, a step without gradient) only in
-one draw in eight, so they do not hide other findings.  Which draw rates keep each seed bug within the
-default budget is a property of the whole derandomized sequence, not of one rate: drawing tying and the
-external parameter in one draw in four instead of two lost seed 002 on 0.19.2 within 200 examples
-(measured), so they stay at one in two.
+run fail on the pinned release (`FAILS_EVERY_RUN_RATE`: two backwards per micro-step, a step without
+gradient) only in one draw in eight, so they do not hide other findings.  Which draw rates keep each seed
+bug within the default budget is a property of the whole derandomized sequence, not of one rate, so each
+rate here is the one whose sequence keeps them; tying and the external parameter stay at one in two, the
+rate that keeps seed 002 on 0.19.2 in the default budget (what each rate was chosen by:
+docs/deepspeed-target.md, draw rates).
 
 Several engines in one process (`engines_before`): in one draw in eight a scenario first runs one
 or two other engines (ZeRO-3 first in shrink order) in the same process; drawn last of all, it shrinks to
@@ -54,17 +55,22 @@ first step of most blocks scenarios (the step is skipped and the scale halves: t
 path, checked against the oracle's own loss scaler)."""
 CLIPPING = (0.0, 1.0, 0.05)
 """Off, DeepSpeed's default from 0.19.5 (rarely reached by these small gradients), and one that clips."""
-RARE = st.sampled_from((False,) * 7 + (True,))
+ONE_IN_FOUR = st.sampled_from((False,) * 3 + (True,))
+"""True in one draw of four; shrinks to False."""
+ONE_IN_EIGHT = st.sampled_from((False,) * 7 + (True,))
 """True in one draw of eight; shrinks to False."""
-QUARTER = st.sampled_from((False,) * 3 + (True,))
-EIGHTH = st.sampled_from((False,) * 7 + (True,))
+FAILS_EVERY_RUN_RATE = ONE_IN_EIGHT
+"""How often a setup dimension that makes every run fail on the pinned release is drawn (``retain``: two
+backwards per micro-step; ``idle``: a step without gradient): rarely, so its failure does not hide the other
+findings of the scenarios that draw it.  The one-in-eight strategy itself, not a copy: Hypothesis labels a
+``sampled_from`` by its values, so a copy would draw the same -- but a reader would not know it."""
 class _WorldDraw(int):
     """One of `WORLD2_RATE`'s eight choices: 1 -- several ranks --, or 0 -- world size 1, unless ``across``
     and the scenario chose an option whose bugs show across ranks (`across_ranks`).  An ``int``: the eight
     hash as ``(False,) * 7 + (True,)`` does, and Hypothesis labels a ``sampled_from`` by that hash, so its
     generation -- which splices earlier examples' choices by label -- makes the same choices as with plain
-    booleans (a separate strategy for the across-ranks rate, with another label, changed the explorer's
-    default 200 from the 24th example on: measured)."""
+    booleans (a separate strategy for the across-ranks rate, with another label, would change the explorer's
+    default sequence)."""
 
     across: bool
 
@@ -78,13 +84,13 @@ WORLD2_RATE = st.sampled_from(tuple(_WorldDraw(0, i >= 2) for i in range(7)) + (
 """How often ``world_size`` 2 is drawn (`scenarios`, ``world2``): one draw in eight (a world-size-2 example costs
 about two of world size 1: a rank pool); three in four for a scenario that chose an option whose bugs show
 across ranks (`across_ranks`).  Hypothesis's generation is not uniform -- it mutates an example into a run
-of near copies, which share their world-size choice: the explorer's default 200 hold 61 with several ranks
-(40 before the across-ranks rate; 48 at world size 2, 13 at 4).  At one in two the three runs of ZeRO-1/2 examples with
-``contiguous_gradients`` off and no offload all stayed at world size 1, so 0.19.8's CPU reduce fix was not
-met; at three in four the first of them (the 21st example) is at world size 2 (measured).  The one draw in
-eight that gives several ranks to any scenario gives an across-ranks one four (`_world_size`): so world size 4
-is drawn where its collectives carry something, in one across-ranks scenario of eight, and the sequence of
-scenarios is the same but for their world size."""
+of near copies, which share their world-size choice --, so a rate gives fewer independent choices than it
+looks: three in four is what it takes for the default budget to run a ZeRO-1/2 example with
+``contiguous_gradients`` off and no offload at several ranks, where 0.19.8's CPU reduce fix shows (the
+counts: docs/deepspeed-target.md, draw rates).  The one draw in eight that gives several ranks to any
+scenario gives an across-ranks one four (`_world_size`): so world size 4 is drawn where its collectives carry
+something, in one across-ranks scenario of eight, and the sequence of scenarios is the same but for their
+world size."""
 
 
 def across_ranks(sc: Scenario) -> bool:
@@ -114,14 +120,12 @@ def _world_size(draw, sc: Scenario, weights: Weights | None = None) -> int:
     return 2 if across else 1
 
 
-LEAF_RATE = QUARTER
+LEAF_RATE = ONE_IN_FOUR
 """How often a ZeRO-3 block is a z3 leaf module (`blocks`): one in four (a MoE-style choice, rarer than a plain
-module).  At one in two -- with world size, ``zero_init``, config Adam and checkpoints drawn too -- no example of
-the explorer's default 200 had seed 002's shape (a plain non-reentrant block with frozen parameters: the model's
-ds-0.19.2 design flags none of them), and 0.19.2's seed bug was met only while shrinking, at the 736th run.
-With this rate and the others as they are, every combination of test_scenario.py's ``EXPLORED`` is in the 200
-and the ds-0.19.2 design flags 7 of them (measured; the rates were chosen by that measurement: any change to a
-draw shifts the whole derandomized sequence)."""
+module).  At one in two the leaf draws crowd seed 002's shape (a plain non-reentrant block with frozen
+parameters) out of the default budget; with this rate and the others as they are, every combination of
+test_scenario.py's ``EXPLORED`` is in it (that test checks it).  Any change to a draw shifts the whole
+derandomized sequence, so the rates were chosen together (docs/deepspeed-target.md, draw rates)."""
 
 
 @st.composite
@@ -151,7 +155,7 @@ def setups(draw, sc: Scenario, llama: bool = True, weights: Weights | None = Non
     """The training-setup dimensions drawn onto a drawn scenario (each shrinks to plain); ``weights``: a steered
     exploration's rates (`choices.pick`)."""
     base = sc
-    if llama and draw(pick(weights, "llama", st.sampled_from((False,) * 7 + (True,)), (False, True))):
+    if llama and draw(pick(weights, "llama", ONE_IN_EIGHT, (False, True))):
         sc = _llama(draw, sc)
     precision = draw(pick(weights, "precision", st.sampled_from(PRECISIONS), (Precision.FP32, Precision.BF16,
                                                                               Precision.FP16)))
@@ -172,7 +176,7 @@ def setups(draw, sc: Scenario, llama: bool = True, weights: Weights | None = Non
     # choices is "simpler" to Hypothesis's shrinker (shorter choice sequence), so a shrink would otherwise
     # end on the llama family whenever it reached it.  Draws of a fixed shape whatever the number of blocks
     # (index modulo it), so deleting a block while shrinking leaves the rest of the draw in place.
-    out = (draw(st.integers(0, 2)) % len(base.blocks),) if draw(QUARTER) else ()
+    out = (draw(st.integers(0, 2)) % len(base.blocks),) if draw(ONE_IN_FOUR) else ()
     family_changes = {
         "param_groups": draw(st.integers(1, 3)),
         "blocks": tuple(b if i not in out else Block(b.checkpoint, b.norm, b.lin, b.leaf, in_optimizer=False)
@@ -183,20 +187,21 @@ def setups(draw, sc: Scenario, llama: bool = True, weights: Weights | None = Non
     freezable = [i for i, b in enumerate(base.blocks) if b.lin is ParamKind.TRAINABLE and Network(base.with_(
         blocks=base.blocks[:i] + (Block(b.checkpoint, b.norm, ParamKind.FROZEN, b.leaf),) + base.blocks[i + 1:])
     ).loss_requires_grad]  # freezing it for a step leaves the loss requiring grad
-    frozen = [_pick(draw(QUARTER), draw(st.integers(0, 2)), freezable) for _ in base.steps]
+    frozen = [_pick(draw(ONE_IN_FOUR), draw(st.integers(0, 2)), freezable) for _ in base.steps]
     steps = sc.steps
     if sc.family is Family.BLOCKS:
         changes.update(family_changes)
         steps = tuple(TrainStep(s.micro, s.eval_before, s.reregister, frozen=f)
                       for s, f in zip(steps, frozen, strict=False))
-    retain = pick(weights, "retain", RARE, (False, True))
+    retain = pick(weights, "retain", FAILS_EVERY_RUN_RATE, (False, True))
     steps = tuple(TrainStep(tuple(MicroStep(m.backward, m.skip, retain=draw(retain)) for m in s.micro),
                             s.eval_before, s.reregister, frozen=s.frozen) for s in steps)
     if precision is Precision.FP16:  # DeepSpeed has no loss-scaled non-scalar backward: PyTorch-style instead
         steps = tuple(TrainStep(tuple(MicroStep(BackwardKind.TORCH if m.backward is BackwardKind.NONSCALAR
                                                 else m.backward, m.skip, m.retain) for m in s.micro),
                                 s.eval_before, s.reregister, frozen=s.frozen) for s in steps)
-    if len(steps) > 1 and draw(pick(weights, "idle", RARE, (False, True))):  # a step with only engine.step()
+    # a step with only engine.step()
+    if len(steps) > 1 and draw(pick(weights, "idle", FAILS_EVERY_RUN_RATE, (False, True))):
         i = draw(st.integers(0, len(steps) - 1))
         steps = steps[:i] + (TrainStep(tuple(MicroStep() for _ in range(sc.gas)), idle=True),) + steps[i + 1:]
     return sc.with_(steps=steps, **changes)
@@ -224,8 +229,8 @@ def _llama(draw, sc: Scenario) -> Scenario:
 LORA: tuple[dict[str, Any], ...] = ({"lora": False}, {"lora": True}, {"lora": True, "modules_to_save": True},
                                     {"lora": True, "modules_to_save": True})
 """The llama family's PEFT wrapping, in shrink order: none, LoRA, LoRA with ``modules_to_save=["lm_head"]`` (in
-two of the four: ZeRO-3 + modules_to_save, DeepSpeed #8144's shape, was absent from the default 200 examples
-with one in three, measured)."""
+two of the four, so that the default budget holds ZeRO-3 + modules_to_save, DeepSpeed #8144's shape:
+docs/deepspeed-target.md, draw rates)."""
 
 EXTRAS = ("gas3", "manual_boundary", "contiguous_gradients", "overlap_comm", "all_reduce_fetch", "late_module",
           "stage0", "zero_init", "config_adam", "reduce_scatter")
@@ -259,21 +264,18 @@ family) leaves it plain."""
 
 EXTRA_RATE = {"config_adam": st.booleans(), "reduce_scatter": st.just(False)}
 """Options of `EXTRAS` drawn at another rate than one in four.  ``config_adam`` is drawn in one of two: the
-appended draw shifts the explorer's whole generated sequence, and at one in four its default 200 examples
-lost ZeRO-1/2 + optimizer offload + manual boundary (DeepSpeed #7981), at one in eight ZeRO-0 + bf16 (#7839);
-at one in two every combination of ``test_default_explore_sequence_draws_each_combination`` is there
-(measured; fewest: ZeRO-0 + bf16, 2 of 200).  Half the draws keep the client SGD.  ``reduce_scatter`` is
-``just(False)``: it takes no byte of the generated sequence (which stays the one before the option existed), and
-only the completion's forced weights turn it on (`choices.pick`)."""
+appended draw shifts the explorer's whole generated sequence, and one in two is the rate at which the default
+budget keeps every combination of ``test_default_explore_sequence_draws_each_combination`` (the lower rates
+lost DeepSpeed #7981's and #7839's: docs/deepspeed-target.md, draw rates).  Half the draws keep the client SGD.
+``reduce_scatter`` is ``just(False)``: it takes no byte of the generated sequence (which stays the one before the
+option existed), and only the completion's forced weights turn it on (`choices.pick`)."""
 
 
 def extras(draw, sc: Scenario, zero0: bool = True, weights: Weights | None = None) -> Scenario:
     """Each option of `EXTRAS` drawn on its own, in one draw of four (`EXTRA_RATE`: another rate; several may
-    combine), applied last of all; each shrinks to off.  (A single ``sampled_from`` over the options, one per
-    example, drew too few of
-    the combinations the bugs need in the default 200 examples: no manual boundary with optimizer offload
-    at ZeRO-1/2, two late modules at ZeRO-3 -- measured on the explorer's own sequence.)"""
-    on = {opt for opt in EXTRAS if draw(pick(weights, f"extra:{opt}", EXTRA_RATE.get(opt, QUARTER), (False, True)))}
+    combine), applied last of all; each shrinks to off.  (Not one ``sampled_from`` over the options: one option
+    per example draws too few of the combinations the bugs need within the default budget.)"""
+    on = {opt for opt in EXTRAS if draw(pick(weights, f"extra:{opt}", EXTRA_RATE.get(opt, ONE_IN_FOUR), (False, True)))}
     if "stage0" in on and sc.stage in (1, 2) and zero0:
         steps = tuple(TrainStep(tuple(MicroStep(BackwardKind.ENGINE, m.skip, m.retain) for m in s.micro),
                                 s.eval_before, s.reregister, s.idle, s.frozen) for s in sc.steps)
@@ -309,10 +311,10 @@ EMPTY_PARAM = "the zero_init draw below ZeRO-3"
 """A trainable parameter with no elements, registered last (``empty_param``, blocks family; DeepSpeed #8279 at
 ZeRO-1/2, fixed in 0.19.6): drawn by `extras`' ``zero_init`` draw when the scenario is below ZeRO-3, where
 ``zero_init`` does not apply -- no draw of its own, so the explorer's default sequence is unchanged (a draw
-of its own, appended to `EXTRAS`, shifted it and lost combinations of the coverage test at one in eight, one
-in four and one in sixteen: measured).  3 of the default 200 examples (ZeRO-2) have it.  Not drawn
-at ZeRO-3, where every such example would crash on every release before anything else could show
-(known issue ``z3-empty-param-not-gathered``, kept on its own scenario)."""
+of its own, appended to `EXTRAS`, shifted it and lost combinations of the coverage test at every rate tried:
+docs/deepspeed-target.md, draw rates).  Not drawn at ZeRO-3, where every such example would crash on every
+release before anything else could show (known issue ``z3-empty-param-not-gathered``, kept on its own
+scenario)."""
 
 
 SAVE_LOAD = "the small reduce bucket"
@@ -320,13 +322,12 @@ SAVE_LOAD = "the small reduce bucket"
 with one step: before it, the untrained model), as HF Trainer saves every ``save_steps`` and resumes; at ZeRO-3
 with the consolidated 16-bit state dict, and at ZeRO-1/2/3 zero_to_fp32's fp32 weights
 (`net.DeepSpeedBackend.save_load`).  Applied with the options (`extras`) whenever the scenario drew the small
-``reduce_bucket_size`` (81 of the default explore's 200 examples; shrinking the bucket to DeepSpeed's default
-removes it, and so does polish).  It takes no draw of
-its own, as `EDGES` do not: an option of `EXTRAS` drawn on its own shifted the derandomized sequence, and every
-rate tried (one in eight to three in four) lost a combination of the explore-sequence coverage test, or the
-zerostate design's own 15-example explore found two violations on ungrouped / leaf scenarios it newly drew
-(measured; the model's gap there is not the checkpoint's).  A checkpoint is cheap here: about 4 ms per example
-(76 examples with one, against the same without: 11.40 s / 11.14 s, 0.19.8)."""
+``reduce_bucket_size`` (shrinking the bucket to DeepSpeed's default removes it, and so does polish).  It takes
+no draw of its own, as `EDGES` do not: an option of `EXTRAS` drawn on its own shifted the derandomized
+sequence, and every rate tried lost a combination of the explore-sequence coverage test or drew scenarios the
+zerostate design's own small explore flags for another reason.  A checkpoint costs a few milliseconds per
+example, so coupling it to a common draw is cheap (the rates tried and the cost:
+docs/deepspeed-target.md, draw rates)."""
 
 
 ENGINES_BEFORE = ((3,), (1,), (2,), (3, 3), (3, 1), (3, 2), (1, 3), (2, 3))
@@ -337,8 +338,9 @@ changes process-wide state, ``torch.nn.functional.linear``), then one of ZeRO-1/
 def engines_before(draw, weights: Weights | None = None) -> tuple[int, ...]:
     """``engines_before``: () in seven draws of eight, else one of `ENGINES_BEFORE`; shrinks to (), then to
     one ZeRO-3 engine.  One choice per example (a ``sampled_from``), so the dimension shifts the
-    derandomized sequence of the other draws as little as a draw can: with a list draw (a flag, a length,
-    the stages) the 400-draw coverage test lost 'llama + lora + checkpoint' (measured)."""
+    derandomized sequence of the other draws as little as a draw can: a list draw (a flag, a length, the
+    stages) shifted it enough to lose a combination of the 400-draw coverage test
+    (docs/deepspeed-target.md, draw rates)."""
     return draw(pick(weights, "engines_before", st.sampled_from(((),) * 7 * len(ENGINES_BEFORE) + ENGINES_BEFORE),
                      ((),) + ENGINES_BEFORE))
 
@@ -347,8 +349,9 @@ EDGES = {"prefetch_bucket_size": (0, 1), "max_live_parameters": ("w*w", 0)}
 """The ZeRO-3 knob edges the model once got wrong, drawn by default at the odd width 7 (half the setup draws):
 ``stage3_prefetch_bucket_size`` 1 instead of 0, ``stage3_max_live_parameters`` 0 instead of w*w.  They take no
 draw of their own: any extra draw (or a longer ``sampled_from``) shifts the whole derandomized sequence, and
-the sequences tried that way lost seed 002 on 0.19.2 within the default 200 examples (measured); coupled to the
-width draw, the sequence of every other choice is the one before.  Shrinking the width to 8 removes them."""
+the sequences tried that way lost seed 002 on 0.19.2 within the default budget
+(docs/deepspeed-target.md, draw rates); coupled to the width draw, the sequence of every other choice is the
+one before.  Shrinking the width to 8 removes them."""
 
 
 def _edge(value, plain, edge, odd: bool):

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from collections.abc import Callable, Generator, Iterator
 
 from zerostate.model.scenario import Scenario
-from zerostate.targets.base import Outcome, Target
+from zerostate.targets.interface import Outcome, Target
 
 
 def has_run(w: Target) -> bool:

@@ -1,4 +1,10 @@
-"""Hypothesis profiles and pytest options shared by every generated test.
+"""Hypothesis profiles, pytest options and the fixtures more than one test module uses.
+
+Where a module's tests are: a module's tests are the test files that import it (``import zerostate.x.y`` or
+``from zerostate.x import y``, at the top or inside a test).  ``python generated_tests/test_test_map.py
+[zerostate.x.y ...]`` prints that map, module -> test files, and test_test_map.py checks that every source module
+has at least one; ``pytest --co -q generated_tests/test_<name>.py`` lists a file's tests.  A fixture two test
+modules need is defined here, once; one module's own fixtures stay in it.
 
 Profiles (``HYPOTHESIS_PROFILE``; ``ci`` is the default under ``CI=true``,
 ``dev`` otherwise):
@@ -40,10 +46,11 @@ def pytest_addoption(parser):
 FAST_MODULES = frozenset({
     "test_checker", "test_coordinator_model", "test_hook_model", "test_model_core", "test_scenario",
     "test_event_kinds_and_fold", "test_cli_check", "test_cli_compare", "test_cli_errors", "test_fault_catalogue",
-    "test_one_place",
+    "test_one_place", "test_test_map", "test_cli_common", "test_atomic", "test_reports", "test_explorer",
 })
-"""The fast tier (``make test-fast``, ``-m fast``): the model, the specs, the strategies and the CLI on the model
-target, whole modules but their ``slow`` tests; the one real-DeepSpeed smoke is marked ``fast`` where it stands."""
+"""The fast tier (``make test-fast``, ``-m fast``): the model, the specs, the strategies, the explorer's and the
+reports' parts and the CLI on the model target, and the test map, whole modules but their ``slow`` tests; the one
+real-DeepSpeed smoke is marked ``fast`` where it stands."""
 
 
 def pytest_collection_modifyitems(config, items):
@@ -74,11 +81,25 @@ def no_inherited_rendezvous(monkeypatch):
 
 @pytest.fixture(scope="module")
 def ds(request):
-    """One world-size-1 DeepSpeed target per test module: the release ``--deepspeed`` / ``--deepspeed-path``
-    name, else the installed one (a module that also honours ``--world-size`` defines its own)."""
-    from zerostate.targets.base import get_target
+    """One DeepSpeed target per test module: the release ``--deepspeed`` / ``--deepspeed-path`` name, else the
+    installed one; at world size 1, or at ``--world-size`` in a module that sets ``DS_HONOURS_WORLD_SIZE = True``
+    (its tests hold at any world size).  Module scope: starting a worker costs seconds, and ``make test`` runs a
+    module whole on one pytest-xdist worker (``--dist loadfile``), so its tests share the target in order."""
+    from zerostate.targets.interface import get_target
     opts = {"deepspeed": request.config.getoption("--deepspeed"),
             "deepspeed_path": request.config.getoption("--deepspeed-path")}
+    if getattr(request.module, "DS_HONOURS_WORLD_SIZE", False):
+        opts["world_size"] = request.config.getoption("--world-size")
     t = get_target("deepspeed", **{k: v for k, v in opts.items() if v})
     yield t
     t.close()
+
+
+@pytest.fixture(scope="module")
+def single_rank_process_group():
+    """torch.distributed initialised in this pytest process, one rank on gloo (`runtime.selfcheck._setup_dist`),
+    for the modules that build DeepSpeed engines in-process (test_runtime_install, test_runtime_leaf_deferral).
+    Module scope, as DeepSpeed initialises its process group once per process; it is never torn down (DeepSpeed
+    keeps using it)."""
+    from zerostate.runtime import selfcheck
+    selfcheck._setup_dist()

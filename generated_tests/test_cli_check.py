@@ -97,3 +97,30 @@ def test_pictures_mark_the_violation_and_png_matches_svg(buggy):
     from test_cli_util import assert_png
     root = ET.fromstring(svg)
     assert assert_png(out / f["files"]["trace_png"]) == (int(root.get("width")), int(root.get("height")))
+
+
+def test_an_unknown_spec_or_design_is_refused_before_the_check_runs(tmp_path):
+    """`cli.cmd_check` in-process (the tests above run the installed command)."""
+    from zerostate.cli import cmd_check
+    from zerostate.cli.common import CliError
+    from zerostate.cli.main import parser
+    for argv, needle in ((["--spec", "no-such-spec"], "known specs: "), (["--design", "ds-9.9"], "unknown design")):
+        args = parser().parse_args(["check", *argv, "--out", str(tmp_path / "r")])
+        with pytest.raises(CliError, match=needle):
+            cmd_check.run(args)
+    assert not (tmp_path / "r").exists()
+
+
+def test_the_table_has_a_row_per_design_and_a_column_per_spec(buggy):
+    from types import SimpleNamespace
+
+    from zerostate.cli import cmd_check
+    data = json.loads(buggy[0].stdout)
+    designs = {n: SimpleNamespace(checked=tuple(d["specs"]), judged=tuple(d["specs"]), states=d["states"],
+                                  seconds=d["seconds"], expected_correct=n == "ds-0.18.7",
+                                  holds=lambda s, d=d: d["specs"][s]["holds"])
+               for n, d in data["designs"].items()}
+    lines = cmd_check.table(SimpleNamespace(designs=designs)).splitlines()
+    assert lines[0].split()[:3] == ["design", "expected", "epilogue-once"] and len(lines) == 2 + len(designs)
+    row = next(ln for ln in lines if ln.startswith("ds-0.18.4"))
+    assert "buggy" in row and "VIOLATED" in row

@@ -8,7 +8,7 @@ import re
 import pytest
 from test_cli_util import assert_pictures, load_report, zs
 
-import zerostate.analysis.compare  # noqa: F401  (a broken import fails, never skips)
+import zerostate.analysis.design_comparison  # noqa: F401  (a broken import fails, never skips)
 
 
 @pytest.fixture(scope="module")
@@ -48,3 +48,16 @@ def test_text_table_and_unknown_design(tmp_path):
     r = zs("compare", "ds-0.19.3", "pr-9999", "--out", str(tmp_path / "x"))
     assert r.returncode == 2 and "unknown design 'pr-9999'" in r.stderr and "pr-8130" in r.stderr
     assert not (tmp_path / "x").exists()
+
+
+def test_compare_in_process_files_a_finding_per_violation(tmp_path, capsys):
+    """`cli.cmd_compare` in-process, on the smallest networks: the same report as the command's."""
+    from zerostate.cli import cmd_compare
+    from zerostate.cli.main import parser
+    args = parser().parse_args(["compare", "ds-0.19.2", "zerostate", "--max-blocks", "1", "--json",
+                                "--out", str(tmp_path)])
+    assert cmd_compare.run(args) == 0
+    data, rep = json.loads(capsys.readouterr().out), load_report(tmp_path)
+    violated = {(sid, d) for sid, row in data["specs"].items() for d in data["designs"] if not row[d]["holds"]}
+    assert violated and {(f["check"], f["design"]) for f in rep["findings"]} == violated
+    assert all(d == "ds-0.19.2" for _, d in violated), "the fixed design holds; seed 002 breaks 0.19.2's"

@@ -20,7 +20,7 @@ def _installed() -> str:
 
 
 def test_explore_the_installed_release(tmp_path):
-    import zerostate.explorer.explore  # noqa: F401
+    import zerostate.explorer.exploration  # noqa: F401
     r = zs("explore", "--examples", "3", "--seed", "1", "--json", "--out", str(tmp_path), timeout=600)
     assert r.returncode in (0, 1), r.stderr[-3000:]
     data = json.loads(r.stdout)

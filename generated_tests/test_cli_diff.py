@@ -26,7 +26,7 @@ from zerostate.explorer.gathered import metrics
 from zerostate.reports.diff_memory import compare
 from zerostate.model.events import Event, EventKind
 from zerostate.model.scenario import Scenario
-from zerostate.targets.base import Outcome
+from zerostate.targets.interface import Outcome
 from zerostate.findings.finding import Finding
 from zerostate.findings.evidence import Evidence, Frame, Raised
 from zerostate.known import issues as known
@@ -496,6 +496,47 @@ def test_each_upstream_patch_applies_to_the_pinned_release(issue, tmp_path):
     assert r.returncode == 0 and "FAILED" not in r.stdout and "offset" not in r.stdout, r.stdout + r.stderr
     for name in ("README.md", "fix.patch"):
         assert (UPSTREAM / issue / name).exists()
+
+
+# ---------------------------------------------------------------- the recorder, the report
+def test_the_recorder_memoises_runs_and_keeps_each_finished_zero3_runs_gathered_metrics():
+    """`cli.cmd_diff.Recorder` on the model target: one target run per scenario, the ZeRO-3 ones' metrics kept."""
+    from zerostate.cli.cmd_diff import Recorder
+    from zerostate.targets.interface import get_target
+    rec = Recorder(get_target("model", design="ds-0.19.3"))
+    z3, z1 = Scenario.from_dict({"blocks": [{}, {}], "stage": 3}), SC_A
+    first = rec.run(z3)
+    assert rec.run(z3) is first and rec.run(z1).scenario == z1
+    assert set(rec.outcomes) == {z3, z1} and set(rec.gathered) == {z3}  # ZeRO-1 gathers nothing
+    assert rec.gathered[z3] == metrics(z3, first.trace) and rec.gathered[z3]["all_gathers"] > 0
+    rec.close()
+
+
+def test_the_diff_report_writes_its_json_and_a_markdown_row_per_finding(tmp_path):
+    """`reports.diff_model` serialised and `reports.diff_report` rendered, from classified entries."""
+    from zerostate.reports.diff_model import DiffReport, DiffSide
+    from zerostate.reports.diff_report import write_report
+    a = ("exception", "ValueError: a", "ValueError@x.f")
+    base = _Fake("0.19.8", {SC_A: [a]})
+    head = _Fake("0.19.8", {SC_C: [("oracle", "differs", None)]})
+    entries = classify([_fs("0.19.8", SC_A, *a)], [_fs("0.19.8", SC_C, "oracle", "differs")], base, head)
+    z3 = {"peak_elements": 100, "peak_params": 2, "all_gathers": 4}
+    memory = compare([(SC_B, z3, {**z3, "peak_elements": 150})], 0.10)
+    counts = {"introduced": 1, "fixed": 1, "intermittent": 0, "unmasked": 0, "unchanged": 0}
+    report = DiffReport(DiffSide("0.19.8", "DeepSpeed 0.19.8", "0.19.8", 3, "complete"),
+                        DiffSide("/tmp/ds", "DeepSpeed /tmp/ds", "0.19.8", 4, "complete"), "complete", 10, (), None,
+                        1, 1.5, counts, tuple(entries), memory, "zerostate diff", "head introduces findings")
+    write_report(str(tmp_path), report)
+    data = json.loads((tmp_path / "diff.json").read_text())
+    assert data == json.loads(json.dumps(report.to_json()))
+    assert [(f["n"], f["status"], f["file"]) for f in data["findings"]] == [(1, "introduced", "finding_1.json"),
+                                                                          (2, "fixed", "finding_2.json")]
+    assert "replay_on_base" in data["findings"][0] and "replay_on_head" in data["findings"][1]
+    assert json.loads((tmp_path / "finding_2.json").read_text())["check"] == "exception"
+    md = (tmp_path / "diff.md").read_text()
+    assert md.startswith("# zerostate diff: DeepSpeed 0.19.8 → DeepSpeed /tmp/ds\n")
+    assert "| [1](#diff-1) | **introduced** | `oracle` |" in md and "| [2](#diff-2) | **fixed** | `exception` |" in md
+    assert "**Memory regressions**" in md and "Root causes: " in md
 
 
 # ---------------------------------------------------------------- one identity per bug: the fingerprint

@@ -94,3 +94,17 @@ def test_unknown_deepspeed_release_is_named(tmp_path):
         pytest.skip("package index not reachable")
     _one_line_error(r, "--deepspeed 0.18.99", "unknown DeepSpeed release")
     _one_line_error(zs("replay", str(path), "--deepspeed", "latest"), "not a DeepSpeed release number")
+
+
+def test_watch_without_a_runnable_command_is_a_cli_error_before_anything_starts(tmp_path):
+    """`cli.cmd_watch` in-process: no command, or one that does not exist, is refused before any job or report."""
+    from zerostate.cli import cmd_watch
+    from zerostate.cli.common import CliError
+    from zerostate.cli.main import parser
+    for job, needle in (([], "no command given"), (["--"], "no command given"),
+                        (["--", str(tmp_path / "no-such-job")], "command not found")):
+        args = parser().parse_args(["watch", "--out", str(tmp_path / "r"), *job])
+        assert args.run is cmd_watch.run
+        with pytest.raises(CliError, match=needle):
+            cmd_watch.run(args)
+    assert not (tmp_path / "r").exists()

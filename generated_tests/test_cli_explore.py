@@ -13,7 +13,7 @@ import pytest
 from test_cli_util import (BIN, FINDING_KEYS, REPORT_KEYS, FailingTarget, assert_one_line_error, assert_pictures,
                            load_report, zs)
 
-import zerostate.explorer.explore  # a broken import fails, never skips
+import zerostate.explorer.exploration  # a broken import fails, never skips
 import zerostate.targets.model_target  # noqa: F401  (a broken import fails, never skips)
 from zerostate.model.scenario import Scenario
 
@@ -213,7 +213,7 @@ class SlowNumpy(importlib.abc.MetaPathFinder):
         return spec
 
 sys.meta_path.insert(0, SlowNumpy())
-from zerostate.explorer.explore import generated
+from zerostate.explorer.exploration import generated
 from zerostate.explorer.strategies import scenarios
 it = generated(scenarios(), 2000, 0)
 next(it)  # drawing has started, in its own thread
@@ -292,7 +292,7 @@ def test_report_has_the_reliability_figure(buggy_run):
 
 def test_replay_json_gives_the_runs_gathered_parameter_metrics(tmp_path):
     """What the fault benchmark's ``memory`` rule measures again: a ZeRO-3 run's peak and all-gathers, the
-    metrics ``diff`` compares (`explorer.gathered.measured`); none for ZeRO-1/2."""
+    metrics ``diff`` compares (`explorer.gathered.gathered_metrics`); none for ZeRO-1/2."""
     from zerostate.explorer.gathered import metrics
     from zerostate.targets.model_target import ModelTarget
     z3, z1 = {"stage": 3, "blocks": [{}, {}]}, {"stage": 1, "blocks": [{}, {}]}
@@ -344,7 +344,7 @@ def test_findings_end_shrunk_under_the_number_they_were_handed_over_with(buggy_r
     """explore writes each new finding at once, unshrunk, then rewrites it shrunk and confirmed under the
     same number: at the end every finding is shrunk, or -- only when the run's distinct runs reached the
     hard cap -- kept as seen (said so), numbered 1..n, each file written once."""
-    from zerostate.explorer.explore import hard_cap
+    from zerostate.explorer.exploration import hard_cap
     _, out = buggy_run
     rep = load_report(out)
     assert [f["n"] for f in rep["findings"]] == list(range(1, len(rep["findings"]) + 1))
@@ -397,11 +397,11 @@ def test_a_complete_run_numbers_its_findings_in_generation_order(tmp_path):
     CLI rewrites its report from that event, files and replay commands renamed with the numbers."""
     from zerostate.cli.cmd_explore import _Column, _renumber, _write
     from zerostate.reports.report_folder import Report
-    from zerostate.explorer.events import Renumbered, Seen
-    from zerostate.explorer.explore import Exploration
+    from zerostate.explorer.exploration_events import Renumbered, Seen
+    from zerostate.explorer.exploration import Exploration
     from zerostate.explorer.strategies import scenarios
     from zerostate.specs import SPECS
-    from zerostate.targets.base import get_target
+    from zerostate.targets.interface import get_target
 
     # ds-0.18.4 on the core strategy: one example shows several keys at once, handed over in its order
     exp = Exploration(get_target("model", design="ds-0.18.4"), examples=40, strategy=scenarios(setup=False))

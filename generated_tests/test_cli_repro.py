@@ -116,11 +116,11 @@ def test_repro_embeds_the_projects_own_checks_verbatim(hook_repro):
     import zerostate.findings.agreement
     import zerostate.harness.executor
     import zerostate.findings.decide
-    import zerostate.tracing.tracer
+    import zerostate.tracing.harness_tracer
     embedded = _scripts_namespace(hook_repro.read_text())["EMBEDDED"]
     for mod in (zerostate.specs.hook_specs, zerostate.specs.coordinator_specs, zerostate.findings.agreement,
                 zerostate.harness.executor, zerostate.findings.decide,
-                zerostate.tracing.tracer):
+                zerostate.tracing.harness_tracer):
         assert embedded[mod.__name__][1] == Path(inspect.getsourcefile(mod)).read_text(), mod.__name__
     assert embedded["zerostate.specs"][0] is True  # a package: its __init__ (SPECS) is embedded too
     outside = hook_repro.read_text().split("EMBEDDED = {}")[0]
@@ -192,10 +192,10 @@ def test_failed_checks_is_the_targets_judgement():
         for spec in (SEED_002, {"blocks": [{"checkpoint": "non_reentrant"}, {"leaf": True}], "stage": 3},
                      {"blocks": [{}], "stage": 2}):
             sc = Scenario.from_dict(spec)
-            res = t.raw(sc)["result"]
-            t.raw = lambda _sc, _res={"ok": True, "result": res}: _res  # the same result, judged by run()
+            res = t.worker_response(sc)["result"]
+            t.worker_response = lambda _sc, _res={"ok": True, "result": res}: _res  # the same result, judged by run()
             outcome = t.run(sc)
-            del t.raw
+            del t.worker_response
             model = None if sc.beyond_model() else [Event.from_dict(e.to_dict())
                                                              for e in model_run(t.design, sc).events]
             got = failed_checks(from_wire(RunRecord, res), sc, model, t.design.name)

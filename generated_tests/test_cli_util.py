@@ -16,7 +16,7 @@ import xml.etree.ElementTree as ET
 import zlib
 from pathlib import Path
 
-from zerostate.targets.base import Target
+from zerostate.targets.interface import Target
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent / "zerostate"
@@ -105,13 +105,13 @@ class FailingTarget(Target):
     rank pool cannot start (``TargetError``, several lines: the reason, then the pool's log)."""
 
     def __init__(self, after: int, design: str = "ds-0.18.4"):
-        from zerostate.targets.base import get_target
+        from zerostate.targets.interface import get_target
         self.inner = get_target("model", design=design)
         self.name, self.version, self.design = "model", None, self.inner.design
         self.after, self.n = after, 0
 
     def run(self, sc):
-        from zerostate.targets.base import TargetError
+        from zerostate.targets.interface import TargetError
         self.n += 1
         if self.n > self.after:
             raise TargetError("the DeepSpeed rank pool (2 ranks) did not start (rank 1 exited (code 1)):\n"

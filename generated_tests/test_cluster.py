@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from zerostate.explorer.explore import explore
+from zerostate.explorer.exploration import explore
 from zerostate.explorer.strategies import scenarios
 from zerostate.model.scenario import Scenario
-from zerostate.targets.base import get_target
+from zerostate.targets.interface import get_target
 
 ROOT = Path(__file__).resolve().parents[1]
 CORE = scenarios(setup=False)
@@ -42,6 +42,45 @@ def test_cluster_without_ray_is_one_error_line_naming_the_extra(tmp_path):
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and "zerostate[cluster]" in lines[0], p.stderr
     assert not (tmp_path / "r").exists()
+
+
+def test_a_lane_host_runs_its_target_and_answers_in_the_typed_replies():
+    """`cluster.host.LaneHost` without Ray (its methods are what the actor runs): a run's outcome with the
+    restart count, a fresh start, the target closed."""
+    from zerostate.cluster.host import LaneHost
+    host = LaneHost({"kind": "model", "options": {"design": "ds-0.18.4"}, "gang": 1, "env": {}})
+    assert host.fresh() == 0, "no target built yet"
+    host.target = get_target("model", design="ds-0.18.4")
+    sc = Scenario.from_dict({"blocks": [{}, {"checkpoint": "reentrant"}],
+                             "steps": [{"micro": [{"backward": "torch"}]}]})
+    reply = host.run(sc)  # seed 000's shape: ds-0.18.4's premature epilogue
+    assert reply["outcome"].scenario == sc and reply["restarts"] == 0
+    alone = get_target("model", design="ds-0.18.4").run(sc)
+    assert alone.findings and [f.key for f in reply["outcome"].findings] == [f.key for f in alone.findings]
+    assert host.fresh() == 0
+    host.close()
+    assert host.target is None
+
+
+def test_the_loopback_node_parameters_and_the_recovery_record():
+    """`cluster.ray_api` (which addresses are this machine), `cluster.node` (a head's and a worker node's Ray
+    parameters) and `cluster.remote` (what a recovered lane records)."""
+    import argparse
+
+    from zerostate.cluster import node, ray_api
+    from zerostate.cluster.remote import Retry, _one_line
+    assert all(ray_api.is_loopback(a) for a in ("127.0.0.1:6379", "localhost", "localhost:6379", "127.0.1.1:1"))
+    assert not ray_api.is_loopback("10.0.0.2:6379")
+    args = argparse.Namespace(head=True, port=26379, address=None, num_cpus=2, num_gpus=0, object_store_mb=80,
+                              name="node0", temp_dir="/tmp/x")
+    head = node._params(args)
+    assert head["node_ip_address"] == ray_api.LOOPBACK and head["gcs_server_port"] == 26379
+    assert head["resources"] == {"node0": 1.0} and head["object_store_memory"] == 80 * 1024 * 1024
+    worker = node._params(argparse.Namespace(**{**vars(args), "head": False, "address": "127.0.0.1:26379"}))
+    assert worker["gcs_address"] == "127.0.0.1:26379" and "gcs_server_port" not in worker
+    r = Retry(1, _one_line(RuntimeError("actor died\nmore")), "node1", 3, ("sc: a -> b",), 1.234)
+    assert r.to_dict() == {"worker": 1, "why": "RuntimeError: actor died", "node": "node1", "replayed": 3,
+                           "differed": ["sc: a -> b"], "seconds": 1.23}
 
 
 if importlib.util.find_spec("ray") is None:  # not imported here: ray reads its loopback mode when first imported

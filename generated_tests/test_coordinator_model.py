@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from zerostate.model import get_design
-from zerostate.analysis.compare import compare
+from zerostate.analysis.design_comparison import compare
 from zerostate.model.coordinator_designs import COORDINATOR_DESIGNS
 from zerostate.model.coordinator_state import AVAILABLE, HOLD, INFLIGHT, NOT_AVAILABLE, index_for
 from zerostate.model.designs import Design
@@ -41,9 +41,9 @@ from zerostate.model.network import Network
 from zerostate.model.scenario import (Block, Checkpoint, MicroStep, ParamKind, Scenario, ScenarioError,
                                       TrainStep)
 from zerostate.specs import SPECS, check_trace
-from zerostate.specs.coordinator_specs import (AVAILABLE_WHEN_USED, COORDINATOR_SPECS, PERSISTENT_RESIDENT,
-                                               RELEASED_AFTER_BACKWARD, SAVED_TENSOR_INTACT, TRACE_CONSISTENT,
-                                               allgathers, gathered_peak)
+from zerostate.specs.coordinator_specs import (AVAILABLE_WHEN_USED, COORDINATOR_SPECS, RELEASED_AFTER_BACKWARD,
+                                               SAVED_TENSOR_INTACT, TRACE_CONSISTENT, allgathers, gathered_peak)
+from zerostate.specs.persistence_specs import PERSISTENT_RESIDENT
 from zerostate.explorer.strategies import scenarios
 
 ALL = ("ds-0.19.2", "pr-8130", "ds-0.19.3", "zerostate")
@@ -470,3 +470,29 @@ def test_persistent_resident_judges_only_the_releases_a_complete_trace_drives():
     invalidated = at(complete + 1)
     invalidated.insert(complete + 3, Event(EventKind.TRACE_STATE, note="INVALID"))
     assert check_trace(PERSISTENT_RESIDENT, invalidated) is None
+
+
+# ------------------------------------------------------------------ the coordinator's actions, one at a time
+def test_coordinator_actions_gather_wait_hold_and_release_on_a_scratch_copy():
+    from zerostate.model import coordinator_actions
+    from zerostate.model.coordinator_state import CoordState
+    from zerostate.model.scenario import Scenario
+    index = index_for(Network(Scenario.from_dict({"blocks": [{}], "stage": 3})))
+    st = CoordState.initial(index)
+    w = coordinator_actions.Work(st, index)
+    coordinator_actions.all_gather(w, [0], None, prefetch=True)
+    assert w.status[0] == INFLIGHT and w.live == index.numel[0]
+    coordinator_actions.wait_inflight(w, 0, None)
+    assert w.status[0] == AVAILABLE
+    coordinator_actions.hold(w, 0, 1)
+    coordinator_actions.release_param(w, 0, 1)
+    assert w.status[0] == AVAILABLE, "a parameter a module holds is not released"
+    coordinator_actions.drop(w, 0, 1)
+    coordinator_actions.release_param(w, 0, 1)
+    assert w.status[0] == NOT_AVAILABLE and w.live == 0
+    assert [(e.kind, e.note) for e in w.out] == [(EventKind.PREFETCH, None), (EventKind.FETCH, "inflight"),
+                                                 (EventKind.HOLDERS, "+"), (EventKind.HOLDERS, "-"),
+                                                 (EventKind.RELEASE, None)]
+    assert st == CoordState.initial(index), "the state it started from is untouched"
+    assert w.freeze() == st  # gathered, then released: back where it began
+

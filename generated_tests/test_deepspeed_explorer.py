@@ -1,4 +1,4 @@
-"""The explorer the deepspeed target is driven by (explorer/explore.py), exercised on the model target.
+"""The explorer the deepspeed target is driven by (explorer/exploration.py), exercised on the model target.
 
 Fast (no DeepSpeed): determinism, shrinking, the example budget, findings handed over as they are
 final, a broken target, Ctrl-C.
@@ -9,9 +9,10 @@ from __future__ import annotations
 import pytest
 
 from zerostate.model.scenario import Scenario
-from zerostate.targets.base import Outcome, Target, get_target
+from zerostate.targets.interface import Outcome, Target, get_target
 from zerostate.findings.finding import Finding
-from zerostate.explorer.explore import _rank, explore, hard_cap
+from zerostate.explorer.exploration import explore, hard_cap
+from zerostate.explorer.simplify import distance_from_simplest
 from zerostate.explorer.strategies import scenarios
 
 CORE = scenarios(setup=False)
@@ -207,7 +208,8 @@ def test_each_new_key_is_handed_over_unshrunk_at_once_then_updated_shrunk():
         assert [status for status, _ in mine] == [None, "confirmed"], mine  # shrunk, then confirmed
         assert mine[-1][1] is f and f.shrunk is True
         first = next(g for g in got if g.key == f.key).scenario  # no further from the simplest scenario, in
-        assert _rank(f.scenario) <= _rank(first), (f.scenario, first)  # the order shrinking follows
+        # the order shrinking follows
+        assert distance_from_simplest(f.scenario) <= distance_from_simplest(first), (f.scenario, first)
         assert res.seconds_to[f.key] <= res.seconds_final[f.key]
     # handed over during generation: the first key after fewer distinct runs than the whole generation took
     assert min(res.first_seen.values()) < progress[-1]
@@ -268,7 +270,7 @@ def test_polish_takes_out_training_setup_dimensions_the_finding_does_not_need():
         lambda s: s.with_(gradient_clipping=0.05, steps=tuple(TrainStep(st.micro, st.eval_before, True,
                                                                          save_load=True) for st in s.steps)))
     res = explore(get_target("model", design="ds-0.18.4"), examples=30, seed=None, strategy=strat, confirm=False,
-                  stop=lambda fs: len(fs) >= 3)  # the ones it stops on are shrunk and polished, before the run cap
+                  stop=lambda fs: len(fs) >= 3)  # the ones it stops on are shrunk and simplified, before the run cap
     done = [f for f in res.findings if f.shrunk]
     assert len(done) >= 3
     for f in done:
@@ -277,14 +279,15 @@ def test_polish_takes_out_training_setup_dimensions_the_finding_does_not_need():
 
 
 def test_polish_takes_out_the_config_optimizer_the_finding_does_not_need():
-    """``optimizer`` is not a `Scenario.beyond_model` dimension, yet polish counts it (explorer ``_rank``) and
-    puts the client SGD back when the finding does not need DeepSpeed's config Adam (the model ignores it)."""
+    """``optimizer`` is not a `Scenario.beyond_model` dimension, yet polish counts it
+    (``simplify.distance_from_simplest``) and puts the client SGD back when the finding does not need DeepSpeed's
+    config Adam (the model ignores it)."""
     from zerostate.model.scenario import Optimizer
     from zerostate.explorer.strategies import scenarios
     strat = scenarios(max_blocks=2, max_steps=2, max_gas=2, setup=False).map(
         lambda s: s.with_(optimizer=Optimizer.CONFIG_ADAM))
     res = explore(get_target("model", design="ds-0.18.4"), examples=30, seed=None, strategy=strat, confirm=False,
-                  stop=lambda fs: len(fs) >= 3)  # the ones it stops on are shrunk and polished, before the run cap
+                  stop=lambda fs: len(fs) >= 3)  # the ones it stops on are shrunk and simplified, before the run cap
     done = [f for f in res.findings if f.shrunk]
     assert len(done) >= 3
     for f in done:
@@ -296,8 +299,8 @@ def test_polish_takes_out_the_config_optimizer_the_finding_does_not_need():
 def test_the_stream_numbers_each_key_and_hands_it_over_seen_shrunk_confirmed():
     import dataclasses
 
-    from zerostate.explorer.events import Confirmed, Progress, Seen, Shrunk, Stage
-    from zerostate.explorer.explore import Exploration
+    from zerostate.explorer.exploration_events import Confirmed, Progress, Seen, Shrunk, Stage
+    from zerostate.explorer.exploration import Exploration
     exp = Exploration(get_target("model", design="ds-0.18.5"), examples=10, strategy=CORE)
     events = list(exp.events())
     seen = [e for e in events if isinstance(e, Seen)]
@@ -314,8 +317,8 @@ def test_the_stream_numbers_each_key_and_hands_it_over_seen_shrunk_confirmed():
 
 
 def test_closing_the_stream_stops_it_at_once_with_the_findings_as_handed_over():
-    from zerostate.explorer.events import Progress, Seen
-    from zerostate.explorer.explore import Exploration
+    from zerostate.explorer.exploration_events import Progress, Seen
+    from zerostate.explorer.exploration import Exploration
     t = _Broken(10 ** 6, RuntimeError("never"))
     exp = Exploration(t, examples=60, strategy=CORE)
     stream = exp.events()
@@ -331,8 +334,8 @@ def test_closing_the_stream_stops_it_at_once_with_the_findings_as_handed_over():
 
 
 def test_a_stop_request_ends_at_the_next_run_and_confirms_what_was_seen_as_seen():
-    from zerostate.explorer.events import Progress
-    from zerostate.explorer.explore import Exploration
+    from zerostate.explorer.exploration_events import Progress
+    from zerostate.explorer.exploration import Exploration
     exp = Exploration(get_target("model", design="ds-0.18.4"), examples=60, strategy=CORE)
     for ev in exp.events():
         if isinstance(ev, Progress) and ev.findings:

@@ -19,7 +19,7 @@ EXAMPLES = int(os.environ.get("ZEROSTATE_HARNESS_EXAMPLES", "100"))
 @pytest.mark.deepspeed
 @pytest.mark.slow
 def test_the_derandomized_exploration_has_no_harness_error(ds):
-    from zerostate.explorer.explore import explore
+    from zerostate.explorer.exploration import explore
     # stop at the first harness error, or at the first shrunk finding (generation is over: nothing is shrunk before)
     res = explore(ds, examples=EXAMPLES, seed=None, polish=False, confirm=False,
                   stop=lambda found: any(harness_error(f) or f.shrunk for f in found))

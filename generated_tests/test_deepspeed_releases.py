@@ -16,9 +16,9 @@ import os
 
 import pytest
 
-from zerostate.targets.base import get_target
+from zerostate.targets.interface import get_target
 from zerostate.known.issues import SEED_BUGS
-from zerostate.explorer.explore import explore
+from zerostate.explorer.exploration import explore
 
 pytestmark = [pytest.mark.deepspeed, pytest.mark.slow]
 

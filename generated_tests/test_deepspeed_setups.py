@@ -14,7 +14,7 @@ import torch
 
 from zerostate.model.scenario import Scenario
 from zerostate.findings import tolerance
-from zerostate.harness.net import config, network
+from zerostate.harness.net import config, torch_network
 from zerostate.harness.net.oracle import oracle_params
 
 pytestmark = pytest.mark.deepspeed
@@ -95,7 +95,7 @@ def test_reregister_is_trls_unwrap_for_generation(ds, name):
     sc = Scenario.from_dict(CASES[name][0])
     out = ds.run(sc)
     assert not out.findings, "\n".join(f"{f.key}: {f.error[:300]}" for f in out.findings)
-    n = len(list(network.build_model(sc).parameters()))
+    n = len(list(torch_network.build_model(sc).parameters()))
     unwraps = sum(st.reregister for st in sc.steps)
     assert out.record.engine.unwrap_gathered == (n,) * unwraps, (n, out.record.engine)
 
@@ -168,7 +168,7 @@ def test_fp16_overflow_skips_the_step_in_deepspeed_and_the_oracle(ds, stage):
     info: dict = {}
     expected = oracle_params(sc, info)
     assert info["skipped"] == [0] and info["scales"] == [2.0 ** 16, 2.0 ** 15], info
-    initial = network.build_model(sc)
+    initial = torch_network.build_model(sc)
     assert all((expected[0][n] - p.detach()).abs().max().item() == 0 for n, p in initial.named_parameters())
     assert any((expected[1][n] - p.detach()).abs().max().item() > 0 for n, p in initial.named_parameters())
     out = ds.run(sc)
@@ -305,7 +305,7 @@ def test_modules_to_save_reaches_deepspeed(ds):
     """PEFT's modules_to_save wraps the head in a ModulesToSaveWrapper with a trainable copy: ZeRO-3 trains it
     (the copy's parameters are in the engine's module and change), and the run agrees with the oracle."""
     sc = Scenario.from_dict({"family": "llama", "lora": True, "modules_to_save": True, "stage": 3, "steps": [{}, {}]})
-    model = network.build_model(sc)
+    model = torch_network.build_model(sc)
     names = [n for n, p in model.named_parameters() if p.requires_grad and "modules_to_save" in n]
     assert names, [n for n, _ in model.named_parameters()]
     before = dict(model.named_parameters())
@@ -355,7 +355,7 @@ def test_config_adam_reaches_deepspeed_and_agrees(ds, name):
     assert not out.skipped, out.skipped
     got = out.record.engine.optimizer
     assert got.class_name == "torch.optim.adamw.AdamW" and got.from_config, got
-    model = network.build_model(sc)
+    model = torch_network.build_model(sc)
     want = [g["lr"] for g in config.param_groups(sc, model)]
     assert [g.lr for g in got.groups] == want, (got.groups, want)
     assert all(g.eps == config.ADAM["eps"] for g in got.groups), got.groups

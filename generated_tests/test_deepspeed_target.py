@@ -26,21 +26,15 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 from zerostate.model.events import EventKind
 from zerostate.model.scenario import BackwardKind, MicroStep, Scenario, ScenarioError, TrainStep
-from zerostate.targets.base import TargetError, get_target
+from zerostate.targets.interface import TargetError, get_target
 from zerostate.known.issues import KNOWN_ISSUES, PINNED, explain
 from zerostate.explorer.strategies import BACKWARDS, scenarios
 
 pytestmark = pytest.mark.deepspeed
 
 
-@pytest.fixture(scope="module")
-def ds(request):
-    opts = {"deepspeed": request.config.getoption("--deepspeed"),
-            "deepspeed_path": request.config.getoption("--deepspeed-path"),
-            "world_size": request.config.getoption("--world-size")}
-    t = get_target("deepspeed", **{k: v for k, v in opts.items() if v})
-    yield t
-    t.close()
+DS_HONOURS_WORLD_SIZE = True
+"""conftest's ``ds`` runs at ``--world-size``: these tests hold at any world size."""
 
 
 def _unexplained(outcome):
@@ -174,9 +168,9 @@ def test_a_loss_with_nothing_to_differentiate_is_skipped_not_a_harness_error(ds)
     frozen, the input without grad) is not training code: the oracle raised torch's "element 0 of tensors does
     not require grad" (an ``oracle-error``, zerostate's own failure).  It is skipped with the reason, like a
     scenario without any trainable parameter; the step before it trains and agrees."""
-    from zerostate.explorer.polish import candidates as _candidates
+    from zerostate.explorer.simplify import simplifications
     drawn = Scenario.from_dict({**NOTHING_TO_DIFFERENTIATE, "blocks": NOTHING_TO_DIFFERENTIATE["blocks"] + [{}]})
-    assert Scenario.from_dict(NOTHING_TO_DIFFERENTIATE) in list(_candidates(drawn))  # polish deletes block 1
+    assert Scenario.from_dict(NOTHING_TO_DIFFERENTIATE) in list(simplifications(drawn))  # polish deletes block 1
     out = ds.run(Scenario.from_dict(NOTHING_TO_DIFFERENTIATE))
     assert not out.findings, _fmt(out.findings)
     assert "nothing to differentiate" in (out.skipped or ""), out.record
@@ -431,19 +425,19 @@ def test_a_world_size_2_scenario_runs_on_a_rank_pool_of_its_own():
         two = t.run(Scenario.from_dict({"stage": 3, "width": 7, "world_size": 2}))
         assert not two.findings, _fmt(two.findings)
         assert two.record.engine.world_size == 2 and len(two.ranks) == 2
-        assert two.world_size == 2 and set(t._wider) == {2}
+        assert two.world_size == 2 and set(t._rank_pools) == {2}
         one = t.run(Scenario.from_dict({"stage": 3, "width": 7}))
         assert not one.findings and one.record.engine.world_size == 1 and not one.ranks
-        wider = t._wider[2]
-        first = wider.worker
+        pool = t._rank_pools[2]
+        first = pool.worker
         t.fresh()
-        assert t._wider[2] is wider and wider.worker is None and not first.alive()
+        assert t._rank_pools[2] is pool and pool.worker is None and not first.alive()
         assert t.run(Scenario.from_dict({"stage": 2, "world_size": 2})).record.engine.world_size == 2
-        assert wider.worker is not first and wider.worker.alive() and wider._spare is not None
-        pools = [wider.worker, wider._spare]
+        assert pool.worker is not first and pool.worker.alive() and pool._spare is not None
+        pools = [pool.worker, pool._spare]
     finally:
         t.close()
-    assert not t._wider and not any(p.alive() for p in pools)
+    assert not t._rank_pools and not any(p.alive() for p in pools)
 
 
 def test_prestart_starts_the_rank_pool_in_the_background_and_hands_over_its_error():
@@ -455,7 +449,7 @@ def test_prestart_starts_the_rank_pool_in_the_background_and_hands_over_its_erro
         t.prestart(2)
         assert t._starting is not None  # started, not waited for
         out = t.run(Scenario.from_dict({"stage": 2, "world_size": 2}))
-        assert not out.findings and out.record.engine.world_size == 2 and set(t._wider) == {2}
+        assert not out.findings and out.record.engine.world_size == 2 and set(t._rank_pools) == {2}
         t.close()
         t._options = dict(t._options, deepspeed_path="/nonexistent/DeepSpeed")  # a pool that cannot start
         t.prestart(2)

@@ -28,7 +28,7 @@ from hypothesis import given, settings
 
 from zerostate.model.events import Event
 from zerostate.model.scenario import Scenario
-from zerostate.targets.base import get_target
+from zerostate.targets.interface import get_target
 from zerostate.known.issues import KNOWN_ISSUES, explain
 from zerostate.harness.cross_rank_checks import cross_rank_problems, per_step
 from zerostate.explorer.strategies import scenarios
@@ -231,7 +231,7 @@ def test_a_rank_that_never_arrives_is_a_hang_with_stacks(request):
 
 _PARENT = r"""
 import sys, time
-from zerostate.targets.base import get_target
+from zerostate.targets.interface import get_target
 t = get_target("deepspeed", world_size=2)
 print(" ".join(map(str, t.worker.pids)), flush=True)
 time.sleep(600)
@@ -359,7 +359,7 @@ def test_seed_002_found_and_shrunk_at_world_size_2(tmp_path):
     if not _have_release("0.19.2"):
         pytest.skip("opt-in: ZEROSTATE_RELEASES=0.19.2 (installs it on first use)")
     from zerostate.harness.repro import repro_script
-    from zerostate.explorer.explore import explore
+    from zerostate.explorer.exploration import explore
     t = get_target("deepspeed", deepspeed="0.19.2", world_size=2)
     try:
         # ZeRO-3 only: the derandomized sequence of the full strategy changes with the explorer's own code
@@ -397,7 +397,7 @@ def test_a_short_exploration_at_world_size_2_gives_the_same_findings_twice(ds2, 
     """The same seed gives the same findings at world size 2, as at world size 1: the same examples run,
     the same findings, shrunk to the same scenarios, each confirmed (or found order-dependent, with the
     same sequence) the same way; only the wall-clock may differ.  Each run starts from a fresh pool."""
-    from zerostate.explorer.explore import explore
+    from zerostate.explorer.exploration import explore
     n = 30 if _full(request.config) else 6
 
     def once():
@@ -474,7 +474,7 @@ def test_a_git_checkouts_rank_pool_sees_its_version(tmp_path):
     ``version.txt`` (it reported 0.0.0, and the exploration died, while the pool ran elsewhere than the
     checkout's root).  Run from a folder that is not the checkout."""
     import deepspeed
-    from zerostate.explorer.explore import generated
+    from zerostate.explorer.exploration import generated
     root = git_checkout(tmp_path / "DeepSpeed", deepspeed.__version__)
     first = [sc for sc in generated(scenarios(), 30, None) if sc.world_size == 2][:2]
     t = get_target("deepspeed", deepspeed_path=str(root))
@@ -482,7 +482,7 @@ def test_a_git_checkouts_rank_pool_sees_its_version(tmp_path):
         for sc in first:
             out = t.run(sc)
             assert out.world_size == 2 and not _unexplained(out), (out.ranks, _fmt(out.findings))
-        pool = t._wider[2]
+        pool = t._rank_pools[2]
         assert pool.version == t.version == deepspeed.__version__
         assert os.path.realpath(pool.hello["file"]).startswith(os.path.realpath(root)), pool.hello
     finally:
@@ -493,7 +493,7 @@ def test_a_target_error_once_running_is_one_line_and_exit_2(tmp_path, monkeypatc
     """A target that fails after it started (a rank pool that cannot start, drawn mid-exploration) ends the
     command with one line naming the problem and exit status 2, never a traceback."""
     from zerostate.cli import cmd_replay, main
-    from zerostate.targets.base import TargetError
+    from zerostate.targets.interface import TargetError
 
     def fails(args):
         raise TargetError("the DeepSpeed rank pool (2 ranks) did not start (no answer within 900 s):\n"

@@ -1,4 +1,5 @@
-"""Coverage-guided steering (`explorer/choices.py`, `schedule.py`, `signal.py`, `rounds.py`; ``explore --steer``).
+"""Coverage-guided steering (`explorer/choices.py`, `steering_schedule.py`, `signal.py`, `rounds.py`;
+``explore --steer``).
 
 The scheduler is a pure function: determinism, the floor and the cap, and the fold's sequence order are tested on
 hand-made rounds.  The steered exploration is tested on the model target (cheap, deterministic): the same
@@ -18,7 +19,7 @@ import pytest
 from zerostate.explorer import choices
 from zerostate.explorer.choices import DEFAULT, POINTS, SCALE, Weights
 from zerostate.explorer.generate import Lanes, generated
-from zerostate.explorer.schedule import CAP, Folded, cap, floor, recut, round_seed, schedule
+from zerostate.explorer.steering_schedule import CAP, Folded, cap, floor, recut, round_seed, schedule
 from zerostate.explorer.signal import fold, monitor_states, shape
 from zerostate.explorer.strategies import PRECISIONS, scenarios
 from zerostate.model.scenario import Precision
@@ -130,7 +131,7 @@ def test_taken_reads_what_the_strategy_drew() -> None:
 
 
 def test_monitor_state_shapes_drop_names() -> None:
-    from zerostate.targets.base import get_target
+    from zerostate.targets.interface import get_target
     assert shape(frozenset({"blocks.0.lin.weight"})) == shape(frozenset({"head.weight"})) == ("frozenset", 1)
     assert shape("RECORD") == "RECORD" and shape("blocks.0") == "name"
     t = get_target("model")
@@ -141,8 +142,8 @@ def test_monitor_state_shapes_drop_names() -> None:
 
 
 def _steered(jobs: int, examples: int = 60, design: str = "ds-0.18.4"):  # type: ignore[no-untyped-def]
-    from zerostate.explorer.explore import Exploration
-    from zerostate.targets.base import get_target
+    from zerostate.explorer.exploration import Exploration
+    from zerostate.targets.interface import get_target
     exp = Exploration(get_target("model", design=design), examples=examples, seed=0, steer="coverage",
                       round_size=20, jobs=jobs, spawn=lambda: get_target("model", design=design), confirm=False)
     with contextlib.closing(exp.events()) as events:

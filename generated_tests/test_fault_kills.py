@@ -43,7 +43,7 @@ def _tree(tmp_path: Path) -> Path:
 
 def _outcome_on(tree: Path, sc: Scenario) -> Any:
     """``sc``'s outcome in a fresh worker, which imports the tree as it is now."""
-    from zerostate.targets.base import get_target
+    from zerostate.targets.interface import get_target
     target = get_target("deepspeed", deepspeed_path=str(tree))
     try:
         return target.run(sc)

@@ -16,7 +16,7 @@ from zerostate.findings.oracle_class import OTHER, ratio_class, update_class
 from zerostate.known.labels import annotate, groups, labelled
 from zerostate.model.events import Event, EventKind as K
 from zerostate.model.scenario import Scenario
-from zerostate.targets.base import Outcome
+from zerostate.targets.interface import Outcome
 
 SC_SMALL = Scenario.from_dict({"blocks": [{}], "stage": 1})
 SC_BIG = Scenario.from_dict({"blocks": [{}, {}, {}], "stage": 2, "width": 16,
@@ -158,7 +158,7 @@ def test_faults_injected_into_real_deepspeed_give_one_key_per_mechanism(tmp_path
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
     from faults.apply import applied, make_tree
     from faults.catalogue import by_id
-    from zerostate.targets.base import get_target
+    from zerostate.targets.interface import get_target
 
     def sc(stage: int, blocks: int, width: int, steps: int = 1) -> Scenario:
         return Scenario.from_dict({"stage": stage, "blocks": [{}] * blocks, "width": width,

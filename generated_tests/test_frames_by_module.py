@@ -59,7 +59,7 @@ def test_a_tracer_error_is_zerostates_and_a_deepspeed_one_deepspeeds_in_every_la
     root, ds = LAYOUTS[layout], DEEPSPEED_AT[ds_at]
     mine = [("zerostate.harness.executor", f"{root}/harness/executor.py", "execute"),
             ("deepspeed.runtime.engine", f"{ds}/runtime/engine.py", "backward"),
-            ("zerostate.tracing.tracer", f"{root}/tracing/tracer.py", "on_hook")]
+            ("zerostate.tracing.harness_tracer", f"{root}/tracing/harness_tracer.py", "on_hook")]
     theirs = [("zerostate.harness.executor", f"{root}/harness/executor.py", "execute"),
               ("zerostate.harness.net.engine", f"{root}/harness/net/engine.py", "backward"),
               ("deepspeed.runtime.zero.stage3", f"{ds}/runtime/zero/stage3.py", "reduce_ipg_grads")]
@@ -77,7 +77,7 @@ def test_a_tracer_error_is_zerostates_and_a_deepspeed_one_deepspeeds_in_every_la
 
 def test_frames_name_the_file_inside_the_package_by_module():
     exc = _raise_through([("deepspeed.runtime.zero", "/x/deepspeed/runtime/zero/__init__.py", "f"),
-                          ("zerostate.harness.net.network", "/any/where/net/network.py", "forward")])
+                          ("zerostate.harness.net.torch_network", "/any/where/net/torch_network.py", "forward")])
     files = [(f.package, f.file, f.module) for f in frames_of(exc) if f.module != __name__][-2:]
     assert files == [("deepspeed", "runtime/zero/__init__.py", "deepspeed.runtime.zero"),
-                     ("zerostate", "harness/net/network.py", "zerostate.harness.net.network")]
+                     ("zerostate", "harness/net/torch_network.py", "zerostate.harness.net.torch_network")]

@@ -221,7 +221,7 @@ LEAF_INPUT_NO_GRAD = {
 @pytest.mark.parametrize("check", sorted(LEAF_INPUT_NO_GRAD))
 def test_zerostate_design_z3_leaf_whose_input_does_not_require_grad(check):
     from zerostate.model.scenario import Scenario
-    from zerostate.targets.base import get_target
+    from zerostate.targets.interface import get_target
     out = get_target("model", design="zerostate").run(Scenario.from_dict(LEAF_INPUT_NO_GRAD[check]))
     assert not out.findings, [f.key for f in out.findings]
 
@@ -229,7 +229,7 @@ def test_zerostate_design_z3_leaf_whose_input_does_not_require_grad(check):
 def test_zerostate_design_releases_a_z3_leaf_whose_backward_never_runs():
     """z3-leaf-kept-gathered on its own scenario: DeepSpeed's coordinator designs keep the leaf gathered
     after the backward (released-after-backward); the zerostate design releases it after its forward."""
-    from zerostate.targets.base import get_target
+    from zerostate.targets.interface import get_target
     from zerostate.known.issues import Z3_LEAF_KEPT_GATHERED
     sc = Z3_LEAF_KEPT_GATHERED.scenario
     for design in ("ds-0.19.2", "ds-0.19.3"):
@@ -261,7 +261,7 @@ def test_leaf_reduction_deferred_until_its_gradients_accumulated(name):
     zerostate design reduces the leaf's parameters after the last LEAF_GRAD it awaits, once per backward, and
     judges clean."""
     from zerostate.model.explore import run
-    from zerostate.targets.base import get_target
+    from zerostate.targets.interface import get_target
     sc = _leaf_input_no_grad_scenarios()[name]
     for design in ("ds-0.18.4", "ds-0.18.7", "ds-0.19.3"):
         keys = {f.violation for f in get_target("model", design=design).run(sc).findings}
@@ -279,3 +279,48 @@ def test_leaf_reduction_deferred_until_its_gradients_accumulated(name):
             adds = [k for k, e in enumerate(events) if e.kind is EventKind.BUCKET_ADD and e.param == p]
             grads = [k for k, e in enumerate(events) if e.kind is EventKind.LEAF_GRAD and e.param == p]
             assert len(adds) == len(hook) and all(a > g for a, g in zip(adds, grads, strict=False)), p
+
+
+# ------------------------------------------------------------------ the hook half's parts, one transition at a time
+def test_hook_state_reports_deepspeeds_field_names_and_never_changes_in_place():
+    from zerostate.model.hook_state import HookState
+    hs = HookState(remaining=2, depth=1, seen=True, fired=3, max_expected=4, cb_queued=True)
+    assert hs.observable() == {"remaining_grad_acc_hooks": 2, "backward_active_depth": 1,
+                               "backward_seen_this_step": True, "hooks_fired_this_backward": 3,
+                               "max_expected_hooks_seen": 4, "post_backward_callback_queued": True}
+    assert hs.with_(depth=0).depth == 0 and hs.depth == 1
+
+
+def test_hook_actions_enter_and_leave_a_backward_as_deepspeeds_methods_do():
+    from zerostate.model import hook_actions
+    from zerostate.model.hook_state import HookState
+    no_ctx = None  # these actions read nothing of the environment
+    polluted = HookState(fired=5, max_expected=7, remaining=2, cb_queued=True, cb_task=3)
+    hs, eff = hook_actions.enter_backward_resetting(polluted, no_ctx)
+    assert (hs.depth, hs.seen, hs.fired, hs.max_expected, hs.remaining, hs.cb_queued) == (1, True, 0, 0, 0, False)
+    assert [(e.kind, e.value) for e in eff] == [(EventKind.ENTER_BACKWARD, 1)]
+    nested, _ = hook_actions.enter_backward_resetting(hs.with_(fired=2), no_ctx)
+    assert (nested.depth, nested.fired) == (2, 2)  # only the step's first entry drops the counters
+    plain, _ = hook_actions.enter_backward_plain(polluted, no_ctx)
+    assert (plain.depth, plain.fired, plain.seen) == (1, 5, False)  # 0.18.4: depth only
+    out, eff = hook_actions.exit_backward(HookState(), no_ctx)
+    assert out.depth == 0 and [(e.kind, e.value) for e in eff] == [(EventKind.EXIT_BACKWARD, 0)]  # never below 0
+    fresh, eff = hook_actions.reset_for_new_step(HookState(seen=True, fired=4, epilogue_ran=True, cb_task=1), no_ctx)
+    assert fresh == HookState() and eff == ()
+
+
+def test_the_machine_tracks_graph_tasks_and_runs_a_tasks_queued_callback_before_its_end():
+    from zerostate.model.events import Event
+    from zerostate.model.machine import initial_state, step
+    from zerostate.model.scenario import Scenario
+    design = get_design("zerostate")
+    net = Network(Scenario.from_dict({"blocks": [{}, {}], "stage": 1}))
+    st = initial_state(design, net)
+    st, trace = step(design, net, st, Event(EventKind.TASK_START, task=0, note="outer"))
+    assert trace[0].kind is EventKind.TASK_START
+    assert st.env.tasks == ((0, net.reach_of_outer_task()),)
+    st = st._replace(env=st.env._replace(callbacks=frozenset({0})))
+    st, trace = step(design, net, st, Event(EventKind.TASK_END, task=0))
+    kinds = [e.kind for e in trace]
+    assert kinds[0] is EventKind.CALLBACK_RUN and kinds.index(EventKind.CALLBACK_RUN) < kinds.index(EventKind.TASK_END)
+    assert st.env.tasks == () and st.env.callbacks == frozenset()

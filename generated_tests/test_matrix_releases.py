@@ -46,13 +46,13 @@ def _zerostate(*argv: str, cwd: Path | None = None) -> subprocess.CompletedProce
 
 
 @pytest.fixture(scope="module")
-def matrix(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess[str], Path]:
+def release_matrix(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess[str], Path]:
     out = tmp_path_factory.mktemp("releases")
     return _zerostate("explore", "--deepspeed", ",".join(RELEASES), *BUDGET, "--jobs", "1", "--out", str(out)), out
 
 
-def test_three_releases_in_one_report_with_a_cell_per_finding_and_release(matrix):
-    p, out = matrix
+def test_three_releases_in_one_report_with_a_cell_per_finding_and_release(release_matrix):
+    p, out = release_matrix
     assert p.returncode == 1, p.stdout[-2000:] + p.stderr[-3000:]  # findings
     report = json.loads((out / "report.json").read_text())
     assert report["releases"] == list(RELEASES) and report["status"] == "complete"
@@ -71,10 +71,10 @@ def test_three_releases_in_one_report_with_a_cell_per_finding_and_release(matrix
     assert table[0] == "| finding | " + " | ".join(RELEASES) + " |" and len(table) == 2 + len(rows)
 
 
-def test_every_cell_replays_as_it_says(matrix):
+def test_every_cell_replays_as_it_says(release_matrix):
     """Each cell of the first row: its replay command, run from the report's folder as written, fails (exit 1)
     where the cell says present and passes (exit 0) where it says absent, on that cell's release."""
-    _, out = matrix
+    _, out = release_matrix
     row = json.loads((out / "report.json").read_text())["findings"][0]
     expected = {"present": 1, "absent": 0}
     ran = {}

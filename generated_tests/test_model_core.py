@@ -73,13 +73,13 @@ def test_designs_and_specs_implement_their_protocols():
 def test_target_kinds_register_themselves_and_base_imports_none_of_them():
     import subprocess
     import sys
-    base = ROOT / "targets" / "base.py"
+    base = ROOT / "targets" / "interface.py"
     imported = {(node.module or "").removeprefix("zerostate.targets.") for node in ast.walk(ast.parse(base.read_text()))
                 if isinstance(node, ast.ImportFrom) and
                    (node.level > 0 or (node.module or "").startswith("zerostate.targets"))}
     kinds = {m for m in imported if m.split(".")[0] in ("model_target", "deepspeed")}
-    assert not kinds, f"targets/base.py imports its kinds: {kinds}"
-    code = ("import sys, zerostate.targets.base as b; print(','.join(b.target_kinds())); "
+    assert not kinds, f"targets/interface.py imports its kinds: {kinds}"
+    code = ("import sys, zerostate.targets.interface as b; print(','.join(b.target_kinds())); "
             "print(sorted(m for m in ('torch', 'deepspeed') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split("\n")
     assert out[0].split(",") == ["model", "deepspeed"]
@@ -88,7 +88,7 @@ def test_target_kinds_register_themselves_and_base_imports_none_of_them():
 
 def test_get_target_checks_the_kind_and_its_options_before_building():
     import pytest
-    from zerostate.targets.base import TargetError, get_target
+    from zerostate.targets.interface import TargetError, get_target
     for name, kw, match in (("nope", {}, "known targets: model, deepspeed"),
                             ("model", {"deepspeed": "0.19.8"}, "apply to the deepspeed target"),
                             ("model", {"design": "nope"}, "unknown design"),
@@ -110,3 +110,23 @@ def test_a_findings_key_is_its_check_and_code_never_its_message():
     assert Finding("oracle-error", "oracle: ValueError: x", None).key == \
         Finding("oracle-error", "oracle: KeyError: 7", None).key == "oracle-error"
     assert Finding("exception", "boom", None, origin="KeyError@runtime.x").key == "exception:KeyError@runtime.x"
+
+
+def test_the_era_table_reads_release_numbers_and_gives_each_release_one_row():
+    from itertools import pairwise
+
+    import pytest
+
+    from zerostate.model import eras
+    from zerostate.model.coordinator_designs import COORDINATOR_DESIGNS
+    from zerostate.model.hook_designs import HOOK_DESIGNS
+    assert eras.parse_release("0.19.8+cpu") == (0, 19, 8) and eras.parse_release("v0.19.3rc1") == (0, 19, 3)
+    assert eras.parse_release("1.2") == (1, 2, 0)
+    with pytest.raises(eras.UnknownRelease):
+        eras.parse_release("latest")
+    rows = eras.ERAS
+    assert all(a.end == b.first for a, b in pairwise(rows)), "contiguous, no release twice"
+    assert eras.era_of((0, 19, 8)).design == "ds-0.19.3" and eras.era_of((0, 18, 3)) is None
+    assert eras.span(rows) == "0.18.4 <= version < 0.20.0"
+    assert all(e.design in designs() and e.hook_design in HOOK_DESIGNS and e.coordinator_design in COORDINATOR_DESIGNS
+               for e in rows), "every row names designs the model has"

@@ -43,7 +43,8 @@ def test_one_findings_decider():
     from zerostate.harness import repro  # a repro script embeds the decider and judges with it
     assert "zerostate.findings.decide" in repro.embedded_modules()
     assert "from zerostate.findings.decide import failed_checks" in (ROOT / "harness" / "repro.py").read_text()
-    assert _imports(ROOT / "targets" / "base.py", "zerostate.findings.decide")  # decide_trace: the model, the watch
+    # decide_trace: the model, the watch
+    assert _imports(ROOT / "targets" / "interface.py", "zerostate.findings.decide")
     from zerostate.findings import decide
     assert decide.failed_checks.__module__ == decide.__name__
 

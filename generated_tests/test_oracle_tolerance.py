@@ -12,7 +12,7 @@ import pytest
 
 import zerostate.targets  # noqa: F401 -- registers the target kinds
 from zerostate.model.scenario import Scenario
-from zerostate.targets.base import get_target
+from zerostate.targets.interface import get_target
 
 pytestmark = [pytest.mark.deepspeed, pytest.mark.slow]
 

@@ -16,8 +16,8 @@ from zerostate.explorer.strategies import scenarios
 from zerostate.findings.finding import Finding
 from zerostate.harness.net.config import ds_config
 from zerostate.model.scenario import Offload, Precision, Scenario
-from zerostate.targets.base import Outcome, Target, get_target
-from zerostate.explorer.explore import COMPLETION_LANE
+from zerostate.targets.interface import Outcome, Target, get_target
+from zerostate.explorer.exploration import COMPLETION_LANE
 
 _K = {p.name: k for k, p in enumerate(POINTS)}
 
@@ -147,7 +147,7 @@ def test_explore_redraws_in_a_second_round_what_the_first_rounds_runs_ended_on(m
     """Over three pairs (the rest monkeypatched away), a ZeRO-1 pair is drawn in both rounds -- each of its
     runs ends early -- and the report says it ran only in runs that ended; the ZeRO-2 pair once."""
     from zerostate.explorer import pairs
-    from zerostate.explorer.explore import explore
+    from zerostate.explorer.exploration import explore
     three = [_pair("stage", 1, "precision", 1), _pair("stage", 1, "precision", 2), _pair("stage", 2, "precision", 2)]
     monkeypatch.setattr(pairs, "all_pairs", lambda: three)
     res = explore(_EndsAtZero1(), examples=12, seed=None)
@@ -213,7 +213,7 @@ def test_the_first_round_reads_no_outcome() -> None:
     """The first round completes the generated scenarios' pairs whatever their runs did: an exploration whose
     ZeRO-1 runs all end early runs the same first-round examples, at the same positions, as one whose runs do
     not (a completion that read them would differ)."""
-    from zerostate.explorer.explore import explore
+    from zerostate.explorer.exploration import explore
     ran = _distinct(12)
     first = complete(ran, budget_for(12), None).examples
     hid = complete(ran, budget_for(12), None, [s for s in ran if s.stage == 1]).examples
@@ -248,11 +248,11 @@ def test_the_first_round_is_drawn_before_its_lanes_are_asked_for() -> None:
 def test_two_jobs_drawing_in_helpers_run_the_completion_of_one_job(monkeypatch) -> None:
     """Two workers, the first round drawn in helper processes while the generated lanes run, give the examples,
     positions and outcomes of one worker drawing after them (the round is handed out lane by lane as drawn)."""
-    from zerostate.explorer import explore as explore_mod
-    monkeypatch.setattr(explore_mod.os, "cpu_count", lambda: 2)  # helpers, whatever this machine has
+    from zerostate.explorer import exploration
+    monkeypatch.setattr(exploration.os, "cpu_count", lambda: 2)  # helpers, whatever this machine has
 
     def run(jobs: int):
-        return explore_mod.explore(get_target("model", design="ds-0.18.5"), examples=40, seed=None, jobs=jobs,
+        return exploration.explore(get_target("model", design="ds-0.18.5"), examples=40, seed=None, jobs=jobs,
                                    spawn=lambda: get_target("model", design="ds-0.18.5"), lane=25, shrink=False)
     one, two = run(1), run(2)
     assert [(g["position"], g["scenario"], g["findings"]) for g in two.generated] == \

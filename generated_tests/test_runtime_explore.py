@@ -57,7 +57,7 @@ def test_exploration_with_runtime_finds_nothing_new(release, tmp_path, monkeypat
     too (same check, same place).  Findings the runtime *removes* are what it is for.
     """
     from zerostate.targets.deepspeed.target import DeepSpeedTarget
-    from zerostate.explorer.explore import explore
+    from zerostate.explorer.exploration import explore
     from zerostate.known.labels import group_key
 
     target, log = _target(tmp_path, monkeypatch, release)

@@ -16,7 +16,7 @@ from itertools import pairwise
 
 import pytest
 
-pytestmark = pytest.mark.deepspeed
+pytestmark = [pytest.mark.deepspeed, pytest.mark.usefixtures("single_rank_process_group")]
 
 torch = pytest.importorskip("torch")
 deepspeed = pytest.importorskip("deepspeed")
@@ -27,12 +27,6 @@ from zerostate.runtime import (UnsupportedDeepSpeedError, UnsupportedEngineError
 from zerostate.runtime import selfcheck  # noqa: E402
 from zerostate.runtime.compat_table import COMPAT, compat_row, parse_version  # noqa: E402
 from zerostate.runtime.release_policy import HOLD_ID  # noqa: E402
-
-
-@pytest.fixture(scope="module", autouse=True)
-def dist():
-    selfcheck._setup_dist()
-    yield
 
 
 def _engine(stage: int, frozen: bool = False):
@@ -488,7 +482,7 @@ def test_autoinstall_on_unsupported_release_warns_instead_of_raising(monkeypatch
 def test_runtime_import_pulls_no_explorer_dependency():
     """`import zerostate.runtime` (and its modules) imports neither the explorer's dependencies nor torch/deepspeed."""
     code = ("import sys, zerostate.runtime, zerostate.runtime.install, zerostate.runtime.autoinstall, "
-            "zerostate.runtime.release_policy, zerostate.runtime.hook_state, zerostate.runtime.selfcheck, "
+            "zerostate.runtime.release_policy, zerostate.runtime.hook_state_manager, zerostate.runtime.selfcheck, "
             "zerostate.runtime.compat_table, zerostate.runtime.engine_support, zerostate.runtime.errors, "
             "zerostate.runtime.hook_closures, zerostate.runtime.initialize_patch, zerostate.runtime.patcher\n"
             "bad = sorted({m.split('.')[0] for m in sys.modules} & "

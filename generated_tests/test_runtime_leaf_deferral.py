@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-pytestmark = pytest.mark.deepspeed
+pytestmark = [pytest.mark.deepspeed, pytest.mark.usefixtures("single_rank_process_group")]
 
 torch = pytest.importorskip("torch")
 deepspeed = pytest.importorskip("deepspeed")
@@ -15,12 +15,6 @@ from test_runtime_install import _diff, _snapshot  # noqa: E402  (the snapshot o
 
 from zerostate.runtime import UnsupportedEngineError, ZerostateInstallError, install, is_installed, uninstall  # noqa: E402
 from zerostate.runtime import selfcheck  # noqa: E402
-
-
-@pytest.fixture(scope="module", autouse=True)
-def dist():
-    selfcheck._setup_dist()
-    yield
 
 
 def _leaf_engine():

@@ -28,7 +28,7 @@ from zerostate.model.events import EventKind, Event
 from zerostate.model.hook_designs import ZEROSTATE
 from zerostate.model.network import Network
 from zerostate.model.scenario import BackwardKind, Scenario
-from zerostate.runtime.hook_state import ZerostateBackwardHookState, observable
+from zerostate.runtime.hook_state_manager import ZerostateBackwardHookState, observable
 from zerostate.runtime.hook_closures import build_hook as _build_hook
 from zerostate.runtime.leaf_deferral import defer_leaf_hook
 from zerostate.explorer.strategies import scenarios

@@ -320,7 +320,7 @@ EXPLORED = {
 
 
 def test_default_explore_sequence_draws_each_combination():
-    from zerostate.explorer.explore import generated
+    from zerostate.explorer.exploration import generated
     seen: set[str] = set()
     for sc in generated(scenarios(), 200, None):
         seen.update(name for name, pred in EXPLORED.items() if pred(sc))
@@ -333,7 +333,7 @@ def test_across_ranks_options_draw_more_ranks_without_changing_the_sequence():
     sequence is the same scenarios but for their world size (Hypothesis labels a strategy by its elements' hash:
     another strategy would shift it)."""
     from zerostate.explorer import strategies as S
-    from zerostate.explorer.explore import generated
+    from zerostate.explorer.exploration import generated
 
     def sequence():
         return list(generated(S.scenarios(), 200, None))
@@ -419,3 +419,18 @@ def test_save_load_must_be_a_boolean(bad):
     sc = Scenario(steps=(TrainStep(), TrainStep(save_load=bad)))
     with pytest.raises(ScenarioError, match=r"steps\[1\]\.save_load"):
         sc.validate()
+
+
+def test_scenario_fields_are_plain_values_named_as_the_json_writes_them():
+    from zerostate.model.scenario_fields import BackwardKind, Checkpoint, MicroStep, ParamKind
+    assert [k.pytorch_style for k in BackwardKind] == [False, True, True]
+    assert Checkpoint("non_reentrant") is Checkpoint.NON_REENTRANT and ParamKind.FROZEN == "frozen"
+    b = Block(norm=ParamKind.FROZEN)
+    assert b.has_frozen and b.has_trainable and b.kind_of("norm") is ParamKind.FROZEN
+    assert hash(b) == hash(Block(norm=ParamKind.FROZEN))  # a value: equal blocks hash alike
+    with pytest.raises(AttributeError, match="no sub-module 'head'"):
+        b.kind_of("head")
+    sc = Scenario.from_dict({"blocks": [{"checkpoint": "reentrant"}],
+                             "steps": [{"micro": [{"backward": "torch"}]}]})
+    assert sc.blocks[0].checkpoint is Checkpoint.REENTRANT and sc.steps[0].micro == (MicroStep(BackwardKind.TORCH),)
+    assert sc.steps[0] == TrainStep(micro=(MicroStep(BackwardKind.TORCH),))

@@ -34,7 +34,7 @@ from hypothesis import strategies as st
 from zerostate.model.designs import designs, get_design
 from zerostate.model.events import Event, EventKind
 from zerostate.model.explore import run
-from zerostate.model.monitor import is_failure
+from zerostate.model.failure import is_failure
 from zerostate.model.network import params_of_module
 from zerostate.specs import SPECS, check_trace
 from zerostate.watcher.monitor import UNMEMOIZED, OnlineChecker, watch_specs

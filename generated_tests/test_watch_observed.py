@@ -368,7 +368,7 @@ def test_a_watched_violation_carries_the_label_explore_gives(tmp_path):
     carries exactly the label (`known.labels.label`) explore gives that scenario's finding on the same release."""
     from zerostate.known.issues import by_id
     from zerostate.known.labels import label
-    from zerostate.targets.base import get_target
+    from zerostate.targets.interface import get_target
     proc, rep, _ = _watch(tmp_path, sys.executable, JOBS, "gathered", "--steps", "2",
                           env=dict(os.environ, DS_ACCELERATOR="cpu"))
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -78,7 +78,7 @@ def test_a_drawn_world_size_4_finding_replays_from_its_own_file(tmp_path):
     loads a checkpoint) runs from a world-size-1 command on a pool of four: its finding's file keeps world size
     4, and ``zerostate replay`` of that file alone -- no ``--world-size`` -- runs four ranks and shows the same
     key and, by its own evidence, the known issue: the frozen parameters a ZeRO-1 checkpoint drops."""
-    from zerostate.explorer.explore import generated
+    from zerostate.explorer.exploration import generated
     from zerostate.explorer.strategies import scenarios
     drawn = [sc for sc in generated(scenarios(), 200, None) if sc.world_size == 4]
     assert drawn, "the default 200 draw world size 4"
@@ -172,7 +172,7 @@ def at_four() -> dict[str, dict[str, dict[str, str | None]]]:
     """Release -> known issue -> each finding key of its scenario run at world size 4 -> the label it got."""
     if not _have_release("0.19.2"):
         pytest.skip("opt-in: ZEROSTATE_RELEASES=0.19.2 (installs it on first use)")
-    from zerostate.targets.base import get_target
+    from zerostate.targets.interface import get_target
     out: dict[str, dict[str, dict[str, str | None]]] = {}
     for version in ("0.19.2", "0.19.8"):
         t = get_target("deepspeed", deepspeed=version, world_size=4)

@@ -134,8 +134,9 @@ class Probe:
                 also(arcs)
         return self.meter.measure(run, done)
 
-    def _write(self, request: Mapping[str, Any], seconds: float, measured: dict[str, list[tuple[int, int]]]) -> None:
-        arcs = {f: [[a, b] for a, b in got] for f, got in measured.items()}
+    def _write(self, request: Mapping[str, Any], seconds: float,
+               arcs_by_file: dict[str, list[tuple[int, int]]]) -> None:
+        arcs = {f: [[a, b] for a, b in got] for f, got in arcs_by_file.items()}
         scenario = json.dumps(request.get("scenario"), sort_keys=True, default=str)
         line = CoverageLine(scenario=hashlib.sha1(scenario.encode()).hexdigest(), rank=self._rank,
                             seconds=round(seconds, 4), arcs=arcs)

@@ -46,7 +46,7 @@ from zerostate.harness.observe import comparison, exception_record, generation, 
 from zerostate.model.events import Event
 from zerostate.model.scenario import BackwardKind, Family, ParamKind, Precision, Scenario
 from zerostate.tracing import compat
-from zerostate.tracing.tracer import Tracer
+from zerostate.tracing.harness_tracer import Tracer
 
 OnStep = Callable[[int, Params], None]
 """``on_step(i, params)``: called after train step ``i`` with the gathered parameters."""

@@ -3,8 +3,8 @@
 `RankPool` starts ``world_size`` rank processes (`rank_worker`) once per target, with one rendezvous
 (``MASTER_ADDR=127.0.0.1``, a free ``MASTER_PORT``; gloo on CPU, nccl on GPUs) that lives as long as the
 pool.  `RankPool.request` sends the *same* request to every rank and collects every rank's answer, with
-the per-train-step progress lines (parameter checksums) in between; it has `process.Worker`'s methods, so
-`ranks.DeepSpeedRanksTarget` drives it as `DeepSpeedTarget` drives one worker (`process.WorkerLike`).
+the per-train-step progress lines (parameter checksums) in between; it has `worker_process.Worker`'s methods, so
+`ranks.DeepSpeedRanksTarget` drives it as `DeepSpeedTarget` drives one worker (`worker_process.WorkerLike`).
 
 Hangs: a rank that sends nothing for ``timeout`` seconds (per train step: every step's report resets
 its clock) raises `RankTimeout`, whose message holds the stacks of the stuck ranks (``SIGUSR1`` ->
@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import IO, Any, cast
 
 from zerostate.harness import envs
-from zerostate.harness.process import WorkerDied, WorkerTimeout
+from zerostate.harness.worker_process import WorkerDied, WorkerTimeout
 from zerostate.harness.protocol import RankRecord, Request, Response, StepProgress
 
 _POOLS: set[RankPool] = set()
@@ -119,7 +119,7 @@ class _Rank:
 
 
 class RankPool:
-    """``world_size`` rank processes sharing one process group; a `process.WorkerLike`."""
+    """``world_size`` rank processes sharing one process group; a `worker_process.WorkerLike`."""
 
     def __init__(self, env: dict[str, str], world_size: int, log_path: Path, cwd: Path | None = None) -> None:
         self.world_size = world_size

@@ -117,12 +117,12 @@ class _ZeroOptimizerCheck(Protocol):
 
 
 def _warm_imports() -> None:
-    """Import at start-up what the first run would import: a fresh worker's first ZeRO run took 2.8 s more
-    than the next (measured on 0.19.8, nearly all imports): ``torch._dynamo`` (the first ``torch.optim``
-    constructor imports it) and whatever the release's ZeRO optimizer check imports (0.19.8's
-    ``is_zero_supported_optimizer`` imports its Muon optimizer, whose ``torch.compile`` decorators import
-    inductor).  The same calls every run makes, on a throw-away parameter; so a spare worker started ahead
-    (`DeepSpeedTarget.fresh`) has paid them before it is used."""
+    """Import at start-up what the first run would import, so a worker's first ZeRO run costs what the next
+    ones cost (what the first run paid before: docs/deepspeed-target.md, worker warm-up): ``torch._dynamo``
+    (the first ``torch.optim`` constructor imports it) and whatever the release's ZeRO optimizer check imports
+    (0.19.8's ``is_zero_supported_optimizer`` imports its Muon optimizer, whose ``torch.compile`` decorators
+    import inductor).  The same calls every run makes, on a throw-away parameter; so a spare worker started
+    ahead (`DeepSpeedTarget.fresh`) has paid them before it is used."""
     import torch
     probe = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
     from deepspeed.runtime.zero import utils as zero_utils
@@ -131,17 +131,17 @@ def _warm_imports() -> None:
     del probe
     _warm_llama()
     gc.collect()  # and what survives the imports is frozen, as after the first run (executor._RUNS): the
-    gc.freeze()   # first run's own full collections then scan only its objects (0.39 s -> ms, measured)
+    gc.freeze()   # first run's own full collections then scan only its objects, not every import's
 
 
 def _warm_llama() -> None:
-    """Build, run and drop one tiny PEFT-wrapped HF Llama (`network.build_model`, the ``llama`` family), so
+    """Build, run and drop one tiny PEFT-wrapped HF Llama (`torch_network.build_model`, the ``llama`` family), so
     the imports transformers and PEFT make lazily -- on their first model, first forward and first
-    backward -- are paid at start-up and frozen with the rest: the first llama example a worker ran took
-    ~1.2-2 s more than the next (measured on 0.19.8).  Without transformers or PEFT installed (the ``hf``
+    backward -- are paid at start-up and frozen with the rest, not by the first llama example a worker runs
+    (docs/deepspeed-target.md, worker warm-up).  Without transformers or PEFT installed (the ``hf``
     extra) there is nothing to warm; the llama examples then fail on their own import."""
     from zerostate.harness.net.llama import SEQ
-    from zerostate.harness.net.network import build_model
+    from zerostate.harness.net.torch_network import build_model
     from zerostate.model.scenario import Block, Checkpoint, Family, Scenario
     try:
         model = build_model(Scenario(family=Family.LLAMA, lora=True, modules_to_save=True,
@@ -174,7 +174,8 @@ def serve(hello: Hello | Failure, run: Run, reply: Reply, error_prefix: str = ""
             answer: Answer
             try:
                 run_request = cast(RunRequest, req)
-                answer = _measured(run_request, functools.partial(run, run_request, reply), probe, meters, hello)
+                answer = _answer_with_coverage(run_request, functools.partial(run, run_request, reply), probe, meters,
+                                               hello)
             except BaseException as exc:  # noqa: BLE001 - report anything; the worker serves on
                 answer = failure(exc, error_prefix)
             reply(answer)
@@ -183,17 +184,17 @@ def serve(hello: Hello | Failure, run: Run, reply: Reply, error_prefix: str = ""
     return 0
 
 
-def _measured(req: RunRequest, run: Callable[[], Answer], probe: Probe | None, meters: list[Meter],
-              hello: Hello | Failure) -> Answer:
-    """``run()``'s answer; measured to the probe's file when the probe samples it, and with its arcs in the
-    answer (``coverage``, `coverage_probe.ArcIds`) when the request asks for them."""
+def _answer_with_coverage(req: RunRequest, run: Callable[[], Answer], probe: Probe | None, meters: list[Meter],
+                          hello: Hello | Failure) -> Answer:
+    """``run()``'s answer; its coverage written to the probe's file when the probe samples it, and with its arcs
+    in the answer (``coverage``, `coverage_probe.ArcIds`) when the request asks for them."""
     if not req.get("coverage"):
         return probe.around(req, run) if probe else run()
     from zerostate.harness import coverage_probe
     arcs: list[coverage_probe.ArcIds] = []
 
-    def keep(measured: dict[str, list[tuple[int, int]]]) -> None:
-        arcs.append(coverage_probe.in_band(measured))
+    def keep(arcs_by_file: dict[str, list[tuple[int, int]]]) -> None:
+        arcs.append(coverage_probe.in_band(arcs_by_file))
     if probe is not None:  # one tracer at a time: the file's probe measures for both
         answer = probe.around(req, run, also=keep)
     else:

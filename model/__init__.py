@@ -5,7 +5,7 @@ Imports neither torch nor deepspeed.  The pieces:
 * `scenario`  -- the input of every target (network, config knobs, schedule), JSON in and out;
   `scenario_fields` the enums and records its fields hold;
 * `network`   -- names, sizes and autograd reach derived from a scenario;
-* `events`    -- the one event vocabulary and `Trace`;
+* `events`    -- the one event vocabulary and `Trace`; `failure` what a spec monitor returns on a violation;
 * `driver`    -- a scenario's driver events as DAGs (every linear extension is a legal interleaving);
 * `hook_state`, `hook_actions`, `hook_designs` -- the gradient-hook / epilogue half;
 * `coordinator_*` -- the ZeRO-3 parameter coordinator half;

@@ -26,7 +26,7 @@ from .driver import CoordinatorMode, Segment, event_at, segments
 from .events import Event, EventKind, Trace
 from .fold import MonitorBank
 from .machine import ModelState, initial_state, step
-from .monitor import Failure, Violation, violation
+from .failure import Failure, Violation, violation
 from .network import Network
 from .protocols import Monitor
 from .scenario import Scenario

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from .events import Event, EventKind
-from .monitor import Failure, Violation, violation
+from .failure import Failure, Violation, violation
 from .protocols import Monitor
 
 States = tuple[Any, ...]

@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from .events import Event, EventKind
-from .monitor import Failure
+from .failure import Failure
 
 if TYPE_CHECKING:
     from .machine import Ctx

@@ -6,10 +6,11 @@ reproduced": its order-dependent ``sequence`` first, in a fresh worker, then `co
 scenario alone in one fresh worker (fewer when they take over `confirm.REPEAT_SECONDS`).  A base finding is
 **fixed** only when none of those runs shows it on head -- exactly when the explorer would call it not
 reproduced there -- and head's run went past the train step where base failed (`reached`); a head that
-stopped earlier or broke the tracer has not judged it: **not-reached**.  A race that shows in a few runs in a
-hundred can still miss all of them; the entry says how many runs were made, so a reader can weigh it.  A
-finding that shows in some of those runs but not in the first is **intermittent** on the other build: neither
-fixed nor unchanged.
+stopped earlier or broke the tracer has not judged it: **not-reached**.  A race can show in a few runs in a
+hundred, so even that many runs can all miss it (the odds for the race the project knows: docs/world-size-2.md,
+"What a diff's replays can miss"); the entry says how many runs were made, so a reader can weigh it.  A finding
+that shows in some of those runs but not in the first is **intermittent** on the other build: neither fixed nor
+unchanged.
 
 The same finding on two builds is `same_bug`: the same fingerprint (`Finding.key`: the finding's own evidence),
 never only the same label.  So a head finding whose scenario fails on base under the same known issue but by
@@ -28,7 +29,7 @@ from zerostate.findings.finding import Finding
 from zerostate.findings.harness import harness_error
 from zerostate.model.events import EventKind
 from zerostate.model.scenario import Scenario
-from zerostate.targets.base import Outcome
+from zerostate.targets.interface import Outcome
 
 from zerostate.reports.diff_model import DiffEntry, OtherBuildReplay, ReplayedFinding
 from zerostate.reports.finding_entry import Labels

@@ -11,7 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from zerostate.model.scenario import Scenario
-from zerostate.targets.base import Outcome, Target
+from zerostate.targets.interface import Outcome, Target
 
 from zerostate.explorer.workers import has_run, refresh
 

@@ -29,7 +29,7 @@ class Column:
         return f" --deepspeed {self.name}" if self.target == "deepspeed" else f" --target model --design {self.name}"
 
     def options(self, world_size: int) -> dict[str, str | int]:
-        """Its target's options, as `targets.base.get_target` takes them."""
+        """Its target's options, as `targets.interface.get_target` takes them."""
         if self.target == "deepspeed":
             return {"deepspeed": self.name, "world_size": world_size}
         return {"design": self.name}

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from zerostate.model.events import Event
-from zerostate.model.monitor import Violation
+from zerostate.model.failure import Violation
 from zerostate.model.scenario import Scenario
 from zerostate.findings.finding import Finding
 

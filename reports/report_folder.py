@@ -216,13 +216,13 @@ class Report:
         files["repro"] = f"repro_{n}.py"
 
     def _pictures(self, f: Finding, shown: Shown, n: int, files: dict[str, str], notes: list[str]) -> None:
-        who = f" ({shown.design or shown.where})" if shown.design or shown.where else ""
+        produced_by = f" ({shown.design or shown.where})" if shown.design or shown.where else ""
         if f.trace:
-            canvas = pictures.trace_picture(f.trace, f.index, f"{f.check} violated{who}", f.error)
+            canvas = pictures.trace_picture(f.trace, f.index, f"{f.check} violated{produced_by}", f.error)
             for k, name in pictures.write_picture(canvas, os.path.join(self.dir, f"trace_{n}")).items():
                 files[f"trace_{k}"] = name
         if shown.graph is not None:
-            canvas = graph_picture(shown.graph, shown.graph_path, f"state graph: {f.check}{who}", f.error)
+            canvas = graph_picture(shown.graph, shown.graph_path, f"state graph: {f.check}{produced_by}", f.error)
             for k, name in pictures.write_picture(canvas, os.path.join(self.dir, f"graph_{n}")).items():
                 files[f"graph_{k}"] = name
         if (f.trace or shown.graph is not None) and not any(k.endswith("png") for k in files):
@@ -238,7 +238,7 @@ class Report:
 
     def write_examples(self, rows: Sequence[Mapping[str, object]]) -> None:
         """``examples.jsonl``: each generated example's outcome, one JSON object a line, in sequence order -- what
-        two runs of the same seed compare example by example (``explorer.explore.GeneratedRun``)."""
+        two runs of the same seed compare example by example (``explorer.exploration.GeneratedRun``)."""
         replace_file(os.path.join(self.dir, "examples.jsonl"), "".join(json.dumps(r) + "\n" for r in rows))
 
     def flush(self) -> None:

@@ -99,8 +99,8 @@ def _scenario_title(f: FindingEntry) -> str:
 
 def _finding(f: FindingEntry) -> list[str]:
     n, files = f.n, f.files
-    who = f" on `{f.design}`" if f.design else f" on {f.where}" if f.where else ""
-    out = [f'<a id="finding-{n}"></a>', f"### Finding {n}: `{f.check}`{who}", "",
+    produced_by = f" on `{f.design}`" if f.design else f" on {f.where}" if f.where else ""
+    out = [f'<a id="finding-{n}"></a>', f"### Finding {n}: `{f.check}`{produced_by}", "",
            *_known(f), "```text", f.error.strip(), "```", "", _scenario_title(f), "",
            "```text", f.description, "```", ""]
     if f.confirmation:

@@ -45,7 +45,7 @@ class Reliability:
     not_checked: int = 0
     """Not confirmed: the run was interrupted before the replay."""
     restarts: tuple[JsonObject, ...] = ()
-    """`explorer.events.Restarted` records: ``example``, ``why``."""
+    """`explorer.exploration_events.Restarted` records: ``example``, ``why``."""
     cluster_retries: tuple[JsonObject, ...] | None = None
     """`cluster` retry records; None: no cluster ran this."""
 

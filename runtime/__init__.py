@@ -12,7 +12,7 @@
 
 Files: `install` (install / uninstall, every change through one `patcher.Patcher`), `initialize_patch`
 (`patch_deepspeed`), `compat_table` (supported releases), `engine_support`, `hook_closures` (the
-gradient-hook closures of 0.18.5 / 0.18.6 and their replacement), `hook_state`, `release_policy`,
+gradient-hook closures of 0.18.5 / 0.18.6 and their replacement), `hook_state_manager`, `release_policy`,
 `errors`, `autoinstall`, `selfcheck`.
 
 Importing this package imports neither torch nor deepspeed (nor the explorer's hypothesis, networkx,
@@ -20,8 +20,8 @@ matplotlib: a runtime user installs only torch + deepspeed); `install` imports t
 ``zerostate.runtime`` logger: one INFO line per install, one WARNING per engine left stock.
 """
 
-from .hook_state import (OBSERVABLE_FIELDS, MissingTorchInternalsError, TorchAutograd,
-                         ZerostateBackwardHookState, observable)
+from .hook_state_manager import (OBSERVABLE_FIELDS, MissingTorchInternalsError, TorchAutograd,
+                                 ZerostateBackwardHookState, observable)
 from .compat_table import COMPAT, supported_range
 from .engine_support import engine_support
 from .errors import UnsupportedDeepSpeedError, UnsupportedEngineError, ZerostateInstallError

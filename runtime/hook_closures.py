@@ -26,7 +26,7 @@ from typing import Any
 
 from .compat_table import CompatRow, fmt
 from .errors import UnsupportedEngineError, ZerostateInstallError
-from .hook_state import MissingTorchInternalsError
+from .hook_state_manager import MissingTorchInternalsError
 from .leaf_deferral import defer_leaf_hook, leaf_autograd
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from .compat_table import compat_row
 from .errors import ZerostateInstallError
-from .hook_state import MissingTorchInternalsError, TorchAutograd
+from .hook_state_manager import MissingTorchInternalsError, TorchAutograd
 from .install import Installation, install, uninstall
 from .patcher import Patcher
 

@@ -59,7 +59,7 @@ from .compat_table import CompatRow, compat_row, release_policy_range
 from .engine_support import engine_support
 from .errors import UnsupportedEngineError, ZerostateInstallError
 from .hook_closures import ClosureSwap, plan_closure_swaps
-from .hook_state import MissingTorchInternalsError, TorchAutograd, ZerostateBackwardHookState
+from .hook_state_manager import MissingTorchInternalsError, TorchAutograd, ZerostateBackwardHookState
 from .leaf_deferral import Wrapper
 from .leaf_reuse_walk import PARAMS_TO_RELEASE, fixed_params_to_release
 from .patcher import Patcher

@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol, cast
 
-from .hook_state import MissingTorchInternalsError
+from .hook_state_manager import MissingTorchInternalsError
 
 __all__ = ["LeafAutograd", "Wrapper", "defer_leaf_hook", "leaf_autograd"]
 

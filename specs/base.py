@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable
 
 from zerostate.model.events import Event, EventKind
 from zerostate.model.fold import first_violation
-from zerostate.model.monitor import Failure, Violation, fail, is_failure, violation
+from zerostate.model.failure import Failure, Violation, fail, is_failure, violation
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from typing import Any
 from zerostate.model.designs import UnknownDesignError, get_design
 from zerostate.model.scenario import Scenario
 
-from zerostate.targets.base import Outcome, Target, TargetError, known_design, register, spec_findings
+from zerostate.targets.interface import Outcome, Target, TargetError, known_design, register, spec_findings
 
 
 class ModelTarget(Target):

@@ -21,7 +21,7 @@ import sys
 
 from zerostate.known.issues import KNOWN_ISSUES
 from zerostate.known.recorded import FILE
-from zerostate.targets.base import get_target
+from zerostate.targets.interface import get_target
 import zerostate.targets  # noqa: F401 -- registers the target kinds
 
 

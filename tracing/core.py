@@ -5,7 +5,7 @@ ZeRO-3 offload object and parameter coordinator) and in two modules (``count_use
 imported by stage3 and stage_1_and_2), a thin wrapper around each observed function; `TraceCore.uninstall()`
 puts every original back.  Release differences come from `compat`.  Two tracers compose it:
 
-* the harness's `zerostate.tracing.tracer.Tracer` (zerostate's own network, a scenario's names), and
+* the harness's `zerostate.tracing.harness_tracer.Tracer` (zerostate's own network, a scenario's names), and
 * the watch's `zerostate.watcher.tracer.WatchTracer` (any model, the user's names),
 
 each with a `Sink` (where events go: a list of dicts for the worker, a queue of shared `Event` s for the watch)

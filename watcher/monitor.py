@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable
 from zerostate.findings.finding import Finding
 from zerostate.model.events import EventKind, Event
 from zerostate.model.fold import Fold
-from zerostate.model.monitor import Failure
+from zerostate.model.failure import Failure
 from zerostate.specs import SPECS
 from zerostate.specs.base import Spec
 from zerostate.specs.coordinator_specs import ancestor_regions, available_when_used

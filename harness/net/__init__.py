@@ -5,7 +5,7 @@ Every function takes a typed `zerostate.model.scenario.Scenario`, parsed once at
 network a finding is reproduced with is byte-for-byte the one the executor ran; they import nothing of
 zerostate beyond the pure model's `Scenario` and the tracer's marks.
 
-* `network`    -- the blocks network (`Net`: LayerNorm -> Linear blocks, checkpointing, fused head) and
+* `torch_network` -- the blocks network (`Net`: LayerNorm -> Linear blocks, checkpointing, fused head) and
   `build_model` for either family;
 * `llama`      -- the tiny Hugging Face Llama family, PEFT LoRA;
 * `config`     -- the DeepSpeed config (every numerics-relevant key explicit), parameter groups, the

@@ -10,7 +10,7 @@ import torch
 import torch.nn as nn
 
 from zerostate.harness.net.fp16 import Fp16Config
-from zerostate.harness.net.network import blocks_of
+from zerostate.harness.net.torch_network import blocks_of
 from zerostate.model.scenario import Family, Offload, Optimizer, Precision, Scenario
 
 BATCH = 2

@@ -21,7 +21,7 @@ from zerostate.harness.net.compare import Params
 from zerostate.harness.net.config import LR, ds_config, param_groups
 from zerostate.harness.net.dist import rank_rows
 from zerostate.harness.net.llama import apply_lora
-from zerostate.harness.net.network import NetOutput, attach_late_module, blocks_of, build_model
+from zerostate.harness.net.torch_network import NetOutput, attach_late_module, blocks_of, build_model
 from zerostate.harness.net.schedule import generation_output, no_grad_forward, run_schedule
 from zerostate.model.scenario import (BackwardKind, Family, MicroStep, Offload, Optimizer, Precision,
                                       Scenario, TrainStep)

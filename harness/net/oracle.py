@@ -23,7 +23,7 @@ from zerostate.harness.net.compare import Params
 from zerostate.harness.net.counterfactual import MECHANISMS, Contribution, Mechanism
 from zerostate.harness.net.dist import rank_rows
 from zerostate.harness.net.config import fp16_section, make_optimizer, param_groups
-from zerostate.harness.net.network import NetOutput, attach_late_module, build_model
+from zerostate.harness.net.torch_network import NetOutput, attach_late_module, build_model
 from zerostate.harness.net.schedule import generation_output, no_grad_forward, rows_share, run_schedule
 from zerostate.model.scenario import BackwardKind, Family, Precision, Scenario
 

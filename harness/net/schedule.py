@@ -15,7 +15,7 @@ import torch.nn as nn
 from zerostate.harness.net.config import BATCH
 from zerostate.harness.net.dist import rank_rows, world_size
 from zerostate.harness.net.llama import SEQ, VOCAB
-from zerostate.harness.net.network import NetOutput, blocks_of
+from zerostate.harness.net.torch_network import NetOutput, blocks_of
 from zerostate.model.scenario import BackwardKind, Family, Scenario
 
 

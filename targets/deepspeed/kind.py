@@ -1,4 +1,4 @@
-"""The ``deepspeed`` target kind in the target registry (`zerostate.targets.base.register`).
+"""The ``deepspeed`` target kind in the target registry (`zerostate.targets.interface.register`).
 
 Validation runs first and imports nothing heavy; the factory imports `DeepSpeedTarget` (world size 1) or
 `DeepSpeedRanksTarget` (world size 2, 4, 8: a rank pool of that many processes, gloo on CPU, nccl with as many
@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from zerostate.model.scenario import WORLD_SIZES
-from zerostate.targets.base import Target, TargetError, known_design, register
+from zerostate.targets.interface import Target, TargetError, known_design, register
 
 
 def validate(*, deepspeed: str | None = None, deepspeed_path: str | None = None, design: str | None = None,

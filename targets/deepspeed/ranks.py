@@ -39,12 +39,12 @@ from typing import Any
 from zerostate.model.scenario import Scenario
 
 from zerostate.findings.record import RunRecord
-from zerostate.targets.base import Outcome, RankSummary, TargetError
+from zerostate.targets.interface import Outcome, RankSummary, TargetError
 
 from zerostate.harness import envs
 from zerostate.harness.cross_rank_checks import cross_rank_problems, rank_runs
 from zerostate.harness.rank_pool import RankPool
-from zerostate.harness.process import WorkerDied, WorkerTimeout
+from zerostate.harness.worker_process import WorkerDied, WorkerTimeout
 from zerostate.harness.protocol import Response, Stall
 from zerostate.targets.deepspeed.target import DeepSpeedTarget
 
@@ -109,7 +109,7 @@ class DeepSpeedRanksTarget(DeepSpeedTarget):
         # in the checkout's root, as the world-size-1 worker: a git checkout's DeepSpeed reads 'version.txt' there
         return RankPool(self._env, self.world_size, self._free_log_path(), envs.worker_cwd(self.path))
 
-    def raw(self, scenario: Scenario) -> Response:
+    def worker_response(self, scenario: Scenario) -> Response:
         req = self.run_request(scenario)
         if self.stall:
             req["stall"] = self.stall

@@ -39,7 +39,7 @@ from typing import Any
 from zerostate.model.events import Event
 from zerostate.model.scenario import Scenario
 
-from zerostate.targets.base import Outcome, Startup, Target, TargetError
+from zerostate.targets.interface import Outcome, Startup, Target, TargetError
 
 from zerostate.findings.build import findings_of, unique_by_key
 from zerostate.findings.decide import Decision, ModelRun, decide, decide_failure
@@ -50,7 +50,8 @@ from zerostate.known.labels import labelled
 import zerostate.jit_ops as jit_ops
 from zerostate.tracing import compat
 from zerostate.harness import envs
-from zerostate.harness.process import Worker, WorkerDied, WorkerLike, WorkerTimeout, default_timeout as _default_timeout
+from zerostate.harness.worker_process import (Worker, WorkerDied, WorkerLike, WorkerTimeout,
+                                              default_timeout as _default_timeout)
 from zerostate.harness.protocol import Response, RunRequest
 
 
@@ -70,7 +71,8 @@ class DeepSpeedTarget(Target):
         self._options: dict[str, Any] = {"deepspeed": deepspeed, "deepspeed_path": deepspeed_path, "design": design,
                          "timeout": timeout, "check_model": check_model, "startup_timeout": startup_timeout,
                                          "coverage": coverage}
-        self._wider: dict[int, DeepSpeedTarget] = {}  # world size -> the rank pool of the scenarios that ask for it
+        # world size -> the rank pool of the scenarios that ask for more ranks than this target has
+        self._rank_pools: dict[int, DeepSpeedTarget] = {}
         self._starting: threading.Thread | None = None  # `prestart`'s
         self._start_error: BaseException | None = None
         self.timeout = timeout or _default_timeout()
@@ -189,7 +191,7 @@ class DeepSpeedTarget(Target):
         """What starting this target's workers cost, per world size: seconds from the process's start to its
         answer, and the ops DeepSpeed JIT-built meanwhile (a first build: minutes).  Reported as start-up."""
         own = [self.first_start] if self.first_start is not None else []
-        return own + [s for ws in sorted(self._wider) for s in self._wider[ws].startup()]
+        return own + [s for ws in sorted(self._rank_pools) for s in self._rank_pools[ws].startup()]
 
     def _restart(self) -> None:
         if self.worker is not None:
@@ -207,9 +209,9 @@ class DeepSpeedTarget(Target):
         worker like any other: nothing has run in it."""
         self._keep_spare = True
         self._settle()
-        for wider in self._wider.values():  # stopped now, started again (from its spare) when next used
-            wider._keep_spare = True
-            wider._drop_worker()
+        for pool in self._rank_pools.values():  # stopped now, started again (from its spare) when next used
+            pool._keep_spare = True
+            pool._drop_worker()
         if self.worker is not None:
             self.worker.close(kill=True)
             self.worker = None
@@ -226,7 +228,7 @@ class DeepSpeedTarget(Target):
         draws world size 2 (`strategies.WORLD2_RATE`).  A failed start is raised by the first scenario that
         needs the pool, as if it had started the pool itself."""
         self._settle()
-        if world_size <= self.world_size or world_size in self._wider:
+        if world_size <= self.world_size or world_size in self._rank_pools:
             return
         from zerostate.targets.deepspeed.ranks import DeepSpeedRanksTarget
         try:  # its processes are started here, in this thread: a rank dies with the thread that started it
@@ -238,7 +240,7 @@ class DeepSpeedTarget(Target):
         def start() -> None:  # only waits for the ranks to answer, and checks them
             try:
                 pool._complete_start()
-                self._wider[world_size] = pool
+                self._rank_pools[world_size] = pool
             except BaseException as exc:  # noqa: BLE001 -- handed to the scenario that needs the pool
                 pool.close()
                 self._start_error = exc
@@ -257,10 +259,10 @@ class DeepSpeedTarget(Target):
             self._starting.join()
             self._starting = None
 
-    def _close_wider(self) -> None:
+    def _close_rank_pools(self) -> None:
         self._settle()
-        while self._wider:
-            self._wider.popitem()[1].close()
+        while self._rank_pools:
+            self._rank_pools.popitem()[1].close()
 
     def _target_for(self, scenario: Scenario) -> DeepSpeedTarget:
         """This target, or -- for a scenario that asks for more ranks than it has (``world_size``) -- a
@@ -272,14 +274,14 @@ class DeepSpeedTarget(Target):
         if self._start_error is not None:
             exc, self._start_error = self._start_error, None
             raise exc
-        if ws not in self._wider:
+        if ws not in self._rank_pools:
             from zerostate.targets.deepspeed.ranks import DeepSpeedRanksTarget
-            self._wider[ws] = DeepSpeedRanksTarget(world_size=ws, **self._options)
-        self._wider[ws].perturb = self.perturb
-        return self._wider[ws]
+            self._rank_pools[ws] = DeepSpeedRanksTarget(world_size=ws, **self._options)
+        self._rank_pools[ws].perturb = self.perturb
+        return self._rank_pools[ws]
 
     def close(self) -> None:
-        self._close_wider()
+        self._close_rank_pools()
         self._keep_spare = False
         if self._spare is not None:
             self._spare.close(kill=True)
@@ -314,8 +316,8 @@ class DeepSpeedTarget(Target):
         self._settle()
         self.coverage = on
         self._options["coverage"] = on
-        for wider in self._wider.values():
-            wider.measure_coverage(on)
+        for pool in self._rank_pools.values():
+            pool.measure_coverage(on)
 
     def run_request(self, scenario: Scenario) -> RunRequest:
         req: RunRequest = {"op": "run", "scenario": scenario.to_dict()}
@@ -325,8 +327,8 @@ class DeepSpeedTarget(Target):
             req["coverage"] = True
         return req
 
-    def raw(self, scenario: Scenario) -> Response:
-        """The worker's answer for one scenario (raises WorkerTimeout / WorkerDied)."""
+    def worker_response(self, scenario: Scenario) -> Response:
+        """The worker's answer for one scenario, not judged yet (`run` judges it; raises WorkerTimeout / WorkerDied)."""
         req = self.run_request(scenario)
         if self._sleep:
             req["sleep"] = self._sleep
@@ -335,15 +337,15 @@ class DeepSpeedTarget(Target):
     def run(self, scenario: Scenario) -> Outcome:
         t0 = time.perf_counter()
         self.examples += 1
-        wider = self._target_for(scenario)
-        if wider is not self:  # its restarts are this target's (the explorer reads them)
-            before = wider.restarts
+        pool = self._target_for(scenario)
+        if pool is not self:  # its restarts are this target's (the explorer reads them)
+            before = pool.restarts
             try:
-                return wider.run(scenario)
+                return pool.run(scenario)
             finally:
-                self.restarts += wider.restarts - before
+                self.restarts += pool.restarts - before
         try:
-            resp = self.raw(scenario)
+            resp = self.worker_response(scenario)
         except WorkerTimeout as exc:
             self._restart()
             return self._failed(scenario, "hang", f"DeepSpeed {self.version}: {exc} (worker killed and restarted)", t0)

@@ -1,11 +1,11 @@
-"""Polish: after Hypothesis, simplify a finding's scenario greedily in the strategies' shrink order.
+"""The explorer's polish: after Hypothesis, simplify a finding's scenario greedily in the strategies' shrink order.
 
 Hypothesis minimises its *choice sequence*, which need not be the simplest scenario: a ZeRO-3 scenario
 draws more choices (leaf flags) than a ZeRO-1 one, so without polish a ZeRO-3 bug that also shows under
-ZeRO-1 would be reported on ZeRO-1.  `polished` keeps any one-step simplification (`candidates`, most
-valuable first) that keeps the finding's key and is closer to the simplest scenario (`rank`): fewer
-blocks and steps, ZeRO-3, plain trainable blocks, engine.backward, no extras, default knobs, no
-training-setup dimension.
+ZeRO-1 would be reported on ZeRO-1.  `simplified` keeps any one-step simplification (`simplifications`,
+most valuable first) that keeps the finding's key and is closer to the simplest scenario
+(`distance_from_simplest`): fewer blocks and steps, ZeRO-3, plain trainable blocks, engine.backward, no
+extras, default knobs, no training-setup dimension.
 """
 
 from __future__ import annotations
@@ -15,15 +15,15 @@ from collections.abc import Callable, Generator, Iterator
 
 from zerostate.findings.finding import Finding
 from zerostate.model.scenario import _EXTENDED_DEFAULTS, BackwardKind, Checkpoint, ParamKind, Precision, Scenario
-from zerostate.targets.base import Outcome
+from zerostate.targets.interface import Outcome
 
-from zerostate.explorer.events import Event
+from zerostate.explorer.exploration_events import Event
 
 RunStep = Callable[[Scenario], Generator[Event, None, Outcome]]
 """Run one scenario (memoised), yielding the events its run causes, returning its outcome."""
 
 
-def polished(f: Finding, run: RunStep) -> Generator[Event, None, Finding]:
+def simplified(f: Finding, run: RunStep) -> Generator[Event, None, Finding]:
     """The simplest finding with ``f``'s key that one-step simplifications reach from ``f``, greedily and
     deterministically; the events of the runs it makes are yielded as they happen."""
     from zerostate.model.network import Network
@@ -32,7 +32,7 @@ def polished(f: Finding, run: RunStep) -> Generator[Event, None, Finding]:
         changed = False
         scenario = best.scenario
         assert scenario is not None, "an explored finding has its scenario"
-        for cand in candidates(scenario):
+        for cand in simplifications(scenario):
             if not _worth_running(cand, scenario, Network):
                 continue
             out = yield from run(cand)
@@ -47,7 +47,7 @@ def _worth_running(cand: Scenario, best: Scenario, network: type) -> bool:
     """A valid scenario with a loss to differentiate, simpler than ``best``."""
     try:
         cand.validate()
-        return bool(network(cand).loss_requires_grad) and rank(cand) < rank(best)
+        return bool(network(cand).loss_requires_grad) and distance_from_simplest(cand) < distance_from_simplest(best)
     except Exception:  # noqa: BLE001 -- an invalid combination of simplifications is not a candidate
         return False
 
@@ -56,7 +56,7 @@ _STAGE_RANK = {3: 0, 1: 1, 2: 2}
 """Stages in the strategies' shrink order: ZeRO-3 first, then ZeRO-1, ZeRO-2, stage 0 (any other value)."""
 
 
-def rank(sc: Scenario) -> tuple[int, int, int, int, int]:
+def distance_from_simplest(sc: Scenario) -> tuple[int, int, int, int, int]:
     """How far a scenario is from the simplest one, in the strategies' documented shrink order: fewer
     blocks and steps, ZeRO-3, then plain trainable blocks, engine.backward, no extras, default knobs, no
     training-setup dimension."""
@@ -75,7 +75,7 @@ def rank(sc: Scenario) -> tuple[int, int, int, int, int]:
     return (len(sc.blocks), len(sc.steps), sc.gas, _STAGE_RANK.get(sc.stage, 3), extras)
 
 
-def candidates(sc: Scenario) -> Iterator[Scenario]:
+def simplifications(sc: Scenario) -> Iterator[Scenario]:
     """One-step simplifications of a scenario, most valuable first."""
     if sc.stage != 3:
         yield sc.with_(stage=3)
@@ -109,10 +109,10 @@ def candidates(sc: Scenario) -> Iterator[Scenario]:
     for k in ("persistence_threshold", "prefetch_bucket_size", "reduce_bucket_size"):
         if getattr(sc, k) != getattr(d, k):
             yield sc.with_(**{k: getattr(d, k)})
-    yield from setup_candidates(sc, d)
+    yield from setup_simplifications(sc, d)
 
 
-def setup_candidates(sc: Scenario, d: Scenario) -> Iterator[Scenario]:
+def setup_simplifications(sc: Scenario, d: Scenario) -> Iterator[Scenario]:
     """The training-setup dimensions back to their plain value, one at a time (a key first seen
     while shrinking another keeps the scenario it was seen in, setup dimensions and all, so polish is
     what simplifies it)."""
@@ -141,4 +141,4 @@ def setup_candidates(sc: Scenario, d: Scenario) -> Iterator[Scenario]:
             yield sc.with_(steps=sc.steps[:i] + (plain,) + sc.steps[i + 1:])
 
 
-__all__ = ["RunStep", "candidates", "polished", "rank"]
+__all__ = ["RunStep", "simplifications", "simplified", "distance_from_simplest"]

@@ -2,10 +2,10 @@
 
 ::
 
-    from zerostate.targets.base import get_target
-    from zerostate.explorer.explore import Exploration
+    from zerostate.targets.interface import get_target
+    from zerostate.explorer.exploration import Exploration
     exp = Exploration(get_target("deepspeed", deepspeed="0.18.4"), examples=200)
-    for event in exp.events():      # Seen, Shrunk, Confirmed, Progress, Restarted, Renumbered (events.py)
+    for event in exp.events():      # Seen, Shrunk, Confirmed, Progress, Restarted, Renumbered (exploration_events.py)
         ...                         # exp.request_stop(): the rest as seen, confirmed; closing: stop now
     res = exp.result()              # findings, examples, seconds, first_seen, generated_at, ...
 
@@ -21,9 +21,9 @@ The phases:
    it is drawn while the generated lanes run and a worker with no generated lane left runs its lanes
    (`first_round`); the second, after every run, redraws the pairs taken only by runs that ended on an exception.
    A key first met there is shrunk by polish alone (the generated sequence its search replays never meets it).
-2. **Shrink** (`search`, `polish`).  On the first worker alone (started fresh), each key in the order of its
+2. **Shrink** (`search`, `simplify`).  On the first worker alone (started fresh), each key in the order of its
    first generated example (``first``'s keys before the others) gets a Hypothesis search of its own, then
-   a greedy polish (``polish``); the result is `Shrunk`.  A key first met while shrinking is handed over
+   a greedy polish (`simplify`); the result is `Shrunk`.  A key first met while shrinking is handed over
    unshrunk at once too, and shrunk in its turn.
 3. **Confirm** (`confirm`).  Each shrunk finding is replayed in a fresh worker (on the other workers while
    the first shrinks, or on the first after shrinking with one job) and handed over `Confirmed`.
@@ -44,7 +44,7 @@ Hypothesis database is read or written.
 
 Steering (``steer="coverage"``, opt-in): generation runs in rounds of ``round_size`` distinct scenarios
 (`rounds`), each drawn from draw weights that the rounds before it earned by the DeepSpeed arcs and
-spec-monitor states their examples reached first (`schedule`, `signal`); a finding's search replays its
+spec-monitor states their examples reached first (`steering_schedule`, `signal`); a finding's search replays its
 round's strategy and seed.  ``shrink=False`` hands every finding over as seen after generation (benchmarks
 that compare generations).
 """
@@ -64,27 +64,26 @@ from collections.abc import Callable, Generator, Iterator
 from zerostate.findings.finding import Finding
 from zerostate.model.scenario import Scenario
 from zerostate.specs import exercised, specs_for_stage
-from zerostate.targets.base import Outcome, Target
+from zerostate.targets.interface import Outcome, Target
 
 from zerostate.explorer.confirm import Confirmation, ConfirmQueue, Job, Landed
-from zerostate.explorer.events import (Confirmed, Event, FindingEvent, Progress, Renumbered, Restarted, Seen,
-                                       Shrunk, Stage)
+from zerostate.explorer.exploration_events import (Confirmed, Event, FindingEvent, Progress, Renumbered,
+                                                  Restarted, Seen, Shrunk, Stage)
 from zerostate.explorer.generate import DEFAULT_SEED, LANE, Lanes, generated
 from zerostate.explorer.draw_pool import DrawPool
 from zerostate.explorer.first_round import FirstRound
-from zerostate.explorer.gathered import measured
+from zerostate.explorer.gathered import gathered_metrics
 from zerostate.explorer.pairs import ROUNDS, Completion, budget_for, complete, ended_only, pairs_of, ran_through
 from zerostate.explorer.rounds import ROUND, Rounds
 from zerostate.explorer.signal import Unit, units
-from zerostate.explorer.polish import polished
-from zerostate.explorer.polish import rank as _rank
+from zerostate.explorer.simplify import simplified
 from zerostate.explorer.search import ShrinkSearch
 from zerostate.explorer.workers import LaneStep, close_quietly, has_run, refresh, run_lanes, spawn_workers
 
 STEERS = (None, "coverage", "flat")
 """``steer``: None (the fixed draw rates), ``coverage`` -- rounds whose draw rates follow the new DeepSpeed
-arcs and spec-monitor states each choice's examples reached (`rounds`, `schedule`) --, or ``flat``: the same
-rounds and round seeds with the fixed rates, measured alike (the control a benchmark compares steering with)."""
+arcs and spec-monitor states each choice's examples reached (`rounds`, `steering_schedule`) --, or ``flat``: the same
+rounds, round seeds and coverage reads with the fixed rates (the control a benchmark compares steering with)."""
 
 
 def hard_cap(examples: int) -> int:
@@ -112,7 +111,7 @@ class _GeneratedRunBase(TypedDict):
 
 class GeneratedRun(_GeneratedRunBase, total=False):
     gathered: dict[str, int]
-    """A ZeRO-3 run that ran to its end: its gathered-parameter peak and all-gathers (`gathered.measured`)."""
+    """A ZeRO-3 run that ran to its end: its gathered-parameter peak and all-gathers (`gathered.gathered_metrics`)."""
 
 
 @dataclass
@@ -165,7 +164,7 @@ def reliability(findings: list[Finding], restarts: list[dict[str, Any]]) -> dict
             "restarts": list(restarts)}
 
 
-def _then(stream: Iterator[Scenario], done: Callable[[], None]) -> Iterator[Scenario]:
+def _calling_at_end(stream: Iterator[Scenario], done: Callable[[], None]) -> Iterator[Scenario]:
     """``stream``, then ``done()`` once it is exhausted (a huge sequence is never drawn whole up front)."""
     yield from stream
     done()
@@ -180,7 +179,7 @@ class _Stopped(Exception):
 
 
 @dataclass
-class _Book:
+class _FindingsByKey:
     """The findings, one per key: the latest event of each (hand-over order), and what is known of it."""
 
     handed: dict[str, FindingEvent] = field(default_factory=dict)
@@ -217,7 +216,7 @@ class _Book:
         return sorted(self.handed, key=lambda k: (self.generated_at.get(k, float("inf")), k))
 
 
-class _History:
+class _RunsPerWorker:
     """Per worker, every scenario it ran in order and the index of its last fresh start; per distinct run,
     where it ran: what a finding's confirmation replays before it when it is order-dependent."""
 
@@ -285,8 +284,8 @@ class Exploration:
         self.exercised: set[str] = set()
         """The specs some distinct run so far exercised (`ExploreResult.exercised`)."""
         self.skipped = 0
-        self.book = _Book()
-        self.history = _History(1)
+        self.by_key = _FindingsByKey()
+        self.runs_per_worker = _RunsPerWorker(1)
         self.restarts: list[Restarted] = []
         self.confirms: ConfirmQueue[FindingEvent] = ConfirmQueue(target)
         self._stop_requested = threading.Event()
@@ -306,7 +305,7 @@ class Exploration:
         try:
             if self.jobs > 1 and self.spawn is not None:
                 self.workers += spawn_workers(self.jobs - 1, self.spawn)
-            self.history = _History(len(self.workers))
+            self.runs_per_worker = _RunsPerWorker(len(self.workers))
             yield from self._phases()
         finally:
             self._ended = time.perf_counter()
@@ -319,10 +318,11 @@ class Exploration:
 
     def result(self) -> ExploreResult:
         end = self._ended if self._ended is not None else time.perf_counter()
-        b = self.book
+        by_key = self.by_key
         rounds = self.rounds
-        return ExploreResult(b.findings(), len(self.memo), end - self._t0, dict(b.first_seen), dict(b.generated_at),
-                             dict(b.seconds_to), [r.to_dict() for r in self.restarts], dict(b.seconds_final),
+        return ExploreResult(by_key.findings(), len(self.memo), end - self._t0, dict(by_key.first_seen),
+                             dict(by_key.generated_at), dict(by_key.seconds_to), [r.to_dict() for r in self.restarts],
+                             dict(by_key.seconds_final),
                              self._stopped, [w.to_dict() for w in rounds.weights] if rounds else [],
                              dict(self.round_of) if rounds else {}, list(rounds.new_units) if rounds else [],
                              self._generated_runs(), self.completion.to_dict() if self.completion else None,
@@ -335,7 +335,7 @@ class Exploration:
             # the scenario as a scenario file holds it (keys sorted)
             row = GeneratedRun(position=pos, seconds=round(t, 2), scenario=json.loads(sc.to_json(None)),
                                findings=[{"key": f.key, "check": f.check} for f in out.findings])
-            m = measured(sc, out)
+            m = gathered_metrics(sc, out)
             if m is not None:
                 row["gathered"] = m
             rows.append(row)
@@ -356,15 +356,15 @@ class Exploration:
             else:
                 stopped = False
             if not stopped:  # the hard cap came first: the rest as seen, confirmed
-                yield from self._rest_as_seen(self.book.queue)
-            yield from self._land(block=True)
+                yield from self._hand_over_unshrunk_as_seen(self.by_key.queue)
+            yield from self._hand_over_confirmations(block=True)
         except _Stopped:
             self._stopped = True
             if self.confirm:  # without confirmation the findings stay as handed over
-                yield from self._rest_as_seen(list(self.book.handed))
-                yield from self._land(block=True)
+                yield from self._hand_over_unshrunk_as_seen(list(self.by_key.handed))
+                yield from self._hand_over_confirmations(block=True)
             return
-        yield from self._renumbered()
+        yield from self._renumber_in_generation_order()
 
     def _generate(self) -> Generator[Event, None, bool]:
         """Run the generated lanes (and the pairwise completion after them); whether ``stop`` ended generation."""
@@ -399,7 +399,7 @@ class Exploration:
             def drawn_whole() -> None:  # the generated sequence is known (its last lane not handed out yet)
                 generated_ran.extend(lanes.position)
                 firsts.append(stack.enter_context(FirstRound(done, generated_ran, budget, self.seed, pool)))
-            lanes = Lanes(_then(stream, drawn_whole), self.lane)
+            lanes = Lanes(_calling_at_end(stream, drawn_whole), self.lane)
             self._positions = lanes.position
             if (yield from self._run_lanes(itertools.chain(lanes, self._completion_lanes(firsts)), self._positions)):
                 return True
@@ -469,7 +469,7 @@ class Exploration:
         return [sc for sc, o in zip(ran, outcomes, strict=True) if o is not None and not ran_through(o.checks)]
 
     def _generate_steered(self) -> Generator[Event, None, bool]:
-        """`_generate` in rounds (`rounds.Rounds`): every run measured, each outcome's units noted; whether
+        """`_generate` in rounds (`rounds.Rounds`): every run's coverage read, each outcome's units noted; whether
         ``stop`` ended generation."""
         for w in self.workers:
             w.measure_coverage(True)
@@ -495,7 +495,7 @@ class Exploration:
                 if step.error is not None:
                     raise step.error
                 if step.scenario is None or step.outcome is None:  # the worker started fresh for a lane
-                    self.history.started_fresh(step.worker)
+                    self.runs_per_worker.started_fresh(step.worker)
                 else:
                     yield from self._record(step.worker, step.scenario, step.outcome,
                                             step.restarts != before[step.worker])
@@ -504,7 +504,7 @@ class Exploration:
                     if note is not None:
                         note(step.scenario, units(step.outcome.trace, step.outcome.coverage))
                 before[step.worker] = step.restarts
-                if step.scenario is not None and self.stop is not None and self.stop(self.book.findings()):
+                if step.scenario is not None and self.stop is not None and self.stop(self.by_key.findings()):
                     return True
         finally:
             self._lanes_stop.set()
@@ -515,31 +515,31 @@ class Exploration:
         if step.scenario is not None:
             self._generated_at.setdefault(position, (step.scenario, self._elapsed()))
         for f in step.outcome.findings if step.outcome is not None else ():
-            if position < self.book.generated_at.get(f.key, position + 1):
+            if position < self.by_key.generated_at.get(f.key, position + 1):
                 self.round_of[f.key] = round_k
-            self.book.generated_at[f.key] = min(self.book.generated_at.get(f.key, position), position)
+            self.by_key.generated_at[f.key] = min(self.by_key.generated_at.get(f.key, position), position)
 
     def _start_shrinking(self) -> None:
         """Shrinking runs on the first worker alone, started fresh (the same whatever ``jobs`` is); the
         others confirm."""
         self.confirms.add_helpers(self.workers[1:])
-        if self.history.ran_since_start(0) and refresh(self.workers[0]):
-            self.history.started_fresh(0)
+        if self.runs_per_worker.ran_since_start(0) and refresh(self.workers[0]):
+            self.runs_per_worker.started_fresh(0)
 
     def _shrink(self, stopped: bool) -> Generator[Event, None, bool]:
         """Shrink every key handed over, in order; whether ``stop`` ended the run."""
-        b = self.book
+        by_key = self.by_key
 
         def order(k: str) -> tuple[int, int]:
-            return (b.generated_at.get(k, self.examples + 1), b.first_seen.get(k, 0))
+            return (by_key.generated_at.get(k, self.examples + 1), by_key.first_seen.get(k, 0))
         if stopped and self.stop is not None:  # the caller wants these: shrink them first
             stop = self.stop
-            wanted = {k for k in b.queue if stop([b.handed[k].finding])}
-            b.queue.sort(key=lambda k: (k not in wanted, order(k)))
+            wanted = {k for k in by_key.queue if stop([by_key.handed[k].finding])}
+            by_key.queue.sort(key=lambda k: (k not in wanted, order(k)))
         else:
-            b.queue.sort(key=order)
+            by_key.queue.sort(key=order)
         while True:
-            todo = [k for k in b.queue if k not in b.done]
+            todo = [k for k in by_key.queue if k not in by_key.done]
             if not todo:
                 return False
             key = self._next_key(todo)
@@ -548,9 +548,9 @@ class Exploration:
             except _BudgetSpent:
                 return False
             hit = next((f for f in self.memo[sc].findings if f.key == key), None) if sc else None
-            yield from self._shrunk(hit if hit is not None else b.seen[key], shrink=True)
-            yield from self._land(block=False)
-            if self.stop is not None and self.stop([b.handed[k].finding for k in b.done]):
+            yield from self._shrunk(hit if hit is not None else by_key.seen[key], shrink=True)
+            yield from self._hand_over_confirmations(block=False)
+            if self.stop is not None and self.stop([by_key.handed[k].finding for k in by_key.done]):
                 return True  # the caller has what it wanted: the rest stay as handed over, unconfirmed
 
     def _next_key(self, todo: list[str]) -> str:
@@ -559,7 +559,7 @@ class Exploration:
         if self.first is None:
             return todo[0]
         first = self.first
-        return min(todo, key=lambda k: not first(self.book.handed[k].finding))
+        return min(todo, key=lambda k: not first(self.by_key.handed[k].finding))
 
     def _search(self, want: str) -> Generator[Event, None, Scenario | None]:
         """Hypothesis's search for ``want`` over the strategy and seed that generated it (a steered run: its
@@ -577,9 +577,10 @@ class Exploration:
             search.close()
         return search.found
 
-    def _rest_as_seen(self, keys: list[str]) -> Iterator[Event]:
-        for key in [k for k in keys if k not in self.book.done]:
-            yield from self._shrunk(self.book.seen[key], shrink=False)
+    def _hand_over_unshrunk_as_seen(self, keys: list[str]) -> Iterator[Event]:
+        """The keys of ``keys`` not shrunk yet, as the smallest scenario each was seen in (stage ``as seen``)."""
+        for key in [k for k in keys if k not in self.by_key.done]:
+            yield from self._shrunk(self.by_key.seen[key], shrink=False)
 
     # ------------------------------------------------------------ runs
     def _run(self, sc: Scenario) -> Generator[Event, None, Outcome]:
@@ -600,58 +601,62 @@ class Exploration:
         self.memo[sc] = out
         self.exercised |= exercised(out.trace, specs_for_stage(sc.stage))
         self.skipped += out.skipped is not None
-        self.history.ran(wid, sc)
+        self.runs_per_worker.ran(wid, sc)
         if restarted:  # the next example in this worker starts in a fresh one
-            self.history.started_fresh(wid)
+            self.runs_per_worker.started_fresh(wid)
             self.restarts.append(Restarted(len(self.memo), _restart_reason(out)))
             yield self.restarts[-1]
         for f in out.findings:
-            seen = self.book.see(f, len(self.memo), self._elapsed())
+            seen = self.by_key.see(f, len(self.memo), self._elapsed())
             if seen is not None:
                 if self.rounds is not None and self.rounds.stop.is_set():  # met while shrinking: its search's round
                     self.round_of.setdefault(f.key, self._search_round)
                 yield seen
-        yield Progress(len(self.memo), len(self.book.handed), self._elapsed())
+        yield Progress(len(self.memo), len(self.by_key.handed), self._elapsed())
         if self._stop_requested.is_set():
             raise _Stopped()
 
     # ------------------------------------------------------------ shrunk, then confirmed
     def _shrunk(self, f: Finding, shrink: bool) -> Iterator[Event]:
-        """A key's last scenario: polished (when ``shrink``), handed over (confirmation pending), confirmed."""
+        """A key's last scenario: simplified (when ``shrink``), handed over (confirmation pending), confirmed."""
         if shrink and self.polish:
             with contextlib.suppress(_BudgetSpent):  # the cap came while polishing: Hypothesis' scenario
-                f = yield from polished(f, self._run)
-        ev = Shrunk(self.book.handed[f.key].n, replace(f, shrunk=shrink, confirmation=None),
+                f = yield from simplified(f, self._run)
+        ev = Shrunk(self.by_key.handed[f.key].n, replace(f, shrunk=shrink, confirmation=None),
                     Stage.SHRUNK if shrink else Stage.AS_SEEN)
-        self.book.handed[f.key] = ev
-        self.book.done.add(f.key)
+        self.by_key.handed[f.key] = ev
+        self.by_key.done.add(f.key)
         yield ev
         if not self.confirm:
-            yield self._final(ev, Confirmation("not-checked"))
+            yield self._hand_over_confirmed(ev, Confirmation("not-checked"))
             return
         scenario = ev.finding.scenario
         assert scenario is not None, "an explored finding has its scenario"
-        self.confirms.submit(Job(ev, f.key, scenario, self.history.before(scenario)))
+        self.confirms.submit(Job(ev, f.key, scenario, self.runs_per_worker.before(scenario)))
 
-    def _land(self, block: bool) -> Iterator[Event]:
+    def _hand_over_confirmations(self, block: bool) -> Iterator[Event]:
+        """A `Confirmed` for each confirmation that has landed (``block``: wait for every pending one)."""
         for landed in self.confirms.landed(block):
-            yield self._landed(landed)
+            yield self._confirmation_landed(landed)
 
-    def _landed(self, landed: Landed[FindingEvent]) -> Confirmed:
+    def _confirmation_landed(self, landed: Landed[FindingEvent]) -> Confirmed:
+        """One landed confirmation, handed over; a replay on the first worker joins that worker's runs."""
         if landed.inline:
-            self.history.replayed_on_first(landed.confirmation, landed.restarted)
-        return self._final(landed.item, landed.confirmation)
+            self.runs_per_worker.replayed_on_first(landed.confirmation, landed.restarted)
+        return self._hand_over_confirmed(landed.item, landed.confirmation)
 
-    def _final(self, ev: FindingEvent, c: Confirmation) -> Confirmed:
+    def _hand_over_confirmed(self, ev: FindingEvent, c: Confirmation) -> Confirmed:
+        """``ev``'s finding with its confirmation: its final event."""
         done = Confirmed(ev.n, replace(ev.finding, confirmation=c), ev.stage)
-        self.book.handed[done.key] = done
-        self.book.seconds_final[done.key] = self._elapsed()
+        self.by_key.handed[done.key] = done
+        self.by_key.seconds_final[done.key] = self._elapsed()
         return done
 
-    def _renumbered(self) -> Iterator[Event]:
-        keys = self.book.final_order()
-        if keys != list(self.book.handed):
-            yield Renumbered(tuple(replace(self.book.handed[k], n=i) for i, k in enumerate(keys, 1)))
+    def _renumber_in_generation_order(self) -> Iterator[Event]:
+        """`Renumbered`, when the order the generated sequence met the keys is not the hand-over order."""
+        keys = self.by_key.final_order()
+        if keys != list(self.by_key.handed):
+            yield Renumbered(tuple(replace(self.by_key.handed[k], n=i) for i, k in enumerate(keys, 1)))
 
     # ------------------------------------------------------------ the end
     def _elapsed(self) -> float:
@@ -686,5 +691,5 @@ def explore(target: Target, *, examples: int, seed: int | None = None,
     return exp.result()
 
 
-__all__ = ["DEFAULT_SEED", "Exploration", "ExploreResult", "GeneratedRun", "LANE", "_rank", "explore", "generated",
+__all__ = ["DEFAULT_SEED", "Exploration", "ExploreResult", "GeneratedRun", "LANE", "explore", "generated",
            "hard_cap", "reliability"]

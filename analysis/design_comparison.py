@@ -45,7 +45,7 @@ from zerostate.model.designs import get_design
 from zerostate.model.driver import CoordinatorMode
 from zerostate.model.events import Event
 from zerostate.model.explore import run, state_graph
-from zerostate.model.monitor import Violation
+from zerostate.model.failure import Violation
 from zerostate.model.network import Network
 from zerostate.model.scenario import Block, Checkpoint, MicroStep, ParamKind, Scenario, TrainStep
 from zerostate.specs.base import Spec

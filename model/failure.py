@@ -8,7 +8,7 @@ failure by type without importing ``zerostate.specs`` (which imports the model).
 ``code`` is the violation's identity inside its spec (``hook-after-epilogue``,
 ``no-epilogue``, ...): a finding's key is ``spec:code``, so rewording a message never changes
 which findings count as the same bug.  A monitor that gives no code falls back to the message's
-shape (``targets/base.py``).
+shape (``targets/interface.py``).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ class Violation:
 
     The one violation type from the monitor to the report: the fold (`zerostate.model.fold`) gives (index,
     `Failure`), `zerostate.specs.check_trace` and the state graph (`explore.state_graph`) give `Violation`, and a
-    target's ``Finding`` (``targets/base.py``) carries its message, index and code on a scenario."""
+    target's ``Finding`` (``targets/interface.py``) carries its message, index and code on a scenario."""
 
     spec: str
     message: str

@@ -1,6 +1,6 @@
 """What an exploration yields: one typed event per thing that happened, in the order it happened.
 
-A consumer (``zerostate explore``, ``zerostate diff``, `explore.explore`) iterates `Exploration.events`
+A consumer (``zerostate explore``, ``zerostate diff``, `exploration.explore`) iterates `Exploration.events`
 and never keeps findings of its own: each finding event carries the finding's number, the finding and
 its stage, and a later event for the same number replaces the earlier one.
 
