@@ -1,0 +1,112 @@
+"""A finding's identity is its evidence (`findings.fingerprint`): what its run showed, never names, sizes, counts
+or step numbers, never its label; roles of the parameters involved as the trace declares them.  No DeepSpeed."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+from zerostate.findings.evidence import Evidence, Frame, OracleDiff, ParamDiff, Raised
+from zerostate.findings.finding import Finding
+from zerostate.findings.fingerprint import abstract, params_in, roles, spec_fingerprint
+from zerostate.harness.net.engine import linear_in_use, stage0_masters
+from zerostate.known import rules
+from zerostate.model.events import Event, EventKind as K
+from zerostate.watcher.torch_observers import checkpointed_module
+from zerostate.watcher.tracer import z3_leaf_modules
+
+pytestmark = pytest.mark.fast
+
+
+def test_a_message_loses_its_specifics_and_keeps_what_went_wrong():
+    assert abstract("The parameter blocks.3.lin.bias has already been reduced.   Gradient  computed twice") == \
+        "The parameter P has already been reduced. Gradient computed twice"
+    assert abstract("The size of tensor a (0) must match the size of tensor b (8)") == \
+        "The size of tensor a [...] must match the size of tensor b [...]"
+    assert abstract("'NoneType' object has no attribute 'numel'") == "'NoneType' object has no attribute 'numel'"
+    assert abstract("KeyError: 'blocks.0.lin.weight'") == "KeyError: 'X'"
+    assert abstract("/tmp/zerostate-ckpt-x1/global_step1/a.pt is not a zero checkpoint") == \
+        "<path> is not a zero checkpoint"
+    assert params_in("left in the bucket: ['blocks.0.lin.weight', 'empty']") == ("blocks.0.lin.weight", "empty")
+    assert params_in("stack expects a non-empty TensorList") == ()
+
+
+def test_roles_come_from_the_trace_and_only_the_distinguishing_ones():
+    trace = (Event(K.FORWARD_START), Event(K.ROLE, param="blocks.0.norm.weight", note="frozen"),
+             Event(K.ROLE, param="blocks.1.lin.weight", note="leaf"),
+             Event(K.PERSISTENT, param="blocks.1.lin.weight"))
+    assert roles(["blocks.0.norm.weight"], trace) == "frozen"
+    assert roles(["blocks.1.lin.weight", "blocks.2.lin.bias"], trace) == "leaf,persistent"
+    assert roles(["blocks.2.lin.bias", "head.weight"], trace) == ""  # plain trainable parameters
+    assert roles(["base_model.model.layers.0.lora_A.default.weight"], ()) == "adapter"
+
+
+def test_a_violation_is_keyed_by_its_event_pattern_where_it_happened_and_the_roles_involved():
+    ev = (Event(K.FORWARD_START), Event(K.ROLE, param="blocks.0.norm.weight", note="frozen"),
+          Event(K.USER_BACKWARD_START, note="engine"), Event(K.TASK_START, task=1, note="nested"),
+          Event(K.BUCKET_ADD, param="blocks.0.norm.weight", task=1), Event(K.TASK_END, task=1),
+          Event(K.BUCKET_ADD, param="blocks.0.norm.weight", task=0), Event(K.USER_BACKWARD_END, note="engine"),
+          Event(K.STEP, value=0))
+    nested = spec_fingerprint("grad-handled-once", "handled-twice", ev, 4, ())
+    outer = spec_fingerprint("grad-handled-once", "handled-twice", ev, 6, ())
+    at_step = spec_fingerprint("clean-step", "stale-bucket", ev, 8, ["blocks.0.norm.weight"])
+    assert nested == "grad-handled-once:handled-twice@bucket_add/-/nested:frozen"
+    assert outer == "grad-handled-once:handled-twice@bucket_add/-/outer:frozen"
+    assert at_step == "clean-step:stale-bucket@step/-/none:frozen"
+    assert spec_fingerprint("epilogue-once", "no-epilogue", ev, None, ()) == "epilogue-once:no-epilogue@end"
+
+
+def test_an_exception_is_its_type_its_innermost_deepspeed_function_and_its_abstracted_message():
+    def crash(message, function):
+        frames = (Frame("zerostate", "harness/executor.py", "execute", 1, "zerostate.harness.executor"),
+                  Frame("deepspeed", "runtime/zero/stage3.py", function, 9, "deepspeed.runtime.zero.stage3"),
+                  Frame("torch", "functional.py", "cat", 3, "torch.functional"))
+        return Finding("exception", f"AssertionError: {message}", None, (), None, "deepspeed", "0.19.8",
+                       evidence=Evidence(raised=Raised("AssertionError", message, frames)))
+    a = crash("param 3 of 12 already reduced", "__reduce_and_partition_ipg_grads")
+    assert a.key == ("exception:AssertionError@runtime.zero.stage3.__reduce_and_partition_ipg_grads:"
+                     + "param N of N already reduced")
+    assert crash("param 7 of 2 already reduced", "__reduce_and_partition_ipg_grads").key == a.key  # sizes
+    assert crash("param 3 of 12 already reduced", "partition_grads").key != a.key  # another function
+    assert crash("bucket not empty", "__reduce_and_partition_ipg_grads").key != a.key  # another message
+    assert rules.raised_at("AssertionError", "zero/stage3.py", "__reduce_and_partition_ipg_grads")(a)
+    assert not rules.raised_at("AssertionError", "zero/stage3.py", "partition_grads")(a)
+
+
+def test_an_oracle_difference_is_its_counterfactual_class_never_its_label():
+    o = OracleDiff("params", 1, (ParamDiff("blocks.0.lin.weight", 1e-3, 0.5, 1.0, 0.5),), 0.5)
+    trace = (Event(K.FORWARD_START), Event(K.USER_BACKWARD_START), Event(K.STEP, value=0), Event(K.FORWARD_START),
+             Event(K.STEP, value=1))
+    known = Finding("oracle", "x", None, trace, evidence=Evidence(oracle=o, explained_by=("last-backward-only",)))
+    new = Finding("oracle", "x", None, trace, evidence=Evidence(oracle=o))
+    assert known.key == "oracle:last-backward-only@later-step"
+    assert new.key == "oracle:unexplained:x0.5@later-step"
+    from dataclasses import replace
+    assert replace(known, known="two-backwards-per-forward").key == known.key
+
+
+def test_the_engine_wrapper_names_the_linear_it_runs_with_and_reads_stage0_masters():
+    linear = torch.nn.functional.linear
+    assert linear_in_use() == f"{linear.__module__}.{linear.__name__}" and "deepspeed" not in linear_in_use()
+    a, b = torch.nn.Parameter(torch.ones(2, 2, dtype=torch.float16)), torch.nn.Parameter(torch.ones(3))
+    module = torch.nn.Module()
+    module.register_parameter("a", a)
+    module.register_parameter("b", b)
+
+    class Fused:  # FP16_Optimizer: one flat fp32 tensor per group over its 16-bit parameters, in order
+        def __init__(self) -> None:
+            self.fp16_groups = [[a, b]]
+            self.fp32_groups_flat = [torch.arange(7, dtype=torch.float32)]
+    got = stage0_masters(module, Fused())
+    assert got["a"].tolist() == [[0, 1], [2, 3]] and got["b"].tolist() == [4, 5, 6]
+    assert stage0_masters(module, object()) == {}
+
+
+def test_watch_helpers_find_leaf_modules_and_the_module_a_checkpoint_recomputes():
+    net = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))
+    net[1]._z3_leaf = True
+    assert set(z3_leaf_modules(net)) == {"1"}
+    assert checkpointed_module(functools.partial(net[0].__call__)) is net[0]
+    assert checkpointed_module(lambda x: x) is None
