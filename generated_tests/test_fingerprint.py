@@ -67,7 +67,7 @@ def test_an_exception_is_its_type_its_innermost_deepspeed_function_and_its_abstr
                        evidence=Evidence(raised=Raised("AssertionError", message, frames)))
     a = crash("param 3 of 12 already reduced", "__reduce_and_partition_ipg_grads")
     assert a.key == ("exception:AssertionError@runtime.zero.stage3.__reduce_and_partition_ipg_grads:"
-                     + "param N of N already reduced")
+                      "param N of N already reduced")
     assert crash("param 7 of 2 already reduced", "__reduce_and_partition_ipg_grads").key == a.key  # sizes
     assert crash("param 3 of 12 already reduced", "partition_grads").key != a.key  # another function
     assert crash("bucket not empty", "__reduce_and_partition_ipg_grads").key != a.key  # another message
