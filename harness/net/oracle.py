@@ -238,8 +238,8 @@ class TorchBackend:
                 shares.append({n: q.grad.detach().float() * unscale / self.world for n, q in params
                                if q.grad is not None})
         finally:
-            for (_, q), g in zip(params, saved, strict=True):
-                q.grad = g
+            for (_, q), kept in zip(params, saved, strict=True):
+                q.grad = kept  # type: ignore[assignment]  # None where no backward had reached it
         return tuple(shares)
 
     def _grads(self) -> Params:
