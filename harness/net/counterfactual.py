@@ -11,7 +11,9 @@ PyTorch, and farther from the correct one.
 
 A step's *contributions* are the gradient each part of it added, in fp32 and unscaled (the master parameters'
 units): ``forward`` for what a backward inside a forward added (a fused loss head), ``backward`` for each user
-backward, in order, with its micro-step and its index in the micro-step.
+backward, in order, with its micro-step and its index in the micro-step.  At world size > 1 a mechanism that acts
+on each rank's gradient apart (`Mechanism.outside_partition`) has each backward's contribution split into the
+ranks' shares (`Contribution.ranks`: each rank's rows' gradient over the world size).
 """
 
 from __future__ import annotations
@@ -34,6 +36,10 @@ class Contribution:
     index: int
     """Its place among the micro-step's user backwards (0 for a forward's)."""
     grads: Grads
+    ranks: tuple[Grads, ...] = ()
+    """At world size > 1, when a mechanism needs them (`Mechanism.outside_partition`): each rank's share of
+    ``grads`` -- the gradient of its rows of the global batch (its own loss) over the world size -- in rank order;
+    they sum to ``grads`` up to rounding.  Empty otherwise."""
 
 
 Keep = Callable[[Sequence[Contribution], int], Sequence[Contribution] | None]
@@ -64,6 +70,12 @@ class Mechanism:
     backward hooks) instead of the loss being divided once: for ``pytorch-style`` backwards only, or ``all``.  An
     output computed from another (an auxiliary mean of the hidden state, a loss from its logits) then passes two
     hooks."""
+    outside_partition: bool = False
+    """At world size > 1, ZeRO-1 with the fp32 gradient accumulation attribute (``grad_accum``): after each
+    reduction of the boundary micro-step a rank keeps its gradient of every parameter outside its partition of the
+    flat buffer (the reduction's bucket, divided by the world size in place, or the all-reduced value), so a
+    further backward in that micro-step adds to it and the next reduction sends it again
+    (`reduced_again`)."""
 
 
 def _backwards(cs: Sequence[Contribution]) -> list[Contribution]:
@@ -120,6 +132,69 @@ def _last_micro_step_only(cs: Sequence[Contribution], micros: int) -> Sequence[C
     return [backs[-1]]
 
 
+def zero1_owners(groups: Sequence[Sequence[tuple[str, int]]], world: int) -> dict[str, frozenset[int]]:
+    """The ranks whose ZeRO-1/2 partition holds some of each parameter: each optimizer group's parameters
+    (trainable, with elements: ``(name, numel)`` in the group's order) flattened one after another, padded to a
+    multiple of ``2 * world`` (stage_1_and_2.py's ``nccl_start_alignment_factor`` times the data-parallel size;
+    without ``parameter_alignment`` or ``round_robin_gradients``, DeepSpeed's defaults) and split into ``world``
+    equal partitions; a parameter is in a rank's partition when any of its elements is (``get_partition_info``)."""
+    owners: dict[str, frozenset[int]] = {}
+    for group in groups:
+        total = sum(n for _, n in group)
+        size = -(-total // (2 * world)) * 2  # the padded flat buffer over world ranks
+        off = 0
+        for name, n in group:
+            owners[name] = frozenset(r for r in range(world) if off < (r + 1) * size and r * size < off + n)
+            off += n
+    return owners
+
+
+def reduced_again(cs: Sequence[Contribution], micros: int, owners: dict[str, frozenset[int]], world: int,
+                  all_reduce: bool) -> Grads | None:
+    """What ZeRO-1's reductions add to the step's gradient when the boundary micro-step has more than one backward
+    and each rank keeps its gradient of the parameters outside its partition (`Mechanism.outside_partition`), or
+    None when the step has one reduction.
+
+    Every backward of the boundary micro-step ends in a reduction (``reduce_gradients``); the first sends what
+    the step accumulated so far (the earlier micro-steps' and the boundary's first backward), each later one its
+    own backward.  A rank's bucket holds its gradient plus what it kept, divided by the world size in place; for a
+    parameter in its partition the gradient is then cleared, for any other it is kept: the divided bucket
+    (``reduce_scatter``: a reduce to the owner) or, with ``all_reduce`` (``reduce_scatter`` off), the all-reduced
+    value.  So each later reduction sends a non-owner's kept value
+    over the world size again, on top of the step's correct gradient."""
+    boundary = micros - 1
+    later = [c for c in cs if c.kind == "backward" and c.micro == boundary and c.index >= 1]
+    if not later or world < 2:
+        return None
+    first = [c for c in cs if not any(c is d for d in later)]
+    reductions = [first] + [[c] for c in sorted(later, key=lambda c: c.index)]
+    if any(not c.ranks for r in reductions for c in r if c.kind == "backward"):
+        return None  # the ranks' shares were not recorded (world size 1)
+    names = {n for c in cs for r in c.ranks for n in r}
+    extra: Grads = {}
+    for n in names:
+        outside = [r for r in range(world) if r not in owners.get(n, frozenset(range(world)))]
+        if not outside:
+            continue
+        kept: dict[int, torch.Tensor | None] = dict.fromkeys(range(world))
+        for reduction in reductions:
+            sent: dict[int, torch.Tensor] = {}
+            for r in range(world):
+                share = [c.ranks[r][n] for c in reduction if c.ranks and n in c.ranks[r]]
+                mine = torch.stack(share).sum(0) if share else None
+                before = kept[r]
+                if before is not None:
+                    add = before / world
+                    extra[n] = extra[n] + add if n in extra else add.clone()
+                    mine = add if mine is None else mine + add
+                if mine is not None:
+                    sent[r] = mine
+            total = torch.stack(list(sent.values())).sum(0) if sent else None
+            for r in range(world):
+                kept[r] = None if r not in outside else (total if all_reduce else sent.get(r))
+    return extra or None
+
+
 def _offloaded(sc: Scenario) -> bool:
     return sc.offload in (Offload.OPTIMIZER, Offload.BOTH)
 
@@ -132,6 +207,15 @@ def _several_outputs(sc: Scenario) -> bool:
 
 def _retains(sc: Scenario) -> bool:
     return any(m.retain for _, _, m in sc.micro_steps())
+
+
+def _zero1_grad_accum_attribute(sc: Scenario) -> bool:
+    """ZeRO-1's optimizer with the fp32 ``grad_accum`` attribute at world size > 1, a second backward of one forward:
+    bf16 with fp32 accumulation takes the ZeRO optimizer (not BF16_Optimizer) only with optimizer offload
+    (engine.py ``_do_optimizer_sanity_check``).  Not with a fused head (the ranks' shares are recomputed by forwards
+    that would run its backward again)."""
+    return (sc.stage == 1 and sc.world_size > 1 and sc.precision is Precision.BF16 and sc.fp32_grad_accum
+            and _offloaded(sc) and _retains(sc) and not sc.fused_head)
 
 
 MECHANISMS: dict[str, Mechanism] = {m.name: m for m in (
@@ -160,6 +244,7 @@ MECHANISMS: dict[str, Mechanism] = {m.name: m for m in (
     Mechanism("update-unscaled-by-65536", lambda sc: sc.precision is Precision.BF16 and sc.stage == 0,
               gradient="unscaled-by-65536"),
     Mechanism("own-rows-only", lambda sc: sc.world_size > 1 and sc.stage in (1, 2), own_rows=True),
+    Mechanism("zero1-outside-partition-reduced-again", _zero1_grad_accum_attribute, outside_partition=True),
 )}
 """Every mechanism a known issue names (`known.issue.KnownIssue.mechanism`), by name."""
 
@@ -169,4 +254,4 @@ def applicable(sc: Scenario) -> list[str]:
     return [name for name, m in MECHANISMS.items() if m.applies(sc)]
 
 
-__all__ = ["MECHANISMS", "Contribution", "Grads", "Mechanism", "applicable"]
+__all__ = ["MECHANISMS", "Contribution", "Grads", "Mechanism", "applicable", "reduced_again", "zero1_owners"]

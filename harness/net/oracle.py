@@ -20,11 +20,11 @@ import torch.nn as nn
 
 from zerostate.harness.net import fp16
 from zerostate.harness.net.compare import Params
-from zerostate.harness.net.counterfactual import MECHANISMS, Contribution, Mechanism
-from zerostate.harness.net.dist import rank_rows
+from zerostate.harness.net.counterfactual import MECHANISMS, Contribution, Mechanism, reduced_again, zero1_owners
+from zerostate.harness.net.dist import rank_rows, world_size
 from zerostate.harness.net.config import fp16_section, make_optimizer, param_groups
 from zerostate.harness.net.torch_network import NetOutput, attach_late_module, build_model
-from zerostate.harness.net.schedule import generation_output, no_grad_forward, rows_share, run_schedule
+from zerostate.harness.net.schedule import generation_output, loss_of, no_grad_forward, rows_share, run_schedule
 from zerostate.model.scenario import BackwardKind, Family, Precision, Scenario
 
 
@@ -108,6 +108,19 @@ class TorchBackend:
         self.half = HALF.get(sc.precision)
         """The 16-bit dtype forward and backward run in (mixed precision), else None."""
         self.fp32_accum = sc.precision is Precision.BF16 and sc.fp32_grad_accum
+        self.sc = sc
+        self.world = world_size()
+        self._by_rank = self.world > 1 and any(m.outside_partition for m in self.mechanisms)
+        """Counterfactual: each backward's contribution is split into the ranks' shares (`_rank_shares`)."""
+        self._owners: dict[str, frozenset[int]] = {}
+        """Counterfactual: the ranks whose ZeRO-1 partition holds some of each parameter."""
+        if self._by_rank:
+            names = {id(p): n for n, p in model.named_parameters()}
+            self._owners = zero1_owners([[(names[id(p)], p.numel()) for p in g["params"] if p.numel() > 0]
+                                         for g in self.opt.param_groups], self.world)
+        self._x: tuple[torch.Tensor, tuple[int, ...]] | None = None
+        """Counterfactual: the micro-step's input and skipped blocks (the ranks' shares recompute its forward)."""
+        self._shares: tuple[Params, ...] = ()
         if self.half is not None:
             self.model = copy.deepcopy(model).to(self.half)
             for n, q in self.model.named_parameters():
@@ -130,6 +143,8 @@ class TorchBackend:
         if self.mechanisms:
             self._seen = self._total()
         x = self._input(x)
+        if self._by_rank:
+            self._x = (x, tuple(skip))
         if any(m.own_rows for m in self.mechanisms):
             x = rank_rows(x).detach().requires_grad_(x.requires_grad)
         if self.llama:
@@ -189,8 +204,43 @@ class TorchBackend:
         else:
             (part * loss / gas * scale if scale != 1.0 else part * loss / gas).backward(retain_graph=keep)
         self._last = {n: g - before[n] if n in before else g for n, g in self._grads().items()}
+        if self._by_rank:
+            self._shares = self._rank_shares(kind, fused, part / gas * scale)
         if self.mechanisms:
             self._note_backward_end()
+
+    def _rank_shares(self, kind: BackwardKind, fused: bool, factor: float) -> tuple[Params, ...]:
+        """Counterfactual: each rank's share of the backward just made -- the gradient of its rows of the global
+        batch (its own loss, times ``factor``: the backward's part, over gas, times the loss scale) over the world
+        size, fp32 and unscaled -- recomputed by a forward and backward of those rows; the gradients the
+        backwards accumulated are put back after."""
+        assert self._x is not None
+        x, skip = self._x
+        params = list(self.model.named_parameters())
+        saved = [q.grad for _, q in params]
+        unscale = 1.0 / self.scaler.scale if self.scaler is not None and not self._loss_unscaled() else 1.0
+        shares: list[Params] = []
+        try:
+            for rows in x.detach().chunk(self.world):
+                for _, q in params:
+                    q.grad = None
+                xs = rows.clone().requires_grad_(x.requires_grad)
+                if self.llama:
+                    res: NetOutput = self.model(input_ids=xs, labels=xs)
+                else:
+                    res = self.model(xs, skip=skip) if skip else self.model(xs)
+                out, loss = loss_of(self.sc, res)
+                if kind is BackwardKind.NONSCALAR:
+                    g = torch.ones_like(loss) if fused else (2 * out / out.numel()).detach()
+                    (loss if fused else out).backward(gradient=g * factor)
+                else:
+                    (loss * factor).backward()
+                shares.append({n: q.grad.detach().float() * unscale / self.world for n, q in params
+                               if q.grad is not None})
+        finally:
+            for (_, q), kept in zip(params, saved, strict=True):
+                q.grad = kept  # type: ignore[assignment]  # None where no backward had reached it
+        return tuple(shares)
 
     def _grads(self) -> Params:
         """The gradients the backwards accumulated so far (fp16: scaled, on the fp16 copy)."""
@@ -300,7 +350,9 @@ class TorchBackend:
 
     def _note_backward_end(self) -> None:
         index = sum(c.kind == "backward" and c.micro == self._micro for c in self._contributions)
-        self._contributions.append(Contribution("backward", self._micro, index, self._delta(self._seen)))
+        self._contributions.append(Contribution("backward", self._micro, index, self._delta(self._seen),
+                                                self._shares))
+        self._shares = ()
         self._seen = self._total()
 
     def _apply_mechanisms(self, overflow: bool) -> None:
@@ -321,6 +373,13 @@ class TorchBackend:
                     summed[n] = summed[n] + g if n in summed else g.clone()
             for n, p in self.master.named_parameters():
                 p.grad = summed.get(n)
+        if self._by_rank:
+            # optimizer offload makes contiguous_gradients true (stage_1_and_2.py line 300): reduce_scatter decides
+            extra = reduced_again(contributions, self.gas, self._owners, self.world,
+                                  all_reduce=not self.sc.reduce_scatter)
+            for n, p in self.master.named_parameters():
+                if extra is not None and n in extra:
+                    p.grad = extra[n].clone() if p.grad is None else p.grad + extra[n]
         held = {id(q) for g in self.opt.param_groups for q in g["params"]}
         frozen = {n for (n, p), q in zip(self.master.named_parameters(), self.model.parameters(), strict=True)
                   if not q.requires_grad}

@@ -102,7 +102,7 @@ def rows_share(out: torch.Tensor) -> torch.Tensor | None:
     return rank_rows(out).float()
 
 
-def _loss(sc: Scenario, res: NetOutput) -> tuple[torch.Tensor, torch.Tensor]:
+def loss_of(sc: Scenario, res: NetOutput) -> tuple[torch.Tensor, torch.Tensor]:
     """``(out, loss)`` of a forward's result: what a non-scalar backward starts from, and the scalar loss."""
     if sc.family is Family.LLAMA:
         return res.loss, res.loss
@@ -153,7 +153,7 @@ def run_schedule(sc: Scenario, backend: Backend, mark: Mark = _no_mark,
             mark("forward_start")
             res = backend.forward(x, m.skip)
             mark("forward_end")
-            out, loss = _loss(sc, res)
+            out, loss = loss_of(sc, res)
             backend.boundary(boundary)
             for part, keep in (((0.5, True), (0.5, False)) if m.retain else ((1.0, False),)):
                 mark("backward_start", kind=m.backward.value)
@@ -168,4 +168,5 @@ def run_schedule(sc: Scenario, backend: Backend, mark: Mark = _no_mark,
             after_step(si)
 
 
-__all__ = ["Backend", "Mark", "batch", "generation_output", "no_grad_forward", "rows_share", "run_schedule"]
+__all__ = ["Backend", "Mark", "batch", "generation_output", "loss_of", "no_grad_forward", "rows_share",
+           "run_schedule"]
