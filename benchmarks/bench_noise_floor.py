@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
                         if p.update_err_max is None or p.update_max <= 0:
                             continue
                         what = "fp32 params" if kind == "params" and prec == "fp32" else \
-                            "16-bit params" if kind == "params" else f"{prec} master weights"
+                            f"{prec} params" if kind == "params" else f"{prec} master weights"
                         beyond = p.update_err_max - ULPS * ulp(p.dtype, max(p.want_max, p.err_max))
                         key = (what, ranks, prec)
                         samples[key] += 1
@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---|---|---|---|")
     rows = []
     for (what, ranks, prec), n in sorted(samples.items()):
-        kind = "params" if "params" in what else "master"
+        kind = "params" if what.endswith("params") else "master"
         key = (kind, "fp32" if what == "fp32 params" else "mixed") if kind == "params" else (kind, prec)
         tol = UPDATE_RTOL[key][0 if ranks == "world size 1" else 1]
         w = worst[(what, ranks, prec)]
