@@ -81,7 +81,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--steer", choices=STEERS, default=None,
                    help="coverage: generate in rounds of 50 distinct examples, each round's draw rates moved "
                         "towards the choices whose examples ran DeepSpeed ZeRO code (arcs) and spec-monitor "
-                        "states no earlier example had (every example measured with coverage.py, "
+                        "states no earlier example had (every example traced by coverage.py, "
                         "several times slower: docs/benchmarks-coverage.md); the first round is the default "
                         "sequence's start, the findings do not depend on --jobs, and the report records every "
                         "round's rates (default: the fixed rates)")

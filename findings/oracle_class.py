@@ -24,7 +24,8 @@ _FACTORS = ((2.0, "x2"), (0.5, "x0.5"))
 OTHER = "other"
 """Any other relation, and a mixture of classes over the differing parameters: a clipped, partly lost or
 otherwise distorted update gives each parameter its own ratio, which shrinking and the drawn shape move
-across any finer boundary (measured: one mechanism gave 16 keys when each parameter's class counted)."""
+across any finer boundary: one mechanism would give many keys if each parameter's class counted
+(docs/deepspeed-target.md has the count)."""
 
 
 def update_class(p: ParamDiff, moved: Sequence[str]) -> str:

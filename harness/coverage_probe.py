@@ -1,19 +1,19 @@
 """Opt-in line and branch coverage of DeepSpeed's ZeRO hook, coordinator and optimizer files, per example.
 
-Two ways to ask, both off by default.  **In band**: a run request with ``"coverage": true`` is measured and its
-answer carries ``coverage`` (`ArcIds`: per file, the arcs it ran as `arc_id` integers), which the target puts on
-``Outcome.coverage`` (what ``zerostate explore --steer coverage`` steers by).  **To files**: off
-unless ``ZEROSTATE_COVERAGE=DIR`` is in a worker's environment (a worker inherits the environment of the
-``zerostate`` command that starts it), so the default exploration runs exactly as without it.  When set, every
-``run`` request a worker serves (generated, shrinking and confirming runs alike, in both kinds of worker) is
-measured with coverage.py's C tracer, restricted to `FILES` of the DeepSpeed the worker imported, branch
-coverage on (``ZEROSTATE_COVERAGE_EVERY=K``: one request in K, a sample), and one JSON line per measured
-request is appended to ``DIR/cov-<rank>-<pid>.jsonl``: the scenario's hash,
-the seconds the measured run took, and per file the arcs it ran (coverage.py's ``(from, to)`` line pairs; the
-lines are their ends).  ``benchmarks/bench_coverage.py`` folds the files into per-file figures.
+Two ways to ask, both off by default.  **In band**: a run request with ``"coverage": true`` runs under
+coverage.py's tracer and its answer carries ``coverage`` (`ArcIds`: per file, the arcs it ran as `arc_id`
+integers), which the target puts on ``Outcome.coverage`` (what ``zerostate explore --steer coverage`` steers by).
+**To files**: off unless ``ZEROSTATE_COVERAGE=DIR`` is in a worker's environment (a worker inherits the
+environment of the ``zerostate`` command that starts it), so the default exploration runs exactly as without it.
+When set, every ``run`` request a worker serves (generated, shrinking and confirming runs alike, in both kinds of
+worker) runs under coverage.py's C tracer, restricted to `FILES` of the DeepSpeed the worker imported, branch
+coverage on (``ZEROSTATE_COVERAGE_EVERY=K``: one request in K, a sample), and one JSON line per traced request is
+appended to ``DIR/cov-<rank>-<pid>.jsonl``: the scenario's hash, the seconds the traced run took, and per file the
+arcs it ran (coverage.py's ``(from, to)`` line pairs; the lines are their ends).  ``benchmarks/bench_coverage.py``
+folds the files into per-file figures.
 
 Only threads started through ``threading`` and the calling thread are traced: a hook that autograd's C++
-worker threads run is not measured (on CPU the autograd engine runs a backward on the calling thread).
+worker threads run is not traced (on CPU the autograd engine runs a backward on the calling thread).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ FILES = (
     "runtime/bf16_optimizer.py",
     "runtime/fp16/loss_scaler.py",
 )
-"""The files measured, relative to the ``deepspeed`` package: ZeRO's gradient hooks and hook state, the
+"""The files coverage.py traces, relative to the ``deepspeed`` package: ZeRO's gradient hooks and hook state, the
 ZeRO-3 coordinator and module hooks, the engine's backward/step, and the optimizers' step and loss scaling."""
 
 
@@ -66,7 +66,7 @@ def arc_of(ident: int) -> tuple[int, int]:
 
 
 class CoverageLine(TypedDict):
-    """One measured request, as written to the JSON-lines file (crosses from the worker to the benchmark)."""
+    """One request the probe traced, as written to the JSON-lines file (crosses from the worker to the benchmark)."""
 
     scenario: str
     """sha1 of the scenario's JSON (sorted keys)."""
@@ -80,14 +80,14 @@ T = TypeVar("T")
 
 
 class Meter:
-    """coverage.py's C tracer over `FILES` of one DeepSpeed package, branch level: one measured call at a time."""
+    """coverage.py's C tracer over `FILES` of one DeepSpeed package, branch level: one traced call at a time."""
 
     def __init__(self, package_dir: Path) -> None:
         import coverage  # the opt-in's one dependency (the test extra installs it)
 
         self._paths = {str(package_dir / f): f for f in FILES}
         self._cov = coverage.Coverage(data_file=None, branch=True, include=list(self._paths), config_file=False)
-        self._cov.set_option("run:disable_warnings", ["no-data-collected"])  # a run may skip every measured file
+        self._cov.set_option("run:disable_warnings", ["no-data-collected"])  # a run may skip every traced file
 
     def measure(self, run: Callable[[], T], done: Callable[[dict[str, list[tuple[int, int]]]], None]) -> T:
         """``run()``'s answer; ``done(arcs per file)`` is called even when ``run`` raises."""
@@ -119,7 +119,7 @@ class Probe:
 
     def around(self, request: Mapping[str, Any], run: Callable[[], T],
                also: Callable[[dict[str, list[tuple[int, int]]]], None] | None = None) -> T:
-        """``run()``'s answer, measured (one request in ``every``, and every request that ``also`` wants the
+        """``run()``'s answer, traced (one request in ``every``, and every request that ``also`` wants the
         arcs of); the line is written even when ``run`` raises."""
         self._seen += 1
         sampled = not (self._seen - 1) % self._every
@@ -147,7 +147,7 @@ class Probe:
 def from_env(hello: Mapping[str, Any]) -> Probe | None:
     """The probe ``ZEROSTATE_COVERAGE`` asks for, over the DeepSpeed that ``hello`` says was imported; None
     when it is not set or the worker did not start.  Raises ImportError (coverage.py not installed): an
-    opt-in that cannot measure must not pass for one that measured nothing."""
+    opt-in that cannot trace must not pass for one that traced nothing."""
     out = os.environ.get(ENV)
     if not out or not hello.get("ok") or not hello.get("file"):
         return None

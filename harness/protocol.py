@@ -94,7 +94,7 @@ class RunAnswer(_RunAnswerBase, total=False):
     sync: dict[str, int]
     """A rank: each process group's collective sequence number after the run."""
     coverage: dict[str, list[int]]
-    """Asked for by the request: per measured DeepSpeed file, the arcs the run executed
+    """Asked for by the request: per DeepSpeed file coverage.py traces, the arcs the run executed
     (`coverage_probe.arc_id` integers, sorted).  A rank pool answers with rank 0's."""
 
 

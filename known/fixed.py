@@ -3,11 +3,11 @@
 docs/bug-coverage.md surveyed DeepSpeed's fixes from 0.17 to 0.19.8 and found these outside the scenario space
 of the time; `strategies.EXTRAS` and `strategies.LORA` now draw what each one needs.  Each is a
 `known.issue.KnownIssue` (``FIXED_ISSUES``, in the table `known.issues`)
-with the release range where its scenario was measured to fail and
+with the release range where its scenario fails and
 the release that fixed it, so ``zerostate explore --deepspeed <buggy release>`` labels the finding, and
 ``test_known_issue --deepspeed <release>`` checks the range: a strict expected failure on a buggy release,
-nothing on a fixed one (the pinned 0.19.8 included).  The ranges were measured with ``zerostate replay`` on
-the cached releases 0.18.4, 0.18.7, 0.19.2 and 0.19.3; the upper bound is the fixing release of the PR.
+nothing on a fixed one (the pinned 0.19.8 included).  The upper bound is the fixing release of the PR; on
+which releases each range was established, and the figures: docs/known-issues-provenance.md.
 """
 
 from __future__ import annotations
@@ -108,8 +108,7 @@ ZERO12_UNREDUCED_WITHOUT_CONTIGUOUS = KnownIssue(
             "split_half_float_double groups tensors by legacy type strings (torch.cuda.FloatTensor, ...); a CPU "
             "tensor's type string matches none of them, so every bucket is dropped and each rank steps on its "
             "own gradient.  0.19.8 matches CPU tensors too.  Shows at world size 2 (the oracle trains on the "
-            "global batch): max |DeepSpeed - PyTorch| 0.0115 on 0.18.4 and 0.19.3, agreement on 0.19.8 "
-            "(`zerostate replay ... --world-size 2`); also ZeRO-1."),
+            "global batch); also ZeRO-1."),
 )
 
 ZERO0_BF16_UPDATE_LOST = KnownIssue(
@@ -128,8 +127,7 @@ ZERO0_BF16_UPDATE_LOST = KnownIssue(
             "skipped zero_grad: the update is about 1/65536 of PyTorch's, below bf16's resolution of the "
             "parameters (the module's bf16 parameters do not move at all here).  Issue #7837, fixed in 0.18.6 "
             "by DeepSpeed PR #7839.  The oracle's per-element bf16 tolerance hides a lost update of this size "
-            "on these small networks; `oracle_judgement.update_norm_text` (the update's norm) shows it: ratio 0 "
-            "on 0.18.4."),
+            "on these small networks; `oracle_judgement.update_norm_text` (the update's norm) shows it."),
 )
 
 ZERO12_NESTED_OUTPUTS_ENGINE_BACKWARD = KnownIssue(
@@ -137,8 +135,7 @@ ZERO12_NESTED_OUTPUTS_ENGINE_BACKWARD = KnownIssue(
     title="ZeRO-1/2 up to 0.19.5 (fixed in 0.19.6 or 0.19.7): with gas > 1, engine.backward of a loss on two outputs "
           "where one is computed from the other divides that gradient by gas twice",
     owner="deepspeed",
-    releases=((0, 18, 4), (0, 19, 6)),  # measured present on 0.18.4, 0.18.6, 0.18.7, 0.19.2, 0.19.3, 0.19.5;
-    # absent on 0.19.7 and 0.19.8.  The upper bound is the release after the last one measured present
+    releases=((0, 18, 4), (0, 19, 6)),  # fixed in 0.19.6 or 0.19.7: the range ends after the last one that shows it
     fixed_in=None,
     scenario=Scenario.from_dict({"stage": 1, "outputs": "tuple", "losses": 2,
                                  "steps": [{"micro": [{}, {}]}]}),
@@ -149,15 +146,11 @@ ZERO12_NESTED_OUTPUTS_ENGINE_BACKWARD = KnownIssue(
             "0.19.8 for a PyTorch-style backward).  Likely mechanism (the same as that issue's; not traced in these "
             "releases' source): the engine's output backward hooks divide by gradient_accumulation_steps, and "
             "a hidden state's auxiliary output (hidden, hidden.mean(-1)) "
-            "passes two of them, so the auxiliary loss's share of the gradient is divided by gas twice "
-            "(blocks.0.lin.weight 0.00018 off after one step, ZeRO-1, gas 2; "
-            "the HF Llama family, whose loss is computed "
-            "from its logits: lm_head.weight 0.0063 off on 0.18.7 and 0.19.5, "
-            "agreeing on 0.19.7 and 0.19.8).  Found by the default "
-            "exploration on 0.18.4 once oracle findings were keyed by known issue.  0.19.7 and 0.19.8 agree "
-            "with the oracle; 0.19.6 was not measured, so the range ends after 0.19.5 and no fixing release "
-            "is named.  ZeRO stage 0 shows it too (the default 0.19.3 exploration: gas 3, tuple outputs, "
-            "two losses; 0.000229 off on 0.19.3 and 0.19.5, agreeing on 0.19.7 and 0.19.8)."),
+            "passes two of them, so the auxiliary loss's share of the gradient is divided by gas twice (also "
+            "the HF Llama family, whose loss is computed from its logits).  Found by the default "
+            "exploration on 0.18.4 once oracle findings were keyed by known issue.  Fixed in 0.19.6 or 0.19.7: the "
+            "range ends after 0.19.5 and no fixing release is named.  ZeRO stage 0 shows it too (the default "
+            "0.19.3 exploration: gas 3, tuple outputs, two losses)."),
 )
 
 def _allgather_raised(f: Finding, says: str) -> bool:
@@ -183,8 +176,7 @@ Z3_ZERO_INIT_MIXED_DTYPES = KnownIssue(
             "parameters (DeepSpeed's default persistence threshold holds them all here) fails on gloo with "
             "'invalid tensor type' (NCCL: 'output tensor must have the same type as input tensor').  Issue #8072 "
             "(TRL SFT with PEFT, ZeRO-3 and bf16), fixed in 0.19.3 by DeepSpeed PR #8073.  Needs two ranks "
-            "(measured: world size 1 trains on 0.19.2) and `zero_init` (without it the adapters are cast: "
-            "measured).  Agrees on 0.18.7, 0.19.3 and 0.19.8."),
+            "(world size 1 trains) and `zero_init` (without it the adapters are cast)."),
 )
 
 Z3_ALL_REDUCE_FETCH_PADDING = KnownIssue(
@@ -192,7 +184,7 @@ Z3_ALL_REDUCE_FETCH_PADDING = KnownIssue(
     title="ZeRO-3 with stage3_use_all_reduce_for_fetch_params before 0.19.4: at world size 2 the ranks sometimes "
           "gather different parameters (uninitialised partition padding summed into a parameter)",
     owner="deepspeed",
-    releases=((0, 18, 4), (0, 19, 4)),  # measured on 0.19.3 (4 of 12 runs) and 0.19.8 (0 of 12)
+    releases=((0, 18, 4), (0, 19, 4)),
     fixed_in="0.19.4",
     world_size=2,
     scenario=Scenario.from_dict({"stage": 3, "all_reduce_fetch": True, "fused_head": True, "input_requires_grad": False,
@@ -205,9 +197,8 @@ Z3_ALL_REDUCE_FETCH_PADDING = KnownIssue(
             "it by the unaligned one, so a partition's padding -- uninitialised memory -- is summed into the next "
             "parameter.  Found by the default world-size-1 exploration of 0.19.3, once world size 2 was "
             "drawn by default: the scenario above (its shrunk form) ends step 0 with blocks.0.lin.weight different "
-            "on the two ranks in 4 of 12 runs on 0.19.3 (and the oracle off), never without the knob, 0 of 12 on "
-            "0.19.8.  Intermittent because the padding is whatever the memory held (the survey's standalone "
-            "script saw NaN once; at width 7 it agreed): confirmation reports it ``intermittent``, and its "
+            "on the two ranks in some runs (and the oracle off), never without the knob.  Intermittent because "
+            "the padding is whatever the memory held: confirmation reports it ``intermittent``, and its "
             "world-size-1 test_known_issue run finds nothing."),
 )
 
@@ -225,9 +216,9 @@ ZERO12_TRAILING_EMPTY_PARAM = KnownIssue(
     detail=("stage_1_and_2.py buckets every gradient it reduces, the zero-element one of a parameter made with "
             "torch.empty(0) too; the bucket's partition bookkeeping has no entry for a parameter with no "
             "elements at the end of a group, and average_tensor's lookup raises KeyError (ZeRO-1 and ZeRO-2, "
-            "world size 1 and 2: measured on 0.18.4 and 0.19.5).  DeepSpeed #8280 (0.19.6) returns early "
-            "for a zero-sized parameter in reduce_independent_p_g_buckets_and_remove_grads: 0.19.7 and 0.19.8 "
-            "train and agree with the oracle (measured).  Reached by the default exploration through "
+            "world size 1 and 2).  DeepSpeed #8280 (0.19.6) returns early "
+            "for a zero-sized parameter in reduce_independent_p_g_buckets_and_remove_grads.  Reached by the "
+            "default exploration through "
             "``empty_param`` (`strategies.extras`: the zero_init draw below ZeRO-3)."),
 )
 
@@ -243,7 +234,7 @@ ZERO12_EMPTY_PARAM_INSIDE_PARTITION = KnownIssue(
     title="ZeRO-1/2 before 0.19.7: a parameter with no elements inside a partition (before its padding) fails "
           "initialize ('fragment start N should be < fragment_end N'; DeepSpeed issue #8297's shape)",
     owner="deepspeed",
-    releases=((0, 18, 4), (0, 19, 7)),  # measured on 0.18.4 and 0.19.5; 0.19.7 and 0.19.8 train (0.19.6 not cached)
+    releases=((0, 18, 4), (0, 19, 7)),  # 0.19.6 not cached: counted in, the range ends where it trains
     fixed_in="0.19.7",
     scenario=Scenario.from_dict({"stage": 1, "fused_head": True, "empty_param": True, "steps": [{}]}),
     checks=("exception",),
@@ -256,7 +247,7 @@ ZERO12_EMPTY_PARAM_INSIDE_PARTITION = KnownIssue(
             "get_hp_fragment_mapping asserts on its empty fragment.  At world size 2 rank 0 fails in "
             "initialize while rank 1 waits in a collective: a hang.  Issue #8297 reports the same assertion for "
             "a zero-sized parameter strictly inside a partition (world size 2) and says it reproduced on a master "
-            "that had #8280; this shape trains on 0.19.7 and 0.19.8 (measured, world size 1 and 2)."),
+            "that had #8280; this shape trains from 0.19.7 (world size 1 and 2)."),
 )
 
 FIXED_ISSUES: tuple[KnownIssue, ...] = (ZERO12_OFFLOAD_GAS3, ZERO12_OFFLOAD_MANUAL_BOUNDARY, PEFT_MODULES_TO_SAVE,

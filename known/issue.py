@@ -30,7 +30,7 @@ class KnownIssue:
     owner: str
     """``deepspeed`` (a DeepSpeed bug) or ``model`` (zerostate's model disagrees with DeepSpeed)."""
     releases: tuple[Release, Release]
-    """Half-open range of releases observed to have it."""
+    """Half-open range of releases observed to have it (on which releases: docs/known-issues-provenance.md)."""
     scenario: Scenario
     checks: tuple[str, ...]
     explains: Callable[[Finding], bool] | None

@@ -3,7 +3,8 @@ issues of the releases that have them; part of the one table (`known.issues`).
 
 Seed 000 part 1 is fixed by DeepSpeed PR #7780 (0.18.5); that fix's per-hook count is part 2, reported as
 #7882 / #7885 and fixed by #7886 (0.18.7).  Seed 002 is DeepSpeed #4332's mechanism (reported on releases
-long before 0.18.4; measured here on 0.18.4, 0.18.7 and 0.19.2) and is fixed in 0.19.3."""
+long before 0.18.4) and is fixed in 0.19.3.  On which releases each range was established:
+docs/known-issues-provenance.md."""
 
 from __future__ import annotations
 
@@ -73,7 +74,7 @@ SEED_002 = KnownIssue(
     id="seed-002",
     title="ZeRO-3: a frozen parameter partitioned during a non-reentrant recompute (CheckpointError)",
     owner="deepspeed",
-    releases=((0, 18, 4), (0, 19, 3)),  # measured present on 0.18.4, 0.18.7, 0.19.2
+    releases=((0, 18, 4), (0, 19, 3)),
     fixed_in="0.19.3",
     scenario=Scenario.from_dict({"blocks": [{"checkpoint": "non_reentrant", "norm": "frozen"}], "stage": 3,
                                  "steps": [{"micro": [{"backward": "engine"}]}]}),

@@ -5,7 +5,8 @@ Found by ``zerostate explore`` once the default strategy drew these dimensions; 
 `known.KnownIssue` (``known.SETUP_ISSUES``; look them up by id there)
 with its exact (shrunk) scenario, kept as a strict expected failure by
 ``generated_tests/test_deepspeed_setups.py`` and ``test_deepspeed_target.py::test_known_issue``.
-docs/deepspeed-target.md has the details.
+docs/deepspeed-target.md has the details; docs/known-issues-provenance.md on which releases each range was
+established, and the figures.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ SHARED_ACROSS_REENTRANT = KnownIssue(
     title="A parameter used inside a reentrant-checkpointed block and again outside it (tied weights): "
           "its gradient hook fires twice in one backward; ZeRO-2/3 assert",
     owner="deepspeed",
-    releases=((0, 18, 4), (0, 20, 0)),  # its scenario gives the same keys on 0.18.4, 0.19.2 and 0.19.8
+    releases=((0, 18, 4), (0, 20, 0)),
     scenario=Scenario.from_dict({"blocks": [{"checkpoint": "reentrant"}], "stage": 2, "tie": True,
                                  "steps": [{"micro": [{"backward": "engine"}]}]}),
     checks=("exception", "grad-handled-once"),
@@ -87,10 +88,7 @@ TWO_BACKWARDS_PER_FORWARD = KnownIssue(
     title="Two backwards of one forward (retain_graph=True): ZeRO-1/2 keep only the last one's gradients, "
           "ZeRO-3 raises",
     owner="deepspeed",
-    # the copy-while-micro_step_id-is-0 code (stage_1_and_2.py, stage3.py) is the same from 0.18.6 (read);
-    # observed on 0.19.2 (oracle) and 0.19.3 (AssertionError 'active_backward_submodules is empty') by
-    # `zerostate diff --base 0.19.2 --head 0.19.3`, and on the pinned 0.19.8
-    releases=((0, 18, 4), (0, 20, 0)),  # its scenario's oracle finding measured on 0.18.4 too
+    releases=((0, 18, 4), (0, 20, 0)),
     scenario=Scenario.from_dict({"stage": 1, "steps": [{"micro": [{"backward": "engine", "retain": True}]}]}),
     checks=("oracle",),
     explains=lambda f: rules.two_backwards(f) and narrow(f, _retains),
@@ -99,8 +97,8 @@ TWO_BACKWARDS_PER_FORWARD = KnownIssue(
             "twice) in one micro-step.  ZeRO-1/2: the gradients are copied, not accumulated, into the partition "
             "while micro_step_id is 0 (stage_1_and_2.py: accumulate only `if self.micro_step_id > 0`; the id "
             "advances per micro-step, not per backward), so the second backward overwrites the first: the step "
-            "applies half the gradient (PyTorch accumulates both).  With gradient accumulation, measured on "
-            "0.19.8 (the oracle's counterfactual updates): a second engine.backward in the boundary micro-step "
+            "applies half the gradient (PyTorch accumulates both).  With gradient accumulation (the oracle's "
+            "counterfactual updates tell the cases apart): a second engine.backward in the boundary micro-step "
             "leaves the step the last backward's gradient alone (the earlier micro-steps' are lost too); with "
             "PyTorch-style backwards, all but the boundary micro-step's first backward; a second backward in an "
             "earlier micro-step is accumulated correctly.  ZeRO-3: the second backward runs no "
@@ -115,8 +113,8 @@ TWO_BACKWARDS_PER_FORWARD = KnownIssue(
             "backward's gradients when the next backward adds them again): a finding is attributed to it only "
             "by what its own run shows of that (known/rules.py two_backwards).  DeepSpeed's documented way to run "
             "several backwards before one boundary is engine.set_gradient_accumulation_boundary(False) before "
-            "them and (True) before the last: with those calls ZeRO-1/2 match PyTorch exactly on 0.19.8 "
-            "(measured, docs/bug-coverage.md), so their half is silent wrongness for code that does not make "
+            "them and (True) before the last: with those calls ZeRO-1/2 match PyTorch exactly "
+            "(docs/bug-coverage.md), so their half is silent wrongness for code that does not make "
             "them (a plain retain_graph loop) rather than a wrong result of the documented API; ZeRO-3 still "
             "raises with them."),
 )
@@ -125,7 +123,7 @@ STEP_WITHOUT_GRADIENT = KnownIssue(
     id="step-without-gradient",
     title="engine.step() at a boundary with no backward since the last step crashes (every stage)",
     owner="deepspeed",
-    releases=((0, 18, 4), (0, 20, 0)),  # its scenario gives the same keys on 0.18.4, 0.19.2 and 0.19.8
+    releases=((0, 18, 4), (0, 20, 0)),
     scenario=Scenario.from_dict({"stage": 3, "steps": [{"micro": [{"backward": "engine"}]},
                                                        {"idle": True, "micro": [{"backward": "engine"}]}]}),
     checks=("exception",),
@@ -154,7 +152,7 @@ NESTED_OUTPUTS_SCALED_TWICE = KnownIssue(
     title="ZeRO-1/2, loss.backward() with gradient accumulation: an output computed from another output "
           "(HF's loss from its logits) is divided by gradient_accumulation_steps twice",
     owner="deepspeed",
-    releases=((0, 18, 4), (0, 20, 0)),  # its scenario gives the same keys on 0.18.4, 0.19.2 and 0.19.8
+    releases=((0, 18, 4), (0, 20, 0)),
     scenario=Scenario.from_dict({"stage": 1, "outputs": "tuple", "losses": 2,
                                  "steps": [{"micro": [{"backward": "torch"}, {"backward": "torch"}]}]}),
     checks=("oracle",),
@@ -176,8 +174,8 @@ Z3_UNGROUPED_NOT_GATHERED = KnownIssue(
     title="ZeRO-3: a module whose parameters require grad but are in no optimizer group runs its backward "
           "with them partitioned",
     owner="deepspeed",
-    # measured on 0.19.3 and 0.19.8; on 0.19.2 and older its scenario shows z3-released-late-input-without-grad
-    # instead (the parameters stay gathered from the forward, so they are available in the backward)
+    # from 0.19.3: on older releases its scenario shows z3-released-late-input-without-grad instead (the
+    # parameters stay gathered from the forward, so they are available in the backward)
     releases=((0, 19, 3), (0, 20, 0)),
     scenario=Scenario.from_dict({"blocks": [{"in_optimizer": False}, {}], "stage": 3, "input_requires_grad": False,
                                  "steps": [{"micro": [{"backward": "torch"}]}]}),
@@ -200,9 +198,7 @@ Z3_LINEAR_OVERRIDE_OUTLIVES_ENGINE = KnownIssue(
     owner="deepspeed",
     # 0.18.4 - 0.19.3 replace F.linear only inside a ``with zero.Init()`` block (patch_init_and_builtins), not
     # for a model handed to deepspeed.initialize; Init(module=...)'s _enable_mem_efficient_linear() is absent
-    # from 0.19.3's source and present in 0.19.8's (read).  Its scenario: carried-state on 0.19.5, 0.19.7 and
-    # 0.19.8, none on 0.19.2 and 0.19.3 (measured; the default 0.19.7 exploration met it).  0.19.4 is not
-    # cached: the range starts there, the first release after the last one measured without it
+    # from 0.19.3's source and present in 0.19.8's.  0.19.4 is not cached: the range starts there
     releases=((0, 19, 4), (0, 20, 0)),
     scenario=Scenario.from_dict({"stage": 2, "blocks": [{}, {}], "engines_before": [3],
                                  "steps": [{"micro": [{"backward": "engine"}]}]}),
@@ -237,7 +233,7 @@ FP16_SCALE_INCREASE_HALVES_STEP = KnownIssue(
     title="fp16 dynamic loss scaling: on a step where the loss scale grows, ZeRO unscales the gradients by the "
           "new (doubled) scale, so that step's update is half what it should be",
     owner="deepspeed",
-    releases=((0, 18, 4), (0, 20, 0)),  # measured on 0.18.4, 0.19.2 and 0.19.8 (ZeRO-1, 2 and 3 on 0.19.8)
+    releases=((0, 18, 4), (0, 20, 0)),
     scenario=Scenario.from_dict({"stage": 3, "precision": "fp16", "blocks": [{}, {}], "steps": [{}, {}, {}]}),
     checks=("oracle",),
     explains=None,
@@ -250,13 +246,13 @@ FP16_SCALE_INCREASE_HALVES_STEP = KnownIssue(
             "stage_1_and_2.py the same (_update_scale line 3047, unscale_and_clip_grads line 3080 with "
             "combined_scale = self.loss_scale, line 3198, while the reported norm uses prev_scale, line 3071).  "
             "The gradients were computed with the old scale, so the update of every step on which the scale grows "
-            "is exactly half (measured: DeepSpeed/PyTorch update ratio 0.500 at step 2, 1.000 at step 1, ZeRO-1, "
-            "2 and 3).  torch.cuda.amp.GradScaler and apex update the scale after the step.  It cancels when "
+            "is exactly half (ZeRO-1, 2 and 3).  torch.cuda.amp.GradScaler and apex update the scale after the "
+            "step.  It cancels when "
             "gradient clipping binds (the clip factor is computed from the same new scale).  With DeepSpeed's "
             "default window of 1000 steps it halves one update in a thousand.  The default exploration (at most "
-            "2 train steps) does not reach it; the stateful test (3 steps) did.  The same ordering was measured "
-            "for FP16_Optimizer, and read (not run) in ZeRO-1/2, in a comment on deepspeedai/DeepSpeed PR #8588 "
-            "(open).  Fix: unscale with prev_scale (or update the scale after the step)."),
+            "2 train steps) does not reach it; the stateful test (3 steps) did.  A comment on "
+            "deepspeedai/DeepSpeed PR #8588 (open) describes the same ordering.  Fix: unscale with prev_scale (or "
+            "update the scale after the step)."),
 )
 
 Z3_LATE_MODULE_REREGISTERED = KnownIssue(
@@ -264,8 +260,8 @@ Z3_LATE_MODULE_REREGISTERED = KnownIssue(
     title="ZeRO-3: after the hooks are re-registered (TRL's generation), a module attached after "
           "deepspeed.initialize crashes the forward (AttributeError: ... no attribute 'ds_external_parameters')",
     owner="deepspeed",
-    releases=((0, 19, 1), (0, 20, 0)),  # measured on 0.19.2 and 0.19.8; before 0.19.1 the late module fails
-    # earlier, in the forward prologue (z3-module-attached-after-initialize, known/fixed.py)
+    releases=((0, 19, 1), (0, 20, 0)),  # before 0.19.1 the late module fails earlier, in the forward prologue
+    # (z3-module-attached-after-initialize, known/fixed.py)
     scenario=Scenario.from_dict({"stage": 3, "late_module": True, "steps": [{}, {"reregister": True}]}),
     checks=("exception",),
     explains=lambda f: rules.late_module_after_reregister(f) and narrow(f, lambda sc: sc.late_module and sc.stage == 3),
@@ -283,7 +279,7 @@ OFFLOAD_STALE_GRAD_AFTER_FREEZE = KnownIssue(
     title="Optimizer offload (ZeRO-2/3): a parameter whose requires_grad is off for a step gets the previous "
           "step's gradient applied again",
     owner="deepspeed",
-    releases=((0, 18, 4), (0, 20, 0)),  # measured on 0.18.4, 0.19.2 and 0.19.8 (ZeRO-3; ZeRO-2 on 0.19.8)
+    releases=((0, 18, 4), (0, 20, 0)),
     scenario=Scenario.from_dict({"stage": 3, "offload": "optimizer", "steps": [{}, {"frozen": [0]}]}),
     checks=("oracle",),
     explains=None,
@@ -293,8 +289,8 @@ OFFLOAD_STALE_GRAD_AFTER_FREEZE = KnownIssue(
             "freezing, a LoRA base frozen after warm-up).  PyTorch's optimizer skips a parameter without "
             "gradient; with offload_optimizer the CPU gradient partition of that parameter still holds step 0's "
             "gradient, and the CPU optimizer steps it again: after step 1 the Linear has moved exactly twice "
-            "step 0's update (measured ratio 2.000 for weight and bias, 1.000 for the parameters that did get "
-            "a gradient).  ZeRO-2 and ZeRO-3 with optimizer offload; parameter offload alone is correct.  The "
+            "step 0's update, while the parameters that did get a gradient are right.  ZeRO-2 and ZeRO-3 with "
+            "optimizer offload; parameter offload alone is correct.  The "
             "ZeRO-1/2 step with no gradient at all (step-without-gradient) is the whole-model form of it."),
 )
 
@@ -303,22 +299,21 @@ ZERO0_FP16_LOSS_NOT_SCALED = KnownIssue(
     title="ZeRO stage 0 with fp16: engine.backward does not scale the loss, the fp16 optimizer divides by the "
           "loss scale all the same, so each update is the loss scale times too small",
     owner="deepspeed",
-    releases=((0, 18, 4), (0, 20, 0)),  # measured on 0.18.4, 0.18.7, 0.19.2, 0.19.5, 0.19.7 and 0.19.8
+    releases=((0, 18, 4), (0, 20, 0)),
     scenario=Scenario.from_dict({"stage": 0, "precision": "fp16", "steps": [{}, {}]}),
     checks=("oracle",),
     # with SGD the update is divided by the scale (at most a few times 1/scale of it); Adam normalises that
-    # division away, and what shows is the fp16 gradient lost to underflow without the scale (0.15 of the update
-    # with config-adam, measured on 0.19.2 and 0.19.8)
+    # division away, and what shows is the fp16 gradient lost to underflow without the scale (the figure:
+    # docs/known-issues-provenance.md)
     explains=None,
     mechanisms=("loss-not-scaled",),
     detail=("The fp16 sibling of #7839 (ZeRO-0 + bf16, fixed in 0.18.6 by turning loss scaling off for bf16).  "
             "engine.backward (runtime/engine.py, 0.19.8) scales the loss only for a ZeROOptimizer or torch "
             "autocast's GradScaler; at stage 0 the fp16 optimizer is FP16_UnfusedOptimizer (FP16_Optimizer for a "
             "fused one), a plain DeepSpeedOptimizer, so loss.backward runs on the unscaled loss, and the "
-            "optimizer's step divides the gradients by cur_scale.  Measured: the update's norm is 0.004 of "
-            "PyTorch's with initial_scale_power 8 (1/256), 0.064 with 4 (1/16), 1.0 with 0; the gradients "
-            "after engine.backward equal PyTorch's unscaled ones.  Present on every release measured from "
-            "0.18.4 to 0.19.8.  Found once stage 0 was drawn with fp16 (it had been drawn as bf16, "
+            "optimizer's step divides the gradients by cur_scale: the update is 2**-initial_scale_power of "
+            "PyTorch's, and the gradients after engine.backward equal PyTorch's unscaled ones.  Found once stage 0 "
+            "was drawn with fp16 (it had been drawn as bf16, "
             "'not investigated').  Upstream fix proposed in DeepSpeed PR #8393 (open, not in 0.19.8): route fp16 + "
             "ZeRO-0 through FP16_Optimizer.backward, which scales the loss."),
 )
@@ -328,7 +323,7 @@ ZERO_ADAM_STEPS_FROZEN_PARAM = KnownIssue(
     title="ZeRO-1/2/3 with Adam: a parameter whose requires_grad is off for a step is stepped as if its gradient "
           "were zero (Adam's momentum moves it; its step count advances)",
     owner="deepspeed",
-    releases=((0, 18, 4), (0, 20, 0)),  # measured on 0.18.4, 0.18.7, 0.19.2 and 0.19.8 (ZeRO-1/2/3)
+    releases=((0, 18, 4), (0, 20, 0)),
     scenario=Scenario.from_dict({"optimizer": "config-adam", "stage": 3, "steps": [{}, {"frozen": [0]}]}),
     checks=("oracle",),
     explains=None,
@@ -341,9 +336,9 @@ ZERO_ADAM_STEPS_FROZEN_PARAM = KnownIssue(
             "``torch.zeros_like(param.ds_tensor)`` when ``not param.requires_grad``; ZeRO-1/2: the group's flat "
             "gradient partition covers every parameter of the group, zeros where none arrived), so AdamW decays its "
             "moments and applies lr * m_hat / (sqrt(v_hat) + eps) from the earlier steps' momentum: after step 1 "
-            "block 0's Linear has moved by 0.0067 where PyTorch leaves it (scenario above; 0.0026 when the Linear "
-            "is frozen in step 0 and trained in step 1 instead: the flat group's shared step count gives it "
-            "step 2's bias correction).  ZeRO stage 0 (torch's AdamW on the parameters themselves) agrees; "
+            "block 0's Linear has moved where PyTorch leaves it (scenario above; and when the Linear is frozen "
+            "in step 0 and trained in step 1 instead, the flat group's shared step count gives it step 2's bias "
+            "correction).  ZeRO stage 0 (torch's AdamW on the parameters themselves) agrees; "
             "client SGD hides it (a zero gradient moves nothing without momentum or decay).  With weight decay "
             "it also decays every parameter without a gradient.  DeepSpeed's flat partitions cannot skip one "
             "parameter; DeepSpeed #2615 / #2653 keep parameters frozen at initialize out of the groups, not "
@@ -382,7 +377,7 @@ ZERO_TO_FP32_DROPS_UNGROUPED = KnownIssue(
     title="ZeRO-1/2/3 checkpoint: zero_to_fp32 leaves out a parameter that requires grad but is in no "
           "optimizer group",
     owner="deepspeed",
-    releases=((0, 18, 4), (0, 20, 0)),  # measured on 0.18.4, 0.19.2, 0.19.7 and 0.19.8, ZeRO-1, 2 and 3
+    releases=((0, 18, 4), (0, 20, 0)),
     scenario=Scenario.from_dict({"stage": 2, "blocks": [{}, {"in_optimizer": False}],
                                  "steps": [{}, {"save_load": True}]}),
     checks=("checkpoint",),
@@ -405,7 +400,7 @@ ZERO1_CHECKPOINT_DROPS_FROZEN = KnownIssue(
     title="ZeRO-1 checkpoint: frozen parameters are not saved with the ZeRO state, so zero_to_fp32 leaves "
           "them out (deepspeedai/DeepSpeed#5439, open)",
     owner="deepspeed",
-    releases=((0, 18, 4), (0, 20, 0)),  # measured on 0.18.4, 0.19.2 and 0.19.8 (blocks; llama + LoRA on 0.19.8)
+    releases=((0, 18, 4), (0, 20, 0)),
     scenario=Scenario.from_dict({"stage": 1, "blocks": [{"lin": "frozen"}, {}], "steps": [{}, {"save_load": True}]}),
     checks=("checkpoint",),
     explains=lambda f: dropped_by_zero_to_fp32(f) == "frozen" and narrow(f, lambda sc: sc.stage == 1),
@@ -424,7 +419,7 @@ Z3_MIXED_DTYPE_TRAINABLE_DEFRAGMENT = KnownIssue(
           "fp32 LoRA adapters and its modules_to_save copy in the model's dtype) fail deepspeed.initialize "
           "(AssertionError in defragment)",
     owner="deepspeed",
-    releases=((0, 19, 2), (0, 20, 0)),  # measured on 0.19.2, 0.19.3, 0.19.7 and 0.19.8; older releases not measured
+    releases=((0, 19, 2), (0, 20, 0)),  # from the oldest release its scenario was run on
     scenario=Scenario.from_dict({"stage": 3, "family": "llama", "lora": True, "modules_to_save": True,
                                  "precision": "bf16", "zero_init": True}),
     checks=("exception",),
@@ -436,7 +431,7 @@ Z3_MIXED_DTYPE_TRAINABLE_DEFRAGMENT = KnownIssue(
             "dtype, so the trainable parameters have two dtypes.  Stage3's "
             "_create_fp16_partitions_with_defragmentation flattens each trainable group with "
             "runtime/zero/utils.py defragment, which asserts a single dtype (``assert len(set(t.dtype for t in "
-            "tensors)) == 1``).  LoRA alone (fp32 adapters only) and fp32 training are fine (measured).  The same "
+            "tensors)) == 1``).  LoRA alone (fp32 adapters only) and fp32 training are fine.  The same "
             "assertion is reported with TRL (huggingface/trl#1770) and DeepSpeed #7669 asks for modules_to_save "
             "support under ZeRO-3 (open)."),
 )
@@ -446,7 +441,7 @@ Z3_EMPTY_PARAM_NOT_GATHERED = KnownIssue(
     title="ZeRO-3: a parameter with no elements is never gathered, and the forward asserts it is available "
           "(open; DeepSpeed PR #8375)",
     owner="deepspeed",
-    releases=((0, 18, 4), (0, 20, 0)),  # measured on 0.18.4, 0.19.5, 0.19.7 and 0.19.8, world size 1 and 2
+    releases=((0, 18, 4), (0, 20, 0)),
     scenario=Scenario.from_dict({"stage": 3, "empty_param": True, "steps": [{}]}),
     checks=("exception",),
     # on 0.19.8 (0.18.4 raises it one frame up: ...partitioned_param_coordinator.fetch_sub_module)
@@ -457,8 +452,8 @@ Z3_EMPTY_PARAM_NOT_GATHERED = KnownIssue(
             "parameter of the module is AVAILABLE: the zero-element one stays NOT_AVAILABLE and the first "
             "forward raises AssertionError (ds_summary: numel 0).  The same network trains at ZeRO-1/2 from 0.19.6 "
             "(#8280).  At world size 2, a module holding a sized and a zero-sized parameter in one coalesced "
-            "all-gather fails instead in the handle's wait (torch.cat of an empty list, measured on 0.19.7 and "
-            "0.19.8 with a standalone script); DeepSpeed PR #8375 (open) gathers zero-sized parameters and names "
+            "all-gather fails instead in the handle's wait (torch.cat of an empty list); DeepSpeed PR #8375 "
+            "(open) gathers zero-sized parameters and names "
             "both.  Not in the default exploration's draw (`empty_param` is drawn below ZeRO-3 only); kept as a "
             "strict expected failure on its scenario."),
 )
@@ -468,8 +463,8 @@ ZERO_TO_FP32_Z3_EMPTY_PARAM = KnownIssue(
     title="zero_to_fp32 cannot rebuild a ZeRO-3 checkpoint holding a parameter with no elements (TypeError in "
           "its lazy tensor's contiguous)",
     owner="deepspeed",
-    # measured on 0.18.4, 0.19.5 and 0.19.7; the same code is in 0.19.8's zero_to_fp32.py (read), where the scenario
-    # stops earlier, in the 16-bit state dict's gather (z3-empty-param-not-gathered)
+    # ends before 0.19.8 although 0.19.8's zero_to_fp32.py has the same code: there the scenario stops earlier, in
+    # the 16-bit state dict's gather (z3-empty-param-not-gathered)
     releases=((0, 18, 4), (0, 19, 8)),
     scenario=Scenario.from_dict({"stage": 3, "empty_param": True, "steps": [{"save_load": True}]}),
     checks=("exception",),
@@ -487,7 +482,7 @@ ZERO1_CHECKPOINT_DROPS_EMPTY_PARAM = KnownIssue(
     id="zero1-checkpoint-drops-empty-param",
     title="ZeRO-1 checkpoint on 0.19.8: zero_to_fp32 leaves out a trainable parameter with no elements",
     owner="deepspeed",
-    releases=((0, 19, 8), (0, 20, 0)),  # measured: 0.19.8 drops it; 0.19.5 and 0.19.7 keep it; ZeRO-2 keeps it
+    releases=((0, 19, 8), (0, 20, 0)),  # 0.19.7's checkpoint of its scenario keeps it (detail)
     scenario=Scenario.from_dict({"stage": 1, "empty_param": True, "steps": [{"save_load": True}]}),
     checks=("checkpoint",),
     explains=lambda f: dropped_by_zero_to_fp32(f) == "empty" and narrow(f, lambda sc: sc.stage == 1),
@@ -495,7 +490,7 @@ ZERO1_CHECKPOINT_DROPS_EMPTY_PARAM = KnownIssue(
             "once empty_param was drawn: at ZeRO-1 the fp32 state dict zero_to_fp32 rebuilds from a "
             "0.19.8 checkpoint has no key for the zero-element parameter (``empty: shape (0,) in the engine vs "
             "None in the checkpoint``), so loading it strictly fails on a missing key.  0.19.7's checkpoint of the "
-            "same scenario keeps it, and so does ZeRO-2 on 0.19.8 (measured); zero_to_fp32.py is the same in both "
+            "same scenario keeps it, and so does ZeRO-2 on 0.19.8; zero_to_fp32.py is the same in both "
             "releases apart from buffer dtypes, so the change is on the saving side -- not traced to its line."),
 )
 
@@ -504,7 +499,7 @@ ZERO_TO_FP32_BF16_OPTIMIZER = KnownIssue(
     title="zero_to_fp32 refuses the checkpoint of ZeRO-1 with bf16 and fp32 gradient accumulation (BF16_Optimizer): "
           "'... is not a zero checkpoint'",
     owner="deepspeed",
-    releases=((0, 19, 2), (0, 20, 0)),  # measured on 0.19.2, 0.19.7 and 0.19.8; older releases not measured
+    releases=((0, 19, 2), (0, 20, 0)),  # from the oldest release its scenario was run on
     scenario=Scenario.from_dict({"stage": 1, "precision": "bf16", "fp32_grad_accum": True,
                                  "steps": [{"save_load": True}]}),
     checks=("exception",),
@@ -523,7 +518,7 @@ BF16_OPTIMIZER_CLEARS_IN_FORWARD_GRADS = KnownIssue(
     title="BF16_Optimizer (ZeRO-1 + bf16 + fp32 gradient accumulation): engine.backward clears the gradient a "
           "backward inside the forward already wrote (a fused logits+loss head), so that parameter never steps",
     owner="deepspeed",
-    releases=((0, 19, 2), (0, 20, 0)),  # measured on 0.19.2 and 0.19.8
+    releases=((0, 19, 2), (0, 20, 0)),
     scenario=Scenario.from_dict({"stage": 1, "precision": "bf16", "fp32_grad_accum": True, "fused_head": True,
                                  "blocks": [{}], "width": 7, "steps": [{}]}),
     checks=("oracle",),
@@ -537,7 +532,7 @@ BF16_OPTIMIZER_CLEARS_IN_FORWARD_GRADS = KnownIssue(
             "gradients in the bf16 .grad until the backward's epilogue adds them to the fp32 buffer, and "
             "engine._backward_prologue calls optimizer.backward_prologue() -> clear_lp_grads() at the start of "
             "every engine.backward: the head's gradient is wiped, at every gas, and the head's fp32 master weight "
-            "does not move (ratio 0.000; with clipping the other parameters get 1.157 of their update, the norm "
+            "does not move (and with clipping the other parameters get more than their update, the norm "
             "having lost the head's share).  With immediate_grad_update true the master weights equal PyTorch's "
             "exactly; ZeRO-2/3 and ZeRO-1 without fp32 accumulation (the ZeRO optimizer, whose prologue does not "
             "clear .grad) are correct."),
@@ -548,9 +543,8 @@ ZERO1_REDUCE_KEEPS_OTHER_PARTITIONS = KnownIssue(
     title="ZeRO-1 with fp32 gradient accumulation (bf16 + optimizer offload), world size > 1: a second backward of "
           "one forward in the boundary micro-step reduces each rank's gradient of the other ranks' partitions again",
     owner="deepspeed",
-    # measured on 0.19.8 (world size 2 and 4); 0.19.2 has the same ZeRO-1 branch (read) but its fp32-accumulation
-    # offload path is off with one backward already (measured: another difference, its scenario unexplained there);
-    # the releases between are not cached
+    # from 0.19.8: 0.19.2 has the same ZeRO-1 branch, but its fp32-accumulation offload path is off with one
+    # backward already (another difference); the releases between are not cached
     releases=((0, 19, 8), (0, 20, 0)),
     scenario=Scenario.from_dict({"blocks": [{}], "stage": 1, "precision": "bf16", "fp32_grad_accum": True,
                                  "offload": "optimizer", "steps": [{"micro": [{"backward": "engine",
@@ -574,12 +568,12 @@ ZERO1_REDUCE_KEEPS_OTHER_PARTITIONS = KnownIssue(
             "(clear_backward_seen_flag).  A second backward of the same forward adds to it and reduces it again: "
             "at world size 2 with two halves of the loss the non-owning rank's share of each such parameter is "
             "0.625 of its gradient where it should be 0.5.  A parameter straddling two partitions is owned by "
-            "both (cleared on both).  With reduce_scatter off the kept value is the all-reduced one (measured at "
-            "world size 2 and 4; the counterfactual covers both).  Earlier micro-steps of the step are sent by the "
-            "first reduction and counted again with it (gas 2 and 3 measured).  ZeRO-2 (the same precision and "
+            "both (cleared on both).  With reduce_scatter off the kept value is the all-reduced one (the "
+            "counterfactual covers both).  Earlier micro-steps of the step are sent by the "
+            "first reduction and counted again with it.  ZeRO-2 (the same precision and "
             "offload), world size 1, and one backward per forward are correct.  Without fp32 accumulation the same "
             "scenario shows two-backwards-per-forward instead (the ZeRO optimizer's copy while micro_step_id is "
-            "0), without offload BF16_Optimizer (another difference, ratio 1.5, not labelled).  Patch: clear the "
+            "0), without offload BF16_Optimizer (another difference, not labelled).  Patch: clear the "
             "other partitions' gradients in the ZeRO-1 branch as the ZeRO-2 branch does (docs/upstream/)."),
 )
 

@@ -1,5 +1,6 @@
 """Known issues of ZeRO's hook and coordinator lifecycle (leaf modules, gradients, trace, release), each
-with the scenario that shows it on the releases it names; part of the one table (`known.issues`)."""
+with the scenario that shows it on the releases it names; part of the one table (`known.issues`).  On which
+releases each range was established, and the figures: docs/known-issues-provenance.md."""
 
 from __future__ import annotations
 
@@ -85,7 +86,7 @@ Z3_LEAF_KEPT_GATHERED = KnownIssue(
     checks=("released-after-backward",),
     upstream_patch="docs/upstream/z3-leaf-kept-gathered/",
     # before 0.19.3 the first leak of its scenario is z3-released-late-input-without-grad's (blocks.1.norm, whose
-    # input is the frozen leaf's output, at step 0; measured on 0.19.2): the leaf's own leak comes after it
+    # input is the frozen leaf's output, at step 0): the leaf's own leak comes after it
     scenario_shows_from=(0, 19, 3),
     runtime_prevents=True,  # runtime/leaf_reuse_walk.py
     explains=lambda f: rules.kept_by_leaf(f) and narrow(f, _leaf_without_backward),
@@ -116,14 +117,14 @@ Z3_NO_POST_BACKWARD_NO_DRAIN = KnownIssue(
     title="ZeRO-3 before 0.19.3: a module whose input does not require grad keeps its parameters gathered "
           "after the backward (its post-backward hook never fires and nothing drains it)",
     owner="deepspeed",
-    releases=((0, 18, 4), (0, 19, 3)),  # measured on 0.18.4, 0.18.6, 0.19.2 (present), 0.19.3 and 0.19.8 (gone)
+    releases=((0, 18, 4), (0, 19, 3)),
     fixed_in="0.19.3",
     runtime_prevents=True,  # runtime/release_policy.py drains the backward's leftovers on releases without it
     scenario=Scenario.from_dict({"stage": 3, "input_requires_grad": False,
                                  "steps": [{"micro": [{"backward": "engine"}]}]}),
     checks=("released-after-backward",),
     # and, with an eval forward before the step, the trace made INVALID by the parameters left gathered
-    # (trace-consistent:uncalled-for-invalid; llama + LoRA, measured on 0.18.7 and 0.19.2, gone on 0.19.3)
+    # (trace-consistent:uncalled-for-invalid; llama + LoRA)
     explains=lambda f: rules.released_late(f) and narrow(f, _input_without_grad_z3),
     detail=("The first block's LayerNorm gets an input that does not require grad, so torch never calls the "
             "module's backward hook on its inputs: DeepSpeed's post-backward hook (release of its parameters, "
@@ -146,21 +147,19 @@ Z3_REREGISTER_WHILE_RECORDING = KnownIssue(
     title="ZeRO-3 before 0.19.2: hooks re-registered between train steps (TRL's generation) while the trace "
           "is still recording crash the next forward (IndexError: pop from an empty deque)",
     owner="deepspeed",
-    releases=((0, 18, 4), (0, 19, 2)),  # measured on 0.18.4 and 0.18.7 (present) and 0.19.2 (gone)
+    releases=((0, 18, 4), (0, 19, 2)),
     fixed_in="0.19.2",
     scenario=Scenario.from_dict({"stage": 3, "steps": [{"micro": [{"backward": "engine"}]},
                                                        {"micro": [{"backward": "engine"}], "reregister": True}]}),
     checks=("exception", "trace-consistent"),
     # model-agreement: the model design for these releases (ds-0.19.2) re-registers as #8043 does, so after a
-    # re-registration the real coordinator keeps holders the design releases (measured on 0.18.7; absent
-    # without the re-registration and on 0.19.2)
+    # re-registration the real coordinator keeps holders the design releases
     explains=lambda f: rules.recording_when_reregistered(f) and narrow(f, _reregistered_z3),
     detail=("Re-registering ZeRO-3's module hooks (TRL's unwrap_model_for_generation removes and re-adds them) "
             "gives the modules new ds_ids while the coordinator's trace is still RECORD; the trace is not made "
             "INVALID (``trace-consistent``), so the next forward's reset_step -> record_parameters pops an "
             "empty deque: IndexError.  Fixed in 0.19.2 (DeepSpeed PR #8043).  Reached by the default "
-            "exploration (``reregister``); found by docs/bug-coverage.md's survey and checked with "
-            "``zerostate replay`` on 0.18.4, 0.18.7 and 0.19.2."),
+            "exploration (``reregister``); found by docs/bug-coverage.md's survey."),
 )
 
 
@@ -176,20 +175,19 @@ Z3_PERSISTENT_PARAM_RACE_WS2 = KnownIssue(
     title="ZeRO-3 on 0.19.2 at world size 2: one rank sometimes ends a step with a wrong (at times garbage) "
           "persistent parameter",
     owner="deepspeed",
-    releases=((0, 19, 2), (0, 19, 3)),  # observed on 0.19.2 only (0/100 on 0.19.8; 0.19.3 not measured)
+    releases=((0, 19, 2), (0, 19, 3)),  # no fixing release known: ends after the one that shows it
     scenario=Scenario.from_dict({"blocks": [{"norm": "trainable", "lin": "unused"}], "stage": 3,
                                  "fused_head": True, "input_requires_grad": False, "persistence_threshold": 8,
                                  "steps": [{"micro": [{"backward": "engine"}], "eval_before": True}]}),
     checks=("oracle", "ranks-params"),
-    # measured on 0.19.2 at world size 2, in the runs that show it
     explains=_persistent_race_ws2,
     world_size=2,
-    detail=("Intermittent (2-5 % of the engines built one after another in one rank pool; confirmation reports "
-            "it ``intermittent`` with its rate): after a ZeRO-3 train step one rank's persistent LayerNorm "
-            "parameter differs from PyTorch by 0.2 to 1e21 while the other rank's agrees, so the gathered "
+    detail=("Intermittent (in a few of the engines built one after another in one rank pool; confirmation "
+            "reports it ``intermittent`` with its rate): after a ZeRO-3 train step one rank's persistent LayerNorm "
+            "parameter differs from PyTorch (at times by garbage) while the other rank's agrees, so the gathered "
             "parameters differ between the ranks.  Needs world size 2 and a persistence threshold that makes "
-            "the LayerNorm persistent; never at world size 1 (0/100) nor on 0.19.8 (0/100).  The mechanism is "
-            "not traced to a DeepSpeed line; docs/world-size-2.md has the measurements.  Its scenario shows it "
+            "the LayerNorm persistent; never at world size 1 nor on 0.19.8.  The mechanism is "
+            "not traced to a DeepSpeed line; docs/world-size-2.md has the rates.  Its scenario shows it "
             "only in some runs, so a world-size-1 run of it (test_known_issue) finds nothing."),
 )
 
@@ -212,13 +210,13 @@ Z3_KEPT_FOR_REUSE_THEN_BRANCH = KnownIssue(
     id="z3-kept-for-reuse-then-branch",
     title="ZeRO-3: parameters kept gathered for a recorded later use stay gathered when a branch skips that use",
     owner="deepspeed",
-    releases=((0, 18, 4), (0, 20, 0)),  # its scenario's finding measured on 0.18.4, 0.19.2 and 0.19.8
+    releases=((0, 18, 4), (0, 20, 0)),
     scenario=Scenario.from_dict({"blocks": [{"norm": "frozen"}], "stage": 3,
                                  "steps": [{"micro": [{"backward": "engine"}]},
                                            {"micro": [{"backward": "engine", "skip": [0]}], "eval_before": True}]}),
     checks=("released-after-backward",),
     explains=lambda f: rules.kept_for_a_use_skipped(f) and narrow(f, _kept_then_branch),
-    detail=("partitioned_param_coordinator.py (0.19.2 and 0.19.8 source; measured on 0.19.8): with a COMPLETE "
+    detail=("partitioned_param_coordinator.py (0.19.2 and 0.19.8 source): with a COMPLETE "
             "trace, __params_to_release keeps a parameter whose module is recorded again within "
             "stage3_max_reuse_distance (default 1e9: anywhere later in the iteration) or whose next use a "
             "prefetch already walked past.  An eval forward fetches the frozen norm and keeps it for the "

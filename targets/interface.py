@@ -73,7 +73,7 @@ class Outcome:
     worker_seconds: float | None = None
     """The run's time inside the worker (the rest is the protocol and the judgement)."""
     coverage: Mapping[str, Sequence[int]] | None = None
-    """Asked for (``measure_coverage``): per measured DeepSpeed file, the arcs the run executed."""
+    """Asked for (``measure_coverage``): per DeepSpeed file coverage.py traces, the arcs the run executed."""
     agreement: str | None = None
     """Why the run was not compared with the model design (a dimension the model does not represent)."""
     world_size: int = 1
