@@ -101,7 +101,11 @@ def ulp(dtype: str, x: float) -> float:
 
 def update_limit(p: ParamStep, kind: str, sc: Scenario) -> float:
     """How far DeepSpeed's update of ``p`` may be from PyTorch's: `tolerance.update_rtol` of PyTorch's update plus
-    `tolerance.ULPS` units in the last place of ``p``'s dtype at its magnitude."""
+    `tolerance.ULPS` units in the last place of ``p``'s dtype at its magnitude.  In mixed precision a parameter
+    kept in fp32 (a LoRA adapter, a norm) takes a master weight's share: its update, too, is computed from 16-bit
+    gradients."""
+    if kind == "params" and p.dtype == "float32" and sc.precision is not Precision.FP32:
+        kind = "master"
     return update_rtol(kind, sc) * p.update_max + ULPS * ulp(p.dtype, max(p.want_max, p.err_max))
 
 

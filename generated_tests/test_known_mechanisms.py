@@ -202,10 +202,11 @@ def real_findings(ds):
 def test_each_rule_refuses_the_other_issues_real_findings(real_findings):
     assert real_findings, "no known issue's scenario gave a finding"
     bad = []
-    for _, f in real_findings:
+    for issue, f in real_findings:
         owner = explain(f)
-        assert owner is not None, f"unexplained real finding {f.key} ({f.error.splitlines()[0]})"
-        bad += [(k.id, owner.id, f.key) for k in KNOWN_ISSUES if k is not owner and k.explains(f)]
+        assert owner is not None, f"unexplained real finding {f.key} of {issue}'s scenario ({f.error.splitlines()[0]})"
+        bad += [(k.id, owner.id, f.key) for k in KNOWN_ISSUES
+                if k is not owner and k.explains is not None and k.explains(f)]
     assert not bad, f"rules that explain another issue's real finding (rule, owner, key): {bad}"
 
 
@@ -237,12 +238,19 @@ SECOND_BACKWARD = {  # scenario -> the checks its real run gives on 0.19.8, each
     "zero1-torch-retained-first": ({"stage": 1, "blocks": [{"norm": "frozen"}], "steps": [
         {"micro": [{"backward": "torch", "retain": True}, {"backward": "engine"}]}]},
         {"epilogue-once", "grad-handled-once", "clean-step"}),
+    # its oracle difference is no counterfactual's (none models the fused head's in-forward backward under a
+    # retained PyTorch-style one): unexplained, as the report says (`UNEXPLAINED`)
     "zero1-fused-head-after-unexited": ({"stage": 1, "fused_head": True, "blocks": [{"norm": "frozen"}], "steps": [
         {"micro": [{"backward": "torch", "retain": True}, {"backward": "engine"}]}]},
         {"oracle", "epilogue-once", "grad-handled-once", "no-epilogue-before-user-backward"}),
     "zero3-frozen-lin": ({"stage": 3, "blocks": [{"lin": "frozen"}], "persistence_threshold": 0,
                           "steps": [{"micro": [{"backward": "engine", "retain": True}]}]}, {"exception"}),
 }
+
+
+UNEXPLAINED = {("zero1-fused-head-after-unexited", "oracle")}
+"""Findings of `SECOND_BACKWARD` no known mechanism reproduces: no label (a counterfactual that explains one
+makes this test say so)."""
 
 
 def _without_second_backward(trace: tuple) -> tuple:
@@ -259,21 +267,25 @@ def test_a_second_backward_is_recognised_by_what_it_left(ds, name):
     backward's gradient (engine.backward: the earlier micro-step's is lost too, update 1/3 of PyTorch's here) or
     PyTorch's without the boundary's first backward (a PyTorch-style backward) -- the oracle's counterfactuals
     say which; ZeRO-3 computes the second backward with a parameter the first one released (size 0).  Each is
-    labelled; the same finding with the second backward taken out of its trace, or with an update no
-    counterfactual matches (a fault that loses another share), is not."""
+    labelled; the same spec or exception finding with the second backward taken out of its trace, or the same
+    oracle difference with no counterfactual of the issue matching it (none, or another issue's), is not."""
     sc, checks = SECOND_BACKWARD[name]
     out = ds.run(Scenario.from_dict(sc))
     assert {f.check for f in out.findings} == checks, [(f.key, f.error) for f in out.findings]
     for f in out.findings:
+        if (name, f.check) in UNEXPLAINED:
+            assert explain(f) is None and f.evidence.explained_by is None, (f.key, f.evidence.explained_by)
+            continue
         assert explain(f) is not None and explain(f).id == "two-backwards-per-forward", (f.key, f.error, f.evidence)
+        if f.check == "oracle":  # the label is the counterfactual's: a mechanism of the issue reproduces the run
+            assert set(f.evidence.explained_by or ()) & set(by_id("two-backwards-per-forward").mechanisms), f.evidence
+            for other in (None, ("loss-not-scaled",)):
+                g = replace(f, evidence=replace(f.evidence, explained_by=other))
+                assert explain(g) is None or explain(g).id != "two-backwards-per-forward", (f.key, other)
+            continue
         trace = _without_second_backward(f.trace)
         one_backward = replace(f, trace=trace, index=None if f.index is None else min(f.index, len(trace) - 1))
         assert explain(one_backward) is None, (f.key, "labelled without a second backward")
-        o = f.evidence.oracle
-        if o is not None:
-            assert all(p.last_only is not None for p in o.params), o  # the oracle made its counterfactuals
-            lost_more = replace(o, params=tuple(replace(p, last_only=False, but_last=False) for p in o.params))
-            assert explain(replace(f, evidence=replace(f.evidence, oracle=lost_more))) is None
 
 
 def test_a_bucket_holding_a_second_backwards_gradients_twice_is_that_mechanism():

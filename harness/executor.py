@@ -283,22 +283,25 @@ PAIRS = 12
 def counterfactual_runs(sc: Scenario, rec: _Observed, pt_initial: Params,
                         ds_initial: Params | None) -> tuple[CounterfactualRun, ...]:
     """DeepSpeed against the counterfactual reference of each mechanism the scenario can trigger, and, when none
-    alone explains every difference, of pairs of those that explain a part of it (a finding may be the sum of two
-    known bugs; a mechanism that explains nothing of it is no part of a sum)."""
+    alone explains every difference, of pairs (a finding may be the sum of two known bugs), those in which one
+    explains a part of it first."""
     names = applicable(sc)
     runs = [_against(sc, rec, (m,), pt_initial, ds_initial) for m in names]
     if any(_explains(r, sc) for r in runs):
         return tuple(runs)
     correct = differences(tuple(rec.steps), (), 0, rec.fields.get("loss_scaling"), sc)
     parts = [r.mechanisms[0] for r in runs if _explains_a_part(r, correct, sc)]
-    for pair in list(combinations(parts, 2))[:PAIRS]:
+    # the other mechanism of a sum may explain nothing alone (its difference hides behind the first's), and two
+    # may each hide the other's: pairs with a part first, then the rest, up to PAIRS
+    pairs = sorted(combinations(names, 2), key=lambda p: not (p[0] in parts or p[1] in parts))
+    for pair in pairs[:PAIRS]:
         runs.append(_against(sc, rec, pair, pt_initial, ds_initial))
     return tuple(runs)
 
 
 def _explains_a_part(run: CounterfactualRun, correct: tuple[StepDifference, ...], sc: Scenario) -> bool:
     """The reference explains some of what differs: its first difference comes later than the correct one's, or
-    at the same step with fewer differing parameters."""
+    at the same step with fewer differing parameters, or no more of them and at most half the largest error."""
     if run.error is not None or not correct:
         return False
     left = differences(run.steps, (), 0, run.loss_scaling, sc)
@@ -309,7 +312,13 @@ def _explains_a_part(run: CounterfactualRun, correct: tuple[StepDifference, ...]
         return mine.step is None
     if mine.step is not None and first.step is not None and mine.step != first.step:
         return mine.step > first.step
-    return set(mine.names) < set(first.names)
+    if set(mine.names) < set(first.names):
+        return True
+    return set(mine.names) <= set(first.names) and _largest(mine) <= _largest(first) / 2
+
+
+def _largest(d: StepDifference) -> float:
+    return max((p.max_abs for p in d.diff.params), default=0.0)
 
 
 def _explains(run: CounterfactualRun, sc: Scenario) -> bool:

@@ -93,6 +93,16 @@ TWO_BACKWARDS_PER_FORWARD = KnownIssue(
     checks=("oracle",),
     explains=lambda f: rules.two_backwards(f) and narrow(f, _retains),
     mechanisms=("last-backward-only", "micro0-earlier-backward-lost", "boundary-first-backward-lost"),
+    # its spec forms: a PyTorch-style backward retained at the boundary (ZeRO-2), retained first (ZeRO-1), after a
+    # fused head's backward inside the forward; ZeRO-3 raises on a frozen Linear
+    variants=(Scenario.from_dict({"stage": 2, "steps": [
+                  {"micro": [{"backward": "torch"}, {"backward": "torch", "retain": True}]}]}),
+              Scenario.from_dict({"stage": 1, "blocks": [{"norm": "frozen"}], "steps": [
+                  {"micro": [{"backward": "torch", "retain": True}, {"backward": "engine"}]}]}),
+              Scenario.from_dict({"stage": 1, "fused_head": True, "blocks": [{"norm": "frozen"}], "steps": [
+                  {"micro": [{"backward": "torch", "retain": True}, {"backward": "engine"}]}]}),
+              Scenario.from_dict({"stage": 3, "blocks": [{"lin": "frozen"}], "persistence_threshold": 0,
+                                  "steps": [{"micro": [{"backward": "engine", "retain": True}]}]})),
     detail=("engine.backward(0.5 * loss, retain_graph=True) then engine.backward(0.5 * loss) (or loss.backward "
             "twice) in one micro-step.  ZeRO-1/2: the gradients are copied, not accumulated, into the partition "
             "while micro_step_id is 0 (stage_1_and_2.py: accumulate only `if self.micro_step_id > 0`; the id "
@@ -128,7 +138,7 @@ STEP_WITHOUT_GRADIENT = KnownIssue(
                                                        {"idle": True, "micro": [{"backward": "engine"}]}]}),
     checks=("exception",),
     explains=lambda f: rules.idle_step_crash(f) and narrow(f, lambda sc: any(s.idle for s in sc.steps)),
-    mechanisms=("stale-gradient-replayed-at-idle-step",),
+    mechanisms=("stale-gradient-replayed-at-idle-step", "idle-step-stepped-with-zero-gradient"),
     # BF16_Optimizer's form: the gradient norm of no gradient is torch.stack of an empty list
     variants=(Scenario.from_dict({"stage": 1, "precision": "bf16", "fp32_grad_accum": True,
                                   "steps": [{"idle": True}]}),),
@@ -138,7 +148,10 @@ STEP_WITHOUT_GRADIENT = KnownIssue(
             "not iterable in stage_1_and_2.py get_grad_norm_direct (averaged_gradients[i] reset to None after the "
             "previous step), or KeyError: 0 in scaled_global_norm when no backward ever ran.  With optimizer "
             "offload (ZeRO-1/2) it does not crash but is silently wrong: the previous step's gradients, still in "
-            "the CPU buffer, are applied a second time (oracle mismatch).  PyTorch's optimizer skips parameters "
+            "the CPU buffer, are applied a second time (oracle mismatch).  ZeRO-3 with parameter and optimizer "
+            "offload does not crash either: it steps every parameter with a zero gradient, which Adam counts (its "
+            "moments decay, its step count and bias correction run one ahead: the next update is about 0.73 of "
+            "PyTorch's).  PyTorch's optimizer skips parameters "
             "without gradient.  A ZeRO-1/2 step whose requires_grad change leaves no gradient at all runs a "
             "backward without hooks first: its finding shows zero12-backward-without-gradients' mechanism.  "
             "fp16 (ZeRO-1/2): the "
@@ -338,7 +351,9 @@ ZERO_ADAM_STEPS_FROZEN_PARAM = KnownIssue(
             "moments and applies lr * m_hat / (sqrt(v_hat) + eps) from the earlier steps' momentum: after step 1 "
             "block 0's Linear has moved where PyTorch leaves it (scenario above; and when the Linear is frozen "
             "in step 0 and trained in step 1 instead, the flat group's shared step count gives it step 2's bias "
-            "correction).  ZeRO stage 0 (torch's AdamW on the parameters themselves) agrees; "
+            "correction).  ZeRO stage 0 in fp32 (torch's AdamW on the parameters themselves) agrees; at stage 0 "
+            "with fp16 or bf16 FP16_UnfusedOptimizer gives a parameter without a gradient a zero one too "
+            "(runtime/fp16/unfused_optimizer.py step); "
             "client SGD hides it (a zero gradient moves nothing without momentum or decay).  With weight decay "
             "it also decays every parameter without a gradient.  DeepSpeed's flat partitions cannot skip one "
             "parameter; DeepSpeed #2615 / #2653 keep parameters frozen at initialize out of the groups, not "
@@ -577,6 +592,28 @@ ZERO1_REDUCE_KEEPS_OTHER_PARTITIONS = KnownIssue(
             "other partitions' gradients in the ZeRO-1 branch as the ZeRO-2 branch does (docs/upstream/)."),
 )
 
+FP16_OPTIMIZER_INIT_STEP = KnownIssue(
+    id="fp16-optimizer-init-step",
+    title="ZeRO stage 0 with fp16 or bf16: the fp16 optimizer allocates the optimizer's state with one step on zero "
+          "gradients, so Adam's step count and bias correction run one step ahead of PyTorch's",
+    owner="deepspeed",
+    releases=((0, 19, 2), (0, 20, 0)),
+    scenario=Scenario.from_dict({"stage": 0, "precision": "bf16", "optimizer": "config-adam", "steps": [{}]}),
+    checks=("oracle",),
+    explains=None,
+    mechanisms=("optimizer-state-initialised-by-a-step",),
+    variants=(Scenario.from_dict({"stage": 0, "precision": "fp16", "optimizer": "config-adam", "steps": [{}]}),),
+    detail=("Found by the oracle on the update once stage 0's fp32 master weights were read.  At stage 0 with fp16 "
+            "or bf16 DeepSpeed wraps the optimizer in FP16_UnfusedOptimizer (FP16_Optimizer for a fused one); "
+            "their constructor calls initialize_optimizer_states (runtime/fp16/unfused_optimizer.py, "
+            "fused_optimizer.py), which sets every gradient to zeros and calls optimizer.step() to allocate the "
+            "state.  torch's AdamW counts that step: before training state['step'] is 1, so the first real step "
+            "uses step 2's bias correction, lr * (0.1 g / 0.19) / (sqrt(0.001 g^2 / 0.002) + eps), about 0.74 of "
+            "PyTorch's first update; every later step is one ahead as well.  SGD without momentum hides it (a zero "
+            "gradient moves nothing).  ZeRO 1-3 do not take the step (their optimizers allocate lazily).  Seen on "
+            "0.19.2 and 0.19.8 (the same code in both)."),
+)
+
 SETUP_ISSUES: tuple[KnownIssue, ...] = (ZERO0_FP16_LOSS_NOT_SCALED, Z3_UNGROUPED_NOT_GATHERED,
                                         TWO_BACKWARDS_PER_FORWARD, STEP_WITHOUT_GRADIENT, NESTED_OUTPUTS_SCALED_TWICE,
                                         SHARED_ACROSS_REENTRANT, Z3_LINEAR_OVERRIDE_OUTLIVES_ENGINE,
@@ -586,6 +623,6 @@ SETUP_ISSUES: tuple[KnownIssue, ...] = (ZERO0_FP16_LOSS_NOT_SCALED, Z3_UNGROUPED
                                         Z3_MIXED_DTYPE_TRAINABLE_DEFRAGMENT, Z3_EMPTY_PARAM_NOT_GATHERED,
                                         ZERO_TO_FP32_Z3_EMPTY_PARAM, ZERO1_CHECKPOINT_DROPS_EMPTY_PARAM,
                                         ZERO_TO_FP32_BF16_OPTIMIZER, BF16_OPTIMIZER_CLEARS_IN_FORWARD_GRADS,
-                                        ZERO1_REDUCE_KEEPS_OTHER_PARTITIONS)
+                                        ZERO1_REDUCE_KEEPS_OTHER_PARTITIONS, FP16_OPTIMIZER_INIT_STEP)
 
 __all__ = ["SETUP_ISSUES", "dropped_by_zero_to_fp32", "nested_outputs_zero12"]

@@ -60,7 +60,11 @@ class Mechanism:
     """A transformation of the step's gradient after the contributions: ``stale-frozen`` (a parameter frozen for
     the step gets the gradient of the step before again), ``stale-idle`` (at a step with no backward every
     parameter does), ``zero-for-frozen`` (a parameter of an optimizer group frozen for the step gets a zero one),
+    ``zero-when-idle`` (at a step with no backward every parameter of an optimizer group gets a zero one),
     ``halved-when-scale-grows``, ``unscaled-by-65536``."""
+    initial_zero_step: bool = False
+    """The optimizer takes one step with a zero gradient for every parameter before training (Adam's step count and
+    bias correction run one step ahead)."""
     loss_unscaled: bool = False
     """fp16: the loss is not multiplied by the scale, the gradient is still divided by it."""
     own_rows: bool = False
@@ -234,6 +238,12 @@ MECHANISMS: dict[str, Mechanism] = {m.name: m for m in (
     Mechanism("frozen-stepped-with-zero-gradient",
               lambda sc: sc.optimizer is Optimizer.CONFIG_ADAM and any(s.frozen for s in sc.steps),
               gradient="zero-for-frozen"),
+    Mechanism("idle-step-stepped-with-zero-gradient",
+              lambda sc: sc.optimizer is Optimizer.CONFIG_ADAM and any(s.idle for s in sc.steps),
+              gradient="zero-when-idle"),
+    Mechanism("optimizer-state-initialised-by-a-step",
+              lambda sc: sc.optimizer is Optimizer.CONFIG_ADAM and sc.stage == 0 and sc.precision is not Precision.FP32,
+              initial_zero_step=True),
     Mechanism("update-halved-when-scale-grows", lambda sc: sc.precision is Precision.FP16 and sc.stage != 0,
               gradient="halved-when-scale-grows"),
     Mechanism("loss-not-scaled", lambda sc: sc.precision is Precision.FP16 and sc.stage == 0, loss_unscaled=True),

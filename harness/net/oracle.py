@@ -86,10 +86,12 @@ class TorchBackend:
         self._seen: Params = {}
         self._micro = 0
         self._prev: Params = {}
+        """Counterfactual: the gradient the step before stepped with, clipped (a stale one applied again)."""
+        self._stale: set[str] = set()
+        """Counterfactual: the parameters whose gradient this step is a frozen parameter's stale one."""
         self._scale_before = 1.0
         self._hooked = False
         """Counterfactual: the output hooks divide this backward's gradient by gas (`_hook_outputs`)."""
-        """Counterfactual: the gradient the step before stepped with (a stale one applied again)."""
         self.clip = float(sc.gradient_clipping)
         self.opt = make_optimizer(sc, param_groups(sc, model))
         self.llama = sc.family is Family.LLAMA
@@ -130,6 +132,18 @@ class TorchBackend:
             scaler = self.scaler = fp16.LossScale(fp16_section(sc))
             fp16.set_loss_scale(lambda: scaler.scale)
         attach_late_module(sc, self.model)
+        if any(m.initial_zero_step for m in self.mechanisms):
+            self._initial_zero_step()
+
+    def _initial_zero_step(self) -> None:
+        """What FP16_Optimizer / FP16_UnfusedOptimizer's ``initialize_optimizer_states`` does: one optimizer step
+        with a zero gradient for every parameter, to allocate the optimizer's state."""
+        held = [q for g in self.opt.param_groups for q in g["params"]]
+        for q in held:
+            q.grad = torch.zeros_like(q)
+        self.opt.step()
+        for q in held:
+            q.grad = None
 
     def module(self) -> nn.Module:
         return self.model
@@ -304,18 +318,35 @@ class TorchBackend:
         self.counterfactuals.append(self._counterfactuals(unscale) if not overflow else {"last_only": {},
                                                                                           "but_last": {}})
         self._last = {}
+        self._stale = set()
         if self.mechanisms:
             self._apply_mechanisms(overflow)
         if overflow:  # the step is skipped
             return
         if self.clip > 0:
-            torch.nn.utils.clip_grad_norm_([p for g in self.opt.param_groups for p in g["params"]], self.clip)
+            self._clip()
+        if self.mechanisms:  # a stale gradient replayed later is the one this step stepped with: clipped
+            self._prev = {n: p.grad.detach().clone() for n, p in self.master.named_parameters() if p.grad is not None}
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
         if self.half is not None:
             with torch.no_grad():
                 for p, q in zip(self.master.parameters(), self.model.parameters(), strict=False):
                     q.copy_(p)
+
+    def _clip(self) -> None:
+        """Clip by the global norm.  A gradient a frozen parameter's stale one replays (`_stale`) is in no norm:
+        DeepSpeed's norm covers the step's own gradients; the coefficient scales every gradient it holds."""
+        held = [p for g in self.opt.param_groups for p in g["params"] if p.grad is not None]
+        if not self._stale:
+            torch.nn.utils.clip_grad_norm_(held, self.clip)
+            return
+        names = {id(p): n for n, p in self.master.named_parameters()}
+        own = [p.grad.norm() for p in held if names[id(p)] not in self._stale]
+        norm = float(torch.linalg.vector_norm(torch.stack(own))) if own else 0.0
+        coef = min(1.0, self.clip / (norm + 1e-6))
+        for p in held:
+            p.grad.mul_(coef)
 
     def params(self) -> Params:
         return {n: p.detach().clone() for n, p in self.master.named_parameters()}
@@ -389,7 +420,11 @@ class TorchBackend:
                 stale = (m.gradient == "stale-frozen" and n in frozen) or (m.gradient == "stale-idle" and idle)
                 if stale and p.grad is None and n in self._prev:
                     p.grad = self._prev[n].clone()
+                    if m.gradient == "stale-frozen":
+                        self._stale.add(n)
                 elif m.gradient == "zero-for-frozen" and p.grad is None and n in frozen and id(p) in held:
+                    p.grad = torch.zeros_like(p)
+                elif m.gradient == "zero-when-idle" and p.grad is None and idle and id(p) in held:
                     p.grad = torch.zeros_like(p)
                 elif p.grad is None:
                     continue
