@@ -30,7 +30,8 @@ Z3_LEAF_INPUT_NO_GRAD = KnownIssue(
     runtime_prevents=True,  # runtime/leaf_deferral.py
     # from 0.19.3 (the leaf's leftovers released) a second micro-step's backward finds them unavailable first
     variants=(Scenario.from_dict({"blocks": [{"leaf": True, "norm": "frozen"}], "input_requires_grad": False,
-                                  "stage": 3, "steps": [{"micro": [{"backward": "engine"}, {"backward": "engine"}]}]}),),
+                                  "stage": 3,
+                                  "steps": [{"micro": [{"backward": "engine"}, {"backward": "engine"}]}]}),),
     # and its side effect on the spec: the hook fired before the leaf's pre-backward, so the next driver
     # event after that pre-backward is the task's end, after the epilogue drained the leaf
     # ... and the model's view of the bug (DeepSpeed's model designs): the leaf's gradients accumulate after the

@@ -422,9 +422,8 @@ class TorchBackend:
                     p.grad = self._prev[n].clone()
                     if m.gradient == "stale-frozen":
                         self._stale.add(n)
-                elif m.gradient == "zero-for-frozen" and p.grad is None and n in frozen and id(p) in held:
-                    p.grad = torch.zeros_like(p)
-                elif m.gradient == "zero-when-idle" and p.grad is None and idle and id(p) in held:
+                elif p.grad is None and id(p) in held and ((m.gradient == "zero-for-frozen" and n in frozen)
+                                                          or (m.gradient == "zero-when-idle" and idle)):
                     p.grad = torch.zeros_like(p)
                 elif p.grad is None:
                     continue
