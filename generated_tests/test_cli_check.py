@@ -52,8 +52,10 @@ def test_report_folder_holds_a_finding_per_counterexample_with_pictures(buggy):
         assert_pictures(out, f, "trace")
         assert_pictures(out, f, "graph")
         assert any(e["violation"] for e in f["events_around"]) or f["violation_event"] is None
-        # the finding's key is spec + the monitor's code (kebab-case), never a shape of its message
-        assert re.fullmatch(re.escape(f["check"]) + r":[a-z0-9-]+( \(in a nested task\))?", f["key"]), f["key"]
+        # the finding's key is its fingerprint: spec, the monitor's code, the violating event's kind, phase and
+        # task, the roles of what it touches (findings/fingerprint.py) -- never a shape of its message
+        assert re.fullmatch(re.escape(f["check"]) + r":[a-z0-9-]+(@[a-z_]+/[a-z_-]+/(outer|nested|backward|none)"
+                            r"(:[a-z,]+)?|@end)", f["key"]), f["key"]
         assert json.loads((out / f["files"]["scenario"]).read_text())["key"] == f["key"]
     md = (out / "report.md").read_text()
     assert "| `epilogue-once` | **violated** | holds |" in md

@@ -147,12 +147,13 @@ def test_a_known_bug_of_base_that_a_crash_hid_is_unmasked_not_introduced():
 
 
 def test_a_known_bug_of_base_that_another_bug_hid_is_unmasked_not_introduced():
-    """0.19.2 -> 0.19.3 (measured): 0.19.3 releases a z3 leaf's backward leftovers, so the leaf fed no grad
-    computes its backward with unavailable parameters (z3-leaf-input-without-grad, on both releases); on
-    0.19.2 the still-gathered leak kept them gathered and the replay shows that finding instead."""
+    """0.19.2 -> 0.19.3: 0.19.3 releases a z3 leaf's backward leftovers, so the leaf fed no grad meets its
+    size-0 parameters (z3-leaf-input-without-grad's exception, its fingerprint recorded from this scenario on
+    0.19.3: a variant of the issue); on 0.19.2 the still-gathered leak kept them gathered and the replay shows
+    that finding instead."""
     sc = Scenario.from_dict({"blocks": [{"leaf": True, "norm": "frozen"}], "input_requires_grad": False, "stage": 3,
                              "steps": [{"micro": [{"backward": "engine"}, {"backward": "engine"}]}]})
-    unavailable = _leaf_early("0.19.3", sc)
+    unavailable = _leaf_early("0.19.3", sc, check="exception")
     head = _Fake("0.19.3", {})
     leak = _Fake("0.19.2", {sc: [("released-after-backward", "X are still gathered", None)]})
     assert [e.status for e in classify([], [unavailable], leak, head)] == ["unmasked"]
@@ -424,7 +425,8 @@ def _check_leaf_inputs(module, inputs):
 def test_a_patch_that_swaps_a_known_crash_for_another_is_introduced(tmp_path):
     """The head tree (0.19.8, patched) fails z3-leaf-input-without-grad's scenario with a ValueError raised in
     the leaf module's pre-forward hook instead of 0.19.8's RuntimeError in the backward: the same scenario
-    family, another mechanism.  diff says introduced (and base's crash fixed), not unchanged or unmasked."""
+    family, another mechanism.  diff says introduced, not unchanged or unmasked; base's crash in the backward is
+    not-reached on head (head stopped in the forward before it), not fixed."""
     root = _checkout(tmp_path, deepspeed.__version__)
     _patch(root, "runtime/zero/parameter_offload.py", LEAF_HOOK,
            LEAF_HOOK.replace("            self.pre", "            _check_leaf_inputs(module, args[0] if args else ())\n"
@@ -436,8 +438,9 @@ def test_a_patch_that_swaps_a_known_crash_for_another_is_introduced(tmp_path):
     leaf = known.Z3_LEAF_INPUT_NO_GRAD.scenario.to_dict()
     by_side = {e["found_on"]: e for e in data["findings"] if e["scenario"] == leaf}
     head, base = by_side["head"], by_side["base"]
-    assert head["key"] == "exception:ValueError@runtime.zero.parameter_offload._check_leaf_inputs", head
-    assert head["status"] == "introduced" and base["status"] == "fixed", (head, base)
+    assert head["key"] == ("exception:ValueError@runtime.zero.parameter_offload._check_leaf_inputs:"
+                           "a z3 leaf module's inputs do not require grad"), head
+    assert head["status"] == "introduced" and base["status"] == "not-reached", (head, base)
     assert base["key"] != head["key"] and base["known_issue"]["id"] == "z3-leaf-input-without-grad"
     assert base["replay_on_head"]["hits"] == 0 and base["replay_on_head"]["runs"] > 1
 
@@ -523,7 +526,7 @@ def test_the_diff_report_writes_its_json_and_a_markdown_row_per_finding(tmp_path
     entries = classify([_fs("0.19.8", SC_A, *a)], [_fs("0.19.8", SC_C, "oracle", "differs")], base, head)
     z3 = {"peak_elements": 100, "peak_params": 2, "all_gathers": 4}
     memory = compare([(SC_B, z3, {**z3, "peak_elements": 150})], 0.10)
-    counts = {"introduced": 1, "fixed": 1, "intermittent": 0, "unmasked": 0, "unchanged": 0}
+    counts = {"introduced": 1, "fixed": 1, "intermittent": 0, "unmasked": 0, "unchanged": 0, "not-reached": 0}
     report = DiffReport(DiffSide("0.19.8", "DeepSpeed 0.19.8", "0.19.8", 3, "complete"),
                         DiffSide("/tmp/ds", "DeepSpeed /tmp/ds", "0.19.8", 4, "complete"), "complete", 10, (), None,
                         1, 1.5, counts, tuple(entries), memory, "zerostate diff", "head introduces findings")
