@@ -161,8 +161,9 @@ class StepObservation:
     params: tuple[ParamStep, ...]
     """Every parameter of PyTorch's model, in its order."""
     masters: tuple[ParamStep, ...] | None = None
-    """bf16: DeepSpeed's fp32 master weights against the mixed-precision oracle's, for the parameters it keeps
-    one of; None when none were read (fp32, stage 0, or none kept)."""
+    """bf16 / fp16: DeepSpeed's fp32 master weights against the mixed-precision oracle's, for the parameters it
+    keeps one of (ZeRO's optimizers, ``BF16_Optimizer``, stage 0's fp16 optimizers); None when none were read
+    (fp32, or none kept)."""
     generations: int = 0
     """How many generations (TRL's unwrap) DeepSpeed's side had made by then."""
     ds_run_start_known: bool = False

@@ -13,29 +13,23 @@ BF16_ATOL = 2e-2
 BF16_RTOL = 2e-2
 FP16_ATOL = 5e-3
 FP16_RTOL = 5e-3
-MASTER_RTOL = (0.01, 0.1)
-"""bf16: how far DeepSpeed's fp32 master weights may be from the mixed-precision oracle's, as a share of the norm
-of PyTorch's update since the start, at world size 1 and above it: at world size 1 both sides run the same bf16
-operations in the same order; above it DeepSpeed sums the ranks' bf16 gradients where the oracle takes the whole
-batch's."""
-UPDATE_RATIO = (0.5, 2.0)
-"""Mixed precision: the bounds of ``|DeepSpeed's update| / |PyTorch's update|`` (`oracle_judgement`)."""
-
-
 ULPS = 4.0
 """The floor of an update comparison, in units in the last place of the parameter's dtype at its magnitude: a
 parameter's value is rounded to its dtype on both sides at both ends of a step, so an update cannot be compared
 more finely than that."""
 
 UPDATE_RTOL = {("params", "fp32"): (1e-4, 1e-4), ("params", "mixed"): (1e-3, 1e-3),
-               ("master", "bf16"): (2e-2, 5e-2), ("master", "fp16"): (5e-3, 1e-2)}
+               ("master", "bf16"): (2e-2, 5e-2), ("master", "fp16"): (2e-2, 5e-2)}
 """How far DeepSpeed's update of a parameter may be from PyTorch's, as a share of PyTorch's update (max element
 over max element), at world size 1 and above it: fp32 parameters (the same arithmetic, sums in another order);
 16-bit parameters against the mixed-precision oracle's fp32 masters (their rounding is the `ULPS` floor); the fp32
 master weights of bf16 and fp16 training (gradients computed in 16 bits; above world size 1 DeepSpeed sums the
 ranks' 16-bit gradients where the oracle takes the whole batch's).  Each is a few times the noise of correct runs
 (benchmarks/bench_noise_floor.py, docs/benchmarks-noise.md), and below the errors a bug makes (a tenth of an
-update and more)."""
+update and more).  fp16's masters take bf16's shares: under Adam a later step's update of an element is its
+moments' ratio, so an fp16 gradient element rounded in another order moves it by more than its rounding (0.6-0.7 %
+of the update seen on 0.19.8 runs a counterfactual otherwise matches exactly, where the noise benchmark's few fp16
+samples, all SGD or first steps, showed 0.09 %)."""
 
 
 def update_rtol(kind: str, sc: Scenario) -> float:
@@ -65,5 +59,5 @@ def rounding_eps(sc: Scenario) -> float | None:
     return {Precision.BF16: 2.0 ** -8, Precision.FP16: 2.0 ** -11}.get(sc.precision)
 
 
-__all__ = ["ATOL", "BF16_ATOL", "BF16_RTOL", "FP16_ATOL", "FP16_RTOL", "MASTER_RTOL", "RTOL", "ULPS", "UPDATE_RATIO",
+__all__ = ["ATOL", "BF16_ATOL", "BF16_RTOL", "FP16_ATOL", "FP16_RTOL", "RTOL", "ULPS",
            "UPDATE_RTOL", "rounding_eps", "tolerance", "update_rtol"]

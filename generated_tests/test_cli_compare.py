@@ -36,8 +36,17 @@ def test_report_has_a_column_per_design_and_a_finding_per_violation(compared):
     assert {(f["check"], f["design"]) for f in rep["findings"]} == violated
     for f in rep["findings"]:
         assert_pictures(out, f, "trace")
-        assert re.fullmatch(re.escape(f["check"]) + r":[a-z0-9-]+( \(in a nested task\))?", f["key"]), f["key"]
+        # its fingerprint (`findings.fingerprint.spec_fingerprint`): check:code, the violating event's kind, phase and
+        # where (or @end: an obligation open at the end), the distinguishing roles of the parameters involved
+        m = re.fullmatch(re.escape(f["check"]) + r":[a-z0-9-]+@(?:end|([a-z_]+)/[^/]+/(?:outer|nested|backward|none))"
+                         r"(?::(?:adapter|frozen|leaf|persistent)(?:,(?:adapter|frozen|leaf|persistent))*)?", f["key"])
+        assert m, f["key"]
         assert f["violation_event"] is None or any(e["violation"] for e in f["events_around"])
+        if f["violation_event"] is not None:  # the key names the very event the report marks
+            (marked,) = [e for e in f["events_around"] if e["index"] == f["violation_event"]]
+            assert marked["violation"] and marked["event"].split()[0] == m.group(1), (f["key"], marked)
+        else:
+            assert m.group(1) is None, f["key"]
     md = (out / "report.md").read_text()
     assert "## Summary" in md and "gathered-peak" in md
 

@@ -347,7 +347,12 @@ def test_config_adam_reaches_deepspeed_and_agrees(ds, name):
     offload keeps it too, `engine.optimizer_built`) that no client passed, with the scenario's groups and their
     learning rates; the run agrees with the oracle's AdamW (fp32 within `tolerance.tolerance`, mixed precision also
     by `oracle_judgement.update_norm_text`, fp16 skipping the same overflowed steps), and Adam changes the numbers
-    (its oracle differs from the client SGD's).  On an older release a finding must be a documented known issue."""
+    (its oracle differs from the client SGD's).  On an older release a finding must be a documented known issue.
+
+    On 0.19.8 no finding, but one: ZeRO stage 0 with fp16 or bf16 wraps the AdamW in DeepSpeed's fp16 optimizer,
+    whose constructor steps it once on zero gradients to allocate its state (known issue
+    ``fp16-optimizer-init-step``, a real DeepSpeed behaviour): there an oracle finding is allowed when that issue
+    -- its counterfactual reference, Adam one step ahead -- explains it, and nothing else."""
     from zerostate.known.issues import explain
     spec = {**ADAM_CASES[name], "optimizer": "config-adam"}
     sc = Scenario.from_dict(spec)
@@ -365,7 +370,10 @@ def test_config_adam_reaches_deepspeed_and_agrees(ds, name):
         assert fp16.ds_skipped == len(fp16.pt_skipped or ()) > 0, fp16
     assert all(explain(f) is not None for f in out.findings), [(f.key, f.error[:200]) for f in out.findings]
     if ds.version == "0.19.8":
-        assert not out.findings, [(f.key, f.error[:200]) for f in out.findings]
+        init_step = sc.stage == 0 and sc.precision.value in ("fp16", "bf16")
+        unexpected = [f for f in out.findings if not (init_step and f.check == "oracle"
+                                                      and explain(f).id == "fp16-optimizer-init-step")]
+        assert not unexpected, [(f.key, f.error[:200]) for f in unexpected]
 
 
 TRACE_CASES = ("z1", "z2", "z3", "z3-offload-both", "z2-fp16-overflow", "z1-groups-and-no-group")

@@ -87,9 +87,18 @@ def test_an_oracle_difference_is_its_counterfactual_class_never_its_label():
     assert replace(known, known="two-backwards-per-forward").key == known.key
 
 
-def test_the_engine_wrapper_names_the_linear_it_runs_with_and_reads_stage0_masters():
+def test_the_engine_wrapper_names_the_linear_it_runs_with_and_reads_stage0_masters(monkeypatch):
+    # torch's own linear, set here: a ZeRO-3 engine an earlier test built in this process may have left
+    # DeepSpeed's in its place (z3-linear-override-outlives-engine)
+    monkeypatch.setattr(torch.nn.functional, "linear", torch._C._nn.linear)
     linear = torch.nn.functional.linear
     assert linear_in_use() == f"{linear.__module__}.{linear.__name__}" and "deepspeed" not in linear_in_use()
+
+    def zero3_linear_wrap(*args, **kwargs):  # what partition_parameters.py puts in its place
+        return linear(*args, **kwargs)
+    zero3_linear_wrap.__module__ = "deepspeed.runtime.zero.linear"
+    monkeypatch.setattr(torch.nn.functional, "linear", zero3_linear_wrap)
+    assert linear_in_use() == "deepspeed.runtime.zero.linear.zero3_linear_wrap"
     a, b = torch.nn.Parameter(torch.ones(2, 2, dtype=torch.float16)), torch.nn.Parameter(torch.ones(3))
     module = torch.nn.Module()
     module.register_parameter("a", a)

@@ -243,6 +243,10 @@ SECOND_BACKWARD = {  # scenario -> the checks its real run gives on 0.19.8, each
     "zero1-fused-head-after-unexited": ({"stage": 1, "fused_head": True, "blocks": [{"norm": "frozen"}], "steps": [
         {"micro": [{"backward": "torch", "retain": True}, {"backward": "engine"}]}]},
         {"oracle", "epilogue-once", "grad-handled-once", "no-epilogue-before-user-backward"}),
+    # ZeRO-1 with a fused head loses the head's in-forward gradient with the first backward
+    # (`last-backward-only-in-forward-too`); the plain step after it is correct
+    "zero1-fused-head-retained": ({"stage": 1, "fused_head": True, "blocks": [{}], "steps": [
+        {"micro": [{"backward": "engine", "retain": True}]}, {}]}, {"oracle"}),
     "zero3-frozen-lin": ({"stage": 3, "blocks": [{"lin": "frozen"}], "persistence_threshold": 0,
                           "steps": [{"micro": [{"backward": "engine", "retain": True}]}]}, {"exception"}),
 }

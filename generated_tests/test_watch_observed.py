@@ -254,11 +254,15 @@ def test_the_watch_labels_by_evidence_through_known_labels():
     """A crash is labelled on its own evidence by `known.labels` (the table and rules explore labels with): step()'s
     KeyError in DeepSpeed's scaled_global_norm after a backward that fired no gradient hook is
     zero12-backward-without-gradients; the same KeyError raised by the job's own data code is the job's crash,
-    unlabelled, whatever the stage."""
+    unlabelled, whatever the stage.  A label holds on a fingerprint the issue's own repros recorded: the watch
+    fingerprints a crash as explore does (the PyTorch-style repro's ``loss.backward()``, then step()'s KeyError)."""
+    from zerostate.known.issues import by_id
     from zerostate.known.labels import label
     from zerostate.watcher import judge
+    # what the tracer records of a PyTorch-style backward (kind ``torch``) in which no gradient hook fired: with
+    # engine.backward the epilogue would have raised first (IndexError in reduce_ipg_grads)
     trace = (Event(EventKind.FORWARD_START), Event(EventKind.FORWARD_END),
-             Event(EventKind.USER_BACKWARD_START, note="engine"), Event(EventKind.USER_BACKWARD_END, note="engine"))
+             Event(EventKind.USER_BACKWARD_START, note="torch"), Event(EventKind.USER_BACKWARD_END, note="torch"))
     main = {"package": "other", "file": "train.py", "function": "main", "line": 3, "module": "__main__"}
     in_ds = [main, {"package": "zerostate", "file": "watcher/watch.py", "function": "call", "line": 1,
                     "module": "zerostate.watcher.watch"},
@@ -267,6 +271,7 @@ def test_the_watch_labels_by_evidence_through_known_labels():
              {"package": "deepspeed", "file": "runtime/zero/stage_1_and_2.py", "function": "scaled_global_norm",
               "line": 1, "module": "deepspeed.runtime.zero.stage_1_and_2"}]
     f = judge.exception("KeyError: 0", in_ds, trace, 2, "0.19.8")
+    assert f.key in by_id("zero12-backward-without-gradients").fingerprints, f.key
     assert f.known == "zero12-backward-without-gradients" and not judge.raised_by_the_job(in_ds)
     assert judge.judged(f)["known_issue"] == label(f) and judge.explanation(f)["runtime_prevents"] is False
     own = [main, {"package": "other", "file": "train.py", "function": "collate", "line": 9, "module": "__main__"}]
@@ -274,10 +279,14 @@ def test_the_watch_labels_by_evidence_through_known_labels():
     assert judge.raised_by_the_job(own) and f.known == "" and judge.where_in_the_job(own) == "train.py:9 in collate"
     # the job's own function called from DeepSpeed (a model's forward) raising: still the job's own code
     assert judge.raised_by_the_job([*in_ds[:3], own[1]])
-    # a violation: the same labelling
-    counted = (Event(EventKind.FORWARD_START), Event(EventKind.COUNT, task=1), Event(EventKind.COUNT, task=1))
-    f = judge.violation("count-once-per-phase", "counted twice", "counted-twice-in-phase", counted, 2, "0.18.6")
-    assert f.known == "seed-000-part-2" and judge.judged(f)["known_issue"]["fixed_in"] == "0.18.7"
+    # a violation: the same labelling -- the same repro's other finding: no hook fired, so no epilogue ran before
+    # step() (`epilogue-once:no-epilogue` at the STEP), on the releases the issue affects (its first and 0.19.8)
+    stepped = (*trace, Event(EventKind.STEP))
+    for release in ("0.18.4", "0.19.8"):
+        f = judge.violation("epilogue-once", "the user backward finished without running the epilogue", "no-epilogue",
+                            stepped, len(stepped) - 1, release)
+        assert f.key in by_id("zero12-backward-without-gradients").fingerprints, f.key
+        assert f.known == "zero12-backward-without-gradients" and judge.judged(f)["known_issue"] == label(f)
 
 
 def _torchrun() -> str:
@@ -381,5 +390,7 @@ def test_a_watched_violation_carries_the_label_explore_gives(tmp_path):
         target.close()
     assert explored and explored[0].deepspeed == rep["run"]["deepspeed"]
     assert watched["known_issue"] == label(explored[0]) and watched["known_issue"]["id"] == "z3-leaf-kept-gathered"
-    assert watched["key"] == explored[0].key == "released-after-backward:still-gathered"
+    # one finding, one fingerprint: the watch's key is explore's, and the failure it names is still-gathered
+    assert watched["key"] == explored[0].key and explored[0].violation == "released-after-backward:still-gathered"
+    assert watched["key"].startswith(explored[0].violation + "@"), watched["key"]
     assert watched["explanation"]["runtime_prevents"] is True

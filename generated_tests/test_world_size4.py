@@ -89,7 +89,10 @@ def test_a_drawn_world_size_4_finding_replays_from_its_own_file(tmp_path):
     assert p.returncode == 1, p.stdout[-2000:] + p.stderr[-3000:]
     report = json.loads((out / "report.json").read_text())
     (entry,) = report["findings"]
-    assert entry["key"] == "checkpoint:zero1-checkpoint-drops-frozen-params", entry
+    # its fingerprint is the check and code (a checkpoint round trip: `findings.fingerprint`), never the issue; the
+    # issue is its label, by its own evidence (the frozen parameters the fp32 weights lack)
+    assert entry["key"] == "checkpoint:zero-to-fp32", entry
+    assert json.loads(p.stdout)["known_issue"]["id"] == "zero1-checkpoint-drops-frozen-params", p.stdout[-2000:]
     assert "torchrun --nproc-per-node 4" in (out / entry["files"]["repro"]).read_text()
     saved = out / entry["files"]["scenario"]
     assert json.loads(saved.read_text())["scenario"]["world_size"] == 4

@@ -60,6 +60,10 @@ SHARED_ACROSS_REENTRANT = KnownIssue(
                                  "steps": [{"micro": [{"backward": "engine"}]}]}),
     checks=("exception", "grad-handled-once"),
     explains=lambda f: rules.shared_param_hooked_twice(f) and narrow(f, _shared_across_reentrant),
+    # ZeRO-3 with a reduce bucket the first gradient fills: the second hook finds it partitioned away
+    # (AttributeError in __add_grad_to_ipg_bucket)
+    variants=(Scenario.from_dict({"stage": 3, "tie": True, "reduce_bucket_size": 128,
+                                  "blocks": [{"checkpoint": "reentrant"}], "steps": [{}]}),),
     nature=Nature.LIMITATION,
     cites=("DeepSpeed's own assertion in runtime/zero/stage_1_and_2.py (reduce_independent_p_g_buckets_and_"
            "remove_grads, reduce_ipg_grads): 'Gradient computed twice for this partition.  Multiple gradient "
@@ -92,7 +96,8 @@ TWO_BACKWARDS_PER_FORWARD = KnownIssue(
     scenario=Scenario.from_dict({"stage": 1, "steps": [{"micro": [{"backward": "engine", "retain": True}]}]}),
     checks=("oracle",),
     explains=lambda f: rules.two_backwards(f) and narrow(f, _retains),
-    mechanisms=("last-backward-only", "micro0-earlier-backward-lost", "boundary-first-backward-lost"),
+    mechanisms=("last-backward-only", "last-backward-only-in-forward-too", "micro0-earlier-backward-lost",
+                "boundary-first-backward-lost"),
     # its spec forms: a PyTorch-style backward retained at the boundary (ZeRO-2), retained first (ZeRO-1), after a
     # fused head's backward inside the forward; ZeRO-3 raises on a frozen Linear
     variants=(Scenario.from_dict({"stage": 2, "steps": [
@@ -102,7 +107,23 @@ TWO_BACKWARDS_PER_FORWARD = KnownIssue(
               Scenario.from_dict({"stage": 1, "fused_head": True, "blocks": [{"norm": "frozen"}], "steps": [
                   {"micro": [{"backward": "torch", "retain": True}, {"backward": "engine"}]}]}),
               Scenario.from_dict({"stage": 3, "blocks": [{"lin": "frozen"}], "persistence_threshold": 0,
-                                  "steps": [{"micro": [{"backward": "engine", "retain": True}]}]})),
+                                  "steps": [{"micro": [{"backward": "engine", "retain": True}]}]}),
+              # ZeRO-3 with the Linear trainable: the size-0 partition in the second backward's matmul
+              Scenario.from_dict({"stage": 3, "persistence_threshold": 0,
+                                  "steps": [{"micro": [{"backward": "engine", "retain": True}]}]}),
+              # the retained PyTorch-style backward's never-exited depth met by the next train step's forward, or
+              # by its eval forward
+              Scenario.from_dict({"stage": 1, "steps": [
+                  {"micro": [{"backward": "torch", "retain": True}, {"backward": "engine"}]},
+                  {"micro": [{"backward": "engine"}, {"backward": "engine"}]}]}),
+              Scenario.from_dict({"stage": 1, "steps": [
+                  {"micro": [{"backward": "torch", "retain": True}, {"backward": "engine"}]},
+                  {"eval_before": True, "micro": [{"backward": "engine"}, {"backward": "engine"}]}]}),
+              # ZeRO-3 after an eval forward, two micro-steps with two backwards each: no exception, the parameters
+              # left gathered when the next micro-step's backward starts
+              Scenario.from_dict({"stage": 3, "persistence_threshold": 0, "steps": [
+                  {"eval_before": True, "micro": [{"backward": "engine"}, {"backward": "engine", "retain": True},
+                                                  {"backward": "engine", "retain": True}]}]})),
     detail=("engine.backward(0.5 * loss, retain_graph=True) then engine.backward(0.5 * loss) (or loss.backward "
             "twice) in one micro-step.  ZeRO-1/2: the gradients are copied, not accumulated, into the partition "
             "while micro_step_id is 0 (stage_1_and_2.py: accumulate only `if self.micro_step_id > 0`; the id "

@@ -63,6 +63,9 @@ ZERO12_NO_GRADIENT = KnownIssue(
     # and fp32 gradient accumulation (BF16_Optimizer) step()'s "stack expects a non-empty TensorList"
     # ... and, with a PyTorch-style backward, the epilogue that never runs (no hook queues it)
     explains=lambda f: rules.no_gradient_crash(f) and narrow(f, lambda sc: sc.stage in (1, 2)),
+    # the PyTorch-style route: no hook queues the epilogue (epilogue-once:no-epilogue), step()'s KeyError
+    variants=(Scenario.from_dict({"blocks": [{"norm": "unused", "lin": "unused"}], "stage": 1,
+                                  "steps": [{"micro": [{"backward": "torch"}]}]}),),
     detail=("stage_1_and_2.py sets up its ipg bucket buffers lazily in process_gradients (the gradient "
             "hook).  If no hook fires in a backward (every trainable parameter unused; the loss depends on "
             "the input only), the epilogue's reduce_ipg_grads indexes bucket.buffer[bucket.index] of an "

@@ -99,6 +99,17 @@ def _last_backward_only(cs: Sequence[Contribution], micros: int) -> Sequence[Con
     return [c for c in cs if c is last or c.kind == "forward"]
 
 
+def _last_backward_only_in_forward_too(cs: Sequence[Contribution], micros: int) -> Sequence[Contribution] | None:
+    """ZeRO-1 with a fused head: as `_last_backward_only`, but what the backward inside the forward made is lost
+    with the first backward, so only the last backward reaches the step.  Stated from runs (0.19.8, fp32, with
+    and without clipping: DeepSpeed matches it exactly), not yet traced in the source; `_last_backward_only` keeps
+    the head's in-forward gradient, as the runs it matches do."""
+    if not _two_in_a_micro(cs, micros - 1):
+        return None
+    last = _backwards(cs)[-1]
+    return [last]
+
+
 def _micro0_earlier_backward_lost(cs: Sequence[Contribution], micros: int) -> Sequence[Contribution] | None:
     """ZeRO-3: ``partition_grads`` copies (does not add) while ``micro_step_id == 0``, so micro-step 0's earlier
     backwards are overwritten by its last."""
@@ -224,6 +235,8 @@ def _zero1_grad_accum_attribute(sc: Scenario) -> bool:
 
 MECHANISMS: dict[str, Mechanism] = {m.name: m for m in (
     Mechanism("last-backward-only", lambda sc: _retains(sc) and sc.stage in (1, 2), keep=_last_backward_only),
+    Mechanism("last-backward-only-in-forward-too", lambda sc: _retains(sc) and sc.stage == 1 and sc.fused_head,
+              keep=_last_backward_only_in_forward_too),
     Mechanism("micro0-earlier-backward-lost", lambda sc: _retains(sc) and sc.stage == 3,
               keep=_micro0_earlier_backward_lost),
     Mechanism("boundary-first-backward-lost", _retains, keep=_boundary_first_backward_lost),
