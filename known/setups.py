@@ -97,7 +97,7 @@ TWO_BACKWARDS_PER_FORWARD = KnownIssue(
     checks=("oracle",),
     explains=lambda f: rules.two_backwards(f) and narrow(f, _retains),
     mechanisms=("last-backward-only", "last-backward-only-in-forward-too", "micro0-earlier-backward-lost",
-                "boundary-first-backward-lost"),
+                "boundary-first-backward-lost", "earlier-backwards-added-again"),
     # its spec forms: a PyTorch-style backward retained at the boundary (ZeRO-2), retained first (ZeRO-1), after a
     # fused head's backward inside the forward; ZeRO-3 raises on a frozen Linear
     variants=(Scenario.from_dict({"stage": 2, "steps": [
@@ -123,7 +123,38 @@ TWO_BACKWARDS_PER_FORWARD = KnownIssue(
               # left gathered when the next micro-step's backward starts
               Scenario.from_dict({"stage": 3, "persistence_threshold": 0, "steps": [
                   {"eval_before": True, "micro": [{"backward": "engine"}, {"backward": "engine", "retain": True},
-                                                  {"backward": "engine", "retain": True}]}]})),
+                                                  {"backward": "engine", "retain": True}]}]}),
+              # ZeRO-3, a non-scalar retained backward with the Linear unused: LayerNorm's 'weight of shape [0]'
+              # raised from the harness's tensor.backward (report 0.19.8 #46)
+              Scenario.from_dict({"stage": 3, "width": 7, "blocks": [{"lin": "unused"}],
+                                  "steps": [{"micro": [{"backward": "nonscalar", "retain": True}]}]}),
+              # ZeRO-3 persistent parameters, after an eval forward: the second backward's gradients left in the
+              # bucket when the next forward starts (report 0.19.8 #48)
+              Scenario.from_dict({"stage": 3, "width": 7, "persistence_threshold": 8, "steps": [
+                  {"eval_before": True, "micro": [{"backward": "nonscalar", "retain": True},
+                                                  {"backward": "engine", "retain": True}]}]}),
+              # the same with the Linear unused: the LayerNorm's parameters keep stale holders (report 0.19.8 #61)
+              Scenario.from_dict({"stage": 3, "width": 7, "persistence_threshold": 8, "blocks": [{"lin": "unused"}],
+                                  "steps": [{"eval_before": True, "micro": [
+                                      {"backward": "nonscalar", "retain": True},
+                                      {"backward": "engine", "retain": True}]}]}),
+              # no eval forward, input without grad: stale holders at the next user backward (report 0.19.8 #63)
+              Scenario.from_dict({"stage": 3, "width": 7, "persistence_threshold": 8, "input_requires_grad": False,
+                                  "blocks": [{"lin": "unused"}], "steps": [{"micro": [
+                                      {"backward": "nonscalar", "retain": True},
+                                      {"backward": "nonscalar", "retain": True}]}]}),
+              # LayerNorm frozen, a retained PyTorch-style backward in the second step's boundary micro-step:
+              # parameters left gathered at step() (report 0.19.8 #66)
+              Scenario.from_dict({"stage": 3, "persistence_threshold": 0, "blocks": [{"norm": "frozen"}], "steps": [
+                  {"micro": [{"backward": "engine"}, {"backward": "engine"}]},
+                  {"eval_before": True, "micro": [{"backward": "engine"}, {"backward": "torch", "retain": True}]}]}),
+              # llama + LoRA, a retained PyTorch-style backward after an eval forward: frozen base weights keep
+              # stale holders with everything persistent (report 0.19.8 #14), adapters left in the bucket and
+              # parameters left gathered without (report 0.19.8 #50, #65)
+              Scenario.from_dict({"stage": 3, "persistence_threshold": 100000, "family": "llama", "lora": True,
+                                  "steps": [{"eval_before": True, "micro": [{"backward": "torch", "retain": True}]}]}),
+              Scenario.from_dict({"stage": 3, "persistence_threshold": 0, "family": "llama", "lora": True,
+                                  "steps": [{"eval_before": True, "micro": [{"backward": "torch", "retain": True}]}]})),
     detail=("engine.backward(0.5 * loss, retain_graph=True) then engine.backward(0.5 * loss) (or loss.backward "
             "twice) in one micro-step.  ZeRO-1/2: the gradients are copied, not accumulated, into the partition "
             "while micro_step_id is 0 (stage_1_and_2.py: accumulate only `if self.micro_step_id > 0`; the id "
@@ -137,8 +168,12 @@ TWO_BACKWARDS_PER_FORWARD = KnownIssue(
             "released: RuntimeError 'The size of tensor a (0) must match the size of tensor b (8)', or with the "
             "Linear frozen LayerNorm's 'weight of shape [0]'.  stage3.py defers micro_step_id to the next "
             "forward on purpose (copy semantics within one backward, for reentrant checkpointing's phases), "
-            "which makes any second backward of the same forward a copy too.  Under ZeRO-3 the broken state "
-            "then shows up in many ways (also "
+            "which makes any second backward of the same forward a copy too.  BF16_Optimizer (ZeRO-1, bf16, fp32 "
+            "accumulation, no offload) counts the other way: the prologue that clears the 16-bit .grad runs once "
+            "per forward (register_output_backward_hooks' preprocess_once_fn), the epilogue that adds .grad to "
+            "the fp32 buffer after every backward, so each later backward adds the earlier ones again (1.5x with "
+            "two halves; counterfactual earlier-backwards-added-again, exact on 0.19.8).  Under ZeRO-3 the "
+            "broken state then shows up in many ways (also "
             "'active_backward_submodules is empty', an epilogue outside a user backward, parameters left "
             "gathered, a released parameter read by the second backward, the bucket holding the second "
             "backward's gradients when the next backward adds them again): a finding is attributed to it only "

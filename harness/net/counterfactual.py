@@ -110,6 +110,20 @@ def _last_backward_only_in_forward_too(cs: Sequence[Contribution], micros: int) 
     return [last]
 
 
+def _earlier_backwards_added_again(cs: Sequence[Contribution], micros: int) -> Sequence[Contribution] | None:
+    """BF16_Optimizer: each backward of a micro-step adds everything the micro-step's backwards have written into
+    the 16-bit ``.grad`` so far to the fp32 accumulation, so an earlier backward of the same forward is counted once
+    more by each later one."""
+    if not _two_in_a_micro(cs):
+        return None
+    out: list[Contribution] = [c for c in cs if c.kind == "forward"]
+    for micro in sorted({c.micro for c in _backwards(cs)}):
+        backs = sorted((c for c in _backwards(cs) if c.micro == micro), key=lambda c: c.index)
+        for j in range(len(backs)):
+            out.extend(backs[:j + 1])
+    return out
+
+
 def _micro0_earlier_backward_lost(cs: Sequence[Contribution], micros: int) -> Sequence[Contribution] | None:
     """ZeRO-3: ``partition_grads`` copies (does not add) while ``micro_step_id == 0``, so micro-step 0's earlier
     backwards are overwritten by its last."""
@@ -224,6 +238,12 @@ def _retains(sc: Scenario) -> bool:
     return any(m.retain for _, _, m in sc.micro_steps())
 
 
+def _bf16_optimizer(sc: Scenario) -> bool:
+    """DeepSpeed builds BF16_Optimizer: ZeRO-1, bf16 with fp32 gradient accumulation, no optimizer offload
+    (engine.py ``_do_optimizer_sanity_check``)."""
+    return sc.stage == 1 and sc.precision is Precision.BF16 and sc.fp32_grad_accum and not _offloaded(sc)
+
+
 def _zero1_grad_accum_attribute(sc: Scenario) -> bool:
     """ZeRO-1's optimizer with the fp32 ``grad_accum`` attribute at world size > 1, a second backward of one forward:
     bf16 with fp32 accumulation takes the ZeRO optimizer (not BF16_Optimizer) only with optimizer offload
@@ -237,6 +257,8 @@ MECHANISMS: dict[str, Mechanism] = {m.name: m for m in (
     Mechanism("last-backward-only", lambda sc: _retains(sc) and sc.stage in (1, 2), keep=_last_backward_only),
     Mechanism("last-backward-only-in-forward-too", lambda sc: _retains(sc) and sc.stage == 1 and sc.fused_head,
               keep=_last_backward_only_in_forward_too),
+    Mechanism("earlier-backwards-added-again", lambda sc: _retains(sc) and _bf16_optimizer(sc),
+              keep=_earlier_backwards_added_again),
     Mechanism("micro0-earlier-backward-lost", lambda sc: _retains(sc) and sc.stage == 3,
               keep=_micro0_earlier_backward_lost),
     Mechanism("boundary-first-backward-lost", _retains, keep=_boundary_first_backward_lost),
