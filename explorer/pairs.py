@@ -36,7 +36,7 @@ import zlib
 from dataclasses import dataclass, field
 from collections.abc import Callable, Generator, Iterable, Sequence
 
-from zerostate.model.scenario import Offload, Precision, Scenario
+from zerostate.model.scenario import Scenario
 
 from zerostate.explorer.choices import DEFAULT, POINTS, SCALE, Taken, Weights, taken
 from zerostate.explorer.generate import generated, seed_of
@@ -70,10 +70,8 @@ def _wrapper(sc: Scenario) -> int:
     """DeepSpeed's ``_do_optimizer_sanity_check``: ZeRO-1 + bf16 + fp32 accumulation without offload wraps in
     BF16_Optimizer; stage 0 in FP16_Optimizer (fp16, bf16) or nothing (fp32); else the ZeRO optimizer."""
     if sc.stage == 0:
-        return 3 if sc.precision is Precision.FP32 else 2
-    if sc.stage == 1 and sc.precision is Precision.BF16 and sc.fp32_grad_accum and sc.offload is Offload.NONE:
-        return 1
-    return 0
+        return 2 if sc.fp16_optimizer else 3
+    return 1 if sc.bf16_optimizer else 0
 
 
 _ZERO12, _ON, _OFF = frozenset((1, 2)), frozenset((1,)), frozenset((0,))

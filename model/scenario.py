@@ -170,6 +170,19 @@ class Scenario:
         return len(self.steps[0].micro) if self.steps else 1
 
     @property
+    def bf16_optimizer(self) -> bool:
+        """DeepSpeed wraps the optimizer in ``BF16_Optimizer`` (engine.py ``_do_optimizer_sanity_check``): ZeRO-1,
+        bf16 with fp32 gradient accumulation, no optimizer offload."""
+        return (self.stage == 1 and self.precision is Precision.BF16 and self.fp32_grad_accum
+                and self.offload is Offload.NONE)
+
+    @property
+    def fp16_optimizer(self) -> bool:
+        """DeepSpeed wraps the optimizer in ``FP16_Optimizer`` / ``FP16_UnfusedOptimizer``: stage 0 in fp16 or
+        bf16."""
+        return self.stage == 0 and self.precision is not Precision.FP32
+
+    @property
     def num_micro_steps(self) -> int:
         return sum(len(s.micro) for s in self.steps)
 

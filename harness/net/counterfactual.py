@@ -238,12 +238,6 @@ def _retains(sc: Scenario) -> bool:
     return any(m.retain for _, _, m in sc.micro_steps())
 
 
-def _bf16_optimizer(sc: Scenario) -> bool:
-    """DeepSpeed builds BF16_Optimizer: ZeRO-1, bf16 with fp32 gradient accumulation, no optimizer offload
-    (engine.py ``_do_optimizer_sanity_check``)."""
-    return sc.stage == 1 and sc.precision is Precision.BF16 and sc.fp32_grad_accum and not _offloaded(sc)
-
-
 def _zero1_grad_accum_attribute(sc: Scenario) -> bool:
     """ZeRO-1's optimizer with the fp32 ``grad_accum`` attribute at world size > 1, a second backward of one forward:
     bf16 with fp32 accumulation takes the ZeRO optimizer (not BF16_Optimizer) only with optimizer offload
@@ -257,7 +251,7 @@ MECHANISMS: dict[str, Mechanism] = {m.name: m for m in (
     Mechanism("last-backward-only", lambda sc: _retains(sc) and sc.stage in (1, 2), keep=_last_backward_only),
     Mechanism("last-backward-only-in-forward-too", lambda sc: _retains(sc) and sc.stage == 1 and sc.fused_head,
               keep=_last_backward_only_in_forward_too),
-    Mechanism("earlier-backwards-added-again", lambda sc: _retains(sc) and _bf16_optimizer(sc),
+    Mechanism("earlier-backwards-added-again", lambda sc: _retains(sc) and sc.bf16_optimizer,
               keep=_earlier_backwards_added_again),
     Mechanism("micro0-earlier-backward-lost", lambda sc: _retains(sc) and sc.stage == 3,
               keep=_micro0_earlier_backward_lost),
@@ -277,7 +271,7 @@ MECHANISMS: dict[str, Mechanism] = {m.name: m for m in (
               lambda sc: sc.optimizer is Optimizer.CONFIG_ADAM and any(s.idle for s in sc.steps),
               gradient="zero-when-idle"),
     Mechanism("optimizer-state-initialised-by-a-step",
-              lambda sc: sc.optimizer is Optimizer.CONFIG_ADAM and sc.stage == 0 and sc.precision is not Precision.FP32,
+              lambda sc: sc.optimizer is Optimizer.CONFIG_ADAM and sc.fp16_optimizer,
               initial_zero_step=True),
     Mechanism("update-halved-when-scale-grows", lambda sc: sc.precision is Precision.FP16 and sc.stage != 0,
               gradient="halved-when-scale-grows"),
