@@ -27,9 +27,8 @@ master weights of bf16 and fp16 training (gradients computed in 16 bits; above w
 ranks' 16-bit gradients where the oracle takes the whole batch's).  Each is a few times the noise of correct runs
 (benchmarks/bench_noise_floor.py, docs/benchmarks-noise.md), and below the errors a bug makes (a tenth of an
 update and more).  fp16's masters take bf16's shares: under Adam a later step's update of an element is its
-moments' ratio, so an fp16 gradient element rounded in another order moves it by more than its rounding (0.6-0.7 %
-of the update seen on 0.19.8 runs a counterfactual otherwise matches exactly, where the noise benchmark's few fp16
-samples, all SGD or first steps, showed 0.09 %)."""
+moments' ratio, so an fp16 gradient element rounded in another order moves it by more than its rounding -- noise
+the benchmark, which leaves out runs with findings, does not see (docs/benchmarks-noise.md)."""
 
 
 def update_rtol(kind: str, sc: Scenario) -> float:

@@ -101,9 +101,9 @@ def _last_backward_only(cs: Sequence[Contribution], micros: int) -> Sequence[Con
 
 def _last_backward_only_in_forward_too(cs: Sequence[Contribution], micros: int) -> Sequence[Contribution] | None:
     """ZeRO-1 with a fused head: as `_last_backward_only`, but what the backward inside the forward made is lost
-    with the first backward, so only the last backward reaches the step.  Stated from runs (0.19.8, fp32, with
-    and without clipping: DeepSpeed matches it exactly), not yet traced in the source; `_last_backward_only` keeps
-    the head's in-forward gradient, as the runs it matches do."""
+    with the first backward, so only the last backward reaches the step.  Stated from runs DeepSpeed matches, not
+    yet traced in the source (docs/known-issues-provenance.md); `_last_backward_only` keeps the head's in-forward
+    gradient, as the runs it matches do."""
     if not _two_in_a_micro(cs, micros - 1):
         return None
     last = _backwards(cs)[-1]
