@@ -229,6 +229,45 @@ def test_a_rank_that_never_arrives_is_a_hang_with_stacks(request):
     assert not any(_alive(p) for p in pids)
 
 
+def test_a_start_that_fails_once_is_tried_again_and_said(tmp_path, monkeypatch, request):
+    """Rank 0 answers its first hello with a failure before the rendezvous, so rank 1 waits in it: the pool
+    stops waiting ``HELLO_GRACE`` seconds after that answer (not the start-up timeout), names the failed rank's
+    error beside the waiting rank's stack, starts a fresh pool, and the next outcome says why."""
+    from zerostate.harness import rank_pool
+    flag = tmp_path / "fail-once"
+    flag.write_text("")
+    monkeypatch.setenv("ZEROSTATE_RANK_START_FAILS", f"0:{flag}")
+    monkeypatch.setenv("ZEROSTATE_RANK_WARMUP", "0")
+    monkeypatch.setattr(rank_pool, "HELLO_GRACE", 5.0)
+    t0 = time.monotonic()
+    t = get_target("deepspeed", world_size=2, **_opts(request.config))
+    try:
+        assert time.monotonic() - t0 < 300  # not the 900 s start-up timeout
+        assert not flag.exists() and t.restarts == 1 and len(t.failed_starts) == 1
+        failed = t.failed_starts[0]
+        assert "did not start" in failed and "no report within 5 s from rank 1" in failed, failed[:3000]
+        assert "rank 0 answered: rank 0: RuntimeError: rank 0 was told to fail its start" in failed, failed[:3000]
+        assert "stacks of rank 1" in failed and "init_process_group" in failed, failed[:3000]
+        out = t.run(Scenario.from_dict({"blocks": [{}], "stage": 3}))
+        assert not out.findings, _fmt(out.findings)
+        assert out.pool_restarted and out.pool_restarted.startswith("a worker start failed"), out.pool_restarted
+        assert t.run(Scenario.from_dict({"blocks": [{}], "stage": 3})).pool_restarted is None  # said once
+    finally:
+        t.close()
+
+
+def test_the_rank_pools_rendezvous_store_is_held_by_the_pool():
+    """The pool's process binds the rendezvous store's port before any rank starts and holds it while the pool
+    lives: no other process can take the port between its choice and the ranks' rendezvous."""
+    import socket
+    from zerostate.harness.rank_pool import host_store
+    store = host_store(2)
+    with socket.socket() as s, pytest.raises(OSError):
+        s.bind(("127.0.0.1", store.port))
+    store.set("k", "v")
+    assert store.get("k") == b"v"
+
+
 _PARENT = r"""
 import sys, time
 from zerostate.targets.interface import get_target

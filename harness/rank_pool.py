@@ -1,8 +1,11 @@
 """The rank pool: ``world_size`` persistent rank processes sharing one torch.distributed process group.
 
 `RankPool` starts ``world_size`` rank processes (`rank_worker`) once per target, with one rendezvous
-(``MASTER_ADDR=127.0.0.1``, a free ``MASTER_PORT``; gloo on CPU, nccl on GPUs) that lives as long as the
-pool.  `RankPool.request` sends the *same* request to every rank and collects every rank's answer, with
+(gloo on CPU, nccl on GPUs) that lives as long as the pool.  The pool's own process hosts the rendezvous
+store (`host_store`: a ``TCPStore`` the OS binds to a free port and that stays bound while the pool lives;
+the ranks connect as clients, ``TORCHELASTIC_USE_AGENT_STORE``, as under torchrun's agent): a port picked
+free and bound later by rank 0 could be taken meanwhile by another pool's store, whose rendezvous a rank
+would then join.  `RankPool.request` sends the *same* request to every rank and collects every rank's answer, with
 the per-train-step progress lines (parameter checksums) in between; it has `worker_process.Worker`'s methods, so
 `ranks.DeepSpeedRanksTarget` drives it as `DeepSpeedTarget` drives one worker (`worker_process.WorkerLike`).
 
@@ -45,9 +48,28 @@ atexit.register(_close_all)
 
 
 def free_port() -> int:
+    """A port free now (another process may bind it before the caller does: `host_store` where that matters)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def host_store(world_size: int) -> Any:
+    """A rendezvous store for ``world_size`` ranks, served from this process on a port bound here and held
+    for the store's life (its ``port``); the ranks join it with ``TORCHELASTIC_USE_AGENT_STORE=True``."""
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+    return TCPStore("127.0.0.1", 0, world_size, is_master=True, wait_for_workers=False,
+                    timeout=timedelta(seconds=STORE_TIMEOUT))
+
+
+STORE_TIMEOUT = 1800
+"""Seconds a rank waits on the store for a key (torch's default): the pool's own timeouts end hangs first."""
+
+HELLO_GRACE = 60.0
+"""Seconds the pool still waits for the other ranks' hello once a rank answered it with a failure: they may be
+blocked in a collective of the start-up the failed rank never reaches."""
 
 
 class RankTimeout(WorkerTimeout):
@@ -126,14 +148,17 @@ class RankPool:
         self.log_path = log_path
         cwd = cwd or envs.cache_root()
         cwd.mkdir(parents=True, exist_ok=True)
-        port = str(free_port())
         self.ranks: list[_Rank] = []
         self._sel = selectors.DefaultSelector()
+        self._store: Any = None
         _POOLS.add(self)
         try:
+            self._store = host_store(world_size)
+            port = str(self._store.port)
             for r in range(world_size):
                 e = dict(env, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(world_size),
                          LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=port,
+                         TORCHELASTIC_USE_AGENT_STORE="True",
                          ZEROSTATE_PARENT_PID=str(os.getpid()),
                          ZEROSTATE_STACKS=str(log_path.with_suffix(f".rank{r}.stacks")))
                 rk = _Rank(r, e, log_path.with_suffix(f".rank{r}.log"), log_path.with_suffix(f".rank{r}.stacks"),
@@ -173,6 +198,8 @@ class RankPool:
         steps: dict[int, list[dict[str, str]]] = {rk.rank: [] for rk in self.ranks}
         while len(final) < len(self.ranks):
             now = time.monotonic()
+            if obj.get("op") == "hello" and any(not a.get("ok") for a in final.values()):
+                timeout = min(timeout, HELLO_GRACE)  # a rank failed to start: the others may wait on it forever
             late = [rk for rk in self.ranks if rk.rank not in final and now - last[rk.rank] > timeout]
             if late:
                 raise RankTimeout(self._hang_message(late, final, steps, timeout))
@@ -210,6 +237,10 @@ class RankPool:
         who = ", ".join(f"rank {rk.rank} (after {len(steps[rk.rank])} train step(s))" for rk in late)
         done = ", ".join(f"rank {r}" for r in sorted(final)) or "none"
         parts = [f"no report within {timeout:.0f} s from {who}; finished: {done}"]
+        for r in sorted(final):  # a rank that answered with a failure is likely why the others wait
+            if not final[r].get("ok"):
+                parts.append(f"--- rank {r} answered: {final[r].get('error')} ---\n"
+                             f"{_trim(str(final[r].get('traceback') or ''))}")
         starts = [rk.signal_stacks() for rk in late]
         time.sleep(1.0)  # faulthandler writes from the signal handler, even inside a blocked collective
         for rk, start in zip(late, starts, strict=True):
@@ -235,6 +266,7 @@ class RankPool:
             rk.close_files()
         self._sel.close()
         self.ranks = []
+        self._store = None  # the store's server stops with its last reference
         _POOLS.discard(self)
 
 
@@ -250,4 +282,4 @@ def _trim(stack: str, keep: int = 30) -> str:
     return "\n".join(out)
 
 
-__all__ = ["RankPool", "RankTimeout", "free_port"]
+__all__ = ["RankPool", "RankTimeout", "free_port", "host_store"]

@@ -14,6 +14,8 @@ progress line per train step::
     {"op": "exit"}                   -> (exits)
 
 The pool waits for a warm-up example (imports) before the first request is answered.
+``ZEROSTATE_RANK_START_FAILS=r:PATH`` (tests): while ``PATH`` exists, rank ``r`` removes it and answers its
+hello with a failure before the rendezvous, so the other ranks wait in it -- a start that fails once.
 The final answer also carries ``"sync"``: each process group's collective sequence number, which the
 pool compares across ranks (ranks out of step are restarted before the next example).
 A request may carry ``"stall": {"rank": r, "seconds": s}`` (tests): rank ``r`` sleeps ``s`` seconds
@@ -79,6 +81,15 @@ def sync_state() -> dict[str, int]:
     return out
 
 
+def _fail_start_once(rank: int) -> None:
+    spec = os.environ.get("ZEROSTATE_RANK_START_FAILS")
+    if spec:
+        who, path = spec.split(":", 1)
+        if int(who) == rank and os.path.exists(path):
+            os.remove(path)
+            raise RuntimeError(f"rank {rank} was told to fail its start ({path})")
+
+
 def main() -> int:
     die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's: it tears the pool down
@@ -90,6 +101,7 @@ def main() -> int:
     rank = int(os.environ.get("RANK", "0"))
     hello: Hello | Failure
     try:
+        _fail_start_once(rank)
         hello = start_deepspeed(skip_shm_comm=True)
         from zerostate.harness.executor import execute
         import torch

@@ -80,7 +80,8 @@ class Outcome:
     ranks: tuple[RankSummary, ...] = ()
     """A rank pool's run: each rank's part."""
     pool_restarted: str | None = None
-    """A rank pool restarted after this run (its ranks were out of step), and why."""
+    """Why the worker was started again around this run: a rank pool's ranks out of step after it, or a start
+    that timed out or died before it (and was tried once more)."""
 
     @property
     def checks(self) -> list[str]:

@@ -46,7 +46,7 @@ from zerostate.harness.cross_rank_checks import cross_rank_problems, rank_runs
 from zerostate.harness.rank_pool import RankPool
 from zerostate.harness.worker_process import WorkerDied, WorkerTimeout
 from zerostate.harness.protocol import Response, Stall
-from zerostate.targets.deepspeed.target import DeepSpeedTarget
+from zerostate.targets.deepspeed.target import DeepSpeedTarget, StartFailed
 
 
 def _device_for(world_size: int) -> str:
@@ -69,7 +69,7 @@ class DeepSpeedRanksTarget(DeepSpeedTarget):
         self.unmatched: int | None = None  # tests: this rank issues one extra collective after the run
         super().__init__(**kw)
 
-    def _start(self) -> Response:
+    def _start_once(self) -> Response:
         self.worker = pool = self._take_spare() or self._new_worker()
         try:
             hello = pool.request({"op": "hello"}, self.startup_timeout)
@@ -81,7 +81,7 @@ class DeepSpeedRanksTarget(DeepSpeedTarget):
             tail = pool.log_tail()
             pool.close(kill=True)
             self.worker = None
-            raise TargetError(f"the DeepSpeed rank pool ({self.world_size} ranks) did not start ({exc}):\n"
+            raise StartFailed(f"the DeepSpeed rank pool ({self.world_size} ranks) did not start ({exc}):\n"
                               f"{tail}") from None
         if not hello.get("ok"):
             pool.close(kill=True)
@@ -135,7 +135,8 @@ class DeepSpeedRanksTarget(DeepSpeedTarget):
             # next example would pair collectives wrongly; start from a fresh process group instead
             self._restart()
             self.desync_restarts += 1
-            out.pool_restarted = f"ranks out of step after this example ({last['desync']})"
+            out.pool_restarted = "; ".join(filter(None, (out.pool_restarted,
+                                                          f"ranks out of step after this example ({last['desync']})")))
         if last is not None and last.get("ranks") and not out.skipped:
             out.ranks = tuple(RankSummary(r.rank, len(r.steps), (r.record.error if r.record else None) or r.error)
                               for r in rank_runs(last["ranks"]))

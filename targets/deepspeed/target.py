@@ -110,6 +110,9 @@ class DeepSpeedTarget(Target):
         self._keep_spare = False  # from the first fresh(): a worker started ahead for the next fresh start
         self.examples = 0
         self.restarts = 0
+        self.failed_starts: list[str] = []
+        """The starts that timed out or died and were tried again (`_start`), each with the ranks' stacks and logs."""
+        self._start_note: str | None = None  # a failed start since the last outcome: said on the next one
         self.first_start: Startup | None = None
         """The first worker's start-up (a first JIT build of DeepSpeed's ops is in it), for reports."""
         self._sleep = 0.0  # tests: make the worker sleep before each run (a simulated hang)
@@ -163,6 +166,21 @@ class DeepSpeedTarget(Target):
         return spare
 
     def _start(self) -> Response:
+        """Start a worker (the spare, if one waits) and check its hello.  A start that timed out or died is tried
+        once more in a fresh process (a start-up stuck in the process group's rendezvous says nothing about
+        the scenarios): the failure is kept (``failed_starts``), counted in ``restarts`` and said on the
+        next outcome (``Outcome.pool_restarted``); a second one raises.  A worker that answers with an error
+        (DeepSpeed does not import or initialise) raises at once: starting it again would show the same."""
+        try:
+            return self._start_once()
+        except StartFailed as exc:
+            first = str(exc).splitlines()[0]
+            self.failed_starts.append(str(exc))
+            self.restarts += 1
+            self._start_note = f"a worker start failed and a fresh one was started: {first}"
+        return self._start_once()
+
+    def _start_once(self) -> Response:
         self.worker = worker = self._take_spare() or self._new_worker()
         try:
             hello = worker.request({"op": "hello"}, self.startup_timeout)
@@ -170,7 +188,7 @@ class DeepSpeedTarget(Target):
             tail = worker.log_tail()
             worker.close(kill=True)
             self.worker = None
-            raise TargetError(f"the DeepSpeed worker did not start ({exc}):\n{tail}") from None
+            raise StartFailed(f"the DeepSpeed worker did not start ({exc}):\n{tail}") from None
         if not hello.get("ok"):
             worker.close(kill=True)
             self.worker = None
@@ -335,6 +353,13 @@ class DeepSpeedTarget(Target):
         return self._worker().request(req, self.timeout)
 
     def run(self, scenario: Scenario) -> Outcome:
+        out = self._run(scenario)
+        note, self._start_note = self._start_note, None
+        if note is not None and out.pool_restarted is None:
+            out.pool_restarted = note
+        return out
+
+    def _run(self, scenario: Scenario) -> Outcome:
         t0 = time.perf_counter()
         self.examples += 1
         pool = self._target_for(scenario)
@@ -402,4 +427,9 @@ class DeepSpeedTarget(Target):
         return ModelRun(self.design.name, tuple(model.events))
 
 
-__all__ = ["DeepSpeedTarget", "Startup", "WorkerDied", "WorkerTimeout"]
+class StartFailed(TargetError):
+    """A worker (a rank pool) timed out or died before it answered its hello (`DeepSpeedTarget._start` tries
+    once more)."""
+
+
+__all__ = ["DeepSpeedTarget", "StartFailed", "Startup", "WorkerDied", "WorkerTimeout"]
