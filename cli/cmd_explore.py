@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from collections.abc import Callable, Iterator
 
 from zerostate.explorer.exploration_events import Confirmed, FindingEvent, Progress, Renumbered, Restarted, Seen
+from zerostate.explorer.time_spent import time_line
 from zerostate.findings.finding import Finding
 from zerostate.targets.interface import Target, TargetError
 
@@ -165,6 +166,8 @@ def run(args: argparse.Namespace) -> int:
                    "not_exercised": sorted(sid for sid in SPECS if sid not in res.exercised),
                    "seconds": round(budget.elapsed(), 2), "findings": findings, "reliability": _reliability(report),
                    "startup": api.startup(target)}
+        if res.time is not None:
+            summary["time"] = res.time
         if report.model.harness_errors is not None:
             summary["harness_errors"] = [h.to_json() for h in report.model.harness_errors]
         if res.pairs is not None:
@@ -300,6 +303,8 @@ def _print_summary(args: argparse.Namespace, summary: dict[str, Any], report: Re
     print(f"observed: {summary.get('skipped', 0)} example(s) skipped (could not be trained, or not here); "
           + (f"NOT EXERCISED by any run (nothing judged them): {', '.join(not_exercised)}" if not_exercised
              else "every spec exercised by some run"))
+    if summary.get("time"):
+        print(time_line(summary["time"]))
     for i, f in enumerate(findings, 1):
         print(f"  #{i} {f['check']}: {f['error'].splitlines()[0] if f['error'] else ''}{summary_tag(f)}")
 

@@ -64,7 +64,7 @@ from collections.abc import Callable, Generator, Iterator
 from zerostate.findings.finding import Finding
 from zerostate.model.scenario import Scenario
 from zerostate.specs import exercised, specs_for_stage
-from zerostate.targets.interface import Outcome, Target
+from zerostate.targets.interface import Outcome, Spent, Target
 
 from zerostate.explorer.confirm import Confirmation, ConfirmQueue, Job, Landed
 from zerostate.explorer.exploration_events import (Confirmed, Event, FindingEvent, Progress, Renumbered,
@@ -78,6 +78,7 @@ from zerostate.explorer.rounds import ROUND, Rounds
 from zerostate.explorer.signal import Unit, units
 from zerostate.explorer.simplify import simplified
 from zerostate.explorer.search import ShrinkSearch
+from zerostate.explorer.time_spent import breakdown, cores, spent_by
 from zerostate.explorer.workers import LaneStep, close_quietly, has_run, refresh, run_lanes, spawn_workers
 
 STEERS = (None, "coverage", "flat")
@@ -148,6 +149,8 @@ class ExploreResult:
     "ok", it is not exercised."""
     skipped: int = 0
     """Distinct runs whose scenario could not be trained at all, or not here (`Outcome.skipped`)."""
+    time: dict[str, Any] | None = None
+    """Where the time went (`time_spent.breakdown`); None before the exploration ended."""
 
     @property
     def reliability(self) -> dict[str, Any]:
@@ -294,6 +297,8 @@ class Exploration:
         self._started = False
         self._t0 = time.perf_counter()
         self._ended: float | None = None
+        self.phase_seconds: dict[str, float] = {}
+        self._spent: Spent | None = None
 
     # ------------------------------------------------------------ the consumer's side
     def events(self) -> Generator[Event, None, None]:
@@ -309,6 +314,7 @@ class Exploration:
             yield from self._phases()
         finally:
             self._ended = time.perf_counter()
+            self._spent = spent_by(self.workers)  # before the helpers close
             self._close()
 
     def request_stop(self) -> None:
@@ -326,7 +332,9 @@ class Exploration:
                              self._stopped, [w.to_dict() for w in rounds.weights] if rounds else [],
                              dict(self.round_of) if rounds else {}, list(rounds.new_units) if rounds else [],
                              self._generated_runs(), self.completion.to_dict() if self.completion else None,
-                             frozenset(self.exercised), self.skipped)
+                             frozenset(self.exercised), self.skipped,
+                             breakdown(end - self._t0, self.phase_seconds, self._spent, cores())
+                             if self._ended is not None else None)
 
     def _generated_runs(self) -> list[GeneratedRun]:
         rows = []
@@ -349,15 +357,18 @@ class Exploration:
     # ------------------------------------------------------------ phases
     def _phases(self) -> Generator[Event, None, None]:
         try:
-            stopped = yield from self._generate()
+            with self._phase("generation"):
+                stopped = yield from self._generate()
             self._start_shrinking()
-            if self.shrink:
-                stopped = yield from self._shrink(stopped)
-            else:
-                stopped = False
-            if not stopped:  # the hard cap came first: the rest as seen, confirmed
-                yield from self._hand_over_unshrunk_as_seen(self.by_key.queue)
-            yield from self._hand_over_confirmations(block=True)
+            with self._phase("shrinking"):
+                if self.shrink:
+                    stopped = yield from self._shrink(stopped)
+                else:
+                    stopped = False
+                if not stopped:  # the hard cap came first: the rest as seen, confirmed
+                    yield from self._hand_over_unshrunk_as_seen(self.by_key.queue)
+            with self._phase("confirmation"):
+                yield from self._hand_over_confirmations(block=True)
         except _Stopped:
             self._stopped = True
             if self.confirm:  # without confirmation the findings stay as handed over
@@ -365,6 +376,15 @@ class Exploration:
                 yield from self._hand_over_confirmations(block=True)
             return
         yield from self._renumber_in_generation_order()
+
+    @contextlib.contextmanager
+    def _phase(self, name: str) -> Iterator[None]:
+        """Adds the wall clock of the block to ``phase_seconds[name]`` (an interrupted phase's share included)."""
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.phase_seconds[name] = self.phase_seconds.get(name, 0.0) + time.perf_counter() - t0
 
     def _generate(self) -> Generator[Event, None, bool]:
         """Run the generated lanes (and the pairwise completion after them); whether ``stop`` ended generation."""

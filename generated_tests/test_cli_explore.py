@@ -31,7 +31,8 @@ def test_json_has_the_documented_keys(buggy_run):
     r, _ = buggy_run
     assert r.returncode == 1, r.stderr  # findings
     data = json.loads(r.stdout)
-    assert set(data) >= {"target", "deepspeed", "examples", "seconds", "findings"}
+    assert set(data) >= {"target", "deepspeed", "examples", "seconds", "findings", "time"}
+    assert data["time"]["spent"] is None and data["time"]["phases"]["generation"] > 0  # the model has no workers
     assert data["findings"]
     for f in data["findings"]:
         assert set(f) >= {"check", "error", "blocks", "steps", "scenario"}
@@ -53,6 +54,7 @@ def test_report_has_every_finding_with_its_files(buggy_run):
         assert "--target model --design ds-0.18.4" in f["replay"]
     md = (out / "report.md").read_text()
     assert "| target | model |" in md and "Finding 1" in md and "Scenario (shrunk)" in md
+    assert "## Where the time went" in md and "not measured (no worker processes)" in md
 
 
 def test_replay_says_fail_on_the_buggy_design_and_pass_on_the_fix(buggy_run):

@@ -22,6 +22,7 @@ worker process serves every example.  A scenario that wants engines before its o
 from __future__ import annotations
 
 import gc
+import time
 from collections.abc import Callable
 from itertools import combinations
 from dataclasses import replace
@@ -141,10 +142,14 @@ def _perturbed(got: Params | None, start: Params | None, perturb: Perturbation) 
     return out
 
 
-def execute(sc: Scenario, on_step: OnStep | None = None, perturb: Perturbation = ()) -> RunRecord:
+def execute(sc: Scenario, on_step: OnStep | None = None, perturb: Perturbation = (),
+            timing: dict[str, float] | None = None) -> RunRecord:
     """Run ``sc`` on the engine, traced, beside the oracle, and record what it showed.  ``on_step(i, params)``:
     called after train step ``i`` with the gathered parameters (the rank pool reports checksums to the parent
-    after every step); ``perturb``: tests only (`Perturbation`)."""
+    after every step); ``perturb``: tests only (`Perturbation`); ``timing``: gets ``"oracle"``, the seconds the
+    plain-PyTorch references took (the oracle, and the counterfactuals when DeepSpeed differs)."""
+    clock = timing if timing is not None else {}
+    clock["oracle"] = 0.0
     reason = untrainable(sc)
     if reason:
         return RunRecord(skipped=reason)
@@ -152,6 +157,7 @@ def execute(sc: Scenario, on_step: OnStep | None = None, perturb: Perturbation =
     if reason:
         fp16.restore_fp16_support()
         return RunRecord(skipped=reason)
+    t0 = time.perf_counter()
     try:
         oracle_info: OracleInfo = {}
         expected = oracle_params(sc, oracle_info)
@@ -159,6 +165,8 @@ def execute(sc: Scenario, on_step: OnStep | None = None, perturb: Perturbation =
         return RunRecord(skipped=str(exc))
     except Exception as exc:  # noqa: BLE001 -- the oracle itself failed: zerostate's error, reported as such
         return RunRecord(raised=exception_record(exc, f"{type(exc).__name__}: {exc}", 8, in_oracle=True))
+    finally:
+        clock["oracle"] += time.perf_counter() - t0
     rec = _Observed()
     backend: DeepSpeedBackend | None = None
     tracer: Tracer | None = None
@@ -244,7 +252,9 @@ def execute(sc: Scenario, on_step: OnStep | None = None, perturb: Perturbation =
         gc.freeze()
     record = rec.record()
     if rec.seen and verdict(record, sc) is not None:  # only to spare the references when nothing differs
+        t0 = time.perf_counter()
         record = replace(record, counterfactuals=counterfactual_runs(sc, rec, oracle_info["initial"], initial_ds))
+        clock["oracle"] += time.perf_counter() - t0
     return record
 
 

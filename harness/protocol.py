@@ -91,6 +91,10 @@ class _RunAnswerBase(TypedDict):
 
 
 class RunAnswer(_RunAnswerBase, total=False):
+    cpu_seconds: float
+    """The worker process's CPU time for the run (`time.process_time`)."""
+    oracle_seconds: float
+    """... the wall clock of its plain-PyTorch references (oracle and counterfactuals)."""
     sync: dict[str, int]
     """A rank: each process group's collective sequence number after the run."""
     coverage: dict[str, list[int]]
@@ -122,6 +126,10 @@ class PoolAnswer(TypedDict, total=False):
 
     result: Json
     seconds: float
+    cpu_seconds: float
+    """Every rank's CPU time for the run, summed."""
+    oracle_seconds: float
+    """Every rank's oracle seconds, summed."""
     sync: dict[str, int]
     ranks: list[RankRecord]
     desync: str

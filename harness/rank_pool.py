@@ -226,6 +226,9 @@ class RankPool:
         bad = [final[r] for r in sorted(final) if not final[r].get("ok")]
         resp: Response = {**(bad[0] if bad else final[0])}
         resp["ranks"] = ranks
+        if obj.get("op") == "run":  # what the run cost: every rank's share
+            resp["cpu_seconds"] = sum(float(final[r].get("cpu_seconds") or 0.0) for r in final)
+            resp["oracle_seconds"] = sum(float(final[r].get("oracle_seconds") or 0.0) for r in final)
         syncs = [final[r].get("sync") for r in sorted(final)]
         if obj.get("op") == "run" and (bad or any(s != syncs[0] for s in syncs[1:])):
             resp["desync"] = "; ".join(f"rank {r}: {final[r].get('sync')}" for r in sorted(final)) if not bad else \

@@ -116,7 +116,7 @@ def main() -> int:
         hello = failure(exc, f"rank {rank}: ")
 
     def run(req: RunRequest, reply: Reply) -> RunAnswer:
-        t0 = time.perf_counter()
+        t0, cpu0, timing = time.perf_counter(), time.process_time(), {"oracle": 0.0}
         stall = req.get("stall")
         if stall and int(stall["rank"]) == rank:
             time.sleep(float(stall["seconds"]))
@@ -124,10 +124,11 @@ def main() -> int:
         def on_step(i: int, got: Params) -> None:
             reply({"progress": "step", "step": i, "digests": digests(got)})
         record = execute(Scenario.from_dict(req["scenario"]), on_step=on_step,
-                         perturb=tuple((str(n), float(f)) for n, f in req.get("perturb") or ()))
+                         perturb=tuple((str(n), float(f)) for n, f in req.get("perturb") or ()), timing=timing)
         if req.get("unmatched") == rank:  # tests: one collective the other ranks never issue
             dist.all_reduce(torch.zeros(1), async_op=True)
-        return {"ok": True, "result": to_wire(record), "seconds": time.perf_counter() - t0, "sync": sync_state()}
+        return {"ok": True, "result": to_wire(record), "seconds": time.perf_counter() - t0, "sync": sync_state(),
+                "cpu_seconds": time.process_time() - cpu0, "oracle_seconds": timing["oracle"]}
 
     return serve(hello, run, reply, error_prefix=f"rank {rank}: ")
 

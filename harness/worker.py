@@ -12,7 +12,8 @@ Requests and responses::
 
     {"op": "hello"}                -> {"ok": true, "deepspeed": "0.19.8", "file": ..., "torch": ...,
                                        "device": "cpu", "rank": 0, "world_size": 1}
-    {"op": "run", "scenario": {...}} -> {"ok": true, "result": <the RunRecord, wire.to_wire>, "seconds": s}
+    {"op": "run", "scenario": {...}} -> {"ok": true, "result": <the RunRecord, wire.to_wire>, "seconds": s,
+                                         "cpu_seconds": c, "oracle_seconds": o}
     {"op": "exit"}                 -> (exits)
 
 A failure to import DeepSpeed or to initialise torch.distributed is answered
@@ -46,12 +47,13 @@ def main() -> int:
         hello = failure(exc)
 
     def run(req: RunRequest, reply: Reply) -> RunAnswer:
-        t0 = time.perf_counter()
+        t0, cpu0, timing = time.perf_counter(), time.process_time(), {"oracle": 0.0}
         if req.get("sleep"):  # test hook: simulate a hang
             time.sleep(float(req["sleep"]))
         record = execute(Scenario.from_dict(req["scenario"]),
-                         perturb=tuple((str(n), float(f)) for n, f in req.get("perturb") or ()))
-        return {"ok": True, "result": to_wire(record), "seconds": time.perf_counter() - t0}
+                         perturb=tuple((str(n), float(f)) for n, f in req.get("perturb") or ()), timing=timing)
+        return {"ok": True, "result": to_wire(record), "seconds": time.perf_counter() - t0,
+                "cpu_seconds": time.process_time() - cpu0, "oracle_seconds": timing["oracle"]}
 
     return serve(hello, run, reply)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from zerostate.explorer.time_spent import time_line
 from zerostate.reports.finding_entry import FindingEntry, KnownIssue
 from zerostate.reports.json_value import Json, as_list, as_object
 from zerostate.reports.root_causes import root_causes
@@ -26,6 +27,7 @@ def render_markdown(d: RunReport) -> str:
     if d.command == "explore" and run.get("seed") is None:
         out.insert(-1, "| seed | fixed default seed (0): the same examples every run |")
     out += _reliability(d.reliability)
+    out += _time(d.summary.get("time"))
     out += ["", "## Specs", "", "| spec | " + " | ".join(d.columns) + " | findings |",
             "|---" * (len(d.columns) + 2) + "|"]
     for sid, row in d.specs.items():
@@ -62,6 +64,15 @@ _SAY = {"confirmed": "confirmed: replayed alone in a fresh worker, it reproduces
         "not-reproduced": "NOT reproduced: neither alone in a fresh worker nor after the examples that ran "
                           "before it in the same worker",
         "not-checked": "not confirmed: the run was interrupted before its replay"}
+
+
+def _time(t: Json) -> list[str]:
+    """Explore's ``time`` (`explorer.time_spent.breakdown`) as a short section."""
+    if not isinstance(t, dict):
+        return []
+    return ["", "## Where the time went", "", time_line(t).removeprefix("time: "), "",
+            ("(A run's CPU is its worker processes' own, every rank's; the limit is what the runs alone would take "
+             "on these cores.)")]
 
 
 def _reliability(rel: Reliability | None) -> list[str]:

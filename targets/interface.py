@@ -35,7 +35,7 @@ scenario could not be run at all), and what the worker or rank pool adds (its ti
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, TypedDict
 
@@ -72,6 +72,10 @@ class Outcome:
     run that returned nothing (a hang, a dead worker, the executor's own failure)."""
     worker_seconds: float | None = None
     """The run's time inside the worker (the rest is the protocol and the judgement)."""
+    cpu_seconds: float | None = None
+    """The CPU time the run's worker processes spent on it (every rank's)."""
+    oracle_seconds: float | None = None
+    """... of it, the plain-PyTorch references' (every rank's)."""
     coverage: Mapping[str, Sequence[int]] | None = None
     """Asked for (``measure_coverage``): per DeepSpeed file coverage.py traces, the arcs the run executed."""
     agreement: str | None = None
@@ -105,6 +109,36 @@ class Startup(TypedDict):
     world_size: int
     seconds: float | None
     jit_builds: list[str]
+
+
+@dataclass(frozen=True)
+class Spent:
+    """Where a target's time went, summed over every run and every worker start (`Target.spent`); seconds."""
+
+    runs: int = 0
+    run_seconds: float = 0.0
+    """The caller's wall clock in ``run``: the worker's part, the protocol, the judgement."""
+    worker_seconds: float = 0.0
+    """The runs' wall clock inside their workers (a rank pool's: rank 0's)."""
+    cpu_seconds: float = 0.0
+    """The CPU time the runs' worker processes spent (every rank's): what the runs themselves cost."""
+    oracle_seconds: float = 0.0
+    """... of it, the plain-PyTorch references (the oracle, and its counterfactuals when DeepSpeed differs; every
+    rank's); the rest of the worker's time is DeepSpeed, the tracer and the comparisons."""
+    judge_seconds: float = 0.0
+    """The caller's judgement of the runs' records (the decider, the labels)."""
+    starts: int = 0
+    """Worker processes (rank pools) started, spares started ahead included."""
+    start_waited: float = 0.0
+    """Seconds the caller waited for a started worker's hello (a spare started ahead costs little of it)."""
+    start_seconds: float = 0.0
+    """The started workers' own start-up (process start to hello, each rank pool's rank 0): imports, warm-up."""
+
+    def __add__(self, other: Spent) -> Spent:
+        return Spent(**{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(Spent)})
+
+    def to_dict(self) -> dict[str, float]:
+        return {f.name: round(getattr(self, f.name), 2) for f in fields(Spent)}
 
 
 class Target(Protocol):
@@ -150,6 +184,10 @@ class Target(Protocol):
     def startup(self) -> list[Startup]:
         """What starting the target's workers cost, per world size (reported as start-up); [] without workers."""
         return []
+
+    def spent(self) -> Spent | None:
+        """Where the target's time went so far (`Spent`); None where it is not measured (no worker processes)."""
+        return None
 
 
 def spec_findings(events: list[Event], scenario: Scenario, target: str, version: str | None,

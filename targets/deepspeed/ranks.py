@@ -72,7 +72,7 @@ class DeepSpeedRanksTarget(DeepSpeedTarget):
     def _start_once(self) -> Response:
         self.worker = pool = self._take_spare() or self._new_worker()
         try:
-            hello = pool.request({"op": "hello"}, self.startup_timeout)
+            hello = self._hello(pool)
         except BaseException as exc:
             if not isinstance(exc, (WorkerTimeout, WorkerDied)):  # Ctrl-C during start-up: no rank stays
                 pool.close(kill=True)

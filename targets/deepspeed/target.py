@@ -39,7 +39,7 @@ from typing import Any
 from zerostate.model.events import Event
 from zerostate.model.scenario import Scenario
 
-from zerostate.targets.interface import Outcome, Startup, Target, TargetError
+from zerostate.targets.interface import Outcome, Spent, Startup, Target, TargetError
 
 from zerostate.findings.build import findings_of, unique_by_key
 from zerostate.findings.decide import Decision, ModelRun, decide, decide_failure
@@ -113,6 +113,8 @@ class DeepSpeedTarget(Target):
         self.failed_starts: list[str] = []
         """The starts that timed out or died and were tried again (`_start`), each with the ranks' stacks and logs."""
         self._start_note: str | None = None  # a failed start since the last outcome: said on the next one
+        self._spent = Spent()
+        self._judged = 0.0  # the last run's judgement (seconds)
         self.first_start: Startup | None = None
         """The first worker's start-up (a first JIT build of DeepSpeed's ops is in it), for reports."""
         self._sleep = 0.0  # tests: make the worker sleep before each run (a simulated hang)
@@ -183,7 +185,7 @@ class DeepSpeedTarget(Target):
     def _start_once(self) -> Response:
         self.worker = worker = self._take_spare() or self._new_worker()
         try:
-            hello = worker.request({"op": "hello"}, self.startup_timeout)
+            hello = self._hello(worker)
         except (WorkerTimeout, WorkerDied) as exc:
             tail = worker.log_tail()
             worker.close(kill=True)
@@ -199,6 +201,23 @@ class DeepSpeedTarget(Target):
             self._spare = self._new_worker()
         self._note_start(hello)
         return hello
+
+    def _hello(self, worker: WorkerLike) -> Response:
+        """The started ``worker``'s hello (raises WorkerTimeout / WorkerDied), counted in `spent`."""
+        t0 = time.perf_counter()
+        try:
+            hello = worker.request({"op": "hello"}, self.startup_timeout)
+        finally:
+            self._spent += Spent(starts=1, start_waited=time.perf_counter() - t0)
+        self._spent += Spent(start_seconds=float(hello.get("startup_seconds") or 0.0))
+        return hello
+
+    def spent(self) -> Spent:
+        """Where this target's time went (its rank pools' included)."""
+        total = self._spent
+        for pool in self._rank_pools.values():
+            total += pool.spent()
+        return total
 
     def _note_start(self, hello: Response) -> None:
         if self.first_start is None:
@@ -353,7 +372,13 @@ class DeepSpeedTarget(Target):
         return self._worker().request(req, self.timeout)
 
     def run(self, scenario: Scenario) -> Outcome:
+        t0 = time.perf_counter()
         out = self._run(scenario)
+        if scenario.world_size <= self.world_size:  # a rank pool's run is in the pool's own account
+            self._spent += Spent(runs=1, run_seconds=time.perf_counter() - t0, worker_seconds=out.worker_seconds or 0.0,
+                                 cpu_seconds=out.cpu_seconds or 0.0, oracle_seconds=out.oracle_seconds or 0.0,
+                                 judge_seconds=self._judged)
+        self._judged = 0.0
         note, self._start_note = self._start_note, None
         if note is not None and out.pool_restarted is None:
             out.pool_restarted = note
@@ -386,15 +411,18 @@ class DeepSpeedTarget(Target):
         except (WireError, ValueError, TypeError) as exc:  # a worker of another zerostate than this one, a bad line
             return self._failed(scenario, "internal", f"zerostate could not read the worker's record: {exc}", t0)
         if record.skipped:
-            return Outcome(scenario, [], None, [], time.perf_counter() - t0, record, resp.get("seconds"))
+            return Outcome(scenario, [], None, [], time.perf_counter() - t0, record, resp.get("seconds"),
+                           resp.get("cpu_seconds"), resp.get("oracle_seconds"))
         events = list(record.events)
         beyond = scenario.beyond_model()
         model = self._model_run(scenario) if self.check_model and not record.raised and not beyond else None
         others = self._other_ranks(resp)
+        t_judge = time.perf_counter()
         decisions = decide(record, scenario, model, self._across_ranks(resp, scenario), other_ranks=others)
         found = self._findings(decisions, scenario, events)
+        self._judged = time.perf_counter() - t_judge
         return Outcome(scenario, events, record.error, found, time.perf_counter() - t0, record, resp.get("seconds"),
-                       resp.get("coverage"),
+                       resp.get("cpu_seconds"), resp.get("oracle_seconds"), resp.get("coverage"),
                        "not checked: the model does not represent " + ", ".join(beyond)
                        if beyond and self.check_model else None)
 
