@@ -27,12 +27,14 @@ def cores() -> int:
 
 
 def spent_by(workers: list[Target]) -> Spent | None:
-    """What ``workers`` spent together; None when none of them measures it (the model target)."""
-    parts = [s for s in (w.spent() for w in workers) if s is not None]
-    if not parts:
+    """What ``workers`` spent together; None when one of them does not measure it (the model target, a cluster's
+    remote workers): a sum over some workers only would read as the whole."""
+    parts = [w.spent() for w in workers]
+    if not parts or any(s is None for s in parts):
         return None
     total = Spent()
     for s in parts:
+        assert s is not None
         total += s
     return total
 
@@ -56,7 +58,8 @@ def time_line(t: dict[str, Any]) -> str:
             f"waiting for confirmations {ph['confirmation']:.0f} s)")
     s = t.get("spent")
     if s is None:
-        return head + "; the target's runs and starts are not measured (no worker processes)"
+        return head + ("; the runs and starts are not measured (a target without worker processes, or workers "
+                       "that do not report them)")
     runs = (f"; {s['runs']} run(s): {s['run_seconds']:.0f} s, of it {s['worker_seconds']:.0f} s in the workers "
             f"({s['cpu_seconds']:.0f} CPU-s, oracle {s['oracle_seconds']:.0f} s) and "
             f"{s['judge_seconds']:.0f} s judging")

@@ -54,7 +54,7 @@ def test_report_has_every_finding_with_its_files(buggy_run):
         assert "--target model --design ds-0.18.4" in f["replay"]
     md = (out / "report.md").read_text()
     assert "| target | model |" in md and "Finding 1" in md and "Scenario (shrunk)" in md
-    assert "## Where the time went" in md and "not measured (no worker processes)" in md
+    assert "## Where the time went" in md and "the runs and starts are not measured" in md
 
 
 def test_replay_says_fail_on_the_buggy_design_and_pass_on_the_fix(buggy_run):
