@@ -58,18 +58,27 @@ def _after_unexited_fused_head(f) -> bool:
 
 
 def _bf16_ranks_rounding(f) -> bool:
-    """World size > 1, bf16: a parameter's fp32 master a few % of PyTorch's largest update element off (just past
-    world size > 1's share), every differing parameter's update projected on PyTorch's at 1 within 1 % (no
-    systematic error).  Seen: config AdamW with a fused head and a parameter used twice at gas 2 (5-6 %, ZeRO-1, 2
-    and 3, seeds 0-4; clean at world size 1, in fp32, with SGD, at gas 1, without the head or the second use); llama
-    + LoRA with ``modules_to_save`` and two backwards per step (lm_head's copy).  The reading (not proven): DeepSpeed
-    sums the ranks' bf16 gradients where the oracle takes the whole batch's, and where a gradient is a nearly
-    cancelled sum the rounding is a large share of it.  Kept unexplained until the oracle models the ranks' sum."""
+    """World size > 1, bf16: the fp32 master of a parameter or two a little off PyTorch's (measured: the largest element
+    0.4-0.9 % of the update's norm), every differing parameter's update projected on PyTorch's at 1 within 1 % and its
+    norm within 1 % of PyTorch's (no systematic error).  Seen: config Adam with a fused head and a tied weight at gas
+    2, ZeRO-1, 2 and 3, seeds 0-1 (`BF16_RANKS_ROUNDING`; clean at world size 1, in fp32, with SGD, at gas 1, without
+    the head or the tie); llama + LoRA with ``modules_to_save`` and two backwards per step (lm_head's copy).  The
+    reading (not proven): DeepSpeed sums the ranks' bf16 gradients where the oracle takes the whole batch's, and where
+    a gradient is a nearly cancelled sum the rounding is a large share of it.  Kept unexplained until the oracle
+    models the ranks' sum.  The bounds are five times what was seen: a larger or a systematic difference is no longer
+    this shape and fails the property tests."""
     o, sc = f.evidence.oracle, f.scenario
     if o is None or o.kind != "master" or not o.params:
         return False
     return (sc.world_size > 1 and sc.precision.value == "bf16"
-            and all(p.ratio is not None and abs(p.ratio - 1.0) < 0.01 for p in o.params))
+            and all(p.ratio is not None and abs(p.ratio - 1.0) < 0.01 and p.pt_norm > 0
+                    and abs(p.ds_norm / p.pt_norm - 1.0) < 0.01 and p.max_abs < 0.05 * p.pt_norm for p in o.params))
+
+
+BF16_RANKS_ROUNDING = {"stage": 1, "precision": "bf16", "fused_head": True, "tie": True, "optimizer": "config-adam",
+                       "world_size": 2, "seed": 0, "steps": [{"micro": [{}, {}]}]}
+"""`_bf16_ranks_rounding`'s exact scenario (blocks.0.lin.weight and head.weight, 0.9 % and 0.7 % of their update's
+norm off)."""
 
 
 UNEXPLAINED = {"zero1-fused-head-after-unexited": _after_unexited_fused_head,
@@ -279,6 +288,23 @@ def test_tracer_restores_deepspeed(ds):
     sc = Scenario.from_dict({"blocks": [{}], "stage": 2})
     a, b = ds.run(sc), ds.run(sc)
     assert [e.kind for e in a.trace] == [e.kind for e in b.trace]
+
+
+@pytest.mark.deepspeed
+def test_the_documented_bf16_ranks_rounding_shape_is_still_unexplained_and_small(ds):
+    """The `UNEXPLAINED` entry ``bf16-ranks-rounding`` on its exact scenario: the finding is there, unlabelled, no
+    counterfactual reproduces it, and it stays inside the measured bounds.  If a counterfactual starts to explain it,
+    or it grows past the bounds, or it is gone, this fails: retire or re-measure the entry."""
+    if ds.version != PINNED:
+        pytest.skip(f"measured on {PINNED}")
+    out = ds.run(Scenario.from_dict(BF16_RANKS_ROUNDING))
+    oracle = [f for f in out.findings if f.check == "oracle"]
+    assert oracle, _fmt(out.findings)
+    for f in oracle:
+        assert explain(f) is None and f.evidence.explained_by is None, _fmt([f])
+        shown = "\n".join(f"{p.param}: max_abs {p.max_abs:.3g}, ratio {p.ratio}, norms {p.pt_norm:.3g} / "
+                          f"{p.ds_norm:.3g}" for p in f.evidence.oracle.params)
+        assert _documented_unexplained(f) == "bf16-ranks-rounding", _fmt([f]) + "\n" + shown
 
 
 # ------------------------------------------------------------ properties
