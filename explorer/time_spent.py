@@ -61,7 +61,7 @@ def time_line(t: dict[str, Any]) -> str:
         return head + ("; the runs and starts are not measured (a target without worker processes, or workers "
                        "that do not report them)")
     runs = (f"; {s['runs']} run(s): {s['run_seconds']:.0f} s, of it {s['worker_seconds']:.0f} s in the workers "
-            f"({s['cpu_seconds']:.0f} CPU-s, oracle {s['oracle_seconds']:.0f} s) and "
+            f"({s['cpu_seconds']:.0f} CPU-s, of it the oracle's {s['oracle_seconds']:.0f}) and "
             f"{s['judge_seconds']:.0f} s judging")
     starts = (f"; {s['starts']} worker start(s): {s['start_waited']:.0f} s waited, {s['start_seconds']:.0f} s their "
               "own start-up")

@@ -94,7 +94,7 @@ class RunAnswer(_RunAnswerBase, total=False):
     cpu_seconds: float
     """The worker process's CPU time for the run (`time.process_time`)."""
     oracle_seconds: float
-    """... the wall clock of its plain-PyTorch references (oracle and counterfactuals)."""
+    """... of it, its plain-PyTorch references' (oracle and counterfactuals)."""
     sync: dict[str, int]
     """A rank: each process group's collective sequence number after the run."""
     coverage: dict[str, list[int]]
@@ -129,7 +129,7 @@ class PoolAnswer(TypedDict, total=False):
     cpu_seconds: float
     """Every rank's CPU time for the run, summed."""
     oracle_seconds: float
-    """Every rank's oracle seconds, summed."""
+    """Every rank's oracle CPU seconds, summed."""
     sync: dict[str, int]
     ranks: list[RankRecord]
     desync: str

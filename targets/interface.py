@@ -75,7 +75,7 @@ class Outcome:
     cpu_seconds: float | None = None
     """The CPU time the run's worker processes spent on it (every rank's)."""
     oracle_seconds: float | None = None
-    """... of it, the plain-PyTorch references' (every rank's)."""
+    """... of that CPU time, the plain-PyTorch references' (every rank's)."""
     coverage: Mapping[str, Sequence[int]] | None = None
     """Asked for (``measure_coverage``): per DeepSpeed file coverage.py traces, the arcs the run executed."""
     agreement: str | None = None
@@ -123,8 +123,8 @@ class Spent:
     cpu_seconds: float = 0.0
     """The CPU time the runs' worker processes spent (every rank's): what the runs themselves cost."""
     oracle_seconds: float = 0.0
-    """... of it, the plain-PyTorch references (the oracle, and its counterfactuals when DeepSpeed differs; every
-    rank's); the rest of the worker's time is DeepSpeed, the tracer and the comparisons."""
+    """... of that CPU time, the plain-PyTorch references' (the oracle, and its counterfactuals when DeepSpeed differs;
+    every rank's); the rest is DeepSpeed, the tracer and the comparisons."""
     judge_seconds: float = 0.0
     """The caller's judgement of the runs' records (the decider, the labels)."""
     starts: int = 0
