@@ -30,13 +30,10 @@ def spent_by(workers: list[Target]) -> Spent | None:
     """What ``workers`` spent together; None when one of them does not measure it (the model target, a cluster's
     remote workers): a sum over some workers only would read as the whole."""
     parts = [w.spent() for w in workers]
-    if not parts or any(s is None for s in parts):
+    measured = [s for s in parts if s is not None]
+    if not parts or len(measured) < len(parts):
         return None
-    total = Spent()
-    for s in parts:
-        assert s is not None
-        total += s
-    return total
+    return sum(measured, Spent())
 
 
 def breakdown(wall: float, phases: dict[str, float], spent: Spent | None, n_cores: int) -> dict[str, Any]:

@@ -35,9 +35,8 @@ from typing import Protocol, runtime_checkable
 
 from zerostate.harness.cross_rank_checks import digests
 from zerostate.harness.net.compare import Params
-from zerostate.findings.wire import to_wire
 from zerostate.harness.protocol import Failure, Hello, RunAnswer, RunRequest
-from zerostate.harness.worker_loop import Reply, failure, open_protocol, serve, start_deepspeed
+from zerostate.harness.worker_loop import Reply, RunClock, failure, open_protocol, serve, start_deepspeed
 from zerostate.model.scenario import Block, Checkpoint, Scenario
 
 PR_SET_PDEATHSIG = 1
@@ -116,7 +115,7 @@ def main() -> int:
         hello = failure(exc, f"rank {rank}: ")
 
     def run(req: RunRequest, reply: Reply) -> RunAnswer:
-        t0, cpu0, timing = time.perf_counter(), time.process_time(), {"oracle": 0.0}
+        clock = RunClock()
         stall = req.get("stall")
         if stall and int(stall["rank"]) == rank:
             time.sleep(float(stall["seconds"]))
@@ -124,11 +123,13 @@ def main() -> int:
         def on_step(i: int, got: Params) -> None:
             reply({"progress": "step", "step": i, "digests": digests(got)})
         record = execute(Scenario.from_dict(req["scenario"]), on_step=on_step,
-                         perturb=tuple((str(n), float(f)) for n, f in req.get("perturb") or ()), timing=timing)
+                         perturb=tuple((str(n), float(f)) for n, f in req.get("perturb") or ()),
+                         timing=clock.timing)
         if req.get("unmatched") == rank:  # tests: one collective the other ranks never issue
             dist.all_reduce(torch.zeros(1), async_op=True)
-        return {"ok": True, "result": to_wire(record), "seconds": time.perf_counter() - t0, "sync": sync_state(),
-                "cpu_seconds": time.process_time() - cpu0, "oracle_seconds": timing["oracle"]}
+        answer = clock.answer(record)
+        answer["sync"] = sync_state()
+        return answer
 
     return serve(hello, run, reply, error_prefix=f"rank {rank}: ")
 

@@ -30,9 +30,8 @@ import os
 import sys
 import time
 
-from zerostate.findings.wire import to_wire
 from zerostate.harness.protocol import Failure, Hello, RunAnswer, RunRequest
-from zerostate.harness.worker_loop import Reply, failure, open_protocol, serve, start_deepspeed
+from zerostate.harness.worker_loop import Reply, RunClock, failure, open_protocol, serve, start_deepspeed
 from zerostate.model.scenario import Scenario
 
 
@@ -47,13 +46,12 @@ def main() -> int:
         hello = failure(exc)
 
     def run(req: RunRequest, reply: Reply) -> RunAnswer:
-        t0, cpu0, timing = time.perf_counter(), time.process_time(), {"oracle": 0.0}
+        clock = RunClock()
         if req.get("sleep"):  # test hook: simulate a hang
             time.sleep(float(req["sleep"]))
         record = execute(Scenario.from_dict(req["scenario"]),
-                         perturb=tuple((str(n), float(f)) for n, f in req.get("perturb") or ()), timing=timing)
-        return {"ok": True, "result": to_wire(record), "seconds": time.perf_counter() - t0,
-                "cpu_seconds": time.process_time() - cpu0, "oracle_seconds": timing["oracle"]}
+                         perturb=tuple((str(n), float(f)) for n, f in req.get("perturb") or ()), timing=clock.timing)
+        return clock.answer(record)
 
     return serve(hello, run, reply)
 

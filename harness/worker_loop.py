@@ -33,9 +33,11 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol, cast, runtime_checkable
 
 if TYPE_CHECKING:
+    from zerostate.findings.record import RunRecord
     from zerostate.harness.coverage_probe import Meter, Probe
 
 import zerostate.jit_ops as jit_ops
+from zerostate.findings.wire import to_wire
 from zerostate.harness.protocol import Answer, Failure, Hello, RunAnswer, RunRequest, StepProgress
 
 _IMPORTED = time.time()
@@ -57,6 +59,19 @@ def open_protocol() -> Reply:
         proto.write(json.dumps(obj) + "\n")
         proto.flush()
     return reply
+
+
+class RunClock:
+    """One run's clocks, from its request on: the wall clock, the process's CPU time, and the oracle's share of it
+    (``timing``, which `executor.execute` fills); `answer` is the run's answer with the three."""
+
+    def __init__(self) -> None:
+        self.t0, self.cpu0 = time.perf_counter(), time.process_time()
+        self.timing: dict[str, float] = {"oracle": 0.0}
+
+    def answer(self, record: RunRecord) -> RunAnswer:
+        return {"ok": True, "result": to_wire(record), "seconds": time.perf_counter() - self.t0,
+                "cpu_seconds": time.process_time() - self.cpu0, "oracle_seconds": self.timing["oracle"]}
 
 
 def failure(exc: BaseException, prefix: str = "") -> Failure:

@@ -76,6 +76,8 @@ class Outcome:
     """The CPU time the run's worker processes spent on it (every rank's)."""
     oracle_seconds: float | None = None
     """... of that CPU time, the plain-PyTorch references' (every rank's)."""
+    judge_seconds: float = 0.0
+    """The caller's judgement of the run's record (the decider, the labels)."""
     coverage: Mapping[str, Sequence[int]] | None = None
     """Asked for (``measure_coverage``): per DeepSpeed file coverage.py traces, the arcs the run executed."""
     agreement: str | None = None
@@ -128,7 +130,7 @@ class Spent:
     judge_seconds: float = 0.0
     """The caller's judgement of the runs' records (the decider, the labels)."""
     starts: int = 0
-    """Worker processes (rank pools) started, spares started ahead included."""
+    """Worker (rank pool) starts the caller waited for: a spare started ahead counts when it is taken."""
     start_waited: float = 0.0
     """Seconds the caller waited for a started worker's hello (a spare started ahead costs little of it)."""
     start_seconds: float = 0.0

@@ -114,7 +114,6 @@ class DeepSpeedTarget(Target):
         """The starts that timed out or died and were tried again (`_start`), each with the ranks' stacks and logs."""
         self._start_note: str | None = None  # a failed start since the last outcome: said on the next one
         self._spent = Spent()
-        self._judged = 0.0  # the last run's judgement (seconds)
         self.first_start: Startup | None = None
         """The first worker's start-up (a first JIT build of DeepSpeed's ops is in it), for reports."""
         self._sleep = 0.0  # tests: make the worker sleep before each run (a simulated hang)
@@ -372,13 +371,11 @@ class DeepSpeedTarget(Target):
         return self._worker().request(req, self.timeout)
 
     def run(self, scenario: Scenario) -> Outcome:
-        t0 = time.perf_counter()
         out = self._run(scenario)
         if scenario.world_size <= self.world_size:  # a rank pool's run is in the pool's own account
-            self._spent += Spent(runs=1, run_seconds=time.perf_counter() - t0, worker_seconds=out.worker_seconds or 0.0,
+            self._spent += Spent(runs=1, run_seconds=out.seconds, worker_seconds=out.worker_seconds or 0.0,
                                  cpu_seconds=out.cpu_seconds or 0.0, oracle_seconds=out.oracle_seconds or 0.0,
-                                 judge_seconds=self._judged)
-        self._judged = 0.0
+                                 judge_seconds=out.judge_seconds)
         note, self._start_note = self._start_note, None
         if note is not None and out.pool_restarted is None:
             out.pool_restarted = note
@@ -420,9 +417,9 @@ class DeepSpeedTarget(Target):
         t_judge = time.perf_counter()
         decisions = decide(record, scenario, model, self._across_ranks(resp, scenario), other_ranks=others)
         found = self._findings(decisions, scenario, events)
-        self._judged = time.perf_counter() - t_judge
+        judged = time.perf_counter() - t_judge
         return Outcome(scenario, events, record.error, found, time.perf_counter() - t0, record, resp.get("seconds"),
-                       resp.get("cpu_seconds"), resp.get("oracle_seconds"), resp.get("coverage"),
+                       resp.get("cpu_seconds"), resp.get("oracle_seconds"), judged, resp.get("coverage"),
                        "not checked: the model does not represent " + ", ".join(beyond)
                        if beyond and self.check_model else None)
 
