@@ -256,16 +256,26 @@ def test_a_start_that_fails_once_is_tried_again_and_said(tmp_path, monkeypatch, 
         t.close()
 
 
-def test_the_rank_pools_rendezvous_store_is_held_by_the_pool():
+def test_the_rank_pools_rendezvous_store_is_held_by_the_pool(tmp_path):
     """The pool's process binds the rendezvous store's port before any rank starts and holds it while the pool
-    lives: no other process can take the port between its choice and the ranks' rendezvous."""
+    lives: no other process can take the port between its choice and the ranks' rendezvous.  Every rank is told
+    that port and to join the store as a client."""
     import socket
-    from zerostate.harness.rank_pool import host_store
-    store = host_store(2)
-    with socket.socket() as s, pytest.raises(OSError):
-        s.bind(("127.0.0.1", store.port))
-    store.set("k", "v")
-    assert store.get("k") == b"v"
+    from zerostate.harness.rank_pool import RankPool
+    pool = RankPool(dict(os.environ, ZEROSTATE_RANK_WARMUP="0"), 2, tmp_path / "pool.log")
+    try:
+        port = pool._store.port
+        with socket.socket() as s, pytest.raises(OSError):
+            s.bind(("127.0.0.1", port))
+        pool._store.set("k", "v")
+        assert pool._store.get("k") == b"v"
+        for pid in pool.pids:
+            env = dict(kv.split("=", 1) for kv in
+                       Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace").split("\0") if "=" in kv)
+            assert env["MASTER_PORT"] == str(port) and env["TORCHELASTIC_USE_AGENT_STORE"] == "True", pid
+        assert pool.request({"op": "hello"}, 300).get("ok"), pool.log_tail()  # the ranks met on that store
+    finally:
+        pool.close(kill=True)
 
 
 _PARENT = r"""
