@@ -18,6 +18,7 @@ Profiles (``HYPOTHESIS_PROFILE``; ``ci`` is the default under ``CI=true``,
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
 from hypothesis import HealthCheck, Phase, settings
@@ -51,6 +52,22 @@ FAST_MODULES = frozenset({
 """The fast tier (``make test-fast``, ``-m fast``): the model, the specs, the strategies, the explorer's and the
 reports' parts and the CLI on the model target, and the test map, whole modules but their ``slow`` tests; the one
 real-DeepSpeed smoke is marked ``fast`` where it stands."""
+
+
+def pytest_sessionstart(session):
+    """Before any test: clear the build locks a killed JIT build left in torch's default extensions folder
+    (`jit_ops.clear_stale_locks`, locks over half an hour old).  The tests' jobs use this project's folders, but a
+    job run as a user runs it (no ``TORCH_EXTENSIONS_DIR``) builds there, and one stale lock makes every such
+    job wait for ever on ``FileBaton.wait`` with nothing said: the test would fail after its whole timeout."""
+    if hasattr(session.config, "workerinput"):  # the pytest-xdist controller clears once, before the workers
+        return
+    from pathlib import Path
+
+    import zerostate.jit_ops as jit_ops
+    root = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or Path.home() / ".cache" / "torch_extensions")
+    for folder in [root, *(p for p in root.glob("*") if p.is_dir())]:
+        for lock in jit_ops.clear_stale_locks(folder):
+            print(f"conftest: removed {lock}, a JIT build lock left by a killed build", file=sys.stderr)
 
 
 def pytest_collection_modifyitems(config, items):
