@@ -48,6 +48,7 @@ def _key(done: Any) -> tuple[Any, ...]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    os.environ["ZEROSTATE_DRAW_CACHE"] = "0"  # every draw made, none read back (`draw_cache`): this times drawing
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--examples", type=int, default=200)
     ap.add_argument("--jobs", type=int, default=2)

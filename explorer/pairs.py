@@ -252,12 +252,19 @@ def completing(out: Completion, ran: Iterable[Scenario], budget: int, seed: int 
 
 def draws(pair: Pair, seed: int | None) -> tuple[Scenario, ...] | None:
     """The `DRAWS` scenarios drawn with ``pair`` forced, in order (None: its two alternatives need different
-    alternatives of one point).  A function of (pair, seed) alone, so any process draws the same."""
+    alternatives of one point).  A function of (pair, seed) alone, so any process draws the same, and kept on
+    disk once drawn (`draw_cache`)."""
     from zerostate.explorer.strategies import scenarios
     weights = forced(pair)
     if weights is None:
         return None
-    return tuple(generated(scenarios(weights=weights), DRAWS, _seed(seed, pair)))
+    from zerostate.explorer import draw_cache
+    kept = draw_cache.load(pair, _seed(seed, pair), DRAWS)
+    if kept is not None:
+        return kept
+    drawn = tuple(generated(scenarios(weights=weights), DRAWS, _seed(seed, pair)))
+    draw_cache.store(pair, _seed(seed, pair), DRAWS, drawn)
+    return drawn
 
 
 def best_of(pair: Pair, drawn: Iterable[Scenario] | None, seen: set[Scenario] | frozenset[Scenario] = frozenset(),

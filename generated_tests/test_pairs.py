@@ -8,6 +8,8 @@ from __future__ import annotations
 import itertools
 import re
 
+import pytest
+
 from zerostate.explorer.choices import POINTS
 from zerostate.explorer.generate import generated
 from zerostate.explorer.pairs import (DERIVED, WRAPPER, Z3_REDUCE, Completion, all_pairs, budget_for, complete,
@@ -18,6 +20,14 @@ from zerostate.harness.net.config import ds_config
 from zerostate.model.scenario import Offload, Precision, Scenario
 from zerostate.targets.interface import Outcome, Target, get_target
 from zerostate.explorer.exploration import COMPLETION_LANE
+
+
+@pytest.fixture(autouse=True)
+def draws_drawn_here(monkeypatch):
+    """Every draw in this module is made, none read from `draw_cache`: the helpers' draws are compared with
+    this process's, and how long drawing waits is measured."""
+    from zerostate.explorer import draw_cache
+    monkeypatch.setenv(draw_cache.ENV, "0")
 
 _K = {p.name: k for k, p in enumerate(POINTS)}
 

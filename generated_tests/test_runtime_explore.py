@@ -62,7 +62,9 @@ def test_exploration_with_runtime_finds_nothing_new(release, tmp_path, monkeypat
 
     target, log = _target(tmp_path, monkeypatch, release)
     try:
-        res = explore(target, examples=int(os.environ.get("ZEROSTATE_RUNTIME_EXAMPLES", "25")), seed=None)
+        # no confirmation replays (a fresh worker each): every finding is replayed on stock below, which is the check
+        res = explore(target, examples=int(os.environ.get("ZEROSTATE_RUNTIME_EXAMPLES", "25")), seed=None,
+                      confirm=False)
     finally:
         target.close()
     installs = log.read_text().splitlines() if log.exists() else []
