@@ -45,9 +45,11 @@ def code_digest() -> str:
 
 
 def path_for(pair: tuple[int, ...], seed: int, draws: int) -> Path:
-    from zerostate.jit_ops import cache_root
+    # zerostate's cache folder (``$ZEROSTATE_CACHE`` or ``~/.cache/zerostate``), as `jit_ops.cache_root` says it:
+    # the explorer imports nothing of the harness's layer
+    cache_root = Path(os.environ.get("ZEROSTATE_CACHE") or Path.home() / ".cache" / "zerostate")
     name = hashlib.sha256(repr((tuple(pair), seed, draws)).encode()).hexdigest()[:24]
-    return cache_root() / "draws" / code_digest() / f"{name}.json"
+    return cache_root / "draws" / code_digest() / f"{name}.json"
 
 
 def load(pair: tuple[int, ...], seed: int, draws: int) -> tuple[Scenario, ...] | None:
