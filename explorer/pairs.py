@@ -259,11 +259,12 @@ def draws(pair: Pair, seed: int | None) -> tuple[Scenario, ...] | None:
     if weights is None:
         return None
     from zerostate.explorer import draw_cache
-    kept = draw_cache.load(pair, _seed(seed, pair), DRAWS)
+    pair_seed = _seed(seed, pair)
+    kept = draw_cache.load(pair, pair_seed, DRAWS)
     if kept is not None:
         return kept
-    drawn = tuple(generated(scenarios(weights=weights), DRAWS, _seed(seed, pair)))
-    draw_cache.store(pair, _seed(seed, pair), DRAWS, drawn)
+    drawn = tuple(generated(scenarios(weights=weights), DRAWS, pair_seed))
+    draw_cache.store(pair, pair_seed, DRAWS, drawn)
     return drawn
 
 

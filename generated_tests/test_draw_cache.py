@@ -32,6 +32,14 @@ def test_kept_draws_are_the_draws(cache, monkeypatch):
     assert [draws(p, None) for p in PAIRS] == fresh  # read back
 
 
+def test_draws_reads_what_is_kept_instead_of_drawing(cache):
+    pair = PAIRS[0]
+    drawn = draws(pair, None)
+    assert drawn is not None and len(set(drawn)) > 1
+    draw_cache.store(pair, _seed(None, pair), DRAWS, drawn[::-1])  # kept draws no drawing would give
+    assert draws(pair, None) == drawn[::-1]
+
+
 def test_a_file_that_does_not_read_back_is_drawn_again_and_written_over(cache):
     pair = PAIRS[0]
     want = draws(pair, None)

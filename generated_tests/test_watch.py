@@ -462,8 +462,7 @@ def _hf(tmp_path, *extra, opts=(), env=None, watched=True):
     if not watched:
         import zerostate.jit_ops as jit_ops
         env = dict(os.environ if env is None else env)
-        # the folder `zerostate watch` gives the job: the same ops, and never torch's default folder, where a
-        # killed build's lock (not this project's to clear) makes the job wait for ever
+        # the folder `zerostate watch` gives the watched job: the two runs whose losses are compared load the same ops
         jit_ops.keep_apart(env)
         proc = subprocess.run(job, capture_output=True, text=True, timeout=600, env=env)
         return proc, None, json.loads(proc.stdout.strip().splitlines()[-1])
