@@ -47,7 +47,7 @@ from zerostate.targets.interface import Outcome, Target
 from zerostate.cli import targets_api as api
 from zerostate.cli.common import EXIT_FINDINGS, EXIT_INTERRUPTED, EXIT_OK, CliError, check_world_size, load_scenario, \
     non_negative_float, positive_int
-from zerostate.cli.cmd_explore import TimeBudget, _ctrl_c_kept, clock
+from zerostate.cli.cmd_explore import TimeBudget, _ctrl_c_kept, add_fork_server_option, clock
 from zerostate.reports.diff_classify import STATUSES, classify, first_line, repeat_runs
 from zerostate.cli.progress import Progress as ProgressLine
 
@@ -79,6 +79,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--scenario", action="append", default=[], metavar="FILE",
                    help="a scenario file (or finding_<n>.json) run on both builds besides the exploration, its "
                         "findings classified the same way (repeatable): e.g. the bug a pull request fixes")
+    add_fork_server_option(p)
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument("--out", default=DEFAULT_OUT, metavar="DIR", help=f"report folder (default {DEFAULT_OUT}/)")
     p.set_defaults(run=run)

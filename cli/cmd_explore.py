@@ -61,6 +61,13 @@ def add_target_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--world-size", type=int, default=1, metavar="N",
                    help="ranks: 1 (default), 2, 4 or 8 (a rank pool on one process group; deepspeed target); "
                         "at 1 the scenarios drawn at world size 2 still run on 2 ranks")
+    add_fork_server_option(p)
+
+
+def add_fork_server_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--no-fork-server", action="store_true",
+                   help="start every DeepSpeed worker and rank as a new process (default: fork them from a "
+                        "warm server per release, which pays the imports and warm-up once; the same runs)")
 
 
 def add_parser(sub: Any) -> None:
@@ -444,4 +451,5 @@ def _replay_args(args: argparse.Namespace) -> str:
     return ""
 
 
-__all__ = ["DEFAULT_EXAMPLES", "add_parser", "add_target_options", "column_of", "run", "shown", "summary_tag"]
+__all__ = ["DEFAULT_EXAMPLES", "add_fork_server_option", "add_parser", "add_target_options", "column_of", "run",
+           "shown", "summary_tag"]

@@ -17,6 +17,7 @@ from zerostate import __version__
 
 from zerostate.cli import cmd_bisect, cmd_check, cmd_compare, cmd_diff, cmd_explore, cmd_replay, cmd_watch
 from zerostate.cli.common import EXIT_INTERRUPTED, EXIT_USAGE, CliError
+from zerostate.harness import forked
 from zerostate.targets.interface import TargetError
 
 COMMANDS = (cmd_explore, cmd_check, cmd_compare, cmd_replay, cmd_bisect, cmd_diff, cmd_watch)
@@ -51,6 +52,13 @@ def dump_stacks_on_sigusr1() -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     dump_stacks_on_sigusr1()
+    if getattr(args, "no_fork_server", False):
+        with forked.disabled():
+            return _run(args)
+    return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     try:
         return args.run(args)
     except CliError as exc:

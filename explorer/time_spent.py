@@ -60,8 +60,10 @@ def time_line(t: dict[str, Any]) -> str:
     runs = (f"; {s['runs']} run(s): {s['run_seconds']:.0f} s, of it {s['worker_seconds']:.0f} s in the workers "
             f"({s['cpu_seconds']:.0f} CPU-s, of it the oracle's {s['oracle_seconds']:.0f}) and "
             f"{s['judge_seconds']:.0f} s judging")
-    starts = (f"; {s['starts']} worker start(s): {s['start_waited']:.0f} s waited, {s['start_seconds']:.0f} s their "
-              "own start-up")
+    forked = s.get("forked_starts", 0)
+    how = f" ({forked} forked from a fork server)" if forked else " (none forked: each a new process)"
+    starts = (f"; {s['starts']} worker start(s){how}: {s['start_waited']:.0f} s waited, {s['start_seconds']:.0f} s "
+              "their own start-up")
     limit = (f"; the runs' CPU / {t['cores']} core(s) = {t['cpu_limit']:.0f} s, wall {t['wall_over_limit']:.1f}x that"
              if "cpu_limit" in t else "")
     return head + runs + starts + limit

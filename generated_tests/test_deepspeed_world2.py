@@ -319,13 +319,13 @@ def test_ctrl_c_of_explore_leaves_no_rank(tmp_path):
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline and len(pids) < 2 and proc.poll() is None:
         time.sleep(0.5)
-        pids = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and _ppid(int(p.name)) == me
-                and "rank_worker" in _cmdline(int(p.name))]
+        pids = [p for p in _descendants(me) if "rank_worker" in _cmdline(p) + _comm(p)]  # started or forked
     assert len(pids) == 2, \
         f"the rank pool did not start: {proc.poll()} {proc.stderr.read()[-2000:] if proc.poll() is not None else ''}"
     while time.monotonic() < deadline and not (out / "report.json").exists() and proc.poll() is None:
         time.sleep(0.2)  # the pool answered hello; exploring has begun
     time.sleep(3)
+    everything = _descendants(me)
     proc.send_signal(signal.SIGINT)
     try:
         proc.wait(timeout=60)
@@ -334,6 +334,10 @@ def test_ctrl_c_of_explore_leaves_no_rank(tmp_path):
         raise
     assert proc.returncode == 130, proc.stderr.read()[-2000:]
     assert not any(_alive(p) for p in pids)
+    deadline = time.monotonic() + 10  # nor anything else it started (a fork server reads its socket's end)
+    while any(_alive(p) for p in everything) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [(p, _comm(p)) for p in everything if _alive(p)]
     data = json.loads((out / "report.json").read_text())
     assert data["status"] == "interrupted"
 
@@ -344,6 +348,25 @@ def _ppid(pid: int) -> int:
             return int(fh.read().split(")")[-1].split()[1])
     except (OSError, ValueError, IndexError):
         return -1
+
+
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process under ``pid`` (children, their children ...): a forked rank is the fork server's child."""
+    out, todo = [], [pid]
+    procs = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()]
+    while todo:
+        parent = todo.pop()
+        kids = [p for p in procs if _ppid(p) == parent]
+        out += kids
+        todo += kids
+    return out
 
 
 def _cmdline(pid: int) -> str:

@@ -23,8 +23,11 @@ def test_spent_adds_field_by_field_and_the_limit_is_the_runs_cpu_over_the_cores(
     assert t["phases"] == {"generation": 12.0, "shrinking": 5.0, "confirmation": 0.0}
     assert t["cpu_limit"] == 2.0 and t["wall_over_limit"] == 10.0 and t["spent"]["runs"] == 3
     line = time_line(t)
-    assert "3 run(s)" in line and "4 CPU-s, of it the oracle's 1" in line and "1 worker start(s): 10 s waited" in line
+    assert "3 run(s)" in line and "4 CPU-s, of it the oracle's 1" in line
+    assert "1 worker start(s) (none forked: each a new process): 10 s waited" in line
     assert "/ 2 core(s) = 2 s, wall 10.0x that" in line
+    forked = time_line(breakdown(20.0, {}, total + Spent(starts=2, forked_starts=2), 2))
+    assert "3 worker start(s) (2 forked from a fork server)" in forked
 
 
 def test_a_target_without_workers_says_its_runs_are_not_measured():

@@ -4,6 +4,7 @@ Requests (one JSON line each on a worker's stdin)::
 
     {"op": "hello"}                      -> `Hello` (or a `Failure`, repeated to every request)
     {"op": "run", "scenario": {...}}     -> `RunAnswer` (a rank sends `StepProgress` lines first) or `Failure`
+    {"op": "state"}                      -> `StateAnswer` (tests: the process's global state)
     {"op": "exit"}                       -> (the worker exits)
 
 The scenario travels as ``Scenario.to_dict()`` and is parsed once, by the receiving worker
@@ -25,6 +26,12 @@ class HelloRequest(TypedDict):
 
 class ExitRequest(TypedDict):
     op: Literal["exit"]
+
+
+class StateRequest(TypedDict):
+    """Tests: the worker's global state (`process_state`), to compare a forked worker with a started one."""
+
+    op: Literal["state"]
 
 
 class Stall(TypedDict):
@@ -52,7 +59,7 @@ class RunRequest(_RunRequestBase, total=False):
     """Tests: DeepSpeed's update of these parameters is observed multiplied by the factor (`executor.execute`)."""
 
 
-Request = HelloRequest | RunRequest | ExitRequest
+Request = HelloRequest | RunRequest | ExitRequest | StateRequest
 
 
 class Failure(TypedDict, total=False):
@@ -81,6 +88,13 @@ class Hello(TypedDict, total=False):
     """The ops DeepSpeed JIT-built into the process's extensions folder during start-up."""
     error: str
     traceback: str
+
+
+class StateAnswer(TypedDict):
+    """The answer to a `StateRequest`."""
+
+    ok: Literal[True]
+    state: Json
 
 
 class _RunAnswerBase(TypedDict):
@@ -136,12 +150,14 @@ class PoolAnswer(TypedDict, total=False):
     coverage: dict[str, list[int]]
 
 
-Answer = Hello | RunAnswer | Failure
+Answer = Hello | RunAnswer | StateAnswer | Failure
 """What a worker sends back to one request."""
 
 
 class Response(Hello, PoolAnswer, total=False):
     """An answer as the parent reads it, before ``ok`` says which it is: every field any answer may hold."""
 
+    state: Json
+
 __all__ = ["Answer", "ExitRequest", "Failure", "Hello", "HelloRequest", "Json", "PoolAnswer", "RankRecord", "Request",
-           "Response", "RunAnswer", "RunRequest", "Stall", "StepProgress"]
+           "Response", "RunAnswer", "RunRequest", "Stall", "StateAnswer", "StateRequest", "StepProgress"]

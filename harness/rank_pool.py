@@ -25,12 +25,12 @@ import selectors
 import signal
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import IO, Any, cast
 
 from zerostate.harness import envs
+from zerostate.harness.forked import start_child
 from zerostate.harness.worker_process import WorkerDied, WorkerTimeout
 from zerostate.harness.protocol import RankRecord, Request, Response, StepProgress
 
@@ -81,10 +81,7 @@ class _Rank:
         self.rank, self.log_path, self.stacks_path = rank, log_path, stacks_path
         self._log = open(log_path, "ab")  # noqa: SIM115 -- the rank's stderr for its whole life; close() closes it
         stacks_path.write_text("")
-        self.proc = subprocess.Popen([sys.executable, "-m", "zerostate.harness.rank_worker"],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, env=env,
-                                     cwd=cwd, start_new_session=True)
-        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc = start_child("rank_worker", env, Path(cwd), self._log, session=True, log_dir=log_path.parent)
         self.stdin: IO[bytes] = self.proc.stdin
         self.stdout: IO[bytes] = self.proc.stdout
         self.buf = b""
@@ -123,10 +120,7 @@ class _Rank:
 
     def kill(self) -> None:
         if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)  # the rank and anything it started
-            except OSError:
-                self.proc.kill()
+            self.proc.kill(group=True)  # the rank and anything it started
         try:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:  # pragma: no cover
@@ -138,6 +132,7 @@ class _Rank:
                 f.close()
             except OSError:  # a pipe whose reader died: nothing left to flush
                 pass
+        self.proc.close()
 
 
 class RankPool:
@@ -168,6 +163,10 @@ class RankPool:
         except BaseException:
             self.close(kill=True)
             raise
+
+    @property
+    def forked(self) -> bool:
+        return bool(self.ranks) and all(rk.proc.forked for rk in self.ranks)
 
     @property
     def pids(self) -> list[int]:

@@ -11,6 +11,8 @@ sequence numbers).  The protocol::
                                         not import or initialise (that answer is given to every request)
     {"op": "run", "scenario": {...}} -> ``run(request, reply)``'s answer (plus any lines it sends itself);
                                         with ``"coverage": true`` also the arcs it ran (`coverage_probe`)
+    {"op": "state"}                  -> ``{"ok": true, "state": ...}``: the process's global state (tests compare
+                                        a forked worker's with a started one's: `process_state`)
     {"op": "exit"}                   -> (the loop returns)
     anything else                    -> {"ok": false, "error": "unknown op ..."}
 
@@ -144,9 +146,62 @@ def _warm_imports() -> None:
     if isinstance(zero_utils, _ZeroOptimizerCheck):
         zero_utils.is_zero_supported_optimizer(probe)
     del probe
-    _warm_llama()
+    if not _WARMED_LLAMA[0]:
+        _warm_llama()
+        _WARMED_LLAMA[0] = True
     gc.collect()  # and what survives the imports is frozen, as after the first run (executor._RUNS): the
     gc.freeze()   # first run's own full collections then scan only its objects, not every import's
+
+
+def warm_before_fork() -> dict[str, Any]:
+    """What `fork_server` does before its first fork: every import and warm-up a start makes (`_start_deepspeed`,
+    `_warm_imports`) that needs no process group, so a forked worker's own `start_deepspeed` pays only its
+    process group and the optimizer check's call.  Returns the server's hello: ``fork`` false (with ``why``)
+    where forking is unsafe -- CUDA (a CUDA runtime does not survive a fork) or a thread already running (a
+    forked child would inherit its locks held)."""
+    import torch
+    if torch.cuda.is_available():
+        return {"ok": True, "fork": False, "why": "CUDA is available: a forked process cannot use CUDA"}
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    import deepspeed
+
+    from zerostate.harness import executor, rank_worker, worker  # noqa: F401 -- imported by the child's main
+    from zerostate.tracing import compat
+    compat.skip_shm_comm_op()  # on CPU both worker programs skip it
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)  # imports torch._dynamo
+    _import_optimizer_check()
+    _warm_llama()
+    _WARMED_LLAMA[0] = True
+    gc.collect()
+    gc.freeze()
+    threads = len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else 0
+    if threads != 1:
+        return {"ok": True, "fork": False, "why": f"{threads} threads run in the server after its imports "
+                                                  "(a fork copies only one: locks the others hold stay held)"}
+    return {"ok": True, "fork": True, "deepspeed": deepspeed.__version__, "file": deepspeed.__file__,
+            "torch": torch.__version__}
+
+
+def _import_optimizer_check() -> None:
+    """Import what the release's ZeRO optimizer check imports when called (0.19.8: its Muon optimizer, whose
+    ``torch.compile`` decorators import inductor) without calling it: it asks the process group for the rank,
+    and the fork server has none.  The modules are the dotted names its code imports (``co_names``)."""
+    import importlib
+
+    from deepspeed.runtime.zero import utils as zero_utils
+    check = getattr(zero_utils, "is_zero_supported_optimizer", None)
+    code = getattr(check, "__code__", None)
+    for name in getattr(code, "co_names", ()):
+        if name.startswith("deepspeed.") and "." in name:
+            try:
+                importlib.import_module(name)
+            except ImportError:  # the call would have caught it too
+                continue
+
+
+_WARMED_LLAMA = [False]
+"""Whether this process built and ran the tiny Llama already (the fork server did, before forking it)."""
 
 
 def _warm_llama() -> None:
@@ -184,6 +239,10 @@ def serve(hello: Hello | Failure, run: Run, reply: Reply, error_prefix: str = ""
             break
         if not hello.get("ok") or op == "hello":
             reply(hello)
+            continue
+        if op == "state":  # tests: what this process holds (a forked worker compared with a started one)
+            from zerostate.harness.process_state import global_state
+            reply({"ok": True, "state": global_state()})
             continue
         if op == "run":
             answer: Answer

@@ -6,12 +6,12 @@ import json
 import os
 import selectors
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import IO, Protocol, cast
 
 from zerostate.harness import envs
+from zerostate.harness.forked import start_child
 from zerostate.harness.protocol import Request, Response
 
 
@@ -27,6 +27,11 @@ class WorkerLike(Protocol):
     """What a target drives: one worker process (`Worker`) or a rank pool (`rank_pool.RankPool`)."""
 
     log_path: Path
+
+    @property
+    def forked(self) -> bool:
+        """Forked from a fork server (every rank of a pool), not started as a new process."""
+        ...
 
     def alive(self) -> bool: ...
 
@@ -49,14 +54,16 @@ class Worker:
         self._log = open(log_path, "ab")  # noqa: SIM115 -- the worker's stderr for its whole life; close() closes it
         cwd = cwd or envs.cache_root()
         cwd.mkdir(parents=True, exist_ok=True)
-        self.proc = subprocess.Popen([sys.executable, "-m", "zerostate.harness.worker"],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log,
-                                     env=env, cwd=str(cwd))
-        self._stdin: IO[bytes] = _pipe(self.proc.stdin)
-        self._stdout: IO[bytes] = _pipe(self.proc.stdout)
+        self.proc = start_child("worker", env, cwd, self._log, log_dir=log_path.parent)
+        self._stdin: IO[bytes] = self.proc.stdin
+        self._stdout: IO[bytes] = self.proc.stdout
         self._buf = b""
         self._sel = selectors.DefaultSelector()
         self._sel.register(self._stdout, selectors.EVENT_READ)
+
+    @property
+    def forked(self) -> bool:
+        return self.proc.forked
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -105,12 +112,12 @@ class Worker:
                 self.proc.kill()
                 self.proc.wait()
         self._sel.close()
-        self._log.close()
-
-
-def _pipe(stream: IO[bytes] | None) -> IO[bytes]:
-    assert stream is not None, "started with a pipe"
-    return stream
+        for f in (self._stdin, self._stdout, self._log):
+            try:
+                f.close()
+            except OSError:  # a pipe whose reader died: nothing left to flush
+                pass
+        self.proc.close()
 
 
 __all__ = ["Worker", "WorkerDied", "WorkerLike", "WorkerTimeout", "default_timeout"]

@@ -135,6 +135,9 @@ class Spent:
     """Seconds the caller waited for a started worker's hello (a spare started ahead costs little of it)."""
     start_seconds: float = 0.0
     """The started workers' own start-up (process start to hello, each rank pool's rank 0): imports, warm-up."""
+    forked_starts: int = 0
+    """... of ``starts``, the workers (rank pools) forked from a warm fork server (`harness.forked`); the others
+    were started as new processes (``--no-fork-server``, or a server that cannot fork)."""
 
     def __add__(self, other: Spent) -> Spent:
         return Spent(**{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(Spent)})

@@ -208,7 +208,7 @@ class DeepSpeedTarget(Target):
             hello = worker.request({"op": "hello"}, self.startup_timeout)
         finally:
             self._spent += Spent(starts=1, start_waited=time.perf_counter() - t0)
-        self._spent += Spent(start_seconds=float(hello.get("startup_seconds") or 0.0))
+        self._spent += Spent(start_seconds=float(hello.get("startup_seconds") or 0.0), forked_starts=int(worker.forked))
         return hello
 
     def spent(self) -> Spent:
