@@ -14,11 +14,12 @@ then serves requests on the ``SOCK_SEQPACKET`` socket ``FD``::
         + three file descriptors (the child's stdin, stdout, stderr)  -> {"pid": n}
     {"op": "status", "pid": n}  -> {"pid": n, "code": c | null}    (null: running, or not reaped yet)
 
-A child is named ``zs-worker`` / ``zs-rank_worker`` (``/proc/PID/comm``).  It is as fresh as a started worker: no process group, no engine (none exists before the fork), its
-environment and working directory exactly the request's, its own session when asked (a rank), then the
-worker's own ``main`` -- which initialises torch.distributed and answers hello as a started one does.  The
-server exits when the socket closes (its client is gone); a rank it forked dies with it (the rank's
-``PR_SET_PDEATHSIG``), a world-size-1 worker when its stdin closes.
+A child is named ``zs-worker`` / ``zs-rank_worker`` (``/proc/PID/comm``). It is as fresh as a started worker: no
+process group, no engine (none exists before the fork), its environment and working directory exactly the
+request's, its own session when asked (a rank), then the worker's own ``main`` -- which initialises
+torch.distributed and answers hello as a started one does. The server exits when the socket closes (its client
+is gone); a rank it forked dies with it (the rank's ``PR_SET_PDEATHSIG``), a world-size-1 worker when its stdin
+closes.
 """
 
 from __future__ import annotations
