@@ -39,6 +39,9 @@ MAX_MESSAGE = 1 << 20
 _SET_BY_IMPORTS: dict[str, str] = {}
 """The variables the server's imports and warm-up added to its environment (torch's, DeepSpeed's defaults)."""
 
+_STARTUP = [0.0]
+"""Seconds the server's imports and warm-up took (each child's hello reports them: `worker_loop.start_deepspeed`)."""
+
 _CODES: dict[int, int] = {}
 """Exit codes of the children reaped so far (as `subprocess` gives them: negative for a signal)."""
 
@@ -76,7 +79,7 @@ def _child(sock: socket.socket, req: dict[str, Any], fds: list[int]) -> None:
         os.environ.update(_SET_BY_IMPORTS)  # a started worker's imports set these too (each unless already set)
         os.environ.update(req["env"])
         os.environ["ZEROSTATE_PARENT_PID"] = str(os.getppid())  # a rank dies with this server (and it with its client)
-        os.environ["ZEROSTATE_FORKED"] = "1"
+        os.environ["ZEROSTATE_FORKED"] = str(_STARTUP[0])  # the hello says what the server's start-up cost
         os.chdir(req["cwd"])
         _reseed()
         module = req["module"]
@@ -163,7 +166,7 @@ def main() -> int:
     except BaseException as exc:  # noqa: BLE001 -- the client falls back to starting workers, which say it
         hello = {"ok": False, "error": f"{type(exc).__name__}: {exc}",
                  "traceback": "".join(traceback.format_exc().splitlines(True)[-15:])}
-    hello["startup_seconds"] = round(time.perf_counter() - t0, 3)
+    hello["startup_seconds"] = _STARTUP[0] = round(time.perf_counter() - t0, 3)
     _send(sock, hello)
     if not hello.get("ok") or not hello.get("fork"):
         return 0  # the client starts its workers itself

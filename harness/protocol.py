@@ -83,7 +83,10 @@ class Hello(TypedDict, total=False):
     world_size: int
     backend: str
     startup_seconds: float
-    """From the process's start to the answer: imports, JIT builds of DeepSpeed's ops, warm-up."""
+    """From the process's start to the answer: imports, JIT builds of DeepSpeed's ops, warm-up (a forked worker:
+    from its fork; its imports and warm-up were its fork server's)."""
+    server_startup_seconds: float
+    """A forked worker: its fork server's imports and warm-up, paid once for every worker it forks."""
     jit_builds: list[str]
     """The ops DeepSpeed JIT-built into the process's extensions folder during start-up."""
     error: str

@@ -89,6 +89,8 @@ def start_deepspeed(skip_shm_comm: bool) -> Hello:
     before = jit_ops.built_ops(folder)
     hello = _start_deepspeed(skip_shm_comm)
     hello["startup_seconds"] = round(time.time() - _process_start(), 3)
+    if os.environ.get("ZEROSTATE_FORKED"):  # forked from a fork server: what its imports and warm-up took
+        hello["server_startup_seconds"] = float(os.environ["ZEROSTATE_FORKED"])
     hello["jit_builds"] = jit_ops.new_builds(before, jit_ops.built_ops(folder))
     return hello
 

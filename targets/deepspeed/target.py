@@ -219,8 +219,9 @@ class DeepSpeedTarget(Target):
         return total
 
     def _note_start(self, hello: Response) -> None:
-        if self.first_start is None:
-            self.first_start = {"world_size": self.world_size, "seconds": hello.get("startup_seconds"),
+        if self.first_start is None:  # a forked worker's includes its server's imports and warm-up
+            seconds = float(hello.get("startup_seconds") or 0.0) + float(hello.get("server_startup_seconds") or 0.0)
+            self.first_start = {"world_size": self.world_size, "seconds": round(seconds, 3),
                                 "jit_builds": list(hello.get("jit_builds") or [])}
 
     def startup(self) -> list[Startup]:
