@@ -299,7 +299,7 @@ def test_a_worker_killed_under_cli_explore_json_is_counted_and_stdout_stays_json
 def test_stopping_the_cluster_leaves_no_process(two_nodes):
     """Last in this file (it stops the module's cluster).  After a worker ran on it, the session closed and the
     cluster stopped: not one of the processes the nodes started (control store, raylets, agents, the worker
-    actors) is left, and this process started none."""
+    actors) is left, and this process started none but its own idle fork servers."""
     with _session(two_nodes, "model", design="ds-0.18.5") as s:
         t = s.target()
         t.run(Scenario())
@@ -308,4 +308,6 @@ def test_stopping_the_cluster_leaves_no_process(two_nodes):
         t.close()
     two_nodes.stop()
     assert [p for p in started if _alive(p)] == []
-    assert [p for p in _descendants([os.getpid()]) - {os.getpid()} if _alive(p)] == []
+    from zerostate.harness.forked import server_pids  # the fork servers earlier tests here keep, by design
+    mine = _descendants([os.getpid()]) - {os.getpid()} - set(server_pids())
+    assert [p for p in mine if _alive(p)] == []

@@ -227,3 +227,30 @@ def test_the_server_answers_what_it_does_not_serve(tmp_path):
         again.close()
     finally:
         w.close()
+
+
+def test_a_tree_edited_after_the_server_imported_it_is_imported_anew(tmp_path):
+    """A checkout under edit (a pull request being worked on, a fault applied to a tree): once a ``deepspeed``
+    source file the server imported changed, the next worker is forked from a new server that imports the tree as
+    it is now, and the old server forks no more."""
+    import deepspeed
+    tree = tmp_path / "tree"
+    import shutil
+    shutil.copytree(Path(deepspeed.__file__).parent, tree / "deepspeed")
+    (tree / "version.txt").write_text(deepspeed.__version__ + "\n")
+    env = dict(_env(True), PYTHONPATH=str(tree) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    w = Worker(env, tmp_path / "w.log", cwd=tree)
+    try:
+        assert w.request({"op": "hello"}, 600).get("ok") and w.proc.forked
+        first = w.proc._server
+        init = tree / "deepspeed" / "__init__.py"
+        init.write_text(init.read_text() + "\nEDITED_AFTER_THE_SERVER_STARTED = True\n")
+        again = Worker(env, tmp_path / "again.log", cwd=tree)
+        try:
+            assert again.request({"op": "hello"}, 600).get("ok") and again.proc.forked
+            assert again.proc._server is not first and first.stale and "__init__.py" in first.why
+            assert w.proc.poll() is None  # the old server's worker runs on
+        finally:
+            again.close()
+    finally:
+        w.close()

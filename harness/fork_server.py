@@ -12,6 +12,9 @@ then serves requests on the ``SOCK_SEQPACKET`` socket ``FD``::
                             {"ok": false, "error": ...}              (the imports failed)
     {"op": "fork", "module": "worker" | "rank_worker", "env": {...}, "cwd": ..., "session": bool}
         + three file descriptors (the child's stdin, stdout, stderr)  -> {"pid": n}
+                                                        or {"stale": why}: a ``deepspeed`` or ``zerostate``
+                                                        source file changed since the server imported it; it
+                                                        forks no more (its client starts a new one)
     {"op": "status", "pid": n}  -> {"pid": n, "code": c | null}    (null: running, or not reaped yet)
 
 A child is named ``zs-worker`` / ``zs-rank_worker`` (``/proc/PID/comm``). It is as fresh as a started worker: no
@@ -41,6 +44,9 @@ _SET_BY_IMPORTS: dict[str, str] = {}
 
 _STARTUP = [0.0]
 """Seconds the server's imports and warm-up took (each child's hello reports them: `worker_loop.start_deepspeed`)."""
+
+_SOURCES: dict[str, tuple[int, int]] = {}
+"""The files of every ``deepspeed`` and ``zerostate`` module the server imported: (mtime, size) as imported."""
 
 _CODES: dict[int, int] = {}
 """Exit codes of the children reaped so far (as `subprocess` gives them: negative for a signal)."""
@@ -124,6 +130,32 @@ def _reseed() -> None:
         numpy.random.seed()
 
 
+def _record_sources(since_ns: int) -> None:
+    """Note the file of every imported ``deepspeed`` and ``zerostate`` module; one written since ``since_ns``
+    (the server's start: it may have changed while being imported) is recorded as changed already."""
+    for name, module in list(sys.modules.items()):
+        path = getattr(module, "__file__", None)
+        if name.split(".")[0] in ("deepspeed", "zerostate") and path:
+            try:
+                st = os.stat(path)
+            except OSError:
+                continue
+            _SOURCES[path] = (st.st_mtime_ns, st.st_size) if st.st_mtime_ns < since_ns else (-1, -1)
+
+
+def _changed_source() -> str | None:
+    """A source file the server imported that is not what it imported any more (a checkout under edit, a fault
+    applied to a tree), or None: a worker forked then would run code its own start would not import."""
+    for path, seen in _SOURCES.items():
+        try:
+            st = os.stat(path)
+        except OSError:
+            return path
+        if (st.st_mtime_ns, st.st_size) != seen:
+            return path
+    return None
+
+
 def serve(sock: socket.socket) -> int:
     signal.signal(signal.SIGCHLD, _reap)
     while True:
@@ -135,6 +167,12 @@ def serve(sock: socket.socket) -> int:
             return 0  # the client is gone
         req = json.loads(data)
         if req.get("op") == "fork":
+            changed = _changed_source()
+            if changed is not None:  # this server's code is not the tree's any more: the client starts a new one
+                for fd in fds:  # (this one lives on while its client holds it: its ranks die with it)
+                    os.close(fd)
+                _send(sock, {"stale": f"{changed} changed since the fork server imported it"})
+                continue
             for stream in (sys.stdout, sys.stderr):  # nothing buffered here is written twice
                 stream.flush()
             pid = os.fork()
@@ -157,7 +195,7 @@ def main() -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the client's: it closes the socket
     os.dup2(2, 1)  # nothing the imports print goes anywhere but the server's log
     sys.stdout = sys.stderr
-    t0 = time.perf_counter()
+    t0, started_ns = time.perf_counter(), time.time_ns()
     before = dict(os.environ)
     try:
         from zerostate.harness.worker_loop import warm_before_fork
@@ -167,6 +205,7 @@ def main() -> int:
         hello = {"ok": False, "error": f"{type(exc).__name__}: {exc}",
                  "traceback": "".join(traceback.format_exc().splitlines(True)[-15:])}
     hello["startup_seconds"] = _STARTUP[0] = round(time.perf_counter() - t0, 3)
+    _record_sources(started_ns)
     _send(sock, hello)
     if not hello.get("ok") or not hello.get("fork"):
         return 0  # the client starts its workers itself

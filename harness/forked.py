@@ -31,11 +31,12 @@ from typing import IO, Any
 ENV = "ZEROSTATE_FORK_SERVER"
 """``0``: no fork server; every worker is a started process."""
 
-PER_PROCESS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
-               "TORCHELASTIC_USE_AGENT_STORE", "ZEROSTATE_PARENT_PID", "ZEROSTATE_STACKS")
-"""The variables a worker reads only in its own ``main`` (its rank, its rendezvous, its stacks file): workers
-that differ only in these share a server.  Any other variable may be read at import, so another value is
-another server."""
+PER_PROCESS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "TORCHELASTIC_USE_AGENT_STORE",
+               "ZEROSTATE_PARENT_PID", "ZEROSTATE_STACKS")
+"""The variables that differ between the ranks of one pool (its rank, its rendezvous, its stacks file): workers
+that differ only in these share a server, whose imports do not see them (no supported release reads them at
+import).  Any other variable may be read at import, so another value is another server: ``WORLD_SIZE`` too,
+which the server of a pool's ranks imports with."""
 
 MAX_IDLE_SERVERS = 2
 """Servers kept in this process beyond the busy ones (each holds ~450 MB: torch, DeepSpeed, transformers): a new
@@ -66,12 +67,18 @@ def disabled() -> Iterator[None]:
             os.environ[ENV] = before
 
 
+class Stale(OSError):
+    """The server's sources changed since it imported them (it forks no more): fork from a new one."""
+
+
 class ForkServer:
     """One `fork_server` process and its socket; ``ready`` once its hello is read (``fork``: it forks)."""
 
     def __init__(self, env: dict[str, str], cwd: str, log_path: Path) -> None:
         self.ready = threading.Event()
         self.fork = False
+        self.stale = False
+        """Its ``deepspeed`` or ``zerostate`` sources changed since it imported them: `server_for` replaces it."""
         self.why = "starting"
         self.hello: dict[str, Any] = {}
         self._lock = threading.Lock()  # one request and its answer at a time
@@ -130,9 +137,12 @@ class ForkServer:
 
     def fork_child(self, module: str, env: dict[str, str], cwd: str, fds: list[int], session: bool) -> int:
         """Fork a ``module`` worker with ``fds`` as its stdin, stdout and stderr; its pid (raises OSError when the
-        server is gone)."""
-        return int(self._ask({"op": "fork", "module": module, "env": env, "cwd": cwd, "session": session},
-                             fds)["pid"])
+        server is gone, `Stale` when its sources changed: it exits and is replaced)."""
+        answer = self._ask({"op": "fork", "module": module, "env": env, "cwd": cwd, "session": session}, fds)
+        if "stale" in answer:
+            self.stale, self.why = True, str(answer["stale"])
+            raise Stale(self.why)
+        return int(answer["pid"])
 
     def exit_code(self, pid: int) -> int | None:
         try:
@@ -167,6 +177,8 @@ class ForkServer:
 
 _SERVERS: dict[tuple[str, tuple[tuple[str, str], ...]], ForkServer] = {}
 _SERVERS_LOCK = threading.Lock()
+_RETIRED: list[ForkServer] = []
+"""Stale servers (`ForkServer.stale`) with children still running: stopped once they have none."""
 _NUMBER = itertools.count()
 
 
@@ -181,7 +193,12 @@ def server_for(env: dict[str, str], cwd: str, log_dir: Path, child: Child | None
     stopped = []
     with _SERVERS_LOCK:
         server = _SERVERS.pop(key, None)  # put back last: the most recently used
-        if server is None or (server.ready.is_set() and server.fork and not server.alive()):
+        if server is not None and server.stale:
+            _RETIRED.append(server)
+        for old in [s for s in _RETIRED if not s.busy()]:  # a stale server stays while a child of it runs
+            _RETIRED.remove(old)
+            stopped.append(old)
+        if server is None or server.stale or (server.ready.is_set() and server.fork and not server.alive()):
             idle = [k for k, s in _SERVERS.items() if not s.busy()]
             for k in idle[:max(len(idle) - MAX_IDLE_SERVERS, 0)]:
                 stopped.append(_SERVERS.pop(k))
@@ -196,11 +213,18 @@ def server_for(env: dict[str, str], cwd: str, log_dir: Path, child: Child | None
     return server
 
 
+def server_pids() -> list[int]:
+    """The processes of this process's fork servers (kept for the next worker: not leftovers of a run)."""
+    with _SERVERS_LOCK:
+        return [s.proc.pid for s in list(_SERVERS.values()) + _RETIRED if s.alive()]
+
+
 def close_servers() -> None:
     """Stop every fork server of this process (the ranks they forked die with them)."""
     with _SERVERS_LOCK:
-        servers = list(_SERVERS.values())
+        servers = list(_SERVERS.values()) + _RETIRED
         _SERVERS.clear()
+        _RETIRED.clear()
     for s in servers:
         s.close()
 
@@ -226,6 +250,7 @@ class Child:
         self._pidfd: int | None = None
         self._server: ForkServer | None = None
         self._launched = threading.Event()
+        self._log_dir = log_dir
         self._killed = False
         self._lock = threading.Lock()
         fds = [child_in, child_out, os.dup(stderr.fileno())]
@@ -241,6 +266,14 @@ class Child:
             if server is not None and server.fork:
                 try:
                     pid: int | None = server.fork_child(module, env, cwd, fds, session)
+                except Stale:  # a tree under edit: a new server imports it as it is now
+                    server.children.remove(self)
+                    server = self._server = server_for(env, cwd, self._log_dir, self)
+                    server.ready.wait()
+                    try:
+                        pid = server.fork_child(module, env, cwd, fds, session) if server.fork else None
+                    except OSError:
+                        pid = None
                 except OSError:  # the server died: this child is started instead
                     pid = None
                 if pid is not None:
@@ -345,4 +378,5 @@ def start_child(module: str, env: dict[str, str], cwd: Path, stderr: IO[bytes], 
     return Child(module, env, str(cwd), stderr, session, log_dir or cwd)
 
 
-__all__ = ["ENV", "Child", "ForkServer", "close_servers", "disabled", "enabled", "server_for", "start_child"]
+__all__ = ["ENV", "Child", "ForkServer", "Stale", "close_servers", "disabled", "enabled", "server_for", "server_pids",
+           "start_child"]
