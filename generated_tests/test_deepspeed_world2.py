@@ -262,7 +262,9 @@ def test_the_rank_pools_rendezvous_store_is_held_by_the_pool(tmp_path):
     that port and to join the store as a client."""
     import socket
     from zerostate.harness.rank_pool import RankPool
-    pool = RankPool(dict(os.environ, ZEROSTATE_RANK_WARMUP="0"), 2, tmp_path / "pool.log")
+    # started ranks: /proc/PID/environ shows a started process's environment (a forked rank's own is checked in
+    # test_fork_server)
+    pool = RankPool(dict(os.environ, ZEROSTATE_RANK_WARMUP="0", ZEROSTATE_FORK_SERVER="0"), 2, tmp_path / "pool.log")
     try:
         port = pool._store.port
         with socket.socket() as s, pytest.raises(OSError):

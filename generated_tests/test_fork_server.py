@@ -12,7 +12,7 @@ import pytest
 
 from zerostate.findings.wire import to_wire
 from zerostate.harness import envs, fork_server, forked
-from zerostate.harness.process_state import global_state
+from zerostate.harness.process_state import PER_PROCESS_ENV, global_state
 from zerostate.harness.rank_pool import RankPool
 from zerostate.harness.worker_process import Worker
 from zerostate.model.scenario import Block, Checkpoint, MicroStep, Scenario, TrainStep
@@ -60,19 +60,28 @@ def test_a_forked_worker_holds_what_a_started_one_holds(tmp_path):
     first, was_forked = _state(tmp_path, True, "forked1")
     assert was_forked, "the fork server did not fork (see its log under the cache's logs/)"
     second, _ = _state(tmp_path, True, "forked2")
-    same = {k: v for k, v in started.items() if k not in OWN_DRAWS}
-    for state in (first, second):
-        state["env"].pop(forked.ENV)
-        got = {k: v for k, v in state.items() if k not in OWN_DRAWS}
-        assert got == {**same, "env": {k: v for k, v in same["env"].items() if k != forked.ENV}}
+    def compared(state: dict) -> dict:
+        env = {k: v for k, v in state["env"].items() if k not in PER_PROCESS_ENV and k != forked.ENV}
+        return {**{k: v for k, v in state.items() if k not in OWN_DRAWS}, "env": env}
+    assert compared(first) == compared(started) and compared(second) == compared(started)
     assert first["dist"][0] and first["deepspeed_comm"] is not None  # the worker's own process group, as started
     assert first["python_random"] != second["python_random"]
 
 
 def test_the_state_compared_is_this_process_s_own():
-    """`global_state` reads the process it runs in: here, with no process group initialised."""
+    """`global_state` reads the process it runs in (here, the test's: a process group only if an earlier test in
+    it initialised one) and tells SIG_IGN from SIG_DFL."""
+    import torch.distributed as dist
     state = global_state()
-    assert state["dist"] == [False, None, None] and state["cwd"] == os.getcwd()
+    assert state["dist"][0] == dist.is_initialized() and state["cwd"] == os.getcwd()
+    assert state["env"] == dict(sorted(os.environ.items()))
+    before = signal.getsignal(signal.SIGUSR2)
+    try:
+        signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+        from zerostate.harness.process_state import _name
+        assert _name(signal.SIG_IGN) == "SIG_IGN" and _name(signal.SIG_DFL) == "SIG_DFL"
+    finally:
+        signal.signal(signal.SIGUSR2, before)
 
 
 SCENARIOS = (
@@ -116,6 +125,14 @@ def test_a_forked_rank_pool_runs_and_its_ranks_die_with_the_server(tmp_path):
         hello = pool.request({"op": "hello"}, 600)
         assert hello.get("ok"), pool.log_tail()
         assert all(rk.proc.forked for rk in pool.ranks)
+        for rk in pool.ranks:  # each forked rank holds its own rendezvous variables (its /proc environ: the server's)
+            rk.send({"op": "state"})
+        for rk in pool.ranks:
+            while b"\n" not in rk.buf:
+                rk.buf += os.read(rk.stdout.fileno(), 1 << 20)
+            env = rk.lines()[0]["state"]["env"]
+            assert (env["RANK"], env["WORLD_SIZE"]) == (str(rk.rank), "2")
+            assert env["MASTER_PORT"] == str(pool._store.port) and env["TORCHELASTIC_USE_AGENT_STORE"] == "True"
         pids = pool.pids
         parents = {_ppid(p) for p in pids}
         assert len(parents) == 1 and parents != {os.getpid()}

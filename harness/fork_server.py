@@ -45,6 +45,10 @@ _SET_BY_IMPORTS: dict[str, str] = {}
 _STARTUP = [0.0]
 """Seconds the server's imports and warm-up took (each child's hello reports them: `worker_loop.start_deepspeed`)."""
 
+_SIGINT_AT_START: list[Any] = [signal.default_int_handler]
+"""SIGINT's handler when the server's interpreter started: Python's own, or ignored when its client ignores SIGINT
+(a background job's), as a worker started by that client would inherit it."""
+
 _SOURCES: dict[str, tuple[int, int]] = {}
 """The files of every ``deepspeed`` and ``zerostate`` module the server imported: (mtime, size) as imported."""
 
@@ -73,7 +77,7 @@ def _child(sock: socket.socket, req: dict[str, Any], fds: list[int]) -> None:
     try:
         sock.close()
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a started worker
+        signal.signal(signal.SIGINT, _SIGINT_AT_START[0])  # as a started worker would have it (inherited ignored)
         for target, fd in enumerate(fds):
             os.dup2(fd, target)
         for fd in fds:
@@ -192,6 +196,7 @@ def serve(sock: socket.socket) -> int:
 
 def main() -> int:
     sock = socket.socket(fileno=int(sys.argv[1]))
+    _SIGINT_AT_START[0] = signal.getsignal(signal.SIGINT)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the client's: it closes the socket
     os.dup2(2, 1)  # nothing the imports print goes anywhere but the server's log
     sys.stdout = sys.stderr

@@ -18,11 +18,14 @@ import sys
 import threading
 from typing import Any
 
-_PER_PROCESS_ENV = ("MASTER_PORT", "ZEROSTATE_PARENT_PID", "ZEROSTATE_FORKED", "ZEROSTATE_STACKS")
-"""Variables every worker has its own value of (its rendezvous port, the process it dies with): not compared."""
+PER_PROCESS_ENV = ("MASTER_PORT", "ZEROSTATE_PARENT_PID", "ZEROSTATE_FORKED", "ZEROSTATE_STACKS")
+"""Variables every worker has its own value of (its rendezvous port, the process it dies with, whether and from
+what it was forked): a comparison of two workers leaves them out."""
 
 
 def _name(obj: object) -> str:
+    if isinstance(obj, signal.Handlers):  # SIG_DFL / SIG_IGN
+        return obj.name
     return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', type(obj).__name__)}"
 
 
@@ -52,7 +55,7 @@ def global_state() -> dict[str, Any]:
         "threads": sorted(t.name for t in threading.enumerate()),
         "signals": {s.name: _name(signal.getsignal(s)) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD,
                                                                   signal.SIGUSR1)},
-        "env": {k: v for k, v in sorted(os.environ.items()) if k not in _PER_PROCESS_ENV},
+        "env": dict(sorted(os.environ.items())),
         "cwd": os.getcwd(),
         "hypothesis": "hypothesis" in sys.modules,
     }
@@ -61,4 +64,4 @@ def global_state() -> dict[str, Any]:
     return state
 
 
-__all__ = ["global_state"]
+__all__ = ["PER_PROCESS_ENV", "global_state"]
