@@ -1,7 +1,7 @@
 """The fork server: one process that pays a worker's start-up once and forks every worker from it.
 
-A started worker costs 10-12 CPU-seconds before its first run (torch, DeepSpeed, the dynamo and inductor
-imports of DeepSpeed's optimizer check, the tiny Llama warm-up); a forked one costs its own process group.
+A started worker pays seconds of CPU before its first run (torch, DeepSpeed, the dynamo and inductor imports of
+DeepSpeed's optimizer check, the tiny Llama warm-up); a forked one pays its own process group.
 Started by `forked.ForkServer` as ``python -m zerostate.harness.fork_server FD`` with a worker's
 environment, it imports and warms up what a worker would before its process group exists
 (`worker_loop.warm_before_fork`), freezes what survives (``gc.freeze``: the children share it copy-on-write),

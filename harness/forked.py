@@ -39,7 +39,7 @@ import).  Any other variable may be read at import, so another value is another 
 which the server of a pool's ranks imports with."""
 
 MAX_IDLE_SERVERS = 2
-"""Servers kept in this process beyond the busy ones (each holds ~450 MB: torch, DeepSpeed, transformers): a new
+"""Servers kept in this process beyond the busy ones (each holds torch, DeepSpeed and transformers in memory): a new
 server first stops the least recently used servers none of whose children still runs (a rank dies with its
 server)."""
 
@@ -320,15 +320,9 @@ class Child:
         return self.returncode
 
     def _exited(self) -> None:
+        """The exited child's code, from its server (whose status request reaps it first); a server gone meanwhile
+        cannot say it: read as killed."""
         code = self._server.exit_code(self._pid) if self._server is not None and self._pid is not None else None
-        if code is None:  # not reaped yet by the server, or the server is gone: a moment later
-            for _ in range(50):
-                if self._server is None or not self._server.alive():
-                    break
-                select.select([], [], [], 0.01)
-                code = self._server.exit_code(self._pid) if self._pid is not None else None
-                if code is not None:
-                    break
         self.returncode = code if code is not None else -int(signal.SIGKILL)
 
     def wait(self, timeout: float | None = None) -> int:
@@ -353,10 +347,14 @@ class Child:
                 return
         if self._pid is None or self.poll() is not None:
             return
-        try:
-            if group:
+        if group:
+            try:
                 os.killpg(self._pid, signal.SIGKILL)
-            elif self._pidfd is not None:
+                return
+            except OSError:  # no group of its own (yet): the process alone
+                pass
+        try:
+            if self._pidfd is not None:
                 signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
             else:
                 os.kill(self._pid, signal.SIGKILL)
@@ -364,6 +362,12 @@ class Child:
             pass
 
     def close(self) -> None:
+        """Close the pipes and the process handle (a started process: reaped, once killed or exited)."""
+        for f in (self.stdin, self.stdout):
+            try:
+                f.close()
+            except OSError:  # a pipe whose reader died: nothing left to flush
+                pass
         if self._pidfd is not None:
             os.close(self._pidfd)
             self._pidfd = None

@@ -127,12 +127,8 @@ class _Rank:
             pass
 
     def close_files(self) -> None:
-        for f in (self.stdin, self.stdout, self._log):
-            try:
-                f.close()
-            except OSError:  # a pipe whose reader died: nothing left to flush
-                pass
         self.proc.close()
+        self._log.close()
 
 
 class RankPool:

@@ -148,9 +148,7 @@ def _warm_imports() -> None:
     if isinstance(zero_utils, _ZeroOptimizerCheck):
         zero_utils.is_zero_supported_optimizer(probe)
     del probe
-    if not _WARMED_LLAMA[0]:
-        _warm_llama()
-        _WARMED_LLAMA[0] = True
+    _warm_llama_once()
     gc.collect()  # and what survives the imports is frozen, as after the first run (executor._RUNS): the
     gc.freeze()   # first run's own full collections then scan only its objects, not every import's
 
@@ -173,8 +171,7 @@ def warm_before_fork() -> dict[str, Any]:
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)  # imports torch._dynamo
     _import_optimizer_check()
-    _warm_llama()
-    _WARMED_LLAMA[0] = True
+    _warm_llama_once()
     gc.collect()
     gc.freeze()
     threads = len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else 0
@@ -204,6 +201,13 @@ def _import_optimizer_check() -> None:
 
 _WARMED_LLAMA = [False]
 """Whether this process built and ran the tiny Llama already (the fork server did, before forking it)."""
+
+
+def _warm_llama_once() -> None:
+    """`_warm_llama`, unless this process (or the fork server it was forked from) ran it already."""
+    if not _WARMED_LLAMA[0]:
+        _warm_llama()
+        _WARMED_LLAMA[0] = True
 
 
 def _warm_llama() -> None:

@@ -112,12 +112,8 @@ class Worker:
                 self.proc.kill()
                 self.proc.wait()
         self._sel.close()
-        for f in (self._stdin, self._stdout, self._log):
-            try:
-                f.close()
-            except OSError:  # a pipe whose reader died: nothing left to flush
-                pass
         self.proc.close()
+        self._log.close()
 
 
 __all__ = ["Worker", "WorkerDied", "WorkerLike", "WorkerTimeout", "default_timeout"]
