@@ -2,7 +2,7 @@
 #   make explore   -- the main job: explore the installed DeepSpeed, write zerostate-report/
 #   make test      -- the tests: ruff, mypy, then pytest generated_tests (make test-fast: the fast tier)
 # Both create .venv on first use: torch 2.13.0 (CPU build) first, then zerostate with the extra each
-# needs (`explore`: DeepSpeed 0.19.8, hypothesis, networkx, matplotlib + hf; `test`: explore + hf + pytest).
+# needs (`explore`: DeepSpeed 0.19.8, hypothesis, networkx, Pillow + hf; `test`: explore + hf + pytest).
 # A runtime user needs neither: `pip install --no-deps zerostate` into the DeepSpeed environment.
 PYTHON ?= python3
 VENV ?= .venv

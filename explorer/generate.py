@@ -45,10 +45,10 @@ class Abort(BaseException):
 def import_what_hypothesis_peeks_at() -> None:
     """Import numpy (when installed) before drawing starts in a thread of its own.  While it draws, Hypothesis
     looks numpy up in ``sys.modules`` (``sampled_from`` checks for ``numpy.ndarray``); if the main thread is
-    importing numpy at that moment (the report's first PNG imports matplotlib, which imports numpy; a target
-    may import torch), the drawing thread finds it half-initialised, fails with "partially initialized module
-    'numpy' has no attribute 'ndarray'", and the run ends with that error (seen under load in the Ctrl-C CI
-    test).  Imported once here, it is whole before the drawing thread starts."""
+    importing numpy at that moment (a target may import torch, which imports numpy), the drawing thread finds
+    it half-initialised, fails with "partially initialized module 'numpy' has no attribute 'ndarray'", and
+    the run ends with that error (seen under load in the Ctrl-C CI test).  Imported once here, it is whole
+    before the drawing thread starts."""
     import importlib.util
     if "numpy" not in sys.modules and importlib.util.find_spec("numpy") is not None:
         import numpy  # noqa: F401

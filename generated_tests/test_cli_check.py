@@ -95,7 +95,7 @@ def test_pictures_mark_the_violation_and_png_matches_svg(buggy):
     for lane in ("engine", "blocks.0.lin", "blocks.1.lin"):
         assert f">{lane}</text>" in svg
     assert ">backward</text>" in svg  # a shaded phase, labelled
-    import matplotlib  # noqa: F401  (a dependency: PNGs are always written)
+    import PIL  # noqa: F401  (a dependency: PNGs are always written)
     from test_cli_util import assert_png
     root = ET.fromstring(svg)
     assert assert_png(out / f["files"]["trace_png"]) == (int(root.get("width")), int(root.get("height")))

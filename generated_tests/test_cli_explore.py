@@ -196,8 +196,8 @@ HALF_IMPORTED_NUMPY = """
 import importlib.abc, importlib.machinery, sys, threading, time
 
 class SlowNumpy(importlib.abc.MetaPathFinder):
-    # the real numpy, half-initialised in sys.modules for 2 s (as while the report's first PNG imports
-    # matplotlib, which imports numpy, in the main thread)
+    # the real numpy, half-initialised in sys.modules for 2 s (as while the main thread imports it, e.g.
+    # through torch)
     def find_spec(self, name, path=None, target=None):
         if name != "numpy":
             return None
@@ -229,7 +229,7 @@ importer.join()
 def test_drawing_survives_numpy_being_imported_meanwhile(tmp_path):
     """The generated sequence is drawn in a thread while the main thread runs examples and writes the report.
     Hypothesis looks numpy up in sys.modules while drawing; numpy half-imported by the main thread at that
-    moment (the first PNG: matplotlib) made the drawing fail ("partially initialized module 'numpy'") and the
+    moment (then by the first PNG's matplotlib) made the drawing fail ("partially initialized module 'numpy'") and the
     run end with exit status 1 (seen under load in the Ctrl-C CI test). `generated` imports numpy first."""
     pytest.importorskip("numpy")  # without numpy there is nothing to race with
     r = subprocess.run([sys.executable, "-c", HALF_IMPORTED_NUMPY], capture_output=True, text=True, timeout=600,

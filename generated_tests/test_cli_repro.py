@@ -21,7 +21,7 @@ import pytest
 from test_cli_util import load_report, zs
 
 import zerostate.harness.repro
-import zerostate.analysis.checker  # noqa: F401  (a broken import fails, never skips)
+import zerostate.analysis.checker  # a broken import fails, never skips
 
 RELEASES = pytest.mark.skipif(os.environ.get("ZEROSTATE_RELEASE_TESTS") != "1",
                               reason="installs DeepSpeed releases; set ZEROSTATE_RELEASE_TESTS=1")
@@ -125,6 +125,21 @@ def test_repro_embeds_the_projects_own_checks_verbatim(hook_repro):
     assert embedded["zerostate.specs"][0] is True  # a package: its __init__ (SPECS) is embedded too
     outside = hook_repro.read_text().split("EMBEDDED = {}")[0]
     assert "class Watch" not in outside and "def verdict" not in outside and "def project" not in outside
+
+
+def test_the_embedded_code_is_built_once_and_again_when_a_file_changes(monkeypatch):
+    """A report writes a script per finding (three times each in an exploration): the embedded block is kept,
+    not rebuilt, while every embedded file's (mtime, size) is what it was, and rebuilt from the files when one
+    differs."""
+    repro = zerostate.harness.repro
+    monkeypatch.setattr(repro, "_EMBEDDED", {})
+    text = repro._embedded_text()
+    files, stamps, _ = repro._EMBEDDED["block"]
+    assert len(files) == len(repro.embedded_modules()) and files[0].endswith(".py")
+    repro._EMBEDDED["block"] = (files, stamps, "kept")
+    assert repro._embedded_text() == "kept"  # nothing changed: the block is not built again
+    repro._EMBEDDED["block"] = (files, ((stamps[0][0] + 1, stamps[0][1]), *stamps[1:]), "stale")
+    assert repro._embedded_text() == text  # one file's stamp differs: rebuilt from the files
 
 
 @pytest.mark.deepspeed

@@ -63,18 +63,18 @@ def assert_svg(path: Path) -> None:
     assert len(list(root)) > 10, "an SVG with almost nothing drawn"
 
 
-def has_matplotlib() -> bool:
+def has_pillow() -> bool:
     import importlib.util
-    return importlib.util.find_spec("matplotlib") is not None
+    return importlib.util.find_spec("PIL") is not None
 
 
 def assert_pictures(folder: Path, finding: dict, which: str = "trace") -> None:
-    """``<which>_<n>.svg`` always; ``.png`` too where matplotlib is installed (else the finding says why)."""
+    """``<which>_<n>.svg`` always; ``.png`` too where Pillow is installed (else the finding says why)."""
     assert_svg(folder / finding["files"][f"{which}_svg"])
-    if has_matplotlib():
+    if has_pillow():
         assert_png(folder / finding["files"][f"{which}_png"])
     else:
-        assert any("matplotlib" in note for note in finding["notes"]), finding["notes"]
+        assert any("Pillow" in note for note in finding["notes"]), finding["notes"]
 
 
 def assert_png(path: Path) -> tuple[int, int]:

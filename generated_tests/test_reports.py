@@ -70,6 +70,31 @@ def test_canvas_writes_every_shape_as_svg_with_text_escaped():
     assert root[2].get("stroke-dasharray") and root[4].text == "a < b & c" and root[4].get("font-weight") == "bold"
 
 
+def test_canvas_png_draws_what_the_svg_says(tmp_path):
+    """The PNG (Pillow) is the picture's size, its background where nothing is drawn, and each shape's colour
+    where it is drawn: a filled rectangle, a circle, a line half-transparent over the background; text in its
+    colour; a dashed line leaves gaps."""
+    pytest.importorskip("PIL")
+    from PIL import Image
+    c = Canvas(120, 60, background="#ffffff")
+    c.rect(10, 10, 20, 20, fill="#ff0000")
+    c.circle(60, 20, 6, fill="#0000ff")
+    c.line(0, 45, 120, 45, color="#00ff00", width=3, opacity=0.5)
+    c.line(0, 55, 120, 55, color="#000000", width=2, dash=True)
+    c.text(90, 30, "WWW", size=14, color="#000000", bold=True)
+    c.to_png(str(tmp_path / "p.png"))
+    img = Image.open(tmp_path / "p.png").convert("RGB")
+    assert img.size == (120, 60)
+    px = img.load()
+    assert px[2, 2] == (255, 255, 255)  # background
+    assert px[20, 20] == (255, 0, 0) and px[60, 20] == (0, 0, 255)
+    r, g, b = px[50, 45]
+    assert g > 240 and 100 < r < 160 and 100 < b < 160  # green at half opacity over white
+    assert any(px[x, y] != (255, 255, 255) for x in range(88, 120) for y in range(15, 32))  # the text
+    row = [px[x, 55][0] for x in range(120)]
+    assert min(row) < 60 and max(row) > 200  # dashes and gaps
+
+
 # ------------------------------------------------------------------ trace picture
 def test_a_findings_event_sequence_is_drawn_with_its_violation_marked(tmp_path):
     sc = Scenario.from_dict({"blocks": [{}, {}], "stage": 3})

@@ -486,7 +486,7 @@ def test_runtime_import_pulls_no_explorer_dependency():
             "zerostate.runtime.compat_table, zerostate.runtime.engine_support, zerostate.runtime.errors, "
             "zerostate.runtime.hook_closures, zerostate.runtime.initialize_patch, zerostate.runtime.patcher\n"
             "bad = sorted({m.split('.')[0] for m in sys.modules} & "
-            "{'hypothesis', 'networkx', 'matplotlib', 'transformers', 'torch', 'deepspeed'})\n"
+            "{'hypothesis', 'networkx', 'PIL', 'matplotlib', 'transformers', 'torch', 'deepspeed'})\n"
             "print(bad)\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
@@ -505,7 +505,7 @@ def test_base_dependencies_never_replace_torch_or_deepspeed():
     assert names == {"torch": "torch", "deepspeed": "deepspeed"}, meta["dependencies"]
     extras = meta["optional-dependencies"]
     assert "deepspeed==0.19.8" in extras["explore"]
-    for dep in ("hypothesis", "networkx", "matplotlib"):
+    for dep in ("hypothesis", "networkx", "pillow"):
         assert any(d.startswith(dep) for d in extras["explore"]), dep
     for dep in ("transformers", "peft", "accelerate"):
         assert any(d.startswith(dep) for d in extras["hf"]), dep

@@ -29,6 +29,7 @@ import ast
 import importlib
 import importlib.util
 import json
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -110,11 +111,39 @@ def _literal(source: str) -> str:
 
 
 def _embedded_text() -> str:
+    """The embedded modules' block of a script.  Built once per process and kept while none of its files has
+    changed on disk (finding each module's imports parses every source: too slow to repeat per finding)."""
+    kept = _EMBEDDED.get("block")
+    if kept is not None and _stamps(kept[0]) == kept[1]:
+        return kept[2]
+    modules = embedded_modules()
+    files = tuple(str(_module_file(name)) for name in modules)
+    text = _embedded_block(modules)
+    _EMBEDDED["block"] = (files, _stamps(files), text)
+    return text
+
+
+_EMBEDDED: dict[str, tuple[tuple[str, ...], tuple[tuple[int, int], ...], str]] = {}
+"""``block``: the embedded files, their (mtime, size) when it was built, and the block."""
+
+
+def _stamps(files: tuple[str, ...]) -> tuple[tuple[int, int], ...]:
+    out = []
+    for f in files:
+        try:
+            st = os.stat(f)
+        except OSError:
+            return ()
+        out.append((st.st_mtime_ns, st.st_size))
+    return tuple(out)
+
+
+def _embedded_block(modules: dict[str, tuple[bool, str]]) -> str:
     parts = ["\n# " + "-" * 66 + " zerostate's own code, verbatim\n"
              "# Each module is loaded under its own name by _EmbeddedFinder, ahead of any installed zerostate\n"
              "# (none is needed, nor used): the scenario runs, and is judged, by the code explore used.\n"
              "EMBEDDED = {}\n"]
-    for name, (package, source) in embedded_modules().items():
+    for name, (package, source) in modules.items():
         parts.append(f"\n# {'-' * 20} {name} ({_module_file(name).name})\n"
                      f"EMBEDDED[{name!r}] = ({package!r}, {_literal(source)})\n")
     return "".join(parts)

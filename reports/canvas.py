@@ -1,4 +1,4 @@
-"""A tiny drawing surface: collect shapes once, write them as SVG (plain text) and PNG (matplotlib).
+"""A tiny drawing surface: collect shapes once, write them as SVG (plain text) and PNG (Pillow).
 
 Coordinates are pixels, origin top-left, y down (as in SVG).  Only what the
 report pictures need: rectangles, lines, circles, polylines and text.
@@ -6,6 +6,10 @@ report pictures need: rectangles, lines, circles, polylines and text.
 
 from __future__ import annotations
 
+import functools
+import importlib.util
+import math
+import os
 from dataclasses import dataclass, field
 from typing import Any
 from xml.sax.saxutils import escape
@@ -66,53 +70,85 @@ class Canvas:
         return "\n".join(out) + "\n"
 
     # --------------------------------------------------------------------- PNG
-    def to_png(self, path: str, dpi: int = 100) -> None:
-        """Rasterise with matplotlib (Agg).  Raises ImportError when matplotlib is missing."""
-        import matplotlib
-        matplotlib.use("Agg", force=False)
-        from matplotlib import patches
-        from matplotlib.figure import Figure
+    def to_png(self, path: str) -> None:
+        """Rasterise with Pillow: drawn at ``SUPERSAMPLE`` times the size, then scaled down (anti-aliased edges and
+        text).  Raises ImportError when Pillow is missing."""
+        from PIL import Image, ImageColor, ImageDraw
 
-        fig = Figure(figsize=(self.width / dpi, self.height / dpi), dpi=dpi)
-        ax = fig.add_axes((0, 0, 1, 1))
-        ax.set_xlim(0, self.width)
-        ax.set_ylim(self.height, 0)
-        ax.axis("off")
-        fig.patch.set_facecolor(self.background)
-        pt = 72.0 / dpi  # pixels -> points
-        from matplotlib.collections import LineCollection
-        z, i = 0, 0
-        while i < len(self.shapes):
-            kind, a = self.shapes[i]
-            z += 1
-            if kind == "line":  # a run of equally styled lines is one collection (fast for big graphs)
-                style = (a["color"], a["width"], a["dash"], a["opacity"])
-                segs = []
-                while i < len(self.shapes) and self.shapes[i][0] == "line" and (
-                        self.shapes[i][1]["color"], self.shapes[i][1]["width"], self.shapes[i][1]["dash"],
-                        self.shapes[i][1]["opacity"]) == style:
-                    b = self.shapes[i][1]
-                    segs.append([(b["x1"], b["y1"]), (b["x2"], b["y2"])])
-                    i += 1
-                ax.add_collection(LineCollection(segs, colors=a["color"], linewidths=a["width"] * pt * 1.4,
-                                                 linestyles=(0, (4, 3)) if a["dash"] else "solid",
-                                                 alpha=a["opacity"], zorder=z))
-                continue
-            i += 1
+        s = SUPERSAMPLE
+        img = Image.new("RGB", (max(1, round(self.width * s)), max(1, round(self.height * s))),
+                        ImageColor.getrgb(self.background))
+        draw = ImageDraw.Draw(img, "RGBA")  # RGBA: a colour's alpha blends over what is drawn already
+
+        def colour(name: str, opacity: float = 1.0) -> tuple[int, int, int, int] | None:
+            if name == "none":
+                return None
+            r, g, b = ImageColor.getrgb(name)[:3]
+            return r, g, b, round(255 * opacity)
+
+        for kind, a in self.shapes:
             if kind == "rect":
-                ax.add_patch(patches.Rectangle(
-                    (a["x"], a["y"]), a["w"], a["h"], facecolor=a["fill"] if a["fill"] != "none" else "none",
-                    edgecolor=a["stroke"] if a["stroke"] != "none" else "none", alpha=a["opacity"],
-                    linewidth=a["width"] * pt if a["stroke"] != "none" else 0, zorder=z))
+                x, y = a["x"] * s, a["y"] * s
+                box = (x, y, x + max(a["w"] * s, 0.0), y + max(a["h"] * s, 0.0))
+                draw.rectangle(box, fill=colour(a["fill"], a["opacity"]), outline=colour(a["stroke"], a["opacity"]),
+                               width=max(1, round(a["width"] * s)) if a["stroke"] != "none" else 0)
+            elif kind == "line":
+                ends = (a["x1"] * s, a["y1"] * s, a["x2"] * s, a["y2"] * s)
+                for seg in (_dashes(*ends, on=4 * s, off=3 * s) if a["dash"] else [ends]):
+                    draw.line(seg, fill=colour(a["color"], a["opacity"]), width=max(1, round(a["width"] * s)))
             elif kind == "circle":
-                ax.add_patch(patches.Circle((a["cx"], a["cy"]), a["r"], facecolor=a["fill"],
-                                            edgecolor=a["stroke"] if a["stroke"] != "none" else "none",
-                                            linewidth=a["width"] * pt, zorder=z))
+                cx, cy, r = a["cx"] * s, a["cy"] * s, a["r"] * s
+                draw.ellipse((cx - r, cy - r, cx + r, cy + r), fill=colour(a["fill"]), outline=colour(a["stroke"]),
+                             width=max(1, round(a["width"] * s)) if a["stroke"] != "none" else 0)
             elif kind == "text":
-                ha = {"start": "left", "middle": "center", "end": "right"}[a["anchor"]]
-                ax.text(a["x"], a["y"], a["s"], fontsize=a["size"] * pt, color=a["color"], ha=ha,
-                        va="baseline", fontweight="bold" if a["bold"] else "normal", zorder=z)
-        fig.savefig(path, dpi=dpi, facecolor=self.background, format="png")
+                font, thicken = _font(round(a["size"] * s), a["bold"])
+                draw.text((a["x"] * s, a["y"] * s), a["s"], fill=colour(a["color"]), font=font,
+                          anchor=_ANCHOR[a["anchor"]], stroke_width=s // 2 if thicken else 0,
+                          stroke_fill=colour(a["color"]) if thicken else None)
+        img.resize((max(1, self.width), max(1, self.height)), Image.Resampling.LANCZOS).save(path, format="PNG")
+
+
+SUPERSAMPLE = 2
+_ANCHOR = {"start": "ls", "middle": "ms", "end": "rs"}  # Pillow's anchors: horizontal, then on the baseline
+
+
+def _dashes(x1: float, y1: float, x2: float, y2: float, on: float, off: float) -> list[tuple[float, ...]]:
+    """A dashed line as its drawn pieces (SVG's ``stroke-dasharray="4 3"``)."""
+    length = math.hypot(x2 - x1, y2 - y1)
+    if length == 0:
+        return []
+    dx, dy = (x2 - x1) / length, (y2 - y1) / length
+    out, t = [], 0.0
+    while t < length:
+        e = min(t + on, length)
+        out.append((x1 + dx * t, y1 + dy * t, x1 + dx * e, y1 + dy * e))
+        t = e + off
+    return out
+
+
+@functools.cache
+def _font(size: int, bold: bool) -> tuple[Any, bool]:
+    """DejaVu Sans (the SVG's first choice) where a copy is found -- most Linux systems and matplotlib ship
+    one --, else Pillow's own scalable default font, which has no bold face: True then asks for bold text to
+    be thickened with a stroke."""
+    from PIL import ImageFont
+    for path in _dejavu(bold):
+        try:
+            return ImageFont.truetype(path, size), False
+        except OSError:
+            continue
+    return ImageFont.load_default(size), bold
+
+
+def _dejavu(bold: bool) -> list[str]:
+    name = "DejaVuSans-Bold.ttf" if bold else "DejaVuSans.ttf"
+    places = []
+    spec = importlib.util.find_spec("matplotlib")  # its font files, without importing it
+    if spec is not None and spec.submodule_search_locations:
+        places += [os.path.join(d, "mpl-data", "fonts", "ttf", name) for d in spec.submodule_search_locations]
+    places += [os.path.join(d, name) for d in ("/usr/share/fonts/truetype/dejavu", "/usr/share/fonts/dejavu",
+                                               "/usr/share/fonts/TTF")]
+    return [p for p in places if os.path.exists(p)]
 
 
 __all__ = ["Canvas"]

@@ -226,7 +226,7 @@ class Report:
             for k, name in pictures.write_picture(canvas, os.path.join(self.dir, f"graph_{n}")).items():
                 files[f"graph_{k}"] = name
         if (f.trace or shown.graph is not None) and not any(k.endswith("png") for k in files):
-            notes.append("PNG pictures need matplotlib (pip install matplotlib); SVG written")
+            notes.append("PNG pictures need Pillow (pip install pillow); SVG written")
 
     def finish(self, status: str = "complete", summary: JsonObject | None = None, text: str | None = None) -> None:
         self._update(status=status)

@@ -170,7 +170,7 @@ def titles(c: Canvas, title: str, subtitle: str) -> None:
 
 
 def write_picture(canvas: Canvas, base: str) -> dict[str, str]:
-    """Write ``base.svg`` and ``base.png``; return the file names written (PNG only when matplotlib is)."""
+    """Write ``base.svg`` and ``base.png``; return the file names written (PNG only when Pillow is installed)."""
     files = {}
     replace_file(base + ".svg", canvas.to_svg())
     files["svg"] = os.path.basename(base + ".svg")

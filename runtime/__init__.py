@@ -16,7 +16,7 @@ gradient-hook closures of 0.18.5 / 0.18.6 and their replacement), `hook_state_ma
 `errors`, `autoinstall`, `selfcheck`.
 
 Importing this package imports neither torch nor deepspeed (nor the explorer's hypothesis, networkx,
-matplotlib: a runtime user installs only torch + deepspeed); `install` imports them.  Logs go to the
+Pillow: a runtime user installs only torch + deepspeed); `install` imports them.  Logs go to the
 ``zerostate.runtime`` logger: one INFO line per install, one WARNING per engine left stock.
 """
 
