@@ -95,6 +95,25 @@ def test_canvas_png_draws_what_the_svg_says(tmp_path):
     assert min(row) < 60 and max(row) > 200  # dashes and gaps
 
 
+def test_a_picture_written_again_is_copied_not_rasterised_again(tmp_path, monkeypatch):
+    """`write_picture` with ``kept``: the second write of the same picture (explore's renumbering) copies its PNG;
+    a different picture is rasterised."""
+    pytest.importorskip("PIL")
+    rasterised = []
+    real = Canvas.to_png
+    monkeypatch.setattr(Canvas, "to_png", lambda self, path: (rasterised.append(path), real(self, path))[1])
+    kept: dict[str, bytes] = {}
+    a, b = Canvas(40, 20), Canvas(40, 20)
+    b.rect(0, 0, 10, 10, fill="#ff0000")
+    write_picture(a, str(tmp_path / "one"), kept)
+    write_picture(a, str(tmp_path / "two"), kept)
+    write_picture(b, str(tmp_path / "three"), kept)
+    assert len(rasterised) == 2 and (tmp_path / "two.png").read_bytes() == (tmp_path / "one.png").read_bytes()
+    assert (tmp_path / "three.png").read_bytes() != (tmp_path / "one.png").read_bytes()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["one.png", "one.svg", "three.png", "three.svg",
+                                                           "two.png", "two.svg"]  # no temporary file left
+
+
 # ------------------------------------------------------------------ trace picture
 def test_a_findings_event_sequence_is_drawn_with_its_violation_marked(tmp_path):
     sc = Scenario.from_dict({"blocks": [{}, {}], "stage": 3})

@@ -71,8 +71,8 @@ class Canvas:
 
     # --------------------------------------------------------------------- PNG
     def to_png(self, path: str) -> None:
-        """Rasterise with Pillow: drawn at ``SUPERSAMPLE`` times the size, then scaled down (anti-aliased edges and
-        text).  Raises ImportError when Pillow is missing."""
+        """Rasterise with Pillow, drawn at ``SUPERSAMPLE`` times the size and averaged down.  Raises ImportError
+        when Pillow is missing."""
         from PIL import Image, ImageColor, ImageDraw
 
         s = SUPERSAMPLE
@@ -105,10 +105,14 @@ class Canvas:
                 draw.text((a["x"] * s, a["y"] * s), a["s"], fill=colour(a["color"]), font=font,
                           anchor=_ANCHOR[a["anchor"]], stroke_width=s // 2 if thicken else 0,
                           stroke_fill=colour(a["color"]) if thicken else None)
-        img.resize((max(1, self.width), max(1, self.height)), Image.Resampling.LANCZOS).save(path, format="PNG")
+        img.reduce(s).save(path, format="PNG", compress_level=COMPRESS_LEVEL)
 
 
 SUPERSAMPLE = 2
+"""Drawn at twice the size and box-averaged down: anti-aliased edges and text."""
+COMPRESS_LEVEL = 1
+"""zlib's fastest level: these flat-coloured pictures compress well at any level, and a finding's PNG is written
+three times in an exploration's wall clock (`bench_report_writing.py`)."""
 _ANCHOR = {"start": "ls", "middle": "ms", "end": "rs"}  # Pillow's anchors: horizontal, then on the baseline
 
 

@@ -80,6 +80,9 @@ class Report:
             for path in glob.glob(os.path.join(out_dir, pattern)):
                 os.unlink(path)
         self._t0 = time.monotonic()
+        self._png_kept: dict[str, bytes] = {}
+        """Each picture's PNG by its SVG text: a finding written again with the same picture (explore renumbers
+        its findings at the end) copies it instead of rasterising it again."""
         self.model = RunReport(
             __version__, command, "running",
             WhatRan(dict(run), _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")),
@@ -219,11 +222,13 @@ class Report:
         produced_by = f" ({shown.design or shown.where})" if shown.design or shown.where else ""
         if f.trace:
             canvas = pictures.trace_picture(f.trace, f.index, f"{f.check} violated{produced_by}", f.error)
-            for k, name in pictures.write_picture(canvas, os.path.join(self.dir, f"trace_{n}")).items():
+            base = os.path.join(self.dir, f"trace_{n}")
+            for k, name in pictures.write_picture(canvas, base, self._png_kept).items():
                 files[f"trace_{k}"] = name
         if shown.graph is not None:
             canvas = graph_picture(shown.graph, shown.graph_path, f"state graph: {f.check}{produced_by}", f.error)
-            for k, name in pictures.write_picture(canvas, os.path.join(self.dir, f"graph_{n}")).items():
+            base = os.path.join(self.dir, f"graph_{n}")
+            for k, name in pictures.write_picture(canvas, base, self._png_kept).items():
                 files[f"graph_{k}"] = name
         if (f.trace or shown.graph is not None) and not any(k.endswith("png") for k in files):
             notes.append("PNG pictures need Pillow (pip install pillow); SVG written")

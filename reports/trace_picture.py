@@ -169,14 +169,24 @@ def titles(c: Canvas, title: str, subtitle: str) -> None:
         c.text(12, 44, first if len(first) <= room else first[:room - 1] + "…", size=12, color="#333333")
 
 
-def write_picture(canvas: Canvas, base: str) -> dict[str, str]:
-    """Write ``base.svg`` and ``base.png``; return the file names written (PNG only when Pillow is installed)."""
+def write_picture(canvas: Canvas, base: str, kept: dict[str, bytes] | None = None) -> dict[str, str]:
+    """Write ``base.svg`` and ``base.png``; return the file names written (PNG only when Pillow is installed).
+    ``kept``: PNGs already rasterised, by their SVG text -- a picture drawn again (a finding renumbered) is
+    copied, not rasterised again."""
     files = {}
-    replace_file(base + ".svg", canvas.to_svg())
+    svg = canvas.to_svg()
+    replace_file(base + ".svg", svg)
     files["svg"] = os.path.basename(base + ".svg")
+    tmp = base + ".png.tmp"
     try:
-        tmp = base + ".png.tmp"
-        canvas.to_png(tmp)
+        if kept is not None and svg in kept:
+            with open(tmp, "wb") as fh:
+                fh.write(kept[svg])
+        else:
+            canvas.to_png(tmp)
+            if kept is not None:
+                with open(tmp, "rb") as fh:
+                    kept[svg] = fh.read()
         os.replace(tmp, base + ".png")
         files["png"] = os.path.basename(base + ".png")
     except ImportError:
