@@ -116,7 +116,8 @@ def run(args: argparse.Namespace) -> int:
         ran_first += f" (run {ran} of up to {repeat})"
     if args.json:
         print(json.dumps({**target_info, "scenario": scenario.to_dict(), "passed": passed, "check": check,
-                          "error": error, "finding_check": want, "finding_key": key,
+                          "error": error, "key": this[0].key if this else None,
+                          "finding_check": want, "finding_key": key,
                           "same_key": same_key if want else None, "sequence": len(sequence), "runs": ran,
                           "known_issue": known, "other_failing_checks": other,
                           "gathered": gathered_metrics(scenario, outcome),

@@ -321,11 +321,14 @@ def test_replay_judges_the_findings_own_check(buggy_run, tmp_path):
     r = zs("replay", str(out / "finding_1.json"), *BUGGY, "--json")
     data = json.loads(r.stdout)
     assert r.returncode == 1 and data["finding_check"] == data["check"] == saved["check"] and data["same_key"]
+    assert data["key"] == data["finding_key"] == saved["key"]  # the replay's own key, beside the file's
     assert {o["check"] for o in data["other_failing_checks"]} == failing - {saved["check"]}
     other = tmp_path / "other.json"
     other.write_text(json.dumps({**saved, "check": holding, "key": holding}))
     r = zs("replay", str(other), *BUGGY)
     assert r.returncode == 0 and r.stdout.startswith(f"PASS on model design ds-0.18.4: the finding's check {holding}")
+    passed = json.loads(zs("replay", str(other), *BUGGY, "--json").stdout)
+    assert passed["key"] is None and passed["finding_key"] == holding  # nothing failed: no key of its own
     assert "other failing checks" in r.stdout and saved["check"] in r.stdout
 
 
