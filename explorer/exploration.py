@@ -333,7 +333,9 @@ class Exploration:
                              dict(self.round_of) if rounds else {}, list(rounds.new_units) if rounds else [],
                              self._generated_runs(), self.completion.to_dict() if self.completion else None,
                              frozenset(self.exercised), self.skipped,
-                             breakdown(end - self._t0, self.phase_seconds, self._spent, cores())
+                             breakdown(end - self._t0, self.phase_seconds, self._spent, cores(),
+                                       (self.completion.draw_seconds, self.completion.waited_seconds)
+                                       if self.completion else None)
                              if self._ended is not None else None)
 
     def _generated_runs(self) -> list[GeneratedRun]:

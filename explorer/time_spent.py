@@ -36,11 +36,16 @@ def spent_by(workers: list[Target]) -> Spent | None:
     return sum(measured, Spent())
 
 
-def breakdown(wall: float, phases: dict[str, float], spent: Spent | None, n_cores: int) -> dict[str, Any]:
+def breakdown(wall: float, phases: dict[str, float], spent: Spent | None, n_cores: int,
+              completion: tuple[float, float] | None = None) -> dict[str, Any]:
     """The report's ``time``: ``wall``, ``phases`` (seconds each), what the workers ``spent`` (`Spent.to_dict`,
-    or null: not measured), ``cores``, ``cpu_limit`` (the runs' CPU seconds / cores) and ``wall_over_limit``."""
+    or null: not measured), ``cores``, ``cpu_limit`` (the runs' CPU seconds / cores) and ``wall_over_limit``;
+    with the pairwise ``completion``'s (draw seconds, seconds a worker waited for its draws), ``completion``
+    (part of the generation phase: drawn beside the generated lanes, what was waited for is its cost)."""
     out: dict[str, Any] = {"wall": round(wall, 2), "phases": {p: round(phases.get(p, 0.0), 2) for p in PHASES},
                            "spent": spent.to_dict() if spent is not None else None, "cores": n_cores}
+    if completion is not None:
+        out["completion"] = {"draw_seconds": round(completion[0], 2), "waited_seconds": round(completion[1], 2)}
     if spent is not None and spent.cpu_seconds > 0:
         limit = spent.cpu_seconds / n_cores
         out["cpu_limit"] = round(limit, 2)
@@ -51,8 +56,11 @@ def breakdown(wall: float, phases: dict[str, float], spent: Spent | None, n_core
 def time_line(t: dict[str, Any]) -> str:
     """One line for the summary: the wall clock, where it went, and the limit."""
     ph = t["phases"]
-    head = (f"time: {t['wall']:.0f} s wall (generation {ph['generation']:.0f} s, shrinking {ph['shrinking']:.0f} s, "
-            f"waiting for confirmations {ph['confirmation']:.0f} s)")
+    c = t.get("completion")
+    drawn = (f", of it {c['waited_seconds']:.0f} s waiting for the pairwise completion's draws "
+             f"({c['draw_seconds']:.0f} s drawn in all)") if c else ""
+    head = (f"time: {t['wall']:.0f} s wall (generation {ph['generation']:.0f} s{drawn}, shrinking "
+            f"{ph['shrinking']:.0f} s, waiting for confirmations {ph['confirmation']:.0f} s)")
     s = t.get("spent")
     if s is None:
         return head + ("; the runs and starts are not measured (a target without worker processes, or workers "

@@ -28,6 +28,11 @@ def test_spent_adds_field_by_field_and_the_limit_is_the_runs_cpu_over_the_cores(
     assert "/ 2 core(s) = 2 s, wall 10.0x that" in line
     forked = time_line(breakdown(20.0, {}, total + Spent(starts=2, forked_starts=2), 2))
     assert "3 worker start(s) (2 forked from a fork server)" in forked
+    assert "completion" not in line  # a run without the pairwise completion says nothing of it
+    completed = breakdown(20.0, {"generation": 12.0}, total, 2, (7.25, 1.5))
+    assert completed["completion"] == {"draw_seconds": 7.25, "waited_seconds": 1.5}
+    assert ("(generation 12 s, of it 2 s waiting for the pairwise completion's draws (7 s drawn in all), "
+            "shrinking") in time_line(completed)
 
 
 def test_a_target_without_workers_says_its_runs_are_not_measured():
