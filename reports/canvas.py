@@ -122,7 +122,8 @@ def _dashes(x1: float, y1: float, x2: float, y2: float, on: float, off: float) -
     if length == 0:
         return []
     dx, dy = (x2 - x1) / length, (y2 - y1) / length
-    out, t = [], 0.0
+    out: list[tuple[float, ...]] = []
+    t = 0.0
     while t < length:
         e = min(t + on, length)
         out.append((x1 + dx * t, y1 + dy * t, x1 + dx * e, y1 + dy * e))
