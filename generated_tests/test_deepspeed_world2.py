@@ -256,6 +256,18 @@ def test_a_start_that_fails_once_is_tried_again_and_said(tmp_path, monkeypatch, 
         t.close()
 
 
+def _environ(pid: int) -> dict[str, str]:
+    """A started process's environment from /proc.  Popen returns once the child's exec has begun (its
+    close-on-exec pipe closed), which can be before the kernel has laid out the new program's environment:
+    /proc/PID/environ reads empty for that moment (seen under CI's load), so it is read until it is not."""
+    deadline = time.monotonic() + 30
+    while True:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+        if raw or time.monotonic() > deadline:
+            return dict(kv.split("=", 1) for kv in raw.decode(errors="replace").split("\0") if "=" in kv)
+        time.sleep(0.01)
+
+
 def test_the_rank_pools_rendezvous_store_is_held_by_the_pool(tmp_path):
     """The pool's process binds the rendezvous store's port before any rank starts and holds it while the pool
     lives: no other process can take the port between its choice and the ranks' rendezvous.  Every rank is told
@@ -272,9 +284,8 @@ def test_the_rank_pools_rendezvous_store_is_held_by_the_pool(tmp_path):
         pool._store.set("k", "v")
         assert pool._store.get("k") == b"v"
         for pid in pool.pids:
-            env = dict(kv.split("=", 1) for kv in
-                       Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace").split("\0") if "=" in kv)
-            assert env["MASTER_PORT"] == str(port) and env["TORCHELASTIC_USE_AGENT_STORE"] == "True", pid
+            env = _environ(pid)
+            assert env["MASTER_PORT"] == str(port) and env["TORCHELASTIC_USE_AGENT_STORE"] == "True", (pid, env)
         assert pool.request({"op": "hello"}, 300).get("ok"), pool.log_tail()  # the ranks met on that store
     finally:
         pool.close(kill=True)
