@@ -93,6 +93,11 @@ def test_canvas_png_draws_what_the_svg_says(tmp_path):
     assert any(px[x, y] != (255, 255, 255) for x in range(88, 120) for y in range(15, 32))  # the text
     row = [px[x, 55][0] for x in range(120)]
     assert min(row) < 60 and max(row) > 200  # dashes and gaps
+    big = Canvas(4000, 2500)  # over SUPERSAMPLE_UP_TO: drawn at its own size, the same picture
+    big.rect(10, 10, 20, 20, fill="#ff0000")
+    big.to_png(str(tmp_path / "big.png"))
+    img = Image.open(tmp_path / "big.png").convert("RGB")
+    assert img.size == (4000, 2500) and img.getpixel((20, 20)) == (255, 0, 0) and img.getpixel((2, 2)) == (255,) * 3
 
 
 def test_a_picture_written_again_is_copied_not_rasterised_again(tmp_path, monkeypatch):

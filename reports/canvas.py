@@ -75,7 +75,7 @@ class Canvas:
         when Pillow is missing."""
         from PIL import Image, ImageColor, ImageDraw
 
-        s = SUPERSAMPLE
+        s = SUPERSAMPLE if self.width * self.height <= SUPERSAMPLE_UP_TO else 1
         img = Image.new("RGB", (max(1, round(self.width * s)), max(1, round(self.height * s))),
                         ImageColor.getrgb(self.background))
         draw = ImageDraw.Draw(img, "RGBA")  # RGBA: a colour's alpha blends over what is drawn already
@@ -110,6 +110,9 @@ class Canvas:
 
 SUPERSAMPLE = 2
 """Drawn at twice the size and box-averaged down: anti-aliased edges and text."""
+SUPERSAMPLE_UP_TO = 8_000_000
+"""Pixels up to which a picture is supersampled; a bigger one (a state graph of thousands of states) is drawn at
+its own size, so that its drawing surface stays a few hundred megabytes at most."""
 COMPRESS_LEVEL = 1
 """zlib's fastest level: these flat-coloured pictures compress well at any level, and a finding's PNG is written
 three times in an exploration's wall clock (`bench_report_writing.py`)."""
