@@ -114,8 +114,8 @@ SUPERSAMPLE_UP_TO = 8_000_000
 """Pixels up to which a picture is supersampled; a bigger one (a state graph of thousands of states) is drawn at
 its own size, so that its drawing surface stays a few hundred megabytes at most."""
 COMPRESS_LEVEL = 1
-"""zlib's fastest level: these flat-coloured pictures compress well at any level, and a finding's PNG is written
-three times in an exploration's wall clock (`bench_report_writing.py`)."""
+"""zlib's fastest level: these flat-coloured pictures compress well at any level, and an exploration waits while
+a finding's PNG is written (`bench_report_writing.py`)."""
 _ANCHOR = {"start": "ls", "middle": "ms", "end": "rs"}  # Pillow's anchors: horizontal, then on the baseline
 
 
