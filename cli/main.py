@@ -15,12 +15,13 @@ from typing import NoReturn
 
 from zerostate import __version__
 
-from zerostate.cli import cmd_bisect, cmd_check, cmd_compare, cmd_diff, cmd_explore, cmd_replay, cmd_watch
+from zerostate.cli import (cmd_bisect, cmd_check, cmd_compare, cmd_diff, cmd_doctor, cmd_explore, cmd_replay,
+                           cmd_watch)
 from zerostate.cli.common import EXIT_INTERRUPTED, EXIT_USAGE, CliError
 from zerostate.harness import forked
 from zerostate.targets.interface import TargetError
 
-COMMANDS = (cmd_explore, cmd_check, cmd_compare, cmd_replay, cmd_bisect, cmd_diff, cmd_watch)
+COMMANDS = (cmd_explore, cmd_check, cmd_compare, cmd_replay, cmd_bisect, cmd_diff, cmd_watch, cmd_doctor)
 
 
 class _Parser(argparse.ArgumentParser):

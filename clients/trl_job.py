@@ -102,12 +102,34 @@ def _skip_shm_build() -> None:
         ds_comm_torch.build_shm_op = lambda: None
 
 
+def config(trainer: str = "sft", ckpt: str = "trl", steps: int = 3, ds: str = "trainer") -> Any:
+    """The job's ``<Trainer>Config`` as a TRL user writes it (``zerostate doctor`` reads its ``to_dict()``).
+    ``reentrant`` / ``non_reentrant`` are written into ``gradient_checkpointing_kwargs`` here; `run` writes them
+    again after the trainer is built (TRL may rewrite them)."""
+    import tempfile
+
+    import trl
+
+    common: dict[str, Any] = {
+        "output_dir": tempfile.mkdtemp(prefix=f"zerostate-trl-{trainer}-"), "max_steps": steps,
+        "learning_rate": 1e-2, "lr_scheduler_type": "constant", "warmup_steps": 0, "logging_steps": 1, "report_to": [],
+        "save_strategy": "no", "seed": 0, "data_seed": 0, "dataloader_num_workers": 0, "disable_tqdm": True,
+        "use_cpu": True, "gradient_checkpointing": ckpt != "none",
+        "deepspeed": ds_config() if ds == "trainer" else None}
+    if ckpt in ("reentrant", "non_reentrant"):
+        common["gradient_checkpointing_kwargs"] = {"use_reentrant": ckpt == "reentrant"}
+    if trainer == "sft":
+        return trl.SFTConfig(per_device_train_batch_size=4, max_length=SEQ, **common)
+    if trainer == "grpo":
+        return trl.GRPOConfig(per_device_train_batch_size=2, num_generations=2, max_completion_length=6,
+                              temperature=1.0, **common)
+    return trl.DPOConfig(per_device_train_batch_size=2, max_length=SEQ, **common)
+
+
 def run(trainer: str = "sft", ckpt: str = "trl", steps: int = 3, ds: str = "trainer", runtime: bool = False,
         callbacks: list | None = None) -> dict:
     """Train the job in this process; returns the result record (an error included, never raised).  ``callbacks``:
     HF ``TrainerCallback`` objects given to the trainer (benchmarks/bench_watch.py times and toggles the watch)."""
-    import tempfile
-
     import deepspeed
     import torch
     import trl
@@ -120,27 +142,17 @@ def run(trainer: str = "sft", ckpt: str = "trl", steps: int = 3, ds: str = "trai
         import zerostate.runtime as zr
 
         zr.patch_deepspeed()
-    common: dict[str, Any] = {
-        "output_dir": tempfile.mkdtemp(prefix=f"zerostate-trl-{trainer}-"), "max_steps": steps,
-        "learning_rate": 1e-2, "lr_scheduler_type": "constant", "warmup_steps": 0, "logging_steps": 1, "report_to": [],
-        "save_strategy": "no", "seed": 0, "data_seed": 0, "dataloader_num_workers": 0, "disable_tqdm": True,
-        "use_cpu": True, "gradient_checkpointing": ckpt != "none",
-        "deepspeed": ds_config() if ds == "trainer" else None}
+    args = config(trainer, ckpt, steps, ds)
     peft = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
     model, tok, data = llama(), tokenizer(), dataset(trainer, 8 * steps)
-    args: Any
     job: Any
     if trainer == "sft":
-        args = trl.SFTConfig(per_device_train_batch_size=4, max_length=SEQ, **common)
         job = trl.SFTTrainer(model=model, args=args, train_dataset=data, processing_class=tok, peft_config=peft,
                              callbacks=callbacks)
     elif trainer == "grpo":
-        args = trl.GRPOConfig(per_device_train_batch_size=2, num_generations=2, max_completion_length=6,
-                              temperature=1.0, **common)
         job = trl.GRPOTrainer(model=model, reward_funcs=_reward, args=args, train_dataset=data,
                               processing_class=tok, peft_config=peft, callbacks=callbacks)
     else:
-        args = trl.DPOConfig(per_device_train_batch_size=2, max_length=SEQ, **common)
         job = trl.DPOTrainer(model=model, args=args, train_dataset=data, processing_class=tok, peft_config=peft,
                              callbacks=callbacks)
     # transformers 5.2x's Trainer enables checkpointing with ``activation_checkpointing_kwargs``; the old name is a

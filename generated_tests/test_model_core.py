@@ -23,10 +23,11 @@ LAYERS = {
     "explorer": {"model", "specs", "findings", "known", "targets", "atomic"},
     "cluster": {"model", "targets", "harness"},
     "clients": {"model", "runtime", "watcher"},
+    "doctor": {"model", "findings", "known", "tracing"},
     "reports": {"model", "analysis", "findings", "known", "harness", "targets", "explorer", "atomic"},
     "watcher": {"model", "specs", "findings", "known", "tracing", "runtime", "reports", "atomic", "jit_ops"},
     "cli": {"model", "specs", "analysis", "runtime", "findings", "known", "tracing", "harness", "targets", "explorer",
-            "cluster", "reports", "watcher", "atomic", "jit_ops"},
+            "cluster", "reports", "watcher", "doctor", "atomic", "jit_ops"},
 }
 """What each package may import of the project (beside itself).  The runtime (shipped alone to DeepSpeed
 users) imports only the model's era table; nothing imports the CLI (it holds the commands only: the reports

@@ -11,7 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
 WHICH=${1:-all}
-STRICT_PKGS=(zerostate.model zerostate.specs zerostate.analysis zerostate.findings zerostate.reports)
+STRICT_PKGS=(zerostate.model zerostate.specs zerostate.analysis zerostate.findings zerostate.reports zerostate.doctor)
 STRICT_MODS=(zerostate.harness.protocol)
 
 layout=$("$PY" - "${STRICT_PKGS[@]}" <<'PYEOF'
