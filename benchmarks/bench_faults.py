@@ -40,6 +40,7 @@ sys.path.insert(0, str(HERE))
 
 from faults.apply import applied, make_tree  # noqa: E402
 from faults.catalogue import FAULTS, RELEASE, Fault, by_id  # noqa: E402
+from faults.labels import replay_labels, still_wrong  # noqa: E402
 from faults.runner import ExploreRun, explore, replay  # noqa: E402
 from faults.table import fault_lines, markdown, reached, summary  # noqa: E402
 from faults.verdict import (SeenFinding, changed_examples, fixed, grown_examples, introduced, judge,  # noqa: E402
@@ -175,6 +176,8 @@ def run_fault(fault: Fault, tree: Path, runs: Path, base: dict[str, Any], exampl
         known_issue=None, seconds=r["seconds"], examples=None, n=10_000 + r["position"])
         for r in grown_rows if confirmed_growth(r)]
     verdict = judge(base_findings, run.seen, frozenset(ignored), made, made_examples, fixed_examples, grown)
+    label_rows = _replay_labels(fault, tree, runs, run.report, wrong_labels(base_findings, run.seen,
+                                                                             fault.reintroduces))
     if verdict.status != "killed" and not finished(run):
         return {"id": fault.id, "status": "incomplete", "run": {
             "status": run.report.get("status"), "returncode": run.returncode, "wall_s": round(run.wall_s, 1)}}
@@ -189,7 +192,7 @@ def run_fault(fault: Fault, tree: Path, runs: Path, base: dict[str, Any], exampl
             "killer": verdict.killer, "hidden_by_label": verdict.hidden_by_label,
             "new_keys": verdict.new_keys, "tool_errors": verdict.tool_errors,
             "new_labels": new_labels(base_findings, run.seen),
-            "wrong_labels": wrong_labels(base_findings, run.seen, fault.reintroduces),
+            "wrong_labels": still_wrong(label_rows), "label_replays": label_rows,
             "ignored_keys": sorted(ignored), "attempts": attempt,
             "replays": {k: _short(v) for k, v in replays.items()},
             "old_key_replays": {k: {side: _short(a) for side, a in r.items()} for k, r in old_replays.items()},
@@ -205,6 +208,32 @@ def run_fault(fault: Fault, tree: Path, runs: Path, base: dict[str, Any], exampl
                     "report_seconds": run.report.get("run", {}).get("seconds"), "wall_s": round(run.wall_s, 1),
                     "returncode": run.returncode},
             "bench_wall_s": round(time.monotonic() - t0, 1)}
+
+
+def _replay_labels(fault: Fault, tree: Path, runs: Path, report: dict[str, Any],
+                   candidates: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The new findings labelled by another known issue than the fault's, each replayed on the unfaulted ``tree``
+    (`faults.labels`): a label the release shows on that scenario is the release's own bug, not the fault read as
+    known."""
+    return replay_labels(candidates, report, runs / fault.id, lambda f, log: replay(f, tree, log),
+                         runs / f"{fault.id}.label")
+
+
+def relabel(fault: Fault, tree: Path, runs: Path) -> bool:
+    """``--relabel``: the label replays of a kept result (its report under RUNS) made again on the unfaulted tree;
+    its ``wrong_labels`` rewritten from them.  False when it has no kept result with new labels."""
+    kept = runs / f"{fault.id}.json"
+    report_path = runs / fault.id / "report.json"
+    if not kept.exists() or not report_path.exists():
+        return False
+    result = json.loads(kept.read_text())
+    if "new_labels" not in result:
+        return False
+    candidates = [x for x in result["new_labels"] if x["label"] and x["label"] != fault.reintroduces]
+    rows = _replay_labels(fault, tree, runs, json.loads(report_path.read_text()), candidates)
+    result.update(wrong_labels=still_wrong(rows), label_replays=rows)
+    kept.write_text(json.dumps(result, indent=2) + "\n")
+    return True
 
 
 def _replay_changed(fault: Fault, tree: Path, out: Path, base_dir: Path, base_findings: list[dict[str, Any]],
@@ -347,6 +376,8 @@ def main(argv: list[str] | None = None) -> int:
                     "its results are kept for the faults RUNS has none for, each labelled with the run it came from")
     ap.add_argument("--label", default="an earlier run", help="with --keep-from: the label of its results that "
                     "carry none (the ones its own run measured)")
+    ap.add_argument("--relabel", action="store_true", help="replay the labelled new findings of the kept results on "
+                    "the unfaulted tree again (a label the release shows there is its own bug) and rewrite the table")
     ap.add_argument("--list", action="store_true", help="list the faults and exit")
     args = ap.parse_args(argv)
     # a SIGTERM unwinds like Ctrl-C: the applied fault is taken back and the running exploration ended
@@ -366,6 +397,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.keep_from:
         print(f"kept from {args.keep_from}: {', '.join(keep_from(Path(args.keep_from), runs, args.label)) or 'none'}")
     results: list[dict[str, Any]] = []
+    if args.relabel:
+        package = installed_package()
+        check_pristine(tree, package)
+        for fault in chosen:
+            print(f"{fault.id}: {'relabelled' if relabel(fault, tree, runs) else 'no kept result with new labels'}",
+                  flush=True)
+        args.table_only = True
     if not args.table_only:
         package = installed_package()
         if not (tree / "deepspeed" / "__init__.py").exists():

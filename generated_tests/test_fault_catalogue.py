@@ -382,3 +382,34 @@ def test_a_kept_result_takes_the_catalogues_equivalence_argument(tmp_path) -> No
     table = json.loads(out.read_text())
     assert table["faults"][0]["cpu_blind"] == fault.cpu_blind
     assert table["summary"]["non_equivalent"] == 0
+
+
+def test_a_new_findings_label_is_wrong_only_when_the_unfaulted_release_does_not_show_it(tmp_path) -> None:
+    """`faults.labels`: each labelled new finding is replayed on the unfaulted tree; a label the release shows on
+    the finding's own scenario (first or summed, on any of its replays) is the release's own bug; one it never shows,
+    or a finding with no file to replay, stays wrong."""
+    from faults.labels import REPEAT, replay_labels, still_wrong
+    from faults.table import _new_labels
+
+    report = {"findings": [{"key": k, "files": {"scenario": f"{k}.json"}} for k in ("a", "b", "c")]}
+    answers = {  # what `zerostate replay --json` answered per finding file, in order
+        "a.json": [{"passed": False, "key": "a", "known_issue": {"id": "two-backwards-per-forward"}}],
+        "b.json": [{"passed": True}] * REPEAT,
+        "c.json": [{"passed": False, "key": "x",
+                    "known_issue": {"id": "other", "also": [{"id": "step-without-gradient"}]}}],
+    }
+    calls: list[str] = []
+
+    def replay(path: Path, log: Path) -> dict:
+        calls.append(path.name)
+        return answers[path.name][sum(c == path.name for c in calls) - 1]
+
+    cands = [{"key": "a", "label": "two-backwards-per-forward"}, {"key": "b", "label": "step-without-gradient"},
+             {"key": "c", "label": "step-without-gradient"}, {"key": "gone", "label": "seed-002"}]
+    rows = replay_labels(cands, report, tmp_path, replay, tmp_path / "x.label")
+    assert [r["shown_unfaulted"] for r in rows] == [True, False, True, None]
+    assert calls.count("b.json") == REPEAT and calls.count("a.json") == 1
+    assert still_wrong(rows) == [{"key": "b", "label": "step-without-gradient"}, {"key": "gone", "label": "seed-002"}]
+    cell = _new_labels({"new_labels": cands[:1] + [{"key": "n", "label": None}], "wrong_labels": [],
+                        "label_replays": rows[:1]})
+    assert cell == "none, two-backwards-per-forward (the release's own: shown unfaulted)"

@@ -31,9 +31,12 @@ def summary(results: list[dict[str, Any]], fast_s: float) -> dict[str, Any]:
                 f"{len(hidden)} of the kills carry a known-issue label the unfaulted run also has")
     recorded = [r for r in results if "new_labels" in r]
     mislabelled = [r["id"] for r in recorded if r.get("wrong_labels")]
+    replayed = sum("label_replays" in r for r in recorded)
     sentence += (f"; labels of the findings faults introduced: {len(mislabelled)} of {len(recorded)} faults with "
                  f"such a finding labelled by another known issue than the one they reintroduce"
-                 + (f" ({', '.join(mislabelled)})" if mislabelled else ""))
+                 + (f" ({', '.join(mislabelled)})" if mislabelled else "")
+                 + f" (for {replayed} of them each such label replayed on the unfaulted tree, and cleared where the "
+                   "release shows it on the finding's own scenario)")
     unjudged = sum(r["status"] == "unjudged" for r in results)
     if unjudged:  # a kept kill whose killing key a newer unfaulted run also shows: unknown, so not a kill
         sentence += (f"; {unjudged} kept kill(s) not judged again against the newer unfaulted run "
@@ -99,7 +102,9 @@ def _new_labels(r: dict[str, Any]) -> str:
         return "(not recorded)"
     labels = sorted({x["label"] or "none" for x in r["new_labels"]})
     wrong = {x["label"] for x in r.get("wrong_labels") or ()}
-    return ", ".join(f"**WRONG: {lab}**" if lab in wrong else lab for lab in labels) or "no new finding"
+    own = {x["label"] for x in r.get("label_replays") or () if x.get("shown_unfaulted")} - wrong
+    return ", ".join(f"**WRONG: {lab}**" if lab in wrong else f"{lab} (the release's own: shown unfaulted)"
+                     if lab in own else lab for lab in labels) or "no new finding"
 
 
 def markdown(results: list[dict[str, Any]], figures: dict[str, Any], meta: dict[str, Any]) -> str:
