@@ -275,21 +275,22 @@ def hf_facts(hf: dict[str, Any] | None, where: str, trainer: str, stage: Value |
     accumulation boundary as DeepSpeed's ``gradient_accumulation_steps`` says)."""
     facts: dict[str, Fact] = {}
     notes: list[str] = []
-    loop = f"{'TRL ' + trainer.upper() if trainer != 'hf' else 'HF'} Trainer's loop"
-    facts["hf_model"] = Fact(True, loop)
-    facts["nested_outputs"] = Fact(True, "an HF model computes its loss from its logits")
-    facts["param_groups"] = Fact(True, "HF Trainer's optimizer groups (with and without weight decay)")
-    facts["param_outside_optimizer"] = Fact(False, "HF Trainer puts every trainable parameter in a group")
-    for d in ("fused_loss", "late_module", "retain_graph", "pytorch_backward", "nonscalar_backward", "idle_step",
-              "freeze_toggle", "manual_boundary"):
-        facts[d] = Fact(False, loop)
     generates = trainer == "grpo"
-    if generates:
-        gather = (hf or {}).get("ds3_gather_for_generation", True)
-        facts["hooks_reregistered"] = Fact(stage == 3 and bool(gather),
-                                           "GRPO's generation under ZeRO-3 (ds3_gather_for_generation)")
-    else:
-        facts["hooks_reregistered"] = Fact(False, loop)
+    if trainer != "custom":  # a trainer's own loop; a custom loop says nothing of itself
+        loop = f"{'TRL ' + trainer.upper() if trainer != 'hf' else 'HF'} Trainer's loop"
+        facts["hf_model"] = Fact(True, loop)
+        facts["nested_outputs"] = Fact(True, "an HF model computes its loss from its logits")
+        facts["param_groups"] = Fact(True, "HF Trainer's optimizer groups (with and without weight decay)")
+        facts["param_outside_optimizer"] = Fact(False, "HF Trainer puts every trainable parameter in a group")
+        for d in ("fused_loss", "late_module", "retain_graph", "pytorch_backward", "nonscalar_backward", "idle_step",
+                  "freeze_toggle", "manual_boundary"):
+            facts[d] = Fact(False, loop)
+        if generates:
+            gather = (hf or {}).get("ds3_gather_for_generation", True)
+            facts["hooks_reregistered"] = Fact(stage == 3 and bool(gather),
+                                               "GRPO's generation under ZeRO-3 (ds3_gather_for_generation)")
+        else:
+            facts["hooks_reregistered"] = Fact(False, loop)
     if hf is None:
         if generates:
             facts["eval_forward"] = Fact(True, "GRPO's generation (no_grad forwards between steps)")
@@ -312,12 +313,14 @@ def hf_facts(hf: dict[str, Any] | None, where: str, trainer: str, stage: Value |
             facts["non_reentrant_checkpointing"] = Fact(not r, f"{where}: gradient_checkpointing_kwargs.use_reentrant")
     optim = str(hf.get("optim", "adamw_torch"))
     facts["adam"] = Fact("adam" in optim.lower(), f"{where}: optim ({optim})")
-    eval_on = str(hf.get("eval_strategy", hf.get("evaluation_strategy", "no"))).lower() not in (
-        "no", "intervalstrategy.no")
-    facts["eval_forward"] = Fact(eval_on or generates, f"{where}: eval_strategy" + (
-        " and GRPO's generation" if generates else ""))
-    save_on = str(hf.get("save_strategy", "steps")).lower() not in ("no", "savestrategy.no", "intervalstrategy.no")
-    facts["checkpoint_save"] = Fact(save_on, f"{where}: save_strategy")
+    if trainer != "custom":  # a custom loop evaluates and saves as it likes, whatever the arguments say
+        eval_on = str(hf.get("eval_strategy", hf.get("evaluation_strategy", "no"))).lower() not in (
+            "no", "intervalstrategy.no")
+        facts["eval_forward"] = Fact(eval_on or generates, f"{where}: eval_strategy" + (
+            " and GRPO's generation" if generates else ""))
+        save_on = str(hf.get("save_strategy", "steps")).lower() not in ("no", "savestrategy.no",
+                                                                         "intervalstrategy.no")
+        facts["checkpoint_save"] = Fact(save_on, f"{where}: save_strategy")
     return facts, notes
 
 

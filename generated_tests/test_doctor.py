@@ -288,3 +288,9 @@ def test_replay_on_0_19_2_reproduces_seed_002_for_the_trl_sft_config(sft, capsys
     assert rc == 1
     seed = next(e for e in out["may_be_hit"] if e["id"] == "seed-002")
     assert seed["replay"].startswith("reproduced on DeepSpeed 0.19.2"), seed
+
+
+def test_a_custom_loop_says_nothing_of_its_loop_even_with_trainer_arguments(sft):
+    s = read_setup([sft["non_reentrant"]], "0.19.8", {}, trainer="custom", peft=True)
+    assert s.fact("retain_graph").value is None and s.fact("eval_forward").value is None
+    assert s.fact("non_reentrant_checkpointing").value is True  # the arguments still say the model's checkpointing
