@@ -30,6 +30,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--releases", default="0.19.8")
     ap.add_argument("--issues", default="")
     ap.add_argument("--from-report", default=None, metavar="REPORT_JSON")
+    ap.add_argument("--repeat", type=int, default=1, metavar="N",
+                    help="run each repro up to N times in one target until its rule accepts a finding (an "
+                         "intermittent issue, a race between ranks)")
     args = ap.parse_args(argv)
     wanted = set(filter(None, args.issues.split(",")))
     data = json.loads(FILE.read_text()) if FILE.exists() else {}
@@ -46,12 +49,17 @@ def main(argv: list[str] | None = None) -> int:
             for k in issues:
                 entry = data.setdefault(k.id, {"fingerprints": [], "from": {}})
                 for i, sc in enumerate((k.scenario, *k.variants)):
-                    out = target.run(sc.with_(world_size=max(sc.world_size, k.world_size)))
-                    for f in out.findings:
-                        if k.explains(f) and f.key not in entry["fingerprints"]:
-                            entry["fingerprints"].append(f.key)
-                            entry["from"][f.key] = {"release": release, "repro": "scenario" if i == 0 else
-                                                    f"variant {i}", "scenario": sc.to_dict()}
+                    for run in range(args.repeat):
+                        out = target.run(sc.with_(world_size=max(sc.world_size, k.world_size)))
+                        accepted = [f for f in out.findings if k.explains(f)]
+                        for f in accepted:
+                            if f.key not in entry["fingerprints"]:
+                                entry["fingerprints"].append(f.key)
+                                entry["from"][f.key] = {"release": release, "repro": "scenario" if i == 0 else
+                                                        f"variant {i}", "scenario": sc.to_dict(),
+                                                        **({"run": run + 1} if args.repeat > 1 else {})}
+                        if accepted:
+                            break
                 print(f"{release} {k.id}: {len(entry['fingerprints'])} fingerprint(s)", file=sys.stderr)
         finally:
             target.close()
