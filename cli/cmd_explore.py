@@ -325,8 +325,12 @@ def _pairs_line(p: dict[str, Any]) -> str:
            f"e.g. {', '.join(ended[:2])}" if ended else "")
     slow = (f"; its draws were made in this process, the draw helpers failed: {p['draw_helpers_failed']}"
             if p.get("draw_helpers_failed") else "")
+    sampled = p.get("not_drawable_by_sampling") or []
+    proved = (f" ({len(sampled)} by sampling alone, no rule of explorer/drawable.py says why: "
+              f"{', '.join(sampled[:2])})" if sampled else "")
     return (f"setup pairs: {p['missing_after_generation']} not taken by the generated examples; "
-            f"{p['examples']} completion example(s) ran them, {len(p['not_drawable'])} not drawable{left}{cut}{slow}")
+            f"{p['examples']} completion example(s) ran them, {len(p['not_drawable'])} not drawable{proved}{left}"
+            f"{cut}{slow}")
 
 
 class _CtrlC(threading.Event):

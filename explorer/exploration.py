@@ -468,6 +468,7 @@ class Exploration:
             done.draw_seconds += drew
             done.waited_seconds += drew  # every worker waits for the second round
             done.not_drawable += step.not_drawable
+            done.sampled_not_drawable += step.sampled_not_drawable
             done.left = step.left
             if not step.examples:
                 break

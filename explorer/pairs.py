@@ -7,7 +7,8 @@ DeepSpeed no example judged, whatever the report says of the rest.  `complete` i
 pairwise testing, over the strategy itself: for the first pair (in `POINTS` order) still not taken, draw `DRAWS`
 scenarios with that pair's two alternatives forced and every other point at its default rate (`forced`), keep the
 draw that takes the most pairs still not taken, and go on until every pair is taken, found not drawable (no draw
-took it: ZeRO-1 with a z3 leaf module, offload of parameters below ZeRO-3), or ``budget`` examples are made.
+took it), or ``budget`` examples are made.  A pair the strategy's structure rules out (ZeRO-1 with a z3 leaf module,
+offload of parameters below ZeRO-3: `drawable.SHOWS_ONLY`) is skipped undrawn.
 Deterministic given the examples run and the seed.
 
 Of an example's outcome it reads one thing: whether the run reached its end (`ran_through`).  A run that ended on
@@ -39,6 +40,7 @@ from collections.abc import Callable, Generator, Iterable, Sequence
 from zerostate.model.scenario import Scenario
 
 from zerostate.explorer.choices import DEFAULT, POINTS, SCALE, Taken, Weights, taken
+from zerostate.explorer.drawable import undrawable
 from zerostate.explorer.generate import generated, seed_of
 
 Pair = tuple[int, int, int, int]
@@ -182,7 +184,11 @@ class Completion:
     missing: int = 0
     """Pairs the examples run did not take (drawable or not)."""
     not_drawable: list[Pair] = field(default_factory=list)
-    """Pairs no draw with both alternatives forced took."""
+    """Pairs the strategy cannot draw: ruled out by `drawable.SHOWS_ONLY` (not drawn), or taken by no draw with both
+    alternatives forced."""
+    sampled_not_drawable: list[Pair] = field(default_factory=list)
+    """Of those, the ones only the draws showed (no rule of `drawable` says why): a rule to add, or a pair so rare
+    that `DRAWS` draws missed it."""
     left: list[Pair] = field(default_factory=list)
     """Pairs no example took when the budget was spent (drawable or not: not tried; a pair run once in a run that
     ended early, whose retry the budget cut, is in ``ended_early``)."""
@@ -200,6 +206,7 @@ class Completion:
     def to_dict(self) -> dict[str, object]:
         return {"missing_after_generation": self.missing, "examples": len(self.examples),
                 "not_drawable": [pair_name(p) for p in self.not_drawable],
+                "not_drawable_by_sampling": [pair_name(p) for p in self.sampled_not_drawable],
                 "left": [pair_name(p) for p in self.left], "ended_early": [pair_name(p) for p in self.ended_early],
                 "draw_seconds": round(self.draw_seconds, 1), "waited_seconds": round(self.waited_seconds, 1),
                 **({"draw_helpers_failed": self.draw_helpers} if self.draw_helpers else {})}
@@ -237,9 +244,14 @@ def completing(out: Completion, ran: Iterable[Scenario], budget: int, seed: int 
     draw = drawer or (lambda pair, _next: draws(pair, seed))
     while todo and len(out.examples) < budget:
         pair = todo[0]
-        best = best_of(pair, draw(pair, todo[1:]), seen, set(todo))
+        if undrawable(pair):  # decided from the strategy's structure: no draw could take it
+            out.not_drawable.append(pair)
+            todo.pop(0)
+            continue
+        best = best_of(pair, draw(pair, [p for p in todo[1:] if not undrawable(p)]), seen, set(todo))
         if best is None:
             out.not_drawable.append(pair)
+            out.sampled_not_drawable.append(pair)
             todo.pop(0)
             continue
         out.examples.append(best)

@@ -77,11 +77,17 @@ def test_the_completion_is_deterministic_new_and_takes_what_was_missing() -> Non
 
 def test_at_the_default_budget_every_drawable_pair_of_the_default_sequence_runs() -> None:
     """The default 200 leave pairs out (no ZeRO-1 scenario in bf16 among them); their completion, within one
-    example per six, runs every pair the strategy can draw -- none is left for want of budget."""
+    example per six, runs every pair the strategy can draw -- none is left for want of budget -- and proves no
+    pair not drawable by sampling."""
     ran = _distinct(200)
     assert not any(s.stage == 1 and s.precision is Precision.BF16 for s in ran)
     done: Completion = complete(ran, budget_for(200), None)
     assert done.left == [] and len(done.examples) <= budget_for(200)
+    # drawability decided (`explorer.drawable`): every pair it cannot draw is ruled out by the table, undrawn; none
+    # is left for the 64 draws that used to prove it
+    from zerostate.explorer.drawable import undrawable
+    assert done.sampled_not_drawable == [], [pair_name(p) for p in done.sampled_not_drawable]
+    assert done.not_drawable and all(undrawable(p) for p in done.not_drawable)
     assert any(s.stage == 1 and s.precision is Precision.BF16 and s.fp32_grad_accum for s in done.examples)
 
 
@@ -272,3 +278,24 @@ def test_two_jobs_drawing_in_helpers_run_the_completion_of_one_job(monkeypatch) 
     timing = ("draw_seconds", "waited_seconds")
     assert {k: v for k, v in two.pairs.items() if k not in timing} == \
         {k: v for k, v in one.pairs.items() if k not in timing}
+
+
+# ---------------------------------------------------------------- drawability decided (`explorer.drawable`)
+def test_no_draw_takes_a_pair_the_drawability_table_rules_out() -> None:
+    """Soundness of `drawable.SHOWS_ONLY`: the default sequence's scenarios and forced draws of pairs of every point
+    (each pair's own weights, several draws each) never take a pair the table rules out -- a rule wider than the
+    strategy would skip a pair the completion must run."""
+    from zerostate.explorer.drawable import check_table, undrawable
+    from zerostate.explorer.pairs import _seed
+
+    check_table()
+    ruled_out = {p for p in all_pairs() if undrawable(p)}
+    assert ruled_out
+    drawn = _distinct(200)
+    drawable = [p for p in all_pairs() if p not in ruled_out and forced(p) is not None]
+    for pair in drawable[:: max(1, len(drawable) // 60)]:  # 60-odd pairs over every point, 6 draws each
+        drawn += list(generated(scenarios(weights=forced(pair)), 6, _seed(None, pair)))
+    for sc in drawn:
+        hit = pairs_of(sc) & ruled_out
+        assert not hit, f"{sorted(pair_name(p) for p in hit)} drawn: {sc.describe()}"
+
