@@ -180,6 +180,8 @@ def run(args: argparse.Namespace) -> int:
         if res.pairs is not None:
             report.set_pairs(res.pairs)
             summary["pairs"] = res.pairs
+        if res.goals is not None:
+            summary["goals"] = res.goals
         if res.schedules:
             report.set_steering(_steering(res))
             summary["steering"] = {"rounds": len(res.schedules), "new_units": res.new_units}
@@ -303,6 +305,8 @@ def _print_summary(args: argparse.Namespace, summary: dict[str, Any], report: Re
              if rel.cluster_retries is not None else ""))
     if summary.get("pairs"):
         print(_pairs_line(summary["pairs"]))
+    if summary.get("goals"):
+        print(_goals_line(summary["goals"]))
     if report.model.harness_errors is not None:
         print(f"harness errors: {len(report.model.harness_errors)} (zerostate's own failures, not findings "
               "about DeepSpeed)")
@@ -331,6 +335,18 @@ def _pairs_line(p: dict[str, Any]) -> str:
     return (f"setup pairs: {p['missing_after_generation']} not taken by the generated examples; "
             f"{p['examples']} completion example(s) ran them, {len(p['not_drawable'])} not drawable{proved}{left}"
             f"{cut}{slow}")
+
+
+def _goals_line(g: dict[str, Any]) -> str:
+    """Which known issues' families the exploration ran, and how (explorer/goals.py); a family only its repro
+    reached is one the strategy does not draw, said by name."""
+    if g.get("skipped"):
+        return f"goals: {g['goals']} known-issue families NOT RUN ({g['skipped']}): reach not judged"
+    drawn, repro = g["reached_by_forced_draws"], g["run_as_their_repro"]
+    other = len(g.get("reached_by_another_goals_example") or [])
+    return (f"goals: {g['goals']} known-issue families; {g['reached_by_runs']} reached by the examples, "
+            f"{len(drawn) + other} by a forced draw, {len(repro)} only by their own repro (the strategy does not "
+            "draw them" + (f": {', '.join(r.removeprefix('known:') for r in repro)}" if repro else "") + ")")
 
 
 class _CtrlC(threading.Event):

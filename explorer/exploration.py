@@ -21,6 +21,9 @@ The phases:
    it is drawn while the generated lanes run and a worker with no generated lane left runs its lanes
    (`first_round`); the second, after every run, redraws the pairs taken only by runs that ended on an exception.
    A key first met there is shrunk by polish alone (the generated sequence its search replays never meets it).
+   Then (DeepSpeed targets, the default strategy, ``examples`` >= `goals.FROM_EXAMPLES`) the **goals round**
+   (`goals`): every known DeepSpeed issue's family no run reached gets a forced draw that reaches it, or its own
+   repro, at the positions after the completion's (`ExploreResult.goals` says which).
 2. **Shrink** (`search`, `simplify`).  On the first worker alone (started fresh), each key in the order of its
    first generated example (``first``'s keys before the others) gets a Hypothesis search of its own, then
    a greedy polish (`simplify`); the result is `Shrunk`.  A key first met while shrinking is handed over
@@ -72,6 +75,9 @@ from zerostate.explorer.exploration_events import (Confirmed, Event, FindingEven
 from zerostate.explorer.generate import DEFAULT_SEED, LANE, Lanes, generated
 from zerostate.explorer.draw_pool import DrawPool
 from zerostate.explorer.first_round import FirstRound
+from zerostate.explorer.goals import FROM_EXAMPLES as GOALS_FROM
+from zerostate.explorer.goals import Reach, reach
+from zerostate.explorer.goals import goals as goal_table
 from zerostate.explorer.gathered import gathered_metrics
 from zerostate.explorer.pairs import ROUNDS, Completion, budget_for, complete, ended_only, pairs_of, ran_through
 from zerostate.explorer.rounds import ROUND, Rounds
@@ -151,6 +157,9 @@ class ExploreResult:
     """Distinct runs whose scenario could not be trained at all, or not here (`Outcome.skipped`)."""
     time: dict[str, Any] | None = None
     """Where the time went (`time_spent.breakdown`); None before the exploration ended."""
+    goals: dict[str, Any] | None = None
+    """The goals round (`goals.Reach.to_dict`): which known issues' families the runs reached, which needed a forced
+    draw or their own repro; None where it did not run (a steered run, a strategy of the caller's)."""
 
     @property
     def reliability(self) -> dict[str, Any]:
@@ -263,7 +272,7 @@ class Exploration:
                  stop: Callable[[list[Finding]], bool] | None = None, polish: bool = True, confirm: bool = True,
                  jobs: int = 1, spawn: Callable[[], Target] | None = None, lane: int = LANE,
                  first: Callable[[Finding], bool] | None = None, steer: str | None = None, round_size: int = ROUND,
-                 shrink: bool = True, pairs: bool = True):
+                 shrink: bool = True, pairs: bool = True, goals: bool = True):
         from zerostate.explorer.strategies import scenarios
         self.strategy = strategy if strategy is not None else scenarios()
         self.examples, self.seed, self.lane = examples, seed, lane
@@ -277,6 +286,9 @@ class Exploration:
         # completion draws from the default strategy's own choice points: not with a strategy of the caller's
         self.pairs = pairs and strategy is None and steer is None
         self.completion: Completion | None = None
+        # the known issues' families (`goals`) are DeepSpeed's: a model design has none of them
+        self.goals = goals and self.pairs and target.name == "deepspeed"
+        self.reach: Reach | None = None
         self.rounds: Rounds | None = None
         self._positions: dict[Scenario, int] = {}
         self._generated_at: dict[int, tuple[Scenario, float]] = {}
@@ -336,7 +348,8 @@ class Exploration:
                              breakdown(end - self._t0, self.phase_seconds, self._spent, cores(),
                                        (self.completion.draw_seconds, self.completion.waited_seconds)
                                        if self.completion else None)
-                             if self._ended is not None else None)
+                             if self._ended is not None else None,
+                             self.reach.to_dict() if self.reach else None)
 
     def _generated_runs(self) -> list[GeneratedRun]:
         rows = []
@@ -430,7 +443,26 @@ class Exploration:
             ran = generated_ran + done.examples
             stopped = yield from self._second_round(ran, budget, done, pool)
             done.draw_helpers = pool.failure if pool is not None else None
+        if not stopped and self.goals:
+            stopped = yield from self._goals_round(ran, self.examples + len(done.examples))
         return stopped
+
+    def _goals_round(self, ran: list[Scenario], after: int) -> Generator[Event, None, bool]:
+        """The goals no run reached (`goals.reach`), each forced, run at the positions after ``after``; an
+        exploration smaller than `goals.FROM_EXAMPLES` runs none and says so."""
+        if self.examples < GOALS_FROM:
+            self.reach = Reach(goals=len(goal_table()), skipped=f"fewer than {GOALS_FROM} examples")
+            return False
+        if self._stop_requested.is_set():
+            raise _Stopped()
+        self.reach = step = reach(ran, self.seed)
+        if not step.examples:
+            return False
+        position = {sc: after + n for n, sc in enumerate(step.examples, 1)}
+        self._positions.update(position)
+        lanes = [step.examples[i:i + COMPLETION_LANE] for i in range(0, len(step.examples), COMPLETION_LANE)]
+        self._lanes_stop.clear()
+        return (yield from self._run_lanes(iter(lanes), position))
 
     def _completion_lanes(self, firsts: list[FirstRound]) -> Iterator[list[Scenario]]:
         """The first round's lanes (``firsts``: the round, made once the generated sequence was drawn whole), each
@@ -611,7 +643,9 @@ class Exploration:
         out = self.memo.get(sc)
         if out is not None:
             return out
-        if len(self.memo) >= hard_cap(self.examples) + (len(self.completion.examples) if self.completion else 0):
+        extra = (len(self.completion.examples) if self.completion else 0) + (len(self.reach.examples) if self.reach
+                                                                             else 0)
+        if len(self.memo) >= hard_cap(self.examples) + extra:
             raise _BudgetSpent()
         w = self.workers[0]
         before = w.restarts

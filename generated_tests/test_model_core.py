@@ -20,7 +20,7 @@ LAYERS = {
     "tracing": {"model", "runtime"},
     "harness": {"model", "specs", "findings", "tracing", "runtime", "atomic", "jit_ops"},
     "targets": {"model", "specs", "findings", "known", "tracing", "harness", "atomic", "jit_ops"},
-    "explorer": {"model", "specs", "findings", "known", "targets", "atomic"},
+    "explorer": {"model", "specs", "findings", "known", "targets", "doctor", "atomic"},
     "cluster": {"model", "targets", "harness"},
     "clients": {"model", "runtime", "watcher"},
     "doctor": {"model", "findings", "known", "tracing"},

@@ -1,0 +1,175 @@
+"""Reach declared as goals: every known DeepSpeed issue's family is run by every default exploration.
+
+The generated sequence reaches a family by the draw rates alone, so whether the default exploration ran, say, ZeRO-3
+with non-reentrant checkpointing of frozen parameters (seed 002's family) depended on where the pseudo-random sequence
+went.  A `Goal` is a family, stated by the issue's own repros through the dimensions `zerostate doctor` reads them on
+(`doctor.dimensions.requirements`): a scenario reaches it when it has everything one repro has.  After the generated
+examples and the pairwise completion, each goal no run reached gets forced draws (`DRAWS` scenarios with the choice
+points its repros need forced, `force_of`), and the first that reaches it runs; a goal no draw reaches runs its own
+repro, and the exploration says so (the strategy does not draw that family: a reach gap, loudly).  Deterministic given
+the runs before it and the seed; it reads no outcome.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from zerostate.doctor.dimensions import BY_NAME, Value, requirements
+from zerostate.explorer.choices import DEFAULT, POINTS, SCALE, Weights
+from zerostate.explorer.generate import generated, seed_of
+from zerostate.model.scenario import Scenario
+
+DRAWS = 64
+"""Forced draws per goal no run reached (as a setup pair's, `pairs.DRAWS`)."""
+FROM_EXAMPLES = 100
+"""Goals run in explorations of at least this many examples (the default 200): a smaller one is a quick look."""
+
+
+@dataclass(frozen=True)
+class Goal:
+    name: str
+    """``known:<issue id>``."""
+    title: str
+    needs: tuple[dict[str, Value], ...]
+    """Per repro, what a scenario must have (`doctor.dimensions.requirements`)."""
+    repros: tuple[Scenario, ...]
+
+    def reached_by(self, sc: Scenario) -> bool:
+        return any(all(BY_NAME[d].holds(v, BY_NAME[d].of_scenario(sc)) for d, v in need.items())
+                   for need in self.needs)
+
+
+def goals() -> tuple[Goal, ...]:
+    """One goal per known DeepSpeed issue (bugs and limitations, fixed ones too: a fixed bug's family is where its
+    regression would show), in the table's order."""
+    from zerostate.known.issues import KNOWN_ISSUES
+
+    out = []
+    for k in KNOWN_ISSUES:
+        if k.owner != "deepspeed":
+            continue
+        repros = tuple(r.with_(world_size=max(r.world_size, k.world_size)) for r in (k.scenario, *k.variants))
+        out.append(Goal(f"known:{k.id}", k.title, tuple(requirements(r) for r in repros), repros))
+    return tuple(out)
+
+
+_ONE = frozenset({1})
+FORCES: dict[str, dict[Value, dict[str, frozenset[int]]]] = {
+    "stage": {3: {"stage": frozenset({0})}, 1: {"stage": frozenset({1}), "extra:stage0": frozenset({0})},
+              2: {"stage": frozenset({2}), "extra:stage0": frozenset({0})},
+              0: {"stage": frozenset({1, 2}), "extra:stage0": _ONE}},
+    "precision": {"bf16": {"precision": _ONE}, "fp16": {"precision": frozenset({2})}},
+    "fp32_grad_accum": {True: {"fp32_grad_accum": _ONE}},
+    "offload_optimizer": {True: {"offload": frozenset({1, 3})}},
+    "offload_param": {True: {"offload": frozenset({2, 3})}},
+    "adam": {True: {"extra:config_adam": _ONE}},
+    "clipping": {True: {"clipping": frozenset({1, 2})}},
+    "accumulation": {True: {"extra:gas3": _ONE}},
+    "persistent_params": {True: {"persistence": frozenset({1, 2})}},
+    "no_contiguous_gradients": {True: {"extra:contiguous_gradients": _ONE}},
+    "overlap_comm_changed": {True: {"extra:overlap_comm": _ONE}},
+    "no_reduce_scatter": {True: {"extra:reduce_scatter": _ONE}},
+    "all_reduce_fetch": {True: {"extra:all_reduce_fetch": _ONE}},
+    "zero_init": {True: {"extra:zero_init": _ONE}},
+    "empty_param": {True: {"extra:zero_init": _ONE}},
+    "reentrant_checkpointing": {True: {"checkpoint": _ONE}},
+    "non_reentrant_checkpointing": {True: {"checkpoint": frozenset({2})}},
+    "z3_leaf": {True: {"leaf": _ONE}},
+    "hf_model": {True: {"llama": _ONE}},
+    "lora": {True: {"llama": _ONE}},
+    "modules_to_save": {True: {"llama": _ONE}},
+    "small_reduce_bucket": {True: {"reduce_bucket": frozenset({1, 2})}},
+    "several_engines": {True: {"engines_before": frozenset(range(1, 9))}},
+    "retain_graph": {True: {"retain": _ONE}},
+    "idle_step": {True: {"idle": _ONE}},
+    "manual_boundary": {True: {"extra:manual_boundary": _ONE}},
+    "late_module": {True: {"extra:late_module": _ONE}},
+}
+"""Which choice points' alternatives (`choices.POINTS`) make a dimension's value likely in a draw; a dimension not
+here (frozen parameters, a PyTorch-style backward, an eval forward ...) is left to the draws' own rates."""
+
+
+def force_of(need: dict[str, Value]) -> Weights | None:
+    """The default rates with what ``need`` asks of the choice points forced; None when two of its dimensions ask for
+    different alternatives of one point (its draws then use the default rates)."""
+    want: dict[str, frozenset[int]] = {}
+    for dim, value in need.items():
+        for point, alts in FORCES.get(dim, {}).get(value, {}).items():
+            want[point] = want.get(point, alts) & alts
+    if any(not alts for alts in want.values()):
+        return None
+    index = {p.name: k for k, p in enumerate(POINTS)}
+    table = [list(w) for w in DEFAULT.table]
+    for point, alts in want.items():
+        table[index[point]] = [SCALE if x in alts else 0 for x in range(len(table[index[point]]))]
+    return Weights(tuple(tuple(w) for w in table))
+
+
+def _draws(goal: Goal, need: dict[str, Value], seed: int | None) -> tuple[Scenario, ...]:
+    from zerostate.explorer import draw_cache
+    from zerostate.explorer.strategies import scenarios
+
+    weights = force_of(need)
+    key = tuple(x for row in (weights or DEFAULT).table for x in row)
+    goal_seed = zlib.crc32(repr((seed_of(seed), key)).encode())
+    kept = draw_cache.load(key, goal_seed, DRAWS)
+    if kept is not None:
+        return kept
+    drawn = tuple(generated(scenarios(weights=weights), DRAWS, goal_seed))
+    draw_cache.store(key, goal_seed, DRAWS, drawn)
+    return drawn
+
+
+@dataclass
+class Reach:
+    """What the goals round made of the runs before it."""
+
+    goals: int = 0
+    by_runs: list[str] = field(default_factory=list)
+    """Goals a generated or completion example reached."""
+    by_draws: list[str] = field(default_factory=list)
+    """Goals reached by a forced draw, run in the goals round."""
+    by_round: list[str] = field(default_factory=list)
+    """Goals reached by an example the round ran for an earlier goal."""
+    by_repro: list[str] = field(default_factory=list)
+    """Goals no draw reached: their own repro ran (a family the strategy does not draw)."""
+    examples: list[Scenario] = field(default_factory=list)
+    skipped: str = ""
+    """Why no goal was judged (a small exploration), or ""."""
+
+    def to_dict(self) -> dict[str, object]:
+        return {"goals": self.goals, "reached_by_runs": len(self.by_runs), "reached_by_forced_draws": self.by_draws,
+                "reached_by_another_goals_example": self.by_round,
+                "run_as_their_repro": self.by_repro, "examples": len(self.examples),
+                **({"skipped": self.skipped} if self.skipped else {})}
+
+
+def reach(ran: Iterable[Scenario], seed: int | None, table: Sequence[Goal] | None = None) -> Reach:
+    """The goals round after ``ran``: each goal no scenario of ``ran`` reached gets the first of its forced draws
+    (per repro, in order) that reaches it and is new, else its first repro not run."""
+    table = goals() if table is None else table
+    before = list(dict.fromkeys(ran))
+    seen = list(before)
+    out = Reach(goals=len(table))
+    for goal in table:
+        if any(goal.reached_by(sc) for sc in before):
+            out.by_runs.append(goal.name)
+            continue
+        if any(goal.reached_by(sc) for sc in out.examples):
+            out.by_round.append(goal.name)
+            continue
+        pick = next((sc for need in goal.needs for sc in _draws(goal, need, seed)
+                     if goal.reached_by(sc) and sc not in seen), None)
+        if pick is not None:
+            out.by_draws.append(goal.name)
+        else:
+            pick = next((r for r in goal.repros if r not in seen), goal.repros[0])
+            out.by_repro.append(goal.name)
+        out.examples.append(pick)
+        seen.append(pick)
+    return out
+
+
+__all__ = ["DRAWS", "FORCES", "FROM_EXAMPLES", "Goal", "Reach", "force_of", "goals", "reach"]
