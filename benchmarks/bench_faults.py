@@ -43,8 +43,8 @@ from faults.catalogue import FAULTS, RELEASE, Fault, by_id  # noqa: E402
 from faults.labels import replay_labels, still_wrong  # noqa: E402
 from faults.runner import ExploreRun, explore, replay  # noqa: E402
 from faults.table import fault_lines, markdown, reached, summary  # noqa: E402
-from faults.verdict import (SeenFinding, changed_examples, fixed, grown_examples, introduced, judge,  # noqa: E402
-                            new_labels, old_key_candidates, peak_grew, shows, wrong_labels)
+from faults.verdict import (SeenFinding, changed_examples, final_labels, fixed, grown_examples,  # noqa: E402
+                            introduced, judge, new_labels, old_key_candidates, peak_grew, shows)
 
 FAST_S = 120.0
 REPLAY_OLD = 8
@@ -176,8 +176,9 @@ def run_fault(fault: Fault, tree: Path, runs: Path, base: dict[str, Any], exampl
         known_issue=None, seconds=r["seconds"], examples=None, n=10_000 + r["position"])
         for r in grown_rows if confirmed_growth(r)]
     verdict = judge(base_findings, run.seen, frozenset(ignored), made, made_examples, fixed_examples, grown)
-    label_rows = _replay_labels(fault, tree, runs, run.report, wrong_labels(base_findings, run.seen,
-                                                                             fault.reintroduces))
+    labels = final_labels(new_labels(base_findings, run.seen), run.report)
+    label_rows = _replay_labels(fault, tree, runs, run.report, [x for x in labels if x["label"] and x["label"] !=
+                                                                 fault.reintroduces])
     if verdict.status != "killed" and not finished(run):
         return {"id": fault.id, "status": "incomplete", "run": {
             "status": run.report.get("status"), "returncode": run.returncode, "wall_s": round(run.wall_s, 1)}}
@@ -191,7 +192,7 @@ def run_fault(fault: Fault, tree: Path, runs: Path, base: dict[str, Any], exampl
             "cpu_blind": fault.cpu_blind, "status": verdict.status, "rule": verdict.rule,
             "killer": verdict.killer, "hidden_by_label": verdict.hidden_by_label,
             "new_keys": verdict.new_keys, "tool_errors": verdict.tool_errors,
-            "new_labels": new_labels(base_findings, run.seen),
+            "new_labels": labels,
             "wrong_labels": still_wrong(label_rows), "label_replays": label_rows,
             "ignored_keys": sorted(ignored), "attempts": attempt,
             "replays": {k: _short(v) for k, v in replays.items()},
@@ -229,9 +230,12 @@ def relabel(fault: Fault, tree: Path, runs: Path) -> bool:
     result = json.loads(kept.read_text())
     if "new_labels" not in result:
         return False
-    candidates = [x for x in result["new_labels"] if x["label"] and x["label"] != fault.reintroduces]
-    rows = _replay_labels(fault, tree, runs, json.loads(report_path.read_text()), candidates)
-    result.update(wrong_labels=still_wrong(rows), label_replays=rows)
+    report = json.loads(report_path.read_text())
+    first = [{"key": x["key"], "label": x.get("first_label", x["label"])} for x in result["new_labels"]]
+    labels = final_labels(first, report)
+    candidates = [x for x in labels if x["label"] and x["label"] != fault.reintroduces]
+    rows = _replay_labels(fault, tree, runs, report, candidates)
+    result.update(new_labels=labels, wrong_labels=still_wrong(rows), label_replays=rows)
     kept.write_text(json.dumps(result, indent=2) + "\n")
     return True
 

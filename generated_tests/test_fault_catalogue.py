@@ -413,3 +413,19 @@ def test_a_new_findings_label_is_wrong_only_when_the_unfaulted_release_does_not_
     cell = _new_labels({"new_labels": cands[:1] + [{"key": "n", "label": None}], "wrong_labels": [],
                         "label_replays": rows[:1]})
     assert cell == "none, two-backwards-per-forward (the release's own: shown unfaulted)"
+
+
+def test_a_new_findings_label_is_the_finished_reports_and_a_label_it_lost_is_said() -> None:
+    """`verdict.final_labels`: a label seen on the unshrunk finding and gone from the finished report (the shrunk
+    scenario no longer shows that issue) is not the label the reader is told; the table says it changed."""
+    from faults.table import _new_labels
+    from faults.verdict import final_labels
+
+    report = {"findings": [{"key": "a", "known_issue": None}, {"key": "b", "known_issue": {"id": "seed-002"}}]}
+    got = final_labels([{"key": "a", "label": "two-backwards-per-forward"}, {"key": "b", "label": "seed-002"},
+                        {"key": "gone", "label": "x"}], report)
+    assert got == [{"key": "a", "label": None, "first_label": "two-backwards-per-forward"},
+                   {"key": "b", "label": "seed-002"}, {"key": "gone", "label": "x"}]
+    cell = _new_labels({"new_labels": got[:1], "wrong_labels": []})
+    assert cell == ("none (first seen labelled two-backwards-per-forward while unshrunk; the finished report's label "
+                    "is shown)")

@@ -27,7 +27,7 @@ class Fault:
     """Why no run on DeepSpeed's CPU accelerator can observe it ("" when one can)."""
     reintroduces: str = ""
     """The known issue whose mechanism the fault puts back ("" for none): the only label a finding it introduces
-    may carry (`verdict.wrong_labels`)."""
+    may carry (`labels.still_wrong`)."""
 
 
 RELEASE = "0.19.8"

@@ -103,8 +103,11 @@ def _new_labels(r: dict[str, Any]) -> str:
     labels = sorted({x["label"] or "none" for x in r["new_labels"]})
     wrong = {x["label"] for x in r.get("wrong_labels") or ()}
     own = {x["label"] for x in r.get("label_replays") or () if x.get("shown_unfaulted")} - wrong
-    return ", ".join(f"**WRONG: {lab}**" if lab in wrong else f"{lab} (the release's own: shown unfaulted)"
+    changed = sorted({f"{x['first_label'] or 'none'} while unshrunk" for x in r["new_labels"] if "first_label" in x})
+    cell = ", ".join(f"**WRONG: {lab}**" if lab in wrong else f"{lab} (the release's own: shown unfaulted)"
                      if lab in own else lab for lab in labels) or "no new finding"
+    return cell + (f" (first seen labelled {', '.join(changed)}; the finished report's label is shown)" if changed
+                   else "")
 
 
 def markdown(results: list[dict[str, Any]], figures: dict[str, Any], meta: dict[str, Any]) -> str:

@@ -65,18 +65,23 @@ class Verdict:
     tool_errors: list[str] = field(default_factory=list)
 
 
-def wrong_labels(baseline: list[dict[str, Any]], seen: list[SeenFinding], reintroduces: str) -> list[dict[str, Any]]:
-    """The findings a faulted run introduced (keys the unfaulted run has not) that carry a known-issue label other
-    than the one the fault reintroduces: a fault read as "known, not yours"."""
-    old = {e["key"] for e in baseline}
-    return [{"key": s["key"], "label": s["known_issue"]} for s in seen
-            if s["key"] not in old and s["known_issue"] and s["known_issue"] != reintroduces]
-
-
 def new_labels(baseline: list[dict[str, Any]], seen: list[SeenFinding]) -> list[dict[str, Any]]:
     """Each finding a faulted run introduced, with the known-issue label it carries (None: unlabelled)."""
     old = {e["key"] for e in baseline}
     return [{"key": s["key"], "label": s["known_issue"]} for s in seen if s["key"] not in old]
+
+
+def final_labels(new: list[dict[str, Any]], report: dict[str, Any]) -> list[dict[str, Any]]:
+    """``new`` (`new_labels`: each label as the finding was first seen, unshrunk) with the label the finished report
+    gives it: what a reader of the report is told.  A key the report no longer holds keeps its first label;
+    ``first_label`` records one that changed."""
+    entries = {e.get("key"): e for e in report.get("findings", [])}
+    out = []
+    for x in new:
+        entry = entries.get(x["key"])
+        final = label_of(entry) if entry is not None else x["label"]
+        out.append({**x, "label": final, **({"first_label": x["label"]} if final != x["label"] else {})})
+    return out
 
 
 def is_tool_error(check: str) -> bool:
@@ -235,6 +240,6 @@ def seen_in(report: dict[str, Any], already: dict[str, SeenFinding]) -> dict[str
     return out
 
 
-__all__ = ["MEMORY_TOLERANCE", "SeenFinding", "TOOL_CHECKS", "Verdict", "changed_examples", "fixed", "grown_examples",
-           "introduced", "is_tool_error", "judge", "label_of", "old_key_candidates", "peak_grew", "same_examples",
-           "seen_in", "shows"]
+__all__ = ["MEMORY_TOLERANCE", "SeenFinding", "TOOL_CHECKS", "Verdict", "changed_examples", "final_labels", "fixed",
+           "grown_examples", "introduced", "is_tool_error", "judge", "label_of", "old_key_candidates", "peak_grew",
+           "same_examples", "seen_in", "shows"]
