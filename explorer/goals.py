@@ -30,7 +30,7 @@ FROM_EXAMPLES = 100
 @dataclass(frozen=True)
 class Goal:
     name: str
-    """``known:<issue id>``."""
+    """``known:<issue id>``, or ``survey:<combination>`` (`SURVEY`)."""
     title: str
     needs: tuple[dict[str, Value], ...]
     """Per repro, what a scenario must have (`doctor.dimensions.requirements`)."""
@@ -41,9 +41,56 @@ class Goal:
                    for need in self.needs)
 
 
+def _sc(**d: object) -> Scenario:
+    return Scenario.from_dict(d)
+
+
+_ZERO12 = ({"stage": 1}, {"stage": 2})
+SURVEY: tuple[tuple[str, tuple[dict[str, Value], ...], Scenario], ...] = (
+    # (name, what a scenario needs -- alternatives --, a scenario that has it)
+    ("ZeRO-3 + reentrant + PyTorch-style backward (seed 000)",
+     ({"stage": 3, "reentrant_checkpointing": True, "pytorch_backward": True},),
+     _sc(stage=3, blocks=[{"checkpoint": "reentrant"}], steps=[{"micro": [{"backward": "torch"}]}])),
+    ("ZeRO-3 + re-registration", ({"stage": 3, "hooks_reregistered": True},),
+     _sc(stage=3, steps=[{}, {"reregister": True}])),
+    ("ZeRO-1/2 + optimizer offload + gradient accumulation",
+     tuple({**z, "offload_optimizer": True, "offload_param": False, "accumulation": True} for z in _ZERO12),
+     _sc(stage=2, offload="optimizer", steps=[{"micro": [{}, {}, {}]}])),
+    ("ZeRO-1/2 + optimizer offload + manual boundary",
+     tuple({**z, "offload_optimizer": True, "offload_param": False, "manual_boundary": True} for z in _ZERO12),
+     _sc(stage=2, offload="optimizer", manual_boundary=True, steps=[{"micro": [{}, {}]}])),
+    ("ZeRO-3 + late module", ({"stage": 3, "late_module": True},), _sc(stage=3, late_module=True)),
+    ("ZeRO-0 + bf16", ({"stage": 0, "precision": "bf16"},), _sc(stage=0, precision="bf16")),
+    ("ZeRO-0 + fp16", ({"stage": 0, "precision": "fp16"},), _sc(stage=0, precision="fp16")),
+    ("ZeRO-1/2 + contiguous_gradients off", tuple({**z, "no_contiguous_gradients": True} for z in _ZERO12),
+     _sc(stage=2, contiguous_gradients=False)),
+    ("ZeRO-1/2 + contiguous_gradients off + no offload at several ranks",
+     tuple({**z, "no_contiguous_gradients": True, "offload_optimizer": False, "world_size": 2} for z in _ZERO12),
+     _sc(stage=2, contiguous_gradients=False, world_size=2)),
+    ("ZeRO-3 + all-reduce fetch", ({"stage": 3, "all_reduce_fetch": True},), _sc(stage=3, all_reduce_fetch=True)),
+    ("engines before it", ({"several_engines": True},), _sc(stage=2, engines_before=[3])),
+    ("config Adam + requires_grad changed between steps, ZeRO-1/2/3",
+     tuple({"stage": z, "adam": True, "freeze_toggle": True} for z in (1, 2, 3)),
+     _sc(stage=3, optimizer="config-adam", steps=[{}, {"frozen": [0]}])),
+    ("config Adam at ZeRO-1/2 (DeepSpeed #7948's path)", tuple({**z, "adam": True} for z in _ZERO12),
+     _sc(stage=2, optimizer="config-adam")),
+    ("ZeRO-3 + checkpoint round trip", ({"stage": 3, "checkpoint_save": True},),
+     _sc(stage=3, steps=[{}, {"save_load": True}])),
+    ("ZeRO-1/2 + checkpoint round trip", tuple({**z, "checkpoint_save": True} for z in _ZERO12),
+     _sc(stage=2, steps=[{}, {"save_load": True}])),
+    ("world size 2", ({"world_size": 2},), _sc(stage=3, world_size=2)),
+    ("world size 4", ({"world_size": 4},), _sc(stage=2, contiguous_gradients=False, world_size=4)),
+    ("ZeRO-3 + zero_init", ({"stage": 3, "zero_init": True},),
+     _sc(stage=3, zero_init=True, family="llama", lora=True, precision="bf16")),
+)
+"""The combinations docs/bug-coverage.md's survey of DeepSpeed bugs needs beyond the known issues' own families
+(each once a test pinned in the default generated sequence): goals too, so their reach is the round's, not the
+sequence's."""
+
+
 def goals() -> tuple[Goal, ...]:
     """One goal per known DeepSpeed issue (bugs and limitations, fixed ones too: a fixed bug's family is where its
-    regression would show), in the table's order."""
+    regression would show), in the table's order, then the survey's combinations (`SURVEY`)."""
     from zerostate.known.issues import KNOWN_ISSUES
 
     out = []
@@ -52,6 +99,7 @@ def goals() -> tuple[Goal, ...]:
             continue
         repros = tuple(r.with_(world_size=max(r.world_size, k.world_size)) for r in (k.scenario, *k.variants))
         out.append(Goal(f"known:{k.id}", k.title, tuple(requirements(r) for r in repros), repros))
+    out += [Goal(f"survey:{name}", name, needs, (repro,)) for name, needs, repro in SURVEY]
     return tuple(out)
 
 

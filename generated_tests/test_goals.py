@@ -15,9 +15,12 @@ from zerostate.known.issues import KNOWN_ISSUES
 from zerostate.model.scenario import Scenario
 
 
-def test_one_goal_per_known_deepspeed_issue_and_each_repro_reaches_its_own():
+def test_one_goal_per_known_deepspeed_issue_and_survey_combination_and_each_repro_reaches_its_own():
+    from zerostate.explorer.goals import SURVEY
+
     table = goals()
-    assert [g.name for g in table] == [f"known:{k.id}" for k in KNOWN_ISSUES if k.owner == "deepspeed"]
+    assert [g.name for g in table] == ([f"known:{k.id}" for k in KNOWN_ISSUES if k.owner == "deepspeed"]
+                                       + [f"survey:{name}" for name, _, _ in SURVEY])
     for g in table:
         assert all(g.reached_by(r) for r in g.repros), g.name
 

@@ -276,55 +276,9 @@ def test_each_option_shrinks_to_its_plain_case(option):
     assert not plain.manual_boundary and not plain.late_module and plain.gas == 1
 
 
-# What the default `zerostate explore` runs: the first 200 scenarios of the explorer's own generated sequence
-# (seed 0).  Hypothesis's generation mutates earlier examples, so a dimension drawn one time in sixteen can
-# be absent from it altogether (the llama family was, measured): each combination a known DeepSpeed bug
-# needs (docs/bug-coverage.md, known_fixed.py) must be in it.
-EXPLORED = {
-    "ZeRO-3 + reentrant + PyTorch-style backward (seed 000)": lambda s: s.stage == 3 and any(
-        b.checkpoint.value == "reentrant" for b in s.blocks)
-    and any(m.backward.pytorch_style for _, _, m in s.micro_steps()),
-    "ZeRO-3 + non-reentrant + frozen (seed 002)": lambda s: s.stage == 3 and any(
-        b.checkpoint.value == "non_reentrant" and b.has_frozen for b in s.blocks),
-    "ZeRO-3 + re-registration": lambda s: s.stage == 3 and any(st.reregister for st in s.steps),
-    "llama + lora": lambda s: s.lora,
-    "ZeRO-3 + modules_to_save": lambda s: s.modules_to_save and s.stage == 3,
-    "ZeRO-1/2 + optimizer offload + gas 3": lambda s: s.gas == 3 and s.stage in (1, 2)
-    and s.offload.value == "optimizer",
-    "ZeRO-1/2 + optimizer offload + manual boundary": lambda s: s.manual_boundary and s.stage in (1, 2)
-    and s.offload.value == "optimizer",
-    "ZeRO-3 + late module": lambda s: s.late_module and s.stage == 3,
-    "ZeRO-0 + bf16": lambda s: s.stage == 0 and s.precision.value == "bf16",
-    "ZeRO-1/2 + contiguous_gradients off": lambda s: not s.contiguous_gradients and s.stage in (1, 2),
-    "ZeRO-3 + all-reduce fetch": lambda s: s.all_reduce_fetch,
-    "fp16": lambda s: s.precision.value == "fp16",
-    "engines before it": lambda s: bool(s.engines_before),
-    "config Adam + requires_grad change, ZeRO-1/2/3 (zero-adam-steps-frozen-param)": lambda s: s.optimizer.value
-    == "config-adam" and s.stage in (1, 2, 3) and any(st.frozen for st in s.steps),
-    "config Adam at ZeRO-1/2 (DeepSpeed #7948's path)": lambda s: s.optimizer.value == "config-adam"
-    and s.stage in (1, 2),
-    # (ZeRO-0 + bf16 + save_load, #7786's shape, is in DRAWN: the same-engine round trip cannot lose what #7786
-    # lost, so no bug of the survey needs it in the default 200 -- docs/bug-coverage.md row 19)
-    "ZeRO-3 + save_load": lambda s: s.stage == 3 and any(st.save_load for st in s.steps),
-    "ZeRO-1/2 + save_load": lambda s: s.stage in (1, 2) and any(st.save_load for st in s.steps),
-    # 0.19.8's CPU reduce fix (known issue zero12-cpu-no-reduce-without-contiguous-gradients): without offload --
-    # optimizer offload reduces by another path, which the default 0.19.3 exploration showed does not reach it
-    "ZeRO-1/2 + contiguous_gradients off + no offload at world size 2": lambda s: s.world_size == 2
-    and s.stage in (1, 2) and not s.contiguous_gradients and s.offload.value == "none",
-    "world size 2": lambda s: s.world_size == 2,
-    "world size 4 (an across-ranks option)": lambda s: s.world_size == 4,
-    "ZeRO-1/2 + a parameter with no elements (DeepSpeed #8279)": lambda s: s.empty_param and s.stage in (1, 2),
-    "ZeRO-3 + zero_init": lambda s: s.zero_init,
-    "ZeRO-0 + fp16 (zero0-fp16-loss-not-scaled)": lambda s: s.stage == 0 and s.precision.value == "fp16",
-}
-
-
-def test_default_explore_sequence_draws_each_combination():
-    from zerostate.explorer.exploration import generated
-    seen: set[str] = set()
-    for sc in generated(scenarios(), 200, None):
-        seen.update(name for name, pred in EXPLORED.items() if pred(sc))
-    assert seen == set(EXPLORED), sorted(set(EXPLORED) - seen)
+# What the default `zerostate explore` reaches is declared as goals (explorer/goals.py: every known DeepSpeed issue's
+# family and the bug survey's combinations, each run by a forced draw or its repro when no example reached it) and
+# checked by test_goals.py, not pinned in the pseudo-random sequence here.
 
 
 def test_across_ranks_options_draw_more_ranks_without_changing_the_sequence():
