@@ -95,8 +95,14 @@ rounds, round seeds and coverage reads with the fixed rates (the control a bench
 
 def hard_cap(examples: int) -> int:
     """Distinct target runs one exploration may make at most, shrinking included (and the pairwise
-    completion's examples on top: `Exploration._run`)."""
+    completion's examples on top, and the goals round's with their share: `Exploration._run`)."""
     return 5 * examples + 100
+
+
+GOAL_SHARE = 5
+"""Distinct runs each goals-round example adds to the hard cap: its own and a generated example's share of shrinking
+(`hard_cap`'s five per example), so a family the round reaches brings its own shrinking budget rather than taking
+the generated findings'."""
 
 
 COMPLETION_LANE = 8
@@ -643,8 +649,8 @@ class Exploration:
         out = self.memo.get(sc)
         if out is not None:
             return out
-        extra = (len(self.completion.examples) if self.completion else 0) + (len(self.reach.examples) if self.reach
-                                                                             else 0)
+        extra = (len(self.completion.examples) if self.completion else 0) + (
+            GOAL_SHARE * len(self.reach.examples) if self.reach else 0)
         if len(self.memo) >= hard_cap(self.examples) + extra:
             raise _BudgetSpent()
         w = self.workers[0]
