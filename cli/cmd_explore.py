@@ -341,12 +341,14 @@ def _goals_line(g: dict[str, Any]) -> str:
     """Which known issues' families the exploration ran, and how (explorer/goals.py); a family only its repro
     reached is one the strategy does not draw, said by name."""
     if g.get("skipped"):
-        return f"goals: {g['goals']} known-issue families NOT RUN ({g['skipped']}): reach not judged"
+        return (f"goals: {g['goals']} (known-issue families, survey combinations) NOT RUN ({g['skipped']}): reach "
+                "not judged")
     drawn, repro = g["reached_by_forced_draws"], g["run_as_their_repro"]
     other = len(g.get("reached_by_another_goals_example") or [])
-    return (f"goals: {g['goals']} known-issue families; {g['reached_by_runs']} reached by the examples, "
+    return (f"goals: {g['goals']} (known-issue families, survey combinations); {g['reached_by_runs']} reached by "
+            "the examples, "
             f"{len(drawn) + other} by a forced draw, {len(repro)} only by their own repro (the strategy does not "
-            "draw them" + (f": {', '.join(r.removeprefix('known:') for r in repro)}" if repro else "") + ")")
+            "draw them" + (f": {', '.join(r.split(':', 1)[1] for r in repro)}" if repro else "") + ")")
 
 
 class _CtrlC(threading.Event):

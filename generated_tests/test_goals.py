@@ -82,7 +82,8 @@ def test_the_summary_line_names_the_families_only_their_repro_reached_and_says_w
 
     line = _goals_line({"goals": 42, "reached_by_runs": 33, "reached_by_forced_draws": ["known:a"],
                         "reached_by_another_goals_example": [], "run_as_their_repro": ["known:z3-empty-param"]})
-    assert line.startswith("goals: 42 known-issue families; 33 reached by the examples, 1 by a forced draw, 1 only")
+    assert line.startswith("goals: 42 (known-issue families, survey combinations); 33 reached by the examples, 1 by "
+                           "a forced draw, 1 only")
     assert "z3-empty-param" in line
     assert "NOT RUN" in _goals_line({"goals": 42, "skipped": "fewer than 100 examples"})
 
