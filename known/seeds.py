@@ -44,7 +44,9 @@ SEED_000_PART1 = KnownIssue(
     scenario=Scenario.from_dict({"blocks": [{"checkpoint": "reentrant"}, {}], "stage": 3,
                                  "steps": [{"micro": [{"backward": "torch"}]},
                                            {"micro": [{"backward": "nonscalar"}]}]}),
-    checks=("exception", "epilogue-once", "grad-handled-once", "clean-step"),
+    # what its scenario shows on 0.18.4 (fingerprints recorded 6 Dec); a clean-step violation it was once listed with
+    # is not among them, so no longer claimed: such a finding reads unexplained until a repro shows it
+    checks=("exception", "epilogue-once", "grad-handled-once"),
     explains=is_seed_000_part1,
     runtime_prevents=True,
     detail=("0.18.4's remaining-hooks counter reaches 0 at the end of the first autograd phase of a reentrant "
