@@ -343,12 +343,14 @@ def _goals_line(g: dict[str, Any]) -> str:
     if g.get("skipped"):
         return (f"goals: {g['goals']} (known-issue families, survey combinations) NOT RUN ({g['skipped']}): reach "
                 "not judged")
-    drawn, repro = g["reached_by_forced_draws"], g["run_as_their_repro"]
+    drawn, repro, not_run = g["reached_by_forced_draws"], g["run_as_their_repro"], g.get("not_run") or []
     other = len(g.get("reached_by_another_goals_example") or [])
     return (f"goals: {g['goals']} (known-issue families, survey combinations); {g['reached_by_runs']} reached by "
             "the examples, "
             f"{len(drawn) + other} by a forced draw, {len(repro)} only by their own repro (the strategy does not "
-            "draw them" + (f": {', '.join(r.split(':', 1)[1] for r in repro)}" if repro else "") + ")")
+            "draw them" + (f": {', '.join(r.split(':', 1)[1] for r in repro)}" if repro else "") + ")"
+            + (f"; NOT RUN, so not reached: {', '.join(n.split(':', 1)[1] for n in not_run)} (the target skipped "
+               "its example, or the exploration stopped first)" if not_run else ""))
 
 
 class _CtrlC(threading.Event):

@@ -150,6 +150,14 @@ DEFAULT = Weights(tuple(tuple(c * SCALE for c in p.default) for p in POINTS))
 """Today's rates: the schedule of round 0 (and of every round of an unsteered run)."""
 
 
+def forcing(need: dict[int, frozenset[int]]) -> Weights:
+    """The default rates with each point of ``need`` (by index) drawn only at its alternatives there, at equal rates."""
+    table = [list(w) for w in DEFAULT.table]
+    for k, alts in need.items():
+        table[k] = [SCALE if x in alts else 0 for x in range(len(table[k]))]
+    return Weights(tuple(tuple(w) for w in table))
+
+
 def _reduced(counts: Sequence[int]) -> tuple[int, ...]:
     g = 0
     for c in counts:
@@ -180,4 +188,5 @@ def taken(sc: Scenario) -> tuple[Taken, ...]:
     return tuple(p.taken(sc) for p in POINTS)
 
 
-__all__ = ["BY_NAME", "COMPLETION_ONLY", "DEFAULT", "POINTS", "SCALE", "Point", "Taken", "Weights", "pick", "taken"]
+__all__ = ["BY_NAME", "COMPLETION_ONLY", "DEFAULT", "POINTS", "SCALE", "Point", "Taken", "Weights", "forcing", "pick",
+           "taken"]

@@ -461,14 +461,22 @@ class Exploration:
             return False
         if self._stop_requested.is_set():
             raise _Stopped()
-        self.reach = step = reach(ran, self.seed)
+        self.reach = step = reach([sc for sc in ran if self._ran(sc)], self.seed)
         if not step.examples:
             return False
         position = {sc: after + n for n, sc in enumerate(step.examples, 1)}
         self._positions.update(position)
         lanes = [step.examples[i:i + COMPLETION_LANE] for i in range(0, len(step.examples), COMPLETION_LANE)]
         self._lanes_stop.clear()
-        return (yield from self._run_lanes(iter(lanes), position))
+        try:
+            return (yield from self._run_lanes(iter(lanes), position))
+        finally:
+            step.not_run = [goal for goal, sc in step.for_goal.items() if not self._ran(sc)]
+
+    def _ran(self, sc: Scenario) -> bool:
+        """``sc`` ran here and was trained (not skipped by the target)."""
+        out = self.memo.get(sc)
+        return out is not None and out.skipped is None
 
     def _completion_lanes(self, firsts: list[FirstRound]) -> Iterator[list[Scenario]]:
         """The first round's lanes (``firsts``: the round, made once the generated sequence was drawn whole), each

@@ -4,10 +4,10 @@ The generated sequence reaches a family by the draw rates alone, so whether the 
 with non-reentrant checkpointing of frozen parameters (seed 002's family) depended on where the pseudo-random sequence
 went.  A `Goal` is a family, stated by the issue's own repros through the dimensions `zerostate doctor` reads them on
 (`doctor.dimensions.requirements`): a scenario reaches it when it has everything one repro has.  After the generated
-examples and the pairwise completion, each goal no run reached gets forced draws (`DRAWS` scenarios with the choice
-points its repros need forced, `force_of`), and the first that reaches it runs; a goal no draw reaches runs its own
-repro, and the exploration says so (the strategy does not draw that family: a reach gap, loudly).  Deterministic given
-the runs before it and the seed; it reads no outcome.
+examples and the pairwise completion, each goal no run reached gets forced draws (`pairs.DRAWS` scenarios with the
+choice points its repros need forced, `force_of`), and the first that reaches it runs; a goal no draw reaches runs its
+own repro, and the exploration says so (the strategy does not draw that family: a reach gap, loudly).  Deterministic
+given the runs before it and the seed; of their outcomes it reads only which ran (a skipped run reaches nothing).
 """
 
 from __future__ import annotations
@@ -17,12 +17,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from zerostate.doctor.dimensions import BY_NAME, Value, requirements
-from zerostate.explorer.choices import DEFAULT, POINTS, SCALE, Weights
-from zerostate.explorer.generate import generated, seed_of
+from zerostate.explorer.choices import DEFAULT, POINTS, Weights, forcing
+from zerostate.explorer.generate import seed_of
+from zerostate.explorer.pairs import kept_draws
 from zerostate.model.scenario import Scenario
 
-DRAWS = 64
-"""Forced draws per goal no run reached (as a setup pair's, `pairs.DRAWS`)."""
 FROM_EXAMPLES = 100
 """Goals run in explorations of at least this many examples (the default 200): a smaller one is a quick look."""
 
@@ -149,25 +148,15 @@ def force_of(need: dict[str, Value]) -> Weights | None:
     if any(not alts for alts in want.values()):
         return None
     index = {p.name: k for k, p in enumerate(POINTS)}
-    table = [list(w) for w in DEFAULT.table]
-    for point, alts in want.items():
-        table[index[point]] = [SCALE if x in alts else 0 for x in range(len(table[index[point]]))]
-    return Weights(tuple(tuple(w) for w in table))
+    return forcing({index[point]: alts for point, alts in want.items()})
 
 
-def _draws(goal: Goal, need: dict[str, Value], seed: int | None) -> tuple[Scenario, ...]:
-    from zerostate.explorer import draw_cache
-    from zerostate.explorer.strategies import scenarios
-
+def _draws(need: dict[str, Value], seed: int | None) -> tuple[Scenario, ...]:
+    """`DRAWS` scenarios drawn with ``need``'s points forced: a function of the rates and the seed, kept on disk
+    under the rates (two goals forcing the same points share their draws)."""
     weights = force_of(need)
     key = tuple(x for row in (weights or DEFAULT).table for x in row)
-    goal_seed = zlib.crc32(repr((seed_of(seed), key)).encode())
-    kept = draw_cache.load(key, goal_seed, DRAWS)
-    if kept is not None:
-        return kept
-    drawn = tuple(generated(scenarios(weights=weights), DRAWS, goal_seed))
-    draw_cache.store(key, goal_seed, DRAWS, drawn)
-    return drawn
+    return kept_draws(key, weights, zlib.crc32(repr((seed_of(seed), key)).encode()))
 
 
 @dataclass
@@ -184,19 +173,25 @@ class Reach:
     by_repro: list[str] = field(default_factory=list)
     """Goals no draw reached: their own repro ran (a family the strategy does not draw)."""
     examples: list[Scenario] = field(default_factory=list)
+    for_goal: dict[str, Scenario] = field(default_factory=dict)
+    """Goal -> the round's example that reaches it (by_draws, by_round, by_repro)."""
+    not_run: list[str] = field(default_factory=list)
+    """Goals of the round whose example did not run (skipped by the target, or the exploration stopped first): not
+    reached, whatever the lists above say."""
     skipped: str = ""
     """Why no goal was judged (a small exploration), or ""."""
 
     def to_dict(self) -> dict[str, object]:
         return {"goals": self.goals, "reached_by_runs": len(self.by_runs), "reached_by_forced_draws": self.by_draws,
                 "reached_by_another_goals_example": self.by_round,
-                "run_as_their_repro": self.by_repro, "examples": len(self.examples),
+                "run_as_their_repro": self.by_repro, "examples": len(self.examples), "not_run": self.not_run,
                 **({"skipped": self.skipped} if self.skipped else {})}
 
 
 def reach(ran: Iterable[Scenario], seed: int | None, table: Sequence[Goal] | None = None) -> Reach:
-    """The goals round after ``ran``: each goal no scenario of ``ran`` reached gets the first of its forced draws
-    (per repro, in order) that reaches it and is new, else its first repro not run."""
+    """The goals round after ``ran`` (the runs that ran: a skipped one reaches nothing): each goal no scenario of
+    ``ran`` reached gets the first of its forced draws (per repro, in order) that reaches it and is new, else its first
+    repro not run."""
     table = goals() if table is None else table
     before = list(dict.fromkeys(ran))
     seen = list(before)
@@ -205,10 +200,12 @@ def reach(ran: Iterable[Scenario], seed: int | None, table: Sequence[Goal] | Non
         if any(goal.reached_by(sc) for sc in before):
             out.by_runs.append(goal.name)
             continue
-        if any(goal.reached_by(sc) for sc in out.examples):
+        earlier = next((sc for sc in out.examples if goal.reached_by(sc)), None)
+        if earlier is not None:
             out.by_round.append(goal.name)
+            out.for_goal[goal.name] = earlier
             continue
-        pick = next((sc for need in goal.needs for sc in _draws(goal, need, seed)
+        pick = next((sc for need in goal.needs for sc in _draws(need, seed)
                      if goal.reached_by(sc) and sc not in seen), None)
         if pick is not None:
             out.by_draws.append(goal.name)
@@ -216,8 +213,9 @@ def reach(ran: Iterable[Scenario], seed: int | None, table: Sequence[Goal] | Non
             pick = next((r for r in goal.repros if r not in seen), goal.repros[0])
             out.by_repro.append(goal.name)
         out.examples.append(pick)
+        out.for_goal[goal.name] = pick
         seen.append(pick)
     return out
 
 
-__all__ = ["DRAWS", "FORCES", "FROM_EXAMPLES", "Goal", "Reach", "force_of", "goals", "reach"]
+__all__ = ["FORCES", "FROM_EXAMPLES", "Goal", "Reach", "force_of", "goals", "reach"]

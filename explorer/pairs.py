@@ -39,7 +39,7 @@ from collections.abc import Callable, Generator, Iterable, Sequence
 
 from zerostate.model.scenario import Scenario
 
-from zerostate.explorer.choices import DEFAULT, POINTS, SCALE, Taken, Weights, taken
+from zerostate.explorer.choices import POINTS, Taken, Weights, forcing, taken
 from zerostate.explorer.drawable import undrawable
 from zerostate.explorer.generate import generated, seed_of
 
@@ -165,10 +165,7 @@ def forced(pair: Pair) -> Weights | None:
         need[k] = need.get(k, alts) & alts
     if not all(need.values()):
         return None
-    table = [list(w) for w in DEFAULT.table]
-    for k, alts in need.items():
-        table[k] = [SCALE if x in alts else 0 for x in range(len(table[k]))]
-    return Weights(tuple(tuple(w) for w in table))
+    return forcing(need)
 
 
 def _seed(seed: int | None, pair: Pair) -> int:
@@ -266,17 +263,22 @@ def draws(pair: Pair, seed: int | None) -> tuple[Scenario, ...] | None:
     """The `DRAWS` scenarios drawn with ``pair`` forced, in order (None: its two alternatives need different
     alternatives of one point).  A function of (pair, seed) alone, so any process draws the same, and kept on
     disk once drawn (`draw_cache`)."""
-    from zerostate.explorer.strategies import scenarios
     weights = forced(pair)
     if weights is None:
         return None
+    return kept_draws(pair, weights, _seed(seed, pair))
+
+
+def kept_draws(key: tuple[int, ...], weights: Weights | None, seed: int) -> tuple[Scenario, ...]:
+    """`DRAWS` scenarios of the default strategy at ``weights`` (None: its own rates) from ``seed``, kept on disk
+    under ``key`` once drawn (`draw_cache`)."""
     from zerostate.explorer import draw_cache
-    pair_seed = _seed(seed, pair)
-    kept = draw_cache.load(pair, pair_seed, DRAWS)
+    from zerostate.explorer.strategies import scenarios
+    kept = draw_cache.load(key, seed, DRAWS)
     if kept is not None:
         return kept
-    drawn = tuple(generated(scenarios(weights=weights), DRAWS, pair_seed))
-    draw_cache.store(pair, pair_seed, DRAWS, drawn)
+    drawn = tuple(generated(scenarios(weights=weights), DRAWS, seed))
+    draw_cache.store(key, seed, DRAWS, drawn)
     return drawn
 
 
@@ -333,4 +335,4 @@ def budget_for(examples: int) -> int:
 __all__ = ["BUDGET_SHARE", "Completion", "DRAWS", "LABELS", "Pair", "all_pairs", "alternatives", "budget_for",
            "DERIVED", "Derived", "ENDS_RUN", "ROUNDS", "WRAPPER", "Z3_REDUCE",
            "Drawer", "ended_only", "ran_through", "best_of", "complete", "completing", "draw_for", "draws",
-           "forced", "pair_name", "pairs_of", "sizes"]
+           "forced", "kept_draws", "pair_name", "pairs_of", "sizes"]

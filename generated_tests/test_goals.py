@@ -86,6 +86,10 @@ def test_the_summary_line_names_the_families_only_their_repro_reached_and_says_w
                            "a forced draw, 1 only")
     assert "z3-empty-param" in line
     assert "NOT RUN" in _goals_line({"goals": 42, "skipped": "fewer than 100 examples"})
+    said = _goals_line({"goals": 2, "reached_by_runs": 1, "reached_by_forced_draws": [], "run_as_their_repro":
+                        ["known:seed-002"], "not_run": ["known:seed-002"]})
+    assert said.endswith("NOT RUN, so not reached: seed-002 (the target skipped its example, or the exploration "
+                         "stopped first)")
 
 
 @pytest.mark.deepspeed
@@ -118,3 +122,41 @@ def test_a_deepspeed_exploration_runs_each_goal_no_example_reached_after_its_com
         range(after + 1, after + 1 + len(exp.reach.examples)))
     assert sorted(exp.reach.by_runs + exp.reach.by_round + exp.reach.by_draws + exp.reach.by_repro) == sorted(
         g.name for g in table)
+
+
+def test_a_skipped_run_reaches_no_goal_and_a_goal_whose_example_was_skipped_is_said_not_run(monkeypatch):
+    """The round counts only runs that ran: a target that skips every run of a family (as a release that cannot
+    train the scenario does) leaves its goal to the round, and the round's own skipped example leaves it `not_run`.
+    The target here is the model target under the DeepSpeed target's name, its outcomes marked skipped for ZeRO-3
+    scenarios with non-reentrant checkpointing (the explorer's bookkeeping is what is tested, not DeepSpeed)."""
+    from zerostate.explorer import exploration
+    from zerostate.explorer import goals as G
+    from zerostate.targets.interface import Outcome, Target, get_target
+
+    seed = next(g for g in G.goals() if g.name == "known:seed-002")
+
+    class _SkipsFamily(Outcome):
+        @property
+        def skipped(self) -> str | None:
+            return "not here"
+
+    class _Target(Target):
+        name, version = "deepspeed", None
+
+        def __init__(self) -> None:
+            self.inner = get_target("model", design="zerostate")
+
+        def run(self, sc: Scenario) -> Outcome:
+            out = self.inner.run(sc)
+            if seed.reached_by(sc):
+                return _SkipsFamily(sc, out.trace, out.error, [])
+            return out
+
+    monkeypatch.setattr(exploration, "GOALS_FROM", 1)
+    monkeypatch.setattr(exploration, "reach", lambda ran, s: G.reach(ran, s, (seed,)))
+    exp = exploration.Exploration(_Target(), examples=30, seed=None, shrink=False, confirm=False)
+    for _ in exp.events():
+        pass
+    assert exp.reach is not None and exp.reach.by_runs == []  # whatever of the family the examples drew was skipped
+    assert exp.reach.not_run == ["known:seed-002"]
+    assert exp.result().goals["not_run"] == ["known:seed-002"]
