@@ -17,9 +17,10 @@ from zerostate.doctor.dimensions import BY_NAME, DIMENSIONS, Value
 from zerostate.doctor.read_inputs import TRAINERS, parse_value, read_setup
 from zerostate.doctor.render import as_json, text
 from zerostate.doctor.setup import DoctorError
+from zerostate.known.issues import KNOWN_ISSUES
 from zerostate.model.eras import UnknownRelease, parse_release
 
-OLDEST = (0, 18, 4)
+OLDEST = min(k.releases[0] for k in KNOWN_ISSUES)
 """The oldest release the known-issue table was established on."""
 
 
@@ -64,8 +65,8 @@ def release_of(args: argparse.Namespace) -> str:
     except UnknownRelease:
         raise CliError(f"--deepspeed {version!r}: not a DeepSpeed release number (expected e.g. 0.19.2)") from None
     if v < OLDEST:
-        raise CliError(f"DeepSpeed {version}: the known-issue table starts at 0.18.4 (older releases were never "
-                       "judged; the doctor cannot say anything of them)")
+        raise CliError(f"DeepSpeed {version}: the known-issue table starts at {'.'.join(map(str, OLDEST))} (older "
+                       "releases were never judged; the doctor cannot say anything of them)")
     return version
 
 

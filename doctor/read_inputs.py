@@ -408,7 +408,9 @@ def read_setup(paths: list[str], release: str | None, options: dict[str, Value],
     notes += said
     if hf is not None and inputs.hf_args:
         got, said = hf_facts(hf, inputs.hf_args[0], trainer or trainer_of(hf), facts["stage"].value)
-        facts = {**facts, **got} if "adam" not in facts else {**facts, **{k: v for k, v in got.items() if k != "adam"}}
+        if "adam" in facts:  # the DeepSpeed config's optimizer section: DeepSpeed builds that one, not the trainer
+            got.pop("adam", None)
+        facts.update(got)
         notes += said
     elif trainer in ("hf", "sft", "dpo", "grpo"):
         got, said = hf_facts(None, f"--trainer {trainer}", trainer, facts["stage"].value)

@@ -82,9 +82,8 @@ SURVEY: tuple[tuple[str, tuple[dict[str, Value], ...], Scenario], ...] = (
     ("ZeRO-3 + zero_init", ({"stage": 3, "zero_init": True},),
      _sc(stage=3, zero_init=True, family="llama", lora=True, precision="bf16")),
 )
-"""The combinations docs/bug-coverage.md's survey of DeepSpeed bugs needs beyond the known issues' own families
-(each once a test pinned in the default generated sequence): goals too, so their reach is the round's, not the
-sequence's."""
+"""The combinations docs/bug-coverage.md's survey of DeepSpeed bugs needs beyond the known issues' own families: goals
+too, so their reach is the round's, not the generated sequence's."""
 
 
 def goals() -> tuple[Goal, ...]:

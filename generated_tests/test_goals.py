@@ -12,7 +12,7 @@ from zerostate.explorer.goals import FORCES, Goal, force_of, goals, reach
 from zerostate.explorer.pairs import budget_for, complete
 from zerostate.explorer.strategies import scenarios
 from zerostate.known.issues import KNOWN_ISSUES
-from zerostate.model.scenario import Scenario
+from zerostate.model.scenario import Block, Scenario
 
 
 def test_one_goal_per_known_deepspeed_issue_and_survey_combination_and_each_repro_reaches_its_own():
@@ -29,8 +29,8 @@ def test_a_scenario_without_what_every_repro_needs_does_not_reach_the_goal():
     seed = next(g for g in goals() if g.name == "known:seed-002")
     plain = Scenario.from_dict({"stage": 3, "blocks": [{"checkpoint": "non_reentrant"}]})  # nothing frozen
     assert not seed.reached_by(plain)
-    assert seed.reached_by(plain.with_(blocks=(plain.blocks[0].__class__(plain.blocks[0].checkpoint,
-                                                                           norm=seed.repros[0].blocks[0].norm),)))
+    frozen_norm = Block(plain.blocks[0].checkpoint, norm=seed.repros[0].blocks[0].norm)
+    assert seed.reached_by(plain.with_(blocks=(frozen_norm,)))
 
 
 def test_after_the_default_sequence_and_its_completion_every_goal_is_run_and_how_is_said():

@@ -44,8 +44,8 @@ SEED_000_PART1 = KnownIssue(
     scenario=Scenario.from_dict({"blocks": [{"checkpoint": "reentrant"}, {}], "stage": 3,
                                  "steps": [{"micro": [{"backward": "torch"}]},
                                            {"micro": [{"backward": "nonscalar"}]}]}),
-    # what its scenario shows on 0.18.4 (fingerprints recorded 6 Dec); a clean-step violation it was once listed with
-    # is not among them, so no longer claimed: such a finding reads unexplained until a repro shows it
+    # what its scenario shows on 0.18.4 (its recorded fingerprints); not a clean-step violation, so that is not
+    # claimed: such a finding reads unexplained until a repro shows it
     checks=("exception", "epilogue-once", "grad-handled-once"),
     explains=is_seed_000_part1,
     runtime_prevents=True,

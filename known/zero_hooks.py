@@ -162,7 +162,7 @@ Z3_REREGISTER_WHILE_RECORDING = KnownIssue(
     # model-agreement: the model design for these releases (ds-0.19.2) re-registers as #8043 does, so after a
     # re-registration the real coordinator keeps holders the design releases
     explains=lambda f: rules.recording_when_reregistered(f) and narrow(f, _reregistered_z3),
-    # Its scenario shows neither check on any release this machine ran it on (0.18.4, 0.18.5, 0.19.1, 6 Dec: a
+    # Its scenario shows neither check on the releases it was run on (0.18.4, 0.18.5, 0.19.1: a
     # ``trace-consistent:uncalled-for-complete`` the rule does not accept, and a model-agreement), so no fingerprint
     # is recorded and the label is never given: such a finding reads unexplained until a repro shows the crash
     scenario_shows_from=(0, 19, 2),
