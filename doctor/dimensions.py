@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from zerostate.model.scenario import (BackwardKind, Checkpoint, Family, Offload, Optimizer, Outputs, ParamKind,
-                                      Precision, Scenario)
+                                      Precision, Scenario, Scheduler)
 
 Value = bool | int | str
 """A dimension's value: a flag, a number (stage, world size) or a name (precision)."""
@@ -44,6 +44,8 @@ class Dimension:
     """The value a repro needs nothing at; None: every repro needs its own value (the ZeRO stage)."""
     at_least: bool = False
     """A user's value meets a requirement when it is at least that value (ranks), not only when equal."""
+    choices: tuple[str, ...] = ()
+    """A named dimension's values (empty: any)."""
 
     def required(self, sc: Scenario) -> Value | None:
         """What a repro needs of this dimension, or None when it needs nothing."""
@@ -59,6 +61,14 @@ class Dimension:
         if isinstance(value, bool):
             return self.phrase if value else f"not: {self.phrase}"
         return self.phrase.format(v=value)
+
+
+def _scheduler(sc: Scenario) -> str:
+    """Who builds the scheduler, over which optimizer: with DeepSpeed's own optimizer (config Adam) a scheduler
+    passed to initialize is a callable DeepSpeed calls with it (`net.engine`), so DeepSpeed builds it."""
+    if sc.scheduler is Scheduler.INITIALIZE and sc.optimizer is Optimizer.CONFIG_ADAM:
+        return "deepspeed"
+    return sc.scheduler.value
 
 
 def _ckpt(sc: Scenario, mode: Checkpoint) -> bool:
@@ -155,6 +165,10 @@ DIMENSIONS: tuple[Dimension, ...] = (
               False),
     Dimension("empty_param", Kind.MODEL, "a parameter with no elements (torch.empty(0))",
               lambda sc: sc.empty_param, False),
+    Dimension("hf_param_groups", Kind.MODEL, "HF Trainer's two optimizer groups (weights to decay, biases and norms "
+              "not)", lambda sc: sc.decay_groups, False),
+    Dimension("empty_param_group", Kind.MODEL, "an optimizer parameter group with no trainable parameter (HF's "
+              "no-decay group under LoRA)", lambda sc: sc.empty_group, False),
     Dimension("small_reduce_bucket", Kind.MODEL, "a reduce bucket smaller than one parameter's gradient "
               "(reduce_bucket_size against your largest parameter)",
               lambda sc: sc.reduce_bucket_size < DEFAULT_BUCKET, False),
@@ -173,6 +187,10 @@ DIMENSIONS: tuple[Dimension, ...] = (
               lambda sc: any(s.eval_before for s in sc.steps), False),
     Dimension("idle_step", Kind.LOOP, "engine.step() in a step with no backward",
               lambda sc: any(s.idle for s in sc.steps), False),
+    Dimension("lr_scheduler", Kind.LOOP, "an LR scheduler: {v} (initialize: built over your optimizer and passed to "
+              "deepspeed.initialize; user: stepped by your loop; deepspeed: built by DeepSpeed -- its config's, or a "
+              "callable of the optimizer it builds; after: built over the optimizer initialize returned)", _scheduler,
+              "none", choices=("none", "initialize", "user", "deepspeed", "after")),
     Dimension("freeze_toggle", Kind.LOOP, "requires_grad changed between train steps",
               lambda sc: any(s.frozen for s in sc.steps), False),
     Dimension("checkpoint_save", Kind.LOOP, "DeepSpeed checkpoints saved (and loaded) between train steps",

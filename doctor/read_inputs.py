@@ -267,6 +267,23 @@ def _use_reentrant(hf: dict[str, Any]) -> Any:
     return None
 
 
+def _trainer_optimizer(facts: dict[str, Fact]) -> dict[str, Fact]:
+    """HF Trainer's optimizer and scheduler (transformers' integrations/deepspeed.py ``deepspeed_optim_sched``): with
+    an ``optimizer`` section DeepSpeed builds it over the trainable parameters (one list: ``DummyOptim``) and the
+    scheduler too (its config's, or HF's callable of that optimizer); without one the trainer builds its two groups
+    (`create_optimizer`) and, from transformers 5, its scheduler after ``accelerator.prepare`` over what DeepSpeed
+    left (trainer.py: "Create scheduler now that the optimizer won't change anymore")."""
+    if "adam" in facts and facts["adam"].source.endswith("optimizer.type"):  # the DeepSpeed config's section
+        why = "the config's optimizer: DeepSpeed builds it over the trainable parameters (HF Trainer's DummyOptim)"
+        return {"hf_param_groups": Fact(False, why), "empty_param_group": Fact(False, why),
+                "lr_scheduler": Fact("deepspeed", "the config's optimizer: DeepSpeed builds the scheduler too (its "
+                                     "config's, or HF Trainer's callable of the built optimizer)")}
+    return {"hf_param_groups": Fact(True, "HF Trainer's create_optimizer (no optimizer section in the config)"),
+            "lr_scheduler": Fact("after", "HF Trainer (transformers 5) creates its scheduler after accelerate's "
+                                 "prepare, over the optimizer deepspeed.initialize left (before 5.x it was built "
+                                 "before: say --set lr_scheduler=initialize for such a release)")}
+
+
 def hf_facts(hf: dict[str, Any] | None, where: str, trainer: str, stage: Value | None
              ) -> tuple[dict[str, Fact], list[str]]:
     """What a trainer says beyond the DeepSpeed config: from its arguments ``hf`` (when given) the model's
@@ -369,6 +386,8 @@ def parse_value(name: str, text: str) -> Value:
             return int(text)
         except ValueError:
             raise DoctorError(f"--set {name}={text}: expected an integer") from None
+    if d.choices and text not in d.choices:
+        raise DoctorError(f"--set {name}={text}: expected one of {', '.join(d.choices)}")
     return text
 
 
@@ -412,10 +431,13 @@ def read_setup(paths: list[str], release: str | None, options: dict[str, Value],
             got.pop("adam", None)
         facts.update(got)
         notes += said
+    if "hf_model" in facts:  # a trainer's loop: who builds the optimizer decides its groups and its scheduler
+        facts.update(_trainer_optimizer(facts))
     elif trainer in ("hf", "sft", "dpo", "grpo"):
         got, said = hf_facts(None, f"--trainer {trainer}", trainer, facts["stage"].value)
         facts.update(got)
         notes += said
+        facts.update(_trainer_optimizer(facts))
     if peft is not None:
         facts["lora"] = Fact(peft, "--peft")
         if peft:
@@ -429,6 +451,14 @@ def read_setup(paths: list[str], release: str | None, options: dict[str, Value],
     elif (any(f is not None and f.value is True for f in ck) and facts.get("frozen_params", Fact(None, "")).value
           is True and "frozen_in_checkpointed" not in options):
         facts["frozen_in_checkpointed"] = Fact(True, "frozen parameters (LoRA's base: every layer) and checkpointing")
+    groups, lora = facts.get("hf_param_groups"), facts.get("lora")
+    if (groups is not None and groups.value is True and lora is not None and lora.value is True
+            and "empty_param_group" not in options):
+        facts["empty_param_group"] = Fact(True, "HF's no-decay group under LoRA (every trainable parameter an "
+                                          "adapter weight)")
+    elif (groups is not None and groups.value is True and lora is not None and lora.value is False
+            and "empty_param_group" not in options):
+        facts["empty_param_group"] = Fact(False, "no LoRA: HF's no-decay group holds the model's norms and biases")
     return Setup(facts, release, tuple(notes))
 
 

@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 
 from hypothesis import strategies as st
 
-from zerostate.model.scenario import Checkpoint, Family, Offload, Optimizer, Outputs, Precision, Scenario
+from zerostate.model.scenario import Checkpoint, Family, Offload, Optimizer, Outputs, Precision, Scenario, Scheduler
 
 Taken = frozenset[int]
 """Indices of the alternatives a scenario shows it took at one point (empty: it cannot tell)."""
@@ -54,6 +54,7 @@ _OFFLOADS = (Offload.NONE, Offload.OPTIMIZER, Offload.PARAM, Offload.BOTH)
 _OUTPUTS = (Outputs.TENSOR, Outputs.TUPLE, Outputs.DICT)
 _ENGINES_BEFORE = ((), (3,), (1,), (2,), (3, 3), (3, 1), (3, 2), (1, 3), (2, 3))
 _BLOCKS_FAMILY = Family.BLOCKS
+_SCHEDULERS = (Scheduler.NONE, Scheduler.INITIALIZE, Scheduler.USER)
 
 
 def _extra(name: str, shows: Callable[[Scenario], bool | None], default: tuple[int, int] = (3, 1)) -> Point:
@@ -119,7 +120,16 @@ POINTS: tuple[Point, ...] = (
     _extra("config_adam", lambda sc: sc.optimizer is Optimizer.CONFIG_ADAM, default=(1, 1)),
     _extra("reduce_scatter", lambda sc: None if sc.stage == 0 else not sc.reduce_scatter, default=(1, 0)),
     Point("world", (2, 5, 1), _world),
+    # completion and goals only (rate 0 in the generated sequence, which they leave as it was)
+    Point("scheduler", (1, 0, 0), lambda sc: _index(sc.scheduler, _SCHEDULERS)),
+    Point("decay_groups", (1, 0), lambda sc: _flag(sc.decay_groups)),
 )
+GOALS_ONLY = frozenset({"scheduler", "decay_groups"})
+"""Points the pairwise completion leaves to the goals round (`goals.SURVEY`): the optimizer's dimensions, which no
+hook or coordinator event sees.  Last in `POINTS`, so the pairs' indices of every other point stay as they were."""
+PAIRED: tuple[Point, ...] = tuple(p for p in POINTS if p.name not in GOALS_ONLY)
+"""The points the pairwise completion pairs (`pairs`): `POINTS` less `GOALS_ONLY`, in the same order and indices."""
+assert POINTS[:len(PAIRED)] == PAIRED, "GOALS_ONLY points come last in POINTS"
 BY_NAME = {p.name: p for p in POINTS}
 COMPLETION_ONLY = frozenset(p.name for p in POINTS if 0 in p.default)
 """Points with an alternative at rate 0: the generated sequence never draws it, only the pairwise completion's
@@ -188,5 +198,5 @@ def taken(sc: Scenario) -> tuple[Taken, ...]:
     return tuple(p.taken(sc) for p in POINTS)
 
 
-__all__ = ["BY_NAME", "COMPLETION_ONLY", "DEFAULT", "POINTS", "SCALE", "Point", "Taken", "Weights", "forcing", "pick",
-           "taken"]
+__all__ = ["BY_NAME", "COMPLETION_ONLY", "DEFAULT", "GOALS_ONLY", "PAIRED", "POINTS", "SCALE", "Point", "Taken",
+           "Weights", "forcing", "pick", "taken"]

@@ -1,6 +1,6 @@
 """Which setup pairs the strategy cannot draw, decided from its own structure instead of sampled.
 
-`choices.POINTS` read a scenario back; a point a scenario cannot show reads empty (offload at ZeRO stage 0, a z3 leaf
+`choices.PAIRED` read a scenario back; a point a scenario cannot show reads empty (offload at ZeRO stage 0, a z3 leaf
 module on the llama family).  `SHOWS_ONLY` states, once, where each point's alternative can show: ``(point,
 alternative)`` -> the alternatives (by index) every other point named can show beside it -- an empty set: that point
 shows nothing there.  A pair is `undrawable` when one of its two alternatives rules the other out; the pairwise
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from functools import cache
 
-from zerostate.explorer.choices import POINTS
+from zerostate.explorer.choices import PAIRED as POINTS
 
 # alternatives, by index, as `choices.POINTS` / `pairs.DERIVED` order them
 _Z3, _Z1, _Z2 = 0, 1, 2                      # stage: 3, 1, 2

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from zerostate.doctor.dimensions import BY_NAME, Value, requirements
-from zerostate.explorer.choices import DEFAULT, POINTS, Weights, forcing
+from zerostate.explorer.choices import DEFAULT, PAIRED, POINTS, Weights, forcing
 from zerostate.explorer.generate import seed_of
 from zerostate.explorer.pairs import kept_draws
 from zerostate.model.scenario import Scenario
@@ -42,6 +42,10 @@ class Goal:
 
 def _sc(**d: object) -> Scenario:
     return Scenario.from_dict(d)
+
+
+def _need(**d: Value) -> dict[str, Value]:
+    return d
 
 
 _ZERO12 = ({"stage": 1}, {"stage": 2})
@@ -81,6 +85,14 @@ SURVEY: tuple[tuple[str, tuple[dict[str, Value], ...], Scenario], ...] = (
     ("world size 4", ({"world_size": 4},), _sc(stage=2, contiguous_gradients=False, world_size=4)),
     ("ZeRO-3 + zero_init", ({"stage": 3, "zero_init": True},),
      _sc(stage=3, zero_init=True, family="llama", lora=True, precision="bf16")),
+    # the scenario language's optimizer dimensions: each stage with a scheduler either way and HF's groups
+    *((f"ZeRO-{z} + LR scheduler {how}", (_need(stage=z, lr_scheduler=how),), _sc(stage=z, scheduler=how))
+      for z in (0, 1, 2, 3) for how in ("initialize", "user")),
+    *((f"ZeRO-{z} + HF's optimizer groups", (_need(stage=z, hf_param_groups=True),), _sc(stage=z, decay_groups=True))
+      for z in (0, 1, 2, 3)),
+    ("ZeRO-3 + LoRA + HF's optimizer groups (one empty) + LR scheduler",
+     (_need(stage=3, empty_param_group=True, lr_scheduler="initialize"),),
+     _sc(stage=3, family="llama", lora=True, decay_groups=True, scheduler="initialize")),
 )
 """The combinations docs/bug-coverage.md's survey of DeepSpeed bugs needs beyond the known issues' own families: goals
 too, so their reach is the round's, not the generated sequence's."""
@@ -132,6 +144,9 @@ FORCES: dict[str, dict[Value, dict[str, frozenset[int]]]] = {
     "idle_step": {True: {"idle": _ONE}},
     "manual_boundary": {True: {"extra:manual_boundary": _ONE}},
     "late_module": {True: {"extra:late_module": _ONE}},
+    "lr_scheduler": {"initialize": {"scheduler": _ONE}, "user": {"scheduler": frozenset({2})}},
+    "hf_param_groups": {True: {"decay_groups": _ONE}},
+    "empty_param_group": {True: {"decay_groups": _ONE}},
 }
 """Which choice points' alternatives (`choices.POINTS`) make a dimension's value likely in a draw; a dimension not
 here (frozen parameters, a PyTorch-style backward, an eval forward ...) is left to the draws' own rates."""
@@ -154,7 +169,9 @@ def _draws(need: dict[str, Value], seed: int | None) -> tuple[Scenario, ...]:
     """`DRAWS` scenarios drawn with ``need``'s points forced: a function of the rates and the seed, kept on disk
     under the rates (two goals forcing the same points share their draws)."""
     weights = force_of(need)
-    key = tuple(x for row in (weights or DEFAULT).table for x in row)
+    # a goals-only point at its default rate is left out of the key: goals that do not force one draw as before
+    key = tuple(x for k, row in enumerate((weights or DEFAULT).table)
+                if k < len(PAIRED) or row != DEFAULT.table[k] for x in row)
     return kept_draws(key, weights, zlib.crc32(repr((seed_of(seed), key)).encode()))
 
 

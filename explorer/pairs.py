@@ -1,6 +1,6 @@
 """Pairwise completion: after the generated examples, the setup pairs none of them took, drawn and run.
 
-A *pair* is two alternatives of two choice points (`choices.POINTS`: ZeRO stage x precision, offload x world size,
+A *pair* is two alternatives of two choice points (`choices.PAIRED`: ZeRO stage x precision, offload x world size,
 ...).  The generated sequence's draw rates leave pairs out by chance -- the default budget once held no ZeRO-1
 scenario in bf16 (docs/deepspeed-target.md, pairwise completion) --, and a combination no example ran is a part of
 DeepSpeed no example judged, whatever the report says of the rest.  `complete` is the greedy step of AETG-style
@@ -39,7 +39,7 @@ from collections.abc import Callable, Generator, Iterable, Sequence
 
 from zerostate.model.scenario import Scenario
 
-from zerostate.explorer.choices import POINTS, Taken, Weights, forcing, taken
+from zerostate.explorer.choices import PAIRED as POINTS, Taken, Weights, forcing, taken
 from zerostate.explorer.drawable import undrawable
 from zerostate.explorer.generate import generated, seed_of
 
@@ -116,7 +116,7 @@ def sizes() -> tuple[int, ...]:
 
 def alternatives(sc: Scenario) -> tuple[Taken, ...]:
     """`choices.taken`, with ``engines_before`` as none (0) or some (1), then the `DERIVED` points'."""
-    t = list(taken(sc))
+    t = list(taken(sc))[:len(POINTS)]
     k = _INDEX[_COLLAPSED]
     t[k] = frozenset(min(x, 1) for x in t[k])
     return tuple(t) + tuple(frozenset((d.of(sc),)) for d in DERIVED)

@@ -33,7 +33,7 @@ from hypothesis import strategies as st
 from zerostate.explorer.choices import Weights, pick
 from zerostate.model.network import Network
 from zerostate.model.scenario import (BackwardKind, Block, Checkpoint, Family, MicroStep, Offload, Optimizer,
-                                      Outputs, ParamKind, Precision, Scenario, TrainStep)
+                                      Outputs, ParamKind, Precision, Scenario, Scheduler, TrainStep)
 
 CHECKPOINTS = (Checkpoint.NONE, Checkpoint.REENTRANT, Checkpoint.NON_REENTRANT)
 BACKWARDS = (BackwardKind.ENGINE, BackwardKind.TORCH, BackwardKind.NONSCALAR)
@@ -301,10 +301,20 @@ def extras(draw, sc: Scenario, zero0: bool = True, weights: Weights | None = Non
         sc = sc.with_(optimizer=Optimizer.CONFIG_ADAM)
     if "reduce_scatter" in on and sc.stage != 0:
         sc = sc.with_(reduce_scatter=False)
+    # rate 0 in the generated sequence (`just`: no byte of it); the completion's and goals' forced weights draw them
+    scheduler = draw(pick(weights, "scheduler", st.just(Scheduler.NONE), SCHEDULERS))
+    if scheduler is not Scheduler.USER or sc.optimizer is Optimizer.SGD:  # 'user' schedules a client optimizer
+        sc = sc.with_(scheduler=scheduler)
+    if draw(pick(weights, "decay_groups", st.just(False), (False, True))):
+        sc = sc.with_(decay_groups=True, param_groups=1)  # HF Trainer's two groups replace the drawn ones
 
     if sc.reduce_bucket_size != 500_000_000:  # `SAVE_LOAD`: no draw of its own
         sc = sc.with_(steps=sc.steps[:-1] + (replace(sc.steps[-1], save_load=True),))
     return sc
+
+
+SCHEDULERS = (Scheduler.NONE, Scheduler.INITIALIZE, Scheduler.USER)
+"""``scheduler``'s alternatives in shrink order (`choices.POINTS`): none, passed to initialize, stepped by the loop."""
 
 
 EMPTY_PARAM = "the zero_init draw below ZeRO-3"

@@ -294,3 +294,36 @@ def test_a_custom_loop_says_nothing_of_its_loop_even_with_trainer_arguments(sft)
     s = read_setup([sft["non_reentrant"]], "0.19.8", {}, trainer="custom", peft=True)
     assert s.fact("retain_graph").value is None and s.fact("eval_forward").value is None
     assert s.fact("non_reentrant_checkpointing").value is True  # the arguments still say the model's checkpointing
+
+
+# ---------------------------------------------------------------- the optimizer dimensions (issue 44)
+EMPTY_GROUP = "empty-param-group-dropped-under-scheduler"
+
+
+def test_trl_with_lora_has_an_empty_group_and_its_scheduler_built_after_initialize(sft):
+    """TRL's SFT config with LoRA: HF's groups (the no-decay one empty under LoRA), the scheduler built after
+    accelerate's prepare (transformers 5): not in the empty-group issue's family; a release of transformers that
+    built it before (said with --set) is, on every point."""
+    s = read_setup([sft["non_reentrant"]], "0.19.8", {}, peft=True)
+    assert s.fact("hf_param_groups").value is True and s.fact("empty_param_group").value is True
+    assert s.fact("lr_scheduler").value == "after"
+    assert EMPTY_GROUP not in {e.issue.id for e in diagnose(s, "0.19.8").entries}
+    older = read_setup([sft["non_reentrant"]], "0.19.8", {"lr_scheduler": "initialize", "frozen_params": True},
+                       peft=True)
+    entries = [e for e in diagnose(older, "0.19.8").entries if e.issue.id == EMPTY_GROUP]
+    assert entries, [e.issue.id for e in diagnose(older, "0.19.8").entries]
+
+
+def test_a_config_optimizer_keeps_the_trainer_out_of_the_empty_group_family(tmp_path):
+    """With an optimizer section DeepSpeed builds the optimizer over one list and the scheduler itself."""
+    ds = tmp_path / "ds.json"
+    ds.write_text(json.dumps({"zero_optimization": {"stage": 3}, "optimizer": {"type": "AdamW"}}))
+    s = read_setup([str(ds)], "0.19.8", {}, trainer="sft", peft=True)
+    assert s.fact("empty_param_group").value is False and s.fact("lr_scheduler").value == "deepspeed"
+    assert EMPTY_GROUP not in {e.issue.id for e in diagnose(s, "0.19.8").entries}
+
+
+def test_an_unknown_scheduler_value_is_refused_naming_the_values(tmp_path):
+    from zerostate.doctor.read_inputs import parse_value
+    with pytest.raises(DoctorError, match="expected one of none, initialize, user"):
+        parse_value("lr_scheduler", "cosine")

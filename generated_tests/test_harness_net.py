@@ -54,6 +54,9 @@ class _Recording:
     def micro_done(self, boundary: bool) -> None:
         self.calls.append(("micro_done", boundary))
 
+    def lr_step(self) -> None:
+        self.calls.append(("lr_step",))
+
 
 def test_the_training_loop_makes_each_micro_steps_calls_in_order_and_marks_the_schedule():
     sc = Scenario.from_dict({"blocks": [{}, {}], "stage": 1, "steps": [

@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from zerostate.explorer.choices import POINTS
+from zerostate.explorer.choices import PAIRED as POINTS
 from zerostate.explorer.generate import generated
 from zerostate.explorer.pairs import (DERIVED, WRAPPER, Z3_REDUCE, Completion, all_pairs, budget_for, complete,
                                       draw_for, ended_only, forced, pair_name, pairs_of, ran_through, sizes)

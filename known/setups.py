@@ -683,6 +683,54 @@ FP16_OPTIMIZER_INIT_STEP = KnownIssue(
             "0.19.2 and 0.19.8 (the same code in both)."),
 )
 
+def _scheduler_over_empty_group(f: Finding) -> bool:
+    """The scheduler's step raised torch's strict-zip mismatch (`LRScheduler._update_lr`: more rates than the
+    optimizer has groups), in a setup with an empty group and a scheduler built over the client optimizer."""
+    r = f.evidence.raised if f.check == "exception" else None
+    return (r is not None and r.type == "ValueError" and r.says("zip()", "is longer than") and bool(r.frames)
+            and r.frames[-1].package == "torch" and r.frames[-1].file.endswith("optim/lr_scheduler.py")
+            and r.frames[-1].function == "_update_lr"
+            and narrow(f, lambda sc: sc.empty_group and sc.scheduler.value != "none"))
+
+
+EMPTY_GROUP_DROPPED_UNDER_SCHEDULER = KnownIssue(
+    id="empty-param-group-dropped-under-scheduler",
+    title="deepspeed.initialize removes an empty parameter group from the client optimizer in place, under the LR "
+          "scheduler already built over it: the scheduler's first step raises (torch >= 2.10: 'zip() argument 2 "
+          "is longer than argument 1'; before, rates were assigned by position)",
+    owner="deepspeed",
+    releases=((0, 18, 4), (0, 20, 0)),
+    scenario=Scenario.from_dict({"stage": 1, "decay_groups": True, "blocks": [{"lin": "frozen"}],
+                                 "scheduler": "initialize"}),
+    checks=("exception",),
+    variants=(
+        # the loop steps the scheduler itself: DeepSpeed never sees it, the same groups are gone
+        Scenario.from_dict({"stage": 1, "decay_groups": True, "blocks": [{"lin": "frozen"}], "scheduler": "user"}),
+        # what HF / TRL / OpenRLHF users run: LoRA under HF's two groups (the no-decay one empty), ZeRO-3
+        Scenario.from_dict({"stage": 3, "family": "llama", "lora": True, "decay_groups": True,
+                            "scheduler": "initialize"}),
+        # stage 0 too: the removal is the engine's (_configure_optimizer), not ZeRO's
+        Scenario.from_dict({"stage": 0, "decay_groups": True, "blocks": [{"lin": "frozen"}],
+                            "scheduler": "initialize"})),
+    explains=_scheduler_over_empty_group,
+    cites=("engine.py _configure_optimizer: ``basic_optimizer.param_groups[:] = [pg for pg in "
+           "basic_optimizer.param_groups if len(pg['params']) != 0]`` (DeepSpeed #4277, 'Handle empty parameter "
+           "groups'); reported by users of OpenRLHF (#1225), LlamaFactory (#10141, #10144) and HF transformers "
+           "(PR #43692) with LoRA on torch >= 2.10"),
+    detail=("HF Trainer, TRL, OpenRLHF and LlamaFactory build two groups (weights to decay; biases and norms not) and "
+            "pass both even when one is empty -- with LoRA (bias='none') every trainable parameter is an adapter "
+            "weight, so the no-decay group is.  A scheduler built over that optimizer holds one base rate per group. "
+            "deepspeed.initialize then filters the client optimizer's param_groups in place (any stage, 0 included), "
+            "so the scheduler has two rates for one group: torch >= 2.10's LRScheduler._update_lr zips them with "
+            "strict=True and the first step raises ValueError, inside engine.step() when the scheduler was passed "
+            "to initialize, in the loop when it steps the scheduler itself.  Before torch 2.10 the zip truncated: "
+            "each remaining group got the rate of the group at its position (a wrong schedule when the rates "
+            "differ).  A scheduler DeepSpeed builds (its config's, or a callable of the optimizer, as HF Trainer "
+            "passes one with a config optimizer) is built after the filter and is fine, and so is a loop that "
+            "passes no empty group."),
+)
+
+
 SETUP_ISSUES: tuple[KnownIssue, ...] = (ZERO0_FP16_LOSS_NOT_SCALED, Z3_UNGROUPED_NOT_GATHERED,
                                         TWO_BACKWARDS_PER_FORWARD, STEP_WITHOUT_GRADIENT, NESTED_OUTPUTS_SCALED_TWICE,
                                         SHARED_ACROSS_REENTRANT, Z3_LINEAR_OVERRIDE_OUTLIVES_ENGINE,
@@ -692,6 +740,7 @@ SETUP_ISSUES: tuple[KnownIssue, ...] = (ZERO0_FP16_LOSS_NOT_SCALED, Z3_UNGROUPED
                                         Z3_MIXED_DTYPE_TRAINABLE_DEFRAGMENT, Z3_EMPTY_PARAM_NOT_GATHERED,
                                         ZERO_TO_FP32_Z3_EMPTY_PARAM, ZERO1_CHECKPOINT_DROPS_EMPTY_PARAM,
                                         ZERO_TO_FP32_BF16_OPTIMIZER, BF16_OPTIMIZER_CLEARS_IN_FORWARD_GRADS,
-                                        ZERO1_REDUCE_KEEPS_OTHER_PARTITIONS, FP16_OPTIMIZER_INIT_STEP)
+                                        ZERO1_REDUCE_KEEPS_OTHER_PARTITIONS, FP16_OPTIMIZER_INIT_STEP,
+                                        EMPTY_GROUP_DROPPED_UNDER_SCHEDULER)
 
 __all__ = ["SETUP_ISSUES", "dropped_by_zero_to_fp32", "nested_outputs_zero12"]

@@ -48,7 +48,7 @@ from enum import Enum
 from typing import Any, TypeVar
 
 from .scenario_fields import (PARAMS_PER_SUBMODULE, SUBMODULES, BackwardKind, Block, Checkpoint, Family, MicroStep,
-                              Offload, Optimizer, Outputs, ParamKind, Precision, TrainStep)
+                              Offload, Optimizer, Outputs, ParamKind, Precision, Scheduler, TrainStep)
 
 
 WORLD_SIZES = (1, 2, 4, 8)
@@ -157,6 +157,16 @@ class Scenario:
     the same trace (test_deepspeed_setups.py ``test_config_adam_leaves_the_trace_unchanged``), so the model's
     agreement check still applies."""
 
+    decay_groups: bool = False
+    """The optimizer's parameter groups as HF Trainer builds them (``create_optimizer``): the trainable weights
+    of Linear layers (decay) and the rest -- biases, LayerNorms -- (no decay), both at the base learning rate,
+    weight decay 0 as HF's default; a group left with no parameter is passed empty (with LoRA every trainable
+    parameter is an adapter weight, so the second group is empty).  Not with ``param_groups`` > 1."""
+    scheduler: Scheduler = Scheduler.NONE
+    """A learning-rate schedule (`Scheduler`): none, passed to ``deepspeed.initialize``, or stepped by the loop.
+    Model-neutral like ``optimizer``: it changes the rate the optimizer's ``step()`` applies, after every hook
+    and coordinator event of the train step."""
+
     def __post_init__(self) -> None:
         """Equal scenarios have one JSON form: an integer clipping (equal to its float, so the same key) is held as
         the float the JSON and the parser give."""
@@ -181,6 +191,20 @@ class Scenario:
         """DeepSpeed wraps the optimizer in ``FP16_Optimizer`` / ``FP16_UnfusedOptimizer``: stage 0 in fp16 or
         bf16."""
         return self.stage == 0 and self.precision is not Precision.FP32
+
+    @property
+    def empty_group(self) -> bool:
+        """One of ``decay_groups``' two groups holds no parameter: the no-decay one under LoRA (every trainable
+        parameter an adapter weight), or, in the blocks family, either one where the trainable parameters in the
+        optimizer are all norms and biases (every Linear frozen) or none is (no trainable norm or Linear)."""
+        if not self.decay_groups:
+            return False
+        if self.family is Family.LLAMA:
+            return self.lora
+        held = [b for b in self.blocks if b.in_optimizer]
+        decay = (any(b.lin is not ParamKind.FROZEN for b in held) or self.fused_head or self.empty_param)
+        rest = any(b.norm is not ParamKind.FROZEN or b.lin is not ParamKind.FROZEN for b in held)
+        return not (decay and rest)
 
     @property
     def num_micro_steps(self) -> int:
@@ -314,6 +338,14 @@ class Scenario:
             raise ScenarioError(f"world_size: 1, 2, 4 or 8, got {self.world_size!r}")
         if not isinstance(self.optimizer, Optimizer):
             raise ScenarioError(f"optimizer: expected one of {[o.value for o in Optimizer]}, got {self.optimizer!r}")
+        if not isinstance(self.scheduler, Scheduler):
+            raise ScenarioError(f"scheduler: expected one of {[o.value for o in Scheduler]}, got {self.scheduler!r}")
+        if self.scheduler is Scheduler.USER and self.optimizer is not Optimizer.SGD:
+            raise ScenarioError("scheduler: 'user' schedules the client optimizer the loop built (optimizer sgd); "
+                                "with DeepSpeed's own optimizer pass it to initialize ('initialize')")
+        if self.decay_groups and self.param_groups != 1:
+            raise ScenarioError("decay_groups: HF Trainer's two groups replace param_groups; "
+                                f"got param_groups={self.param_groups}")
         if len(self.engines_before) > 3 or any(k not in (1, 2, 3) for k in self.engines_before):
             raise ScenarioError(f"engines_before: at most 3 ZeRO stages (1, 2 or 3), got {list(self.engines_before)}")
         if self.family is Family.LLAMA:
@@ -345,6 +377,10 @@ class Scenario:
             lines.append("  setup: " + ", ".join(self.beyond_model()))
         if self.optimizer is not Optimizer.SGD:
             lines.append(f"  optimizer: {self.optimizer.value} (DeepSpeed builds torch AdamW from its config)")
+        if self.scheduler is not Scheduler.NONE:
+            lines.append("  lr scheduler: linear decay, " + (
+                "passed to deepspeed.initialize" if self.scheduler is Scheduler.INITIALIZE
+                else "stepped by the loop after each engine.step()"))
         for i, b in enumerate(self.blocks):
             ck = {"none": "plain", "reentrant": "reentrant checkpoint",
                   "non_reentrant": "non-reentrant checkpoint"}[b.checkpoint.value]
@@ -484,9 +520,10 @@ _EXTENDED_DEFAULTS: dict[str, Any] = {
     "family": Family.BLOCKS, "lora": False, "modules_to_save": False, "manual_boundary": False,
     "contiguous_gradients": True, "overlap_comm": None, "reduce_scatter": True, "all_reduce_fetch": False,
     "late_module": False,
-    "world_size": 1, "zero_init": False, "optimizer": Optimizer.SGD, "empty_param": False}
+    "world_size": 1, "zero_init": False, "optimizer": Optimizer.SGD, "empty_param": False, "decay_groups": False,
+    "scheduler": Scheduler.NONE}
 """Scenario fields written to JSON only when not at their default, with those defaults."""
-_MODEL_NEUTRAL = ("optimizer", "world_size")
+_MODEL_NEUTRAL = ("optimizer", "world_size", "scheduler")
 """Fields of `_EXTENDED_DEFAULTS` that leave the model's events unchanged (not listed by `beyond_model`)."""
 _SCENARIO_FIELDS = set(Scenario.__dataclass_fields__)
 
@@ -534,7 +571,7 @@ def _parse_scenario(data: object) -> Scenario:
         kwargs[name] = _int(d.get(name, getattr(defaults, name)), name)
     for name in ("fused_head", "input_requires_grad", "fp32_grad_accum", "tie", "external", "lora",
                  "modules_to_save", "manual_boundary", "contiguous_gradients", "reduce_scatter", "all_reduce_fetch",
-                 "late_module", "zero_init", "empty_param"):
+                 "late_module", "zero_init", "empty_param", "decay_groups"):
         kwargs[name] = _bool(d.get(name, getattr(defaults, name)), name)
     for name in ("param_groups", "losses", "loss_scale_power"):
         kwargs[name] = _int(d.get(name, getattr(defaults, name)), name)
@@ -549,11 +586,12 @@ def _parse_scenario(data: object) -> Scenario:
     kwargs["engines_before"] = tuple(_int(k, f"engines_before[{i}]")
                                      for i, k in enumerate(_list(d.get("engines_before", []), "engines_before")))
     kwargs["optimizer"] = _enum(Optimizer, d.get("optimizer", defaults.optimizer.value), "optimizer")
+    kwargs["scheduler"] = _enum(Scheduler, d.get("scheduler", defaults.scheduler.value), "scheduler")
     return Scenario(**kwargs).validate()
 
 
 __all__ = [
     "BackwardKind", "Block", "Checkpoint", "Family", "MicroStep", "Offload", "Outputs", "PARAMS_PER_SUBMODULE",
-    "ParamKind", "Precision", "Optimizer",
+    "ParamKind", "Precision", "Optimizer", "Scheduler",
     "SUBMODULES", "Scenario", "ScenarioError", "TrainStep", "WORLD_SIZES",
 ]

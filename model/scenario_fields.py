@@ -91,6 +91,20 @@ class Optimizer(str, Enum):
     ``AdamW`` (no JIT-built op)."""
 
 
+class Scheduler(str, Enum):
+    """A learning-rate schedule over the optimizer, as trainers run one: HF's default ``"linear"`` decay (no warmup,
+    ``lr * (T - t) / T`` with ``T`` one more than the train steps, so no step's rate is zero)."""
+
+    NONE = "none"
+    INITIALIZE = "initialize"
+    """Passed to ``deepspeed.initialize(lr_scheduler=...)`` (a callable of the optimizer when DeepSpeed builds it,
+    as HF Trainer passes it): the engine steps it in ``engine.step()`` at each boundary whose optimizer step was
+    applied (an fp16 overflow skips both)."""
+    USER = "user"
+    """The loop calls ``scheduler.step()`` after each boundary ``engine.step()``, whatever that step did (a custom
+    loop over the client optimizer; DeepSpeed does not know it)."""
+
+
 SUBMODULES = ("norm", "lin")
 """The two sub-modules of every block, in forward order."""
 
@@ -160,4 +174,4 @@ class TrainStep:
 
 
 __all__ = ["PARAMS_PER_SUBMODULE", "SUBMODULES", "BackwardKind", "Block", "Checkpoint", "Family", "MicroStep",
-           "Offload", "Optimizer", "Outputs", "ParamKind", "Precision", "TrainStep"]
+           "Offload", "Optimizer", "Outputs", "ParamKind", "Precision", "Scheduler", "TrainStep"]

@@ -11,7 +11,7 @@ import torch.nn as nn
 
 from zerostate.harness.net.fp16 import Fp16Config
 from zerostate.harness.net.torch_network import blocks_of
-from zerostate.model.scenario import Family, Offload, Optimizer, Precision, Scenario
+from zerostate.model.scenario import Family, Offload, Optimizer, Precision, Scenario, Scheduler
 
 BATCH = 2
 LR = 0.05
@@ -30,9 +30,13 @@ decay would also differ by design on parameters without a gradient (ZeRO's flat 
 gradient, PyTorch skips them), on every unused sub-module of every draw."""
 
 
-class ParamGroup(TypedDict):
+class _GroupBase(TypedDict):
     params: list[nn.Parameter]
     lr: float
+
+
+class ParamGroup(_GroupBase, total=False):
+    weight_decay: float
 
 
 def fp16_section(sc: Scenario) -> Fp16Config:
@@ -104,8 +108,11 @@ def trainable(model: nn.Module) -> list[nn.Parameter]:
 def param_groups(sc: Scenario, model: nn.Module) -> list[ParamGroup]:
     """The optimizer's parameter groups: block ``i`` in group ``i % param_groups`` with learning rate
     ``base_lr * (1 + group) / 2**group``, the rest (head, Llama) in group 0; blocks with
-    ``in_optimizer: false`` in no group (their parameters still require grad)."""
+    ``in_optimizer: false`` in no group (their parameters still require grad).  ``decay_groups``: HF Trainer's
+    two (`decay_groups`)."""
     n, lr = sc.param_groups, base_lr(sc)
+    if sc.decay_groups:
+        return decay_groups(sc, model)
     if sc.family is Family.LLAMA:
         return [{"params": trainable(model), "lr": lr}]
     groups: list[list[nn.Parameter]] = [[] for _ in range(n)]
@@ -122,5 +129,31 @@ def param_groups(sc: Scenario, model: nn.Module) -> list[ParamGroup]:
     return [{"params": g, "lr": lr * (1 + k) / 2 ** k} for k, g in enumerate(groups) if g]
 
 
-__all__ = ["ADAM", "BATCH", "LR", "ParamGroup", "base_lr", "ds_config", "fp16_section", "make_optimizer",
-           "param_groups", "trainable"]
+def decay_groups(sc: Scenario, model: nn.Module) -> list[ParamGroup]:
+    """HF Trainer's ``create_optimizer`` groups: the trainable parameters it decays (not a bias, not in a norm:
+    transformers' ``get_decay_parameter_names``) and the others, weight decay 0 (HF's default) in both, each passed
+    even when empty.  Blocks with ``in_optimizer: false`` stay in no group."""
+    out_of = {id(p) for i, b in enumerate(sc.blocks) if not b.in_optimizer and sc.family is Family.BLOCKS
+              for p in blocks_of(model).block(i).parameters()}
+    decay: list[nn.Parameter] = []
+    rest: list[nn.Parameter] = []
+    for module in model.modules():
+        in_norm = "norm" in type(module).__name__.lower()
+        for name, p in module.named_parameters(recurse=False):
+            if p.requires_grad and id(p) not in out_of:
+                (rest if in_norm or name.endswith("bias") else decay).append(p)
+    lr = base_lr(sc)
+    return [{"params": decay, "lr": lr, "weight_decay": 0.0}, {"params": rest, "lr": lr, "weight_decay": 0.0}]
+
+
+def make_scheduler(sc: Scenario, opt: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LRScheduler | None:
+    """``scheduler``'s schedule over ``opt``: HF's ``"linear"`` decay without warmup, ``(T - t) / T`` of each
+    group's rate at train step ``t``, ``T`` one more than the scenario's train steps (no rate reaches zero)."""
+    if sc.scheduler is Scheduler.NONE:
+        return None
+    total = len(sc.steps) + 1
+    return torch.optim.lr_scheduler.LambdaLR(opt, lambda t: (total - t) / total)
+
+
+__all__ = ["ADAM", "BATCH", "LR", "ParamGroup", "base_lr", "decay_groups", "ds_config", "fp16_section",
+           "make_optimizer", "make_scheduler", "param_groups", "trainable"]

@@ -18,13 +18,13 @@ from zerostate.findings.record import EngineSettings, GroupSettings, OptimizerBu
 from zerostate.harness.net import fp16
 from zerostate.harness.net.checkpoint import Counters, SaveLoadRecord, round_trip
 from zerostate.harness.net.compare import Params
-from zerostate.harness.net.config import LR, ds_config, param_groups
+from zerostate.harness.net.config import LR, ds_config, make_scheduler, param_groups
 from zerostate.harness.net.dist import rank_rows
 from zerostate.harness.net.llama import apply_lora
 from zerostate.harness.net.torch_network import NetOutput, attach_late_module, blocks_of, build_model
 from zerostate.harness.net.schedule import generation_output, no_grad_forward, run_schedule
 from zerostate.model.scenario import (BackwardKind, Family, MicroStep, Offload, Optimizer, Precision,
-                                      Scenario, TrainStep)
+                                      Scenario, Scheduler, TrainStep)
 
 
 @runtime_checkable
@@ -245,12 +245,20 @@ class DeepSpeedBackend:
                 if b.leaf:
                     set_z3_leaf_module(blocks_of(model).block(i), True)
         self.engine: Any
+        self.user_scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
+        """``scheduler: user``: the loop's own schedule over its client optimizer (`lr_step`)."""
+        handed = sc.scheduler is Scheduler.INITIALIZE
         if sc.optimizer is Optimizer.CONFIG_ADAM:  # DeepSpeed builds it from the config, over these groups
-            self.engine, self.opt, _, _ = deepspeed.initialize(model=model, model_parameters=param_groups(sc, model),
-                                                               config=ds_config(sc))
+            # a scheduler is a callable of the optimizer DeepSpeed builds, as HF Trainer passes it
+            self.engine, self.opt, _, _ = deepspeed.initialize(
+                model=model, model_parameters=param_groups(sc, model), config=ds_config(sc),
+                lr_scheduler=(lambda built: make_scheduler(sc, built)) if handed else None)
         else:
             opt = torch.optim.SGD(param_groups(sc, model), lr=LR)  # type: ignore[arg-type]
-            self.engine, self.opt, _, _ = deepspeed.initialize(model=model, optimizer=opt, config=ds_config(sc))
+            scheduler = make_scheduler(sc, opt)
+            self.engine, self.opt, _, _ = deepspeed.initialize(model=model, optimizer=opt, config=ds_config(sc),
+                                                               lr_scheduler=scheduler if handed else None)
+            self.user_scheduler = None if handed else scheduler
         if sc.precision is Precision.FP16:
             engine = self.engine
             fp16.set_loss_scale(lambda: float(engine.optimizer.loss_scale))
@@ -346,6 +354,10 @@ class DeepSpeedBackend:
         if self.manual and not boundary:
             return  # manual boundary: one engine.step() per train step, after the last backward
         self.engine.step()  # DeepSpeed's loop: step() after every micro-step; it updates at the boundary
+
+    def lr_step(self) -> None:
+        if self.user_scheduler is not None:
+            self.user_scheduler.step()
 
     def params(self) -> Params:
         out = {}

@@ -22,10 +22,10 @@ from zerostate.harness.net import fp16
 from zerostate.harness.net.compare import Params
 from zerostate.harness.net.counterfactual import MECHANISMS, Contribution, Mechanism, reduced_again, zero1_owners
 from zerostate.harness.net.dist import rank_rows, world_size
-from zerostate.harness.net.config import fp16_section, make_optimizer, param_groups
+from zerostate.harness.net.config import fp16_section, make_optimizer, make_scheduler, param_groups
 from zerostate.harness.net.torch_network import NetOutput, attach_late_module, build_model
 from zerostate.harness.net.schedule import generation_output, loss_of, no_grad_forward, rows_share, run_schedule
-from zerostate.model.scenario import BackwardKind, Family, Precision, Scenario
+from zerostate.model.scenario import BackwardKind, Family, Precision, Scenario, Scheduler
 
 
 HALF = {Precision.FP16: torch.float16, Precision.BF16: torch.bfloat16}
@@ -94,6 +94,10 @@ class TorchBackend:
         """Counterfactual: the output hooks divide this backward's gradient by gas (`_hook_outputs`)."""
         self.clip = float(sc.gradient_clipping)
         self.opt = make_optimizer(sc, param_groups(sc, model))
+        self.scheduler = make_scheduler(sc, self.opt)
+        self._engine_schedules = sc.scheduler is Scheduler.INITIALIZE
+        """DeepSpeed steps a scheduler passed to initialize with each applied optimizer step (not on an overflow);
+        the loop steps its own after every boundary (`lr_step`)."""
         self.llama = sc.family is Family.LLAMA
         self.scaler: fp16.LossScale | None = None
         self.model = model
@@ -328,11 +332,17 @@ class TorchBackend:
         if self.mechanisms:  # a stale gradient replayed later is the one this step stepped with: clipped
             self._prev = {n: p.grad.detach().clone() for n, p in self.master.named_parameters() if p.grad is not None}
         self.opt.step()
+        if self.scheduler is not None and self._engine_schedules:
+            self.scheduler.step()
         self.opt.zero_grad(set_to_none=True)
         if self.half is not None:
             with torch.no_grad():
                 for p, q in zip(self.master.parameters(), self.model.parameters(), strict=False):
                     q.copy_(p)
+
+    def lr_step(self) -> None:
+        if self.scheduler is not None and not self._engine_schedules:
+            self.scheduler.step()
 
     def _clip(self) -> None:
         """Clip by the global norm.  A gradient a frozen parameter's stale one replays (`_stale`) is in no norm:

@@ -16,7 +16,7 @@ from zerostate.harness.net.config import BATCH
 from zerostate.harness.net.dist import rank_rows, world_size
 from zerostate.harness.net.llama import SEQ, VOCAB
 from zerostate.harness.net.torch_network import NetOutput, blocks_of
-from zerostate.model.scenario import BackwardKind, Family, Scenario
+from zerostate.model.scenario import BackwardKind, Family, Scenario, Scheduler
 
 
 class Mark(Protocol):
@@ -48,6 +48,10 @@ class Backend(Protocol):
                  keep: bool = False) -> None: ...
 
     def micro_done(self, boundary: bool) -> None: ...
+
+    def lr_step(self) -> None:
+        """``scheduler: user``: the loop's ``scheduler.step()`` after a boundary ``engine.step()``."""
+        ...
 
 
 @runtime_checkable
@@ -126,6 +130,7 @@ def run_schedule(sc: Scenario, backend: Backend, mark: Mark = _no_mark,
     """The training loop.  ``mark(what, **info)`` observes schedule points; ``after_step(i)`` runs after
     each train step's boundary ``engine.step()``."""
     gas = sc.gas
+    user_schedule = sc.scheduler is Scheduler.USER
     for si, st in enumerate(sc.steps):
         if st.save_load:  # a checkpoint saved and loaded after the previous step (HF Trainer)
             mark("save_load_start", step=si)
@@ -148,6 +153,8 @@ def run_schedule(sc: Scenario, backend: Backend, mark: Mark = _no_mark,
                 if boundary:
                     mark("step", step=si)
                 backend.micro_done(boundary)
+                if boundary and user_schedule:
+                    backend.lr_step()
                 continue
             x = batch(sc, si, mi)
             mark("forward_start")
@@ -162,6 +169,8 @@ def run_schedule(sc: Scenario, backend: Backend, mark: Mark = _no_mark,
             if boundary:
                 mark("step", step=si)
             backend.micro_done(boundary)
+            if boundary and user_schedule:
+                backend.lr_step()
         for p in frozen:
             p.requires_grad_(True)
         if after_step is not None:
