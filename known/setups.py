@@ -159,7 +159,13 @@ TWO_BACKWARDS_PER_FORWARD = KnownIssue(
               # still gathered when the next micro-step's forward starts
               Scenario.from_dict({"stage": 3, "width": 7, "persistence_threshold": 0, "blocks": [{"lin": "frozen"}],
                                   "steps": [{"eval_before": True, "micro": [{"backward": "torch", "retain": True},
-                                                                            {"backward": "engine"}]}]})),
+                                                                            {"backward": "engine"}]}]}),
+              # ZeRO-1, a retained PyTorch-style backward at gas 1: its bucket is still held when the next step's
+              # forward (or its eval forward) starts
+              Scenario.from_dict({"stage": 1, "steps": [{"micro": [{"backward": "torch", "retain": True}]},
+                                                        {"micro": [{"backward": "engine"}]}]}),
+              Scenario.from_dict({"stage": 1, "steps": [{"micro": [{"backward": "torch", "retain": True}]},
+                                                        {"eval_before": True, "micro": [{"backward": "engine"}]}]})),
     detail=("engine.backward(0.5 * loss, retain_graph=True) then engine.backward(0.5 * loss) (or loss.backward "
             "twice) in one micro-step.  ZeRO-1/2: the gradients are copied, not accumulated, into the partition "
             "while micro_step_id is 0 (stage_1_and_2.py: accumulate only `if self.micro_step_id > 0`; the id "
@@ -731,6 +737,37 @@ EMPTY_GROUP_DROPPED_UNDER_SCHEDULER = KnownIssue(
 )
 
 
+ZERO12_GROUP_OF_EMPTY_PARAMS = KnownIssue(
+    id="zero12-group-of-empty-params",
+    title="ZeRO-1/2 (and BF16_Optimizer): an optimizer parameter group whose only trainable parameters have no "
+          "elements fails deepspeed.initialize (IndexError in stage_1_and_2's __init__; torch.cat of an empty list "
+          "in BF16_Optimizer)",
+    owner="deepspeed",
+    releases=((0, 19, 8), (0, 20, 0)),  # 0.19.2 raises zero12-trailing-empty-param's KeyError on the same scenario
+    scenario=Scenario.from_dict({"stage": 1, "param_groups": 2, "blocks": [{"in_optimizer": False}, {}],
+                                 "empty_param": True}),
+    checks=("exception",),
+    variants=(Scenario.from_dict({"stage": 2, "param_groups": 2, "blocks": [{"in_optimizer": False}, {}],
+                                  "empty_param": True}),
+              Scenario.from_dict({"stage": 1, "param_groups": 2, "blocks": [{"in_optimizer": False}, {}],
+                                  "empty_param": True, "precision": "bf16", "fp32_grad_accum": True})),
+    explains=lambda f: (rules.raised_at("IndexError", "zero/stage_1_and_2.py", "__init__", "list index out of range")(f)
+                        or rules.raised_at("ValueError", "runtime/bf16_optimizer.py", "_flatten_dense_tensors_aligned",
+                                           "expected a non-empty list of Tensors")(f))
+    and narrow(f, lambda sc: sc.empty_param and sc.stage in (1, 2)),
+    detail=("Found by the default exploration of 0.19.8 (a shrink of a ZeRO-1 scenario with two groups, block 0 in "
+            "none, and a zero-element parameter: group 0 holds that parameter alone).  deepspeed.initialize drops "
+            "groups with no parameter (engine.py _configure_optimizer: ``len(pg['params']) != 0``); the optimizer "
+            "wrappers then keep only ``is_optimized_parameter`` ones -- trainable, with at least one element (the "
+            "zero-element filter of #8280, which fixed zero12-trailing-empty-param) -- so this group, not empty when "
+            "the engine filtered, is empty in the wrapper: stage_1_and_2.py reads ``self.bit16_groups[i][0].dtype`` "
+            "(IndexError), BF16_Optimizer flattens an empty list (torch.cat).  Checking the group after the "
+            "wrapper's filter, or the engine filtering by is_optimized_parameter, would fix it.  0.19.2 fails the same "
+            "scenario earlier, with zero12-trailing-empty-param's KeyError; no release between 0.19.2 and 0.19.8 was "
+            "run."),
+)
+
+
 SETUP_ISSUES: tuple[KnownIssue, ...] = (ZERO0_FP16_LOSS_NOT_SCALED, Z3_UNGROUPED_NOT_GATHERED,
                                         TWO_BACKWARDS_PER_FORWARD, STEP_WITHOUT_GRADIENT, NESTED_OUTPUTS_SCALED_TWICE,
                                         SHARED_ACROSS_REENTRANT, Z3_LINEAR_OVERRIDE_OUTLIVES_ENGINE,
@@ -741,6 +778,6 @@ SETUP_ISSUES: tuple[KnownIssue, ...] = (ZERO0_FP16_LOSS_NOT_SCALED, Z3_UNGROUPED
                                         ZERO_TO_FP32_Z3_EMPTY_PARAM, ZERO1_CHECKPOINT_DROPS_EMPTY_PARAM,
                                         ZERO_TO_FP32_BF16_OPTIMIZER, BF16_OPTIMIZER_CLEARS_IN_FORWARD_GRADS,
                                         ZERO1_REDUCE_KEEPS_OTHER_PARTITIONS, FP16_OPTIMIZER_INIT_STEP,
-                                        EMPTY_GROUP_DROPPED_UNDER_SCHEDULER)
+                                        EMPTY_GROUP_DROPPED_UNDER_SCHEDULER, ZERO12_GROUP_OF_EMPTY_PARAMS)
 
 __all__ = ["SETUP_ISSUES", "dropped_by_zero_to_fp32", "nested_outputs_zero12"]
