@@ -343,3 +343,23 @@ def test_an_oracle_label_is_the_counterfactual_that_matched_never_the_ratios():
     assert k.recognises(finding(("in-forward-gradient-dropped",)))
     assert not k.recognises(finding(None))  # the old rule's ratios, no matching reference: not this issue
     assert not k.recognises(finding(("last-backward-only",)))  # another mechanism's reference
+
+
+@pytest.mark.deepspeed
+def test_three_known_mechanisms_at_once_are_labelled_whole(ds):
+    """ZeRO stage 0, fp16, config Adam, an idle step first (the default exploration's shrink): the fp16 optimizer
+    steps Adam on zero gradients at init (`fp16-optimizer-init-step`) and again at the idle step
+    (`step-without-gradient`'s zero-gradient form), and the loss is never scaled (`zero0-fp16-loss-not-scaled`).  No
+    mechanism alone and no pair explains the update (0.0015 of PyTorch's); the counterfactual applying the three
+    does, and the finding carries all three issues -- a label only as strong as the sum that matched."""
+    from zerostate.known.issues import explain_all
+    if ds.version != "0.19.8":
+        pytest.skip("shrunk and measured on 0.19.8")
+    sc = Scenario.from_dict({"stage": 0, "precision": "fp16", "family": "llama", "optimizer": "config-adam",
+                             "steps": [{"idle": True}, {}]})
+    oracle = [f for f in ds.run(sc).findings if f.check == "oracle"]
+    assert oracle, "no oracle finding"
+    three = {"idle-step-stepped-with-zero-gradient", "optimizer-state-initialised-by-a-step", "loss-not-scaled"}
+    assert all(set(f.evidence.explained_by or ()) == three for f in oracle), [f.key for f in oracle]
+    assert {k.id for k in explain_all(oracle[0])} == {"step-without-gradient", "fp16-optimizer-init-step",
+                                                      "zero0-fp16-loss-not-scaled"}
