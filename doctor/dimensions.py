@@ -199,6 +199,8 @@ DIMENSIONS: tuple[Dimension, ...] = (
               "(TRL's unwrap_model_for_generation)", lambda sc: any(s.reregister for s in sc.steps), False),
     Dimension("module_skipped", Kind.LOOP, "a module skipped in some forwards (a branch, routing)",
               lambda sc: any(m.skip for _, _, m in sc.micro_steps()), False),
+    Dimension("module_unused_in_step", Kind.LOOP, "a trainable module used in some train steps only (routing, a "
+              "head used at eval)", lambda sc: any(s.unused for s in sc.steps), False),
     Dimension("manual_boundary", Kind.LOOP, "the loop marks the accumulation boundary itself "
               "(set_gradient_accumulation_boundary)", lambda sc: sc.manual_boundary, False),
 )

@@ -123,10 +123,12 @@ POINTS: tuple[Point, ...] = (
     # completion and goals only (rate 0 in the generated sequence, which they leave as it was)
     Point("scheduler", (1, 0, 0), lambda sc: _index(sc.scheduler, _SCHEDULERS)),
     Point("decay_groups", (1, 0), lambda sc: _flag(sc.decay_groups)),
+    Point("unused_in_step", (1, 0), lambda sc: _flag(any(s.unused for s in sc.steps))
+          if sc.family is _BLOCKS_FAMILY else frozenset()),
 )
-GOALS_ONLY = frozenset({"scheduler", "decay_groups"})
-"""Points the pairwise completion leaves to the goals round (`goals.SURVEY`): the optimizer's dimensions, which no
-hook or coordinator event sees.  Last in `POINTS`, so the pairs' indices of every other point stay as they were."""
+GOALS_ONLY = frozenset({"scheduler", "decay_groups", "unused_in_step"})
+"""Points the pairwise completion leaves to the goals round (`goals.SURVEY`): the dimensions added after the
+completion's pairs were laid out.  Last in `POINTS`, so the pairs' indices of every other point stay as they were."""
 PAIRED: tuple[Point, ...] = tuple(p for p in POINTS if p.name not in GOALS_ONLY)
 """The points the pairwise completion pairs (`pairs`): `POINTS` less `GOALS_ONLY`, in the same order and indices."""
 assert POINTS[:len(PAIRED)] == PAIRED, "GOALS_ONLY points come last in POINTS"

@@ -90,6 +90,14 @@ SURVEY: tuple[tuple[str, tuple[dict[str, Value], ...], Scenario], ...] = (
       for z in (0, 1, 2, 3) for how in ("initialize", "user")),
     *((f"ZeRO-{z} + HF's optimizer groups", (_need(stage=z, hf_param_groups=True),), _sc(stage=z, decay_groups=True))
       for z in (0, 1, 2, 3)),
+    *((f"ZeRO-{z} + a module unused in some steps", (_need(stage=z, module_unused_in_step=True),),
+       _sc(stage=z, blocks=[{}, {}], steps=[{"unused": [0]}, {}])) for z in (1, 2, 3)),
+    ("ZeRO-3 + a module unused in some steps + prefetch",
+     (_need(stage=3, module_unused_in_step=True, prefetch=True),),
+     _sc(stage=3, blocks=[{}, {}, {}], prefetch_bucket_size=1000, steps=[{"unused": [1]}, {}, {"unused": [1]}])),
+    ("config Adam + a module unused in some steps",
+     (_need(adam=True, module_unused_in_step=True),),
+     _sc(stage=2, optimizer="config-adam", blocks=[{}, {}], steps=[{}, {"unused": [0]}])),
     ("ZeRO-3 + LoRA + HF's optimizer groups (one empty) + LR scheduler",
      (_need(stage=3, empty_param_group=True, lr_scheduler="initialize"),),
      _sc(stage=3, family="llama", lora=True, decay_groups=True, scheduler="initialize")),
@@ -146,6 +154,7 @@ FORCES: dict[str, dict[Value, dict[str, frozenset[int]]]] = {
     "late_module": {True: {"extra:late_module": _ONE}},
     "lr_scheduler": {"initialize": {"scheduler": _ONE}, "user": {"scheduler": frozenset({2})}},
     "hf_param_groups": {True: {"decay_groups": _ONE}},
+    "module_unused_in_step": {True: {"unused_in_step": _ONE}},
     "empty_param_group": {True: {"decay_groups": _ONE}},
 }
 """Which choice points' alternatives (`choices.POINTS`) make a dimension's value likely in a draw; a dimension not
@@ -169,9 +178,11 @@ def _draws(need: dict[str, Value], seed: int | None) -> tuple[Scenario, ...]:
     """`DRAWS` scenarios drawn with ``need``'s points forced: a function of the rates and the seed, kept on disk
     under the rates (two goals forcing the same points share their draws)."""
     weights = force_of(need)
-    # a goals-only point at its default rate is left out of the key: goals that do not force one draw as before
-    key = tuple(x for k, row in enumerate((weights or DEFAULT).table)
-                if k < len(PAIRED) or row != DEFAULT.table[k] for x in row)
+    # a goals-only point at its default rate is left out of the key (goals that do not force one draw as before); a
+    # forced one enters with its index, negated (no weight is negative), so two such points never share a key
+    table = (weights or DEFAULT).table
+    key = tuple(x for row in table[:len(PAIRED)] for x in row) + tuple(
+        x for k in range(len(PAIRED), len(table)) if table[k] != DEFAULT.table[k] for x in (-(k + 1), *table[k]))
     return kept_draws(key, weights, zlib.crc32(repr((seed_of(seed), key)).encode()))
 
 

@@ -371,7 +371,9 @@ OFFLOAD_STALE_GRAD_AFTER_FREEZE = KnownIssue(
             "gradient, and the CPU optimizer steps it again: after step 1 the Linear has moved exactly twice "
             "step 0's update, while the parameters that did get a gradient are right.  ZeRO-2 and ZeRO-3 with "
             "optimizer offload; parameter offload alone is correct.  The "
-            "ZeRO-1/2 step with no gradient at all (step-without-gradient) is the whole-model form of it."),
+            "ZeRO-1/2 step with no gradient at all (step-without-gradient) is the whole-model form of it.  A "
+            "module a step does not use (`unused`) leaves its parameters without a gradient the same way: the "
+            "same mechanism replays theirs."),
 )
 
 ZERO0_FP16_LOSS_NOT_SCALED = KnownIssue(
@@ -421,7 +423,10 @@ ZERO_ADAM_STEPS_FROZEN_PARAM = KnownIssue(
             "correction).  ZeRO stage 0 in fp32 (torch's AdamW on the parameters themselves) agrees; at stage 0 "
             "with fp16 or bf16 FP16_UnfusedOptimizer gives a parameter without a gradient a zero one too "
             "(runtime/fp16/unfused_optimizer.py step); "
-            "client SGD hides it (a zero gradient moves nothing without momentum or decay).  With weight decay "
+            "client SGD hides it (a zero gradient moves nothing without momentum or decay).  A module a step does "
+            "not use (`unused`) leaves its parameters without a gradient the same way, and they are stepped the "
+            "same (ZeRO-1/2; ZeRO-3 replays their stale gradient instead: z3-stale-grad-for-unused-module).  "
+            "With weight decay "
             "it also decays every parameter without a gradient.  DeepSpeed's flat partitions cannot skip one "
             "parameter; DeepSpeed #2615 / #2653 keep parameters frozen at initialize out of the groups, not "
             "ones frozen later (progressive freezing / unfreezing).  With optimizer offload the stale gradient of "
@@ -768,6 +773,30 @@ ZERO12_GROUP_OF_EMPTY_PARAMS = KnownIssue(
 )
 
 
+Z3_STALE_GRAD_FOR_UNUSED = KnownIssue(
+    id="z3-stale-grad-for-unused-module",
+    title="ZeRO-3: a trainable parameter whose module a step does not use (routing, a head used in some steps) is "
+          "stepped again with the gradient of the last step that used it",
+    owner="deepspeed",
+    releases=((0, 18, 4), (0, 20, 0)),  # its scenario run on 0.18.4, 0.19.2 and 0.19.8
+    scenario=Scenario.from_dict({"stage": 3, "blocks": [{}, {}], "steps": [{}, {"unused": [0]}]}),
+    checks=("oracle",),
+    explains=None,
+    mechanisms=("stale-gradient-replayed-when-unused",),
+    detail=("Found the first time the `unused` dimension ran (issue 44).  stage3.py keeps each parameter's reduced "
+            "gradient in its slice of grad_partitions_flat_buffer (partition_grads copies into it at micro-step 0, "
+            "adds after); nothing clears the slice of a parameter no backward reached, and the epilogue hands the "
+            "optimizer every slice of a parameter that requires grad (``averaged_gradients[i] = "
+            "[__param_id_to_grad_partition[p.ds_id] if p.requires_grad else zeros ...]``), so a module a step did not "
+            "use is stepped again with its last gradient.  A frozen parameter gets zeros there (its requires_grad "
+            "is off: correct without offload, offload-stale-grad-after-freeze with it).  PyTorch's optimizer skips "
+            "a parameter without a gradient.  ZeRO-1/2 without offload are correct; with optimizer offload the CPU "
+            "partition replays it the same way (offload-stale-grad-after-freeze's mechanism).  MoE layers whose "
+            "experts see no token in a step, and heads or branches used in some steps only, take this path unless "
+            "they are z3 leaf modules."),
+)
+
+
 SETUP_ISSUES: tuple[KnownIssue, ...] = (ZERO0_FP16_LOSS_NOT_SCALED, Z3_UNGROUPED_NOT_GATHERED,
                                         TWO_BACKWARDS_PER_FORWARD, STEP_WITHOUT_GRADIENT, NESTED_OUTPUTS_SCALED_TWICE,
                                         SHARED_ACROSS_REENTRANT, Z3_LINEAR_OVERRIDE_OUTLIVES_ENGINE,
@@ -778,6 +807,7 @@ SETUP_ISSUES: tuple[KnownIssue, ...] = (ZERO0_FP16_LOSS_NOT_SCALED, Z3_UNGROUPED
                                         ZERO_TO_FP32_Z3_EMPTY_PARAM, ZERO1_CHECKPOINT_DROPS_EMPTY_PARAM,
                                         ZERO_TO_FP32_BF16_OPTIMIZER, BF16_OPTIMIZER_CLEARS_IN_FORWARD_GRADS,
                                         ZERO1_REDUCE_KEEPS_OTHER_PARTITIONS, FP16_OPTIMIZER_INIT_STEP,
-                                        EMPTY_GROUP_DROPPED_UNDER_SCHEDULER, ZERO12_GROUP_OF_EMPTY_PARAMS)
+                                        EMPTY_GROUP_DROPPED_UNDER_SCHEDULER, ZERO12_GROUP_OF_EMPTY_PARAMS,
+                                        Z3_STALE_GRAD_FOR_UNUSED)
 
 __all__ = ["SETUP_ISSUES", "dropped_by_zero_to_fp32", "nested_outputs_zero12"]

@@ -231,6 +231,8 @@ class Scenario:
             out.append("engine.step() without forward or backward")
         if any(s.frozen for s in self.steps):
             out.append("requires_grad changed between steps")
+        if any(s.unused for s in self.steps):
+            out.append("modules used in some steps only")
         if any(m.retain for _, _, m in self.micro_steps()):
             out.append("two backwards per micro-step (retain_graph)")
         if self.stage == 0:
@@ -311,6 +313,13 @@ class Scenario:
                     raise ScenarioError(f"steps[{i}].frozen: block {b} has no trainable Linear to freeze")
             if len(set(step.frozen)) != len(step.frozen):
                 raise ScenarioError(f"steps[{i}].frozen: a block is listed twice")
+            for b in step.unused:
+                if not 0 <= b < len(self.blocks) or self.blocks[b].lin is not ParamKind.TRAINABLE:
+                    raise ScenarioError(f"steps[{i}].unused: block {b} has no trainable Linear to leave unused")
+            if len(set(step.unused)) != len(step.unused) or set(step.unused) & set(step.frozen):
+                raise ScenarioError(f"steps[{i}].unused: a block is listed twice, or also frozen")
+            if step.unused and step.idle:
+                raise ScenarioError(f"steps[{i}].unused: an idle step has no forward")
             if not isinstance(step.save_load, bool):
                 raise ScenarioError(f"steps[{i}].save_load: expected true or false, got {step.save_load!r}")
             if step.idle and (step.frozen or step.eval_before or any(m.skip or m.retain for m in step.micro)):
@@ -361,8 +370,9 @@ class Scenario:
             if bad:
                 raise ScenarioError(f"{bad[0]}: not available in the llama family")
             for i, step in enumerate(self.steps):
-                if step.frozen or any(m.skip or m.backward is BackwardKind.NONSCALAR for m in step.micro):
-                    raise ScenarioError(f"steps[{i}]: the llama family has no skip/frozen/nonscalar backward")
+                if step.frozen or step.unused or any(m.skip or m.backward is BackwardKind.NONSCALAR
+                                                     for m in step.micro):
+                    raise ScenarioError(f"steps[{i}]: the llama family has no skip/frozen/unused/nonscalar backward")
 
     # --------------------------------------------------------------- summaries
     def describe(self) -> str:
@@ -392,6 +402,8 @@ class Scenario:
                               for j, m in enumerate(s.micro) if m.skip)
             if s.save_load:
                 lines.append(f"  before step {i}: checkpoint saved and loaded")
+            if s.unused:
+                lines.append(f"  step {i}: the Linear of block(s) {list(s.unused)} not used in its forwards")
             lines.append(f"  step {i}: " + ("hooks re-registered, then " if s.reregister else "")
                          + ("eval forward, then " if s.eval_before else "")
                          + f"backward kinds [{kinds}], then engine.step()" + (f" ({skips})" if skips else ""))
@@ -404,7 +416,7 @@ class Scenario:
             if d.get(k) == 1_000_000_000:
                 d.pop(k)
         for step in d["steps"]:  # written only when set, so files that do not use them stay identical
-            for k in ("reregister", "idle", "frozen", "save_load"):
+            for k in ("reregister", "idle", "frozen", "save_load", "unused"):
                 if not step.get(k):
                     step.pop(k, None)
             for micro in step["micro"]:
@@ -511,7 +523,7 @@ def _list(value: object, where: str) -> list[Any]:
 
 
 _BLOCK_FIELDS = {"checkpoint", "norm", "lin", "leaf", "in_optimizer"}
-_STEP_FIELDS = {"micro", "eval_before", "reregister", "idle", "frozen", "save_load"}
+_STEP_FIELDS = {"micro", "eval_before", "reregister", "idle", "frozen", "save_load", "unused"}
 _MICRO_FIELDS = {"backward", "skip", "retain"}
 _EXTENDED_DEFAULTS: dict[str, Any] = {
     "precision": Precision.FP32, "gradient_clipping": 0.0, "loss_scale_power": 8, "fp32_grad_accum": False,
@@ -555,7 +567,9 @@ def _parse_step(value: object, where: str) -> TrainStep:
                      idle=_bool(d.get("idle", False), f"{where}.idle"),
                      frozen=tuple(_int(b, f"{where}.frozen[{k}]")
                                   for k, b in enumerate(_list(d.get("frozen", []), f"{where}.frozen"))),
-                     save_load=_bool(d.get("save_load", False), f"{where}.save_load"))
+                     save_load=_bool(d.get("save_load", False), f"{where}.save_load"),
+                     unused=tuple(_int(b, f"{where}.unused[{k}]")
+                                  for k, b in enumerate(_list(d.get("unused", []), f"{where}.unused"))))
 
 
 def _parse_scenario(data: object) -> Scenario:

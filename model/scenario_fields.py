@@ -165,6 +165,10 @@ class TrainStep:
     """No forward and no backward: only the ``gas`` calls of ``engine.step()`` (a step without gradient)."""
     frozen: tuple[int, ...] = ()
     """Blocks whose (trainable) Linear has ``requires_grad=False`` during this step only."""
+    unused: tuple[int, ...] = ()
+    """Blocks whose (trainable) Linear this step's forwards do not apply -- a module used in some steps only (a head
+    used at eval, routing, a branch per phase): its parameters still require grad and get no gradient this step.
+    Written to JSON only when set."""
     save_load: bool = False
     """A DeepSpeed checkpoint (not activation checkpointing) before this step (after the previous step's
     ``engine.step()``, as HF Trainer saves every ``save_steps``): ``engine.save_checkpoint(tmp)`` then

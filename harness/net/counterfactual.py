@@ -58,7 +58,8 @@ class Mechanism:
     keep: Keep | None = None
     gradient: str = ""
     """A transformation of the step's gradient after the contributions: ``stale-frozen`` (a parameter frozen for
-    the step gets the gradient of the step before again), ``stale-idle`` (at a step with no backward every
+    the step, or in a module the step did not use, gets the gradient of the step before again), ``stale-unused``
+    (only a parameter of a module the step did not use does), ``stale-idle`` (at a step with no backward every
     parameter does), ``zero-for-frozen`` (a parameter of an optimizer group frozen for the step gets a zero one),
     ``zero-when-idle`` (at a step with no backward every parameter of an optimizer group gets a zero one),
     ``halved-when-scale-grows``, ``unscaled-by-65536``."""
@@ -228,6 +229,11 @@ def _offloaded(sc: Scenario) -> bool:
     return sc.offload in (Offload.OPTIMIZER, Offload.BOTH)
 
 
+def _without_gradient(sc: Scenario) -> bool:
+    """Some step leaves a trainable parameter without a gradient: frozen for it, or its module not used in it."""
+    return any(s.frozen or s.unused for s in sc.steps)
+
+
 def _several_outputs(sc: Scenario) -> bool:
     """The forward returns more than one tensor, one computed from another (the blocks' ``(hidden, aux)``, a
     llama's loss and logits)."""
@@ -260,12 +266,15 @@ MECHANISMS: dict[str, Mechanism] = {m.name: m for m in (
     Mechanism("middle-micro-steps-dropped", lambda sc: _offloaded(sc) and sc.gas >= 3,
               keep=_middle_micro_steps_dropped),
     Mechanism("last-micro-step-only", lambda sc: _offloaded(sc) and sc.manual_boundary, keep=_last_micro_step_only),
-    Mechanism("stale-gradient-replayed-when-frozen", lambda sc: _offloaded(sc) and any(s.frozen for s in sc.steps),
+    Mechanism("stale-gradient-replayed-when-frozen", lambda sc: _offloaded(sc) and _without_gradient(sc),
               gradient="stale-frozen"),
+    Mechanism("stale-gradient-replayed-when-unused",
+              lambda sc: sc.stage == 3 and not _offloaded(sc) and any(s.unused for s in sc.steps),
+              gradient="stale-unused"),
     Mechanism("stale-gradient-replayed-at-idle-step", lambda sc: _offloaded(sc) and any(s.idle for s in sc.steps),
               gradient="stale-idle"),
     Mechanism("frozen-stepped-with-zero-gradient",
-              lambda sc: sc.optimizer is Optimizer.CONFIG_ADAM and any(s.frozen for s in sc.steps),
+              lambda sc: sc.optimizer is Optimizer.CONFIG_ADAM and _without_gradient(sc),
               gradient="zero-for-frozen"),
     Mechanism("idle-step-stepped-with-zero-gradient",
               lambda sc: sc.optimizer is Optimizer.CONFIG_ADAM and any(s.idle for s in sc.steps),

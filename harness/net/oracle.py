@@ -422,12 +422,17 @@ class TorchBackend:
                 if extra is not None and n in extra:
                     p.grad = extra[n].clone() if p.grad is None else p.grad + extra[n]
         held = {id(q) for g in self.opt.param_groups for q in g["params"]}
-        frozen = {n for (n, p), q in zip(self.master.named_parameters(), self.model.parameters(), strict=True)
-                  if not q.requires_grad}
+        # without a gradient this step: frozen for it, or in a module its forwards did not apply (`unused`)
+        off = {id(q) for m in self.model.modules() if getattr(m, "use_lin", True) is False
+               for q in m.lin.parameters()}  # type: ignore[union-attr]
+        pairs = list(zip(self.master.named_parameters(), self.model.parameters(), strict=True))
+        unused = {n for (n, p), q in pairs if q.requires_grad and id(q) in off}
+        frozen = {n for (n, p), q in pairs if not q.requires_grad} | unused
         idle = not contributions
         for m in self.mechanisms:
             for n, p in self.master.named_parameters():
-                stale = (m.gradient == "stale-frozen" and n in frozen) or (m.gradient == "stale-idle" and idle)
+                stale = ((m.gradient == "stale-frozen" and n in frozen) or (m.gradient == "stale-idle" and idle)
+                         or (m.gradient == "stale-unused" and n in unused))
                 if stale and p.grad is None and n in self._prev:
                     p.grad = self._prev[n].clone()
                     if m.gradient == "stale-frozen":

@@ -146,6 +146,9 @@ def run_schedule(sc: Scenario, backend: Backend, mark: Mark = _no_mark,
         frozen = [p for b in st.frozen for p in blocks_of(backend.module()).block(b).lin.parameters()]
         for p in frozen:  # requires_grad changed for this step only
             p.requires_grad_(False)
+        unused = [blocks_of(backend.module()).block(b) for b in st.unused]
+        for blk in unused:  # a module this step's forwards do not apply (after its eval forward, which does)
+            blk.use_lin = False
         for mi, m in enumerate(st.micro):
             boundary = mi == gas - 1
             if st.idle:  # engine.step() without any forward or backward
@@ -173,6 +176,8 @@ def run_schedule(sc: Scenario, backend: Backend, mark: Mark = _no_mark,
                 backend.lr_step()
         for p in frozen:
             p.requires_grad_(True)
+        for blk in unused:
+            blk.use_lin = True
         if after_step is not None:
             after_step(si)
 
