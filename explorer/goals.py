@@ -91,10 +91,10 @@ SURVEY: tuple[tuple[str, tuple[dict[str, Value], ...], Scenario], ...] = (
     *((f"ZeRO-{z} + HF's optimizer groups", (_need(stage=z, hf_param_groups=True),), _sc(stage=z, decay_groups=True))
       for z in (0, 1, 2, 3)),
     *((f"ZeRO-{z} + a module unused in some steps", (_need(stage=z, module_unused_in_step=True),),
-       _sc(stage=z, blocks=[{}, {}], steps=[{"unused": [0]}, {}])) for z in (1, 2, 3)),
+       _sc(stage=z, blocks=[{}, {}], steps=[{}, {"unused": [0]}])) for z in (1, 2, 3)),
     ("ZeRO-3 + a module unused in some steps + prefetch",
      (_need(stage=3, module_unused_in_step=True, prefetch=True),),
-     _sc(stage=3, blocks=[{}, {}, {}], prefetch_bucket_size=1000, steps=[{"unused": [1]}, {}, {"unused": [1]}])),
+     _sc(stage=3, blocks=[{}, {}, {}], prefetch_bucket_size=1000, steps=[{}, {"unused": [1]}, {}, {"unused": [1]}])),
     ("config Adam + a module unused in some steps",
      (_need(adam=True, module_unused_in_step=True),),
      _sc(stage=2, optimizer="config-adam", blocks=[{}, {}], steps=[{}, {"unused": [0]}])),

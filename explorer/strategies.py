@@ -308,21 +308,22 @@ def extras(draw, sc: Scenario, zero0: bool = True, weights: Weights | None = Non
     if draw(pick(weights, "decay_groups", st.just(False), (False, True))):
         sc = sc.with_(decay_groups=True, param_groups=1)  # HF Trainer's two groups replace the drawn ones
     if draw(pick(weights, "unused_in_step", st.just(False), (False, True))):
-        sc = _unused_in_first_step(sc)
+        sc = _unused_in_last_step(sc)
 
     if sc.reduce_bucket_size != 500_000_000:  # `SAVE_LOAD`: no draw of its own
         sc = sc.with_(steps=sc.steps[:-1] + (replace(sc.steps[-1], save_load=True),))
     return sc
 
 
-def _unused_in_first_step(sc: Scenario) -> Scenario:
-    """The first trainable Linear left unused in the first step, used in the next (one is added when the scenario
-    has a single step): a module used in some steps only.  Blocks family, a step with a forward; else unchanged."""
+def _unused_in_last_step(sc: Scenario) -> Scenario:
+    """The first trainable Linear used in the steps before and left unused in the last (a step is added when the
+    scenario has one): a module used in some steps only, after it had gradients -- what a stale gradient needs to
+    show.  Blocks family, a last step with a forward; else unchanged."""
     lin = next((i for i, b in enumerate(sc.blocks) if b.lin is ParamKind.TRAINABLE), None)
-    if sc.family is not Family.BLOCKS or lin is None or sc.steps[0].idle or lin in sc.steps[0].frozen:
-        return sc
     steps = sc.steps if len(sc.steps) > 1 else sc.steps + (replace(sc.steps[0], save_load=False),)
-    return sc.with_(steps=(replace(steps[0], unused=(lin,)),) + steps[1:])
+    if sc.family is not Family.BLOCKS or lin is None or steps[-1].idle or lin in steps[-1].frozen:
+        return sc
+    return sc.with_(steps=steps[:-1] + (replace(steps[-1], unused=(lin,)),))
 
 
 SCHEDULERS = (Scheduler.NONE, Scheduler.INITIALIZE, Scheduler.USER)
