@@ -267,13 +267,13 @@ def _use_reentrant(hf: dict[str, Any]) -> Any:
     return None
 
 
-def _trainer_optimizer(facts: dict[str, Fact]) -> dict[str, Fact]:
+def _trainer_optimizer(config_optimizer: bool) -> dict[str, Fact]:
     """HF Trainer's optimizer and scheduler (transformers' integrations/deepspeed.py ``deepspeed_optim_sched``): with
     an ``optimizer`` section DeepSpeed builds it over the trainable parameters (one list: ``DummyOptim``) and the
     scheduler too (its config's, or HF's callable of that optimizer); without one the trainer builds its two groups
     (`create_optimizer`) and, from transformers 5, its scheduler after ``accelerator.prepare`` over what DeepSpeed
     left (trainer.py: "Create scheduler now that the optimizer won't change anymore")."""
-    if "adam" in facts and facts["adam"].source.endswith("optimizer.type"):  # the DeepSpeed config's section
+    if config_optimizer:
         why = "the config's optimizer: DeepSpeed builds it over the trainable parameters (HF Trainer's DummyOptim)"
         return {"hf_param_groups": Fact(False, why), "empty_param_group": Fact(False, why),
                 "lr_scheduler": Fact("deepspeed", "the config's optimizer: DeepSpeed builds the scheduler too (its "
@@ -423,6 +423,7 @@ def read_setup(paths: list[str], release: str | None, options: dict[str, Value],
         raise DoctorError("no DeepSpeed config given: pass its JSON, trainer arguments whose deepspeed names one, or "
                           "an accelerate config with a DeepSpeed plugin")
     got, said = ds_facts(ds[1], ds[0], hf, release)
+    config_optimizer = "adam" in got  # the DeepSpeed config's optimizer section: DeepSpeed builds that one
     facts = {**got, **facts}
     notes += said
     if hf is not None and inputs.hf_args:
@@ -431,13 +432,12 @@ def read_setup(paths: list[str], release: str | None, options: dict[str, Value],
             got.pop("adam", None)
         facts.update(got)
         notes += said
-    if "hf_model" in facts:  # a trainer's loop: who builds the optimizer decides its groups and its scheduler
-        facts.update(_trainer_optimizer(facts))
     elif trainer in ("hf", "sft", "dpo", "grpo"):
         got, said = hf_facts(None, f"--trainer {trainer}", trainer, facts["stage"].value)
         facts.update(got)
         notes += said
-        facts.update(_trainer_optimizer(facts))
+    if "hf_model" in facts:  # a trainer's loop: who builds the optimizer decides its groups and its scheduler
+        facts.update(_trainer_optimizer(config_optimizer))
     if peft is not None:
         facts["lora"] = Fact(peft, "--peft")
         if peft:

@@ -783,7 +783,7 @@ Z3_STALE_GRAD_FOR_UNUSED = KnownIssue(
     checks=("oracle",),
     explains=None,
     mechanisms=("stale-gradient-replayed-when-unused",),
-    detail=("Found the first time the `unused` dimension ran (issue 44).  stage3.py keeps each parameter's reduced "
+    detail=("Found the first time the `unused` dimension ran.  stage3.py keeps each parameter's reduced "
             "gradient in its slice of grad_partitions_flat_buffer (partition_grads copies into it at micro-step 0, "
             "adds after); nothing clears the slice of a parameter no backward reached, and the epilogue hands the "
             "optimizer every slice of a parameter that requires grad (``averaged_gradients[i] = "
