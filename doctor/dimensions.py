@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 
-from zerostate.model.scenario import (BackwardKind, Checkpoint, Family, Offload, Optimizer, Outputs, ParamKind,
+from zerostate.model.scenario import (BackwardKind, Checkpoint, Family, Gather, Offload, Optimizer, Outputs, ParamKind,
                                       Precision, Scenario, Scheduler)
 
 Value = bool | int | str
@@ -61,6 +61,12 @@ class Dimension:
         if isinstance(value, bool):
             return self.phrase if value else f"not: {self.phrase}"
         return self.phrase.format(v=value)
+
+
+def _gathered(sc: Scenario) -> Value:
+    """The strongest of the loop's own GatheredParameters: an edit over a read."""
+    kinds = {s.gather for s in sc.steps}
+    return "edit" if Gather.EDIT in kinds else "read" if Gather.READ in kinds else "none"
 
 
 def _scheduler(sc: Scenario) -> str:
@@ -201,6 +207,12 @@ DIMENSIONS: tuple[Dimension, ...] = (
               lambda sc: any(m.skip for _, _, m in sc.micro_steps()), False),
     Dimension("module_unused_in_step", Kind.LOOP, "a trainable module used in some train steps only (routing, a "
               "head used at eval)", lambda sc: any(s.unused for s in sc.steps), False),
+    Dimension("gathered_parameters", Kind.LOOP, "deepspeed.zero.GatheredParameters in your loop: {v} (read: "
+              "parameters gathered and read, as TRL's weight sync to vLLM; edit: a trained parameter changed under "
+              "modifier_rank=0, its fp32 master with safe_set_full_fp32_param)", _gathered, "none",
+              choices=("none", "read", "edit")),
+    Dimension("gathered_inside_step", Kind.LOOP, "that GatheredParameters between a backward and engine.step() "
+              "(an on_pre_optimizer_step callback)", lambda sc: any(s.gather_inside for s in sc.steps), False),
     Dimension("manual_boundary", Kind.LOOP, "the loop marks the accumulation boundary itself "
               "(set_gradient_accumulation_boundary)", lambda sc: sc.manual_boundary, False),
 )

@@ -22,7 +22,8 @@ from collections.abc import Callable, Sequence
 
 from hypothesis import strategies as st
 
-from zerostate.model.scenario import Checkpoint, Family, Offload, Optimizer, Outputs, Precision, Scenario, Scheduler
+from zerostate.model.scenario import (Checkpoint, Family, Gather, Offload, Optimizer, Outputs, Precision, Scenario,
+                                      Scheduler)
 
 Taken = frozenset[int]
 """Indices of the alternatives a scenario shows it took at one point (empty: it cannot tell)."""
@@ -55,6 +56,7 @@ _OUTPUTS = (Outputs.TENSOR, Outputs.TUPLE, Outputs.DICT)
 _ENGINES_BEFORE = ((), (3,), (1,), (2,), (3, 3), (3, 1), (3, 2), (1, 3), (2, 3))
 _BLOCKS_FAMILY = Family.BLOCKS
 _SCHEDULERS = (Scheduler.NONE, Scheduler.INITIALIZE, Scheduler.USER)
+_GATHERS = (Gather.NONE, Gather.READ, Gather.EDIT)
 
 
 def _extra(name: str, shows: Callable[[Scenario], bool | None], default: tuple[int, int] = (3, 1)) -> Point:
@@ -125,8 +127,11 @@ POINTS: tuple[Point, ...] = (
     Point("decay_groups", (1, 0), lambda sc: _flag(sc.decay_groups)),
     Point("unused_in_step", (1, 0), lambda sc: _flag(any(s.unused for s in sc.steps))
           if sc.family is _BLOCKS_FAMILY else frozenset()),
+    Point("gathered", (1, 0, 0), lambda sc: frozenset(_GATHERS.index(s.gather) for s in sc.steps)),
+    Point("gathered_inside", (1, 0), lambda sc: frozenset(int(s.gather_inside) for s in sc.steps
+                                                          if s.gather is not Gather.NONE)),
 )
-GOALS_ONLY = frozenset({"scheduler", "decay_groups", "unused_in_step"})
+GOALS_ONLY = frozenset({"scheduler", "decay_groups", "unused_in_step", "gathered", "gathered_inside"})
 """Points the pairwise completion leaves to the goals round (`goals.SURVEY`): the dimensions added after the
 completion's pairs were laid out.  Last in `POINTS`, so the pairs' indices of every other point stay as they were."""
 PAIRED: tuple[Point, ...] = tuple(p for p in POINTS if p.name not in GOALS_ONLY)

@@ -98,6 +98,20 @@ SURVEY: tuple[tuple[str, tuple[dict[str, Value], ...], Scenario], ...] = (
     ("config Adam + a module unused in some steps",
      (_need(adam=True, module_unused_in_step=True),),
      _sc(stage=2, optimizer="config-adam", blocks=[{}, {}], steps=[{}, {"unused": [0]}])),
+    # the loop's own GatheredParameters: a read (TRL's weight sync) and an edit (DeepSpeed's documented way), between
+    # steps at every stage, inside a step, at two ranks, and TRL's LoRA read
+    *((f"ZeRO-{z} + GatheredParameters {how}", (_need(stage=z, gathered_parameters=how),),
+       _sc(stage=z, steps=[{}, {"gather": how}])) for z in (0, 1, 2, 3) for how in ("read", "edit")),
+    *((f"ZeRO-{z} + GatheredParameters {how} between a backward and engine.step()",
+       (_need(stage=z, gathered_parameters=how, gathered_inside_step=True),),
+       _sc(stage=z, steps=[{}, {"gather": how, "gather_inside": True}])) for z in (2, 3) for how in ("read", "edit")),
+    *((f"ZeRO-3 + GatheredParameters {how} at two ranks", (_need(stage=3, gathered_parameters=how, world_size=2),),
+       _sc(stage=3, world_size=2, steps=[{}, {"gather": how}])) for how in ("read", "edit")),
+    ("ZeRO-0 + fp16 + GatheredParameters edit", (_need(stage=0, precision="fp16", gathered_parameters="edit"),),
+     _sc(stage=0, precision="fp16", steps=[{}, {"gather": "edit"}])),
+    ("ZeRO-3 + LoRA + GatheredParameters read (TRL's weight sync)",
+     (_need(stage=3, lora=True, gathered_parameters="read"),),
+     _sc(stage=3, family="llama", lora=True, steps=[{}, {"gather": "read"}])),
     ("ZeRO-3 + LoRA + HF's optimizer groups (one empty) + LR scheduler",
      (_need(stage=3, empty_param_group=True, lr_scheduler="initialize"),),
      _sc(stage=3, family="llama", lora=True, decay_groups=True, scheduler="initialize")),
@@ -155,6 +169,8 @@ FORCES: dict[str, dict[Value, dict[str, frozenset[int]]]] = {
     "lr_scheduler": {"initialize": {"scheduler": _ONE}, "user": {"scheduler": frozenset({2})}},
     "hf_param_groups": {True: {"decay_groups": _ONE}},
     "module_unused_in_step": {True: {"unused_in_step": _ONE}},
+    "gathered_parameters": {"read": {"gathered": _ONE}, "edit": {"gathered": frozenset({2})}},
+    "gathered_inside_step": {True: {"gathered": frozenset({1, 2}), "gathered_inside": _ONE}},
     "empty_param_group": {True: {"decay_groups": _ONE}},
 }
 """Which choice points' alternatives (`choices.POINTS`) make a dimension's value likely in a draw; a dimension not

@@ -32,7 +32,7 @@ from hypothesis import strategies as st
 
 from zerostate.explorer.choices import Weights, pick
 from zerostate.model.network import Network
-from zerostate.model.scenario import (BackwardKind, Block, Checkpoint, Family, MicroStep, Offload, Optimizer,
+from zerostate.model.scenario import (BackwardKind, Block, Checkpoint, Family, Gather, MicroStep, Offload, Optimizer,
                                       Outputs, ParamKind, Precision, Scenario, Scheduler, TrainStep)
 
 CHECKPOINTS = (Checkpoint.NONE, Checkpoint.REENTRANT, Checkpoint.NON_REENTRANT)
@@ -309,6 +309,9 @@ def extras(draw, sc: Scenario, zero0: bool = True, weights: Weights | None = Non
         sc = sc.with_(decay_groups=True, param_groups=1)  # HF Trainer's two groups replace the drawn ones
     if draw(pick(weights, "unused_in_step", st.just(False), (False, True))):
         sc = _unused_in_last_step(sc)
+    gather = draw(pick(weights, "gathered", st.just(Gather.NONE), GATHERS))
+    if gather is not Gather.NONE:
+        sc = _gathered_in_last_step(sc, gather, draw(pick(weights, "gathered_inside", st.just(False), (False, True))))
 
     if sc.reduce_bucket_size != 500_000_000:  # `SAVE_LOAD`: no draw of its own
         sc = sc.with_(steps=sc.steps[:-1] + (replace(sc.steps[-1], save_load=True),))
@@ -325,6 +328,20 @@ def _unused_in_last_step(sc: Scenario) -> Scenario:
         return sc
     return sc.with_(steps=steps[:-1] + (replace(steps[-1], unused=(lin,)),))
 
+
+def _gathered_in_last_step(sc: Scenario, gather: Gather, inside: bool) -> Scenario:
+    """The loop's own ``GatheredParameters`` in the last step (a step is added when the scenario has one), before its
+    first forward or, ``inside``, after its first micro-step's backward: after a step, so an edit meets a trained
+    master copy.  An edit needs a block whose Linear is trainable and in the optimizer; an idle last step has no
+    inside: else unchanged."""
+    steps = sc.steps if len(sc.steps) > 1 else sc.steps + (replace(sc.steps[0], save_load=False),)
+    if (gather is Gather.EDIT and sc.edited_block is None) or (inside and steps[-1].idle):
+        return sc
+    return sc.with_(steps=steps[:-1] + (replace(steps[-1], gather=gather, gather_inside=inside),))
+
+
+GATHERS = (Gather.NONE, Gather.READ, Gather.EDIT)
+"""``gathered``'s alternatives in shrink order (`choices.POINTS`): none, every parameter read, one weight edited."""
 
 SCHEDULERS = (Scheduler.NONE, Scheduler.INITIALIZE, Scheduler.USER)
 """``scheduler``'s alternatives in shrink order (`choices.POINTS`): none, passed to initialize, stepped by the loop."""

@@ -35,6 +35,9 @@ class _Recording:
     def reregister(self, x: torch.Tensor | None = None) -> None:
         self.calls.append(("reregister",))
 
+    def gather(self, what: Any, block: int | None) -> None:
+        self.calls.append(("gather", what.value, block))
+
     def eval_forward(self, x: torch.Tensor) -> None:
         self.calls.append(("eval",))
         schedule.no_grad_forward(self.model, x, llama=False)

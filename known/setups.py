@@ -326,8 +326,10 @@ FP16_SCALE_INCREASE_HALVES_STEP = KnownIssue(
             "stage_1_and_2.py the same (_update_scale line 3047, unscale_and_clip_grads line 3080 with "
             "combined_scale = self.loss_scale, line 3198, while the reported norm uses prev_scale, line 3071).  "
             "The gradients were computed with the old scale, so the update of every step on which the scale grows "
-            "is exactly half (ZeRO-1, 2 and 3).  torch.cuda.amp.GradScaler and apex update the scale after the "
-            "step.  It cancels when "
+            "is exactly half (ZeRO-1, 2 and 3).  Stage 0's FP16_Optimizer does the same (fused_optimizer.py step(): "
+            "_update_scale line 337, then unscale_and_clip_grads line 344 with cur_scale; FP16_UnfusedOptimizer lines "
+            "227-228): a 3-step stage-0 fp16 run is this plus zero0-fp16-loss-not-scaled.  "
+            "torch.cuda.amp.GradScaler and apex update the scale after the step.  It cancels when "
             "gradient clipping binds (the clip factor is computed from the same new scale).  With DeepSpeed's "
             "default window of 1000 steps it halves one update in a thousand.  The default exploration (at most "
             "2 train steps) does not reach it; the stateful test (3 steps) did.  A comment on "
@@ -797,6 +799,29 @@ Z3_STALE_GRAD_FOR_UNUSED = KnownIssue(
 )
 
 
+STAGE0_MASTER_NOT_SETTABLE = KnownIssue(
+    id="stage0-mixed-master-not-settable",
+    title="ZeRO stage 0 fp16/bf16: safe_set_full_fp32_param silently does nothing, so a trained parameter changed "
+          "the way DeepSpeed documents it goes back to its old value at the next step",
+    owner="deepspeed",
+    releases=((0, 18, 4), (0, 20, 0)),  # its scenario run on 0.18.4 and 0.19.8
+    scenario=Scenario.from_dict({"stage": 0, "precision": "bf16", "steps": [{}, {"gather": "edit"}, {}]}),
+    checks=("oracle",),
+    explains=None,
+    mechanisms=("edit-not-in-master",),
+    detail=("Found the first time the `gather` dimension ran.  DeepSpeed answers users who change a parameter in "
+            "training with the tensor-fragment API (deepspeedai/DeepSpeed#2424: GatheredParameters(modifier_rank=0) "
+            "for the 16-bit weight, deepspeed.utils.safe_set_full_fp32_param for its fp32 master).  "
+            "utils/tensor_fragment.py reaches the master only through ``param._z3_optimizer`` (ZeRO-3) or "
+            "``param._hp_mapping`` (ZeRO-1/2, BF16_Optimizer); stage 0's FP16_Optimizer (fp16) and "
+            "FP16_UnfusedOptimizer (bf16 with a client optimizer) keep fp32 masters but map neither, so "
+            "safe_get_full_fp32_param returns None and safe_set_full_fp32_param returns without a word.  The next "
+            "applied step writes the unchanged master plus its update over the 16-bit weight: the edit is gone "
+            "(its forwards in between did use it).  ZeRO-1/2/3 and BF16_Optimizer keep it.  The counterfactual "
+            "edits the 16-bit copy only and matches DeepSpeed exactly."),
+)
+
+
 SETUP_ISSUES: tuple[KnownIssue, ...] = (ZERO0_FP16_LOSS_NOT_SCALED, Z3_UNGROUPED_NOT_GATHERED,
                                         TWO_BACKWARDS_PER_FORWARD, STEP_WITHOUT_GRADIENT, NESTED_OUTPUTS_SCALED_TWICE,
                                         SHARED_ACROSS_REENTRANT, Z3_LINEAR_OVERRIDE_OUTLIVES_ENGINE,
@@ -808,6 +833,6 @@ SETUP_ISSUES: tuple[KnownIssue, ...] = (ZERO0_FP16_LOSS_NOT_SCALED, Z3_UNGROUPED
                                         ZERO_TO_FP32_BF16_OPTIMIZER, BF16_OPTIMIZER_CLEARS_IN_FORWARD_GRADS,
                                         ZERO1_REDUCE_KEEPS_OTHER_PARTITIONS, FP16_OPTIMIZER_INIT_STEP,
                                         EMPTY_GROUP_DROPPED_UNDER_SCHEDULER, ZERO12_GROUP_OF_EMPTY_PARAMS,
-                                        Z3_STALE_GRAD_FOR_UNUSED)
+                                        Z3_STALE_GRAD_FOR_UNUSED, STAGE0_MASTER_NOT_SETTABLE)
 
 __all__ = ["SETUP_ISSUES", "dropped_by_zero_to_fp32", "nested_outputs_zero12"]

@@ -125,6 +125,10 @@ class EventKind(str, Enum):
     PERSISTENT = "persistent"
     """``param`` is persistent (``ds_persist``: at most ``stage3_param_persistence_threshold`` elements);
     declared once, before the coordinator's first fetch."""
+    USER_GATHER = "user_gather"
+    """The loop entered (``note`` ``enter``) or left (``exit``) a ``deepspeed.zero.GatheredParameters`` context of
+    its own (a read, an edit): the FETCH and RELEASE events between the two are the context's, not a module hook's
+    (on exit it partitions what it gathered, persistent parameters included).  Not a driver event."""
     ROLE = "role"
     """What ``param`` is in the model as a forward begins, where it is not a plain trainable parameter: ``note``
     ``frozen`` (``requires_grad`` off; again ``trainable`` when it is back on) or ``leaf`` (a z3 leaf module's);

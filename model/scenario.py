@@ -47,8 +47,8 @@ from dataclasses import asdict, dataclass, replace
 from enum import Enum
 from typing import Any, TypeVar
 
-from .scenario_fields import (PARAMS_PER_SUBMODULE, SUBMODULES, BackwardKind, Block, Checkpoint, Family, MicroStep,
-                              Offload, Optimizer, Outputs, ParamKind, Precision, Scheduler, TrainStep)
+from .scenario_fields import (PARAMS_PER_SUBMODULE, SUBMODULES, BackwardKind, Block, Checkpoint, Family, Gather,
+                              MicroStep, Offload, Optimizer, Outputs, ParamKind, Precision, Scheduler, TrainStep)
 
 
 WORLD_SIZES = (1, 2, 4, 8)
@@ -193,6 +193,14 @@ class Scenario:
         return self.stage == 0 and self.precision is not Precision.FP32
 
     @property
+    def edited_block(self) -> int | None:
+        """The block whose Linear weight a ``gather: edit`` halves: the first whose Linear is trainable and in the
+        optimizer (family blocks), else None."""
+        if self.family is not Family.BLOCKS:
+            return None
+        return next((i for i, b in enumerate(self.blocks) if b.lin is ParamKind.TRAINABLE and b.in_optimizer), None)
+
+    @property
     def empty_group(self) -> bool:
         """One of ``decay_groups``' two groups holds no parameter: the no-decay one under LoRA (every trainable
         parameter an adapter weight), or, in the blocks family, either one where the trainable parameters in the
@@ -235,6 +243,8 @@ class Scenario:
             out.append("modules used in some steps only")
         if any(m.retain for _, _, m in self.micro_steps()):
             out.append("two backwards per micro-step (retain_graph)")
+        if self.stage == 3 and any(s.gather is not Gather.NONE for s in self.steps):  # ZeRO-1/2: a no-op context
+            out.append("GatheredParameters of the loop's own (it gathers and partitions outside the coordinator)")
         if self.stage == 0:
             out.append("ZeRO stage 0 (no ZeRO optimizer, no hook manager: the specs do not apply)")
         if self.engines_before:
@@ -322,6 +332,11 @@ class Scenario:
                 raise ScenarioError(f"steps[{i}].unused: an idle step has no forward")
             if not isinstance(step.save_load, bool):
                 raise ScenarioError(f"steps[{i}].save_load: expected true or false, got {step.save_load!r}")
+            if step.gather_inside and (step.gather is Gather.NONE or step.idle):
+                raise ScenarioError(f"steps[{i}].gather_inside: needs a gather and a step with a backward")
+            if step.gather is Gather.EDIT and self.edited_block is None:
+                raise ScenarioError(f"steps[{i}].gather: an edit needs a block whose Linear is trainable and in the "
+                                    "optimizer (family blocks)")
             if step.idle and (step.frozen or step.eval_before or any(m.skip or m.retain for m in step.micro)):
                 raise ScenarioError(f"steps[{i}].idle: an idle step has no forward, so nothing to skip, "
                                     "freeze, retain or evaluate")
@@ -404,6 +419,11 @@ class Scenario:
                 lines.append(f"  before step {i}: checkpoint saved and loaded")
             if s.unused:
                 lines.append(f"  step {i}: the Linear of block(s) {list(s.unused)} not used in its forwards")
+            if s.gather is not Gather.NONE:
+                what = ("every parameter read" if s.gather is Gather.READ
+                        else f"block {self.edited_block}'s Linear weight halved (its fp32 master too)")
+                lines.append(f"  step {i}: GatheredParameters, {what}, "
+                             + ("after micro-step 0's backward" if s.gather_inside else "before its first forward"))
             lines.append(f"  step {i}: " + ("hooks re-registered, then " if s.reregister else "")
                          + ("eval forward, then " if s.eval_before else "")
                          + f"backward kinds [{kinds}], then engine.step()" + (f" ({skips})" if skips else ""))
@@ -416,9 +436,11 @@ class Scenario:
             if d.get(k) == 1_000_000_000:
                 d.pop(k)
         for step in d["steps"]:  # written only when set, so files that do not use them stay identical
-            for k in ("reregister", "idle", "frozen", "save_load", "unused"):
+            for k in ("reregister", "idle", "frozen", "save_load", "unused", "gather_inside"):
                 if not step.get(k):
                     step.pop(k, None)
+            if step.get("gather") == Gather.NONE.value:
+                step.pop("gather")
             for micro in step["micro"]:
                 for k in ("skip", "retain"):
                     if not micro.get(k):
@@ -523,7 +545,8 @@ def _list(value: object, where: str) -> list[Any]:
 
 
 _BLOCK_FIELDS = {"checkpoint", "norm", "lin", "leaf", "in_optimizer"}
-_STEP_FIELDS = {"micro", "eval_before", "reregister", "idle", "frozen", "save_load", "unused"}
+_STEP_FIELDS = {"micro", "eval_before", "reregister", "idle", "frozen", "save_load", "unused", "gather",
+                "gather_inside"}
 _MICRO_FIELDS = {"backward", "skip", "retain"}
 _EXTENDED_DEFAULTS: dict[str, Any] = {
     "precision": Precision.FP32, "gradient_clipping": 0.0, "loss_scale_power": 8, "fp32_grad_accum": False,
@@ -569,7 +592,9 @@ def _parse_step(value: object, where: str) -> TrainStep:
                                   for k, b in enumerate(_list(d.get("frozen", []), f"{where}.frozen"))),
                      save_load=_bool(d.get("save_load", False), f"{where}.save_load"),
                      unused=tuple(_int(b, f"{where}.unused[{k}]")
-                                  for k, b in enumerate(_list(d.get("unused", []), f"{where}.unused"))))
+                                  for k, b in enumerate(_list(d.get("unused", []), f"{where}.unused"))),
+                     gather=_enum(Gather, d.get("gather", "none"), f"{where}.gather"),
+                     gather_inside=_bool(d.get("gather_inside", False), f"{where}.gather_inside"))
 
 
 def _parse_scenario(data: object) -> Scenario:
@@ -605,7 +630,7 @@ def _parse_scenario(data: object) -> Scenario:
 
 
 __all__ = [
-    "BackwardKind", "Block", "Checkpoint", "Family", "MicroStep", "Offload", "Outputs", "PARAMS_PER_SUBMODULE",
-    "ParamKind", "Precision", "Optimizer", "Scheduler",
+    "BackwardKind", "Block", "Checkpoint", "Family", "Gather", "MicroStep", "Offload", "Outputs",
+    "PARAMS_PER_SUBMODULE", "ParamKind", "Precision", "Optimizer", "Scheduler",
     "SUBMODULES", "Scenario", "ScenarioError", "TrainStep", "WORLD_SIZES",
 ]

@@ -105,6 +105,21 @@ class Scheduler(str, Enum):
     loop over the client optimizer; DeepSpeed does not know it)."""
 
 
+class Gather(str, Enum):
+    """A ``deepspeed.zero.GatheredParameters`` context of the training loop's own (at ZeRO-1/2 and stage 0 the
+    context does nothing: no parameter is partitioned)."""
+
+    NONE = "none"
+    READ = "read"
+    """Every parameter gathered at once (``modifier_rank=None``) and read: TRL's weight sync to vLLM and its
+    ``unwrap_model_for_generation``, a callback logging weight norms."""
+    EDIT = "edit"
+    """The Linear weight of the first block whose Linear is trainable and in the optimizer halved in place, as
+    DeepSpeed documents a change of a trained parameter (deepspeedai/DeepSpeed#2424): under
+    ``GatheredParameters(modifier_rank=0)`` and, where DeepSpeed keeps an fp32 master copy (ZeRO-1/2/3,
+    ``BF16_Optimizer``), ``safe_set_full_fp32_param`` of the master halved.  PyTorch: the parameter halved."""
+
+
 SUBMODULES = ("norm", "lin")
 """The two sub-modules of every block, in forward order."""
 
@@ -169,6 +184,12 @@ class TrainStep:
     """Blocks whose (trainable) Linear this step's forwards do not apply -- a module used in some steps only (a head
     used at eval, routing, a branch per phase): its parameters still require grad and get no gradient this step.
     Written to JSON only when set."""
+    gather: Gather = Gather.NONE
+    """A ``GatheredParameters`` context of the loop's (`Gather`): before the step's first forward (after the previous
+    step's ``engine.step()``), or with ``gather_inside`` after its first micro-step's backward (before
+    ``engine.step()`` at gas 1, between micro-steps else: HF's ``on_pre_optimizer_step`` callback).  Written to JSON
+    only when set."""
+    gather_inside: bool = False
     save_load: bool = False
     """A DeepSpeed checkpoint (not activation checkpointing) before this step (after the previous step's
     ``engine.step()``, as HF Trainer saves every ``save_steps``): ``engine.save_checkpoint(tmp)`` then
@@ -177,5 +198,5 @@ class TrainStep:
     parameters and the oracle's (`net.checkpoint_round_trip`).  Written to JSON only when set."""
 
 
-__all__ = ["PARAMS_PER_SUBMODULE", "SUBMODULES", "BackwardKind", "Block", "Checkpoint", "Family", "MicroStep",
-           "Offload", "Optimizer", "Outputs", "ParamKind", "Precision", "Scheduler", "TrainStep"]
+__all__ = ["PARAMS_PER_SUBMODULE", "SUBMODULES", "BackwardKind", "Block", "Checkpoint", "Family", "Gather",
+           "MicroStep", "Offload", "Optimizer", "Outputs", "ParamKind", "Precision", "Scheduler", "TrainStep"]

@@ -26,6 +26,9 @@ class _Resident(NamedTuple):
     """The coordinator's trace is COMPLETE (the last TRACE_STATE said so)."""
     training: bool = False
     """Between a root forward's start and the next ``engine.step()``: module hooks run."""
+    gathering: bool = False
+    """Inside the loop's own ``GatheredParameters`` (USER_GATHER): it partitions on exit what it gathered, persistent
+    parameters included (partition_parameters.py ``GatheredParameters._exit``) -- not a coordinator release."""
     released: str | None = None
     """A persistent parameter released while COMPLETE, judged at the next driver event: the hook that finds the
     module order changed releases what it prefetched and only then reports the trace INVALID (its cleanup)."""
@@ -43,8 +46,10 @@ def _resident_step(m: _Resident, ev: Event) -> _Resident | Failure:
     if k is EventKind.TRACE_STATE:
         complete = ev.note == "COMPLETE"
         return m if complete == m.complete and m.released is None else m._replace(complete=complete, released=None)
+    if k is EventKind.USER_GATHER:
+        return m._replace(gathering=ev.note == "enter")
     if k is EventKind.RELEASE:
-        if m.complete and m.training and m.released is None and ev.param in m.persistent:
+        if m.complete and m.training and m.released is None and ev.param in m.persistent and not m.gathering:
             return m._replace(released=ev.param)
         return m
     if m.released is not None and k in DRIVER_EVENTS:
@@ -69,9 +74,11 @@ PERSISTENT_RESIDENT = Spec(
     checks=("Folds PERSISTENT, TRACE_STATE, root forward starts and engine.step(): a RELEASE of a persistent "
             "parameter between a root forward's start and the next engine.step() while the last TRACE_STATE "
             "was COMPLETE fails at the next driver event, unless a TRACE_STATE that is not COMPLETE comes first "
-            "(the invalidating hook's cleanup of what it prefetched)."),
+            "(the invalidating hook's cleanup of what it prefetched); a RELEASE inside the loop's own "
+            "GatheredParameters (USER_GATHER enter .. exit) is the context's, not a hook's."),
     exercised_by=frozenset({EventKind.PERSISTENT}),
-    reacts_to=frozenset({EventKind.PERSISTENT, EventKind.TRACE_STATE, EventKind.RELEASE, *DRIVER_EVENTS}),
+    reacts_to=frozenset({EventKind.PERSISTENT, EventKind.TRACE_STATE, EventKind.RELEASE, EventKind.USER_GATHER,
+                         *DRIVER_EVENTS}),
 )
 
 __all__ = ["PERSISTENT_RESIDENT"]

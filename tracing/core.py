@@ -343,6 +343,8 @@ class TraceCore:
             if kind in (EventKind.FORWARD_START, EventKind.EVAL_FORWARD_START):
                 self._declare_persistent()
                 self._declare_roles()
+        elif what in ("gather_start", "gather_end"):  # the loop's own GatheredParameters (its statuses polled above)
+            self.emit(EventKind.USER_GATHER, note="enter" if what == "gather_start" else "exit")
         elif what == "save_load_start":  # a checkpoint round trip: no hook runs in it; ZeRO-3's gathers (16-bit
             self.paused_depth += 1  # state dict, checkpoint prologue / epilogue) are not traced
         elif what == "save_load_end":

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from zerostate.model.scenario import Family, Offload, Optimizer, Outputs, Precision, Scenario
+from zerostate.model.scenario import Family, Gather, Offload, Optimizer, Outputs, Precision, Scenario
 
 Grads = dict[str, torch.Tensor]
 
@@ -75,6 +75,10 @@ class Mechanism:
     backward hooks) instead of the loss being divided once: for ``pytorch-style`` backwards only, or ``all``.  An
     output computed from another (an auxiliary mean of the hidden state, a loss from its logits) then passes two
     hooks."""
+    edit_model_only: bool = False
+    """An edit of a trained parameter (``gather: edit``) reaches the 16-bit copy forward and backward run on, not the
+    fp32 master copy the optimizer steps: the next applied step writes the master (unedited) plus its update back
+    over it."""
     outside_partition: bool = False
     """At world size > 1, ZeRO-1 with the fp32 gradient accumulation attribute (``grad_accum``): after each
     reduction of the boundary micro-step a rank keeps its gradient of every parameter outside its partition of the
@@ -282,7 +286,7 @@ MECHANISMS: dict[str, Mechanism] = {m.name: m for m in (
     Mechanism("optimizer-state-initialised-by-a-step",
               lambda sc: sc.optimizer is Optimizer.CONFIG_ADAM and sc.fp16_optimizer,
               initial_zero_step=True),
-    Mechanism("update-halved-when-scale-grows", lambda sc: sc.precision is Precision.FP16 and sc.stage != 0,
+    Mechanism("update-halved-when-scale-grows", lambda sc: sc.precision is Precision.FP16,
               gradient="halved-when-scale-grows"),
     Mechanism("loss-not-scaled", lambda sc: sc.precision is Precision.FP16 and sc.stage == 0, loss_unscaled=True),
     Mechanism("output-hooks-divide-by-gas", lambda sc: sc.gas > 1 and sc.stage in (1, 2) and _several_outputs(sc),
@@ -293,6 +297,8 @@ MECHANISMS: dict[str, Mechanism] = {m.name: m for m in (
               gradient="unscaled-by-65536"),
     Mechanism("own-rows-only", lambda sc: sc.world_size > 1 and sc.stage in (1, 2), own_rows=True),
     Mechanism("zero1-outside-partition-reduced-again", _zero1_grad_accum_attribute, outside_partition=True),
+    Mechanism("edit-not-in-master", lambda sc: sc.fp16_optimizer and any(s.gather is Gather.EDIT for s in sc.steps),
+              edit_model_only=True),
 )}
 """Every mechanism a known issue names (`known.issue.KnownIssue.mechanism`), by name."""
 

@@ -23,7 +23,7 @@ from zerostate.harness.net.dist import rank_rows
 from zerostate.harness.net.llama import apply_lora
 from zerostate.harness.net.torch_network import NetOutput, attach_late_module, blocks_of, build_model
 from zerostate.harness.net.schedule import generation_output, no_grad_forward, run_schedule
-from zerostate.model.scenario import (BackwardKind, Family, MicroStep, Offload, Optimizer, Precision,
+from zerostate.model.scenario import (BackwardKind, Family, Gather, MicroStep, Offload, Optimizer, Precision,
                                       Scenario, Scheduler, TrainStep)
 
 
@@ -271,6 +271,8 @@ class DeepSpeedBackend:
         """Per ``reregister`` (TRL's unwrap for generation): the parameters available while generating."""
         self.masters_unread: dict[str, str] = {}
         """`masters`: the parameters whose master copy DeepSpeed's accessor could not give, and its error."""
+        self.reads: list[float] = []
+        """Per ``gather: read``: the squared norm of every parameter as read in the context."""
         self.generated: list[torch.Tensor] = []
         """Per ``reregister``: what the unhooked module generated (compared with the oracle's)."""
         self.manual = sc.manual_boundary
@@ -317,6 +319,30 @@ class DeepSpeedBackend:
             if x is not None:
                 self._generate(x)
             off._register_deepspeed_module(off.module)
+
+    def gather(self, what: Gather, block: int | None) -> None:
+        """The loop's own ``GatheredParameters`` (`Gather`; at ZeRO-1/2 and stage 0 the context does nothing).  A
+        read: every parameter gathered at once and read (TRL's weight sync, ``GatheredParameters(model.parameters())``).
+        An edit: block ``block``'s Linear weight halved under ``GatheredParameters(modifier_rank=0)`` on every rank
+        (rank 0's is broadcast), then its fp32 master halved with ``safe_set_full_fp32_param`` where DeepSpeed keeps
+        one (at ZeRO-3 ``safe_get_full_fp32_param`` is a collective every rank calls): what DeepSpeed answers a user
+        who changes a parameter in training (deepspeedai/DeepSpeed#2424)."""
+        import deepspeed
+        module = self.engine.module
+        if what is Gather.READ:
+            params = list(module.parameters())
+            with deepspeed.zero.GatheredParameters(params):
+                self.reads.append(float(sum(float(p.detach().float().pow(2).sum()) for p in params)))
+            return
+        if what is not Gather.EDIT or block is None:
+            return
+        from deepspeed.utils import safe_get_full_fp32_param, safe_set_full_fp32_param
+        w = blocks_of(module).block(block).lin.weight
+        with deepspeed.zero.GatheredParameters([w], modifier_rank=0), torch.no_grad():
+            w.mul_(0.5)
+        master = safe_get_full_fp32_param(w)
+        if master is not None:
+            safe_set_full_fp32_param(w, master * 0.5)
 
     def _generate(self, x: torch.Tensor) -> None:
         module = self.engine.module

@@ -23,9 +23,9 @@ from zerostate.harness.net.compare import Params
 from zerostate.harness.net.counterfactual import MECHANISMS, Contribution, Mechanism, reduced_again, zero1_owners
 from zerostate.harness.net.dist import rank_rows, world_size
 from zerostate.harness.net.config import fp16_section, make_optimizer, make_scheduler, param_groups
-from zerostate.harness.net.torch_network import NetOutput, attach_late_module, build_model
+from zerostate.harness.net.torch_network import NetOutput, attach_late_module, blocks_of, build_model
 from zerostate.harness.net.schedule import generation_output, loss_of, no_grad_forward, rows_share, run_schedule
-from zerostate.model.scenario import BackwardKind, Family, Precision, Scenario, Scheduler
+from zerostate.model.scenario import BackwardKind, Family, Gather, Precision, Scenario, Scheduler
 
 
 HALF = {Precision.FP16: torch.float16, Precision.BF16: torch.bfloat16}
@@ -192,6 +192,19 @@ class TorchBackend:
         if x is None or self.stage != 3:
             return
         self.generated.append(rows_share(generation_output(no_grad_forward(self.model, self._input(x), self.llama))))
+
+    def gather(self, what: Gather, block: int | None) -> None:
+        """Plain PyTorch has nothing to gather; an edit halves the Linear weight of ``block`` the optimizer steps
+        (the master copy, and the 16-bit copy from it)."""
+        if what is not Gather.EDIT or block is None:
+            return
+        with torch.no_grad():
+            if any(m.edit_model_only for m in self.mechanisms) and self.model is not self.master:
+                blocks_of(self.model).block(block).lin.weight.mul_(0.5)  # counterfactual: the master keeps its value
+                return
+            blocks_of(self.master).block(block).lin.weight.mul_(0.5)
+            if self.model is not self.master:
+                blocks_of(self.model).block(block).lin.weight.copy_(blocks_of(self.master).block(block).lin.weight)
 
     def save_load(self, step: int) -> None:
         return None  # the oracle is unchanged: a checkpoint round trip must not change training

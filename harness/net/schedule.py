@@ -16,7 +16,7 @@ from zerostate.harness.net.config import BATCH
 from zerostate.harness.net.dist import rank_rows, world_size
 from zerostate.harness.net.llama import SEQ, VOCAB
 from zerostate.harness.net.torch_network import NetOutput, blocks_of
-from zerostate.model.scenario import BackwardKind, Family, Scenario, Scheduler
+from zerostate.model.scenario import BackwardKind, Family, Gather, Scenario, Scheduler
 
 
 class Mark(Protocol):
@@ -37,6 +37,11 @@ class Backend(Protocol):
         ...
 
     def reregister(self, x: torch.Tensor | None = None) -> None: ...
+
+    def gather(self, what: Gather, block: int | None) -> None:
+        """The loop's own ``GatheredParameters`` context (`Gather`): ``block`` is the one an edit halves the Linear
+        weight of."""
+        ...
 
     def eval_forward(self, x: torch.Tensor) -> None: ...
 
@@ -125,6 +130,12 @@ def _no_mark(what: str, **info: Any) -> None:
     pass
 
 
+def _gather(sc: Scenario, backend: Backend, mark: Mark, what: Gather) -> None:
+    mark("gather_start", gather=what.value)
+    backend.gather(what, sc.edited_block)
+    mark("gather_end", gather=what.value)
+
+
 def run_schedule(sc: Scenario, backend: Backend, mark: Mark = _no_mark,
                  after_step: Callable[[int], None] | None = None) -> None:
     """The training loop.  ``mark(what, **info)`` observes schedule points; ``after_step(i)`` runs after
@@ -139,6 +150,8 @@ def run_schedule(sc: Scenario, backend: Backend, mark: Mark = _no_mark,
         if st.reregister:
             mark("reregister")
             backend.reregister(batch(sc, si, 0, eval_=True))
+        if st.gather is not Gather.NONE and not st.gather_inside:
+            _gather(sc, backend, mark, st.gather)
         if st.eval_before:
             mark("eval_start")
             backend.eval_forward(batch(sc, si, 0, eval_=True))
@@ -169,6 +182,8 @@ def run_schedule(sc: Scenario, backend: Backend, mark: Mark = _no_mark,
                 mark("backward_start", kind=m.backward.value)
                 backend.backward(m.backward, out, loss, sc.fused_head, part, keep)
                 mark("backward_end", kind=m.backward.value)
+            if mi == 0 and st.gather_inside:
+                _gather(sc, backend, mark, st.gather)
             if boundary:
                 mark("step", step=si)
             backend.micro_done(boundary)
