@@ -70,7 +70,8 @@ class OracleDiff:
     kind: str
     """``params`` (a parameter beyond the tolerance), ``update-norm`` (mixed precision: the whole update's
     norm), ``master`` (bf16: the fp32 master weights against the mixed-precision oracle's; its rows compare
-    master weights), ``generation`` (TRL's unwrap generated something else), ``loss-scaling`` (skipped steps
+    master weights), ``generation`` (TRL's unwrap generated something else), ``read`` (the loop's own
+    ``GatheredParameters`` read other values than PyTorch's parameters), ``loss-scaling`` (skipped steps
     differ)."""
     step: int | None
     params: tuple[ParamDiff, ...] = ()

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from zerostate.model.scenario import Precision, Scenario
+from zerostate.model.scenario import Gather, Precision, Scenario
 
 from zerostate.findings.evidence import OracleDiff, ParamDiff
 from zerostate.findings.record import Generation, LossScaling, ParamStep, RunRecord, Shape, StepObservation
@@ -59,20 +59,21 @@ def compare_text(entries: Sequence[Compared], atol: float, rtol: float,
 
 
 def generation_text(generations: Sequence[Generation], oracle_count: int, atol: float,
-                    rtol: float) -> tuple[int, str] | None:
+                    rtol: float, what: str = "output", unit: str = "generation") -> tuple[int, str] | None:
     """None when each generation agrees with the oracle's; else ``(i, sentence)`` for the first that does not
-    (i: its index among the scenario's re-registrations)."""
+    (i: its index among the scenario's re-registrations).  ``what`` / ``unit``: the same for the reads of the loop's
+    own ``GatheredParameters`` (``"parameters read"``, ``"read"``)."""
     compared = min(len(generations), oracle_count)
     for i, g in enumerate(generations[:compared]):
         if g.want_shape is None:
             continue
         if g.got_shape != g.want_shape:
-            return i, f"output shape {g.got_shape} in DeepSpeed vs {g.want_shape} in PyTorch"
+            return i, f"{what} shape {g.got_shape} in DeepSpeed vs {g.want_shape} in PyTorch"
         lim = atol + rtol * g.want_max
         if not g.err_max <= lim:  # NaN too
-            return i, f"max |DeepSpeed - PyTorch| of the output = {g.err_max:.3g} > tolerance {lim:.3g}"
+            return i, f"max |DeepSpeed - PyTorch| of the {what} = {g.err_max:.3g} > tolerance {lim:.3g}"
     if compared != len(generations):
-        return compared, f"{len(generations)} generation(s) in DeepSpeed vs {compared} in PyTorch"
+        return compared, f"{len(generations)} {unit}(s) in DeepSpeed vs {oracle_count} in PyTorch"
     return None
 
 
@@ -84,7 +85,7 @@ class StepDifference:
     """None: the loss scaler at the end of the run."""
     kind: str
     """``params`` (a parameter's update), ``master`` (an fp32 master weight's update), ``shape``, ``generation``,
-    ``loss-scaling``."""
+    ``read`` (what the loop's own ``GatheredParameters`` read), ``loss-scaling``."""
     message: str
     diff: OracleDiff
     names: tuple[str, ...] = ()
@@ -170,6 +171,11 @@ def _reregister_steps(sc: Scenario) -> list[int]:
     return [i for i, st in enumerate(sc.steps) if st.reregister]
 
 
+def _gather_steps(sc: Scenario) -> list[int]:
+    """The train steps with a read under the loop's own ``GatheredParameters``, in order."""
+    return [i for i, st in enumerate(sc.steps) if st.gather is Gather.READ]
+
+
 @dataclass(frozen=True)
 class OracleVerdict:
     """Every difference of a run from the oracle, in order; the first is the run's verdict."""
@@ -195,11 +201,12 @@ class OracleVerdict:
 
 
 def differences(steps: Sequence[StepObservation], generations: Sequence[Generation], oracle_generations: int,
-                loss_scaling: LossScaling | None, sc: Scenario) -> tuple[StepDifference, ...]:
+                loss_scaling: LossScaling | None, sc: Scenario, reads: Sequence[Generation] = (),
+                oracle_reads: int = 0) -> tuple[StepDifference, ...]:
     """Every step at which DeepSpeed differs from the reference these observations compare it with."""
     atol, rtol = tolerance(sc)
     out: list[StepDifference] = []
-    generated = False
+    generated = read = False
     for obs in steps:
         gen = generation_text(generations[:obs.generations], oracle_generations, atol, rtol)
         if gen is not None and not generated:
@@ -207,6 +214,11 @@ def differences(steps: Sequence[StepObservation], generations: Sequence[Generati
             out.append(StepDifference(obs.step, "generation", f"generation before train step "
                                       f"{_reregister_steps(sc)[gen[0]]} (TRL's unwrap): {gen[1]}",
                                       OracleDiff("generation", obs.step)))
+        bad = generation_text(reads[:obs.reads], oracle_reads, atol, rtol, "parameters read", "read")
+        if bad is not None and not read:
+            read = True
+            out.append(StepDifference(obs.step, "read", f"what GatheredParameters read in train step "
+                                      f"{_gather_steps(sc)[bad[0]]}: {bad[1]}", OracleDiff("read", obs.step)))
         found = step_difference(obs, sc)
         if found is not None:
             out.append(found)
@@ -230,7 +242,8 @@ def differences(steps: Sequence[StepObservation], generations: Sequence[Generati
 
 def verdict(record: RunRecord, sc: Scenario) -> OracleVerdict | None:
     """Every difference of the run from the correct reference, or None when it agrees."""
-    found = differences(record.steps, record.generations, record.oracle_generations, record.loss_scaling, sc)
+    found = differences(record.steps, record.generations, record.oracle_generations, record.loss_scaling, sc,
+                        record.reads, record.oracle_reads)
     return OracleVerdict(found) if found else None
 
 

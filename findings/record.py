@@ -168,6 +168,9 @@ class StepObservation:
     """How many generations (TRL's unwrap) DeepSpeed's side had made by then."""
     ds_run_start_known: bool = False
     """Mixed precision: DeepSpeed's own parameters before training were read (the update-norm check's start)."""
+    reads: int = 0
+    """How many reads under the loop's own ``GatheredParameters`` (``gather: read``) DeepSpeed's side had made by
+    then."""
 
 
 @dataclass(frozen=True)
@@ -315,6 +318,10 @@ class RunRecord:
     """Every generation DeepSpeed made (TRL's unwrap), against the oracle's of the same index."""
     oracle_generations: int = 0
     """How many generations the oracle made."""
+    reads: tuple[Generation, ...] = ()
+    """Every read under the loop's own ``GatheredParameters``: every parameter as DeepSpeed gathered it, against
+    the oracle's parameters at the same point (its 16-bit copy in mixed precision, what the engine's module holds)."""
+    oracle_reads: int = 0
     loss_scaling: LossScaling | None = None
     checkpoints: tuple[CheckpointRoundTrip, ...] = ()
     engine: EngineSettings | None = None

@@ -14,7 +14,10 @@ from __future__ import annotations
 
 import pytest
 
+from zerostate.findings.oracle_judgement import differences
+from zerostate.findings.record import Generation, StepObservation
 from zerostate.harness.net.oracle import oracle_params
+from zerostate.harness.rank_pool import RAISED_GRACE
 from zerostate.known.labels import issues_of
 from zerostate.model.events import Event, EventKind
 from zerostate.model.scenario import Gather, Scenario, ScenarioError
@@ -58,6 +61,21 @@ def test_deepspeed_keeps_what_pytorch_does(ds, spec):
     out = ds.run(Scenario.from_dict(spec))
     assert not out.findings, [(f.key, f.error[:300]) for f in out.findings]
     assert out.record is not None and out.record.steps, "the run compared no step"
+    if spec["steps"][1]["gather"] == "read":  # "ok" needs an observation: the read was compared
+        assert len(out.record.reads) == out.record.oracle_reads == 1
+        assert out.record.reads[0].want_shape == out.record.reads[0].got_shape and out.record.reads[0].want_max > 0
+
+
+def test_a_read_that_differs_from_pytorchs_parameters_is_a_difference():
+    sc = Scenario.from_dict(_spec(3, "read"))
+    steps = [StepObservation(0, ()), StepObservation(1, (), reads=1), StepObservation(2, (), reads=1)]
+    same = (Generation((130,), (130,), 0.0, 1.0),)
+    assert not differences(steps, (), 0, None, sc, same, 1)
+    for bad in (Generation((130,), (130,), 0.5, 1.0), Generation((130,), (0,), 0.0, 0.0)):
+        found = differences(steps, (), 0, None, sc, (bad,), 1)
+        assert [(d.kind, d.step) for d in found] == [("read", 1)], found
+        assert "GatheredParameters read in train step 1" in found[0].message
+    assert differences(steps, (), 0, None, sc, same, 0)  # a read PyTorch did not make
 
 
 @pytest.mark.deepspeed
@@ -69,6 +87,18 @@ def test_stage0_mixed_precision_loses_the_edit_and_the_counterfactual_names_it(d
     assert all("edit-not-in-master" in f.key for f in oracle), [f.key for f in oracle]
     assert all("stage0-mixed-master-not-settable" in {i.id for i in issues_of(f)} for f in oracle), \
         [(f.key, [i.id for i in issues_of(f)]) for f in oracle]
+
+
+@pytest.mark.deepspeed
+def test_zero3_at_two_ranks_crashes_the_last_rank_on_an_unpadded_master_and_the_hang_is_named_by_it(ds):
+    """49 elements at two ranks: ``set_full_hp_param`` narrows past the value's end on rank 1, rank 0 waits in the
+    next forward's collective.  The pool gives the waiting rank `RAISED_GRACE`, not the step timeout, and the finding
+    is rank 1's exception, labelled by its fingerprint -- not an anonymous ``hang``."""
+    out = ds.run(Scenario.from_dict({"stage": 3, "world_size": 2, "width": 7, "steps": [{}, {"gather": "edit"}]}))
+    assert [f.check for f in out.findings] == ["exception"], [(f.key, f.error[:200]) for f in out.findings]
+    assert [i.id for i in issues_of(out.findings[0])] == ["z3-set-full-fp32-param-unpadded"]
+    assert out.pool_restarted and "hang after a rank's exception" in out.pool_restarted
+    assert f"no report within {RAISED_GRACE:.0f} s" in out.pool_restarted  # the grace applied, not the step timeout
 
 
 @pytest.mark.deepspeed

@@ -203,7 +203,8 @@ def execute(sc: Scenario, on_step: OnStep | None = None, perturb: Perturbation =
                 masters = param_steps(expected[i], seen_masters, started["pt"], started["ds_masters"],
                                       started["pt_earlier"], cfs, oracle_info["initial"], oracle_info["initial"],
                                       only_got=True)
-            rec.steps.append(StepObservation(i, params, masters, len(built.generated), initial_ds is not None))
+            rec.steps.append(StepObservation(i, params, masters, len(built.generated), initial_ds is not None,
+                                             len(built.reads)))
             rec.seen.append((seen, seen_masters))
             started.update(pt_earlier=started["pt"], pt=expected[i], ds=got, ds_masters=got_masters)
             if on_step is not None:
@@ -234,6 +235,10 @@ def execute(sc: Scenario, on_step: OnStep | None = None, perturb: Perturbation =
         rec.fields["generations"] = tuple(
             Generation(*generation(generated[j] if j < len(generated) else None, got))
             for j, got in enumerate(built.generated))
+        reads = oracle_info.get("reads") or []
+        rec.fields["oracle_reads"] = len(reads)
+        rec.fields["reads"] = tuple(Generation(*generation(reads[j] if j < len(reads) else None, got))
+                                    for j, got in enumerate(built.reads))
     except Exception as exc:  # noqa: BLE001 -- whatever DeepSpeed (or torch inside it) raised is the finding
         rec.fields["raised"] = exception_record(exc, without_tmpdir(f"{type(exc).__name__}: {exc}"), 12,
                                                 checkpoint_error=compat.is_checkpoint_error(exc))
@@ -276,7 +281,8 @@ def _against(sc: Scenario, rec: _Observed, mechanisms: tuple[str, ...], pt_initi
         if got_masters is not None and ds_masters_start is not None:
             masters = param_steps(expected[i], got_masters, pt_start, ds_masters_start, pt_earlier, None,
                                   info["initial"], info["initial"], only_got=True)
-        steps.append(StepObservation(i, params, masters, rec.steps[i].generations, ds_initial is not None))
+        steps.append(StepObservation(i, params, masters, rec.steps[i].generations, ds_initial is not None,
+                                     rec.steps[i].reads))
         pt_start, pt_earlier, ds_start, ds_masters_start = expected[i], pt_start, got, got_masters
     ls = rec.fields.get("loss_scaling")
     if isinstance(ls, LossScaling):

@@ -72,8 +72,25 @@ HELLO_GRACE = 60.0
 blocked in a collective of the start-up the failed rank never reaches."""
 
 
+RAISED_GRACE = 10.0
+"""Seconds the pool still waits for the other ranks of a run once one rank's run ended on an exception: the others
+may be blocked in a collective the raising rank left (a DeepSpeed error raised on some ranks only), and the hang is
+then that exception's (`RankTimeout.raised`)."""
+
+
+def raised_run(resp: Response) -> bool:
+    """A rank's answer to a run whose record ended on an exception (the executor records it and answers ok)."""
+    result = resp.get("result")
+    return bool(resp.get("ok")) and isinstance(result, dict) and bool(result.get("raised"))
+
+
 class RankTimeout(WorkerTimeout):
-    """No report from a rank within the step timeout; the message holds the stuck ranks' stacks."""
+    """No report from a rank within the step timeout; the message holds the stuck ranks' stacks.  ``raised``: the
+    answer of the first rank whose run ended on an exception, if one did (the others waited on it)."""
+
+    def __init__(self, message: str, raised: Response | None = None) -> None:
+        super().__init__(message)
+        self.raised = raised
 
 
 class _Rank:
@@ -191,15 +208,21 @@ class RankPool:
         last = {rk.rank: now for rk in self.ranks}
         final: dict[int, Response] = {}
         steps: dict[int, list[dict[str, str]]] = {rk.rank: [] for rk in self.ranks}
+        graced = False
         while len(final) < len(self.ranks):
             now = time.monotonic()
+            if obj.get("op") == "run" and not graced and any(raised_run(a) for a in final.values()):
+                graced = True  # a rank raised: the others have RAISED_GRACE from now on, not the step timeout
+                timeout = min(timeout, RAISED_GRACE)
+                last = dict.fromkeys(last, now)
             if obj.get("op") == "hello" and timeout > HELLO_GRACE and any(not a.get("ok") for a in final.values()):
                 # a rank failed to start: the others may wait on it forever; they get HELLO_GRACE from now on
                 timeout = HELLO_GRACE
                 last = dict.fromkeys(last, now)
             late = [rk for rk in self.ranks if rk.rank not in final and now - last[rk.rank] > timeout]
             if late:
-                raise RankTimeout(self._hang_message(late, final, steps, timeout))
+                cause = next((final[r] for r in sorted(final) if raised_run(final[r])), None)
+                raise RankTimeout(self._hang_message(late, final, steps, timeout), cause)
             wait = min(timeout - (now - last[rk.rank]) for rk in self.ranks if rk.rank not in final)
             for key, _ in self._sel.select(max(wait, 0.01)):
                 rk = cast(_Rank, key.data)
@@ -241,6 +264,9 @@ class RankPool:
             if not final[r].get("ok"):
                 parts.append(f"--- rank {r} answered: {final[r].get('error')} ---\n"
                              f"{_trim(str(final[r].get('traceback') or ''))}")
+            elif raised_run(final[r]):
+                raised = cast(dict, final[r].get("result") or {}).get("raised") or {}
+                parts.append(f"--- rank {r}'s run raised: {raised.get('text')} ---")
         starts = [rk.signal_stacks() for rk in late]
         time.sleep(1.0)  # faulthandler writes from the signal handler, even inside a blocked collective
         for rk, start in zip(late, starts, strict=True):
@@ -282,4 +308,4 @@ def _trim(stack: str, keep: int = 30) -> str:
     return "\n".join(out)
 
 
-__all__ = ["RankPool", "RankTimeout", "free_port", "host_store"]
+__all__ = ["RAISED_GRACE", "RankPool", "RankTimeout", "free_port", "host_store", "raised_run"]

@@ -165,7 +165,13 @@ TWO_BACKWARDS_PER_FORWARD = KnownIssue(
               Scenario.from_dict({"stage": 1, "steps": [{"micro": [{"backward": "torch", "retain": True}]},
                                                         {"micro": [{"backward": "engine"}]}]}),
               Scenario.from_dict({"stage": 1, "steps": [{"micro": [{"backward": "torch", "retain": True}]},
-                                                        {"eval_before": True, "micro": [{"backward": "engine"}]}]})),
+                                                        {"eval_before": True, "micro": [{"backward": "engine"}]}]}),
+              # a llama with LoRA, a retained PyTorch-style backward first: the crash in the next epilogue, the
+              # adapters' gradients left in the bucket and the parameters gathered at the next forward
+              # (test_every_finding_is_known, dev profile, 6 Dec)
+              Scenario.from_dict({"stage": 3, "family": "llama", "lora": True, "width": 8, "persistence_threshold": 0,
+                                  "steps": [{"eval_before": True, "micro": [{"backward": "torch", "retain": True},
+                                                                           {"backward": "engine"}]}]})),
     detail=("engine.backward(0.5 * loss, retain_graph=True) then engine.backward(0.5 * loss) (or loss.backward "
             "twice) in one micro-step.  ZeRO-1/2: the gradients are copied, not accumulated, into the partition "
             "while micro_step_id is 0 (stage_1_and_2.py: accumulate only `if self.micro_step_id > 0`; the id "
@@ -822,6 +828,29 @@ STAGE0_MASTER_NOT_SETTABLE = KnownIssue(
 )
 
 
+Z3_SET_FULL_FP32_PARAM_UNPADDED = KnownIssue(
+    id="z3-set-full-fp32-param-unpadded",
+    title="ZeRO-3 at several ranks: safe_set_full_fp32_param raises on the last rank for a parameter whose element "
+          "count the world size does not divide, and the other ranks hang in the next collective",
+    owner="deepspeed",
+    releases=((0, 18, 4), (0, 20, 0)),  # its scenario run on 0.18.4, 0.19.2 and 0.19.8
+    scenario=Scenario.from_dict({"stage": 3, "world_size": 2, "width": 7, "steps": [{}, {"gather": "edit"}]}),
+    checks=("exception",),
+    explains=lambda f: rules.raised_at("RuntimeError", "zero/stage3.py", "set_full_hp_param",
+                                       "exceeds dimension size")(f)
+    and narrow(f, lambda sc: sc.stage == 3 and sc.world_size > 1),
+    detail=("Found the first time the `gather` dimension ran at two ranks (a hang: rank 0 waited in the next "
+            "forward's reset_step collective for rank 1, whose run had raised).  stage3.py set_full_hp_param (what "
+            "deepspeed.utils.safe_set_full_fp32_param and safe_set_full_optimizer_state call at ZeRO-3) copies "
+            "``value.flatten().narrow(0, partition_numel * rank, partition_numel)`` into the rank's fp32 partition; "
+            "the partitions are padded to ``ceil(numel / world_size)`` elements, the value is not, so on the last rank "
+            "the narrow runs past the value's end whenever the world size does not divide the parameter's element "
+            "count (7x7 = 49 at two ranks: 'start (25) + length (25) exceeds dimension size (49)').  Only that rank "
+            "raises; the others go on into the next collective and wait for ever.  Narrowing to the value's remaining "
+            "elements (and leaving the padding) would fix it.  0.18.4, 0.19.2 and 0.19.8 alike."),
+)
+
+
 SETUP_ISSUES: tuple[KnownIssue, ...] = (ZERO0_FP16_LOSS_NOT_SCALED, Z3_UNGROUPED_NOT_GATHERED,
                                         TWO_BACKWARDS_PER_FORWARD, STEP_WITHOUT_GRADIENT, NESTED_OUTPUTS_SCALED_TWICE,
                                         SHARED_ACROSS_REENTRANT, Z3_LINEAR_OVERRIDE_OUTLIVES_ENGINE,
@@ -833,6 +862,7 @@ SETUP_ISSUES: tuple[KnownIssue, ...] = (ZERO0_FP16_LOSS_NOT_SCALED, Z3_UNGROUPED
                                         ZERO_TO_FP32_BF16_OPTIMIZER, BF16_OPTIMIZER_CLEARS_IN_FORWARD_GRADS,
                                         ZERO1_REDUCE_KEEPS_OTHER_PARTITIONS, FP16_OPTIMIZER_INIT_STEP,
                                         EMPTY_GROUP_DROPPED_UNDER_SCHEDULER, ZERO12_GROUP_OF_EMPTY_PARAMS,
-                                        Z3_STALE_GRAD_FOR_UNUSED, STAGE0_MASTER_NOT_SETTABLE)
+                                        Z3_STALE_GRAD_FOR_UNUSED, STAGE0_MASTER_NOT_SETTABLE,
+                                        Z3_SET_FULL_FP32_PARAM_UNPADDED)
 
 __all__ = ["SETUP_ISSUES", "dropped_by_zero_to_fp32", "nested_outputs_zero12"]

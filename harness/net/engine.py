@@ -271,8 +271,8 @@ class DeepSpeedBackend:
         """Per ``reregister`` (TRL's unwrap for generation): the parameters available while generating."""
         self.masters_unread: dict[str, str] = {}
         """`masters`: the parameters whose master copy DeepSpeed's accessor could not give, and its error."""
-        self.reads: list[float] = []
-        """Per ``gather: read``: the squared norm of every parameter as read in the context."""
+        self.reads: list[torch.Tensor] = []
+        """Per ``gather: read``: every parameter as read in the context, flattened one after another."""
         self.generated: list[torch.Tensor] = []
         """Per ``reregister``: what the unhooked module generated (compared with the oracle's)."""
         self.manual = sc.manual_boundary
@@ -332,7 +332,7 @@ class DeepSpeedBackend:
         if what is Gather.READ:
             params = list(module.parameters())
             with deepspeed.zero.GatheredParameters(params):
-                self.reads.append(float(sum(float(p.detach().float().pow(2).sum()) for p in params)))
+                self.reads.append(torch.cat([p.detach().float().flatten().cpu() for p in params]))
             return
         if what is not Gather.EDIT or block is None:
             return

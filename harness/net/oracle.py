@@ -59,6 +59,8 @@ class OracleInfo(TypedDict, total=False):
     """fp16: the scale after the last train step (the one the next step would run with)."""
     generated: list[torch.Tensor | None]
     """The output of each generation (`reregister`), this rank's rows."""
+    reads: list[torch.Tensor]
+    """Every parameter at each ``gather: read``, flattened one after another."""
     counterfactuals: list[Counterfactuals]
     """Each train step's counterfactual updates (`Counterfactuals`); empty ones for a step the scaler skipped."""
 
@@ -108,6 +110,8 @@ class TorchBackend:
         self.stage = sc.stage
         self.generated: list[torch.Tensor | None] = []
         """The output of each generation (`reregister`), this rank's rows."""
+        self.reads: list[torch.Tensor] = []
+        """Every parameter at each ``gather: read``, flattened one after another."""
         self.counterfactuals: list[Counterfactuals] = []
         """Each train step's counterfactual updates (`Counterfactuals`)."""
         self._last: Params = {}
@@ -195,7 +199,10 @@ class TorchBackend:
 
     def gather(self, what: Gather, block: int | None) -> None:
         """Plain PyTorch has nothing to gather; an edit halves the Linear weight of ``block`` the optimizer steps
-        (the master copy, and the 16-bit copy from it)."""
+        (the master copy, and the 16-bit copy from it).  A read records every parameter of the model forward runs
+        on (DeepSpeed's read is of the engine's module: the 16-bit copy in mixed precision)."""
+        if what is Gather.READ:
+            self.reads.append(torch.cat([p.detach().float().flatten() for p in self.model.parameters()]))
         if what is not Gather.EDIT or block is None:
             return
         with torch.no_grad():
@@ -483,7 +490,7 @@ def oracle_params(sc: Scenario, info: OracleInfo | None = None, mechanisms: Sequ
     if info is not None and be.scaler is not None:
         info["skipped"], info["scales"], info["scale"] = be.scaler.skipped, be.scaler.scales, be.scaler.scale
     if info is not None:
-        info["generated"], info["counterfactuals"] = be.generated, be.counterfactuals
+        info["generated"], info["counterfactuals"], info["reads"] = be.generated, be.counterfactuals, be.reads
     return out
 
 

@@ -392,15 +392,28 @@ class DeepSpeedTarget(Target):
                 return pool.run(scenario)
             finally:
                 self.restarts += pool.restarts - before
+        hung: str | None = None
         try:
             resp = self.worker_response(scenario)
         except WorkerTimeout as exc:
             self._restart()
-            return self._failed(scenario, "hang", f"DeepSpeed {self.version}: {exc} (worker killed and restarted)", t0)
+            cause = getattr(exc, "raised", None)
+            if cause is None:
+                return self._failed(scenario, "hang", f"DeepSpeed {self.version}: {exc} (worker killed and restarted)",
+                                    t0)
+            # a rank's run raised and the others waited on it in a collective: the finding is that exception
+            resp, hung = cause, f"hang after a rank's exception: {str(exc).splitlines()[0]}"
         except WorkerDied as exc:
             tail = self.worker.log_tail(1500) if self.worker else ""
             self._restart()
             return self._failed(scenario, "crash", f"DeepSpeed {self.version}: {exc}\n{tail}", t0)
+        out = self._judged(scenario, resp, t0)
+        if hung is not None:
+            out.pool_restarted = "; ".join(filter(None, (out.pool_restarted, hung)))
+        return out
+
+    def _judged(self, scenario: Scenario, resp: Response, t0: float) -> Outcome:
+        """The outcome of a worker's answer: its record judged (`decide`) and labelled."""
         if not resp.get("ok"):
             return self._failed(scenario, "internal", f"zerostate's executor failed: {resp.get('error')}\n"
                                 f"{resp.get('traceback', '')}", t0)
