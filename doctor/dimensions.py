@@ -207,6 +207,8 @@ DIMENSIONS: tuple[Dimension, ...] = (
               lambda sc: any(m.skip for _, _, m in sc.micro_steps()), False),
     Dimension("module_unused_in_step", Kind.LOOP, "a trainable module used in some train steps only (routing, a "
               "head used at eval)", lambda sc: any(s.unused for s in sc.steps), False),
+    Dimension("resume_fresh_engine", Kind.LOOP, "training resumed from a DeepSpeed checkpoint into a freshly built "
+              "engine (HF Trainer's resume_from_checkpoint)", lambda sc: any(s.resume for s in sc.steps), False),
     Dimension("gathered_parameters", Kind.LOOP, "deepspeed.zero.GatheredParameters in your loop: {v} (read: "
               "parameters gathered and read, as TRL's weight sync to vLLM; edit: a trained parameter changed under "
               "modifier_rank=0, its fp32 master with safe_set_full_fp32_param)", _gathered, "none",

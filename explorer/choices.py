@@ -130,8 +130,9 @@ POINTS: tuple[Point, ...] = (
     Point("gathered", (1, 0, 0), lambda sc: frozenset(_GATHERS.index(s.gather) for s in sc.steps)),
     Point("gathered_inside", (1, 0), lambda sc: frozenset(int(s.gather_inside) for s in sc.steps
                                                           if s.gather is not Gather.NONE)),
+    Point("resume", (1, 0), lambda sc: _flag(any(s.resume for s in sc.steps))),
 )
-GOALS_ONLY = frozenset({"scheduler", "decay_groups", "unused_in_step", "gathered", "gathered_inside"})
+GOALS_ONLY = frozenset({"scheduler", "decay_groups", "unused_in_step", "gathered", "gathered_inside", "resume"})
 """Points the pairwise completion leaves to the goals round (`goals.SURVEY`): the dimensions added after the
 completion's pairs were laid out.  Last in `POINTS`, so the pairs' indices of every other point stay as they were."""
 PAIRED: tuple[Point, ...] = tuple(p for p in POINTS if p.name not in GOALS_ONLY)

@@ -98,6 +98,24 @@ SURVEY: tuple[tuple[str, tuple[dict[str, Value], ...], Scenario], ...] = (
     ("config Adam + a module unused in some steps",
      (_need(adam=True, module_unused_in_step=True),),
      _sc(stage=2, optimizer="config-adam", blocks=[{}, {}], steps=[{}, {"unused": [0]}])),
+    # HF Trainer's resume into a fresh engine: each stage, with what a resume must restore (Adam's state, the fp16
+    # loss scale, a scheduler DeepSpeed steps, ZeRO-3's persistent parameters), at two ranks, PEFT's LoRA
+    *((f"ZeRO-{z} + resume into a fresh engine", (_need(stage=z, resume_fresh_engine=True),),
+       _sc(stage=z, steps=[{}, {"resume": True}])) for z in (0, 1, 2, 3)),
+    ("config Adam + resume into a fresh engine", (_need(adam=True, resume_fresh_engine=True),),
+     _sc(stage=2, optimizer="config-adam", steps=[{}, {"resume": True}])),
+    ("fp16 + resume into a fresh engine", (_need(precision="fp16", resume_fresh_engine=True),),
+     _sc(stage=2, precision="fp16", steps=[{}, {"resume": True}])),
+    ("LR scheduler passed to initialize + resume into a fresh engine",
+     (_need(lr_scheduler="initialize", resume_fresh_engine=True),),
+     _sc(stage=1, scheduler="initialize", steps=[{}, {"resume": True}])),
+    ("ZeRO-3 + persistent parameters + resume into a fresh engine",
+     (_need(stage=3, persistent_params=True, resume_fresh_engine=True),),
+     _sc(stage=3, width=7, persistence_threshold=8, steps=[{}, {"resume": True}])),
+    ("ZeRO-3 + resume into a fresh engine at two ranks", (_need(stage=3, resume_fresh_engine=True, world_size=2),),
+     _sc(stage=3, world_size=2, steps=[{}, {"resume": True}])),
+    ("ZeRO-3 + LoRA + resume into a fresh engine", (_need(stage=3, lora=True, resume_fresh_engine=True),),
+     _sc(stage=3, family="llama", lora=True, steps=[{}, {"resume": True}])),
     # the loop's own GatheredParameters: a read (TRL's weight sync) and an edit (DeepSpeed's documented way), between
     # steps at every stage, inside a step, at two ranks, and TRL's LoRA read
     *((f"ZeRO-{z} + GatheredParameters {how}", (_need(stage=z, gathered_parameters=how),),
@@ -170,6 +188,7 @@ FORCES: dict[str, dict[Value, dict[str, frozenset[int]]]] = {
     "hf_param_groups": {True: {"decay_groups": _ONE}},
     "module_unused_in_step": {True: {"unused_in_step": _ONE}},
     "gathered_parameters": {"read": {"gathered": _ONE}, "edit": {"gathered": frozenset({2})}},
+    "resume_fresh_engine": {True: {"resume": _ONE}},
     "gathered_inside_step": {True: {"gathered": frozenset({1, 2}), "gathered_inside": _ONE}},
     "empty_param_group": {True: {"decay_groups": _ONE}},
 }

@@ -309,11 +309,13 @@ def extras(draw, sc: Scenario, zero0: bool = True, weights: Weights | None = Non
         sc = sc.with_(decay_groups=True, param_groups=1)  # HF Trainer's two groups replace the drawn ones
     if draw(pick(weights, "unused_in_step", st.just(False), (False, True))):
         sc = _unused_in_last_step(sc)
+    if draw(pick(weights, "resume", st.just(False), (False, True))):
+        sc = _resumed_before_last_step(sc)
     gather = draw(pick(weights, "gathered", st.just(Gather.NONE), GATHERS))
     if gather is not Gather.NONE:
         sc = _gathered_in_last_step(sc, gather, draw(pick(weights, "gathered_inside", st.just(False), (False, True))))
 
-    if sc.reduce_bucket_size != 500_000_000:  # `SAVE_LOAD`: no draw of its own
+    if sc.reduce_bucket_size != 500_000_000 and not sc.steps[-1].resume:  # `SAVE_LOAD`: no draw of its own
         sc = sc.with_(steps=sc.steps[:-1] + (replace(sc.steps[-1], save_load=True),))
     return sc
 
@@ -327,6 +329,13 @@ def _unused_in_last_step(sc: Scenario) -> Scenario:
     if sc.family is not Family.BLOCKS or lin is None or steps[-1].idle or lin in steps[-1].frozen:
         return sc
     return sc.with_(steps=steps[:-1] + (replace(steps[-1], unused=(lin,)),))
+
+
+def _resumed_before_last_step(sc: Scenario) -> Scenario:
+    """A resume into a fresh engine before the last step (a step is added when the scenario has one): the state one
+    step left behind (master weights, optimizer state, scheduler, loss scale) is what the fresh engine loads."""
+    steps = sc.steps if len(sc.steps) > 1 else sc.steps + (replace(sc.steps[0], save_load=False),)
+    return sc.with_(steps=steps[:-1] + (replace(steps[-1], resume=True, save_load=False),))
 
 
 def _gathered_in_last_step(sc: Scenario, gather: Gather, inside: bool) -> Scenario:

@@ -35,6 +35,10 @@ class _Recording:
     def reregister(self, x: torch.Tensor | None = None) -> None:
         self.calls.append(("reregister",))
 
+    def resume(self, step: int) -> Any:
+        self.calls.append(("resume", step))
+        return {"step": step}
+
     def gather(self, what: Any, block: int | None) -> None:
         self.calls.append(("gather", what.value, block))
 

@@ -211,6 +211,9 @@ def execute(sc: Scenario, on_step: OnStep | None = None, perturb: Perturbation =
                 on_step(i, got)
 
         def mark(what: str, **info: object) -> None:
+            if what == "resume_end":  # a fresh engine: the tracer follows it (the old one is gone)
+                traced.rebind(built.engine)
+                return
             traced.mark(what, **info)
             if what == "save_load_end":
                 step, record = info["step"], info["record"]

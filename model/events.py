@@ -125,6 +125,10 @@ class EventKind(str, Enum):
     PERSISTENT = "persistent"
     """``param`` is persistent (``ds_persist``: at most ``stage3_param_persistence_threshold`` elements);
     declared once, before the coordinator's first fetch."""
+    ENGINE_START = "engine_start"
+    """A fresh engine of the run starts (a resume built one and loaded the checkpoint into it): its hook state and
+    coordinator start over, so every spec's open obligations are judged there and its monitor starts again
+    (`zerostate.model.fold.Fold`).  Not a driver event; no model design makes one."""
     USER_GATHER = "user_gather"
     """The loop entered (``note`` ``enter``) or left (``exit``) a ``deepspeed.zero.GatheredParameters`` context of
     its own (a read, an edit): the FETCH and RELEASE events between the two are the context's, not a module hook's

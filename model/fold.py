@@ -147,6 +147,11 @@ class Fold:
             self.index = i + 1
             if before is not None:
                 before(i, ev)
+            if ev.kind is EventKind.ENGINE_START:  # a fresh engine: every monitor starts over from here
+                self._close(i)
+                if after is not None:
+                    after(i, ev)
+                continue
             pid = self._pid
             hit = None
             if not failing and pid is not None:
@@ -212,10 +217,15 @@ class Fold:
     def finish(self) -> None:
         """The end of the run: each spec's obligations still open (a backward whose epilogue never ran...) are
         reported (index None); the monitors start again from their initial states."""
+        self._close(None)
+
+    def _close(self, index: int | None) -> None:
+        """Each spec's open obligations reported at ``index`` (None: the end of the run), then every monitor starts
+        again from its initial state (the run's end, or a fresh engine's start: ENGINE_START)."""
         for s in self.specs:
             end = s.finish(self.state[s.id])
             if end and self.on_failure is not None:
-                self.on_failure(s.id, end if isinstance(end, Failure) else Failure(end), None)
+                self.on_failure(s.id, end if isinstance(end, Failure) else Failure(end), index)
             self.state[s.id] = s.init()
         self.failing.clear()
         self._pid = self._intern()

@@ -243,6 +243,9 @@ class Scenario:
             out.append("modules used in some steps only")
         if any(m.retain for _, _, m in self.micro_steps()):
             out.append("two backwards per micro-step (retain_graph)")
+        if any(s.resume for s in self.steps):
+            out.append("a fresh engine loads a checkpoint before step(s) " + ", ".join(
+                str(i) for i, s in enumerate(self.steps) if s.resume) + " (the model runs one engine)")
         if self.stage == 3 and any(s.gather is not Gather.NONE for s in self.steps):  # ZeRO-1/2: a no-op context
             out.append("GatheredParameters of the loop's own (it gathers and partitions outside the coordinator)")
         if self.stage == 0:
@@ -332,6 +335,10 @@ class Scenario:
                 raise ScenarioError(f"steps[{i}].unused: an idle step has no forward")
             if not isinstance(step.save_load, bool):
                 raise ScenarioError(f"steps[{i}].save_load: expected true or false, got {step.save_load!r}")
+            if not isinstance(step.resume, bool) or (step.resume and step.save_load):
+                raise ScenarioError(f"steps[{i}].resume: true or false, and not with save_load in the same step")
+            if step.resume and i == 0:
+                raise ScenarioError("steps[0].resume: a resume needs a train step before it to checkpoint")
             if step.gather_inside and (step.gather is Gather.NONE or step.idle):
                 raise ScenarioError(f"steps[{i}].gather_inside: needs a gather and a step with a backward")
             if step.gather is Gather.EDIT and self.edited_block is None:
@@ -417,6 +424,8 @@ class Scenario:
                               for j, m in enumerate(s.micro) if m.skip)
             if s.save_load:
                 lines.append(f"  before step {i}: checkpoint saved and loaded")
+            if s.resume:
+                lines.append(f"  before step {i}: checkpoint saved, loaded into a fresh engine that trains on")
             if s.unused:
                 lines.append(f"  step {i}: the Linear of block(s) {list(s.unused)} not used in its forwards")
             if s.gather is not Gather.NONE:
@@ -436,7 +445,7 @@ class Scenario:
             if d.get(k) == 1_000_000_000:
                 d.pop(k)
         for step in d["steps"]:  # written only when set, so files that do not use them stay identical
-            for k in ("reregister", "idle", "frozen", "save_load", "unused", "gather_inside"):
+            for k in ("reregister", "idle", "frozen", "save_load", "unused", "gather_inside", "resume"):
                 if not step.get(k):
                     step.pop(k, None)
             if step.get("gather") == Gather.NONE.value:
@@ -546,7 +555,7 @@ def _list(value: object, where: str) -> list[Any]:
 
 _BLOCK_FIELDS = {"checkpoint", "norm", "lin", "leaf", "in_optimizer"}
 _STEP_FIELDS = {"micro", "eval_before", "reregister", "idle", "frozen", "save_load", "unused", "gather",
-                "gather_inside"}
+                "gather_inside", "resume"}
 _MICRO_FIELDS = {"backward", "skip", "retain"}
 _EXTENDED_DEFAULTS: dict[str, Any] = {
     "precision": Precision.FP32, "gradient_clipping": 0.0, "loss_scale_power": 8, "fp32_grad_accum": False,
@@ -594,7 +603,8 @@ def _parse_step(value: object, where: str) -> TrainStep:
                      unused=tuple(_int(b, f"{where}.unused[{k}]")
                                   for k, b in enumerate(_list(d.get("unused", []), f"{where}.unused"))),
                      gather=_enum(Gather, d.get("gather", "none"), f"{where}.gather"),
-                     gather_inside=_bool(d.get("gather_inside", False), f"{where}.gather_inside"))
+                     gather_inside=_bool(d.get("gather_inside", False), f"{where}.gather_inside"),
+                     resume=_bool(d.get("resume", False), f"{where}.resume"))
 
 
 def _parse_scenario(data: object) -> Scenario:

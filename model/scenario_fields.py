@@ -196,6 +196,10 @@ class TrainStep:
     ``engine.load_checkpoint(tmp)`` into the same engine; at ZeRO-3 first the consolidated 16-bit state dict
     (``stage3_gather_16bit_weights_on_model_save``, what HF / Accelerate save), compared with the engine's
     parameters and the oracle's (`net.checkpoint_round_trip`).  Written to JSON only when set."""
+    resume: bool = False
+    """HF Trainer's ``resume_from_checkpoint`` before this step: ``engine.save_checkpoint(tmp)``, the engine destroyed,
+    the model built again as before training, a fresh engine (same config, a new client optimizer and scheduler)
+    loads the checkpoint and trains on.  PyTorch: nothing changes.  Written to JSON only when set."""
 
 
 __all__ = ["PARAMS_PER_SUBMODULE", "SUBMODULES", "BackwardKind", "Block", "Checkpoint", "Family", "Gather",

@@ -43,7 +43,7 @@ MARKS: dict[EventKind, tuple[str, str]] = {
 }
 MARKS.update({EventKind.REREGISTER: ("RR", _TEAL), EventKind.HOLDERS: ("H", _GREEN),
               EventKind.PERSISTENT: ("PS", _GREEN),
-              EventKind.LEAF_GRAD: ("LG", _BLUE)})
+              EventKind.LEAF_GRAD: ("LG", _BLUE), EventKind.USER_GATHER: ("GP", _TEAL)})
 
 
 def mark(ev: Event) -> tuple[str, str]:
@@ -51,6 +51,8 @@ def mark(ev: Event) -> tuple[str, str]:
     label, color = MARKS.get(ev.kind, (ev.kind.value[:2].upper(), _GREY))
     if ev.kind is EventKind.HOLDERS and ev.note in ("+", "-"):
         label += ev.note
+    if ev.kind is EventKind.USER_GATHER:
+        label += "[" if ev.note == "enter" else "]"
     return label, color
 PHASES = {"forward": "#dbeafe", "eval": "#eeeeee", "backward": "#ffe8cc", "recompute": "#e9d5ff"}
 _OPEN = {EventKind.FORWARD_START: "forward", EventKind.EVAL_FORWARD_START: "eval",

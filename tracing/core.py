@@ -345,6 +345,8 @@ class TraceCore:
                 self._declare_roles()
         elif what in ("gather_start", "gather_end"):  # the loop's own GatheredParameters (its statuses polled above)
             self.emit(EventKind.USER_GATHER, note="enter" if what == "gather_start" else "exit")
+        elif what == "resume_start":  # the engine is saved and destroyed: nothing of it is traced from here
+            self.paused_depth += 1
         elif what == "save_load_start":  # a checkpoint round trip: no hook runs in it; ZeRO-3's gathers (16-bit
             self.paused_depth += 1  # state dict, checkpoint prologue / epilogue) are not traced
         elif what == "save_load_end":

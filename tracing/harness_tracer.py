@@ -176,6 +176,18 @@ class Tracer:
         self.core.uninstall()
         marks.BLOCK_OBSERVER = None
 
+    def rebind(self, engine: Any) -> None:
+        """Observe ``engine`` from now on (a resume built a fresh one): the old engine's hooks let go, the new
+        one's observed as a new engine's are, into the same events."""
+        self.uninstall()
+        self.core = TraceCore(engine, self.scenario.stage, self._sink)
+        self.view = NetworkView(self.core, self.scenario)
+        self.install()
+        self.core.emit(EventKind.ENGINE_START)
+        self.core.emitted.clear()  # what the fresh engine holds gathered already (ZeRO-3's persistent parameters)
+        self.core.holders.clear()  # is reported to the fresh monitors, not taken as known
+        self.core.poll()
+
     def mark(self, what: str, **info: Any) -> None:
         if what == "backward_start":
             self.view.recomputed.clear()

@@ -42,6 +42,17 @@ class SaveLoadRecord(_RecordBase, total=False):
     master_after: Params
 
 
+class ResumeRecord(TypedDict, total=False):
+    """A resume into a fresh engine (`engine.DeepSpeedBackend.resume`): the counters before the save and after the
+    load, and whether the load found the checkpoint."""
+
+    step: int
+    counters: list[Counters]
+    loaded: bool
+    destroy_error: str | None
+    """What the old engine's ``destroy()`` raised, if anything."""
+
+
 class Checkpointable(Protocol):
     """What `round_trip` needs of the engine backend."""
 
@@ -130,5 +141,5 @@ def round_trip(backend: Checkpointable, step: int) -> SaveLoadRecord:
     return rec
 
 
-__all__ = ["MASTER_ATTRIBUTES", "Checkpointable", "Counters", "SaveLoadRecord",
+__all__ = ["MASTER_ATTRIBUTES", "Checkpointable", "Counters", "ResumeRecord", "SaveLoadRecord",
            "fp32_from_zero_checkpoint", "master_partitions", "round_trip"]

@@ -5,6 +5,7 @@ runs before its own (`run_engines_before`), and what the built engine reports (`
 
 from __future__ import annotations
 
+import shutil
 import types
 from dataclasses import replace
 from enum import Enum
@@ -16,10 +17,10 @@ import torch.nn as nn
 
 from zerostate.findings.record import EngineSettings, GroupSettings, OptimizerBuilt
 from zerostate.harness.net import fp16
-from zerostate.harness.net.checkpoint import Counters, SaveLoadRecord, round_trip
+from zerostate.harness.net.checkpoint import Counters, ResumeRecord, SaveLoadRecord, round_trip
 from zerostate.harness.net.compare import Params
 from zerostate.harness.net.config import LR, ds_config, make_scheduler, param_groups
-from zerostate.harness.net.dist import rank_rows
+from zerostate.harness.net.dist import barrier, rank_of, rank_rows, shared_tmpdir
 from zerostate.harness.net.llama import apply_lora
 from zerostate.harness.net.torch_network import NetOutput, attach_late_module, blocks_of, build_model
 from zerostate.harness.net.schedule import generation_output, no_grad_forward, run_schedule
@@ -232,37 +233,16 @@ class DeepSpeedBackend:
     """The engine's `schedule.Backend`.  With ``engines_before`` in the scenario, those engines run first."""
 
     def __init__(self, sc: Scenario, model: nn.Module) -> None:
-        import deepspeed
         self.sc = sc
         self.stage = sc.stage
         if sc.precision is Precision.FP16:
             fp16.allow_fp16_on_cpu()
         self.engines_before = run_engines_before(sc)
         self.torch_linear = linear_in_use()
-        if sc.stage == 3:
-            from deepspeed.utils import set_z3_leaf_module
-            for i, b in enumerate(sc.blocks):
-                if b.leaf:
-                    set_z3_leaf_module(blocks_of(model).block(i), True)
         self.engine: Any
         self.user_scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
         """``scheduler: user``: the loop's own schedule over its client optimizer (`lr_step`)."""
-        handed = sc.scheduler is Scheduler.INITIALIZE
-        if sc.optimizer is Optimizer.CONFIG_ADAM:  # DeepSpeed builds it from the config, over these groups
-            # a scheduler is a callable of the optimizer DeepSpeed builds, as HF Trainer passes it
-            self.engine, self.opt, _, _ = deepspeed.initialize(
-                model=model, model_parameters=param_groups(sc, model), config=ds_config(sc),
-                lr_scheduler=(lambda built: make_scheduler(sc, built)) if handed else None)
-        else:
-            opt = torch.optim.SGD(param_groups(sc, model), lr=LR)  # type: ignore[arg-type]
-            scheduler = make_scheduler(sc, opt)
-            self.engine, self.opt, _, _ = deepspeed.initialize(model=model, optimizer=opt, config=ds_config(sc),
-                                                               lr_scheduler=scheduler if handed else None)
-            self.user_scheduler = None if handed else scheduler
-        if sc.precision is Precision.FP16:
-            engine = self.engine
-            fp16.set_loss_scale(lambda: float(engine.optimizer.loss_scale))
-        attach_late_module(sc, self.engine.module)
+        self._initialize(model)
         self.names = {id(p): n for n, p in self.engine.module.named_parameters()}
         self.llama = sc.family is Family.LLAMA
         self.dtype = {Precision.BF16: torch.bfloat16, Precision.FP16: torch.float16}.get(sc.precision)
@@ -279,6 +259,33 @@ class DeepSpeedBackend:
         self.share = 1.0 / sc.gas if self.manual else 1.0
         """``manual_boundary``: the engine's gradient_accumulation_steps is 1, so the loop divides each loss
         by ``gas`` itself (what the engine does at gas > 1)."""
+
+    def _initialize(self, model: nn.Module) -> None:
+        """``deepspeed.initialize`` of ``model`` with the scenario's config, client optimizer and scheduler (z3 leaf
+        modules marked first, a late module attached after)."""
+        import deepspeed
+        sc = self.sc
+        if sc.stage == 3:
+            from deepspeed.utils import set_z3_leaf_module
+            for i, b in enumerate(sc.blocks):
+                if b.leaf:
+                    set_z3_leaf_module(blocks_of(model).block(i), True)
+        handed = sc.scheduler is Scheduler.INITIALIZE
+        if sc.optimizer is Optimizer.CONFIG_ADAM:  # DeepSpeed builds it from the config, over these groups
+            # a scheduler is a callable of the optimizer DeepSpeed builds, as HF Trainer passes it
+            self.engine, self.opt, _, _ = deepspeed.initialize(
+                model=model, model_parameters=param_groups(sc, model), config=ds_config(sc),
+                lr_scheduler=(lambda built: make_scheduler(sc, built)) if handed else None)
+        else:
+            opt = torch.optim.SGD(param_groups(sc, model), lr=LR)  # type: ignore[arg-type]
+            scheduler = make_scheduler(sc, opt)
+            self.engine, self.opt, _, _ = deepspeed.initialize(model=model, optimizer=opt, config=ds_config(sc),
+                                                               lr_scheduler=scheduler if handed else None)
+            self.user_scheduler = None if handed else scheduler
+        if sc.precision is Precision.FP16:
+            engine = self.engine
+            fp16.set_loss_scale(lambda: float(engine.optimizer.loss_scale))
+        attach_late_module(sc, self.engine.module)
 
     def module(self) -> nn.Module:
         module: nn.Module = self.engine.module
@@ -425,6 +432,28 @@ class DeepSpeedBackend:
 
     def save_load(self, step: int) -> SaveLoadRecord:
         return round_trip(self, step)
+
+    def resume(self, step: int) -> ResumeRecord:
+        """HF Trainer's ``resume_from_checkpoint`` in a new process: ``engine.save_checkpoint(dir)``, the engine
+        destroyed, the model built again as before training (``from_pretrained``'s weights, `build_engine_model`), a
+        fresh engine from ``deepspeed.initialize`` with the same config, a new client optimizer and scheduler, and
+        ``engine.load_checkpoint(dir)`` into it; training goes on with the fresh engine.  The directory is shared
+        by the ranks and removed."""
+        path = shared_tmpdir()
+        rec: ResumeRecord = {"step": step, "counters": [self.counters()]}
+        try:
+            self.engine.save_checkpoint(path)
+            barrier()  # every rank's files are written
+            rec["destroy_error"] = self.close()
+            self._initialize(build_engine_model(self.sc))
+            loaded, _ = self.engine.load_checkpoint(path)
+            rec["loaded"] = loaded is not None
+        finally:
+            barrier()
+            if not rank_of():
+                shutil.rmtree(path, ignore_errors=True)
+        rec["counters"].append(self.counters())
+        return rec
 
     def counters(self) -> Counters:
         """The engine state a checkpoint round trip must keep: global / skipped steps, fp16's loss scale."""

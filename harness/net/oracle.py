@@ -216,6 +216,9 @@ class TorchBackend:
     def save_load(self, step: int) -> None:
         return None  # the oracle is unchanged: a checkpoint round trip must not change training
 
+    def resume(self, step: int) -> None:
+        return None  # nor a resume into a fresh engine
+
     def eval_forward(self, x: torch.Tensor) -> None:
         no_grad_forward(self.model, self._input(x), self.llama)
 

@@ -36,6 +36,10 @@ class Backend(Protocol):
         """A checkpoint round trip before train step ``step``: its record (`checkpoint.round_trip`), or None."""
         ...
 
+    def resume(self, step: int) -> Any:
+        """HF's resume into a fresh engine before train step ``step``: its record, or None."""
+        ...
+
     def reregister(self, x: torch.Tensor | None = None) -> None: ...
 
     def gather(self, what: Gather, block: int | None) -> None:
@@ -147,6 +151,10 @@ def run_schedule(sc: Scenario, backend: Backend, mark: Mark = _no_mark,
             mark("save_load_start", step=si)
             record = backend.save_load(si)
             mark("save_load_end", step=si, record=record)
+        if st.resume:  # a fresh engine loads the checkpoint of the previous step (HF Trainer's resume)
+            mark("resume_start", step=si)
+            record = backend.resume(si)
+            mark("resume_end", step=si, record=record)
         if st.reregister:
             mark("reregister")
             backend.reregister(batch(sc, si, 0, eval_=True))
