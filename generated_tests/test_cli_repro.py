@@ -250,6 +250,31 @@ def test_world_size_2_repro_judges_the_ranks_together(tmp_path):
         r.stdout[-2000:] + r.stderr[-3000:]
 
 
+@pytest.mark.deepspeed
+def test_world_size_2_repro_of_an_exception_on_one_rank_ends_with_its_verdict(tmp_path):
+    """Only rank 1 raises (``z3-set-full-fp32-param-unpadded``) and rank 0 waits in DeepSpeed's next collective: the
+    script must not gather the ranks' results then (it would wait with rank 0 for ever) -- rank 1 judges its own record,
+    says BUG PRESENT and exits 1, and torchrun stops rank 0."""
+    import shutil
+    from zerostate.model.scenario import Scenario
+    from zerostate.findings.finding import Finding
+    from zerostate.harness.repro import repro_script
+    from zerostate.harness.rank_pool import free_port
+    torchrun = shutil.which("torchrun") or str(Path(sys.executable).with_name("torchrun"))
+    f = Finding("exception", "RuntimeError: start (25) + length (25) exceeds dimension size (49).",
+                Scenario.from_dict({"stage": 3, "width": 7, "steps": [{}, {"gather": "edit"}]}), deepspeed="0.19.8",
+                world_size=2)
+    script = tmp_path / "repro_1.py"
+    script.write_text(repro_script(f, 1))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST", "HYPOTHESIS", "MASTER_", "RANK"))}
+    env.pop("PYTHONPATH", None)
+    (tmp_path / "no_zerostate.py").write_text(NO_ZEROSTATE)
+    r = subprocess.run([torchrun, "--nproc-per-node", "2", "--master-port", str(free_port()), "no_zerostate.py",
+                        script.name], cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 1 and "BUG PRESENT (exception)" in r.stdout, r.stdout[-2000:] + r.stderr[-3000:]
+    assert "judged on its own record" in r.stdout
+
+
 def test_repro_names_itself(hook_repro):
     assert f"python {hook_repro.name}" in hook_repro.read_text()
 

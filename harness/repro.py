@@ -183,6 +183,11 @@ def judge(executor, failed_checks, cross_rank_checks, scenario):
         from zerostate.model.events import Event
         model_events = [Event.from_dict(d) for d in MODEL_EVENTS]
     failed = failed_checks(record, scenario, model_events, DESIGN)
+    if dist.is_initialized() and dist.get_world_size() > 1 and record.raised is not None:
+        # this rank left the run's collectives: the others may wait in one for ever, so no gather -- its own record
+        # is the verdict, and torchrun stops the others when it exits
+        print(f"(rank {dist.get_rank()}'s run raised: judged on its own record, the ranks' results not gathered)")
+        return failed, record
     if dist.is_initialized() and dist.get_world_size() > 1:
         ranks = [None] * dist.get_world_size()
         dist.all_gather_object(ranks, cross_rank_checks.RankRun(dist.get_rank(), record, tuple(steps)))
