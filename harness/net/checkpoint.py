@@ -7,6 +7,7 @@ import contextlib
 import io
 import os
 import shutil
+from collections.abc import Iterator
 from typing import Any, Protocol, TypedDict
 
 from zerostate.harness.net.compare import Params
@@ -94,6 +95,19 @@ def _snapshot(flat: list[Any]) -> Params:
     return {f"fp32 master group {i}": t.detach().cpu().clone() for i, t in enumerate(flat)}
 
 
+@contextlib.contextmanager
+def shared_checkpoint_dir() -> Iterator[str]:
+    """A directory every rank writes its part of one DeepSpeed checkpoint to; after the block the ranks meet and rank
+    0 removes it."""
+    path = shared_tmpdir()
+    try:
+        yield path
+    finally:
+        barrier()
+        if not rank_of():
+            shutil.rmtree(path, ignore_errors=True)
+
+
 def round_trip(backend: Checkpointable, step: int) -> SaveLoadRecord:
     """``save_load``: what HF Trainer does every ``save_steps`` and on ``--resume_from_checkpoint``, into
     the same engine.  At ZeRO-3 first the consolidated 16-bit state dict
@@ -113,8 +127,7 @@ def round_trip(backend: Checkpointable, step: int) -> SaveLoadRecord:
         sd = engine._zero3_consolidated_16bit_state_dict()  # every rank gathers; rank 0 gets it
         if sd is not None:
             rec["state16"] = {k: v.detach().cpu().clone() for k, v in sd.items()}
-    path = shared_tmpdir()
-    try:
+    with shared_checkpoint_dir() as path:
         engine.save_checkpoint(path)
         barrier()  # every rank's files are written
         rec["files"] = sorted(os.path.relpath(os.path.join(d, f), path) for d, _, fs in os.walk(path) for f in fs)
@@ -131,10 +144,6 @@ def round_trip(backend: Checkpointable, step: int) -> SaveLoadRecord:
                 for t, saved in zip(flat, rec["master"].values(), strict=True):
                     t.data.copy_(saved)
             rec["master_after"] = _snapshot(master_partitions(engine.optimizer) or flat)
-    finally:
-        barrier()
-        if not rank_of():
-            shutil.rmtree(path, ignore_errors=True)
     rec["after"] = backend.params()
     rec["counters"].append(backend.counters())
     rec["fp32_exact"] = backend.fp32
@@ -142,4 +151,5 @@ def round_trip(backend: Checkpointable, step: int) -> SaveLoadRecord:
 
 
 __all__ = ["MASTER_ATTRIBUTES", "Checkpointable", "Counters", "ResumeRecord", "SaveLoadRecord",
+           "shared_checkpoint_dir",
            "fp32_from_zero_checkpoint", "master_partitions", "round_trip"]

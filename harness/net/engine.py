@@ -5,7 +5,6 @@ runs before its own (`run_engines_before`), and what the built engine reports (`
 
 from __future__ import annotations
 
-import shutil
 import types
 from dataclasses import replace
 from enum import Enum
@@ -17,10 +16,10 @@ import torch.nn as nn
 
 from zerostate.findings.record import EngineSettings, GroupSettings, OptimizerBuilt
 from zerostate.harness.net import fp16
-from zerostate.harness.net.checkpoint import Counters, ResumeRecord, SaveLoadRecord, round_trip
+from zerostate.harness.net.checkpoint import Counters, ResumeRecord, SaveLoadRecord, round_trip, shared_checkpoint_dir
 from zerostate.harness.net.compare import Params
 from zerostate.harness.net.config import LR, ds_config, make_scheduler, param_groups
-from zerostate.harness.net.dist import barrier, rank_of, rank_rows, shared_tmpdir
+from zerostate.harness.net.dist import barrier, rank_rows
 from zerostate.harness.net.llama import apply_lora
 from zerostate.harness.net.torch_network import NetOutput, attach_late_module, blocks_of, build_model
 from zerostate.harness.net.schedule import generation_output, no_grad_forward, run_schedule
@@ -439,19 +438,14 @@ class DeepSpeedBackend:
         fresh engine from ``deepspeed.initialize`` with the same config, a new client optimizer and scheduler, and
         ``engine.load_checkpoint(dir)`` into it; training goes on with the fresh engine.  The directory is shared
         by the ranks and removed."""
-        path = shared_tmpdir()
         rec: ResumeRecord = {"step": step, "counters": [self.counters()]}
-        try:
+        with shared_checkpoint_dir() as path:
             self.engine.save_checkpoint(path)
             barrier()  # every rank's files are written
             rec["destroy_error"] = self.close()
             self._initialize(build_engine_model(self.sc))
             loaded, _ = self.engine.load_checkpoint(path)
             rec["loaded"] = loaded is not None
-        finally:
-            barrier()
-            if not rank_of():
-                shutil.rmtree(path, ignore_errors=True)
         rec["counters"].append(self.counters())
         return rec
 
