@@ -168,7 +168,7 @@ TWO_BACKWARDS_PER_FORWARD = KnownIssue(
                                                         {"eval_before": True, "micro": [{"backward": "engine"}]}]}),
               # a llama with LoRA, a retained PyTorch-style backward first: the crash in the next epilogue, the
               # adapters' gradients left in the bucket and the parameters gathered at the next forward
-              # (test_every_finding_is_known, dev profile, 6 Dec)
+              # (met by test_every_finding_is_known)
               Scenario.from_dict({"stage": 3, "family": "llama", "lora": True, "width": 8, "persistence_threshold": 0,
                                   "steps": [{"eval_before": True, "micro": [{"backward": "torch", "retain": True},
                                                                            {"backward": "engine"}]}]})),
