@@ -12,6 +12,9 @@ from zerostate.explorer.time_spent import PHASES, breakdown, time_line
 from zerostate.model.scenario import Scenario
 from zerostate.targets.interface import Spent, get_target
 
+# `breakdown` rounds the wall and each phase to 0.01 s: their sum may pass the wall by half of that per value.
+ROUNDING = 0.005
+
 
 def test_spent_adds_field_by_field_and_the_limit_is_the_runs_cpu_over_the_cores():
     a = Spent(runs=2, cpu_seconds=3.0, oracle_seconds=1.0, starts=1, start_waited=10.0, start_seconds=9.0)
@@ -40,7 +43,7 @@ def test_a_target_without_workers_says_its_runs_are_not_measured():
     t = res.time
     assert t is not None and t["spent"] is None and "cpu_limit" not in t
     assert set(t["phases"]) == set(PHASES) and t["phases"]["generation"] > 0
-    assert sum(t["phases"].values()) <= t["wall"] + 0.01
+    assert sum(t["phases"].values()) <= t["wall"] + ROUNDING * (len(PHASES) + 1)
     assert "not measured" in time_line(t)
 
 
@@ -70,4 +73,4 @@ def test_an_exploration_on_deepspeed_has_its_time_broken_down(ds):
     s = t["spent"]
     assert s["runs"] >= res.examples and s["cpu_seconds"] > 0 and s["oracle_seconds"] > 0
     assert t["cpu_limit"] == pytest.approx(s["cpu_seconds"] / t["cores"], abs=0.01)
-    assert t["wall_over_limit"] > 0 and sum(t["phases"].values()) <= t["wall"] + 0.01
+    assert t["wall_over_limit"] > 0 and sum(t["phases"].values()) <= t["wall"] + ROUNDING * (len(PHASES) + 1)
