@@ -12,7 +12,7 @@ from zerostate.model.scenario import Scenario
 from zerostate.findings.decide import Decision
 from zerostate.findings.finding import Finding
 
-_PREFIXED = frozenset({"carried-state", "checkpoint", "persistence"})
+_PREFIXED = frozenset({"carried-state", "checkpoint", "persistence", "teardown"})
 """Checks whose message says what the release did, after the release's name."""
 
 

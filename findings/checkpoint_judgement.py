@@ -21,7 +21,7 @@ checkpoint is then judged against the engine alone, so it is not reported twice.
 from __future__ import annotations
 
 from zerostate.findings.oracle_judgement import compare_text
-from zerostate.findings.record import CheckpointRoundTrip
+from zerostate.findings.record import CheckpointRoundTrip, ResumeObservation
 
 _OWN = ("the engine", "the checkpoint")
 
@@ -62,3 +62,18 @@ def round_trip_problem(rt: CheckpointRoundTrip, tol: tuple[float, float],
 
 
 __all__ = ["round_trip_problem"]
+
+
+def resume_problem(r: ResumeObservation) -> tuple[str, str] | None:
+    """``(code, sentence)`` when a resume into a fresh engine loaded nothing or did not restore the engine's counters
+    (global / skipped steps, fp16's loss scale), else None.  Its parameters and optimizer state are the oracle's to
+    judge: PyTorch trains on as if the engine had never been rebuilt."""
+    where = f"resume into a fresh engine before train step {r.step}"
+    if not r.loaded:
+        return "resume-not-loaded", f"{where}: load_checkpoint found no checkpoint"
+    if r.counters_before != r.counters_after:
+        before = r.counters_before.as_text() if r.counters_before else None
+        after = r.counters_after.as_text() if r.counters_after else None
+        return "resume-counters", (f"{where}: the counters of the saved engine / of the fresh one after the load: "
+                                   f"{before} / {after}")
+    return None

@@ -37,7 +37,7 @@ from zerostate.model.scenario import Scenario
 from zerostate.specs import Spec, check_all, specs_for_stage
 
 from zerostate.findings.agreement import compare
-from zerostate.findings.checkpoint_judgement import round_trip_problem
+from zerostate.findings.checkpoint_judgement import resume_problem, round_trip_problem
 from zerostate.findings.evidence import NO_EVIDENCE, Evidence, raised_of
 from zerostate.findings.oracle_judgement import Explanation, explaining, mismatch_before, verdict
 from zerostate.findings.origin import error_text, exception_check, origin_of
@@ -129,6 +129,9 @@ def _judge(record: RunRecord, stage: int, sc: Scenario | None, model: ModelRun |
             if problem:
                 out.append(Decision("checkpoint", problem[1], code=problem[0], evidence=ran))
                 break
+        out += [Decision("checkpoint", problem[1], code=problem[0], evidence=ran)
+                for problem in map(resume_problem, record.resumes) if problem][:1]
+    out += [Decision("teardown", text, code="destroy-raised", evidence=ran) for text in _destroy_errors(record)]
     for d in _spec_decisions(events, specs_for_stage(stage) if specs is None else specs, truncated=raised is not None):
         decision = d
         if first is not None and d.check == first.check:  # CheckpointError: the spec points at the event
@@ -172,6 +175,16 @@ def _oracle_decisions(message: str, ex: Explanation | None, shown: Evidence) -> 
                             evidence=Evidence(shown.raised, rest.diff, shown.loss_scales, shown.loss_scale,
                                               shown.ranks_differ)))
     return out
+
+
+def _destroy_errors(record: RunRecord) -> list[str]:
+    """What ``engine.destroy()`` raised, as sentences: at a resume (the old engine) and at the end of a run that did
+    not raise (a run that raised leaves a broken engine, whose teardown proves nothing)."""
+    out = [f"engine.destroy() raised at the resume before train step {r.step}: {r.destroy_error}"
+           for r in record.resumes if r.destroy_error]
+    if record.teardown_error and record.raised is None:
+        out.append(f"engine.destroy() raised at the end of the run: {record.teardown_error}")
+    return out[:1]
 
 
 def _carried_state(torch_linear: str, stage: int) -> str | None:

@@ -170,8 +170,8 @@ def fingerprint(check: str, code: str, evidence: Evidence, trace: Sequence[Event
     return f"{check}:{code}" if code else check
 
 
-_CODED = frozenset({"checkpoint", "carried-state", "persistence", "ranks-trace", "ranks-params", "ranks-outcome",
-                    "model-agreement", "hang", "crash", "internal"})
+_CODED = frozenset({"checkpoint", "carried-state", "persistence", "teardown", "ranks-trace", "ranks-params",
+                    "ranks-outcome", "model-agreement", "hang", "crash", "internal"})
 """Checks whose code alone says what went wrong."""
 
 

@@ -256,6 +256,21 @@ class CheckpointRoundTrip:
 
 
 @dataclass(frozen=True)
+class ResumeObservation:
+    """One resume into a fresh engine (``TrainStep.resume``: `harness.net.engine.DeepSpeedBackend.resume`)."""
+
+    step: int
+    loaded: bool
+    """``load_checkpoint`` into the fresh engine found the checkpoint."""
+    destroy_error: str | None = None
+    """What the old engine's ``destroy()`` raised, if anything."""
+    counters_before: Counters | None = None
+    """The old engine's counters at the save."""
+    counters_after: Counters | None = None
+    """The fresh engine's after the load."""
+
+
+@dataclass(frozen=True)
 class Persistent:
     """ZeRO-3: whether the engine marked one parameter persistent, and its size."""
 
@@ -324,6 +339,7 @@ class RunRecord:
     oracle_reads: int = 0
     loss_scaling: LossScaling | None = None
     checkpoints: tuple[CheckpointRoundTrip, ...] = ()
+    resumes: tuple[ResumeObservation, ...] = ()
     engine: EngineSettings | None = None
     persistence: tuple[Persistent, ...] | None = None
     """ZeRO-3: every parameter's persistence as the engine marked it."""
@@ -337,7 +353,7 @@ class RunRecord:
     torch_linear_replaced: bool = False
     """After the run ``torch.nn.functional.linear`` was DeepSpeed's (a ZeRO-3 engine ran); put back since."""
     teardown_error: str | None = None
-    """What the engine's ``destroy()`` raised, when it did."""
+    """What the engine's ``destroy()`` at the end of the run raised, when it did."""
     counterfactuals: tuple[CounterfactualRun, ...] = ()
     """When DeepSpeed differs from the correct reference: the same run against each counterfactual reference of
     the known mechanisms the scenario can trigger, alone and, when none alone explains it, in pairs."""

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import pytest
 
+from zerostate.findings.decide import decide
+from zerostate.findings.record import Counters, ExceptionRecord, ResumeObservation, RunRecord
 from zerostate.harness.net.oracle import oracle_params
 from zerostate.model.events import Event, EventKind
 from zerostate.model.scenario import Scenario, ScenarioError
@@ -44,6 +46,9 @@ def test_deepspeed_trains_on_from_the_checkpoint_as_pytorch_does(ds, spec):
     out = ds.run(Scenario.from_dict(spec))
     assert not out.findings, [(f.key, f.error[:300]) for f in out.findings]
     assert out.record is not None and len(out.record.steps) == len(spec["steps"]), "no step after the resume compared"
+    (resumed,) = out.record.resumes  # what the resume itself showed: judged, not only kept
+    assert resumed.loaded and resumed.destroy_error is None and resumed.counters_after == resumed.counters_before
+    assert resumed.counters_before is not None and resumed.counters_before.global_steps == 1
     if spec["stage"] == 3 and spec.get("world_size", 1) == 1:
         assert [e.kind for e in out.trace].count(EventKind.ENGINE_START) == 1
 
@@ -70,3 +75,24 @@ def test_resume_fields_round_trip_and_bad_ones_are_named():
         Scenario.from_dict({"steps": [{}, {"resume": True, "save_load": True}]})
     with pytest.raises(ScenarioError, match="resume"):
         Scenario.from_dict({"steps": [{}, {"resume": "yes"}]})
+
+
+@pytest.mark.parametrize("resume,teardown,raised,expected", [
+    (ResumeObservation(1, True, None, Counters(1, 0), Counters(1, 0)), None, False, []),
+    (ResumeObservation(1, False, None, Counters(1, 0), Counters(0, 0)), None, False,
+     [("checkpoint", "resume-not-loaded")]),
+    (ResumeObservation(1, True, None, Counters(1, 0), Counters(0, 0)), None, False, [("checkpoint", "resume-counters")]),
+    (ResumeObservation(1, True, None, Counters(1, 0, 8.0), Counters(1, 0, 65536.0)), None, False,
+     [("checkpoint", "resume-counters")]),
+    (ResumeObservation(1, True, "AttributeError: x", Counters(1, 0), Counters(1, 0)), None, False,
+     [("teardown", "destroy-raised")]),
+    (None, "RuntimeError: y", False, [("teardown", "destroy-raised")]),
+    (None, "RuntimeError: y", True, [("exception", "")]),  # a broken engine's teardown proves nothing
+])
+def test_what_a_resume_and_a_teardown_showed_is_judged(resume, teardown, raised, expected):
+    """A resume that loaded nothing, that did not restore the counters, an ``engine.destroy()`` that raised (at the
+    resume or at the end of a run that did not raise): each a finding of its own, not a record nobody reads."""
+    record = RunRecord(resumes=(resume,) if resume else (), teardown_error=teardown,
+                       raised=ExceptionRecord("RuntimeError: boom", "tb") if raised else None)
+    got = [(d.check, d.code) for d in decide(record, Scenario.from_dict(_resumed(stage=2)))]
+    assert got == expected, got

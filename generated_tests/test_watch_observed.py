@@ -394,3 +394,34 @@ def test_a_watched_violation_carries_the_label_explore_gives(tmp_path):
     assert watched["key"] == explored[0].key and explored[0].violation == "released-after-backward:still-gathered"
     assert watched["key"].startswith(explored[0].violation + "@"), watched["key"]
     assert watched["explanation"]["runtime_prevents"] is True
+
+
+@pytest.mark.deepspeed
+@pytest.mark.parametrize("job,stage", [("resume", 3), ("resume", 2), ("pair", 3), ("pair", 2)])
+def test_each_engine_of_a_process_is_judged_on_its_own_calls(tmp_path, job, stage):
+    """Two engines in one process, each judged on what its own hooks did: HF's resume into a fresh engine (the
+    first destroyed) and two live engines trained in turn (an actor and a critic).  Every engine's gradient hooks call
+    the one ``count_used_parameters_in_backward`` of DeepSpeed's module: folded into every engine's trace, the other
+    engine's counts read as ``count-matches-hooks`` violations (two "new findings" in the pair, one in the resume)."""
+    proc, rep, _ = _watch(tmp_path, sys.executable, JOBS, job, "--stage", str(stage), "--steps", "2",
+                          env=dict(os.environ, DS_ACCELERATOR="cpu"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert rep["findings"] == [] and rep["not_observed"] == [], (rep["findings"], rep["not_observed"])
+    assert rep["run"]["engines"] == 2 and [r["engines"] for r in rep["ranks"]] == [2]
+    files = [json.loads(p.read_text()) for p in sorted((tmp_path / "report" / "ranks").glob("rank0-*.json"))]
+    assert [f["destroyed"] for f in files] == ([True, False] if job == "resume" else [False, False])
+    assert all(f["backwards"] == 2 and f["closed"] and f["shares_parameters_with"] == [] for f in files), files
+
+
+@pytest.mark.deepspeed
+def test_two_live_engines_over_one_module_are_said_not_told_apart(tmp_path):
+    """A second engine over the module a live engine still hooks (``trainer.train()`` again without freeing the
+    first): both engines' hooks run in every forward and backward (DeepSpeed leaves the first's in place), so the
+    watch cannot say which one gathered a shared parameter -- it says so, and exits 3, instead of a clean or a
+    confident finding."""
+    proc, rep, _ = _watch(tmp_path, sys.executable, JOBS, "again", "--steps", "2",
+                          env=dict(os.environ, DS_ACCELERATOR="cpu"))
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    shared = [p for p in rep["not_observed"] if "engines 1 and 2 wrap the same parameters while both are live" in p]
+    assert len(shared) == 1, rep["not_observed"]
+    assert "NOT OBSERVED" in proc.stderr.splitlines()[-1]

@@ -9,6 +9,7 @@
     python generated_tests/watch_jobs.py train [--stage N] [--steps N]   # a clean job: no leaf, engine.backward
     python generated_tests/watch_jobs.py eval [--stage N] [--steps N]    # eval only: forwards under no_grad
     python generated_tests/watch_jobs.py datakey [--stage N] [--steps N] # its data code raises KeyError at step 1
+    python generated_tests/watch_jobs.py resume|again|pair [--stage N] [--steps N]  # a second engine in the process
 
 ``--find-spec-first`` asks ``importlib.util.find_spec("deepspeed")`` before the job imports deepspeed (as
 transformers, accelerate and TRL do when imported first).
@@ -22,8 +23,15 @@ never returns from the next ``engine.forward``.  ``sys-exit`` catches an error a
 ``sys.exit(1)``; ``die`` ends with ``os._exit(3)``, no exception at all.
 
 ``eval``: an engine built for training (with its optimizer) that only evaluates -- ``engine.eval()``, forwards under
-``torch.no_grad()``, no backward, no step.  ``datakey``: the job's own data code (a collate function reading
-``batch["input_ids"]``) raises ``KeyError: 'input_ids'`` at train step 1, outside DeepSpeed's calls.
+``torch.no_grad()``, no backward, no step.
+
+``resume``: trains, saves, destroys the engine, builds the model and an engine again, loads and trains on (HF's
+``resume_from_checkpoint``); ``again``: a second engine over the first engine's module, the first never destroyed
+(``trainer.train()`` called twice without freeing the first engine); ``pair``: two live engines over two models
+trained in turn (an actor and a critic in one process).
+
+``datakey``: the job's own data code (a collate function reading ``batch["input_ids"]``) raises
+``KeyError: 'input_ids'`` at train step 1, outside DeepSpeed's calls.
 """
 
 from __future__ import annotations
@@ -214,6 +222,29 @@ def main(argv: list[str]) -> int:
         print(json.dumps({"losses": losses, "summary": handle.summary(), "steps": handle.steps,
                           "backwards": handle.backwards, "violations": handle.violations,
                           "memory": handle.memory}, default=str))
+        return 0
+    if what in ("resume", "again"):  # a second engine in the same process
+        import tempfile
+        stage = int(argv[argv.index("--stage") + 1]) if "--stage" in argv else 3
+        engine = engine_for(build(leaf_frozen=False, blocks=2), stage=stage, leaf=False)
+        losses = train(engine, steps)
+        if what == "again":  # trainer.train() called again: the same module wrapped by a second engine
+            engine = engine_for(engine.module, stage=stage, leaf=False)
+        else:  # resume_from_checkpoint in a fresh engine: save, destroy, build the model again, load
+            ckpt = tempfile.mkdtemp(prefix="zerostate-watch-resume-")
+            engine.save_checkpoint(ckpt, tag="t")
+            engine.destroy()
+            engine = engine_for(build(leaf_frozen=False, blocks=2), stage=stage, leaf=False)
+            engine.load_checkpoint(ckpt, tag="t")
+        losses += train(engine, steps)
+        print(json.dumps({"losses": losses}))
+        return 0
+    if what == "pair":  # two live engines over two models trained in turn (an actor and a critic in one process)
+        stage = int(argv[argv.index("--stage") + 1]) if "--stage" in argv else 3
+        actor = engine_for(build(leaf_frozen=False, blocks=2), stage=stage, leaf=False)
+        critic = engine_for(build(leaf_frozen=False, blocks=1), stage=stage, leaf=False)
+        losses = [train(e, 1)[0] for _ in range(steps) for e in (actor, critic)]
+        print(json.dumps({"losses": losses}))
         return 0
     raise SystemExit(f"unknown job {what!r}")
 

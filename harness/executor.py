@@ -32,7 +32,7 @@ import torch
 
 from zerostate.findings.oracle_judgement import StepDifference, differences, verdict
 from zerostate.findings.record import (CheckpointRoundTrip, CounterfactualRun, Counters, EngineSettings, Generation,
-                                       LossScaling, RunRecord, StepObservation)
+                                       LossScaling, ResumeObservation, RunRecord, StepObservation)
 from zerostate.harness.net import fp16
 from zerostate.harness.net.counterfactual import applicable
 from zerostate.harness.net.checkpoint import SaveLoadRecord
@@ -213,6 +213,12 @@ def execute(sc: Scenario, on_step: OnStep | None = None, perturb: Perturbation =
         def mark(what: str, **info: object) -> None:
             if what == "resume_end":  # a fresh engine: the tracer follows it (the old one is gone)
                 traced.rebind(built.engine)
+                resumed = info["record"]
+                assert isinstance(resumed, dict)
+                counters = resumed["counters"]
+                rec.resumes.append(ResumeObservation(
+                    resumed["step"], bool(resumed.get("loaded")), resumed.get("destroy_error"),
+                    Counters(**counters[0]), Counters(**counters[1]) if len(counters) > 1 else None))
                 return
             traced.mark(what, **info)
             if what == "save_load_end":
@@ -361,6 +367,7 @@ class _Observed:
         self.fields: dict[str, Any] = {}
         self.steps: list[StepObservation] = []
         self.checkpoints: list[CheckpointRoundTrip] = []
+        self.resumes: list[ResumeObservation] = []
         self.settings: EngineSettings | None = None
         self.unwrapped: tuple[int, ...] = ()
         self.seen: list[tuple[Params, Params | None]] = []
@@ -372,7 +379,8 @@ class _Observed:
         engine = self.settings
         if engine is not None and self.unwrapped:
             engine = replace(engine, unwrap_gathered=self.unwrapped)
-        return RunRecord(steps=tuple(self.steps), checkpoints=tuple(self.checkpoints), engine=engine, **self.fields)
+        return RunRecord(steps=tuple(self.steps), checkpoints=tuple(self.checkpoints), resumes=tuple(self.resumes),
+                         engine=engine, **self.fields)
 
 
 def round_trip_record(rec: SaveLoadRecord, oracle: Params) -> CheckpointRoundTrip:

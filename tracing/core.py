@@ -51,6 +51,9 @@ from zerostate.runtime.patcher import Patcher
 
 from zerostate.tracing import compat, marks
 
+_GRAD_SINKS = (compat.grad_sink(3), compat.grad_sink(1))
+"""What the ZeRO-3 and ZeRO-1/2 optimizers' gradient hooks call (`compat.grad_sink`): an object with one is an
+optimizer whose hooks may count."""
 ROOT = "model"
 """The root module's name in events (torch names it ``""``), as in ``zerostate.model.network``."""
 _TRACE_MODE = "_PartitionedParameterCoordinator__trace_mode"
@@ -133,6 +136,9 @@ class TraceCore:
         self._declared = False
         self._counted: tuple[int | None, int] | None = None
         """A COUNT emitted whose EXPECTED is still to come: ``(task, count + leaf modules)``."""
+        self.installed = False
+        """Between `install` and `uninstall`: a wrapper still called after (one left inside another engine's
+        wrapper of a module function) passes the call through."""
         self._state_expects = False
         """The hook state takes the expected count (``update_hook_state_and_maybe_run_epilogue``, 0.18.5+)."""
 
@@ -275,13 +281,19 @@ class TraceCore:
                     self.on_trace_sync()
 
     # ------------------------------------------------------------ patching
-    def patch(self, obj: Any, attr: str, make: Callable[[Wrapper], Wrapper]) -> None:
+    def patch(self, obj: Any, attr: str, make: Callable[[Wrapper], Wrapper], shared: bool = False) -> None:
         """Wrap ``obj.attr`` with ``make(original)``; events emitted inside are flushed when the outermost
-        wrapped call returns.  Nothing happens when ``obj`` is None or lacks ``attr`` (another release)."""
+        wrapped call returns.  Nothing happens when ``obj`` is None or lacks ``attr`` (another release).
+
+        ``shared``: ``obj`` is a module every engine's tracer wraps (another engine of the process may wrap it
+        after this one): at uninstall the original goes back only while this wrapper is still the outermost, and
+        a wrapper left inside another's is a plain call from then on."""
         def wrapper(orig: Wrapper) -> Wrapper:
             inner = make(orig)
 
             def outer(*a: Any, **k: Any) -> Any:
+                if not self.installed:
+                    return orig(*a, **k)
                 self._nest += 1
                 try:
                     return inner(*a, **k)
@@ -291,9 +303,12 @@ class TraceCore:
                         self.flush()
             outer.__wrapped__ = orig  # type: ignore[attr-defined]
             return outer
-        self.patcher.wrap(obj, attr, wrapper)
+        if obj is None or not hasattr(obj, attr):
+            return
+        self.patcher.set(obj, attr, wrapper(getattr(obj, attr)), guard=shared)
 
     def uninstall(self) -> None:
+        self.installed = False
         self.patcher.undo()
         self._leaf_frame = None
         marks.PRE_BACKWARD_OBSERVER = None
@@ -301,6 +316,7 @@ class TraceCore:
     def install(self, view: ModelView) -> None:
         """Wrap DeepSpeed's hook lifecycle of this engine; ``view`` names the model's modules."""
         self.view = view
+        self.installed = True
         marks.PRE_BACKWARD_OBSERVER = (self._pre_start, self._pre_end)
         eng, opt = self.engine, self.opt
         if self.stage == 0:  # no ZeRO optimizer and no hook manager: the loop's marks only
@@ -317,7 +333,7 @@ class TraceCore:
         self.patch(owner, "update_hook_state_and_maybe_run_epilogue", self._w_expected)
         self.patch(opt, compat.grad_sink(self.stage), self._w_sink)
         for modname in compat.COUNT_MODULES:
-            self.patch(importlib.import_module(modname), compat.COUNT_NAME, self._w_count)
+            self.patch(importlib.import_module(modname), compat.COUNT_NAME, self._w_count, shared=True)
         if self.stage == 3:
             self.patch(opt, "_pre_step", self._w_pre_step)
             # engine.step() partitions every parameter, then re-gathers the persistent ones: poll after each
@@ -458,7 +474,11 @@ class TraceCore:
         return sink
 
     def _w_count(self, f: Wrapper) -> Wrapper:
+        """Every engine of the process calls the one module function: a call over another engine's parameters is
+        that engine's (its own tracer reports it), not this one's."""
         def count(*a: Any, **k: Any) -> Any:
+            if not self._own_count(a[0] if a else next(iter(k.values()), ())):
+                return f(*a, **k)
             task = self.task()
             v = f(*a, **k)
             self.emit(EventKind.COUNT, task=task, value=int(v))
@@ -470,6 +490,26 @@ class TraceCore:
             self.flush()
             return v
         return count
+
+    def _own_count(self, params: Any) -> bool:
+        """Whether this engine's gradient hook made the call: the optimizer its closure holds (``self`` in DeepSpeed's,
+        ``opt`` in the runtime's), found a few frames up past the tracers' own wrappers; when none is found, whether
+        the parameters counted are this engine's.  Two engines over one module count the same parameters, each from
+        its own hooks."""
+        frame: Any = sys._getframe(2)
+        seen = 0
+        while frame is not None and seen < 4:
+            if frame.f_code.co_filename != __file__:
+                seen += 1
+                local = frame.f_locals
+                for name in ("self", "opt"):
+                    holder = local.get(name)
+                    if holder is self.opt:
+                        return True
+                    if any(hasattr(holder, m) for m in _GRAD_SINKS):  # another engine's ZeRO optimizer
+                        return False
+            frame = frame.f_back
+        return not params or any(id(p) in self.param_names for p in params)
 
     def _w_expected(self, f: Wrapper) -> Wrapper:
         """The count the hook state is handed right after a COUNT is DeepSpeed's expectation for the phase (the

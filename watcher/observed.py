@@ -74,6 +74,14 @@ def problems(engines: list[dict[str, Any]], processes: list[dict[str, Any]], sta
         out.append(f"the job failed (exit status {exit_status}) but no process recorded why: no exception escaped "
                    "to sys.excepthook or sys.exit (killed by a signal, os._exit, SystemExit raised directly, or a "
                    "native crash)")
+    for e in engines:
+        for other in e.get("shares_parameters_with", []):
+            if other > e.get("engine", 0):  # said once per pair
+                out.append(
+                    f"rank {e['rank']} (pid {e.get('pid')}): engines {e.get('engine')} and {other} wrap the same "
+                    "parameters while both are live (the first was not destroyed): both engines' hooks run in each "
+                    "one's forwards and backwards, and the watch cannot tell which engine gathered or released a "
+                    "shared parameter -- findings on either engine may come from the other's hooks")
     for p in processes:
         for err in p.get("watch_errors", []) if engines else ():
             out.append(f"pid {p['pid']}: {err}")

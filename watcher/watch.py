@@ -87,8 +87,18 @@ class WatchHandle:
         self._broken: str | None = None
         """The engine call an exception (or Ctrl-C) escaped from, if one did."""
         self._closed = False
+        self.destroyed = False
+        """The job called ``engine.destroy()`` (the handle closed there)."""
         self._last_flush = 0.0
         numels = {n: int(getattr(p, "ds_numel", 0) or p.numel()) for n, p in engine.module.named_parameters()}
+        self._param_ids = {id(p) for p in engine.module.parameters()}
+        self.shares_with: list[int] = []
+        """The live engines (their handles' numbers) wrapping some of the same parameters."""
+        for h in list(_HANDLES):
+            if not h._closed and h.rank == self.rank and h._param_ids & self._param_ids:
+                h.shares_with.append(self.n)
+                self.shares_with.append(h.n)
+                h.flush(force=True)
         self.checker = OnlineChecker(lambda n: numels.get(n, 0), on_violation=self._on_violation)
         self.tracer = WatchTracer(engine, sink=self.checker.feed_many)
         self.checker.set_specs(watch_specs(self.tracer.params_of, self.tracer.stage))
@@ -161,6 +171,7 @@ class WatchHandle:
                 "stage": self.tracer.stage, "runtime": self.runtime, "runtime_installed": self._runtime_installed(),
                 "steps": self.steps,
                 "backwards": self.backwards, "events": self.checker.events_seen, "closed": self._closed,
+                "destroyed": self.destroyed, "shares_parameters_with": self.shares_with,
                 "broken_in": self._broken,
                 "specs": [s.id for s in self.checker.specs], "kinds": sorted(k.value for k in self.checker.kinds),
                 "violations": self.violations, "job_crash": self.job_crash, "memory": self.memory,
@@ -224,11 +235,23 @@ class WatchHandle:
     # ------------------------------------------------------------ engine calls: errors, stop, hangs
     def _wrap_calls(self) -> None:
         self._orig: dict[str, Any] = {}
-        for name in ("forward", "backward", "step"):
+        for name in ("forward", "backward", "step", "destroy"):
+            if not hasattr(self.engine, name):  # destroy: not on every release
+                continue
             orig = getattr(self.engine, name)
             own = name in self.engine.__dict__
             self._orig[name] = (orig, own)
-            setattr(self.engine, name, self._guard(name, orig))
+            setattr(self.engine, name, self._guard(name, orig) if name != "destroy" else self._on_destroy(orig))
+
+    def _on_destroy(self, orig: Callable[..., Any]) -> Callable[..., Any]:
+        """``engine.destroy()`` (HF's resume into a fresh engine, accelerate's ``free_memory``) ends this engine's run:
+        its obligations are judged and its tracer taken out first, so a later engine's calls into the module
+        functions every engine shares are not folded as this engine's."""
+        def destroy(*a: Any, **k: Any) -> Any:
+            self.destroyed = True
+            self.close()
+            return orig(*a, **k)
+        return destroy
 
     def _restore_calls(self) -> None:
         for name, (orig, own) in self._orig.items():
