@@ -192,6 +192,16 @@ class _BudgetSpent(Exception):
     """The hard cap is reached: no more distinct runs."""
 
 
+class _HungTooOften(Exception):
+    """The key being shrunk has had `HANG_SHRINK_RUNS` runs that hung: its shrinking stops."""
+
+
+HANG_SHRINK_RUNS = 3
+"""Runs that may hang (each held to the step timeout, 60 s, and a worker or rank-pool restart) while one key is
+shrunk; after them the key is handed over as seen.  A hang that every smaller scenario keeps would otherwise cost a
+minute per shrinking step, a budget's worth of minutes for one finding."""
+
+
 class _Stopped(Exception):
     """A stop was requested: the run ends at this distinct run."""
 
@@ -305,6 +315,8 @@ class Exploration:
         self.exercised: set[str] = set()
         """The specs some distinct run so far exercised (`ExploreResult.exercised`)."""
         self.skipped = 0
+        self._hung = 0
+        """Runs that hung since the current key's shrinking started."""
         self.by_key = _FindingsByKey()
         self.runs_per_worker = _RunsPerWorker(1)
         self.restarts: list[Restarted] = []
@@ -612,10 +624,15 @@ class Exploration:
             if not todo:
                 return False
             key = self._next_key(todo)
+            self._hung = 0
             try:
                 sc = yield from self._search(key)
             except _BudgetSpent:
                 return False
+            except _HungTooOften:  # as seen: the smallest scenario the key has shown so far
+                yield from self._shrunk(by_key.seen[key], shrink=False)
+                yield from self._hand_over_confirmations(block=False)
+                continue
             hit = next((f for f in self.memo[sc].findings if f.key == key), None) if sc else None
             yield from self._shrunk(hit if hit is not None else by_key.seen[key], shrink=True)
             yield from self._hand_over_confirmations(block=False)
@@ -661,9 +678,12 @@ class Exploration:
             GOAL_SHARE * len(self.reach.examples) if self.reach else 0)
         if len(self.memo) >= hard_cap(self.examples) + extra:
             raise _BudgetSpent()
+        if self._hung >= HANG_SHRINK_RUNS:  # this key's shrinking runs keep hanging
+            raise _HungTooOften()
         w = self.workers[0]
         before = w.restarts
         out = w.run(sc)
+        self._hung += any(f.check == "hang" for f in out.findings)
         yield from self._record(0, sc, out, w.restarts != before)
         return out
 
@@ -691,7 +711,7 @@ class Exploration:
     def _shrunk(self, f: Finding, shrink: bool) -> Iterator[Event]:
         """A key's last scenario: simplified (when ``shrink``), handed over (confirmation pending), confirmed."""
         if shrink and self.polish:
-            with contextlib.suppress(_BudgetSpent):  # the cap came while polishing: Hypothesis' scenario
+            with contextlib.suppress(_BudgetSpent, _HungTooOften):  # a cap came while polishing: Hypothesis' one
                 f = yield from simplified(f, self._run)
         ev = Shrunk(self.by_key.handed[f.key].n, replace(f, shrunk=shrink, confirmation=None),
                     Stage.SHRUNK if shrink else Stage.AS_SEEN)
