@@ -186,6 +186,21 @@ def test_known_issue(ds, request, issue):
         _fmt(out.findings)
 
 
+@pytest.mark.parametrize("backward", ["engine", "torch"])
+def test_zero1_bf16_backward_without_gradients_is_its_known_issue(ds, backward):
+    """BF16_Optimizer's route of zero12-backward-without-gradients (ZeRO-1, bf16, fp32 gradient accumulation): step()
+    takes the norm of the gradients no hook delivered, ``torch.stack([])`` -- labelled by the fingerprint its own
+    variants recorded (the rule named the route, but with no fingerprint recorded the default exploration left it
+    unlabelled, at world size 4)."""
+    sc = Scenario.from_dict({"blocks": [{"norm": "unused", "lin": "unused"}], "stage": 1, "precision": "bf16",
+                             "fp32_grad_accum": True, "steps": [{"micro": [{"backward": backward}]}]})
+    out = ds.run(sc)
+    crash = [f for f in out.findings if f.check == "exception"]
+    assert crash and "non-empty TensorList" in crash[0].error, _fmt(out.findings)
+    assert {explain(f).id if explain(f) else None for f in out.findings} == {"zero12-backward-without-gradients"}, \
+        _fmt(out.findings)
+
+
 def test_zero12_pytorch_style_backward_without_gradients_is_its_known_issue(ds):
     """The PyTorch-style route of zero12-backward-without-gradients: no hook fires, so no epilogue is queued
     (``epilogue-once:no-epilogue``) and step() raises; both findings are that issue's, no other one's."""

@@ -64,13 +64,21 @@ ZERO12_NO_GRADIENT = KnownIssue(
     # ... and, with a PyTorch-style backward, the epilogue that never runs (no hook queues it)
     explains=lambda f: rules.no_gradient_crash(f) and narrow(f, lambda sc: sc.stage in (1, 2)),
     # the PyTorch-style route: no hook queues the epilogue (epilogue-once:no-epilogue), step()'s KeyError
+    # then BF16_Optimizer's route (bf16 with fp32 gradient accumulation), by either backward: step()'s norm of
+    # the gradients it never received is torch.stack([])
     variants=(Scenario.from_dict({"blocks": [{"norm": "unused", "lin": "unused"}], "stage": 1,
-                                  "steps": [{"micro": [{"backward": "torch"}]}]}),),
+                                  "steps": [{"micro": [{"backward": "torch"}]}]}),
+              Scenario.from_dict({"blocks": [{"norm": "unused", "lin": "unused"}], "stage": 1, "precision": "bf16",
+                                  "fp32_grad_accum": True, "steps": [{"micro": [{"backward": "engine"}]}]}),
+              Scenario.from_dict({"blocks": [{"norm": "unused", "lin": "unused"}], "stage": 1, "precision": "bf16",
+                                  "fp32_grad_accum": True, "steps": [{"micro": [{"backward": "torch"}]}]})),
     detail=("stage_1_and_2.py sets up its ipg bucket buffers lazily in process_gradients (the gradient "
             "hook).  If no hook fires in a backward (every trainable parameter unused; the loss depends on "
             "the input only), the epilogue's reduce_ipg_grads indexes bucket.buffer[bucket.index] of an "
             "empty list: IndexError.  With a PyTorch-style backward no epilogue runs at all and step() "
-            "fails in scaled_global_norm with KeyError: 0.  ZeRO-3 handles the same schedule."),
+            "fails in scaled_global_norm with KeyError: 0.  ZeRO-1 in bf16 with fp32 gradient accumulation "
+            "(BF16_Optimizer) fails in step(): the norm of no gradient is torch.stack of an empty list.  ZeRO-3 "
+            "handles the same schedule."),
 )
 
 def _leaf_without_backward(sc: Scenario) -> bool:
