@@ -425,3 +425,16 @@ def test_two_live_engines_over_one_module_are_said_not_told_apart(tmp_path):
     shared = [p for p in rep["not_observed"] if "engines 1 and 2 wrap the same parameters while both are live" in p]
     assert len(shared) == 1, rep["not_observed"]
     assert "NOT OBSERVED" in proc.stderr.splitlines()[-1]
+
+
+@pytest.mark.deepspeed
+@pytest.mark.parametrize("job,persistence", [("gather", 100000), ("gather-edit", 10), ("gather", 0)])
+def test_the_loops_own_gathered_parameters_is_no_finding(tmp_path, job, persistence):
+    """The loop's own ``deepspeed.zero.GatheredParameters`` between steps, as TRL's weight sync reads every parameter
+    (and a user's edit under ``modifier_rank=0``), at ZeRO-3 with persistent parameters or none: the context's
+    gathers and releases happen outside every engine call and leave no violation; every backward and step is seen."""
+    proc, rep, _ = _watch(tmp_path, sys.executable, JOBS, job, "--persistence", str(persistence), "--steps", "3",
+                          env=dict(os.environ, DS_ACCELERATOR="cpu"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert rep["findings"] == [] and rep["not_observed"] == [], (rep["findings"], rep["not_observed"])
+    assert (rep["summary"]["backwards"], rep["summary"]["steps"]) == (3, 3)

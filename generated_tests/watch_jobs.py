@@ -10,6 +10,8 @@
     python generated_tests/watch_jobs.py eval [--stage N] [--steps N]    # eval only: forwards under no_grad
     python generated_tests/watch_jobs.py datakey [--stage N] [--steps N] # its data code raises KeyError at step 1
     python generated_tests/watch_jobs.py resume|again|pair [--stage N] [--steps N]  # a second engine in the process
+    python generated_tests/watch_jobs.py gather|gather-edit [--persistence N] [--steps N]  # the loop's own
+                                                            # GatheredParameters after each step (read / edit)
 
 ``--find-spec-first`` asks ``importlib.util.find_spec("deepspeed")`` before the job imports deepspeed (as
 transformers, accelerate and TRL do when imported first).
@@ -87,7 +89,7 @@ def build(leaf_frozen: bool, blocks: int):
     return model
 
 
-def engine_for(model, stage: int = 3, leaf: bool = True):
+def engine_for(model, stage: int = 3, leaf: bool = True, persistence: int = 0):
     import deepspeed
     import torch
     from deepspeed.utils import set_z3_leaf_module
@@ -99,7 +101,7 @@ def engine_for(model, stage: int = 3, leaf: bool = True):
         set_z3_leaf_module(model.blocks[0], True)
     params = [p for p in model.parameters() if p.requires_grad]
     cfg = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
-           "zero_optimization": {"stage": stage, "stage3_param_persistence_threshold": 0},
+           "zero_optimization": {"stage": stage, "stage3_param_persistence_threshold": persistence},
            "zero_allow_untested_optimizer": True}
     engine, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.SGD(params, lr=0.1), config=cfg)
     return engine
@@ -238,6 +240,24 @@ def main(argv: list[str]) -> int:
             engine.load_checkpoint(ckpt, tag="t")
         losses += train(engine, steps)
         print(json.dumps({"losses": losses}))
+        return 0
+    if what in ("gather", "gather-edit"):  # the loop's own GatheredParameters between steps (TRL's weight sync)
+        import deepspeed
+        import torch
+        stage = int(argv[argv.index("--stage") + 1]) if "--stage" in argv else 3
+        persistence = int(argv[argv.index("--persistence") + 1]) if "--persistence" in argv else 0
+        engine = engine_for(build(leaf_frozen=False, blocks=2), stage=stage, leaf=False, persistence=persistence)
+        losses, sums = [], []
+        for _ in range(steps):
+            losses += train(engine, 1)
+            params = list(engine.module.parameters())
+            rank0 = 0 if what == "gather-edit" else None
+            with deepspeed.zero.GatheredParameters(params, modifier_rank=rank0):
+                sums.append(float(sum(p.detach().float().sum() for p in params)))
+                if what == "gather-edit":
+                    with torch.no_grad():
+                        engine.module.head.weight.mul_(0.5)
+        print(json.dumps({"losses": losses, "sums": sums}))
         return 0
     if what == "pair":  # two live engines over two models trained in turn (an actor and a critic in one process)
         stage = int(argv[argv.index("--stage") + 1]) if "--stage" in argv else 3
