@@ -207,6 +207,9 @@ DIMENSIONS: tuple[Dimension, ...] = (
               lambda sc: any(m.skip for _, _, m in sc.micro_steps()), False),
     Dimension("module_unused_in_step", Kind.LOOP, "a trainable module used in some train steps only (routing, a "
               "head used at eval)", lambda sc: any(s.unused for s in sc.steps), False),
+    Dimension("zero_grad_between_backwards", Kind.LOOP, "zero_grad() between two backwards of one retained graph "
+              "(separate losses of one forward, each stepped on its own)",
+              lambda sc: any(m.zero_grad for _, _, m in sc.micro_steps()), False),
     Dimension("resume_fresh_engine", Kind.LOOP, "training resumed from a DeepSpeed checkpoint into a freshly built "
               "engine (HF Trainer's resume_from_checkpoint)", lambda sc: any(s.resume for s in sc.steps), False),
     Dimension("gathered_parameters", Kind.LOOP, "deepspeed.zero.GatheredParameters in your loop: {v} (read: "

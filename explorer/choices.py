@@ -131,8 +131,11 @@ POINTS: tuple[Point, ...] = (
     Point("gathered_inside", (1, 0), lambda sc: frozenset(int(s.gather_inside) for s in sc.steps
                                                           if s.gather is not Gather.NONE)),
     Point("resume", (1, 0), lambda sc: _flag(any(s.resume for s in sc.steps))),
+    Point("zero_grad", (1, 0), lambda sc: _flag(any(m.zero_grad for _, _, m in sc.micro_steps()))
+          if sc.gas == 1 else frozenset()),
 )
-GOALS_ONLY = frozenset({"scheduler", "decay_groups", "unused_in_step", "gathered", "gathered_inside", "resume"})
+GOALS_ONLY = frozenset({"scheduler", "decay_groups", "unused_in_step", "gathered", "gathered_inside", "resume",
+                        "zero_grad"})
 """Points the pairwise completion leaves to the goals round (`goals.SURVEY`): the dimensions added after the
 completion's pairs were laid out.  Last in `POINTS`, so the pairs' indices of every other point stay as they were."""
 PAIRED: tuple[Point, ...] = tuple(p for p in POINTS if p.name not in GOALS_ONLY)

@@ -116,6 +116,12 @@ SURVEY: tuple[tuple[str, tuple[dict[str, Value], ...], Scenario], ...] = (
      _sc(stage=3, world_size=2, steps=[{}, {"resume": True}])),
     ("ZeRO-3 + LoRA + resume into a fresh engine", (_need(stage=3, lora=True, resume_fresh_engine=True),),
      _sc(stage=3, family="llama", lora=True, steps=[{}, {"resume": True}])),
+    # separate losses of one retained graph with zero_grad between them: each stage, and each precision at ZeRO-1
+    *((f"ZeRO-{z} + zero_grad between two backwards of one graph", (_need(stage=z, zero_grad_between_backwards=True),),
+       _sc(stage=z, steps=[{"micro": [{"retain": True, "zero_grad": True}]}])) for z in (0, 1, 2, 3)),
+    *((f"{p} + zero_grad between two backwards of one graph",
+       (_need(stage=1, precision=p, zero_grad_between_backwards=True),),
+       _sc(stage=1, precision=p, steps=[{"micro": [{"retain": True, "zero_grad": True}]}])) for p in ("bf16", "fp16")),
     # the loop's own GatheredParameters: a read (TRL's weight sync) and an edit (DeepSpeed's documented way), between
     # steps at every stage, inside a step, at two ranks, and TRL's LoRA read
     *((f"ZeRO-{z} + GatheredParameters {how}", (_need(stage=z, gathered_parameters=how),),
@@ -189,6 +195,8 @@ FORCES: dict[str, dict[Value, dict[str, frozenset[int]]]] = {
     "module_unused_in_step": {True: {"unused_in_step": _ONE}},
     "gathered_parameters": {"read": {"gathered": _ONE}, "edit": {"gathered": frozenset({2})}},
     "resume_fresh_engine": {True: {"resume": _ONE}},
+    "zero_grad_between_backwards": {True: {"zero_grad": _ONE, "extra:gas3": frozenset({0}),
+                                           "extra:manual_boundary": frozenset({0})}},
     "gathered_inside_step": {True: {"gathered": frozenset({1, 2}), "gathered_inside": _ONE}},
     "empty_param_group": {True: {"decay_groups": _ONE}},
 }

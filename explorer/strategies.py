@@ -311,6 +311,8 @@ def extras(draw, sc: Scenario, zero0: bool = True, weights: Weights | None = Non
         sc = _unused_in_last_step(sc)
     if draw(pick(weights, "resume", st.just(False), (False, True))):
         sc = _resumed_before_last_step(sc)
+    if draw(pick(weights, "zero_grad", st.just(False), (False, True))):
+        sc = _zero_grad_in_last_step(sc)
     gather = draw(pick(weights, "gathered", st.just(Gather.NONE), GATHERS))
     if gather is not Gather.NONE:
         sc = _gathered_in_last_step(sc, gather, draw(pick(weights, "gathered_inside", st.just(False), (False, True))))
@@ -329,6 +331,17 @@ def _unused_in_last_step(sc: Scenario) -> Scenario:
     if sc.family is not Family.BLOCKS or lin is None or steps[-1].idle or lin in steps[-1].frozen:
         return sc
     return sc.with_(steps=steps[:-1] + (replace(steps[-1], unused=(lin,)),))
+
+
+def _zero_grad_in_last_step(sc: Scenario) -> Scenario:
+    """The last step's micro-step made two backwards of one retained graph with ``engine.zero_grad()`` between them
+    (separate losses, each stepped on its own); one micro-step per train step, a step with a forward; else
+    unchanged."""
+    last = sc.steps[-1]
+    if sc.gas != 1 or last.idle:
+        return sc
+    micro = tuple(replace(m, retain=True, zero_grad=True) for m in last.micro)
+    return sc.with_(steps=sc.steps[:-1] + (replace(last, micro=micro),))
 
 
 def _resumed_before_last_step(sc: Scenario) -> Scenario:

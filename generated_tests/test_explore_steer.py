@@ -104,7 +104,7 @@ def test_default_weights_draw_the_unsteered_sequence_and_moved_ones_move_the_dra
 
 def test_a_completion_only_alternative_is_never_generated() -> None:
     assert {"extra:reduce_scatter", "reduce_bucket", "scheduler", "decay_groups", "unused_in_step",
-            "gathered", "gathered_inside", "resume"} == \
+            "gathered", "gathered_inside", "resume", "zero_grad"} == \
         choices.COMPLETION_ONLY
     only = {name: {a for a, d in enumerate(choices.BY_NAME[name].default) if d == 0}
             for name in choices.COMPLETION_ONLY}

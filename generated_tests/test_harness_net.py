@@ -58,6 +58,9 @@ class _Recording:
         self.calls.append(("backward", kind, part, keep))
         (loss * part).backward(retain_graph=keep)
 
+    def zero_grad(self) -> None:
+        self.calls.append(("zero_grad",))
+
     def micro_done(self, boundary: bool) -> None:
         self.calls.append(("micro_done", boundary))
 
@@ -162,3 +165,12 @@ def test_the_llama_family_is_a_seeded_tiny_hf_llama_with_nonzero_lora():
     assert any("modules_to_save" in n for n, _ in model.named_parameters())
     x = torch.randint(0, llama.VOCAB, (2, llama.SEQ))
     assert model(input_ids=x, labels=x).loss.requires_grad
+
+
+def test_zero_grad_clears_between_the_two_backwards_of_a_retained_graph():
+    sc = Scenario.from_dict({"blocks": [{}], "stage": 1, "steps": [{"micro": [{"retain": True, "zero_grad": True}]}]})
+    backend = _Recording(sc)
+    schedule.run_schedule(sc, backend)
+    assert [c for c in backend.calls if c[0] in ("backward", "zero_grad", "micro_done")] == [
+        ("backward", BackwardKind.ENGINE, 0.5, True), ("zero_grad",), ("backward", BackwardKind.ENGINE, 0.5, False),
+        ("micro_done", True)]

@@ -242,7 +242,9 @@ class Scenario:
         if any(s.unused for s in self.steps):
             out.append("modules used in some steps only")
         if any(m.retain for _, _, m in self.micro_steps()):
-            out.append("two backwards per micro-step (retain_graph)")
+            out.append("two backwards per micro-step (retain_graph)"
+                       + (", engine.zero_grad() between them" if any(m.zero_grad for _, _, m in self.micro_steps())
+                          else ""))
         if any(s.resume for s in self.steps):
             out.append("a fresh engine loads a checkpoint before step(s) " + ", ".join(
                 str(i) for i, s in enumerate(self.steps) if s.resume) + " (the model runs one engine)")
@@ -344,6 +346,10 @@ class Scenario:
             if step.gather is Gather.EDIT and self.edited_block is None:
                 raise ScenarioError(f"steps[{i}].gather: an edit needs a block whose Linear is trainable and in the "
                                     "optimizer (family blocks)")
+            for j, m in enumerate(step.micro):
+                if m.zero_grad and (not m.retain or len(step.micro) != 1):
+                    raise ScenarioError(f"steps[{i}].micro[{j}].zero_grad: needs retain (two backwards to clear "
+                                        "between) and one micro-step per train step (gas 1)")
             if step.idle and (step.frozen or step.eval_before or any(m.skip or m.retain for m in step.micro)):
                 raise ScenarioError(f"steps[{i}].idle: an idle step has no forward, so nothing to skip, "
                                     "freeze, retain or evaluate")
@@ -420,8 +426,10 @@ class Scenario:
                          + ("; z3 leaf module" if b.leaf else ""))
         for i, s in enumerate(self.steps):
             kinds = ", ".join(m.backward.value for m in s.micro)
-            skips = "; ".join(f"micro-step {j} skips the norm of block(s) {list(m.skip)}"
-                              for j, m in enumerate(s.micro) if m.skip)
+            skips = "; ".join([f"micro-step {j} skips the norm of block(s) {list(m.skip)}"
+                               for j, m in enumerate(s.micro) if m.skip]
+                              + [f"micro-step {j}: two backwards, engine.zero_grad() between them"
+                                 for j, m in enumerate(s.micro) if m.zero_grad])
             if s.save_load:
                 lines.append(f"  before step {i}: checkpoint saved and loaded")
             if s.resume:
@@ -451,7 +459,7 @@ class Scenario:
             if step.get("gather") == Gather.NONE.value:
                 step.pop("gather")
             for micro in step["micro"]:
-                for k in ("skip", "retain"):
+                for k in ("skip", "retain", "zero_grad"):
                     if not micro.get(k):
                         micro.pop(k, None)
         for block in d["blocks"]:
@@ -556,7 +564,7 @@ def _list(value: object, where: str) -> list[Any]:
 _BLOCK_FIELDS = {"checkpoint", "norm", "lin", "leaf", "in_optimizer"}
 _STEP_FIELDS = {"micro", "eval_before", "reregister", "idle", "frozen", "save_load", "unused", "gather",
                 "gather_inside", "resume"}
-_MICRO_FIELDS = {"backward", "skip", "retain"}
+_MICRO_FIELDS = {"backward", "skip", "retain", "zero_grad"}
 _EXTENDED_DEFAULTS: dict[str, Any] = {
     "precision": Precision.FP32, "gradient_clipping": 0.0, "loss_scale_power": 8, "fp32_grad_accum": False,
     "offload": Offload.NONE,
@@ -587,7 +595,8 @@ def _parse_micro(value: object, where: str) -> MicroStep:
     d = _obj(value, where, _MICRO_FIELDS)
     skip = tuple(_int(b, f"{where}.skip[{k}]") for k, b in enumerate(_list(d.get("skip", []), f"{where}.skip")))
     return MicroStep(backward=_enum(BackwardKind, d.get("backward", "engine"), f"{where}.backward"), skip=skip,
-                     retain=_bool(d.get("retain", False), f"{where}.retain"))
+                     retain=_bool(d.get("retain", False), f"{where}.retain"),
+                     zero_grad=_bool(d.get("zero_grad", False), f"{where}.zero_grad"))
 
 
 def _parse_step(value: object, where: str) -> TrainStep:

@@ -164,6 +164,10 @@ class MicroStep:
     of parameters that get gradients does not, so only a frozen norm may be skipped."""
     retain: bool = False
     """Two backwards of half the loss each, the first with ``retain_graph=True``."""
+    zero_grad: bool = False
+    """With ``retain``: ``engine.zero_grad()`` between the two backwards (separate losses of one retained graph, each
+    stepped on its own: PyTorch keeps only the second backward's gradient).  One micro-step per train step (gas 1):
+    mid-accumulation, PyTorch's ``zero_grad`` would also clear the earlier micro-steps' gradients."""
 
 
 @dataclass(frozen=True)

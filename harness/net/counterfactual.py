@@ -79,6 +79,10 @@ class Mechanism:
     """An edit of a trained parameter (``gather: edit``) reaches the 16-bit copy forward and backward run on, not the
     fp32 master copy the optimizer steps: the next applied step writes the master (unedited) plus its update back
     over it."""
+    zero_grad_ignored: bool = False
+    """The loop's ``engine.zero_grad()`` between two backwards of one retained graph (`MicroStep.zero_grad`) clears
+    nothing the optimizer steps with: BF16_Optimizer has moved the first backward's gradient into its fp32
+    accumulation already, and ``engine.zero_grad`` only sets the parameters' ``.grad`` to None."""
     outside_partition: bool = False
     """At world size > 1, ZeRO-1 with the fp32 gradient accumulation attribute (``grad_accum``): after each
     reduction of the boundary micro-step a rank keeps its gradient of every parameter outside its partition of the
@@ -299,6 +303,9 @@ MECHANISMS: dict[str, Mechanism] = {m.name: m for m in (
     Mechanism("zero1-outside-partition-reduced-again", _zero1_grad_accum_attribute, outside_partition=True),
     Mechanism("edit-not-in-master", lambda sc: sc.fp16_optimizer and any(s.gather is Gather.EDIT for s in sc.steps),
               edit_model_only=True),
+    Mechanism("zero-grad-not-in-fp32-accumulation",
+              lambda sc: sc.bf16_optimizer and any(m.zero_grad for _, _, m in sc.micro_steps()),
+              zero_grad_ignored=True),
 )}
 """Every mechanism a known issue names (`known.issue.KnownIssue.mechanism`), by name."""
 

@@ -382,6 +382,9 @@ class DeepSpeedBackend:
             g = torch.ones_like(loss) if fused else (2 * out / out.numel()).detach()
             (loss if fused else out).backward(gradient=g if part == 1.0 else part * g, retain_graph=keep)
 
+    def zero_grad(self) -> None:
+        self.engine.zero_grad()
+
     def micro_done(self, boundary: bool) -> None:
         if self.manual and not boundary:
             return  # manual boundary: one engine.step() per train step, after the last backward

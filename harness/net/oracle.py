@@ -318,6 +318,14 @@ class TorchBackend:
                 p.grad = q.grad.float() if p.grad is None else p.grad + q.grad.float()
         self.model.zero_grad(set_to_none=True)
 
+    def zero_grad(self) -> None:
+        """PyTorch's ``optimizer.zero_grad()``: every gradient of the step so far is gone (the 16-bit copy's and the
+        fp32 masters' alike)."""
+        if any(m.zero_grad_ignored for m in self.mechanisms):
+            return
+        self.model.zero_grad(set_to_none=True)
+        self.master.zero_grad(set_to_none=True)
+
     def micro_done(self, boundary: bool) -> None:
         if self.fp32_accum:
             self._take_grads()

@@ -56,6 +56,10 @@ class Backend(Protocol):
     def backward(self, kind: BackwardKind, out: torch.Tensor, loss: torch.Tensor, fused: bool, part: float = 1.0,
                  keep: bool = False) -> None: ...
 
+    def zero_grad(self) -> None:
+        """The loop's ``zero_grad`` between two backwards of one retained graph (`MicroStep.zero_grad`)."""
+        ...
+
     def micro_done(self, boundary: bool) -> None: ...
 
     def lr_step(self) -> None:
@@ -190,6 +194,8 @@ def run_schedule(sc: Scenario, backend: Backend, mark: Mark = _no_mark,
                 mark("backward_start", kind=m.backward.value)
                 backend.backward(m.backward, out, loss, sc.fused_head, part, keep)
                 mark("backward_end", kind=m.backward.value)
+                if keep and m.zero_grad:  # separate losses of one retained graph: the first one's gradient cleared
+                    backend.zero_grad()
             if mi == 0 and st.gather_inside:
                 _gather(sc, backend, mark, st.gather)
             if boundary:
