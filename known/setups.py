@@ -849,7 +849,8 @@ BF16_OPTIMIZER_ZERO_GRAD_KEEPS_FP32_GRADS = KnownIssue(
             "BF16_Optimizer.zero_grad() would clear it (clear_hp_grads), but the engine's does not call it.  ZeRO "
             "stage 0, 1 and 2 in fp32, fp16 and bf16 without fp32 accumulation agree with PyTorch; ZeRO-3 crashes on "
             "the second backward (two-backwards-per-forward).  The counterfactual that ignores the zero_grad "
-            "matches DeepSpeed exactly."),
+            "matches DeepSpeed exactly.  Upstream: the engine's zero_grad not calling the optimizer's is among the "
+            "inconsistencies deepspeedai/DeepSpeed#6554 (open) lists; this consequence is not reported there."),
 )
 
 
