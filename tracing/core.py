@@ -51,6 +51,9 @@ from zerostate.runtime.patcher import Patcher
 
 from zerostate.tracing import compat, marks
 
+_THIS_FILE = sys._getframe().f_code.co_filename
+"""This module's code's file name, as its frames carry it (``__file__`` is not defined where a repro script embeds
+the module)."""
 _GRAD_SINKS = (compat.grad_sink(3), compat.grad_sink(1))
 """What the ZeRO-3 and ZeRO-1/2 optimizers' gradient hooks call (`compat.grad_sink`): an object with one is an
 optimizer whose hooks may count."""
@@ -499,7 +502,7 @@ class TraceCore:
         frame: Any = sys._getframe(2)
         seen = 0
         while frame is not None and seen < 4:
-            if frame.f_code.co_filename != __file__:
+            if frame.f_code.co_filename != _THIS_FILE:
                 seen += 1
                 local = frame.f_locals
                 for name in ("self", "opt"):
