@@ -52,13 +52,13 @@ class Patcher:
         self._record.append(restore)
         setattr(obj, name, value)
 
-    def wrap(self, obj: Any, name: str, make: Callable[[Any], Any]) -> Any:
+    def wrap(self, obj: Any, name: str, make: Callable[[Any], Any], guard: bool = False) -> Any:
         """Replace ``obj.name`` by ``make(original)``; return the original (None, and nothing patched,
-        when ``obj`` is None or has no such attribute)."""
+        when ``obj`` is None or has no such attribute).  ``guard``: as `set`'s."""
         if obj is None or not hasattr(obj, name):
             return None
         original = getattr(obj, name)
-        self.set(obj, name, make(original))
+        self.set(obj, name, make(original), guard=guard)
         return original
 
     def set_item(self, mapping: Any, key: Any, value: Any, guard: bool = False) -> None:

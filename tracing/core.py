@@ -306,9 +306,7 @@ class TraceCore:
                         self.flush()
             outer.__wrapped__ = orig  # type: ignore[attr-defined]
             return outer
-        if obj is None or not hasattr(obj, attr):
-            return
-        self.patcher.set(obj, attr, wrapper(getattr(obj, attr)), guard=shared)
+        self.patcher.wrap(obj, attr, wrapper, guard=shared)
 
     def uninstall(self) -> None:
         self.installed = False
