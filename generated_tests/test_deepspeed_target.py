@@ -186,6 +186,31 @@ def test_known_issue(ds, request, issue):
         _fmt(out.findings)
 
 
+def test_one_message_from_one_function_is_two_bugs_when_raised_in_two_places(ds):
+    """A z3 leaf module whose input needs no gradient, and a second backward through a retained graph: both raise
+    ``The size of tensor a (0) must match ...`` from ``engine.backward`` (one key before the fingerprint placed
+    the raise; on 0.19.2 explore kept whichever came first and labelled the other with its issue).  Where each was
+    raised -- the first backward through the graph, a second one -- keeps them two findings, each labelled by its
+    own issue, and explore's one-per-key keeps both."""
+    from zerostate.findings.build import unique_by_key
+    from zerostate.known import issues as known
+    two = Scenario.from_dict({"stage": 3, "persistence_threshold": 0,
+                              "steps": [{"micro": [{"backward": "engine", "retain": True}]}]})
+    if ds.version != PINNED:
+        pytest.skip(f"measured on {PINNED}")
+    crashes = []
+    for sc in (known.Z3_LEAF_INPUT_NO_GRAD.scenario, two):
+        (crash,) = [f for f in ds.run(sc).findings if f.check == "exception"]
+        crashes.append(crash)
+    leaf, again = crashes
+    assert leaf.evidence.raised.type == again.evidence.raised.type == "RuntimeError"
+    assert leaf.origin == again.origin == "RuntimeError@runtime.engine.backward", (leaf.origin, again.origin)
+    assert leaf.key.rsplit("@", 1)[0] == again.key.rsplit("@", 1)[0]  # the message's shape is the same
+    assert (leaf.key.rsplit("@", 1)[1], again.key.rsplit("@", 1)[1]) == ("backward", "backward-again")
+    assert (explain(leaf).id, explain(again).id) == ("z3-leaf-input-without-grad", "two-backwards-per-forward")
+    assert unique_by_key([leaf, again]) == [leaf, again]
+
+
 @pytest.mark.parametrize("backward", ["engine", "torch"])
 def test_zero1_bf16_backward_without_gradients_is_its_known_issue(ds, backward):
     """BF16_Optimizer's route of zero12-backward-without-gradients (ZeRO-1, bf16, fp32 gradient accumulation): step()

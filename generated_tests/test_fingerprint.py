@@ -10,7 +10,7 @@ import torch
 
 from zerostate.findings.evidence import Evidence, Frame, OracleDiff, ParamDiff, Raised
 from zerostate.findings.finding import Finding
-from zerostate.findings.fingerprint import abstract, params_in, roles, spec_fingerprint
+from zerostate.findings.fingerprint import abstract, params_in, raised_in, roles, spec_fingerprint
 from zerostate.harness.net.engine import linear_in_use, stage0_masters
 from zerostate.known import rules
 from zerostate.model.events import Event, EventKind as K
@@ -67,12 +67,50 @@ def test_an_exception_is_its_type_its_innermost_deepspeed_function_and_its_abstr
                        evidence=Evidence(raised=Raised("AssertionError", message, frames)))
     a = crash("param 3 of 12 already reduced", "__reduce_and_partition_ipg_grads")
     assert a.key == ("exception:AssertionError@runtime.zero.stage3.__reduce_and_partition_ipg_grads:"
-                      "param N of N already reduced")
+                      "param N of N already reduced@outside")
     assert crash("param 7 of 2 already reduced", "__reduce_and_partition_ipg_grads").key == a.key  # sizes
     assert crash("param 3 of 12 already reduced", "partition_grads").key != a.key  # another function
     assert crash("bucket not empty", "__reduce_and_partition_ipg_grads").key != a.key  # another message
     assert rules.raised_at("AssertionError", "zero/stage3.py", "__reduce_and_partition_ipg_grads")(a)
     assert not rules.raised_at("AssertionError", "zero/stage3.py", "partition_grads")(a)
+
+
+def _size_crash(trace, function="backward"):
+    """0.19.2's ``The size of tensor a (0) must match ...`` from ``engine.backward``, after ``trace``."""
+    message = "The size of tensor a (0) must match the size of tensor b (8) at non-singleton dimension 1"
+    frames = (Frame("zerostate", "harness/net/engine.py", "backward", 1, "zerostate.harness.net.engine"),
+              Frame("deepspeed", "runtime/engine.py", function, 9, "deepspeed.runtime.engine"))
+    return Finding("exception", f"RuntimeError: {message}", None, trace, None, "deepspeed", "0.19.2",
+                   evidence=Evidence(raised=Raised("RuntimeError", message, frames)))
+
+
+_FWD = (Event(K.FORWARD_START), Event(K.FORWARD_END))
+_BWD = (Event(K.USER_BACKWARD_START, note="engine"), Event(K.TASK_START, task=0, note="outer"))
+_DONE = (Event(K.TASK_END, task=0), Event(K.USER_BACKWARD_END, note="engine"))
+
+
+def test_an_exception_is_also_where_the_train_loop_raised_it():
+    """Two mechanisms of 0.19.2 raise the same message from the same DeepSpeed function: a z3 leaf module's
+    released input in the first backward through a graph, a second backward through a retained graph whose
+    parameters the first one released.  Where each was raised tells them apart; neither a step number nor how many
+    micro-steps ran before does (shrinking changes those)."""
+    first = _FWD + _BWD
+    again = _FWD + _BWD + _DONE + (Event(K.USER_BACKWARD_START, note="engine"), Event(K.TASK_START, task=1,
+                                                                                      note="outer"))
+    assert raised_in(first) == "backward" and raised_in(again) == "backward-again"
+    assert _size_crash(first).key != _size_crash(again).key
+    assert _size_crash(first).key.endswith("at non-singleton dimension N@backward")
+    later = _FWD + _BWD + _DONE + (Event(K.STEP, value=0),) + _FWD + _BWD  # a later step, a later micro-step
+    assert _size_crash(later).key == _size_crash(first).key
+    nested = first + (Event(K.TASK_START, task=1, note="nested"),)
+    assert raised_in(nested) == "backward/nested"
+    assert raised_in(nested + (Event(K.TASK_END, task=1),)) == "backward"
+    assert raised_in(()) == "outside" and raised_in(_FWD[:1]) == "forward"
+    assert raised_in(_FWD + _BWD + _DONE + (Event(K.STEP, value=0),)) == "outside"
+    assert raised_in((Event(K.EVAL_FORWARD_START),)) == "eval"
+    # an exception the job raised with no frames (a watched one): its origin, placed the same way
+    assert Finding("exception", "boom", None, again, origin="KeyError@runtime.x").key == \
+        "exception:KeyError@runtime.x@backward-again"
 
 
 def test_an_oracle_difference_is_its_counterfactual_class_never_its_label():

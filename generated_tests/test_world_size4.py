@@ -196,8 +196,8 @@ def test_a_cross_rank_bug_of_0192_shows_at_world_size_4_and_not_on_0198(at_four)
     """ZeRO-3 built under ``zero.Init`` with fp32 LoRA-style parameters beside bf16 ones: 0.19.2's coalesced
     all-gather of mixed dtypes raises at 4 as at 2, labelled by its known issue from the run's own exception;
     0.19.8 runs both scenarios clean at 4."""
-    assert at_four["0.19.2"][MIXED_DTYPE].get("exception:RuntimeError@comm.torch.all_gather_into_tensor") \
-        == MIXED_DTYPE, at_four
+    crash = "exception:RuntimeError@comm.torch.all_gather_into_tensor"
+    assert {v for k, v in at_four["0.19.2"][MIXED_DTYPE].items() if k.startswith(crash)} == {MIXED_DTYPE}, at_four
     assert any(k.split(":")[0] == "oracle" for k in at_four["0.19.2"][NO_REDUCE]), at_four  # PyTorch differs
     assert at_four["0.19.8"] == {MIXED_DTYPE: {}, NO_REDUCE: {}}, at_four
 

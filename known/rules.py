@@ -127,7 +127,8 @@ def two_backwards(f: Finding) -> bool:
     counterfactual updates; without them, a share of PyTorch's update between half and all of it).  ZeRO-3: the second
     backward computes with parameters the first one released (torch meets a size-0 tensor, raised inside that
     backward), or runs without its epilogue: its gradients stay in the bucket (left there; a later epilogue
-    finds them twice: DeepSpeed's assertion in __reduce_and_partition_ipg_grads; step()'s zero_grad on the stale
+    finds them twice: DeepSpeed's assertion in __reduce_and_partition_ipg_grads, or a later hook finds the gradient
+    already taken: 'NoneType' ... 'numel' in __add_grad_to_ipg_bucket; step()'s zero_grad on the stale
     entries: 'unknown parameter type'), its parameters gathered; or no active backward submodule is found.  Any
     stage: a PyTorch-style second backward enters DeepSpeed's backward and, without an epilogue, never exits
     (its gradients outlive step() in the bucket, the backward depth stays up)."""
@@ -143,6 +144,8 @@ def two_backwards(f: Finding) -> bool:
             or (r.type == "AssertionError" and r.says("active_backward_submodules is empty"))
             or (raised_in(f, "AssertionError", "zero/stage3.py", "__reduce_and_partition_ipg_grads")
                 and bool(bucketed_twice_after_second_backward(ev, at(f) + 1)))
+            or (raised_in(f, "AttributeError", "zero/stage3.py", "__add_grad_to_ipg_bucket", "'numel'")
+                and bool(left_by_second_backward(ev, at(f) + 1)))
             or (_no_epilogue_after_unexited(ev) and any(raised_in(f, t, file, fn) for t in ("KeyError", "TypeError")
                                                          for file, fn in _NORM_OF_NO_GRADIENT)))
     if f.violation in ("clean-step:backward-never-exited",  # the second backward entered and had no epilogue to exit
@@ -175,7 +178,8 @@ def _partitioned_in_use(r: Raised) -> bool:
 
 
 _AFTER_A_SECOND_BACKWARD = ("epilogue-once:no-epilogue", "grad-handled-once:left-in-bucket",
-                            "released-after-backward:still-gathered", "released-after-backward:stale-holders")
+                            "released-after-backward:still-gathered", "released-after-backward:stale-holders",
+                            "trace-consistent:uncalled-for-invalid")
 
 
 def premature_epilogue(f: Finding) -> bool:
