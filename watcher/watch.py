@@ -91,16 +91,15 @@ class WatchHandle:
         """The job called ``engine.destroy()`` (the handle closed there)."""
         self._last_flush = 0.0
         numels = {n: int(getattr(p, "ds_numel", 0) or p.numel()) for n, p in engine.module.named_parameters()}
-        self._param_ids = {id(p) for p in engine.module.parameters()}
+        self.checker = OnlineChecker(lambda n: numels.get(n, 0), on_violation=self._on_violation)
+        self.tracer = WatchTracer(engine, sink=self.checker.feed_many)
         self.shares_with: list[int] = []
         """The live engines (their handles' numbers) wrapping some of the same parameters."""
         for h in list(_HANDLES):
-            if not h._closed and h.rank == self.rank and h._param_ids & self._param_ids:
+            if not h._closed and h.rank == self.rank and h.tracer.param_names.keys() & self.tracer.param_names.keys():
                 h.shares_with.append(self.n)
                 self.shares_with.append(h.n)
                 h.flush(force=True)
-        self.checker = OnlineChecker(lambda n: numels.get(n, 0), on_violation=self._on_violation)
-        self.tracer = WatchTracer(engine, sink=self.checker.feed_many)
         self.checker.set_specs(watch_specs(self.tracer.params_of, self.tracer.stage))
         self.tracer.on_trace_sync = self._trace_synced
         self._hang = _HangWatch(out, self.rank, hang_s) if out and hang_s else None
