@@ -44,7 +44,8 @@ class Contribution:
 
 Keep = Callable[[Sequence[Contribution], int], Sequence[Contribution] | None]
 """Which contributions a step keeps (given the step's micro-step count), or None when the mechanism does not act
-on the step (nothing in it triggers the bug)."""
+on the step (nothing in it triggers the bug).  At ZeRO-1/2 a parameter none of the kept contributions reaches is
+stepped with a zero gradient (the flat partition steps every parameter), not skipped."""
 
 
 @dataclass(frozen=True)

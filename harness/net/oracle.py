@@ -443,8 +443,13 @@ class TorchBackend:
             for c in kept:
                 for n, g in c.grads.items():
                     summed[n] = summed[n] + g if n in summed else g.clone()
+            made = {n for c in contributions for n in c.grads}
             for n, p in self.master.named_parameters():
                 p.grad = summed.get(n)
+                if p.grad is None and n in made and self.sc.stage in (1, 2):
+                    # ZeRO-1/2 step every parameter of their flat partition: one whose every contribution the
+                    # mechanism lost is stepped with a zero gradient (Adam's state and step count move), not skipped
+                    p.grad = torch.zeros_like(p)
         if self._by_rank:
             # optimizer offload makes contiguous_gradients true (stage_1_and_2.py line 300): reduce_scatter decides
             extra = reduced_again(contributions, self.gas, self._owners, self.world,
