@@ -7,8 +7,8 @@ name, a size, a count or a step number, which shrinking changes; never the known
 
 * an exception: its check, its type, the innermost DeepSpeed frame it passed (module and function; zerostate's
   calling frame or the innermost one when it passed none), its message with numbers, names and paths blanked
-  (`abstract`) and where in the train loop it was raised (`raised_in`: the same message from the same function
-  is two bugs when one is raised in the first backward through a graph and the other in a second one);
+  (`abstract`) and which backward it was raised in (`raised_in`: the same message from the same function is two
+  bugs when one is raised in the first backward through a graph and the other in a second one);
 * a spec violation: the spec's code, the violating event's kind and phase, where it happened (the user's
   backward's own graph task, a reentrant checkpoint's nested one, outside any backward), and the roles of the
   parameters involved (`roles`);
@@ -84,37 +84,40 @@ reference's own run)."""
 
 
 def raised_in(trace: Sequence[Event]) -> str:
-    """Where in the train loop the run was when it raised, from its trace (the events up to the raise):
-    ``forward``; ``eval`` (a forward under ``no_grad``/``eval()``); ``backward`` (the first backward through the
-    graph of the last forward); ``backward-again`` (a later one through the same graph: ``retain_graph``), either
-    with ``/nested`` while a reentrant checkpoint's nested graph task ran; ``outside`` anywhere else
-    (``initialize``, the step, between the phases, a checkpoint, a gather).  Coarse on purpose: a step number, a
-    module or how many micro-steps ran before would change with shrinking."""
-    where, backwards = "outside", 0
+    """Which backward the run was in when it raised, from its trace (the events up to the raise): ``backward``
+    (the first backward through the graph of the last forward), ``backward-again`` (a later one through the same
+    graph: ``retain_graph``), either with ``/nested`` while a reentrant checkpoint's nested graph task ran; ""
+    outside any backward (a forward, an evaluation, ``initialize``, the step, a checkpoint: measured, one bug
+    raises in the training forward, the eval forward or a checkpoint's, so they stay one identity).  Never a step
+    number, a module or how many micro-steps ran before, which shrinking changes."""
+    where, backwards = "", 0
     tasks: dict[int, str | None] = {}  # the graph tasks started and not ended: id -> outer / nested / pre
     for e in trace:
         k = e.kind
         if k is EventKind.FORWARD_START:
-            where, backwards = "forward", 0
-        elif k is EventKind.EVAL_FORWARD_START:
-            where = "eval"
+            where, backwards = "", 0
         elif k is EventKind.USER_BACKWARD_START:
             backwards += 1
             where = "backward" if backwards == 1 else "backward-again"
-        elif k in (EventKind.FORWARD_END, EventKind.EVAL_FORWARD_END, EventKind.USER_BACKWARD_END, EventKind.STEP):
-            where = "outside"
+        elif k in (EventKind.EVAL_FORWARD_START, EventKind.USER_BACKWARD_END, EventKind.STEP):
+            where = ""
         elif k is EventKind.TASK_START and e.task is not None:
             tasks[e.task] = e.note
         elif k is EventKind.TASK_END and e.task is not None:
             tasks.pop(e.task, None)
-    if where.startswith("backward") and tasks and list(tasks.values())[-1] == "nested":
+    if where and tasks and list(tasks.values())[-1] == "nested":
         return f"{where}/nested"
     return where
 
 
+def _placed(head: str, trace: Sequence[Event] | None) -> str:
+    where = raised_in(trace or ())
+    return f"{head}@{where}" if where else head
+
+
 def exception_fingerprint(check: str, r: Raised, trace: Sequence[Event] | None = None) -> str:
     head = f"{check}:{r.type}@{_innermost_deepspeed(r)}:{abstract(r.message)}"
-    return f"{head}@{raised_in(trace or ())}" if check in _PLACED else head
+    return _placed(head, trace) if check in _PLACED else head
 
 
 def _param_roles(trace: Sequence[Event]) -> dict[str, set[str]]:
@@ -198,7 +201,7 @@ def fingerprint(check: str, code: str, evidence: Evidence, trace: Sequence[Event
     if check in RAISED_CHECKS and evidence.raised is not None and index is None:
         return exception_fingerprint(check, evidence.raised, trace)
     if check in RAISED_CHECKS and origin and index is None:
-        return f"{check}:{origin}@{raised_in(trace or ())}" if check in _PLACED else f"{check}:{origin}"
+        return _placed(f"{check}:{origin}", trace) if check in _PLACED else f"{check}:{origin}"
     if check == "oracle":
         return oracle_fingerprint(evidence.oracle, evidence.explained_by, trace)
     if index is not None or (trace and code and check not in _CODED):

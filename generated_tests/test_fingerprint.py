@@ -67,7 +67,7 @@ def test_an_exception_is_its_type_its_innermost_deepspeed_function_and_its_abstr
                        evidence=Evidence(raised=Raised("AssertionError", message, frames)))
     a = crash("param 3 of 12 already reduced", "__reduce_and_partition_ipg_grads")
     assert a.key == ("exception:AssertionError@runtime.zero.stage3.__reduce_and_partition_ipg_grads:"
-                      "param N of N already reduced@outside")
+                      "param N of N already reduced")
     assert crash("param 7 of 2 already reduced", "__reduce_and_partition_ipg_grads").key == a.key  # sizes
     assert crash("param 3 of 12 already reduced", "partition_grads").key != a.key  # another function
     assert crash("bucket not empty", "__reduce_and_partition_ipg_grads").key != a.key  # another message
@@ -89,11 +89,12 @@ _BWD = (Event(K.USER_BACKWARD_START, note="engine"), Event(K.TASK_START, task=0,
 _DONE = (Event(K.TASK_END, task=0), Event(K.USER_BACKWARD_END, note="engine"))
 
 
-def test_an_exception_is_also_where_the_train_loop_raised_it():
+def test_an_exception_is_also_which_backward_raised_it():
     """Two mechanisms of 0.19.2 raise the same message from the same DeepSpeed function: a z3 leaf module's
     released input in the first backward through a graph, a second backward through a retained graph whose
-    parameters the first one released.  Where each was raised tells them apart; neither a step number nor how many
-    micro-steps ran before does (shrinking changes those)."""
+    parameters the first one released.  Which backward raised each tells them apart; neither a step number nor how
+    many micro-steps ran before does (shrinking changes those), nor which forward (training, evaluation, a
+    checkpoint's) raised it."""
     first = _FWD + _BWD
     again = _FWD + _BWD + _DONE + (Event(K.USER_BACKWARD_START, note="engine"), Event(K.TASK_START, task=1,
                                                                                       note="outer"))
@@ -105,12 +106,15 @@ def test_an_exception_is_also_where_the_train_loop_raised_it():
     nested = first + (Event(K.TASK_START, task=1, note="nested"),)
     assert raised_in(nested) == "backward/nested"
     assert raised_in(nested + (Event(K.TASK_END, task=1),)) == "backward"
-    assert raised_in(()) == "outside" and raised_in(_FWD[:1]) == "forward"
-    assert raised_in(_FWD + _BWD + _DONE + (Event(K.STEP, value=0),)) == "outside"
-    assert raised_in((Event(K.EVAL_FORWARD_START),)) == "eval"
+    after = _FWD + _BWD + _DONE + (Event(K.STEP, value=0),)
+    outside = [(), _FWD[:1], after, after + (Event(K.EVAL_FORWARD_START),), _FWD + _BWD + _DONE + _FWD[:1]]
+    assert {raised_in(t) for t in outside} == {""}
+    assert {_size_crash(t).key for t in outside} == {_size_crash(()).key}
+    assert _size_crash(()).key.endswith("at non-singleton dimension N")
     # an exception the job raised with no frames (a watched one): its origin, placed the same way
     assert Finding("exception", "boom", None, again, origin="KeyError@runtime.x").key == \
         "exception:KeyError@runtime.x@backward-again"
+    assert Finding("exception", "boom", None, after, origin="KeyError@runtime.x").key == "exception:KeyError@runtime.x"
 
 
 def test_an_oracle_difference_is_its_counterfactual_class_never_its_label():

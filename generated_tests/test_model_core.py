@@ -110,7 +110,7 @@ def test_a_findings_key_is_its_check_and_code_never_its_message():
     assert a.key == b.key == "epilogue-once:no-epilogue" and c.key != a.key
     assert Finding("oracle-error", "oracle: ValueError: x", None).key == \
         Finding("oracle-error", "oracle: KeyError: 7", None).key == "oracle-error"
-    assert Finding("exception", "boom", None, origin="KeyError@runtime.x").key == "exception:KeyError@runtime.x@outside"
+    assert Finding("exception", "boom", None, origin="KeyError@runtime.x").key == "exception:KeyError@runtime.x"
 
 
 def test_the_era_table_reads_release_numbers_and_gives_each_release_one_row():
