@@ -289,6 +289,10 @@ def test_the_known_issues_scenarios_are_labelled_and_backward_kinds_share_a_grou
     eng = _fs(None, SC_A, "exception", "RuntimeError: size of tensor a (0) must match b (8)", "E@engine.backward")
     tor = _fs(None, SC_A, "exception", "RuntimeError: size of tensor a (0) must match b (16)", "E@stage3.hook")
     assert eng.key != tor.key and root_key(eng) == root_key(tor)
+    # the same message raised in a second backward through a retained graph is another root cause
+    again = (_evt("forward_start"), _evt("user_backward_start", note="engine"),
+             _evt("user_backward_end", note="engine"), _evt("user_backward_start", note="engine"))
+    assert root_key(replace(eng, trace=again)) == root_key(eng) + " @backward-again"
     assert label(eng) is None  # no release: not labelled
     entries = [{"n": 1, "group": "g1", "group_title": "t"}, {"n": 2, "group": "g2"}, {"n": 3, "group": "g1"}]
     assert [(g["key"], g["count"], g["findings"]) for g in groups(entries)] == [("g1", 2, [1, 3]), ("g2", 1, [2])]
