@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from zerostate.model.scenario import Family, Gather, Offload, Optimizer, Outputs, Precision, Scenario
+from zerostate.model.scenario import BackwardKind, Family, Gather, Offload, Optimizer, Outputs, Precision, Scenario
 
 Grads = dict[str, torch.Tensor]
 
@@ -84,6 +84,10 @@ class Mechanism:
     """The loop's ``engine.zero_grad()`` between two backwards of one retained graph (`MicroStep.zero_grad`) clears
     nothing the optimizer steps with: BF16_Optimizer has moved the first backward's gradient into its fp32
     accumulation already, and ``engine.zero_grad`` only sets the parameters' ``.grad`` to None."""
+    in_forward_lost_after_unexited: bool = False
+    """After the first micro-step whose retained PyTorch-style second backward never exits DeepSpeed's backward
+    (`unexited_pytorch_style_backward`), what a backward inside each later forward makes (a fused head's) is lost:
+    measured, ZeRO-1 does not move the head at the next step with SGD, and moves it by Adam's momentum alone."""
     outside_partition: bool = False
     """At world size > 1, ZeRO-1 with the fp32 gradient accumulation attribute (``grad_accum``): after each
     reduction of the boundary micro-step a rank keeps its gradient of every parameter outside its partition of the
@@ -253,6 +257,12 @@ def _retains(sc: Scenario) -> bool:
     return any(m.retain for _, _, m in sc.micro_steps())
 
 
+def unexited_pytorch_style_backward(sc: Scenario) -> tuple[int, int] | None:
+    """``(step, micro)`` of the first micro-step with two PyTorch-style backwards of one forward (retained): its
+    second one enters DeepSpeed's backward and, with no epilogue, never leaves it; None when there is none."""
+    return next(((si, mi) for si, mi, m in sc.micro_steps() if m.retain and m.backward is BackwardKind.TORCH), None)
+
+
 def _zero1_grad_accum_attribute(sc: Scenario) -> bool:
     """ZeRO-1's optimizer with the fp32 ``grad_accum`` attribute at world size > 1, a second backward of one forward:
     bf16 with fp32 accumulation takes the ZeRO optimizer (not BF16_Optimizer) only with optimizer offload
@@ -272,6 +282,9 @@ MECHANISMS: dict[str, Mechanism] = {m.name: m for m in (
               keep=_micro0_earlier_backward_lost),
     Mechanism("boundary-first-backward-lost", _retains, keep=_boundary_first_backward_lost),
     Mechanism("in-forward-gradient-dropped", lambda sc: sc.fused_head, keep=_in_forward_dropped),
+    Mechanism("in-forward-lost-after-unexited-backward",
+              lambda sc: sc.fused_head and sc.stage in (1, 2) and unexited_pytorch_style_backward(sc) is not None,
+              in_forward_lost_after_unexited=True),
     Mechanism("middle-micro-steps-dropped", lambda sc: _offloaded(sc) and sc.gas >= 3,
               keep=_middle_micro_steps_dropped),
     Mechanism("last-micro-step-only", lambda sc: _offloaded(sc) and sc.manual_boundary, keep=_last_micro_step_only),
@@ -316,4 +329,5 @@ def applicable(sc: Scenario) -> list[str]:
     return [name for name, m in MECHANISMS.items() if m.applies(sc)]
 
 
-__all__ = ["MECHANISMS", "Contribution", "Grads", "Mechanism", "applicable", "reduced_again", "zero1_owners"]
+__all__ = ["MECHANISMS", "Contribution", "Grads", "Mechanism", "applicable", "reduced_again",
+           "unexited_pytorch_style_backward", "zero1_owners"]

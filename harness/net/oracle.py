@@ -20,7 +20,8 @@ import torch.nn as nn
 
 from zerostate.harness.net import fp16
 from zerostate.harness.net.compare import Params
-from zerostate.harness.net.counterfactual import MECHANISMS, Contribution, Mechanism, reduced_again, zero1_owners
+from zerostate.harness.net.counterfactual import (MECHANISMS, Contribution, Mechanism, reduced_again,
+                                                  unexited_pytorch_style_backward, zero1_owners)
 from zerostate.harness.net.dist import rank_rows, world_size
 from zerostate.harness.net.config import fp16_section, make_optimizer, make_scheduler, param_groups
 from zerostate.harness.net.torch_network import NetOutput, attach_late_module, blocks_of, build_model
@@ -432,7 +433,13 @@ class TorchBackend:
         contributions, self._contributions, self._micro = self._contributions, [], 0
         if overflow:
             return
+        made = {n for c in contributions for n in c.grads}
         kept: list[Contribution] | None = None
+        since = unexited_pytorch_style_backward(self.sc)
+        if since is not None and any(m.in_forward_lost_after_unexited for m in self.mechanisms):
+            step = self.train_step - 1
+            lost = [c for c in contributions if c.kind == "forward" and (step, c.micro) > since]
+            kept = [c for c in contributions if c not in lost] if lost else None
         for m in self.mechanisms:
             if m.keep is not None:
                 chosen = m.keep(kept if kept is not None else contributions, self.gas)
@@ -443,7 +450,6 @@ class TorchBackend:
             for c in kept:
                 for n, g in c.grads.items():
                     summed[n] = summed[n] + g if n in summed else g.clone()
-            made = {n for c in contributions for n in c.grads}
             for n, p in self.master.named_parameters():
                 p.grad = summed.get(n)
                 if p.grad is None and n in made and self.sc.stage in (1, 2):
