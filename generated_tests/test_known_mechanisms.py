@@ -386,24 +386,34 @@ def test_a_gradient_the_mechanism_lost_is_stepped_as_zero_at_zero12(ds):
         assert {explain(f).id if explain(f) else None for f in oracle} == {"two-backwards-per-forward"}
 
 
+_TORCH_RETAINED = {"stage": 1, "fused_head": True, "steps": [{"micro": [{"backward": "torch", "retain": True}]},
+                                                               {"micro": [{"backward": "engine"}]}]}
+_GAS3 = {"stage": 1, "fused_head": True, "manual_boundary": True, "steps": [
+    {"micro": [{"backward": "engine", "retain": True}, {"backward": "engine", "retain": True},
+               {"backward": "torch", "retain": True}]},
+    {"micro": [{"backward": "engine"}, {"backward": "engine"}, {"backward": "engine"}]}]}
+
+
 @pytest.mark.deepspeed
-@pytest.mark.parametrize("optimizer, precision", [("sgd", "fp32"), ("config-adam", "fp32"), ("sgd", "fp16")])
-def test_a_fused_head_after_an_unexited_pytorch_style_backward_loses_its_in_forward_gradient(ds, optimizer,
-                                                                                            precision):
-    """ZeRO-1, a fused loss head; step 0 two PyTorch-style backwards of one forward (the second never exits
-    DeepSpeed's backward), step 1 one engine backward.  Step 0 keeps the last backward and the head's in-forward
-    gradient (`last-backward-only`); at step 1 DeepSpeed does not move the head with SGD, and moves it by Adam's
-    momentum alone: the in-forward gradient of every forward after the unexited backward is lost
-    (`in-forward-lost-after-unexited-backward`, stepped as zero).  The pair explains both steps; no mechanism
-    alone does (default 0.19.8 exploration, four findings unexplained before)."""
+@pytest.mark.parametrize("sc, first", [
+    ({**_TORCH_RETAINED, "optimizer": "sgd"}, "last-backward-only"),
+    ({**_TORCH_RETAINED, "optimizer": "config-adam"}, "last-backward-only"),
+    ({**_TORCH_RETAINED, "precision": "fp16"}, "last-backward-only"),
+    (_GAS3, "boundary-first-backward-lost"),
+], ids=["sgd", "adam", "fp16", "gas3-manual-boundary"])
+def test_a_fused_head_after_an_unexited_pytorch_style_backward_loses_its_in_forward_gradient(ds, sc, first):
+    """ZeRO-1, a fused loss head, a micro-step with two PyTorch-style backwards of one forward (the second never
+    exits DeepSpeed's backward) followed by engine backwards.  The retained step is a known mechanism
+    (`last-backward-only`; at gas 3 with the caller's boundary, `boundary-first-backward-lost`); the micro-step right
+    after loses its in-forward gradient (`in-forward-lost-after-unexited-backward`, stepped as zero): DeepSpeed does
+    not move the head with SGD, moves it by Adam's momentum alone, and at gas 3 keeps the later micro-steps' (after
+    a backward that exits).  The pair explains every step; no mechanism alone does (default 0.19.8 exploration:
+    six findings unexplained before)."""
     if ds.version != "0.19.8":
         pytest.skip("measured on 0.19.8")
-    sc = Scenario.from_dict({"stage": 1, "fused_head": True, "optimizer": optimizer, "precision": precision,
-                             "steps": [{"micro": [{"backward": "torch", "retain": True}]},
-                                       {"micro": [{"backward": "engine"}]}]})
-    oracle = [f for f in ds.run(sc).findings if f.check == "oracle"]
+    oracle = [f for f in ds.run(Scenario.from_dict(sc)).findings if f.check == "oracle"]
     assert oracle, "no oracle finding"
-    pair = {"last-backward-only", "in-forward-lost-after-unexited-backward"}
+    pair = {first, "in-forward-lost-after-unexited-backward"}
     assert all(set(f.evidence.explained_by or ()) == pair for f in oracle), \
         [(f.key, f.evidence.explained_by, f.error[:200]) for f in oracle]
     assert {explain(f).id if explain(f) else None for f in oracle} == {"two-backwards-per-forward"}

@@ -85,9 +85,10 @@ class Mechanism:
     nothing the optimizer steps with: BF16_Optimizer has moved the first backward's gradient into its fp32
     accumulation already, and ``engine.zero_grad`` only sets the parameters' ``.grad`` to None."""
     in_forward_lost_after_unexited: bool = False
-    """After the first micro-step whose retained PyTorch-style second backward never exits DeepSpeed's backward
-    (`unexited_pytorch_style_backward`), what a backward inside each later forward makes (a fused head's) is lost:
-    measured, ZeRO-1 does not move the head at the next step with SGD, and moves it by Adam's momentum alone."""
+    """In the micro-step right after one whose retained PyTorch-style second backward never exits DeepSpeed's
+    backward (`after_unexited_backward`), what a backward inside the forward makes (a fused head's) is lost:
+    measured, ZeRO-1 does not move the head at the next step with SGD and moves it by Adam's momentum alone; with gas
+    3 the next micro-steps' (after a backward that exits) are kept."""
     outside_partition: bool = False
     """At world size > 1, ZeRO-1 with the fp32 gradient accumulation attribute (``grad_accum``): after each
     reduction of the boundary micro-step a rank keeps its gradient of every parameter outside its partition of the
@@ -257,10 +258,13 @@ def _retains(sc: Scenario) -> bool:
     return any(m.retain for _, _, m in sc.micro_steps())
 
 
-def unexited_pytorch_style_backward(sc: Scenario) -> tuple[int, int] | None:
-    """``(step, micro)`` of the first micro-step with two PyTorch-style backwards of one forward (retained): its
-    second one enters DeepSpeed's backward and, with no epilogue, never leaves it; None when there is none."""
-    return next(((si, mi) for si, mi, m in sc.micro_steps() if m.retain and m.backward is BackwardKind.TORCH), None)
+def after_unexited_backward(sc: Scenario) -> frozenset[tuple[int, int]]:
+    """``(step, micro)`` of each micro-step right after one with two PyTorch-style backwards of one forward
+    (retained): that second backward enters DeepSpeed's backward and, with no epilogue, never leaves it, until the
+    next micro-step's own backward does."""
+    order = [(si, mi, m) for si, mi, m in sc.micro_steps()]
+    return frozenset((order[i + 1][0], order[i + 1][1]) for i, (_, _, m) in enumerate(order[:-1])
+                     if m.retain and m.backward is BackwardKind.TORCH)
 
 
 def _zero1_grad_accum_attribute(sc: Scenario) -> bool:
@@ -283,7 +287,7 @@ MECHANISMS: dict[str, Mechanism] = {m.name: m for m in (
     Mechanism("boundary-first-backward-lost", _retains, keep=_boundary_first_backward_lost),
     Mechanism("in-forward-gradient-dropped", lambda sc: sc.fused_head, keep=_in_forward_dropped),
     Mechanism("in-forward-lost-after-unexited-backward",
-              lambda sc: sc.fused_head and sc.stage in (1, 2) and unexited_pytorch_style_backward(sc) is not None,
+              lambda sc: sc.fused_head and sc.stage in (1, 2) and bool(after_unexited_backward(sc)),
               in_forward_lost_after_unexited=True),
     Mechanism("middle-micro-steps-dropped", lambda sc: _offloaded(sc) and sc.gas >= 3,
               keep=_middle_micro_steps_dropped),
@@ -329,5 +333,5 @@ def applicable(sc: Scenario) -> list[str]:
     return [name for name, m in MECHANISMS.items() if m.applies(sc)]
 
 
-__all__ = ["MECHANISMS", "Contribution", "Grads", "Mechanism", "applicable", "reduced_again",
-           "unexited_pytorch_style_backward", "zero1_owners"]
+__all__ = ["MECHANISMS", "Contribution", "Grads", "Mechanism", "after_unexited_backward", "applicable",
+           "reduced_again", "zero1_owners"]

@@ -21,7 +21,7 @@ import torch.nn as nn
 from zerostate.harness.net import fp16
 from zerostate.harness.net.compare import Params
 from zerostate.harness.net.counterfactual import (MECHANISMS, Contribution, Mechanism, reduced_again,
-                                                  unexited_pytorch_style_backward, zero1_owners)
+                                                  after_unexited_backward, zero1_owners)
 from zerostate.harness.net.dist import rank_rows, world_size
 from zerostate.harness.net.config import fp16_section, make_optimizer, make_scheduler, param_groups
 from zerostate.harness.net.torch_network import NetOutput, attach_late_module, blocks_of, build_model
@@ -435,10 +435,9 @@ class TorchBackend:
             return
         made = {n for c in contributions for n in c.grads}
         kept: list[Contribution] | None = None
-        since = unexited_pytorch_style_backward(self.sc)
-        if since is not None and any(m.in_forward_lost_after_unexited for m in self.mechanisms):
-            step = self.train_step - 1
-            lost = [c for c in contributions if c.kind == "forward" and (step, c.micro) > since]
+        if any(m.in_forward_lost_after_unexited for m in self.mechanisms):
+            step, after = self.train_step - 1, after_unexited_backward(self.sc)
+            lost = [c for c in contributions if c.kind == "forward" and (step, c.micro) in after]
             kept = [c for c in contributions if c not in lost] if lost else None
         for m in self.mechanisms:
             if m.keep is not None:
