@@ -392,6 +392,9 @@ _GAS3 = {"stage": 1, "fused_head": True, "manual_boundary": True, "steps": [
     {"micro": [{"backward": "engine", "retain": True}, {"backward": "engine", "retain": True},
                {"backward": "torch", "retain": True}]},
     {"micro": [{"backward": "engine"}, {"backward": "engine"}, {"backward": "engine"}]}]}
+_GAS3_TWO_UNEXITED = {**_GAS3, "steps": [
+    {"micro": [{"backward": "engine", "retain": True}, {"backward": "torch", "retain": True},
+               {"backward": "torch", "retain": True}]}, _GAS3["steps"][1]]}
 
 
 @pytest.mark.deepspeed
@@ -400,15 +403,16 @@ _GAS3 = {"stage": 1, "fused_head": True, "manual_boundary": True, "steps": [
     ({**_TORCH_RETAINED, "optimizer": "config-adam"}, "last-backward-only"),
     ({**_TORCH_RETAINED, "precision": "fp16"}, "last-backward-only"),
     (_GAS3, "boundary-first-backward-lost"),
-], ids=["sgd", "adam", "fp16", "gas3-manual-boundary"])
+    (_GAS3_TWO_UNEXITED, "boundary-first-backward-lost"),
+], ids=["sgd", "adam", "fp16", "gas3-manual-boundary", "gas3-two-unexited"])
 def test_a_fused_head_after_an_unexited_pytorch_style_backward_loses_its_in_forward_gradient(ds, sc, first):
     """ZeRO-1, a fused loss head, a micro-step with two PyTorch-style backwards of one forward (the second never
     exits DeepSpeed's backward) followed by engine backwards.  The retained step is a known mechanism
-    (`last-backward-only`; at gas 3 with the caller's boundary, `boundary-first-backward-lost`); the micro-step right
-    after loses its in-forward gradient (`in-forward-lost-after-unexited-backward`, stepped as zero): DeepSpeed does
-    not move the head with SGD, moves it by Adam's momentum alone, and at gas 3 keeps the later micro-steps' (after
-    a backward that exits).  The pair explains every step; no mechanism alone does (default 0.19.8 exploration:
-    six findings unexplained before)."""
+    (`last-backward-only`; at gas 3 with the caller's boundary, `boundary-first-backward-lost`); the next step's first
+    micro-step loses its in-forward gradient (`in-forward-lost-after-unexited-backward`, stepped as zero): DeepSpeed
+    does not move the head with SGD, moves it by Adam's momentum alone, and at gas 3 keeps the later micro-steps'
+    and those of the retained step itself, a second retained one included.  The pair explains every step; no
+    mechanism alone does (default 0.19.8 explorations: eight findings unexplained before)."""
     if ds.version != "0.19.8":
         pytest.skip("measured on 0.19.8")
     oracle = [f for f in ds.run(Scenario.from_dict(sc)).findings if f.check == "oracle"]

@@ -85,10 +85,10 @@ class Mechanism:
     nothing the optimizer steps with: BF16_Optimizer has moved the first backward's gradient into its fp32
     accumulation already, and ``engine.zero_grad`` only sets the parameters' ``.grad`` to None."""
     in_forward_lost_after_unexited: bool = False
-    """In the micro-step right after one whose retained PyTorch-style second backward never exits DeepSpeed's
-    backward (`after_unexited_backward`), what a backward inside the forward makes (a fused head's) is lost:
-    measured, ZeRO-1 does not move the head at the next step with SGD and moves it by Adam's momentum alone; with gas
-    3 the next micro-steps' (after a backward that exits) are kept."""
+    """In the first micro-step of the train step after one whose retained PyTorch-style second backward never exits
+    DeepSpeed's backward (`after_unexited_backward`), what a backward inside the forward makes (a fused head's) is
+    lost: measured, ZeRO-1 does not move the head at the next step with SGD and moves it by Adam's momentum alone;
+    with gas 3 the later micro-steps' are kept."""
     outside_partition: bool = False
     """At world size > 1, ZeRO-1 with the fp32 gradient accumulation attribute (``grad_accum``): after each
     reduction of the boundary micro-step a rank keeps its gradient of every parameter outside its partition of the
@@ -259,12 +259,12 @@ def _retains(sc: Scenario) -> bool:
 
 
 def after_unexited_backward(sc: Scenario) -> frozenset[tuple[int, int]]:
-    """``(step, micro)`` of each micro-step right after one with two PyTorch-style backwards of one forward
-    (retained): that second backward enters DeepSpeed's backward and, with no epilogue, never leaves it, until the
-    next micro-step's own backward does."""
-    order = [(si, mi, m) for si, mi, m in sc.micro_steps()]
-    return frozenset((order[i + 1][0], order[i + 1][1]) for i, (_, _, m) in enumerate(order[:-1])
-                     if m.retain and m.backward is BackwardKind.TORCH)
+    """``(step, 0)`` for each train step after one with two PyTorch-style backwards of one forward (retained) in a
+    micro-step: that second backward enters DeepSpeed's backward and, with no epilogue, never leaves it.  Measured:
+    the next step's first micro-step loses its in-forward gradient; a later micro-step of the same step (another
+    retained one included) and the next step's later micro-steps keep theirs."""
+    return frozenset((si + 1, 0) for si, step in enumerate(sc.steps[:-1])
+                     if any(m.retain and m.backward is BackwardKind.TORCH for m in step.micro))
 
 
 def _zero1_grad_accum_attribute(sc: Scenario) -> bool:
