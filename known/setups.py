@@ -198,8 +198,8 @@ TWO_BACKWARDS_PER_FORWARD = KnownIssue(
                 for micros in (1, 2) for persist in (0, 8)),
               # ZeRO-1, gas 3, an engine then two PyTorch-style retained micro-steps: no epilogue after the
               # unexited second backward, so step() finds no gradient -- the idle step's KeyError
-              # (step-without-gradient's fingerprint, another mechanism: default 0.19.8 exploration of 8129f7c, clean
-              # without the retains), in fp32 and, with the caller's boundary and fp16, in the overflow check
+              # (step-without-gradient's fingerprint, another mechanism; clean without the retains), in fp32 and,
+              # with the caller's boundary and fp16, in the overflow check
               Scenario.from_dict({"stage": 1, "steps": [{"micro": [
                   {"backward": "engine", "retain": True}, {"backward": "torch", "retain": True},
                   {"backward": "torch", "retain": True}]}]}),
