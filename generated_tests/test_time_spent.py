@@ -74,3 +74,30 @@ def test_an_exploration_on_deepspeed_has_its_time_broken_down(ds):
     assert s["runs"] >= res.examples and s["cpu_seconds"] > 0 and s["oracle_seconds"] > 0
     assert t["cpu_limit"] == pytest.approx(s["cpu_seconds"] / t["cores"], abs=0.01)
     assert t["wall_over_limit"] > 0 and sum(t["phases"].values()) <= t["wall"] + ROUNDING * (len(PHASES) + 1)
+
+
+MEASURE_AGE = """
+import sys, time
+from zerostate.harness.worker_loop import _seconds_since_start
+print(_seconds_since_start(), flush=True)
+sys.stdin.readline()
+"""
+
+
+@pytest.mark.skipif(not __import__("os").path.exists("/proc/uptime"), reason="process start times are Linux's /proc")
+def test_a_process_s_own_start_up_is_at_most_the_time_its_parent_saw_it_take():
+    # A start's "own start-up" (a worker's hello) is the seconds since its process began; measured against
+    # /proc/stat's whole-second btime it came out up to a second long on every start, a forked one's included.
+    import subprocess
+    import sys
+    import time
+    for _ in range(3):
+        t0 = time.monotonic()
+        p = subprocess.Popen([sys.executable, "-c", MEASURE_AGE], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             text=True)
+        assert p.stdout is not None and p.stdin is not None
+        age = float(p.stdout.readline())
+        seen = time.monotonic() - t0
+        p.stdin.close()
+        p.wait(timeout=60)
+        assert 0.0 <= age <= seen + 0.02, (age, seen)  # 0.02: two clock ticks of /proc's start time

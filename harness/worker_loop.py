@@ -88,23 +88,26 @@ def start_deepspeed(skip_shm_comm: bool) -> Hello:
     folder = os.environ.get(jit_ops.ENV, "")
     before = jit_ops.built_ops(folder)
     hello = _start_deepspeed(skip_shm_comm)
-    hello["startup_seconds"] = round(time.time() - _process_start(), 3)
+    hello["startup_seconds"] = round(_seconds_since_start(), 3)
     if os.environ.get("ZEROSTATE_FORKED"):  # forked from a fork server: what its imports and warm-up took
         hello["server_startup_seconds"] = float(os.environ["ZEROSTATE_FORKED"])
     hello["jit_builds"] = jit_ops.new_builds(before, jit_ops.built_ops(folder))
     return hello
 
 
-def _process_start() -> float:
-    """When this process started (Linux: /proc), else when this module was imported."""
+def _seconds_since_start() -> float:
+    """Seconds since this process started (a forked one: since its fork).  Linux: its start in clock ticks since
+    boot (``/proc/PID/stat``) against the uptime (``/proc/uptime``, 10 ms); never against ``btime`` of
+    ``/proc/stat``, a whole second, whose truncation would add up to a second to every start measured.
+    Elsewhere: since this module was imported."""
     try:
         with open(f"/proc/{os.getpid()}/stat") as fh:
             ticks = int(fh.read().rsplit(")", 1)[1].split()[19])
-        with open("/proc/stat") as fh:
-            boot = next(float(ln.split()[1]) for ln in fh if ln.startswith("btime"))
-        return boot + ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError, StopIteration):
-        return _IMPORTED
+        with open("/proc/uptime") as fh:
+            uptime = float(fh.read().split()[0])
+        return max(0.0, uptime - ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return time.time() - _IMPORTED
 
 
 def _start_deepspeed(skip_shm_comm: bool) -> Hello:
