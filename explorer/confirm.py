@@ -183,6 +183,23 @@ class ConfirmQueue(Generic[T]):
         self._pending: list[Job[T]] = []
         self._threads: list[threading.Thread] = []
         self._outstanding = 0
+        self._elsewhere = False
+
+    def served_elsewhere(self) -> None:
+        """Helpers of the caller's take the jobs (`take`, `put_done`): none are replayed inline."""
+        self._elsewhere = True
+
+    def take(self) -> Job[T] | None:
+        """The next job waiting, if any (for a helper of the caller's)."""
+        try:
+            job = self._jobs.get_nowait()
+        except queue.Empty:
+            return None
+        return job
+
+    def put_done(self, job: Job[T], c: Confirmation | BaseException) -> None:
+        """A helper of the caller's replayed ``job`` (or its worker broke: raised by `landed`)."""
+        self._done.put((job, c))
 
     def add_helpers(self, helpers: list[Target]) -> None:
         for w in helpers:
@@ -192,7 +209,7 @@ class ConfirmQueue(Generic[T]):
 
     def submit(self, job: Job[T]) -> None:
         self._outstanding += 1
-        if self._threads:
+        if self._threads or self._elsewhere:
             self._jobs.put(job)
         else:
             self._pending.append(job)
@@ -201,7 +218,7 @@ class ConfirmQueue(Generic[T]):
         """The confirmations that are done (``block``: every one, waiting for them); a helper's error (its
         worker broke) is raised here."""
         while self._outstanding:
-            got = self._from_helper(block) if self._threads else self._inline() if block else None
+            got = self._from_helper(block) if self._threads or self._elsewhere else self._inline() if block else None
             if got is None:
                 return
             self._outstanding -= 1

@@ -69,6 +69,7 @@ from zerostate.model.scenario import Scenario
 from zerostate.specs import exercised, specs_for_stage
 from zerostate.targets.interface import Outcome, Spent, Target
 
+from zerostate.explorer.ahead import Ahead, Searched
 from zerostate.explorer.confirm import Confirmation, ConfirmQueue, Job, Landed
 from zerostate.explorer.exploration_events import (Confirmed, Event, FindingEvent, Progress, Renumbered,
                                                   Restarted, Seen, Shrunk, Stage)
@@ -252,6 +253,7 @@ class _RunsPerWorker:
         self.logs: list[list[Scenario]] = [[] for _ in range(workers)]
         self.starts = [0] * workers
         self.ran_at: dict[Scenario, tuple[int, int, int]] = {}
+        self.histories: dict[Scenario, tuple[Scenario, ...]] = {}
 
     def ran(self, wid: int, sc: Scenario) -> None:
         self.logs[wid].append(sc)
@@ -261,9 +263,18 @@ class _RunsPerWorker:
         self.starts[wid] = len(self.logs[wid])
 
     def ran_since_start(self, wid: int) -> bool:
-        return bool(self.logs[wid][self.starts[wid]:])
+        return bool(self.since_start(wid))
+
+    def since_start(self, wid: int) -> list[Scenario]:
+        return self.logs[wid][self.starts[wid]:]
+
+    def ran_after(self, sc: Scenario, history: tuple[Scenario, ...]) -> None:
+        """``sc`` ran (ahead of the pass) after ``history``, in a worker started fresh before it."""
+        self.histories[sc] = history
 
     def before(self, sc: Scenario) -> list[Scenario]:
+        if sc in self.histories:
+            return list(self.histories[sc])
         wid, start, idx = self.ran_at.get(sc, (0, 0, 0))
         return list(self.logs[wid][start:idx])
 
@@ -321,6 +332,8 @@ class Exploration:
         self.runs_per_worker = _RunsPerWorker(1)
         self.restarts: list[Restarted] = []
         self.confirms: ConfirmQueue[FindingEvent] = ConfirmQueue(target)
+        self.ahead: Ahead | None = None
+        """With helper workers, the searches of the keys next in line, run ahead of the in-order pass (`ahead`)."""
         self._stop_requested = threading.Event()
         self._lanes_stop = threading.Event()
         self._stopped = False
@@ -329,6 +342,11 @@ class Exploration:
         self._ended: float | None = None
         self.phase_seconds: dict[str, float] = {}
         self._spent: Spent | None = None
+        self._cpu0 = time.process_time()
+        self._cpu: float | None = None
+        """This process's CPU time while it explored (every thread's: drawing, searching, judging, the protocol)."""
+        self._search_cpu: list[float] = []
+        """Each Hypothesis search's own thread's CPU time (the pass's and those made ahead)."""
 
     # ------------------------------------------------------------ the consumer's side
     def events(self) -> Generator[Event, None, None]:
@@ -337,6 +355,7 @@ class Exploration:
             raise RuntimeError("an exploration runs once")
         self._started = True
         self._t0 = time.perf_counter()
+        self._cpu0 = time.process_time()
         try:
             if self.jobs > 1 and self.spawn is not None:
                 self.workers += spawn_workers(self.jobs - 1, self.spawn)
@@ -344,6 +363,7 @@ class Exploration:
             yield from self._phases()
         finally:
             self._ended = time.perf_counter()
+            self._cpu = time.process_time() - self._cpu0
             self._spent = spent_by(self.workers)  # before the helpers close
             self._close()
 
@@ -351,6 +371,8 @@ class Exploration:
         """End the run at its next distinct run; what was seen is handed over as seen, then confirmed."""
         self._stop_requested.set()
         self._lanes_stop.set()
+        if self.ahead is not None:
+            self.ahead.stop()
 
     def result(self) -> ExploreResult:
         end = self._ended if self._ended is not None else time.perf_counter()
@@ -365,7 +387,8 @@ class Exploration:
                              frozenset(self.exercised), self.skipped,
                              breakdown(end - self._t0, self.phase_seconds, self._spent, cores(),
                                        (self.completion.draw_seconds, self.completion.waited_seconds)
-                                       if self.completion else None)
+                                       if self.completion else None,
+                                       (self._cpu or 0.0, sum(self._search_cpu)))
                              if self._ended is not None else None,
                              self.reach.to_dict() if self.reach else None)
 
@@ -601,14 +624,26 @@ class Exploration:
             self.by_key.generated_at[f.key] = min(self.by_key.generated_at.get(f.key, position), position)
 
     def _start_shrinking(self) -> None:
-        """Shrinking runs on the first worker alone, started fresh (the same whatever ``jobs`` is); the
-        others confirm."""
-        self.confirms.add_helpers(self.workers[1:])
+        """Shrinking is one pass over the keys on the first worker, started fresh (the same whatever ``jobs`` is);
+        the others replay confirmations and, with shrinking on, run the searches of the keys next in line ahead of
+        the pass (`ahead`)."""
         if self.runs_per_worker.ran_since_start(0) and refresh(self.workers[0]):
             self.runs_per_worker.started_fresh(0)
+        if self.shrink and len(self.workers) > 1:
+            self.ahead = Ahead(self.workers, self._search_ahead_of, self.confirms, self.memo.get,
+                               [self.runs_per_worker.since_start(w) for w in range(len(self.workers))])
+        else:
+            self.confirms.add_helpers(self.workers[1:])
 
     def _shrink(self, stopped: bool) -> Generator[Event, None, bool]:
         """Shrink every key handed over, in order; whether ``stop`` ended the run."""
+        try:
+            return (yield from self._shrink_in_order(stopped))
+        finally:
+            if self.ahead is not None:  # what runs ahead now is thrown away
+                self.ahead.stop()
+
+    def _shrink_in_order(self, stopped: bool) -> Generator[Event, None, bool]:
         by_key = self.by_key
 
         def order(k: str) -> tuple[int, int]:
@@ -625,6 +660,9 @@ class Exploration:
                 return False
             key = self._next_key(todo)
             self._hung = 0
+            if self.ahead is not None:
+                self.ahead.line(self._line(todo))
+                self.ahead.ready(key)
             try:
                 sc = yield from self._search(key)
             except _BudgetSpent:
@@ -642,26 +680,59 @@ class Exploration:
     def _next_key(self, todo: list[str]) -> str:
         """``first``'s keys before the others (explore: the ones no known issue explains, so the hard cap
         falls on documented bugs), each group in queue order."""
+        return self._line(todo)[0]
+
+    def _line(self, todo: list[str]) -> list[str]:
+        """``todo`` in the order the pass takes its keys, as far as known now (`_next_key`)."""
         if self.first is None:
-            return todo[0]
+            return list(todo)
         first = self.first
-        return min(todo, key=lambda k: not first(self.by_key.handed[k].finding))
+        return sorted(todo, key=lambda k: not first(self.by_key.handed[k].finding))
 
     def _search(self, want: str) -> Generator[Event, None, Scenario | None]:
         """Hypothesis's search for ``want`` over the strategy and seed that generated it (a steered run: its
-        round's)."""
+        round's); made ahead whole (`ahead`): its requests walked, each run recorded as the search would."""
+        if self.rounds is not None:
+            self._search_round = self.round_of.setdefault(want, 0)
+        searched = self.ahead.searched.get(want) if self.ahead is not None else None
+        if searched is not None:
+            for sc in searched.asked:
+                yield from self._run(sc)
+            return searched.found
+        return (yield from self._search_with(want, self._run))
+
+    def _search_with(self, want: str, run: Callable[[Scenario], Generator[Event, None, Outcome]],
+                     asked: list[Scenario] | None = None) -> Generator[Event, None, Scenario | None]:
         strategy, seed = self.strategy, self.seed
         if self.rounds is not None:
-            self._search_round = k = self.round_of.setdefault(want, 0)
+            k = self.round_of.get(want, 0)
             strategy, seed = self.rounds.strategy(k), self.rounds.seed_of_round(k)
         search = ShrinkSearch(strategy, self.examples, seed, want, self.memo.get)
         try:
             for sc in search.requests():
-                out = yield from self._run(sc)
+                if asked is not None:
+                    asked.append(sc)
+                out = yield from run(sc)
                 search.answer(out)
         finally:
             search.close()
+            self._search_cpu.append(search.cpu_seconds)
         return search.found
+
+    def _search_ahead_of(self, want: str, run: Callable[[Scenario], Outcome]) -> Searched:
+        """``want``'s search and polish as the pass will make them (`_search`, `_shrunk`), every run through
+        ``run`` (made ahead: `ahead`), nothing recorded or handed over; the search's record."""
+        def step(sc: Scenario) -> Generator[Event, None, Outcome]:
+            return run(sc)
+            yield  # a generator, as the pass's own run is  # pragma: no cover
+
+        asked: list[Scenario] = []
+        sc = _drain(self._search_with(want, step, asked))
+        hit = next((f for f in run(sc).findings if f.key == want), None) if sc is not None else None
+        f = hit if hit is not None else self.by_key.seen.get(want)
+        if self.polish and f is not None:
+            _drain(simplified(f, step))
+        return Searched(tuple(asked), sc)
 
     def _hand_over_unshrunk_as_seen(self, keys: list[str]) -> Iterator[Event]:
         """The keys of ``keys`` not shrunk yet, as the smallest scenario each was seen in (stage ``as seen``)."""
@@ -680,6 +751,11 @@ class Exploration:
             raise _BudgetSpent()
         if self._hung >= HANG_SHRINK_RUNS:  # this key's shrinking runs keep hanging
             raise _HungTooOften()
+        if self.ahead is not None:  # made ahead (else made now), on whichever worker, after its own history
+            got = self.ahead.run(sc)
+            self._hung += any(f.check == "hang" for f in got.outcome.findings)
+            yield from self._record(0, sc, got.outcome, got.restarted, got.history)
+            return got.outcome
         w = self.workers[0]
         before = w.restarts
         out = w.run(sc)
@@ -687,14 +763,20 @@ class Exploration:
         yield from self._record(0, sc, out, w.restarts != before)
         return out
 
-    def _record(self, wid: int, sc: Scenario, out: Outcome, restarted: bool) -> Iterator[Event]:
-        """A distinct run's outcome: memoised, logged in its worker's history, its new keys handed over."""
+    def _record(self, wid: int, sc: Scenario, out: Outcome, restarted: bool,
+                history: tuple[Scenario, ...] | None = None) -> Iterator[Event]:
+        """A distinct run's outcome: memoised, logged in its worker's history (``history``: what its worker ran
+        before it since a fresh start, a run made ahead), its new keys handed over."""
         self.memo[sc] = out
         self.exercised |= exercised(out.trace, specs_for_stage(sc.stage))
         self.skipped += out.skipped is not None
-        self.runs_per_worker.ran(wid, sc)
-        if restarted:  # the next example in this worker starts in a fresh one
+        if history is not None:
+            self.runs_per_worker.ran_after(sc, history)
+        else:
+            self.runs_per_worker.ran(wid, sc)
+        if restarted and history is None:  # the next example in this worker starts in a fresh one
             self.runs_per_worker.started_fresh(wid)
+        if restarted:
             self.restarts.append(Restarted(len(self.memo), _restart_reason(out)))
             yield self.restarts[-1]
         for f in out.findings:
@@ -756,9 +838,22 @@ class Exploration:
     def _close(self) -> None:
         self._lanes_stop.set()
         self.confirms.stop()
+        if self.ahead is not None:
+            self.ahead.close()
         while len(self.workers) > 1:  # a helper in the middle of a replay fails at once: its worker is gone
             close_quietly(self.workers.pop())
         self.confirms.join()
+        if self.ahead is not None:
+            self.ahead.join()
+
+
+def _drain(steps: Generator[Event, None, Any]) -> Any:
+    """What a generator of events returns, its events dropped."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as end:
+            return end.value
 
 
 def explore(target: Target, *, examples: int, seed: int | None = None,

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import queue
 import threading
+import time
 from typing import Any
 from collections.abc import Callable, Iterator
 
@@ -36,21 +37,33 @@ _ENDED = object()
 """Put on the request queue when the search thread ends."""
 
 
+_DEADLINE_LIFTED = [0, 0]
+"""Searches running with the limit lifted, and the limit they found (searches run in several threads at once)."""
+_DEADLINE_LOCK = threading.Lock()
+
+
 @contextlib.contextmanager
 def no_shrink_deadline() -> Iterator[None]:
     """Hypothesis stops shrinking once it has shrunk for ``MAX_SHRINKING_SECONDS`` (300) of wall clock, so on
     a slow or loaded machine a search would end on a less shrunk scenario than on a fast one: the findings
     would depend on the machine's speed.  The exploration bounds shrinking by its hard cap on distinct runs
-    instead, so the limit is lifted while a search runs (Hypothesis keeps it a module global to be patched)."""
+    instead, so the limit is lifted while any search runs (Hypothesis keeps it a module global to be patched;
+    searches ahead of the in-order pass run beside it, so the last one out puts it back)."""
     if not hasattr(hypothesis_engine, "MAX_SHRINKING_SECONDS"):  # a Hypothesis without the limit
         yield
         return
-    saved = hypothesis_engine.MAX_SHRINKING_SECONDS
-    hypothesis_engine.MAX_SHRINKING_SECONDS = 10 ** 9
+    with _DEADLINE_LOCK:
+        if _DEADLINE_LIFTED[0] == 0:
+            _DEADLINE_LIFTED[1] = hypothesis_engine.MAX_SHRINKING_SECONDS
+            hypothesis_engine.MAX_SHRINKING_SECONDS = 10 ** 9
+        _DEADLINE_LIFTED[0] += 1
     try:
         yield
     finally:
-        hypothesis_engine.MAX_SHRINKING_SECONDS = saved
+        with _DEADLINE_LOCK:
+            _DEADLINE_LIFTED[0] -= 1
+            if _DEADLINE_LIFTED[0] == 0:
+                hypothesis_engine.MAX_SHRINKING_SECONDS = _DEADLINE_LIFTED[1]
 
 
 class ShrinkSearch:
@@ -67,6 +80,8 @@ class ShrinkSearch:
         self.want = want
         self.found: Scenario | None = None
         """The smallest scenario with the key Hypothesis ended on (None: the sequence never showed it)."""
+        self.cpu_seconds = 0.0
+        """The CPU time the search's own thread took (Hypothesis drawing and shrinking), once it ended."""
         self._requests: queue.Queue[Any] = queue.Queue()
         self._answers: queue.Queue[Outcome | None] = queue.Queue()
         self._error: BaseException | None = None
@@ -116,6 +131,13 @@ class ShrinkSearch:
         return out
 
     def _search(self) -> None:
+        t0 = time.thread_time()
+        try:
+            self._search_in_thread()
+        finally:
+            self.cpu_seconds = time.thread_time() - t0
+
+    def _search_in_thread(self) -> None:
         final: list[Scenario] = []
 
         @settings(max_examples=self.examples, database=None, deadline=None, derandomize=False,

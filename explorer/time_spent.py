@@ -37,15 +37,20 @@ def spent_by(workers: list[Target]) -> Spent | None:
 
 
 def breakdown(wall: float, phases: dict[str, float], spent: Spent | None, n_cores: int,
-              completion: tuple[float, float] | None = None) -> dict[str, Any]:
+              completion: tuple[float, float] | None = None,
+              explorer: tuple[float, float] | None = None) -> dict[str, Any]:
     """The report's ``time``: ``wall``, ``phases`` (seconds each), what the workers ``spent`` (`Spent.to_dict`,
     or null: not measured), ``cores``, ``cpu_limit`` (the runs' CPU seconds / cores) and ``wall_over_limit``;
     with the pairwise ``completion``'s (draw seconds, seconds a worker waited for its draws), ``completion``
-    (part of the generation phase: drawn beside the generated lanes, what was waited for is its cost)."""
+    (part of the generation phase: drawn beside the generated lanes, what was waited for is its cost); with
+    ``explorer`` (this process's CPU seconds, its Hypothesis searches' share), ``explorer_cpu``: the exploring
+    process is one interpreter, so its own CPU is a floor of its own (one core at most) beside the runs'."""
     out: dict[str, Any] = {"wall": round(wall, 2), "phases": {p: round(phases.get(p, 0.0), 2) for p in PHASES},
                            "spent": spent.to_dict() if spent is not None else None, "cores": n_cores}
     if completion is not None:
         out["completion"] = {"draw_seconds": round(completion[0], 2), "waited_seconds": round(completion[1], 2)}
+    if explorer is not None:
+        out["explorer_cpu"] = {"seconds": round(explorer[0], 2), "searches": round(explorer[1], 2)}
     if spent is not None and spent.cpu_seconds > 0:
         limit = spent.cpu_seconds / n_cores
         out["cpu_limit"] = round(limit, 2)
@@ -72,9 +77,12 @@ def time_line(t: dict[str, Any]) -> str:
     how = f" ({forked} forked from a fork server)" if forked else " (none forked: each a new process)"
     starts = (f"; {s['starts']} worker start(s){how}: {s['start_waited']:.0f} s waited, {s['start_seconds']:.0f} s "
               "their own start-up")
+    e = t.get("explorer_cpu")
+    own = (f"; the explorer's own CPU {e['seconds']:.0f} s (of it its Hypothesis searches' {e['searches']:.0f})"
+           if e else "")
     limit = (f"; the runs' CPU / {t['cores']} core(s) = {t['cpu_limit']:.0f} s, wall {t['wall_over_limit']:.1f}x that"
              if "cpu_limit" in t else "")
-    return head + runs + starts + limit
+    return head + runs + starts + own + limit
 
 
 __all__ = ["PHASES", "breakdown", "cores", "spent_by", "time_line"]

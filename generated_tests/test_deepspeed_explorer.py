@@ -11,7 +11,7 @@ import pytest
 from zerostate.model.scenario import Scenario
 from zerostate.targets.interface import Outcome, Target, get_target
 from zerostate.findings.finding import Finding
-from zerostate.explorer.exploration import explore, hard_cap
+from zerostate.explorer.exploration import Exploration, explore, hard_cap
 from zerostate.explorer.simplify import distance_from_simplest
 from zerostate.explorer.strategies import scenarios
 
@@ -232,6 +232,34 @@ def test_the_same_findings_whatever_the_number_of_jobs():
                   spawn=lambda: get_target("model", design="ds-0.18.5"), lane=20)
     assert _keys(one) and _keys(one) == _keys(two)
     assert one.generated_at == two.generated_at
+
+
+@pytest.mark.parametrize("cap", [None, 90])  # 90 distinct runs: the hard cap ends shrinking before every key is shrunk
+def test_helpers_search_the_keys_next_in_line_ahead_and_the_findings_stay_those_of_one_job(cap, monkeypatch):
+    """Shrinking is one pass over the keys in order; with helper workers the searches of the keys next in line run
+    ahead on them (`explorer.ahead`) and the pass records their runs as its own.  The helpers made some of the
+    pass's runs, and the findings, the distinct runs counted against the cap and where in the generated sequence each
+    key was first met are those of one job."""
+    from zerostate.explorer import exploration
+    if cap is not None:
+        monkeypatch.setattr(exploration, "hard_cap", lambda examples: cap)
+
+    def run(jobs: int) -> Exploration:
+        exp = Exploration(get_target("model", design="ds-0.18.5"), examples=60, seed=None, strategy=CORE,
+                          jobs=jobs, spawn=lambda: get_target("model", design="ds-0.18.5"), lane=20)
+        for _ in exp.events():
+            pass
+        return exp
+    one, two = run(1), run(2)
+    assert one.ahead is None and two.ahead is not None
+    by_helper = [sc for sc, r in two.ahead.ran.items() if r.worker == 1 and sc in two.memo]
+    assert by_helper, "no run of the pass was made ahead on the helper"
+    a, b = one.result(), two.result()
+    assert _keys(a) and _keys(a) == _keys(b)
+    assert (a.examples, a.generated_at) == (b.examples, b.generated_at)
+    shrunk = {f.key: f.shrunk for f in a.findings}
+    assert shrunk == {f.key: f.shrunk for f in b.findings}
+    assert (a.examples == cap and not all(shrunk.values())) if cap else all(shrunk.values()), (a.examples, shrunk)
 
 
 def test_carried_state_gives_the_same_findings_whatever_the_number_of_jobs():

@@ -36,6 +36,10 @@ def test_spent_adds_field_by_field_and_the_limit_is_the_runs_cpu_over_the_cores(
     assert completed["completion"] == {"draw_seconds": 7.25, "waited_seconds": 1.5}
     assert ("(generation 12 s, of it 2 s waiting for the pairwise completion's draws (7 s drawn in all), "
             "shrinking") in time_line(completed)
+    own = breakdown(20.0, {}, total, 2, explorer=(9.5, 4.25))
+    assert own["explorer_cpu"] == {"seconds": 9.5, "searches": 4.25}
+    assert "the explorer's own CPU 10 s (of it its Hypothesis searches' 4)" in time_line(own)
+    assert "explorer's own" not in line  # not measured: not said
 
 
 def test_a_target_without_workers_says_its_runs_are_not_measured():
