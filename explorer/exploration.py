@@ -24,12 +24,14 @@ The phases:
    Then (DeepSpeed targets, the default strategy, ``examples`` >= `goals.FROM_EXAMPLES`) the **goals round**
    (`goals`): every known DeepSpeed issue's family no run reached gets a forced draw that reaches it, or its own
    repro, at the positions after the completion's (`ExploreResult.goals` says which).
-2. **Shrink** (`search`, `simplify`).  On the first worker alone (started fresh), each key in the order of its
+2. **Shrink** (`search`, `simplify`).  One pass on the first worker (started fresh): each key in the order of its
    first generated example (``first``'s keys before the others) gets a Hypothesis search of its own, then
    a greedy polish (`simplify`); the result is `Shrunk`.  A key first met while shrinking is handed over
-   unshrunk at once too, and shrunk in its turn.
-3. **Confirm** (`confirm`).  Each shrunk finding is replayed in a fresh worker (on the other workers while
-   the first shrinks, or on the first after shrinking with one job) and handed over `Confirmed`.
+   unshrunk at once too, and shrunk in its turn.  With helper workers, the searches of the keys next in line
+   run ahead on them (`ahead`): the pass walks each search made ahead and records its runs as its own, against
+   its cap, so the findings are those of one worker.
+3. **Confirm** (`confirm`).  Each shrunk finding is replayed in a fresh worker (on the other workers, before
+   they search ahead, or on the first after shrinking with one job) and handed over `Confirmed`.
 
 The run ends when every key is shrunk and confirmed, or when the distinct target runs (shrinking included)
 reach `hard_cap` (``examples``): the keys not shrunk yet keep the smallest scenario they were seen in
