@@ -705,6 +705,10 @@ class Exploration:
 
     def _search_with(self, want: str, run: Callable[[Scenario], Generator[Event, None, Outcome]],
                      asked: list[Scenario] | None = None) -> Generator[Event, None, Scenario | None]:
+        if self.rounds is None and self.by_key.generated_at.get(want, self.examples + 1) > self.examples:
+            # a key the generated sequence never met (the completion's, the goals', one met while shrinking):
+            # the search replays that sequence, meets it nowhere and shrinks nothing -- seconds of drawing for None
+            return None
         strategy, seed = self.strategy, self.seed
         if self.rounds is not None:
             k = self.round_of.get(want, 0)
