@@ -108,6 +108,10 @@ GOAL_SHARE = 5
 the generated findings'."""
 
 
+SEARCH_AHEAD_ENV = "ZEROSTATE_SEARCH_AHEAD"
+"""``0``: no searches ahead (`ahead`): shrinking's runs are the first worker's alone, the others only confirm (the
+same findings; the benchmark's control)."""
+
 COMPLETION_LANE = 8
 """The pairwise completion's examples per lane (a fixed size, so which examples share a worker does not depend
 on ``jobs``)."""
@@ -301,7 +305,7 @@ class Exploration:
                  stop: Callable[[list[Finding]], bool] | None = None, polish: bool = True, confirm: bool = True,
                  jobs: int = 1, spawn: Callable[[], Target] | None = None, lane: int = LANE,
                  first: Callable[[Finding], bool] | None = None, steer: str | None = None, round_size: int = ROUND,
-                 shrink: bool = True, pairs: bool = True, goals: bool = True):
+                 shrink: bool = True, pairs: bool = True, goals: bool = True, search_ahead: bool | None = None):
         from zerostate.explorer.strategies import scenarios
         self.strategy = strategy if strategy is not None else scenarios()
         self.examples, self.seed, self.lane = examples, seed, lane
@@ -312,6 +316,8 @@ class Exploration:
         if steer is not None and strategy is not None:
             raise ValueError("a steered exploration draws from strategies.scenarios(weights=...), not a strategy given")
         self.steer, self.round_size, self.shrink = steer, round_size, shrink
+        self.search_ahead = (search_ahead if search_ahead is not None
+                             else os.environ.get(SEARCH_AHEAD_ENV, "1") != "0")
         # completion draws from the default strategy's own choice points: not with a strategy of the caller's
         self.pairs = pairs and strategy is None and steer is None
         self.completion: Completion | None = None
@@ -631,7 +637,7 @@ class Exploration:
         the pass (`ahead`)."""
         if self.runs_per_worker.ran_since_start(0) and refresh(self.workers[0]):
             self.runs_per_worker.started_fresh(0)
-        if self.shrink and len(self.workers) > 1:
+        if self.shrink and self.search_ahead and len(self.workers) > 1:
             self.ahead = Ahead(self.workers, self._search_ahead_of, self.confirms, self.memo.get,
                                [self.runs_per_worker.since_start(w) for w in range(len(self.workers))])
         else:

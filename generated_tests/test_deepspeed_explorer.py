@@ -244,14 +244,16 @@ def test_helpers_search_the_keys_next_in_line_ahead_and_the_findings_stay_those_
     if cap is not None:
         monkeypatch.setattr(exploration, "hard_cap", lambda examples: cap)
 
-    def run(jobs: int) -> Exploration:
+    def run(jobs: int, ahead: bool = True) -> Exploration:
         exp = Exploration(get_target("model", design="ds-0.18.5"), examples=60, seed=None, strategy=CORE,
-                          jobs=jobs, spawn=lambda: get_target("model", design="ds-0.18.5"), lane=20)
+                          jobs=jobs, spawn=lambda: get_target("model", design="ds-0.18.5"), lane=20,
+                          search_ahead=ahead)
         for _ in exp.events():
             pass
         return exp
-    one, two = run(1), run(2)
-    assert one.ahead is None and two.ahead is not None
+    one, two, control = run(1), run(2), run(2, ahead=False)
+    assert one.ahead is None and two.ahead is not None and control.ahead is None
+    assert _keys(control.result()) == _keys(two.result())
     by_helper = [sc for sc, r in two.ahead.ran.items() if r.worker == 1 and sc in two.memo]
     assert by_helper, "no run of the pass was made ahead on the helper"
     a, b = one.result(), two.result()
