@@ -110,14 +110,19 @@ def raised_in(trace: Sequence[Event]) -> str:
     return where
 
 
-def _placed(head: str, trace: Sequence[Event] | None) -> str:
-    where = raised_in(trace or ())
+def placement(check: str, trace: Sequence[Event] | None) -> str:
+    """Where a ``check`` finding's run raised (`raised_in`), for the checks whose exception DeepSpeed's run raised;
+    "" for the others and outside any backward.  One place for the fingerprint and `known.labels.root_key`."""
+    return raised_in(trace or ()) if check in _PLACED else ""
+
+
+def _placed(check: str, head: str, trace: Sequence[Event] | None) -> str:
+    where = placement(check, trace)
     return f"{head}@{where}" if where else head
 
 
 def exception_fingerprint(check: str, r: Raised, trace: Sequence[Event] | None = None) -> str:
-    head = f"{check}:{r.type}@{_innermost_deepspeed(r)}:{abstract(r.message)}"
-    return _placed(head, trace) if check in _PLACED else head
+    return _placed(check, f"{check}:{r.type}@{_innermost_deepspeed(r)}:{abstract(r.message)}", trace)
 
 
 def _param_roles(trace: Sequence[Event]) -> dict[str, set[str]]:
@@ -201,7 +206,7 @@ def fingerprint(check: str, code: str, evidence: Evidence, trace: Sequence[Event
     if check in RAISED_CHECKS and evidence.raised is not None and index is None:
         return exception_fingerprint(check, evidence.raised, trace)
     if check in RAISED_CHECKS and origin and index is None:
-        return _placed(f"{check}:{origin}", trace) if check in _PLACED else f"{check}:{origin}"
+        return _placed(check, f"{check}:{origin}", trace)
     if check == "oracle":
         return oracle_fingerprint(evidence.oracle, evidence.explained_by, trace)
     if index is not None or (trace and code and check not in _CODED):

@@ -293,6 +293,14 @@ def test_the_known_issues_scenarios_are_labelled_and_backward_kinds_share_a_grou
     again = (_evt("forward_start"), _evt("user_backward_start", note="engine"),
              _evt("user_backward_end", note="engine"), _evt("user_backward_start", note="engine"))
     assert root_key(replace(eng, trace=again)) == root_key(eng) + " @backward-again"
+    # so is a saved tensor changed under the same two backwards: placed as its fingerprint places it
+    inplace = "one of the variables needed for gradient computation has been modified by an inplace operation"
+    saved = Finding("saved-tensor-intact", f"RuntimeError: {inplace}", SC_A, target="deepspeed",
+                    evidence=Evidence(raised=Raised("RuntimeError", inplace, ())))
+    assert root_key(replace(saved, trace=again)) == root_key(saved) + " @backward-again"
+    assert root_key(replace(saved, trace=hookless)) == root_key(saved) + " @backward"
+    violated = replace(saved, evidence=Evidence())  # the spec's own violation: its key places it, not the trace's end
+    assert root_key(replace(violated, trace=again)) == root_key(violated)
     assert label(eng) is None  # no release: not labelled
     entries = [{"n": 1, "group": "g1", "group_title": "t"}, {"n": 2, "group": "g2"}, {"n": 3, "group": "g1"}]
     assert [(g["key"], g["count"], g["findings"]) for g in groups(entries)] == [("g1", 2, [1, 3]), ("g2", 1, [2])]

@@ -26,7 +26,7 @@ from dataclasses import replace
 from typing import Any
 
 from zerostate.findings.finding import Finding, message_shape
-from zerostate.findings.fingerprint import raised_in
+from zerostate.findings.fingerprint import placement
 from zerostate.findings.harness import harness_error
 from zerostate.known.issue import KnownIssue
 from zerostate.known.issues import explain_all
@@ -75,19 +75,21 @@ def label(f: Finding) -> dict[str, Any] | None:
 
 
 def root_key(f: Finding) -> str:
-    """The check plus the shape of what went wrong, independent of the backward kind; an exception also by which
-    backward raised it (`findings.fingerprint.raised_in`, as its key); for an oracle difference its key (what its
-    run shows of the update: `findings.oracle_class`)."""
+    """The check plus the shape of what went wrong, independent of the backward kind; a raised one (an exception, a
+    saved tensor changed) also by which backward raised it (`findings.fingerprint.placement`, as its key); for an
+    oracle difference its key (what its run shows of the update: `findings.oracle_class`)."""
     if harness_error(f):
         return f"harness error: {harness_error(f)}"
     lines = [ln.strip() for ln in (f.error or "").strip().splitlines() if ln.strip()]
     if f.check == "oracle" and f.evidence.oracle is not None:  # its message names parameters; its key the mechanism
         return f.key
+    # a spec's own violation (no exception) is placed by its event, in its key: the trace's end says nothing of it
+    where = placement(f.check, f.trace) if f.check == "exception" or f.evidence.raised is not None else ""
+    at = f" @{where}" if where else ""
     if f.check in ("exception", "crash", "hang", "internal") and lines:
         exc = next((ln for ln in reversed(lines) if _looks_like_exception(ln)), lines[0])
-        where = raised_in(f.trace or ()) if f.check == "exception" else ""
-        return f"{f.check}: {message_shape(exc)}" + (f" @{where}" if where else "")
-    return f"{f.check}: {message_shape(lines[0])}" if lines else f.check
+        return f"{f.check}: {message_shape(exc)}{at}"
+    return f"{f.check}: {message_shape(lines[0])}{at}" if lines else f.check
 
 
 def group_key(f: Finding) -> str:
