@@ -73,8 +73,8 @@ class ShrinkSearch:
                  known: Callable[[Scenario], Outcome | None]):
         self.strategy = strategy
         self.known = known
-        """The outcome of a scenario run already (memoised), read here without a round trip: the
-        exploration's thread writes it only while this thread waits for an answer."""
+        """The outcome of a scenario run already (memoised), read here without a round trip (a dict read: the
+        pass's thread may add to it meanwhile when this search runs ahead, `ahead`)."""
         self.examples = examples
         self.seed = seed
         self.want = want
