@@ -22,7 +22,7 @@ import threading
 from dataclasses import dataclass
 from collections.abc import Callable
 
-from zerostate.explorer.confirm import ConfirmQueue, confirm
+from zerostate.explorer.confirm import ConfirmQueue
 from zerostate.explorer.generate import Abort
 from zerostate.model.scenario import Scenario
 from zerostate.targets.interface import Outcome, Target
@@ -186,12 +186,9 @@ class Ahead:
             while not self._closed.is_set():
                 job = self.confirms.take()
                 if job is not None:
-                    try:
-                        c = confirm(w, job.key, job.scenario, job.history)
-                    except BaseException as exc:  # noqa: BLE001 -- the worker broke: `landed` raises it
-                        self.confirms.put_done(job, exc)
+                    c = self.confirms.replay(job, w)
+                    if c is None:  # the worker broke
                         return
-                    self.confirms.put_done(job, c)
                     self._since_fresh[worker] = list(c.last_run)
                     continue
                 with self._cond:

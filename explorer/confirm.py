@@ -186,7 +186,7 @@ class ConfirmQueue(Generic[T]):
         self._elsewhere = False
 
     def served_elsewhere(self) -> None:
-        """Helpers of the caller's take the jobs (`take`, `put_done`): none are replayed inline."""
+        """Helpers of the caller's take the jobs (`take`, `replay`): none are replayed inline."""
         self._elsewhere = True
 
     def take(self) -> Job[T] | None:
@@ -197,9 +197,16 @@ class ConfirmQueue(Generic[T]):
             return None
         return job
 
-    def put_done(self, job: Job[T], c: Confirmation | BaseException) -> None:
-        """A helper of the caller's replayed ``job`` (or its worker broke: raised by `landed`)."""
+    def replay(self, job: Job[T], w: Target) -> Confirmation | None:
+        """Replay ``job`` on the helper worker ``w`` and hand its confirmation over; None when the worker broke
+        (the error is raised by `landed`, in the caller's thread)."""
+        try:
+            c = confirm(w, job.key, job.scenario, job.history)
+        except BaseException as exc:  # noqa: BLE001 -- raised in the caller's thread
+            self._done.put((job, exc))
+            return None
         self._done.put((job, c))
+        return c
 
     def add_helpers(self, helpers: list[Target]) -> None:
         for w in helpers:
@@ -256,11 +263,7 @@ class ConfirmQueue(Generic[T]):
             job = self._jobs.get()
             if job is None:
                 return
-            try:
-                c: Confirmation | BaseException = confirm(w, job.key, job.scenario, job.history)
-            except BaseException as exc:  # noqa: BLE001 -- the worker broke: raised in the caller's thread
-                c = exc
-            self._done.put((job, c))
+            self.replay(job, w)
 
 
 __all__ = ["Confirmation", "ConfirmQueue", "Job", "Landed", "MAX_TRIES", "REPEAT", "REPEAT_SECONDS", "STATUSES",

@@ -763,16 +763,17 @@ class Exploration:
             raise _BudgetSpent()
         if self._hung >= HANG_SHRINK_RUNS:  # this key's shrinking runs keep hanging
             raise _HungTooOften()
+        history: tuple[Scenario, ...] | None = None
         if self.ahead is not None:  # made ahead (else made now), on whichever worker, after its own history
             got = self.ahead.run(sc)
-            self._hung += any(f.check == "hang" for f in got.outcome.findings)
-            yield from self._record(0, sc, got.outcome, got.restarted, got.history)
-            return got.outcome
-        w = self.workers[0]
-        before = w.restarts
-        out = w.run(sc)
+            out, restarted, history = got.outcome, got.restarted, got.history
+        else:
+            w = self.workers[0]
+            before = w.restarts
+            out = w.run(sc)
+            restarted = w.restarts != before
         self._hung += any(f.check == "hang" for f in out.findings)
-        yield from self._record(0, sc, out, w.restarts != before)
+        yield from self._record(0, sc, out, restarted, history)
         return out
 
     def _record(self, wid: int, sc: Scenario, out: Outcome, restarted: bool,
