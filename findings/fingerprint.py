@@ -8,7 +8,8 @@ name, a size, a count or a step number, which shrinking changes; never the known
 * an exception: its check, its type, the innermost DeepSpeed frame it passed (module and function; zerostate's
   calling frame or the innermost one when it passed none), its message with numbers, names and paths blanked
   (`abstract`) and which backward it was raised in (`raised_in`: the same message from the same function is two
-  bugs when one is raised in the first backward through a graph and the other in a second one);
+  bugs when one is raised in the first backward through a graph and the other in a second one), or, raised in
+  the step, what that step had (no backward, a backward never exited, a backward without gradients);
 * a spec violation: the spec's code, the violating event's kind and phase, where it happened (the user's
   backward's own graph task, a reentrant checkpoint's nested one, outside any backward), and the roles of the
   parameters involved (`roles`);
@@ -86,28 +87,67 @@ reference's own run)."""
 def raised_in(trace: Sequence[Event]) -> str:
     """Which backward the run was in when it raised, from its trace (the events up to the raise): ``backward``
     (the first backward through the graph of the last forward), ``backward-again`` (a later one through the same
-    graph: ``retain_graph``), either with ``/nested`` while a reentrant checkpoint's nested graph task ran; ""
-    outside any backward (a forward, an evaluation, ``initialize``, the step, a checkpoint: measured, one bug
-    raises in the training forward, the eval forward or a checkpoint's, so they stay one identity).  Never a step
-    number, a module or how many micro-steps ran before, which shrinking changes."""
+    graph: ``retain_graph``), either with ``/nested`` while a reentrant checkpoint's nested graph task ran; in the
+    step, what the step had to work on when it was not a step after a backward (`step_context`); "" otherwise
+    (a forward, an evaluation, ``initialize``, a step after a backward, a checkpoint: measured, one bug raises in
+    the training forward, the eval forward or a checkpoint's, so they stay one identity).  Never a step number, a
+    module or how many micro-steps ran before, which shrinking changes."""
     where, backwards = "", 0
     tasks: dict[int, str | None] = {}  # the graph tasks started and not ended: id -> outer / nested / pre
-    for e in trace:
+    step_at = None
+    for i, e in enumerate(trace):
         k = e.kind
         if k is EventKind.FORWARD_START:
-            where, backwards = "", 0
+            where, backwards, step_at = "", 0, None
         elif k is EventKind.USER_BACKWARD_START:
             backwards += 1
             where = "backward" if backwards == 1 else "backward-again"
-        elif k in (EventKind.EVAL_FORWARD_START, EventKind.USER_BACKWARD_END, EventKind.STEP):
-            where = ""
+        elif k in (EventKind.EVAL_FORWARD_START, EventKind.USER_BACKWARD_END):
+            where, step_at = "", None
+        elif k is EventKind.STEP:
+            where, step_at = "", i
         elif k is EventKind.TASK_START and e.task is not None:
             tasks[e.task] = e.note
         elif k is EventKind.TASK_END and e.task is not None:
             tasks.pop(e.task, None)
     if where and tasks and list(tasks.values())[-1] == "nested":
         return f"{where}/nested"
+    if step_at is not None:
+        return step_context(trace, step_at)
     return where
+
+
+def step_context(trace: Sequence[Event], at: int) -> str:
+    """What the step at ``trace[at]`` had to step, when it was not the gradients of a backward: ``step/no-backward``
+    (no user backward since the step before, or the start: an idle step), ``step/backward-unexited`` (DeepSpeed's
+    backward was entered and not exited: its depth is up at the step, so no epilogue reduced), ``step/no-gradient``
+    (the last user backward, with the forward it went through, fired no gradient hook); "" for a step after a
+    backward that made gradients.  One crash in ``step()`` (``KeyError`` in the norm of the gradients) is what
+    three mechanisms leave, and the step's context is what tells them apart in the run."""
+    backwards: list[int] = []
+    for i in range(at - 1, -1, -1):
+        k = trace[i].kind
+        if k is EventKind.STEP:
+            break
+        if k is EventKind.USER_BACKWARD_START:
+            backwards.append(i)
+    if not backwards:
+        return "step/no-backward"
+    depth = next((e.value for e in reversed(trace[:at])
+                  if e.kind in (EventKind.ENTER_BACKWARD, EventKind.EXIT_BACKWARD)), 0)
+    if isinstance(depth, int) and depth > 0:
+        return "step/backward-unexited"
+    last = backwards[0]
+    end = next((i for i in range(last, at) if trace[i].kind is EventKind.USER_BACKWARD_END), at)
+    # from its forward: a fused loss's backward runs inside the forward
+    start = next((i for i in range(last, -1, -1) if trace[i].kind in (EventKind.FORWARD_START, EventKind.STEP)), 0)
+    if not any(e.kind in _GRADIENT_MADE for e in trace[start:end]):
+        return "step/no-gradient"
+    return ""
+
+
+_GRADIENT_MADE = frozenset({EventKind.GRAD_HOOK, EventKind.LEAF_HOOK, EventKind.BUCKET_ADD})
+"""The events that say a backward made a parameter's gradient (the hooks DeepSpeed registers, its bucket)."""
 
 
 def placement(check: str, trace: Sequence[Event] | None) -> str:
@@ -220,4 +260,4 @@ _CODED = frozenset({"checkpoint", "carried-state", "persistence", "teardown", "r
 
 
 __all__ = ["RAISED_CHECKS", "abstract", "exception_fingerprint", "fingerprint", "oracle_fingerprint", "params_in",
-           "raised_in", "roles", "spec_fingerprint"]
+           "raised_in", "roles", "spec_fingerprint", "step_context"]

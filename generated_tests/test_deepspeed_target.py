@@ -211,6 +211,37 @@ def test_one_message_from_one_function_is_two_bugs_when_raised_in_two_places(ds)
     assert unique_by_key([leaf, again]) == [leaf, again]
 
 
+def test_one_crash_in_step_is_three_bugs_by_what_the_step_had(ds):
+    """ZeRO-1's ``step()`` raises ``KeyError: 0`` in ``scaled_global_norm`` after an idle step (no backward since
+    the step before: `step-without-gradient`), after PyTorch-style retained backwards that entered DeepSpeed's
+    backward and never exited it (`two-backwards-per-forward`), and after a backward that made no gradient
+    (`zero12-backward-without-gradients`).  One key before the step's context was in the fingerprint: explore
+    kept whichever it met first.  Now three findings, each labelled by its own issue."""
+    from zerostate.findings.build import unique_by_key
+    if ds.version != PINNED:
+        pytest.skip(f"measured on {PINNED}")
+    block = {"checkpoint": "none", "lin": "trainable", "norm": "trainable"}
+    runs = {"step-without-gradient": {"steps": [{"idle": True, "micro": [{"backward": "engine"}]}]},
+            "two-backwards-per-forward": {"steps": [{"micro": [{"backward": "engine", "retain": True},
+                                                               {"backward": "torch", "retain": True},
+                                                               {"backward": "torch", "retain": True}]}]},
+            "zero12-backward-without-gradients": {"blocks": [{"checkpoint": "none", "lin": "unused",
+                                                              "norm": "unused"}],
+                                                  "steps": [{"micro": [{"backward": "torch"}]}]}}
+    crashes = []
+    for issue, d in runs.items():
+        sc = Scenario.from_dict({"blocks": [block], "stage": 1, **d})
+        out = ds.run(sc)
+        crash = [f for f in out.findings if f.check == "exception"]
+        assert crash and crash[0].origin == "KeyError@runtime.zero.stage_1_and_2.scaled_global_norm", \
+            (issue, _fmt(out.findings))
+        assert explain(crash[0]) is not None and explain(crash[0]).id == issue, (issue, crash[0].key)
+        crashes.append(crash[0])
+    assert [c.key.rsplit("@", 1)[1] for c in crashes] == ["step/no-backward", "step/backward-unexited",
+                                                           "step/no-gradient"]
+    assert unique_by_key(crashes) == crashes
+
+
 @pytest.mark.parametrize("backward", ["engine", "torch"])
 def test_zero1_bf16_backward_without_gradients_is_its_known_issue(ds, backward):
     """BF16_Optimizer's route of zero12-backward-without-gradients (ZeRO-1, bf16, fp32 gradient accumulation): step()

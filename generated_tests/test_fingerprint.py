@@ -86,7 +86,8 @@ def _size_crash(trace, function="backward"):
 
 _FWD = (Event(K.FORWARD_START), Event(K.FORWARD_END))
 _BWD = (Event(K.USER_BACKWARD_START, note="engine"), Event(K.TASK_START, task=0, note="outer"))
-_DONE = (Event(K.TASK_END, task=0), Event(K.USER_BACKWARD_END, note="engine"))
+_GRAD = (Event(K.GRAD_HOOK, param="blocks.0.lin.weight", task=0),)
+_DONE = _GRAD + (Event(K.TASK_END, task=0), Event(K.USER_BACKWARD_END, note="engine"))
 
 
 def test_an_exception_is_also_which_backward_raised_it():
@@ -115,6 +116,36 @@ def test_an_exception_is_also_which_backward_raised_it():
     assert Finding("exception", "boom", None, again, origin="KeyError@runtime.x").key == \
         "exception:KeyError@runtime.x@backward-again"
     assert Finding("exception", "boom", None, after, origin="KeyError@runtime.x").key == "exception:KeyError@runtime.x"
+
+
+def test_a_crash_in_the_step_is_also_what_that_step_had():
+    """0.19.8's ZeRO-1/2 ``step()`` raises ``KeyError: 0`` in ``scaled_global_norm`` for three mechanisms: a step
+    with no backward since the step before (`step-without-gradient`), a step whose backward entered DeepSpeed's
+    and never exited (no epilogue reduced: `two-backwards-per-forward`'s PyTorch-style retained backwards), a step
+    whose last backward fired no gradient hook (`zero12-backward-without-gradients`).  The step's context, read
+    from the trace, keeps them three findings; a step after a backward that made gradients adds nothing."""
+    def key_error(trace):
+        frames = (Frame("deepspeed", "runtime/zero/stage_1_and_2.py", "scaled_global_norm", 9,
+                        "deepspeed.runtime.zero.stage_1_and_2"),)
+        return Finding("exception", "KeyError: 0", None, trace, None, "deepspeed", "0.19.8",
+                       evidence=Evidence(raised=Raised("KeyError", "0", frames)))
+    step = (Event(K.STEP, value=0),)
+    trained = _FWD + _BWD + _DONE + step
+    idle = trained + step  # a second step, no backward since the first
+    hookless = _FWD + _BWD + (Event(K.TASK_END, task=0), Event(K.USER_BACKWARD_END, note="torch")) + step
+    unexited = _FWD + _BWD + (Event(K.ENTER_BACKWARD, value=1),) + _DONE + step
+    exited = _FWD + _BWD + (Event(K.ENTER_BACKWARD, value=1),) + _GRAD + (Event(K.EXIT_BACKWARD, value=0),) + \
+        _DONE[1:] + step
+    assert [raised_in(t) for t in (trained, idle, step, hookless, unexited, exited)] == [
+        "", "step/no-backward", "step/no-backward", "step/no-gradient", "step/backward-unexited", ""]
+    keys = {key_error(t).key for t in (trained, idle, hookless, unexited)}
+    assert len(keys) == 4
+    assert key_error(idle).key == "exception:KeyError@runtime.zero.stage_1_and_2.scaled_global_norm:N@step/no-backward"
+    # a fused loss's backward made its gradients in the forward: the step had them
+    fused = _FWD[:1] + _GRAD + _FWD[1:] + _BWD + (Event(K.TASK_END, task=0), Event(K.USER_BACKWARD_END)) + step
+    assert raised_in(fused) == ""
+    # a raise after the step's forward started is the forward's again
+    assert raised_in(idle + _FWD[:1]) == ""
 
 
 def test_an_oracle_difference_is_its_counterfactual_class_never_its_label():
