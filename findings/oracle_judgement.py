@@ -101,7 +101,8 @@ def ulp(dtype: str, x: float) -> float:
 
 
 def update_limit(p: ParamStep, kind: str, sc: Scenario) -> float:
-    """How far DeepSpeed's update of ``p`` may be from PyTorch's: `tolerance.update_rtol` of PyTorch's update plus
+    """How far DeepSpeed's update of ``p`` may be from PyTorch's (in mixed precision: beyond each element's
+    measured noise, `ParamStep.update_excess_max`): `tolerance.update_rtol` of PyTorch's update plus
     `tolerance.ULPS` units in the last place of ``p``'s dtype at its magnitude.  In mixed precision a parameter
     kept in fp32 (a LoRA adapter, a norm) takes a master weight's share: its update, too, is computed from 16-bit
     gradients."""
@@ -123,14 +124,15 @@ def _rows(kind: str, step: int, params: Sequence[ParamStep], sc: Scenario) -> tu
             continue
         num, den = num + p.dot, den + p.update_sq
         lim = update_limit(p, kind, sc)
-        if p.update_err_max <= lim:
+        err = p.update_excess_max if p.update_excess_max is not None else p.update_err_max  # beyond the noise
+        if err <= lim:
             continue
         pt_norm = math.sqrt(p.update_sq)
         if pt_norm == 0.0:
             moved.append(p.name)
         again = (p.again_dot / p.again_sq if p.again_sq else None) if p.again_dot is not None else None
         cf = {c.name: c.err_max <= lim for c in p.counterfactuals}
-        rows.append((p.update_err_max / lim if lim > 0 else math.inf,
+        rows.append((err / lim if lim > 0 else math.inf,
                      ParamDiff(p.name, p.update_err_max, p.dot / p.update_sq if p.update_sq > 0 else None, pt_norm,
                                p.ds_update_norm, again, cf.get("last_only"), cf.get("but_last"))))
     rows.sort(key=lambda r: -r[0])

@@ -151,6 +151,14 @@ class ParamStep:
     """max |pt - pt's start|."""
     dtype: str = "float32"
     """DeepSpeed's tensor's dtype (``float32``, ``bfloat16``, ``float16``): the resolution its update has."""
+    noise_max: float = 0.0
+    """Mixed precision: the largest element of the update's measured noise (`harness.net.oracle.TorchBackend._noise`:
+    how much of each element the 16-bit precision leaves undetermined; Adam makes a gradient element near its
+    ``eps`` any share of the learning rate); 0 in fp32."""
+    update_excess_max: float | None = None
+    """Mixed precision: max over the elements of how far DeepSpeed's update is from PyTorch's beyond
+    `tolerance.NOISE_TIMES` times that element's measured noise (what the judgement compares, in place of
+    ``update_err_max``, with the limit); None without a noise measurement (fp32, a step the scaler skipped)."""
 
 
 @dataclass(frozen=True)

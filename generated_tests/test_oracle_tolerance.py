@@ -32,15 +32,16 @@ def target():
     t.close()
 
 
-def _scenario(precision: str, world_size: int) -> Scenario:
+def _scenario(precision: str, world_size: int, optimizer: str) -> Scenario:
     return Scenario.from_dict({"stage": 2, "precision": precision, "blocks": [{}, {}], "steps": [{}, {}],
-                               "world_size": world_size})
+                               "world_size": world_size, "optimizer": optimizer})
 
 
+@pytest.mark.parametrize("optimizer", ["sgd", "config-adam"])  # Adam: the tolerance widened by the measured noise
 @pytest.mark.parametrize("world_size", [1, 2, 4])
 @pytest.mark.parametrize("precision", ["fp32", "fp16", "bf16"])
-def test_every_injected_error_is_caught_and_the_run_itself_agrees(target, precision, world_size):
-    sc = _scenario(precision, world_size)
+def test_every_injected_error_is_caught_and_the_run_itself_agrees(target, precision, world_size, optimizer):
+    sc = _scenario(precision, world_size, optimizer)
     target.perturb = ()
     clean = target.run(sc)
     assert not clean.skipped and clean.steps == 2, clean.skipped
@@ -54,4 +55,42 @@ def test_every_injected_error_is_caught_and_the_run_itself_agrees(target, precis
             target.perturb = ()
         if not any(f.check == "oracle" for f in out.findings):
             missed.append(name)
-    assert not missed, f"{precision} at world size {world_size}: not caught: {missed}"
+    assert not missed, f"{precision} at world size {world_size}, {optimizer}: not caught: {missed}"
+
+
+NOISE_FINDINGS = {
+    # ZeRO-3 bf16 llama + LoRA under zero.Init, tied embeddings, config Adam: lora_B's gradient elements are ~1e-8,
+    # Adam's eps, so its first update of them is any share of the learning rate (0.58x against DeepSpeed's 0.55x)
+    "lora-near-eps": {"stage": 3, "precision": "bf16", "family": "llama", "lora": True, "zero_init": True,
+                      "tie": True, "optimizer": "config-adam", "persistence_threshold": 0, "width": 8,
+                      "steps": [{"micro": [{"backward": "engine"}]}]},
+    # ZeRO-1 bf16 with fp32 accumulation at world size 4, config Adam, one retained backward
+    "ws4-bf16-adam": {"stage": 1, "precision": "bf16", "fp32_grad_accum": True, "world_size": 4, "width": 7,
+                      "optimizer": "config-adam", "max_reuse_distance": 128,
+                      "steps": [{"micro": [{"backward": "engine", "retain": True}]}]},
+}
+
+
+def _without_noise(record):
+    """``record`` as the oracle judged it before it measured the noise: every update's whole difference counts."""
+    from dataclasses import replace
+
+    def bare(params):
+        return None if params is None else tuple(replace(p, update_excess_max=None) for p in params)
+    return replace(record, steps=tuple(replace(s, params=bare(s.params), masters=bare(s.masters))
+                                       for s in record.steps))
+
+
+@pytest.mark.parametrize("name", sorted(NOISE_FINDINGS))
+def test_an_update_the_precision_does_not_determine_is_noise_not_a_finding(target, name):
+    """Two oracle findings of the default 0.19.8 exploration that no mechanism explained (master weights 1-2 %
+    off in norm, one element a few percent of the learning rate): Adam's update of a gradient element near its
+    ``eps`` is undetermined by a 16-bit gradient.  Judged beyond each element's measured noise they agree; the
+    same run's record judged on the whole difference (as before the noise was measured) reads as a difference."""
+    from zerostate.findings.oracle_judgement import verdict
+    sc = Scenario.from_dict(NOISE_FINDINGS[name])
+    target.perturb = ()
+    out = target.run(sc)
+    assert not [f.key for f in out.findings] and out.record is not None
+    assert verdict(out.record, sc) is None
+    assert verdict(_without_noise(out.record), sc) is not None

@@ -187,6 +187,7 @@ def execute(sc: Scenario, on_step: OnStep | None = None, perturb: Perturbation =
         rec.start = (started["ds"], masters0)
         tracer = traced = Tracer(built.engine, sc).install()
         counterfactuals = oracle_info.get("counterfactuals") or []
+        noise = oracle_info.get("noise") or []
 
         def after_step(i: int) -> None:
             with traced.paused():
@@ -196,13 +197,15 @@ def execute(sc: Scenario, on_step: OnStep | None = None, perturb: Perturbation =
             cfs = {"last_only": cf["last_only"], "but_last": cf["but_last"]} if cf is not None else None
             seen = _perturbed(got, started["ds"], perturb) or got
             seen_masters = _perturbed(got_masters, started["ds_masters"], perturb)
+            nz = noise[i] if i < len(noise) else None
             params = param_steps(expected[i], seen, started["pt"], started["ds"], started["pt_earlier"], cfs,
-                                 oracle_info["initial"], initial_ds)
+                                 oracle_info["initial"], initial_ds, noise=nz)
             masters = None
             if seen_masters is not None and started["ds_masters"] is not None:
                 masters = param_steps(expected[i], seen_masters, started["pt"], started["ds_masters"],
                                       started["pt_earlier"], cfs, oracle_info["initial"], oracle_info["initial"],
-                                      only_got=True)
+                                      only_got=True, noise=nz)
+            rec.noise.append(nz)
             rec.steps.append(StepObservation(i, params, masters, len(built.generated), initial_ds is not None,
                                              len(built.reads)))
             rec.seen.append((seen, seen_masters))
@@ -285,11 +288,13 @@ def _against(sc: Scenario, rec: _Observed, mechanisms: tuple[str, ...], pt_initi
     pt_start, pt_earlier = info["initial"], None
     ds_start, ds_masters_start = rec.start
     for i, (got, got_masters) in enumerate(rec.seen[:len(expected)]):
-        params = param_steps(expected[i], got, pt_start, ds_start, pt_earlier, None, info["initial"], ds_initial)
+        nz = rec.noise[i] if i < len(rec.noise) else None  # the correct reference's: the same gradients' rounding
+        params = param_steps(expected[i], got, pt_start, ds_start, pt_earlier, None, info["initial"], ds_initial,
+                             noise=nz)
         masters = None
         if got_masters is not None and ds_masters_start is not None:
             masters = param_steps(expected[i], got_masters, pt_start, ds_masters_start, pt_earlier, None,
-                                  info["initial"], info["initial"], only_got=True)
+                                  info["initial"], info["initial"], only_got=True, noise=nz)
         steps.append(StepObservation(i, params, masters, rec.steps[i].generations, ds_initial is not None,
                                      rec.steps[i].reads))
         pt_start, pt_earlier, ds_start, ds_masters_start = expected[i], pt_start, got, got_masters
@@ -374,6 +379,8 @@ class _Observed:
         """DeepSpeed's parameters and master weights after each train step (held against counterfactuals)."""
         self.start: tuple[Params, Params | None] = ({}, None)
         """DeepSpeed's parameters and master weights before training."""
+        self.noise: list[Params | None] = []
+        """Mixed precision: the oracle's noise of each train step's updates (`OracleInfo.noise`)."""
 
     def record(self) -> RunRecord:
         engine = self.settings

@@ -14,6 +14,7 @@ import torch
 
 from zerostate.findings.record import (MAX_FRAMES, PACKAGES, Comparison, Counterfactual, Elementwise,
                                        ExceptionRecord, Frame, ParamStep)
+from zerostate.findings.tolerance import NOISE_TIMES
 
 Params = Mapping[str, torch.Tensor]
 
@@ -38,15 +39,22 @@ def comparison(want: Params, got: Params) -> Comparison:
     return tuple(out)
 
 
+def _beyond(diff: torch.Tensor, allowed: torch.Tensor) -> float:
+    """The largest |element| of ``diff`` beyond ``allowed`` (element-wise), 0 within it."""
+    return _max_abs((diff.abs() - allowed).clamp(min=0))
+
+
 def param_steps(expected: Params, got: Params, pt_start: Params | None, ds_start: Params | None,
                 pt_earlier: Params | None = None, counterfactuals: Mapping[str, Params] | None = None,
                 pt_run_start: Params | None = None, ds_run_start: Params | None = None,
-                only_got: bool = False) -> tuple[ParamStep, ...]:
+                only_got: bool = False, noise: Params | None = None) -> tuple[ParamStep, ...]:
     """Every parameter of ``expected`` (PyTorch's after the step) against ``got`` (DeepSpeed's), in
     ``expected``'s order; ``only_got``: the parameters ``got`` has (the master weights DeepSpeed keeps).
     ``pt_start`` / ``ds_start``: where each side began the step; ``pt_earlier``: where PyTorch began the step
     before; ``counterfactuals``: the oracle's updates of the step from a part of its gradient;
-    ``pt_run_start`` / ``ds_run_start``: where each side began the run."""
+    ``pt_run_start`` / ``ds_run_start``: where each side began the run; ``noise``: how much of each element of each
+    update the 16-bit precision leaves undetermined (the oracle's, `OracleInfo.noise`): the update's and the
+    counterfactuals' differences are then also taken beyond it (`ParamStep.update_excess_max`)."""
     out = []
     for n, want in expected.items():
         a = got.get(n)
@@ -70,8 +78,14 @@ def param_steps(expected: Params, got: Params, pt_start: Params | None, ds_start
             if e0 is not None and e0.shape == p0.shape:
                 prev = p0 - e0.float()
                 fields.update(again_dot=(ds * prev).sum().item(), again_sq=prev.pow(2).sum().item())
+            nz = noise.get(n) if noise else None
+            allowed = None
+            if nz is not None and nz.shape == ds.shape:
+                allowed = NOISE_TIMES * nz.float()
+                fields.update(noise_max=_max_abs(nz), update_excess_max=_beyond(ds - pt, allowed))
             fields["counterfactuals"] = tuple(
-                Counterfactual(name, _max_abs(ds - cf[n].float()))
+                Counterfactual(name, _max_abs(ds - cf[n].float()) if allowed is None
+                               else _beyond(ds - cf[n].float(), allowed))
                 for name, cf in (counterfactuals or {}).items() if n in cf and cf[n].shape == ds.shape)
         r0 = None if pt_run_start is None else pt_run_start.get(n)
         if r0 is not None and r0.shape == want.shape:

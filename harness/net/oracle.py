@@ -26,6 +26,7 @@ from zerostate.harness.net.dist import rank_rows, world_size
 from zerostate.harness.net.config import fp16_section, make_optimizer, make_scheduler, param_groups
 from zerostate.harness.net.torch_network import NetOutput, attach_late_module, blocks_of, build_model
 from zerostate.harness.net.schedule import generation_output, loss_of, no_grad_forward, rows_share, run_schedule
+from zerostate.findings.tolerance import rounding_eps
 from zerostate.model.scenario import BackwardKind, Family, Gather, Precision, Scenario, Scheduler
 
 
@@ -64,6 +65,8 @@ class OracleInfo(TypedDict, total=False):
     """Every parameter at each ``gather: read``, flattened one after another."""
     counterfactuals: list[Counterfactuals]
     """Each train step's counterfactual updates (`Counterfactuals`); empty ones for a step the scaler skipped."""
+    noise: list[Params]
+    """Mixed precision: each train step's `TorchBackend.noise`; empty in fp32."""
 
 
 class Counterfactuals(TypedDict):
@@ -115,6 +118,9 @@ class TorchBackend:
         """Every parameter at each ``gather: read``, flattened one after another."""
         self.counterfactuals: list[Counterfactuals] = []
         """Each train step's counterfactual updates (`Counterfactuals`)."""
+        self.noise: list[Params] = []
+        """Mixed precision, the correct reference: each train step's `_noise` ({} for a step the scaler skipped)."""
+        self._rounding = rounding_eps(sc) if not self.mechanisms else None
         self._last: Params = {}
         self.half = HALF.get(sc.precision)
         """The 16-bit dtype forward and backward run in (mixed precision), else None."""
@@ -294,20 +300,61 @@ class TorchBackend:
         total = {n: p.grad.detach().clone() for n, p in self.master.named_parameters() if p.grad is not None}
         last = {n: self._last[n].float() * unscale if n in self._last else torch.zeros_like(g)
                 for n, g in total.items()}
-        return {"last_only": self._update_from(last), "but_last": self._update_from(
-            {n: g - last[n] for n, g in total.items()})}
+        last_only, but_last = self._updates_from([last, {n: g - last[n] for n, g in total.items()}])
+        return {"last_only": last_only, "but_last": but_last}
 
-    def _update_from(self, grads: Params) -> Params:
-        """What this step's optimizer (clipping included) does with ``grads``, on copies of the master parameters
-        and the optimizer's state."""
-        master, opt = copy.deepcopy((self.master, self.opt))
-        before = {n: p.detach().clone() for n, p in master.named_parameters()}
-        for n, p in master.named_parameters():
-            p.grad = grads[n].clone() if n in grads else None
-        if self.clip > 0:
-            torch.nn.utils.clip_grad_norm_([p for g in opt.param_groups for p in g["params"]], self.clip)
-        opt.step()
-        return {n: p.detach() - before[n] for n, p in master.named_parameters()}
+    def _updates_from(self, grad_sets: Sequence[Params]) -> list[Params]:
+        """What this step's optimizer (clipping included) does with each of ``grad_sets``, each from where the step
+        starts: on clones of the parameters it holds and of its state, one optimizer of the same kind over them
+        (the model is not copied: the parameters in no group do not move)."""
+        held = [p for g in self.opt.param_groups for p in g["params"]]
+        clones = {id(p): p.detach().clone() for p in held}
+        groups = [{**{k: v for k, v in g.items() if k != "params"}, "params": [clones[id(p)] for p in g["params"]]}
+                  for g in self.opt.param_groups]  # every group carries its own hyperparameters (lr as scheduled)
+        opt = type(self.opt)(groups)  # type: ignore[call-arg]  # SGD and AdamW: lr has a default
+        named = list(self.master.named_parameters())
+        out: list[Params] = []
+        for grads in grad_sets:
+            opt.state.clear()
+            with torch.no_grad():
+                for n, p in named:
+                    c = clones.get(id(p))
+                    if c is None:
+                        continue
+                    c.copy_(p)
+                    c.grad = grads[n].clone() if n in grads else None
+                    if p in self.opt.state:
+                        opt.state[c] = {k: v.clone() if isinstance(v, torch.Tensor) else v
+                                        for k, v in self.opt.state[p].items()}
+            if self.clip > 0:
+                torch.nn.utils.clip_grad_norm_(list(clones.values()), self.clip)
+            opt.step()
+            out.append({n: clones[id(p)] - p.detach() if id(p) in clones else torch.zeros_like(p) for n, p in named})
+        return out
+
+    def _noise(self, rounding: float) -> Params:
+        """How much of each element of each parameter's update this step the 16-bit precision leaves
+        undetermined: the larger change of the update (the optimizer's step, clipping included) when every element
+        of the step's gradient moves by ``rounding`` (the 16-bit unit roundoff) times the largest element of its
+        tensor, in a fixed random direction and in its opposite.  DeepSpeed's gradient goes through other 16-bit
+        sums than this one, so it differs from it by about that much; for SGD, and for Adam where an element is well
+        above the rounding, the change is a small share of the update, but Adam turns a gradient element within the
+        rounding of zero (near its ``eps``) into any share of the learning rate."""
+        total = {n: p.grad.detach().clone() for n, p in self.master.named_parameters()
+                 if p.grad is not None and p.grad.numel() > 0}
+        if not total:
+            return {}
+        gen = torch.Generator().manual_seed(self.train_step)
+        moves = {n: (torch.randint(0, 2, g.shape, generator=gen).to(g.dtype) * 2 - 1) * (rounding * g.abs().max())
+                 for n, g in total.items()}
+        base, *both = self._updates_from([total, *({n: g + sign * moves[n] for n, g in total.items()}
+                                                    for sign in (1.0, -1.0))])
+        out: Params = {}
+        for moved in both:
+            for n in total:
+                change = (moved[n] - base[n]).abs()
+                out[n] = torch.maximum(out[n], change) if n in out else change
+        return out
 
     def boundary(self, boundary: bool) -> None:
         pass  # plain PyTorch: the step boundary is where the loop calls the optimizer
@@ -353,6 +400,8 @@ class TorchBackend:
             self.steps += 1
         self.counterfactuals.append(self._counterfactuals(unscale) if not overflow else {"last_only": {},
                                                                                           "but_last": {}})
+        if self._rounding is not None:
+            self.noise.append(self._noise(self._rounding) if not overflow else {})
         self._last = {}
         self._stale = set()
         if self.mechanisms:
@@ -512,6 +561,7 @@ def oracle_params(sc: Scenario, info: OracleInfo | None = None, mechanisms: Sequ
         info["skipped"], info["scales"], info["scale"] = be.scaler.skipped, be.scaler.scales, be.scaler.scale
     if info is not None:
         info["generated"], info["counterfactuals"], info["reads"] = be.generated, be.counterfactuals, be.reads
+        info["noise"] = be.noise
     return out
 
 
