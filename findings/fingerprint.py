@@ -84,11 +84,13 @@ _PLACED = frozenset({"exception", "saved-tensor-intact"})
 reference's own run)."""
 
 
-def raised_in(trace: Sequence[Event]) -> str:
+def raised_in(trace: Sequence[Event], raised: Raised | None = None) -> str:
     """Which backward the run was in when it raised, from its trace (the events up to the raise): ``backward``
     (the first backward through the graph of the last forward), ``backward-again`` (a later one through the same
-    graph: ``retain_graph``), either with ``/nested`` while a reentrant checkpoint's nested graph task ran; in the
-    step, what the step had to work on when it was not a step after a backward (`step_context`); "" otherwise
+    graph: ``retain_graph``), either with ``/nested`` while a reentrant checkpoint's nested graph task ran; in
+    ``engine.step()`` (the trace's last mark is the step and the exception passed DeepSpeed's ``step``, or ``raised``
+    has no frames: a watched job's), what the step had to work on when it was not a step after a backward
+    (`step_context`); "" otherwise
     (a forward, an evaluation, ``initialize``, a step after a backward, a checkpoint: measured, one bug raises in
     the training forward, the eval forward or a checkpoint's, so they stay one identity).  Never a step number, a
     module or how many micro-steps ran before, which shrinking changes."""
@@ -112,8 +114,8 @@ def raised_in(trace: Sequence[Event]) -> str:
             tasks.pop(e.task, None)
     if where and tasks and list(tasks.values())[-1] == "nested":
         return f"{where}/nested"
-    if step_at is not None:
-        return step_context(trace, step_at)
+    if step_at is not None and (raised is None or not raised.frames or raised.passed("runtime/engine.py", "step")):
+        return step_context(trace, step_at)  # (not a checkpoint saved after the step, nor the loop's own code)
     return where
 
 
@@ -150,19 +152,20 @@ _GRADIENT_MADE = frozenset({EventKind.GRAD_HOOK, EventKind.LEAF_HOOK, EventKind.
 """The events that say a backward made a parameter's gradient (the hooks DeepSpeed registers, its bucket)."""
 
 
-def placement(check: str, trace: Sequence[Event] | None) -> str:
-    """Where a ``check`` finding's run raised (`raised_in`), for the checks whose exception DeepSpeed's run raised;
-    "" for the others and outside any backward.  One place for the fingerprint and `known.labels.root_key`."""
-    return raised_in(trace or ()) if check in _PLACED else ""
+def placement(check: str, trace: Sequence[Event] | None, raised: Raised | None = None) -> str:
+    """Where a ``check`` finding's run raised ``raised`` (`raised_in`), for the checks whose exception DeepSpeed's
+    run raised; "" for the others and outside any backward.  One place for the fingerprint and
+    `known.labels.root_key`."""
+    return raised_in(trace or (), raised) if check in _PLACED else ""
 
 
-def _placed(check: str, head: str, trace: Sequence[Event] | None) -> str:
-    where = placement(check, trace)
+def _placed(check: str, head: str, trace: Sequence[Event] | None, raised: Raised | None = None) -> str:
+    where = placement(check, trace, raised)
     return f"{head}@{where}" if where else head
 
 
 def exception_fingerprint(check: str, r: Raised, trace: Sequence[Event] | None = None) -> str:
-    return _placed(check, f"{check}:{r.type}@{_innermost_deepspeed(r)}:{abstract(r.message)}", trace)
+    return _placed(check, f"{check}:{r.type}@{_innermost_deepspeed(r)}:{abstract(r.message)}", trace, r)
 
 
 def _param_roles(trace: Sequence[Event]) -> dict[str, set[str]]:

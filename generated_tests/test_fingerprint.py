@@ -125,8 +125,9 @@ def test_a_crash_in_the_step_is_also_what_that_step_had():
     whose last backward fired no gradient hook (`zero12-backward-without-gradients`).  The step's context, read
     from the trace, keeps them three findings; a step after a backward that made gradients adds nothing."""
     def key_error(trace):
-        frames = (Frame("deepspeed", "runtime/zero/stage_1_and_2.py", "scaled_global_norm", 9,
-                        "deepspeed.runtime.zero.stage_1_and_2"),)
+        frames = (Frame("deepspeed", "runtime/engine.py", "step", 1, "deepspeed.runtime.engine"),
+                  Frame("deepspeed", "runtime/zero/stage_1_and_2.py", "scaled_global_norm", 9,
+                        "deepspeed.runtime.zero.stage_1_and_2"))
         return Finding("exception", "KeyError: 0", None, trace, None, "deepspeed", "0.19.8",
                        evidence=Evidence(raised=Raised("KeyError", "0", frames)))
     step = (Event(K.STEP, value=0),)
@@ -146,6 +147,12 @@ def test_a_crash_in_the_step_is_also_what_that_step_had():
     assert raised_in(fused) == ""
     # a raise after the step's forward started is the forward's again
     assert raised_in(idle + _FWD[:1]) == ""
+    # after the step but not in it (a checkpoint saved after it, the loop's own scheduler step): no step context
+    saved = Raised("ValueError", "x is not a zero checkpoint", (
+        Frame("deepspeed", "utils/zero_to_fp32.py", "parse_optim_states", 3, "deepspeed.utils.zero_to_fp32"),))
+    assert raised_in(idle, saved) == "" and raised_in(idle, key_error(idle).evidence.raised) == "step/no-backward"
+    assert Finding("exception", "x", None, idle, evidence=Evidence(raised=saved)).key == \
+        "exception:ValueError@utils.zero_to_fp32.parse_optim_states:x is not a zero checkpoint"
 
 
 def test_an_oracle_difference_is_its_counterfactual_class_never_its_label():

@@ -84,7 +84,8 @@ def root_key(f: Finding) -> str:
     if f.check == "oracle" and f.evidence.oracle is not None:  # its message names parameters; its key the mechanism
         return f.key
     # a spec's own violation (no exception) is placed by its event, in its key: the trace's end says nothing of it
-    where = placement(f.check, f.trace) if f.check == "exception" or f.evidence.raised is not None else ""
+    where = placement(f.check, f.trace, f.evidence.raised) if f.check == "exception" or f.evidence.raised is not None \
+        else ""
     at = f" @{where}" if where else ""
     if f.check in ("exception", "crash", "hang", "internal") and lines:
         exc = next((ln for ln in reversed(lines) if _looks_like_exception(ln)), lines[0])
