@@ -98,7 +98,7 @@ TWO_BACKWARDS_PER_FORWARD = KnownIssue(
     explains=lambda f: rules.two_backwards(f) and narrow(f, _retains),
     mechanisms=("last-backward-only", "last-backward-only-in-forward-too", "micro0-earlier-backward-lost",
                 "boundary-first-backward-lost", "earlier-backwards-added-again",
-                "in-forward-lost-after-unexited-backward"),
+                "in-forward-lost-after-unexited-backward", "unexited-backward-lost-before-boundary"),
     # its spec forms: a PyTorch-style backward retained at the boundary (ZeRO-2), retained first (ZeRO-1), after a
     # fused head's backward inside the forward; ZeRO-3 raises on a frozen Linear
     variants=(Scenario.from_dict({"stage": 2, "steps": [

@@ -40,6 +40,9 @@ class Contribution:
     """At world size > 1, when a mechanism needs them (`Mechanism.outside_partition`): each rank's share of
     ``grads`` -- the gradient of its rows of the global batch (its own loss) over the world size -- in rank order;
     they sum to ``grads`` up to rounding.  Empty otherwise."""
+    pytorch_style: bool = False
+    """A user backward made by ``loss.backward()`` (or ``tensor.backward``), not ``engine.backward``: DeepSpeed sees
+    it only through its hooks."""
 
 
 Keep = Callable[[Sequence[Contribution], int], Sequence[Contribution] | None]
@@ -137,6 +140,14 @@ def _earlier_backwards_added_again(cs: Sequence[Contribution], micros: int) -> S
         for j in range(len(backs)):
             out.extend(backs[:j + 1])
     return out
+
+
+def _unexited_backward_lost_before_boundary(cs: Sequence[Contribution], micros: int) -> Sequence[Contribution] | None:
+    """BF16_Optimizer: a PyTorch-style backward of a forward that had one already, in a micro-step before the
+    boundary, enters DeepSpeed's backward and never exits it (no epilogue): its 16-bit ``.grad`` is never added to
+    the fp32 accumulation, and the next forward's prologue clears it."""
+    lost = [c for c in _backwards(cs) if c.micro < micros - 1 and c.index > 0 and c.pytorch_style]
+    return [c for c in cs if c not in lost] if lost else None
 
 
 def _micro0_earlier_backward_lost(cs: Sequence[Contribution], micros: int) -> Sequence[Contribution] | None:
@@ -282,6 +293,8 @@ MECHANISMS: dict[str, Mechanism] = {m.name: m for m in (
               keep=_last_backward_only_in_forward_too),
     Mechanism("earlier-backwards-added-again", lambda sc: _retains(sc) and sc.bf16_optimizer,
               keep=_earlier_backwards_added_again),
+    Mechanism("unexited-backward-lost-before-boundary", lambda sc: _retains(sc) and sc.bf16_optimizer and sc.gas > 1,
+              keep=_unexited_backward_lost_before_boundary),
     Mechanism("micro0-earlier-backward-lost", lambda sc: _retains(sc) and sc.stage == 3,
               keep=_micro0_earlier_backward_lost),
     Mechanism("boundary-first-backward-lost", _retains, keep=_boundary_first_backward_lost),

@@ -98,6 +98,8 @@ class TorchBackend:
         self._scale_before = 1.0
         self._hooked = False
         """Counterfactual: the output hooks divide this backward's gradient by gas (`_hook_outputs`)."""
+        self._pytorch_style = False
+        """Counterfactual: the backward being made is PyTorch-style (`Contribution.pytorch_style`)."""
         self.clip = float(sc.gradient_clipping)
         self.opt = make_optimizer(sc, param_groups(sc, model))
         self.scheduler = make_scheduler(sc, self.opt)
@@ -243,6 +245,7 @@ class TorchBackend:
         self._hooked = any(m.output_hooks == "all" or (m.output_hooks == "pytorch-style" and pytorch_style)
                            for m in self.mechanisms)
         gas = 1 if self._hooked else self.gas  # the hooks divide instead
+        self._pytorch_style = pytorch_style
         before = self._grads()
         if self.mechanisms:
             self._note_backward_start()
@@ -473,7 +476,7 @@ class TorchBackend:
     def _note_backward_end(self) -> None:
         index = sum(c.kind == "backward" and c.micro == self._micro for c in self._contributions)
         self._contributions.append(Contribution("backward", self._micro, index, self._delta(self._seen),
-                                                self._shares))
+                                                self._shares, self._pytorch_style))
         self._shares = ()
         self._seen = self._total()
 
