@@ -205,7 +205,6 @@ def execute(sc: Scenario, on_step: OnStep | None = None, perturb: Perturbation =
                 masters = param_steps(expected[i], seen_masters, started["pt"], started["ds_masters"],
                                       started["pt_earlier"], cfs, oracle_info["initial"], oracle_info["initial"],
                                       only_got=True, noise=nz)
-            rec.noise.append(nz)
             rec.steps.append(StepObservation(i, params, masters, len(built.generated), initial_ds is not None,
                                              len(built.reads)))
             rec.seen.append((seen, seen_masters))
@@ -285,10 +284,11 @@ def _against(sc: Scenario, rec: _Observed, mechanisms: tuple[str, ...], pt_initi
     except Exception as exc:  # noqa: BLE001 -- a reference that cannot be computed is said, never judged
         return CounterfactualRun(mechanisms, error=f"{type(exc).__name__}: {exc}")
     steps = []
+    noise = info.get("noise") or []
     pt_start, pt_earlier = info["initial"], None
     ds_start, ds_masters_start = rec.start
     for i, (got, got_masters) in enumerate(rec.seen[:len(expected)]):
-        nz = rec.noise[i] if i < len(rec.noise) else None  # the correct reference's: the same gradients' rounding
+        nz = noise[i] if i < len(noise) else None  # this reference's own: its gradients' rounding
         params = param_steps(expected[i], got, pt_start, ds_start, pt_earlier, None, info["initial"], ds_initial,
                              noise=nz)
         masters = None
@@ -379,8 +379,6 @@ class _Observed:
         """DeepSpeed's parameters and master weights after each train step (held against counterfactuals)."""
         self.start: tuple[Params, Params | None] = ({}, None)
         """DeepSpeed's parameters and master weights before training."""
-        self.noise: list[Params | None] = []
-        """Mixed precision: the oracle's noise of each train step's updates (`OracleInfo.noise`)."""
 
     def record(self) -> RunRecord:
         engine = self.settings

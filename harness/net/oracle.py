@@ -121,8 +121,9 @@ class TorchBackend:
         self.counterfactuals: list[Counterfactuals] = []
         """Each train step's counterfactual updates (`Counterfactuals`)."""
         self.noise: list[Params] = []
-        """Mixed precision, the correct reference: each train step's `_noise` ({} for a step the scaler skipped)."""
-        self._rounding = rounding_eps(sc) if not self.mechanisms else None
+        """Mixed precision: each train step's `_noise` ({} for a step the scaler skipped).  A counterfactual reference
+        measures its own: its gradients are not the correct one's (an element near zero in one is not in the other)."""
+        self._rounding = rounding_eps(sc)
         self._last: Params = {}
         self.half = HALF.get(sc.precision)
         """The 16-bit dtype forward and backward run in (mixed precision), else None."""
