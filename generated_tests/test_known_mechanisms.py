@@ -435,7 +435,11 @@ _BF16_FP32_ACCUM = {"blocks": [{}], "stage": 1, "width": 7, "precision": "bf16",
      {"unexited-backward-lost-before-boundary"}),
     ([{"backward": "torch", "retain": True}, {"backward": "torch", "retain": True}],
      {"unexited-backward-lost-before-boundary", "boundary-first-backward-lost"}),
-], ids=["gas2", "gas3-first", "gas3-middle", "gas2-boundary-retained-too"])
+    # the boundary's engine backwards then add the earlier one again (BF16_Optimizer's own): the lost backward is
+    # not among them (the pair applies the loss first)
+    ([{"backward": "torch", "retain": True}, {"backward": "engine", "retain": True}],
+     {"unexited-backward-lost-before-boundary", "earlier-backwards-added-again"}),
+], ids=["gas2", "gas3-first", "gas3-middle", "gas2-boundary-retained-too", "gas2-boundary-engine-retained"])
 def test_bf16_optimizer_loses_an_unexited_backward_before_the_boundary(ds, micro, explained):
     """ZeRO-1 bf16 with fp32 accumulation (BF16_Optimizer): a PyTorch-style second backward of one forward in a
     micro-step before the boundary enters DeepSpeed's backward and never exits it, so no epilogue adds its

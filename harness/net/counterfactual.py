@@ -291,10 +291,12 @@ MECHANISMS: dict[str, Mechanism] = {m.name: m for m in (
     Mechanism("last-backward-only", lambda sc: _retains(sc) and sc.stage in (1, 2), keep=_last_backward_only),
     Mechanism("last-backward-only-in-forward-too", lambda sc: _retains(sc) and sc.stage == 1 and sc.fused_head,
               keep=_last_backward_only_in_forward_too),
-    Mechanism("earlier-backwards-added-again", lambda sc: _retains(sc) and sc.bf16_optimizer,
-              keep=_earlier_backwards_added_again),
+    # before earlier-backwards-added-again: a backward whose gradient never reached the fp32 accumulation cannot be
+    # added to it again (a pair applies its mechanisms in this table's order)
     Mechanism("unexited-backward-lost-before-boundary", lambda sc: _retains(sc) and sc.bf16_optimizer and sc.gas > 1,
               keep=_unexited_backward_lost_before_boundary),
+    Mechanism("earlier-backwards-added-again", lambda sc: _retains(sc) and sc.bf16_optimizer,
+              keep=_earlier_backwards_added_again),
     Mechanism("micro0-earlier-backward-lost", lambda sc: _retains(sc) and sc.stage == 3,
               keep=_micro0_earlier_backward_lost),
     Mechanism("boundary-first-backward-lost", _retains, keep=_boundary_first_backward_lost),
