@@ -64,6 +64,12 @@ NOISE_FINDINGS = {
     "lora-near-eps": {"stage": 3, "precision": "bf16", "family": "llama", "lora": True, "zero_init": True,
                       "tie": True, "optimizer": "config-adam", "persistence_threshold": 0, "width": 8,
                       "steps": [{"micro": [{"backward": "engine"}]}]},
+    # world size 2, bf16, config Adam, a fused head and a tied weight at gas 2: the fp32 master of a parameter or two
+    # a little off (each rank's bf16 gradient rounded before the ranks' sum); documented as unexplained until the
+    # oracle measured the noise (the retired UNEXPLAINED entry "bf16-ranks-rounding" of test_deepspeed_target.py)
+    "ws2-bf16-ranks-rounding": {"stage": 1, "precision": "bf16", "fused_head": True, "tie": True,
+                                "optimizer": "config-adam", "world_size": 2, "seed": 0,
+                                "steps": [{"micro": [{}, {}]}]},
     # ZeRO-1 bf16 with fp32 accumulation at world size 4, config Adam, one retained backward
     "ws4-bf16-adam": {"stage": 1, "precision": "bf16", "fp32_grad_accum": True, "world_size": 4, "width": 7,
                       "optimizer": "config-adam", "max_reuse_distance": 128,
@@ -83,10 +89,11 @@ def _without_noise(record):
 
 @pytest.mark.parametrize("name", sorted(NOISE_FINDINGS))
 def test_an_update_the_precision_does_not_determine_is_noise_not_a_finding(target, name):
-    """Two oracle findings of the default 0.19.8 exploration that no mechanism explained (master weights 1-2 %
-    off in norm, one element a few percent of the learning rate): Adam's update of a gradient element near its
-    ``eps`` is undetermined by a 16-bit gradient.  Judged beyond each element's measured noise they agree; the
-    same run's record judged on the whole difference (as before the noise was measured) reads as a difference."""
+    """Oracle findings of 0.19.8 that no mechanism explained (the default exploration's two, master weights 1-2 %
+    off in norm, one element a few percent of the learning rate; the world-size-2 one documented as unexplained):
+    Adam's update of a gradient element near its ``eps`` is undetermined by a 16-bit gradient.  Judged beyond each
+    element's measured noise they agree; the same run's record judged on the whole difference (as before the noise
+    was measured) reads as a difference."""
     from zerostate.findings.oracle_judgement import verdict
     sc = Scenario.from_dict(NOISE_FINDINGS[name])
     target.perturb = ()
