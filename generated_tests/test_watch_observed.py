@@ -270,7 +270,8 @@ def test_the_watch_labels_by_evidence_through_known_labels():
               "module": "deepspeed.runtime.engine"},
              {"package": "deepspeed", "file": "runtime/zero/stage_1_and_2.py", "function": "scaled_global_norm",
               "line": 1, "module": "deepspeed.runtime.zero.stage_1_and_2"}]
-    f = judge.exception("KeyError: 0", in_ds, trace, 2, "0.19.8")
+    # the watch marks the step before engine.step() runs (`WatchTracer._w_step`): the crash is placed in that step
+    f = judge.exception("KeyError: 0", in_ds, (*trace, Event(EventKind.STEP)), 2, "0.19.8")
     assert f.key in by_id("zero12-backward-without-gradients").fingerprints, f.key
     assert f.known == "zero12-backward-without-gradients" and not judge.raised_by_the_job(in_ds)
     assert judge.judged(f)["known_issue"] == label(f) and judge.explanation(f)["runtime_prevents"] is False
