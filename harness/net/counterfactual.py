@@ -60,6 +60,10 @@ class Mechanism:
     """Whether the scenario can trigger it at all (only to spare computing a reference that equals the correct
     one; the label comes from the numbers alone)."""
     keep: Keep | None = None
+    counts_again: bool = False
+    """Its ``keep`` counts a contribution more than once.  Applied after every mechanism that drops contributions,
+    whatever the order mechanisms are given in: a contribution lost never reached the accumulation that would
+    count it again."""
     gradient: str = ""
     """A transformation of the step's gradient after the contributions: ``stale-frozen`` (a parameter frozen for
     the step, or in a module the step did not use, gets the gradient of the step before again), ``stale-unused``
@@ -291,12 +295,10 @@ MECHANISMS: dict[str, Mechanism] = {m.name: m for m in (
     Mechanism("last-backward-only", lambda sc: _retains(sc) and sc.stage in (1, 2), keep=_last_backward_only),
     Mechanism("last-backward-only-in-forward-too", lambda sc: _retains(sc) and sc.stage == 1 and sc.fused_head,
               keep=_last_backward_only_in_forward_too),
-    # before earlier-backwards-added-again: a backward whose gradient never reached the fp32 accumulation cannot be
-    # added to it again (a pair applies its mechanisms in this table's order)
     Mechanism("unexited-backward-lost-before-boundary", lambda sc: _retains(sc) and sc.bf16_optimizer and sc.gas > 1,
               keep=_unexited_backward_lost_before_boundary),
     Mechanism("earlier-backwards-added-again", lambda sc: _retains(sc) and sc.bf16_optimizer,
-              keep=_earlier_backwards_added_again),
+              keep=_earlier_backwards_added_again, counts_again=True),
     Mechanism("micro0-earlier-backward-lost", lambda sc: _retains(sc) and sc.stage == 3,
               keep=_micro0_earlier_backward_lost),
     Mechanism("boundary-first-backward-lost", _retains, keep=_boundary_first_backward_lost),

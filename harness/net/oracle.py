@@ -12,13 +12,14 @@ bf16-rounded parameters, and with ``fp32_grad_accum`` each micro-step's gradient
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TypedDict
 
 import torch
 import torch.nn as nn
 
 from zerostate.harness.net import fp16
+from zerostate.harness.net.arithmetic_twin import ArithmeticTwin, differentiate
 from zerostate.harness.net.compare import Params
 from zerostate.harness.net.counterfactual import (MECHANISMS, Contribution, Mechanism, reduced_again,
                                                   after_unexited_backward, zero1_owners)
@@ -119,10 +120,11 @@ class TorchBackend:
         self.reads: list[torch.Tensor] = []
         """Every parameter at each ``gather: read``, flattened one after another."""
         self.counterfactuals: list[Counterfactuals] = []
-        """Each train step's counterfactual updates (`Counterfactuals`)."""
+        """Each train step's counterfactual updates (`Counterfactuals`; empty in a counterfactual reference)."""
         self.noise: list[Params] = []
-        """Mixed precision: each train step's `_noise` ({} for a step the scaler skipped).  A counterfactual reference
-        measures its own: its gradients are not the correct one's (an element near zero in one is not in the other)."""
+        """Mixed precision: each train step's noise (`_step_references`; {} for a step the scaler skipped).  A
+        counterfactual reference measures its own, on the gradient its mechanisms made: an element near zero in one
+        is not in the other."""
         self._rounding = rounding_eps(sc)
         self._last: Params = {}
         self.half = HALF.get(sc.precision)
@@ -150,6 +152,9 @@ class TorchBackend:
             scaler = self.scaler = fp16.LossScale(fp16_section(sc))
             fp16.set_loss_scale(lambda: scaler.scale)
         attach_late_module(sc, self.model)
+        self._twin = ArithmeticTwin(self._forward_on, lambda res: loss_of(sc, res), self._register_output_hooks) \
+            if self.half is not None else None
+        """Mixed precision: each micro-step again in fp32 arithmetic (`arithmetic_twin`), for the update's noise."""
         if any(m.initial_zero_step for m in self.mechanisms):
             self._initial_zero_step()
 
@@ -179,26 +184,32 @@ class TorchBackend:
             self._x = (x, tuple(skip))
         if any(m.own_rows for m in self.mechanisms):
             x = rank_rows(x).detach().requires_grad_(x.requires_grad)
-        if self.llama:
-            res: NetOutput = self.model(input_ids=x, labels=x)
-        else:
-            res = self.model(x, skip=tuple(skip)) if skip else self.model(x)
-        if any(m.output_hooks for m in self.mechanisms):
-            self._hook_outputs(res)
+        if self._twin is not None:
+            self._twin.forward(x, tuple(skip), self._grads())
+        res = self._forward_on(self.model, x, tuple(skip))
+        self._register_output_hooks(res, lambda: self._hooked)
         return res
 
-    def _hook_outputs(self, res: object) -> None:
-        """Counterfactual: each output tensor divides its gradient by gas while `_hooked` (DeepSpeed's output
-        backward hooks)."""
+    def _forward_on(self, model: nn.Module, x: torch.Tensor, skip: tuple[int, ...]) -> NetOutput:
+        if self.llama:
+            res: NetOutput = model(input_ids=x, labels=x)
+            return res
+        return model(x, skip=skip) if skip else model(x)
+
+    def _register_output_hooks(self, res: object, divide: Callable[[], bool]) -> None:
+        """Counterfactual: each output tensor divides its gradient by gas while ``divide()`` says so (DeepSpeed's
+        output backward hooks, `Mechanism.output_hooks`); nothing for a reference without them."""
+        if not any(m.output_hooks for m in self.mechanisms):
+            return
         if isinstance(res, torch.Tensor):
             if res.requires_grad:
-                res.register_hook(lambda g: g / self.gas if self._hooked else g)
+                res.register_hook(lambda g: g / self.gas if divide() else g)
         elif isinstance(res, (tuple, list)):
             for r in res:
-                self._hook_outputs(r)
+                self._register_output_hooks(r, divide)
         elif isinstance(res, dict) or hasattr(res, "values"):
             for r in res.values():
-                self._hook_outputs(r)
+                self._register_output_hooks(r, divide)
 
     def reregister(self, x: torch.Tensor | None = None) -> None:
         """Plain PyTorch has no hooks to remove: only the generation of TRL's unwrap (ZeRO-3, as the engine
@@ -250,11 +261,9 @@ class TorchBackend:
         before = self._grads()
         if self.mechanisms:
             self._note_backward_start()
-        if kind is BackwardKind.NONSCALAR:
-            g = torch.ones_like(loss) if fused else (2 * out / out.numel()).detach()
-            (loss if fused else out).backward(gradient=part * g / gas * scale, retain_graph=keep)
-        else:
-            (part * loss / gas * scale if scale != 1.0 else part * loss / gas).backward(retain_graph=keep)
+        if self._twin is not None:
+            self._twin.backward(kind, fused, part / gas * scale, keep, self._hooked)
+        differentiate(kind, out, loss, fused, part / gas * scale, keep)
         self._last = {n: g - before[n] if n in before else g for n, g in self._grads().items()}
         if self._by_rank:
             self._shares = self._rank_shares(kind, fused, part / gas * scale)
@@ -298,15 +307,6 @@ class TorchBackend:
         """The gradients the backwards accumulated so far (fp16: scaled, on the fp16 copy)."""
         return {n: p.grad.detach().clone() for n, p in self.model.named_parameters() if p.grad is not None}
 
-    def _counterfactuals(self, unscale: float) -> Counterfactuals:
-        """The step's updates from the last backward's share of its gradient alone and from the rest (the master
-        parameters' gradients are the step's, unscaled; ``unscale`` takes the last share to them)."""
-        total = {n: p.grad.detach().clone() for n, p in self.master.named_parameters() if p.grad is not None}
-        last = {n: self._last[n].float() * unscale if n in self._last else torch.zeros_like(g)
-                for n, g in total.items()}
-        last_only, but_last = self._updates_from([last, {n: g - last[n] for n, g in total.items()}])
-        return {"last_only": last_only, "but_last": but_last}
-
     def _updates_from(self, grad_sets: Sequence[Params]) -> list[Params]:
         """What this step's optimizer (clipping included) does with each of ``grad_sets``, each from where the step
         starts: on clones of the parameters it holds and of its state, one optimizer of the same kind over them
@@ -336,29 +336,48 @@ class TorchBackend:
             out.append({n: clones[id(p)] - p.detach() if id(p) in clones else torch.zeros_like(p) for n, p in named})
         return out
 
-    def _noise(self, rounding: float) -> Params:
-        """How much of each element of each parameter's update this step the 16-bit precision leaves
-        undetermined: the larger change of the update (the optimizer's step, clipping included) when every element
-        of the step's gradient moves by ``rounding`` (the 16-bit unit roundoff) times the largest element of its
-        tensor, in a fixed random direction and in its opposite.  DeepSpeed's gradient goes through other 16-bit
-        sums than this one, so it differs from it by about that much; for SGD, and for Adam where an element is well
-        above the rounding, the change is a small share of the update, but Adam turns a gradient element within the
-        rounding of zero (near its ``eps``) into any share of the learning rate."""
-        total = {n: p.grad.detach().clone() for n, p in self.master.named_parameters()
-                 if p.grad is not None and p.grad.numel() > 0}
-        if not total:
-            return {}
-        gen = torch.Generator().manual_seed(self.train_step)
-        moves = {n: (torch.randint(0, 2, g.shape, generator=gen).to(g.dtype) * 2 - 1) * (rounding * g.abs().max())
-                 for n, g in total.items()}
-        base, *both = self._updates_from([total, *({n: g + sign * moves[n] for n, g in total.items()}
-                                                    for sign in (1.0, -1.0))])
-        out: Params = {}
-        for moved in both:
-            for n in total:
-                change = (moved[n] - base[n]).abs()
-                out[n] = torch.maximum(out[n], change) if n in out else change
-        return out
+    def _step_references(self, unscale: float, last: Params, spread: Params) -> tuple[Counterfactuals, Params]:
+        """What this step's optimizer (clipping included) makes of parts and moves of the step's gradient as the
+        master parameters hold it now (a counterfactual reference's: its mechanisms applied), each from where the
+        step starts, in one `_updates_from`: the correct reference's `Counterfactuals` (``last``: the last
+        backward's share as the 16-bit copy got it, ``unscale`` takes it to the masters' units; a counterfactual
+        reference computes none, nothing reads them) and, in mixed precision, the `noise` of its update.
+
+        The noise: how much of each element of each parameter's update the 16-bit precision leaves undetermined --
+        the larger change of the update when every element of the step's gradient moves by the 16-bit unit
+        roundoff times the largest element of its tensor, or by the tensor's ``spread`` where that is more (the
+        16-bit arithmetic's error of the step's gradient, `arithmetic_twin`), in a fixed random direction and in
+        its opposite.  DeepSpeed's gradient goes through other 16-bit kernels than this one, so it differs from it
+        by about that much; for SGD, and for Adam where an element is well above the rounding, the change is a
+        small share of the update, but Adam turns a gradient element within the rounding of zero (near its
+        ``eps``) into any share of the learning rate.  Measured on the gradient the reference steps with: a
+        mechanism that drops a contribution can leave an element near zero that the correct gradient has far from
+        it."""
+        total = {n: p.grad.detach().clone() for n, p in self.master.named_parameters() if p.grad is not None}
+        sets: list[Params] = []
+        if not self.mechanisms:
+            part = {n: last[n].float() * unscale if n in last else torch.zeros_like(g) for n, g in total.items()}
+            sets += [part, {n: g - part[n] for n, g in total.items()}]
+        held = {n: g for n, g in total.items() if g.numel() > 0}
+        if self._rounding is not None and held:
+            gen = torch.Generator().manual_seed(self.train_step)
+            moves = {n: (torch.randint(0, 2, g.shape, generator=gen).to(g.dtype) * 2 - 1)
+                     * torch.maximum(self._rounding * g.abs().max(), spread.get(n, torch.zeros(())).to(g.dtype))
+                     for n, g in held.items()}
+            sets += [held, *({n: g + sign * moves[n] for n, g in held.items()} for sign in (1.0, -1.0))]
+        updates = self._updates_from(sets) if sets else []
+        cf: Counterfactuals = {"last_only": {}, "but_last": {}}
+        if not self.mechanisms:
+            cf = {"last_only": updates[0], "but_last": updates[1]}
+            updates = updates[2:]
+        noise: Params = {}
+        if updates:
+            base, *both = updates
+            for moved in both:
+                for n in held:
+                    change = (moved[n] - base[n]).abs()
+                    noise[n] = torch.maximum(noise[n], change) if n in noise else change
+        return cf, noise
 
     def boundary(self, boundary: bool) -> None:
         pass  # plain PyTorch: the step boundary is where the loop calls the optimizer
@@ -375,10 +394,15 @@ class TorchBackend:
         fp32 masters' alike)."""
         if any(m.zero_grad_ignored for m in self.mechanisms):
             return
+        if self._twin is not None:
+            self._twin.zero_grad()
         self.model.zero_grad(set_to_none=True)
         self.master.zero_grad(set_to_none=True)
 
     def micro_done(self, boundary: bool) -> None:
+        if self._twin is not None:
+            # the master parameters' units: fp16's gradient is divided by the scale (the loss scaled or not)
+            self._twin.measure(self.model, self._grads(), 1.0 / self.scaler.scale if self.scaler is not None else 1.0)
         if self.fp32_accum:
             self._take_grads()
         self._micro += 1
@@ -402,14 +426,16 @@ class TorchBackend:
             self._scale_before = self.scaler.scale
             self.scaler.update(overflow, self.steps)
             self.steps += 1
-        self.counterfactuals.append(self._counterfactuals(unscale) if not overflow else {"last_only": {},
-                                                                                          "but_last": {}})
-        if self._rounding is not None:
-            self.noise.append(self._noise(self._rounding) if not overflow else {})
-        self._last = {}
+        last, self._last = self._last, {}
         self._stale = set()
         if self.mechanisms:
             self._apply_mechanisms(overflow)
+        spread = self._twin.take() if self._twin is not None else {}
+        cf, noise = (self._step_references(unscale, last, spread) if not overflow
+                     else ({"last_only": {}, "but_last": {}}, {}))
+        self.counterfactuals.append(cf)
+        if self._rounding is not None:
+            self.noise.append(noise)
         if overflow:  # the step is skipped
             return
         if self.clip > 0:
@@ -492,7 +518,7 @@ class TorchBackend:
             step, after = self.train_step - 1, after_unexited_backward(self.sc)
             lost = [c for c in contributions if c.kind == "forward" and (step, c.micro) in after]
             kept = [c for c in contributions if c not in lost] if lost else None
-        for m in self.mechanisms:
+        for m in sorted(self.mechanisms, key=lambda m: m.counts_again):  # drops first (`Mechanism.counts_again`)
             if m.keep is not None:
                 chosen = m.keep(kept if kept is not None else contributions, self.gas)
                 if chosen is not None:
