@@ -74,7 +74,7 @@ def test_the_twin_measures_a_cancelling_sums_error_relative_to_its_terms():
     twin = ArithmeticTwin(lambda m, x, skip: m(x), loss, lambda res, divide: None)
     twin.forward(x, (), {})
     loss(model(x))[1].backward()
-    twin.backward(BackwardKind.ENGINE, False, 1.0, False, False)
+    twin.backward(BackwardKind.ENGINE, False, 1.0, 1, 1.0, False, False)
     grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
     twin.measure(model, grads, 1.0)
     exact = {n: p.detach().float().clone().requires_grad_() for n, p in model.named_parameters()}
@@ -150,3 +150,37 @@ def test_mechanisms_apply_drops_before_repeats_whatever_their_order():
     alone = oracle_params(sc, None, pair[:1])
     assert all(torch.equal(one[0][n], other[0][n]) for n in one[0])
     assert any(not torch.equal(one[0][n], alone[0][n]) for n in one[0])  # the repeat still acts on the rest
+
+
+_TWIN_CASES = {
+    # DeepSpeed scales the loss after dividing it by gas: in fp16 the product's backward multiplies by 65536, beyond
+    # fp16, so the first step overflows and is skipped however small the loss
+    "fp16-scale-2^16-gas2": {"stage": 1, "precision": "fp16", "loss_scale_power": 16, "input_requires_grad": True,
+                             "blocks": [{}], "steps": [{"micro": [{}, {}]}, {"micro": [{}, {}]}]},
+    # reentrant checkpointing differentiates through the input only: the twin's input requires grad as the model's
+    "fp16-reentrant-input-grad": {"stage": 3, "precision": "fp16", "input_requires_grad": True,
+                                  "blocks": [{"checkpoint": "reentrant"}], "steps": [{}]},
+    "bf16-fused-nonscalar-retained": {"stage": 3, "precision": "bf16", "fused_head": True, "outputs": "tuple",
+                                      "losses": 2, "blocks": [{}, {}],
+                                      "steps": [{"micro": [{"backward": "nonscalar", "retain": True}, {}]},
+                                                {"micro": [{"backward": "torch"}, {"backward": "engine"}]}]},
+}
+
+
+@pytest.mark.parametrize("case", sorted(_TWIN_CASES))
+def test_the_arithmetic_twin_changes_nothing_the_reference_computes(case, monkeypatch):
+    """The twin replays each micro-step on a copy: the reference's parameters and its loss scaler's skips are the
+    same with it and without it, and it measured something."""
+    from zerostate.harness.net import arithmetic_twin
+    sc = Scenario.from_dict(_TWIN_CASES[case])
+    with_twin: OracleInfo = {}
+    out = oracle_params(sc, with_twin)
+    monkeypatch.setattr(arithmetic_twin.ArithmeticTwin, "measure", lambda self, *a, **k: None)
+    without: OracleInfo = {}
+    bare = oracle_params(sc, without)
+    assert all(torch.equal(a[n], b[n]) for a, b in zip(out, bare, strict=True) for n in a)
+    assert with_twin.get("skipped") == without.get("skipped")
+    if case == "fp16-scale-2^16-gas2":
+        assert with_twin["skipped"] == [0], with_twin["skipped"]
+    assert any(not torch.equal(with_twin["noise"][i][n], without["noise"][i][n])
+               for i in range(len(out)) for n in with_twin["noise"][i])

@@ -40,6 +40,26 @@ _COORD = "runtime/zero/partitioned_param_coordinator.py"
 _OFFLOAD = "runtime/zero/parameter_offload.py"
 _ENGINE = "runtime/engine.py"
 
+HELD_OUT: tuple[Fault, ...] = (
+    # written on 7 Dec before any run against them, where the oracle's tolerance had just grown (the 16-bit
+    # arithmetic's measured error, `harness.net.arithmetic_twin`): two small numeric faults in clipping and one in
+    # BF16_Optimizer's accumulation, a mechanism no known issue states for that optimizer
+    Fault("clip-eps-large", "step", "runtime/utils.py",
+          "    clip_coef = max_norm / (global_norm + eps)\n",
+          "    clip_coef = max_norm / (global_norm + 1e-2)\n",
+          "wrong constant: the clipping coefficient's epsilon 1e-2 instead of the argument (1e-6), about 1 % off "
+          "where the norm is near 1 (BF16_Optimizer's clipping)"),
+    Fault("z12-clip-eps-large", "step", _STAGE12,
+          "            clip = ((clip_norm / self.loss_scale) + 1e-6) / self.clip_grad\n",
+          "            clip = ((clip_norm / self.loss_scale) + 1e-2) / self.clip_grad\n",
+          "wrong constant: ZeRO-1/2's clipping divides by the norm plus 1e-2, about 1 % off where the norm is near 1"),
+    Fault("bf16-accumulate-copies", "reduction", "runtime/bf16_optimizer.py",
+          "        hp_grad.data.add_(lp.grad.data.to(hp_grad.dtype).view(hp_grad.shape))\n",
+          "        hp_grad.data.copy_(lp.grad.data.to(hp_grad.dtype).view(hp_grad.shape))\n",
+          "wrong call: BF16_Optimizer's fp32 accumulation copies each backward's gradient over the ones before"),
+)
+"""Faults written after the rest, before any faulted run of them, by the code a numeric pull request touches."""
+
 FAULTS: tuple[Fault, ...] = (
     # ------------------------------------------------------------------ hook state, expected counts, epilogue
     Fault("count-every-hook", "hooks", _BASE,
@@ -211,6 +231,7 @@ FAULTS: tuple[Fault, ...] = (
           "                            if param is None or (exclude_frozen_parameters and not param.requires_grad):\n",
           "                            if param is None or not param.requires_grad:\n",
           "missed case: the consolidated 16-bit state dict leaves frozen parameters out though not asked to"),
+    *HELD_OUT,
 )
 
 
@@ -218,4 +239,4 @@ def by_id() -> dict[str, Fault]:
     return {f.id: f for f in FAULTS}
 
 
-__all__ = ["FAULTS", "Fault", "RELEASE", "by_id"]
+__all__ = ["FAULTS", "HELD_OUT", "Fault", "RELEASE", "by_id"]

@@ -27,23 +27,26 @@ from zerostate.harness.net.torch_network import NetOutput
 from zerostate.model.scenario import BackwardKind
 
 
-def differentiate(kind: BackwardKind, out: torch.Tensor, loss: torch.Tensor, fused: bool, factor: float,
-                  keep: bool) -> None:
+def differentiate(kind: BackwardKind, out: torch.Tensor, loss: torch.Tensor, fused: bool, part: float, gas: int,
+                  scale: float, keep: bool) -> None:
     """One backward of the loop: of the loss (or, non-scalar, of the output with the squared mean's gradient, or of
-    a fused head's loss tensor with ones) times ``factor`` (the backward's part of the loss, over gas, times the
-    loss scale)."""
+    a fused head's loss tensor with ones) times the backward's ``part`` of the loss, over ``gas``, times the loss
+    ``scale``, in that order, as DeepSpeed's engine does: in fp16 the product's own backward multiplies by the
+    scale alone (65536 is beyond fp16, so a scale of 2^16 overflows there however small the loss)."""
     if kind is BackwardKind.NONSCALAR:
         g = torch.ones_like(loss) if fused else (2 * out / out.numel()).detach()
-        (loss if fused else out).backward(gradient=factor * g, retain_graph=keep)
+        (loss if fused else out).backward(gradient=part * g / gas * scale, retain_graph=keep)
     else:
-        (factor * loss if factor != 1.0 else loss).backward(retain_graph=keep)
+        (part * loss / gas * scale if scale != 1.0 else part * loss / gas).backward(retain_graph=keep)
 
 
 @dataclass(frozen=True)
 class _Backward:
     kind: BackwardKind
     fused: bool
-    factor: float
+    part: float
+    gas: int
+    scale: float
     keep: bool
     hooked: bool
     """The reference's output hooks divide this backward by gas (a counterfactual's `Mechanism.output_hooks`)."""
@@ -62,7 +65,7 @@ class ArithmeticTwin:
 
     def __init__(self, forward: Forward, loss: Loss, hook_outputs: HookOutputs) -> None:
         self._forward, self._loss, self._hook_outputs = forward, loss, hook_outputs
-        self._input: tuple[torch.Tensor, tuple[int, ...]] | None = None
+        self._input: tuple[torch.Tensor, bool, tuple[int, ...]] | None = None
         self._before: Params = {}
         self._calls: list[_Backward | None] = []
         """The micro-step's backwards in order; None where the loop cleared the gradients between two."""
@@ -70,10 +73,11 @@ class ArithmeticTwin:
 
     def forward(self, fed: torch.Tensor, skip: tuple[int, ...], grads: Params) -> None:
         """The micro-step's forward: the input as the 16-bit model got it, and the gradients it starts from."""
-        self._input, self._before, self._calls = (fed.detach(), tuple(skip)), grads, []
+        self._input, self._before, self._calls = (fed.detach(), fed.requires_grad, tuple(skip)), grads, []
 
-    def backward(self, kind: BackwardKind, fused: bool, factor: float, keep: bool, hooked: bool) -> None:
-        self._calls.append(_Backward(kind, fused, factor, keep, hooked))
+    def backward(self, kind: BackwardKind, fused: bool, part: float, gas: int, scale: float, keep: bool,
+                 hooked: bool) -> None:
+        self._calls.append(_Backward(kind, fused, part, gas, scale, keep, hooked))
 
     def zero_grad(self) -> None:
         self._calls.append(None)
@@ -88,9 +92,9 @@ class ArithmeticTwin:
             return
         twin = copy.deepcopy(model).float()
         twin.zero_grad(set_to_none=True)
-        fed, skip = self._input
+        fed, requires_grad, skip = self._input
         self._input = None
-        x = fed.float().requires_grad_(fed.requires_grad) if fed.is_floating_point() else fed
+        x = fed.float().requires_grad_(requires_grad) if fed.is_floating_point() else fed
         hooked = [False]
         with torch.enable_grad():
             res = self._forward(twin, x, skip)
@@ -101,7 +105,7 @@ class ArithmeticTwin:
                     twin.zero_grad(set_to_none=True)
                     continue
                 hooked[0] = call.hooked
-                differentiate(call.kind, out, loss, call.fused, call.factor, call.keep)
+                differentiate(call.kind, out, loss, call.fused, call.part, call.gas, call.scale, call.keep)
         for (n, q), t in zip(model.named_parameters(), twin.parameters(), strict=True):
             if t.grad is None or n not in grads or q.numel() == 0:
                 continue

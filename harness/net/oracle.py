@@ -262,8 +262,8 @@ class TorchBackend:
         if self.mechanisms:
             self._note_backward_start()
         if self._twin is not None:
-            self._twin.backward(kind, fused, part / gas * scale, keep, self._hooked)
-        differentiate(kind, out, loss, fused, part / gas * scale, keep)
+            self._twin.backward(kind, fused, part, gas, scale, keep, self._hooked)
+        differentiate(kind, out, loss, fused, part, gas, scale, keep)
         self._last = {n: g - before[n] if n in before else g for n, g in self._grads().items()}
         if self._by_rank:
             self._shares = self._rank_shares(kind, fused, part / gas * scale)
