@@ -63,7 +63,10 @@ SHARED_ACROSS_REENTRANT = KnownIssue(
     # ZeRO-3 with a reduce bucket the first gradient fills: the second hook finds it partitioned away
     # (AttributeError in __add_grad_to_ipg_bucket)
     variants=(Scenario.from_dict({"stage": 3, "tie": True, "reduce_bucket_size": 128,
-                                  "blocks": [{"checkpoint": "reentrant"}], "steps": [{}]}),),
+                                  "blocks": [{"checkpoint": "reentrant"}], "steps": [{}]}),
+              # the weight used by the root (external): the bucket holds it twice, asserted in the nested backward
+              Scenario.from_dict({"stage": 3, "external": True, "reduce_bucket_size": 128,
+                                  "blocks": [{"checkpoint": "reentrant"}], "steps": [{}]})),
     nature=Nature.LIMITATION,
     cites=("DeepSpeed's own assertion in runtime/zero/stage_1_and_2.py (reduce_independent_p_g_buckets_and_"
            "remove_grads, reduce_ipg_grads): 'Gradient computed twice for this partition.  Multiple gradient "
