@@ -58,6 +58,45 @@ def test_every_injected_error_is_caught_and_the_run_itself_agrees(target, precis
     assert not missed, f"{precision} at world size {world_size}, {optimizer}: not caught: {missed}"
 
 
+_LLAMA = "model.layers.0."
+LLAMA_CASES = {
+    "one projection x2": ((f"{_LLAMA}self_attn.q_proj.weight", 2.0),),
+    "one RMSNorm update lost": ((f"{_LLAMA}post_attention_layernorm.weight", 0.0),),
+    "every update 0.9x": (("*", 0.9),),
+    "every update 1.1x": (("*", 1.1),),
+}
+"""On a llama the 16-bit arithmetic's measured error (`arithmetic_twin`) is largest: up to a few percent of an
+update in bf16, against a fraction of one on the plain network."""
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+@pytest.mark.parametrize("optimizer", ["sgd", "config-adam"])
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_every_injected_error_is_caught_on_a_llama(target, precision, optimizer, lora):
+    """A tiny llama, all its weights or PEFT's LoRA adapters trained, ZeRO-3: the same kinds of error as on the
+    plain network, where the noise the oracle measures is widest (a cancelling sum over the tokens)."""
+    sc = Scenario.from_dict({"stage": 3, "family": "llama", "lora": lora, "precision": precision,
+                             "optimizer": optimizer, "steps": [{}, {}]})
+    cases = dict(LLAMA_CASES)
+    if lora:  # the base weights are frozen: the adapters' updates instead
+        cases["one projection x2"] = ((f"base_model.model.{_LLAMA}self_attn.q_proj.lora_A.default.weight", 2.0),)
+        cases.pop("one RMSNorm update lost")
+    target.perturb = ()
+    clean = target.run(sc)
+    assert not clean.skipped and clean.steps == 2, clean.skipped
+    assert not clean.findings, [(f.key, f.error[:200]) for f in clean.findings]
+    missed = []
+    for name, perturb in cases.items():
+        target.perturb = perturb
+        try:
+            out = target.run(sc)
+        finally:
+            target.perturb = ()
+        if not any(f.check == "oracle" for f in out.findings):
+            missed.append(name)
+    assert not missed, f"llama ({'LoRA' if lora else 'full'}) {precision}, {optimizer}: not caught: {missed}"
+
+
 NOISE_FINDINGS = {
     # ZeRO-3 bf16 llama + LoRA under zero.Init, tied embeddings, config Adam: lora_B's gradient elements are ~1e-8,
     # Adam's eps, so its first update of them is any share of the learning rate (0.58x against DeepSpeed's 0.55x)
