@@ -29,7 +29,8 @@ FROM_EXAMPLES = 100
 @dataclass(frozen=True)
 class Goal:
     name: str
-    """``known:<issue id>``, or ``survey:<combination>`` (`SURVEY`)."""
+    """``known:<issue id>`` (its scenario's family), ``known:<issue id>/<i>`` (its variant ``i``'s, numbered as
+    `known.recorded` numbers the repros), or ``survey:<combination>`` (`SURVEY`)."""
     title: str
     needs: tuple[dict[str, Value], ...]
     """Per repro, what a scenario must have (`doctor.dimensions.requirements`)."""
@@ -145,16 +146,26 @@ too, so their reach is the round's, not the generated sequence's."""
 
 
 def goals() -> tuple[Goal, ...]:
-    """One goal per known DeepSpeed issue (bugs and limitations, fixed ones too: a fixed bug's family is where its
-    regression would show), in the table's order, then the survey's combinations (`SURVEY`)."""
+    """One goal per repro of each known DeepSpeed issue (bugs and limitations, fixed ones too: a fixed bug's family
+    is where its regression would show), in the table's order: its scenario's family, then each variant's whose
+    requirements differ from the repros' before it -- a variant is another form of the mechanism (another stage,
+    backward kind, optimizer), found only where that form runs, so each form is run, not only one per issue;
+    then the survey's combinations (`SURVEY`)."""
     from zerostate.known.issues import KNOWN_ISSUES
 
     out = []
     for k in KNOWN_ISSUES:
         if k.owner != "deepspeed":
             continue
-        repros = tuple(r.with_(world_size=max(r.world_size, k.world_size)) for r in (k.scenario, *k.variants))
-        out.append(Goal(f"known:{k.id}", k.title, tuple(requirements(r) for r in repros), repros))
+        seen: list[dict[str, Value]] = []
+        for i, r in enumerate((k.scenario, *k.variants)):
+            repro = r.with_(world_size=max(r.world_size, k.world_size))
+            need = requirements(repro)
+            if need in seen:
+                continue
+            seen.append(need)
+            name, title = (f"known:{k.id}", k.title) if i == 0 else (f"known:{k.id}/{i}", f"{k.title} (variant {i})")
+            out.append(Goal(name, title, (need,), (repro,)))
     out += [Goal(f"survey:{name}", name, needs, (repro,)) for name, needs, repro in SURVEY]
     return tuple(out)
 

@@ -15,14 +15,25 @@ from zerostate.known.issues import KNOWN_ISSUES
 from zerostate.model.scenario import Block, Scenario
 
 
-def test_one_goal_per_known_deepspeed_issue_and_survey_combination_and_each_repro_reaches_its_own():
+def test_one_goal_per_form_of_each_known_deepspeed_issue_and_survey_combination_each_reached_by_its_repro():
+    """Each known DeepSpeed issue's scenario is a goal, and so is each variant whose requirements no repro before it
+    has (a variant with the same requirements is reached by the same scenarios); the survey's combinations after."""
+    from zerostate.doctor.dimensions import requirements
     from zerostate.explorer.goals import SURVEY
 
     table = goals()
-    assert [g.name for g in table] == ([f"known:{k.id}" for k in KNOWN_ISSUES if k.owner == "deepspeed"]
-                                       + [f"survey:{name}" for name, _, _ in SURVEY])
+    want = []
+    for k in KNOWN_ISSUES:
+        if k.owner != "deepspeed":
+            continue
+        want.append(f"known:{k.id}")
+        needs = [requirements(r.with_(world_size=max(r.world_size, k.world_size))) for r in (k.scenario, *k.variants)]
+        want += [f"known:{k.id}/{i}" for i in range(1, len(needs)) if needs[i] not in needs[:i]]
+    assert [g.name for g in table] == want + [f"survey:{name}" for name, _, _ in SURVEY]
     for g in table:
         assert all(g.reached_by(r) for r in g.repros), g.name
+    forms = [g for g in table if g.name.startswith("known:two-backwards-per-forward")]
+    assert len(forms) > 20 and all(a.needs != b.needs for i, a in enumerate(forms) for b in forms[:i])
 
 
 def test_a_scenario_without_what_every_repro_needs_does_not_reach_the_goal():
