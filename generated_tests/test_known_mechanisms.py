@@ -251,6 +251,16 @@ SECOND_BACKWARD = {  # scenario -> the checks its real run gives on 0.19.8, each
     # forward (`earlier-backwards-added-again`)
     "bf16-optimizer-retained": ({"stage": 1, "precision": "bf16", "fp32_grad_accum": True, "blocks": [{}],
                                  "steps": [{"micro": [{"backward": "engine", "retain": True}]}]}, {"oracle"}),
+    # ZeRO-3, a reentrant z3 leaf block first and a small bucket, every micro-step retained: the second backward
+    # leaves the leaf's gradients in the bucket, the next micro-step's adds them again and the flush asserts
+    # (`known.mechanism.bucketed_again_unflushed`)
+    "zero3-leaf-bucket-twice": ({"stage": 3, "reduce_bucket_size": 128, "max_reuse_distance": 128, "blocks": [
+        {"checkpoint": "reentrant", "leaf": True}, {"norm": "frozen", "lin": "frozen"},
+        {"norm": "frozen", "lin": "frozen"}], "steps": [{"micro": [
+            {"backward": "engine", "skip": [1, 2], "retain": True},
+            {"backward": "torch", "skip": [1, 2], "retain": True},
+            {"backward": "engine", "skip": [1, 2], "retain": True}]}]},
+        {"exception", "epilogue-once", "grad-handled-once", "released-after-backward"}),
     "zero3-frozen-lin": ({"stage": 3, "blocks": [{"lin": "frozen"}], "persistence_threshold": 0,
                           "steps": [{"micro": [{"backward": "engine", "retain": True}]}]}, {"exception"}),
 }

@@ -134,6 +134,20 @@ def bucketed_twice_after_second_backward(events: Sequence[Event], upto: int) -> 
     return out
 
 
+def bucketed_again_unflushed(events: Sequence[Event], upto: int) -> set[str]:
+    """Parameters a second user backward of one forward put in the reduce bucket, with no flush after it, that a
+    later backward put there again before ``upto``: the bucket holds them twice when the next flush begins (a flush
+    that raises over them records no flush event)."""
+    ev = events[:upto]
+    last_flush = max((i for i, e in enumerate(ev) if e.kind is K.BUCKET_FLUSH), default=-1)
+    left: dict[str, int] = {}  # parameter -> where the second backward that left it ended
+    for a, b in second_backwards(ev):
+        for e in ev[max(a, last_flush + 1):b]:
+            if e.kind is K.BUCKET_ADD and e.param:
+                left[e.param] = b
+    return {e.param for i, e in enumerate(ev) if e.kind is K.BUCKET_ADD and e.param in left and i >= left[e.param]}
+
+
 def left_by_second_backward(events: Sequence[Event], upto: int) -> set[str]:
     """Parameters a second user backward of one forward put in the reduce bucket that no flush (epilogue) took
     out before ``upto``."""
@@ -272,7 +286,8 @@ def oracle(f: Finding) -> OracleDiff | None:
 
 
 
-__all__ = ["at", "backward_windows", "bucketed_twice_after_second_backward", "early_leaf_hooks", "gathered_at",
+__all__ = ["at", "backward_windows", "bucketed_again_unflushed", "bucketed_twice_after_second_backward",
+           "early_leaf_hooks", "gathered_at",
            "hook_after_epilogue", "hooked_in_two_tasks", "hookless_backward", "idle_step", "left_by_second_backward",
            "module_of", "narrow", "oracle", "params_named", "persistent", "raised", "raised_in",
            "raised_in_second_backward", "raised_through", "ran_in", "reregistered_before", "second_backward_start",

@@ -14,11 +14,12 @@ from zerostate.model.events import Event
 
 from zerostate.findings.evidence import Raised
 from zerostate.findings.finding import Finding
-from zerostate.known.mechanism import (K, at, bucketed_twice_after_second_backward, early_leaf_hooks, gathered_at,
-                                       hook_after_epilogue, hooked_in_two_tasks, hookless_backward, idle_step,
-                                       left_by_second_backward, oracle, params_named, persistent, raised, raised_in,
-                                       raised_in_second_backward, reregistered_before, second_backward_start,
-                                       second_backwards, this_iteration, trace, unexited_second_backward, violating)
+from zerostate.known.mechanism import (K, at, bucketed_again_unflushed, bucketed_twice_after_second_backward,
+                                       early_leaf_hooks, gathered_at, hook_after_epilogue, hooked_in_two_tasks,
+                                       hookless_backward, idle_step, left_by_second_backward, oracle, params_named,
+                                       persistent, raised, raised_in, raised_in_second_backward, reregistered_before,
+                                       second_backward_start, second_backwards, this_iteration, trace,
+                                       unexited_second_backward, violating)
 
 
 def _inside(param: str, modules: set[str]) -> bool:
@@ -143,7 +144,8 @@ def two_backwards(f: Finding) -> bool:
             or raised_in(f, "RuntimeError", "zero/stage3.py", "zero_grad", "unknown parameter type")
             or (r.type == "AssertionError" and r.says("active_backward_submodules is empty"))
             or (raised_in(f, "AssertionError", "zero/stage3.py", "__reduce_and_partition_ipg_grads")
-                and bool(bucketed_twice_after_second_backward(ev, at(f) + 1)))
+                and bool(bucketed_twice_after_second_backward(ev, at(f) + 1)
+                         or bucketed_again_unflushed(ev, at(f) + 1)))
             or (raised_in(f, "AttributeError", "zero/stage3.py", "__add_grad_to_ipg_bucket", "'numel'")
                 and bool(left_by_second_backward(ev, at(f) + 1)))
             or (_no_epilogue_after_unexited(ev) and any(raised_in(f, t, file, fn) for t in ("KeyError", "TypeError")

@@ -215,7 +215,50 @@ TWO_BACKWARDS_PER_FORWARD = KnownIssue(
               # clean without the retain)
               Scenario.from_dict({"stage": 1, "blocks": [{"norm": "frozen"}], "steps": [
                   {"micro": [{"backward": "engine"}, {"backward": "torch", "retain": True}]},
-                  {"micro": [{"backward": "torch"}, {"backward": "torch"}]}]})),
+                  {"micro": [{"backward": "torch"}, {"backward": "torch"}]}]}),
+              # ZeRO-3, gas 3, every micro-step two backwards of one forward and skipping the frozen blocks, a z3
+              # leaf or a reentrant block first: the second backward's routes in the bucket (the parameter in it
+              # twice, or partitioned away by the first: asserted or None in the nested backward) and the leaf's
+              # parameters left gathered, at the next backward, forward or step (met unlabelled when goals ran each
+              # form of this issue; each clean without the retains)
+              Scenario.from_dict({"blocks": [{"checkpoint": "reentrant", "leaf": True},
+                                             {"norm": "frozen", "lin": "frozen"},
+                                             {"norm": "frozen", "lin": "frozen"}],
+                                  "steps": [{"micro": [{"backward": "engine", "skip": [1, 2], "retain": True},
+                                                       {"backward": "torch", "skip": [1, 2], "retain": True},
+                                                       {"backward": "engine", "skip": [1, 2], "retain": True}]}],
+                                  "stage": 3,
+                                  "reduce_bucket_size": 128,
+                                  "max_reuse_distance": 128}),
+              Scenario.from_dict({"blocks": [{"checkpoint": "reentrant"},
+                                             {"norm": "frozen", "lin": "frozen"},
+                                             {"norm": "frozen", "lin": "frozen"}],
+                                  "steps": [{"micro": [{"backward": "engine", "skip": [1, 2], "retain": True},
+                                                       {"backward": "torch", "skip": [1, 2], "retain": True},
+                                                       {"backward": "engine", "skip": [1, 2], "retain": True}]}],
+                                  "stage": 3,
+                                  "reduce_bucket_size": 128,
+                                  "max_reuse_distance": 128}),
+              Scenario.from_dict({"blocks": [{}, {"norm": "frozen"}, {"norm": "frozen", "leaf": True}],
+                                  "steps": [{"micro": [{"backward": "nonscalar", "skip": [1, 2], "retain": True},
+                                                       {"backward": "engine", "skip": [1, 2], "retain": True},
+                                                       {"backward": "engine", "skip": [1, 2], "retain": True}],
+                                             "eval_before": True}],
+                                  "stage": 3,
+                                  "max_reuse_distance": 128}),
+              Scenario.from_dict({"blocks": [{}, {"norm": "frozen"}, {"norm": "frozen", "leaf": True}],
+                                  "steps": [{"micro": [{"backward": "nonscalar", "skip": [1, 2], "retain": True}],
+                                             "eval_before": True}],
+                                  "stage": 3,
+                                  "max_reuse_distance": 128}),
+              Scenario.from_dict({"blocks": [{"checkpoint": "reentrant", "leaf": True},
+                                             {"norm": "frozen", "lin": "frozen"},
+                                             {"norm": "frozen", "lin": "frozen"}],
+                                  "steps": [{"micro": [{"backward": "engine", "skip": [1, 2], "retain": True},
+                                                       {"backward": "engine", "skip": [1, 2], "retain": True},
+                                                       {"backward": "engine", "skip": [1, 2], "retain": True}]}],
+                                  "stage": 3,
+                                  "max_reuse_distance": 128})),
     detail=("engine.backward(0.5 * loss, retain_graph=True) then engine.backward(0.5 * loss) (or loss.backward "
             "twice) in one micro-step.  ZeRO-1/2: the gradients are copied, not accumulated, into the partition "
             "while micro_step_id is 0 (stage_1_and_2.py: accumulate only `if self.micro_step_id > 0`; the id "
