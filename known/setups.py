@@ -90,6 +90,20 @@ SHARED_ACROSS_REENTRANT = KnownIssue(
 # module owned it; it now names a status change by the status (gathered: FETCH, in flight: PREFETCH).
 
 
+def _z3_retained_skipping(first: dict[str, object], backwards: tuple[str, ...], bucket: int | None = None,
+                          eval_before: bool = False) -> Scenario:
+    """ZeRO-3, three blocks, every micro-step two backwards of one forward (``backwards``: the first one's kind)
+    skipping blocks 1 and 2: the first block ``first``, the others frozen (a reentrant first) or with a frozen norm
+    and the last a z3 leaf (a plain first)."""
+    rest = ([{"norm": "frozen", "lin": "frozen"}] * 2 if first
+            else [{"norm": "frozen"}, {"norm": "frozen", "leaf": True}])
+    step: dict[str, object] = {"micro": [{"backward": b, "skip": [1, 2], "retain": True} for b in backwards]}
+    if eval_before:
+        step["eval_before"] = True
+    return Scenario.from_dict({"stage": 3, "max_reuse_distance": 128, "blocks": [first, *rest], "steps": [step],
+                               **({"reduce_bucket_size": bucket} if bucket else {})})
+
+
 TWO_BACKWARDS_PER_FORWARD = KnownIssue(
     id="two-backwards-per-forward",
     title="Two backwards of one forward (retain_graph=True): ZeRO-1/2 keep only the last one's gradients, "
@@ -221,44 +235,11 @@ TWO_BACKWARDS_PER_FORWARD = KnownIssue(
               # twice, or partitioned away by the first: asserted or None in the nested backward) and the leaf's
               # parameters left gathered, at the next backward, forward or step (met unlabelled when goals ran each
               # form of this issue; each clean without the retains)
-              Scenario.from_dict({"blocks": [{"checkpoint": "reentrant", "leaf": True},
-                                             {"norm": "frozen", "lin": "frozen"},
-                                             {"norm": "frozen", "lin": "frozen"}],
-                                  "steps": [{"micro": [{"backward": "engine", "skip": [1, 2], "retain": True},
-                                                       {"backward": "torch", "skip": [1, 2], "retain": True},
-                                                       {"backward": "engine", "skip": [1, 2], "retain": True}]}],
-                                  "stage": 3,
-                                  "reduce_bucket_size": 128,
-                                  "max_reuse_distance": 128}),
-              Scenario.from_dict({"blocks": [{"checkpoint": "reentrant"},
-                                             {"norm": "frozen", "lin": "frozen"},
-                                             {"norm": "frozen", "lin": "frozen"}],
-                                  "steps": [{"micro": [{"backward": "engine", "skip": [1, 2], "retain": True},
-                                                       {"backward": "torch", "skip": [1, 2], "retain": True},
-                                                       {"backward": "engine", "skip": [1, 2], "retain": True}]}],
-                                  "stage": 3,
-                                  "reduce_bucket_size": 128,
-                                  "max_reuse_distance": 128}),
-              Scenario.from_dict({"blocks": [{}, {"norm": "frozen"}, {"norm": "frozen", "leaf": True}],
-                                  "steps": [{"micro": [{"backward": "nonscalar", "skip": [1, 2], "retain": True},
-                                                       {"backward": "engine", "skip": [1, 2], "retain": True},
-                                                       {"backward": "engine", "skip": [1, 2], "retain": True}],
-                                             "eval_before": True}],
-                                  "stage": 3,
-                                  "max_reuse_distance": 128}),
-              Scenario.from_dict({"blocks": [{}, {"norm": "frozen"}, {"norm": "frozen", "leaf": True}],
-                                  "steps": [{"micro": [{"backward": "nonscalar", "skip": [1, 2], "retain": True}],
-                                             "eval_before": True}],
-                                  "stage": 3,
-                                  "max_reuse_distance": 128}),
-              Scenario.from_dict({"blocks": [{"checkpoint": "reentrant", "leaf": True},
-                                             {"norm": "frozen", "lin": "frozen"},
-                                             {"norm": "frozen", "lin": "frozen"}],
-                                  "steps": [{"micro": [{"backward": "engine", "skip": [1, 2], "retain": True},
-                                                       {"backward": "engine", "skip": [1, 2], "retain": True},
-                                                       {"backward": "engine", "skip": [1, 2], "retain": True}]}],
-                                  "stage": 3,
-                                  "max_reuse_distance": 128})),
+              _z3_retained_skipping({"checkpoint": "reentrant", "leaf": True}, ("engine", "torch", "engine"), 128),
+              _z3_retained_skipping({"checkpoint": "reentrant"}, ("engine", "torch", "engine"), 128),
+              _z3_retained_skipping({}, ("nonscalar", "engine", "engine"), eval_before=True),
+              _z3_retained_skipping({}, ("nonscalar",), eval_before=True),
+              _z3_retained_skipping({"checkpoint": "reentrant", "leaf": True}, ("engine", "engine", "engine"))),
     detail=("engine.backward(0.5 * loss, retain_graph=True) then engine.backward(0.5 * loss) (or loss.backward "
             "twice) in one micro-step.  ZeRO-1/2: the gradients are copied, not accumulated, into the partition "
             "while micro_step_id is 0 (stage_1_and_2.py: accumulate only `if self.micro_step_id > 0`; the id "
