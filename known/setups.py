@@ -115,7 +115,8 @@ TWO_BACKWARDS_PER_FORWARD = KnownIssue(
     explains=lambda f: rules.two_backwards(f) and narrow(f, _retains),
     mechanisms=("last-backward-only", "last-backward-only-in-forward-too", "micro0-earlier-backward-lost",
                 "boundary-first-backward-lost", "earlier-backwards-added-again",
-                "in-forward-lost-after-unexited-backward", "unexited-backward-lost-before-boundary"),
+                "in-forward-lost-after-unexited-backward", "unexited-backward-lost-before-boundary",
+                "offload-cpu-buffer-added-again"),
     # its spec forms: a PyTorch-style backward retained at the boundary (ZeRO-2), retained first (ZeRO-1), after a
     # fused head's backward inside the forward; ZeRO-3 raises on a frozen Linear
     variants=(Scenario.from_dict({"stage": 2, "steps": [
@@ -239,7 +240,12 @@ TWO_BACKWARDS_PER_FORWARD = KnownIssue(
               _z3_retained_skipping({"checkpoint": "reentrant"}, ("engine", "torch", "engine"), 128),
               _z3_retained_skipping({}, ("nonscalar", "engine", "engine"), eval_before=True),
               _z3_retained_skipping({}, ("nonscalar",), eval_before=True),
-              _z3_retained_skipping({"checkpoint": "reentrant", "leaf": True}, ("engine", "engine", "engine"))),
+              _z3_retained_skipping({"checkpoint": "reentrant", "leaf": True}, ("engine", "engine", "engine")),
+              # ZeRO-1/2 with optimizer offload at gas 1, a retained engine backward in consecutive steps: each step
+              # after the first also gets the earlier steps' second backwards from the CPU accumulation buffer
+              # (`offload-cpu-buffer-added-again`, with last-backward-only; met unlabelled by the per-form goals)
+              Scenario.from_dict({"stage": 1, "offload": "optimizer", "width": 7, "steps": [
+                  {"micro": [{"backward": "engine", "retain": True}]}] * 3})),
     detail=("engine.backward(0.5 * loss, retain_graph=True) then engine.backward(0.5 * loss) (or loss.backward "
             "twice) in one micro-step.  ZeRO-1/2: the gradients are copied, not accumulated, into the partition "
             "while micro_step_id is 0 (stage_1_and_2.py: accumulate only `if self.micro_step_id > 0`; the id "

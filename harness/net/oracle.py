@@ -135,6 +135,8 @@ class TorchBackend:
         self._by_rank = self.world > 1 and any(m.outside_partition for m in self.mechanisms)
         """Counterfactual: each backward's contribution is split into the ranks' shares (`_rank_shares`)."""
         self._owners: dict[str, frozenset[int]] = {}
+        self._cpu_buffer: Params = {}
+        """Counterfactual: the CPU accumulation buffer the later backwards of a step leave (`Mechanism.cpu_buffer`)."""
         """Counterfactual: the ranks whose ZeRO-1 partition holds some of each parameter."""
         if self._by_rank:
             names = {id(p): n for n, p in model.named_parameters()}
@@ -507,6 +509,22 @@ class TorchBackend:
         self._shares = ()
         self._seen = self._total()
 
+    def _add_cpu_buffer(self, contributions: Sequence[Contribution]) -> None:
+        """Counterfactual (`Mechanism.cpu_buffer`): each backward after the first of the step's micro-step adds the
+        CPU buffer to its gradient and leaves the sum there; the step's gradient of a parameter its last backward
+        reached gains what the buffer held before it."""
+        later = sorted((c for c in contributions if c.kind == "backward" and c.index >= 1), key=lambda c: c.index)
+        held_before: Params = {}
+        for c in later:
+            for n, g in c.grads.items():
+                prev = self._cpu_buffer.get(n)
+                if c is later[-1] and prev is not None:
+                    held_before[n] = prev
+                self._cpu_buffer[n] = g.clone() if prev is None else g + prev
+        for n, p in self.master.named_parameters():
+            if n in held_before and p.grad is not None:
+                p.grad = p.grad + held_before[n]
+
     def _apply_mechanisms(self, overflow: bool) -> None:
         """At the step's boundary: the master parameters' gradient as the mechanisms make it."""
         contributions, self._contributions, self._micro = self._contributions, [], 0
@@ -534,6 +552,8 @@ class TorchBackend:
                     # ZeRO-1/2 step every parameter of their flat partition: one whose every contribution the
                     # mechanism lost is stepped with a zero gradient (Adam's state and step count move), not skipped
                     p.grad = torch.zeros_like(p)
+        if any(m.cpu_buffer for m in self.mechanisms):
+            self._add_cpu_buffer(contributions)
         if self._by_rank:
             # optimizer offload makes contiguous_gradients true (stage_1_and_2.py line 300): reduce_scatter decides
             extra = reduced_again(contributions, self.gas, self._owners, self.world,
