@@ -482,7 +482,7 @@ def test_offload_adds_the_cpu_buffer_earlier_steps_second_backwards_left(ds, sta
     steps' second backwards left in the CPU accumulation buffer, cumulatively, and a plain step between leaves it as
     it was (`offload-cpu-buffer-added-again`, read in stage_1_and_2.py's async_accumulate_grad_in_cpu_via_gpu).
     DeepSpeed matches the pair at every step; last-backward-only alone leaves the later steps unexplained (default
-    0.19.8 exploration with per-form goals, 7 Dec)."""
+    0.19.8 exploration with per-form goals)."""
     if ds.version != "0.19.8":
         pytest.skip("measured on 0.19.8")
     sc = Scenario.from_dict({**_OFFLOAD_RETAINED, "stage": stage, "steps": [

@@ -37,17 +37,15 @@ def _scenario(precision: str, world_size: int, optimizer: str) -> Scenario:
                                "world_size": world_size, "optimizer": optimizer})
 
 
-@pytest.mark.parametrize("optimizer", ["sgd", "config-adam"])  # Adam: the tolerance widened by the measured noise
-@pytest.mark.parametrize("world_size", [1, 2, 4])
-@pytest.mark.parametrize("precision", ["fp32", "fp16", "bf16"])
-def test_every_injected_error_is_caught_and_the_run_itself_agrees(target, precision, world_size, optimizer):
-    sc = _scenario(precision, world_size, optimizer)
+def _missed_by_the_oracle(target, sc: Scenario, cases: dict) -> list[str]:
+    """The run unperturbed must train and agree with PyTorch; then each case's error injected: the names of those
+    no oracle finding caught."""
     target.perturb = ()
     clean = target.run(sc)
     assert not clean.skipped and clean.steps == 2, clean.skipped
     assert not clean.findings, [(f.key, f.error[:200]) for f in clean.findings]
     missed = []
-    for name, perturb in CASES.items():
+    for name, perturb in cases.items():
         target.perturb = perturb
         try:
             out = target.run(sc)
@@ -55,6 +53,15 @@ def test_every_injected_error_is_caught_and_the_run_itself_agrees(target, precis
             target.perturb = ()
         if not any(f.check == "oracle" for f in out.findings):
             missed.append(name)
+    return missed
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "config-adam"])  # Adam: the tolerance widened by the measured noise
+@pytest.mark.parametrize("world_size", [1, 2, 4])
+@pytest.mark.parametrize("precision", ["fp32", "fp16", "bf16"])
+def test_every_injected_error_is_caught_and_the_run_itself_agrees(target, precision, world_size, optimizer):
+    sc = _scenario(precision, world_size, optimizer)
+    missed = _missed_by_the_oracle(target, sc, CASES)
     assert not missed, f"{precision} at world size {world_size}, {optimizer}: not caught: {missed}"
 
 
@@ -81,19 +88,7 @@ def test_every_injected_error_is_caught_on_a_llama(target, precision, optimizer,
     if lora:  # the base weights are frozen: the adapters' updates instead
         cases["one projection x2"] = ((f"base_model.model.{_LLAMA}self_attn.q_proj.lora_A.default.weight", 2.0),)
         cases.pop("one RMSNorm update lost")
-    target.perturb = ()
-    clean = target.run(sc)
-    assert not clean.skipped and clean.steps == 2, clean.skipped
-    assert not clean.findings, [(f.key, f.error[:200]) for f in clean.findings]
-    missed = []
-    for name, perturb in cases.items():
-        target.perturb = perturb
-        try:
-            out = target.run(sc)
-        finally:
-            target.perturb = ()
-        if not any(f.check == "oracle" for f in out.findings):
-            missed.append(name)
+    missed = _missed_by_the_oracle(target, sc, cases)
     assert not missed, f"llama ({'LoRA' if lora else 'full'}) {precision}, {optimizer}: not caught: {missed}"
 
 
