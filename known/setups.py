@@ -245,7 +245,11 @@ TWO_BACKWARDS_PER_FORWARD = KnownIssue(
               # after the first also gets the earlier steps' second backwards from the CPU accumulation buffer
               # (`offload-cpu-buffer-added-again`, with last-backward-only; met unlabelled by the per-form goals)
               Scenario.from_dict({"stage": 1, "offload": "optimizer", "width": 7, "steps": [
-                  {"micro": [{"backward": "engine", "retain": True}]}] * 3})),
+                  {"micro": [{"backward": "engine", "retain": True}]}] * 3}),
+              # ... and ZeRO-1 at gas > 1: its hooks run in the boundary micro-step alone (met unlabelled by a
+              # fresh-clone exploration)
+              Scenario.from_dict({"stage": 1, "offload": "optimizer", "width": 7, "steps": [
+                  {"micro": [{"backward": "engine", "retain": True}] * 2}] * 2})),
     detail=("engine.backward(0.5 * loss, retain_graph=True) then engine.backward(0.5 * loss) (or loss.backward "
             "twice) in one micro-step.  ZeRO-1/2: the gradients are copied, not accumulated, into the partition "
             "while micro_step_id is 0 (stage_1_and_2.py: accumulate only `if self.micro_step_id > 0`; the id "

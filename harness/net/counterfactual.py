@@ -97,11 +97,13 @@ class Mechanism:
     lost: measured, ZeRO-1 does not move the head at the next step with SGD and moves it by Adam's momentum alone;
     with gas 3 the later micro-steps' are kept."""
     cpu_buffer: bool = False
-    """ZeRO-1/2 with optimizer offload at gas 1: the first backward of the step's micro-step copies its gradient to
-    the fp32 partition; each later backward of the same forward adds the CPU accumulation buffer to its gradient and
+    """ZeRO-1/2 with optimizer offload: the first backward of the boundary micro-step copies its gradient to the
+    fp32 partition; each later backward of the same forward adds the CPU accumulation buffer to its gradient and
     copies the sum back to the buffer (``async_accumulate_grad_in_cpu_via_gpu`` while ``micro_step_id > 0``), and
     nothing clears that buffer between steps.  So the step gets its last backward's gradient plus everything the
-    earlier steps' later backwards left in the buffer."""
+    earlier steps' later backwards left in the buffer.  ZeRO-1 runs no gradient hook before the boundary
+    micro-step, so ``micro_step_id`` counts its backwards alone at any gas; ZeRO-2's hooks run in every micro-step
+    and the step's first backward overwrites the buffer, so only gas 1 carries it over (both measured)."""
     outside_partition: bool = False
     """At world size > 1, ZeRO-1 with the fp32 gradient accumulation attribute (``grad_accum``): after each
     reduction of the boundary micro-step a rank keeps its gradient of every parameter outside its partition of the
@@ -279,6 +281,11 @@ def _retains(sc: Scenario) -> bool:
     return any(m.retain for _, _, m in sc.micro_steps())
 
 
+def _boundary_retains(sc: Scenario) -> bool:
+    """Some step's boundary (last) micro-step has two backwards of one forward."""
+    return any(s.micro and s.micro[-1].retain for s in sc.steps)
+
+
 def after_unexited_backward(sc: Scenario) -> frozenset[tuple[int, int]]:
     """``(step, 0)`` for each train step after one with two PyTorch-style backwards of one forward (retained) in a
     micro-step: that second backward enters DeepSpeed's backward and, with no epilogue, never leaves it.  Measured:
@@ -343,8 +350,8 @@ MECHANISMS: dict[str, Mechanism] = {m.name: m for m in (
     Mechanism("own-rows-only", lambda sc: sc.world_size > 1 and sc.stage in (1, 2), own_rows=True),
     Mechanism("zero1-outside-partition-reduced-again", _zero1_grad_accum_attribute, outside_partition=True),
     Mechanism("offload-cpu-buffer-added-again",
-              lambda sc: _offloaded(sc) and sc.stage in (1, 2) and _retains(sc) and sc.gas == 1
-              and not sc.manual_boundary, cpu_buffer=True),
+              lambda sc: _offloaded(sc) and (sc.stage == 1 or (sc.stage == 2 and sc.gas == 1))
+              and _boundary_retains(sc) and not sc.manual_boundary, cpu_buffer=True),
     Mechanism("edit-not-in-master", lambda sc: sc.fp16_optimizer and any(s.gather is Gather.EDIT for s in sc.steps),
               edit_model_only=True),
     Mechanism("zero-grad-not-in-fp32-accumulation",

@@ -510,10 +510,11 @@ class TorchBackend:
         self._seen = self._total()
 
     def _add_cpu_buffer(self, contributions: Sequence[Contribution]) -> None:
-        """Counterfactual (`Mechanism.cpu_buffer`): each backward after the first of the step's micro-step adds the
+        """Counterfactual (`Mechanism.cpu_buffer`): each backward after the first of the boundary micro-step adds the
         CPU buffer to its gradient and leaves the sum there; the step's gradient of a parameter its last backward
         reached gains what the buffer held before it."""
-        later = sorted((c for c in contributions if c.kind == "backward" and c.index >= 1), key=lambda c: c.index)
+        later = sorted((c for c in contributions if c.kind == "backward" and c.index >= 1
+                        and c.micro == self.gas - 1), key=lambda c: c.index)
         held_before: Params = {}
         for c in later:
             for n, g in c.grads.items():
