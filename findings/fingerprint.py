@@ -123,9 +123,11 @@ def step_context(trace: Sequence[Event], at: int) -> str:
     """What the step at ``trace[at]`` had to step, when it was not the gradients of a backward: ``step/no-backward``
     (no user backward since the step before, or the start: an idle step), ``step/backward-unexited`` (DeepSpeed's
     backward was entered and not exited: its depth is up at the step, so no epilogue reduced), ``step/no-gradient``
-    (the last user backward, with the forward it went through, fired no gradient hook); "" for a step after a
-    backward that made gradients.  One crash in ``step()`` (``KeyError`` in the norm of the gradients) is what
-    three mechanisms leave, and the step's context is what tells them apart in the run."""
+    (the last user backward, with the forward it went through, fired no gradient hook),
+    ``step/gradient-unobserved`` (that, where the trace declares it cannot see gradients: ZeRO stage 0 has no hook
+    to watch, so no hook firing says nothing); "" for a step after a backward that made gradients.  One crash in
+    ``step()`` (``KeyError`` in the norm of the gradients) is what three mechanisms leave, and the step's context is
+    what tells them apart in the run."""
     backwards: list[int] = []
     for i in range(at - 1, -1, -1):
         k = trace[i].kind
@@ -144,7 +146,8 @@ def step_context(trace: Sequence[Event], at: int) -> str:
     # from its forward: a fused loss's backward runs inside the forward
     start = next((i for i in range(last, -1, -1) if trace[i].kind in (EventKind.FORWARD_START, EventKind.STEP)), 0)
     if not any(e.kind in _GRADIENT_MADE for e in trace[start:end]):
-        return "step/no-gradient"
+        unseen = any(e.kind is EventKind.GRADIENTS_UNOBSERVED for e in trace[:at])
+        return "step/gradient-unobserved" if unseen else "step/no-gradient"
     return ""
 
 

@@ -155,6 +155,18 @@ def test_a_crash_in_the_step_is_also_what_that_step_had():
         "exception:ValueError@utils.zero_to_fp32.parse_optim_states:x is not a zero checkpoint"
 
 
+def test_a_step_after_gradients_nobody_could_see_does_not_claim_there_were_none():
+    """ZeRO stage 0 registers no gradient hook, so its backwards fire none whatever they make: where the tracer
+    declares that (`GRADIENTS_UNOBSERVED`), a crash in the step says the gradients were unobserved, not absent --
+    the same events at ZeRO-1 still say no gradient, and the other contexts are unchanged."""
+    step = (Event(K.STEP, value=0),)
+    hookless = _FWD + _BWD + (Event(K.TASK_END, task=0), Event(K.USER_BACKWARD_END, note="torch")) + step
+    unseen = (Event(K.FORWARD_START), Event(K.GRADIENTS_UNOBSERVED)) + hookless[1:]
+    assert raised_in(hookless) == "step/no-gradient"
+    assert raised_in(unseen) == "step/gradient-unobserved"
+    assert raised_in(unseen + step) == "step/no-backward"  # an idle step is seen in the loop's own marks
+
+
 def test_an_oracle_difference_is_its_counterfactual_class_never_its_label():
     o = OracleDiff("params", 1, (ParamDiff("blocks.0.lin.weight", 1e-3, 0.5, 1.0, 0.5),), 0.5)
     trace = (Event(K.FORWARD_START), Event(K.USER_BACKWARD_START), Event(K.STEP, value=0), Event(K.FORWARD_START),

@@ -98,12 +98,14 @@ def test_hf_groups_reach_deepspeed(ds):
     assert len(out.record.engine.optimizer.groups) == 1, out.record.engine.optimizer
 
 
-@pytest.mark.parametrize("scheduler", ["initialize", "user"])
-def test_an_empty_group_under_a_client_scheduler_is_the_known_issue(ds, scheduler):
+@pytest.mark.parametrize("stage, scheduler", [(3, "initialize"), (3, "user"), (0, "initialize")])
+def test_an_empty_group_under_a_client_scheduler_is_the_known_issue(ds, stage, scheduler):
     """The same LoRA groups with a scheduler built over the client optimizer: DeepSpeed's in-place removal of the
     empty group leaves the scheduler a rate too many, and its first step raises -- labelled by the issue's evidence
-    (the strict zip in torch's ``_update_lr``), in engine.step() or in the loop."""
-    sc = Scenario.from_dict({"stage": 3, "family": "llama", "lora": True, "decay_groups": True,
+    (the strict zip in torch's ``_update_lr``), in engine.step() or in the loop.  At stage 0 the step's context is
+    what the trace could not see (no gradient hook to watch there), never "no gradient" (met unlabelled, so keyed,
+    in a default exploration)."""
+    sc = Scenario.from_dict({"stage": stage, "family": "llama", "lora": True, "decay_groups": True,
                              "scheduler": scheduler, "steps": [{}, {}]})
     out = ds.run(sc)
     crashes = [f for f in out.findings if f.check == "exception"]
@@ -111,6 +113,8 @@ def test_an_empty_group_under_a_client_scheduler_is_the_known_issue(ds, schedule
     issue = by_id("empty-param-group-dropped-under-scheduler")
     assert all(explain(f) is issue for f in crashes), [(f.key, explain(f)) for f in crashes]
     assert out.steps == 0
+    if stage == 0 and scheduler == "initialize":
+        assert [f.key.rsplit("@", 1)[1] for f in crashes] == ["step/gradient-unobserved"]
 
 
 def test_the_scheduler_leaves_the_trace_unchanged(ds):

@@ -133,6 +133,11 @@ class EventKind(str, Enum):
     """The loop entered (``note`` ``enter``) or left (``exit``) a ``deepspeed.zero.GatheredParameters`` context of
     its own (a read, an edit): the FETCH and RELEASE events between the two are the context's, not a module hook's
     (on exit it partitions what it gathered, persistent parameters included).  Not a driver event."""
+    GRADIENTS_UNOBSERVED = "gradients_unobserved"
+    """The tracer has no gradient sink to watch in this engine (ZeRO stage 0: no ZeRO optimizer, no gradient hook):
+    a backward without GRAD_HOOK, LEAF_HOOK or BUCKET_ADD events made gradients nobody observed, not none.  Declared
+    once, as the engine's first forward begins; read by a finding's step context
+    (`findings.fingerprint.step_context`), never by a spec.  Not a driver event."""
     ROLE = "role"
     """What ``param`` is in the model as a forward begins, where it is not a plain trainable parameter: ``note``
     ``frozen`` (``requires_grad`` off; again ``trainable`` when it is back on) or ``leaf`` (a z3 leaf module's);

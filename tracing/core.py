@@ -121,6 +121,7 @@ class TraceCore:
         self._frozen: dict[str, bool] = {}
         """Each parameter's ``requires_grad`` off as last declared (ROLE)."""
         self._leaves_declared = False
+        self._unobserved_declared = False
         self.mod_names: dict[int, str] = {id(m): (n or ROOT) for n, m in self.module.named_modules()}
         self.coord = compat.coordinator(self.opt) if stage == 3 else None
         self.emitted: dict[str, str] = {}
@@ -360,6 +361,9 @@ class TraceCore:
             if kind in (EventKind.FORWARD_START, EventKind.EVAL_FORWARD_START):
                 self._declare_persistent()
                 self._declare_roles()
+                if self.stage == 0 and not self._unobserved_declared:  # `install` wraps no gradient sink there
+                    self._unobserved_declared = True
+                    self.emit(EventKind.GRADIENTS_UNOBSERVED)
         elif what in ("gather_start", "gather_end"):  # the loop's own GatheredParameters (its statuses polled above)
             self.emit(EventKind.USER_GATHER, note="enter" if what == "gather_start" else "exit")
         elif what == "resume_start":  # the engine is saved and destroyed: nothing of it is traced from here

@@ -49,9 +49,9 @@ _SERIES_KINDS = frozenset({EventKind.FETCH, EventKind.PREFETCH, EventKind.RELEAS
 """The kinds a point of the memory series is drawn at."""
 EVIDENCE_MAX = 200_000
 """Events the evidence window holds at most (`OnlineChecker.evidence`; normally two train steps' worth)."""
-_STICKY = frozenset({EventKind.PERSISTENT, EventKind.REREGISTER, EventKind.ROLE})
-"""Kinds a known issue's rule reads from anywhere before a finding (the persistent parameters, hooks registered
-again): kept when the window moves past them."""
+_STICKY = frozenset({EventKind.PERSISTENT, EventKind.REREGISTER, EventKind.ROLE, EventKind.GRADIENTS_UNOBSERVED})
+"""Kinds a known issue's rule or a fingerprint reads from anywhere before a finding (the persistent parameters,
+hooks registered again, the gradients the tracer cannot see): kept when the window moves past them."""
 _STICKY_MAX = 20_000
 
 
