@@ -603,8 +603,11 @@ Z3_MIXED_DTYPE_TRAINABLE_DEFRAGMENT = KnownIssue(
                                  "precision": "bf16", "zero_init": True}),
     checks=("exception",),
     # with parameter offload the partitions skip defragment and the mixed dtypes reach the first forward
+    # (fp16 the same: its message names Half; met unlabelled once the world-size draw was a plain rate)
     variants=(Scenario.from_dict({"stage": 3, "family": "llama", "lora": True, "modules_to_save": True,
-                                  "precision": "bf16", "zero_init": True, "offload": "param"}),),
+                                  "precision": "bf16", "zero_init": True, "offload": "param"}),
+              Scenario.from_dict({"stage": 3, "family": "llama", "lora": True, "modules_to_save": True,
+                                  "precision": "fp16", "zero_init": True, "offload": "param"})),
     explains=lambda f: (rules.raised_at("AssertionError", "zero/utils.py", "defragment")(f)
                         or rules.raised_at("RuntimeError", "zero/linear.py", "forward", "same dtype")(f)) and narrow(
         f, lambda sc: sc.stage == 3 and sc.modules_to_save and sc.precision.value != "fp32"),
