@@ -283,8 +283,9 @@ def test_each_option_shrinks_to_its_plain_case(option):
 
 def test_across_ranks_options_draw_more_ranks_without_changing_the_sequence():
     """An option whose bugs show across ranks (`strategies.across_ranks`) gets world size 2 in five draws of eight
-    and 4 in one, any other scenario world size 2 in one of eight: one plain choice (`WORLD_RATE`) whose meaning
-    the scenario's options decide, so the generated sequence is the same scenarios but for their world size."""
+    and 4 in one, the rest world size 2 in one of eight -- through the same eight-way choice, so the generated
+    sequence is the same scenarios but for their world size (Hypothesis labels a strategy by its elements' hash:
+    another strategy would shift it)."""
     from zerostate.explorer import strategies as S
     from zerostate.explorer.exploration import generated
 
@@ -305,20 +306,10 @@ def test_across_ranks_options_draw_more_ranks_without_changing_the_sequence():
     across = [(a.world_size, b.world_size) for a, b in zip(with_rate, without, strict=True) if S.across_ranks(a)]
     others = [(a.world_size, b.world_size) for a, b in zip(with_rate, without, strict=True) if not S.across_ranks(a)]
     assert all(a == b for a, b in others)  # the rate changes only the across-ranks scenarios
-    assert not any(a < b for a, b in across)  # an across-ranks option only ever adds ranks
-    # what each choice means, for a scenario with and without an across-ranks option
-    z2_across = Scenario.from_dict({"stage": 2, "contiguous_gradients": False})
-    z2 = Scenario.from_dict({"stage": 2})
-    sizes = {(c, sc is z2_across): S._world_size(lambda _, c=c: c, sc) for c in S.WorldChoice for sc in (z2_across, z2)}
-    W = S.WorldChoice
-    assert sizes == {(W.ONE, True): 1, (W.ONE, False): 1, (W.ACROSS, True): 2, (W.ACROSS, False): 1,
-                     (W.SEVERAL, True): 4, (W.SEVERAL, False): 2}
-    # the declared rate: 2, 5 and 1 of eight, as the steering point says (`choices.BY_NAME["world"]`)
-    from zerostate.explorer.choices import BY_NAME
-    rate = S.WORLD_RATE.wrapped_strategy.elements if hasattr(S.WORLD_RATE, "wrapped_strategy") \
-        else S.WORLD_RATE.elements
-    assert tuple(rate.count(c) for c in W) == BY_NAME["world"].default == (2, 5, 1)
-    assert S.across_ranks(z2_across) and not S.across_ranks(z2)
+    assert any(a == 2 and b == 1 for a, b in across) and not any(a == 1 and b == 2 for a, b in across)
+    assert any(a == 4 and b == 2 for a, b in across)  # the one-in-eight draw gives an across-ranks scenario four
+    assert {a for a, _ in across} == {1, 2, 4} and {a for a, _ in others} == {1, 2}
+    assert S.across_ranks(Scenario.from_dict({"stage": 2, "contiguous_gradients": False}))
     assert not S.across_ranks(Scenario.from_dict({"stage": 3, "contiguous_gradients": False}))
     assert S.across_ranks(Scenario.from_dict({"stage": 3, "all_reduce_fetch": True}))
 

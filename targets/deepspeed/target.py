@@ -262,7 +262,7 @@ class DeepSpeedTarget(Target):
     def prestart(self, world_size: int = 2) -> None:
         """Start the rank pool of ``world_size``-rank scenarios now, in a background thread, so the first such
         scenario does not wait for its start-up (seconds).  `cli.cmd_explore` calls it: the default strategy
-        draws world size 2 (`strategies.WORLD_RATE`).  A failed start is raised by the first scenario that
+        draws world size 2 (`strategies.WORLD2_RATE`).  A failed start is raised by the first scenario that
         needs the pool, as if it had started the pool itself."""
         self._settle()
         if world_size <= self.world_size or world_size in self._rank_pools:
