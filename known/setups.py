@@ -116,7 +116,8 @@ TWO_BACKWARDS_PER_FORWARD = KnownIssue(
     mechanisms=("last-backward-only", "last-backward-only-in-forward-too", "micro0-earlier-backward-lost",
                 "boundary-first-backward-lost", "earlier-backwards-added-again",
                 "in-forward-lost-after-unexited-backward", "unexited-backward-lost-before-boundary",
-                "offload-cpu-buffer-added-again"),
+                "offload-cpu-buffer-added-again", "boundary-backwards-only-after-unexited-backward",
+                "step-lost-after-unexited-backward"),
     # its spec forms: a PyTorch-style backward retained at the boundary (ZeRO-2), retained first (ZeRO-1), after a
     # fused head's backward inside the forward; ZeRO-3 raises on a frozen Linear
     variants=(Scenario.from_dict({"stage": 2, "steps": [
@@ -249,7 +250,15 @@ TWO_BACKWARDS_PER_FORWARD = KnownIssue(
               # ... and ZeRO-1 at gas > 1: its hooks run in the boundary micro-step alone (met unlabelled by a
               # fresh-clone exploration)
               Scenario.from_dict({"stage": 1, "offload": "optimizer", "width": 7, "steps": [
-                  {"micro": [{"backward": "engine", "retain": True}] * 2}] * 2})),
+                  {"micro": [{"backward": "engine", "retain": True}] * 2}] * 2}),
+              # ZeRO-1 after a PyTorch-style retained backward before the boundary (it never exits DeepSpeed's
+              # backward): with a fused head the step keeps the boundary micro-step's backwards alone; with optimizer
+              # offload and a loss.backward() at the boundary it gets nothing (met unlabelled on the plain-world-rate
+              # sequence)
+              Scenario.from_dict({"stage": 1, "fused_head": True, "steps": [
+                  {"micro": [{"backward": "torch", "retain": True}, {"backward": "engine"}]}]}),
+              Scenario.from_dict({"stage": 1, "offload": "optimizer", "steps": [
+                  {"micro": [{"backward": "torch", "retain": True}, {"backward": "torch"}]}]})),
     detail=("engine.backward(0.5 * loss, retain_graph=True) then engine.backward(0.5 * loss) (or loss.backward "
             "twice) in one micro-step.  ZeRO-1/2: the gradients are copied, not accumulated, into the partition "
             "while micro_step_id is 0 (stage_1_and_2.py: accumulate only `if self.micro_step_id > 0`; the id "

@@ -162,6 +162,35 @@ def _unexited_backward_lost_before_boundary(cs: Sequence[Contribution], micros: 
     return [c for c in cs if c not in lost] if lost else None
 
 
+def _unexited_before_boundary(cs: Sequence[Contribution], micros: int) -> bool:
+    """A PyTorch-style backward of a forward that had one already, in a micro-step before the boundary: it enters
+    DeepSpeed's backward and never exits it, so the boundary micro-step's backwards run with the depth still up."""
+    return any(c.micro < micros - 1 and c.index > 0 and c.pytorch_style for c in _backwards(cs))
+
+
+def _boundary_backwards_only_after_unexited(cs: Sequence[Contribution],
+                                            micros: int) -> Sequence[Contribution] | None:
+    """ZeRO-1 with a fused head, after an unexited backward before the boundary: the step keeps the boundary
+    micro-step's user backwards alone -- the earlier micro-steps' gradients and what the head's backward inside the
+    boundary forward made are lost (its epilogue runs there, outside any user backward).  Measured with an
+    ``engine.backward`` and a ``loss.backward()`` at the boundary; without the fused head DeepSpeed is right."""
+    if not _unexited_before_boundary(cs, micros):
+        return None
+    return [c for c in _backwards(cs) if c.micro == micros - 1]
+
+
+def _step_lost_after_unexited(cs: Sequence[Contribution], micros: int) -> Sequence[Contribution] | None:
+    """ZeRO-1 with optimizer offload, after an unexited backward before the boundary, and only PyTorch-style
+    backwards in the boundary micro-step: none reaches an epilogue, so nothing is copied into the fp32 partition
+    (measured: ``copy_grads_in_partition`` never runs, its gradient is zero at ``step()``) and the step applies no
+    gradient.  An ``engine.backward`` at the boundary runs its own epilogue: DeepSpeed is right then."""
+    if not _unexited_before_boundary(cs, micros):
+        return None
+    if any(c.micro == micros - 1 and not c.pytorch_style for c in _backwards(cs)):
+        return None
+    return []
+
+
 def _micro0_earlier_backward_lost(cs: Sequence[Contribution], micros: int) -> Sequence[Contribution] | None:
     """ZeRO-3: ``partition_grads`` copies (does not add) while ``micro_step_id == 0``, so micro-step 0's earlier
     backwards are overwritten by its last."""
@@ -312,6 +341,12 @@ MECHANISMS: dict[str, Mechanism] = {m.name: m for m in (
               keep=_unexited_backward_lost_before_boundary),
     Mechanism("earlier-backwards-added-again", lambda sc: _retains(sc) and sc.bf16_optimizer,
               keep=_earlier_backwards_added_again, counts_again=True),
+    Mechanism("boundary-backwards-only-after-unexited-backward",
+              lambda sc: _retains(sc) and sc.stage == 1 and not sc.bf16_optimizer and sc.gas > 1 and sc.fused_head
+              and not _offloaded(sc), keep=_boundary_backwards_only_after_unexited),
+    Mechanism("step-lost-after-unexited-backward",
+              lambda sc: _retains(sc) and sc.stage == 1 and not sc.bf16_optimizer and sc.gas > 1 and _offloaded(sc),
+              keep=_step_lost_after_unexited),
     Mechanism("micro0-earlier-backward-lost", lambda sc: _retains(sc) and sc.stage == 3,
               keep=_micro0_earlier_backward_lost),
     Mechanism("boundary-first-backward-lost", _retains, keep=_boundary_first_backward_lost),
