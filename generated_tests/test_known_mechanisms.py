@@ -548,3 +548,26 @@ def test_zero1_after_an_unexited_backward_before_the_boundary(ds, setup, boundar
     assert all(set(f.evidence.explained_by or ()) == explained for f in oracle), \
         [(f.key, f.evidence.explained_by, f.error[:200]) for f in oracle]
     assert {explain(f).id if explain(f) else None for f in oracle} == {"two-backwards-per-forward"}
+
+
+@pytest.mark.deepspeed
+@pytest.mark.parametrize("zero_init", [True, False], ids=["zero-init", "engine-cast"])
+def test_zero3_fp16_fp32_adapters_turn_loss_scaling_off(ds, zero_init):
+    """ZeRO-3 fp16 llama + LoRA: built under zero.Init the adapters stay fp32, stage3 takes its loss scaler's dtype
+    from the first trainable parameter, and the scale is a static 1 -- the reference with that scaler matches
+    DeepSpeed (`loss-scaler-from-fp32-first-param`); built outside it the engine casts the adapters to fp16 and the
+    configured dynamic scale holds: no finding, and the mechanism does not apply."""
+    if ds.version != "0.19.8":
+        pytest.skip("measured on 0.19.8")
+    sc = Scenario.from_dict({"stage": 3, "family": "llama", "lora": True, "precision": "fp16",
+                             **({"zero_init": True} if zero_init else {})})
+    run = ds.run(sc)
+    assert run.record is not None and run.record.steps, "the run compared no step"
+    if not zero_init:
+        assert "loss-scaler-from-fp32-first-param" not in applicable(sc)
+        assert not run.findings, [(f.key, f.error[:200]) for f in run.findings]
+        return
+    oracle = [f for f in run.findings if f.check == "oracle"]
+    assert [f.evidence.explained_by for f in oracle] == [("loss-scaler-from-fp32-first-param",)], \
+        [(f.key, f.evidence.explained_by, f.error[:200]) for f in oracle]
+    assert explain(oracle[0]) is by_id("z3-fp16-loss-scaling-off-for-fp32-first-param")

@@ -501,6 +501,31 @@ ZERO0_FP16_LOSS_NOT_SCALED = KnownIssue(
             "ZeRO-0 through FP16_Optimizer.backward, which scales the loss."),
 )
 
+Z3_FP16_LOSS_SCALER_FROM_FP32_PARAM = KnownIssue(
+    id="z3-fp16-loss-scaling-off-for-fp32-first-param",
+    title="ZeRO-3 with fp16: the loss scaler's dtype is the first trainable parameter's, so fp32 LoRA adapters under "
+          "zero.Init turn fp16 loss scaling off (a static scale of 1) while the forward and backward run in fp16",
+    owner="deepspeed",
+    releases=((0, 19, 8), (0, 20, 0)),  # from the oldest release its scenario was run on
+    scenario=Scenario.from_dict({"stage": 3, "family": "llama", "lora": True, "precision": "fp16",
+                                 "zero_init": True}),
+    checks=("oracle",),
+    explains=None,
+    mechanisms=("loss-scaler-from-fp32-first-param",),
+    detail=("stage3.py takes the optimizer's dtype from the first parameter of its first group "
+            "(``self.dtype = self.optimizer.param_groups[0]['params'][0].dtype``) and builds the loss scaler with "
+            "it; runtime/fp16/loss_scaler.py ``CreateLossScaler`` gives a dynamic scaler only for torch.half and a "
+            "static ``LossScaler(scale=1.0)`` otherwise.  With an fp16 model built under zero.Init (HF "
+            "from_pretrained with ZeRO-3) PEFT adds its LoRA adapters in fp32 (autocast_adapter_dtype), so every "
+            "trainable parameter is fp32: the config's dynamic fp16 loss scaling is silently off while the frozen "
+            "base runs its forward and backward in fp16, where small gradients underflow.  The oracle sees the loss "
+            "scale: DeepSpeed's stays 1 where the configured scaler's is 2**initial_scale_power; the reference with "
+            "a static scale of 1 matches DeepSpeed exactly.  Without zero.Init the engine casts the adapters to "
+            "fp16 and the scale is the configured one; with modules_to_save the mixed dtypes fail first "
+            "(z3-mixed-dtype-trainable-params).  Met unlabelled by the default exploration on the plain-world-rate "
+            "sequence."),
+)
+
 ZERO_ADAM_STEPS_FROZEN_PARAM = KnownIssue(
     id="zero-adam-steps-frozen-param",
     title="ZeRO-1/2/3 with Adam: a parameter whose requires_grad is off for a step is stepped as if its gradient "
@@ -987,6 +1012,7 @@ SETUP_ISSUES: tuple[KnownIssue, ...] = (ZERO0_FP16_LOSS_NOT_SCALED, Z3_UNGROUPED
                                         ZERO1_REDUCE_KEEPS_OTHER_PARTITIONS, FP16_OPTIMIZER_INIT_STEP,
                                         EMPTY_GROUP_DROPPED_UNDER_SCHEDULER, ZERO12_GROUP_OF_EMPTY_PARAMS,
                                         Z3_STALE_GRAD_FOR_UNUSED, STAGE0_MASTER_NOT_SETTABLE,
-                                        Z3_SET_FULL_FP32_PARAM_UNPADDED, BF16_OPTIMIZER_ZERO_GRAD_KEEPS_FP32_GRADS)
+                                        Z3_SET_FULL_FP32_PARAM_UNPADDED, BF16_OPTIMIZER_ZERO_GRAD_KEEPS_FP32_GRADS,
+                                        Z3_FP16_LOSS_SCALER_FROM_FP32_PARAM)
 
 __all__ = ["SETUP_ISSUES", "dropped_by_zero_to_fp32", "nested_outputs_zero12"]

@@ -76,6 +76,8 @@ class Mechanism:
     bias correction run one step ahead)."""
     loss_unscaled: bool = False
     """fp16: the loss is not multiplied by the scale, the gradient is still divided by it."""
+    unit_loss_scale: bool = False
+    """fp16: the loss scaler is a static scale of 1 (no scaling, no growth), not the configured dynamic one."""
     own_rows: bool = False
     """At world size > 1: each rank steps with the gradient of its own rows alone (no reduction across ranks)."""
     output_hooks: str = ""
@@ -376,6 +378,9 @@ MECHANISMS: dict[str, Mechanism] = {m.name: m for m in (
     Mechanism("update-halved-when-scale-grows", lambda sc: sc.precision is Precision.FP16,
               gradient="halved-when-scale-grows"),
     Mechanism("loss-not-scaled", lambda sc: sc.precision is Precision.FP16 and sc.stage == 0, loss_unscaled=True),
+    Mechanism("loss-scaler-from-fp32-first-param",
+              lambda sc: sc.precision is Precision.FP16 and sc.stage == 3 and sc.zero_init and sc.lora
+              and not sc.modules_to_save, unit_loss_scale=True),
     Mechanism("output-hooks-divide-by-gas", lambda sc: sc.gas > 1 and sc.stage in (1, 2) and _several_outputs(sc),
               output_hooks="pytorch-style"),
     Mechanism("output-hooks-divide-by-gas-engine-backward",

@@ -45,8 +45,11 @@ class LossScale:
     overflow (a non-finite gradient) skips the step and halves the scale (not below ``min_loss_scale``);
     after ``loss_scale_window`` steps without overflow it doubles."""
 
-    def __init__(self, cfg: Fp16Config) -> None:
-        self.scale = float(2 ** cfg["initial_scale_power"])
+    def __init__(self, cfg: Fp16Config, unit: bool = False) -> None:
+        self.unit = unit
+        """DeepSpeed's static ``LossScaler(scale=1.0)`` instead (`CreateLossScaler` for an optimizer whose dtype is
+        not fp16): the scale stays 1, an overflow still skips the step."""
+        self.scale = 1.0 if unit else float(2 ** cfg["initial_scale_power"])
         self.window, self.min = cfg["loss_scale_window"], cfg["min_loss_scale"]
         self.iter, self.last_overflow = 0, -1
         self.skipped: list[int] = []
@@ -56,7 +59,10 @@ class LossScale:
 
     def update(self, overflow: bool, step: int) -> None:
         self.scales.append(self.scale)
-        if overflow:
+        if self.unit:
+            if overflow:
+                self.skipped.append(step)
+        elif overflow:
             self.skipped.append(step)
             self.scale = max(self.scale / 2, self.min)
             self.last_overflow = self.iter

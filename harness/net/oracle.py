@@ -151,7 +151,7 @@ class TorchBackend:
                 if stays_fp32(sc, n):
                     q.data = q.data.float()
         if sc.precision is Precision.FP16:
-            scaler = self.scaler = fp16.LossScale(fp16_section(sc))
+            scaler = self.scaler = fp16.LossScale(fp16_section(sc), unit=any(m.unit_loss_scale for m in mechanisms))
             fp16.set_loss_scale(lambda: scaler.scale)
         attach_late_module(sc, self.model)
         self._twin = ArithmeticTwin(self._forward_on, lambda res: loss_of(sc, res), self._register_output_hooks) \
