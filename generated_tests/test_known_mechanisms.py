@@ -18,7 +18,7 @@ import pytest
 
 from zerostate.findings.evidence import Evidence, Frame, OracleDiff, ParamDiff, Raised
 from zerostate.findings.finding import Finding
-from zerostate.harness.net.counterfactual import applicable
+from zerostate.harness.net.counterfactual import applicable, bucket_tail
 from zerostate.known.issue import KnownIssue, Nature
 from zerostate.known.issues import KNOWN_ISSUES, by_id, explain
 from zerostate.known.labels import labelled
@@ -548,6 +548,79 @@ def test_zero1_after_an_unexited_backward_before_the_boundary(ds, setup, boundar
     assert all(set(f.evidence.explained_by or ()) == explained for f in oracle), \
         [(f.key, f.evidence.explained_by, f.error[:200]) for f in oracle]
     assert {explain(f).id if explain(f) else None for f in oracle} == {"two-backwards-per-forward"}
+
+
+@pytest.mark.deepspeed
+@pytest.mark.parametrize("setup, explained", [
+    ({"offload": "optimizer", "reduce_bucket_size": 128}, {"bucket-tail-lost-after-unexited-backward"}),
+    ({"offload": "optimizer"}, {"boundary-first-backward-lost"}),
+    ({"reduce_bucket_size": 128}, {"boundary-first-backward-lost"}),
+], ids=["offload-small-bucket", "offload-whole-bucket", "small-bucket"])
+def test_zero2_unexited_boundary_backward_loses_what_its_bucket_still_held(ds, setup, explained):
+    """ZeRO-2, gas 2, two PyTorch-style backwards of one forward at the boundary: the second never exits
+    DeepSpeed's backward.  With optimizer offload and a reduce bucket two blocks' gradients overflow, the
+    gradients a full bucket reduced during that backward reach the step and those still in the bucket at its end
+    are lost (measured per parameter against each micro-step's gradient; `bucket_tail` from the reference's hook
+    order): block 1 right, block 0 short of one backward -- a partial loss no whole-backward counterfactual
+    matches.  With the whole backward in the bucket, or without offload, that backward is lost for every parameter.
+    Met unlabelled (llama ± LoRA, bucket 128) by the default exploration on the plain-world-rate sequence."""
+    if ds.version != "0.19.8":
+        pytest.skip("measured on 0.19.8")
+    sc = Scenario.from_dict({"stage": 2, "blocks": [{}, {}], **setup, "steps": [
+        {"micro": [{"backward": "engine"}, {"backward": "torch", "retain": True}]}]})
+    assert ("bucket-tail-lost-after-unexited-backward" in applicable(sc)) == ("offload" in setup)
+    oracle = [f for f in ds.run(sc).findings if f.check == "oracle"]
+    assert oracle, "no oracle finding"
+    assert all(set(f.evidence.explained_by or ()) == explained for f in oracle), \
+        [(f.key, f.evidence.explained_by, f.error[:200]) for f in oracle]
+    assert {explain(f).id if explain(f) else None for f in oracle} == {"two-backwards-per-forward"}
+
+
+_SECOND_BACKWARD_FORMS = {
+    "already-reduced-z2": {"stage": 2, "family": "llama", "reduce_bucket_size": 128, "steps": [
+        {"micro": [{"backward": "engine", "retain": True}, {"backward": "torch", "retain": True},
+                   {"backward": "engine", "retain": True}]}]},
+    "reduce-scatter-size-0-z3": {"stage": 3, "reduce_bucket_size": 128, "max_reuse_distance": 128,
+                                 "max_live_parameters": 64, "blocks": [
+                                     {}, {"norm": "frozen"}, {"norm": "unused", "lin": "unused", "leaf": True}],
+                                 "steps": [{"eval_before": True, "reregister": True, "save_load": True, "micro": [
+                                     {"backward": "torch", "skip": [1], "retain": True},
+                                     {"backward": "torch", "skip": [1], "retain": True},
+                                     {"backward": "engine", "skip": [1], "retain": True}]}]},
+}
+
+
+@pytest.mark.deepspeed
+@pytest.mark.parametrize("form", sorted(_SECOND_BACKWARD_FORMS))
+def test_a_crash_a_never_exited_backward_leaves_is_labelled_by_its_trace(ds, form):
+    """Two crashes of two-backwards-per-forward read from the trace (`rules.two_backwards`): at ZeRO-2 with a small
+    bucket a PyTorch-style second backward never exits, so the flags of the buckets reduced during it stay set and
+    the next backward's hook asserts the parameter 'already been reduced' (no epilogue since); at ZeRO-3 with a
+    small bucket the second backward's reduce-scatter meets a size-0 gradient.  Each is labelled with its recorded
+    fingerprint, and the same scenario without the retains gives no finding (the counterfactual that they are the
+    second backwards' doing)."""
+    if ds.version != "0.19.8":
+        pytest.skip("measured on 0.19.8")
+    from zerostate.known.recorded import recorded
+    d = _SECOND_BACKWARD_FORMS[form]
+    crashes = [f for f in ds.run(Scenario.from_dict(d)).findings if f.check == "exception"]
+    assert crashes, "no crash"
+    assert all(f.key in recorded("two-backwards-per-forward") for f in crashes), [f.key for f in crashes]
+    assert {explain(f).id if explain(f) else None for f in crashes} == {"two-backwards-per-forward"}
+    plain = {**d, "steps": [{**s, "micro": [{k: v for k, v in m.items() if k != "retain"} for m in s["micro"]]}
+                            for s in d["steps"]]}
+    assert not [f.key for f in ds.run(Scenario.from_dict(plain)).findings if f.check != "oracle"]
+
+
+def test_bucket_tail_follows_deepspeeds_bucket_rule():
+    """`bucket_tail`: the bucket is reduced before a gradient that would take it past the size is added, so a
+    gradient larger than the bucket goes in alone and stays when it is the last."""
+    numel = {"a": 64, "b": 8, "c": 64, "d": 8, "e": 256}
+    assert bucket_tail(["a", "b", "c", "d"], numel, 128) == {"c", "d"}
+    assert bucket_tail(["a", "b", "c", "d"], numel, 10**9) == {"a", "b", "c", "d"}
+    assert bucket_tail(["a", "e"], numel, 128) == {"e"}
+    assert bucket_tail(["e", "b"], numel, 128) == {"b"}
+    assert bucket_tail([], numel, 128) == frozenset()
 
 
 @pytest.mark.deepspeed

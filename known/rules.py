@@ -130,9 +130,12 @@ def two_backwards(f: Finding) -> bool:
     backward), or runs without its epilogue: its gradients stay in the bucket (left there; a later epilogue
     finds them twice: DeepSpeed's assertion in __reduce_and_partition_ipg_grads, or a later hook finds the gradient
     already taken: 'NoneType' ... 'numel' in __add_grad_to_ipg_bucket; step()'s zero_grad on the stale
-    entries: 'unknown parameter type'), its parameters gathered; or no active backward submodule is found.  Any
-    stage: a PyTorch-style second backward enters DeepSpeed's backward and, without an epilogue, never exits
-    (its gradients outlive step() in the bucket, the backward depth stays up)."""
+    entries: 'unknown parameter type'), its parameters gathered; with a small reduce bucket the second backward's
+    reduce-scatter meets a size-0 gradient ('Cannot reduce scatter gradients'); or no active backward submodule is
+    found.  Any stage: a PyTorch-style second backward enters DeepSpeed's backward and, without an epilogue, never
+    exits (its gradients outlive step() in the bucket, the backward depth stays up); at ZeRO-1/2 the flags of a
+    bucket reduced during it are never reset, so a later backward's hook asserts the parameter 'already been
+    reduced'."""
     ev = trace(f)
     second = second_backward_start(ev, at(f) + 1)
     if second is None:
@@ -148,8 +151,12 @@ def two_backwards(f: Finding) -> bool:
                          or bucketed_again_unflushed(ev, at(f) + 1)))
             or (raised_in(f, "AttributeError", "zero/stage3.py", "__add_grad_to_ipg_bucket", "'numel'")
                 and bool(left_by_second_backward(ev, at(f) + 1)))
-            or (_no_epilogue_after_unexited(ev) and any(raised_in(f, t, file, fn) for t in ("KeyError", "TypeError")
-                                                         for file, fn in _NORM_OF_NO_GRADIENT)))
+            or (raised_in(f, "RuntimeError", "zero/stage3.py", "__reduce_and_partition_ipg_grads",
+                          "Cannot reduce scatter gradients") and raised_in_second_backward(ev))
+            or (_no_epilogue_after_unexited(ev) and (
+                any(raised_in(f, t, file, fn) for t in ("KeyError", "TypeError") for file, fn in _NORM_OF_NO_GRADIENT)
+                or raised_in(f, "AssertionError", "zero/stage_1_and_2.py",
+                             "reduce_independent_p_g_buckets_and_remove_grads", "already been reduced"))))
     if f.violation in ("clean-step:backward-never-exited",  # the second backward entered and had no epilogue to exit
                  "no-epilogue-before-user-backward:epilogue-outside-user-backward"):  # a later epilogue sees its depth
         return unexited_second_backward(ev, at(f) + 1)
@@ -171,12 +178,6 @@ def _partitioned_in_use(r: Raised) -> bool:
     """torch met a size-0 tensor where a parameter's full shape belongs: a partitioned ZeRO-3 parameter (its
     ``.data`` an empty tensor) or its size-0 gradient in the computation."""
     return r.type == "RuntimeError" and (r.says("must match the size of tensor", "(0)") or r.says("of shape [0]"))
-
-
-
-
-
-
 
 
 _AFTER_A_SECOND_BACKWARD = ("epilogue-once:no-epilogue", "grad-handled-once:left-in-bucket",

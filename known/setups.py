@@ -117,7 +117,7 @@ TWO_BACKWARDS_PER_FORWARD = KnownIssue(
                 "boundary-first-backward-lost", "earlier-backwards-added-again",
                 "in-forward-lost-after-unexited-backward", "unexited-backward-lost-before-boundary",
                 "offload-cpu-buffer-added-again", "boundary-backwards-only-after-unexited-backward",
-                "step-lost-after-unexited-backward"),
+                "step-lost-after-unexited-backward", "bucket-tail-lost-after-unexited-backward"),
     # its spec forms: a PyTorch-style backward retained at the boundary (ZeRO-2), retained first (ZeRO-1), after a
     # fused head's backward inside the forward; ZeRO-3 raises on a frozen Linear
     variants=(Scenario.from_dict({"stage": 2, "steps": [
@@ -258,7 +258,49 @@ TWO_BACKWARDS_PER_FORWARD = KnownIssue(
               Scenario.from_dict({"stage": 1, "fused_head": True, "steps": [
                   {"micro": [{"backward": "torch", "retain": True}, {"backward": "engine"}]}]}),
               Scenario.from_dict({"stage": 1, "offload": "optimizer", "steps": [
-                  {"micro": [{"backward": "torch", "retain": True}, {"backward": "torch"}]}]})),
+                  {"micro": [{"backward": "torch", "retain": True}, {"backward": "torch"}]}]}),
+              # ZeRO-3 with a z3 leaf block and everything persistent, a retained PyTorch-style backward skipping a
+              # block: the leaf's parameters keep stale holders at step() and at the next micro-step's forward,
+              # with and without a frozen LayerNorm among them (each clean without the retains)
+              *(Scenario.from_dict({"stage": 3, "persistence_threshold": 100000, "max_reuse_distance": 128,
+                                    "max_live_parameters": 64, "blocks": blocks, "steps": [
+                                        {"eval_before": True, "reregister": True, "save_load": True, "micro": [
+                                            {"backward": b, "skip": [1], "retain": True} for b in backwards]}]})
+                for blocks in ([{}, {"norm": "frozen"}, {"leaf": True}], [{}, {"norm": "frozen", "leaf": True}])
+                for backwards in (("torch",), ("torch", "engine", "engine"))),
+              Scenario.from_dict({"stage": 3, "width": 7, "outputs": "tuple", "persistence_threshold": 100000,
+                                  "max_reuse_distance": 128, "blocks": [
+                                      {"checkpoint": "non_reentrant"},
+                                      {"checkpoint": "reentrant", "norm": "frozen", "leaf": True}], "steps": [
+                                      {"reregister": True, "save_load": True, "micro": [
+                                          {"backward": "torch", "skip": [1], "retain": True}]}]}),
+              # a llama with LoRA: the adapters' gradients left in the bucket with persistent parameters (ZeRO-3)
+              # and in the reduce bucket after step() (ZeRO-1)
+              Scenario.from_dict({"stage": 3, "family": "llama", "lora": True, "persistence_threshold": 8, "steps": [
+                  {"eval_before": True, "micro": [{"backward": "torch", "retain": True},
+                                                  {"backward": "engine", "retain": True}]}]}),
+              Scenario.from_dict({"stage": 1, "family": "llama", "lora": True, "steps": [
+                  {"reregister": True, "micro": [{"backward": "torch", "retain": True}]}]}),
+              # ZeRO-1/2 with a reduce bucket smaller than the gradients: a bucket reduced during a backward that
+              # never exits keeps its flags, and the next backward's hook asserts the parameter already reduced
+              # (ZeRO-2, and ZeRO-1 with overlap_comm; each clean without the retains)
+              Scenario.from_dict({"stage": 2, "family": "llama", "reduce_bucket_size": 128, "steps": [
+                  {"reregister": True, "micro": [{"backward": "engine", "retain": True},
+                                                 {"backward": "torch", "retain": True},
+                                                 {"backward": "engine", "retain": True}]}]}),
+              Scenario.from_dict({"stage": 1, "family": "llama", "reduce_bucket_size": 128, "overlap_comm": True,
+                                  "steps": [{"reregister": True, "micro": [
+                                      {"backward": "engine", "retain": True}, {"backward": "torch", "retain": True},
+                                      {"backward": "torch", "retain": True}]}]}),
+              # ZeRO-3, a small reduce bucket and an unused z3 leaf block: the second backward's reduce-scatter meets
+              # a size-0 gradient (clean without the retains)
+              Scenario.from_dict({"stage": 3, "reduce_bucket_size": 128, "max_reuse_distance": 128,
+                                  "max_live_parameters": 64, "blocks": [
+                                      {}, {"norm": "frozen"}, {"norm": "unused", "lin": "unused", "leaf": True}],
+                                  "steps": [{"eval_before": True, "reregister": True, "save_load": True, "micro": [
+                                      {"backward": "torch", "skip": [1], "retain": True},
+                                      {"backward": "torch", "skip": [1], "retain": True},
+                                      {"backward": "engine", "skip": [1], "retain": True}]}]})),
     detail=("engine.backward(0.5 * loss, retain_graph=True) then engine.backward(0.5 * loss) (or loss.backward "
             "twice) in one micro-step.  ZeRO-1/2: the gradients are copied, not accumulated, into the partition "
             "while micro_step_id is 0 (stage_1_and_2.py: accumulate only `if self.micro_step_id > 0`; the id "

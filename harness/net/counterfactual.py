@@ -43,6 +43,9 @@ class Contribution:
     pytorch_style: bool = False
     """A user backward made by ``loss.backward()`` (or ``tensor.backward``), not ``engine.backward``: DeepSpeed sees
     it only through its hooks."""
+    order: tuple[str, ...] = ()
+    """The parameters in the order this backward accumulated their gradients (their gradient hooks' order), when a
+    mechanism needs it (`Mechanism.bucket_tail`); empty otherwise."""
 
 
 Keep = Callable[[Sequence[Contribution], int], Sequence[Contribution] | None]
@@ -106,6 +109,13 @@ class Mechanism:
     earlier steps' later backwards left in the buffer.  ZeRO-1 runs no gradient hook before the boundary
     micro-step, so ``micro_step_id`` counts its backwards alone at any gas; ZeRO-2's hooks run in every micro-step
     and the step's first backward overwrites the buffer, so only gas 1 carries it over (both measured)."""
+    bucket_tail: bool = False
+    """ZeRO-2 with optimizer offload: a PyTorch-style second backward of one forward in the boundary micro-step
+    never exits DeepSpeed's backward (no epilogue), so the gradients still in the reduce bucket when it ends are
+    never reduced and its share of them is lost; the ones a full bucket reduced during it reach the step
+    (`bucket_tail`: which stay, from the backward's hook order and ``reduce_bucket_size``).  Measured per parameter
+    against each micro-step's gradient: ZeRO-2 without offload, and ZeRO-1, lose that backward whole
+    (`boundary-first-backward-lost`, the same numbers)."""
     outside_partition: bool = False
     """At world size > 1, ZeRO-1 with the fp32 gradient accumulation attribute (``grad_accum``): after each
     reduction of the boundary micro-step a rank keeps its gradient of every parameter outside its partition of the
@@ -230,6 +240,27 @@ def _last_micro_step_only(cs: Sequence[Contribution], micros: int) -> Sequence[C
     return [backs[-1]]
 
 
+def bucket_tail(order: Sequence[str], numel: dict[str, int], size: int) -> frozenset[str]:
+    """The parameters left in ZeRO-1/2's reduce (ipg) bucket when a backward whose hooks ran in ``order`` ends:
+    before adding a gradient that would take the bucket past ``size`` elements it is reduced and emptied
+    (stage_1_and_2.py ``reduce_independent_p_g_buckets_and_remove_grads``), so a gradient larger than the bucket
+    is added alone and reduced by the next one."""
+    left: list[str] = []
+    elements = 0
+    for n in order:
+        if elements + numel[n] > size:
+            left, elements = [], 0
+        left.append(n)
+        elements += numel[n]
+    return frozenset(left)
+
+
+def unexited_at_boundary(c: Contribution, micros: int) -> bool:
+    """A PyTorch-style later backward of the boundary micro-step's forward: it enters DeepSpeed's backward and
+    never exits it."""
+    return c.kind == "backward" and c.micro == micros - 1 and c.index > 0 and c.pytorch_style
+
+
 def zero1_owners(groups: Sequence[Sequence[tuple[str, int]]], world: int) -> dict[str, frozenset[int]]:
     """The ranks whose ZeRO-1/2 partition holds some of each parameter: each optimizer group's parameters
     (trainable, with elements: ``(name, numel)`` in the group's order) flattened one after another, padded to a
@@ -317,6 +348,22 @@ def _boundary_retains(sc: Scenario) -> bool:
     return any(s.micro and s.micro[-1].retain for s in sc.steps)
 
 
+def _first_retains(sc: Scenario) -> bool:
+    """Some step's first micro-step has two backwards of one forward."""
+    return any(s.micro and s.micro[0].retain for s in sc.steps)
+
+
+def _unexited_retain_before_boundary(sc: Scenario) -> bool:
+    """Some step has a PyTorch-style second backward of one forward before its boundary micro-step (it never exits
+    DeepSpeed's backward: `_unexited_before_boundary`)."""
+    return any(m.retain and m.backward.pytorch_style for s in sc.steps for m in s.micro[:-1])
+
+
+def _unexited_retain_at_boundary(sc: Scenario) -> bool:
+    """Some step's boundary micro-step has a PyTorch-style second backward of one forward (`unexited_at_boundary`)."""
+    return any(s.micro and s.micro[-1].retain and s.micro[-1].backward.pytorch_style for s in sc.steps)
+
+
 def after_unexited_backward(sc: Scenario) -> frozenset[tuple[int, int]]:
     """``(step, 0)`` for each train step after one with two PyTorch-style backwards of one forward (retained) in a
     micro-step: that second backward enters DeepSpeed's backward and, with no epilogue, never leaves it.  Measured:
@@ -336,22 +383,27 @@ def _zero1_grad_accum_attribute(sc: Scenario) -> bool:
 
 
 MECHANISMS: dict[str, Mechanism] = {m.name: m for m in (
-    Mechanism("last-backward-only", lambda sc: _retains(sc) and sc.stage in (1, 2), keep=_last_backward_only),
-    Mechanism("last-backward-only-in-forward-too", lambda sc: _retains(sc) and sc.stage == 1 and sc.fused_head,
+    Mechanism("last-backward-only", lambda sc: _boundary_retains(sc) and sc.stage in (1, 2),
+              keep=_last_backward_only),
+    Mechanism("last-backward-only-in-forward-too",
+              lambda sc: _boundary_retains(sc) and sc.stage == 1 and sc.fused_head,
               keep=_last_backward_only_in_forward_too),
-    Mechanism("unexited-backward-lost-before-boundary", lambda sc: _retains(sc) and sc.bf16_optimizer and sc.gas > 1,
+    Mechanism("unexited-backward-lost-before-boundary",
+              lambda sc: _unexited_retain_before_boundary(sc) and sc.bf16_optimizer,
               keep=_unexited_backward_lost_before_boundary),
     Mechanism("earlier-backwards-added-again", lambda sc: _retains(sc) and sc.bf16_optimizer,
               keep=_earlier_backwards_added_again, counts_again=True),
     Mechanism("boundary-backwards-only-after-unexited-backward",
-              lambda sc: _retains(sc) and sc.stage == 1 and not sc.bf16_optimizer and sc.gas > 1 and sc.fused_head
-              and not _offloaded(sc), keep=_boundary_backwards_only_after_unexited),
+              lambda sc: _unexited_retain_before_boundary(sc) and sc.stage == 1 and not sc.bf16_optimizer
+              and sc.fused_head and not _offloaded(sc), keep=_boundary_backwards_only_after_unexited),
     Mechanism("step-lost-after-unexited-backward",
-              lambda sc: _retains(sc) and sc.stage == 1 and not sc.bf16_optimizer and sc.gas > 1 and _offloaded(sc),
-              keep=_step_lost_after_unexited),
-    Mechanism("micro0-earlier-backward-lost", lambda sc: _retains(sc) and sc.stage == 3,
+              lambda sc: _unexited_retain_before_boundary(sc) and sc.stage == 1 and not sc.bf16_optimizer
+              and _offloaded(sc), keep=_step_lost_after_unexited),
+    Mechanism("micro0-earlier-backward-lost", lambda sc: _first_retains(sc) and sc.stage == 3,
               keep=_micro0_earlier_backward_lost),
-    Mechanism("boundary-first-backward-lost", _retains, keep=_boundary_first_backward_lost),
+    Mechanism("boundary-first-backward-lost", _boundary_retains, keep=_boundary_first_backward_lost),
+    Mechanism("bucket-tail-lost-after-unexited-backward",
+              lambda sc: _unexited_retain_at_boundary(sc) and sc.stage == 2 and _offloaded(sc), bucket_tail=True),
     Mechanism("in-forward-gradient-dropped", lambda sc: sc.fused_head, keep=_in_forward_dropped),
     Mechanism("in-forward-lost-after-unexited-backward",
               lambda sc: sc.fused_head and sc.stage in (1, 2) and bool(after_unexited_backward(sc)),
@@ -407,4 +459,4 @@ def applicable(sc: Scenario) -> list[str]:
 
 
 __all__ = ["MECHANISMS", "Contribution", "Grads", "Mechanism", "after_unexited_backward", "applicable",
-           "reduced_again", "zero1_owners"]
+           "bucket_tail", "reduced_again", "unexited_at_boundary", "zero1_owners"]

@@ -12,6 +12,7 @@ bf16-rounded parameters, and with ``fp32_grad_accum`` each micro-step's gradient
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 from collections.abc import Callable, Sequence
 from typing import TypedDict
 
@@ -21,7 +22,8 @@ import torch.nn as nn
 from zerostate.harness.net import fp16
 from zerostate.harness.net.arithmetic_twin import ArithmeticTwin, differentiate
 from zerostate.harness.net.compare import Params
-from zerostate.harness.net.counterfactual import (MECHANISMS, Contribution, Mechanism, reduced_again,
+from zerostate.harness.net.counterfactual import (MECHANISMS, Contribution, Mechanism, bucket_tail, reduced_again,
+                                                  unexited_at_boundary,
                                                   after_unexited_backward, zero1_owners)
 from zerostate.harness.net.dist import rank_rows, world_size
 from zerostate.harness.net.config import fp16_section, make_optimizer, make_scheduler, param_groups
@@ -145,6 +147,9 @@ class TorchBackend:
         self._x: tuple[torch.Tensor, tuple[int, ...]] | None = None
         """Counterfactual: the micro-step's input and skipped blocks (the ranks' shares recompute its forward)."""
         self._shares: tuple[Params, ...] = ()
+        self._order: list[str] = []
+        """Counterfactual: the parameters in the order the backward being made accumulated them
+        (`Contribution.order`)."""
         if self.half is not None:
             self.model = copy.deepcopy(model).to(self.half)
             for n, q in self.model.named_parameters():
@@ -265,7 +270,12 @@ class TorchBackend:
             self._note_backward_start()
         if self._twin is not None:
             self._twin.backward(kind, fused, part, gas, scale, keep, self._hooked)
-        differentiate(kind, out, loss, fused, part, gas, scale, keep)
+        handles = self._record_hook_order() if any(m.bucket_tail for m in self.mechanisms) else []
+        try:
+            differentiate(kind, out, loss, fused, part, gas, scale, keep)
+        finally:
+            for h in handles:
+                h.remove()
         self._last = {n: g - before[n] if n in before else g for n, g in self._grads().items()}
         if self._by_rank:
             self._shares = self._rank_shares(kind, fused, part / gas * scale)
@@ -502,11 +512,19 @@ class TorchBackend:
             self._contributions.append(Contribution("forward", self._micro, 0, made))
         self._seen = self._total()
 
+    def _record_hook_order(self) -> list[torch.utils.hooks.RemovableHandle]:
+        """Counterfactual (`Mechanism.bucket_tail`): note each parameter as this backward accumulates its gradient
+        (the order DeepSpeed's gradient hooks see the same graph in)."""
+        self._order = []
+        return [q.register_post_accumulate_grad_hook(lambda _q, n=n: self._order.append(n))
+                for (n, _), q in zip(self.master.named_parameters(), self.model.parameters(), strict=True)
+                if q.requires_grad]
+
     def _note_backward_end(self) -> None:
         index = sum(c.kind == "backward" and c.micro == self._micro for c in self._contributions)
         self._contributions.append(Contribution("backward", self._micro, index, self._delta(self._seen),
-                                                self._shares, self._pytorch_style))
-        self._shares = ()
+                                                self._shares, self._pytorch_style, tuple(self._order)))
+        self._shares, self._order = (), []
         self._seen = self._total()
 
     def _add_cpu_buffer(self, contributions: Sequence[Contribution]) -> None:
@@ -526,6 +544,12 @@ class TorchBackend:
             if n in held_before and p.grad is not None:
                 p.grad = p.grad + held_before[n]
 
+    def _without_bucket_tail(self, c: Contribution) -> Contribution:
+        """``c`` without the gradients it left in the reduce bucket (`Mechanism.bucket_tail`)."""
+        tail = bucket_tail([n for n in c.order if n in c.grads], {n: g.numel() for n, g in c.grads.items()},
+                           self.sc.reduce_bucket_size)
+        return replace(c, grads={n: g for n, g in c.grads.items() if n not in tail})
+
     def _apply_mechanisms(self, overflow: bool) -> None:
         """At the step's boundary: the master parameters' gradient as the mechanisms make it."""
         contributions, self._contributions, self._micro = self._contributions, [], 0
@@ -533,6 +557,10 @@ class TorchBackend:
             return
         made = {n for c in contributions for n in c.grads}
         kept: list[Contribution] | None = None
+        if any(m.bucket_tail for m in self.mechanisms):
+            contributions = [self._without_bucket_tail(c) if unexited_at_boundary(c, self.gas) else c
+                             for c in contributions]
+            kept = list(contributions)
         if any(m.in_forward_lost_after_unexited for m in self.mechanisms):
             step, after = self.train_step - 1, after_unexited_backward(self.sc)
             lost = [c for c in contributions if c.kind == "forward" and (step, c.micro) in after]
