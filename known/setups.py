@@ -117,7 +117,8 @@ TWO_BACKWARDS_PER_FORWARD = KnownIssue(
                 "boundary-first-backward-lost", "earlier-backwards-added-again",
                 "in-forward-lost-after-unexited-backward", "unexited-backward-lost-before-boundary",
                 "offload-cpu-buffer-added-again", "boundary-backwards-only-after-unexited-backward",
-                "step-lost-after-unexited-backward", "bucket-tail-lost-after-unexited-backward"),
+                "step-lost-after-unexited-backward", "bucket-tail-lost-after-unexited-backward",
+                "bucket-flushed-overwritten-after-unexited-backward"),
     # its spec forms: a PyTorch-style backward retained at the boundary (ZeRO-2), retained first (ZeRO-1), after a
     # fused head's backward inside the forward; ZeRO-3 raises on a frozen Linear
     variants=(Scenario.from_dict({"stage": 2, "steps": [
@@ -323,7 +324,13 @@ TWO_BACKWARDS_PER_FORWARD = KnownIssue(
             "'active_backward_submodules is empty', an epilogue outside a user backward, parameters left "
             "gathered, a released parameter read by the second backward, the bucket holding the second "
             "backward's gradients when the next backward adds them again): a finding is attributed to it only "
-            "by what its own run shows of that (known/rules.py two_backwards).  DeepSpeed's documented way to run "
+            "by what its own run shows of that (known/rules.py two_backwards).  A PyTorch-style second backward at the "
+            "boundary never exits DeepSpeed's backward: with a reduce bucket smaller than its gradients, what the "
+            "bucket still holds at its end is lost and what full buckets reduced during it is added (ZeRO-2 with "
+            "offload) or copied over the step's gradient (ZeRO-1 with offload and overlap_comm), and the "
+            "already-reduced flags those reductions set make a later backward's hook assert.  With optimizer "
+            "offload the CPU accumulation buffer a second backward fills is never cleared: under fp16 one overflow "
+            "left there skips every later step that has a second backward.  DeepSpeed's documented way to run "
             "several backwards before one boundary is engine.set_gradient_accumulation_boundary(False) before "
             "them and (True) before the last: with those calls ZeRO-1/2 match PyTorch exactly "
             "(docs/bug-coverage.md), so their half is silent wrongness for code that does not make "

@@ -108,14 +108,18 @@ class Mechanism:
     nothing clears that buffer between steps.  So the step gets its last backward's gradient plus everything the
     earlier steps' later backwards left in the buffer.  ZeRO-1 runs no gradient hook before the boundary
     micro-step, so ``micro_step_id`` counts its backwards alone at any gas; ZeRO-2's hooks run in every micro-step
-    and the step's first backward overwrites the buffer, so only gas 1 carries it over (both measured)."""
-    bucket_tail: bool = False
-    """ZeRO-2 with optimizer offload: a PyTorch-style second backward of one forward in the boundary micro-step
-    never exits DeepSpeed's backward (no epilogue), so the gradients still in the reduce bucket when it ends are
-    never reduced and its share of them is lost; the ones a full bucket reduced during it reach the step
-    (`bucket_tail`: which stay, from the backward's hook order and ``reduce_bucket_size``).  Measured per parameter
-    against each micro-step's gradient: ZeRO-2 without offload, and ZeRO-1, lose that backward whole
-    (`boundary-first-backward-lost`, the same numbers)."""
+    and the step's first backward overwrites the buffer, so only gas 1 carries it over (both measured).  fp16: a
+    step that overflows has written its non-finite gradient into the buffer already, so every later step whose
+    second backward adds it overflows as well (measured: 4 of 4 steps skipped, PyTorch 1)."""
+    bucket_tail: str = ""
+    """A PyTorch-style second backward of one forward in the boundary micro-step never exits DeepSpeed's backward (no
+    epilogue), so the gradients still in the reduce bucket when it ends (`bucket_tail`: from the backward's hook
+    order and ``reduce_bucket_size``) are never reduced and its share of them is lost; the ones a full bucket
+    reduced during it: ``lost`` (ZeRO-2 with optimizer offload) reach the step with everything before, ``overwritten``
+    (ZeRO-1 with optimizer offload and overlap_comm) replace what the step had (the copy into the fp32 partition).
+    Measured per parameter against each micro-step's gradient; ZeRO-2 without offload, ZeRO-1 without either, and
+    a bucket that holds the whole backward lose that backward whole (`boundary-first-backward-lost`, the same
+    numbers)."""
     outside_partition: bool = False
     """At world size > 1, ZeRO-1 with the fp32 gradient accumulation attribute (``grad_accum``): after each
     reduction of the boundary micro-step a rank keeps its gradient of every parameter outside its partition of the
@@ -403,7 +407,10 @@ MECHANISMS: dict[str, Mechanism] = {m.name: m for m in (
               keep=_micro0_earlier_backward_lost),
     Mechanism("boundary-first-backward-lost", _boundary_retains, keep=_boundary_first_backward_lost),
     Mechanism("bucket-tail-lost-after-unexited-backward",
-              lambda sc: _unexited_retain_at_boundary(sc) and sc.stage == 2 and _offloaded(sc), bucket_tail=True),
+              lambda sc: _unexited_retain_at_boundary(sc) and sc.stage == 2 and _offloaded(sc), bucket_tail="lost"),
+    Mechanism("bucket-flushed-overwritten-after-unexited-backward",
+              lambda sc: _unexited_retain_at_boundary(sc) and sc.stage == 1 and _offloaded(sc) and sc.overlap_comm
+              and not sc.fused_head, bucket_tail="overwritten"),
     Mechanism("in-forward-gradient-dropped", lambda sc: sc.fused_head, keep=_in_forward_dropped),
     Mechanism("in-forward-lost-after-unexited-backward",
               lambda sc: sc.fused_head and sc.stage in (1, 2) and bool(after_unexited_backward(sc)),

@@ -430,7 +430,7 @@ class TorchBackend:
             # (``in_optimizer: false``) may overflow without skipping the step
             held = {id(q) for g in self.opt.param_groups for q in g["params"]}
             overflow = any(not torch.isfinite(grads[n]).all() for n, p in self.master.named_parameters()
-                           if id(p) in held and n in grads)
+                           if id(p) in held and n in grads) or self._buffer_overflows()
             unscale = 1.0 / self.scaler.scale
             for n, p in self.master.named_parameters():
                 p.grad = None if overflow or n not in grads else grads[n].float() * unscale
@@ -527,6 +527,16 @@ class TorchBackend:
         self._shares, self._order = (), []
         self._seen = self._total()
 
+    def _buffer_overflows(self) -> bool:
+        """Counterfactual (`Mechanism.cpu_buffer`): a later backward of this boundary micro-step added the CPU buffer
+        to the gradient DeepSpeed checks for overflow, so a non-finite gradient an overflowed step left in the buffer
+        makes this step overflow as well -- and every later one with a second backward."""
+        if not any(m.cpu_buffer for m in self.mechanisms):
+            return False
+        later = [c for c in self._contributions if c.kind == "backward" and c.index >= 1 and c.micro == self.gas - 1]
+        return any(n in self._cpu_buffer and not torch.isfinite(self._cpu_buffer[n]).all()
+                   for c in later for n in c.grads)
+
     def _add_cpu_buffer(self, contributions: Sequence[Contribution]) -> None:
         """Counterfactual (`Mechanism.cpu_buffer`): each backward after the first of the boundary micro-step adds the
         CPU buffer to its gradient and leaves the sum there; the step's gradient of a parameter its last backward
@@ -544,22 +554,35 @@ class TorchBackend:
             if n in held_before and p.grad is not None:
                 p.grad = p.grad + held_before[n]
 
-    def _without_bucket_tail(self, c: Contribution) -> Contribution:
-        """``c`` without the gradients it left in the reduce bucket (`Mechanism.bucket_tail`)."""
-        tail = bucket_tail([n for n in c.order if n in c.grads], {n: g.numel() for n, g in c.grads.items()},
-                           self.sc.reduce_bucket_size)
-        return replace(c, grads={n: g for n, g in c.grads.items() if n not in tail})
+    def _bucket_tail_applied(self, contributions: list[Contribution], rule: str) -> list[Contribution]:
+        """The step's contributions as `Mechanism.bucket_tail` leaves them: each never-exited backward of the
+        boundary micro-step without what it left in the reduce bucket; with ``overwritten``, every other backward
+        without what that one's full buckets reduced."""
+        out = list(contributions)
+        for i, c in enumerate(contributions):
+            if not unexited_at_boundary(c, self.gas):
+                continue
+            tail = bucket_tail([n for n in c.order if n in c.grads], {n: g.numel() for n, g in c.grads.items()},
+                               self.sc.reduce_bucket_size)
+            flushed = set(c.grads) - tail
+            for j, o in enumerate(out):
+                drop = tail if j == i else flushed if rule == "overwritten" and o.kind == "backward" else set()
+                if drop:
+                    out[j] = replace(o, grads={n: g for n, g in o.grads.items() if n not in drop})
+        return out
 
     def _apply_mechanisms(self, overflow: bool) -> None:
         """At the step's boundary: the master parameters' gradient as the mechanisms make it."""
         contributions, self._contributions, self._micro = self._contributions, [], 0
         if overflow:
+            if any(m.cpu_buffer for m in self.mechanisms):  # the backwards wrote the buffer before step() skipped
+                self._add_cpu_buffer(contributions)
             return
         made = {n for c in contributions for n in c.grads}
         kept: list[Contribution] | None = None
-        if any(m.bucket_tail for m in self.mechanisms):
-            contributions = [self._without_bucket_tail(c) if unexited_at_boundary(c, self.gas) else c
-                             for c in contributions]
+        tail_rule = next((m.bucket_tail for m in self.mechanisms if m.bucket_tail), "")
+        if tail_rule:
+            contributions = self._bucket_tail_applied(contributions, tail_rule)
             kept = list(contributions)
         if any(m.in_forward_lost_after_unexited for m in self.mechanisms):
             step, after = self.train_step - 1, after_unexited_backward(self.sc)
