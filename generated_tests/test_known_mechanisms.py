@@ -547,13 +547,17 @@ exits it (the boundary micro-step's backwards run with the depth up)."""
     ({"offload": "optimizer"}, "torch", {"step-lost-after-unexited-backward"}),
     ({}, "engine", None),
     ({"offload": "optimizer"}, "engine", None),
-], ids=["fused-head-engine", "fused-head-torch", "offload-torch", "plain-engine", "offload-engine"])
+    ({"offload": "optimizer", "fused_head": True}, "engine", {"earlier-user-backwards-lost-after-unexited-backward"}),
+    ({"offload": "optimizer", "fused_head": True}, "torch", {"earlier-user-backwards-lost-after-unexited-backward"}),
+], ids=["fused-head-engine", "fused-head-torch", "offload-torch", "plain-engine", "offload-engine",
+        "offload-fused-head-engine", "offload-fused-head-torch"])
 def test_zero1_after_an_unexited_backward_before_the_boundary(ds, setup, boundary, explained):
     """ZeRO-1, gas 2, micro-step 0 retained with PyTorch-style backwards (its second never exits DeepSpeed's
     backward), one backward at the boundary.  Measured (patched ``copy_grads_in_partition``, counterfactuals): with a
     fused head the step keeps the boundary micro-step's backwards alone (micro-step 0's and the head's in-forward
     gradient lost); with optimizer offload and a ``loss.backward()`` at the boundary nothing reaches the fp32
-    partition; without either, or with an ``engine.backward`` at the boundary under offload, DeepSpeed is right --
+    partition; with both, the boundary micro-step's backwards and every in-forward gradient (either backward kind at
+    the boundary); without either, or with an ``engine.backward`` at the boundary under offload, DeepSpeed is right --
     the mechanisms must not claim those.  Met unlabelled by the default exploration on the plain-world-rate
     sequence."""
     if ds.version != "0.19.8":

@@ -118,7 +118,8 @@ TWO_BACKWARDS_PER_FORWARD = KnownIssue(
                 "in-forward-lost-after-unexited-backward", "unexited-backward-lost-before-boundary",
                 "offload-cpu-buffer-added-again", "boundary-backwards-only-after-unexited-backward",
                 "step-lost-after-unexited-backward", "bucket-tail-lost-after-unexited-backward",
-                "bucket-flushed-overwritten-after-unexited-backward"),
+                "bucket-flushed-overwritten-after-unexited-backward",
+                "earlier-user-backwards-lost-after-unexited-backward"),
     # its spec forms: a PyTorch-style backward retained at the boundary (ZeRO-2), retained first (ZeRO-1), after a
     # fused head's backward inside the forward; ZeRO-3 raises on a frozen Linear
     variants=(Scenario.from_dict({"stage": 2, "steps": [

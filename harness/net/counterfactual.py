@@ -207,6 +207,19 @@ def _step_lost_after_unexited(cs: Sequence[Contribution], micros: int) -> Sequen
     return []
 
 
+def _earlier_user_backwards_lost_after_unexited(cs: Sequence[Contribution],
+                                               micros: int) -> Sequence[Contribution] | None:
+    """ZeRO-1 with optimizer offload and a fused head, after an unexited backward before the boundary: the step
+    keeps the boundary micro-step's user backwards and every in-forward gradient (the head's, which its own backward
+    inside each forward made), and loses the earlier micro-steps' user backwards -- with an ``engine.backward`` or a
+    ``loss.backward()`` at the boundary (the head's backward in the boundary forward runs an epilogue; without the
+    head a ``loss.backward()`` there gets nothing: `_step_lost_after_unexited`).  Measured per parameter against
+    each contribution."""
+    if not _unexited_before_boundary(cs, micros):
+        return None
+    return [c for c in cs if c.kind == "forward" or c.micro == micros - 1]
+
+
 def _micro0_earlier_backward_lost(cs: Sequence[Contribution], micros: int) -> Sequence[Contribution] | None:
     """ZeRO-3: ``partition_grads`` copies (does not add) while ``micro_step_id == 0``, so micro-step 0's earlier
     backwards are overwritten by its last."""
@@ -403,6 +416,9 @@ MECHANISMS: dict[str, Mechanism] = {m.name: m for m in (
     Mechanism("step-lost-after-unexited-backward",
               lambda sc: _unexited_retain_before_boundary(sc) and sc.stage == 1 and not sc.bf16_optimizer
               and _offloaded(sc), keep=_step_lost_after_unexited),
+    Mechanism("earlier-user-backwards-lost-after-unexited-backward",
+              lambda sc: _unexited_retain_before_boundary(sc) and sc.stage == 1 and not sc.bf16_optimizer
+              and _offloaded(sc) and sc.fused_head, keep=_earlier_user_backwards_lost_after_unexited),
     Mechanism("micro0-earlier-backward-lost", lambda sc: _first_retains(sc) and sc.stage == 3,
               keep=_micro0_earlier_backward_lost),
     Mechanism("boundary-first-backward-lost", _boundary_retains, keep=_boundary_first_backward_lost),
