@@ -660,6 +660,59 @@ def test_bucket_tail_follows_deepspeeds_bucket_rule():
 
 
 @pytest.mark.deepspeed
+@pytest.mark.parametrize("frozen", [False, True], ids=["trained", "frozen-then"])
+def test_zero1_offload_step_after_an_unexited_backward_replays_the_step_before(ds, frozen):
+    """ZeRO-1 with optimizer offload: a plain step, then one whose micro-step 0 is retained with PyTorch-style
+    backwards (the second never exits) and whose boundary has a ``loss.backward()``: nothing is copied into the fp32
+    partition, which still holds the first step's gradient -- the second step applies it again (measured per
+    parameter: exactly the first step's gradient), also to a block the step froze (PyTorch does not move it)."""
+    if ds.version != "0.19.8":
+        pytest.skip("measured on 0.19.8")
+    second = {"micro": [*_UNEXITED_FIRST, {"backward": "torch"}], **({"frozen": [0]} if frozen else {})}
+    sc = Scenario.from_dict({"stage": 1, "offload": "optimizer", "blocks": [{}], "steps": [
+        {"micro": [{"backward": "engine"}, {"backward": "engine"}]}, second]})
+    oracle = [f for f in ds.run(sc).findings if f.check == "oracle"]
+    assert oracle, "no oracle finding"
+    assert all(set(f.evidence.explained_by or ()) == {"step-lost-after-unexited-backward"} for f in oracle), \
+        [(f.key, f.evidence.explained_by, f.error[:200]) for f in oracle]
+    assert {explain(f).id if explain(f) else None for f in oracle} == {"two-backwards-per-forward"}
+
+
+@pytest.mark.deepspeed
+@pytest.mark.parametrize("leaf", [False, True], ids=["plain", "leaf"])
+def test_zero3_fp16_offload_idle_step_replays_the_gradient_over_the_scale(ds, leaf):
+    """ZeRO-3 fp16 with optimizer offload, a trained step and then an idle one (``engine.step()`` with no backward):
+    DeepSpeed steps the previous gradient again divided by the loss scale once more (measured per parameter: exactly
+    1/256 of it at the default scale), where PyTorch does not move (`stale-gradient-unscaled-again-at-idle-step`)."""
+    if ds.version != "0.19.8":
+        pytest.skip("measured on 0.19.8")
+    sc = Scenario.from_dict({"stage": 3, "precision": "fp16", "offload": "optimizer", "blocks": [{"leaf": leaf}],
+                             "steps": [{}, {"idle": True}]})
+    oracle = [f for f in ds.run(sc).findings if f.check == "oracle"]
+    assert oracle, "no oracle finding"
+    assert all(set(f.evidence.explained_by or ()) == {"stale-gradient-unscaled-again-at-idle-step"}
+               for f in oracle), [(f.key, f.evidence.explained_by, f.error[:200]) for f in oracle]
+    assert {explain(f).id if explain(f) else None for f in oracle} == {"step-without-gradient"}
+
+
+@pytest.mark.deepspeed
+@pytest.mark.parametrize("stage", [0, 1])
+def test_clipping_norm_covers_what_the_stage_clips(ds, stage):
+    """A trainable block outside the optimizer (``in_optimizer: false``) and a clipping threshold the gradient
+    exceeds: DeepSpeed's stage 0 in fp32 clips by the norm of every module parameter with a gradient
+    (engine.clip_fp32_gradients over ``self.module.parameters()``, as HF Trainer clips ``model.parameters()``), ZeRO-1
+    by its optimizer's partitions -- the reference clips each the same way, so neither differs (stage 0 read as
+    DeepSpeed's update 0.52-0.83 of the reference's when the reference normed the optimizer's parameters alone)."""
+    if ds.version != "0.19.8":
+        pytest.skip("measured on 0.19.8")
+    sc = Scenario.from_dict({"stage": stage, "fused_head": True, "gradient_clipping": 0.05,
+                             "blocks": [{"in_optimizer": False}], "steps": [{}]})
+    run = ds.run(sc)
+    assert run.record is not None and run.record.steps, "the run compared no step"
+    assert not [f.key for f in run.findings], [(f.key, f.error[:200]) for f in run.findings]
+
+
+@pytest.mark.deepspeed
 @pytest.mark.parametrize("zero_init", [True, False], ids=["zero-init", "engine-cast"])
 def test_zero3_fp16_fp32_adapters_turn_loss_scaling_off(ds, zero_init):
     """ZeRO-3 fp16 llama + LoRA: built under zero.Init the adapters stay fp32, stage3 takes its loss scaler's dtype

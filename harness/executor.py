@@ -325,13 +325,16 @@ def counterfactual_runs(sc: Scenario, rec: _Observed, pt_initial: Params,
     correct = differences(tuple(rec.steps), (), 0, rec.fields.get("loss_scaling"), sc)
     parts = [r.mechanisms[0] for r in runs if _explains_a_part(r, correct, sc)]
     # the other mechanism of a sum may explain nothing alone (its difference hides behind the first's), and two
-    # may each hide the other's: pairs with a part first, then the rest, up to PAIRS
-    pairs = sorted(combinations(names, 2), key=lambda p: not (p[0] in parts or p[1] in parts))
+    # may each hide the other's: pairs of two parts first, then with one, then the rest, up to PAIRS
+    pairs = sorted(combinations(names, 2), key=lambda p: -((p[0] in parts) + (p[1] in parts)))
     for pair in pairs[:PAIRS]:
         runs.append(_against(sc, rec, pair, pt_initial, ds_initial))
     if any(_explains(r, sc) for r in runs):
         return tuple(runs)
-    triples = sorted(combinations(names, 3), key=lambda t: -sum(m in parts for m in t))
+    # the triples extending the most pairs that explain a part (the earlier steps, say) first
+    pair_parts = [set(r.mechanisms) for r in runs if len(r.mechanisms) == 2 and _explains_a_part(r, correct, sc)]
+    triples = sorted(combinations(names, 3), key=lambda t: (-sum(p <= set(t) for p in pair_parts),
+                                                           -sum(m in parts for m in t)))
     for triple in triples[:TRIPLES]:
         runs.append(_against(sc, rec, triple, pt_initial, ds_initial))
     return tuple(runs)

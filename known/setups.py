@@ -302,7 +302,19 @@ TWO_BACKWARDS_PER_FORWARD = KnownIssue(
                                   "steps": [{"eval_before": True, "reregister": True, "save_load": True, "micro": [
                                       {"backward": "torch", "skip": [1], "retain": True},
                                       {"backward": "torch", "skip": [1], "retain": True},
-                                      {"backward": "engine", "skip": [1], "retain": True}]}]})),
+                                      {"backward": "engine", "skip": [1], "retain": True}]}]}),
+              # ZeRO-3, the block frozen for the step, a retained non-scalar backward: its gradients left in the
+              # bucket (a z3 leaf block) or its parameters with stale holders, at step() or at the next forward,
+              # with and without persistent parameters (each clean without the retain)
+              *(Scenario.from_dict({"stage": 3, "width": 7, "persistence_threshold": persist,
+                                    "max_reuse_distance": 128, "blocks": [block], "steps": [
+                                        {"eval_before": True, "reregister": True, "frozen": [0], "micro": [
+                                            {"backward": "nonscalar", "retain": True}, *after]}]})
+                for block, persist, after in (
+                    ({"norm": "frozen", "leaf": True}, 100000, [{"backward": "engine", "skip": [0]}]),
+                    ({"norm": "frozen", "leaf": True}, 0, [{"backward": "engine", "skip": [0]}]),
+                    ({"leaf": True}, 0, []), ({"leaf": True}, 100000, []),
+                    ({"norm": "frozen"}, 100000, [{"backward": "engine", "skip": [0]}])))),
     detail=("engine.backward(0.5 * loss, retain_graph=True) then engine.backward(0.5 * loss) (or loss.backward "
             "twice) in one micro-step.  ZeRO-1/2: the gradients are copied, not accumulated, into the partition "
             "while micro_step_id is 0 (stage_1_and_2.py: accumulate only `if self.micro_step_id > 0`; the id "
@@ -348,7 +360,8 @@ STEP_WITHOUT_GRADIENT = KnownIssue(
                                                        {"idle": True, "micro": [{"backward": "engine"}]}]}),
     checks=("exception",),
     explains=lambda f: rules.idle_step_crash(f) and narrow(f, lambda sc: any(s.idle for s in sc.steps)),
-    mechanisms=("stale-gradient-replayed-at-idle-step", "idle-step-stepped-with-zero-gradient"),
+    mechanisms=("stale-gradient-replayed-at-idle-step", "idle-step-stepped-with-zero-gradient",
+                "stale-gradient-unscaled-again-at-idle-step"),
     # BF16_Optimizer's form: the gradient norm of no gradient is torch.stack of an empty list
     variants=(Scenario.from_dict({"stage": 1, "precision": "bf16", "fp32_grad_accum": True,
                                   "steps": [{"idle": True}]}),

@@ -73,7 +73,9 @@ class Mechanism:
     (only a parameter of a module the step did not use does), ``stale-idle`` (at a step with no backward every
     parameter does), ``zero-for-frozen`` (a parameter of an optimizer group frozen for the step gets a zero one),
     ``zero-when-idle`` (at a step with no backward every parameter of an optimizer group gets a zero one),
-    ``halved-when-scale-grows``, ``unscaled-by-65536``."""
+    ``stale-idle-unscaled-again`` (as ``stale-idle``, divided by the fp16 loss scale once more),
+    ``halved-when-scale-grows``, ``unscaled-by-65536``, ``replayed-when-lost`` (a step whose ``keep`` kept nothing
+    applies the gradient the step before applied again: what the fp32 partition still holds)."""
     initial_zero_step: bool = False
     """The optimizer takes one step with a zero gradient for every parameter before training (Adam's step count and
     bias correction run one step ahead)."""
@@ -198,8 +200,9 @@ def _boundary_backwards_only_after_unexited(cs: Sequence[Contribution],
 def _step_lost_after_unexited(cs: Sequence[Contribution], micros: int) -> Sequence[Contribution] | None:
     """ZeRO-1 with optimizer offload, after an unexited backward before the boundary, and only PyTorch-style
     backwards in the boundary micro-step: none reaches an epilogue, so nothing is copied into the fp32 partition
-    (measured: ``copy_grads_in_partition`` never runs, its gradient is zero at ``step()``) and the step applies no
-    gradient.  An ``engine.backward`` at the boundary runs its own epilogue: DeepSpeed is right then."""
+    (measured: ``copy_grads_in_partition`` never runs) and the step applies what the partition held -- no gradient
+    in the first step, the step before's again later (`Mechanism.gradient` ``replayed-when-lost``; measured per
+    parameter).  An ``engine.backward`` at the boundary runs its own epilogue: DeepSpeed is right then."""
     if not _unexited_before_boundary(cs, micros):
         return None
     if any(c.micro == micros - 1 and not c.pytorch_style for c in _backwards(cs)):
@@ -415,7 +418,7 @@ MECHANISMS: dict[str, Mechanism] = {m.name: m for m in (
               and sc.fused_head and not _offloaded(sc), keep=_boundary_backwards_only_after_unexited),
     Mechanism("step-lost-after-unexited-backward",
               lambda sc: _unexited_retain_before_boundary(sc) and sc.stage == 1 and not sc.bf16_optimizer
-              and _offloaded(sc), keep=_step_lost_after_unexited),
+              and _offloaded(sc), keep=_step_lost_after_unexited, gradient="replayed-when-lost"),
     Mechanism("earlier-user-backwards-lost-after-unexited-backward",
               lambda sc: _unexited_retain_before_boundary(sc) and sc.stage == 1 and not sc.bf16_optimizer
               and _offloaded(sc) and sc.fused_head, keep=_earlier_user_backwards_lost_after_unexited),
@@ -441,6 +444,10 @@ MECHANISMS: dict[str, Mechanism] = {m.name: m for m in (
               gradient="stale-unused"),
     Mechanism("stale-gradient-replayed-at-idle-step", lambda sc: _offloaded(sc) and any(s.idle for s in sc.steps),
               gradient="stale-idle"),
+    # measured per parameter: exactly the step before's gradient over the loss scale
+    Mechanism("stale-gradient-unscaled-again-at-idle-step",
+              lambda sc: sc.offload is Offload.OPTIMIZER and sc.stage == 3 and sc.precision is Precision.FP16
+              and any(s.idle for s in sc.steps), gradient="stale-idle-unscaled-again"),
     Mechanism("frozen-stepped-with-zero-gradient",
               lambda sc: sc.optimizer is Optimizer.CONFIG_ADAM and _without_gradient(sc),
               gradient="zero-for-frozen"),

@@ -471,6 +471,10 @@ class TorchBackend:
         """Clip by the global norm.  A gradient a frozen parameter's stale one replays (`_stale`) is in no norm:
         DeepSpeed's norm covers the step's own gradients; the coefficient scales every gradient it holds."""
         held = [p for g in self.opt.param_groups for p in g["params"] if p.grad is not None]
+        if self.sc.stage == 0 and self.half is None:
+            # DeepSpeed's own choice at stage 0 in fp32 (engine.clip_fp32_gradients): the norm of every module
+            # parameter with a gradient, in the optimizer or not, as HF Trainer clips model.parameters()
+            held = [p for p in self.master.parameters() if p.grad is not None]
         if not self._stale:
             torch.nn.utils.clip_grad_norm_(held, self.clip)
             return
@@ -623,12 +627,17 @@ class TorchBackend:
         idle = not contributions
         for m in self.mechanisms:
             for n, p in self.master.named_parameters():
-                stale = ((m.gradient == "stale-frozen" and n in frozen) or (m.gradient == "stale-idle" and idle)
+                stale = ((m.gradient == "stale-frozen" and n in frozen)
+                         or (m.gradient in ("stale-idle", "stale-idle-unscaled-again") and idle)
                          or (m.gradient == "stale-unused" and n in unused))
                 if stale and p.grad is None and n in self._prev:
                     p.grad = self._prev[n].clone()
+                    if m.gradient == "stale-idle-unscaled-again":
+                        p.grad = p.grad / self._scale_before
                     if m.gradient == "stale-frozen":
                         self._stale.add(n)
+                elif m.gradient == "replayed-when-lost" and kept == [] and n in self._prev:
+                    p.grad = self._prev[n].clone()  # the fp32 partition still holds the step before's
                 elif p.grad is None and id(p) in held and ((m.gradient == "zero-for-frozen" and n in frozen)
                                                           or (m.gradient == "zero-when-idle" and idle)):
                     p.grad = torch.zeros_like(p)
