@@ -428,7 +428,7 @@ MECHANISMS: dict[str, Mechanism] = {m.name: m for m in (
     Mechanism("bucket-tail-lost-after-unexited-backward",
               lambda sc: _unexited_retain_at_boundary(sc) and sc.stage == 2 and _offloaded(sc), bucket_tail="lost"),
     Mechanism("bucket-flushed-overwritten-after-unexited-backward",
-              lambda sc: _unexited_retain_at_boundary(sc) and sc.stage == 1 and _offloaded(sc) and sc.overlap_comm
+              lambda sc: _unexited_retain_at_boundary(sc) and sc.stage == 1 and _offloaded(sc) and bool(sc.overlap_comm)
               and not sc.fused_head, bucket_tail="overwritten"),
     Mechanism("in-forward-gradient-dropped", lambda sc: sc.fused_head, keep=_in_forward_dropped),
     Mechanism("in-forward-lost-after-unexited-backward",
