@@ -391,23 +391,24 @@ def _cmdline(pid: int) -> str:
 
 # ------------------------------------------------------------ Hypothesis at world size 2
 OPEN_WS2 = Path(__file__).resolve().parent.parent / "docs" / "findings" / "ws2-offload-second-backward-oracle.json"
-"""An unexplained finding of DeepSpeed 0.19.8 at world size 2 (ZeRO-1, optimizer offload, gas 3, then a step with
-two PyTorch-style backwards of one forward): the oracle differs, and the differing parameters' update is neither
-the last backward's alone nor all but it (the second-backward rule's evidence); ``again`` is 1.0, step 0's update
-applied a second time.  No known issue shows that mechanism yet.  Replay: ``zerostate replay --world-size 2 FILE``."""
-_OPEN_WS2_REASON = ("DeepSpeed 0.19.8, world size 2: an oracle disagreement no known issue explains (optimizer "
-                    "offload + a second backward of one forward; "
-                    "docs/findings/ws2-offload-second-backward-oracle.json)")
+"""A finding of DeepSpeed 0.19.8 at world size 2 long left unexplained (ZeRO-1, optimizer offload, gas 3, then a
+step with two PyTorch-style backwards of one forward): the differing parameters' update was neither the last
+backward's alone nor all but it; ``again`` 1.0, step 0's update applied a second time.  Measured per parameter at world
+size 1 on the same form: nothing reaches the fp32 partition after the never-exited backward and the step applies
+what it still held, the step before's gradient (`step-lost-after-unexited-backward`, ``replayed-when-lost``).
+Replay: ``zerostate replay --world-size 2 FILE``."""
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=_OPEN_WS2_REASON)
-def test_the_open_world_size_2_offload_finding_is_explained(ds2):
-    """Fails while the finding is unexplained; a rule (or a fix in DeepSpeed) that explains it turns it green."""
+def test_the_world_size_2_offload_finding_is_the_step_before_replayed(ds2):
+    """The once-open finding is labelled two-backwards-per-forward by the replay counterfactual, and nothing in the
+    run is unexplained."""
     out = ds2.run(Scenario.from_dict({**json.loads(OPEN_WS2.read_text()), "world_size": 2}))
     assert out.findings and not _unexplained(out), _fmt(out.findings)
+    oracle = [f for f in out.findings if f.check == "oracle"]
+    assert oracle and all("step-lost-after-unexited-backward" in (f.evidence.explained_by or ()) for f in oracle), \
+        [(f.key, f.evidence.explained_by) for f in oracle]
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=_OPEN_WS2_REASON + "; the derandomized draw meets it")
 def test_every_finding_at_world_size_2_is_known(ds2, request):
     """The shared strategies at world size 2: every finding is a documented one (cross-rank ones included:
     none is documented, so any cross-rank disagreement fails)."""
