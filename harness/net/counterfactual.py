@@ -112,7 +112,7 @@ class Mechanism:
     micro-step, so ``micro_step_id`` counts its backwards alone at any gas; ZeRO-2's hooks run in every micro-step
     and the step's first backward overwrites the buffer, so only gas 1 carries it over (both measured).  fp16: a
     step that overflows has written its non-finite gradient into the buffer already, so every later step whose
-    second backward adds it overflows as well (measured: 4 of 4 steps skipped, PyTorch 1)."""
+    second backward adds it overflows as well."""
     bucket_tail: str = ""
     """A PyTorch-style second backward of one forward in the boundary micro-step never exits DeepSpeed's backward (no
     epilogue), so the gradients still in the reduce bucket when it ends (`bucket_tail`: from the backward's hook
@@ -444,7 +444,6 @@ MECHANISMS: dict[str, Mechanism] = {m.name: m for m in (
               gradient="stale-unused"),
     Mechanism("stale-gradient-replayed-at-idle-step", lambda sc: _offloaded(sc) and any(s.idle for s in sc.steps),
               gradient="stale-idle"),
-    # measured per parameter: exactly the step before's gradient over the loss scale
     Mechanism("stale-gradient-unscaled-again-at-idle-step",
               lambda sc: sc.offload is Offload.OPTIMIZER and sc.stage == 3 and sc.precision is Precision.FP16
               and any(s.idle for s in sc.steps), gradient="stale-idle-unscaled-again"),

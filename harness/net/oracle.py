@@ -22,9 +22,8 @@ import torch.nn as nn
 from zerostate.harness.net import fp16
 from zerostate.harness.net.arithmetic_twin import ArithmeticTwin, differentiate
 from zerostate.harness.net.compare import Params
-from zerostate.harness.net.counterfactual import (MECHANISMS, Contribution, Mechanism, bucket_tail, reduced_again,
-                                                  unexited_at_boundary,
-                                                  after_unexited_backward, zero1_owners)
+from zerostate.harness.net.counterfactual import (MECHANISMS, Contribution, Mechanism, after_unexited_backward,
+                                                  bucket_tail, reduced_again, unexited_at_boundary, zero1_owners)
 from zerostate.harness.net.dist import rank_rows, world_size
 from zerostate.harness.net.config import fp16_section, make_optimizer, make_scheduler, param_groups
 from zerostate.harness.net.torch_network import NetOutput, attach_late_module, blocks_of, build_model
