@@ -22,8 +22,9 @@ worker process serves every example.  A scenario that wants engines before its o
 from __future__ import annotations
 
 import gc
+import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from itertools import combinations
 from dataclasses import replace
 from typing import Any, Protocol, runtime_checkable
@@ -34,7 +35,7 @@ from zerostate.findings.oracle_judgement import StepDifference, differences, ver
 from zerostate.findings.record import (CheckpointRoundTrip, CounterfactualRun, Counters, EngineSettings, Generation,
                                        LossScaling, ResumeObservation, RunRecord, StepObservation)
 from zerostate.harness.net import fp16
-from zerostate.harness.net.counterfactual import applicable
+from zerostate.harness.net.counterfactual import MECHANISMS, applicable
 from zerostate.harness.net.checkpoint import SaveLoadRecord
 from zerostate.findings.tolerance import rounding_eps
 from zerostate.harness.net.compare import Params
@@ -324,20 +325,46 @@ def counterfactual_runs(sc: Scenario, rec: _Observed, pt_initial: Params,
         return tuple(runs)
     correct = differences(tuple(rec.steps), (), 0, rec.fields.get("loss_scaling"), sc)
     parts = [r.mechanisms[0] for r in runs if _explains_a_part(r, correct, sc)]
+    rank = {r.mechanisms: i for i, r in enumerate(sorted(runs, key=lambda r: _distance(r, sc)))}
     # the other mechanism of a sum may explain nothing alone (its difference hides behind the first's), and two
-    # may each hide the other's: pairs of two parts first, then with one, then the rest, up to PAIRS
-    pairs = sorted(combinations(names, 2), key=lambda p: -((p[0] in parts) + (p[1] in parts)))
+    # may each hide the other's: pairs of two parts first, then with one, then the rest, up to PAIRS; within each,
+    # the pairs of the mechanisms that came closest alone first
+    pairs = sorted((p for p in combinations(names, 2) if _combinable(p)),
+                   key=lambda p: (-((p[0] in parts) + (p[1] in parts)), rank[(p[0],)] + rank[(p[1],)]))
     for pair in pairs[:PAIRS]:
         runs.append(_against(sc, rec, pair, pt_initial, ds_initial))
     if any(_explains(r, sc) for r in runs):
         return tuple(runs)
-    # the triples extending the most pairs that explain a part (the earlier steps, say) first
-    pair_parts = [set(r.mechanisms) for r in runs if len(r.mechanisms) == 2 and _explains_a_part(r, correct, sc)]
-    triples = sorted(combinations(names, 3), key=lambda t: (-sum(p <= set(t) for p in pair_parts),
-                                                           -sum(m in parts for m in t)))
+    # the triples extending the most pairs that explain a part (the earlier steps, say) first, then those whose
+    # pairs came closest
+    tried = sorted((r for r in runs if len(r.mechanisms) == 2), key=lambda r: _distance(r, sc))
+    pair_rank = {frozenset(r.mechanisms): i for i, r in enumerate(tried)}
+    pair_parts = [set(r.mechanisms) for r in tried if _explains_a_part(r, correct, sc)]
+    triples = sorted((t for t in combinations(names, 3) if _combinable(t)),
+                     key=lambda t: (-sum(p <= set(t) for p in pair_parts), -sum(m in parts for m in t),
+                                    min(pair_rank.get(frozenset(p), len(tried)) for p in combinations(t, 2))))
     for triple in triples[:TRIPLES]:
         runs.append(_against(sc, rec, triple, pt_initial, ds_initial))
     return tuple(runs)
+
+
+def _combinable(names: Sequence[str]) -> bool:
+    """No two of them are alternatives (`Mechanism.alternatives`: one DeepSpeed does either, never both)."""
+    groups = [MECHANISMS[n].alternatives for n in names if MECHANISMS[n].alternatives]
+    return len(groups) == len(set(groups))
+
+
+def _distance(run: CounterfactualRun, sc: Scenario) -> tuple[float, int, float]:
+    """How far DeepSpeed is from the reference (smaller: closer): its first difference's step (later is closer),
+    the parameters differing there, the sum of their largest errors."""
+    if run.error is not None:
+        return (math.inf, 0, 0.0)
+    left = differences(run.steps, (), 0, run.loss_scaling, sc)
+    if not left:
+        return (-math.inf, 0, 0.0)
+    first = left[0]
+    return (-(first.step if first.step is not None else len(sc.steps)), len(first.names),
+            sum(p.max_abs for p in first.diff.params))
 
 
 def _explains_a_part(run: CounterfactualRun, correct: tuple[StepDifference, ...], sc: Scenario) -> bool:

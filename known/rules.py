@@ -60,14 +60,16 @@ def leaf_reduced_early(f: Finding) -> bool:
 
 def no_gradient_crash(f: Finding) -> bool:
     """The last user backward fired no gradient hook (the trace), then the epilogue indexed the empty bucket
-    (IndexError in reduce_ipg_grads) or step() found no gradient (KeyError in scaled_global_norm; bf16 with fp32
-    accumulation: torch.stack of an empty list under bf16_optimizer), or no epilogue ran at all."""
+    (IndexError in reduce_ipg_grads) or step() found no gradient (KeyError in scaled_global_norm, or in fp16's
+    overflow check before it; bf16 with fp32 accumulation: torch.stack of an empty list under bf16_optimizer), or no
+    epilogue ran at all."""
     if not hookless_backward(trace(f), at(f) + 1):
         return False
     if f.check == "exception":
         r = raised(f, "RuntimeError")
         return (raised_in(f, "IndexError", "zero/stage_1_and_2.py", "reduce_ipg_grads")
                 or raised_in(f, "KeyError", "zero/stage_1_and_2.py", "scaled_global_norm")
+                or raised_in(f, "KeyError", "zero/stage_1_and_2.py", "has_overflow_partitioned_grads_serial")
                 or (r is not None and r.passed("runtime/bf16_optimizer.py") and r.says("non-empty TensorList")))
     return f.violation == "epilogue-once:no-epilogue"
 
@@ -156,7 +158,10 @@ def two_backwards(f: Finding) -> bool:
             or (_no_epilogue_after_unexited(ev) and (
                 any(raised_in(f, t, file, fn) for t in ("KeyError", "TypeError") for file, fn in _NORM_OF_NO_GRADIENT)
                 or raised_in(f, "AssertionError", "zero/stage_1_and_2.py",
-                             "reduce_independent_p_g_buckets_and_remove_grads", "already been reduced"))))
+                             "reduce_independent_p_g_buckets_and_remove_grads", "already been reduced")))
+            # overlap_comm reduces the flagged bucket in the next backward's epilogue: the same flags, asserted there
+            or (raised_in(f, "AssertionError", "zero/stage_1_and_2.py", "reduce_ipg_grads", "already been reduced")
+                and unexited_second_backward(ev, at(f) + 1)))
     if f.violation in ("clean-step:backward-never-exited",  # the second backward entered and had no epilogue to exit
                  "no-epilogue-before-user-backward:epilogue-outside-user-backward"):  # a later epilogue sees its depth
         return unexited_second_backward(ev, at(f) + 1)

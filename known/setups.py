@@ -119,7 +119,8 @@ TWO_BACKWARDS_PER_FORWARD = KnownIssue(
                 "offload-cpu-buffer-added-again", "boundary-backwards-only-after-unexited-backward",
                 "step-lost-after-unexited-backward", "bucket-tail-lost-after-unexited-backward",
                 "bucket-flushed-overwritten-after-unexited-backward",
-                "earlier-user-backwards-lost-after-unexited-backward"),
+                "earlier-user-backwards-lost-after-unexited-backward", "in-forward-lost-in-step-of-unexited-backward",
+                "last-backward-only-until-unexited-backward"),
     # its spec forms: a PyTorch-style backward retained at the boundary (ZeRO-2), retained first (ZeRO-1), after a
     # fused head's backward inside the forward; ZeRO-3 raises on a frozen Linear
     variants=(Scenario.from_dict({"stage": 2, "steps": [
@@ -314,7 +315,29 @@ TWO_BACKWARDS_PER_FORWARD = KnownIssue(
                     ({"norm": "frozen", "leaf": True}, 100000, [{"backward": "engine", "skip": [0]}]),
                     ({"norm": "frozen", "leaf": True}, 0, [{"backward": "engine", "skip": [0]}]),
                     ({"leaf": True}, 0, []), ({"leaf": True}, 100000, []),
-                    ({"norm": "frozen"}, 100000, [{"backward": "engine", "skip": [0]}])))),
+                    ({"norm": "frozen"}, 100000, [{"backward": "engine", "skip": [0]}]))),
+              # llama + LoRA, a retained PyTorch-style backward, then a plain step: the adapters' stale bucket
+              # survives step() (0.19.8, seed 11 #54; clean without the retain)
+              Scenario.from_dict({"stage": 1, "family": "llama", "lora": True, "steps": [
+                  {"micro": [{"backward": "torch", "retain": True}]}, {"micro": [{"backward": "engine"}]}]}),
+              # the same flags asserted in reduce_ipg_grads under overlap_comm; bf16 llama: step()'s overflow check
+              # of the gradients no epilogue moved; ZeRO-3 llama + LoRA after an eval forward: stale holders
+              # (0.19.8, seed 11 #6, #81, #117; each clean without the retain)
+              Scenario.from_dict({"stage": 1, "overlap_comm": True, "steps": [
+                  {"micro": [{"backward": "torch", "retain": True}]}, {"micro": [{"backward": "engine"}]}]}),
+              Scenario.from_dict({"stage": 1, "precision": "bf16", "family": "llama", "steps": [
+                  {"micro": [{"backward": "torch", "retain": True}]}, {"micro": [{"backward": "torch"}]}]}),
+              Scenario.from_dict({"stage": 3, "family": "llama", "lora": True, "persistence_threshold": 100000,
+                                  "steps": [{"eval_before": True, "micro": [{"backward": "torch", "retain": True},
+                                                                           {"backward": "engine", "retain": True}]}]}),
+              # llama + LoRA, overlap_comm, a 128-element bucket, checkpointed blocks: the flags asserted in the
+              # third backward of one forward (0.19.8, seed 11 #46; clean without the retains)
+              Scenario.from_dict({"stage": 1, "family": "llama", "lora": True, "overlap_comm": True,
+                                  "reduce_bucket_size": 128,
+                                  "blocks": [{"checkpoint": "non_reentrant"}, {"checkpoint": "non_reentrant"}],
+                                  "steps": [{"reregister": True, "save_load": True, "micro": [
+                                      {"backward": "engine", "retain": True}, {"backward": "torch", "retain": True},
+                                      {"backward": "torch", "retain": True}]}]})),
     detail=("engine.backward(0.5 * loss, retain_graph=True) then engine.backward(0.5 * loss) (or loss.backward "
             "twice) in one micro-step.  ZeRO-1/2: the gradients are copied, not accumulated, into the partition "
             "while micro_step_id is 0 (stage_1_and_2.py: accumulate only `if self.micro_step_id > 0`; the id "
@@ -527,7 +550,7 @@ OFFLOAD_STALE_GRAD_AFTER_FREEZE = KnownIssue(
     scenario=Scenario.from_dict({"stage": 3, "offload": "optimizer", "steps": [{}, {"frozen": [0]}]}),
     checks=("oracle",),
     explains=None,
-    mechanisms=("stale-gradient-replayed-when-frozen",),
+    mechanisms=("stale-gradient-replayed-when-frozen", "stale-gradient-unscaled-again-when-frozen"),
     detail=("Found by the default exploration on 0.19.8 (a requires_grad change drawn with optimizer "
             "offload).  Step 0 trains block 0's Linear; step 1 runs with its requires_grad False (progressive "
             "freezing, a LoRA base frozen after warm-up).  PyTorch's optimizer skips a parameter without "
@@ -538,6 +561,34 @@ OFFLOAD_STALE_GRAD_AFTER_FREEZE = KnownIssue(
             "ZeRO-1/2 step with no gradient at all (step-without-gradient) is the whole-model form of it.  A "
             "module a step does not use (`unused`) leaves its parameters without a gradient the same way: the "
             "same mechanism replays theirs."),
+)
+
+FP16_OFFLOAD_OVERFLOWED_GRAD_AFTER_FREEZE = KnownIssue(
+    id="fp16-offload-overflowed-grad-after-freeze",
+    title="ZeRO-1/2, fp16 with optimizer offload: a parameter without a gradient in the step after an overflowed "
+          "one (frozen for it) is stepped with the overflowed gradient, which no overflow check sees: its weight "
+          "becomes NaN",
+    owner="deepspeed",
+    releases=((0, 18, 4), (0, 20, 0)),
+    scenario=Scenario.from_dict({"stage": 1, "precision": "fp16", "loss_scale_power": 16, "offload": "optimizer",
+                                 "steps": [{}, {"frozen": [0]}]}),
+    checks=("oracle",),
+    explains=None,
+    mechanisms=("overflowed-gradient-replayed",),
+    detail=("Found by a fresh-seed exploration of 0.19.8 (seed 11).  Step 0 overflows at the initial loss scale "
+            "(2**16) and is skipped, as PyTorch's scaler skips it; step 1 runs with block 0's Linear frozen "
+            "(progressive freezing, a LoRA base frozen after warm-up).  With offload_optimizer the backward copies "
+            "each gradient, still scaled, into the fp32 CPU gradient partition before step() checks for overflow; "
+            "the skipped step clears nothing there (reset_cpu_buffers resets only the norms and local_overflow).  In "
+            "step 1 the frozen Linear gets no gradient, so its slot still holds step 0's non-finite one, and step() "
+            "decides overflow from local_overflow, which only the gradients copied in this step set "
+            "(stage_1_and_2.py has_overflow: ``self.local_overflow if self.cpu_offload``).  The step is applied and "
+            "the frozen weight's fp32 master becomes NaN, then its 16-bit copy (measured over three steps: NaN at "
+            "each later one).  Without the overflow the same slot replays the step before's gradient divided by the "
+            "loss scale again (offload-stale-grad-after-freeze).  A parameter whose every gradient of the step "
+            "another bug loses (a fused head's after a never-exited backward) is stepped from the same slot: NaN as "
+            "well.  Checking the whole fp32 gradient partition for overflow, or zeroing it when a step is skipped, "
+            "would fix it."),
 )
 
 ZERO0_FP16_LOSS_NOT_SCALED = KnownIssue(
@@ -916,7 +967,11 @@ EMPTY_GROUP_DROPPED_UNDER_SCHEDULER = KnownIssue(
                             "scheduler": "initialize"}),
         # stage 0 too: the removal is the engine's (_configure_optimizer), not ZeRO's
         Scenario.from_dict({"stage": 0, "decay_groups": True, "blocks": [{"lin": "frozen"}],
-                            "scheduler": "initialize"})),
+                            "scheduler": "initialize"}),
+        # the block outside the optimizer, a fused head (its weight the only parameter held): the no-decay group
+        # empty; without contiguous gradients the step sees no gradient (0.19.8, seed 11 #57)
+        Scenario.from_dict({"stage": 1, "fused_head": True, "decay_groups": True, "blocks": [{"in_optimizer": False}],
+                            "contiguous_gradients": False, "scheduler": "initialize"})),
     explains=_scheduler_over_empty_group,
     cites=("engine.py _configure_optimizer: ``basic_optimizer.param_groups[:] = [pg for pg in "
            "basic_optimizer.param_groups if len(pg['params']) != 0]`` (DeepSpeed #4277, 'Handle empty parameter "
@@ -1067,7 +1122,8 @@ SETUP_ISSUES: tuple[KnownIssue, ...] = (ZERO0_FP16_LOSS_NOT_SCALED, Z3_UNGROUPED
                                         TWO_BACKWARDS_PER_FORWARD, STEP_WITHOUT_GRADIENT, NESTED_OUTPUTS_SCALED_TWICE,
                                         SHARED_ACROSS_REENTRANT, Z3_LINEAR_OVERRIDE_OUTLIVES_ENGINE,
                                         FP16_SCALE_INCREASE_HALVES_STEP, Z3_LATE_MODULE_REREGISTERED,
-                                        OFFLOAD_STALE_GRAD_AFTER_FREEZE, ZERO_ADAM_STEPS_FROZEN_PARAM,
+                                        OFFLOAD_STALE_GRAD_AFTER_FREEZE, FP16_OFFLOAD_OVERFLOWED_GRAD_AFTER_FREEZE,
+                                        ZERO_ADAM_STEPS_FROZEN_PARAM,
                                         ZERO_TO_FP32_DROPS_UNGROUPED, ZERO1_CHECKPOINT_DROPS_FROZEN,
                                         Z3_MIXED_DTYPE_TRAINABLE_DEFRAGMENT, Z3_EMPTY_PARAM_NOT_GATHERED,
                                         ZERO_TO_FP32_Z3_EMPTY_PARAM, ZERO1_CHECKPOINT_DROPS_EMPTY_PARAM,

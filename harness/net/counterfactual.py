@@ -43,6 +43,9 @@ class Contribution:
     pytorch_style: bool = False
     """A user backward made by ``loss.backward()`` (or ``tensor.backward``), not ``engine.backward``: DeepSpeed sees
     it only through its hooks."""
+    stuck: bool = False
+    """An earlier train step had a PyTorch-style second backward of one forward, which entered DeepSpeed's backward
+    and never left it (`stuck_steps`)."""
     order: tuple[str, ...] = ()
     """The parameters in the order this backward accumulated their gradients (their gradient hooks' order), when a
     mechanism needs it (`Mechanism.bucket_tail`); empty otherwise."""
@@ -74,8 +77,17 @@ class Mechanism:
     parameter does), ``zero-for-frozen`` (a parameter of an optimizer group frozen for the step gets a zero one),
     ``zero-when-idle`` (at a step with no backward every parameter of an optimizer group gets a zero one),
     ``stale-idle-unscaled-again`` (as ``stale-idle``, divided by the fp16 loss scale once more),
+    ``stale-frozen-unscaled-again`` (as ``stale-frozen``, divided by the fp16 loss scale once more: ZeRO-1/2 unscale
+    the whole offloaded gradient partition in place, the stale slot included), ``overflowed-replayed`` (a step that
+    overflows leaves its gradient, scaled and non-finite where it overflowed, in the offloaded partition; a parameter
+    the next step gives no gradient -- frozen, or every contribution lost -- is stepped with it, unscaled once:
+    no overflow check sees it),
     ``halved-when-scale-grows``, ``unscaled-by-65536``, ``replayed-when-lost`` (a step whose ``keep`` kept nothing
     applies the gradient the step before applied again: what the fp32 partition still holds)."""
+    alternatives: str = ""
+    """Mechanisms naming the same group here are alternative rules for one piece of DeepSpeed (which of a boundary
+    micro-step's backwards it keeps, which outputs divide by gas): a run shows at most one of them, so a sum never
+    combines two."""
     initial_zero_step: bool = False
     """The optimizer takes one step with a zero gradient for every parameter before training (Adam's step count and
     bias correction run one step ahead)."""
@@ -147,8 +159,17 @@ def _last_backward_only(cs: Sequence[Contribution], micros: int) -> Sequence[Con
     return [c for c in cs if c is last or c.kind == "forward"]
 
 
+def _last_backward_only_until_stuck(cs: Sequence[Contribution], micros: int) -> Sequence[Contribution] | None:
+    """ZeRO-1's optimizer with the fp32 ``grad_accum`` attribute (bf16, fp32 accumulation, optimizer offload): as
+    `_last_backward_only`, except in the train steps after a never-exited backward (`Contribution.stuck`), whose
+    backwards of one forward all reach the step (measured per parameter: both engine backwards)."""
+    if any(c.stuck for c in cs):
+        return None
+    return _last_backward_only(cs, micros)
+
+
 def _last_backward_only_in_forward_too(cs: Sequence[Contribution], micros: int) -> Sequence[Contribution] | None:
-    """ZeRO-1 with a fused head: as `_last_backward_only`, but what the backward inside the forward made is lost
+    """ZeRO-1/2 with a fused head: as `_last_backward_only`, but what the backward inside the forward made is lost
     with the first backward, so only the last backward reaches the step.  Stated from runs DeepSpeed matches, not
     yet traced in the source (docs/known-issues-provenance.md); `_last_backward_only` keeps the head's in-forward
     gradient, as the runs it matches do."""
@@ -198,12 +219,13 @@ def _boundary_backwards_only_after_unexited(cs: Sequence[Contribution],
 
 
 def _step_lost_after_unexited(cs: Sequence[Contribution], micros: int) -> Sequence[Contribution] | None:
-    """ZeRO-1 with optimizer offload, after an unexited backward before the boundary, and only PyTorch-style
-    backwards in the boundary micro-step: none reaches an epilogue, so nothing is copied into the fp32 partition
-    (measured: ``copy_grads_in_partition`` never runs) and the step applies what the partition held -- no gradient
-    in the first step, the step before's again later (`Mechanism.gradient` ``replayed-when-lost``; measured per
-    parameter).  An ``engine.backward`` at the boundary runs its own epilogue: DeepSpeed is right then."""
-    if not _unexited_before_boundary(cs, micros):
+    """ZeRO-1 with optimizer offload, after an unexited backward (before the boundary, or in an earlier train step:
+    `Contribution.stuck`), and only PyTorch-style backwards in the boundary micro-step: none reaches an epilogue, so
+    nothing is copied into the fp32 partition (measured: ``copy_grads_in_partition`` never runs) and the step
+    applies what the partition held -- no gradient in the first step, the step before's again later
+    (`Mechanism.gradient` ``replayed-when-lost``; measured per parameter, in the step of the unexited backward and
+    in the next ones).  An ``engine.backward`` at the boundary runs its own epilogue: DeepSpeed is right then."""
+    if not _unexited_before_boundary(cs, micros) and not any(c.stuck for c in cs):
         return None
     if any(c.micro == micros - 1 and not c.pytorch_style for c in _backwards(cs)):
         return None
@@ -221,6 +243,15 @@ def _earlier_user_backwards_lost_after_unexited(cs: Sequence[Contribution],
     if not _unexited_before_boundary(cs, micros):
         return None
     return [c for c in cs if c.kind == "forward" or c.micro == micros - 1]
+
+
+def _in_forward_lost_after_unexited(cs: Sequence[Contribution], micros: int) -> Sequence[Contribution] | None:
+    """ZeRO-2 with a fused head, after an unexited backward before the boundary: the step keeps every user backward
+    and loses every in-forward gradient of the step (the head's, which its own backward inside each forward made),
+    the micro-steps before the unexited backward included.  Measured per parameter against each contribution."""
+    if not _unexited_before_boundary(cs, micros) or not any(c.kind == "forward" for c in cs):
+        return None
+    return [c for c in cs if c.kind != "forward"]
 
 
 def _micro0_earlier_backward_lost(cs: Sequence[Contribution], micros: int) -> Sequence[Contribution] | None:
@@ -384,6 +415,14 @@ def _unexited_retain_at_boundary(sc: Scenario) -> bool:
     return any(s.micro and s.micro[-1].retain and s.micro[-1].backward.pytorch_style for s in sc.steps)
 
 
+def stuck_steps(sc: Scenario) -> frozenset[int]:
+    """The train steps after one with a PyTorch-style second backward of one forward (retained), in any of its
+    micro-steps: that backward entered DeepSpeed's backward and never left it."""
+    first = next((si for si, step in enumerate(sc.steps)
+                  if any(m.retain and m.backward.pytorch_style for m in step.micro)), None)
+    return frozenset(range(first + 1, len(sc.steps))) if first is not None else frozenset()
+
+
 def after_unexited_backward(sc: Scenario) -> frozenset[tuple[int, int]]:
     """``(step, 0)`` for each train step after one with two PyTorch-style backwards of one forward (retained) in a
     micro-step: that second backward enters DeepSpeed's backward and, with no epilogue, never leaves it.  Measured:
@@ -404,10 +443,14 @@ def _zero1_grad_accum_attribute(sc: Scenario) -> bool:
 
 MECHANISMS: dict[str, Mechanism] = {m.name: m for m in (
     Mechanism("last-backward-only", lambda sc: _boundary_retains(sc) and sc.stage in (1, 2),
-              keep=_last_backward_only),
+              keep=_last_backward_only, alternatives="boundary-backwards"),
+    Mechanism("last-backward-only-until-unexited-backward",
+              lambda sc: _boundary_retains(sc) and sc.stage == 1 and sc.precision is Precision.BF16
+              and sc.fp32_grad_accum and _offloaded(sc) and bool(stuck_steps(sc)),
+              keep=_last_backward_only_until_stuck, alternatives="boundary-backwards"),
     Mechanism("last-backward-only-in-forward-too",
-              lambda sc: _boundary_retains(sc) and sc.stage == 1 and sc.fused_head,
-              keep=_last_backward_only_in_forward_too),
+              lambda sc: _boundary_retains(sc) and sc.stage in (1, 2) and sc.fused_head,
+              keep=_last_backward_only_in_forward_too, alternatives="boundary-backwards"),
     Mechanism("unexited-backward-lost-before-boundary",
               lambda sc: _unexited_retain_before_boundary(sc) and sc.bf16_optimizer,
               keep=_unexited_backward_lost_before_boundary),
@@ -417,14 +460,20 @@ MECHANISMS: dict[str, Mechanism] = {m.name: m for m in (
               lambda sc: _unexited_retain_before_boundary(sc) and sc.stage == 1 and not sc.bf16_optimizer
               and sc.fused_head and not _offloaded(sc), keep=_boundary_backwards_only_after_unexited),
     Mechanism("step-lost-after-unexited-backward",
-              lambda sc: _unexited_retain_before_boundary(sc) and sc.stage == 1 and not sc.bf16_optimizer
-              and _offloaded(sc), keep=_step_lost_after_unexited, gradient="replayed-when-lost"),
+              lambda sc: (_unexited_retain_before_boundary(sc) or bool(stuck_steps(sc))) and sc.stage == 1
+              and not sc.bf16_optimizer and _offloaded(sc), keep=_step_lost_after_unexited,
+              gradient="replayed-when-lost"),
     Mechanism("earlier-user-backwards-lost-after-unexited-backward",
               lambda sc: _unexited_retain_before_boundary(sc) and sc.stage == 1 and not sc.bf16_optimizer
               and _offloaded(sc) and sc.fused_head, keep=_earlier_user_backwards_lost_after_unexited),
+    Mechanism("in-forward-lost-in-step-of-unexited-backward",
+              lambda sc: _unexited_retain_before_boundary(sc) and sc.stage == 2 and sc.fused_head and _offloaded(sc)
+              and sc.manual_boundary,
+              keep=_in_forward_lost_after_unexited),
     Mechanism("micro0-earlier-backward-lost", lambda sc: _first_retains(sc) and sc.stage == 3,
               keep=_micro0_earlier_backward_lost),
-    Mechanism("boundary-first-backward-lost", _boundary_retains, keep=_boundary_first_backward_lost),
+    Mechanism("boundary-first-backward-lost", _boundary_retains, keep=_boundary_first_backward_lost,
+              alternatives="boundary-backwards"),
     Mechanism("bucket-tail-lost-after-unexited-backward",
               lambda sc: _unexited_retain_at_boundary(sc) and sc.stage == 2 and _offloaded(sc), bucket_tail="lost"),
     Mechanism("bucket-flushed-overwritten-after-unexited-backward",
@@ -439,6 +488,12 @@ MECHANISMS: dict[str, Mechanism] = {m.name: m for m in (
     Mechanism("last-micro-step-only", lambda sc: _offloaded(sc) and sc.manual_boundary, keep=_last_micro_step_only),
     Mechanism("stale-gradient-replayed-when-frozen", lambda sc: _offloaded(sc) and _without_gradient(sc),
               gradient="stale-frozen"),
+    Mechanism("stale-gradient-unscaled-again-when-frozen",
+              lambda sc: _offloaded(sc) and sc.stage in (1, 2) and sc.precision is Precision.FP16
+              and _without_gradient(sc), gradient="stale-frozen-unscaled-again"),
+    Mechanism("overflowed-gradient-replayed",
+              lambda sc: _offloaded(sc) and sc.stage in (1, 2) and sc.precision is Precision.FP16,
+              gradient="overflowed-replayed"),
     Mechanism("stale-gradient-replayed-when-unused",
               lambda sc: sc.stage == 3 and not _offloaded(sc) and any(s.unused for s in sc.steps),
               gradient="stale-unused"),
@@ -463,9 +518,10 @@ MECHANISMS: dict[str, Mechanism] = {m.name: m for m in (
               lambda sc: sc.precision is Precision.FP16 and sc.stage == 3 and sc.zero_init and sc.lora
               and not sc.modules_to_save, unit_loss_scale=True),
     Mechanism("output-hooks-divide-by-gas", lambda sc: sc.gas > 1 and sc.stage in (1, 2) and _several_outputs(sc),
-              output_hooks="pytorch-style"),
+              output_hooks="pytorch-style", alternatives="output-hooks"),
     Mechanism("output-hooks-divide-by-gas-engine-backward",
-              lambda sc: sc.gas > 1 and sc.stage in (1, 2) and _several_outputs(sc), output_hooks="all"),
+              lambda sc: sc.gas > 1 and sc.stage in (1, 2) and _several_outputs(sc), output_hooks="all",
+              alternatives="output-hooks"),
     Mechanism("update-unscaled-by-65536", lambda sc: sc.precision is Precision.BF16 and sc.stage == 0,
               gradient="unscaled-by-65536"),
     Mechanism("own-rows-only", lambda sc: sc.world_size > 1 and sc.stage in (1, 2), own_rows=True),
@@ -488,4 +544,4 @@ def applicable(sc: Scenario) -> list[str]:
 
 
 __all__ = ["MECHANISMS", "Contribution", "Grads", "Mechanism", "after_unexited_backward", "applicable",
-           "bucket_tail", "reduced_again", "unexited_at_boundary", "zero1_owners"]
+           "bucket_tail", "reduced_again", "stuck_steps", "unexited_at_boundary", "zero1_owners"]

@@ -23,13 +23,14 @@ from zerostate.harness.net import fp16
 from zerostate.harness.net.arithmetic_twin import ArithmeticTwin, differentiate
 from zerostate.harness.net.compare import Params
 from zerostate.harness.net.counterfactual import (MECHANISMS, Contribution, Mechanism, after_unexited_backward,
-                                                  bucket_tail, reduced_again, unexited_at_boundary, zero1_owners)
+                                                  bucket_tail, reduced_again, stuck_steps, unexited_at_boundary,
+                                                  zero1_owners)
 from zerostate.harness.net.dist import rank_rows, world_size
 from zerostate.harness.net.config import fp16_section, make_optimizer, make_scheduler, param_groups
 from zerostate.harness.net.torch_network import NetOutput, attach_late_module, blocks_of, build_model
 from zerostate.harness.net.schedule import generation_output, loss_of, no_grad_forward, rows_share, run_schedule
 from zerostate.findings.tolerance import rounding_eps
-from zerostate.model.scenario import BackwardKind, Family, Gather, Precision, Scenario, Scheduler
+from zerostate.model.scenario import BackwardKind, Family, Gather, Offload, Precision, Scenario, Scheduler
 
 
 HALF = {Precision.FP16: torch.float16, Precision.BF16: torch.bfloat16}
@@ -94,10 +95,18 @@ class TorchBackend:
         self._seen: Params = {}
         self._micro = 0
         self._prev: Params = {}
-        """Counterfactual: the gradient the step before stepped with, clipped (a stale one applied again)."""
+        """Counterfactual: the gradient the step before stepped with, clipped (a stale one applied again); after an
+        overflowed step, what the step wrote instead (`_overflowed`)."""
+        self._overflowed: set[str] = set()
+        """Counterfactual (``overflowed-replayed``): the parameters whose ``_prev`` an overflowed step wrote: its
+        gradient still scaled, non-finite where it overflowed."""
+        self._raw: Params = {}
+        """This step's 16-bit gradients as backward made them (scaled), kept where the step overflowed."""
         self._stale: set[str] = set()
         """Counterfactual: the parameters whose gradient this step is a frozen parameter's stale one."""
         self._scale_before = 1.0
+        self._offloaded = sc.offload in (Offload.OPTIMIZER, Offload.BOTH)
+        self._stuck = stuck_steps(sc)
         self._hooked = False
         """Counterfactual: the output hooks divide this backward's gradient by gas (`_hook_outputs`)."""
         self._pytorch_style = False
@@ -430,6 +439,7 @@ class TorchBackend:
             held = {id(q) for g in self.opt.param_groups for q in g["params"]}
             overflow = any(not torch.isfinite(grads[n]).all() for n, p in self.master.named_parameters()
                            if id(p) in held and n in grads) or self._buffer_overflows()
+            self._raw = {n: g.detach().float().clone() for n, g in grads.items()} if overflow else {}
             unscale = 1.0 / self.scaler.scale
             for n, p in self.master.named_parameters():
                 p.grad = None if overflow or n not in grads else grads[n].float() * unscale
@@ -512,7 +522,8 @@ class TorchBackend:
     def _note_backward_start(self) -> None:
         made = self._delta(self._seen)  # what a backward inside the forward added since it began
         if made and not any(c.micro == self._micro for c in self._contributions):
-            self._contributions.append(Contribution("forward", self._micro, 0, made))
+            self._contributions.append(Contribution("forward", self._micro, 0, made,
+                                                    stuck=self.train_step in self._stuck))
         self._seen = self._total()
 
     def _record_hook_order(self) -> list[torch.utils.hooks.RemovableHandle]:
@@ -526,7 +537,8 @@ class TorchBackend:
     def _note_backward_end(self) -> None:
         index = sum(c.kind == "backward" and c.micro == self._micro for c in self._contributions)
         self._contributions.append(Contribution("backward", self._micro, index, self._delta(self._seen),
-                                                self._shares, self._pytorch_style, tuple(self._order)))
+                                                self._shares, self._pytorch_style, self.train_step in self._stuck,
+                                                tuple(self._order)))
         self._shares, self._order = (), []
         self._seen = self._total()
 
@@ -580,6 +592,11 @@ class TorchBackend:
         if overflow:
             if any(m.cpu_buffer for m in self.mechanisms):  # the backwards wrote the buffer before step() skipped
                 self._add_cpu_buffer(contributions)
+            if any(m.gradient == "overflowed-replayed" for m in self.mechanisms):
+                # the backwards copied their scaled gradient into the fp32 partition; the skipped step unscaled
+                # nothing and nothing clears it
+                self._prev.update(self._raw)
+                self._overflowed |= set(self._raw)
             return
         made = {n for c in contributions for n in c.grads}
         kept: list[Contribution] | None = None
@@ -605,8 +622,14 @@ class TorchBackend:
                 p.grad = summed.get(n)
                 if p.grad is None and n in made and self.sc.stage in (1, 2):
                     # ZeRO-1/2 step every parameter of their flat partition: one whose every contribution the
-                    # mechanism lost is stepped with a zero gradient (Adam's state and step count move), not skipped
+                    # mechanism lost is stepped with a zero gradient (Adam's state and step count move), not skipped;
+                    # with optimizer offload its slot of the fp32 gradient partition, which nothing clears, still
+                    # holds what the step before applied: that again (unscaled again by an fp16 step)
                     p.grad = torch.zeros_like(p)
+                    if self._offloaded and n in self._prev:
+                        p.grad = self._prev[n].clone()
+                        if self.scaler is not None:
+                            p.grad = p.grad / self.scaler.scale
         if any(m.cpu_buffer for m in self.mechanisms):
             self._add_cpu_buffer(contributions)
         if self._by_rank:
@@ -628,12 +651,17 @@ class TorchBackend:
             for n, p in self.master.named_parameters():
                 stale = ((m.gradient == "stale-frozen" and n in frozen)
                          or (m.gradient in ("stale-idle", "stale-idle-unscaled-again") and idle)
-                         or (m.gradient == "stale-unused" and n in unused))
+                         or (m.gradient == "stale-unused" and n in unused)
+                         or (m.gradient == "stale-frozen-unscaled-again" and n in frozen and n not in self._overflowed)
+                         or (m.gradient == "overflowed-replayed" and n in frozen and n in self._overflowed))
                 if stale and p.grad is None and n in self._prev:
                     p.grad = self._prev[n].clone()
                     if m.gradient == "stale-idle-unscaled-again":
                         p.grad = p.grad / self._scale_before
-                    if m.gradient == "stale-frozen":
+                    elif m.gradient in ("stale-frozen-unscaled-again", "overflowed-replayed") \
+                            and self.scaler is not None:
+                        p.grad = p.grad / self.scaler.scale  # ZeRO-1/2 unscale the whole partition in place
+                    if m.gradient.startswith("stale-frozen") or m.gradient == "overflowed-replayed":
                         self._stale.add(n)
                 elif m.gradient == "replayed-when-lost" and kept == [] and n in self._prev:
                     p.grad = self._prev[n].clone()  # the fp32 partition still holds the step before's
@@ -648,6 +676,7 @@ class TorchBackend:
                 elif m.gradient == "unscaled-by-65536":
                     p.grad = p.grad * 2.0 ** -16
         self._prev = {n: p.grad.detach().clone() for n, p in self.master.named_parameters() if p.grad is not None}
+        self._overflowed = set()
 
 
 def oracle_params(sc: Scenario, info: OracleInfo | None = None, mechanisms: Sequence[str] = ()) -> list[Params]:
