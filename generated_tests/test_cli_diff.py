@@ -491,7 +491,7 @@ def test_a_checkout_without_version_txt_is_a_clear_error(tmp_path):
 
 @pytest.mark.parametrize("issue", ["z3-leaf-kept-gathered", "zero12-backward-without-gradients",
                                    "z3-leaf-input-without-grad", "bf16-optimizer-clears-in-forward-grads",
-                                   "zero1-reduce-keeps-other-partitions"])
+                                   "zero1-reduce-keeps-other-partitions", "fp16-offload-overflowed-grad-after-freeze"])
 def test_each_upstream_patch_applies_to_the_pinned_release(issue, tmp_path):
     import shutil
     import subprocess

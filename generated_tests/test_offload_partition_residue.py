@@ -161,12 +161,15 @@ def _without_retains(sc: Scenario) -> Scenario:
 @pytest.mark.deepspeed
 @pytest.mark.parametrize("issue_id, variant", [
     ("two-backwards-per-forward", 53), ("two-backwards-per-forward", 54), ("two-backwards-per-forward", 55),
-    ("two-backwards-per-forward", 56), ("two-backwards-per-forward", 57),
+    ("two-backwards-per-forward", 56), ("two-backwards-per-forward", 57), ("two-backwards-per-forward", 58),
+    ("two-backwards-per-forward", 59), ("two-backwards-per-forward", 60),
     ("zero12-backward-without-gradients", 4), ("zero12-backward-without-gradients", 5),
+    ("zero12-backward-without-gradients", 6),
     ("empty-param-group-dropped-under-scheduler", 4)])
 def test_a_fresh_sequences_spec_and_exception_forms_carry_their_issues_label(ds, issue_id, variant):
-    """The forms seed 11's exploration met unlabelled, each a variant of its issue: its findings with the issue's
-    recorded fingerprints carry that label; a second-backward form gives none of them without its retains."""
+    """The forms the fresh sequences of seeds 11 and 13 met unlabelled, each a variant of its issue: its findings
+    with the issue's recorded fingerprints carry that label; a form with a second backward gives none of them
+    without its retains."""
     from zerostate.known.issues import by_id, explain
     if ds.version != "0.19.8":
         pytest.skip("recorded on 0.19.8")
@@ -176,6 +179,34 @@ def test_a_fresh_sequences_spec_and_exception_forms_carry_their_issues_label(ds,
     own = [f for f in ds.run(sc).findings if f.key in k.fingerprints]
     assert own, f"{issue_id} variant {variant}: none of its recorded fingerprints"
     assert all(explain(f) is k for f in own), [(f.key, explain(f)) for f in own]
-    if issue_id == "two-backwards-per-forward":
+    if any(m.retain for _, _, m in sc.micro_steps()):
         again = [f.key for f in ds.run(_without_retains(sc)).findings if f.key in {g.key for g in own}]
         assert not again, again
+
+
+@pytest.mark.deepspeed
+@pytest.mark.parametrize("boundary", [
+    [{"backward": "nonscalar", "retain": True}], [{"backward": "torch"}]], ids=["retained-nonscalar", "torch"])
+def test_zero2_fp32_accumulation_loses_pytorch_style_backwards_after_an_unexited_one(ds, boundary):
+    """ZeRO-2 with bf16 and fp32 gradient accumulation (no offload): after a never-exited PyTorch-style second
+    backward before the boundary, that backward's share and every PyTorch-style backward of the boundary micro-step
+    are lost (measured per contribution on the first form; the second, a form the rule was not built on, matches)."""
+    first = ([{"backward": "engine", "retain": True}, {"backward": "nonscalar", "retain": True}]
+             if boundary[0].get("retain") else [{"backward": "torch", "retain": True}])
+    sc = Scenario.from_dict({"stage": 2, "precision": "bf16", "fp32_grad_accum": True, "blocks": [{}],
+                             "steps": [{"micro": [*first, *boundary]}]})
+    found = _oracle(ds, sc)
+    assert _explained(found) == {frozenset({"pytorch-style-backwards-lost-after-unexited-backward"})}, \
+        [f.error[:200] for f in found]
+    assert _labels(found) == {frozenset({"two-backwards-per-forward"})}
+
+
+@pytest.mark.deepspeed
+def test_zero3_fp16_parameter_and_optimizer_offload_idle_step_replays_over_the_scale(ds):
+    """Parameter offload beside optimizer offload (``offload: both``) leaves the ZeRO-3 idle step's replay over the
+    loss scale as optimizer offload alone does."""
+    sc = Scenario.from_dict({"stage": 3, "precision": "fp16", "offload": "both", "blocks": [{}],
+                             "steps": [{}, {"idle": True}]})
+    found = _oracle(ds, sc)
+    assert _explained(found) == {frozenset({"stale-gradient-unscaled-again-at-idle-step"})}, \
+        [f.error[:200] for f in found]

@@ -155,13 +155,14 @@ def two_backwards(f: Finding) -> bool:
                 and bool(left_by_second_backward(ev, at(f) + 1)))
             or (raised_in(f, "RuntimeError", "zero/stage3.py", "__reduce_and_partition_ipg_grads",
                           "Cannot reduce scatter gradients") and raised_in_second_backward(ev))
-            or (_no_epilogue_after_unexited(ev) and (
-                any(raised_in(f, t, file, fn) for t in ("KeyError", "TypeError") for file, fn in _NORM_OF_NO_GRADIENT)
-                or raised_in(f, "AssertionError", "zero/stage_1_and_2.py",
-                             "reduce_independent_p_g_buckets_and_remove_grads", "already been reduced")))
-            # overlap_comm reduces the flagged bucket in the next backward's epilogue: the same flags, asserted there
-            or (raised_in(f, "AssertionError", "zero/stage_1_and_2.py", "reduce_ipg_grads", "already been reduced")
-                and unexited_second_backward(ev, at(f) + 1)))
+            or (_no_epilogue_after_unexited(ev) and any(
+                raised_in(f, t, file, fn) for t in ("KeyError", "TypeError") for file, fn in _NORM_OF_NO_GRADIENT))
+            # the already-reduced flags a bucket reduced during an earlier backward of the forward set (or during a
+            # never-exited one, which no epilogue resets), asserted by the hook or, under overlap_comm, by the
+            # epilogue's reduction
+            or (any(raised_in(f, "AssertionError", "zero/stage_1_and_2.py", fn, "already been reduced")
+                    for fn in ("reduce_independent_p_g_buckets_and_remove_grads", "reduce_ipg_grads"))
+                and (unexited_second_backward(ev, at(f) + 1) or raised_in_second_backward(ev))))
     if f.violation in ("clean-step:backward-never-exited",  # the second backward entered and had no epilogue to exit
                  "no-epilogue-before-user-backward:epilogue-outside-user-backward"):  # a later epilogue sees its depth
         return unexited_second_backward(ev, at(f) + 1)
@@ -186,6 +187,7 @@ def _partitioned_in_use(r: Raised) -> bool:
 
 
 _AFTER_A_SECOND_BACKWARD = ("epilogue-once:no-epilogue", "grad-handled-once:left-in-bucket",
+                            "saved-tensor-intact:partitioned-at-check",  # a recompute in the second backward
                             "released-after-backward:still-gathered", "released-after-backward:stale-holders",
                             "trace-consistent:uncalled-for-invalid")
 

@@ -120,7 +120,7 @@ TWO_BACKWARDS_PER_FORWARD = KnownIssue(
                 "step-lost-after-unexited-backward", "bucket-tail-lost-after-unexited-backward",
                 "bucket-flushed-overwritten-after-unexited-backward",
                 "earlier-user-backwards-lost-after-unexited-backward", "in-forward-lost-in-step-of-unexited-backward",
-                "last-backward-only-until-unexited-backward"),
+                "last-backward-only-until-unexited-backward", "pytorch-style-backwards-lost-after-unexited-backward"),
     # its spec forms: a PyTorch-style backward retained at the boundary (ZeRO-2), retained first (ZeRO-1), after a
     # fused head's backward inside the forward; ZeRO-3 raises on a frozen Linear
     variants=(Scenario.from_dict({"stage": 2, "steps": [
@@ -335,6 +335,21 @@ TWO_BACKWARDS_PER_FORWARD = KnownIssue(
               Scenario.from_dict({"stage": 1, "family": "llama", "lora": True, "overlap_comm": True,
                                   "reduce_bucket_size": 128,
                                   "blocks": [{"checkpoint": "non_reentrant"}, {"checkpoint": "non_reentrant"}],
+                                  "steps": [{"reregister": True, "save_load": True, "micro": [
+                                      {"backward": "engine", "retain": True}, {"backward": "torch", "retain": True},
+                                      {"backward": "torch", "retain": True}]}]}),
+              # ZeRO-3, a checkpointed block with a frozen LayerNorm, two engine backwards: the second one's
+              # recompute meets the parameter the first released; llama bf16 + overlap_comm, a 49-element bucket,
+              # reentrant blocks, a second engine before: the flags asserted in a later backward's hook (0.19.8,
+              # seed 13 #13 #100 #47; each clean without the retains)
+              Scenario.from_dict({"stage": 3, "persistence_threshold": 8, "blocks": [
+                  {"checkpoint": "non_reentrant", "norm": "frozen"}], "steps": [
+                  {"micro": [{"backward": "engine", "retain": True}]}]}),
+              Scenario.from_dict({"stage": 3, "blocks": [{"checkpoint": "non_reentrant", "norm": "frozen"}],
+                                  "steps": [{"micro": [{"backward": "engine", "retain": True}]}]}),
+              Scenario.from_dict({"stage": 1, "precision": "bf16", "family": "llama", "overlap_comm": True,
+                                  "reduce_bucket_size": 49, "engines_before": [1],
+                                  "blocks": [{"checkpoint": "reentrant"}, {"checkpoint": "reentrant"}],
                                   "steps": [{"reregister": True, "save_load": True, "micro": [
                                       {"backward": "engine", "retain": True}, {"backward": "torch", "retain": True},
                                       {"backward": "torch", "retain": True}]}]})),
@@ -575,6 +590,7 @@ FP16_OFFLOAD_OVERFLOWED_GRAD_AFTER_FREEZE = KnownIssue(
     checks=("oracle",),
     explains=None,
     mechanisms=("overflowed-gradient-replayed",),
+    upstream_patch="docs/upstream/fp16-offload-overflowed-grad-after-freeze/",
     detail=("Found by a fresh-seed exploration of 0.19.8 (seed 11).  Step 0 overflows at the initial loss scale "
             "(2**16) and is skipped, as PyTorch's scaler skips it; step 1 runs with block 0's Linear frozen "
             "(progressive freezing, a LoRA base frozen after warm-up).  With offload_optimizer the backward copies "

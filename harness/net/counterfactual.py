@@ -218,6 +218,17 @@ def _boundary_backwards_only_after_unexited(cs: Sequence[Contribution],
     return [c for c in _backwards(cs) if c.micro == micros - 1]
 
 
+def _pytorch_style_lost_after_unexited(cs: Sequence[Contribution], micros: int) -> Sequence[Contribution] | None:
+    """ZeRO-2 with fp32 gradient accumulation (the ``grad_accum`` attribute, no offload), after an unexited backward
+    before the boundary: that backward's share and every PyTorch-style backward of the boundary micro-step are lost;
+    the earlier micro-steps' other backwards are kept (measured per contribution: 2, 1, 0 of micro-steps 0-2 with an
+    engine and two non-scalar backwards of one forward each)."""
+    if not _unexited_before_boundary(cs, micros):
+        return None
+    return [c for c in cs if not (c.kind == "backward" and c.pytorch_style
+                                  and ((c.micro < micros - 1 and c.index > 0) or c.micro == micros - 1))]
+
+
 def _step_lost_after_unexited(cs: Sequence[Contribution], micros: int) -> Sequence[Contribution] | None:
     """ZeRO-1 with optimizer offload, after an unexited backward (before the boundary, or in an earlier train step:
     `Contribution.stuck`), and only PyTorch-style backwards in the boundary micro-step: none reaches an epilogue, so
@@ -463,6 +474,9 @@ MECHANISMS: dict[str, Mechanism] = {m.name: m for m in (
               lambda sc: (_unexited_retain_before_boundary(sc) or bool(stuck_steps(sc))) and sc.stage == 1
               and not sc.bf16_optimizer and _offloaded(sc), keep=_step_lost_after_unexited,
               gradient="replayed-when-lost"),
+    Mechanism("pytorch-style-backwards-lost-after-unexited-backward",
+              lambda sc: _unexited_retain_before_boundary(sc) and sc.stage == 2 and sc.precision is Precision.BF16
+              and sc.fp32_grad_accum and not _offloaded(sc), keep=_pytorch_style_lost_after_unexited),
     Mechanism("earlier-user-backwards-lost-after-unexited-backward",
               lambda sc: _unexited_retain_before_boundary(sc) and sc.stage == 1 and not sc.bf16_optimizer
               and _offloaded(sc) and sc.fused_head, keep=_earlier_user_backwards_lost_after_unexited),
@@ -500,7 +514,7 @@ MECHANISMS: dict[str, Mechanism] = {m.name: m for m in (
     Mechanism("stale-gradient-replayed-at-idle-step", lambda sc: _offloaded(sc) and any(s.idle for s in sc.steps),
               gradient="stale-idle"),
     Mechanism("stale-gradient-unscaled-again-at-idle-step",
-              lambda sc: sc.offload is Offload.OPTIMIZER and sc.stage == 3 and sc.precision is Precision.FP16
+              lambda sc: _offloaded(sc) and sc.stage == 3 and sc.precision is Precision.FP16
               and any(s.idle for s in sc.steps), gradient="stale-idle-unscaled-again"),
     Mechanism("frozen-stepped-with-zero-gradient",
               lambda sc: sc.optimizer is Optimizer.CONFIG_ADAM and _without_gradient(sc),
