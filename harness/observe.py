@@ -79,15 +79,17 @@ def param_steps(expected: Params, got: Params, pt_start: Params | None, ds_start
             continue
         dtype = str(a.dtype).removeprefix("torch.")
         e, a = want.float(), a.float()
-        fields: dict[str, Any] = {"err_max": _max_abs(_diff(a, e)), "want_max": _finite_max_abs(e),
-                                  "want_sq": e.pow(2).sum().item(), "diff_sq": _diff(a, e).pow(2).sum().item()}
+        err = _diff(a, e)
+        fields: dict[str, Any] = {"err_max": _max_abs(err), "want_max": _finite_max_abs(e),
+                                  "want_sq": e.pow(2).sum().item(), "diff_sq": err.pow(2).sum().item()}
         p0 = None if pt_start is None else pt_start.get(n)
         d0 = None if ds_start is None else ds_start.get(n)
         if p0 is not None and d0 is not None and p0.shape == want.shape and d0.shape == a.shape:
             p0, d0 = p0.float(), d0.float()
             pt, ds = e - p0, a - d0
+            update_err = _diff(ds, pt)
             fields.update(update_sq=pt.pow(2).sum().item(), dot=(ds * pt).sum().item(), ds_update_norm=ds.norm().item(),
-                          update_err_max=_max_abs(_diff(ds, pt)), update_max=_finite_max_abs(pt))
+                          update_err_max=_max_abs(update_err), update_max=_finite_max_abs(pt))
             e0 = None if pt_earlier is None else pt_earlier.get(n)
             if e0 is not None and e0.shape == p0.shape:
                 prev = p0 - e0.float()
@@ -96,7 +98,7 @@ def param_steps(expected: Params, got: Params, pt_start: Params | None, ds_start
             allowed = None
             if nz is not None and nz.shape == ds.shape:
                 allowed = NOISE_TIMES * nz.float()
-                fields.update(noise_max=_max_abs(nz), update_excess_max=_beyond(_diff(ds, pt), allowed))
+                fields.update(noise_max=_max_abs(nz), update_excess_max=_beyond(update_err, allowed))
             fields["counterfactuals"] = tuple(
                 Counterfactual(name, _max_abs(_diff(ds, cf[n].float())) if allowed is None
                                else _beyond(_diff(ds, cf[n].float()), allowed))

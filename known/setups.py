@@ -317,12 +317,12 @@ TWO_BACKWARDS_PER_FORWARD = KnownIssue(
                     ({"leaf": True}, 0, []), ({"leaf": True}, 100000, []),
                     ({"norm": "frozen"}, 100000, [{"backward": "engine", "skip": [0]}]))),
               # llama + LoRA, a retained PyTorch-style backward, then a plain step: the adapters' stale bucket
-              # survives step() (0.19.8, seed 11 #54; clean without the retain)
+              # survives step() (clean without the retain)
               Scenario.from_dict({"stage": 1, "family": "llama", "lora": True, "steps": [
                   {"micro": [{"backward": "torch", "retain": True}]}, {"micro": [{"backward": "engine"}]}]}),
               # the same flags asserted in reduce_ipg_grads under overlap_comm; bf16 llama: step()'s overflow check
               # of the gradients no epilogue moved; ZeRO-3 llama + LoRA after an eval forward: stale holders
-              # (0.19.8, seed 11 #6, #81, #117; each clean without the retain)
+              # (each clean without the retain)
               Scenario.from_dict({"stage": 1, "overlap_comm": True, "steps": [
                   {"micro": [{"backward": "torch", "retain": True}]}, {"micro": [{"backward": "engine"}]}]}),
               Scenario.from_dict({"stage": 1, "precision": "bf16", "family": "llama", "steps": [
@@ -331,7 +331,7 @@ TWO_BACKWARDS_PER_FORWARD = KnownIssue(
                                   "steps": [{"eval_before": True, "micro": [{"backward": "torch", "retain": True},
                                                                            {"backward": "engine", "retain": True}]}]}),
               # llama + LoRA, overlap_comm, a 128-element bucket, checkpointed blocks: the flags asserted in the
-              # third backward of one forward (0.19.8, seed 11 #46; clean without the retains)
+              # third backward of one forward (clean without the retains)
               Scenario.from_dict({"stage": 1, "family": "llama", "lora": True, "overlap_comm": True,
                                   "reduce_bucket_size": 128,
                                   "blocks": [{"checkpoint": "non_reentrant"}, {"checkpoint": "non_reentrant"}],
@@ -340,8 +340,8 @@ TWO_BACKWARDS_PER_FORWARD = KnownIssue(
                                       {"backward": "torch", "retain": True}]}]}),
               # ZeRO-3, a checkpointed block with a frozen LayerNorm, two engine backwards: the second one's
               # recompute meets the parameter the first released; llama bf16 + overlap_comm, a 49-element bucket,
-              # reentrant blocks, a second engine before: the flags asserted in a later backward's hook (0.19.8,
-              # seed 13 #13 #100 #47; each clean without the retains)
+              # reentrant blocks, a second engine before: the flags asserted in a later backward's hook (each
+              # clean without the retains)
               Scenario.from_dict({"stage": 3, "persistence_threshold": 8, "blocks": [
                   {"checkpoint": "non_reentrant", "norm": "frozen"}], "steps": [
                   {"micro": [{"backward": "engine", "retain": True}]}]}),
@@ -591,20 +591,18 @@ FP16_OFFLOAD_OVERFLOWED_GRAD_AFTER_FREEZE = KnownIssue(
     explains=None,
     mechanisms=("overflowed-gradient-replayed",),
     upstream_patch="docs/upstream/fp16-offload-overflowed-grad-after-freeze/",
-    detail=("Found by a fresh-seed exploration of 0.19.8 (seed 11).  Step 0 overflows at the initial loss scale "
-            "(2**16) and is skipped, as PyTorch's scaler skips it; step 1 runs with block 0's Linear frozen "
-            "(progressive freezing, a LoRA base frozen after warm-up).  With offload_optimizer the backward copies "
-            "each gradient, still scaled, into the fp32 CPU gradient partition before step() checks for overflow; "
-            "the skipped step clears nothing there (reset_cpu_buffers resets only the norms and local_overflow).  In "
-            "step 1 the frozen Linear gets no gradient, so its slot still holds step 0's non-finite one, and step() "
-            "decides overflow from local_overflow, which only the gradients copied in this step set "
-            "(stage_1_and_2.py has_overflow: ``self.local_overflow if self.cpu_offload``).  The step is applied and "
-            "the frozen weight's fp32 master becomes NaN, then its 16-bit copy (measured over three steps: NaN at "
-            "each later one).  Without the overflow the same slot replays the step before's gradient divided by the "
-            "loss scale again (offload-stale-grad-after-freeze).  A parameter whose every gradient of the step "
-            "another bug loses (a fused head's after a never-exited backward) is stepped from the same slot: NaN as "
-            "well.  Checking the whole fp32 gradient partition for overflow, or zeroing it when a step is skipped, "
-            "would fix it."),
+    detail=("Step 0 overflows at the initial loss scale (2**16) and is skipped, as PyTorch's scaler skips it; step 1 "
+            "runs with block 0's Linear frozen (progressive freezing, a LoRA base frozen after warm-up).  With "
+            "offload_optimizer the backward copies each gradient, still scaled, into the fp32 CPU gradient partition "
+            "before step() checks for overflow; the skipped step clears nothing there (reset_cpu_buffers resets only "
+            "the norms and local_overflow).  In step 1 the frozen Linear gets no gradient, so its slot still holds "
+            "step 0's non-finite one, and step() decides overflow from local_overflow, which only the gradients "
+            "copied in this step set (stage_1_and_2.py has_overflow: ``self.local_overflow if self.cpu_offload``).  "
+            "The step is applied and the frozen weight's fp32 master becomes NaN, then its 16-bit copy.  Without the "
+            "overflow the same slot replays the step before's gradient divided by the loss scale again "
+            "(offload-stale-grad-after-freeze).  A parameter whose every gradient of the step another bug loses (a "
+            "fused head's after a never-exited backward) is stepped from the same slot: NaN as well.  Checking the "
+            "whole fp32 gradient partition for overflow, or zeroing it when a step is skipped, would fix it."),
 )
 
 ZERO0_FP16_LOSS_NOT_SCALED = KnownIssue(
@@ -985,7 +983,7 @@ EMPTY_GROUP_DROPPED_UNDER_SCHEDULER = KnownIssue(
         Scenario.from_dict({"stage": 0, "decay_groups": True, "blocks": [{"lin": "frozen"}],
                             "scheduler": "initialize"}),
         # the block outside the optimizer, a fused head (its weight the only parameter held): the no-decay group
-        # empty; without contiguous gradients the step sees no gradient (0.19.8, seed 11 #57)
+        # empty; without contiguous gradients the step sees no gradient
         Scenario.from_dict({"stage": 1, "fused_head": True, "decay_groups": True, "blocks": [{"in_optimizer": False}],
                             "contiguous_gradients": False, "scheduler": "initialize"})),
     explains=_scheduler_over_empty_group,

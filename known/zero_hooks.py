@@ -76,15 +76,15 @@ ZERO12_NO_GRADIENT = KnownIssue(
                                   "fp32_grad_accum": True, "steps": [{"micro": [{"backward": "engine"}]}]}),
               Scenario.from_dict({"blocks": [{"norm": "unused", "lin": "unused"}], "stage": 1, "precision": "bf16",
                                   "fp32_grad_accum": True, "steps": [{"micro": [{"backward": "torch"}]}]}),
-              # fp16: step()'s overflow check meets the missing gradient first (0.19.8, seed 11 #73 #75)
+              # fp16: step()'s overflow check meets the missing gradient first
               Scenario.from_dict({"blocks": [{"norm": "unused", "lin": "unused"}], "stage": 1, "precision": "fp16",
                                   "steps": [{"micro": [{"backward": "torch"}]}]}),
               # gas 2: the missing epilogue met by the next micro-step's forward
               Scenario.from_dict({"blocks": [{"norm": "unused", "lin": "unused"}], "stage": 1,
                                   "steps": [{"micro": [{"backward": "torch"}, {"backward": "torch"}]}]}),
               # a fused head (its gradient made in the forward) the only parameter held: the second backward of
-              # the forward fires no hook, its epilogue meets the bucket the first one's emptied (0.19.8, seed 13
-              # #69; clean without the second backward)
+              # the forward fires no hook, its epilogue meets the bucket the first one's emptied (clean without the
+              # second backward)
               Scenario.from_dict({"blocks": [{"in_optimizer": False}], "stage": 1, "fused_head": True,
                                   "steps": [{"micro": [{"backward": "engine", "retain": True}]}]})),
     detail=("stage_1_and_2.py sets up its ipg bucket buffers lazily in process_gradients (the gradient "

@@ -221,8 +221,7 @@ def _boundary_backwards_only_after_unexited(cs: Sequence[Contribution],
 def _pytorch_style_lost_after_unexited(cs: Sequence[Contribution], micros: int) -> Sequence[Contribution] | None:
     """ZeRO-2 with fp32 gradient accumulation (the ``grad_accum`` attribute, no offload), after an unexited backward
     before the boundary: that backward's share and every PyTorch-style backward of the boundary micro-step are lost;
-    the earlier micro-steps' other backwards are kept (measured per contribution: 2, 1, 0 of micro-steps 0-2 with an
-    engine and two non-scalar backwards of one forward each)."""
+    the earlier micro-steps' other backwards are kept (measured per contribution: docs/known-issues-provenance.md)."""
     if not _unexited_before_boundary(cs, micros):
         return None
     return [c for c in cs if not (c.kind == "backward" and c.pytorch_style
@@ -256,7 +255,7 @@ def _earlier_user_backwards_lost_after_unexited(cs: Sequence[Contribution],
     return [c for c in cs if c.kind == "forward" or c.micro == micros - 1]
 
 
-def _in_forward_lost_after_unexited(cs: Sequence[Contribution], micros: int) -> Sequence[Contribution] | None:
+def _in_forward_lost_in_step_of_unexited(cs: Sequence[Contribution], micros: int) -> Sequence[Contribution] | None:
     """ZeRO-2 with a fused head, after an unexited backward before the boundary: the step keeps every user backward
     and loses every in-forward gradient of the step (the head's, which its own backward inside each forward made),
     the micro-steps before the unexited backward included.  Measured per parameter against each contribution."""
@@ -386,7 +385,8 @@ def reduced_again(cs: Sequence[Contribution], micros: int, owners: dict[str, fro
     return extra or None
 
 
-def _offloaded(sc: Scenario) -> bool:
+def offloaded(sc: Scenario) -> bool:
+    """The optimizer's state and fp32 gradient partition live on the CPU (``offload_optimizer``)."""
     return sc.offload in (Offload.OPTIMIZER, Offload.BOTH)
 
 
@@ -449,7 +449,7 @@ def _zero1_grad_accum_attribute(sc: Scenario) -> bool:
     (engine.py ``_do_optimizer_sanity_check``).  Not with a fused head (the ranks' shares are recomputed by forwards
     that would run its backward again)."""
     return (sc.stage == 1 and sc.world_size > 1 and sc.precision is Precision.BF16 and sc.fp32_grad_accum
-            and _offloaded(sc) and _retains(sc) and not sc.fused_head)
+            and offloaded(sc) and _retains(sc) and not sc.fused_head)
 
 
 MECHANISMS: dict[str, Mechanism] = {m.name: m for m in (
@@ -457,7 +457,7 @@ MECHANISMS: dict[str, Mechanism] = {m.name: m for m in (
               keep=_last_backward_only, alternatives="boundary-backwards"),
     Mechanism("last-backward-only-until-unexited-backward",
               lambda sc: _boundary_retains(sc) and sc.stage == 1 and sc.precision is Precision.BF16
-              and sc.fp32_grad_accum and _offloaded(sc) and bool(stuck_steps(sc)),
+              and sc.fp32_grad_accum and offloaded(sc) and bool(stuck_steps(sc)),
               keep=_last_backward_only_until_stuck, alternatives="boundary-backwards"),
     Mechanism("last-backward-only-in-forward-too",
               lambda sc: _boundary_retains(sc) and sc.stage in (1, 2) and sc.fused_head,
@@ -469,52 +469,52 @@ MECHANISMS: dict[str, Mechanism] = {m.name: m for m in (
               keep=_earlier_backwards_added_again, counts_again=True),
     Mechanism("boundary-backwards-only-after-unexited-backward",
               lambda sc: _unexited_retain_before_boundary(sc) and sc.stage == 1 and not sc.bf16_optimizer
-              and sc.fused_head and not _offloaded(sc), keep=_boundary_backwards_only_after_unexited),
+              and sc.fused_head and not offloaded(sc), keep=_boundary_backwards_only_after_unexited),
     Mechanism("step-lost-after-unexited-backward",
               lambda sc: (_unexited_retain_before_boundary(sc) or bool(stuck_steps(sc))) and sc.stage == 1
-              and not sc.bf16_optimizer and _offloaded(sc), keep=_step_lost_after_unexited,
+              and not sc.bf16_optimizer and offloaded(sc), keep=_step_lost_after_unexited,
               gradient="replayed-when-lost"),
     Mechanism("pytorch-style-backwards-lost-after-unexited-backward",
               lambda sc: _unexited_retain_before_boundary(sc) and sc.stage == 2 and sc.precision is Precision.BF16
-              and sc.fp32_grad_accum and not _offloaded(sc), keep=_pytorch_style_lost_after_unexited),
+              and sc.fp32_grad_accum and not offloaded(sc), keep=_pytorch_style_lost_after_unexited),
     Mechanism("earlier-user-backwards-lost-after-unexited-backward",
               lambda sc: _unexited_retain_before_boundary(sc) and sc.stage == 1 and not sc.bf16_optimizer
-              and _offloaded(sc) and sc.fused_head, keep=_earlier_user_backwards_lost_after_unexited),
+              and offloaded(sc) and sc.fused_head, keep=_earlier_user_backwards_lost_after_unexited),
     Mechanism("in-forward-lost-in-step-of-unexited-backward",
-              lambda sc: _unexited_retain_before_boundary(sc) and sc.stage == 2 and sc.fused_head and _offloaded(sc)
+              lambda sc: _unexited_retain_before_boundary(sc) and sc.stage == 2 and sc.fused_head and offloaded(sc)
               and sc.manual_boundary,
-              keep=_in_forward_lost_after_unexited),
+              keep=_in_forward_lost_in_step_of_unexited),
     Mechanism("micro0-earlier-backward-lost", lambda sc: _first_retains(sc) and sc.stage == 3,
               keep=_micro0_earlier_backward_lost),
     Mechanism("boundary-first-backward-lost", _boundary_retains, keep=_boundary_first_backward_lost,
               alternatives="boundary-backwards"),
     Mechanism("bucket-tail-lost-after-unexited-backward",
-              lambda sc: _unexited_retain_at_boundary(sc) and sc.stage == 2 and _offloaded(sc), bucket_tail="lost"),
+              lambda sc: _unexited_retain_at_boundary(sc) and sc.stage == 2 and offloaded(sc), bucket_tail="lost"),
     Mechanism("bucket-flushed-overwritten-after-unexited-backward",
-              lambda sc: _unexited_retain_at_boundary(sc) and sc.stage == 1 and _offloaded(sc) and bool(sc.overlap_comm)
+              lambda sc: _unexited_retain_at_boundary(sc) and sc.stage == 1 and offloaded(sc) and bool(sc.overlap_comm)
               and not sc.fused_head, bucket_tail="overwritten"),
     Mechanism("in-forward-gradient-dropped", lambda sc: sc.fused_head, keep=_in_forward_dropped),
     Mechanism("in-forward-lost-after-unexited-backward",
               lambda sc: sc.fused_head and sc.stage in (1, 2) and bool(after_unexited_backward(sc)),
               in_forward_lost_after_unexited=True),
-    Mechanism("middle-micro-steps-dropped", lambda sc: _offloaded(sc) and sc.gas >= 3,
+    Mechanism("middle-micro-steps-dropped", lambda sc: offloaded(sc) and sc.gas >= 3,
               keep=_middle_micro_steps_dropped),
-    Mechanism("last-micro-step-only", lambda sc: _offloaded(sc) and sc.manual_boundary, keep=_last_micro_step_only),
-    Mechanism("stale-gradient-replayed-when-frozen", lambda sc: _offloaded(sc) and _without_gradient(sc),
+    Mechanism("last-micro-step-only", lambda sc: offloaded(sc) and sc.manual_boundary, keep=_last_micro_step_only),
+    Mechanism("stale-gradient-replayed-when-frozen", lambda sc: offloaded(sc) and _without_gradient(sc),
               gradient="stale-frozen"),
     Mechanism("stale-gradient-unscaled-again-when-frozen",
-              lambda sc: _offloaded(sc) and sc.stage in (1, 2) and sc.precision is Precision.FP16
+              lambda sc: offloaded(sc) and sc.stage in (1, 2) and sc.precision is Precision.FP16
               and _without_gradient(sc), gradient="stale-frozen-unscaled-again"),
     Mechanism("overflowed-gradient-replayed",
-              lambda sc: _offloaded(sc) and sc.stage in (1, 2) and sc.precision is Precision.FP16,
+              lambda sc: offloaded(sc) and sc.stage in (1, 2) and sc.precision is Precision.FP16,
               gradient="overflowed-replayed"),
     Mechanism("stale-gradient-replayed-when-unused",
-              lambda sc: sc.stage == 3 and not _offloaded(sc) and any(s.unused for s in sc.steps),
+              lambda sc: sc.stage == 3 and not offloaded(sc) and any(s.unused for s in sc.steps),
               gradient="stale-unused"),
-    Mechanism("stale-gradient-replayed-at-idle-step", lambda sc: _offloaded(sc) and any(s.idle for s in sc.steps),
+    Mechanism("stale-gradient-replayed-at-idle-step", lambda sc: offloaded(sc) and any(s.idle for s in sc.steps),
               gradient="stale-idle"),
     Mechanism("stale-gradient-unscaled-again-at-idle-step",
-              lambda sc: _offloaded(sc) and sc.stage == 3 and sc.precision is Precision.FP16
+              lambda sc: offloaded(sc) and sc.stage == 3 and sc.precision is Precision.FP16
               and any(s.idle for s in sc.steps), gradient="stale-idle-unscaled-again"),
     Mechanism("frozen-stepped-with-zero-gradient",
               lambda sc: sc.optimizer is Optimizer.CONFIG_ADAM and _without_gradient(sc),
@@ -541,7 +541,7 @@ MECHANISMS: dict[str, Mechanism] = {m.name: m for m in (
     Mechanism("own-rows-only", lambda sc: sc.world_size > 1 and sc.stage in (1, 2), own_rows=True),
     Mechanism("zero1-outside-partition-reduced-again", _zero1_grad_accum_attribute, outside_partition=True),
     Mechanism("offload-cpu-buffer-added-again",
-              lambda sc: _offloaded(sc) and (sc.stage == 1 or (sc.stage == 2 and sc.gas == 1))
+              lambda sc: offloaded(sc) and (sc.stage == 1 or (sc.stage == 2 and sc.gas == 1))
               and _boundary_retains(sc) and not sc.manual_boundary, cpu_buffer=True),
     Mechanism("edit-not-in-master", lambda sc: sc.fp16_optimizer and any(s.gather is Gather.EDIT for s in sc.steps),
               edit_model_only=True),
@@ -558,4 +558,4 @@ def applicable(sc: Scenario) -> list[str]:
 
 
 __all__ = ["MECHANISMS", "Contribution", "Grads", "Mechanism", "after_unexited_backward", "applicable",
-           "bucket_tail", "reduced_again", "stuck_steps", "unexited_at_boundary", "zero1_owners"]
+           "bucket_tail", "offloaded", "reduced_again", "stuck_steps", "unexited_at_boundary", "zero1_owners"]

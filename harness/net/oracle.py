@@ -23,14 +23,14 @@ from zerostate.harness.net import fp16
 from zerostate.harness.net.arithmetic_twin import ArithmeticTwin, differentiate
 from zerostate.harness.net.compare import Params
 from zerostate.harness.net.counterfactual import (MECHANISMS, Contribution, Mechanism, after_unexited_backward,
-                                                  bucket_tail, reduced_again, stuck_steps, unexited_at_boundary,
-                                                  zero1_owners)
+                                                  bucket_tail, offloaded, reduced_again, stuck_steps,
+                                                  unexited_at_boundary, zero1_owners)
 from zerostate.harness.net.dist import rank_rows, world_size
 from zerostate.harness.net.config import fp16_section, make_optimizer, make_scheduler, param_groups
 from zerostate.harness.net.torch_network import NetOutput, attach_late_module, blocks_of, build_model
 from zerostate.harness.net.schedule import generation_output, loss_of, no_grad_forward, rows_share, run_schedule
 from zerostate.findings.tolerance import rounding_eps
-from zerostate.model.scenario import BackwardKind, Family, Gather, Offload, Precision, Scenario, Scheduler
+from zerostate.model.scenario import BackwardKind, Family, Gather, Precision, Scenario, Scheduler
 
 
 HALF = {Precision.FP16: torch.float16, Precision.BF16: torch.bfloat16}
@@ -105,7 +105,7 @@ class TorchBackend:
         self._stale: set[str] = set()
         """Counterfactual: the parameters whose gradient this step is a frozen parameter's stale one."""
         self._scale_before = 1.0
-        self._offloaded = sc.offload in (Offload.OPTIMIZER, Offload.BOTH)
+        self._offloaded = offloaded(sc)
         self._stuck = stuck_steps(sc)
         self._hooked = False
         """Counterfactual: the output hooks divide this backward's gradient by gas (`_hook_outputs`)."""
@@ -569,6 +569,13 @@ class TorchBackend:
             if n in held_before and p.grad is not None:
                 p.grad = p.grad + held_before[n]
 
+    def _slot(self, n: str) -> torch.Tensor:
+        """Counterfactual: what ZeRO-1/2's offloaded fp32 gradient partition still holds for ``n`` (nothing this step
+        wrote it), as the step applies it: the step before's gradient (an overflowed step's, scaled, when it wrote
+        last), unscaled once more by an fp16 step, which unscales the whole partition in place."""
+        g = self._prev[n].clone()
+        return g / self.scaler.scale if self.scaler is not None else g
+
     def _bucket_tail_applied(self, contributions: list[Contribution], rule: str) -> list[Contribution]:
         """The step's contributions as `Mechanism.bucket_tail` leaves them: each never-exited backward of the
         boundary micro-step without what it left in the reduce bucket; with ``overwritten``, every other backward
@@ -625,11 +632,7 @@ class TorchBackend:
                     # mechanism lost is stepped with a zero gradient (Adam's state and step count move), not skipped;
                     # with optimizer offload its slot of the fp32 gradient partition, which nothing clears, still
                     # holds what the step before applied: that again (unscaled again by an fp16 step)
-                    p.grad = torch.zeros_like(p)
-                    if self._offloaded and n in self._prev:
-                        p.grad = self._prev[n].clone()
-                        if self.scaler is not None:
-                            p.grad = p.grad / self.scaler.scale
+                    p.grad = self._slot(n) if self._offloaded and n in self._prev else torch.zeros_like(p)
         if any(m.cpu_buffer for m in self.mechanisms):
             self._add_cpu_buffer(contributions)
         if self._by_rank:
@@ -655,12 +658,12 @@ class TorchBackend:
                          or (m.gradient == "stale-frozen-unscaled-again" and n in frozen and n not in self._overflowed)
                          or (m.gradient == "overflowed-replayed" and n in frozen and n in self._overflowed))
                 if stale and p.grad is None and n in self._prev:
-                    p.grad = self._prev[n].clone()
+                    if m.gradient in ("stale-frozen-unscaled-again", "overflowed-replayed"):
+                        p.grad = self._slot(n)
+                    else:
+                        p.grad = self._prev[n].clone()
                     if m.gradient == "stale-idle-unscaled-again":
                         p.grad = p.grad / self._scale_before
-                    elif m.gradient in ("stale-frozen-unscaled-again", "overflowed-replayed") \
-                            and self.scaler is not None:
-                        p.grad = p.grad / self.scaler.scale  # ZeRO-1/2 unscale the whole partition in place
                     if m.gradient.startswith("stale-frozen") or m.gradient == "overflowed-replayed":
                         self._stale.add(n)
                 elif m.gradient == "replayed-when-lost" and kept == [] and n in self._prev:
