@@ -219,7 +219,9 @@ class _FindingsByKey:
 
     handed: dict[str, FindingEvent] = field(default_factory=dict)
     seen: dict[str, Finding] = field(default_factory=dict)
-    """Key -> the smallest finding seen with it."""
+    """Key -> the smallest finding seen with it; of equal sizes, the first in sequence order (`see`)."""
+    seen_at: dict[str, tuple[int, int]] = field(default_factory=dict)
+    """Key -> the sequence order of `seen`'s run."""
     queue: list[str] = field(default_factory=list)
     """Keys to shrink, in hand-over order (sorted when shrinking starts)."""
     done: set[str] = field(default_factory=set)
@@ -229,11 +231,13 @@ class _FindingsByKey:
     seconds_to: dict[str, float] = field(default_factory=dict)
     seconds_final: dict[str, float] = field(default_factory=dict)
 
-    def see(self, f: Finding, runs: int, seconds: float) -> Seen | None:
-        """Note a finding of distinct run ``runs``; a new key is handed over (returned)."""
+    def see(self, f: Finding, runs: int, seconds: float, at: tuple[int, int]) -> Seen | None:
+        """Note a finding of distinct run ``runs`` at sequence order ``at``; a new key is handed over (returned).
+        Two scenarios of one size are told apart by ``at``, not by which landed first: with several jobs, lanes
+        land in any order, and the key must keep the scenario one job keeps."""
         self.first_seen.setdefault(f.key, runs)
-        if f.key not in self.seen or f.size < self.seen[f.key].size:
-            self.seen[f.key] = f
+        if f.key not in self.seen or (f.size, at) < (self.seen[f.key].size, self.seen_at[f.key]):
+            self.seen[f.key], self.seen_at[f.key] = f, at
         if f.key in self.handed:
             return None
         ev = Seen(len(self.handed) + 1, replace(f, shrunk=False, confirmation=Confirmation("not-checked")),
@@ -610,7 +614,7 @@ class Exploration:
                     self.runs_per_worker.started_fresh(step.worker)
                 else:
                     yield from self._record(step.worker, step.scenario, step.outcome,
-                                            step.restarts != before[step.worker])
+                                            step.restarts != before[step.worker], at=position[step.scenario])
                     sc = step.scenario
                     self._note_position(step, position[sc], round_at[sc] if round_at is not None else 0)
                     if note is not None:
@@ -777,7 +781,7 @@ class Exploration:
         return out
 
     def _record(self, wid: int, sc: Scenario, out: Outcome, restarted: bool,
-                history: tuple[Scenario, ...] | None = None) -> Iterator[Event]:
+                history: tuple[Scenario, ...] | None = None, at: int | None = None) -> Iterator[Event]:
         """A distinct run's outcome: memoised, logged in its worker's history (``history``: what its worker ran
         before it since a fresh start, a run made ahead), its new keys handed over."""
         self.memo[sc] = out
@@ -793,7 +797,8 @@ class Exploration:
             self.restarts.append(Restarted(len(self.memo), _restart_reason(out)))
             yield self.restarts[-1]
         for f in out.findings:
-            seen = self.by_key.see(f, len(self.memo), self._elapsed())
+            order = (0, at) if at is not None else (1, len(self.memo))  # a lane's position; shrinking's runs after
+            seen = self.by_key.see(f, len(self.memo), self._elapsed(), order)
             if seen is not None:
                 if self.rounds is not None and self.rounds.stop.is_set():  # met while shrinking: its search's round
                     self.round_of.setdefault(f.key, self._search_round)
