@@ -699,11 +699,13 @@ def test_clipping_norm_covers_what_the_stage_clips(ds, stage):
     """A trainable block outside the optimizer (``in_optimizer: false``) and a clipping threshold the gradient
     exceeds: DeepSpeed's stage 0 in fp32 clips by the norm of every module parameter with a gradient
     (engine.clip_fp32_gradients over ``self.module.parameters()``, as HF Trainer clips ``model.parameters()``), ZeRO-1
-    by its optimizer's partitions -- the reference clips each the same way, so neither differs."""
+    by its optimizer's partitions -- the reference clips each the same way, so neither differs.  Two steps: stage 0's
+    engine.zero_grad clears every module parameter's gradient after the step, so the outside block carries none
+    into the second step's norm (the reference clears the same)."""
     if ds.version != "0.19.8":
         pytest.skip("measured on 0.19.8")
     sc = Scenario.from_dict({"stage": stage, "fused_head": True, "gradient_clipping": 0.05,
-                             "blocks": [{"in_optimizer": False}], "steps": [{}]})
+                             "blocks": [{"in_optimizer": False}], "steps": [{}, {}]})
     run = ds.run(sc)
     assert run.record is not None and run.record.steps, "the run compared no step"
     assert not [f.key for f in run.findings], [(f.key, f.error[:200]) for f in run.findings]

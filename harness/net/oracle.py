@@ -467,6 +467,11 @@ class TorchBackend:
         if self.scheduler is not None and self._engine_schedules:
             self.scheduler.step()
         self.opt.zero_grad(set_to_none=True)
+        if self.sc.stage == 0 and self.half is None:
+            # DeepSpeed's own choice at stage 0 in fp32 (engine._take_model_step calls engine.zero_grad): every
+            # module parameter's gradient goes, in the optimizer or not -- the same set its clip's norm reads
+            # (`_clip`), so a parameter in no group carries no gradient into the next step's norm
+            self.master.zero_grad(set_to_none=True)
         if self.half is not None:
             with torch.no_grad():
                 for p, q in zip(self.master.parameters(), self.model.parameters(), strict=False):
