@@ -307,8 +307,12 @@ def _against(sc: Scenario, rec: _Observed, mechanisms: tuple[str, ...], pt_initi
     return CounterfactualRun(mechanisms, tuple(steps), ls)
 
 
-PAIRS = 12
-"""At most this many pairs of mechanisms are tried when no mechanism alone explains a difference."""
+PAIRS = 28
+"""At most this many pairs of mechanisms are tried when no mechanism alone explains a difference: every pair of up
+to eight applicable mechanisms (the ranking only orders them).  A cut below that lets the ranking decide, and the
+ranking is blind where the update forgets the gradient's scale: Adam's first step moves each element by about the
+learning rate whatever its gradient, so every reference of the same signs comes equally close, and a sum whose two
+mechanisms together zero a gradient ranks with the rest."""
 TRIPLES = 8
 """At most this many triples, tried when no pair explains it either (three known bugs at once: stage 0's fp16
 optimizer steps Adam at init, leaves the loss unscaled, and steps it again on an idle step's zero gradients)."""

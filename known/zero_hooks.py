@@ -4,8 +4,10 @@ releases each range was established, and the figures: docs/known-issues-provenan
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from zerostate.model.network import Network
-from zerostate.model.scenario import Scenario
+from zerostate.model.scenario import ParamKind, Scenario
 
 from zerostate.findings.finding import Finding
 from zerostate.known.issue import KnownIssue, Nature
@@ -98,11 +100,25 @@ ZERO12_NO_GRADIENT = KnownIssue(
 
 def _leaf_without_backward(sc: Scenario) -> bool:
     """A z3 leaf block whose backward never runs (its output does not require grad: frozen or unused and
-    fed an input without grad, or reentrant-checkpointed and fed an input without grad), in a run long
-    enough for a COMPLETE trace."""
+    fed an input without grad, or reentrant-checkpointed and fed an input without grad) in a forward with a
+    COMPLETE trace (any after the run's first): for the whole run, or in a step that freezes its Linear."""
+    if sc.stage != 3 or len(sc.steps) * sc.gas <= 1:
+        return False
+    if _leaf_without_grad_output(sc):
+        return True
+    return any(_leaf_without_grad_output(_with_linears_frozen(sc, st.frozen)) and (i > 0 or sc.gas > 1)
+               for i, st in enumerate(sc.steps) if st.frozen)
+
+
+def _leaf_without_grad_output(sc: Scenario) -> bool:
     net = Network(sc)
-    return sc.stage == 3 and len(sc.steps) * sc.gas > 1 and any(
-        b.leaf and not net.output_requires_grad[i] for i, b in enumerate(sc.blocks))
+    return any(b.leaf and not net.output_requires_grad[i] for i, b in enumerate(sc.blocks))
+
+
+def _with_linears_frozen(sc: Scenario, blocks: tuple[int, ...]) -> Scenario:
+    """``sc`` as one step that freezes these blocks' Linears sees it (`TrainStep.frozen`)."""
+    return replace(sc, blocks=tuple(replace(b, lin=ParamKind.FROZEN) if i in blocks else b
+                                    for i, b in enumerate(sc.blocks)))
 
 
 Z3_LEAF_KEPT_GATHERED = KnownIssue(
@@ -114,6 +130,11 @@ Z3_LEAF_KEPT_GATHERED = KnownIssue(
                                  "input_requires_grad": False, "stage": 3,
                                  "steps": [{"micro": [{"backward": "engine"}]}, {"micro": [{"backward": "engine"}]}]}),
     checks=("released-after-backward",),
+    # the leaf's Linear trainable but frozen for the step (`TrainStep.frozen`): its backward runs in no micro-step
+    # of that step, and the second micro-step's forward has the complete trace
+    variants=(Scenario.from_dict({"blocks": [{"leaf": True, "norm": "frozen"}, {}], "input_requires_grad": False,
+                                  "stage": 3, "steps": [{"micro": [{"backward": "engine"}, {"backward": "engine"}],
+                                                         "frozen": [0]}]}),),
     upstream_patch="docs/upstream/z3-leaf-kept-gathered/",
     # before 0.19.3 the first leak of its scenario is z3-released-late-input-without-grad's (blocks.1.norm, whose
     # input is the frozen leaf's output, at step 0): the leaf's own leak comes after it
