@@ -210,10 +210,18 @@ def _persistence_problem(params: Sequence[Persistent] | None, threshold: int) ->
             + " (a parameter of at most that many elements is persistent: mark_persistent_parameters)")
 
 
+COLLECTIVE_MISMATCH = ("Received data size doesn't match expected size", "Detected mismatch between collectives")
+"""What a rank's log says when the ranks ran different collectives at one point: gloo's abort on a size it did not
+expect, torch's own check under ``TORCH_DISTRIBUTED_DEBUG=DETAIL``."""
+
+
 def decide_failure(check: str, text: str) -> Decision:
     """A run that returned no result: ``hang`` (no answer in time), ``crash`` (the worker died) or
-    ``internal`` (zerostate's executor itself failed)."""
-    return Decision(check, text)
+    ``internal`` (zerostate's executor itself failed).  A crash whose rank log shows the ranks ran different
+    collectives has the code ``collective-mismatch`` (its identity: a rank died of the others' divergence, not of
+    its own error)."""
+    code = "collective-mismatch" if check == "crash" and any(m in text for m in COLLECTIVE_MISMATCH) else ""
+    return Decision(check, text, code=code)
 
 
 def _params_listed(text: str) -> tuple[str, ...]:
@@ -235,4 +243,5 @@ def failed_checks(record: RunRecord, scenario: Scenario, model_events: Iterable[
     return {d.check: Failed(d.message, d.detail) for d in decide(record, scenario, model, cross_rank)}
 
 
-__all__ = ["Decision", "Failed", "ModelRun", "decide", "decide_failure", "decide_trace", "failed_checks"]
+__all__ = ["COLLECTIVE_MISMATCH", "Decision", "Failed", "ModelRun", "decide", "decide_failure", "decide_trace",
+           "failed_checks"]

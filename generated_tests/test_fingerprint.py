@@ -211,3 +211,25 @@ def test_watch_helpers_find_leaf_modules_and_the_module_a_checkpoint_recomputes(
     assert set(z3_leaf_modules(net)) == {"1"}
     assert checkpointed_module(functools.partial(net[0].__call__)) is net[0]
     assert checkpointed_module(lambda x: x) is None
+
+
+@pytest.mark.parametrize("log, code", [
+    (("rank 1 exited (code -6) while 0 of 2 ranks had answered\nterminate called after throwing an instance of "
+      "'gloo::EnforceNotMet'\n  what():  [enforce fail at pair.cc:456] op.preamble.length <= op.nbytes. 76 vs 44. "
+      "Received data size doesn't match expected size. Is there a distributed collective mismatch in your code?"),
+     "collective-mismatch"),
+    ("RuntimeError: Detected mismatch between collectives on ranks. Rank 0 is running collective: ...",
+     "collective-mismatch"),
+    ("rank 1 exited (code -9) while 1 of 2 ranks had answered", ""),
+])
+def test_a_crash_is_named_by_what_its_rank_log_shows(log, code):
+    """A rank killed by the others' divergence (two collectives of different sizes at one point) is its own
+    identity, ``crash:collective-mismatch``; a crash whose log says nothing of why keeps the bare ``crash``."""
+    from zerostate.findings.build import findings_of
+    from zerostate.findings.decide import decide_failure
+    d = decide_failure("crash", log)
+    assert d.code == code
+    assert decide_failure("hang", log).code == ""  # a hang is placed by its stacks, not by this
+    [f] = findings_of([d], None, None, "deepspeed", "0.19.8", 2)
+    assert f.key == (f"crash:{code}" if code else "crash")
+    assert rules.ranks_ran_different_collectives(f) == bool(code)

@@ -324,6 +324,12 @@ def late_module_after_reregister(f: Finding) -> bool:
         f, "AttributeError", "partitioned_param_coordinator.py", "get_all_parameters", "ds_external_parameters")
 
 
+def ranks_ran_different_collectives(f: Finding) -> bool:
+    """A rank died of the others' divergence: its log shows the ranks ran different collectives at one point
+    (``crash`` with the code `findings.decide.decide_failure` gives it)."""
+    return f.check == "crash" and f.code == "collective-mismatch"
+
+
 def differing_persistent(f: Finding) -> bool:
     """At world size > 1, the parameters that differ (between the ranks, or from PyTorch) are all persistent
     ones (the trace's PERSISTENT declarations)."""

@@ -11,7 +11,7 @@ established, and the figures.
 
 from __future__ import annotations
 
-from zerostate.model.scenario import Block, Family, Outputs, ParamKind, Scenario
+from zerostate.model.scenario import Block, Family, Offload, Outputs, ParamKind, Precision, Scenario
 
 from zerostate.findings.finding import Finding
 from zerostate.known import rules
@@ -120,7 +120,8 @@ TWO_BACKWARDS_PER_FORWARD = KnownIssue(
                 "step-lost-after-unexited-backward", "bucket-tail-lost-after-unexited-backward",
                 "bucket-flushed-overwritten-after-unexited-backward",
                 "earlier-user-backwards-lost-after-unexited-backward", "in-forward-lost-in-step-of-unexited-backward",
-                "last-backward-only-until-unexited-backward", "pytorch-style-backwards-lost-after-unexited-backward"),
+                "last-backward-only-until-unexited-backward", "pytorch-style-backwards-lost-after-unexited-backward",
+                "unexited-backward-lost-at-boundary"),
     # its spec forms: a PyTorch-style backward retained at the boundary (ZeRO-2), retained first (ZeRO-1), after a
     # fused head's backward inside the forward; ZeRO-3 raises on a frozen Linear
     variants=(Scenario.from_dict({"stage": 2, "steps": [
@@ -892,6 +893,13 @@ BF16_OPTIMIZER_CLEARS_IN_FORWARD_GRADS = KnownIssue(
             "clear .grad) are correct."),
 )
 
+def _zero1_grad_accum_reduce(sc: Scenario) -> bool:
+    """ZeRO-1 keeping gradients in the fp32 ``grad_accum`` attribute (bf16, fp32 accumulation, optimizer offload)
+    at several ranks, with a second backward of one forward: the route of `ZERO1_REDUCE_KEEPS_OTHER_PARTITIONS`."""
+    return (sc.stage == 1 and sc.world_size > 1 and sc.precision is Precision.BF16 and sc.fp32_grad_accum
+            and sc.offload is not Offload.NONE and _retains(sc))
+
+
 ZERO1_REDUCE_KEEPS_OTHER_PARTITIONS = KnownIssue(
     id="zero1-reduce-keeps-other-partitions",
     title="ZeRO-1 with fp32 gradient accumulation (bf16 + optimizer offload), world size > 1: a second backward of "
@@ -903,9 +911,15 @@ ZERO1_REDUCE_KEEPS_OTHER_PARTITIONS = KnownIssue(
     scenario=Scenario.from_dict({"blocks": [{}], "stage": 1, "precision": "bf16", "fp32_grad_accum": True,
                                  "offload": "optimizer", "steps": [{"micro": [{"backward": "engine",
                                                                               "retain": True}]}]}),
-    checks=("oracle",),
-    explains=None,
+    checks=("oracle", "crash"),
+    # a fused head as well: the non-owner's kept gradient of the head changes what its bucket holds at the second
+    # backward's reduction, so the ranks all-reduce buckets of different sizes (gloo aborts a rank; NCCL would hang
+    # or mix the buckets up) -- gone with the patch (measured: the replay on the patched tree passes)
+    explains=lambda f: rules.ranks_ran_different_collectives(f) and narrow(f, _zero1_grad_accum_reduce),
     mechanisms=("zero1-outside-partition-reduced-again",),
+    variants=(Scenario.from_dict({"blocks": [{}], "stage": 1, "precision": "bf16", "fp32_grad_accum": True,
+                                  "offload": "optimizer", "fused_head": True, "world_size": 2,
+                                  "steps": [{"micro": [{"backward": "engine", "retain": True}]}]}),),
     world_size=2,
     upstream_patch="docs/upstream/zero1-reduce-keeps-other-partitions/",
     detail=("Found by the default exploration of 0.19.8 (issue 42: `oracle:master:other@first-step`, a llama at world "

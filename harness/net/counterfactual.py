@@ -201,6 +201,14 @@ def _unexited_backward_lost_before_boundary(cs: Sequence[Contribution], micros: 
     return [c for c in cs if c not in lost] if lost else None
 
 
+def _unexited_backward_lost_at_boundary(cs: Sequence[Contribution], micros: int) -> Sequence[Contribution] | None:
+    """BF16_Optimizer: the same in the boundary micro-step -- a PyTorch-style second backward of its forward never
+    exits DeepSpeed's backward, so the step reads an fp32 accumulation without it; the backwards that exit keep
+    BF16_Optimizer's own counting (`_earlier_backwards_added_again`, applied after this one in a sum)."""
+    lost = [c for c in _backwards(cs) if c.micro == micros - 1 and c.index > 0 and c.pytorch_style]
+    return [c for c in cs if c not in lost] if lost else None
+
+
 def _unexited_before_boundary(cs: Sequence[Contribution], micros: int) -> bool:
     """A PyTorch-style backward of a forward that had one already, in a micro-step before the boundary: it enters
     DeepSpeed's backward and never exits it, so the boundary micro-step's backwards run with the depth still up."""
@@ -488,6 +496,10 @@ MECHANISMS: dict[str, Mechanism] = {m.name: m for m in (
               keep=_micro0_earlier_backward_lost),
     Mechanism("boundary-first-backward-lost", _boundary_retains, keep=_boundary_first_backward_lost,
               alternatives="boundary-backwards"),
+    # after the other two boundary rules: where they explain as well (one forward's two equal backwards), they name it
+    Mechanism("unexited-backward-lost-at-boundary",
+              lambda sc: _unexited_retain_at_boundary(sc) and sc.bf16_optimizer,
+              keep=_unexited_backward_lost_at_boundary, alternatives="boundary-backwards"),
     Mechanism("bucket-tail-lost-after-unexited-backward",
               lambda sc: _unexited_retain_at_boundary(sc) and sc.stage == 2 and offloaded(sc), bucket_tail="lost"),
     Mechanism("bucket-flushed-overwritten-after-unexited-backward",
