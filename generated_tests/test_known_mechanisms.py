@@ -415,7 +415,10 @@ _GAS3_TWO_UNEXITED = {**_GAS3, "steps": [
     ({**_TORCH_RETAINED, "precision": "fp16"}, "last-backward-only"),
     (_GAS3, "boundary-first-backward-lost"),
     (_GAS3_TWO_UNEXITED, "boundary-first-backward-lost"),
-], ids=["sgd", "adam", "fp16", "gas3-manual-boundary", "gas3-two-unexited"])
+    # a non-scalar backward is PyTorch-style too (``tensor.backward(grad)``, no engine.backward around it)
+    ({**_TORCH_RETAINED, "steps": [{"micro": [{"backward": "nonscalar", "retain": True}]},
+                                   {"micro": [{"backward": "engine"}]}]}, "last-backward-only"),
+], ids=["sgd", "adam", "fp16", "gas3-manual-boundary", "gas3-two-unexited", "nonscalar"])
 def test_a_fused_head_after_an_unexited_pytorch_style_backward_loses_its_in_forward_gradient(ds, sc, first):
     """ZeRO-1, a fused loss head, a micro-step with two PyTorch-style backwards of one forward (the second never
     exits DeepSpeed's backward) followed by engine backwards.  The retained step is a known mechanism

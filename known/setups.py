@@ -353,7 +353,12 @@ TWO_BACKWARDS_PER_FORWARD = KnownIssue(
                                   "blocks": [{"checkpoint": "reentrant"}, {"checkpoint": "reentrant"}],
                                   "steps": [{"reregister": True, "save_load": True, "micro": [
                                       {"backward": "engine", "retain": True}, {"backward": "torch", "retain": True},
-                                      {"backward": "torch", "retain": True}]}]})),
+                                      {"backward": "torch", "retain": True}]}]}),
+              # llama + LoRA, a retained PyTorch-style backward, then an eval forward: the adapters' stale bucket
+              # met at the eval forward's start (clean without the retain)
+              Scenario.from_dict({"stage": 1, "family": "llama", "lora": True, "steps": [
+                  {"micro": [{"backward": "torch", "retain": True}]},
+                  {"eval_before": True, "micro": [{"backward": "engine"}]}]})),
     detail=("engine.backward(0.5 * loss, retain_graph=True) then engine.backward(0.5 * loss) (or loss.backward "
             "twice) in one micro-step.  ZeRO-1/2: the gradients are copied, not accumulated, into the partition "
             "while micro_step_id is 0 (stage_1_and_2.py: accumulate only `if self.micro_step_id > 0`; the id "

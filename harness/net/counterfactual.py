@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from zerostate.model.scenario import BackwardKind, Family, Gather, Offload, Optimizer, Outputs, Precision, Scenario
+from zerostate.model.scenario import Family, Gather, Offload, Optimizer, Outputs, Precision, Scenario
 
 Grads = dict[str, torch.Tensor]
 
@@ -444,11 +444,12 @@ def stuck_steps(sc: Scenario) -> frozenset[int]:
 
 def after_unexited_backward(sc: Scenario) -> frozenset[tuple[int, int]]:
     """``(step, 0)`` for each train step after one with two PyTorch-style backwards of one forward (retained) in a
-    micro-step: that second backward enters DeepSpeed's backward and, with no epilogue, never leaves it.  Measured:
+    micro-step (``loss.backward()`` or a non-scalar ``tensor.backward(grad)``): that second backward enters
+    DeepSpeed's backward and, with no epilogue, never leaves it.  Measured:
     the next step's first micro-step loses its in-forward gradient; a later micro-step of the same step (another
     retained one included) and the next step's later micro-steps keep theirs."""
     return frozenset((si + 1, 0) for si, step in enumerate(sc.steps[:-1])
-                     if any(m.retain and m.backward is BackwardKind.TORCH for m in step.micro))
+                     if any(m.retain and m.backward.pytorch_style for m in step.micro))
 
 
 def _zero1_grad_accum_attribute(sc: Scenario) -> bool:
