@@ -796,8 +796,8 @@ class Exploration:
         if restarted:
             self.restarts.append(Restarted(len(self.memo), _restart_reason(out)))
             yield self.restarts[-1]
+        order = (0, at) if at is not None else (1, len(self.memo))  # a lane's position; shrinking's runs after
         for f in out.findings:
-            order = (0, at) if at is not None else (1, len(self.memo))  # a lane's position; shrinking's runs after
             seen = self.by_key.see(f, len(self.memo), self._elapsed(), order)
             if seen is not None:
                 if self.rounds is not None and self.rounds.stop.is_set():  # met while shrinking: its search's round
